@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# Both create .venv when missing and install everything into it (torch first, pinned and overridable).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= cache-demo
+
+.PHONY: demo test lint bench install clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev,hf,cloud]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m niels_gpt.demo --cache-dir $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check niels_gpt tests bench
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

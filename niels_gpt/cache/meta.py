@@ -1,0 +1,130 @@
+"""meta.json: the commit marker and the record of everything needed to trust a cache.
+
+A cache directory is complete exactly when its meta.json exists (it is written last, atomically).
+Cheap checks (sizes, token counts) run on every open via `check_files`; the sha256 of every file is
+checked only by `verify` (streamed, 1 MiB blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import CacheError, CacheMismatchError, IncompleteCacheError
+
+META_NAME = "meta.json"
+FORMAT_VERSION = 1
+
+# The contract's fields ("each meta.json must include at least"), per kind of cache.
+_COMMON = ("dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
+           "tokenizer_sha256", "vocab_size", "special_token_ids")
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "pretrain": _COMMON + ("totals", "shard_bytes", "files"),
+    "sft": _COMMON + ("totals", "files"),
+    "tokenizer": ("tokenizer_sha256", "vocab_size", "special_token_ids", "settings"),
+}
+REQUIRED_TOTALS: dict[str, tuple[str, ...]] = {
+    "pretrain": ("train_tokens", "val_tokens"),
+    "sft": ("train_examples", "val_examples"),
+}
+TOKEN_DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
+
+
+def meta_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path / META_NAME if path.is_dir() or path.suffix != ".json" else path
+
+
+def write_meta(path: str, meta: dict) -> None:
+    """Write meta.json atomically (temporary file, fsync, rename). Keys sorted: byte-stable output."""
+    data = json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    write_bytes_atomic(meta_path(path), data.encode("utf-8"))
+
+
+def read_meta(path: str) -> dict:
+    """Read and schema-check a meta.json (or the meta.json of a directory)."""
+    mp = meta_path(path)
+    if not mp.is_file():
+        raise IncompleteCacheError(
+            f"no {META_NAME} in {mp.parent}: the build was interrupted or never ran; "
+            "re-run build-all for this cache"
+        )
+    try:
+        meta = json.loads(mp.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CacheError(f"{mp}: not valid JSON ({exc}); delete the cache and rebuild it") from exc
+    if not isinstance(meta, dict):
+        raise CacheError(f"{mp}: expected a JSON object, got {type(meta).__name__}")
+    check_schema(meta, str(mp))
+    return meta
+
+
+def check_schema(meta: dict, where: str) -> None:
+    kind = meta.get("kind")
+    if kind not in REQUIRED_FIELDS:
+        raise CacheError(f"{where}: unknown kind {kind!r}; expected one of {sorted(REQUIRED_FIELDS)}")
+    if meta.get("built") is False:
+        return  # a placeholder for a source that was not built: nothing else is promised
+    missing = [k for k in REQUIRED_FIELDS[kind] if k not in meta]
+    missing += [f"totals.{k}" for k in REQUIRED_TOTALS.get(kind, ()) if k not in meta.get("totals", {})]
+    if kind != "tokenizer":
+        missing += [f"special_token_ids.{k}" for k in ("sys", "usr", "asst", "eot")
+                    if k not in meta.get("special_token_ids", {})]
+    if missing:
+        raise CacheError(f"{where}: missing field(s) {', '.join(missing)}; the cache was written by "
+                         "an incompatible version: rebuild it")
+    if kind != "tokenizer" and meta["token_dtype"] not in TOKEN_DTYPES:
+        raise CacheError(f"{where}: token_dtype {meta['token_dtype']!r} is not one of {sorted(TOKEN_DTYPES)}")
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_record(path: str | os.PathLike, tokens: int | None) -> dict:
+    rec = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    if tokens is not None:
+        rec["tokens"] = int(tokens)
+    return rec
+
+
+def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
+                only: str | None = None) -> list[str]:
+    """Compare the files listed in meta["files"] with the disk; return one line per disagreement.
+
+    `only` limits the check to files under that sub-directory (e.g. "train"). Sizes are always
+    compared; sha256 only when `hashes` is set (that reads every byte).
+    """
+    root = Path(root)
+    problems = []
+    for rel, rec in sorted(meta.get("files", {}).items()):
+        if only is not None and not rel.startswith(only.rstrip("/") + "/") and rel != only:
+            continue
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing (meta lists {rec['bytes']} bytes)")
+            continue
+        size = path.stat().st_size
+        if size != rec["bytes"]:
+            problems.append(f"{path}: {size} bytes on disk, meta says {rec['bytes']} (truncated or overwritten)")
+            continue
+        if hashes:
+            digest = sha256_file(str(path))
+            if digest != rec["sha256"]:
+                problems.append(f"{path}: sha256 {digest[:16]}… differs from meta {rec['sha256'][:16]}…")
+    return problems
+
+
+def raise_on_problems(problems: list[str], root) -> None:
+    if problems:
+        raise CacheMismatchError(
+            f"cache {root} disagrees with its {META_NAME}:\n  " + "\n  ".join(problems)
+            + "\nrebuild it (build-all --only ...) or run `verify` for details"
+        )

@@ -1,0 +1,40 @@
+"""The package's exceptions: one base class, a few specific kinds.
+
+Every message names the file or record, what was wrong and how to fix it.
+"""
+
+
+class NielsGPTError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(NielsGPTError, ValueError):
+    """A bad argument, flag or configuration value."""
+
+
+class SourceError(NielsGPTError):
+    """A corpus source could not be read: missing directory, bad file, bad record."""
+
+
+class TokenizerError(NielsGPTError):
+    """A tokenizer could not be trained, loaded or used as asked."""
+
+
+class CacheError(NielsGPTError):
+    """A token cache is unusable."""
+
+
+class IncompleteCacheError(CacheError):
+    """A cache directory has no meta.json: its build never finished."""
+
+
+class CacheMismatchError(CacheError):
+    """A cache's files disagree with its meta.json (size, token count, sha256)."""
+
+
+class FormatError(NielsGPTError):
+    """A token file's header or layout is invalid, or its format is ambiguous."""
+
+
+class StateError(NielsGPTError):
+    """A resume state does not belong to this dataset or loader."""

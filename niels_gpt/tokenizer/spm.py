@@ -1,0 +1,222 @@
+"""SentencePiece backend: training from any text iterator, and loading.
+
+Training settings are module constants, each a flag of `train-tokenizer`. The model has
+VOCAB_SIZE ordinary pieces (unk, <s>, </s>, the 256 byte pieces and the learned pieces) plus the
+four special tokens as control symbols, so len(tokenizer) == VOCAB_SIZE + 4 == 16,004 by default.
+
+Choices and why:
+- identity normalisation, no whitespace collapsing: decode(encode(text)) == text for any text,
+  code and indentation included (spm's default NFKC + whitespace collapsing is lossy).
+- byte fallback: no input is ever <unk>; unseen characters become their UTF-8 bytes.
+- control symbols for the specials: literal "<|ngpt_asst_...|>" typed by a user stays plain text.
+- the trained model depends on NUM_THREADS (the trainer splits work by thread count), so it is a
+  recorded setting with a fixed default, not the machine's core count. Same corpus and settings ->
+  byte-identical spm.model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.errors import TokenizerError
+from niels_gpt.tokenizer.base import Tokenizer
+from niels_gpt.tokenizer.special import SPECIAL_TOKENS
+
+VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
+MODEL_TYPE = "unigram"
+CHARACTER_COVERAGE = 0.9995
+NUM_THREADS = 4
+MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
+MAX_TRAIN_CHARS = 300_000_000  # stop reading the corpus after this many characters
+SPLIT_DIGITS = True
+SEED = 42
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    vocab_size: int = VOCAB_SIZE
+    model_type: str = MODEL_TYPE
+    character_coverage: float = CHARACTER_COVERAGE
+    num_threads: int = NUM_THREADS
+    max_sentence_length: int = MAX_SENTENCE_LENGTH
+    max_train_chars: int = MAX_TRAIN_CHARS
+    split_digits: bool = SPLIT_DIGITS
+    seed: int = SEED
+
+
+class SentencePieceTokenizer(Tokenizer):
+    backend = "sentencepiece"
+
+    def __init__(self, model_path: str | os.PathLike):
+        import sentencepiece as spm
+
+        path = Path(model_path)
+        if not path.is_file():
+            raise TokenizerError(
+                f"no sentencepiece model at {path}: train one with "
+                "`python -m niels_gpt.tokenizer.cli train-tokenizer` or pass --tokenizer PATH"
+            )
+        data = path.read_bytes()
+        self._path = str(path)
+        self._sha256 = hashlib.sha256(data).hexdigest()
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(data)
+        except Exception as exc:  # sentencepiece raises RuntimeError/OSError with a C++ message
+            raise TokenizerError(f"{path}: not a sentencepiece model ({exc})") from exc
+        self._special = {}
+        for name, piece in SPECIAL_TOKENS.items():
+            tid = self._sp.piece_to_id(piece)
+            if tid == self._sp.unk_id() or not self._sp.is_control(tid):
+                raise TokenizerError(
+                    f"{path}: special token {piece!r} is missing or not a control symbol; "
+                    "train the model with niels_gpt.tokenizer.train_tokenizer"
+                )
+            self._special[name] = tid
+        self._byte_lengths: np.ndarray | None = None
+
+    def __getstate__(self):
+        return {"model_path": self._path}
+
+    def __setstate__(self, state):
+        self.__init__(state["model_path"])
+
+    @property
+    def model_path(self) -> str:
+        return self._path
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256
+
+    def __len__(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return self._special
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = self._sp.bos_id()
+        return None if bos < 0 else bos
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        # sentencepiece releases the GIL and splits the batch over its own threads; -1 = all cores.
+        return self._sp.encode(list(texts), num_threads=-1 if num_threads is None else num_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._sp.id_to_piece(int(token_id))
+
+    def token_byte_lengths(self) -> np.ndarray:
+        if self._byte_lengths is None:
+            sp = self._sp
+            out = np.zeros(len(self), dtype=np.int32)
+            for i in range(len(self)):
+                if sp.is_control(i) or sp.is_unknown(i):
+                    continue
+                if sp.is_byte(i):
+                    out[i] = 1
+                    continue
+                # "▁" (U+2581) decodes to one space byte.
+                out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+            self._byte_lengths = out
+        return self._byte_lengths
+
+
+def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LENGTH) -> Iterator[str]:
+    """Cut documents into paragraph chunks the trainer accepts (at most max_bytes UTF-8 bytes).
+
+    Newlines stay inside chunks, so "\\n" is learned as a piece instead of falling back to a byte.
+    """
+    for text in texts:
+        for para in text.split("\n\n"):
+            if not para.strip():
+                continue
+            para += "\n\n"
+            if len(para.encode("utf-8")) <= max_bytes:
+                yield para
+                continue
+            buf = ""
+            for line in para.splitlines(keepends=True):
+                while len(line.encode("utf-8")) > max_bytes:
+                    cut = max_bytes // 4  # a char is at most 4 bytes, so this always fits
+                    yield line[:cut]
+                    line = line[cut:]
+                if len((buf + line).encode("utf-8")) > max_bytes:
+                    yield buf
+                    buf = ""
+                buf += line
+            if buf:
+                yield buf
+
+
+def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSettings()) -> tuple[bytes, dict]:
+    """Train a model; returns (model bytes, stats). Deterministic for the same texts and settings."""
+    import sentencepiece as spm
+
+    stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
+
+    def counted() -> Iterator[str]:
+        for text in texts:
+            if stats["characters"] >= settings.max_train_chars:
+                stats["truncated_at_max_train_chars"] = True
+                return
+            stats["documents"] += 1
+            stats["characters"] += len(text)
+            yield text
+
+    def chunks() -> Iterator[str]:
+        for chunk in iter_training_chunks(counted(), settings.max_sentence_length):
+            stats["chunks"] += 1
+            yield chunk
+
+    model = io.BytesIO()
+    spm.set_random_generator_seed(settings.seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=chunks(),
+            model_writer=model,
+            vocab_size=settings.vocab_size + len(SPECIAL_TOKENS),
+            model_type=settings.model_type,
+            character_coverage=settings.character_coverage,
+            num_threads=settings.num_threads,
+            max_sentence_length=settings.max_sentence_length,
+            split_digits=settings.split_digits,
+            byte_fallback=True,
+            control_symbols=list(SPECIAL_TOKENS.values()),
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            input_sentence_size=0,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        hint = ""
+        if "Vocabulary size" in str(exc):
+            hint = " (the corpus is too small for this vocabulary: lower --vocab-size or add text)"
+        raise TokenizerError(f"sentencepiece training failed: {exc}{hint}") from exc
+    if stats["documents"] == 0:
+        raise TokenizerError("no training text: every source was empty")
+    return model.getvalue(), stats
+
+
+def settings_dict(settings: TrainSettings) -> dict:
+    return asdict(settings)
