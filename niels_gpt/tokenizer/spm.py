@@ -7,6 +7,8 @@ four special tokens as control symbols, so len(tokenizer) == VOCAB_SIZE + 4 == 1
 Choices and why:
 - identity normalisation, no whitespace collapsing: decode(encode(text)) == text for any text,
   code and indentation included (spm's default NFKC + whitespace collapsing is lossy).
+- no dummy prefix: sentencepiece would otherwise prepend a space to every encoded text, so the byte
+  count of the ids would exceed the text's by one (bits-per-byte needs them equal).
 - byte fallback: no input is ever <unk>; unseen characters become their UTF-8 bytes.
 - control symbols for the specials: literal "<|ngpt_asst_...|>" typed by a user stays plain text.
 - the trained model depends on NUM_THREADS (the trainer splits work by thread count), so it is a
@@ -206,6 +208,7 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
             normalization_rule_name="identity",
             remove_extra_whitespaces=False,
             allow_whitespace_only_pieces=True,
+            add_dummy_prefix=False,
             minloglevel=2,
         )
     except RuntimeError as exc:

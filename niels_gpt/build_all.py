@@ -1,0 +1,240 @@
+"""build-all: tokenizer, then every pretraining and SFT cache of the contract, in one run.
+
+Order: tokenizer (trained on the pretraining sources, or copied from --tokenizer), then pretrain
+fineweb_edu (streamed), roam, wikitext, gutenberg, then SFT dolly15k and oasst1. Each cache commits on
+its own (meta.json last), so a failure part-way leaves every finished cache usable and no unfinished
+one that looks complete. `sample=True` points every source at the bundled sample corpus (offline).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from niels_gpt.cache.build_cache import (
+    MAX_TRAIN_TOKENS,
+    MAX_VAL_TOKENS,
+    SEED,
+    SHARD_BYTES,
+    VAL_FRAC,
+    SplitTexts,
+    build_pretrain_cache,
+    build_sft_cache,
+)
+from niels_gpt.cache.meta import read_meta, write_meta
+from niels_gpt.errors import ConfigError
+from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
+
+PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
+SFT = ("dolly15k", "oasst1")
+ALL = ("tokenizer",) + PRETRAIN + SFT
+ALL_TOKENS = 2**62  # "cache all": no budget for sources cached whole (wikitext, roam, gutenberg)
+SAMPLE_MAX_VAL_TOKENS = 4096  # fineweb_edu's val budget on the sample corpus (a few pages, not all of it)
+
+
+@dataclass(kw_only=True)
+class BuildConfig:
+    cache_dir: str = "cache"
+    seed: int = SEED
+    only: tuple[str, ...] = ALL
+    sample: bool = False
+    tokenizer: str | None = None  # copy this model instead of training one
+    tokenizer_settings: TrainSettings = field(default_factory=TrainSettings)
+    workers: int | None = None
+    # fineweb_edu
+    fineweb_dataset: str = "HuggingFaceFW/fineweb-edu"
+    fineweb_config: str = "CC-MAIN-2024-10"
+    fineweb_split: str = "train"
+    fineweb_buffer_size: int = 10_000
+    fineweb_data_files: list[str] | None = None
+    max_train_tokens: int = MAX_TRAIN_TOKENS
+    max_val_tokens: int | None = None  # None: MAX_VAL_TOKENS, or SAMPLE_MAX_VAL_TOKENS with sample
+    shard_bytes: int = SHARD_BYTES
+    shuffle_buffer: int | None = None
+    # wikitext
+    wikitext_dataset: str = "Salesforce/wikitext"
+    wikitext_config: str = "wikitext-103-raw-v1"
+    wikitext_train_file: str | None = None
+    wikitext_val_file: str | None = None
+    # local directories
+    roam_dir: str | None = None
+    roam_val_frac: float = 0.1
+    gutenberg_dir: str | None = None
+    gutenberg_val_frac: float = 0.1
+    # sft
+    val_frac: float = VAL_FRAC
+    dolly_dataset: str = "databricks/databricks-dolly-15k"
+    dolly_data_files: list[str] | None = None
+    oasst_dataset: str = "OpenAssistant/oasst1"
+    oasst_data_files: list[str] | None = None
+    oasst_trees_jsonl: str | None = None
+    progress: bool | None = None
+
+    def resolved_max_val_tokens(self) -> int:
+        if self.max_val_tokens is not None:
+            return self.max_val_tokens
+        return SAMPLE_MAX_VAL_TOKENS if self.sample else MAX_VAL_TOKENS
+
+
+def make_source(name: str, cfg: BuildConfig):
+    """The configured source for `name` (None for gutenberg without a directory)."""
+    from niels_gpt import sources
+
+    if cfg.sample:
+        src = sources.sample_sources(seed=cfg.seed)
+        if name == "gutenberg" and cfg.gutenberg_dir is None:
+            return src[name]
+        if name in src and not _overridden(name, cfg):
+            return src[name]
+    if name == "fineweb_edu":
+        return sources.fineweb_edu(dataset_id=cfg.fineweb_dataset, config=cfg.fineweb_config,
+                                   split=cfg.fineweb_split, seed=cfg.seed, buffer_size=cfg.fineweb_buffer_size,
+                                   data_files=cfg.fineweb_data_files)
+    if name == "wikitext":
+        files = None
+        if cfg.wikitext_train_file or cfg.wikitext_val_file:
+            files = {k: v for k, v in (("train", cfg.wikitext_train_file),
+                                       ("validation", cfg.wikitext_val_file)) if v}
+        return sources.wikitext(dataset_id=cfg.wikitext_dataset, config=cfg.wikitext_config, data_files=files)
+    if name == "roam":
+        if not cfg.roam_dir:
+            raise ConfigError("roam needs its export directory: pass --roam-dir DIR (or leave roam out "
+                              "with --only, or use --sample)")
+        return sources.roam(cfg.roam_dir, val_frac=cfg.roam_val_frac, seed=cfg.seed)
+    if name == "gutenberg":
+        if not cfg.gutenberg_dir:
+            return None
+        return sources.gutenberg(cfg.gutenberg_dir, val_frac=cfg.gutenberg_val_frac, seed=cfg.seed)
+    if name == "dolly15k":
+        return sources.dolly15k(dataset_id=cfg.dolly_dataset, data_files=cfg.dolly_data_files)
+    if name == "oasst1":
+        return sources.oasst1(dataset_id=cfg.oasst_dataset, data_files=cfg.oasst_data_files,
+                              trees_jsonl=cfg.oasst_trees_jsonl)
+    raise ConfigError(f"unknown source {name!r}; expected one of {ALL}")
+
+
+def _overridden(name: str, cfg: BuildConfig) -> bool:
+    return {"fineweb_edu": cfg.fineweb_data_files, "roam": cfg.roam_dir, "gutenberg": cfg.gutenberg_dir,
+            "wikitext": cfg.wikitext_train_file or cfg.wikitext_val_file,
+            "dolly15k": cfg.dolly_data_files, "oasst1": cfg.oasst_data_files or cfg.oasst_trees_jsonl}[name] is not None
+
+
+def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
+    """Training text for the tokenizer: the pretraining sources' documents, interleaved."""
+    streams = []
+    for name in PRETRAIN:
+        try:
+            src = make_source(name, cfg)
+        except ConfigError:
+            continue  # a source that is not configured simply does not contribute
+        if src is not None:
+            streams.append(src.iter_texts("train") if src.own_split else src.iter_texts())
+    for group in itertools.zip_longest(*streams):
+        yield from (t for t in group if t is not None)
+
+
+def build_tokenizer(cfg: BuildConfig) -> dict:
+    out = Path(cfg.cache_dir) / "tokenizer"
+    if cfg.tokenizer:
+        src = Path(cfg.tokenizer)
+        tok = load_tokenizer(src)
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tok.model_path, out / MODEL_NAME)
+        tok = load_tokenizer(out / MODEL_NAME)
+        write_meta(str(out), {"kind": "tokenizer", "format_version": 1, "model_file": MODEL_NAME,
+                              "tokenizer_sha256": tok.sha256, "vocab_size": len(tok),
+                              "special_token_ids": dict(tok.special_ids), "bos_id": tok.bos_id,
+                              "settings": None, "trained_on": f"copied from {src}"})
+    else:
+        trained_on = {"sources": [n for n in PRETRAIN], "sample_corpus": cfg.sample}
+        tok = train_tokenizer(tokenizer_texts(cfg), out, settings=cfg.tokenizer_settings, trained_on=trained_on)
+    return {"name": "tokenizer", "kind": "tokenizer", "vocab_size": len(tok), "sha256": tok.sha256[:16]}
+
+
+def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
+    root = Path(cfg.cache_dir)
+    src = make_source(name, cfg)
+    if name in SFT:
+        out = root / "sft" / name
+        build_sft_cache(src.iter_conversations(), str(out), tokenizer=tokenizer, val_frac=cfg.val_frac,
+                        seed=cfg.seed, dataset_name=name, dataset_config=src.dataset_config,
+                        streaming=src.streaming, source=_described(src), progress=cfg.progress)
+        return _summary(name, out)
+    out = root / "pretrain" / name
+    if src is None:  # gutenberg without a directory: an honest placeholder, not a failure
+        for split in ("train", "val"):
+            (out / split).mkdir(parents=True, exist_ok=True)
+        write_meta(str(out), {"kind": "pretrain", "built": False, "dataset_name": name,
+                              "reason": "no --gutenberg-dir given", "seed": cfg.seed})
+        return {"name": name, "kind": "pretrain", "built": False}
+    if src.own_split:
+        texts = SplitTexts(train=src.iter_texts("train"), val=src.iter_texts("val"))
+        budgets = (ALL_TOKENS, ALL_TOKENS)
+    else:
+        texts = src.iter_texts()
+        budgets = (cfg.max_train_tokens, cfg.resolved_max_val_tokens())
+    build_pretrain_cache(texts, str(out), tokenizer=tokenizer, max_train_tokens=budgets[0],
+                         max_val_tokens=budgets[1], shard_bytes=cfg.shard_bytes, seed=cfg.seed,
+                         shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.workers, dataset_name=name,
+                         dataset_config=src.dataset_config, streaming=src.streaming, source=_described(src),
+                         progress=cfg.progress)
+    return _summary(name, out)
+
+
+def _described(src) -> dict:
+    return src.describe()
+
+
+def _summary(name: str, out: Path) -> dict:
+    meta = read_meta(str(out))
+    row = {"name": name, "kind": meta["kind"], "built": True, **meta["totals"]}
+    row["files"] = len(meta["files"])
+    return row
+
+
+def build_all(cfg: BuildConfig, log=print) -> list[dict]:
+    unknown = sorted(set(cfg.only) - set(ALL))
+    if unknown:
+        raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")
+    rows = []
+    tok_dir = Path(cfg.cache_dir) / "tokenizer"
+    if "tokenizer" in cfg.only or not (tok_dir / "meta.json").is_file():
+        t0 = time.perf_counter()
+        rows.append({**build_tokenizer(cfg), "seconds": time.perf_counter() - t0})
+        log(f"tokenizer: {rows[-1]['vocab_size']} ids -> {tok_dir}")
+    read_meta(str(tok_dir))
+    tokenizer = load_tokenizer(tok_dir)
+    for name in PRETRAIN + SFT:
+        if name not in cfg.only:
+            continue
+        t0 = time.perf_counter()
+        row = build_one(name, cfg, tokenizer)
+        row["seconds"] = time.perf_counter() - t0
+        rows.append(row)
+        log(f"{name}: done in {row['seconds']:.1f}s")
+    return rows
+
+
+def format_summary(rows: list[dict]) -> str:
+    head = f"{'cache':<12} {'kind':<9} {'train':>13} {'val':>11} {'files':>5} {'seconds':>8} {'tok/s':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r["kind"] == "tokenizer":
+            lines.append(f"{r['name']:<12} {'tokenizer':<9} {r['vocab_size']:>10} ids {'':>11} {'':>5} "
+                         f"{r['seconds']:>8.1f}")
+            continue
+        if not r.get("built", True):
+            lines.append(f"{r['name']:<12} {r['kind']:<9} {'not built':>13}")
+            continue
+        unit = "tok" if r["kind"] == "pretrain" else "ex"
+        train = r.get("train_tokens") if unit == "tok" else r.get("train_examples")
+        val = r.get("val_tokens") if unit == "tok" else r.get("val_examples")
+        toks = r.get("train_tokens", 0) + r.get("val_tokens", 0)
+        rate = toks / r["seconds"] if r["seconds"] > 0 else float("inf")
+        lines.append(f"{r['name']:<12} {r['kind']:<9} {train:>10} {unit:<2} {val:>8} {unit:<2} {r['files']:>5} "
+                     f"{r['seconds']:>8.1f} {rate:>10,.0f}")
+    return "\n".join(lines)

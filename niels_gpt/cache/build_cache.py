@@ -1,0 +1,430 @@
+"""Streaming builders of token caches: pretraining shards and SFT example streams.
+
+Pretraining (`build_pretrain_cache`), one pass over the documents:
+- documents flow through an optional torch-RNG shuffle buffer, then are encoded in batches
+  (`encode_batch`, whose workers are sentencepiece threads: the output is the same for any count);
+- each document is followed by one EOT; empty documents are skipped and counted;
+- split rule: the first documents fill val until it holds exactly `max_val_tokens`, the rest fill
+  train until exactly `max_train_tokens`; the document that crosses a budget is cut there and the cut
+  is recorded. Sources with their own split pass `SplitTexts(train=..., val=...)` instead;
+- tokens go straight to `shard_00000.bin`, `shard_00001.bin`, ... (temporary names, renamed when
+  full), each at most `shard_bytes`; reading stops as soon as both budgets are met;
+- meta.json is written last. Memory: one encode batch plus the shuffle buffer, whatever the corpus.
+
+SFT (`build_sft_cache`): each conversation is rendered (sentinel, content, EOT per message), sent to
+val with probability `val_frac` (torch RNG, one draw per usable example, in stream order) and
+appended to `{split}_tokens.bin`; its start offset goes to `{split}_idx.npy` (int64).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from niels_gpt.atomic import atomic_path, commit, tmp_name
+from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
+from niels_gpt.cache.mmap import meta_token_dtype
+from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
+
+SHARD_BYTES = 128 * 1024 * 1024
+MAX_TRAIN_TOKENS = 200_000_000
+MAX_VAL_TOKENS = 5_000_000
+SEED = 42
+SHUFFLE_BUFFER = None
+VAL_FRAC = 0.10
+ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
+SHARD_PATTERN = "shard_{:05d}.bin"
+SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
+              "max_train_tokens; the document crossing a budget is cut at it")
+
+
+class SplitTexts(NamedTuple):
+    """Documents of a source that defines its own train/val split."""
+
+    train: Iterable[str]
+    val: Iterable[str]
+
+
+def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> Iterator:
+    """Approximate shuffle in O(size) memory: keep `size` items, emit a random one per new arrival."""
+    if not size or size <= 1:
+        yield from items
+        return
+    buf: list = []
+    draws: list[int] = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        if not draws:  # one torch call per 4096 draws: same values as drawing one at a time
+            draws = torch.randint(size, (4096,), generator=generator).tolist()[::-1]
+        j = draws.pop()
+        yield buf[j]
+        buf[j] = item
+    for j in torch.randperm(len(buf), generator=generator).tolist():
+        yield buf[j]
+
+
+class _HashingFile:
+    """A file written under a temporary name, hashed as it is written, committed by rename."""
+
+    def __init__(self, final: Path):
+        self.final = final
+        self.tmp = tmp_name(final)
+        self.f = open(self.tmp, "wb")
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, arr: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(arr)).cast("B")
+        self.f.write(data)
+        self.sha.update(data)
+        self.bytes += data.nbytes
+
+    def close(self) -> dict:
+        self.f.close()
+        commit(self.tmp, self.final)
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+
+    def abort(self) -> None:
+        self.f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
+class _ShardWriter:
+    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard."""
+
+    def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int):
+        self.dir, self.dtype = split_dir, dtype
+        self.capacity = shard_bytes // dtype.itemsize
+        if self.capacity < 1:
+            raise ConfigError(f"shard_bytes={shard_bytes} holds no {dtype.itemsize}-byte token")
+        self.records: dict[str, dict] = {}
+        self.current: _HashingFile | None = None
+        self.room = 0
+        self.tokens = 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        while len(tokens):
+            if self.room == 0:
+                self._roll()
+            n = min(self.room, len(tokens))
+            self.current.write(tokens[:n])
+            self.room -= n
+            self.tokens += n
+            tokens = tokens[n:]
+
+    def _roll(self) -> None:
+        self._close_current()
+        name = SHARD_PATTERN.format(len(self.records))
+        self.records[name] = {}
+        self.current = _HashingFile(self.dir / name)
+        self.room = self.capacity
+
+    def _close_current(self) -> None:
+        if self.current is not None:
+            name = self.current.final.name
+            self.records[name] = {**self.current.close(),
+                                  "tokens": self.current.bytes // self.dtype.itemsize}
+            self.current = None
+
+    def close(self) -> dict[str, dict]:
+        self._close_current()
+        return self.records
+
+    def abort(self) -> None:
+        if self.current is not None:
+            self.current.abort()
+
+
+def _check_range(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
+    if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
+        bad = int(ids.max()) if int(ids.max()) > np.iinfo(dtype).max else int(ids.min())
+        raise CacheError(f"{where}: token id {bad} does not fit {dtype.name} "
+                         f"(max {np.iinfo(dtype).max}); build with token_dtype='uint32-le'")
+
+
+def _resolve_dtype(tokenizer, token_dtype: str | None) -> np.dtype:
+    if token_dtype is None:
+        return np.dtype(tokenizer.token_dtype)
+    from niels_gpt.cache.mmap import numpy_dtype
+
+    return numpy_dtype(token_dtype)
+
+
+def _encoded_docs(texts: Iterable[str], tokenizer, num_threads: int | None, skipped: Counter,
+                  batch_docs: int = ENCODE_BATCH_DOCS) -> Iterator[list[int]]:
+    it = iter(texts)
+    while batch := list(itertools.islice(it, batch_docs)):
+        kept = []
+        for t in batch:
+            if not isinstance(t, str):
+                raise ConfigError(f"documents must be str, got {type(t).__name__}: {t!r:.80}")
+            if t.strip():
+                kept.append(t)
+            else:
+                skipped["empty_document"] += 1
+        yield from tokenizer.encode_batch(kept, num_threads=num_threads)
+
+
+class _Budgeted:
+    """Feeds EOT-terminated documents into one split's shards until its token budget is met."""
+
+    def __init__(self, writer: _ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str):
+        self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
+        self.documents = 0
+        self.cut: dict | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.writer.tokens >= self.budget
+
+    def add(self, ids: list[int]) -> None:
+        arr = np.fromiter(itertools.chain(ids, (self.eot,)), dtype=np.int64, count=len(ids) + 1)
+        _check_range(arr, self.dtype, f"{self.name} document {self.documents}")
+        room = self.budget - self.writer.tokens
+        if len(arr) > room:
+            self.cut = {"document": self.documents, "kept_tokens": room, "document_tokens": len(arr)}
+            arr = arr[:room]
+        self.writer.write(arr.astype(self.dtype))
+        self.documents += 1
+
+
+def build_pretrain_cache(
+    texts: Iterable[str] | SplitTexts,
+    out_dir: str,
+    *,
+    tokenizer,
+    max_train_tokens: int,
+    max_val_tokens: int,
+    shard_bytes: int,
+    seed: int,
+    shuffle_buffer: int | None,
+    num_workers: int | None = 1,
+    token_dtype: str | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    streaming: bool = False,
+    source: dict | None = None,
+    progress: bool | None = False,
+) -> None:
+    """
+    writes:
+      out_dir/train/shard_*.bin
+      out_dir/val/shard_*.bin
+      out_dir/meta.json
+    token dtype: uint16 little-endian (uint32 when the tokenizer has more than 65,536 ids)
+    deterministic given seed + identical input stream order.
+
+    `texts` is one stream (split by the rule in the module docstring) or `SplitTexts` for a source
+    with its own split. `num_workers` is the number of encode threads (None: all cores); the bytes
+    written do not depend on it.
+    """
+    from tqdm.auto import tqdm
+
+    for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+    out = Path(out_dir)
+    dtype = _resolve_dtype(tokenizer, token_dtype)
+    eot = tokenizer.special_ids["eot"]
+    _check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+    _start_build(out, ["train", "val"])
+    gen = torch.Generator().manual_seed(seed)
+    skipped: Counter = Counter()
+    writers = {s: _ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+    sinks = {s: _Budgeted(writers[s], b, eot, dtype, s)
+             for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
+    own_split = isinstance(texts, SplitTexts)
+    bar = tqdm(total=max_train_tokens + max_val_tokens, unit="tok", unit_scale=True,
+               desc=f"pretrain {dataset_name or out.name}", disable=None if progress else True)
+    exhausted = True
+    try:
+        if own_split:
+            for split in ("val", "train"):
+                docs = shuffled(getattr(texts, split), shuffle_buffer, gen)
+                for ids in _encoded_docs(docs, tokenizer, num_workers, skipped):
+                    if sinks[split].full:
+                        break
+                    before = writers[split].tokens
+                    sinks[split].add(ids)
+                    bar.update(writers[split].tokens - before)
+        else:
+            exhausted = False
+            docs = shuffled(texts, shuffle_buffer, gen)
+            order = [sinks["val"], sinks["train"]]
+            for ids in _encoded_docs(docs, tokenizer, num_workers, skipped):
+                while order and order[0].full:
+                    order.pop(0)
+                if not order:
+                    break
+                before = order[0].writer.tokens
+                order[0].add(ids)
+                bar.update(order[0].writer.tokens - before)
+            else:
+                exhausted = True
+        records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    finally:
+        bar.close()
+    totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
+    totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
+    if totals["train_tokens"] + totals["val_tokens"] == 0:
+        raise ConfigError(f"no tokens for {out}: the input had no non-empty document "
+                          f"(skipped: {dict(skipped) or 'none'}); check the source")
+    meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
+    meta.update({
+        "kind": "pretrain",
+        "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
+        "shard_bytes": shard_bytes,
+        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "totals": totals,
+        "files": records,
+        "cuts": {s: sinks[s].cut for s in ("train", "val")},
+        "source_exhausted": exhausted,
+        "skipped": dict(sorted(skipped.items())),
+        "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
+                  "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": shuffle_buffer,
+                  "encode_batch_docs": ENCODE_BATCH_DOCS},
+    })
+    write_meta(str(out), meta)
+
+
+def build_sft_cache(
+    examples: Iterable[list[Message]],
+    out_dir: str,
+    *,
+    tokenizer,
+    val_frac: float,
+    seed: int,
+    token_dtype: str | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    streaming: bool = False,
+    source: dict | None = None,
+    progress: bool | None = False,
+) -> None:
+    """
+    writes:
+      out_dir/train_tokens.bin, out_dir/train_idx.npy
+      out_dir/val_tokens.bin,   out_dir/val_idx.npy
+      out_dir/meta.json
+    where idx is offsets into tokens.bin (int64), offsets-only (length inferred).
+    deterministic given seed + identical input stream order.
+    """
+    from tqdm.auto import tqdm
+
+    if not 0.0 <= val_frac < 1.0:
+        raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
+    out = Path(out_dir)
+    dtype = _resolve_dtype(tokenizer, token_dtype)
+    _start_build(out, [])
+    gen = torch.Generator().manual_seed(seed)
+    skipped: Counter = Counter()
+    files = {s: _HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
+    offsets: dict[str, list[int]] = {"train": [], "val": []}
+    tokens = {"train": 0, "val": 0}
+    draws: list[float] = []
+    try:
+        for i, conv in enumerate(tqdm(examples, unit="ex", desc=f"sft {dataset_name or out.name}",
+                                      disable=None if progress else True)):
+            reason = _unusable(conv)
+            if reason:
+                skipped[reason] += 1
+                continue
+            try:
+                ids = np.asarray(tokenizer.render_chat(conv).ids, dtype=np.int64)
+            except ConfigError as exc:
+                raise ConfigError(f"{dataset_name or out.name} example {i}: {exc}") from exc
+            _check_range(ids, dtype, f"example {i}")
+            if not draws:
+                draws = torch.rand(1024, generator=gen, dtype=torch.float64).tolist()[::-1]
+            split = "val" if draws.pop() < val_frac else "train"
+            offsets[split].append(tokens[split])
+            files[split].write(ids.astype(dtype))
+            tokens[split] += len(ids)
+        records = {}
+        for s in ("train", "val"):
+            records[f"{s}_tokens.bin"] = {**files[s].close(), "tokens": tokens[s]}
+            idx_path = out / f"{s}_idx.npy"
+            with atomic_path(idx_path) as tmp:
+                with open(tmp, "wb") as f:
+                    np.save(f, np.asarray(offsets[s], dtype="<i8"), allow_pickle=False)
+            records[f"{s}_idx.npy"] = {"bytes": idx_path.stat().st_size, "sha256": sha256_file(str(idx_path)),
+                                       "examples": len(offsets[s])}
+    except BaseException:
+        for f in files.values():
+            f.abort()
+        raise
+    if not offsets["train"] and not offsets["val"]:
+        raise ConfigError(f"no usable conversation for {out} (skipped: {dict(skipped) or 'none'}): "
+                          "every example lacked an assistant turn or was empty")
+    meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
+    meta.update({
+        "kind": "sft",
+        "split_rule": f"by example: torch.rand(generator seeded {seed}) < val_frac ({val_frac}) -> val, "
+                      "one draw per usable example in stream order",
+        "val_frac": val_frac,
+        "rendering": "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT",
+        "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
+                   "train_tokens": tokens["train"], "val_tokens": tokens["val"]},
+        "files": records,
+        "skipped": dict(sorted(skipped.items())),
+        "build": {"val_frac": val_frac, "seed": seed},
+    })
+    write_meta(str(out), meta)
+
+
+def _unusable(conv) -> str | None:
+    if not isinstance(conv, list | tuple) or not conv:
+        return "empty_conversation"
+    has_answer = False
+    for m in conv:
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            has_answer = has_answer or bool(str(m.get("content", "")).strip())
+    return None if has_answer else "no_assistant_turn"
+
+
+def _start_build(out: Path, split_dirs: list[str]) -> None:
+    """Uncommit any previous cache here (meta first), and clear its token files."""
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(out / META_NAME)
+    for sub in split_dirs:
+        d = out / sub
+        d.mkdir(exist_ok=True)
+        for old in d.glob("shard_*.bin"):
+            old.unlink()
+
+
+def _common_meta(tokenizer, dtype, seed, name, config, streaming, source) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "built": True,
+        "dataset_name": name,
+        "dataset_config": config,
+        "seed": seed,
+        "token_dtype": meta_token_dtype(dtype),
+        "tokenizer_sha256": tokenizer.sha256,
+        "tokenizer": tokenizer.describe(),
+        "vocab_size": len(tokenizer),
+        "special_token_ids": dict(tokenizer.special_ids),
+        "streaming": streaming,
+        "source": source,
+        "randomness": "torch.Generator only",
+    }

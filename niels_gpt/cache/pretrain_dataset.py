@@ -1,0 +1,134 @@
+"""Random-window pretraining batches from memory-mapped token shards.
+
+    ds = PretrainTokenStreamDataset("cache/pretrain/fineweb_edu/train", T=1024, device="cuda")
+    x, y = ds.get_batch(B=32, generator=g)        # int64 (B, T); y[:, :-1] == x[:, 1:]
+
+- A window is T+1 consecutive tokens inside one shard (never across a shard end): shard k with n_k
+  tokens has n_k - T window starts.
+- "Random windows within a randomly chosen shard": each row draws one global start uniformly from
+  all window starts of all shards, so a shard is chosen with probability proportional to its number
+  of window starts and the start is uniform inside it (a small last shard is not oversampled).
+- One torch.randint per batch, then per shard touched one gather: rows of a zero-copy
+  sliding-window view indexed by the starts (a memcpy per row inside numpy), converted to int64 x
+  and y. No Python loop per row.
+- Shards are opened with mmap + MADV_RANDOM (see cache/mmap.py) lazily in each process; pickling the
+  dataset (DataLoader workers) sends paths, not memory maps.
+- On CUDA, x and y are built in pinned memory and copied with non_blocking=True.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
+from niels_gpt.cache.mmap import numpy_dtype, open_tokens, window_view
+from niels_gpt.errors import CacheError, ConfigError
+
+
+class PretrainTokenStreamDataset:
+    def __init__(self, shards_dir: str, *, T: int, device: str):
+        """
+        shards_dir contains shard_*.bin (uint16).
+        must memory-map shards; do not load all tokens into RAM.
+        """
+        if not isinstance(T, int) or T < 1:
+            raise ConfigError(f"T must be a positive int, got {T!r}")
+        self.shards_dir = Path(shards_dir)
+        self.T = T
+        self.device = torch.device(device)
+        self.split = self.shards_dir.name
+        self.cache_dir = self.shards_dir.parent
+        if not self.shards_dir.is_dir():
+            raise CacheError(f"{self.shards_dir}: no such shard directory")
+        self.meta = read_meta(str(self.cache_dir))
+        if self.meta.get("kind") != "pretrain" or not self.meta.get("built", True):
+            raise CacheError(f"{self.cache_dir}: not a built pretraining cache (kind={self.meta.get('kind')!r}, "
+                             f"built={self.meta.get('built')!r})")
+        self.dtype = numpy_dtype(self.meta["token_dtype"])
+        prefix = f"{self.split}/"
+        listed = {rel[len(prefix):]: rec for rel, rec in self.meta["files"].items() if rel.startswith(prefix)}
+        raise_on_problems(check_files(self.cache_dir, self.meta, only=self.split), self.cache_dir)
+        on_disk = {p.name for p in self.shards_dir.glob("shard_*.bin")}
+        extra = sorted(on_disk - set(listed))
+        if extra:
+            raise CacheError(f"{self.shards_dir}: shard file(s) {', '.join(extra)} not listed in meta.json: "
+                             "left over from another build? rebuild the cache")
+        self.shard_names = sorted(listed)
+        if not self.shard_names:
+            raise CacheError(f"{self.shards_dir}: the {self.split} split of this cache is empty "
+                             f"(totals: {self.meta['totals']})")
+        self.shard_tokens = np.array([listed[n]["tokens"] for n in self.shard_names], dtype=np.int64)
+        starts = np.maximum(self.shard_tokens - T, 0)
+        if starts.sum() == 0:
+            raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {self.shards_dir} "
+                              f"(largest has {int(self.shard_tokens.max())} tokens): use a smaller T")
+        self.window_starts = starts
+        self.cum_starts = np.concatenate([[0], np.cumsum(starts)])
+        self._views: list[np.ndarray] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.shard_tokens.sum())
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def _open(self) -> list[np.ndarray]:
+        if self._views is None:
+            self._views = [window_view(open_tokens(self.shards_dir / n, self.dtype), self.T + 1)
+                           if s > 0 else None
+                           for n, s in zip(self.shard_names, self.window_starts, strict=True)]
+        return self._views
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_views"] = None  # each process maps the shards itself
+        return state
+
+    def sample_starts(self, B: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(shard index, start within shard) for B random windows."""
+        g = torch.randint(int(self.cum_starts[-1]), (B,), generator=generator).numpy()
+        shard = np.searchsorted(self.cum_starts, g, side="right") - 1
+        return shard, g - self.cum_starts[shard]
+
+    def gather(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """(B, T+1) windows, in the token dtype, one gather per shard touched."""
+        views = self._open()
+        B = len(shard)
+        if B and (shard == shard[0]).all():
+            return views[int(shard[0])][local]
+        out = np.empty((B, self.T + 1), dtype=self.dtype)
+        for k in np.unique(shard):
+            rows = np.flatnonzero(shard == k)
+            out[rows] = views[int(k)][local[rows]]
+        return out
+
+    def get_batch(self, *, B: int, generator: "torch.Generator") -> tuple["torch.LongTensor", "torch.LongTensor"]:
+        """
+        returns x,y of shape (B,T) on device, dtype int64
+        invariant: y[:, :-1] == x[:, 1:]
+        samples random windows within a randomly chosen shard.
+        """
+        if B < 1:
+            raise ConfigError(f"B must be >= 1, got {B}")
+        windows = self.gather(*self.sample_starts(B, generator))
+        return to_device_xy(windows, self.device)
+
+
+def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) token windows -> contiguous int64 x = w[:, :-1], y = w[:, 1:] on `device`."""
+    B, W = windows.shape
+    cuda = device.type == "cuda"
+    xy = torch.empty((2, B, W - 1), dtype=torch.int64, pin_memory=cuda)
+    buf = xy.numpy()
+    np.copyto(buf[0], windows[:, :-1], casting="unsafe")
+    np.copyto(buf[1], windows[:, 1:], casting="unsafe")
+    if cuda:
+        xy = xy.to(device, non_blocking=True)
+    elif device.type != "cpu":
+        xy = xy.to(device)
+    return xy[0], xy[1]
