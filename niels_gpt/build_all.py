@@ -124,14 +124,19 @@ def _overridden(name: str, cfg: BuildConfig) -> bool:
 
 
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
-    """Training text for the tokenizer: the pretraining sources' documents, interleaved."""
+    """Training text for the tokenizer: the documents of every pretraining source and the messages of
+    every SFT source (the tokenizer encodes both), interleaved source by source."""
     streams = []
-    for name in PRETRAIN:
+    for name in PRETRAIN + SFT:
         try:
             src = make_source(name, cfg)
         except ConfigError:
             continue  # a source that is not configured simply does not contribute
-        if src is not None:
+        if src is None:
+            continue
+        if name in SFT:
+            streams.append(m["content"] for conv in src.iter_conversations() for m in conv)
+        else:
             streams.append(src.iter_texts("train") if src.own_split else src.iter_texts())
     for group in itertools.zip_longest(*streams):
         yield from (t for t in group if t is not None)
@@ -150,7 +155,8 @@ def build_tokenizer(cfg: BuildConfig) -> dict:
                               "special_token_ids": dict(tok.special_ids), "bos_id": tok.bos_id,
                               "settings": None, "trained_on": f"copied from {src}"})
     else:
-        trained_on = {"sources": [n for n in PRETRAIN], "sample_corpus": cfg.sample}
+        trained_on = {"sources": list(PRETRAIN + SFT), "sample_corpus": cfg.sample,
+                      "rule": "training splits of sources with their own split; every message of SFT sources"}
         tok = train_tokenizer(tokenizer_texts(cfg), out, settings=cfg.tokenizer_settings, trained_on=trained_on)
     return {"name": "tokenizer", "kind": "tokenizer", "vocab_size": len(tok), "sha256": tok.sha256[:16]}
 
@@ -202,7 +208,7 @@ def build_all(cfg: BuildConfig, log=print) -> list[dict]:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")
     rows = []
     tok_dir = Path(cfg.cache_dir) / "tokenizer"
-    if "tokenizer" in cfg.only or not (tok_dir / "meta.json").is_file():
+    if cfg.tokenizer or "tokenizer" in cfg.only or not (tok_dir / "meta.json").is_file():
         t0 = time.perf_counter()
         rows.append({**build_tokenizer(cfg), "seconds": time.perf_counter() - t0})
         log(f"tokenizer: {rows[-1]['vocab_size']} ids -> {tok_dir}")

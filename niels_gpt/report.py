@@ -144,7 +144,7 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
         from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 
         split = "train" if meta["totals"]["train_tokens"] > window else "val"
-        ds = PretrainTokenStreamDataset(str(root / split), T=min(window, ds_max(meta, split)), device="cpu")
+        ds = PretrainTokenStreamDataset(str(root / split), T=max(1, min(window - 1, ds_max(meta, split))), device="cpu")
         ids = ds.gather(np.array([0]), np.array([0]))[0]
         lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
     else:

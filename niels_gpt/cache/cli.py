@@ -83,6 +83,9 @@ def add_build_all(sub) -> None:
     g.add_argument("--oasst-dataset", default=d.oasst_dataset)
     g.add_argument("--oasst-data-files", nargs="+", default=None)
     g.add_argument("--oasst-trees-jsonl", default=None, help="nested-tree JSONL export instead of flat rows")
+    for action in p._actions:
+        if action.help is None:  # the defaults formatter only shows a default next to help text
+            action.help = "-"
     p.set_defaults(func=run_build_all)
 
 

@@ -1,0 +1,89 @@
+"""Shared builders for the tests: a tokenizer trained in-process and hand-written caches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from niels_gpt.cache.meta import file_record, write_meta
+from niels_gpt.tokenizer import SPECIAL_TOKENS, TrainSettings, train_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+SAMPLE_DIR = REPO / "niels_gpt" / "sources" / "sample"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data is absent")
+
+# Ids used by hand-written caches (the layout of a trained sentencepiece model: specials at 3..6).
+SPECIALS = {"sys": 3, "usr": 4, "asst": 5, "eot": 6}
+
+
+def sample_texts() -> list[str]:
+    """Real text from the bundled sample corpus (its books and notes)."""
+    files = sorted(SAMPLE_DIR.rglob("*.txt")) + sorted(SAMPLE_DIR.rglob("*.md"))
+    texts = [p.read_text(encoding="utf-8-sig") for p in files if p.name.upper() != "LICENSES.MD"]
+    assert texts, f"sample corpus missing under {SAMPLE_DIR}"
+    return texts
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory):
+    """A small (2,004-id) sentencepiece model trained on the sample corpus, once per session."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    return train_tokenizer(sample_texts(), out, settings=TrainSettings(vocab_size=2000))
+
+
+@pytest.fixture(scope="session")
+def real_docs() -> list[str]:
+    return [t for t in sample_texts() if t.strip()]
+
+
+def _meta(kind: str, dtype: str, extra: dict) -> dict:
+    base = {"kind": kind, "format_version": 1, "built": True, "dataset_name": "handmade", "dataset_config": None,
+            "split_rule": "by hand", "seed": 0, "token_dtype": dtype, "tokenizer_sha256": "0" * 64,
+            "vocab_size": 2004, "special_token_ids": dict(SPECIALS), "streaming": False}
+    base.update(extra)
+    return base
+
+
+def write_pretrain_cache(out: Path, shards: dict[str, list[np.ndarray]], *, dtype: str = "uint16-le",
+                         vocab_size: int = 2004) -> Path:
+    """A pretraining cache whose shards hold exactly the given token arrays."""
+    np_dtype = np.dtype("<u2" if dtype == "uint16-le" else "<u4")
+    files, totals = {}, {}
+    for split in ("train", "val"):
+        (out / split).mkdir(parents=True, exist_ok=True)
+        arrays = shards.get(split, [])
+        for i, arr in enumerate(arrays):
+            rel = f"{split}/shard_{i:05d}.bin"
+            np.asarray(arr, dtype=np_dtype).tofile(out / rel)
+            files[rel] = file_record(out / rel, len(arr))
+        totals[f"{split}_tokens"] = int(sum(len(a) for a in arrays))
+    write_meta(str(out), _meta("pretrain", dtype, {"totals": totals, "files": files, "shard_bytes": 1 << 27,
+                                                   "vocab_size": vocab_size}))
+    return out
+
+
+def write_sft_cache(out: Path, train: list[list[int]], val: list[list[int]] | None = None, *,
+                    dtype: str = "uint16-le") -> Path:
+    """An SFT cache holding exactly the given examples (lists of token ids)."""
+    np_dtype = np.dtype("<u2" if dtype == "uint16-le" else "<u4")
+    out.mkdir(parents=True, exist_ok=True)
+    files, totals = {}, {}
+    for split, examples in (("train", train), ("val", val or [])):
+        lengths = [len(e) for e in examples]
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype("<i8") if examples else np.zeros(0, "<i8")
+        tokens = np.concatenate([np.asarray(e, dtype=np_dtype) for e in examples]) if examples else np.zeros(0, np_dtype)
+        tokens.tofile(out / f"{split}_tokens.bin")
+        np.save(out / f"{split}_idx.npy", offsets)
+        files[f"{split}_tokens.bin"] = file_record(out / f"{split}_tokens.bin", len(tokens))
+        files[f"{split}_idx.npy"] = {**file_record(out / f"{split}_idx.npy", None), "examples": len(examples)}
+        totals.update({f"{split}_examples": len(examples), f"{split}_tokens": len(tokens)})
+    write_meta(str(out), _meta("sft", dtype, {"totals": totals, "files": files}))
+    return out
+
+
+@pytest.fixture
+def special_tokens():
+    return dict(SPECIAL_TOKENS)

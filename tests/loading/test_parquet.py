@@ -1,0 +1,159 @@
+"""Streaming Parquet loader: rank striding, both packings, best-fit rules, exact resumption."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from niels_gpt.errors import ConfigError, SourceError, StateError
+from niels_gpt.loading import ParquetTokenLoader, list_parquet_files, split_files
+from niels_gpt.loading.parquet import RankDocuments
+
+from .conftest import write_parquet
+
+
+def test_ranks_take_disjoint_row_groups_that_cover_every_document(parquet_dir, tokenizer, doc_texts):
+    files = list_parquet_files(parquet_dir)
+    W = 3
+    seen = []
+    for r in range(W):
+        docs = RankDocuments(files, tokenizer, rank=r, world_size=W)
+        assert docs.groups == [g for i, g in enumerate(RankDocuments(files, tokenizer, rank=0, world_size=1).groups)
+                               if i % W == r]
+        stream = docs.stream(0)
+        seen += [tokenizer.decode(next(stream)[1][1:].tolist()) for _ in range(docs.docs_per_epoch)]
+    assert sorted(seen) == sorted(doc_texts)
+
+
+def test_contiguous_batches_are_the_document_stream_with_bos(parquet_dir, tokenizer, doc_texts):
+    files = list_parquet_files(parquet_dir)
+    loader = ParquetTokenLoader(files, tokenizer, B=2, T=50, packing="contiguous", rank=0, world_size=1)
+    stream = [t for d in doc_texts for t in [tokenizer.bos_id] + tokenizer.encode(d)]
+    got = []
+    for _ in range(6):
+        x, y = next(loader)
+        assert x.shape == y.shape == (2, 50) and x.dtype == torch.int64
+        assert torch.equal(x.flatten()[1:], y.flatten()[:-1])
+        got += x.flatten().tolist()
+    assert got == stream[:600]  # the last target of a batch is the first input of the next
+
+
+def reference_bestfit(docs: list[list[int]], rows: int, capacity: int, buffer_size: int):
+    """nanochat's best-fit loop written plainly (linear scans), refilling one document at a time."""
+    it = iter(docs)
+    buf, out, cropped = [], [], 0
+    for _ in range(rows):
+        row = []
+        while len(row) < capacity:
+            while len(buf) < buffer_size:
+                buf.append(next(it))
+            remaining = capacity - len(row)
+            best, best_len = -1, 0
+            for i, d in enumerate(buf):
+                if best_len < len(d) <= remaining:
+                    best, best_len = i, len(d)
+            if best >= 0:
+                row += buf.pop(best)
+            else:
+                short = min(range(len(buf)), key=lambda i: len(buf[i]))
+                d = buf.pop(short)
+                row += d[:remaining]
+                cropped += len(d) - remaining
+        out.append(row)
+    return out, cropped
+
+
+@pytest.mark.parametrize("T,buffer_size", [(64, 8), (200, 20), (31, 1)])
+def test_bestfit_rows_start_with_bos_and_match_the_reference(parquet_dir, tokenizer, doc_texts, T, buffer_size):
+    files = list_parquet_files(parquet_dir)
+    loader = ParquetTokenLoader(files, tokenizer, B=4, T=T, packing="bestfit", buffer_size=buffer_size,
+                                rank=0, world_size=1)
+    rows = []
+    for _ in range(5):
+        x, y = next(loader)
+        assert (x[:, 0] == tokenizer.bos_id).all()
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        rows += torch.cat([x, y[:, -1:]], dim=1).tolist()
+    docs = [[tokenizer.bos_id] + tokenizer.encode(d) for d in doc_texts] * 3
+    ref, cropped = reference_bestfit(docs, 20, T + 1, buffer_size)
+    assert rows == ref
+    stats = loader.stats()
+    assert stats["utilisation"] == 1.0 and stats["tokens_cropped"] == cropped
+    assert stats["crop_fraction"] == cropped / (20 * (T + 1) + cropped)
+
+
+@pytest.mark.parametrize("packing", ["contiguous", "bestfit"])
+def test_resume_at_a_random_step_continues_exactly(parquet_dir, tokenizer, packing):
+    files = list_parquet_files(parquet_dir)
+
+    def make():
+        return ParquetTokenLoader(files, tokenizer, B=3, T=40, packing=packing, buffer_size=12, rank=1, world_size=2,
+                                  tokenizer_batch_size=5)
+
+    ref = make()
+    full = [next(ref) for _ in range(60)]  # more than one epoch of rank 1's documents
+    stop = int(torch.randint(5, 50, (1,), generator=torch.Generator().manual_seed(len(packing))))
+    first = make()
+    for _ in range(stop):
+        next(first)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    for want in full[stop:]:
+        got = next(resumed)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_state_of_another_rank_packing_or_corpus_is_rejected(parquet_dir, tokenizer, tmp_path, doc_texts):
+    files = list_parquet_files(parquet_dir)
+    state = ParquetTokenLoader(files, tokenizer, B=1, T=8, rank=0, world_size=2).state_dict()
+    with pytest.raises(StateError, match="each rank must load its own state"):
+        ParquetTokenLoader(files, tokenizer, B=1, T=8, rank=1, world_size=2).load_state_dict(state)
+    with pytest.raises(StateError, match="'packing': 'bestfit'"):
+        ParquetTokenLoader(files, tokenizer, B=1, T=8, packing="contiguous", rank=0,
+                           world_size=2).load_state_dict(state)
+    other = [write_parquet(tmp_path / "x.parquet", doc_texts[:40], 8)]
+    with pytest.raises(StateError, match="does not match"):
+        ParquetTokenLoader(other, tokenizer, B=1, T=8, rank=0, world_size=2).load_state_dict(state)
+
+
+def test_too_few_row_groups_for_the_world_size_is_rejected(tmp_path, tokenizer, doc_texts):
+    f = write_parquet(tmp_path / "a.parquet", doc_texts[:10], 5)
+    with pytest.raises(ConfigError, match="2 row groups in 1 file\\(s\\) for world_size 3"):
+        ParquetTokenLoader([f], tokenizer, B=1, T=8, rank=0, world_size=3)
+
+
+def test_missing_text_column_and_null_text_are_rejected(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "a.parquet")
+    with pytest.raises(SourceError, match="a.parquet: no column 'text'"):
+        ParquetTokenLoader([tmp_path / "a.parquet"], tokenizer, B=1, T=8, rank=0, world_size=1)
+    pq.write_table(pa.table({"text": ["a b c d e f g h i j", None]}), tmp_path / "n.parquet")
+    loader = ParquetTokenLoader([tmp_path / "n.parquet"], tokenizer, B=1, T=4, packing="contiguous", rank=0,
+                                world_size=1)
+    with pytest.raises(SourceError, match="n.parquet: row group 0, row 1: null 'text'"):
+        next(loader)
+
+
+def test_split_takes_the_last_shard_as_val(parquet_dir, tmp_path):
+    assert [p.name for p in split_files(parquet_dir, "val")] == ["shard_00002.parquet"]
+    assert [p.name for p in split_files(parquet_dir, "train")] == ["shard_00000.parquet", "shard_00001.parquet"]
+    (tmp_path / "shard_00000.parquet.tmp").write_bytes(b"partial")
+    with pytest.raises(SourceError, match="0 Parquet shard\\(s\\)"):
+        split_files(tmp_path, "train")
+
+
+def test_bad_packing_is_rejected(parquet_dir, tokenizer):
+    with pytest.raises(ConfigError, match="packing 'greedy'"):
+        ParquetTokenLoader(list_parquet_files(parquet_dir), tokenizer, B=1, T=8, packing="greedy")
+
+
+def test_row_cropping_keeps_every_row_full(parquet_dir, tokenizer):
+    loader = ParquetTokenLoader(list_parquet_files(parquet_dir), tokenizer, B=8, T=16, buffer_size=4,
+                                rank=0, world_size=1)
+    x, _ = next(loader)
+    assert x.shape == (8, 16) and (x[:, 0] == tokenizer.bos_id).all()
+    assert loader.stats()["docs_cropped"] > 0 and np.isclose(loader.stats()["utilisation"], 1.0)

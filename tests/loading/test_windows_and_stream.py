@@ -1,0 +1,128 @@
+"""Indexed windows over a pretraining cache, and the resumable random-window stream."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
+from niels_gpt.errors import CacheError, ConfigError, StateError
+from niels_gpt.loading import GlobalBatchSampler, IndexedWindowDataset, RankBatchStream, ResumableDataLoader
+
+from ..conftest import write_pretrain_cache
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    return write_pretrain_cache(tmp_path / "c", {"train": [np.arange(10), np.arange(100, 107)],
+                                                 "val": [np.arange(5)]})
+
+
+def test_windows_locate_as_in_the_worked_example(two_shards):
+    ds = IndexedWindowDataset(two_shards, T=3)
+    assert len(ds) == 5 and ds.cumulative == [0, 3, 5]
+    assert ds.locate(4) == (1, 3)
+    item = ds[4]
+    assert item["input_ids"].tolist() == [103, 104, 105] and item["labels"].tolist() == [104, 105, 106]
+    assert ds[2]["input_ids"].tolist() == [6, 7, 8] and ds[2]["labels"].tolist() == [7, 8, 9]
+    with pytest.raises(IndexError, match="window 5 out of range"):
+        ds[5]
+
+
+def test_uint32_cache_reads_ids_above_uint16(tmp_path):
+    cache = write_pretrain_cache(tmp_path / "c", {"train": [np.array([70000, 70001, 70002], dtype=np.int64)]},
+                                 dtype="uint32-le", vocab_size=80000)
+    assert IndexedWindowDataset(cache, T=2)[0]["labels"].tolist() == [70001, 70002]
+
+
+def test_pickled_dataset_carries_no_memmap(two_shards):
+    ds = IndexedWindowDataset(two_shards, T=3)
+    ds[0]
+    assert ds._maps is not None
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._maps is None and clone[4]["input_ids"].tolist() == [103, 104, 105]
+
+
+def test_fingerprint_depends_on_T_and_split(two_shards):
+    a = IndexedWindowDataset(two_shards, T=3).fingerprint()
+    assert a == IndexedWindowDataset(two_shards, T=3).fingerprint()
+    assert a != IndexedWindowDataset(two_shards, T=2).fingerprint()
+    assert a != IndexedWindowDataset(two_shards, T=3, split="val").fingerprint()
+
+
+def test_window_longer_than_every_shard_is_rejected(two_shards):
+    with pytest.raises(ConfigError, match="no shard holds T\\+1=11 tokens"):
+        IndexedWindowDataset(two_shards, T=10)
+
+
+def test_missing_split_is_rejected(tmp_path):
+    cache = write_pretrain_cache(tmp_path / "c", {"train": [np.arange(10)]})
+    with pytest.raises(CacheError, match="lists no val/\\*.bin shards"):
+        IndexedWindowDataset(cache, T=3, split="val")
+
+
+def test_truncated_shard_is_rejected(two_shards):
+    with open(two_shards / "train" / "shard_00001.bin", "r+b") as f:
+        f.truncate(4)
+    with pytest.raises(CacheError, match="shard_00001.bin: 4 bytes on disk"):
+        IndexedWindowDataset(two_shards, T=3)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tokenizer, real_docs):
+    out = tmp_path_factory.mktemp("b") / "pretrain"
+    build_pretrain_cache(real_docs, str(out), tokenizer=tokenizer, max_train_tokens=30_000, max_val_tokens=3_000,
+                         shard_bytes=16_000, seed=0, shuffle_buffer=None)
+    return out
+
+
+def test_sampler_serves_every_window_of_a_built_cache_once(built, tokenizer):
+    ds = IndexedWindowDataset(built, T=64)
+    loader = ResumableDataLoader(ds, GlobalBatchSampler(ds, 8, seed=0, rank=0, world_size=1), num_workers=1)
+    seen = []
+    for batch in loader:
+        assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+        seen += [tuple(r) for r in batch["input_ids"].tolist()]
+    expected = {tuple(ds[i]["input_ids"].tolist()) for i in range(len(ds))}
+    assert len(seen) == len(ds) // 8 * 8 and set(seen) <= expected
+    assert len(tokenizer.decode(seen[0])) > 0
+
+
+def test_random_window_stream_resumes_exactly(built):
+    ds = PretrainTokenStreamDataset(str(built / "train"), T=32, device="cpu")
+    full = RankBatchStream(ds, 8, seed=4, rank=1, world_size=2)
+    batches = [next(full) for _ in range(6)]
+    head = RankBatchStream(ds, 8, seed=4, rank=1, world_size=2)
+    for _ in range(3):
+        next(head)
+    resumed = RankBatchStream(ds, 8, seed=4, rank=1, world_size=2)
+    resumed.load_state_dict(json.loads(json.dumps(head.state_dict())))
+    for want in batches[3:]:
+        got = next(resumed)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not torch.equal(batches[0][0], batches[1][0])
+
+
+def test_random_window_stream_with_single_row_draws_is_world_size_independent(built):
+    ds = PretrainTokenStreamDataset(str(built / "train"), T=16, device="cpu")
+    one = RankBatchStream(ds, 8, seed=1, rank=0, world_size=1, draw_rows=2)
+    four = [RankBatchStream(ds, 8, seed=1, rank=r, world_size=4, draw_rows=2) for r in range(4)]
+    for _ in range(3):
+        x1, _ = next(one)
+        x4 = torch.cat([next(s)[0] for s in four])
+        assert torch.equal(x1, x4)
+
+
+def test_stream_state_of_another_cache_or_draw_size_is_rejected(built, two_shards):
+    ds = PretrainTokenStreamDataset(str(built / "train"), T=16, device="cpu")
+    state = RankBatchStream(ds, 8, seed=1, rank=0, world_size=1).state_dict()
+    other = PretrainTokenStreamDataset(str(two_shards / "train"), T=3, device="cpu")
+    with pytest.raises(StateError, match="does not match"):
+        RankBatchStream(other, 8, seed=1, rank=0, world_size=1).load_state_dict(state)
+    with pytest.raises(StateError, match="draw_rows=8"):
+        RankBatchStream(ds, 8, seed=1, rank=0, world_size=1, draw_rows=1).load_state_dict(state)
+    with pytest.raises(ConfigError, match="must divide the per-rank batch 4"):
+        RankBatchStream(ds, 8, seed=1, rank=0, world_size=2, draw_rows=3)

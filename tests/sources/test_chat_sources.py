@@ -1,0 +1,192 @@
+"""dolly15k and oasst1: conversation layout, best-path selection, skips and rejections."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.sources import dolly15k, oasst1
+from niels_gpt.sources.oasst import best_path
+
+DOLLY = [
+    {"instruction": "When did X start?", "context": "X started in 2000.", "response": "In 2000.",
+     "category": "closed_qa"},
+    {"instruction": " Name a fish. ", "context": "", "response": "Tope.\n", "category": "classification"},
+    {"instruction": "Say nothing", "context": "", "response": "   ", "category": "open_qa"},
+    {"instruction": "", "context": "ctx", "response": "r", "category": "open_qa"},
+]
+
+
+def u(text):
+    return {"role": "user", "content": text}
+
+
+def a(text):
+    return {"role": "assistant", "content": text}
+
+
+def test_dolly_layout_with_and_without_context(tmp_path, write_jsonl):
+    src = dolly15k(data_files=write_jsonl(tmp_path / "d.jsonl", DOLLY))
+    assert list(src.iter_conversations()) == [
+        [u("When did X start?\n\nContext:\nX started in 2000."), a("In 2000.")],
+        [u("Name a fish."), a("Tope.")],
+    ]
+    assert src.skipped == {"no_assistant_turn": 1, "empty_user_turn": 1}
+    assert json.loads(json.dumps(src.describe()))["skipped"] == {"empty_user_turn": 1, "no_assistant_turn": 1}
+
+
+def test_dolly_context_template_override(tmp_path, write_jsonl):
+    src = dolly15k(data_files=write_jsonl(tmp_path / "d.jsonl", DOLLY[:1]),
+                   context_template="{context}\n\n{instruction}")
+    assert next(iter(src.iter_conversations()))[0] == u("X started in 2000.\n\nWhen did X start?")
+    with pytest.raises(ConfigError, match=r"context_template '\{instruction\}' lacks \{context\}"):
+        dolly15k(context_template="{instruction}")
+
+
+def test_dolly_hub_path(monkeypatch):
+    import datasets
+
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda p, **kw: calls.append((p, kw)) or DOLLY[1:2])
+    assert list(dolly15k().iter_conversations()) == [[u("Name a fish."), a("Tope.")]]
+    assert calls == [("databricks/databricks-dolly-15k", {"streaming": True, "split": "train"})]
+
+
+def test_dolly_rejects_record_without_response_field(tmp_path, write_jsonl):
+    f = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "q", "context": "", "answer": "x"}])
+    with pytest.raises(SourceError, match=r"d.jsonl'\], record 0: field 'response' is missing or not text"):
+        list(dolly15k(data_files=f).iter_conversations())
+
+
+# --- oasst1 ------------------------------------------------------------------------------------
+
+def msg(mid, role, text, *, rank=None, deleted=False, replies=()):
+    return {"message_id": mid, "role": role, "text": text, "rank": rank, "deleted": deleted,
+            "lang": "en", "replies": list(replies)}
+
+
+# Tree 1: the tie between two rank-1 replies goes to the smaller message_id ("a-aaa"); the rank-0
+# reply is deleted; two unranked prompter replies tie and "p-a" wins; then rank 0 beats rank 1.
+TREE1 = msg("r1", "prompter", "Question one?", replies=[
+    msg("a-one", "assistant", "Answer one.", rank=1),
+    msg("a-del", "assistant", "Deleted best.", rank=0, deleted=True),
+    msg("a-none", "assistant", "Unranked.", rank=None),
+    msg("a-aaa", "assistant", "Answer aaa.", rank=1, replies=[
+        msg("p-b", "prompter", "Follow-up b?"),
+        msg("p-a", "prompter", "Follow-up a?", replies=[
+            msg("x-1", "assistant", "Second best.", rank=1),
+            msg("x-0", "assistant", "Best final.", rank=0),
+        ]),
+    ]),
+])
+TREE2 = msg("r2", "prompter", "Unanswered?", replies=[msg("d", "assistant", "gone", rank=0, deleted=True)])
+TREE3 = msg("r3", "prompter", "Deleted root", deleted=True, replies=[msg("e", "assistant", "x", rank=0)])
+TREE4 = msg("r4", "prompter", "Hi", replies=[
+    msg("f", "assistant", "  ", rank=0),
+    msg("g", "assistant", "Hello!", rank=1, replies=[msg("h", "prompter", "Thanks")]),
+])
+EXPECTED = [
+    [u("Question one?"), a("Answer aaa."), u("Follow-up a?"), a("Best final.")],
+    [u("Hi"), a("Hello!")],
+]
+EXPECTED_SKIPPED = {"deleted_message": 3, "no_assistant_turn": 1, "deleted_root": 1, "empty_message": 1}
+
+
+def nested(trees):
+    return [{"message_tree_id": t["message_id"], "tree_state": "ready_for_export", "prompt": t} for t in trees]
+
+
+def flat(trees):
+    rows = []
+    for t in trees:
+        stack = [(t, None)]
+        while stack:
+            m, parent = stack.pop()
+            rows.append({**{k: v for k, v in m.items() if k != "replies"}, "parent_id": parent,
+                         "message_tree_id": t["message_id"],
+                         "rank": None if m["rank"] is None else float(m["rank"])})
+            stack.extend((r, m["message_id"]) for r in m["replies"])
+    return rows
+
+
+def test_oasst_nested_trees_follow_best_ranked_replies(tmp_path, write_jsonl):
+    src = oasst1(trees_jsonl=write_jsonl(tmp_path / "t.jsonl", nested([TREE1, TREE2, TREE3, TREE4])))
+    assert list(src.iter_conversations()) == EXPECTED
+    assert src.skipped == EXPECTED_SKIPPED
+    assert src.describe()["layout"] == "nested-tree JSONL" and src.streaming is False
+
+
+def test_oasst_flat_rows_give_the_same_conversations(tmp_path, write_parquet, write_jsonl):
+    rows = flat([TREE1, TREE2, TREE3, TREE4])
+    for f in (write_parquet(tmp_path / "r.parquet", rows), write_jsonl(tmp_path / "r.jsonl", rows)):
+        src = oasst1(data_files=f)
+        assert list(src.iter_conversations()) == EXPECTED
+        assert src.skipped == EXPECTED_SKIPPED
+
+
+def test_oasst_nan_rank_counts_as_unranked():
+    rows = flat([TREE4])
+    for r in rows:
+        if r["message_id"] == "g":
+            r["rank"] = float("nan")
+    rows.append({**rows[-1], "message_id": "z", "parent_id": "r4", "text": "Ranked", "rank": 2.0})
+    assert [r["message_id"] for r in best_path(rows, __import__("collections").Counter())] == ["r4", "z"]
+
+
+def test_oasst_orphans_missing_root_and_langs_are_counted(tmp_path, write_jsonl):
+    rows = flat([TREE4]) + [{"message_id": "o", "parent_id": "nowhere", "message_tree_id": "r4",
+                             "role": "assistant", "text": "orphan", "rank": 0.0, "deleted": False, "lang": "en"}]
+    rows += [{"message_id": "q", "parent_id": "missing", "message_tree_id": "t9", "role": "assistant",
+              "text": "x", "rank": 0.0, "deleted": False, "lang": "en"}]
+    src = oasst1(data_files=write_jsonl(tmp_path / "r.jsonl", rows))
+    assert list(src.iter_conversations()) == [[u("Hi"), a("Hello!")]]
+    assert src.skipped == {"orphan_message": 2, "no_root": 1, "empty_message": 1}
+    de = oasst1(data_files=tmp_path / "r.jsonl", langs=["de"])
+    assert list(de.iter_conversations()) == [] and de.skipped == {"lang": 2}
+
+
+def test_oasst_hub_path_reads_train_then_validation(monkeypatch):
+    import datasets
+
+    calls = []
+    parts = {"train": flat([TREE4]), "validation": flat([TREE1])}
+    monkeypatch.setattr(datasets, "load_dataset", lambda p, **kw: calls.append((p, kw)) or parts[kw["split"]])
+    assert list(oasst1().iter_conversations()) == [EXPECTED[1], EXPECTED[0]]
+    assert calls == [("OpenAssistant/oasst1", {"streaming": True, "split": "train"}),
+                     ("OpenAssistant/oasst1", {"streaming": True, "split": "validation"})]
+
+
+def test_oasst_rejections(tmp_path, write_jsonl):
+    rows = flat([TREE4])
+    bad_role = [dict(rows[0], role="moderator")] + rows[1:]
+    with pytest.raises(SourceError, match=r"r.jsonl'\], record 0: unknown role 'moderator' in message r4"):
+        list(oasst1(data_files=write_jsonl(tmp_path / "r.jsonl", bad_role)).iter_conversations())
+    split_tree = rows[:1] + flat([TREE2]) + rows[1:]
+    with pytest.raises(SourceError, match=r"record 3: rows of tree r4 are not contiguous"):
+        list(oasst1(data_files=write_jsonl(tmp_path / "s.jsonl", split_tree)).iter_conversations())
+    no_id = [{k: v for k, v in rows[0].items() if k != "message_tree_id"}]
+    with pytest.raises(SourceError, match=r"record 0: no 'message_tree_id'"):
+        list(oasst1(data_files=write_jsonl(tmp_path / "n.jsonl", no_id)).iter_conversations())
+    with pytest.raises(ConfigError, match="pass data_files .* or trees_jsonl .*, not both"):
+        oasst1(data_files=tmp_path / "r.jsonl", trees_jsonl=tmp_path / "r.jsonl")
+    with pytest.raises(SourceError, match=r"gone.jsonl: no such file or directory \(oasst1 trees_jsonl\)"):
+        oasst1(trees_jsonl=tmp_path / "gone.jsonl")
+
+
+def test_oasst_nested_rejections_name_line_and_byte(tmp_path):
+    good = json.dumps(nested([TREE4])[0])
+    f = tmp_path / "t.jsonl"
+    f.write_text(good + "\n{not json\n")
+    with pytest.raises(SourceError, match=r"t.jsonl, line 2: invalid JSON"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    f.write_bytes(good.encode() + b"\n" + b'{"x": "\xff"}\n')
+    with pytest.raises(SourceError, match=rf"t.jsonl: invalid UTF-8 at byte {len(good) + 8}, line 2"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    f.write_text('{"message_tree_id": "t", "messages": []}\n')
+    with pytest.raises(SourceError, match=r"t.jsonl, line 1: not an oasst1 tree"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    f.write_text(json.dumps(nested([msg("r", "system", "x")])[0]) + "\n")
+    with pytest.raises(SourceError, match=r"t.jsonl, line 1: unknown role 'system' in message r"):
+        list(oasst1(trees_jsonl=f).iter_conversations())

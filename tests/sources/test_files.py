@@ -1,0 +1,123 @@
+"""roam and gutenberg: one document per file, split by a seeded permutation of the sorted names."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.sources import gutenberg, roam, strip_gutenberg
+
+NOTES = {
+    "Alpha.md": "- alpha block\n    - nested\n",
+    "Beta.md": "\ufeff- beta\r\n- second\r\n",
+    "Charlie.md": "- [[Alpha]] links here\n",
+    "Delta.md": " \n\n",
+    "sub/Echo.md": "- echo #tag\n",
+}
+
+
+def make_notes(root):
+    for name, text in NOTES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(text.encode("utf-8"))
+    return root
+
+
+def book(title: str, body: str, *, start="*** START OF THIS PROJECT GUTENBERG EBOOK {t} ***",
+         end="*** END OF THIS PROJECT GUTENBERG EBOOK {t} ***") -> bytes:
+    text = (f"\ufeffThe Project Gutenberg EBook of {title}\n\nLicence words.\n\n{start.format(t=title)}\n\n\n"
+            f"{body}\n\n\n\nEnd of the Project Gutenberg EBook of {title}, by\nSomeone\n\n"
+            f"{end.format(t=title)}\n\nMore licence words.\n")
+    return text.replace("\n", "\r\n").encode("utf-8")
+
+
+def test_roam_one_document_per_note_split_by_seeded_file_list(tmp_path):
+    src = roam(make_notes(tmp_path))
+    assert src.files() == ["Alpha.md", "Beta.md", "Charlie.md", "Delta.md", "sub/Echo.md"]
+    # torch.randperm(5, generator=manual_seed(42)) starts with 2: one val note (round-half-up of 0.5)
+    assert src.split_files("val") == ["Charlie.md"]
+    assert src.split_files("train") == ["Alpha.md", "Beta.md", "Delta.md", "sub/Echo.md"]
+    assert list(src.iter_texts("train")) == ["- alpha block\n    - nested\n", "- beta\n- second\n",
+                                             "- echo #tag\n"]
+    assert src.skipped == {"empty_document": 1}
+    assert list(src.iter_texts("val")) == ["- [[Alpha]] links here\n"]
+    assert src.describe()["val_files"] == ["Charlie.md"]
+
+
+def test_roam_split_is_deterministic_and_seed_dependent(tmp_path):
+    make_notes(tmp_path)
+    for i in range(20):
+        (tmp_path / f"n{i:02d}.md").write_text(f"- note {i}\n")
+    a, b, c = roam(tmp_path, seed=42), roam(tmp_path, seed=42), roam(tmp_path, seed=3)
+    assert a.split_files("val") == b.split_files("val") and len(a.split_files("val")) == 3
+    assert c.split_files("val") != a.split_files("val")
+    assert list(a.iter_texts()) == list(b.iter_texts())
+    assert sorted(a.split_files("train") + a.split_files("val")) == a.files()
+    assert roam(tmp_path, val_frac=0.0).split_files("val") == []
+
+
+def test_roam_rejections(tmp_path):
+    with pytest.raises(SourceError, match=r"export: no such directory \(roam\)"):
+        roam(tmp_path / "export")
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(SourceError, match=r"no \.md files in this directory \(roam\)"):
+        roam(tmp_path)
+    with pytest.raises(ConfigError, match=r"roam: val_frac=1.5 is outside \[0, 1\)"):
+        roam(make_notes(tmp_path), val_frac=1.5)
+
+
+def test_roam_invalid_utf8_names_file_and_byte(tmp_path):
+    (tmp_path / "ok.md").write_text("- fine\n")
+    (tmp_path / "bad.md").write_bytes(b"- one\n- caf\xe9\n")
+    with pytest.raises(SourceError, match=r"bad.md: invalid UTF-8 at byte 11, line 2: invalid continuation"):
+        list(roam(tmp_path, val_frac=0).iter_texts())
+
+
+def test_roam_unreadable_file_is_named(tmp_path):
+    (tmp_path / "ok.md").write_text("- fine\n")
+    os.symlink(tmp_path / "target-gone", tmp_path / "gone.md")  # listed, but cannot be opened
+    with pytest.raises(SourceError, match=r"gone.md: cannot read this file \(No such file or directory\)"):
+        list(roam(tmp_path, val_frac=0).iter_texts())
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads any file")
+def test_roam_permission_denied_is_named(tmp_path):
+    p = tmp_path / "secret.md"
+    p.write_text("- x\n")
+    p.chmod(0)
+    with pytest.raises(SourceError, match=r"secret.md: cannot read this file \(Permission denied\)"):
+        list(roam(tmp_path, val_frac=0).iter_texts())
+
+
+def test_gutenberg_strips_licence_bom_and_crlf(tmp_path):
+    (tmp_path / "b_2.txt").write_bytes(book("B", "CHAPTER I\n\nIt was dark."))
+    (tmp_path / "a_1.txt").write_bytes(book("A", "Title A\n\nOnce upon a time."))
+    (tmp_path / "c_3.txt").write_bytes(book("C", "The end.", start="***START OF THE PROJECT GUTENBERG EBOOK {t}***"))
+    src = gutenberg(tmp_path)
+    assert src.files() == ["a_1.txt", "b_2.txt", "c_3.txt"]
+    assert src.split_files("val") == ["a_1.txt"]  # torch.randperm(3, manual_seed(42))[0] == 0
+    assert list(src.iter_texts("train")) == ["CHAPTER I\n\nIt was dark.", "The end."]
+    assert list(src.iter_texts("val")) == ["Title A\n\nOnce upon a time."]
+    assert gutenberg(tmp_path, seed=1).split_files("val") == ["b_2.txt"]
+
+
+def test_gutenberg_rejects_files_without_markers(tmp_path):
+    with pytest.raises(SourceError, match=r"book.txt: no '\*\*\* START OF \.\.\.' line"):
+        strip_gutenberg("Just a text.\n", "book.txt")
+    with pytest.raises(SourceError, match=r"book.txt: a '\*\*\* START OF' line but no '\*\*\* END OF"):
+        strip_gutenberg("*** START OF X ***\nbody\n", "book.txt")
+    (tmp_path / "plain.txt").write_text("no markers here")
+    with pytest.raises(SourceError, match=r"plain.txt: no '\*\*\* START OF"):
+        list(gutenberg(tmp_path).iter_texts())
+    with pytest.raises(SourceError, match=r"no such directory \(gutenberg\)"):
+        gutenberg(tmp_path / "books")
+
+
+def test_gutenberg_empty_book_is_skipped_and_counted(tmp_path):
+    (tmp_path / "a.txt").write_bytes(book("A", "Some text."))
+    (tmp_path / "e.txt").write_bytes(book("E", "   "))
+    src = gutenberg(tmp_path, val_frac=0)
+    assert list(src.iter_texts()) == ["Some text."]
+    assert src.skipped == {"empty_document": 1}

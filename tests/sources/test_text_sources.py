@@ -1,0 +1,166 @@
+"""fineweb_edu (hub call shape, local jsonl/parquet through the same code) and local_text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.sources import fineweb_edu, local_text
+
+DOCS = [f"document number {i}: " + "word " * i for i in range(12)]
+
+
+def rows():
+    return [{"text": t, "id": f"<urn:{i}>", "url": f"http://x/{i}"} for i, t in enumerate(DOCS)]
+
+
+class FakeStream:
+    """Stands in for the hub's IterableDataset and records the calls made on it."""
+
+    calls: list = []
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def shuffle(self, **kw):
+        FakeStream.calls.append(("shuffle", kw))
+        return FakeStream(list(reversed(self.rows)))
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def test_fineweb_hub_path_is_the_contracts_call(monkeypatch):
+    import datasets
+
+    def fake_load_dataset(path, **kw):
+        FakeStream.calls.append(("load_dataset", path, kw))
+        return FakeStream([{"text": "a"}, {"text": "  "}, {"text": None}, {"text": "b"}])
+
+    FakeStream.calls = []
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    src = fineweb_edu()
+    assert list(src.iter_texts()) == ["b", "a"]
+    assert FakeStream.calls == [
+        ("load_dataset", "HuggingFaceFW/fineweb-edu", {"streaming": True, "name": "CC-MAIN-2024-10",
+                                                       "split": "train"}),
+        ("shuffle", {"seed": 42, "buffer_size": 10_000}),
+    ]
+    assert src.skipped == {"empty_document": 2}
+    d = src.describe()
+    assert (d["dataset_id"], d["dataset_config"], d["streaming"], d["seed"]) == (
+        "HuggingFaceFW/fineweb-edu", "CC-MAIN-2024-10", True, 42)
+
+
+def test_fineweb_hub_failure_is_a_source_error(monkeypatch):
+    import datasets
+
+    def offline(path, **kw):
+        raise ConnectionError("hub unreachable")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(SourceError, match=r"cannot open 'HuggingFaceFW/fineweb-edu' .*ConnectionError: hub "
+                                          r"unreachable; .*pass local data_files"):
+        list(fineweb_edu().iter_texts())
+
+
+def test_fineweb_local_jsonl_in_file_order_without_shuffle(tmp_path, write_jsonl):
+    f = write_jsonl(tmp_path / "a.jsonl", rows()[:7] + [{"text": "", "id": "e"}])
+    g = write_jsonl(tmp_path / "b.jsonl", rows()[7:])
+    src = fineweb_edu(data_files=[f, g], seed=None)
+    assert list(src.iter_texts()) == DOCS
+    assert src.skipped == {"empty_document": 1}
+    assert src.describe()["files"] == [str(f), str(g)]
+    assert src.describe()["dataset_id"] is None
+
+
+def test_fineweb_local_shuffle_is_seeded_and_complete(tmp_path, write_jsonl):
+    f = write_jsonl(tmp_path / "a.jsonl", rows())
+    a = list(fineweb_edu(data_files=f).iter_texts())
+    assert a == list(fineweb_edu(data_files=f, seed=42).iter_texts())
+    assert sorted(a) == sorted(DOCS) and a != DOCS
+    assert list(fineweb_edu(data_files=f, seed=7).iter_texts()) != a
+
+
+def test_fineweb_text_field_override_and_missing_field(tmp_path, write_jsonl):
+    f = write_jsonl(tmp_path / "a.jsonl", [{"body": "x"}, {"body": "y"}])
+    assert list(fineweb_edu(data_files=f, seed=None, text_field="body").iter_texts()) == ["x", "y"]
+    with pytest.raises(SourceError, match=r"a.jsonl'\], record 0: no 'text' field \(fields: \['body'\]\)"):
+        list(fineweb_edu(data_files=f, seed=None).iter_texts())
+
+
+def test_fineweb_rejects_bad_arguments(tmp_path, write_jsonl):
+    f = write_jsonl(tmp_path / "a.jsonl", rows())
+    (tmp_path / "b.csv").write_text("text\nx\n")
+    with pytest.raises(SourceError, match=r"missing.parquet: no such file or directory \(fineweb_edu data_files\)"):
+        fineweb_edu(data_files=tmp_path / "missing.parquet")
+    with pytest.raises(ConfigError, match=r"b.csv: unsupported file type '.csv' for fineweb_edu"):
+        fineweb_edu(data_files=tmp_path / "b.csv")
+    (tmp_path / "c.parquet").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"data_files mix file types \(\['json', 'parquet'\]\)"):
+        fineweb_edu(data_files=[f, tmp_path / "c.parquet"])
+    with pytest.raises(ConfigError, match="buffer_size=0 must be >= 1"):
+        fineweb_edu(data_files=f, buffer_size=0)
+    with pytest.raises(ConfigError, match="fineweb_edu has no train/val split of its own"):
+        list(fineweb_edu(data_files=f).iter_texts("train"))
+    with pytest.raises(ConfigError, match="unknown split 'test'"):
+        list(fineweb_edu(data_files=f).iter_texts("test"))
+
+
+def test_fineweb_invalid_utf8_names_file_and_byte(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(SourceError, match=r"bad.jsonl: invalid UTF-8 at byte 30, line 2"):
+        list(fineweb_edu(data_files=f, seed=None).iter_texts())
+
+
+def test_fineweb_malformed_json_names_the_files(tmp_path):
+    f = tmp_path / "mal.jsonl"
+    f.write_text('{"text": "a"}\n{oops\n')
+    with pytest.raises(SourceError, match=r"mal.jsonl'\]: record 0 could not be read: .*JSON"):
+        list(fineweb_edu(data_files=f, seed=None).iter_texts())
+
+
+def test_local_text_txt_one_document_per_file(tmp_path):
+    (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbfsecond\r\nfile\r\n")
+    (tmp_path / "a.txt").write_text("first file\n")
+    (tmp_path / "c.txt").write_text("  \n")
+    src = local_text(tmp_path)
+    assert list(src.iter_texts()) == ["first file\n", "second\nfile\n"]
+    assert src.skipped == {"empty_document": 1}
+    assert src.files() == [str(tmp_path / n) for n in ("a.txt", "b.txt", "c.txt")]
+
+
+def test_local_text_jsonl_and_parquet_in_given_order(tmp_path, write_jsonl, write_parquet):
+    j = write_jsonl(tmp_path / "x.jsonl", [{"text": "j0"}, {"text": "j1"}, {"text": None}])
+    p = write_parquet(tmp_path / "y.parquet", [{"text": "p0", "n": 1}, {"text": "p1", "n": 2}])
+    t = tmp_path / "z.txt"
+    t.write_text("t0")
+    src = local_text([p, t, j])
+    assert list(src.iter_texts()) == ["p0", "p1", "t0", "j0", "j1"]
+    assert src.skipped == {"empty_document": 1}
+    assert list(local_text(j, text_field="text").iter_texts()) == ["j0", "j1"]
+    assert json.loads(json.dumps(src.describe()))["name"] == "local_text"
+
+
+def test_local_text_rejections(tmp_path, write_jsonl):
+    with pytest.raises(SourceError, match=r"nothing.txt: no such file or directory \(local_text\)"):
+        local_text(tmp_path / "nothing.txt")
+    (tmp_path / "notes.csv").write_text("x")
+    with pytest.raises(ConfigError, match=r"notes.csv: unsupported file type '.csv' for local_text"):
+        local_text(tmp_path / "notes.csv")
+    with pytest.raises(SourceError, match=r"no \[.*'.parquet'.*\] files in this directory \(local_text\)"):
+        local_text(tmp_path)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"line one\nline \xff two")
+    ok = tmp_path / "ok.txt"
+    ok.write_text("fine")
+    with pytest.raises(SourceError, match=r"bad.txt: invalid UTF-8 at byte 14, line 2"):
+        list(local_text([ok, bad]).iter_texts())
+    n = write_jsonl(tmp_path / "n.jsonl", [{"text": "a"}, {"text": 5}])
+    with pytest.raises(SourceError, match=r"n.jsonl, record 1: field 'text' is int, not text"):
+        list(local_text(n).iter_texts())
+    with pytest.raises(SourceError, match=r"n.jsonl, record 0: no 'body' field"):
+        list(local_text(n, text_field="body").iter_texts())

@@ -1,0 +1,106 @@
+"""meta.json schema checks, sha256, and the verify/inspect commands."""
+
+import hashlib
+import json
+
+import pytest
+
+from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
+from niels_gpt.cache.cli import main
+from niels_gpt.cache.meta import read_meta, sha256_file, write_meta
+from niels_gpt.errors import CacheError, IncompleteCacheError
+
+
+@pytest.fixture
+def caches(tmp_path, tokenizer, real_docs):
+    root = tmp_path / "cache"
+    (root / "tokenizer").mkdir(parents=True)
+    (root / "tokenizer" / "spm.model").write_bytes(open(tokenizer.model_path, "rb").read())
+    write_meta(str(root / "tokenizer"), {"kind": "tokenizer", "tokenizer_sha256": tokenizer.sha256,
+                                         "vocab_size": len(tokenizer), "special_token_ids": tokenizer.special_ids,
+                                         "settings": {}})
+    build_pretrain_cache(real_docs, str(root / "pretrain" / "p"), tokenizer=tokenizer, max_train_tokens=5000,
+                         max_val_tokens=500, shard_bytes=4000, seed=0, shuffle_buffer=None)
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}] for i in range(30)]
+    build_sft_cache(convs, str(root / "sft" / "s"), tokenizer=tokenizer, val_frac=0.2, seed=0)
+    return root
+
+
+def test_contract_fields_are_present(caches):
+    for sub, totals in (("pretrain/p", ("train_tokens", "val_tokens")), ("sft/s", ("train_examples", "val_examples"))):
+        meta = read_meta(str(caches / sub))
+        for key in ("dataset_name", "dataset_config", "split_rule", "seed", "token_dtype", "tokenizer_sha256",
+                    "vocab_size", "special_token_ids", "files", "streaming", "build"):
+            assert key in meta, key
+        assert meta["token_dtype"] == "uint16-le"
+        assert all(k in meta["totals"] for k in totals)
+        for rel, rec in meta["files"].items():
+            assert rec["sha256"] == sha256_file(str(caches / sub / rel))
+    assert read_meta(str(caches / "pretrain/p"))["shard_bytes"] == 4000
+
+
+def test_sha256_file_streams_the_same_digest(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 3_000_001)
+    assert sha256_file(str(p)) == hashlib.sha256(b"x" * 3_000_001).hexdigest()
+
+
+def test_read_meta_names_missing_fields(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": "pretrain", "seed": 1, "totals": {}}))
+    with pytest.raises(CacheError, match=r"missing field\(s\) dataset_name, .*totals.train_tokens"):
+        read_meta(str(tmp_path))
+
+
+def test_read_meta_rejects_bad_json_and_unknown_kind(tmp_path):
+    (tmp_path / "meta.json").write_text("{not json")
+    with pytest.raises(CacheError, match="not valid JSON"):
+        read_meta(str(tmp_path))
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": "weird"}))
+    with pytest.raises(CacheError, match="unknown kind 'weird'"):
+        read_meta(str(tmp_path))
+
+
+def test_missing_meta_is_reported_as_unfinished(tmp_path):
+    with pytest.raises(IncompleteCacheError, match="build was interrupted"):
+        read_meta(str(tmp_path))
+
+
+def test_verify_passes_on_a_clean_cache(caches, capsys):
+    assert main(["verify", str(caches)]) == 0
+    assert "2 cache(s), 0 problem(s)" in capsys.readouterr().out
+
+
+def test_verify_catches_one_flipped_byte(caches, capsys):
+    shard = caches / "pretrain/p/train/shard_00001.bin"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 1
+    shard.write_bytes(bytes(data))
+    assert main(["verify", str(caches)]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "shard_00001.bin: sha256" in out and "shard_00000.bin" not in out
+
+
+def test_verify_reports_truncation_and_unfinished_builds(caches, capsys):
+    tok = caches / "sft/s/train_tokens.bin"
+    tok.write_bytes(tok.read_bytes()[:-2])
+    (caches / "sft/s2").mkdir()
+    (caches / "sft/s2/train_tokens.bin").write_bytes(b"\0\0")
+    assert main(["verify", str(caches)]) == 1
+    out = capsys.readouterr().out
+    assert "train_tokens.bin:" in out and "bytes on disk" in out
+    assert "s2: token files but no meta.json: unfinished build" in out
+
+
+def test_inspect_shows_decoded_text_and_trained_span(caches, capsys):
+    assert main(["inspect", str(caches / "pretrain/p")]) == 0
+    out = capsys.readouterr().out
+    assert "kind: pretrain" in out and "first 64 tokens of train/shard_00000.bin" in out
+    assert main(["inspect", str(caches / "sft/s")]) == 0
+    out = capsys.readouterr().out
+    assert "<|usr|>" in out and "<|asst|>⟦" in out and "⟦<|eot|>⟧" in out
+
+
+def test_cli_failure_is_one_line_and_nonzero(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no meta.json") and "\n" not in err
