@@ -56,6 +56,8 @@ def add_build_all(sub) -> None:
     g.add_argument("--character-coverage", type=float, default=t.character_coverage)
     g.add_argument("--tokenizer-threads", type=int, default=t.num_threads, help="trainer threads (part of the model's identity)")
     g.add_argument("--tokenizer-max-chars", type=_int, default=t.max_train_chars, help="characters of text to train on")
+    g.add_argument("--max-sentence-length", type=int, default=t.max_sentence_length, help="bytes per training chunk")
+    g.add_argument("--no-split-digits", dest="split_digits", action="store_false", help="let pieces span several digits")
     g = p.add_argument_group("fineweb_edu (streamed)")
     g.add_argument("--fineweb-dataset", default=d.fineweb_dataset)
     g.add_argument("--fineweb-config", default=d.fineweb_config)
@@ -95,7 +97,8 @@ def config_from_args(args):
 
     settings = TrainSettings(vocab_size=args.vocab_size, model_type=args.model_type,
                              character_coverage=args.character_coverage, num_threads=args.tokenizer_threads,
-                             max_train_chars=args.tokenizer_max_chars, seed=args.seed)
+                             max_train_chars=args.tokenizer_max_chars, seed=args.seed,
+                             max_sentence_length=args.max_sentence_length, split_digits=args.split_digits)
     names = {f.name for f in fields(BuildConfig)}
     kw = {k: v for k, v in vars(args).items() if k in names}
     kw.update(only=tuple(args.only), tokenizer_settings=settings, progress=None if not args.no_progress else False)
