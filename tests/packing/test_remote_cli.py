@@ -1,6 +1,5 @@
 """Write-local-then-upload through fsspec (memory and local filesystems) and the pack-sft command."""
 
-import fsspec
 import numpy as np
 import pytest
 
@@ -22,6 +21,7 @@ def cache(tmp_path):
 
 
 def test_pack_to_memory_filesystem_uploads_every_file_manifest_last(tmp_path, cache):
+    fsspec = pytest.importorskip("fsspec")  # the `cloud` extra
     url = "memory://packing-test/run1"
     m = pack_sft(cache, url, pack_size=128)
     local = pack_sft(cache, tmp_path / "local", pack_size=128)
@@ -34,6 +34,7 @@ def test_pack_to_memory_filesystem_uploads_every_file_manifest_last(tmp_path, ca
 
 
 def test_upload_dir_to_local_filesystem_orders_manifest_last(tmp_path, cache):
+    pytest.importorskip("fsspec")
     pack_sft(cache, tmp_path / "shard", pack_size=128)
     written = upload_dir(tmp_path / "shard", f"file://{tmp_path}/uploaded")
     assert [w.rsplit("/", 1)[1] for w in written] == sorted(NAMES) + ["manifest.json"]
@@ -47,6 +48,7 @@ def test_file_url_is_written_in_place(tmp_path, cache):
 
 
 def test_upload_refuses_an_unfinished_shard(tmp_path):
+    pytest.importorskip("fsspec")
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "input_ids.npy").write_bytes(b"x")
     with pytest.raises(ConfigError, match="half: no manifest.json to upload"):

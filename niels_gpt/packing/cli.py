@@ -1,0 +1,64 @@
+"""`pack-sft`: pack one split of an SFT cache into a memmap_padded_v1 shard.
+
+    python -m niels_gpt.cache.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --pack-size 4096 --algorithm ffd
+
+Registered into the package CLI by `register(subparsers)`; prints the resolved settings first and a
+summary (bins, packing efficiency, truncated count) last. OUT may be an fsspec URL (written locally,
+then uploaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
+from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW
+from niels_gpt.packing.source import SPLITS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pack-sft", help="pack an SFT cache split into memmap_padded_v1 bins",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cache_dir", metavar="CACHE_DIR", help="SFT cache directory (with meta.json)")
+    p.add_argument("out", metavar="OUT", help="output shard directory or fsspec URL")
+    p.add_argument("--pack-size", type=int, default=DEFAULT_PACK_SIZE,
+                   help=f"tokens per bin (default {DEFAULT_PACK_SIZE})")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default=DEFAULT_ALGORITHM,
+                   help=f"bin packing algorithm (default {DEFAULT_ALGORITHM})")
+    p.add_argument("--split", choices=SPLITS, default="train", help="cache split to pack (default train)")
+    p.add_argument("--on-overflow", choices=ON_OVERFLOW, default=DEFAULT_ON_OVERFLOW,
+                   help=f"examples longer than --pack-size: truncate or reject (default {DEFAULT_ON_OVERFLOW})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seed of first_fit_shuffle's torch generator (default {DEFAULT_SEED})")
+    p.set_defaults(func=run_pack_sft)
+
+
+def run_pack_sft(args) -> int:
+    from niels_gpt.packing.pack import pack_sft
+
+    print(f"pack-sft: cache={args.cache_dir} split={args.split} out={args.out} pack_size={args.pack_size} "
+          f"algorithm={args.algorithm} on_overflow={args.on_overflow} seed={args.seed}")
+    m = pack_sft(args.cache_dir, args.out, pack_size=args.pack_size, algorithm=args.algorithm, split=args.split,
+                 on_overflow=args.on_overflow, seed=args.seed, progress=True)
+    print(f"pack-sft: {m['num_bins']} bins, {m['num_sequences']} sequences, {m['num_tokens']} tokens, "
+          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point with only this subcommand (the package CLI registers it too)."""
+    from niels_gpt.errors import NielsGPTError
+
+    parser = argparse.ArgumentParser(prog="python -m niels_gpt.packing.cli")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except NielsGPTError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Reading packed SFT bins: the memmap_padded_v1 dataset, many shards as one, and the varlen collate.
+
+- `PackedMemmapDataset(shard_dir)` checks the manifest and every .npy header on open (no data read
+  beyond `packed_len` and `seq_offsets`), then opens the five arrays lazily, once per process: the
+  dataset pickles as its paths, so DataLoader workers never receive a copy of a memmap.
+  `ds[i]` is O(1): two slices of row i and one CSR slice of `seq_starts`.
+- `PackedMultiShardDataset(shards)` concatenates shards with cumulative offsets + binary search.
+- `collate_packed(items)` produces what varlen attention needs: `input_ids`, `labels` (-100 where the
+  loss mask is 0), `loss_mask`, `position_ids` restarting at 0 in every sequence, `cu_seqlens` (int32,
+  over the flattened [B*T] tokens, the padding at the end of a row as its own segment) and
+  `max_seqlen`. Because `loss_mask[j]` already says "predicting input_ids[j+1] counts" and is 0 at
+  every sequence's last position, `labels[j] = input_ids[j+1]` never reaches across a boundary.
+
+Every item is a dict: `input_ids` int32[L], `loss_mask` uint8[L], `seq_boundaries` int64[S+1]
+(the sequence starts, then L), the shape of Megatron-Bridge's packed dataset items.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from niels_gpt.errors import FormatError
+from niels_gpt.packing.memmap_format import ARRAYS, check_headers, check_starts, read_manifest
+
+IGNORE_INDEX = -100
+VALIDATE_CHUNK_BINS = 1024
+
+
+class PackedMemmapDataset(Dataset):
+    """One memmap_padded_v1 shard directory as a map-style dataset of packed bins."""
+
+    def __init__(self, shard_dir):
+        self.shard_dir = str(shard_dir)
+        self.manifest = read_manifest(shard_dir)
+        self._paths = {k: str(v) for k, v in check_headers(shard_dir, self.manifest).items()}
+        self.num_bins = self.manifest["num_bins"]
+        self.pack_size = self.manifest["pack_size"]
+        self._arrays: dict[str, np.ndarray] | None = None
+        self._check_index()
+        self._arrays = None  # NOTE: opened again lazily in whichever process reads
+
+    def _open(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = {name: _load(self._paths[name]) for name in ARRAYS}
+        return self._arrays
+
+    def _check_index(self) -> None:
+        a = self._open()
+        off, plen = a["seq_offsets"], a["packed_len"]
+        where = f"{self.shard_dir}"
+        if self.num_bins == 0:
+            if int(off[0]) != 0:
+                raise FormatError(f"{where}/seq_offsets.npy: must be [0] for an empty shard")
+            return
+        if int(off[0]) != 0 or int(off[-1]) != self.manifest["num_sequences"] or np.any(np.diff(off.astype(np.int64)) < 1):
+            raise FormatError(f"{where}/seq_offsets.npy: must start at 0, increase by >= 1 per bin and end at "
+                              f"num_sequences={self.manifest['num_sequences']}; re-run `pack-sft`")
+        if int(plen.min()) < 1 or int(plen.max()) > self.pack_size:
+            raise FormatError(f"{where}/packed_len.npy: values must be in 1..{self.pack_size}, found "
+                              f"{int(plen.min())}..{int(plen.max())}; re-run `pack-sft`")
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_arrays"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self.num_bins
+
+    def __getitem__(self, idx: int) -> dict:
+        idx = _normalise(idx, self.num_bins, self.shard_dir)
+        a = self._open()
+        n = int(a["packed_len"][idx])
+        lo, hi = int(a["seq_offsets"][idx]), int(a["seq_offsets"][idx + 1])
+        boundaries = np.empty(hi - lo + 1, dtype=np.int64)
+        boundaries[:-1] = a["seq_starts"][lo:hi]
+        boundaries[-1] = n
+        return {"input_ids": np.array(a["input_ids"][idx, :n]),
+                "loss_mask": np.array(a["loss_mask"][idx, :n]),
+                "seq_boundaries": boundaries}
+
+    def validate(self) -> None:
+        """Read every byte: seq_starts invariants per bin, 0/1 mask, zeros in padding and at sequence ends."""
+        a = self._open()
+        plen = a["packed_len"].astype(np.int64)
+        off = a["seq_offsets"].astype(np.int64)
+        for b0 in range(0, self.num_bins, VALIDATE_CHUNK_BINS):
+            b1 = min(b0 + VALIDATE_CHUNK_BINS, self.num_bins)
+            mask = np.array(a["loss_mask"][b0:b1])
+            if mask.max(initial=0) > 1:
+                raise FormatError(f"{self.shard_dir}/loss_mask.npy: values other than 0/1 in bins {b0}..{b1 - 1}")
+            cols = np.arange(self.pack_size)
+            if np.any(mask[cols[None, :] >= plen[b0:b1, None]]):
+                raise FormatError(f"{self.shard_dir}/loss_mask.npy: nonzero mask in padding in bins {b0}..{b1 - 1}")
+            for b in range(b0, b1):
+                starts = np.asarray(a["seq_starts"][off[b]:off[b + 1]], dtype=np.int64)
+                check_starts(starts, int(plen[b]), f"{self.shard_dir} bin {b}")
+                ends = np.append(starts[1:], plen[b]) - 1
+                if np.any(mask[b - b0, ends]):
+                    raise FormatError(f"{self.shard_dir} bin {b}: loss_mask is 1 at a sequence's last position "
+                                      "(a target that crosses a sequence boundary)")
+
+
+class PackedMultiShardDataset(Dataset):
+    """Several packed datasets (shard directories or dataset objects) read as one, in the given order."""
+
+    def __init__(self, shards):
+        from niels_gpt.packing.factory import open_packed
+
+        self.shards = [s if isinstance(s, Dataset) else open_packed(s) for s in shards]
+        self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in self.shards], out=self.offsets[1:])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, idx: int) -> dict:
+        idx = _normalise(idx, len(self), "multi-shard dataset")
+        shard = int(np.searchsorted(self.offsets, idx, side="right")) - 1
+        return self.shards[shard][idx - int(self.offsets[shard])]
+
+
+def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int = 0) -> dict:
+    """Batch packed bins for varlen attention (see the module docstring for the fields)."""
+    lengths = [len(it["input_ids"]) for it in items]
+    width = max(lengths) if pad_to is None else int(pad_to)
+    if max(lengths) > width:
+        raise FormatError(f"collate_packed: a bin of {max(lengths)} tokens does not fit pad_to={width}")
+    bsz = len(items)
+    ids = np.full((bsz, width), pad_id, dtype=np.int64)
+    labels = np.full((bsz, width), IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros((bsz, width), dtype=bool)
+    pos = np.zeros((bsz, width), dtype=np.int64)
+    seqlens = []
+    for r, it in enumerate(items):
+        n = lengths[r]
+        bounds = np.asarray(it["seq_boundaries"], dtype=np.int64)
+        ids[r, :n] = it["input_ids"]
+        m = np.asarray(it["loss_mask"][:n], dtype=bool)
+        mask[r, :n] = m
+        # labels[j] = input_ids[j+1] where the mask says so; m is 0 at every sequence's end.
+        target = np.flatnonzero(m[:n - 1])
+        labels[r, target] = ids[r, target + 1]
+        seg = np.diff(bounds)
+        pos[r, :n] = np.arange(n) - np.repeat(bounds[:-1], seg)
+        seqlens.extend(seg.tolist())
+        if width > n:
+            pos[r, n:] = np.arange(width - n)
+            seqlens.append(width - n)
+    cu = np.zeros(len(seqlens) + 1, dtype=np.int32)
+    np.cumsum(seqlens, out=cu[1:])
+    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+            "loss_mask": torch.from_numpy(mask), "position_ids": torch.from_numpy(pos),
+            "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(max(seqlens))}
+
+
+def _load(path: str) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError:  # NOTE: numpy cannot mmap a zero-byte payload (an empty shard's arrays)
+        return np.load(path, allow_pickle=False)
+
+
+def _normalise(idx, n: int, where: str) -> int:
+    idx = int(idx)
+    if idx < 0:
+        idx += n
+    if not 0 <= idx < n:
+        raise IndexError(f"{where}: index {idx} out of range for {n} bins")
+    return idx

@@ -1,0 +1,94 @@
+"""The legacy pickled packed-SFT .npy (NeMo / Megatron-Bridge GPTSFTPackedDataset), read only on request,
+and the converter from any packed dataset to memmap_padded_v1.
+
+Legacy layout: `np.save(path, [ {"input_ids": [...], "loss_mask": [...], "seq_start_id": [...]}, ... ],
+allow_pickle=True)`: an object array of dicts of Python lists, one per bin, with the loss mask already
+shifted within each sequence. Loading it unpickles arbitrary objects (a code-execution risk for files
+from elsewhere) and holds every bin in memory, so `LegacyPackedDataset` refuses unless called with
+`allow_pickle=True`, and warns even then. Convert once (`convert_to_memmap`) and read the memmap shard.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.packing.memmap_format import MemmapShardWriter, check_starts
+
+LEGACY_KEYS = ("input_ids", "loss_mask", "seq_start_id")
+
+
+class LegacyPickleWarning(UserWarning):
+    """Reading a pickled .npy: only do this for files you made yourself."""
+
+
+class LegacyPackedDataset(Dataset):
+    """A legacy pickled packed .npy, fully loaded (the format allows nothing lazier)."""
+
+    def __init__(self, path, *, allow_pickle: bool = False):
+        self.path = str(path)
+        if not allow_pickle:
+            raise ConfigError(
+                f"{path}: a legacy packed .npy is a pickle, which can run code when loaded; pass "
+                "allow_pickle=True (--allow-pickle) only for files you trust, or convert it once with "
+                "convert_legacy_to_memmap"
+            )
+        warnings.warn(f"{path}: loading a pickled legacy packed .npy (allow_pickle=True); convert it to "
+                      "memmap_padded_v1 to avoid pickle", LegacyPickleWarning, stacklevel=2)
+        try:
+            data = np.load(self.path, allow_pickle=True)
+        except (OSError, ValueError, EOFError) as exc:
+            raise FormatError(f"{path}: not a readable .npy file ({exc})") from exc
+        if data.ndim != 1 or data.dtype != object:
+            raise FormatError(f"{path}: expected a 1-D object array of dicts, got {data.dtype} {data.shape}")
+        self._rows = data
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, idx: int) -> dict:
+        row = self._rows[idx]
+        where = f"{self.path} row {idx}"
+        if not isinstance(row, dict) or any(k not in row for k in LEGACY_KEYS):
+            raise FormatError(f"{where}: expected a dict with keys {', '.join(LEGACY_KEYS)}")
+        ids = np.asarray(row["input_ids"], dtype=np.int64)
+        mask = np.asarray(row["loss_mask"]).astype(np.uint8)
+        starts = np.asarray(row["seq_start_id"], dtype=np.int64)
+        if len(mask) != len(ids):
+            raise FormatError(f"{where}: loss_mask has {len(mask)} values for {len(ids)} input_ids")
+        check_starts(starts, len(ids), where)
+        if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+            raise FormatError(f"{where}: input_ids outside the int32 range")
+        return {"input_ids": ids.astype(np.int32), "loss_mask": mask, "seq_boundaries": np.append(starts, len(ids))}
+
+
+def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:
+    """Write any packed dataset (legacy, Parquet, memmap) as a memmap_padded_v1 shard.
+
+    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data.
+    """
+    n = len(dataset)
+    longest, nseq = 0, 0
+    for i in range(n):
+        it = dataset[i]
+        longest = max(longest, len(it["input_ids"]))
+        nseq += len(it["seq_boundaries"]) - 1
+    pack_size = longest if pack_size is None else int(pack_size)
+    if longest > pack_size:
+        raise ConfigError(f"convert_to_memmap: a bin holds {longest} tokens, more than pack_size={pack_size}")
+    with MemmapShardWriter(out_dir, n, max(pack_size, 1), nseq) as writer:
+        for i in range(n):
+            it = dataset[i]
+            writer.write_bin(it["input_ids"], it["loss_mask"], it["seq_boundaries"][:-1])
+        return writer.finalize(**manifest_extra)
+
+
+def convert_legacy_to_memmap(legacy_path, out_dir, *, allow_pickle: bool = False,
+                             pack_size: int | None = None) -> dict:
+    """Convert a legacy pickled packed .npy into a memmap_padded_v1 shard (needs allow_pickle=True)."""
+    ds = LegacyPackedDataset(legacy_path, allow_pickle=allow_pickle)
+    return convert_to_memmap(ds, out_dir, pack_size=pack_size, algorithm="converted",
+                             source={"legacy_npy": str(legacy_path)})

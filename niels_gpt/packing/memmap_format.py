@@ -1,0 +1,264 @@
+"""The memmap_padded_v1 packed-SFT layout: writer, manifest, and the checks a reader runs on open.
+
+One shard is a directory of five NumPy .npy files (NPY v1, C order, little-endian) and a manifest:
+
+| file             | dtype | shape                  | content                                            |
+|------------------|-------|------------------------|----------------------------------------------------|
+| input_ids.npy    | <i4   | [num_bins, pack_size]  | tokens of bin b in [b, :packed_len[b]], then pad_id |
+| loss_mask.npy    | <u1   | [num_bins, pack_size]  | 0/1, see the convention below; 0 in the padding    |
+| packed_len.npy   | <u4   | [num_bins]             | tokens in bin b (1..pack_size)                     |
+| seq_offsets.npy  | <u4   | [num_bins + 1]         | CSR pointers: bin b's starts are seq_starts[o[b]:o[b+1]] |
+| seq_starts.npy   | <u4   | [num_sequences]        | start of each sequence in its bin: first 0, strictly increasing, < packed_len |
+| manifest.json    | JSON  |                        | written last: the commit marker                    |
+
+Sequence i of bin b spans [starts[i], starts[i+1]) with the bin's packed_len closing the last one.
+Loss-mask convention (`loss_mask_convention` = "shift_left_within_sequence"): `loss_mask[b, j]` says
+whether predicting `input_ids[b, j+1]` counts; shifted within each sequence, the last position of every
+sequence is 0 (the convention of Megatron-Bridge/Nemotron packed data).
+
+manifest.json: `format` "memmap_padded_v1", `version` 1, `num_bins`, `pack_size`, `num_sequences`,
+`num_tokens`, `pad_id`, `files` {array -> {"name", "dtype", "shape"}} (names are plain file names in the
+shard directory), `algorithm`, `efficiency`, `truncated`, `loss_mask_convention` (+ `_text`), `source`
+(the SFT cache it came from, with the sha256 of its token file).
+
+Writing: every array is preallocated with `np.lib.format.open_memmap` under a temporary name, filled bin
+by bin, flushed, fsynced and renamed; the manifest comes last. Memory is O(pack_size) per bin written
+(the arrays live in the page cache, not on the Python heap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.atomic import commit, tmp_name, write_bytes_atomic
+from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
+from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
+
+FORMAT_NAME = "memmap_padded_v1"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PAD_ID = 0
+ARRAYS = ("input_ids", "loss_mask", "packed_len", "seq_offsets", "seq_starts")
+DTYPES = {"input_ids": "<i4", "loss_mask": "<u1", "packed_len": "<u4", "seq_offsets": "<u4",
+          "seq_starts": "<u4"}
+MAX_INDEX = np.iinfo(np.uint32).max
+REQUIRED_MANIFEST = ("format", "version", "num_bins", "pack_size", "num_sequences", "files",
+                     "loss_mask_convention")
+
+
+class MemmapShardWriter:
+    """Stream bins into one memmap_padded_v1 shard directory; `finalize()` commits it.
+
+    Use as a context manager: on an exception the temporary files are removed and nothing that looks
+    like a shard is left behind.
+    """
+
+    def __init__(self, output_dir, num_bins: int, pack_size: int, num_sequences: int, *,
+                 pad_id: int = PAD_ID):
+        if num_bins < 0 or pack_size < 1 or num_sequences < num_bins:
+            raise ConfigError(f"{output_dir}: bad shard sizes num_bins={num_bins} pack_size={pack_size} "
+                              f"num_sequences={num_sequences} (every bin holds at least one sequence)")
+        if num_sequences > MAX_INDEX or pack_size > MAX_INDEX:
+            raise ConfigError(f"{output_dir}: {num_sequences} sequences do not fit the uint32 index of "
+                              f"{FORMAT_NAME}; split the data into several shards")
+        self.output_dir = Path(output_dir)
+        self.num_bins, self.pack_size, self.num_sequences = int(num_bins), int(pack_size), int(num_sequences)
+        self.pad_id = int(pad_id)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        shapes = {"input_ids": (num_bins, pack_size), "loss_mask": (num_bins, pack_size),
+                  "packed_len": (num_bins,), "seq_offsets": (num_bins + 1,), "seq_starts": (num_sequences,)}
+        self._shapes = shapes
+        self._tmp = {name: tmp_name(self.output_dir / f"{name}.npy") for name in ARRAYS}
+        self._arrays: dict[str, np.ndarray] = {}
+        for name in ARRAYS:
+            self._arrays[name] = _open_array(self._tmp[name], DTYPES[name], shapes[name])
+        if self.pad_id != 0 and num_bins:
+            self._arrays["input_ids"][:] = self.pad_id
+        self._arrays["seq_offsets"][0] = 0
+        self._seq_pos = 0
+        self._bins_written = 0
+        self._tokens = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+
+    def write_bin(self, input_ids, loss_mask, seq_starts) -> None:
+        """Append the next bin. Arrays are 1-D; their length is the bin's packed length."""
+        b = self._bins_written
+        n = len(input_ids)
+        where = f"{self.output_dir} bin {b}"
+        if b >= self.num_bins:
+            raise ConfigError(f"{where}: the shard was sized for {self.num_bins} bins")
+        if not 1 <= n <= self.pack_size or len(loss_mask) != n:
+            raise ConfigError(f"{where}: {n} tokens and {len(loss_mask)} mask values; need equal "
+                              f"lengths in 1..{self.pack_size}")
+        starts = np.asarray(seq_starts, dtype=np.int64)
+        check_starts(starts, n, where)
+        if self._seq_pos + len(starts) > self.num_sequences:
+            raise ConfigError(f"{where}: more sequences than the {self.num_sequences} the shard was sized for")
+        a = self._arrays
+        a["input_ids"][b, :n] = input_ids
+        a["loss_mask"][b, :n] = loss_mask
+        a["packed_len"][b] = n
+        a["seq_starts"][self._seq_pos:self._seq_pos + len(starts)] = starts
+        self._seq_pos += len(starts)
+        a["seq_offsets"][b + 1] = self._seq_pos
+        self._bins_written += 1
+        self._tokens += n
+
+    def finalize(self, **manifest_extra) -> dict:
+        """Flush, rename every array into place, then write manifest.json (the commit marker)."""
+        if self._bins_written != self.num_bins or self._seq_pos != self.num_sequences:
+            self.abort()
+            raise ConfigError(f"{self.output_dir}: wrote {self._bins_written}/{self.num_bins} bins and "
+                              f"{self._seq_pos}/{self.num_sequences} sequences; the shard is incomplete")
+        for name in ARRAYS:
+            arr = self._arrays.pop(name)
+            if isinstance(arr, np.memmap):
+                arr.flush()
+            del arr
+            commit(self._tmp[name], self.output_dir / f"{name}.npy")
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "num_bins": self.num_bins,
+            "pack_size": self.pack_size,
+            "num_sequences": self.num_sequences,
+            "num_tokens": self._tokens,
+            "pad_id": self.pad_id,
+            "efficiency": self._tokens / (self.num_bins * self.pack_size) if self.num_bins else 1.0,
+            "files": {name: {"name": f"{name}.npy", "dtype": DTYPES[name], "shape": list(self._shapes[name])}
+                      for name in ARRAYS},
+            "loss_mask_convention": LOSS_MASK_CONVENTION,
+            "loss_mask_convention_text": LOSS_MASK_CONVENTION_TEXT,
+        }
+        manifest.update(manifest_extra)
+        data = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+        write_bytes_atomic(self.output_dir / MANIFEST_NAME, data.encode("utf-8"))
+        return manifest
+
+    def abort(self) -> None:
+        """Drop the temporary files; nothing is committed."""
+        self._arrays.clear()
+        for path in self._tmp.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _open_array(path, dtype: str, shape: tuple) -> np.ndarray:
+    # NOTE: numpy cannot mmap a zero-byte payload, so empty arrays are written whole and returned as
+    # ordinary arrays (nothing will be written into them).
+    if int(np.prod(shape)) == 0:
+        arr = np.zeros(shape, dtype=dtype)
+        with open(path, "wb") as f:
+            np.lib.format.write_array(f, arr, allow_pickle=False)
+        return arr
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype), shape=shape)
+
+
+def check_starts(starts: np.ndarray, length: int, where: str) -> None:
+    """seq_starts of one bin: first 0, strictly increasing, every start < length."""
+    if len(starts) == 0 or starts[0] != 0:
+        raise FormatError(f"{where}: seq_starts must begin with 0, got {starts[:4].tolist()}")
+    if np.any(np.diff(starts) <= 0):
+        raise FormatError(f"{where}: seq_starts must strictly increase, got {starts.tolist()[:16]}")
+    if starts[-1] >= length:
+        raise FormatError(f"{where}: seq_start {int(starts[-1])} is not below packed_len {length}")
+
+
+def read_manifest(shard_dir) -> dict:
+    """Read and check manifest.json of a memmap_padded_v1 shard; raise with the field and the fix."""
+    shard_dir = Path(shard_dir)
+    path = shard_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise IncompleteCacheError(f"no {MANIFEST_NAME} in {shard_dir}: the packing was interrupted or never "
+                                   "ran; re-run `pack-sft`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc}); re-run `pack-sft`") from exc
+    if not isinstance(manifest, dict):
+        raise FormatError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    missing = [k for k in REQUIRED_MANIFEST if k not in manifest]
+    if missing:
+        raise FormatError(f"{path}: missing field(s) {', '.join(missing)}; re-run `pack-sft`")
+    if manifest["format"] != FORMAT_NAME:
+        raise FormatError(f"{path}: format {manifest['format']!r}, expected {FORMAT_NAME!r}")
+    if manifest["version"] != FORMAT_VERSION:
+        raise FormatError(f"{path}: version {manifest['version']!r} is not supported (this reader reads "
+                          f"version {FORMAT_VERSION}); re-pack with this version")
+    if manifest["loss_mask_convention"] != LOSS_MASK_CONVENTION:
+        raise FormatError(f"{path}: loss_mask_convention {manifest['loss_mask_convention']!r} is not "
+                          f"{LOSS_MASK_CONVENTION!r}; re-pack the data")
+    for key in ("num_bins", "pack_size", "num_sequences"):
+        value = manifest[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise FormatError(f"{path}: {key} must be a non-negative integer, got {value!r}")
+    files = manifest["files"]
+    if not isinstance(files, dict) or sorted(files) != sorted(ARRAYS):
+        raise FormatError(f"{path}: files must list exactly {', '.join(ARRAYS)}")
+    for name in ARRAYS:
+        _check_file_name(files[name].get("name") if isinstance(files[name], dict) else None, path, name)
+        if files[name].get("dtype") != DTYPES[name]:
+            raise FormatError(f"{path}: files.{name}.dtype is {files[name].get('dtype')!r}, expected "
+                              f"{DTYPES[name]!r}")
+    return manifest
+
+
+def _check_file_name(name, manifest_path, array: str) -> None:
+    # NOTE: the manifest names files inside the shard directory only; anything else (a path, '..',
+    # an absolute name) could make a reader open a file outside the shard.
+    ok = (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+          and "\x00" not in name and Path(name).name == name and name.endswith(".npy"))
+    if not ok:
+        raise FormatError(f"{manifest_path}: files.{array}.name {name!r} is not a plain .npy file name in "
+                          "the shard directory; the manifest is corrupt or hostile: re-pack the data")
+
+
+def expected_shapes(manifest: dict) -> dict[str, tuple]:
+    nb, ps, ns = manifest["num_bins"], manifest["pack_size"], manifest["num_sequences"]
+    return {"input_ids": (nb, ps), "loss_mask": (nb, ps), "packed_len": (nb,),
+            "seq_offsets": (nb + 1,), "seq_starts": (ns,)}
+
+
+def check_headers(shard_dir, manifest: dict) -> dict[str, Path]:
+    """Read each array's .npy header (not its data) and compare dtype and shape with the manifest."""
+    shard_dir = Path(shard_dir)
+    paths = {}
+    for name, shape in expected_shapes(manifest).items():
+        path = shard_dir / manifest["files"][name]["name"]
+        if not path.is_file():
+            raise FormatError(f"{path}: missing ({shard_dir / MANIFEST_NAME} lists it); re-run `pack-sft`")
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    header = np.lib.format.read_array_header_1_0(f)  # (shape, fortran, dtype)
+                elif version == (2, 0):
+                    header = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported NPY version {version}")
+            except ValueError as exc:
+                raise FormatError(f"{path}: not a NumPy .npy file ({exc})") from exc
+            data_start = f.tell()
+        got_shape, fortran, dtype = header
+        if dtype != np.dtype(DTYPES[name]) or fortran:
+            raise FormatError(f"{path}: dtype {dtype.str} (fortran_order={fortran}), expected C-order "
+                              f"{DTYPES[name]}")
+        if tuple(got_shape) != tuple(shape):
+            raise FormatError(f"{path}: shape {tuple(got_shape)} disagrees with the manifest's {tuple(shape)}")
+        need = data_start + int(np.prod(shape)) * dtype.itemsize
+        size = path.stat().st_size
+        if size != need:
+            raise FormatError(f"{path}: {size} bytes, expected {need} for shape {tuple(shape)}; truncated?")
+        paths[name] = path
+    return paths

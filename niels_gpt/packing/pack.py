@@ -1,0 +1,126 @@
+"""SFT cache -> packed bins on disk (memmap_padded_v1): plan the bins, then stream them out.
+
+1. open one split of the SFT cache (token memmap + int64 offsets); examples longer than pack_size are
+   truncated to their first pack_size tokens and counted, or rejected (`on_overflow`);
+2. assign examples to bins (`pack_lengths`: ffd, bfd or first_fit_shuffle);
+3. for each bin, copy its examples' tokens into one preallocated int32 scratch buffer, derive the
+   trained mask (`assistant_token_mask`, reset at each sequence start) and shift it within each
+   sequence into a preallocated uint8 buffer (`shift_within_sequences`), and hand both to the writer.
+
+No Python list of tokens is ever built; memory beyond the plan (O(n) int64 arrays) is O(pack_size).
+A remote `out` (an fsspec URL) is written locally and uploaded (`remote.write_then_upload`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from niels_gpt.errors import ConfigError
+from niels_gpt.packing.algorithms import (
+    DEFAULT_ALGORITHM,
+    DEFAULT_PACK_SIZE,
+    DEFAULT_SEED,
+    BinAssignment,
+    pack_lengths,
+)
+from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
+from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
+from niels_gpt.packing.remote import write_then_upload
+from niels_gpt.packing.source import SFTSplit, open_sft_split
+
+ON_OVERFLOW = ("truncate", "reject")
+DEFAULT_ON_OVERFLOW = "truncate"
+INT32_MAX = np.iinfo(np.int32).max
+
+
+@dataclass
+class PackPlan:
+    split: SFTSplit
+    assignment: BinAssignment
+    example_ids: np.ndarray  # int64[m]: cache example id of each packed sequence (empty ones dropped)
+    truncated: int
+    skipped_empty: int
+
+
+def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
+                 on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED) -> PackPlan:
+    """Decide the bins: clip or reject long examples, drop empty ones, run the packing algorithm."""
+    if on_overflow not in ON_OVERFLOW:
+        raise ConfigError(f"on_overflow must be one of {', '.join(ON_OVERFLOW)}, got {on_overflow!r}")
+    lengths = split.lengths
+    over = np.flatnonzero(lengths > pack_size)
+    if over.size and on_overflow == "reject":
+        i = int(over[0])
+        raise ConfigError(
+            f"{split.cache_dir}/{split.split}_tokens.bin: example {i} has {int(lengths[i])} tokens, more than "
+            f"pack_size={pack_size} ({over.size} such examples); raise --pack-size or pass --on-overflow truncate"
+        )
+    keep = np.flatnonzero(lengths > 0)
+    clipped = np.minimum(lengths[keep], pack_size)
+    assignment = pack_lengths(clipped, pack_size, algorithm, seed=seed)
+    return PackPlan(split, assignment, keep, int(over.size), int(len(lengths) - len(keep)))
+
+
+def materialize_bin(split: SFTSplit, example_ids: np.ndarray, lengths: np.ndarray, scratch_ids: np.ndarray,
+                    scratch_mask: np.ndarray, scratch_starts: np.ndarray) -> tuple[int, int]:
+    """Fill the scratch buffers with one bin; return (packed_len, number of sequences).
+
+    `example_ids[k]` is a cache example id and `lengths[k]` its (clipped) length. On return
+    scratch_ids[:packed_len], scratch_mask[:packed_len] and scratch_starts[:nseq] hold the bin.
+    """
+    pos = 0
+    tokens, starts = split.tokens, split.starts
+    for k, (ex, n) in enumerate(zip(example_ids.tolist(), lengths.tolist(), strict=True)):
+        a = int(starts[ex])
+        scratch_starts[k] = pos
+        scratch_ids[pos:pos + n] = tokens[a:a + n]
+        pos += n
+    nseq = len(example_ids)
+    trained = assistant_token_mask(scratch_ids[:pos], split.asst_id, split.eot_id, scratch_starts[:nseq])
+    shift_within_sequences(trained, scratch_starts[:nseq], pos, out=scratch_mask[:pos])
+    return pos, nseq
+
+
+def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict | None = None) -> dict:
+    """Stream the planned bins into a memmap_padded_v1 shard at local directory `out_dir`."""
+    a = plan.assignment
+    ps = a.pack_size
+    scratch_ids = np.zeros(ps, dtype=np.int32)
+    scratch_mask = np.zeros(ps, dtype=np.uint8)
+    max_per_bin = int(np.diff(a.bin_offsets).max()) if a.num_bins else 0
+    scratch_starts = np.zeros(max(max_per_bin, 1), dtype=np.int64)
+    bins = range(a.num_bins)
+    if progress:
+        from tqdm import tqdm
+
+        bins = tqdm(bins, desc="pack-sft", unit="bin", disable=None)
+    with MemmapShardWriter(out_dir, a.num_bins, ps, len(a.items), pad_id=PAD_ID) as writer:
+        for b in bins:
+            items = a.bin_items(b)
+            n, nseq = materialize_bin(plan.split, plan.example_ids[items], a.lengths[items],
+                                      scratch_ids, scratch_mask, scratch_starts)
+            writer.write_bin(scratch_ids[:n], scratch_mask[:n], scratch_starts[:nseq])
+        manifest = writer.finalize(
+            algorithm=a.algorithm, truncated=plan.truncated, skipped_empty=plan.skipped_empty,
+            source=plan.split.provenance(), **(extra or {}))
+    return manifest
+
+
+def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
+             split: str = "train", on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED,
+             progress: bool = False) -> dict:
+    """Pack one split of the SFT cache at `cache_dir` into a memmap_padded_v1 shard at `out`.
+
+    `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest.
+    """
+    src = open_sft_split(cache_dir, split)
+    if len(src) == 0:
+        raise ConfigError(f"{cache_dir}: split {split!r} has no examples; nothing to pack")
+    if int(src.meta.get("vocab_size", 0)) > INT32_MAX:
+        raise ConfigError(f"{cache_dir}/meta.json: vocab_size {src.meta['vocab_size']} does not fit the int32 "
+                          "input_ids of memmap_padded_v1")
+    plan = plan_packing(src, pack_size=pack_size, algorithm=algorithm, on_overflow=on_overflow, seed=seed)
+    return write_then_upload(out, lambda local: write_plan(plan, local, progress=progress,
+                                                           extra={"seed": int(seed), "on_overflow": on_overflow}))

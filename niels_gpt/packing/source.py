@@ -1,0 +1,80 @@
+"""One split of an SFT cache opened for packing: token memmap, example offsets, special ids, provenance.
+
+Layout read (docs/architecture.md): `<cache>/{split}_tokens.bin` (raw little-endian tokens, dtype from
+meta["token_dtype"]), `<cache>/{split}_idx.npy` (int64 start offsets; example i is
+tokens[idx[i]:idx[i+1]], the last one runs to the end of the file) and `<cache>/meta.json` (kind "sft").
+Opening reads meta.json and the index (8 bytes per example); tokens stay memory-mapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.cache.meta import TOKEN_DTYPES, check_files, raise_on_problems, read_meta, sha256_file
+from niels_gpt.errors import CacheError, ConfigError
+
+SPLITS = ("train", "val")
+
+
+@dataclass
+class SFTSplit:
+    cache_dir: Path
+    split: str
+    tokens: np.ndarray  # memmap, uint16/uint32
+    starts: np.ndarray  # int64[n]
+    lengths: np.ndarray  # int64[n]
+    asst_id: int
+    eot_id: int
+    meta: dict
+    tokens_sha256: str
+    meta_sha256: str
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def provenance(self) -> dict:
+        return {"cache_dir": str(self.cache_dir), "split": self.split,
+                "tokens_file": f"{self.split}_tokens.bin", "tokens_sha256": self.tokens_sha256,
+                "meta_sha256": self.meta_sha256, "dataset_name": self.meta.get("dataset_name"),
+                "tokenizer_sha256": self.meta.get("tokenizer_sha256"),
+                "special_token_ids": self.meta.get("special_token_ids")}
+
+
+def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
+    """Open one split of an SFT cache, checking meta.json, file sizes and the offsets."""
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    cache_dir = Path(cache_dir)
+    meta = read_meta(str(cache_dir))
+    if meta["kind"] != "sft":
+        raise CacheError(f"{cache_dir}/meta.json: kind is {meta['kind']!r}, expected 'sft'; pack-sft reads "
+                         "SFT caches (built by build_sft_cache)")
+    tok_name, idx_name = f"{split}_tokens.bin", f"{split}_idx.npy"
+    listed = {k: v for k, v in meta["files"].items() if k in (tok_name, idx_name)}
+    raise_on_problems(check_files(cache_dir, {"files": listed}), cache_dir)
+    tok_path, idx_path = cache_dir / tok_name, cache_dir / idx_name
+    for path in (tok_path, idx_path):
+        if not path.is_file():
+            raise CacheError(f"{path}: missing from the SFT cache; rebuild the cache")
+    dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
+    size = tok_path.stat().st_size
+    if size % dtype.itemsize:
+        raise CacheError(f"{tok_path}: {size} bytes is not a multiple of {dtype.itemsize} ({meta['token_dtype']})")
+    n_tokens = size // dtype.itemsize
+    tokens = (np.memmap(tok_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype))
+    starts = np.load(idx_path, allow_pickle=False)
+    if starts.ndim != 1 or starts.dtype.kind not in "iu":
+        raise CacheError(f"{idx_path}: expected a 1-D integer array, got {starts.dtype} {starts.shape}")
+    starts = starts.astype(np.int64)
+    ends = np.append(starts[1:], n_tokens)
+    if len(starts) and (starts[0] != 0 or np.any(ends < starts) or ends[-1] > n_tokens):
+        raise CacheError(f"{idx_path}: offsets must start at 0 and be non-decreasing within the "
+                         f"{n_tokens} tokens of {tok_name}; rebuild the cache")
+    special = meta["special_token_ids"]
+    tok_rec = meta["files"].get(tok_name, {})
+    return SFTSplit(cache_dir, split, tokens, starts, ends - starts, int(special["asst"]), int(special["eot"]),
+                    meta, tok_rec.get("sha256") or sha256_file(str(tok_path)),
+                    sha256_file(str(cache_dir / "meta.json")))
