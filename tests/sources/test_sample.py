@@ -33,6 +33,9 @@ def test_sample_sources_kinds_and_describe_is_json():
     for s in srcs.values():
         d = json.loads(json.dumps(s.describe()))
         assert d["name"] == s.name and d["skipped"] == {}
+    # bundled files are named relative to the sample, so meta.json is the same on every clone
+    assert srcs["fineweb_edu"].describe()["files"] == ["sample:fineweb_edu/web-cc-sample.parquet"]
+    assert srcs["roam"].describe()["directory"] == "sample:roam"
 
 
 def test_fineweb_sample_has_the_fineweb_edu_schema_and_20_pages():

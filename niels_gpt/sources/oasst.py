@@ -1,0 +1,244 @@
+"""OpenAssistant oasst1: message trees -> one conversation per tree along the best-ranked replies.
+
+Input, either
+- the hub's flat rows (`OpenAssistant/oasst1`, splits train then validation; or local .parquet/.jsonl
+  files of that schema): one message per row with `message_id`, `parent_id`, `message_tree_id`,
+  `role`, `text`, `deleted`, `rank`, `lang`. Rows of one tree must be contiguous (they are, in the
+  released files); the stream is grouped by `message_tree_id`, so one tree is in memory at a time;
+- or the nested-tree JSONL export (`{"message_tree_id", "tree_state", "prompt": {..., "replies":
+  [...]}}`, one tree per line), which is flattened to the same rows.
+
+Selection, per tree:
+- start at the root (the row with no parent_id); at each level keep the children that are not
+  deleted and whose text is not empty, and follow the best one: smallest `rank` (0 is best); children
+  without a rank come after ranked ones; ties (equal rank, or no ranks) go to the smallest
+  `message_id`, which is stable across exports. Stop at a leaf.
+- roles: prompter -> user, assistant -> assistant; any other role is an error. A trailing user turn
+  (nothing answered it) is dropped; a path with no assistant turn is skipped ("no_assistant_turn").
+- counted skips: "deleted_message" (each deleted row), "empty_message", "deleted_root" (whole tree),
+  "no_root", "orphan_message" (parent not in its tree), "lang" (root not in `langs`, when given).
+Cost: one tree in memory at a time; 31 MB/s on the nested export (tools/measure_sources.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.sources.base import (
+    ChatSource,
+    as_paths,
+    builder_for_all,
+    invalid_utf8_error,
+    iter_rows,
+    open_stream,
+    rel_files,
+)
+from niels_gpt.tokenizer.base import Message
+
+OASST_DATASET_ID = "OpenAssistant/oasst1"
+OASST_SPLITS = ("train", "validation")
+ROLE_MAP = {"prompter": "user", "assistant": "assistant"}
+SELECTION_RULE = ("root, then at each level the non-deleted, non-empty child with the smallest rank "
+                  "(unranked after ranked; ties -> smallest message_id); prompter->user; a trailing user "
+                  "turn dropped; paths without an assistant turn skipped")
+
+
+def _rank_key(row: dict) -> tuple:
+    rank = row.get("rank")
+    if rank is not None and rank != rank:  # NaN: the hub's float rank column for unranked messages
+        rank = None
+    return (rank is None, rank if rank is not None else 0, str(row["message_id"]))
+
+
+def best_path(rows: list[dict], skipped) -> list[dict] | None:
+    """The selected message rows of one tree (see the module docstring), or None when skipped."""
+    by_id = {r["message_id"]: r for r in rows}
+    children: dict[Any, list[dict]] = {}
+    roots = []
+    for r in rows:
+        parent = r.get("parent_id")
+        if parent is None:
+            roots.append(r)
+        elif parent in by_id:
+            children.setdefault(parent, []).append(r)
+        else:
+            skipped["orphan_message"] += 1
+        if r.get("deleted"):
+            skipped["deleted_message"] += 1
+    if not roots:
+        skipped["no_root"] += 1
+        return None
+    # NOTE: a well-formed tree has one root; if an export ever has more, the rank rule picks one.
+    node = min(roots, key=_rank_key)
+    if node.get("deleted"):
+        skipped["deleted_root"] += 1
+        return None
+    if not (node.get("text") or "").strip():
+        skipped["empty_message"] += 1
+        return None
+    path = [node]
+    while True:
+        kids = []
+        for c in children.get(node["message_id"], []):
+            if c.get("deleted"):
+                continue
+            if not (c.get("text") or "").strip():
+                skipped["empty_message"] += 1
+                continue
+            kids.append(c)
+        if not kids:
+            return path
+        node = min(kids, key=_rank_key)
+        path.append(node)
+
+
+def to_conversation(path: list[dict], skipped) -> list[Message] | None:
+    conv: list[Message] = [{"role": ROLE_MAP[r["role"]], "content": r["text"]} for r in path]  # type: ignore[typeddict-item]
+    if conv and conv[-1]["role"] == "user":
+        conv.pop()
+    if not any(m["role"] == "assistant" for m in conv):
+        skipped["no_assistant_turn"] += 1
+        return None
+    return conv
+
+
+def check_row(row: dict, record: str) -> None:
+    for field in ("message_id", "message_tree_id", "role", "text"):
+        if field not in row or (row[field] is None and field != "text"):
+            raise SourceError(f"{record}: no {field!r} (fields: {sorted(row)}); oasst1 rows need "
+                              "message_id, parent_id, message_tree_id, role, text")
+    if row["role"] not in ROLE_MAP:
+        raise SourceError(f"{record}: unknown role {row['role']!r} in message {row['message_id']}; "
+                          f"oasst1 roles are {sorted(ROLE_MAP)}")
+
+
+def flatten_tree(tree: dict, record: str) -> list[dict]:
+    """Rows (as in the flat release) from one nested-export tree; parent_id comes from the nesting."""
+    if not isinstance(tree, dict) or not isinstance(tree.get("prompt"), dict) or "message_tree_id" not in tree:
+        raise SourceError(f"{record}: not an oasst1 tree (needs 'message_tree_id' and 'prompt' "
+                          "objects); is this the nested-tree JSONL export?")
+    rows, stack = [], [(tree["prompt"], None)]
+    while stack:
+        msg, parent = stack.pop()
+        row = {k: v for k, v in msg.items() if k != "replies"}
+        row["parent_id"] = parent
+        row["message_tree_id"] = tree["message_tree_id"]
+        rows.append(row)
+        stack.extend((r, msg.get("message_id")) for r in reversed(msg.get("replies") or []))
+    return rows
+
+
+class Oasst1(ChatSource):
+    name = "oasst1"
+
+    def __init__(self, *, dataset_id: str, data_files: list[Path] | None, trees_jsonl: list[Path] | None,
+                 langs: tuple[str, ...] | None):
+        super().__init__()
+        self.dataset_id = dataset_id if data_files is None and trees_jsonl is None else None
+        self.data_files = data_files
+        self.trees_jsonl = trees_jsonl
+        self.langs = langs
+        self.streaming = trees_jsonl is None
+
+    def files(self) -> list[str]:
+        return rel_files(self.trees_jsonl or self.data_files or [])
+
+    def iter_conversations(self) -> Iterator[list[Message]]:
+        trees = self._nested_trees() if self.trees_jsonl is not None else self._flat_trees()
+        for rows in trees:
+            if self.langs is not None and not any(
+                    r.get("parent_id") is None and r.get("lang") in self.langs for r in rows):
+                self.skipped["lang"] += 1
+                continue
+            path = best_path(rows, self.skipped)
+            conv = None if path is None else to_conversation(path, self.skipped)
+            if conv is not None:
+                yield conv
+
+    def _describe_extra(self) -> dict[str, Any]:
+        return {"layout": "nested-tree JSONL" if self.trees_jsonl is not None else "flat rows",
+                "selection": SELECTION_RULE, "langs": None if self.langs is None else list(self.langs)}
+
+    def _flat_rows(self) -> Iterator[tuple[dict, str]]:
+        if self.data_files is None:
+            for split in OASST_SPLITS:
+                what = f"oasst1 {self.dataset_id} (split {split})"
+                for i, row in iter_rows(open_stream(self.dataset_id, what, split=split), what):
+                    yield row, f"{what}, record {i}"
+        else:
+            what = f"oasst1 local files {self.files()}"
+            ds = open_stream(builder_for_all(self.data_files, "oasst1"), what,
+                             data_files=[str(p) for p in self.data_files], split="train")
+            for i, row in iter_rows(ds, what, self.data_files):
+                yield row, f"{what}, record {i}"
+
+    def _flat_trees(self) -> Iterator[list[dict]]:
+        done: set = set()
+        current: list[dict] = []
+        for row, record in self._flat_rows():
+            check_row(row, record)
+            tid = row["message_tree_id"]
+            if current and tid != current[0]["message_tree_id"]:
+                done.add(current[0]["message_tree_id"])
+                yield current
+                current = []
+            if tid in done:
+                raise SourceError(f"{record}: rows of tree {tid} are not contiguous (it appeared "
+                                  "earlier); sort the rows by message_tree_id first")
+            current.append(row)
+        if current:
+            yield current
+
+    def _nested_trees(self) -> Iterator[list[dict]]:
+        for path in self.trees_jsonl or []:
+            yield from _nested_file(path)
+
+
+def _nested_file(path: Path) -> Iterator[list[dict]]:
+    # NOTE: read line by line in binary so an error names the line and its byte offset exactly.
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists "
+                          "and is readable") from e
+    offset = 0
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            record = f"line {lineno}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise invalid_utf8_error(path, offset + e.start, line=lineno, reason=e.reason) from e
+            offset += len(raw)
+            if not text.strip():
+                continue
+            try:
+                tree = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise SourceError(f"{path}, {record}: invalid JSON ({e.msg} at column {e.colno}); each "
+                                  "line must be one oasst1 tree object") from e
+            rows = flatten_tree(tree, f"{path}, {record}")
+            for r in rows:
+                check_row(r, f"{path}, {record}")
+            yield rows
+
+
+def oasst1(*, dataset_id: str = OASST_DATASET_ID,
+           data_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+           trees_jsonl: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+           langs: Iterable[str] | None = None) -> Oasst1:
+    """oasst1 conversations, one per tree. Hub rows by default; data_files: local flat rows
+    (.parquet/.jsonl); trees_jsonl: the nested-tree export. langs: keep trees whose root is in these."""
+    if data_files is not None and trees_jsonl is not None:
+        raise ConfigError("oasst1: pass data_files (flat rows) or trees_jsonl (nested trees), not both")
+    files = None if data_files is None else as_paths(data_files, "oasst1 data_files")
+    if files is not None:
+        builder_for_all(files, "oasst1")
+    trees = None if trees_jsonl is None else as_paths(trees_jsonl, "oasst1 trees_jsonl")
+    return Oasst1(dataset_id=dataset_id, data_files=files, trees_jsonl=trees,
+                  langs=None if langs is None else tuple(langs))
