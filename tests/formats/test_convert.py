@@ -160,3 +160,11 @@ def test_cli_convert_and_prepare_data(small_cache, tmp_path, capsys):
     assert main(["convert", str(small_cache), str(tmp_path / "x"), "--to", "nanogpt-legacy",
                  "--dtype", "uint32"]) == 1
     assert "error: the legacy nanoGPT format" in capsys.readouterr().err
+
+
+def test_empty_split_survives_every_format(tmp_path, cache_maker, read_tokens):
+    src = cache_maker(tmp_path / "src", {"train": [[10, EOT, 11, EOT]]})
+    for target in TARGETS:
+        convert(src, tmp_path / target, to=target)
+        convert(tmp_path / target, tmp_path / f"{target}-back", to="niels")
+        assert read_tokens(tmp_path / f"{target}-back") == {"train": [10, EOT, 11, EOT], "val": []}, target

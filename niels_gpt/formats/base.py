@@ -1,0 +1,227 @@
+"""What every format module shares: token dtypes, a file's token payload, and the document stream.
+
+A *token file* is a path plus (dtype, byte offset, token count): enough to memory-map its payload,
+whatever header precedes it. A *document stream* is how `convert` moves a corpus between formats
+without knowing either side: an iterator of `(content, ends_document)` pieces, where `content` is a
+chunk of one document's tokens *without* its framing token (the EOT that ends a document in our
+caches, KempnerForge and raw shards; the BOS that starts one in BOS-prefixed nanoGPT shards). Each
+writer adds its own framing back, so every token and every boundary survives any pair of formats.
+
+    EOS-framed   d1 d1 E d2 E        ->  (d1 d1, True) (d2, True)
+    BOS-framed   B d1 d1 B d2        ->  (d1 d1, True) (d2, True)
+
+Cost: one Python step per document plus a vectorised scan per block of BLOCK_TOKENS; memory is one
+block, whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from niels_gpt.errors import ConfigError, FormatError
+
+BLOCK_TOKENS = 1 << 22  # tokens per read block when streaming (8 MiB of uint16)
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_ALIASES = {"uint16": "uint16", "uint16-le": "uint16", "u2": "uint16", "<u2": "uint16",
+            "uint32": "uint32", "uint32-le": "uint32", "u4": "uint32", "<u4": "uint32"}
+
+Piece = tuple[np.ndarray, bool]
+
+
+def parse_dtype(value) -> np.dtype:
+    """'uint16' | 'uint16-le' | '<u2' | np.dtype -> little-endian uint16/uint32 dtype."""
+    if isinstance(value, np.dtype) or isinstance(value, type):
+        dt = np.dtype(value)
+        if dt.kind == "u" and dt.itemsize in (2, 4):
+            return dt.newbyteorder("<")
+        raise ConfigError(f"token dtype {dt} is not supported; use uint16 or uint32")
+    name = _ALIASES.get(str(value).lower())
+    if name is None:
+        raise ConfigError(f"token dtype {value!r} is not supported; use uint16 or uint32")
+    return TOKEN_DTYPES[name]
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
+
+
+def dtype_for_vocab(vocab_size: int | None, fallback: np.dtype) -> np.dtype:
+    if vocab_size is None:
+        return fallback
+    return TOKEN_DTYPES["uint16"] if vocab_size <= 65536 else TOKEN_DTYPES["uint32"]
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """The token payload of one file: `count` tokens of `dtype` starting at byte `offset`."""
+
+    path: str
+    dtype: np.dtype
+    offset: int
+    count: int
+
+    def open(self) -> np.ndarray:
+        """Read-only memmap of the payload (an empty array when there are no tokens)."""
+        if self.count == 0:
+            return np.empty(0, dtype=self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+
+
+def check_payload_size(path: str | os.PathLike, offset: int, count: int, itemsize: int, what: str) -> None:
+    """The file must hold exactly `offset + count * itemsize` bytes; say which way it is wrong."""
+    size = os.path.getsize(path)
+    want = offset + count * itemsize
+    if size < want:
+        raise FormatError(f"{path}: truncated: {what} promises {count} tokens ({want} bytes) but the file "
+                          f"has {size} bytes; re-copy or re-convert the file")
+    if size > want:
+        raise FormatError(f"{path}: {size - want} bytes beyond the {count} tokens that {what} declares "
+                          "(the header lies or the file was appended to); re-convert the file")
+
+
+def check_fits(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
+    """Refuse ids that do not fit `dtype` before any cast (numpy's astype wraps silently)."""
+    if ids.size == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    info = np.iinfo(dtype)
+    if lo < info.min or hi > info.max:
+        bad = hi if hi > info.max else lo
+        raise FormatError(f"{where}: token id {bad} does not fit {np.dtype(dtype).name}; "
+                          "write uint32 (--dtype uint32) or check the tokenizer")
+
+
+def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:
+    """The concatenated payloads of `files`, as in-memory blocks of at most `block` tokens."""
+    for tf in files:
+        arr = tf.open()
+        for start in range(0, len(arr), block):
+            yield np.array(arr[start:start + block])
+        del arr
+
+
+def split_eos(blocks: Iterable[np.ndarray], eos: int) -> Iterator[Piece]:
+    """Pieces of an EOS-terminated stream. A tail after the last EOS comes out with ends=False."""
+    for blk in blocks:
+        prev = 0
+        for p in np.flatnonzero(blk == eos).tolist():
+            yield blk[prev:p], True
+            prev = p + 1
+        if prev < len(blk):
+            yield blk[prev:], False
+
+
+def split_bos(blocks: Iterable[np.ndarray], bos: int, *, close_at_end: bool = True) -> Iterator[Piece]:
+    """Pieces of a BOS-prefixed stream. Tokens before the first BOS form a document of their own.
+
+    The last document ends at the end of the stream, unless `close_at_end` is False (the writer
+    recorded that it was cut short: see `last_document_open` in metadata.yaml).
+    """
+    started = False  # inside a document: after a BOS, or content seen before any BOS
+    for blk in blocks:
+        prev = 0
+        for p in np.flatnonzero(blk == bos).tolist():
+            if started or p > prev:
+                yield blk[prev:p], True
+            started = True
+            prev = p + 1
+        if prev < len(blk):
+            yield blk[prev:], False
+            started = True
+    if started and close_at_end:
+        yield np.empty(0, dtype=np.uint32), True
+
+
+def unframed(blocks: Iterable[np.ndarray]) -> Iterator[Piece]:
+    """A stream with no known document framing: all of it is one open document."""
+    for blk in blocks:
+        yield blk, False
+
+
+@dataclass
+class DocStream:
+    """A corpus on its way between formats: its pieces and what is known about its tokens."""
+
+    pieces: Iterator[Piece]
+    dtype: np.dtype
+    eot_id: int | None = None
+    bos_id: int | None = None
+    vocab_size: int | None = None
+    tokenizer_sha256: str | None = None
+    special_token_ids: dict | None = None
+    source: dict = field(default_factory=dict)
+
+
+class Framer:
+    """Turns pieces back into a token stream with one framing: suffix `eos` or prefix `bos`.
+
+    `frame(piece)` returns the arrays to write for it; `opened`/`documents` track state so a writer
+    knows whether the stream ended inside an unterminated document.
+    """
+
+    def __init__(self, *, eos: int | None = None, bos: int | None = None, dtype: np.dtype):
+        if (eos is None) == (bos is None):
+            raise ConfigError("a framer needs exactly one of eos or bos")
+        self.eos, self.bos, self.dtype = eos, bos, np.dtype(dtype)
+        self.opened = False  # a document has started and not ended
+        self.documents = 0
+
+    def frame(self, content: np.ndarray, ends: bool) -> list[np.ndarray]:
+        out = []
+        if self.bos is not None and not self.opened:
+            out.append(np.array([self.bos], dtype=self.dtype))
+        self.opened = True
+        if len(content):
+            out.append(content)
+        if ends:
+            if self.eos is not None:
+                out.append(np.array([self.eos], dtype=self.dtype))
+            self.opened = False
+            self.documents += 1
+        return out
+
+
+class RollingWriter:
+    """Writes one token stream into numbered files of at most `max_tokens` tokens each.
+
+    `open_file(index) -> sink` makes a sink with `write(arr)`, `close() -> dict` (the file's record)
+    and `abort()`. No empty file is written: a new file is opened only when a token arrives for it.
+    """
+
+    def __init__(self, open_file, max_tokens: int):
+        if max_tokens < 1:
+            raise ConfigError(f"max tokens per file must be >= 1, got {max_tokens}")
+        self._open_file, self.max_tokens = open_file, max_tokens
+        self._sink, self._in_file, self._index = None, 0, 0
+        self.records: list[dict] = []
+        self.tokens = 0
+
+    def write(self, arr: np.ndarray) -> None:
+        while len(arr):
+            if self._sink is None:
+                self._sink = self._open_file(self._index)
+                self._index += 1
+                self._in_file = 0
+            take = min(len(arr), self.max_tokens - self._in_file)
+            self._sink.write(arr[:take])
+            self._in_file += take
+            self.tokens += take
+            arr = arr[take:]
+            if self._in_file == self.max_tokens:
+                self.records.append(self._sink.close())
+                self._sink = None
+
+    def close(self) -> list[dict]:
+        if self._sink is not None:
+            self.records.append(self._sink.close())
+            self._sink = None
+        return self.records
+
+    def abort(self) -> None:
+        if self._sink is not None:
+            self._sink.abort()
+            self._sink = None

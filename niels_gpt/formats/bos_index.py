@@ -1,0 +1,107 @@
+"""The `.bos.idx` sidecar of a nanoGPT shard: where every BOS token is. Reader and writer.
+
+Byte layout (no header):
+
+    offset  type       field
+    0       int32 LE   positions[file_size / 4]: token index (0 = first payload token) of each BOS,
+                       strictly increasing
+
+`<dir>/<stem>.bin` has its sidecar at `<dir>/<stem>.bos.idx`. NeMo AutoModel's reader expects token
+indices, but the public writer stores header-inclusive byte offsets (1024 + index * itemsize): an
+index written that way sends `align_to_bos` to the wrong tokens, silently. So we write token
+indices, and on reading we check that every position lands on a BOS token. If not, we try the byte
+offset readings (with and without the header), and if none fits we rescan the shard for BOS tokens;
+both fallbacks warn, naming the file.
+
+Cost: the check is one gather of len(positions) tokens; the scan is one pass over the shard.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import FormatError
+
+SUFFIX = ".bos.idx"
+_HEADER_BYTES = 1024
+MAX_POSITION = 2**31 - 1
+
+
+def sidecar_path(bin_path: str | os.PathLike) -> Path:
+    p = Path(bin_path)
+    return p.with_name(p.stem + SUFFIX)
+
+
+def write_bos_index(bin_path: str | os.PathLike, positions: np.ndarray) -> str:
+    """Write token indices as int32 LE next to `bin_path` (atomically). Returns the sidecar path."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size and (positions.min() < 0 or positions.max() > MAX_POSITION):
+        raise FormatError(f"{bin_path}: BOS position outside int32 range; the shard is too long")
+    if positions.size > 1 and np.any(np.diff(positions) <= 0):
+        raise FormatError(f"{bin_path}: BOS positions are not strictly increasing")
+    out = sidecar_path(bin_path)
+    write_bytes_atomic(out, positions.astype("<i4").tobytes())
+    return str(out)
+
+
+def read_sidecar(path: str | os.PathLike) -> np.ndarray:
+    size = os.path.getsize(path)
+    if size % 4:
+        raise FormatError(f"{path}: {size} bytes is not a whole number of int32 positions; "
+                          "the sidecar is truncated: delete it (the shard is rescanned)")
+    return np.fromfile(path, dtype="<i4").astype(np.int64)
+
+
+def scan_bos(tokens: np.ndarray, bos_id: int) -> np.ndarray:
+    return np.flatnonzero(np.asarray(tokens) == bos_id).astype(np.int64)
+
+
+def _lands_on_bos(pos: np.ndarray, tokens: np.ndarray, bos_id: int) -> bool:
+    if pos.size == 0:
+        return True
+    if pos.min() < 0 or pos.max() >= len(tokens) or np.any(np.diff(pos) <= 0):
+        return False
+    return bool(np.all(np.asarray(tokens[pos]) == bos_id))
+
+
+def load_bos_index(bin_path: str | os.PathLike, tokens: np.ndarray, bos_id: int | None) -> tuple[np.ndarray, int] | None:
+    """Return (token indices of BOS, bos_id) from the sidecar of `bin_path`, or None without one.
+
+    `bos_id=None` takes the BOS id from the token at the first listed position. Positions that do
+    not land on BOS tokens are re-read as byte offsets, else replaced by a scan; both warn.
+    """
+    side = sidecar_path(bin_path)
+    if not side.is_file():
+        return None
+    raw = read_sidecar(side)
+    itemsize = tokens.dtype.itemsize
+    if bos_id is None:
+        if raw.size == 0:
+            return None
+        candidates = [raw, (raw - _HEADER_BYTES) // itemsize, raw // itemsize]
+        for cand in candidates:
+            if cand.size and 0 <= cand[0] < len(tokens):
+                bos_id = int(tokens[cand[0]])
+                if _lands_on_bos(cand, tokens, bos_id):
+                    break
+        else:
+            return None
+    if _lands_on_bos(raw, tokens, bos_id):
+        return raw, bos_id
+    for offset, label in ((_HEADER_BYTES, "header-inclusive"), (0, "header-exclusive")):
+        shifted = raw - offset
+        if np.all(shifted % itemsize == 0):
+            cand = shifted // itemsize
+            if _lands_on_bos(cand, tokens, bos_id):
+                warnings.warn(f"{side}: positions are {label} byte offsets, not token indices (a known "
+                              "writer bug); converted them. Rewrite the sidecar with `convert --bos-index`",
+                              stacklevel=2)
+                return cand, bos_id
+    warnings.warn(f"{side}: positions do not land on BOS token {bos_id}; ignoring the sidecar and "
+                  "scanning the shard instead. Rewrite it with `convert --bos-index`", stacklevel=2)
+    return scan_bos(tokens, bos_id), bos_id

@@ -1,0 +1,84 @@
+"""KempnerForge flat shard directories: `*.npy` or raw `*.bin`, plus an optional tatm metadata.yaml.
+
+Layout:
+
+    dir/
+      shard_00000.npy ...   NPY v1/v2, 1-D, '<u2' or '<u4' (niels_gpt.formats.npy), or
+      shard_00000.bin ...   raw LE tokens, no header (niels_gpt.formats.raw)
+      metadata.yaml         optional (tatm):  tokenized_info: {tokenizer, dtype, vocab_size,
+                                              file_prefix, file_extension, eos_token_id}
+                            we add: bos_token_id (the BOS of BOS-prefixed shards),
+                            last_document_open (the stream ends inside a document without EOT),
+                            tokenizer_sha256
+
+Files are taken in lexicographic order of their names (the peer's `sorted(glob)`), each one a flat
+array; documents end with an EOS token and may run on from one file into the next. KempnerForge
+infers a `.bin` dtype from the file size (uint32 when divisible by 4); we take it from metadata.yaml
+or the caller and refuse otherwise. The writer produces `.npy` shards (self-describing) and a
+metadata.yaml naming dtype, vocab size and the EOS id, so the directory is read back without flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import FormatError
+
+METADATA_NAME = "metadata.yaml"
+SHARD_PATTERN = "shard_{:05d}.npy"
+MAX_TOKENS_PER_FILE = 1 << 28  # 512 MiB of uint16 per shard
+
+
+def read_metadata(directory: str | os.PathLike) -> dict | None:
+    """tokenized_info of a tatm metadata.yaml, or None when there is none."""
+    path = Path(directory) / METADATA_NAME
+    if not path.is_file():
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise FormatError(f"{path}: not valid YAML ({exc}); fix or delete it") from exc
+    info = doc.get("tokenized_info") if isinstance(doc, dict) else None
+    if not isinstance(info, dict):
+        raise FormatError(f"{path}: no 'tokenized_info' mapping; this is not a tatm metadata file")
+    return info
+
+
+def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int | None,
+                   eos_token_id: int | None, tokenizer: str | None, extension: str = "npy",
+                   bos_token_id: int | None = None, last_document_open: bool = False,
+                   tokenizer_sha256: str | None = None) -> None:
+    def scalar(v):
+        # strings are JSON-quoted (valid YAML): an all-digit sha256 must not read back as a number
+        return "null" if v is None else json.dumps(v) if isinstance(v, str) else str(v)
+
+    text = (
+        "tokenized_info:\n"
+        f"  tokenizer: {scalar(tokenizer)}\n"
+        f"  dtype: {dtype}\n"
+        f"  tokenizer_sha256: {scalar(tokenizer_sha256)}\n"
+        f"  vocab_size: {scalar(vocab_size)}\n"
+        f"  eos_token_id: {scalar(eos_token_id)}\n"
+        f"  bos_token_id: {scalar(bos_token_id)}\n"
+        f"  last_document_open: {'true' if last_document_open else 'false'}\n"
+        "  file_prefix: shard\n"
+        f"  file_extension: {extension}\n"
+    )
+    write_bytes_atomic(Path(directory) / METADATA_NAME, text.encode("utf-8"))
+
+
+def list_token_files(directory: str | os.PathLike, pattern: str | None = None) -> list[Path]:
+    """Sorted token files of a directory: `pattern` if given, else every .npy or every .bin."""
+    d = Path(directory)
+    if pattern is not None:
+        return sorted(p for p in d.glob(pattern) if p.is_file())
+    npy = sorted(d.glob("*.npy"))
+    bins = sorted(p for p in d.glob("*.bin"))
+    if npy and bins:
+        raise FormatError(f"{d}: holds both .npy and .bin files; pass a file pattern ('*.npy' or '*.bin')")
+    return npy or bins

@@ -1,0 +1,190 @@
+"""NeMo AutoModel's `NanogptDataset` semantics (iterable), fixed where the peer duplicates or forgets.
+
+    ds = NanogptDataset("data/fineweb_train_*.bin", seq_len=1024, bos_token=50256, align_to_bos=True)
+    for sample in ds: sample["input_ids"], sample["labels"]     # int64[seq_len] each
+
+- Files: a glob pattern, a list of paths, or a directory (any format detect_format reads, our
+  caches included). With `shuffle_files` the file order is a permutation drawn from
+  torch.Generator(seed + epoch), identical on every rank and worker.
+- Samples of a file: windows of seq_len + 1 tokens starting at 0, seq_len, 2*seq_len, ...
+  (labels = inputs shifted by one; consecutive windows share one token, as modded-nanogpt's
+  loader). With `align_to_bos` a window starts at the first BOS at or after that position, found
+  in the `.bos.idx` sidecar (validated, see niels_gpt.formats.bos_index) or by a scan.
+- Consumers = world_size x num_workers, id = rank * num_workers + worker. With at least as many
+  files as consumers, consumer c reads files c, c + C, ... With fewer, the ordered list of all
+  samples (a grid of token positions) is cut into C contiguous ranges, one per consumer: the peer
+  gives every worker the same single file's whole range on every rank, so each token is seen
+  world_size times. Either way the consumers' samples are disjoint and together are exactly the
+  samples one consumer alone would read.
+- Resume: `state_dict()` = {"epoch", "consumed": {consumer id: samples yielded}}; after
+  `load_state_dict` each consumer skips what it already yielded (the peer always restarts).
+  With DataLoader workers the counts live in the workers: rebuild them from the batches the
+  trainer consumed with `consumed_per_consumer`.
+
+Cost: per sample one (seq_len + 1)-token copy; per file and epoch, the sample grid (one
+searchsorted per sample when BOS-aligned).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from niels_gpt.cache.formats import FormatInfo, detect_format
+from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.formats.base import TokenFile
+from niels_gpt.formats.bos_index import load_bos_index, scan_bos
+
+
+def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
+    if isinstance(spec, (str, os.PathLike)) and os.path.isdir(spec):
+        info = detect_format(spec, dtype).leaf()
+        return list(info.token_files), info
+    paths = sorted(glob.glob(str(spec))) if isinstance(spec, (str, os.PathLike)) else [str(p) for p in spec]
+    if not paths:
+        raise ConfigError(f"no files match {spec!r}; check the pattern or directory")
+    tfs, first = [], None
+    for p in paths:
+        info = detect_format(p, dtype)
+        first = first or info
+        tfs.extend(info.token_files)
+    return tfs, first
+
+
+def consumed_per_consumer(batches: int, batch_size: int, num_workers: int, world_size: int = 1) -> dict:
+    """Samples each consumer yielded after every rank consumed `batches` batches (in-order loader).
+
+    A DataLoader with W workers takes batch k from worker k % W, so worker w has produced
+    ceil((batches - w) / W) batches: batches=5, W=2 -> worker 0: 3, worker 1: 2.
+    """
+    w_count = max(1, num_workers)
+    return {str(r * w_count + w): -(-max(0, batches - w) // w_count) * batch_size
+            for r in range(world_size) for w in range(w_count)}
+
+
+class NanogptDataset(torch.utils.data.IterableDataset):
+    def __init__(self, file_pattern: str | Sequence[str], seq_len: int, bos_token: int | None = None,
+                 shuffle_files: bool = False, align_to_bos: bool = False, *, seed: int = 0,
+                 dtype=None, rank: int | None = None, world_size: int | None = None,
+                 infinite: bool = False):
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
+        self.files, info = _resolve_files(file_pattern, dtype)
+        self.seq_len, self.shuffle_files, self.align_to_bos = seq_len, shuffle_files, align_to_bos
+        self.bos_token = bos_token if bos_token is not None else (info.bos_id if info else None)
+        if align_to_bos and self.bos_token is None:
+            raise ConfigError("align_to_bos=True needs bos_token (the id every document starts with; "
+                              "for our caches and modded-nanogpt shards the EOT/<|endoftext|> id)")
+        self.seed, self.infinite = seed, infinite
+        self._rank, self._world = rank, world_size
+        self.epoch = 0
+        self.consumed: dict[str, int] = {}
+        self._starts: dict[int, np.ndarray] = {}
+
+    # -- who am I -----------------------------------------------------------------------------
+    def _consumer(self) -> tuple[int, int]:
+        rank, world = self._rank, self._world
+        if rank is None or world is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+            else:
+                rank, world = rank or 0, world or 1
+        wi = torch.utils.data.get_worker_info()
+        wid, nw = (wi.id, wi.num_workers) if wi is not None else (0, 1)
+        return rank * nw + wid, world * nw
+
+    # -- sample grid --------------------------------------------------------------------------
+    def _file_starts(self, f: int) -> np.ndarray:
+        if f not in self._starts:
+            tf = self.files[f]
+            n, span = tf.count, self.seq_len
+            if not self.align_to_bos:
+                self._starts[f] = np.arange(0, max(0, n - span), span, dtype=np.int64)
+            else:
+                tokens = tf.open()
+                found = load_bos_index(tf.path, tokens, self.bos_token)
+                bos = found[0] if found else scan_bos(tokens, self.bos_token)
+                starts, i = [], 0
+                while i < len(bos) and bos[i] + span + 1 <= n:
+                    starts.append(int(bos[i]))
+                    i = int(np.searchsorted(bos, bos[i] + span, side="left"))
+                self._starts[f] = np.asarray(starts, dtype=np.int64)
+        return self._starts[f]
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle_files:
+            return list(range(len(self.files)))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.files), generator=g).tolist()
+
+    def plan(self, consumer: int, consumers: int, epoch: int = 0) -> list[tuple[int, int, int]]:
+        """(file, first sample, end sample) runs this consumer reads in `epoch`, in order."""
+        order = self._order(epoch)
+        if len(order) >= consumers:
+            return [(f, 0, len(self._file_starts(f))) for f in order[consumer::consumers]]
+        counts = np.array([len(self._file_starts(f)) for f in order], dtype=np.int64)
+        total = int(counts.sum())
+        lo, hi = consumer * total // consumers, (consumer + 1) * total // consumers
+        runs, base = [], 0
+        for f, c in zip(order, counts.tolist(), strict=True):
+            a, b = max(lo, base), min(hi, base + c)
+            if a < b:
+                runs.append((f, a - base, b - base))
+            base += c
+        return runs
+
+    def __len__(self) -> int:
+        return sum(len(self._file_starts(f)) for f in range(len(self.files)))
+
+    def __iter__(self) -> Iterator[dict]:
+        consumer, consumers = self._consumer()
+        key = str(consumer)
+        while True:
+            skip = self.consumed.get(key, 0)
+            done = 0
+            for f, a, b in self.plan(consumer, consumers, self.epoch):
+                if done + (b - a) <= skip:
+                    done += b - a
+                    continue
+                tokens = self.files[f].open()
+                starts = self._file_starts(f)
+                for s in starts[a + max(0, skip - done):b].tolist():
+                    w = torch.from_numpy(np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64))
+                    self.consumed[key] = self.consumed.get(key, 0) + 1
+                    yield {"input_ids": w[:-1], "labels": w[1:]}
+                done += b - a
+            # a finished pass: the next one (this loop, or the next iter()) is the next epoch
+            self.epoch += 1
+            self.consumed = {}
+            if not self.infinite:
+                return
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.consumed = {}
+
+    def _fingerprint(self) -> list:
+        return [[os.path.basename(tf.path), tf.count] for tf in self.files]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "consumed": dict(self.consumed), "seq_len": self.seq_len,
+                "align_to_bos": self.align_to_bos, "fingerprint": self._fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, mine in (("seq_len", self.seq_len), ("align_to_bos", self.align_to_bos),
+                          ("fingerprint", self._fingerprint())):
+            if key in state and state[key] != mine:
+                raise StateError(f"resume state has {key}={state[key]!r} but this dataset has {mine!r}: "
+                                 "it belongs to another corpus or configuration")
+        self.epoch = int(state.get("epoch", 0))
+        self.consumed = {str(k): int(v) for k, v in state.get("consumed", {}).items()}
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_starts"] = {}
+        return state
