@@ -1,0 +1,27 @@
+"""Training-time loading: global sampler, DDP/worker partitioning, exact resumption, mixtures,
+random-window streams, the streaming Parquet path and bits-per-byte.
+
+    sampler = GlobalBatchSampler(ds, global_batch_size=64, seed=0)     # rank/world from torch.distributed
+    loader = ResumableDataLoader(ds, sampler, num_workers=2)
+    state = loader.state_dict(); loader.load_state_dict(state)          # JSON-able, any world size
+
+Heavy modules (pyarrow) are imported only when the Parquet path is used.
+"""
+
+from niels_gpt.loading.bpb import evaluate_bpb, token_bytes
+from niels_gpt.loading.mixture import MixtureConfig, MixtureDataset, MixtureSampler, Phase
+from niels_gpt.loading.parquet import ParquetTokenLoader, list_parquet_files, split_files
+from niels_gpt.loading.sampler import (
+    GlobalBatchSampler,
+    ResumableDataLoader,
+    epoch_permutation,
+    global_batches,
+)
+from niels_gpt.loading.stream import RankBatchStream
+from niels_gpt.loading.windows import IndexedWindowDataset
+
+__all__ = [
+    "GlobalBatchSampler", "IndexedWindowDataset", "MixtureConfig", "MixtureDataset", "MixtureSampler",
+    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "epoch_permutation",
+    "evaluate_bpb", "global_batches", "list_parquet_files", "split_files", "token_bytes",
+]

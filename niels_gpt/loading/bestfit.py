@@ -1,0 +1,85 @@
+"""BOS-aligned best-fit packing of documents into rows (nanochat's rule, with exact state).
+
+For each row of capacity T+1, until it is full:
+  1. refill the buffer to `buffer_size` documents, one at a time, in stream order;
+  2. place the LARGEST buffered document that fits entirely (ties: the one buffered first);
+  3. if none fits, crop the SHORTEST buffered document (ties: first buffered) to fill the row
+     exactly; its remainder is dropped.
+Every document starts with BOS, so every row starts with BOS; rows are always full (no padding).
+
+nanochat refills 128 documents at a time, so its buffer overshoots by up to 127 and its choices
+depend on where tokenizer batches fell; refilling one document at a time makes the packer's state
+exactly (buffered document ids in buffer order, next document id) and resumption exact.
+
+Cost: a lookup is two bisects over a sorted list of (length, doc id) instead of nanochat's linear
+scan of the buffer; insert/remove are list memmoves: 18k rows/s at T=2048 with a 1000-document
+buffer, 11x nanochat's loop (bench/bench_loading.py). Crop fraction at T=2048: 0.40 on debian-docs,
+0.30 on wikitext-2 articles (nanochat reports ~0.35 on fineweb-edu).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import numpy as np
+
+BUFFER_SIZE = 1000
+
+
+class BestFitPacker:
+    """Packs rows from `next_doc() -> (doc_id, tokens)`; doc ids increase in stream order."""
+
+    def __init__(self, next_doc: Callable[[], tuple[int, np.ndarray]], buffer_size: int = BUFFER_SIZE):
+        self.next_doc = next_doc
+        self.buffer_size = buffer_size
+        self.docs: dict[int, np.ndarray] = {}
+        self.keys: list[tuple[int, int]] = []  # sorted (length, doc id)
+        self.tokens_placed = 0
+        self.tokens_cropped = 0
+        self.docs_placed = 0
+        self.docs_cropped = 0
+        self.slots = 0
+
+    def add(self, doc_id: int, tokens: np.ndarray) -> None:
+        self.docs[doc_id] = tokens
+        bisect.insort(self.keys, (len(tokens), doc_id))
+
+    def _take(self, key: tuple[int, int]) -> np.ndarray:
+        del self.keys[bisect.bisect_left(self.keys, key)]
+        return self.docs.pop(key[1])
+
+    def fill_row(self, row: np.ndarray) -> None:
+        capacity = len(row)
+        self.slots += capacity
+        pos = 0
+        while pos < capacity:
+            while len(self.docs) < self.buffer_size:
+                self.add(*self.next_doc())
+            remaining = capacity - pos
+            i = bisect.bisect_right(self.keys, (remaining, float("inf"))) - 1
+            if i >= 0:
+                length = self.keys[i][0]
+                doc = self._take(self.keys[bisect.bisect_left(self.keys, (length, -1))])
+                row[pos:pos + length] = doc
+                pos += length
+                self.tokens_placed += length
+                self.docs_placed += 1
+            else:
+                doc = self._take(self.keys[0])
+                row[pos:] = doc[:remaining]
+                pos = capacity
+                self.tokens_placed += remaining
+                self.tokens_cropped += len(doc) - remaining
+                self.docs_cropped += 1
+
+    def buffered_ids(self) -> list[int]:
+        """Doc ids in the buffer, in buffer (insertion) order: ids increase with insertion."""
+        return sorted(self.docs)
+
+    def stats(self) -> dict:
+        seen = self.tokens_placed + self.tokens_cropped
+        return {"tokens_placed": self.tokens_placed, "tokens_cropped": self.tokens_cropped,
+                "docs_placed": self.docs_placed, "docs_cropped": self.docs_cropped,
+                "crop_fraction": self.tokens_cropped / seen if seen else 0.0,
+                "utilisation": self.tokens_placed / self.slots if self.slots else 0.0}

@@ -1,0 +1,58 @@
+"""`download`: fetch numbered Parquet text shards (see niels_gpt.loading.download).
+
+    niels-gpt-data download --out-dir data/fineweb -n 8 -w 4
+    python -m niels_gpt.loading.cli download --base-url http://127.0.0.1:8000 --out-dir shards -n 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from niels_gpt.loading import download as dl
+
+OUT_DIR = "data/parquet"
+NUM_FILES = 8
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("download", help="download numbered Parquet text shards (parallel, retried, atomic)",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--base-url", default=dl.BASE_URL, help="URL of the folder holding the shards")
+    p.add_argument("--out-dir", default=OUT_DIR, help="local folder for the shards")
+    p.add_argument("-n", "--num-files", type=int, default=NUM_FILES, help="number of shards")
+    p.add_argument("--first", type=int, default=0, help="index of the first shard")
+    p.add_argument("-w", "--num-workers", type=int, default=dl.NUM_WORKERS, help="parallel downloads")
+    p.add_argument("--max-attempts", type=int, default=dl.MAX_ATTEMPTS, help="tries per shard")
+    p.add_argument("--backoff", type=float, default=dl.BACKOFF_S, help="seconds before the 2nd try, doubling after")
+    p.add_argument("--timeout", type=float, default=dl.TIMEOUT_S, help="socket timeout in seconds")
+    p.add_argument("--filename", default=dl.FILENAME, help="shard name pattern ({index} is the number)")
+    p.set_defaults(func=run_download)
+
+
+def run_download(args) -> int:
+    indices = range(args.first, args.first + args.num_files)
+    print(f"download: {len(indices)} shard(s) {args.filename.format(index=args.first)}.. from {args.base_url} "
+          f"to {args.out_dir} with {args.num_workers} workers, {args.max_attempts} attempts, "
+          f"backoff {args.backoff}s, timeout {args.timeout}s", file=sys.stderr)
+    results = dl.download_shards(args.base_url, args.out_dir, indices, num_workers=args.num_workers,
+                                 max_attempts=args.max_attempts, backoff_s=args.backoff, timeout_s=args.timeout,
+                                 filename=args.filename)
+    counts = {s: sum(r.status == s for r in results) for s in ("downloaded", "skipped", "failed")}
+    for r in results:
+        if r.status == "failed":
+            print(f"failed: {r.error}", file=sys.stderr)
+    print(f"download: {counts['downloaded']} downloaded, {counts['skipped']} already complete, "
+          f"{counts['failed']} failed -> {args.out_dir}", file=sys.stderr)
+    return 1 if counts["failed"] else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="niels_gpt.loading.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

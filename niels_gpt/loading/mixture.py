@@ -1,0 +1,234 @@
+"""Mixtures of map-style datasets: weights, temperature, a phase schedule, exact resumption.
+
+- weights at step s: the last phase with start_step <= s; p_i = w_i^(1/temperature), normalised.
+- quotas: step s gives dataset i floor(p_i*G + carry_i) slots of the G-sample global batch, the
+  slots left over go to the largest remainders (ties: lower index); the remainder is carried. So
+  after any number of steps every dataset is within one sample of its exact share, and a phase
+  change takes effect at exactly its start step.
+- placement: the G slots are shuffled with a generator seeded from (seed, step); rank r takes its
+  contiguous share, as the global sampler does: the same for any world size and num_workers.
+- within dataset i, the k-th draw is sample perm_i,e[k mod N_i] with e = k div N_i and perm seeded
+  from (seed, i, e): a small dataset oversampled wraps around whole epochs, each a fresh
+  permutation, so every sample is seen equally often (no bias toward its first samples).
+- state: {step, drawn per dataset, carry per dataset, seed, fingerprint}: JSON, exact.
+
+Cost per step: G scalar picks and one randperm(G); a randperm(N_i) once per pass over dataset i.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from niels_gpt.errors import ConfigError
+from niels_gpt.loading.sampler import epoch_permutation, mix_seed
+from niels_gpt.loading.state import STATE_VERSION, check_state, dataset_fingerprint, fingerprint, resolve_rank
+
+MIXTURE_KIND = "mixture_sampler"
+TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From `start_step` on, sample with `weights` (name -> weight, unnormalised)."""
+
+    start_step: int
+    weights: Mapping[str, float]
+
+
+class MixtureDataset(torch.utils.data.Dataset):
+    """`mix[(d, i)]` is `datasets[d][i]` tagged with `"dataset": d` (dict items) or appended (tuples)."""
+
+    def __init__(self, datasets: Mapping[str, torch.utils.data.Dataset]):
+        if not datasets:
+            raise ConfigError("a mixture needs at least one dataset")
+        self.names = list(datasets)
+        self.datasets = [datasets[n] for n in self.names]
+        for name, ds in zip(self.names, self.datasets, strict=True):
+            if len(ds) == 0:
+                raise ConfigError(f"mixture dataset {name!r} is empty; drop it or give it data")
+        self._fingerprint = fingerprint("mixture", [[n, dataset_fingerprint(d)] for n, d in zip(self.names, self.datasets, strict=True)])
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.datasets)
+
+    def __getitem__(self, index):
+        d, i = index
+        item = self.datasets[d][i]
+        if isinstance(item, dict):
+            return {**item, "dataset": d}
+        return (*item, d) if isinstance(item, tuple) else (item, d)
+
+
+def normalised(weights: Sequence[float], temperature: float) -> list[float]:
+    if temperature <= 0:
+        raise ConfigError(f"temperature {temperature} must be > 0")
+    if any(w < 0 or not math.isfinite(w) for w in weights) or sum(weights) <= 0:
+        raise ConfigError(f"mixture weights {list(weights)} must be finite, >= 0, not all 0")
+    scaled = [w ** (1.0 / temperature) if w > 0 else 0.0 for w in weights]
+    total = sum(scaled)
+    return [s / total for s in scaled]
+
+
+def quota_step(probs: Sequence[float], carry: Sequence[float], n: int) -> tuple[list[int], list[float]]:
+    """Split n slots by probs plus carried remainders (largest remainder method).
+
+    Worked example: probs [0.5, 0.3, 0.2], carry 0, n=4 -> quotas 2.0, 1.2, 0.8 -> floors [2, 1, 0],
+    one slot left to the largest remainder (0.8) -> [2, 1, 1], carry [0, 0.2, -0.2].
+    """
+    quota = [p * n + c for p, c in zip(probs, carry, strict=True)]
+    counts = [max(math.floor(q), 0) for q in quota]
+    left = n - sum(counts)
+    order = sorted(range(len(quota)), key=lambda i: (-(quota[i] - counts[i]), i))
+    for i in order[:max(left, 0)]:
+        counts[i] += 1
+    while sum(counts) > n:  # only with negative carries after a phase change; take from the smallest
+        i = min((i for i in range(len(counts)) if counts[i] > 0), key=lambda i: (quota[i] - counts[i], -i))
+        counts[i] -= 1
+    return counts, [q - c for q, c in zip(quota, counts, strict=True)]
+
+
+class MixtureSampler:
+    """Batch sampler over a MixtureDataset: infinite, yields this rank's [(d, i), ...] per step."""
+
+    def __init__(self, mixture: MixtureDataset, global_batch_size: int, *, phases: Sequence[Phase] | None = None,
+                 weights: Mapping[str, float] | None = None, temperature: float = TEMPERATURE, seed: int,
+                 rank: int | None = None, world_size: int | None = None):
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if global_batch_size < 1 or global_batch_size % self.world_size:
+            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
+                              f"world_size {self.world_size}")
+        if (phases is None) == (weights is None):
+            raise ConfigError("give exactly one of weights= (one phase) or phases= (a schedule)")
+        self.mixture = mixture
+        self.global_batch_size = global_batch_size
+        self.batch_size = global_batch_size // self.world_size
+        self.temperature = float(temperature)
+        self.phases = self._check_phases(list(phases) if phases is not None else [Phase(0, weights)])
+        self.seed = int(seed)
+        self.fingerprint = mixture.fingerprint()
+        self.step = 0
+        self.drawn = [0] * len(mixture.names)
+        self.carry = [0.0] * len(mixture.names)
+        self._perms: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def _check_phases(self, phases: list[Phase]) -> list[tuple[int, list[float]]]:
+        names = self.mixture.names
+        out = []
+        for k, ph in enumerate(phases):
+            unknown = sorted(set(ph.weights) - set(names))
+            if unknown:
+                raise ConfigError(f"phase {k} (start_step {ph.start_step}): unknown dataset(s) {unknown}; "
+                                  f"the mixture has {names}")
+            out.append((int(ph.start_step), normalised([float(ph.weights.get(n, 0.0)) for n in names],
+                                                       self.temperature)))
+        starts = [s for s, _ in out]
+        if not out or starts[0] != 0 or starts != sorted(set(starts)):
+            raise ConfigError(f"phase start steps {starts}: the first must be 0 and they must strictly increase")
+        return out
+
+    def probabilities(self, step: int) -> list[float]:
+        """Normalised weights in force at `step`."""
+        probs = self.phases[0][1]
+        for start, p in self.phases:
+            if start <= step:
+                probs = p
+        return probs
+
+    def _sample(self, d: int, k: int) -> int:
+        n = len(self.mixture.datasets[d])
+        epoch = k // n
+        if d not in self._perms or self._perms[d][0] != epoch:
+            self._perms[d] = (epoch, epoch_permutation(n, mix_seed(self.seed, d), epoch))
+        return int(self._perms[d][1][k % n])
+
+    def global_batch(self) -> list[tuple[int, int]]:
+        """Draw the whole global batch of the current step and advance the state."""
+        counts, self.carry = quota_step(self.probabilities(self.step), self.carry, self.global_batch_size)
+        g = torch.Generator()
+        g.manual_seed(mix_seed(self.seed, self.step, 1))
+        slots = [d for d, c in enumerate(counts) for _ in range(c)]
+        batch = []
+        for j in torch.randperm(self.global_batch_size, generator=g).tolist():
+            d = slots[j]
+            batch.append((d, self._sample(d, self.drawn[d])))
+            self.drawn[d] += 1
+        self.step += 1
+        return batch
+
+    def __iter__(self):
+        lo = self.rank * self.batch_size
+        while True:
+            yield self.global_batch()[lo:lo + self.batch_size]
+
+    def state_dict(self) -> dict:
+        return {"kind": MIXTURE_KIND, "version": STATE_VERSION, "step": self.step, "drawn": list(self.drawn),
+                "carry": list(self.carry), "seed": self.seed, "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = check_state(state, kind=MIXTURE_KIND, fingerprint=self.fingerprint,
+                            fields=("step", "drawn", "carry", "seed"))
+        if len(state["drawn"]) != len(self.drawn) or len(state["carry"]) != len(self.carry):
+            raise ConfigError(f"mixture state has {len(state['drawn'])} datasets, this mixture {len(self.drawn)}")
+        self.step, self.seed = int(state["step"]), int(state["seed"])
+        self.drawn = [int(x) for x in state["drawn"]]
+        self.carry = [float(x) for x in state["carry"]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureConfig:
+    """What a mixture file holds: datasets (name -> cache dir), phases, temperature, seed."""
+
+    datasets: Mapping[str, str]
+    phases: Sequence[Phase]
+    temperature: float = TEMPERATURE
+    seed: int = 0
+    split: str = "train"
+
+    @classmethod
+    def from_dict(cls, raw: Mapping, where: str = "<dict>") -> MixtureConfig:
+        if not isinstance(raw.get("datasets"), Mapping) or not raw["datasets"]:
+            raise ConfigError(f"{where}: 'datasets' must be a table of name -> cache directory")
+        if ("weights" in raw) == ("phases" in raw):
+            raise ConfigError(f"{where}: give exactly one of 'weights' (a table) or 'phases' (a list)")
+        try:
+            phases = ([Phase(0, dict(raw["weights"]))] if "weights" in raw else
+                      [Phase(int(p["start_step"]), dict(p["weights"])) for p in raw["phases"]])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: each phase needs start_step (int) and weights (table): {exc}") from exc
+        return cls(datasets={str(k): str(v) for k, v in raw["datasets"].items()}, phases=phases,
+                   temperature=float(raw.get("temperature", TEMPERATURE)), seed=int(raw.get("seed", 0)),
+                   split=str(raw.get("split", "train")))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> MixtureConfig:
+        """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder."""
+        import json
+
+        import tomllib
+
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text("utf-8")) if p.suffix == ".toml" else json.loads(p.read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{p}: cannot read mixture config ({exc}); expected JSON or TOML") from exc
+        cfg = cls.from_dict(raw, str(p))
+        datasets = {n: str((p.parent / d) if not Path(d).is_absolute() else d) for n, d in cfg.datasets.items()}
+        return cls(datasets=datasets, phases=cfg.phases, temperature=cfg.temperature, seed=cfg.seed, split=cfg.split)
+
+    def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
+              world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:
+        """Open every cache as IndexedWindowDataset(T) and return (dataset, batch sampler)."""
+        from niels_gpt.loading.windows import IndexedWindowDataset
+
+        mix = MixtureDataset({n: IndexedWindowDataset(d, T, split=self.split) for n, d in self.datasets.items()})
+        return mix, MixtureSampler(mix, global_batch_size, phases=self.phases, temperature=self.temperature,
+                                   seed=self.seed, rank=rank, world_size=world_size)

@@ -1,0 +1,247 @@
+"""Streaming pretraining batches from Parquet text shards, tokenized on the fly, for DDP.
+
+- row groups of all files, in file order, form one list; rank r of W takes groups r, r+W, r+2W, ...
+  (strided over the whole list, not per file, so small files do not starve high ranks);
+- each document becomes [BOS] + encode(text); documents are numbered in the rank's stream order
+  (doc id k, growing across epochs), which is what a state records;
+- packing "contiguous": the documents are one token stream; a batch is the next B*T+1 tokens,
+  x = tokens[:-1].view(B, T), y = tokens[1:].view(B, T); the next batch starts at the last token,
+  so every token after the first is a target exactly once;
+- packing "bestfit": every row starts at a document, best-fit from a buffer (bestfit.py), cropped
+  only when nothing fits;
+- state_dict() = position in doc ids (contiguous: doc + token offset; bestfit: buffered doc ids +
+  next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
+  to the next row group, dropping the rest of the current one and the whole buffer.
+
+Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s
+(4.6M tokens/s, 2 cores, bench/bench_loading.py); best-fit tokenizes at 0.65x but crops 63% of
+long documents at T=1024, so it delivers fewer. Resuming re-reads the buffered documents' row groups.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.errors import ConfigError, SourceError, StateError
+from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
+from niels_gpt.loading.state import STATE_VERSION, check_state, fingerprint, resolve_rank
+
+TEXT_COLUMN = "text"
+TOKENIZER_BATCH_SIZE = 128
+PACKINGS = ("contiguous", "bestfit")
+PARQUET_KIND = "parquet_token_loader"
+
+
+def list_parquet_files(data_dir: str | os.PathLike) -> list[Path]:
+    """Sorted *.parquet of a directory (half-downloaded *.tmp files are not listed)."""
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise SourceError(f"{d}: no such directory of Parquet shards; run `download` first")
+    return sorted(p for p in d.iterdir() if p.suffix == ".parquet" and p.is_file())
+
+
+def split_files(data_dir: str | os.PathLike, split: str) -> list[Path]:
+    """nanochat's split: the last shard is "val", all others "train"."""
+    files = list_parquet_files(data_dir)
+    if split not in ("train", "val"):
+        raise ConfigError(f"split {split!r}: expected 'train' or 'val'")
+    if len(files) < 2:
+        raise SourceError(f"{data_dir}: {len(files)} Parquet shard(s); the train/val split needs at least 2 "
+                          "(the last one is val): download more shards")
+    return files[:-1] if split == "train" else files[-1:]
+
+
+class RankDocuments:
+    """The documents of one rank as a numbered, re-readable, infinite stream of token arrays."""
+
+    def __init__(self, files, tokenizer, *, rank: int, world_size: int, text_column: str = TEXT_COLUMN,
+                 bos_id: int | None = None, batch_size: int = TOKENIZER_BATCH_SIZE, threads: int | None = None):
+        self.files = [Path(f) for f in files]
+        if not self.files:
+            raise ConfigError("no Parquet files given")
+        self.tokenizer, self.text_column = tokenizer, text_column
+        self.bos = tokenizer.bos_id if bos_id is None else bos_id
+        if self.bos is None:
+            raise ConfigError(f"tokenizer {tokenizer.model_path} has no BOS token; pass bos_id=")
+        self.batch_size, self.threads = batch_size, threads
+        self.tokens_encoded = 0  # every token tokenized, including look-ahead and re-reads on resume
+        self._pf: dict[int, object] = {}
+        groups = []
+        for fi, path in enumerate(self.files):
+            pf = self._open(fi)
+            if text_column not in pf.schema_arrow.names:
+                raise SourceError(f"{path}: no column {text_column!r} (columns: {pf.schema_arrow.names}); "
+                                  "pass text_column=")
+            md = pf.metadata
+            groups += [(fi, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+        if len(groups) < world_size:
+            raise ConfigError(f"{len(groups)} row groups in {len(self.files)} file(s) for world_size {world_size}: "
+                              "some ranks would get no data; use more shards or fewer ranks")
+        self.groups = groups[rank::world_size]
+        self.cumulative = np.concatenate([[0], np.cumsum([n for _, _, n in self.groups])]).astype(np.int64).tolist()
+        self.docs_per_epoch = self.cumulative[-1]
+        if self.docs_per_epoch == 0:
+            raise SourceError(f"rank {rank}: its row groups hold no rows; the shards are empty")
+        # per-file names and sizes, so a state from other files is refused
+        self.fingerprint = fingerprint("parquet", [[p.name, p.stat().st_size] for p in self.files],
+                                       text_column, tokenizer.sha256, self.bos)
+
+    def _open(self, fi: int):
+        import pyarrow.parquet as pq
+
+        if fi not in self._pf:
+            self._pf[fi] = pq.ParquetFile(self.files[fi])
+        return self._pf[fi]
+
+    def locate(self, doc_id: int) -> tuple[int, int]:
+        """doc id -> (position in this rank's group list, row in that group)."""
+        k = doc_id % self.docs_per_epoch
+        pos = bisect.bisect_right(self.cumulative, k) - 1
+        return pos, k - self.cumulative[pos]
+
+    def texts(self, pos: int) -> list[str]:
+        fi, g, _ = self.groups[pos]
+        texts = self._open(fi).read_row_group(g, columns=[self.text_column]).column(0).to_pylist()
+        if None in texts:
+            raise SourceError(f"{self.files[fi]}: row group {g}, row {texts.index(None)}: null {self.text_column!r}; "
+                              "filter null rows out of the shard")
+        return texts
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        out = []
+        for ids in self.tokenizer.encode_batch(texts, num_threads=self.threads):
+            arr = np.empty(len(ids) + 1, dtype=np.int64)
+            arr[0] = self.bos
+            arr[1:] = np.asarray(ids, dtype=np.int64)
+            out.append(arr)
+            self.tokens_encoded += len(arr)
+        return out
+
+    def stream(self, start: int):
+        """Yield (doc id, tokens) from doc id `start` on, forever (epochs wrap)."""
+        doc_id = start
+        pos, row = self.locate(start)
+        while True:
+            texts = self.texts(pos)[row:]
+            for i in range(0, len(texts), self.batch_size):
+                for tokens in self.encode(texts[i:i + self.batch_size]):
+                    yield doc_id, tokens
+                    doc_id += 1
+            pos, row = (pos + 1) % len(self.groups), 0
+
+    def fetch(self, doc_ids: list[int]) -> dict[int, np.ndarray]:
+        """Tokens of given doc ids (for restoring a buffer): reads each needed row group once."""
+        by_group: dict[int, list[tuple[int, int]]] = {}
+        for d in doc_ids:
+            pos, row = self.locate(d)
+            by_group.setdefault(pos, []).append((d, row))
+        out = {}
+        for pos, wanted in by_group.items():
+            texts = self.texts(pos)
+            for (d, _), tokens in zip(wanted, self.encode([texts[row] for _, row in wanted]), strict=True):
+                out[d] = tokens
+        return out
+
+
+class ParquetTokenLoader:
+    """`for x, y in ParquetTokenLoader(files, tok, B, T)`: int64 (B, T) batches, forever."""
+
+    def __init__(self, files, tokenizer, B: int, T: int, *, packing: str = "bestfit", rank: int | None = None,
+                 world_size: int | None = None, buffer_size: int = BUFFER_SIZE,
+                 tokenizer_batch_size: int = TOKENIZER_BATCH_SIZE, tokenizer_threads: int | None = None,
+                 text_column: str = TEXT_COLUMN, bos_id: int | None = None, device: str | torch.device = "cpu"):
+        if packing not in PACKINGS:
+            raise ConfigError(f"packing {packing!r}: expected one of {PACKINGS}")
+        if B < 1 or T < 1 or buffer_size < 1:
+            raise ConfigError(f"B={B}, T={T}, buffer_size={buffer_size}: all must be >= 1")
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.B, self.T, self.packing, self.buffer_size = B, T, packing, buffer_size
+        self.device = torch.device(device)
+        self.docs = RankDocuments(files, tokenizer, rank=self.rank, world_size=self.world_size,
+                                  text_column=text_column, bos_id=bos_id, batch_size=tokenizer_batch_size,
+                                  threads=tokenizer_threads)
+        self.batches = 0
+        self._restart(next_doc=0, offset=0, buffer=[])
+
+    def _restart(self, *, next_doc: int, offset: int, buffer: list[int]) -> None:
+        self._stream = self.docs.stream(next_doc)
+        self._next_doc = next_doc
+        self._held: deque[tuple[int, np.ndarray]] = deque()
+        self._offset = offset
+        self.packer = BestFitPacker(self._pull, self.buffer_size)
+        for d, tokens in sorted(self.docs.fetch(buffer).items()):
+            self.packer.add(d, tokens)
+
+    def _pull(self) -> tuple[int, np.ndarray]:
+        doc_id, tokens = next(self._stream)
+        self._next_doc = doc_id + 1
+        return doc_id, tokens
+
+    def __iter__(self):
+        return self
+
+    def _contiguous(self) -> np.ndarray:
+        need = self.B * self.T + 1
+        buf = np.empty(need, dtype=np.int64)
+        got, i, off = 0, 0, self._offset
+        while got < need:
+            if i == len(self._held):
+                self._held.append(self._pull())
+            tokens = self._held[i][1][off:]
+            n = min(len(tokens), need - got)
+            buf[got:got + n] = tokens[:n]
+            got, i, off = got + n, i + 1, 0
+        # advance by B*T, not B*T+1: the last token is the first input of the next batch
+        self._offset += self.B * self.T
+        while self._held and self._offset >= len(self._held[0][1]):
+            self._offset -= len(self._held.popleft()[1])
+        return buf
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.packing == "contiguous":
+            flat = torch.from_numpy(self._contiguous())
+            x, y = flat[:-1].view(self.B, self.T), flat[1:].view(self.B, self.T)
+        else:
+            rows = np.empty((self.B, self.T + 1), dtype=np.int64)
+            for r in range(self.B):
+                self.packer.fill_row(rows[r])
+            rows_t = torch.from_numpy(rows)
+            x, y = rows_t[:, :-1], rows_t[:, 1:]
+        self.batches += 1
+        if self.device.type == "cuda":
+            x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return x, y
+
+    def stats(self) -> dict:
+        return {"batches": self.batches, "packing": self.packing, "tokens_encoded": self.docs.tokens_encoded,
+                **self.packer.stats()}
+
+    def state_dict(self) -> dict:
+        state = {"kind": PARQUET_KIND, "version": STATE_VERSION, "fingerprint": self.docs.fingerprint,
+                 "packing": self.packing, "rank": self.rank, "world_size": self.world_size,
+                 "buffer_size": self.buffer_size}
+        if self.packing == "contiguous":
+            doc = self._held[0][0] if self._held else self._next_doc
+            return {**state, "next_doc": doc, "offset": self._offset}
+        return {**state, "next_doc": self._next_doc, "buffer": self.packer.buffered_ids()}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = check_state(state, kind=PARQUET_KIND, fingerprint=self.docs.fingerprint,
+                            fields=("packing", "rank", "world_size", "buffer_size", "next_doc"))
+        mine = {"packing": self.packing, "rank": self.rank, "world_size": self.world_size,
+                "buffer_size": self.buffer_size}
+        theirs = {k: state[k] for k in mine}
+        if theirs != mine:
+            raise StateError(f"parquet loader state was written with {theirs}, this loader has {mine}: each rank "
+                             "must load its own state with the same world size, packing and buffer size")
+        if self.packing == "contiguous":
+            self._restart(next_doc=int(state["next_doc"]), offset=int(state.get("offset", 0)), buffer=[])
+        else:
+            self._restart(next_doc=int(state["next_doc"]), offset=0, buffer=[int(d) for d in state["buffer"]])

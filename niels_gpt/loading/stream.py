@@ -1,0 +1,91 @@
+"""A resumable per-rank stream of batches from a random-window dataset (anything with get_batch).
+
+Random windows have no epoch and no order to remember: batch `step` is a pure function of
+(seed, step, draw). Each step the global batch of G rows is drawn in draws of `draw_rows` rows, draw
+k with its own torch.Generator seeded from (seed, step, k); rank r makes only the draws that fill
+its rows. State is the step counter, so resuming is exact and costs nothing.
+
+- draw_rows = per-rank batch (the default): one get_batch call per step per rank (fastest); the
+  stream then depends on the world size.
+- draw_rows = d dividing every per-rank batch (d=1 always does): the global batch of each step is
+  the same for every world size, so a run that resumes on fewer or more ranks sees the same rows.
+"""
+
+from __future__ import annotations
+
+from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.loading.sampler import mix_seed
+from niels_gpt.loading.state import STATE_VERSION, check_state, fingerprint, resolve_rank
+
+STREAM_KIND = "rank_batch_stream"
+
+
+def _stream_fingerprint(dataset) -> str:
+    fp = getattr(dataset, "fingerprint", None)
+    if callable(fp):
+        fp = fp()
+    if isinstance(fp, str):
+        return fp
+    where = next((str(getattr(dataset, a)) for a in ("shards_dir", "path", "cache_dir") if hasattr(dataset, a)), None)
+    files = {k: v.get("sha256") for k, v in getattr(dataset, "meta", {}).get("files", {}).items()}
+    # the directory name and the files' hashes: a moved cache still matches, a rebuilt one does not
+    return fingerprint(type(dataset).__qualname__, where and where.rstrip("/").split("/")[-1], files,
+                       getattr(dataset, "T", None))
+
+
+class RankBatchStream:
+    """`next(stream) -> dataset.get_batch(B=..., generator=g)` output for this rank, forever."""
+
+    def __init__(self, dataset, global_batch_size: int, *, seed: int, rank: int | None = None,
+                 world_size: int | None = None, draw_rows: int | None = None):
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if global_batch_size < 1 or global_batch_size % self.world_size:
+            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
+                              f"world_size {self.world_size}")
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.batch_size = global_batch_size // self.world_size
+        self.draw_rows = self.batch_size if draw_rows is None else int(draw_rows)
+        if self.draw_rows < 1 or self.batch_size % self.draw_rows:
+            raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {self.batch_size}")
+        self.seed = int(seed)
+        self.step = 0
+        self.fingerprint = _stream_fingerprint(dataset)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import torch
+
+        first = self.rank * self.batch_size // self.draw_rows
+        parts = []
+        for k in range(first, first + self.batch_size // self.draw_rows):
+            # NOTE: a CPU generator even for CUDA datasets: they draw window starts on the CPU.
+            g = torch.Generator()
+            # draw k of step s: worked example G=8, W=2, draw_rows=2 -> rank 1 makes draws 2 and 3,
+            # the same draws rank 0 of a W=1 run makes for rows 4..7.
+            g.manual_seed(mix_seed(self.seed, self.step, k, self.draw_rows))
+            parts.append(self.dataset.get_batch(B=self.draw_rows, generator=g))
+        self.step += 1
+        if len(parts) == 1:
+            return parts[0]
+        if isinstance(parts[0], (tuple, list)):
+            return type(parts[0])(torch.cat(col) for col in zip(*parts, strict=True))
+        if isinstance(parts[0], dict):
+            return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+        return torch.cat(parts)
+
+    def state_dict(self) -> dict:
+        return {"kind": STREAM_KIND, "version": STATE_VERSION, "step": self.step, "seed": self.seed,
+                "fingerprint": self.fingerprint, "draw_rows": self.draw_rows,
+                "global_batch_size": self.global_batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = check_state(state, kind=STREAM_KIND, fingerprint=self.fingerprint,
+                            fields=("step", "seed", "draw_rows", "global_batch_size"))
+        if (state["draw_rows"], state["global_batch_size"]) != (self.draw_rows, self.global_batch_size):
+            raise StateError(f"stream state: written with draw_rows={state['draw_rows']}, global batch "
+                              f"{state['global_batch_size']}; this stream has {self.draw_rows}, "
+                              f"{self.global_batch_size}: construct the stream with the checkpoint's values")
+        self.seed, self.step = int(state["seed"]), int(state["step"])

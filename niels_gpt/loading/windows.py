@@ -1,0 +1,94 @@
+"""Map-style windows over a pretraining cache split: sample i -> T+1 tokens at a fixed place.
+
+The random-window dataset draws a fresh place every step; samplers, exact resumption and epochs
+need the opposite: a fixed, countable set of samples. Each shard of `<cache>/<split>/` is cut into
+windows of T+1 tokens with stride T (consecutive windows share one token, so every token but the
+shard's first is a target exactly once per epoch); the last partial window of a shard is unused and
+no window crosses a shard end.
+
+    index -> (shard, offset): binary search in the cumulative window counts.
+    Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
+    cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
+
+Memmaps are opened lazily per process and never pickled (a pickled memmap copies its contents
+into every DataLoader worker). Cost: one memmap slice and one int64 copy of T+1 tokens per item.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.loading.state import fingerprint
+
+DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
+
+
+def _split_files(cache_dir: Path, split: str) -> tuple[dict, list[Path]]:
+    from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
+
+    meta = read_meta(str(cache_dir))
+    if meta.get("kind") != "pretrain":
+        raise CacheError(f"{cache_dir}/meta.json: kind {meta.get('kind')!r}, expected 'pretrain' "
+                         "(indexed windows read pretraining caches)")
+    raise_on_problems(check_files(cache_dir, meta, only=split), cache_dir)
+    names = sorted(rel for rel in meta["files"] if rel.startswith(f"{split}/") and rel.endswith(".bin"))
+    if not names:
+        raise CacheError(f"{cache_dir}: meta.json lists no {split}/*.bin shards; "
+                         f"the {split} split is empty: build the cache with a {split} split")
+    return meta, [cache_dir / n for n in names]
+
+
+class IndexedWindowDataset(torch.utils.data.Dataset):
+    """`ds[i] -> {"input_ids": int64[T], "labels": int64[T]}` from `<cache_dir>/<split>/shard_*.bin`.
+
+    `cache_dir` is the directory holding meta.json; `split` is "train" or "val".
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, T: int, *, split: str = "train"):
+        if T < 1:
+            raise ConfigError(f"T={T}: the window length must be at least 1")
+        self.cache_dir, self.T, self.split = Path(cache_dir), int(T), split
+        meta, self.paths = _split_files(self.cache_dir, split)
+        self.dtype = np.dtype(DTYPES[meta["token_dtype"]])
+        counts = []
+        for p in self.paths:
+            n_tok = meta["files"][f"{split}/{p.name}"].get("tokens", p.stat().st_size // self.dtype.itemsize)
+            counts.append(max(n_tok - 1, 0) // self.T)
+        self.cumulative = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
+        if self.cumulative[-1] == 0:
+            raise ConfigError(f"{self.cache_dir}/{split}: no shard holds T+1={T + 1} tokens; lower T")
+        self._fingerprint = fingerprint("indexed_windows", self.T, split, meta["token_dtype"],
+                                        {n.name: meta["files"][f"{split}/{n.name}"].get("sha256") for n in self.paths})
+        self._maps: list[np.memmap] | None = None
+
+    def fingerprint(self) -> str:
+        """Identifies (files by sha256, T, split): a resume state carries it."""
+        return self._fingerprint
+
+    def __len__(self) -> int:
+        return self.cumulative[-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """index -> (shard number, token offset of the window in that shard)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} out of range [0, {len(self)})")
+        shard = bisect.bisect_right(self.cumulative, index) - 1
+        return shard, (index - self.cumulative[shard]) * self.T
+
+    def __getitem__(self, index: int) -> dict:
+        shard, offset = self.locate(int(index))
+        if self._maps is None:
+            self._maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
+        window = torch.from_numpy(self._maps[shard][offset:offset + self.T + 1].astype(np.int64))
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_maps"] = None
+        return state
