@@ -50,8 +50,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 
 def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *,
-                    settings: TrainSettings = TrainSettings(), trained_on: object = None) -> SentencePieceTokenizer:
+                    settings: TrainSettings | None = None, trained_on: object = None) -> SentencePieceTokenizer:
     """Train on `texts`, write out_dir/spm.model then out_dir/meta.json (the commit marker)."""
+    settings = settings or TrainSettings()
     from niels_gpt.atomic import write_bytes_atomic
     from niels_gpt.cache.meta import write_meta
     from niels_gpt.tokenizer.spm import settings_dict
