@@ -48,7 +48,7 @@ def _meta(kind: str, dtype: str, extra: dict) -> dict:
 
 
 def write_pretrain_cache(out: Path, shards: dict[str, list[np.ndarray]], *, dtype: str = "uint16-le",
-                         vocab_size: int = 2004) -> Path:
+                         vocab_size: int = 2004, eot: int = SPECIALS["eot"]) -> Path:
     """A pretraining cache whose shards hold exactly the given token arrays."""
     np_dtype = np.dtype("<u2" if dtype == "uint16-le" else "<u4")
     files, totals = {}, {}
@@ -60,8 +60,10 @@ def write_pretrain_cache(out: Path, shards: dict[str, list[np.ndarray]], *, dtyp
             np.asarray(arr, dtype=np_dtype).tofile(out / rel)
             files[rel] = file_record(out / rel, len(arr))
         totals[f"{split}_tokens"] = int(sum(len(a) for a in arrays))
-    write_meta(str(out), _meta("pretrain", dtype, {"totals": totals, "files": files, "shard_bytes": 1 << 27,
-                                                   "vocab_size": vocab_size}))
+    write_meta(str(out), _meta("pretrain", dtype, {
+        "totals": totals, "files": files, "shard_bytes": 1 << 27, "vocab_size": vocab_size,
+        "special_token_ids": {**SPECIALS, "eot": eot}, "tokenizer": {"bos_id": 1},
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"}}))
     return out
 
 

@@ -11,7 +11,6 @@ with each dataset, plus warnings (e.g. .bin shards KempnerForge would misread as
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -144,21 +143,3 @@ def _prepare(args) -> int:
     else:
         _print_report(rep, args.seq_len)
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry (`python -m niels_gpt.formats.cli`) until the shared CLI registers us."""
-    from niels_gpt.errors import NielsGPTError
-
-    parser = argparse.ArgumentParser(prog="niels-gpt-formats")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except NielsGPTError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

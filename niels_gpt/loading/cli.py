@@ -45,14 +45,3 @@ def run_download(args) -> int:
     print(f"download: {counts['downloaded']} downloaded, {counts['skipped']} already complete, "
           f"{counts['failed']} failed -> {args.out_dir}", file=sys.stderr)
     return 1 if counts["failed"] else 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="niels_gpt.loading.cli")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

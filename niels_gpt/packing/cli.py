@@ -10,7 +10,6 @@ then uploaded).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
 from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW
@@ -44,21 +43,3 @@ def run_pack_sft(args) -> int:
     print(f"pack-sft: {m['num_bins']} bins, {m['num_sequences']} sequences, {m['num_tokens']} tokens, "
           f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point with only this subcommand (the package CLI registers it too)."""
-    from niels_gpt.errors import NielsGPTError
-
-    parser = argparse.ArgumentParser(prog="python -m niels_gpt.packing.cli")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except NielsGPTError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

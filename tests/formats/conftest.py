@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from niels_gpt.cache.meta import file_record, write_meta
+from ..conftest import write_pretrain_cache
 
 EOT = 6  # the layout of a trained sentencepiece model: specials at 3..6, <s> = 1
 SPECIALS = {"sys": 3, "usr": 4, "asst": 5, "eot": EOT}
@@ -16,25 +16,7 @@ SPECIALS = {"sys": 3, "usr": 4, "asst": 5, "eot": EOT}
 def make_cache(out: Path, shards: dict[str, list], *, dtype: str = "uint16-le", vocab_size: int = 2004,
                eot: int = EOT) -> Path:
     """Our pretraining layout, written by hand: each shard holds exactly the given tokens."""
-    np_dtype = np.dtype("<u2" if dtype == "uint16-le" else "<u4")
-    files, totals = {}, {}
-    for split in ("train", "val"):
-        (out / split).mkdir(parents=True, exist_ok=True)
-        arrays = shards.get(split, [])
-        for i, arr in enumerate(arrays):
-            rel = f"{split}/shard_{i:05d}.bin"
-            np.asarray(arr, dtype=np_dtype).tofile(out / rel)
-            files[rel] = file_record(out / rel, len(arr))
-        totals[f"{split}_tokens"] = int(sum(len(a) for a in arrays))
-    write_meta(str(out), {
-        "kind": "pretrain", "format_version": 1, "built": True, "dataset_name": "handmade",
-        "dataset_config": None, "split_rule": "by hand", "seed": 0, "token_dtype": dtype,
-        "tokenizer_sha256": "0" * 64, "vocab_size": vocab_size, "special_token_ids": {**SPECIALS, "eot": eot},
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
-        "totals": totals, "files": files, "shard_bytes": 1 << 27, "streaming": False,
-        "tokenizer": {"bos_id": 1},
-    })
-    return out
+    return write_pretrain_cache(out, shards, dtype=dtype, vocab_size=vocab_size, eot=eot)
 
 
 def tokens_of(path, **kw) -> dict[str, list[int]]:

@@ -8,11 +8,11 @@ import warnings
 import numpy as np
 import pytest
 
+from niels_gpt.cache.cli import main
 from niels_gpt.cache.formats import detect_format
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.bos_index import load_bos_index
-from niels_gpt.formats.cli import main
 from niels_gpt.formats.convert import convert
 
 EOT = 6  # the EOT id of the hand-made caches (tests/formats/conftest.py)

@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 
-from niels_gpt.loading.cli import main
+from niels_gpt.cache.cli import main
 from niels_gpt.loading.download import download_shards
 from niels_gpt.loading.parquet import list_parquet_files
 

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-from niels_gpt.cache.cli import main as package_main
+from niels_gpt.cache.cli import main
 from niels_gpt.errors import ConfigError
 from niels_gpt.packing import PackedMemmapDataset, pack_sft
-from niels_gpt.packing.cli import main
 from niels_gpt.packing.remote import upload_dir
 
 from ..conftest import write_sft_cache
@@ -66,7 +65,7 @@ def test_cli_packs_and_prints_a_summary(tmp_path, cache, capsys):
 
 
 def test_package_cli_registers_pack_sft(tmp_path, cache, capsys):
-    rc = package_main(["pack-sft", str(cache), str(tmp_path / "p"), "--pack-size", "16", "--on-overflow", "reject"])
+    rc = main(["pack-sft", str(cache), str(tmp_path / "p"), "--pack-size", "16", "--on-overflow", "reject"])
     err = capsys.readouterr().err
     assert rc == 1 and "more than pack_size=16" in err and "--on-overflow truncate" in err
     assert not (tmp_path / "p" / "manifest.json").exists()
