@@ -1,8 +1,9 @@
 """inspect and verify: look at caches through the same readers training uses.
 
 `verify_path` walks a cache or a root of caches: every meta.json is schema-checked, every file it
-lists is compared with the disk (size, token count, sha256, SFT offsets), and a directory holding
-token files without a meta.json is reported as an unfinished build.
+lists is compared with the disk (size, token count, sha256, SFT offsets); every packed-SFT directory
+(manifest.json) is opened and validated by the packing reader; a directory holding token files or
+packed arrays without its meta.json / manifest.json is reported as an unfinished build.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from niels_gpt.cache.mmap import numpy_dtype
 from niels_gpt.errors import NielsGPTError, TokenizerError
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
+PACKED_MANIFEST = "manifest.json"
 
 
 def find_caches(path: Path) -> list[Path]:
@@ -32,7 +34,11 @@ def unfinished_dirs(path: Path) -> list[Path]:
     for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
         if (d / META_NAME).is_file():
             continue
+        if (d / PACKED_MANIFEST).is_file():
+            continue
         if any(d.glob("*_tokens.bin")) or any((d / "train").glob("shard_*.bin")) or any((d / "val").glob("shard_*.bin")):
+            out.append(d)
+        elif (d / "input_ids.npy").is_file() and not (d / PACKED_MANIFEST).is_file():
             out.append(d)
     return out
 
@@ -41,8 +47,18 @@ def verify_path(path: str) -> tuple[list[str], int]:
     root = Path(path)
     if not root.exists():
         return [f"{root}: no such file or directory"], 0
-    problems = [f"{d}: token files but no {META_NAME}: unfinished build, re-run build-all" for d in unfinished_dirs(root)]
+    problems = [f"{d}: token files but no {META_NAME} (or {PACKED_MANIFEST}): unfinished build, rebuild it"
+                for d in unfinished_dirs(root)]
     caches = find_caches(root)
+    packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
+                                       else root.rglob(PACKED_MANIFEST)))
+    for shard in packed:
+        from niels_gpt.packing import PackedMemmapDataset
+
+        try:
+            PackedMemmapDataset(shard).validate()
+        except NielsGPTError as exc:
+            problems.append(str(exc))
     for cache in caches:
         try:
             meta = read_meta(str(cache))
@@ -53,9 +69,9 @@ def verify_path(path: str) -> tuple[list[str], int]:
             continue
         problems += check_files(cache, meta, hashes=True)
         problems += _check_counts(cache, meta)
-    if not caches and not problems:
+    if not caches and not packed and not problems:
         problems.append(f"{root}: no {META_NAME} found: not a cache (or an unfinished build)")
-    return problems, len(caches)
+    return problems, len(caches) + len(packed)
 
 
 def _check_counts(cache: Path, meta: dict) -> list[str]:

@@ -88,7 +88,7 @@ def test_verify_reports_truncation_and_unfinished_builds(caches, capsys):
     assert main(["verify", str(caches)]) == 1
     out = capsys.readouterr().out
     assert "train_tokens.bin:" in out and "bytes on disk" in out
-    assert "s2: token files but no meta.json: unfinished build" in out
+    assert "s2: token files but no meta.json (or manifest.json): unfinished build" in out
 
 
 def test_inspect_shows_decoded_text_and_trained_span(caches, capsys):
@@ -104,3 +104,31 @@ def test_cli_failure_is_one_line_and_nonzero(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no meta.json") and "\n" not in err
+
+
+def test_verify_validates_packed_sft_directories(caches, tmp_path, capsys):
+    import numpy as np
+
+    from niels_gpt.packing import pack_sft
+
+    packed = caches / "packed" / "s"
+    pack_sft(str(caches / "sft/s"), str(packed), pack_size=64, algorithm="ffd")
+    assert main(["verify", str(caches)]) == 0
+    assert "3 cache(s), 0 problem(s)" in capsys.readouterr().out
+    mask = np.load(packed / "loss_mask.npy", mmap_mode="r+")
+    end = int(np.load(packed / "packed_len.npy")[0]) - 1
+    mask[0, end] = 1  # a target across the bin's last sequence boundary
+    mask.flush()
+    del mask
+    assert main(["verify", str(caches)]) == 1
+    assert "loss_mask is 1 at a sequence's last position" in capsys.readouterr().out
+
+
+def test_verify_reports_packed_arrays_without_manifest(caches, capsys):
+    from niels_gpt.packing import pack_sft
+
+    packed = caches / "packed" / "s"
+    pack_sft(str(caches / "sft/s"), str(packed), pack_size=64, algorithm="ffd")
+    (packed / "manifest.json").unlink()
+    assert main(["verify", str(caches)]) == 1
+    assert "packed/s: token files but no meta.json (or manifest.json): unfinished build" in capsys.readouterr().out
