@@ -105,3 +105,17 @@ def test_uint32_cache_serves_ids_above_65535(tmp_path):
     ds = PretrainTokenStreamDataset(str(tmp_path / "train"), T=8, device="cpu")
     x, _ = ds.get_batch(B=4, generator=torch.Generator().manual_seed(0))
     assert int(x.min()) >= 70_000
+
+
+def test_cold_cache_prefetch_does_not_change_batches(tmp_path):
+    shards = [np.arange(n) + k * 10_000 for k, n in enumerate([5000, 3000, 7000])]
+    write_pretrain_cache(tmp_path, {"train": shards}, vocab_size=65_536)
+    plain = PretrainTokenStreamDataset(str(tmp_path / "train"), T=100, device="cpu")
+    prefetching = PretrainTokenStreamDataset(str(tmp_path / "train"), T=100, device="cpu")
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    plain.get_batch(B=1, generator=torch.Generator())  # map the shards
+    prefetching.get_batch(B=1, generator=torch.Generator())
+    for _ in range(20):
+        prefetching._cold = True  # as after a gather that waited on the disk: MADV_WILLNEED every window
+        a, b = plain.get_batch(B=16, generator=g1), prefetching.get_batch(B=16, generator=g2)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

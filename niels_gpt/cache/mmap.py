@@ -150,3 +150,26 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
     tokens.flags.writeable = False
     starts = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64) // dtype.itemsize
     return tokens, starts
+
+
+_LIBC = None
+
+
+def prefetch_windows(base_addr: int, itemsize: int, starts: np.ndarray, width: int) -> None:
+    """Start reading the pages of every window now (MADV_WILLNEED), so a cold batch waits for B
+    reads in flight at once instead of B page faults one after another.
+
+    `base_addr` is the address of token 0 of a mapping from `open_concatenated`; window i is tokens
+    [starts[i], starts[i] + width). One madvise call per window (~1.4 us each on a warm cache, which
+    is why the reader only does this while its batches are waiting on the disk).
+    """
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = _libc()
+    page = mmap.PAGESIZE
+    lo = base_addr + np.asarray(starts, dtype=np.int64) * itemsize
+    aligned = lo & ~(page - 1)
+    lengths = lo + width * itemsize - aligned
+    for addr, length in zip(aligned.tolist(), lengths.tolist(), strict=True):
+        _LIBC.madvise(addr, length, mmap.MADV_WILLNEED)
+

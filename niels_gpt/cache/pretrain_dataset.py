@@ -14,6 +14,11 @@
   No Python loop per row or per shard (where mmap(MAP_FIXED) is missing: one gather per shard).
 - Shards are opened with mmap + MADV_RANDOM (see cache/mmap.py) lazily in each process; pickling the
   dataset (DataLoader workers) sends paths, not memory maps.
+- Cold page cache: MADV_RANDOM stops the kernel reading ~128 KiB around every touched page, but the
+  B rows of a batch still fault in one after another. When a gather takes longer than COLD_GATHER_S
+  (it waited on the disk), the next batches first ask for all their windows at once (MADV_WILLNEED,
+  `prefetch_windows`), until a batch finds everything cached again (faster than WARM_GATHER_S).
+  A warm cache pays only two clock reads per batch.
 - On CUDA, x and y are built in pinned memory and copied with non_blocking=True.
 
 Cost (2 cores, warm page cache, 1 thread; `bench/bench_cache_readers.py`): see the figure at
@@ -22,14 +27,18 @@ Cost (2 cores, warm page cache, 1 thread; `bench/bench_cache_readers.py`): see t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
-from niels_gpt.cache.mmap import numpy_dtype, open_concatenated, open_tokens, window_view
+from niels_gpt.cache.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.errors import CacheError, ConfigError
+
+COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
+WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
 
 
 class PretrainTokenStreamDataset:
@@ -89,6 +98,8 @@ class PretrainTokenStreamDataset:
             if cat is not None:
                 tokens, first = cat
                 self._flat = window_view(tokens, self.T + 1)
+                self._base = tokens.ctypes.data
+                self._cold = False
                 self._first = first
                 # row of _flat for a global draw g in shard k: first[k] + (g - cum_starts[k])
                 self._shift = first - self.cum_starts[:-1]
@@ -144,8 +155,14 @@ class PretrainTokenStreamDataset:
             g += self._shift[np.searchsorted(self.cum_starts, g, side="right") - 1]
         # NOTE: touching the first token of every window before the gather lets the B cache/TLB
         # misses overlap instead of stalling one memcpy each (32x1024: ~5 us less a batch).
+        if self._cold:
+            prefetch_windows(self._base, self.dtype.itemsize, g, self.T + 1)
+        t0 = time.perf_counter()
         self._flat[g, 0]
-        return to_device_xy(self._flat[g], self.device)
+        windows = self._flat[g]
+        waited = time.perf_counter() - t0
+        self._cold = waited > (WARM_GATHER_S if self._cold else COLD_GATHER_S)
+        return to_device_xy(windows, self.device)
 
 
 def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
