@@ -35,8 +35,19 @@ def test_first_documents_fill_val_then_train(tmp_path, tokenizer):
     _build(tmp_path / "c", tokenizer)
     eot = tokenizer.eot_id
     val = _tokens(tmp_path / "c", "val")
-    expected = np.concatenate([tokenizer.encode(t) + [eot] for t in TEXTS[:20]])[:300]
-    assert val.tolist() == expected.tolist()
+    expected = np.concatenate([tokenizer.encode(t) + [eot] for t in TEXTS[:20]])[:299].tolist() + [eot]
+    assert val.tolist() == expected  # the 300th token closes the cut document
+
+
+def test_a_document_cut_by_a_budget_still_ends_with_eot(tmp_path, tokenizer):
+    meta = _build(tmp_path / "c", tokenizer)
+    for split in ("train", "val"):
+        tokens = _tokens(tmp_path / "c", split)
+        assert tokens[-1] == tokenizer.eot_id
+        assert (tokens == tokenizer.eot_id).sum() == meta["totals"][f"{split}_documents"]
+        cut = meta["cuts"][split]
+        last = tokens[:-1][np.flatnonzero(tokens[:-1] == tokenizer.eot_id)[-1] + 1:]
+        assert len(last) == cut["kept_content_tokens"] == cut["kept_tokens"] - 1
 
 
 def test_every_document_ends_with_eot(tmp_path, tokenizer):

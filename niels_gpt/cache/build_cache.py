@@ -5,7 +5,7 @@ Pretraining (`build_pretrain_cache`), one pass over the documents:
   (`encode_batch`, whose workers are sentencepiece threads: the output is the same for any count);
 - each document is followed by one EOT; empty documents are skipped and counted;
 - split rule: the first documents fill val until it holds exactly `max_val_tokens`, the rest fill
-  train until exactly `max_train_tokens`; the document that crosses a budget is cut there and the cut
+  train until exactly `max_train_tokens`; the document that crosses a budget keeps what fits, closed by its EOT, and the cut
   is recorded. Sources with their own split pass `SplitTexts(train=..., val=...)` instead;
 - tokens go straight to `shard_00000.bin`, `shard_00001.bin`, ... (temporary names, renamed when
   full), each at most `shard_bytes`; reading stops as soon as both budgets are met;
@@ -19,7 +19,6 @@ appended to `{split}_tokens.bin`; its start offset goes to `{split}_idx.npy` (in
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import os
 from collections import Counter
@@ -30,11 +29,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from niels_gpt.atomic import atomic_path, commit, tmp_name
+from niels_gpt.atomic import atomic_path
 from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
 from niels_gpt.cache.mmap import meta_token_dtype
-from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.errors import ConfigError
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
+from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
 
 SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
@@ -43,9 +43,8 @@ SEED = 42
 SHUFFLE_BUFFER = None
 VAL_FRAC = 0.10
 ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
-SHARD_PATTERN = "shard_{:05d}.bin"
 SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
-              "max_train_tokens; the document crossing a budget is cut at it")
+              "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
 
 
 class SplitTexts(NamedTuple):
@@ -75,86 +74,6 @@ def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> I
         yield buf[j]
 
 
-class _HashingFile:
-    """A file written under a temporary name, hashed as it is written, committed by rename."""
-
-    def __init__(self, final: Path):
-        self.final = final
-        self.tmp = tmp_name(final)
-        self.f = open(self.tmp, "wb")
-        self.sha = hashlib.sha256()
-        self.bytes = 0
-
-    def write(self, arr: np.ndarray) -> None:
-        data = memoryview(np.ascontiguousarray(arr)).cast("B")
-        self.f.write(data)
-        self.sha.update(data)
-        self.bytes += data.nbytes
-
-    def close(self) -> dict:
-        self.f.close()
-        commit(self.tmp, self.final)
-        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
-
-    def abort(self) -> None:
-        self.f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.tmp)
-
-
-class _ShardWriter:
-    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard."""
-
-    def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int):
-        self.dir, self.dtype = split_dir, dtype
-        self.capacity = shard_bytes // dtype.itemsize
-        if self.capacity < 1:
-            raise ConfigError(f"shard_bytes={shard_bytes} holds no {dtype.itemsize}-byte token")
-        self.records: dict[str, dict] = {}
-        self.current: _HashingFile | None = None
-        self.room = 0
-        self.tokens = 0
-
-    def write(self, tokens: np.ndarray) -> None:
-        while len(tokens):
-            if self.room == 0:
-                self._roll()
-            n = min(self.room, len(tokens))
-            self.current.write(tokens[:n])
-            self.room -= n
-            self.tokens += n
-            tokens = tokens[n:]
-
-    def _roll(self) -> None:
-        self._close_current()
-        name = SHARD_PATTERN.format(len(self.records))
-        self.records[name] = {}
-        self.current = _HashingFile(self.dir / name)
-        self.room = self.capacity
-
-    def _close_current(self) -> None:
-        if self.current is not None:
-            name = self.current.final.name
-            self.records[name] = {**self.current.close(),
-                                  "tokens": self.current.bytes // self.dtype.itemsize}
-            self.current = None
-
-    def close(self) -> dict[str, dict]:
-        self._close_current()
-        return self.records
-
-    def abort(self) -> None:
-        if self.current is not None:
-            self.current.abort()
-
-
-def _check_range(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
-    if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
-        bad = int(ids.max()) if int(ids.max()) > np.iinfo(dtype).max else int(ids.min())
-        raise CacheError(f"{where}: token id {bad} does not fit {dtype.name} "
-                         f"(max {np.iinfo(dtype).max}); build with token_dtype='uint32-le'")
-
-
 def _resolve_dtype(tokenizer, token_dtype: str | None) -> np.dtype:
     if token_dtype is None:
         return np.dtype(tokenizer.token_dtype)
@@ -176,88 +95,6 @@ def _encoded_batches(texts: Iterable[str], tokenizer, num_threads: int | None, s
             else:
                 skipped["empty_document"] += 1
         yield tokenizer.encode_batch(kept, num_threads=num_threads)
-
-
-class _Budgeted:
-    """Feeds EOT-terminated documents into one split's shards until its token budget is met.
-
-    `plan` runs on the calling thread and only counts: it decides from the encoded lengths which
-    documents (and which cut) go in, so the decision to read on never waits for a write. `write`
-    turns a planned batch into tokens, range-checks and writes them; it runs on the writer thread.
-    """
-
-    def __init__(self, writer: _ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str):
-        self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
-        self.documents = 0
-        self.planned = 0
-        self.cut: dict | None = None
-
-    @property
-    def full(self) -> bool:
-        return self.planned >= self.budget
-
-    def plan(self, ids: list[int], job: list) -> int:
-        """Admit one document into `job`; returns the tokens it adds (EOT included, cut applied)."""
-        n = len(ids) + 1
-        room = self.budget - self.planned
-        keep = min(n, room)
-        if n > room:
-            self.cut = {"document": self.documents, "kept_tokens": room, "document_tokens": n}
-        if job and job[-1][0] is self:
-            job[-1][1].append(ids)
-            job[-1][2] = keep  # only the last document of a run can be cut
-        else:
-            job.append([self, [ids], keep, self.documents])
-        self.documents += 1
-        self.planned += keep
-        return keep
-
-    def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
-        lengths = [len(d) + 1 for d in docs]
-        flat: list[int] = []
-        for d in docs:  # one flat list, then one fromiter: 18 ns a token, chained iterators 28
-            flat += d
-            flat.append(self.eot)
-        total = len(flat)
-        arr = np.fromiter(flat, dtype=np.int64, count=total)
-        limit = np.iinfo(self.dtype).max
-        if arr.size and (int(arr.max()) > limit or int(arr.min()) < 0):
-            ends = np.cumsum(lengths)
-            first_bad = int(np.flatnonzero((arr > limit) | (arr < 0))[0])
-            d = int(np.searchsorted(ends, first_bad, side="right"))
-            _check_range(arr[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
-        self.writer.write(arr[:total - lengths[-1] + keep_last].astype(self.dtype))
-
-
-class _Pipeline:
-    """Writes planned batches on one background thread while the caller encodes the next batch.
-
-    sentencepiece releases the GIL while it encodes, so the Python-side work of a batch (EOTs,
-    np.fromiter, range check, sha256, write) overlaps with encoding the next one. At most one batch
-    is in flight; `submit` and `close` re-raise the writer's error.
-    """
-
-    def __init__(self):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer")
-        self.pending = None
-
-    def wait(self) -> None:
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            pending.result()
-
-    def submit(self, job: list) -> None:
-        self.wait()
-        if job:
-            self.pending = self.pool.submit(lambda: [sink.write(docs, keep, first) for sink, docs, keep, first in job])
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self.pool.shutdown(wait=True)
 
 
 def build_pretrain_cache(
@@ -298,18 +135,18 @@ def build_pretrain_cache(
     out = Path(out_dir)
     dtype = _resolve_dtype(tokenizer, token_dtype)
     eot = tokenizer.special_ids["eot"]
-    _check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
     _start_build(out, ["train", "val"])
     gen = torch.Generator().manual_seed(seed)
     skipped: Counter = Counter()
-    writers = {s: _ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
-    sinks = {s: _Budgeted(writers[s], b, eot, dtype, s)
+    writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+    sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
              for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     own_split = isinstance(texts, SplitTexts)
     bar = tqdm(total=max_train_tokens + max_val_tokens, unit="tok", unit_scale=True,
                desc=f"pretrain {dataset_name or out.name}", disable=None if progress else True)
     exhausted = True
-    pipe = _Pipeline()
+    pipe = WriterPipeline()
     # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside sentencepiece.
     # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
     # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
@@ -416,7 +253,7 @@ def build_sft_cache(
     _start_build(out, [])
     gen = torch.Generator().manual_seed(seed)
     skipped: Counter = Counter()
-    files = {s: _HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
+    files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
     offsets: dict[str, list[int]] = {"train": [], "val": []}
     tokens = {"train": 0, "val": 0}
     draws: list[float] = []
@@ -431,7 +268,7 @@ def build_sft_cache(
                 ids = np.asarray(tokenizer.render_chat(conv).ids, dtype=np.int64)
             except ConfigError as exc:
                 raise ConfigError(f"{dataset_name or out.name} example {i}: {exc}") from exc
-            _check_range(ids, dtype, f"example {i}")
+            check_range(ids, dtype, f"example {i}")
             if not draws:
                 draws = torch.rand(1024, generator=gen, dtype=torch.float64).tolist()[::-1]
             split = "val" if draws.pop() < val_frac else "train"

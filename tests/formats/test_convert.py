@@ -35,7 +35,7 @@ def _documents(tokens: list[int], eot: int) -> list[list[int]]:
 def test_every_format_pair_round_trips_real_text(real_cache, tokenizer, tmp_path, src_fmt, bos, read_tokens):
     """real text -> our cache -> SRC format -> every target -> back to our cache: identical tokens."""
     original = read_tokens(real_cache)
-    assert original["val"][-1] != tokenizer.eot_id  # the builder cut val at its budget: an open tail
+    assert original["val"][-1] == tokenizer.eot_id  # the builder closes the document its budget cut
     mid = tmp_path / "mid"
     convert(real_cache, mid, to=src_fmt, bos_index=bos, max_tokens_per_file=5000)
     for target in TARGETS:
@@ -168,3 +168,18 @@ def test_empty_split_survives_every_format(tmp_path, cache_maker, read_tokens):
         convert(src, tmp_path / target, to=target)
         convert(tmp_path / target, tmp_path / f"{target}-back", to="niels")
         assert read_tokens(tmp_path / f"{target}-back") == {"train": [10, EOT, 11, EOT], "val": []}, target
+
+
+@pytest.mark.parametrize("src_fmt, bos", SOURCES)
+def test_an_unterminated_last_document_round_trips(cache_maker, tmp_path, src_fmt, bos, read_tokens):
+    """A stream whose last document has no EOT (as foreign corpora often end) keeps its open tail."""
+    cache = cache_maker(tmp_path / "c", {"train": [[10, 11, 6, 12, 13, 14, 6, 15, 16]], "val": [[20, 6, 21]]})
+    original = read_tokens(cache)
+    mid = tmp_path / "mid"
+    convert(cache, mid, to=src_fmt, bos_index=bos)
+    for target in TARGETS:
+        out, back = tmp_path / f"to-{target}", tmp_path / f"back-{target}"
+        convert(mid, out, to=target)
+        convert(out, back, to="niels")
+        assert read_tokens(back) == original, (src_fmt, bos, target)
+

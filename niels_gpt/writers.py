@@ -1,0 +1,187 @@
+"""Streaming writers behind the cache builders: hashed files committed by rename, shards that roll
+over at a byte target, per-split token budgets, and a writer thread that overlaps encoding.
+
+A file is written under a temporary name, hashed as it is written (no second read for sha256), and
+renamed into place when complete (`niels_gpt.atomic`). A shard is opened only when a token arrives,
+so no empty shard exists; a shard never exceeds its byte target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.atomic import commit, tmp_name
+from niels_gpt.errors import CacheError, ConfigError
+
+SHARD_PATTERN = "shard_{:05d}.bin"
+
+
+class HashingFile:
+    """A file written under a temporary name, hashed as it is written, committed by rename."""
+
+    def __init__(self, final: Path):
+        self.final = final
+        self.tmp = tmp_name(final)
+        self.f = open(self.tmp, "wb")
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, arr: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(arr)).cast("B")
+        self.f.write(data)
+        self.sha.update(data)
+        self.bytes += data.nbytes
+
+    def close(self) -> dict:
+        self.f.close()
+        commit(self.tmp, self.final)
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+
+    def abort(self) -> None:
+        self.f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
+class ShardWriter:
+    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard."""
+
+    def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int):
+        self.dir, self.dtype = split_dir, dtype
+        self.capacity = shard_bytes // dtype.itemsize
+        if self.capacity < 1:
+            raise ConfigError(f"shard_bytes={shard_bytes} holds no {dtype.itemsize}-byte token")
+        self.records: dict[str, dict] = {}
+        self.current: HashingFile | None = None
+        self.room = 0
+        self.tokens = 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        while len(tokens):
+            if self.room == 0:
+                self._roll()
+            n = min(self.room, len(tokens))
+            self.current.write(tokens[:n])
+            self.room -= n
+            self.tokens += n
+            tokens = tokens[n:]
+
+    def _roll(self) -> None:
+        self._close_current()
+        name = SHARD_PATTERN.format(len(self.records))
+        self.records[name] = {}
+        self.current = HashingFile(self.dir / name)
+        self.room = self.capacity
+
+    def _close_current(self) -> None:
+        if self.current is not None:
+            name = self.current.final.name
+            self.records[name] = {**self.current.close(),
+                                  "tokens": self.current.bytes // self.dtype.itemsize}
+            self.current = None
+
+    def close(self) -> dict[str, dict]:
+        self._close_current()
+        return self.records
+
+    def abort(self) -> None:
+        if self.current is not None:
+            self.current.abort()
+
+
+class Budgeted:
+    """Feeds EOT-terminated documents into one split's shards until its token budget is met.
+
+    `plan` runs on the calling thread and only counts: it decides from the encoded lengths which
+    documents (and which cut) go in, so the decision to read on never waits for a write. `write`
+    turns a planned batch into tokens, range-checks and writes them; it runs on the writer thread.
+    """
+
+    def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str):
+        self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
+        self.documents = 0
+        self.planned = 0
+        self.cut: dict | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.planned >= self.budget
+
+    def plan(self, ids: list[int], job: list) -> int:
+        """Admit one document into `job`; returns the tokens it adds (EOT included, cut applied)."""
+        n = len(ids) + 1
+        room = self.budget - self.planned
+        keep = min(n, room)
+        if n > room:  # cut: the first room - 1 tokens, then EOT (every document ends with EOT)
+            self.cut = {"document": self.documents, "kept_tokens": room, "document_tokens": n,
+                        "kept_content_tokens": room - 1}
+        if job and job[-1][0] is self:
+            job[-1][1].append(ids)
+            job[-1][2] = keep  # only the last document of a run can be cut
+        else:
+            job.append([self, [ids], keep, self.documents])
+        self.documents += 1
+        self.planned += keep
+        return keep
+
+    def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
+        lengths = [len(d) + 1 for d in docs]
+        flat: list[int] = []
+        for d in docs:  # one flat list, then one fromiter: 18 ns a token, chained iterators 28
+            flat += d
+            flat.append(self.eot)
+        total = len(flat)
+        arr = np.fromiter(flat, dtype=np.int64, count=total)
+        limit = np.iinfo(self.dtype).max
+        if arr.size and (int(arr.max()) > limit or int(arr.min()) < 0):
+            ends = np.cumsum(lengths)
+            first_bad = int(np.flatnonzero((arr > limit) | (arr < 0))[0])
+            d = int(np.searchsorted(ends, first_bad, side="right"))
+            check_range(arr[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
+        out = arr[:total - lengths[-1] + keep_last]
+        if keep_last < lengths[-1]:
+            out[-1] = self.eot  # the cut document is closed like every other
+        self.writer.write(out.astype(self.dtype))
+
+
+class WriterPipeline:
+    """Writes planned batches on one background thread while the caller encodes the next batch.
+
+    sentencepiece releases the GIL while it encodes, so the Python-side work of a batch (EOTs,
+    np.fromiter, range check, sha256, write) overlaps with encoding the next one. At most one batch
+    is in flight; `submit` and `close` re-raise the writer's error.
+    """
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer")
+        self.pending = None
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def submit(self, job: list) -> None:
+        self.wait()
+        if job:
+            self.pending = self.pool.submit(lambda: [sink.write(docs, keep, first) for sink, docs, keep, first in job])
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def check_range(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
+    if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
+        bad = int(ids.max()) if int(ids.max()) > np.iinfo(dtype).max else int(ids.min())
+        raise CacheError(f"{where}: token id {bad} does not fit {dtype.name} "
+                         f"(max {np.iinfo(dtype).max}); build with token_dtype='uint32-le'")
