@@ -1,6 +1,6 @@
 """Shared helpers for the bench_cache_* scripts: synthetic caches in the real layout, timers, tables.
 
-Synthetic pretraining shards are written with the builder's own shard writer (`_ShardWriter`: temporary
+Synthetic pretraining shards are written with the builder's own shard writer (`niels_gpt.writers.ShardWriter`: temporary
 names, sha256 while writing, rename) and a meta.json carrying the contract's fields, so the readers
 open them exactly as they open a built cache. Token values are random ids below a 16k vocabulary
 (torch RNG); the readers do not care what the ids mean.
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.cache.build_cache import SHARD_PATTERN, _ShardWriter
+from niels_gpt.writers import SHARD_PATTERN, ShardWriter
 from niels_gpt.cache.meta import FORMAT_VERSION, file_record, write_meta
 
 SPECIALS = {"sys": 16000, "usr": 16001, "asst": 16002, "eot": 16003}
@@ -45,7 +45,7 @@ def write_synthetic_pretrain_cache(out: Path, n_tokens: int, *, shard_bytes: int
         (out / split).mkdir(parents=True, exist_ok=True)
         for old in (out / split).glob("shard_*.bin"):
             old.unlink()
-        w = _ShardWriter(out / split, dtype, shard_bytes)
+        w = ShardWriter(out / split, dtype, shard_bytes)
         done, i = 0, 0
         while done < n:
             k = min(BLOCK_TOKENS, n - done)

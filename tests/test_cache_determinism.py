@@ -48,3 +48,29 @@ def test_sft_cache_is_byte_identical_for_same_input_and_seed(tmp_path, tokenizer
     assert a == b and set(a) == {"meta.json", "train_tokens.bin", "train_idx.npy", "val_tokens.bin", "val_idx.npy"}
     build_sft_cache(iter(CONVS), str(tmp_path / "c" / "sft"), tokenizer=tokenizer, val_frac=0.2, seed=12)
     assert _digests(tmp_path / "c" / "sft")["val_idx.npy"] != a["val_idx.npy"]
+
+
+def test_own_split_with_shuffle_is_identical_for_1_and_2_workers(tmp_path, tokenizer):
+    from niels_gpt.cache.build_cache import SplitTexts
+
+    digests = []
+    for workers in (1, 2):
+        out = tmp_path / str(workers) / "cache"
+        build_pretrain_cache(SplitTexts(train=iter(TEXTS[:250]), val=iter(TEXTS[250:])), str(out), tokenizer=tokenizer,
+                             max_train_tokens=2500, max_val_tokens=400, shard_bytes=700, seed=3, shuffle_buffer=16,
+                             num_workers=workers)
+        digests.append(_digests(out))
+    assert digests[0] == digests[1]
+
+
+def test_skipped_counts_do_not_depend_on_read_ahead(tmp_path, tokenizer):
+    # Empty documents after the point where the budgets are met: a pool that reads ahead sees them,
+    # but meta.json only counts what the build consumed.
+    texts = TEXTS[:40] + ["", " "] * 2000
+    metas = []
+    for workers in (1, 2):
+        out = tmp_path / str(workers) / "cache"
+        build_pretrain_cache(iter(texts), str(out), tokenizer=tokenizer, max_train_tokens=300, max_val_tokens=100,
+                             shard_bytes=1000, seed=0, shuffle_buffer=None, num_workers=workers)
+        metas.append((out / "meta.json").read_bytes())
+    assert metas[0] == metas[1]
