@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.writers import SHARD_PATTERN, ShardWriter
 from niels_gpt.cache.meta import FORMAT_VERSION, file_record, write_meta
+from niels_gpt.writers import SHARD_PATTERN, ShardWriter
 
 SPECIALS = {"sys": 16000, "usr": 16001, "asst": 16002, "eot": 16003}
 VOCAB = 16004

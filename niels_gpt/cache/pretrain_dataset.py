@@ -9,9 +9,11 @@
   all window starts of all shards, so a shard is chosen with probability proportional to its number
   of window starts and the start is uniform inside it (a small last shard is not oversampled).
 - One torch.randint per batch, then ONE gather: the shards are mapped back to back into one address
-  range (`open_concatenated`), and the batch is rows of a zero-copy sliding-window view over it
-  indexed by the starts (a memcpy per row inside numpy), cast straight into contiguous int64 x and y.
-  No Python loop per row or per shard (where mmap(MAP_FIXED) is missing: one gather per shard).
+  range (`open_concatenated`), and the batch is rows of it starting at the drawn offsets. Where the
+  optional C kernel is built (niels_gpt/_native/gather.c), it reads each window once and writes int64
+  x and y directly; otherwise numpy indexes a zero-copy sliding-window view by the starts (a memcpy
+  per row) and casts into x and y (a second pass). Both give byte-identical batches. No Python loop
+  per row or per shard (where mmap(MAP_FIXED) is missing: one numpy gather per shard).
 - Shards are opened with mmap + MADV_RANDOM (see cache/mmap.py) lazily in each process; pickling the
   dataset (DataLoader workers) sends paths, not memory maps.
 - Cold page cache: MADV_RANDOM stops the kernel reading ~128 KiB around every touched page, but the
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from niels_gpt import _native
 from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
 from niels_gpt.cache.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.errors import CacheError, ConfigError
@@ -80,6 +83,7 @@ class PretrainTokenStreamDataset:
                               f"(largest has {int(self.shard_tokens.max())} tokens): use a smaller T")
         self.window_starts = starts
         self.cum_starts = np.concatenate([[0], np.cumsum(starts)])
+        self._n_starts = int(self.cum_starts[-1])
         self._views: list[np.ndarray] | None = None
         self._flat: np.ndarray | None = None
 
@@ -104,6 +108,10 @@ class PretrainTokenStreamDataset:
                 # row of _flat for a global draw g in shard k: first[k] + (g - cum_starts[k])
                 self._shift = first - self.cum_starts[:-1]
                 self._views = []
+                # the kernel takes addresses: int64 arrays that live as long as the mapping
+                self._cum64 = np.ascontiguousarray(self.cum_starts, dtype=np.int64)
+                self._shift64 = np.ascontiguousarray(self._shift, dtype=np.int64)
+                self._rows_args = (self._cum64.ctypes.data, len(self._shift64), self._shift64.ctypes.data)
             else:
                 self._flat = None
                 self._views = [window_view(open_tokens(self.shards_dir / n, self.dtype), self.T + 1)
@@ -118,7 +126,7 @@ class PretrainTokenStreamDataset:
 
     def sample_starts(self, B: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(shard index, start within shard) for B random windows."""
-        g = torch.randint(int(self.cum_starts[-1]), (B,), generator=generator).numpy()
+        g = torch.randint(self._n_starts, (B,), generator=generator).numpy()
         shard = np.searchsorted(self.cum_starts, g, side="right") - 1
         return shard, g - self.cum_starts[shard]
 
@@ -143,14 +151,19 @@ class PretrainTokenStreamDataset:
         samples random windows within a randomly chosen shard.
         """
         # NOTE: measured by `bench/bench_cache_readers.py` (3 shards of 128 MB, warm page cache, one
-        # thread, 2-core EPYC VM): 32x1024 ~44 us a batch (was ~110 with one gather per shard);
-        # 8x4096 ~38 us. Draw ~6 us, gather ~17, cast to int64 x and y ~20.
+        # thread, 2-core EPYC VM). With the C kernel: 32x1024 ~20 us a batch, 8x4096 ~18 us, i.e.
+        # 0.75-1.2x the machine's limit (numpy's uint16->int64 astype of the 2*B*T tokens x and y hold)
+        # and 40-50x / 18-23x nanoGPT's recipe: draw ~2 us, fused gather+cast ~9-10, x/y tensors ~2.
+        # numpy path: ~44 and ~38 us (gather ~17, cast to int64 x and y ~20), 0.35-0.45x the limit.
         if B < 1:
             raise ConfigError(f"B must be >= 1, got {B}")
         self._open()
         if self._flat is None:
             return to_device_xy(self.gather(*self.sample_starts(B, generator)), self.device)
-        g = torch.randint(int(self.cum_starts[-1]), (B,), generator=generator).numpy()
+        native = _native.gather
+        if native is not None and self.dtype.isnative:
+            return self._native_batch(native, B, generator)
+        g = torch.randint(self._n_starts, (B,), generator=generator).numpy()
         if len(self._shift) > 1:  # same draws as sample_starts, folded into one row index
             g += self._shift[np.searchsorted(self.cum_starts, g, side="right") - 1]
         # NOTE: touching the first token of every window before the gather lets the B cache/TLB
@@ -164,21 +177,51 @@ class PretrainTokenStreamDataset:
         self._cold = waited > (WARM_GATHER_S if self._cold else COLD_GATHER_S)
         return to_device_xy(windows, self.device)
 
+    def _native_batch(self, native, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor]:
+        """get_batch through the C kernel: the same draws and rows as the numpy path, one pass."""
+        T = self.T
+        g = torch.randint(self._n_starts, (B,), generator=generator)
+        rows = g.data_ptr()
+        cum, K, shift = self._rows_args
+        if K > 1:
+            native.draws_to_rows(rows, B, cum, K, shift)  # in place: g += shift[shard of g]
+        if self._cold:
+            prefetch_windows(self._base, self.dtype.itemsize, g.numpy(), T + 1)
+        x, y, xy = _host_xy(B, T, self.device)
+        t0 = time.perf_counter()
+        native.gather_xy(self._base, self.dtype.itemsize, rows, B, T, x.data_ptr())  # y follows x
+        waited = time.perf_counter() - t0
+        self._cold = waited > (WARM_GATHER_S if self._cold else COLD_GATHER_S)
+        return _to_device(x, y, xy, self.device)
+
 
 def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T+1) token windows -> contiguous int64 x = w[:, :-1], y = w[:, 1:] on `device`."""
     B, W = windows.shape
-    cuda = device.type == "cuda"
-    # NOTE: on CPU a numpy buffer, not torch.empty: torch's allocator hands back fresh pages for
-    # 512 KiB each batch (~10 us of page faults at 32x1024); pinned memory is cached by torch.
-    # numpy's copyto beat torch's copy_ here once the call overheads are counted (44 vs 48 us a batch).
-    xy = torch.empty((2, B, W - 1), dtype=torch.int64, pin_memory=True) if cuda else \
-        torch.from_numpy(np.empty((2, B, W - 1), dtype=np.int64))
-    buf = xy.numpy()
-    np.copyto(buf[0], windows[:, :-1], casting="unsafe")
-    np.copyto(buf[1], windows[:, 1:], casting="unsafe")
-    if cuda:
-        xy = xy.to(device, non_blocking=True)
-    elif device.type != "cpu":
-        xy = xy.to(device)
+    x, y, xy = _host_xy(B, W - 1, device)
+    # NOTE: numpy's copyto beat torch's copy_ here once the call overheads are counted (44 vs 48 us a batch).
+    np.copyto(x.numpy(), windows[:, :-1], casting="unsafe")
+    np.copyto(y.numpy(), windows[:, 1:], casting="unsafe")
+    return _to_device(x, y, xy, device)
+
+
+def _host_xy(B: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Uninitialised int64 (B, T) host tensors x and y, the two halves of one (2, B, T) buffer (y's
+    first element right after x's last), and that buffer when it still has to go to `device`."""
+    if device.type == "cpu":
+        # NOTE: a numpy buffer, not torch.empty: torch's allocator hands back fresh pages for 512 KiB
+        # each batch (~10 us of page faults at 32x1024). Two from_numpy views cost ~1.8 us, one
+        # from_numpy and xy[0], xy[1] ~4 us.
+        buf = np.empty((2, B, T), dtype=np.int64)
+        return torch.from_numpy(buf[0]), torch.from_numpy(buf[1]), None
+    # pinned when bound for CUDA (torch caches pinned blocks), so the copy can be non_blocking
+    xy = torch.empty((2, B, T), dtype=torch.int64, pin_memory=device.type == "cuda")
+    return xy[0], xy[1], xy
+
+
+def _to_device(x: torch.Tensor, y: torch.Tensor, xy: torch.Tensor | None,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if xy is None:
+        return x, y
+    xy = xy.to(device, non_blocking=device.type == "cuda")
     return xy[0], xy[1]
