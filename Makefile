@@ -9,7 +9,7 @@ DEMO_DIR ?= cache-demo
 
 .PHONY: demo test lint bench install clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile setup.py niels_gpt/_native/gather.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
