@@ -8,6 +8,7 @@ so no empty shard exists; a shard never exceeds its byte target.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
 import os
@@ -104,6 +105,7 @@ class Budgeted:
 
     def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str):
         self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
+        self._typecode = next(c for c in "HIL" if array.array(c).itemsize == dtype.itemsize)
         self.documents = 0
         self.planned = 0
         self.cut: dict | None = None
@@ -132,21 +134,27 @@ class Budgeted:
     def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
         lengths = [len(d) + 1 for d in docs]
         flat: list[int] = []
-        for d in docs:  # one flat list, then one fromiter: 18 ns a token, chained iterators 28
+        for d in docs:
             flat += d
             flat.append(self.eot)
-        total = len(flat)
-        arr = np.fromiter(flat, dtype=np.int64, count=total)
-        limit = np.iinfo(self.dtype).max
-        if arr.size and (int(arr.max()) > limit or int(arr.min()) < 0):
+        if keep_last < lengths[-1]:  # the cut document keeps keep_last - 1 tokens and its EOT
+            del flat[len(flat) - lengths[-1] + keep_last:]
+            flat[-1] = self.eot
+        # NOTE: array.array converts the ints at C speed and refuses any id outside the unsigned
+        # range of its typecode, which is the uint16/uint32 range check: 7.8 ns a token against 18
+        # for np.fromiter into int64 + max/min + astype. This runs under the GIL while the encode
+        # threads build their result lists, so it bounds how well 2 workers scale.
+        try:
+            arr = np.frombuffer(array.array(self._typecode, flat), dtype=self.dtype.newbyteorder("="))
+        except OverflowError:
+            wide = np.array(flat, dtype=object).astype(np.int64)  # find the document, then raise
+            limit = np.iinfo(self.dtype).max
             ends = np.cumsum(lengths)
-            first_bad = int(np.flatnonzero((arr > limit) | (arr < 0))[0])
+            first_bad = int(np.flatnonzero((wide > limit) | (wide < 0))[0])
             d = int(np.searchsorted(ends, first_bad, side="right"))
-            check_range(arr[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
-        out = arr[:total - lengths[-1] + keep_last]
-        if keep_last < lengths[-1]:
-            out[-1] = self.eot  # the cut document is closed like every other
-        self.writer.write(out.astype(self.dtype))
+            check_range(wide[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
+            raise
+        self.writer.write(arr.astype(self.dtype, copy=False))  # no copy on little-endian machines
 
 
 class WriterPipeline:
