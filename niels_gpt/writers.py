@@ -132,6 +132,16 @@ class Budgeted:
         return keep
 
     def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
+        from niels_gpt._native import gather as native
+
+        if native is not None and isinstance(docs, list):
+            try:  # C: ~3 ns a token under the GIL, against ~13 below (see ids_to_tokens in gather.c)
+                buf = native.ids_to_tokens(docs, self.eot, self.dtype.itemsize, keep_last)
+            except (OverflowError, TypeError):
+                pass  # the Python path below finds the document and raises the package's error
+            else:
+                self.writer.write(np.frombuffer(buf, dtype=self.dtype.newbyteorder("=")).astype(self.dtype, copy=False))
+                return
         lengths = [len(d) + 1 for d in docs]
         flat: list[int] = []
         for d in docs:

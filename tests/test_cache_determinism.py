@@ -74,3 +74,16 @@ def test_skipped_counts_do_not_depend_on_read_ahead(tmp_path, tokenizer):
                              shard_bytes=1000, seed=0, shuffle_buffer=None, num_workers=workers)
         metas.append((out / "meta.json").read_bytes())
     assert metas[0] == metas[1]
+
+
+def test_native_and_python_id_conversion_write_identical_caches(tmp_path, tokenizer, monkeypatch):
+    import pytest
+
+    from niels_gpt import _native
+
+    if _native.gather is None:
+        pytest.skip(f"native kernel not built: {_native.UNAVAILABLE}")
+    native = _pretrain(tmp_path / "native", tokenizer, seed=5)  # budgets cut a document in each split
+    monkeypatch.setattr(_native, "gather", None)
+    python = _pretrain(tmp_path / "python", tokenizer, seed=5)
+    assert native == python
