@@ -32,18 +32,46 @@ BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "t
 TEXT_SUFFIXES = (".txt", ".raw", ".jsonl", ".json", ".md")  # files worth scanning for bad UTF-8
 
 
-class TextSource:
-    """A lazy iterator of pretraining documents. Subclasses implement `_iter_split`."""
+class _Source:
+    """What every source shares: skipped-record counts, the files it reads, and describe()."""
 
-    name: str = "text"
+    name: str = "source"
     dataset_id: str | None = None
     dataset_config: str | None = None
     streaming: bool = False
-    own_split: bool = False
     split_rule: str = ""
 
     def __init__(self) -> None:
         self.skipped: collections.Counter[str] = collections.Counter()
+
+    def files(self) -> list[str]:
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able facts for meta.json: what was read, how it was split, what was skipped."""
+        return {
+            "name": self.name,
+            "dataset_id": self.dataset_id,
+            "dataset_config": self.dataset_config,
+            "files": [portable(f) for f in self.files()],
+            "streaming": self.streaming,
+            "split_rule": self.split_rule,
+            "skipped": dict(sorted(self.skipped.items())),
+            **self._describe_extra(),
+        }
+
+    def _describe_extra(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} files={len(self.files())}>"
+
+
+class TextSource(_Source):
+    """A lazy iterator of pretraining documents. Subclasses implement `_iter_split`."""
+
+    name: str = "text"
+    own_split: bool = False
 
     def iter_texts(self, split: str | None = None) -> Iterator[str]:
         """Documents in order. split=None: every document (own-split sources: train, then val);
@@ -61,65 +89,18 @@ class TextSource:
     def _iter_split(self, split: str | None) -> Iterator[str]:
         raise NotImplementedError
 
-    def files(self) -> list[str]:
-        return []
-
     def describe(self) -> dict[str, Any]:
-        """JSON-able facts for meta.json: what was read, how it was split, what was skipped."""
-        return {
-            "name": self.name,
-            "dataset_id": self.dataset_id,
-            "dataset_config": self.dataset_config,
-            "files": [portable(f) for f in self.files()],
-            "streaming": self.streaming,
-            "own_split": self.own_split,
-            "split_rule": self.split_rule,
-            "skipped": dict(sorted(self.skipped.items())),
-            **self._describe_extra(),
-        }
-
-    def _describe_extra(self) -> dict[str, Any]:
-        return {}
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} files={len(self.files())}>"
+        return {**super().describe(), "own_split": self.own_split}
 
 
-class ChatSource:
+class ChatSource(_Source):
     """A lazy iterator of SFT conversations (`list[Message]`, each with an assistant turn)."""
 
     name: str = "chat"
-    dataset_id: str | None = None
-    dataset_config: str | None = None
-    streaming: bool = False
     split_rule = "none: the SFT cache builder splits by example (seeded val_frac)"
-
-    def __init__(self) -> None:
-        self.skipped: collections.Counter[str] = collections.Counter()
 
     def iter_conversations(self) -> Iterator[list[Message]]:
         raise NotImplementedError
-
-    def files(self) -> list[str]:
-        return []
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dataset_id": self.dataset_id,
-            "dataset_config": self.dataset_config,
-            "files": [portable(f) for f in self.files()],
-            "streaming": self.streaming,
-            "split_rule": self.split_rule,
-            "skipped": dict(sorted(self.skipped.items())),
-            **self._describe_extra(),
-        }
-
-    def _describe_extra(self) -> dict[str, Any]:
-        return {}
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} files={len(self.files())}>"
 
 
 # ---------------------------------------------------------------------------------------------
