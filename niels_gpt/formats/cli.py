@@ -67,8 +67,8 @@ def _convert(args) -> int:
 
 
 def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
-    """One pass: max id, EOT and BOS counts, whether the stream ends with EOT."""
-    hi, eots, boss, last = -1, 0, 0, None
+    """One pass: max id, EOT and BOS counts, the first and last token."""
+    hi, eots, boss, first, last = -1, 0, 0, None, None
     for tf in info.token_files:
         arr = tf.open()
         for s in range(0, len(arr), BLOCK_TOKENS):
@@ -78,8 +78,9 @@ def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
                 eots += int(np.count_nonzero(blk == eot))
             if bos is not None:
                 boss += int(np.count_nonzero(blk == bos))
+            first = int(blk[0]) if first is None else first
             last = int(blk[-1])
-    return {"max_id": hi, "eot_count": eots, "bos_count": boss, "last_token": last}
+    return {"max_id": hi, "eot_count": eots, "bos_count": boss, "first_token": first, "last_token": last}
 
 
 def report(path: str, *, seq_len: int, dtype=None, eot_id=None, do_scan: bool = True) -> dict:
@@ -92,20 +93,21 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, do_scan: bool = 
         rep = {"files": len(leaf.files), "tokens": leaf.num_tokens, "eot_id": eot, "bos_id": bos,
                "samples": sum(t.count // (seq_len + 1) for t in leaf.token_files)}
         where = leaf.path
-        if do_scan and leaf.num_tokens:
-            rep.update(scan(leaf, eot, bos))
-            if info.vocab_size is not None and rep["max_id"] >= info.vocab_size:
-                out["warnings"].append(f"{where}: token id {rep['max_id']} >= vocab size {info.vocab_size}")
-            if eot is not None and rep["last_token"] != eot and info.format != "megatron":
-                out["warnings"].append(f"{where}: the last document does not end with EOT {eot}")
         if leaf.format.startswith("nanogpt") and bos is None:
             from niels_gpt.formats.bos_index import load_bos_index
 
             for tf in leaf.token_files:
                 found = load_bos_index(tf.path, tf.open(), None)
                 if found:
-                    rep["bos_id"] = found[1]
+                    bos = rep["bos_id"] = found[1]
                     break
+        if do_scan and leaf.num_tokens:
+            rep.update(scan(leaf, eot, bos))
+            if info.vocab_size is not None and rep["max_id"] >= info.vocab_size:
+                out["warnings"].append(f"{where}: token id {rep['max_id']} >= vocab size {info.vocab_size}")
+            bos_framed = bos is not None and rep["first_token"] == bos  # documents open with BOS instead
+            if eot is not None and rep["last_token"] != eot and info.format != "megatron" and not bos_framed:
+                out["warnings"].append(f"{where}: the last document does not end with EOT {eot}")
         if leaf.format in ("raw", "niels") and info.dtype.itemsize == 2 and any(
                 (t.count * 2) % 4 == 0 for t in leaf.token_files):
             out["warnings"].append(f"{where}: uint16 .bin shards; KempnerForge infers uint32 from sizes divisible "

@@ -152,7 +152,8 @@ def test_cli_convert_and_prepare_data(small_cache, tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["format"] == "kempner-npy" and rep["vocab_size"] == 2004
     assert rep["splits"]["train"] == {"files": 1, "tokens": 10, "eot_id": EOT, "bos_id": None, "samples": 2,
-                                      "max_id": 15, "eot_count": 4, "bos_count": 0, "last_token": EOT}
+                                      "max_id": 15, "eot_count": 4, "bos_count": 0, "first_token": 10,
+                                      "last_token": EOT}
     assert main(["prepare-data", str(small_cache), "--seq-len", "3"]) == 0
     captured = capsys.readouterr()
     assert "MemoryMappedDataset(" in captured.out and "eos_token_id=6)" in captured.out
@@ -182,4 +183,14 @@ def test_an_unterminated_last_document_round_trips(cache_maker, tmp_path, src_fm
         convert(mid, out, to=target)
         convert(out, back, to="niels")
         assert read_tokens(back) == original, (src_fmt, bos, target)
+
+
+def test_prepare_data_does_not_warn_about_eot_on_a_bos_framed_stream(small_cache, tmp_path, capsys):
+    # --bos-index frames documents as BOS d1 BOS d2: the stream ends inside its last document by design.
+    assert main(["convert", str(small_cache), str(tmp_path / "n"), "--to", "nanogpt", "--bos-index"]) == 0
+    capsys.readouterr()
+    assert main(["prepare-data", str(tmp_path / "n"), "--seq-len", "3", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["splits"]["train"]["first_token"] == rep["splits"]["train"]["bos_id"]
+    assert not [w for w in rep["warnings"] if "does not end with EOT" in w]
 
