@@ -39,24 +39,34 @@ class Tokenizer(ABC):
     """What builders, datasets and evaluation need from a tokenizer."""
 
     backend: str = "abstract"
+    # Set by each backend's __init__: the model file, its sha256, and {"sys", "usr", "asst", "eot"} -> id.
+    _path: str
+    _sha256: str
+    _special: dict[str, int]
+
+    def __getstate__(self):
+        return {"model_path": self._path}  # a tokenizer pickles as its path and reloads from it
+
+    def __setstate__(self, state):
+        self.__init__(state["model_path"])
 
     @property
-    @abstractmethod
-    def model_path(self) -> str: ...
+    def model_path(self) -> str:
+        return self._path
 
     @property
-    @abstractmethod
     def sha256(self) -> str:
         """sha256 of the model file: recorded in every cache's meta.json."""
+        return self._sha256
 
     @abstractmethod
     def __len__(self) -> int:
         """Every id the tokenizer can emit, special tokens included."""
 
     @property
-    @abstractmethod
     def special_ids(self) -> dict[str, int]:
         """{"sys": id, "usr": id, "asst": id, "eot": id}."""
+        return self._special
 
     @property
     def bos_id(self) -> int | None:

@@ -84,26 +84,8 @@ class HFTokenizer(Tokenizer):
         self._len = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
         self._byte_lengths: np.ndarray | None = None
 
-    def __getstate__(self):
-        return {"model_path": self._path}
-
-    def __setstate__(self, state):
-        self.__init__(state["model_path"])
-
-    @property
-    def model_path(self) -> str:
-        return self._path
-
-    @property
-    def sha256(self) -> str:
-        return self._sha256
-
     def __len__(self) -> int:
         return self._len
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        return self._special
 
     @property
     def bos_id(self) -> int | None:

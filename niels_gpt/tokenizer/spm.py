@@ -63,7 +63,7 @@ class SentencePieceTokenizer(Tokenizer):
         if not path.is_file():
             raise TokenizerError(
                 f"no sentencepiece model at {path}: train one with "
-                "`python -m niels_gpt.tokenizer.cli train-tokenizer` or pass --tokenizer PATH"
+                "`python -m niels_gpt.cache.cli train-tokenizer` or pass --tokenizer PATH"
             )
         data = path.read_bytes()
         self._path = str(path)
@@ -84,26 +84,8 @@ class SentencePieceTokenizer(Tokenizer):
             self._special[name] = tid
         self._byte_lengths: np.ndarray | None = None
 
-    def __getstate__(self):
-        return {"model_path": self._path}
-
-    def __setstate__(self, state):
-        self.__init__(state["model_path"])
-
-    @property
-    def model_path(self) -> str:
-        return self._path
-
-    @property
-    def sha256(self) -> str:
-        return self._sha256
-
     def __len__(self) -> int:
         return self._sp.get_piece_size()
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        return self._special
 
     @property
     def bos_id(self) -> int | None:
