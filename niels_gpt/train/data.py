@@ -1,0 +1,335 @@
+"""From a path to training batches: the library's loaders, chosen by what the path holds.
+
+| the path holds                                | kind       | loader                                             |
+|-----------------------------------------------|------------|----------------------------------------------------|
+| a pretraining cache (meta.json kind pretrain) | `windows`  | PretrainTokenStreamDataset + RankBatchStream        |
+|   same, with `sampling="indexed"`             | `indexed`  | IndexedWindowDataset + GlobalBatchSampler + ResumableDataLoader |
+| a mixture file (.toml / .json)                | `mixture`  | MixtureConfig.build + DataLoader (state per delivered batch) |
+| Parquet text shards (a `text` column)         | `parquet`  | ParquetTokenLoader (last shard is val)              |
+| an SFT cache (meta.json kind sft)             | `sft`      | SFTExampleDataset + RankBatchStream (labels = y_masked) |
+| packed SFT bins (manifest.json / packed Parquet) | `packed` | open_packed + GlobalBatchSampler + ResumableDataLoader(collate_packed) |
+
+Every batch becomes a dict of contiguous int64 tensors on the training device: `input_ids`,
+`labels` (-100 = not a target) and, for packed bins, `position_ids` and `cu_seqlens`; other keys
+(a mixture's dataset tag, `max_seqlen`, `loss_mask`) are dropped here. On CUDA, batches that a
+DataLoader builds come from pinned memory and are copied with non_blocking=True; the
+random-window and Parquet loaders do that themselves (device=).
+
+Every loader's state is the position after the last batch the loop took (`state_dict()`), JSON-able.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.errors import ConfigError
+
+KINDS = ("windows", "indexed", "mixture", "parquet", "sft", "packed")
+MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
+
+
+def detect_kind(path, sampling: str = "random") -> str:
+    """The loader kind for `path` (see the module table); ConfigError names what was found."""
+    p = Path(path)
+    if p.is_file() and p.suffix in (".toml", ".json"):
+        return "mixture"
+    if p.is_file() and p.suffix in (".parquet", ".pq"):
+        return "packed"
+    if not p.is_dir():
+        raise ConfigError(f"{p}: no such file or directory to train on; pass a cache directory, a mixture "
+                          ".toml/.json, a directory of Parquet shards or packed SFT bins")
+    if (p / "manifest.json").is_file():
+        return "packed"
+    if (p / "meta.json").is_file():
+        kind = json.loads((p / "meta.json").read_text("utf-8")).get("kind")
+        if kind == "pretrain":
+            if sampling not in ("random", "indexed"):
+                raise ConfigError(f"sampling {sampling!r}: expected 'random' or 'indexed'")
+            return "windows" if sampling == "random" else "indexed"
+        if kind == "sft":
+            return "sft"
+        raise ConfigError(f"{p}/meta.json: kind {kind!r} is not trainable data (expected 'pretrain' or 'sft')")
+    parquets = sorted(c for c in p.iterdir() if c.suffix in (".parquet", ".pq"))
+    if parquets:
+        import pyarrow.parquet as pq
+
+        names = pq.read_schema(parquets[0]).names
+        if "text" in names:
+            return "parquet"
+        if "input_ids" in names:
+            return "packed"
+        raise ConfigError(f"{parquets[0]}: columns {names}: neither a 'text' column (text shards) nor "
+                          "'input_ids' (packed SFT)")
+    raise ConfigError(f"{p}: holds no meta.json, manifest.json or Parquet shards: not a cache; "
+                      "build one with `python -m niels_gpt.cache.cli build-all`")
+
+
+def to_model_batch(raw, device: torch.device) -> dict[str, torch.Tensor]:
+    """Any loader's batch -> {input_ids, labels, ...} contiguous on `device`.
+
+    (x, y) -> labels y; (x, y, y_masked) -> labels y_masked; dicts keep MODEL_KEYS' tensors only.
+    """
+    if isinstance(raw, (tuple, list)):
+        batch = {"input_ids": raw[0], "labels": raw[2] if len(raw) == 3 else raw[1]}
+    else:
+        # NOTE: the mixture's per-item dataset tag and collate_packed's max_seqlen are not tensors
+        # the model takes; dropped here rather than in the loaders.
+        batch = {k: v for k, v in raw.items() if k in MODEL_KEYS and isinstance(v, torch.Tensor)}
+    out = {}
+    for k, v in batch.items():
+        if k != "cu_seqlens":
+            v = v.long()
+        v = v.contiguous()
+        if v.device != device:
+            v = v.to(device, non_blocking=device.type == "cuda" and v.is_pinned())
+        out[k] = v
+    return out
+
+
+class TrackedLoader:
+    """A DataLoader over a stateful batch sampler; state = the sampler's state after each delivered batch.
+
+    The sampler runs in the main process even when workers fetch, and batches are delivered in
+    sampler order, so the k-th delivered batch is the k-th index list; the sampler state recorded
+    right after yielding it is the exact resume point, however far the workers prefetch.
+    """
+
+    def __init__(self, dataset, sampler, **loader_kwargs):
+        self.sampler = sampler
+        self._states: deque[dict] = deque()
+        self._state = sampler.state_dict()
+        self.loader = torch.utils.data.DataLoader(dataset, batch_sampler=self._recording(), **loader_kwargs)
+        self._it = None
+
+    def _recording(self):
+        outer = self
+
+        class _Recorder:
+            def __iter__(self):
+                for indices in outer.sampler:
+                    outer._states.append(outer.sampler.state_dict())
+                    yield indices
+
+            def __len__(self):  # infinite sampler; DataLoader only asks for len() when it is used
+                raise TypeError("infinite")
+
+        return _Recorder()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = iter(self.loader)
+        batch = next(self._it)
+        self._state = self._states.popleft()
+        return batch
+
+    def state_dict(self) -> dict:
+        return self._state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+        self._state = self.sampler.state_dict()
+        self._states.clear()
+        self._it = None
+
+
+class EpochLoop:
+    """A ResumableDataLoader iterated forever, epoch after epoch."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self._it = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            if self._it is None:
+                self._it = iter(self.loader)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._it = None
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._it = None
+        self.loader.load_state_dict(state)
+
+
+class TrainData:
+    """`next(data)` -> a model batch of this rank; `state_dict()`; `val_batches(steps)`; `T`, `vocab_size`."""
+
+    def __init__(self, path, *, T: int, batch_size: int, seed: int, device, rank: int = 0, world_size: int = 1,
+                 kind: str = "auto", sampling: str = "random", num_workers: int = 0, tokenizer=None,
+                 packing: str = "bestfit", vocab_size: int | None = None):
+        self.path, self.device = Path(path), torch.device(device)
+        self.kind = detect_kind(path, sampling) if kind == "auto" else kind
+        if self.kind not in KINDS:
+            raise ConfigError(f"data kind {kind!r}: expected auto or one of {', '.join(KINDS)}")
+        self.T, self.B, self.seed = int(T), int(batch_size), int(seed)
+        self.rank, self.world_size = rank, world_size
+        self.num_workers, self.tokenizer, self.packing = num_workers, tokenizer, packing
+        self.vocab_size = vocab_size
+        self._val = None
+        getattr(self, f"_open_{self.kind}")()
+        if self.vocab_size is None:
+            raise ConfigError(f"{self.path}: the vocabulary size is not recorded with this data; pass --vocab-size "
+                              "or --tokenizer")
+
+    # -- the loaders -------------------------------------------------------------------------------
+    def _rank_args(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size}
+
+    def _loader_kwargs(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {"num_workers": self.num_workers, "pin_memory": cuda,
+                "persistent_workers": self.num_workers > 0}
+
+    def _meta(self, where: Path) -> dict:
+        from niels_gpt.cache.meta import read_meta
+
+        return read_meta(str(where))
+
+    def _open_windows(self):
+        from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
+        from niels_gpt.loading import RankBatchStream
+
+        ds = PretrainTokenStreamDataset(str(self.path / "train"), T=self.T, device=str(self.device))
+        self.vocab_size = self.vocab_size or ds.vocab_size
+        self.source = RankBatchStream(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
+        self._val = ("windows_val", self.path)
+
+    def _open_indexed(self):
+        from niels_gpt.loading import GlobalBatchSampler, IndexedWindowDataset, ResumableDataLoader
+
+        ds = IndexedWindowDataset(self.path, self.T, split="train")
+        self.vocab_size = self.vocab_size or int(self._meta(self.path)["vocab_size"])
+        sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
+        self.source = EpochLoop(ResumableDataLoader(ds, sampler, **self._loader_kwargs()))
+        self._val = ("windows_val", self.path)
+
+    def _open_mixture(self):
+        from niels_gpt.loading import MixtureConfig
+
+        cfg = MixtureConfig.from_file(self.path)
+        mix, sampler = cfg.build(self.T, self.B * self.world_size, **self._rank_args())
+        vocab = {int(self._meta(Path(d))["vocab_size"]) for d in cfg.datasets.values()}
+        if len(vocab) != 1:
+            raise ConfigError(f"{self.path}: the mixture's caches have different vocabularies {sorted(vocab)}; "
+                              "mix caches built with one tokenizer")
+        self.vocab_size = self.vocab_size or vocab.pop()
+        # TODO(mixture-resume): ResumableDataLoader takes only a GlobalBatchSampler today; TrackedLoader
+        # records the mixture sampler's state per delivered batch instead.
+        self.source = TrackedLoader(mix, sampler, **self._loader_kwargs())
+        self._val = ("mixture_val", cfg)
+
+    def _open_parquet(self):
+        from niels_gpt.loading import ParquetTokenLoader, split_files
+
+        if self.tokenizer is None:
+            raise ConfigError(f"{self.path}: Parquet text shards are tokenized while training; pass --tokenizer")
+        self.vocab_size = self.vocab_size or len(self.tokenizer)
+        self.source = ParquetTokenLoader(split_files(self.path, "train"), self.tokenizer, self.B, self.T,
+                                         packing=self.packing, device=self.device, **self._rank_args())
+        self._val = ("parquet_val", self.path)
+
+    def _open_sft(self):
+        from niels_gpt.cache.sft_dataset import SFTExampleDataset
+        from niels_gpt.loading import RankBatchStream
+
+        meta = self._meta(self.path)
+        self.vocab_size = self.vocab_size or int(meta["vocab_size"])
+        eot = int(meta["special_token_ids"]["eot"])
+        ds = SFTExampleDataset(str(self.path / "train_tokens.bin"), str(self.path / "train_idx.npy"), T=self.T,
+                               device=str(self.device), eot_id=eot)
+        self.source = RankBatchStream(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
+        self._val = ("sft_val", eot) if meta["totals"].get("val_examples") else None
+
+    def _open_packed(self):
+        from niels_gpt.loading import GlobalBatchSampler, ResumableDataLoader
+        from niels_gpt.packing import collate_packed, open_packed
+
+        ds = open_packed(self.path)
+        pack_size = int(getattr(ds, "pack_size", 0) or self.T)
+        if pack_size != self.T:
+            raise ConfigError(f"{self.path}: bins of pack_size {pack_size} for a context of T={self.T}: "
+                              f"train packed bins with --sequence-len {pack_size}")
+        if self.vocab_size is None and self.tokenizer is not None:
+            self.vocab_size = len(self.tokenizer)
+        sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
+        collate = functools.partial(collate_packed, pad_to=self.T)
+        self.source = EpochLoop(ResumableDataLoader(ds, sampler, collate_fn=collate, **self._loader_kwargs()))
+
+    # -- the protocol ------------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return to_model_batch(next(self.source), self.device)
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "loader": self.source.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != self.kind:
+            raise ConfigError(f"checkpoint's loader state is of kind {state.get('kind')!r}, this run reads "
+                              f"{self.kind!r} data from {self.path}: resume with the same data")
+        self.source.load_state_dict(state["loader"])
+
+    @property
+    def has_val(self) -> bool:
+        return self._val is not None
+
+    def val_batches(self, steps: int):
+        """Up to `steps` (x, y) batches of this rank from the val split, the same every call."""
+        from niels_gpt.loading import GlobalBatchSampler, IndexedWindowDataset
+
+        if self._val is None:
+            return []
+        what, arg = self._val
+        if what in ("windows_val", "mixture_val"):
+            dirs = [arg] if what == "windows_val" else [Path(d) for d in arg.datasets.values()]
+            sets = [IndexedWindowDataset(d, self.T, split="val") for d in dirs]
+            ds = torch.utils.data.ConcatDataset(sets) if len(sets) > 1 else sets[0]
+            G = self.B * self.world_size
+            G = min(G, len(ds) // self.world_size * self.world_size)
+            if G < self.world_size:
+                return []
+            sampler = GlobalBatchSampler(ds, G, seed=0, shuffle=False, **self._rank_args())
+            out = []
+            for indices in sampler:
+                items = [ds[i] for i in indices]
+                out.append((torch.stack([it["input_ids"] for it in items]), torch.stack([it["labels"] for it in items])))
+                if len(out) == steps:
+                    break
+            return out
+        if what == "parquet_val":
+            from niels_gpt.loading import ParquetTokenLoader, split_files
+
+            loader = ParquetTokenLoader(split_files(arg, "val"), self.tokenizer, self.B, self.T,
+                                        packing="contiguous", **self._rank_args())
+            return [next(loader) for _ in range(steps)]
+        from niels_gpt.cache.sft_dataset import SFTExampleDataset
+
+        ds = SFTExampleDataset(str(self.path / "val_tokens.bin"), str(self.path / "val_idx.npy"), T=self.T,
+                               device="cpu", eot_id=arg)
+        order = np.arange(len(ds))[self.rank::self.world_size]
+        out = []
+        for i in range(0, len(order), self.B):
+            x, _, y_masked = ds.collate(order[i:i + self.B])
+            out.append((x, y_masked))
+            if len(out) == steps:
+                break
+        return out
