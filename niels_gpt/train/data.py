@@ -268,6 +268,9 @@ class TrainData:
                               f"train packed bins with --sequence-len {pack_size}")
         if self.vocab_size is None and self.tokenizer is not None:
             self.vocab_size = len(self.tokenizer)
+        source = Path(str(getattr(ds, "manifest", {}).get("source", {}).get("cache_dir", "")))
+        if self.vocab_size is None and (source / "meta.json").is_file():
+            self.vocab_size = int(self._meta(source)["vocab_size"])  # the SFT cache the bins came from
         sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
         collate = functools.partial(collate_packed, pad_to=self.T)
         self.source = EpochLoop(ResumableDataLoader(ds, sampler, collate_fn=collate, **self._loader_kwargs()))

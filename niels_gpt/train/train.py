@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle  # NOTE: only for its exception type; checkpoints load with weights_only=True
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -150,7 +151,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     p = Path(path)
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         raise StateError(f"{p}: not a readable checkpoint ({exc}); pick another with --resume PATH") from exc
     if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
         raise StateError(f"{p}: not a checkpoint of version {CHECKPOINT_VERSION} written by this trainer")

@@ -1,0 +1,64 @@
+"""`train` subcommand: python -m niels_gpt.cache.cli train DATA [flags]; under torchrun for DDP.
+
+    python -m niels_gpt.cache.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
+    torchrun --nproc_per_node 8 -m niels_gpt.cache.cli train cache/pretrain/fineweb_edu --depth 20 \
+        --sequence-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, fields
+
+from niels_gpt.train.data import KINDS
+from niels_gpt.train.train import TrainConfig
+
+HELP = {
+    "out_dir": "checkpoints go here (ckpt_<step>.pt)",
+    "data_kind": f"auto (by what the path holds) or one of: {', '.join(KINDS)}",
+    "sampling": "pretraining caches: random windows or indexed windows with the global sampler",
+    "packing": "Parquet text shards: bestfit or contiguous",
+    "tokenizer": "tokenizer dir/file (default: a tokenizer/ dir above the data; needed for bpb, CORE, Parquet)",
+    "depth": "layers; width = 64 x depth and heads of ~128 dims unless given",
+    "total_batch_size": "tokens per optimizer step (gradient accumulation makes up the rest)",
+    "device_batch_size": "rows per micro-batch per rank",
+    "optimizer": "muon (Muon for matrices + AdamW) or adamw (AdamW for everything)",
+    "device": "auto, cpu, cuda",
+    "num_workers": "DataLoader workers for the map-style kinds (indexed, mixture, packed)",
+    "eval_every": "val bpb every N steps (0: only at the end)",
+    "eval_steps": "val batches per bpb evaluation",
+    "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL",
+    "save_every": "checkpoint every N steps (the last step is always saved)",
+    "stop_at": "stop after this step (checkpointed), as an interrupted run would",
+    "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path",
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train the GPT on a cache, mixture, Parquet shards or packed SFT bins",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("data", help="what to train on (its kind is detected; see --data-kind)")
+    for f in fields(TrainConfig):
+        if f.name == "data":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        if f.type in ("bool", bool):
+            p.add_argument(flag, action="store_true", help=HELP.get(f.name, "torch.compile the model"))
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
+        choices = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed"],
+                   "packing": ["bestfit", "contiguous"], "optimizer": ["muon", "adamw"]}.get(f.name)
+        p.add_argument(flag, type=kind, default=default, choices=choices, help=HELP.get(f.name, " "))
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from niels_gpt.train.train import train
+
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    cfg = TrainConfig(**values)
+    result = train(cfg)
+    if result.val_bpb:
+        print(f"final val bpb {result.val_bpb[-1][1]:.4f}")
+    return 0
