@@ -86,7 +86,8 @@ class TrainResult:
     checkpoint: str | None = None
     step: int = 0
     stall: list[float] = field(default_factory=list)
-    seen: list[list[int]] = field(default_factory=list)  # first input token of every row (tests)
+    model: torch.nn.Module | None = None
+    rows: list[list[list[int]]] = field(default_factory=list)  # input rows per micro-batch (record_rows=True)
 
 
 def setup_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -169,8 +170,13 @@ def _resolve_resume(cfg: TrainConfig) -> Path | None:
     return Path(cfg.resume)
 
 
-def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=print) -> TrainResult:
-    """Run (or resume) a training run; returns the per-step losses, val bpb and CORE results."""
+def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=print,
+          record_rows: bool = False) -> TrainResult:
+    """Run (or resume) a training run; returns the per-step losses, val bpb and CORE results.
+
+    `token_bytes` replaces the tokenizer's byte lengths for bpb; `record_rows` keeps every input row
+    in the result (tests compare what ranks and resumed runs saw).
+    """
     from niels_gpt.loading import evaluate_bpb
     from niels_gpt.loading import token_bytes as tokenizer_bytes
     from niels_gpt.train.data import TrainData
@@ -274,8 +280,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         step_wait, wait = wait, 0.0
         loss_sum = torch.zeros((), device=device)
         for micro in range(accum):
-            if not cuda:
-                result.seen.append(batch["input_ids"][:, 0].tolist())
+            if record_rows:
+                result.rows.append(batch["input_ids"].tolist())
             sync_ctx = train_model.no_sync if (world > 1 and micro < accum - 1) else contextlib.nullcontext
             with sync_ctx():
                 with autocast():
@@ -333,4 +339,5 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         model.train()
     if world > 1:
         dist.barrier()
+    result.model = model
     return result

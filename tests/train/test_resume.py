@@ -19,7 +19,7 @@ TOKEN_BYTES[list(SPECIALS.values())] = 0
 
 def run(data, out, token_bytes=TOKEN_BYTES, **kw):
     cfg = TrainConfig(data=str(data), out_dir=str(out), steps=STEPS, **{**TINY, **kw})
-    return train(cfg, token_bytes=token_bytes, log=lambda *a: None)
+    return train(cfg, token_bytes=token_bytes, log=lambda *a: None, record_rows=True)
 
 
 def straight_then_resumed(tmp_path, data, first_kw=None, second_kw=None, **kw):
@@ -40,7 +40,7 @@ def test_resume_reproduces_the_straight_run_bit_for_bit(tmp_path, kind, pretrain
     straight, first, second = straight_then_resumed(tmp_path, data, **kw)
     assert len(straight.losses) == STEPS and len(first.losses) == len(second.losses) == STEPS // 2
     assert first.losses + second.losses == straight.losses  # exact float equality
-    assert first.seen + second.seen == straight.seen  # and the same rows
+    assert first.rows + second.rows == straight.rows  # and the same rows
     assert all(0 < x < 20 for x in straight.losses)
     if kind != "packed":  # packed bins are one split: no val
         assert second.val_bpb[-1] == straight.val_bpb[-1]
@@ -52,7 +52,7 @@ def test_resume_after_a_worker_count_change(tmp_path, kind, pretrain_cache, mixt
     straight, first, second = straight_then_resumed(tmp_path, data, first_kw={"num_workers": 0},
                                                     second_kw={"num_workers": 2}, **kw)
     assert first.losses + second.losses == straight.losses
-    assert first.seen + second.seen == straight.seen
+    assert first.rows + second.rows == straight.rows
 
 
 def test_resume_of_parquet_shards_tokenized_on_the_fly(tmp_path, tokenizer):
