@@ -245,6 +245,10 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         f"({mcfg.n_kv_head} kv), {model.num_params():,} parameters | batch {total:,} tokens = {accum} x "
         f"{cfg.device_batch_size} x {cfg.sequence_len} x {world} rank(s) | {cfg.optimizer} | device {device}")
 
+    if token_bytes is None:
+        say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
+    elif not data.has_val:
+        say(f"{cfg.data}: no val split in this data: val bpb is skipped")
     result = TrainResult(step=start)
 
     def bpb(step: int) -> None:

@@ -1,0 +1,84 @@
+"""The trainer's data glue: the loader kind by what a path holds, model batches, the train subcommand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from niels_gpt.cache.cli import main as cli
+from niels_gpt.errors import ConfigError
+from niels_gpt.train.data import TrainData, detect_kind, to_model_batch
+
+from ..conftest import write_pretrain_cache
+from ..loading.conftest import write_parquet
+
+
+def test_kind_follows_what_the_path_holds(tmp_path, pretrain_cache, sft_cache, packed_dir, mixture_file):
+    assert detect_kind(pretrain_cache) == "windows"
+    assert detect_kind(pretrain_cache, "indexed") == "indexed"
+    assert detect_kind(sft_cache) == "sft"
+    assert detect_kind(packed_dir) == "packed"
+    assert detect_kind(mixture_file) == "mixture"
+    write_parquet(tmp_path / "text" / "shard_00000.parquet", ["a b c", "d e"], row_group_size=1)
+    assert detect_kind(tmp_path / "text") == "parquet"
+
+
+def test_paths_that_hold_no_training_data_are_refused(tmp_path, pretrain_cache, packed_dir):
+    with pytest.raises(ConfigError, match="no such file or directory to train on"):
+        detect_kind(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no meta.json, manifest.json or Parquet shards"):
+        detect_kind(tmp_path / "empty")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "meta.json").write_text(json.dumps({"kind": "tokenizer"}))
+    with pytest.raises(ConfigError, match="kind 'tokenizer' is not trainable data"):
+        detect_kind(tmp_path / "tok")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "odd").mkdir()
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "odd" / "a.parquet")
+    with pytest.raises(ConfigError, match="neither a 'text' column"):
+        detect_kind(tmp_path / "odd")
+    with pytest.raises(ConfigError, match="expected 'random' or 'indexed'"):
+        detect_kind(pretrain_cache, "shuffled")
+    with pytest.raises(ConfigError, match="pass --tokenizer"):
+        TrainData(tmp_path / "odd", T=8, batch_size=2, seed=0, device="cpu", kind="parquet")
+    with pytest.raises(ConfigError, match="train packed bins with --sequence-len"):
+        TrainData(packed_dir, T=8, batch_size=2, seed=0, device="cpu")
+
+
+def test_batches_become_contiguous_model_inputs_without_tags(mixture_file, packed_dir):
+    x = torch.arange(12).view(3, 4)
+    out = to_model_batch((x.t(), x.t(), x.t() * 0 - 100), torch.device("cpu"))
+    assert set(out) == {"input_ids", "labels"} and out["labels"].eq(-100).all() and out["input_ids"].is_contiguous()
+    mix = TrainData(mixture_file, T=16, batch_size=4, seed=0, device="cpu")
+    b = next(mix)
+    assert set(b) == {"input_ids", "labels"}  # the mixture's dataset tag is dropped
+    packed = TrainData(packed_dir, T=32, batch_size=2, seed=0, device="cpu")
+    b = next(packed)
+    assert set(b) == {"input_ids", "labels", "position_ids", "cu_seqlens"}
+    assert b["cu_seqlens"].dtype == torch.int32 and int(b["cu_seqlens"][-1]) == 2 * 32
+
+
+def test_train_subcommand_runs_and_the_loss_falls(tmp_path, capsys):
+    periodic = np.arange(4000) % 37 + 10  # learnable: each token follows from the one before
+    cache = write_pretrain_cache(tmp_path / "cache", {"train": [periodic], "val": [periodic[:400]]})
+    rc = cli(["train", str(cache), "--out-dir", str(tmp_path), "--depth", "1", "--n-embd", "32",
+              "--sequence-len", "16", "--device-batch-size", "8", "--steps", "12", "--sampling", "indexed",
+              "--eval-steps", "2", "--optimizer", "adamw", "--warmdown-ratio", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0 and (tmp_path / "ckpt_000012.pt").is_file()
+    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if "| loss " in line]
+    assert len(losses) == 12 and losses[-1] < 0.8 * losses[0]
+    assert "stall)" in out and "tok/s" in out
+    assert "no tokenizer found above the data and none given (--tokenizer): val bpb is skipped" in out
+
+
+def test_train_subcommand_reports_bad_data_in_one_line(tmp_path, capsys):
+    assert cli(["train", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "no such file or directory to train on" in err and "\n" not in err
