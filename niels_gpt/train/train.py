@@ -85,7 +85,9 @@ class TrainResult:
     core: dict | None = None
     checkpoint: str | None = None
     step: int = 0
-    stall: list[float] = field(default_factory=list)
+    stall: list[float] = field(default_factory=list)  # per step: % of the step spent waiting for data
+    wait: list[float] = field(default_factory=list)  # per step: seconds spent waiting for data
+    dt: list[float] = field(default_factory=list)  # per step: wall seconds
     model: torch.nn.Module | None = None
     rows: list[list[list[int]]] = field(default_factory=list)  # input rows per micro-batch (record_rows=True)
 
@@ -171,11 +173,13 @@ def _resolve_resume(cfg: TrainConfig) -> Path | None:
 
 
 def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=print,
-          record_rows: bool = False) -> TrainResult:
+          record_rows: bool = False, data=None) -> TrainResult:
     """Run (or resume) a training run; returns the per-step losses, val bpb and CORE results.
 
     `token_bytes` replaces the tokenizer's byte lengths for bpb; `record_rows` keeps every input row
-    in the result (tests compare what ranks and resumed runs saw).
+    in the result (tests compare what ranks and resumed runs saw). `data` replaces the loader chosen
+    from cfg.data by any object with __next__ (model batches), state_dict, load_state_dict, kind,
+    vocab_size, has_val and val_batches (bench/bench_train.py runs the peers' recipes through it).
     """
     from niels_gpt.loading import evaluate_bpb
     from niels_gpt.loading import token_bytes as tokenizer_bytes
@@ -193,9 +197,10 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         tok = load_tokenizer(cfg.tokenizer)
     elif token_bytes is None:
         tok = find_tokenizer(cfg.data)
-    data = TrainData(cfg.data, T=cfg.sequence_len, batch_size=cfg.device_batch_size, seed=cfg.seed, device=device,
-                     rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
-                     num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size)
+    if data is None:
+        data = TrainData(cfg.data, T=cfg.sequence_len, batch_size=cfg.device_batch_size, seed=cfg.seed,
+                         device=device, rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
+                         num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size)
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
@@ -322,6 +327,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         stall = 100.0 * step_wait / dt if dt > 0 else 0.0
         result.losses.append(loss_value)
         result.stall.append(stall)
+        result.wait.append(step_wait)
+        result.dt.append(dt)
         result.step = step + 1
         if master and cfg.log_every and (step % cfg.log_every == 0 or step + 1 == last):
             say(f"step {step + 1:05d}/{cfg.steps:05d} | loss {loss_value:.4f} | lrm {lrm:.2f} | "
