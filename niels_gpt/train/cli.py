@@ -59,6 +59,13 @@ def run(args) -> int:
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     cfg = TrainConfig(**values)
     result = train(cfg)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        first = dist.get_rank() == 0
+        dist.destroy_process_group()
+        if not first:
+            return 0
     if result.val_bpb:
         print(f"final val bpb {result.val_bpb[-1][1]:.4f}")
     return 0

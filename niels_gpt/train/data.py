@@ -183,6 +183,7 @@ class TrainData:
         self.num_workers, self.tokenizer, self.packing = num_workers, tokenizer, packing
         self.vocab_size = vocab_size
         self._val = None
+        self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
         getattr(self, f"_open_{self.kind}")()
         if self.vocab_size is None:
             raise ConfigError(f"{self.path}: the vocabulary size is not recorded with this data; pass --vocab-size "
@@ -230,6 +231,7 @@ class TrainData:
             raise ConfigError(f"{self.path}: the mixture's caches have different vocabularies {sorted(vocab)}; "
                               "mix caches built with one tokenizer")
         self.vocab_size = self.vocab_size or vocab.pop()
+        self.origins = [Path(d) for d in cfg.datasets.values()]
         # TODO(mixture-resume): ResumableDataLoader takes only a GlobalBatchSampler today; TrackedLoader
         # records the mixture sampler's state per delivered batch instead.
         self.source = TrackedLoader(mix, sampler, **self._loader_kwargs())
@@ -269,8 +271,9 @@ class TrainData:
         if self.vocab_size is None and self.tokenizer is not None:
             self.vocab_size = len(self.tokenizer)
         source = Path(str(getattr(ds, "manifest", {}).get("source", {}).get("cache_dir", "")))
-        if self.vocab_size is None and (source / "meta.json").is_file():
-            self.vocab_size = int(self._meta(source)["vocab_size"])  # the SFT cache the bins came from
+        if (source / "meta.json").is_file():  # the SFT cache the bins came from
+            self.vocab_size = self.vocab_size or int(self._meta(source)["vocab_size"])
+            self.origins.append(source)
         sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
         collate = functools.partial(collate_packed, pad_to=self.T)
         self.source = EpochLoop(ResumableDataLoader(ds, sampler, collate_fn=collate, **self._loader_kwargs()))

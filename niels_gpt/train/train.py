@@ -201,6 +201,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         data = TrainData(cfg.data, T=cfg.sequence_len, batch_size=cfg.device_batch_size, seed=cfg.seed,
                          device=device, rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
                          num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size)
+    if tok is None and token_bytes is None:
+        tok = next(filter(None, (find_tokenizer(p) for p in getattr(data, "origins", ())[1:])), None)
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
