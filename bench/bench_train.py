@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.train.data import TrainData, to_model_batch
+from niels_gpt.train.data import to_model_batch
 from niels_gpt.train.train import TrainConfig, train
 
 WARMUP = 3

@@ -55,7 +55,7 @@ def hand_prompts(item, task, shots):
 
 
 def first_difference(a, b):
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def hand_correct(model, tok, item, task, shots) -> bool:
