@@ -119,6 +119,16 @@ def find_tokenizer(data_path: str | os.PathLike):
     return None
 
 
+def _recorded_tokenizer_sha(where: Path) -> str | None:
+    import json
+
+    meta = Path(where) / "meta.json"
+    if not meta.is_file():
+        return None
+    sha = json.loads(meta.read_text("utf-8")).get("tokenizer_sha256")
+    return sha if sha and set(sha) != {"0"} else None
+
+
 def model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
     base = GPTConfig.from_depth(cfg.depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
     if cfg.n_embd is not None or cfg.n_head is not None:
@@ -203,6 +213,13 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
                          num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size)
     if tok is None and token_bytes is None:
         tok = next(filter(None, (find_tokenizer(p) for p in getattr(data, "origins", ())[1:])), None)
+    if tok is not None and not cfg.tokenizer:
+        # a tokenizer found by looking around must be the one the cache records, or bpb would be wrong
+        recorded = _recorded_tokenizer_sha(getattr(data, "origins", [Path(cfg.data)])[-1])
+        if recorded and recorded != tok.sha256:
+            say(f"{tok.model_path}: not the tokenizer {cfg.data} was built with (sha256 {recorded[:12]}...); "
+                "ignored: pass --tokenizer")
+            tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world

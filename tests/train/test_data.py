@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,3 +83,21 @@ def test_train_subcommand_reports_bad_data_in_one_line(tmp_path, capsys):
     assert cli(["train", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "no such file or directory to train on" in err and "\n" not in err
+
+
+def test_a_tokenizer_found_near_the_data_must_be_the_one_it_was_built_with(tmp_path, tokenizer, capsys):
+    import shutil
+
+    periodic = np.arange(2000) % 37 + 10
+    cache = write_pretrain_cache(tmp_path / "pretrain" / "x", {"train": [periodic], "val": [periodic[:400]]})
+    meta = json.loads((cache / "meta.json").read_text())
+    (cache / "meta.json").write_text(json.dumps({**meta, "tokenizer_sha256": "ab" * 32}))
+    shutil.copytree(Path(tokenizer.model_path).parent, tmp_path / "tokenizer")
+    args = ["train", str(cache), "--out-dir", str(tmp_path / "run"), "--depth", "1", "--n-embd", "32",
+            "--sequence-len", "16", "--steps", "1", "--eval-steps", "1"]
+    assert cli(args) == 0
+    out = capsys.readouterr().out
+    assert "not the tokenizer" in out and "val bpb is skipped" in out and "final val bpb" not in out
+    (cache / "meta.json").write_text(json.dumps({**meta, "tokenizer_sha256": tokenizer.sha256}))
+    assert cli(args) == 0
+    assert "final val bpb" in capsys.readouterr().out
