@@ -43,6 +43,7 @@ from niels_gpt.formats.base import (
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
+from niels_gpt.urls import is_url
 
 TARGETS = FORMATS
 
@@ -175,6 +176,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             split: str = "train", max_tokens_per_file: int | None = None,
             shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None) -> dict:
     """Convert `src` (any format) into a new directory `dst` in format `to`. Returns a summary."""
+    for role, where in (("source", src), ("destination", dst)):
+        if is_url(where):  # NOTE: Path("s3://b/x") is the local path "s3:/b/x"; never let it get that far
+            raise ConfigError(f"{where}: a URL as the {role}; convert reads and writes local paths only "
+                              "(remote output is not supported by convert): convert to a local directory, "
+                              "then upload it")
     if to not in TARGETS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(TARGETS)}")
     dst = Path(dst)
