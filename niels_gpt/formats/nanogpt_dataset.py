@@ -38,12 +38,14 @@ import torch
 
 from niels_gpt.cache.formats import FormatInfo, detect_format
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.formats import megatron
 from niels_gpt.formats.base import TokenFile
 from niels_gpt.formats.bos_index import load_bos_index, scan_bos
 
 
 def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
-    if isinstance(spec, (str, os.PathLike)) and os.path.isdir(spec):
+    one = isinstance(spec, (str, os.PathLike))
+    if one and (os.path.isdir(spec) or (not os.path.exists(spec) and megatron.is_megatron(spec))):
         info = detect_format(spec, dtype).leaf()
         return list(info.token_files), info
     paths = sorted(glob.glob(str(spec))) if isinstance(spec, (str, os.PathLike)) else [str(p) for p in spec]

@@ -151,6 +151,7 @@ def test_cli_convert_and_prepare_data(small_cache, tmp_path, capsys):
     assert main(["prepare-data", str(tmp_path / "k"), "--seq-len", "3", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["format"] == "kempner-npy" and rep["vocab_size"] == 2004
+    assert rep["splits"]["train"].pop("calls") and rep["splits"]["train"].pop("kempnerforge")
     assert rep["splits"]["train"] == {"files": 1, "tokens": 10, "eot_id": EOT, "bos_id": None, "samples": 2,
                                       "max_id": 15, "eot_count": 4, "bos_count": 0, "first_token": 10,
                                       "last_token": EOT}

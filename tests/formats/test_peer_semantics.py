@@ -10,6 +10,8 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.formats.convert import convert
 from niels_gpt.formats.nanogpt_dataset import NanogptDataset
 
+EOT = 6  # the EOT id of the hand-made caches (tests/formats/conftest.py)
+
 
 def _windows(ds) -> list[list[int]]:
     return [s["input_ids"].tolist() + s["labels"][-1:].tolist() for s in ds]
@@ -54,3 +56,159 @@ def test_is_url_is_a_scheme_not_a_drive():
 
     assert is_url("s3://b/k") and is_url("https://h/x") and is_url("file:///tmp/x")
     assert not is_url("C:\\\\data") and not is_url("C://data") and not is_url("out/s3:/x")
+
+
+# -- prepare-data: every printed call runs as printed (item 6) -----------------------------------------
+
+def _printed_calls(argv, capsys) -> tuple[list[str], str]:
+    assert main(["prepare-data", *argv]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    imports = [ln for ln in lines if ln.startswith("from niels_gpt.")]
+    calls = [ln for ln in lines if ln.startswith(("MemoryMappedDataset(", "NanogptDataset("))]
+    assert len(imports) == 2 and calls
+    return imports + calls, captured.err
+
+
+def _run_printed(lines: list[str]) -> list:
+    """Execute the printed lines as a user would paste them; every dataset must yield a sample."""
+    scope: dict = {}
+    made = []
+    for line in lines:
+        if line.startswith("from "):
+            exec(line, scope)
+            continue
+        ds = eval(line, scope)
+        n = len(ds)
+        assert n > 0, line
+        first = next(iter(ds)) if hasattr(ds, "align_to_bos") else ds[0]
+        assert first["input_ids"].numel() and first["labels"].numel()
+        if getattr(ds, "align_to_bos", False):
+            assert all(int(s["input_ids"][0]) == ds.bos_token for s in ds)
+        made.append(ds)
+    return made
+
+
+def test_printed_calls_run_on_our_cache_and_align_to_the_eot_not_the_tokenizer_bos(small_cache, capsys):
+    lines, _ = _printed_calls([str(small_cache), "--seq-len", "2"], capsys)
+    assert "bos_token=1" not in "\n".join(lines)  # <s> never occurs in our caches: zero windows
+    made = _run_printed(lines)
+    assert len(made) == 4  # train and val, two calls each
+    assert any("align_to_bos=True" in ln and f"bos_token={EOT}" in ln for ln in lines)
+
+
+def test_printed_calls_run_without_an_eos_id(tmp_path, capsys):
+    d = tmp_path / "npy"
+    d.mkdir()
+    np.save(d / "shard_00000.npy", np.arange(2, 40, dtype="<u2"))
+    lines, _ = _printed_calls([str(d), "--seq-len", "4"], capsys)
+    assert "pack_sequences" not in "\n".join(lines)
+    _run_printed(lines)
+
+
+def test_printed_calls_carry_the_dtype_a_headerless_bin_needs(tmp_path, capsys):
+    d = tmp_path / "raw"
+    d.mkdir()
+    np.arange(2, 40, dtype="<u2").tofile(d / "a.bin")
+    lines, _ = _printed_calls([str(d), "--seq-len", "4", "--dtype", "uint16", "--eot-id", "9"], capsys)
+    assert all("dtype='uint16'" in ln for ln in lines if "(" in ln)
+    _run_printed(lines)
+
+
+def test_printed_calls_run_on_bos_prefixed_nanogpt_shards(small_cache, tmp_path, capsys):
+    convert(small_cache, tmp_path / "n", to="nanogpt", bos_index=True)
+    lines, _ = _printed_calls([str(tmp_path / "n"), "--seq-len", "2"], capsys)
+    assert any("align_to_bos=True" in ln for ln in lines)
+    _run_printed(lines)
+
+
+# -- modded-nanogpt's folder (item 5) -------------------------------------------------------------------
+
+BOS = 50256
+
+
+def _modded_folder(path):
+    """What modded-nanogpt's data/fineweb.py leaves: legacy-header shards, val first, <|endoftext|> first."""
+    from niels_gpt.formats import nanogpt
+
+    path.mkdir()
+    shards = {"fineweb_val_000000.bin": [BOS, 5, 6, 7, BOS, 8, 9],
+              "fineweb_train_000001.bin": [BOS, 10, 11, 12, BOS, 13, 14, 15, 16],
+              "fineweb_train_000002.bin": [BOS, 17, 18, BOS, 19, 20, 21, 22, 23]}
+    for name, toks in shards.items():
+        (path / name).write_bytes(nanogpt.make_header(len(toks), "uint16", legacy=True)
+                                  + np.asarray(toks, dtype="<u2").tobytes())
+    return path
+
+
+def test_modded_nanogpt_folder_splits_train_and_val(tmp_path, capsys, read_tokens):
+    from niels_gpt.cache.formats import detect_format
+
+    d = _modded_folder(tmp_path / "fineweb10B")
+    info = detect_format(d)
+    assert sorted(info.splits) == ["train", "val"] and info.format == "nanogpt-legacy"
+    assert [p.rsplit("/", 1)[1] for p in info.splits["train"].files] == [
+        "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+    assert info.splits["val"].num_tokens == 7 and info.splits["train"].pattern == "fineweb_train_*.bin"
+    lines, _ = _printed_calls([str(d), "--seq-len", "3", "--bos-id", str(BOS)], capsys)
+    train_calls = lines[2:4]
+    assert all("fineweb_train_" in ln and "fineweb_val_" not in ln for ln in train_calls)
+    made = _run_printed(lines)
+    train_tokens = {int(t) for ds in made[:2] for s in (ds if hasattr(ds, "align_to_bos") else [ds[i] for i in range(len(ds))])
+                    for t in s["input_ids"]}
+    assert not train_tokens & {5, 6, 7, 8, 9}  # nothing of the val shard reaches training
+    convert(d, tmp_path / "k", to="kempner-npy", bos_id=BOS)
+    assert read_tokens(tmp_path / "k") == {"train": [10, 11, 12, BOS, 13, 14, 15, 16, BOS, 17, 18, BOS,
+                                                     19, 20, 21, 22, 23, BOS], "val": [5, 6, 7, BOS, 8, 9, BOS]}
+
+
+# -- a .bos.idx that names no BOS id (item 4) -----------------------------------------------------------
+
+def _shard_with_bad_sidecar(tmp_path):
+    from niels_gpt.formats import nanogpt
+
+    d = tmp_path / "ng"
+    d.mkdir()
+    toks = [BOS, 10, 11, BOS, 12, 13, BOS, 14]
+    sink = nanogpt.NanogptSink(d / "data_000000.bin", "uint16")
+    sink.write(np.asarray(toks))
+    sink.close()
+    np.asarray([0, 3, 5, 6], dtype="<i4").tofile(d / "data_000000.bos.idx")  # 5 holds 13: inside a document
+    return d
+
+
+def test_a_sidecar_listing_a_position_inside_a_document_names_the_bos_id_to_pass(tmp_path, capsys, read_tokens):
+    from niels_gpt.errors import FormatError
+
+    d = _shard_with_bad_sidecar(tmp_path)
+    with pytest.raises(FormatError, match=r"3 hold token 50256, and position 5 holds token 13, inside a "
+                                          r"document; pass the BOS id \(--bos-id 50256 for convert"):
+        convert(d, tmp_path / "out", to="niels")
+    assert not (tmp_path / "out").exists()
+    assert main(["prepare-data", str(d), "--seq-len", "2"]) == 0
+    assert "--bos-id 50256" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="do not land on BOS token 50256; ignoring the sidecar and scanning"):
+        assert main(["prepare-data", str(d), "--seq-len", "2", "--bos-id", str(BOS)]) == 0
+    convert(d, tmp_path / "out", to="kempner-npy", bos_id=BOS)
+    assert read_tokens(tmp_path / "out") == {"-": [10, 11, BOS, 12, 13, BOS, 14, BOS]}
+
+
+# -- Megatron prefixes (item 7) -------------------------------------------------------------------------
+
+def test_a_megatron_prefix_is_accepted_wherever_a_path_is(small_cache, tmp_path, capsys, read_tokens):
+    from niels_gpt.cache.formats import detect_format
+    from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
+
+    convert(small_cache, tmp_path / "m", to="megatron")
+    prefix = str(tmp_path / "m" / "train" / "train")
+    assert detect_format(prefix).num_tokens == 10 and detect_format(prefix).path == prefix
+    assert len(MemoryMappedDataset(prefix, 2, pack_sequences=True)) == 3
+    assert len(list(NanogptDataset(prefix, 2))) == 3
+    convert(prefix, tmp_path / "back", to="kempner-npy")
+    assert read_tokens(tmp_path / "back") == {"-": read_tokens(small_cache)["train"]}
+    lines, _ = _printed_calls([prefix, "--seq-len", "2"], capsys)
+    _run_printed(lines)
+    assert main(["prepare-data", str(tmp_path / "m"), "--seq-len", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"--data-path {prefix} " in out and f"--data-path {tmp_path / 'm' / 'val' / 'val'} " in out
+    assert "<prefix>" not in out
