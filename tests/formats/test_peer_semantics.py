@@ -212,3 +212,22 @@ def test_a_megatron_prefix_is_accepted_wherever_a_path_is(small_cache, tmp_path,
     out = capsys.readouterr().out
     assert f"--data-path {prefix} " in out and f"--data-path {tmp_path / 'm' / 'val' / 'val'} " in out
     assert "<prefix>" not in out
+
+
+def test_a_non_utf8_byte_in_metadata_yaml_is_one_package_error(small_cache, tmp_path, capsys):
+    from niels_gpt.errors import FormatError
+    from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
+
+    convert(small_cache, tmp_path / "k", to="kempner-npy")
+    md = tmp_path / "k" / "train" / "metadata.yaml"
+    data = bytearray(md.read_bytes())
+    data[data.index(b"dtype")] = 0xFF
+    md.write_bytes(bytes(data))
+    match = r"metadata.yaml: byte \d+ is not UTF-8 \(0xff\); the file is corrupt"
+    with pytest.raises(FormatError, match=match):
+        MemoryMappedDataset(tmp_path / "k" / "train", 2)
+    with pytest.raises(FormatError, match=match):
+        NanogptDataset(str(tmp_path / "k" / "train"), 2)
+    assert main(["prepare-data", str(tmp_path / "k")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is not UTF-8" in err and len(err.strip().splitlines()) == 1
