@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES,
                    help=f"niels/raw shard size (default {DEFAULT_SHARD_BYTES})")
     p.add_argument("--split", default="train", help="split name for a source without splits (default train)")
+    p.add_argument("--not-for-kempnerforge", action="store_true",
+                   help="raw: write uint16 .bin files with an even token count, which KempnerForge misreads "
+                        "as uint32 (for readers that are told the dtype; KempnerForge wants --to kempner-npy)")
     p.set_defaults(func=_convert)
 
     q = subparsers.add_parser("prepare-data", help="validate a token directory and print how to train on it")
@@ -60,7 +63,8 @@ def _convert(args) -> int:
 
     summary = convert(args.src, args.dst, to=args.to, bos_index=args.bos_index, bos_id=args.bos_id,
                       eot_id=args.eot_id, dtype=args.dtype, src_dtype=args.src_dtype, split=args.split,
-                      max_tokens_per_file=args.max_tokens_per_file, shard_bytes=args.shard_bytes)
+                      max_tokens_per_file=args.max_tokens_per_file, shard_bytes=args.shard_bytes,
+                      not_for_kempnerforge=args.not_for_kempnerforge)
     for name, s in summary["splits"].items():
         print(f"{name}: {s['tokens']} tokens, {s['documents']} documents, {len(s['records'])} file(s), "
               f"{s['dtype']}, eot={s['eot_id']} bos={s['bos_id']}")

@@ -231,3 +231,39 @@ def test_a_non_utf8_byte_in_metadata_yaml_is_one_package_error(small_cache, tmp_
     assert main(["prepare-data", str(tmp_path / "k")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "is not UTF-8" in err and len(err.strip().splitlines()) == 1
+
+
+# -- raw output that KempnerForge would misread (item 2) ------------------------------------------------
+
+def _kempnerforge_reads(path) -> list[int]:
+    """KempnerForge MemoryMappedDataset's rule for a .bin: uint32 if the size divides by 4, else uint16."""
+    data = path.read_bytes()
+    return np.frombuffer(data, dtype="<u4" if len(data) % 4 == 0 else "<u2").tolist()
+
+
+def test_convert_to_raw_refuses_uint16_files_kempnerforge_would_misread(small_cache, tmp_path, capsys, read_tokens):
+    with pytest.raises(ConfigError, match=r"shard_00000.bin: 10 tokens\), which KempnerForge's "
+                                          r"MemoryMappedDataset reads as uint32.*use --to kempner-npy"):
+        convert(small_cache, tmp_path / "raw", to="raw")
+    assert not (tmp_path / "raw").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+    assert main(["convert", str(small_cache), str(tmp_path / "raw"), "--to", "raw"]) == 1
+    assert "--to kempner-npy" in capsys.readouterr().err
+    # declared for a reader that is told the dtype: written, and readable with that dtype
+    assert main(["convert", str(small_cache), str(tmp_path / "raw"), "--to", "raw", "--not-for-kempnerforge"]) == 0
+    assert read_tokens(tmp_path / "raw") == read_tokens(small_cache)
+    # KempnerForge-bound output is .npy: its dtype is in the header, whatever the size
+    convert(small_cache, tmp_path / "k", to="kempner-npy")
+    for f in sorted((tmp_path / "k").rglob("*.npy")):
+        assert np.load(f).dtype == np.dtype("<u2")
+    assert read_tokens(tmp_path / "k") == read_tokens(small_cache)
+
+
+def test_raw_uint16_with_odd_counts_and_uint32_raw_read_right_under_kempnerforges_rule(tmp_path, cache_maker):
+    odd = cache_maker(tmp_path / "odd", {"train": [[10, 11, EOT]], "val": [[12, EOT, 13, 14, EOT]]})
+    convert(odd, tmp_path / "raw", to="raw")
+    for split, want in (("train", [10, 11, EOT]), ("val", [12, EOT, 13, 14, EOT])):
+        (f,) = sorted((tmp_path / "raw" / split).glob("*.bin"))
+        assert _kempnerforge_reads(f) == want
+    convert(odd, tmp_path / "raw32", to="raw", dtype="uint32")  # uint32: every size divides by 4, read right
+    (f,) = sorted((tmp_path / "raw32" / "train").glob("*.bin"))
+    assert _kempnerforge_reads(f) == [10, 11, EOT]
