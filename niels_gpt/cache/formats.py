@@ -22,6 +22,7 @@ The per-format modules live in niels_gpt.formats; this module is their door.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class FormatInfo:
     meta: dict | None = None
     megatron: list = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    pattern: str | None = None  # a split of a flat directory: the glob of its files inside `path`
 
     def leaf(self, split: str | None = None) -> FormatInfo:
         """This info if it is a single stream, else its `split` (train by default)."""
@@ -96,12 +98,13 @@ def _niels_leaf(root: Path, meta: dict, split: str, only: list[Path] | None = No
     missing = sorted(set(k for k in listed if k.startswith(split + "/")) - {f"{split}/{f.name}" for f in files})
     if only is None and missing:
         raise FormatError(f"{root / split}: files listed in meta.json are missing: {', '.join(missing)}")
-    tok = meta.get("tokenizer") or {}
     sep = meta.get("document_separator") or {}
     special = meta.get("special_token_ids") or {}
     docs = (meta.get("totals") or {}).get(f"{split}_documents") if only is None else None
+    # NOTE: bos_id stays None: our documents are framed by EOT alone; the tokenizer's <s> id never
+    # occurs in the stream, and aligning windows to it would find no window at all.
     return FormatInfo("niels", dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(root / split),
-                      tfs, eot_id=sep.get("id", special.get("eot")), bos_id=tok.get("bos_id"),
+                      tfs, eot_id=sep.get("id", special.get("eot")),
                       vocab_size=meta.get("vocab_size"), tokenizer_sha256=meta.get("tokenizer_sha256"),
                       special_token_ids=dict(special), documents=docs, meta=meta)
 
@@ -192,10 +195,56 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
     return _tatm(files[0].parent, info)
 
 
+_SPLIT_WORD = re.compile(r"(?:^|[_.-])(train|val)(?=[_.-]|\d|$)")
+
+
+def _named_splits(files: list[Path]) -> dict[str, list[Path]] | None:
+    """modded-nanogpt's folder: fineweb_val_*.bin beside fineweb_train_*.bin -> {train: [...], val: [...]}.
+
+    Only when every file names exactly one of train/val and both occur; otherwise None (one stream).
+    """
+    groups: dict[str, list[Path]] = {}
+    for f in files:
+        words = set(_SPLIT_WORD.findall(f.stem))
+        if len(words) != 1:
+            return None
+        groups.setdefault(words.pop(), []).append(f)
+    return groups if set(groups) == set(SPLITS) else None
+
+
+def _split_pattern(directory: Path, files: list[Path]) -> str | None:
+    """A glob matching exactly `files` in `directory` (the last run of digits becomes '*'), else None."""
+    patterns = {re.sub(r"\d+(?=\D*$)", "*", f.name) for f in files}
+    if len(patterns) != 1:
+        return None
+    pattern = patterns.pop()
+    return pattern if sorted(directory.glob(pattern)) == sorted(files) else None
+
+
+def _flat_splits(directory: Path, named: dict[str, list[Path]], dtype) -> FormatInfo:
+    splits = {}
+    for name in SPLITS:
+        leaf = _foreign_files(named[name], directory, dtype)
+        leaf.pattern = _split_pattern(directory, named[name])
+        splits[name] = leaf
+    kinds = {i.format for i in splits.values()}
+    if len(kinds) > 1:
+        raise FormatError(f"{directory}: its train and val files are in different formats {sorted(kinds)}")
+    first = splits["train"]
+    return FormatInfo(first.format, first.dtype, sum(i.num_tokens for i in splits.values()),
+                      [f for i in splits.values() for f in i.files], str(directory), splits=splits,
+                      eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size,
+                      tokenizer_sha256=first.tokenizer_sha256, meta=first.meta)
+
+
 def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = None) -> FormatInfo:
     """Open a token file or directory of any supported format; see the module docstring."""
     p = Path(path)
     if not p.exists():
+        if megatron.is_megatron(p):  # a Megatron prefix: `meg/tokens` for meg/tokens.bin + meg/tokens.idx
+            info = _foreign_files([Path(str(p) + ".bin"), Path(str(p) + ".idx")], p.parent, dtype)
+            info.path = str(p)
+            return info
         raise FormatError(f"{p}: no such file or directory")
     if p.is_dir():
         if (p / META_NAME).is_file():
@@ -211,6 +260,9 @@ def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = 
                 files = [f for f in files if f.suffix in (".bin", ".idx")]
             else:
                 files = kempner.list_token_files(p)
+                named = _named_splits(files)
+                if named:
+                    return _flat_splits(p, named, dtype)
             return _foreign_files(files, p, dtype)
         splits = {s: detect_format(p / s, dtype) for s in SPLITS if (p / s).is_dir()}
         if not splits and (p / kempner.METADATA_NAME).is_file():

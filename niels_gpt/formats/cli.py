@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES,
                    help=f"niels/raw shard size (default {DEFAULT_SHARD_BYTES})")
     p.add_argument("--split", default="train", help="split name for a source without splits (default train)")
+    p.add_argument("--not-for-kempnerforge", action="store_true",
+                   help="raw: write uint16 .bin files with an even token count, which KempnerForge misreads "
+                        "as uint32 (for readers that are told the dtype; KempnerForge wants --to kempner-npy)")
     p.set_defaults(func=_convert)
 
     q = subparsers.add_parser("prepare-data", help="validate a token directory and print how to train on it")
@@ -48,6 +51,8 @@ def register(subparsers) -> None:
     q.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"default {DEFAULT_SEQ_LEN}")
     q.add_argument("--dtype", default=None, choices=("uint16", "uint32"), help="dtype of headerless .bin")
     q.add_argument("--eot-id", type=int, default=None, help="EOT id (default: recorded)")
+    q.add_argument("--bos-id", type=int, default=None,
+                   help="BOS id of BOS-prefixed shards (default: recorded, or named by .bos.idx sidecars)")
     q.add_argument("--no-scan", action="store_true", help="skip the pass over the tokens")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.set_defaults(func=_prepare)
@@ -58,7 +63,8 @@ def _convert(args) -> int:
 
     summary = convert(args.src, args.dst, to=args.to, bos_index=args.bos_index, bos_id=args.bos_id,
                       eot_id=args.eot_id, dtype=args.dtype, src_dtype=args.src_dtype, split=args.split,
-                      max_tokens_per_file=args.max_tokens_per_file, shard_bytes=args.shard_bytes)
+                      max_tokens_per_file=args.max_tokens_per_file, shard_bytes=args.shard_bytes,
+                      not_for_kempnerforge=args.not_for_kempnerforge)
     for name, s in summary["splits"].items():
         print(f"{name}: {s['tokens']} tokens, {s['documents']} documents, {len(s['records'])} file(s), "
               f"{s['dtype']}, eot={s['eot_id']} bos={s['bos_id']}")
@@ -83,26 +89,87 @@ def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
     return {"max_id": hi, "eot_count": eots, "bos_count": boss, "first_token": first, "last_token": last}
 
 
-def report(path: str, *, seq_len: int, dtype=None, eot_id=None, do_scan: bool = True) -> dict:
+def _find_bos(leaf: FormatInfo, where: str, warnings_out: list[str]) -> int | None:
+    """The BOS id a nanoGPT leaf's `.bos.idx` sidecars name, or None; a sidecar that names none warns."""
+    from niels_gpt.errors import FormatError
+    from niels_gpt.formats.bos_index import load_bos_index
+
+    for tf in leaf.token_files:
+        try:
+            found = load_bos_index(tf.path, tf.open(), None)
+        except FormatError as exc:
+            warnings_out.append(str(exc))
+            return None
+        if found:
+            return found[1]
+    return None
+
+
+def _target(leaf: FormatInfo, path: str, split_root: bool) -> tuple[str, str | None]:
+    """(path, file_pattern) that opens exactly this leaf from Python."""
+    if leaf.pattern:
+        return leaf.path, leaf.pattern
+    return (leaf.path if split_root else str(path)), None
+
+
+def _calls(leaf: FormatInfo, target: tuple[str, str | None], *, seq_len: int, eot, bos, dtype, counts: dict | None,
+           do_scan: bool) -> list[str]:
+    """The dataset calls to print for one leaf, each built here first: what is printed runs as printed.
+
+    MemoryMappedDataset packs documents only when an EOS id is known. NanogptDataset aligns windows
+    to the token that opens documents (the BOS if the stream has one, else the EOT that precedes
+    every document but the first, modded-nanogpt's convention) only when the scan found that token
+    and the aligned dataset has at least one window; otherwise it is printed unaligned.
+    """
+    from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
+    from niels_gpt.formats.nanogpt_dataset import NanogptDataset
+
+    d, pattern = target
+    extra = {"dtype": dtype} if dtype is not None and leaf.format == "raw" else {}
+    mm = {"seq_len": seq_len, **({"file_pattern": pattern} if pattern else {}), **extra}
+    if eot is not None:
+        mm.update(pack_sequences=True, eos_token_id=eot)
+    files = f"{d}/{pattern}" if pattern else d
+    ng = {"seq_len": seq_len, **extra}
+    out = []
+    MemoryMappedDataset(d, **mm)
+    out.append(f"MemoryMappedDataset({d!r}, {_kwargs(mm)})")
+    align = None
+    if do_scan and counts is not None:
+        if bos is not None and counts.get("bos_count"):
+            align = bos
+        elif eot is not None and counts.get("eot_count"):
+            align = eot
+    if align is not None:
+        aligned = {**ng, "bos_token": align, "align_to_bos": True}
+        if len(NanogptDataset(files, **aligned)):
+            out.append(f"NanogptDataset({files!r}, {_kwargs(aligned)})")
+            return out
+    NanogptDataset(files, **ng)
+    out.append(f"NanogptDataset({files!r}, {_kwargs(ng)})")
+    return out
+
+
+def _kwargs(kw: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kw.items())
+
+
+def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_scan: bool = True) -> dict:
     info = detect_format(path, dtype)
     out = {"path": str(path), "format": info.format, "dtype": dtype_name(info.dtype) if info.dtype.kind == "u"
            else str(info.dtype), "vocab_size": info.vocab_size, "splits": {}, "warnings": list(info.warnings)}
     for name, leaf in (info.splits or {"": info}).items():
         eot = eot_id if eot_id is not None else leaf.eot_id
-        bos = leaf.bos_id
+        bos = bos_id if bos_id is not None else leaf.bos_id
+        where = leaf.path if not leaf.pattern else f"{leaf.path}/{leaf.pattern}"
+        if leaf.format.startswith("nanogpt") and bos is None:
+            bos = _find_bos(leaf, where, out["warnings"])
         rep = {"files": len(leaf.files), "tokens": leaf.num_tokens, "eot_id": eot, "bos_id": bos,
                "samples": sum(t.count // (seq_len + 1) for t in leaf.token_files)}
-        where = leaf.path
-        if leaf.format.startswith("nanogpt") and bos is None:
-            from niels_gpt.formats.bos_index import load_bos_index
-
-            for tf in leaf.token_files:
-                found = load_bos_index(tf.path, tf.open(), None)
-                if found:
-                    bos = rep["bos_id"] = found[1]
-                    break
+        counts = None
         if do_scan and leaf.num_tokens:
-            rep.update(scan(leaf, eot, bos))
+            counts = scan(leaf, eot, bos)
+            rep.update(counts)
             if info.vocab_size is not None and rep["max_id"] >= info.vocab_size:
                 out["warnings"].append(f"{where}: token id {rep['max_id']} >= vocab size {info.vocab_size}")
             bos_framed = bos is not None and rep["first_token"] == bos  # documents open with BOS instead
@@ -112,6 +179,15 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, do_scan: bool = 
                 (t.count * 2) % 4 == 0 for t in leaf.token_files):
             out["warnings"].append(f"{where}: uint16 .bin shards; KempnerForge infers uint32 from sizes divisible "
                                    "by 4 and would misread them: give it .npy (convert --to kempner-npy)")
+        target = _target(leaf, path, bool(info.splits))
+        rep["calls"] = _calls(leaf, target, seq_len=seq_len, eot=eot, bos=bos, dtype=dtype, counts=counts,
+                              do_scan=do_scan)
+        if leaf.format == "kempner-npy":
+            pack = " --data.pack_sequences true" if eot is not None else ""
+            rep["kempnerforge"] = (f"--data.dataset_path {target[0]} --data.file_pattern "
+                                   f"'{target[1] or '*.npy'}'{pack} --data.seq_len {seq_len}")
+        if leaf.format == "megatron":
+            rep["megatron_data_path"] = [i.prefix for i in leaf.megatron]
         out["splits"][name or "all"] = rep
     return out
 
@@ -122,24 +198,23 @@ def _print_report(rep: dict, seq_len: int) -> None:
         extra = f", max id {s['max_id']}, {s['eot_count']} EOT" if "max_id" in s else ""
         print(f"  {name}: {s['files']} file(s), {s['tokens']} tokens, {s['samples']} samples of "
               f"{seq_len}+1{extra}")
+    print("\nfrom niels_gpt.formats.kempner_dataset import MemoryMappedDataset")
+    print("from niels_gpt.formats.nanogpt_dataset import NanogptDataset")
     for name, s in rep["splits"].items():
-        d = rep["path"] if name == "all" else f"{rep['path']}/{name}"
-        print(f"\n# {name}: train on it with")
-        print(f"MemoryMappedDataset({d!r}, seq_len={seq_len}, pack_sequences=True"
-              + (f", eos_token_id={s['eot_id']})" if s["eot_id"] is not None else ")"))
-        bos = s["bos_id"] if s["bos_id"] is not None else s["eot_id"]
-        print(f"NanogptDataset({d!r}, seq_len={seq_len}, bos_token={bos}, align_to_bos={bos is not None})")
-        if rep["format"] == "kempner-npy":
-            print(f"KempnerForge: --data.dataset_path {d} --data.file_pattern '*.npy' "
-                  f"--data.pack_sequences true --data.seq_len {seq_len}")
-        if rep["format"] == "megatron":
-            print(f"Megatron-LM: --data-path {d}/<prefix> --seq-length {seq_len}")
+        print(f"# {name}: train on it with")
+        for call in s["calls"]:
+            print(call)
+        if "kempnerforge" in s:
+            print(f"# KempnerForge: {s['kempnerforge']}")
+        if "megatron_data_path" in s:
+            print(f"# Megatron-LM: --data-path {' '.join(s['megatron_data_path'])} --seq-length {seq_len}")
     for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
 
 
 def _prepare(args) -> int:
-    rep = report(args.dir, seq_len=args.seq_len, dtype=args.dtype, eot_id=args.eot_id, do_scan=not args.no_scan)
+    rep = report(args.dir, seq_len=args.seq_len, dtype=args.dtype, eot_id=args.eot_id, bos_id=args.bos_id,
+                 do_scan=not args.no_scan)
     if args.json:
         print(json.dumps(rep, indent=2, sort_keys=True))
     else:

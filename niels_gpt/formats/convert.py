@@ -43,6 +43,7 @@ from niels_gpt.formats.base import (
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
+from niels_gpt.urls import is_url
 
 TARGETS = FORMATS
 
@@ -160,6 +161,23 @@ def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id)
     return eot, None
 
 
+def check_kempner_safe(records: list[dict], dtype: np.dtype, dst) -> None:
+    """Refuse uint16 raw files that KempnerForge's MemoryMappedDataset would misread.
+
+    It ignores metadata.yaml and takes uint32 whenever a .bin's size divides by 4, i.e. for every
+    uint16 file with an even token count: 10 tokens (20 bytes) read as 5 garbage ids.
+    """
+    if np.dtype(dtype).itemsize != 2:
+        return
+    even = [r for r in records if r["tokens"] % 2 == 0]
+    if even:
+        raise ConfigError(
+            f"{dst}: --to raw would write uint16 .bin files with an even token count ({Path(even[0]['path']).name}: "
+            f"{even[0]['tokens']} tokens), which KempnerForge's MemoryMappedDataset reads as uint32 (it ignores "
+            "metadata.yaml); for KempnerForge use --to kempner-npy (.npy records its dtype); for a reader "
+            "that is told the dtype (e.g. np.memmap(..., dtype=np.uint16)) pass --not-for-kempnerforge")
+
+
 def _first(*values):
     return next((v for v in values if v is not None), None)
 
@@ -173,8 +191,19 @@ def _out_dtype(stream: DocStream, dtype) -> np.dtype:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_index: bool = False,
             bos_id: int | None = None, eot_id: int | None = None, dtype=None, src_dtype=None,
             split: str = "train", max_tokens_per_file: int | None = None,
-            shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None) -> dict:
-    """Convert `src` (any format) into a new directory `dst` in format `to`. Returns a summary."""
+            shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None,
+            not_for_kempnerforge: bool = False) -> dict:
+    """Convert `src` (any format) into a new directory `dst` in format `to`. Returns a summary.
+
+    `--to raw` in uint16 refuses to leave a file with an even token count (KempnerForge would read it
+    as uint32, see check_kempner_safe) unless `not_for_kempnerforge` says the output is meant for a
+    reader that takes the dtype from its caller.
+    """
+    for role, where in (("source", src), ("destination", dst)):
+        if is_url(where):  # NOTE: Path("s3://b/x") is the local path "s3:/b/x"; never let it get that far
+            raise ConfigError(f"{where}: a URL as the {role}; convert reads and writes local paths only "
+                              "(remote output is not supported by convert): convert to a local directory, "
+                              "then upload it")
     if to not in TARGETS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(TARGETS)}")
     dst = Path(dst)
@@ -201,6 +230,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             except BaseException:
                 target.abort()
                 raise
+            if to == "raw" and not not_for_kempnerforge:
+                check_kempner_safe(records, out_dtype, dst)
             fr = target.framer
             summary["splits"][name] = {
                 "records": records, "tokens": sum(r["tokens"] for r in records),

@@ -41,8 +41,12 @@ def read_metadata(directory: str | os.PathLike) -> dict | None:
 
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: byte {exc.start} is not UTF-8 (0x{exc.object[exc.start]:02x}); the file is "
+                          "corrupt: restore it, or re-convert the directory") from exc
     except yaml.YAMLError as exc:
-        raise FormatError(f"{path}: not valid YAML ({exc}); fix or delete it") from exc
+        reason = " ".join(str(exc).split())
+        raise FormatError(f"{path}: not valid YAML ({reason}); fix or delete it") from exc
     info = doc.get("tokenized_info") if isinstance(doc, dict) else None
     if not isinstance(info, dict):
         raise FormatError(f"{path}: no 'tokenized_info' mapping; this is not a tatm metadata file")

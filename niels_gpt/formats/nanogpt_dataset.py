@@ -6,10 +6,12 @@
 - Files: a glob pattern, a list of paths, or a directory (any format detect_format reads, our
   caches included). With `shuffle_files` the file order is a permutation drawn from
   torch.Generator(seed + epoch), identical on every rank and worker.
-- Samples of a file: windows of seq_len + 1 tokens starting at 0, seq_len, 2*seq_len, ...
-  (labels = inputs shifted by one; consecutive windows share one token, as modded-nanogpt's
-  loader). With `align_to_bos` a window starts at the first BOS at or after that position, found
-  in the `.bos.idx` sidecar (validated, see niels_gpt.formats.bos_index) or by a scan.
+- Samples of a file: windows of seq_len + 1 tokens starting at 0, seq_len + 1, 2*(seq_len + 1),
+  ... while a whole window fits (labels = inputs shifted by one; consecutive windows share no
+  token: AutoModel reads seq_len + 1 tokens and starts the next window after them). With
+  `align_to_bos` the first window starts at the first BOS of the file and each next one at the
+  first BOS at or after the end of the previous window, found in the `.bos.idx` sidecar
+  (validated, see niels_gpt.formats.bos_index) or by a scan.
 - Consumers = world_size x num_workers, id = rank * num_workers + worker. With at least as many
   files as consumers, consumer c reads files c, c + C, ... With fewer, the ordered list of all
   samples (a grid of token positions) is cut into C contiguous ranges, one per consumer: the peer
@@ -36,12 +38,14 @@ import torch
 
 from niels_gpt.cache.formats import FormatInfo, detect_format
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.formats import megatron
 from niels_gpt.formats.base import TokenFile
 from niels_gpt.formats.bos_index import load_bos_index, scan_bos
 
 
 def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
-    if isinstance(spec, (str, os.PathLike)) and os.path.isdir(spec):
+    one = isinstance(spec, (str, os.PathLike))
+    if one and (os.path.isdir(spec) or (not os.path.exists(spec) and megatron.is_megatron(spec))):
         info = detect_format(spec, dtype).leaf()
         return list(info.token_files), info
     paths = sorted(glob.glob(str(spec))) if isinstance(spec, (str, os.PathLike)) else [str(p) for p in spec]
@@ -102,15 +106,16 @@ class NanogptDataset(torch.utils.data.IterableDataset):
     def _file_starts(self, f: int) -> np.ndarray:
         if f not in self._starts:
             tf = self.files[f]
-            n, span = tf.count, self.seq_len
+            n, span = tf.count, self.seq_len + 1
             if not self.align_to_bos:
-                self._starts[f] = np.arange(0, max(0, n - span), span, dtype=np.int64)
+                # n=22, seq_len=4: windows [0, 5), [5, 10), [10, 15), [15, 20); 20 + 5 > 22 ends it
+                self._starts[f] = np.arange(0, max(0, n - span + 1), span, dtype=np.int64)
             else:
                 tokens = tf.open()
                 found = load_bos_index(tf.path, tokens, self.bos_token)
                 bos = found[0] if found else scan_bos(tokens, self.bos_token)
                 starts, i = [], 0
-                while i < len(bos) and bos[i] + span + 1 <= n:
+                while i < len(bos) and bos[i] + span <= n:
                     starts.append(int(bos[i]))
                     i = int(np.searchsorted(bos, bos[i] + span, side="left"))
                 self._starts[f] = np.asarray(starts, dtype=np.int64)

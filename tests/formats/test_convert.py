@@ -17,6 +17,11 @@ from niels_gpt.formats.convert import convert
 
 EOT = 6  # the EOT id of the hand-made caches (tests/formats/conftest.py)
 TARGETS = ["niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron"]
+
+
+def _kw(target: str) -> dict:
+    """raw uint16 output with even token counts is refused unless it is declared not for KempnerForge."""
+    return {"not_for_kempnerforge": True} if target == "raw" else {}
 SOURCES = [(t, False) for t in TARGETS] + [("nanogpt", True), ("nanogpt-legacy", True)]
 
 
@@ -37,10 +42,10 @@ def test_every_format_pair_round_trips_real_text(real_cache, tokenizer, tmp_path
     original = read_tokens(real_cache)
     assert original["val"][-1] == tokenizer.eot_id  # the builder closes the document its budget cut
     mid = tmp_path / "mid"
-    convert(real_cache, mid, to=src_fmt, bos_index=bos, max_tokens_per_file=5000)
+    convert(real_cache, mid, to=src_fmt, bos_index=bos, max_tokens_per_file=5000, **_kw(src_fmt))
     for target in TARGETS:
         out, back = tmp_path / f"to-{target}", tmp_path / f"back-{target}"
-        convert(mid, out, to=target)
+        convert(mid, out, to=target, **_kw(target))
         convert(out, back, to="niels")
         assert read_tokens(back) == original, (src_fmt, bos, target)
     text = tokenizer.decode([t for t in _documents(read_tokens(back)["train"], tokenizer.eot_id)[0]])
@@ -73,7 +78,7 @@ def test_megatron_has_one_sequence_per_document(small_cache, tmp_path):
 
 
 def test_converted_cache_meta_records_what_is_known(small_cache, tmp_path):
-    convert(small_cache, tmp_path / "raw", to="raw")
+    convert(small_cache, tmp_path / "raw", to="raw", not_for_kempnerforge=True)
     convert(tmp_path / "raw", tmp_path / "ours", to="niels")
     meta = read_meta(str(tmp_path / "ours"))
     assert meta["totals"] == {"train_tokens": 10, "val_tokens": 3, "train_documents": 4, "val_documents": 1}
@@ -151,6 +156,7 @@ def test_cli_convert_and_prepare_data(small_cache, tmp_path, capsys):
     assert main(["prepare-data", str(tmp_path / "k"), "--seq-len", "3", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["format"] == "kempner-npy" and rep["vocab_size"] == 2004
+    assert rep["splits"]["train"].pop("calls") and rep["splits"]["train"].pop("kempnerforge")
     assert rep["splits"]["train"] == {"files": 1, "tokens": 10, "eot_id": EOT, "bos_id": None, "samples": 2,
                                       "max_id": 15, "eot_count": 4, "bos_count": 0, "first_token": 10,
                                       "last_token": EOT}
@@ -166,7 +172,7 @@ def test_cli_convert_and_prepare_data(small_cache, tmp_path, capsys):
 def test_empty_split_survives_every_format(tmp_path, cache_maker, read_tokens):
     src = cache_maker(tmp_path / "src", {"train": [[10, EOT, 11, EOT]]})
     for target in TARGETS:
-        convert(src, tmp_path / target, to=target)
+        convert(src, tmp_path / target, to=target, **_kw(target))
         convert(tmp_path / target, tmp_path / f"{target}-back", to="niels")
         assert read_tokens(tmp_path / f"{target}-back") == {"train": [10, EOT, 11, EOT], "val": []}, target
 
@@ -177,10 +183,10 @@ def test_an_unterminated_last_document_round_trips(cache_maker, tmp_path, src_fm
     cache = cache_maker(tmp_path / "c", {"train": [[10, 11, 6, 12, 13, 14, 6, 15, 16]], "val": [[20, 6, 21]]})
     original = read_tokens(cache)
     mid = tmp_path / "mid"
-    convert(cache, mid, to=src_fmt, bos_index=bos)
+    convert(cache, mid, to=src_fmt, bos_index=bos, **_kw(src_fmt))
     for target in TARGETS:
         out, back = tmp_path / f"to-{target}", tmp_path / f"back-{target}"
-        convert(mid, out, to=target)
+        convert(mid, out, to=target, **_kw(target))
         convert(out, back, to="niels")
         assert read_tokens(back) == original, (src_fmt, bos, target)
 

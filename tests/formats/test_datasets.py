@@ -114,8 +114,8 @@ def _samples_for_worker(ds, worker, workers):
 def test_single_file_is_split_by_token_ranges_not_duplicated(tmp_path):
     np.save(tmp_path / "one.npy", np.arange(2, 202, dtype="<u2"))
     per_rank = [_samples(NanogptDataset([str(tmp_path / "one.npy")], 9, rank=r, world_size=4)) for r in range(4)]
-    assert [len(p) for p in per_rank] == [5, 6, 5, 6]  # 22 windows of 10 tokens (stride 9), no copies
-    assert per_rank[1][0][0] == 2 + 5 * 9
+    assert [len(p) for p in per_rank] == [5, 5, 5, 5]  # 20 windows of 10 tokens (stride 10), no copies
+    assert per_rank[1][0][0] == 2 + 5 * 10
 
 
 def test_dataloader_workers_split_one_file(tmp_path):
@@ -123,7 +123,7 @@ def test_dataloader_workers_split_one_file(tmp_path):
     ds = NanogptDataset([str(tmp_path / "one.npy")], 9)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     got = sorted(int(s["input_ids"][0]) for s in loader)
-    assert got == [2 + 9 * i for i in range(44)]
+    assert got == [2 + 10 * i for i in range(40)]
 
 
 def test_bos_alignment_uses_the_sidecar_and_starts_every_sample_on_bos(small_cache, tmp_path):
@@ -135,12 +135,12 @@ def test_bos_alignment_uses_the_sidecar_and_starts_every_sample_on_bos(small_cac
         NanogptDataset(str(_npy_dir(tmp_path / "plain", [[1, 2, 3]])), 2, align_to_bos=True)
 
 
-def test_nanogpt_dataset_reads_our_cache_with_stride_seq_len(small_cache):
+def test_nanogpt_dataset_reads_our_cache_with_stride_seq_len_plus_one(small_cache):
     ds = NanogptDataset(str(small_cache / "train"), 3)
     assert [s["input_ids"].tolist() for s in ds] == [[10, 11, 12], [EOT, EOT, 15]]  # windows stay in a file
     ds = NanogptDataset(str(small_cache / "train"), 1)
     assert [s["input_ids"].tolist() + s["labels"].tolist() for s in ds] == [
-        [10, 11], [11, 12], [12, EOT], [EOT, 13], [13, 14], [EOT, EOT], [EOT, 15], [15, EOT]]
+        [10, 11], [12, EOT], [13, 14], [EOT, EOT], [15, EOT]]
 
 
 def test_resume_continues_where_the_consumer_stopped(tmp_path):
