@@ -25,19 +25,41 @@ def token_bytes(tokenizer, device: str | torch.device = "cpu") -> torch.Tensor:
     return torch.as_tensor(tokenizer.token_byte_lengths(), dtype=torch.int64, device=device)
 
 
+def batch_inputs_targets(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a batch as the library's loaders deliver it.
+
+    - a dict: `input_ids` and `labels` (windows, peer datasets, packed bins, tagged mixture items);
+    - a tuple or list: the first tensor is the input, the last tensor the targets, anything that is not
+      a tensor (a mixture's dataset tag) is skipped. So `(x, y)` scores y and SFT rows
+      `(x, y, y_masked)` score the assistant targets only.
+    """
+    if isinstance(batch, dict):
+        if "input_ids" not in batch or "labels" not in batch:
+            raise ConfigError(f"batch has keys {sorted(batch)}: expected 'input_ids' and 'labels'")
+        return batch["input_ids"], batch["labels"]
+    tensors = [t for t in batch if isinstance(t, torch.Tensor)]
+    if len(tensors) < 2:
+        raise ConfigError(f"batch of {len(batch)} items holds {len(tensors)} tensor(s): expected at least two "
+                          "tensors (inputs first, targets last)")
+    return tensors[0], tensors[-1]
+
+
 @torch.no_grad()
 def evaluate_bpb(model: Callable[[torch.Tensor], torch.Tensor], batches: Iterable, token_bytes: torch.Tensor,
                  *, steps: int | None = None) -> float:
-    """Bits per byte of `model` (x -> logits (B, T, V)) over (x, y) batches; y uses -100 to ignore.
+    """Bits per byte of `model` (x -> logits (B, T, V)) over batches; targets use -100 to ignore.
+
+    A batch is anything the library's loaders deliver (see `batch_inputs_targets`).
 
     `steps` limits how many batches are read (an infinite loader needs it).
     """
     device = token_bytes.device
     total_nats = torch.zeros((), dtype=torch.float64, device=device)
     total_bytes = torch.zeros((), dtype=torch.int64, device=device)
-    for i, (x, y) in enumerate(batches):
+    for i, batch in enumerate(batches):
         if steps is not None and i >= steps:
             break
+        x, y = batch_inputs_targets(batch)
         logits = model(x.to(device))
         y = y.to(device).reshape(-1)
         if logits.shape[:-1].numel() != y.numel():

@@ -169,6 +169,13 @@ class MixtureSampler:
         while True:
             yield self.global_batch()[lo:lo + self.batch_size]
 
+    def advance_state(self, state: dict) -> dict:
+        """The state after one more global batch than `state` (the draws' order does not enter it)."""
+        step, drawn, carry = int(state["step"]), list(state["drawn"]), list(state["carry"])
+        counts, carry = quota_step(self.probabilities(step), carry, self.global_batch_size)
+        return {**state, "step": step + 1, "drawn": [a + c for a, c in zip(drawn, counts, strict=True)],
+                "carry": carry}
+
     def state_dict(self) -> dict:
         return {"kind": MIXTURE_KIND, "version": STATE_VERSION, "step": self.step, "drawn": list(self.drawn),
                 "carry": list(self.carry), "seed": self.seed, "fingerprint": self.fingerprint}

@@ -211,11 +211,12 @@ class ParquetTokenLoader:
             rows = np.empty((self.B, self.T + 1), dtype=np.int64)
             for r in range(self.B):
                 self.packer.fill_row(rows[r])
-            rows_t = torch.from_numpy(rows)
-            x, y = rows_t[:, :-1], rows_t[:, 1:]
+            # NOTE: copies, not views of `rows`: a (B, T) slice of a (B, T+1) array is not contiguous, and
+            # models call targets.view(-1).
+            x, y = torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
         self.batches += 1
         if self.device.type == "cuda":
-            x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+            x, y = x.pin_memory(), y.pin_memory()
             return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return x, y
 

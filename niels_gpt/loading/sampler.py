@@ -151,21 +151,31 @@ class GlobalBatchSampler:
 
 
 class ResumableDataLoader(DataLoader):
-    """A plain torch DataLoader over a GlobalBatchSampler whose state is the last *delivered* batch.
+    """A plain torch DataLoader whose state is the last *delivered* batch, not the last one prefetched.
 
         loader = ResumableDataLoader(ds, GlobalBatchSampler(ds, 64, seed=0), num_workers=2)
         ...; ckpt["loader"] = loader.state_dict()      # JSON-able
         loader.load_state_dict(ckpt["loader"])         # any world size, any num_workers
+
+    The batch sampler is a `GlobalBatchSampler` or any sampler with `state_dict`, `load_state_dict` and
+    `advance_state(state) -> state` (the state after one more global batch), such as `MixtureSampler`.
+    Workers prefetch ahead of the training loop, so the sampler itself runs ahead of what was delivered;
+    the loader keeps its own copy of the state, advanced once per delivered batch.
     """
 
-    def __init__(self, dataset, batch_sampler: GlobalBatchSampler, **kwargs):
-        if not isinstance(batch_sampler, GlobalBatchSampler):
-            raise ConfigError("ResumableDataLoader needs a GlobalBatchSampler as batch_sampler")
+    def __init__(self, dataset, batch_sampler, **kwargs):
+        if not (isinstance(batch_sampler, GlobalBatchSampler) or hasattr(batch_sampler, "advance_state")):
+            raise ConfigError(f"ResumableDataLoader needs a GlobalBatchSampler or a MixtureSampler as "
+                              f"batch_sampler, got {type(batch_sampler).__name__}")
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self._position: tuple[int, int] | None = None
+        self._delivered: dict | None = None
 
     def __iter__(self):
-        sampler: GlobalBatchSampler = self.batch_sampler
+        sampler = self.batch_sampler
+        if not isinstance(sampler, GlobalBatchSampler):
+            yield from self._iter_stateful(sampler)
+            return
         epoch, consumed = sampler.next_position()
         self._position = (epoch, consumed)
         for batch in super().__iter__():
@@ -174,8 +184,21 @@ class ResumableDataLoader(DataLoader):
             yield batch
         self._position = (epoch + 1, 0)
 
+    def _iter_stateful(self, sampler):
+        if self._delivered is not None:
+            # An earlier iteration was left with batches prefetched but never delivered: draw them again.
+            sampler.load_state_dict(self._delivered)
+        state = sampler.state_dict()
+        self._delivered = state
+        for batch in super().__iter__():
+            state = sampler.advance_state(state)
+            self._delivered = state
+            yield batch
+
     def state_dict(self) -> dict:
-        sampler: GlobalBatchSampler = self.batch_sampler
+        sampler = self.batch_sampler
+        if not isinstance(sampler, GlobalBatchSampler):
+            return dict(self._delivered) if self._delivered is not None else sampler.state_dict()
         if self._position is None:
             return sampler.state_dict()
         return sampler.state_at(*self._position)
@@ -183,3 +206,4 @@ class ResumableDataLoader(DataLoader):
     def load_state_dict(self, state: dict) -> None:
         self.batch_sampler.load_state_dict(state)
         self._position = None
+        self._delivered = None

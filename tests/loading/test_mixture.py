@@ -144,3 +144,50 @@ def test_mixture_file_without_weights_is_rejected(tmp_path):
     (tmp_path / "bad.toml").write_text("datasets = [")
     with pytest.raises(ConfigError, match="cannot read mixture config"):
         MixtureConfig.from_file(tmp_path / "bad.toml")
+
+
+def _values(batch):
+    return batch["value"].tolist() + batch["dataset"].tolist()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resumable_loader_resumes_a_mixture_exactly_whatever_the_workers(num_workers):
+    from niels_gpt.loading import ResumableDataLoader
+
+    def loader(workers):
+        s = MixtureSampler(mixture(), 8, phases=[Phase(0, {"web": 0.7, "books": 0.2, "tiny": 0.1}),
+                                                 Phase(5, {"books": 0.5, "tiny": 0.5})],
+                           seed=4, rank=0, world_size=1)
+        return ResumableDataLoader(mixture(), s, num_workers=workers)
+
+    straight = loader(0)
+    expected = [_values(b) for _, b in zip(range(12), straight)]
+    first = loader(num_workers)
+    got = []
+    for _, b in zip(range(5), first):  # workers have prefetched beyond step 5 by now
+        got.append(_values(b))
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["step"] == 5
+    second = loader(num_workers)
+    second.load_state_dict(state)
+    got += [_values(b) for _, b in zip(range(7), second)]
+    assert got == expected
+
+
+def test_resumable_loader_reiterated_after_a_break_draws_the_prefetched_batches_again():
+    from niels_gpt.loading import ResumableDataLoader
+
+    s = MixtureSampler(mixture(), 8, weights={"web": 1, "books": 1}, seed=1, rank=0, world_size=1)
+    expected = [_values(b) for _, b in zip(range(6), ResumableDataLoader(mixture(), s))]
+    s = MixtureSampler(mixture(), 8, weights={"web": 1, "books": 1}, seed=1, rank=0, world_size=1)
+    dl = ResumableDataLoader(mixture(), s, num_workers=2)
+    got = [_values(b) for _, b in zip(range(3), dl)]
+    got += [_values(b) for _, b in zip(range(3), dl)]
+    assert got == expected
+
+
+def test_resumable_loader_refuses_a_sampler_without_state():
+    from niels_gpt.loading import ResumableDataLoader
+
+    with pytest.raises(ConfigError, match="GlobalBatchSampler or a MixtureSampler"):
+        ResumableDataLoader(mixture(), [[0, 1]])
