@@ -1,6 +1,8 @@
 """Every loader's batches feed a model as they come: contiguous tensors (`targets.view(-1)` works), and
 `evaluate_bpb` takes them whatever their shape (tuples, dicts, tagged mixture items)."""
 
+from itertools import islice
+
 import numpy as np
 import pytest
 import torch
@@ -59,26 +61,25 @@ def batches(kind, cache, sft, parquet_dir, tokenizer, tmp_path):
         return [ds.get_batch(B=4, generator=g) for _ in range(3)]
     if kind == "stream":
         ds = PretrainTokenStreamDataset(str(cache / "train"), T=32, device="cpu")
-        return [b for _, b in zip(range(3), RankBatchStream(ds, 4, seed=0, rank=0, world_size=1))]
+        return [b for b in islice(RankBatchStream(ds, 4, seed=0, rank=0, world_size=1), 3)]
     if kind == "sft":
         ds = SFTExampleDataset(str(sft / "train_tokens.bin"), str(sft / "train_idx.npy"), T=16, device="cpu",
                                eot_id=SPECIALS["eot"])
         return [ds.get_batch(B=4, generator=g) for _ in range(3)]
     if kind == "indexed":
         ds = IndexedWindowDataset(cache, T=32)
-        return [b for _, b in zip(range(3), ResumableDataLoader(ds, GlobalBatchSampler(ds, 4, seed=0)))]
+        return [b for b in islice(ResumableDataLoader(ds, GlobalBatchSampler(ds, 4, seed=0)), 3)]
     if kind == "mixture":
         mix = MixtureDataset({"a": IndexedWindowDataset(cache, T=32), "b": IndexedWindowDataset(cache, T=32)})
         s = MixtureSampler(mix, 4, weights={"a": 1, "b": 1}, seed=0, rank=0, world_size=1)
-        return [b for _, b in zip(range(3), ResumableDataLoader(mix, s))]
+        return [b for b in islice(ResumableDataLoader(mix, s), 3)]
     if kind == "kempner":
-        return [b for _, b in zip(range(3), DataLoader(MemoryMappedDataset(cache / "train", 32), batch_size=4))]
+        return [b for b in islice(DataLoader(MemoryMappedDataset(cache / "train", 32), batch_size=4), 3)]
     if kind == "nanogpt":
-        return [b for _, b in zip(range(3), DataLoader(NanogptDataset(str(cache / "train"), 32), batch_size=4))]
+        return [b for b in islice(DataLoader(NanogptDataset(str(cache / "train"), 32), batch_size=4), 3)]
     if kind == "packed":
         pack_sft(str(sft), str(tmp_path / "packed"), pack_size=32)
-        return [b for _, b in zip(range(3), DataLoader(open_packed(tmp_path / "packed"), batch_size=2,
-                                                       collate_fn=collate_packed))]
+        return list(islice(DataLoader(open_packed(tmp_path / "packed"), batch_size=2, collate_fn=collate_packed), 3))
     raise AssertionError(kind)
 
 

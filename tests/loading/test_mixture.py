@@ -2,6 +2,7 @@
 
 import json
 from collections import Counter
+from itertools import islice
 
 import numpy as np
 import pytest
@@ -161,16 +162,16 @@ def test_resumable_loader_resumes_a_mixture_exactly_whatever_the_workers(num_wor
         return ResumableDataLoader(mixture(), s, num_workers=workers)
 
     straight = loader(0)
-    expected = [_values(b) for _, b in zip(range(12), straight)]
+    expected = [_values(b) for b in islice(straight, 12)]
     first = loader(num_workers)
     got = []
-    for _, b in zip(range(5), first):  # workers have prefetched beyond step 5 by now
+    for b in islice(first, 5):  # workers have prefetched beyond step 5 by now
         got.append(_values(b))
     state = json.loads(json.dumps(first.state_dict()))
     assert state["step"] == 5
     second = loader(num_workers)
     second.load_state_dict(state)
-    got += [_values(b) for _, b in zip(range(7), second)]
+    got += [_values(b) for b in islice(second, 7)]
     assert got == expected
 
 
@@ -178,11 +179,11 @@ def test_resumable_loader_reiterated_after_a_break_draws_the_prefetched_batches_
     from niels_gpt.loading import ResumableDataLoader
 
     s = MixtureSampler(mixture(), 8, weights={"web": 1, "books": 1}, seed=1, rank=0, world_size=1)
-    expected = [_values(b) for _, b in zip(range(6), ResumableDataLoader(mixture(), s))]
+    expected = [_values(b) for b in islice(ResumableDataLoader(mixture(), s), 6)]
     s = MixtureSampler(mixture(), 8, weights={"web": 1, "books": 1}, seed=1, rank=0, world_size=1)
     dl = ResumableDataLoader(mixture(), s, num_workers=2)
-    got = [_values(b) for _, b in zip(range(3), dl)]
-    got += [_values(b) for _, b in zip(range(3), dl)]
+    got = [_values(b) for b in islice(dl, 3)]
+    got += [_values(b) for b in islice(dl, 3)]
     assert got == expected
 
 
