@@ -159,3 +159,39 @@ def test_stops_reading_the_stream_once_budgets_are_met(tmp_path, tokenizer):
 
     _build(tmp_path / "c", tokenizer, texts=endless(), max_train_tokens=500, max_val_tokens=100)
     assert len(consumed) < 2000
+
+
+def test_sft_split_rule_text_is_enough_to_recompute_the_split(tmp_path, tokenizer):
+    """Follow meta.json's split_rule word for word (2,500 examples: the draws span three blocks)."""
+    import re
+
+    import torch
+
+    from niels_gpt.cache.build_cache import build_sft_cache
+
+    convs = []
+    for i in range(2500):
+        if i % 7 == 3:
+            convs.append([{"role": "user", "content": f"q{i}"}])  # unusable: no assistant turn, no draw
+        else:
+            convs.append([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}])
+    build_sft_cache(convs, tmp_path / "sft", tokenizer=tokenizer, val_frac=0.3, seed=1234)
+    meta = read_meta(tmp_path / "sft")
+    rule = meta["split_rule"]
+    seed = int(re.search(r"manual_seed\((\d+)\)", rule).group(1))
+    block = int(re.search(r"torch\.rand\((\d+), generator=g, dtype=torch\.float64\)", rule).group(1))
+    frac = float(re.search(r"draws\[k\] < ([0-9.]+)", rule).group(1))
+    assert "skipped examples take no draw" in rule
+    g = torch.Generator().manual_seed(seed)
+    draws = torch.cat([torch.rand(block, generator=g, dtype=torch.float64) for _ in range(3)])
+    usable = [c for c in convs if len(c) == 2]
+    expected_val = [c[0]["content"] for k, c in enumerate(usable) if draws[k] < frac]
+    idx = np.load(tmp_path / "sft" / "val_idx.npy")
+    toks = np.fromfile(tmp_path / "sft" / "val_tokens.bin", dtype="<u2")
+    bounds = list(idx) + [len(toks)]
+    got_val = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        text = tokenizer.decode(toks[a:b].tolist())
+        got_val.append(re.search(r"q\d+", text).group(0))
+    assert got_val == expected_val
+    assert sum(meta["skipped"].values()) == len(convs) - len(usable)

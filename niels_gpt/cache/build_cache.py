@@ -261,6 +261,17 @@ def build_pretrain_cache(
     write_meta(str(out), meta)
 
 
+SFT_DRAW_BLOCK = 1024
+
+
+def sft_split_rule(seed: int, val_frac: float) -> str:
+    """The SFT split in words precise enough to recompute it (tests/test_build_cache.py does)."""
+    return (f"by example: g = torch.Generator().manual_seed({seed}); draws = the concatenation of "
+            f"torch.rand({SFT_DRAW_BLOCK}, generator=g, dtype=torch.float64) calls, taken in order; the k-th "
+            f"usable example of the stream (0-based, in stream order; skipped examples take no draw) goes to "
+            f"val when draws[k] < {val_frac!r}, else to train")
+
+
 def build_sft_cache(
     examples: Iterable[list[Message]],
     out_dir: str,
@@ -309,7 +320,7 @@ def build_sft_cache(
                 raise ConfigError(f"{dataset_name or out.name} example {i}: {exc}") from exc
             check_range(ids, dtype, f"example {i}")
             if not draws:
-                draws = torch.rand(1024, generator=gen, dtype=torch.float64).tolist()[::-1]
+                draws = torch.rand(SFT_DRAW_BLOCK, generator=gen, dtype=torch.float64).tolist()[::-1]
             split = "val" if draws.pop() < val_frac else "train"
             offsets[split].append(tokens[split])
             files[split].write(ids.astype(dtype))
@@ -333,8 +344,7 @@ def build_sft_cache(
     meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
     meta.update({
         "kind": "sft",
-        "split_rule": f"by example: torch.rand(generator seeded {seed}) < val_frac ({val_frac}) -> val, "
-                      "one draw per usable example in stream order",
+        "split_rule": sft_split_rule(seed, val_frac),
         "val_frac": val_frac,
         "rendering": "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT",
         "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
