@@ -154,8 +154,31 @@ def invalid_utf8_error(path: Path | str, offset: int, *, line: int | None = None
                        record: str | None = None, reason: str = "invalid byte") -> SourceError:
     where = f"byte {offset}" + (f", line {line}" if line is not None else "")
     rec = f" ({record})" if record else ""
-    return SourceError(f"{path}: invalid UTF-8 at {where}{rec}: {reason}; re-encode the file as UTF-8 "
-                       "(e.g. `iconv -f latin1 -t utf-8`)")
+    return SourceError(f"{path}: invalid UTF-8 at {where}{rec}: {reason}; {encoding_hint(path, offset)}")
+
+
+def encoding_hint(path: Path | str, offset: int) -> str:
+    """What the bytes at `offset` look like and how to re-encode: 0x80-0x9f are printable only in cp1252
+    (latin-1 has control codes there), 0xa0-0xff read the same in both."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            bad = f.read(4)
+    except OSError:
+        bad = b""
+    if not bad:
+        return "re-encode the file as UTF-8"
+    shown = " ".join(f"0x{b:02x}" for b in bad[:4])
+    first = bad[0]
+    if 0x80 <= first <= 0x9F:
+        char = bad[:1].decode("cp1252", errors="replace")
+        return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in cp1252 (Windows-1252) and a control code in "
+                "latin-1, so the file is most likely cp1252: `iconv -f cp1252 -t utf-8`")
+    if first >= 0xA0:
+        char = bad[:1].decode("latin-1")
+        return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in both cp1252 and latin-1 (ISO-8859-1): "
+                "re-encode with `iconv -f cp1252 -t utf-8` (or -f latin1; they agree on this byte)")
+    return f"the bytes are {shown}; re-encode the file as UTF-8"
 
 
 def first_invalid_utf8(path: Path) -> tuple[int, int] | None:
@@ -290,6 +313,46 @@ def iter_rows(ds, what: str, files: Sequence[Path] = ()) -> Iterator[tuple[int, 
                               "check that the file is valid and of the expected schema") from e
         yield i, row
         i += 1
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of a JSON Lines file, read line by line; blank lines are passed over.
+
+    Errors name the file and line: invalid UTF-8 (with its byte offset), malformed JSON, a line that
+    is not a JSON object, and strings holding a lone surrogate escape (JSON allows them, UTF-8 cannot
+    encode them).
+    """
+    import json
+
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists "
+                          "and is readable") from e
+    with f:
+        offset = 0
+        for n, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise invalid_utf8_error(path, start + e.start, line=n, reason=e.reason) from e
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise SourceError(f"{path}, line {n}: not valid JSON ({e}); fix or remove this line") from e
+            if not isinstance(record, dict):
+                raise SourceError(f"{path}, line {n}: a JSON {type(record).__name__}, not an object; "
+                                  "each line must be one {...} record")
+            try:
+                line.encode("utf-8")
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise SourceError(f"{path}, line {n}: a lone surrogate escape ({e.object[e.start:e.end]!r}) "
+                                  "that no UTF-8 text can hold; fix the escape in this record") from e
+            yield n, record
 
 
 def _kwargs_text(kwargs: dict) -> str:

@@ -33,6 +33,7 @@ from niels_gpt.sources.base import (
     builder_for,
     builder_for_all,
     check_field,
+    iter_jsonl,
     iter_rows,
     normalise_text,
     open_stream,
@@ -150,6 +151,9 @@ class LocalText(TextSource):
                     j += 1
                 yield from self._iter_txt(self.paths[i:j])
                 i = j
+            elif p.suffix.lower() == ".jsonl":
+                yield from self._iter_jsonl(p)
+                i += 1
             else:
                 yield from self._iter_records(p)
                 i += 1
@@ -160,6 +164,26 @@ class LocalText(TextSource):
                          sample_by="document")
         for _, row in iter_rows(ds, what, paths):
             text = normalise_text(row["text"])
+            if is_empty(text):
+                self.skipped["empty_document"] += 1
+                continue
+            yield text
+
+    def _iter_jsonl(self, path: Path) -> Iterator[str]:
+        # Read here, not through `datasets`: its JSON reader unifies the schema, so a record without the
+        # field would come back as null and could not be told from an explicit null.
+        for n, record in iter_jsonl(path):
+            if self.text_field not in record:
+                raise SourceError(f"{path}, line {n}: no {self.text_field!r} field (fields: {sorted(record)}); "
+                                  "pass the right field name (text_field=...) or fix the record (an explicit "
+                                  "\"\" or null counts as an empty document)")
+            text = record[self.text_field]
+            if text is None:
+                self.skipped["null_text"] += 1
+                continue
+            if not isinstance(text, str):
+                raise SourceError(f"{path}, line {n}: field {self.text_field!r} is {type(text).__name__}, "
+                                  "not text; point text_field at a string field")
             if is_empty(text):
                 self.skipped["empty_document"] += 1
                 continue

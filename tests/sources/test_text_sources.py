@@ -140,7 +140,7 @@ def test_local_text_jsonl_and_parquet_in_given_order(tmp_path, write_jsonl, writ
     t.write_text("t0")
     src = local_text([p, t, j])
     assert list(src.iter_texts()) == ["p0", "p1", "t0", "j0", "j1"]
-    assert src.skipped == {"empty_document": 1}
+    assert src.skipped == {"null_text": 1}
     assert list(local_text(j, text_field="text").iter_texts()) == ["j0", "j1"]
     assert json.loads(json.dumps(src.describe()))["name"] == "local_text"
 
@@ -160,7 +160,44 @@ def test_local_text_rejections(tmp_path, write_jsonl):
     with pytest.raises(SourceError, match=r"bad.txt: invalid UTF-8 at byte 14, line 2"):
         list(local_text([ok, bad]).iter_texts())
     n = write_jsonl(tmp_path / "n.jsonl", [{"text": "a"}, {"text": 5}])
-    with pytest.raises(SourceError, match=r"n.jsonl, record 1: field 'text' is int, not text"):
+    with pytest.raises(SourceError, match=r"n.jsonl, line 2: field 'text' is int, not text"):
         list(local_text(n).iter_texts())
-    with pytest.raises(SourceError, match=r"n.jsonl, record 0: no 'body' field"):
+    with pytest.raises(SourceError, match=r"n.jsonl, line 1: no 'body' field"):
         list(local_text(n, text_field="body").iter_texts())
+
+
+def test_local_jsonl_record_missing_the_field_is_an_error_naming_file_and_line(tmp_path):
+    f = tmp_path / "some.jsonl"
+    f.write_text('{"text": "one"}\n{"text": ""}\n\n{"body": "no text here"}\n{"text": "four"}\n')
+    src = local_text(f)
+    with pytest.raises(SourceError, match=r"some.jsonl, line 4: no 'text' field \(fields: \['body'\]\)"):
+        list(src.iter_texts())
+
+
+def test_local_jsonl_null_and_empty_text_are_skipped_and_counted_apart(tmp_path):
+    f = tmp_path / "n.jsonl"
+    f.write_text('{"text": null}\n{"text": "  "}\n{"text": "kept"}\n')
+    src = local_text(f)
+    assert list(src.iter_texts()) == ["kept"]
+    assert src.skipped == {"null_text": 1, "empty_document": 1}
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"text": "a"}\n{oops\n', r"mal.jsonl, line 2: not valid JSON"),
+    (b'{"text": "a"}\n["text"]\n', r"mal.jsonl, line 2: a JSON list, not an object"),
+    (b'{"text": "a"}\n{"text": "x\\ud800y"}\n', r"mal.jsonl, line 2: a lone surrogate escape"),
+    (b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"mal.jsonl: invalid UTF-8 at byte 27, line 2: .*0xe9 is 'é' in both cp1252 and latin-1"),
+])
+def test_local_jsonl_bad_lines_are_named_by_line(tmp_path, content, message):
+    f = tmp_path / "mal.jsonl"
+    f.write_bytes(content)
+    with pytest.raises(SourceError, match=message):
+        list(local_text(f).iter_texts())
+
+
+def test_invalid_utf8_hint_names_the_bytes_and_the_likely_encoding(tmp_path):
+    f = tmp_path / "smart.txt"
+    f.write_bytes(b"He said \x93hi\x94.")
+    with pytest.raises(SourceError, match=r"byte 8, line 1.*the bytes are 0x93 0x68 0x69 0x94; 0x93 is '\u201c' in "
+                                          r"cp1252.*most likely cp1252: `iconv -f cp1252 -t utf-8`"):
+        list(local_text(f).iter_texts())
