@@ -1,9 +1,12 @@
-"""inspect and verify: look at caches through the same readers training uses.
+"""inspect and verify: look at every output of the library through the same readers training uses.
 
 `verify_path` walks a cache or a root of caches: every meta.json is schema-checked, every file it
 lists is compared with the disk (size, token count, sha256, SFT offsets); every packed-SFT directory
-(manifest.json) is opened and validated by the packing reader; a directory holding token files or
-packed arrays without its meta.json / manifest.json is reported as an unfinished build.
+(manifest.json) is opened and validated by the packing reader; packed Parquet is read bin by bin; a
+converted output in a peer format (nanoGPT, KempnerForge, Megatron, raw + metadata.yaml) is opened by
+its format's reader (every header and size) and its ids are checked against the recorded vocabulary.
+A directory holding our token files or packed arrays without meta.json / manifest.json is reported as
+an unfinished build. `inspect_path` describes any of them and decodes a window.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.cache.formats import detect_format
 from niels_gpt.cache.meta import META_NAME, check_files, read_meta
 from niels_gpt.cache.mmap import numpy_dtype
 from niels_gpt.errors import NielsGPTError, TokenizerError
+from niels_gpt.packing import PackedMemmapDataset, open_packed
+from niels_gpt.packing.factory import PARQUET_SUFFIXES
+from niels_gpt.packing.memmap_format import FORMAT_NAME, read_manifest
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 PACKED_MANIFEST = "manifest.json"
@@ -29,32 +36,67 @@ def find_caches(path: Path) -> list[Path]:
 
 
 def unfinished_dirs(path: Path) -> list[Path]:
-    """Directories that hold token files but no meta.json: builds that never committed."""
+    """Directories that hold token files but no meta.json: builds that never committed.
+
+    A directory that a foreign-format reader recognises (a `convert` output: nanoGPT, KempnerForge,
+    Megatron, raw with metadata.yaml) is a finished output of its own format, not an unfinished build.
+    """
     out = []
     for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
-        if (d / META_NAME).is_file():
-            continue
-        if (d / PACKED_MANIFEST).is_file():
+        if (d / META_NAME).is_file() or (d / PACKED_MANIFEST).is_file():
             continue
         if any(d.glob("*_tokens.bin")) or any((d / "train").glob("shard_*.bin")) or any((d / "val").glob("shard_*.bin")):
-            out.append(d)
-        elif (d / "input_ids.npy").is_file() and not (d / PACKED_MANIFEST).is_file():
+            if foreign_output(d) is None:
+                out.append(d)
+        elif (d / "input_ids.npy").is_file():
             out.append(d)
     return out
 
 
+def foreign_output(path: Path):
+    """The FormatInfo of `path` when it is a token output in a peer format (no meta.json of ours), else None."""
+    path = Path(path)
+    if (path / META_NAME).is_file() or (path / PACKED_MANIFEST).is_file():
+        return None
+    try:
+        info = detect_format(path)
+    except NielsGPTError:
+        return None
+    return None if info.format == "niels" else info
+
+
+def is_packed_parquet(path: Path) -> bool:
+    path = Path(path)
+    if path.is_file():
+        return path.suffix in PARQUET_SUFFIXES
+    return path.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in path.iterdir())
+
+
 def verify_path(path: str) -> tuple[list[str], int]:
+    """(problems, outputs checked) for a cache, a root of caches, a packed directory or a converted output."""
+    problems, checked, _ = verify_outputs(path)
+    return problems, checked
+
+
+def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
+    """verify_path, plus one line per output checked naming what it is."""
     root = Path(path)
-    if not root.exists():
-        return [f"{root}: no such file or directory"], 0
+    if not root.exists() and not megatron_prefix(root):
+        return [f"{root}: no such file or directory"], 0, []
+    caches = find_caches(root) if root.exists() else []
+    packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
+                                       else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
+    if not caches and not packed:
+        info = foreign_output(root)
+        if info is not None:
+            return _verify_foreign(root, info)
+        if is_packed_parquet(root):
+            return _verify_packed_parquet(root)
     problems = [f"{d}: token files but no {META_NAME} (or {PACKED_MANIFEST}): unfinished build, rebuild it"
                 for d in unfinished_dirs(root)]
-    caches = find_caches(root)
-    packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
-                                       else root.rglob(PACKED_MANIFEST)))
+    seen = []
     for shard in packed:
-        from niels_gpt.packing import PackedMemmapDataset
-
+        seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})")
         try:
             PackedMemmapDataset(shard).validate()
         except NielsGPTError as exc:
@@ -65,13 +107,48 @@ def verify_path(path: str) -> tuple[list[str], int]:
         except NielsGPTError as exc:
             problems.append(str(exc))
             continue
+        seen.append(f"{cache}: {meta['kind']} cache")
         if meta.get("built") is False or meta["kind"] == "tokenizer":
             continue
         problems += check_files(cache, meta, hashes=True)
         problems += _check_counts(cache, meta)
     if not caches and not packed and not problems:
-        problems.append(f"{root}: no {META_NAME} found: not a cache (or an unfinished build)")
-    return problems, len(caches) + len(packed)
+        problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
+                        "not a cache, a packed directory or a converted output")
+    return problems, len(caches) + len(packed), seen
+
+
+def megatron_prefix(path: Path) -> bool:
+    return Path(str(path) + ".bin").is_file() and Path(str(path) + ".idx").is_file()
+
+
+def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
+    """A converted output: every header and size was checked by detect_format; here every token is
+    read once and checked against the vocabulary its metadata records."""
+    problems = []
+    leaves = list(info.splits.values()) if info.splits else [info]
+    for leaf in leaves:
+        vocab = leaf.vocab_size
+        for tf in leaf.token_files:
+            if vocab is None or tf.count == 0:
+                continue
+            top = int(tf.open().max())
+            if top >= vocab:
+                problems.append(f"{tf.path}: token id {top} >= vocab_size {vocab} recorded in its metadata: "
+                                "the file or its metadata is corrupt; re-run convert")
+    kind = f"{info.format} ({info.dtype.name}, {info.num_tokens:,} tokens in {len(info.files)} file(s))"
+    note = "" if any(leaf.vocab_size for leaf in leaves) else "; no vocab_size recorded, ids not range-checked"
+    return problems, 1, [f"{root}: {kind}: headers and sizes checked{note}"]
+
+
+def _verify_packed_parquet(root: Path) -> tuple[list[str], int, list[str]]:
+    try:
+        ds = open_packed(root)
+        for i in range(len(ds)):
+            ds[i]
+    except NielsGPTError as exc:
+        return [str(exc)], 1, []
+    return [], 1, [f"{root}: packed SFT Parquet, {len(ds):,} bins read"]
 
 
 def _check_counts(cache: Path, meta: dict) -> list[str]:
@@ -139,8 +216,13 @@ def show_tokens(tokenizer, ids, trained=None) -> str:
 
 def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -> str:
     root = Path(path)
-    caches = find_caches(root)
+    caches = find_caches(root) if root.exists() else []
     if not caches:
+        if (root / PACKED_MANIFEST).is_file() or is_packed_parquet(root):
+            return _inspect_packed(root, tokenizer, window)
+        info = foreign_output(root)
+        if info is not None:
+            return _inspect_foreign(root, info, tokenizer, window)
         read_meta(str(root))  # raises the "unfinished build" error
     if len(caches) > 1 or caches[0] != root:
         lines = [f"{len(caches)} cache(s) under {root}:"]
@@ -174,6 +256,56 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
         lines += ["", f"{split} example 0 ({len(ids)} tokens; trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):",
                   show_tokens(tok, ids, mask)]
     return "\n".join(lines)
+
+
+def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> str:
+    lines = [f"{info.format} output {root} (no meta.json of ours: a converted or foreign token directory)",
+             f"  dtype: {info.dtype.name}", f"  tokens: {info.num_tokens:,}"]
+    for name, leaf in (info.splits.items() if info.splits else [("", info)]):
+        label = f"  {name}: " if name else "  "
+        lines.append(f"{label}{len(leaf.files)} file(s), {leaf.num_tokens:,} tokens")
+    for key in ("eot_id", "bos_id", "vocab_size", "documents", "tokenizer_sha256"):
+        if getattr(info, key) is not None:
+            lines.append(f"  {key}: {getattr(info, key)}")
+    leaf = info.leaf() if info.splits else info
+    first = next((t for t in leaf.token_files if t.count), None)
+    if first is None:
+        return "\n".join(lines)
+    ids = np.asarray(first.open()[:window]).tolist()
+    head = f"first {len(ids)} tokens of {Path(first.path).name}:"
+    if tokenizer is None:
+        return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", " ".join(map(str, ids))])
+    from niels_gpt.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    if info.tokenizer_sha256 and tok.sha256 != info.tokenizer_sha256:
+        raise TokenizerError(f"{tokenizer}: sha256 {tok.sha256[:16]}… but {root} was written with tokenizer "
+                             f"{info.tokenizer_sha256[:16]}…; pass the tokenizer that made these tokens")
+    return "\n".join(lines + ["", head, show_tokens(tok, ids)])
+
+
+def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
+    ds = open_packed(root)
+    lines = [f"packed SFT bins {root} ({type(ds).__name__})", f"  bins: {len(ds):,}"]
+    if (root / PACKED_MANIFEST).is_file():
+        manifest = read_manifest(root)
+        for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
+            if key in manifest:
+                lines.append(f"  {key}: {manifest[key]}")
+    if not len(ds):
+        return "\n".join(lines)
+    item = ds[0]
+    ids = np.asarray(item["input_ids"])[:window]
+    mask = np.asarray(item["loss_mask"])[:window].astype(bool) if "loss_mask" in item else None
+    head = f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1):"
+    if tokenizer is None:
+        return "\n".join(lines + ["", f"{head} ids; pass --tokenizer PATH to decode", " ".join(map(str, ids.tolist()))])
+    from niels_gpt.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
+    return "\n".join(lines + ["", head + f" trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}",
+                               show_tokens(tok, ids, trained)])
 
 
 def ds_max(meta: dict, split: str) -> int:

@@ -67,7 +67,7 @@ def test_missing_meta_is_reported_as_unfinished(tmp_path):
 
 def test_verify_passes_on_a_clean_cache(caches, capsys):
     assert main(["verify", str(caches)]) == 0
-    assert "2 cache(s), 0 problem(s)" in capsys.readouterr().out
+    assert "2 output(s), 0 problem(s)" in capsys.readouterr().out
 
 
 def test_verify_catches_one_flipped_byte(caches, capsys):
@@ -114,7 +114,7 @@ def test_verify_validates_packed_sft_directories(caches, tmp_path, capsys):
     packed = caches / "packed" / "s"
     pack_sft(str(caches / "sft/s"), str(packed), pack_size=64, algorithm="ffd")
     assert main(["verify", str(caches)]) == 0
-    assert "3 cache(s), 0 problem(s)" in capsys.readouterr().out
+    assert "3 output(s), 0 problem(s)" in capsys.readouterr().out
     mask = np.load(packed / "loss_mask.npy", mmap_mode="r+")
     end = int(np.load(packed / "packed_len.npy")[0]) - 1
     mask[0, end] = 1  # a target across the bin's last sequence boundary

@@ -160,12 +160,14 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
-    from niels_gpt.report import verify_path
+    from niels_gpt.report import verify_outputs
 
-    problems, checked = verify_path(args.path)
+    problems, checked, seen = verify_outputs(args.path)
+    for line in seen:
+        print(f"checked {line}")
     for line in problems:
         print(f"MISMATCH {line}")
-    print(f"verify: {checked} cache(s), {len(problems)} problem(s)")
+    print(f"verify: {checked} output(s), {len(problems)} problem(s)")
     return 1 if problems else 0
 
 
