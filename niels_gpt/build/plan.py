@@ -280,7 +280,8 @@ def _jsonl_documents(path: Path, start: int, stop: int, text_field: str) -> Iter
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise invalid_utf8_error(path, offset + e.start, record=record, reason=e.reason) from e
+            raise invalid_utf8_error(path, offset + e.start, record=f"the line starting at byte {offset}",
+                                     reason=e.reason) from e
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
