@@ -137,7 +137,8 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
     ex = make_executor(executor, workers=workers, ray_address=ray_address, retries=retries)
-    log(f"dist-build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {ex.describe()}; "
+    where = ex.describe()
+    log(f"dist-build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {where}; "
         f"work directory {work}")
     counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0}
     bar = Progress(len(plan.tasks), len(reused), progress)
@@ -152,7 +153,7 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     tokens = meta["totals"]["train_tokens"] + meta["totals"]["val_tokens"]
     if not keep_parts:
         shutil.rmtree(work, ignore_errors=True)
-    return {"executor": ex.describe(), "tasks": len(plan.tasks), "ran": counters["ran"], "reused": len(reused),
+    return {"executor": where, "tasks": len(plan.tasks), "ran": counters["ran"], "reused": len(reused),
             "tokens": tokens, "tokenized": counters["tokenized"], "task_seconds": counters["task_seconds"],
             "wall_seconds": wall, "tokens_per_s": tokens / wall, "out": str(out),
             "shards": len(meta["files"])}

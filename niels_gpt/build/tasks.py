@@ -61,9 +61,9 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
     eot = tok.special_ids["eot"]
     parts = parts_dir(work_dir)
     parts.mkdir(parents=True, exist_ok=True)
+    out = HashingFile(parts / f"{t.id}.bin")
     write_bytes_atomic(parts / f"{t.id}.started", json.dumps(
         {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
-    out = HashingFile(parts / f"{t.id}.bin")
     # The builder's converter, unbudgeted: the same EOTs, casts and range check as a local build.
     convert = Budgeted(out, 0, eot, dtype, f"task {t.id} ({t.where()})")
     lens: list[int] = []
