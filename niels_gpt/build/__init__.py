@@ -8,7 +8,16 @@ into the shards and meta.json exactly as `build_pretrain_cache` writes them; exe
 tasks; dist.py drives it all and resumes from receipts. docs/scale.md has the plan for 100B tokens.
 """
 
-from niels_gpt.build.dist import dist_build, format_summary
-from niels_gpt.build.plan import Plan, Task, make_plan, plan_documents
+import importlib
 
 __all__ = ["Plan", "Task", "dist_build", "format_summary", "make_plan", "plan_documents"]
+_HOME = {"Plan": "plan", "Task": "plan", "make_plan": "plan", "plan_documents": "plan",
+         "dist_build": "dist", "format_summary": "dist"}
+
+
+def __getattr__(name: str):
+    # NOTE: lazy, so that a worker importing niels_gpt.build.tasks does not import the driver's
+    # modules (the commit imports cache.build_cache, and with it torch: ~1.5 s per Ray worker).
+    if name in _HOME:
+        return getattr(importlib.import_module(f"niels_gpt.build.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'niels_gpt.build' has no attribute {name!r}")

@@ -11,8 +11,8 @@ complete, the receipt last, so a receipt means the parts are whole):
 |                 | files, seconds, host and pid                                                     |
 | `<id>.started`  | host, pid and time, written when the task starts (who is working on what)         |
 
-The ids are made exactly as the local builder makes them: `encode_batch` over runs of
-ENCODE_BATCH_DOCS documents, and the builder's own converter (`writers.Budgeted.write`: EOTs,
+The ids are made exactly as the local builder makes them: `encode_batch` (one thread) over runs of
+documents, and the builder's own converter (`writers.Budgeted.write`: EOTs,
 range check naming the document) writing into a hashed file. A task needs only paths: the tokenizer
 is opened by its path in the worker (once per process) and checked against the plan's sha256.
 """
@@ -29,10 +29,13 @@ import numpy as np
 
 from niels_gpt.atomic import atomic_path, write_bytes_atomic
 from niels_gpt.build.plan import Task, task_documents
-from niels_gpt.cache.build_cache import ENCODE_BATCH_DOCS
 from niels_gpt.errors import CacheError, TokenizerError
 from niels_gpt.writers import Budgeted, HashingFile
 
+# Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
+# it only bounds memory. NOTE: not imported from cache.build_cache, which imports torch: a Ray worker
+# importing this module would pay ~1.5 s for a library it never uses.
+ENCODE_DOCS = 256
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -79,7 +82,7 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
             else:
                 empty += 1
             lens.append(0)
-            if len(batch) == ENCODE_BATCH_DOCS:
+            if len(batch) == ENCODE_DOCS:
                 encoded = _flush(tok, convert, batch, where, lens, encoded)
         _flush(tok, convert, batch, where, lens, encoded)
         bin_rec = out.close()
