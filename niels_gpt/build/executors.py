@@ -138,7 +138,7 @@ class Ray(Executor):
                 raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); start "
                                   "one with `ray start --head`, pass its HOST:PORT with --ray-address, or use "
                                   "--ray-address local for a one-machine cluster; a cluster with token "
-                                  "authentication (Ray's default since 2.5x) also needs RAY_AUTH_MODE=token and its "
+                                  "authentication (Ray 2.60 local clusters) also needs RAY_AUTH_MODE=token and its "
                                   "token (~/.ray/auth_token or RAY_AUTH_TOKEN) on this machine") from e
             self.started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
