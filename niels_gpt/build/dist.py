@@ -62,7 +62,7 @@ def _ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple
                       counters: dict) -> Iterator[dict]:
     """Receipts in plan order, running the missing tasks `window` at a time on the executor."""
     todo = [t for t in plan.tasks if t.index not in reused]
-    window = max(1, 2 * executor.workers)
+    window = max(1, executor.window)
     results: dict[int, tuple] = {}
     inflight = 0
     nxt = 0

@@ -36,6 +36,11 @@ class Executor(ABC):
     name = "abstract"
     workers = 1
 
+    @property
+    def window(self) -> int:
+        """Tasks to keep submitted at once."""
+        return 2 * self.workers  # a pool of `workers` processes: one queued behind each running task
+
     @abstractmethod
     def submit(self, key: int, fn: Callable, *args) -> None:
         """Start fn(*args) for `key`."""
@@ -146,6 +151,12 @@ class Ray(Executor):
         self.retries = retries
         self.refs: dict = {}
         self._remote: dict = {}
+
+    @property
+    def window(self) -> int:
+        # NOTE: Ray runs every submitted task as soon as a CPU is free anywhere in the cluster, so the
+        # number submitted is the number running: `workers` caps it (a task queued behind costs ~ms).
+        return self.workers
 
     def submit(self, key, fn, *args):
         remote = self._remote.get(fn)

@@ -58,6 +58,18 @@ def test_in_process_local_processes_and_ray_write_identical_caches(local_caches,
         assert tree(tmp_path / str(task_bytes)) == local_caches["reference"]
 
 
+def test_workers_caps_the_ray_tasks_running_at_once(ray_cluster, corpus, tokenizer, tmp_path):
+    import json
+
+    s = dist_build(corpus["paths"], tmp_path / "one", tokenizer=tokenizer.model_path, executor="ray", workers=1,
+                   task_bytes=20_000, keep_parts=True, **KW)
+    parts = tmp_path / "one" / ".dist-build" / "parts"
+    spans = sorted((json.loads(p.with_suffix(".started").read_text())["time"], json.loads(p.read_text())["finished"])
+                   for p in parts.glob("*.json"))
+    assert len(spans) == s["tasks"] > 10
+    assert all(start >= prev_end for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
+
+
 def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpus, tokenizer, tree, tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "niels_gpt.cache.cli", "dist-build", *map(str, corpus["paths"]), "--out", str(out),
