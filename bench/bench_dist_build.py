@@ -4,10 +4,13 @@ On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, 46 MB, "t
 - the reference: build_pretrain_cache with num_workers=1 (today's one-process path; its writer thread
   overlaps sha256 and writes with encoding), documents read line by line with json.loads;
 - dist_build with the in-process executor, with 1 and 2 local processes, and with 1 and 2 Ray tasks at
-  once on a local Ray cluster (2 CPUs) started once in a helper process and joined by address, so
-  its workers are warm after the first round, as on a long-lived cluster;
+  once on a local Ray cluster (2 CPUs) started once in a helper process and joined by address from a
+  driver process of its own: once as one CLI run does it (a new Ray job per build, whose worker
+  processes start and import the package: a fixed cost per build), once in a warm job (the workers
+  already running, as for the second and later tasks of a long build);
 tokens/s is cache tokens / wall time of the whole call (planning, tasks, commit, meta.json), best of
---repeat rounds, contenders interleaved so a noisy neighbour hurts each alike. Every cache is checked
+--repeat rounds, contenders interleaved so a noisy neighbour hurts each alike; before each call the
+script waits (up to --quiet-wait s) for the machine's CPUs to be >= 90% idle, and says when they were not. Every cache is checked
 byte for byte (sha256 of each file) against the reference. The tokenizer is a 16k sentencepiece
 model trained first on the first --train-chars of the corpus (~10 s), or --tokenizer.
 
@@ -48,12 +51,55 @@ print(ctx.address_info["gcs_address"], flush=True)
 sys.stdin.read()
 ray.shutdown()
 """
+# A Ray driver of its own (this process never imports ray, so its process pools fork cleanly). Per
+# request: "fresh" = what one CLI run does (join the cluster, a new Ray job whose workers start and
+# import the package, leave); "warm" = builds one after another in one job, workers already running.
+RAY_DRIVER = """
+import json, sys, time
+import ray
+from niels_gpt.build import dist_build
+args = json.loads(sys.argv[1])
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["warm"] and not ray.is_initialized():
+        ray.init(address=args["address"], log_to_driver=False, configure_logging=False)
+    if not req["warm"] and ray.is_initialized():
+        ray.shutdown()
+    t0 = time.perf_counter()
+    s = dist_build([args["corpus"]], req["out"], tokenizer=args["tokenizer"], executor="ray", workers=req["workers"],
+                   ray_address=args["address"], task_bytes=args["task_bytes"], log=lambda m: None, **args["settings"])
+    print(json.dumps({"seconds": time.perf_counter() - t0, "summary": s}), flush=True)
+"""
 
 
 def docs():
     with open(CORPUS, encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)["text"]
+
+
+def cpu_idle(seconds: float = 0.5) -> float:
+    """Fraction of CPU time idle across the machine over `seconds` (/proc/stat), 1.0 where unknown."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)
+    try:
+        i0, t0 = sample()
+        time.sleep(seconds)
+        i1, t1 = sample()
+    except OSError:
+        return 1.0
+    return (i1 - i0) / max(t1 - t0, 1)
+
+
+def wait_quiet(limit_s: float) -> float:
+    """Wait (at most limit_s) until other jobs leave >= 90% of the CPUs idle; returns the last idle share."""
+    deadline = time.monotonic() + limit_s
+    idle = cpu_idle()
+    while idle < 0.9 and time.monotonic() < deadline:
+        idle = cpu_idle()
+    return idle
 
 
 def digest(out: Path) -> dict[str, str]:
@@ -69,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", default=None, help="a trained model to use instead of training one")
     ap.add_argument("--train-chars", type=float, default=TRAIN_CHARS)
     ap.add_argument("--no-ray", action="store_true", help="leave the Ray contenders out")
+    ap.add_argument("--quiet-wait", type=float, default=60.0,
+                    help="before each timed call, wait up to this many seconds for the CPUs to be >= 90%% idle")
     args = ap.parse_args(argv)
     if not CORPUS.is_file():
         print(f"{CORPUS} is absent; this benchmark needs ../shared/data")
@@ -106,15 +154,31 @@ def main(argv: list[str] | None = None) -> int:
 
     def dist(executor, workers):
         def run(out, keep_parts=False):
-            return dist_build([CORPUS], out, keep_parts=keep_parts, tokenizer=tok.model_path, executor=executor, workers=workers,
-                       ray_address=ray_address or "auto", task_bytes=args.task_bytes, log=lambda m: None,
-                       **SETTINGS)
+            return dist_build([CORPUS], out, keep_parts=keep_parts, tokenizer=tok.model_path, executor=executor,
+                              workers=workers, task_bytes=args.task_bytes, log=lambda m: None, **SETTINGS)
+        return run
+
+    driver = None
+
+    def ray_run(workers, warm):
+        def run(out, keep_parts=False):
+            driver.stdin.write(json.dumps({"workers": workers, "out": str(out), "warm": warm}) + "\n")
+            driver.stdin.flush()
+            reply = json.loads(driver.stdout.readline())
+            return {**reply["summary"], "driver_seconds": reply["seconds"]}
         return run
 
     contenders = [("build_pretrain_cache (in-process)", 1, reference), ("dist-build inprocess", 1, dist("inprocess", 1)),
                   ("dist-build processes", 1, dist("processes", 1)), ("dist-build processes", 2, dist("processes", 2))]
     if ray_address:
-        contenders += [("dist-build ray", 1, dist("ray", 1)), ("dist-build ray", 2, dist("ray", 2))]
+        conf = {"address": ray_address, "corpus": str(CORPUS), "tokenizer": tok.model_path,
+                "task_bytes": args.task_bytes, "settings": SETTINGS}
+        driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, json.dumps(conf)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        contenders += [("dist-build ray, a new job per build", 1, ray_run(1, False)),
+                       ("dist-build ray, a new job per build", 2, ray_run(2, False)),
+                       ("dist-build ray, warm job", 1, ray_run(1, True)),
+                       ("dist-build ray, warm job", 2, ray_run(2, True))]
     best: dict[int, float] = {}
     per_worker: dict[int, float] = {}
     tokens = 0
@@ -123,17 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeat):
             for i, (name, workers, run) in enumerate(contenders):
                 out = tmp / f"c{i}"
-                if "ray" in name:
-                    import ray
-
-                    ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
+                idle = wait_quiet(args.quiet_wait)
                 t0 = time.perf_counter()
-                try:
-                    summary = run(out)
-                    dt = time.perf_counter() - t0
-                finally:
-                    if "ray" in name:
-                        ray.shutdown()
+                summary = run(out)
+                # a Ray contender is timed in its own driver process: the call, not the pipe
+                dt = summary["driver_seconds"] if summary and "driver_seconds" in summary else time.perf_counter() - t0
                 best[i] = min(best.get(i, float("inf")), dt)
                 if summary and summary.get("task_seconds"):
                     rate = summary["tokenized"] / summary["task_seconds"]
@@ -141,12 +199,16 @@ def main(argv: list[str] | None = None) -> int:
                 meta = json.loads((out / "meta.json").read_text())
                 tokens = meta["totals"]["train_tokens"] + meta["totals"]["val_tokens"]
                 digests[i] = digest(out)
-                print(f"  round {r + 1}: {name} x{workers}: {dt:.2f} s", flush=True)
+                busy = f" (started with only {idle:.0%} of the CPUs idle)" if idle < 0.9 else ""
+                print(f"  round {r + 1}: {name} x{workers}: {dt:.2f} s{busy}", flush=True)
         # The commit alone: every receipt valid, so a rerun plans, reads the parts and writes the cache.
         commit_out = tmp / "commit"
         dist("inprocess", 1)(commit_out, keep_parts=True)
         commit_s = min(dist("inprocess", 1)(commit_out, keep_parts=True)["wall_seconds"] for _ in range(3))
     finally:
+        if driver is not None:
+            driver.stdin.close()
+            driver.wait(timeout=60)
         if helper is not None:
             helper.stdin.close()
             helper.wait(timeout=60)

@@ -130,9 +130,10 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
         tokens = meta["totals"]["train_tokens"] + meta["totals"]["val_tokens"]
         wall = time.perf_counter() - t0
         return {"executor": "one process (shuffle buffer)", "tasks": len(plan.tasks), "ran": 0, "reused": 0,
-                "tokens": tokens, "tokenized": tokens, "wall_seconds": wall, "commit_seconds": None,
-                "tokens_per_s": tokens / wall, "out": str(out)}
-    work = Path(work_dir) if work_dir is not None else out / WORK_DIR_NAME
+                "tokens": tokens, "tokenized": tokens, "wall_seconds": wall, "tokens_per_s": tokens / wall,
+                "out": str(out), "shards": len(meta["files"])}
+    # Absolute paths: a Ray worker runs in a directory of Ray's choosing, maybe on another node.
+    work = (Path(work_dir) if work_dir is not None else out / WORK_DIR_NAME).resolve()
     work.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
@@ -142,7 +143,7 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
         f"work directory {work}")
     counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0}
     bar = Progress(len(plan.tasks), len(reused), progress)
-    args = (plan.text_field, str(tok.model_path), tok.sha256, str(work))
+    args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work))
     try:
         meta = commit(work, _ordered_receipts(plan, reused, ex, args, bar, counters), out, **common)
     finally:
@@ -160,7 +161,7 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
 
 
 def format_summary(s: dict) -> str:
-    lines = [f"dist-build: {s['tokens']:,} tokens in {s['shards'] if 'shards' in s else '?'} shard(s) -> {s['out']}",
+    lines = [f"dist-build: {s['tokens']:,} tokens in {s['shards']} shard(s) -> {s['out']}",
              f"  executor {s['executor']}: {s['tasks']} tasks, {s['ran']} ran, {s['reused']} reused from receipts",
              f"  {s['wall_seconds']:.2f} s wall, {s['tokens_per_s'] / 1e6:.2f} Mtok/s (cache tokens / wall)"]
     if s.get("task_seconds"):

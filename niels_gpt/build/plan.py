@@ -149,7 +149,11 @@ def make_plan(inputs: Sequence[str | os.PathLike] = (), *, tokenizer, task_bytes
 
 def _task_hash(t: Task, text_field: str, tokenizer_sha: str, dtype: str) -> str:
     stats = []
-    for p in t.paths:
+    local = list(t.paths)
+    if t.hf is not None and t.hf.get("data_files"):
+        files = t.hf["data_files"]
+        local += [files] if isinstance(files, str) else [f for f in files if isinstance(f, str)]
+    for p in local:
         with_stat = Path(p)
         if with_stat.exists():
             st = with_stat.stat()

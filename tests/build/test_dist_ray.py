@@ -70,6 +70,16 @@ def test_workers_caps_the_ray_tasks_running_at_once(ray_cluster, corpus, tokeniz
     assert all(start >= prev_end for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
 
 
+def test_relative_paths_reach_ray_workers_as_absolute_ones(ray_cluster, local_caches, corpus, tokenizer, tree,
+                                                           tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(Path(tokenizer.model_path).parent, tmp_path / "tok")
+    monkeypatch.chdir(tmp_path)
+    dist_build(corpus["paths"], "rel-out", tokenizer="tok", executor="ray", workers=2, task_bytes=40_000, **KW)
+    assert tree(tmp_path / "rel-out") == local_caches["reference"]
+
+
 def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpus, tokenizer, tree, tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "niels_gpt.cache.cli", "dist-build", *map(str, corpus["paths"]), "--out", str(out),
