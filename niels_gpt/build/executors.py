@@ -26,6 +26,7 @@ from niels_gpt.errors import ConfigError
 EXECUTORS = ("inprocess", "processes", "ray")
 RAY_ADDRESS = "auto"
 RETRIES = 2
+CANCEL_WAIT_S = 60  # how long a failed or finished build waits for its cancelled Ray tasks to end
 
 
 class WorkerDied(Exception):
@@ -181,11 +182,14 @@ class Ray(Executor):
         return out
 
     def cancel(self):
-        for ref in self.refs:
+        refs = list(self.refs)
+        for ref in refs:
             try:
                 self.ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 (a task that finished meanwhile cannot be cancelled)
                 pass
+        if refs:  # cancelling is asynchronous: wait until no task of this build is still writing
+            self.ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
         self.refs.clear()
 
     def close(self):

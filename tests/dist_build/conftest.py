@@ -58,9 +58,10 @@ def corpus(tmp_path_factory, real_docs) -> dict:
     for line in (root / "a.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
             expected.append(json.loads(line)["text"] or "")
+    n_jsonl = len(expected)
     expected += [t or "" for t in pq.read_table(root / "b.parquet").column("text").to_pylist()]
     expected += [t.replace("\r\n", "\n") for t in txt]
-    return {"root": root, "paths": paths, "docs": expected}
+    return {"root": root, "paths": paths, "docs": expected, "per_path": [n_jsonl, len(pq_docs), 1, 1, 1]}
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +81,40 @@ def _tree(path: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="session")
 def tree():
     return _tree
+
+
+def _kill_when_started(build, started: Path, timeout: float = 120.0) -> tuple[int, list[BaseException]]:
+    """Run `build()` on a thread; SIGKILL the process named in `started` as soon as that file appears.
+
+    Returns (the killed pid, what build() raised). The task behind `started` must run for a second or
+    more, so the kill lands while it works.
+    """
+    import json
+    import os
+    import signal
+    import threading
+    import time
+
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            build()
+        except BaseException as e:  # noqa: BLE001 (handed to the test thread)
+            failure.append(e)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + timeout
+    while not started.exists():
+        assert time.monotonic() < deadline and runner.is_alive(), f"{started.name} never appeared"
+        time.sleep(0.005)
+    pid = json.loads(started.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)  # a worker process of the build this test started
+    runner.join(timeout)
+    return pid, failure
+
+
+@pytest.fixture(scope="session")
+def kill_when_started():
+    return _kill_when_started

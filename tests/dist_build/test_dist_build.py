@@ -89,6 +89,36 @@ def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, bui
     assert tree(out) == tree(ref)
 
 
+def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinished_tasks(
+        corpus, tokenizer, build_reference, tree, tmp_path, kill_when_started):
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    big = tmp_path / "big.txt"  # one document, one task: long enough to be caught midway (~1-2 s)
+    big.write_text("\n\n".join(corpus["docs"]) * 4, encoding="utf-8")
+    inputs = corpus["paths"][:1] + [big] + corpus["paths"][1:]
+    plan = make_plan(inputs, tokenizer=tokenizer, task_bytes=40_000)
+    victim = next(t for t in plan.tasks if t.paths == [str(big.resolve())])
+    out = tmp_path / "out"
+    parts = out / ".dist-build" / "parts"
+    pid, failure = kill_when_started(
+        lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+                           task_bytes=40_000, **kw),
+        parts / f"{victim.id}.started")
+    assert failure and isinstance(failure[0], CacheError), failure
+    assert "a worker process died" in str(failure[0]) and "run the same command again to resume" in str(failure[0])
+    assert not (parts / f"{victim.id}.json").exists() and list(parts.glob(f"{victim.id}.bin.tmp-{pid}"))
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
+    assert 0 < len(before) < len(plan.tasks)
+    s = dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2, task_bytes=40_000,
+                   keep_parts=True, **kw)
+    assert s["reused"] == len(before) and s["ran"] == len(plan.tasks) - len(before)
+    for name, (mtime, data) in before.items():
+        assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
+    n_jsonl = corpus["per_path"][0]  # the reference stream: a.jsonl, big.txt, b.parquet, the .txt files
+    docs = corpus["docs"][:n_jsonl] + [big.read_text(encoding="utf-8")] + corpus["docs"][n_jsonl:]
+    ref = build_reference(docs, tmp_path / "ref", source=plan.describe(), **kw)
+    assert tree(out) == tree(ref)
+
+
 def test_a_damaged_part_fails_the_commit_and_is_redone(corpus, tokenizer, tree, tmp_path):
     kw = settings(ALL_TOKENS, 5_000, 20_000)
     out = tmp_path / "out"

@@ -5,11 +5,8 @@ processes. One cluster for the module (2 CPUs, no dashboard), shut down after; ~
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -94,7 +91,7 @@ def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpu
 
 
 def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinished_tasks(
-        ray_cluster, corpus, tokenizer, build_reference, tree, tmp_path):
+        ray_cluster, corpus, tokenizer, build_reference, tree, tmp_path, kill_when_started):
     big = tmp_path / "big.txt"  # one document, one task: long enough to be caught midway (~1-2 s)
     big.write_text("\n\n".join(corpus["docs"]) * 4, encoding="utf-8")
     inputs = corpus["paths"][:2] + [big] + corpus["paths"][2:]
@@ -103,27 +100,10 @@ def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinishe
     assert 0 < victim.index < len(plan.tasks) - 1
     out = tmp_path / "out"
     parts = out / ".dist-build" / "parts"
-    failure: list[BaseException] = []
-
-    def build():
-        try:
-            dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2, task_bytes=40_000,
-                       retries=0, **KW)
-        except BaseException as e:  # noqa: BLE001 (handed to the test thread)
-            failure.append(e)
-
-    runner = threading.Thread(target=build)
-    runner.start()
-    started = parts / f"{victim.id}.started"
-    deadline = time.monotonic() + 120
-    while not started.exists():
-        assert time.monotonic() < deadline and runner.is_alive(), "the big task never started"
-        time.sleep(0.005)
-    import json
-
-    pid = json.loads(started.read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)  # a Ray worker of the cluster this module started
-    runner.join(180)
+    pid, failure = kill_when_started(
+        lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2,
+                           task_bytes=40_000, retries=0, **KW),
+        parts / f"{victim.id}.started")
     assert failure and isinstance(failure[0], CacheError), failure
     assert f"task {victim.id}" in str(failure[0]) and "run the same command again to resume" in str(failure[0])
     assert not (parts / f"{victim.id}.json").exists()
