@@ -20,7 +20,7 @@ from pathlib import Path
 from niels_gpt.errors import NielsGPTError
 
 SUBCOMMAND_MODULES = ("niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
-                      "niels_gpt.train.cli")
+                      "niels_gpt.train.cli", "niels_gpt.build.cli")
 
 
 def _int(text: str) -> int:

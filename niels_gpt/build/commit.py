@@ -1,0 +1,182 @@
+"""The commit: part files, in plan order, into the final shards and meta.json, exactly as a local build.
+
+`build_pretrain_cache` (single stream, no shuffle buffer) reads documents in runs of
+ENCODE_BATCH_DOCS, counts a run's empty documents when it takes the run, and admits each non-empty
+document to val, then train, through `writers.Budgeted` (the budgets, the cut of the crossing
+document, EOT after each); it stops after the run in which a document found both splits full, and
+records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
+that same stream (run boundaries are global, across tasks), admits them through the same Budgeted
+and ShardWriter objects, and copies each admitted run of tokens from the part file straight into the
+shard, so no id is decoded again. meta.json is built from the builder's own pieces and written last.
+Reading a part checks its sha256 against the receipt. Cost: one read, one sha256 of each part and
+of each shard; no tokenization.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.build.tasks import parts_dir
+from niels_gpt.cache.build_cache import ENCODE_BATCH_DOCS, SPLIT_RULE, _common_meta, _start_build
+from niels_gpt.cache.meta import write_meta
+from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.writers import SHARD_PATTERN, Budgeted, ShardWriter, check_range
+
+
+class _Doc:
+    """A document as Budgeted.plan sees it: len() is its content tokens (without EOT)."""
+
+    __slots__ = ("part", "start", "n")
+
+    def __init__(self, part: np.ndarray, start: int, n: int):
+        self.part, self.start, self.n = part, start, n
+
+    def __len__(self) -> int:
+        return self.n - 1
+
+
+def load_part(work_dir, receipt: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, lengths) of a task, each file's sha256 checked against the receipt."""
+    parts = parts_dir(work_dir)
+    out = []
+    for name, suffix in (("bin", ".bin"), ("lens", ".lens.npy")):
+        path = parts / f"{receipt['id']}{suffix}"
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != receipt["files"][name]["sha256"]:
+            with contextlib.suppress(FileNotFoundError):
+                (parts / f"{receipt['id']}.json").unlink()  # so that a rerun redoes this task
+            raise CacheError(f"{path}: sha256 differs from its receipt (the part was changed or damaged); its "
+                             "receipt is removed: run the same command again to redo that task")
+        out.append(data)
+    tokens = np.frombuffer(out[0], dtype=np.dtype(receipt["token_dtype"]))
+    import io
+
+    lens = np.load(io.BytesIO(out[1]), allow_pickle=False)
+    return tokens, lens
+
+
+def _documents(work_dir, receipts: Iterable[dict]) -> Iterator[_Doc | None]:
+    """Every document of the plan in order: a _Doc, or None for an empty (skipped) one."""
+    for receipt in receipts:
+        tokens, lens = load_part(work_dir, receipt)
+        start = 0
+        for n in lens.tolist():
+            if n == 0:
+                yield None
+            else:
+                yield _Doc(tokens, start, n)
+                start += n
+
+
+def _batches(docs: Iterator[_Doc | None]) -> Iterator[list[_Doc | None]]:
+    batch: list = []
+    for d in docs:
+        batch.append(d)
+        if len(batch) == ENCODE_BATCH_DOCS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _write(job: list, eot: int, dtype: np.dtype) -> None:
+    """Copy one planned run of documents (what Budgeted.write would convert) into its shards."""
+    eot_arr = np.array([eot], dtype=dtype)
+    for sink, docs, keep_last, _first in job:
+        w = sink.writer
+        part, a, b = None, 0, 0
+        for k, d in enumerate(docs):
+            n = d.n if k < len(docs) - 1 else keep_last
+            cut = n < d.n
+            end = d.start + (n - 1 if cut else n)
+            if d.part is part and d.start == b:
+                b = end
+            else:
+                if part is not None and b > a:
+                    w.write(part[a:b])
+                part, a, b = d.part, d.start, end
+            if cut:  # the cut document keeps n - 1 tokens and its EOT
+                if b > a:
+                    w.write(part[a:b])
+                w.write(eot_arr)
+                part = None
+        if part is not None and b > a:
+            w.write(part[a:b])
+
+
+def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_tokens: int, max_val_tokens: int,
+           shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
+           streaming: bool = False, source: dict | None = None,
+           on_tokens: Callable[[int], None] | None = None) -> dict:
+    """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
+
+    Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest).
+    """
+    for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+    out = Path(out_dir)
+    dtype = np.dtype(tokenizer.token_dtype)
+    eot = tokenizer.special_ids["eot"]
+    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+    _start_build(out, ["train", "val"])
+    skipped: Counter = Counter()
+    writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+    sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
+             for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
+    exhausted = False
+    try:
+        order = [sinks["val"], sinks["train"]]
+        for batch in _batches(_documents(work_dir, receipts)):
+            skipped["empty_document"] += sum(d is None for d in batch)
+            job: list = []
+            added = 0
+            for d in batch:
+                if d is None:
+                    continue
+                while order and order[0].full:
+                    order.pop(0)
+                if not order:
+                    break
+                added += order[0].plan(d, job)
+            _write(job, eot, dtype)
+            if on_tokens is not None:
+                on_tokens(added)
+            if not order:
+                break
+        else:
+            exhausted = True
+        records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
+    totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
+    if totals["train_tokens"] + totals["val_tokens"] == 0:
+        raise ConfigError(f"no tokens for {out}: the input had no non-empty document "
+                          f"(skipped: {dict(skipped) or 'none'}); check the source")
+    meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
+    meta.update({
+        "kind": "pretrain",
+        "split_rule": SPLIT_RULE,
+        "shard_bytes": shard_bytes,
+        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "totals": totals,
+        "files": records,
+        "cuts": {s: sinks[s].cut for s in ("train", "val")},
+        "source_exhausted": exhausted,
+        "skipped": dict(sorted(skipped.items())),
+        "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
+                  "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": None,
+                  "encode_batch_docs": ENCODE_BATCH_DOCS},
+    })
+    write_meta(str(out), meta)
+    return meta

@@ -1,0 +1,212 @@
+"""Where tasks run: this process, local processes, or a Ray cluster. None of them decides any byte.
+
+Each executor takes tasks (`tasks.run_task` and its arguments: plain JSON-able values and paths) and
+reports each one's receipt or error as it finishes, in any order; the driver (`dist.py`) commits in
+plan order. So the cache is the same whichever executor runs, with however many workers.
+
+- `inprocess`: one task after another in the calling process (no parallelism; the reference path);
+- `processes`: a pool of `workers` local processes (fork where the platform has it, so a worker
+  starts in milliseconds instead of re-importing the package);
+- `ray`: `ray.init(address=...)` ("auto" joins the cluster this machine belongs to, "HOST:PORT" a
+  given head, "local" starts a private one with `workers` CPUs); one task per CPU, `retries` retries
+  of a task whose worker died. Every node must see the tokenizer path and the work directory at the
+  same paths (a shared filesystem) and have this package installed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+from niels_gpt.errors import ConfigError
+
+EXECUTORS = ("inprocess", "processes", "ray")
+RAY_ADDRESS = "auto"
+RETRIES = 2
+CANCEL_WAIT_S = 60  # how long a failed or finished build waits for its cancelled Ray tasks to end
+
+
+class WorkerDied(Exception):
+    """A task's process ended without a result (killed, out of memory, node lost)."""
+
+
+class Executor(ABC):
+    name = "abstract"
+    workers = 1
+
+    @property
+    def window(self) -> int:
+        """Tasks to keep submitted at once."""
+        return 2 * self.workers  # a pool of `workers` processes: one queued behind each running task
+
+    @abstractmethod
+    def submit(self, key: int, fn: Callable, *args) -> None:
+        """Start fn(*args) for `key`."""
+
+    @abstractmethod
+    def wait(self) -> list[tuple[int, object, BaseException | None]]:
+        """Block until at least one submitted task ends; (key, result, error) for each that ended."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Drop every task not yet finished."""
+
+    def close(self) -> None:  # noqa: B027 (most executors hold nothing to release)
+        return None
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.workers} worker{'s' if self.workers != 1 else ''})"
+
+
+class InProcess(Executor):
+    name = "inprocess"
+
+    def __init__(self):
+        self.queue: list = []
+
+    def submit(self, key, fn, *args):
+        self.queue.append((key, fn, args))
+
+    def wait(self):
+        key, fn, args = self.queue.pop(0)
+        try:
+            return [(key, fn(*args), None)]
+        except Exception as e:
+            return [(key, None, e)]
+
+    def cancel(self):
+        self.queue.clear()
+
+
+class Processes(Executor):
+    name = "processes"
+
+    def __init__(self, workers: int | None = None, start_method: str | None = None):
+        self.workers = workers or os.cpu_count() or 1
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        methods = multiprocessing.get_all_start_methods()
+        method = start_method or ("fork" if "fork" in methods else "spawn")
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method))
+        self.futures: dict = {}
+
+    def submit(self, key, fn, *args):
+        self.futures[self.pool.submit(fn, *args)] = key
+
+    def wait(self):
+        done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
+        out = []
+        for f in done:
+            key = self.futures.pop(f)
+            try:
+                out.append((key, f.result(), None))
+            except Exception as e:
+                from concurrent.futures.process import BrokenProcessPool
+
+                if isinstance(e, BrokenProcessPool):
+                    e = WorkerDied(f"a worker process died ({e})")
+                out.append((key, None, e))
+        return out
+
+    def cancel(self):
+        for f in self.futures:
+            f.cancel()
+        self.futures.clear()
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Ray(Executor):
+    name = "ray"
+
+    def __init__(self, workers: int | None = None, address: str = RAY_ADDRESS, retries: int = RETRIES):
+        try:
+            import ray
+        except ImportError as e:
+            raise ConfigError("--executor ray needs Ray: pip install 'niels_gpt[ray]' (or `pip install ray`) "
+                              "on every node") from e
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            kwargs: dict = {"log_to_driver": False, "configure_logging": False}
+            if address == "local":
+                kwargs.update(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False)
+            else:
+                kwargs["address"] = address
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); start "
+                                  "one with `ray start --head`, pass its HOST:PORT with --ray-address, or use "
+                                  "--ray-address local for a one-machine cluster; a cluster with token "
+                                  "authentication (Ray 2.60 local clusters) also needs RAY_AUTH_MODE=token and its "
+                                  "token (~/.ray/auth_token or RAY_AUTH_TOKEN) on this machine") from e
+            self.started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = workers or cpus
+        self.retries = retries
+        self.refs: dict = {}
+        self._remote: dict = {}
+
+    @property
+    def window(self) -> int:
+        # NOTE: Ray runs every submitted task as soon as a CPU is free anywhere in the cluster, so the
+        # number submitted is the number running: `workers` caps it (a task queued behind costs ~ms).
+        return self.workers
+
+    def submit(self, key, fn, *args):
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=self.retries)(fn)
+        self.refs[remote.remote(*args)] = key
+
+    def wait(self):
+        ray = self.ray
+        ready, _ = ray.wait(list(self.refs), num_returns=1)
+        out = []
+        for ref in ready:
+            key = self.refs.pop(ref)
+            try:
+                out.append((key, ray.get(ref), None))
+            except ray.exceptions.RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                out.append((key, None, cause if isinstance(cause, Exception) else e))
+            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                    ray.exceptions.TaskCancelledError, ray.exceptions.RayError) as e:
+                out.append((key, None, WorkerDied(f"{type(e).__name__}: {str(e).splitlines()[0]}")))
+        return out
+
+    def cancel(self):
+        refs = list(self.refs)
+        for ref in refs:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 (a task that finished meanwhile cannot be cancelled)
+                pass
+        if refs:  # cancelling is asynchronous: wait until no task of this build is still writing
+            self.ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        self.refs.clear()
+
+    def close(self):
+        if self.started:
+            self.ray.shutdown()
+
+    def describe(self) -> str:
+        nodes = len([n for n in self.ray.nodes() if n.get("Alive")])
+        return f"ray ({self.workers} worker{'s' if self.workers != 1 else ''}, {nodes} node{'s' if nodes != 1 else ''})"
+
+
+def make_executor(name: str, *, workers: int | None = None, ray_address: str = RAY_ADDRESS,
+                  retries: int = RETRIES) -> Executor:
+    if name == "inprocess":
+        return InProcess()
+    if name == "processes":
+        return Processes(workers)
+    if name == "ray":
+        return Ray(workers, ray_address, retries)
+    raise ConfigError(f"unknown executor {name!r}; use one of {', '.join(EXECUTORS)}")

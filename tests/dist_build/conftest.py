@@ -1,0 +1,120 @@
+"""Inputs for the distributed-build tests: real text from the sample corpus in every input kind.
+
+`corpus` writes a JSONL file (with empty, whitespace and null documents and a blank line), a Parquet
+file of 9-row row groups (with nulls), and three .txt files (one of them whitespace only), and hands
+back the paths with the documents exactly as a one-process build reads them, decoded here
+independently of niels_gpt.build. `build_reference` runs build_pretrain_cache on those documents;
+`tree` maps every file of a cache to its bytes (the work directory left out).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from niels_gpt.cache.build_cache import build_pretrain_cache
+
+
+def _paragraph_docs(real_docs: list[str], n: int) -> list[str]:
+    paras = [p for t in real_docs for p in t.split("\n\n") if p.strip()]
+    docs, i, k = [], 0, 0
+    while i < len(paras) and len(docs) < n:
+        m = 1 + (k * 5) % 4
+        docs.append("\n\n".join(paras[i:i + m]))
+        i, k = i + m, k + 1
+    return docs
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory, real_docs) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("dist-corpus")
+    docs = _paragraph_docs(real_docs, 650)
+    assert len(docs) >= 602
+    jsonl_docs = docs[:400]
+    rows = []
+    for i, d in enumerate(jsonl_docs):
+        rows.append({"text": d, "id": i})
+        if i % 37 == 5:
+            rows.append({"text": None, "id": -1})
+        if i % 53 == 9:
+            rows.append({"text": "  \n ", "id": -2})
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(100, "")  # a blank line is no record
+    (root / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pq_docs: list[str | None] = list(docs[400:600])
+    pq_docs[17] = None
+    pq.write_table(pa.table({"text": pq_docs, "n": list(range(len(pq_docs)))}), root / "b.parquet", row_group_size=9)
+    txt = [docs[600], "   \n", docs[601] + "\r\nlast line"]
+    for name, body in zip(("c1.txt", "c2.txt", "c3.txt"), txt, strict=True):
+        (root / name).write_bytes(body.encode("utf-8"))
+    paths = [root / "a.jsonl", root / "b.parquet", root / "c1.txt", root / "c2.txt", root / "c3.txt"]
+    # The documents a one-process build reads, decoded without niels_gpt.build.
+    expected: list[str] = []
+    for line in (root / "a.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            expected.append(json.loads(line)["text"] or "")
+    n_jsonl = len(expected)
+    expected += [t or "" for t in pq.read_table(root / "b.parquet").column("text").to_pylist()]
+    expected += [t.replace("\r\n", "\n") for t in txt]
+    return {"root": root, "paths": paths, "docs": expected, "per_path": [n_jsonl, len(pq_docs), 1, 1, 1]}
+
+
+@pytest.fixture(scope="session")
+def build_reference(tokenizer):
+    def build(docs, out: Path, *, source: dict, streaming: bool = False, **settings) -> Path:
+        build_pretrain_cache(iter(docs), str(out), tokenizer=tokenizer, shuffle_buffer=settings.pop("shuffle_buffer", None),
+                             source=source, streaming=streaming, **settings)
+        return out
+    return build
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".dist-build" not in p.relative_to(path).parts}
+
+
+@pytest.fixture(scope="session")
+def tree():
+    return _tree
+
+
+def _kill_when_started(build, started: Path, timeout: float = 120.0) -> tuple[int, list[BaseException]]:
+    """Run `build()` on a thread; SIGKILL the process named in `started` as soon as that file appears.
+
+    Returns (the killed pid, what build() raised). The task behind `started` must run for a second or
+    more, so the kill lands while it works.
+    """
+    import json
+    import os
+    import signal
+    import threading
+    import time
+
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            build()
+        except BaseException as e:  # noqa: BLE001 (handed to the test thread)
+            failure.append(e)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + timeout
+    while not started.exists():
+        assert time.monotonic() < deadline and runner.is_alive(), f"{started.name} never appeared"
+        time.sleep(0.005)
+    pid = json.loads(started.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)  # a worker process of the build this test started
+    runner.join(timeout)
+    return pid, failure
+
+
+@pytest.fixture(scope="session")
+def kill_when_started():
+    return _kill_when_started

@@ -1,0 +1,238 @@
+"""dist-build without Ray: the plan, the commit against build_pretrain_cache, resume, every rejection."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from niels_gpt.build import dist_build, make_plan
+from niels_gpt.build.cli import ALL_TOKENS
+from niels_gpt.cache.cli import main
+from niels_gpt.cache.meta import read_meta
+from niels_gpt.errors import CacheError, ConfigError, SourceError, TokenizerError
+
+SETTINGS = [  # (train budget, val budget, shard bytes): every token; budgets met mid-stream; no val
+    (ALL_TOKENS, 5_000, 20_000),
+    (60_000, 7_777, 16_384),
+    (30_001, 0, 1 << 20),
+]
+
+
+def settings(train, val, shard):
+    return {"max_train_tokens": train, "max_val_tokens": val, "shard_bytes": shard, "seed": 7,
+            "dataset_name": "mine"}
+
+
+@pytest.mark.parametrize("budgets", SETTINGS, ids=["all", "cut", "noval"])
+def test_in_process_and_processes_write_the_local_builders_bytes(corpus, tokenizer, build_reference, tree,
+                                                                  tmp_path, budgets):
+    kw = settings(*budgets)
+    plan = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
+    assert len(plan.tasks) >= 8  # the 256-document runs of the builder cross task boundaries
+    ref = tree(build_reference(corpus["docs"], tmp_path / "ref", source=plan.describe(), **kw))
+    assert "train/shard_00000.bin" in ref
+    for executor, task_bytes in (("inprocess", 40_000), ("processes", 40_000), ("processes", 1 << 30)):
+        out = tmp_path / f"{executor}-{task_bytes}"
+        summary = dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor=executor, workers=2,
+                             task_bytes=task_bytes, **kw)
+        assert tree(out) == ref, (executor, task_bytes)
+        assert not (out / ".dist-build").exists()  # parts are removed after the commit
+        assert summary["tokens"] == sum(read_meta(str(out))["totals"][f"{s}_tokens"] for s in ("train", "val"))
+    meta = json.loads(ref["meta.json"])
+    assert meta["skipped"]["empty_document"] >= 1  # the empties reached the rule, and were counted alike
+
+
+def test_budget_met_early_runs_only_the_tasks_it_needs(corpus, tokenizer, tmp_path):
+    s = dist_build(corpus["paths"], tmp_path / "c", tokenizer=tokenizer.model_path, executor="inprocess",
+                   task_bytes=20_000, **settings(2_000, 500, 1 << 20))
+    # the builder reads whole runs of 256 documents (~130 kB here): the commit needs those tasks, no more
+    assert s["tasks"] > 20 and s["ran"] <= 8
+    assert read_meta(str(tmp_path / "c"))["source_exhausted"] is False
+
+
+def test_plan_ids_are_stable_and_follow_the_inputs(corpus, tokenizer, tmp_path):
+    a = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
+    b = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
+    assert [t.id for t in a.tasks] == [t.id for t in b.tasks]
+    assert [t.index for t in a.tasks] == list(range(len(a.tasks)))
+    assert {t.kind for t in a.tasks} == {"jsonl", "parquet", "text_files"}
+    copy = tmp_path / "a.jsonl"
+    copy.write_bytes(corpus["paths"][0].read_bytes() + b'{"text": "one more"}\n')
+    c = make_plan([copy], tokenizer=tokenizer, task_bytes=40_000)
+    assert not {t.id.split("-")[1] for t in c.tasks} & {t.id.split("-")[1] for t in a.tasks}
+
+
+def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, build_reference, tree, tmp_path):
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    bad = tmp_path / "z-bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": 12}\n', encoding="utf-8")
+    out = tmp_path / "out"
+    with pytest.raises(SourceError, match=r"z-bad\.jsonl, line at byte 39: field 'text' is int.*run the same command"):
+        dist_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+                   task_bytes=40_000, **kw)
+    assert not (out / "meta.json").exists()
+    parts = out / ".dist-build" / "parts"
+    receipts = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
+    plan = make_plan(corpus["paths"] + [bad], tokenizer=tokenizer, task_bytes=40_000)
+    assert len(receipts) == len(plan.tasks) - 1  # every task but the bad one finished
+    bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": "twelve"}\n', encoding="utf-8")
+    s = dist_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+                   task_bytes=40_000, keep_parts=True, **kw)
+    assert (s["ran"], s["reused"]) == (1, len(plan.tasks) - 1)
+    for name, (mtime, data) in receipts.items():  # reused receipts were not rewritten
+        assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
+    docs = corpus["docs"] + ["fine", "also fine", "twelve"]
+    ref = build_reference(docs, tmp_path / "ref", source=make_plan(corpus["paths"] + [bad], tokenizer=tokenizer).describe(),
+                          **kw)
+    assert tree(out) == tree(ref)
+
+
+def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinished_tasks(
+        corpus, tokenizer, build_reference, tree, tmp_path, kill_when_started):
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    big = tmp_path / "big.txt"  # one document, one task: long enough to be caught midway (~1-2 s)
+    big.write_text("\n\n".join(corpus["docs"]) * 4, encoding="utf-8")
+    inputs = corpus["paths"][:1] + [big] + corpus["paths"][1:]
+    plan = make_plan(inputs, tokenizer=tokenizer, task_bytes=40_000)
+    victim = next(t for t in plan.tasks if t.paths == [str(big.resolve())])
+    out = tmp_path / "out"
+    parts = out / ".dist-build" / "parts"
+    pid, failure = kill_when_started(
+        lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+                           task_bytes=40_000, **kw),
+        parts / f"{victim.id}.started")
+    assert failure and isinstance(failure[0], CacheError), failure
+    assert "a worker process died" in str(failure[0]) and "run the same command again to resume" in str(failure[0])
+    assert not (parts / f"{victim.id}.json").exists() and list(parts.glob(f"{victim.id}.bin.tmp-{pid}"))
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
+    assert 0 < len(before) < len(plan.tasks)
+    s = dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2, task_bytes=40_000,
+                   keep_parts=True, **kw)
+    assert s["reused"] == len(before) and s["ran"] == len(plan.tasks) - len(before)
+    for name, (mtime, data) in before.items():
+        assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
+    n_jsonl = corpus["per_path"][0]  # the reference stream: a.jsonl, big.txt, b.parquet, the .txt files
+    docs = corpus["docs"][:n_jsonl] + [big.read_text(encoding="utf-8")] + corpus["docs"][n_jsonl:]
+    ref = build_reference(docs, tmp_path / "ref", source=plan.describe(), **kw)
+    assert tree(out) == tree(ref)
+
+
+def test_a_damaged_part_fails_the_commit_and_is_redone(corpus, tokenizer, tree, tmp_path):
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    out = tmp_path / "out"
+    dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
+               keep_parts=True, **kw)
+    good = tree(out)
+    part = sorted((out / ".dist-build" / "parts").glob("*.bin"))[3]
+    data = bytearray(part.read_bytes())
+    data[10] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=r"sha256 differs from its receipt.*run the same command again"):
+        dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
+                   keep_parts=True, **kw)
+    s = dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
+    assert s["ran"] == 1 and tree(out) == good
+
+
+def test_shuffle_buffer_says_it_cannot_be_planned_and_builds_on_one_process(corpus, tokenizer, build_reference,
+                                                                            tree, tmp_path):
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    said = []
+    s = dist_build(corpus["paths"], tmp_path / "out", tokenizer=tokenizer.model_path, executor="processes",
+                   shuffle_buffer=64, log=said.append, **kw)
+    assert "cannot be cut into independent tasks; building on one process" in said[0]
+    assert s["executor"] == "one process (shuffle buffer)"
+    plan = make_plan(corpus["paths"], tokenizer=tokenizer)
+    ref = build_reference(corpus["docs"], tmp_path / "ref", source=plan.describe(), shuffle_buffer=64, **kw)
+    assert tree(tmp_path / "out") == tree(ref)
+
+
+def test_hf_dataset_shards_are_tasks_and_match_the_whole_stream(corpus, tokenizer, build_reference, tree, tmp_path):
+    from datasets import load_dataset
+
+    files = [str(corpus["root"] / "a.jsonl"), str(tmp_path / "second.jsonl")]
+    (tmp_path / "second.jsonl").write_text('{"text": "the second shard"}\n{"text": null}\n', encoding="utf-8")
+    hf = {"path": "json", "data_files": files, "split": "train"}
+    plan = make_plan(tokenizer=tokenizer, hf=hf)
+    assert [(t.kind, t.start, t.stop) for t in plan.tasks] == [("hf_shard", 0, 2), ("hf_shard", 1, 2)]
+    stream = [r["text"] or "" for r in load_dataset("json", data_files=files, split="train", streaming=True)]
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    ref = build_reference(stream, tmp_path / "ref", source=plan.describe(), **kw)
+    dist_build([], tmp_path / "out", tokenizer=tokenizer.model_path, executor="processes", workers=2, hf=hf, **kw)
+    assert tree(tmp_path / "out") == tree(ref)
+
+
+def test_cli_dist_build_and_plan_only(corpus, tokenizer, tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = ["dist-build", *map(str, corpus["paths"]), "--out", str(out), "--tokenizer", tokenizer.model_path,
+            "--val-tokens", "5000", "--shard-bytes", "20KB", "--workers", "2", "--task-bytes", "40000",
+            "--no-progress"]
+    assert main(args + ["--plan-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "tasks," in printed and "00000-" in printed
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "executor processes (2 workers)" in printed and "Mtok/s" in printed
+    assert read_meta(str(out))["totals"]["val_tokens"] == 5000
+
+
+@pytest.mark.parametrize("make, match, error", [
+    (lambda d: d / "nothing.jsonl", r"nothing\.jsonl: no such file", SourceError),
+    (lambda d: (d / "x.csv").write_text("a") and d / "x.csv", r"x\.csv: unsupported file type '\.csv'", ConfigError),
+    (lambda d: (d / "j.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n') and d / "j.jsonl",
+     r"j\.jsonl, line at byte 15: not valid JSON", SourceError),
+    (lambda d: (d / "k.jsonl").write_text('{"body": "ok"}\n') and d / "k.jsonl", r"k\.jsonl, line at byte 0: no 'text' field", SourceError),
+    (lambda d: (d / "u.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n') and d / "u.jsonl",
+     r"u\.jsonl: invalid UTF-8 at byte 28 \(the line starting at byte 15\)", SourceError),
+    (lambda d: (d / "l.jsonl").write_text('["text"]\n') and d / "l.jsonl", r"expected a JSON object per line", SourceError),
+])
+def test_bad_inputs_fail_with_the_record_named(tokenizer, tmp_path, make, match, error):
+    path = make(tmp_path)
+    with pytest.raises(error, match=match):
+        dist_build([path], tmp_path / "out", tokenizer=tokenizer.model_path, executor="inprocess",
+                   **settings(ALL_TOKENS, 10, 1 << 20))
+
+
+def test_bad_parquet_inputs_are_named(tokenizer, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a"]}), tmp_path / "nocol.parquet")
+    with pytest.raises(SourceError, match=r"nocol\.parquet: no 'text' column \(columns: \['body'\]\); pass --text-field"):
+        make_plan([tmp_path / "nocol.parquet"], tokenizer=tokenizer)
+    pq.write_table(pa.table({"text": ["fine", "x"], "n": [1, 2]}).set_column(0, "text", pa.array([1, 2])),
+                   tmp_path / "ints.parquet")
+    with pytest.raises(SourceError, match=r"ints\.parquet, row 0 \(row group 0\): field 'text' is int, not text"):
+        dist_build([tmp_path / "ints.parquet"], tmp_path / "out", tokenizer=tokenizer.model_path,
+                   executor="inprocess", **settings(ALL_TOKENS, 10, 1 << 20))
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(SourceError, match=r"junk\.parquet: not a readable Parquet file"):
+        make_plan([tmp_path / "junk.parquet"], tokenizer=tokenizer)
+
+
+def test_rejects_bad_settings(corpus, tokenizer, tmp_path):
+    kw = settings(ALL_TOKENS, 10, 1 << 20)
+    with pytest.raises(ConfigError, match="unknown executor 'threads'"):
+        dist_build(corpus["paths"], tmp_path / "o", tokenizer=tokenizer.model_path, executor="threads", **kw)
+    with pytest.raises(ConfigError, match="no inputs"):
+        dist_build([], tmp_path / "o", tokenizer=tokenizer.model_path, **kw)
+    with pytest.raises(ConfigError, match="task_bytes must be >= 1"):
+        make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=0)
+    with pytest.raises(ConfigError, match="max_val_tokens must be >= 0"):
+        dist_build(corpus["paths"], tmp_path / "o", tokenizer=tokenizer.model_path, executor="inprocess",
+                   **{**kw, "max_val_tokens": -1})
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n')
+    with pytest.raises(ConfigError, match=r"no tokens for .*skipped: \{'empty_document': 1\}"):
+        dist_build([empty], tmp_path / "o", tokenizer=tokenizer.model_path, executor="inprocess", **kw)
+
+
+def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_path):
+    from niels_gpt.build.tasks import run_task
+
+    plan = make_plan(corpus["paths"][:1], tokenizer=tokenizer)
+    with pytest.raises(TokenizerError, match="the plan was made with 0000000000000000…; give every node the same"):
+        run_task(plan.tasks[0].to_json(), "text", tokenizer.model_path, "0" * 64, str(tmp_path))
+    assert os.listdir(tmp_path) == []

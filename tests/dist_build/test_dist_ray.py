@@ -1,0 +1,132 @@
+"""dist-build on a real local Ray cluster: byte identity across the three executors, joining a running
+cluster by address from the CLI, a worker killed midway then resumed, a bad record named across
+processes. One cluster for the module (2 CPUs, no dashboard), shut down after; ~15 s in all."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from niels_gpt.build import dist_build, make_plan
+from niels_gpt.build.cli import ALL_TOKENS
+from niels_gpt.errors import CacheError, SourceError
+
+pytest.importorskip("ray")
+REPO = Path(__file__).resolve().parents[2]
+KW = {"max_train_tokens": ALL_TOKENS, "max_val_tokens": 5_000, "shard_bytes": 20_000, "seed": 7,
+      "dataset_name": "mine"}
+
+
+@pytest.fixture(scope="module")
+def local_caches(corpus, tokenizer, build_reference, tree, tmp_path_factory) -> dict:
+    """The reference, in-process and local-process caches, built before Ray starts (the pool forks)."""
+    root = tmp_path_factory.mktemp("dist-local")
+    plan = make_plan(corpus["paths"], tokenizer=tokenizer)
+    out = {"reference": tree(build_reference(corpus["docs"], root / "ref", source=plan.describe(), **KW))}
+    for executor in ("inprocess", "processes"):
+        dist_build(corpus["paths"], root / executor, tokenizer=tokenizer.model_path, executor=executor, workers=2,
+                   task_bytes=40_000, **KW)
+        out[executor] = tree(root / executor)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(local_caches):
+    import ray
+
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                   configure_logging=False)
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()
+
+
+def test_in_process_local_processes_and_ray_write_identical_caches(local_caches, ray_cluster, corpus, tokenizer,
+                                                                   tree, tmp_path):
+    assert local_caches["inprocess"] == local_caches["reference"]
+    assert local_caches["processes"] == local_caches["reference"]
+    for task_bytes in (40_000, 7_000):
+        s = dist_build(corpus["paths"], tmp_path / str(task_bytes), tokenizer=tokenizer.model_path, executor="ray",
+                       workers=2, task_bytes=task_bytes, **KW)
+        assert s["executor"] == "ray (2 workers, 1 node)" and s["ran"] == s["tasks"] > 8
+        assert tree(tmp_path / str(task_bytes)) == local_caches["reference"]
+
+
+def test_workers_caps_the_ray_tasks_running_at_once(ray_cluster, corpus, tokenizer, tmp_path):
+    import json
+
+    s = dist_build(corpus["paths"], tmp_path / "one", tokenizer=tokenizer.model_path, executor="ray", workers=1,
+                   task_bytes=20_000, keep_parts=True, **KW)
+    parts = tmp_path / "one" / ".dist-build" / "parts"
+    spans = sorted((json.loads(p.with_suffix(".started").read_text())["time"], json.loads(p.read_text())["finished"])
+                   for p in parts.glob("*.json"))
+    assert len(spans) == s["tasks"] > 10
+    assert all(start >= prev_end for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
+
+
+def test_relative_paths_reach_ray_workers_as_absolute_ones(ray_cluster, local_caches, corpus, tokenizer, tree,
+                                                           tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(Path(tokenizer.model_path).parent, tmp_path / "tok")
+    monkeypatch.chdir(tmp_path)
+    dist_build(corpus["paths"], "rel-out", tokenizer="tok", executor="ray", workers=2, task_bytes=40_000, **KW)
+    assert tree(tmp_path / "rel-out") == local_caches["reference"]
+
+
+def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpus, tokenizer, tree, tmp_path):
+    out = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "niels_gpt.cache.cli", "dist-build", *map(str, corpus["paths"]), "--out", str(out),
+           "--tokenizer", tokenizer.model_path, "--val-tokens", "5000", "--shard-bytes", "20000", "--seed", "7",
+           "--name", "mine", "--task-bytes", "40000", "--executor", "ray", "--ray-address", ray_cluster,
+           "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "executor ray (2 workers, 1 node)" in r.stdout
+    assert tree(out) == local_caches["reference"]
+
+
+def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinished_tasks(
+        ray_cluster, corpus, tokenizer, build_reference, tree, tmp_path, kill_when_started):
+    big = tmp_path / "big.txt"  # one document, one task: long enough to be caught midway (~1-2 s)
+    big.write_text("\n\n".join(corpus["docs"]) * 4, encoding="utf-8")
+    inputs = corpus["paths"][:2] + [big] + corpus["paths"][2:]
+    plan = make_plan(inputs, tokenizer=tokenizer, task_bytes=40_000)
+    victim = next(t for t in plan.tasks if t.paths == [str(big.resolve())])
+    assert 0 < victim.index < len(plan.tasks) - 1
+    out = tmp_path / "out"
+    parts = out / ".dist-build" / "parts"
+    pid, failure = kill_when_started(
+        lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2,
+                           task_bytes=40_000, retries=0, **KW),
+        parts / f"{victim.id}.started")
+    assert failure and isinstance(failure[0], CacheError), failure
+    assert f"task {victim.id}" in str(failure[0]) and "run the same command again to resume" in str(failure[0])
+    assert not (parts / f"{victim.id}.json").exists()
+    assert list(parts.glob(f"{victim.id}.bin.tmp-{pid}"))  # killed while writing its part
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
+    assert 0 < len(before) < len(plan.tasks)
+
+    s = dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2, task_bytes=40_000,
+                   keep_parts=True, **KW)
+    assert s["reused"] == len(before) and s["ran"] == len(plan.tasks) - len(before)
+    for name, (mtime, data) in before.items():
+        assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
+    docs = corpus["docs"][:len(corpus["docs"]) - 3]  # the reference stream: jsonl, parquet, big.txt, the .txt files
+    docs += [big.read_text(encoding="utf-8")] + corpus["docs"][-3:]
+    ref = build_reference(docs, tmp_path / "ref", source=make_plan(inputs, tokenizer=tokenizer).describe(), **KW)
+    assert tree(out) == tree(ref)
+
+
+def test_a_bad_record_on_a_ray_worker_fails_the_build_with_the_record_named(ray_cluster, corpus, tokenizer,
+                                                                           tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"txt": "typo"}\n', encoding="utf-8")
+    with pytest.raises(SourceError, match=r"bad\.jsonl, line at byte 17: no 'text' field \(fields: \['txt'\]\)"):
+        dist_build(corpus["paths"] + [bad], tmp_path / "out", tokenizer=tokenizer.model_path, executor="ray",
+                   workers=2, task_bytes=40_000, **KW)
+    assert not (tmp_path / "out" / "meta.json").exists()
