@@ -9,8 +9,6 @@ The flags share their names with the other build commands (--out, --tokenizer, -
 
 from __future__ import annotations
 
-import argparse
-
 from niels_gpt.build.executors import EXECUTORS, RAY_ADDRESS, RETRIES
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD
 from niels_gpt.cache.build_cache import MAX_VAL_TOKENS, SEED, SHARD_BYTES
@@ -22,8 +20,7 @@ def register(sub) -> None:
     from niels_gpt.cache.cli import _int, _optional_int
 
     p = sub.add_parser("dist-build", help="build a pretraining cache from files or a datasets stream on "
-                       "local processes or a Ray cluster (byte-identical to a one-process build)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       "local processes or a Ray cluster (byte-identical to a one-process build)")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="files or directories (.jsonl/.json: one document per line; .parquet; .txt/.raw: one per file)")
     p.add_argument("--out", required=True, help="cache directory to write (train/, val/, meta.json)")
@@ -40,17 +37,17 @@ def register(sub) -> None:
     p.add_argument("--text-field", default=TEXT_FIELD, help="field or column holding the document text")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")
     p.add_argument("--shuffle-buffer", type=_optional_int, default=None,
-                   help="torch-RNG document shuffle buffer; cannot be planned: builds on one process")
+                   help="torch-RNG document shuffle buffer (default: off); a buffer cannot be planned, so the build runs on one process")
     p.add_argument("--work-dir", default=None, help="parts and receipts, on a filesystem every worker sees "
                    "(default: OUT/.dist-build)")
     p.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
     p.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("a datasets stream instead of INPUT files (one task per shard)")
-    g.add_argument("--hf-dataset", default=None, help="hub id or packaged builder (json, parquet, text)")
-    g.add_argument("--hf-config", default=None, help="dataset config name")
+    g.add_argument("--hf-dataset", default=None, help="hub id or packaged builder (json, parquet, text) (default: read the INPUT files)")
+    g.add_argument("--hf-config", default=None, help="dataset config name (default: the dataset's default)")
     g.add_argument("--hf-split", default="train", help="split")
-    g.add_argument("--hf-data-files", nargs="+", default=None, help="data files for a packaged builder")
+    g.add_argument("--hf-data-files", nargs="+", default=None, help="data files for a packaged builder (default: none)")
     p.set_defaults(func=run)
 
 

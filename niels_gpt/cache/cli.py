@@ -38,58 +38,78 @@ def _optional_int(text: str) -> int | None:
 
 def add_build_all(sub) -> None:
     from niels_gpt.build_all import ALL, BuildConfig
-    from niels_gpt.tokenizer.spm import TrainSettings
 
     d = BuildConfig()
     p = sub.add_parser("build-all", help="train the tokenizer and build every cache",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description="Train (or copy) the tokenizer, then build every pretraining and SFT cache.")
+    _add_common_flags(p, d)
+    p.add_argument("--only", nargs="+", default=list(ALL), metavar="NAME", help=f"build a subset of: {' '.join(ALL)}")
+    p.add_argument("--tokenizer", default=None,
+                   help="copy this sentencepiece model instead of training one (default: train one)")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help="encode threads (default: all cores); the output is identical for any value")
+    _add_tokenizer_flags(p)
+    _add_source_flags(p, d, budgets=True)
+    p.set_defaults(func=run_build_all)
+
+
+def _add_common_flags(p, d) -> None:
     p.add_argument("--cache-dir", default=d.cache_dir, help="root of the caches")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every split and shuffle (torch RNG)")
-    p.add_argument("--only", nargs="+", default=list(ALL), metavar="NAME", help=f"build a subset of: {' '.join(ALL)}")
     p.add_argument("--sample", action="store_true", help="point every source at the bundled sample corpus (offline)")
-    p.add_argument("--tokenizer", default=None, help="copy this sentencepiece model instead of training one")
-    p.add_argument("--workers", type=int, default=d.workers, help="encode threads (None: all cores); output is identical for any value")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (they show only on a terminal)")
+
+
+def _add_tokenizer_flags(p) -> None:
+    from niels_gpt.tokenizer.spm import TrainSettings
+
     t = TrainSettings()
     g = p.add_argument_group("tokenizer training")
     g.add_argument("--vocab-size", type=int, default=t.vocab_size, help="ordinary pieces (4 special tokens come on top)")
-    g.add_argument("--model-type", default=t.model_type, choices=["unigram", "bpe"])
-    g.add_argument("--character-coverage", type=float, default=t.character_coverage)
+    g.add_argument("--model-type", default=t.model_type, choices=["unigram", "bpe"], help="sentencepiece model type")
+    g.add_argument("--character-coverage", type=float, default=t.character_coverage,
+                   help="share of characters covered by pieces; the rest fall back to bytes")
     g.add_argument("--tokenizer-threads", type=int, default=t.num_threads, help="trainer threads (part of the model's identity)")
     g.add_argument("--tokenizer-max-chars", type=_int, default=t.max_train_chars, help="characters of text to train on")
     g.add_argument("--max-sentence-length", type=int, default=t.max_sentence_length, help="bytes per training chunk")
-    g.add_argument("--no-split-digits", dest="split_digits", action="store_false", help="let pieces span several digits")
+    g.add_argument("--no-split-digits", dest="split_digits", action="store_false",
+                   help="let a piece span several digits (by default every digit is its own piece)")
+
+
+def _add_source_flags(p, d, *, budgets: bool) -> None:
     g = p.add_argument_group("fineweb_edu (streamed)")
-    g.add_argument("--fineweb-dataset", default=d.fineweb_dataset)
-    g.add_argument("--fineweb-config", default=d.fineweb_config)
-    g.add_argument("--fineweb-split", default=d.fineweb_split)
-    g.add_argument("--fineweb-buffer-size", type=int, default=d.fineweb_buffer_size, help="datasets .shuffle buffer")
-    g.add_argument("--fineweb-data-files", nargs="+", default=None, help="local parquet/jsonl files of the same schema")
-    g.add_argument("--max-train-tokens", type=_int, default=d.max_train_tokens)
-    g.add_argument("--max-val-tokens", type=_int, default=None, help="default 5_000_000 (4096 with --sample)")
-    g.add_argument("--shard-bytes", type=_int, default=d.shard_bytes, help="shard size target (never exceeded)")
-    g.add_argument("--shuffle-buffer", type=_optional_int, default=d.shuffle_buffer, help="torch-RNG document shuffle buffer")
+    g.add_argument("--fineweb-dataset", default=d.fineweb_dataset, help="Hugging Face dataset id")
+    g.add_argument("--fineweb-config", default=d.fineweb_config, help="dataset config (a Common Crawl dump)")
+    g.add_argument("--fineweb-split", default=d.fineweb_split, help="dataset split to stream")
+    g.add_argument("--fineweb-buffer-size", type=int, default=d.fineweb_buffer_size,
+                   help="buffer of the datasets .shuffle call")
+    g.add_argument("--fineweb-data-files", nargs="+", default=None,
+                   help="local parquet/jsonl files of the same schema (default: stream the hub)")
+    if budgets:
+        g.add_argument("--max-train-tokens", type=_int, default=d.max_train_tokens, help="train token budget")
+        g.add_argument("--max-val-tokens", type=_int, default=None,
+                       help="val token budget (default: 5_000_000, or 4096 with --sample)")
+        g.add_argument("--shard-bytes", type=_int, default=d.shard_bytes, help="shard size target (never exceeded)")
+        g.add_argument("--shuffle-buffer", type=_optional_int, default=d.shuffle_buffer,
+                       help="torch-RNG document shuffle buffer (0 or none: off; default of build-all: %(default)s)")
     g = p.add_argument_group("wikitext")
-    g.add_argument("--wikitext-dataset", default=d.wikitext_dataset)
-    g.add_argument("--wikitext-config", default=d.wikitext_config)
-    g.add_argument("--wikitext-train-file", default=None, help="local raw file instead of the hub")
-    g.add_argument("--wikitext-val-file", default=None)
+    g.add_argument("--wikitext-dataset", default=d.wikitext_dataset, help="Hugging Face dataset id")
+    g.add_argument("--wikitext-config", default=d.wikitext_config, help="dataset config")
+    g.add_argument("--wikitext-train-file", default=None, help="local raw train file (default: the hub)")
+    g.add_argument("--wikitext-val-file", default=None, help="local raw validation file (default: the hub)")
     g = p.add_argument_group("local directories")
-    g.add_argument("--roam-dir", default=None, help="Roam Research markdown export")
-    g.add_argument("--roam-val-frac", type=float, default=d.roam_val_frac)
-    g.add_argument("--gutenberg-dir", default=None, help="Project Gutenberg .txt books (not built when absent)")
-    g.add_argument("--gutenberg-val-frac", type=float, default=d.gutenberg_val_frac)
+    g.add_argument("--roam-dir", default=None, help="Roam Research markdown export (default: not built)")
+    g.add_argument("--roam-val-frac", type=float, default=d.roam_val_frac, help="share of notes in val (seeded)")
+    g.add_argument("--gutenberg-dir", default=None, help="Project Gutenberg .txt books (default: not built)")
+    g.add_argument("--gutenberg-val-frac", type=float, default=d.gutenberg_val_frac, help="share of books in val (seeded)")
     g = p.add_argument_group("sft")
-    g.add_argument("--val-frac", type=float, default=d.val_frac, help="fraction of examples in val (seeded)")
-    g.add_argument("--dolly-dataset", default=d.dolly_dataset)
-    g.add_argument("--dolly-data-files", nargs="+", default=None)
-    g.add_argument("--oasst-dataset", default=d.oasst_dataset)
-    g.add_argument("--oasst-data-files", nargs="+", default=None)
-    g.add_argument("--oasst-trees-jsonl", default=None, help="nested-tree JSONL export instead of flat rows")
-    for action in p._actions:
-        if action.help is None:  # the defaults formatter only shows a default next to help text
-            action.help = "-"
-    p.set_defaults(func=run_build_all)
+    if budgets:
+        g.add_argument("--val-frac", type=float, default=d.val_frac, help="fraction of examples in val (seeded)")
+    g.add_argument("--dolly-dataset", default=d.dolly_dataset, help="Hugging Face dataset id")
+    g.add_argument("--dolly-data-files", nargs="+", default=None, help="local jsonl/parquet files (default: the hub)")
+    g.add_argument("--oasst-dataset", default=d.oasst_dataset, help="Hugging Face dataset id")
+    g.add_argument("--oasst-data-files", nargs="+", default=None, help="local flat-row files (default: the hub)")
+    g.add_argument("--oasst-trees-jsonl", default=None, help="nested-tree JSONL export (default: flat rows from --oasst-data-files or the hub)")
 
 
 def config_from_args(args):
@@ -121,13 +141,14 @@ def run_build_all(args) -> int:
 
 
 def add_train_tokenizer(sub) -> None:
+    from niels_gpt.build_all import BuildConfig
+
+    d = BuildConfig()
     p = sub.add_parser("train-tokenizer", help="train the sentencepiece tokenizer only",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_build_all_like = sub.choices["build-all"]
-    for action in add_build_all_like._actions:
-        if action.dest in ("help", "only", "tokenizer"):
-            continue
-        p._add_action(action)
+                       description="Train the tokenizer on the sources' training text (the first step of build-all).")
+    _add_common_flags(p, d)
+    _add_tokenizer_flags(p)
+    _add_source_flags(p, d, budgets=False)
     p.set_defaults(func=run_train_tokenizer)
 
 
@@ -143,12 +164,12 @@ def run_train_tokenizer(args) -> int:
 
 def add_inspect_verify(sub) -> None:
     p = sub.add_parser("inspect", help="show a cache: meta, totals, a decoded window, an SFT example's trained span")
-    p.add_argument("path", help="a cache directory (or a root of caches)")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
-    p.add_argument("--window", type=int, default=64, help="tokens of pretraining text to decode")
+    p.add_argument("--window", type=int, default=64, help="tokens to decode")
     p.set_defaults(func=lambda a: _inspect(a))
-    p = sub.add_parser("verify", help="check sizes, counts and sha256 of every file against meta.json")
-    p.add_argument("path", help="a cache directory or a root of caches")
+    p = sub.add_parser("verify", help="check every output against its metadata: sizes, counts, sha256, headers")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
     p.set_defaults(func=lambda a: _verify(a))
 
 
@@ -171,22 +192,51 @@ def _verify(args) -> int:
     return 1 if problems else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m niels_gpt.cache.cli",
+def program_name(argv0: str | None = None) -> str:
+    """How the user called us: the console script by its name, else the module form."""
+    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
+    if name == "__main__.py" and Path(argv0 or sys.argv[0]).parent.name == "niels_gpt":
+        return "python -m niels_gpt"
+    return name if name.startswith("niels-gpt") else "python -m niels_gpt.cache.cli"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("niels_gpt")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, except on/off flags and options without one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _split_lines(self, text, width):
+        # NOTE: argparse wraps at hyphens too, which cuts values such as CC-MAIN-2024-10 in two.
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="niels_gpt token caches: build, inspect, verify, convert, pack")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_build_all(sub)
     add_train_tokenizer(sub)
     add_inspect_verify(sub)
     for module in SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        if hasattr(mod, "register"):
-            mod.register(sub)
+        importlib.import_module(module).register(sub)
+    for p in sub.choices.values():
+        p.formatter_class = HelpFormatter
     return parser
 
 

@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=("uint16", "uint32"),
                    help="output token dtype (default: the source's)")
     p.add_argument("--src-dtype", default=None, choices=("uint16", "uint32"),
-                   help="dtype of a headerless source .bin without meta (never guessed)")
+                   help="dtype of a headerless source .bin without meta (default: none; never guessed)")
     p.add_argument("--max-tokens-per-file", type=int, default=None,
                    help="roll over to a new file after this many tokens (default: per format)")
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES,
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     q = subparsers.add_parser("prepare-data", help="validate a token directory and print how to train on it")
     q.add_argument("dir", help="token file or directory in any supported format")
     q.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"default {DEFAULT_SEQ_LEN}")
-    q.add_argument("--dtype", default=None, choices=("uint16", "uint32"), help="dtype of headerless .bin")
+    q.add_argument("--dtype", default=None, choices=("uint16", "uint32"), help="dtype of a headerless .bin (default: what meta.json or metadata.yaml records; never guessed)")
     q.add_argument("--eot-id", type=int, default=None, help="EOT id (default: recorded)")
     q.add_argument("--bos-id", type=int, default=None,
                    help="BOS id of BOS-prefixed shards (default: recorded, or named by .bos.idx sidecars)")

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from niels_gpt.loading import download as dl
@@ -16,8 +15,7 @@ NUM_FILES = 8
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("download", help="download numbered Parquet text shards (parallel, retried, atomic)",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = subparsers.add_parser("download", help="download numbered Parquet text shards (parallel, retried, atomic)")
     p.add_argument("--base-url", default=dl.BASE_URL, help="URL of the folder holding the shards")
     p.add_argument("--out-dir", default=OUT_DIR, help="local folder for the shards")
     p.add_argument("-n", "--num-files", type=int, default=NUM_FILES, help="number of shards")

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import MISSING, fields
 
 from niels_gpt.train.data import KINDS
@@ -20,23 +19,41 @@ HELP = {
     "packing": "Parquet text shards: bestfit or contiguous",
     "tokenizer": "tokenizer dir/file (default: a tokenizer/ dir above the data; needed for bpb, CORE, Parquet)",
     "depth": "layers; width = 64 x depth and heads of ~128 dims unless given",
-    "total_batch_size": "tokens per optimizer step (gradient accumulation makes up the rest)",
+    "total_batch_size": "tokens per optimizer step, made up by gradient accumulation (default: one micro-batch per rank)",
     "device_batch_size": "rows per micro-batch per rank",
     "optimizer": "muon (Muon for matrices + AdamW) or adamw (AdamW for everything)",
     "device": "auto, cpu, cuda",
     "num_workers": "DataLoader workers for the map-style kinds (indexed, mixture, packed)",
     "eval_every": "val bpb every N steps (0: only at the end)",
     "eval_steps": "val batches per bpb evaluation",
-    "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL",
+    "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL (default: no CORE)",
     "save_every": "checkpoint every N steps (the last step is always saved)",
-    "stop_at": "stop after this step (checkpointed), as an interrupted run would",
-    "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path",
+    "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
+    "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
+    "n_embd": "model width (default: 64 x depth)",
+    "n_head": "attention heads (default: width / 128, at least 1)",
+    "n_kv_head": "key/value heads for grouped-query attention (default: as many as --n-head)",
+    "sequence_len": "tokens per row (T)",
+    "vocab_size": "embedding rows (default: the vocabulary the data records)",
+    "steps": "optimizer steps",
+    "embedding_lr": "AdamW learning rate of the token embedding",
+    "unembedding_lr": "AdamW learning rate of the lm_head",
+    "matrix_lr": "Muon learning rate of the matrices",
+    "adamw_matrix_lr": "AdamW learning rate of the matrices with --optimizer adamw",
+    "weight_decay": "AdamW weight decay",
+    "warmup_ratio": "share of the steps spent warming the learning rate up",
+    "warmdown_ratio": "share of the steps spent decaying the learning rate at the end",
+    "final_lr_frac": "learning rate at the last step, as a share of the peak",
+    "grad_clip": "clip the gradient norm to this (0: off)",
+    "seed": "seed of the weights and of the data order (torch RNG)",
+    "core_max_items": "score at most this many items per CORE task (default: all)",
+    "log_every": "print a log line every N steps",
+    "compile": "torch.compile the model",
 }
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train the GPT on a cache, mixture, Parquet shards or packed SFT bins",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("train", help="train the GPT on a cache, mixture, Parquet shards or packed SFT bins")
     p.add_argument("data", help="what to train on (its kind is detected; see --data-kind)")
     for f in fields(TrainConfig):
         if f.name == "data":
@@ -44,12 +61,12 @@ def register(sub) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
         if f.type in ("bool", bool):
-            p.add_argument(flag, action="store_true", help=HELP.get(f.name, "torch.compile the model"))
+            p.add_argument(flag, action="store_true", help=HELP[f.name])
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
         choices = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed"],
                    "packing": ["bestfit", "contiguous"], "optimizer": ["muon", "adamw"]}.get(f.name)
-        p.add_argument(flag, type=kind, default=default, choices=choices, help=HELP.get(f.name, " "))
+        p.add_argument(flag, type=kind, default=default, choices=choices, help=HELP[f.name])
     p.set_defaults(func=run)
 
 
