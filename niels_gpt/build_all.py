@@ -27,6 +27,7 @@ from niels_gpt.cache.build_cache import (
 )
 from niels_gpt.cache.meta import read_meta, write_meta
 from niels_gpt.errors import ConfigError
+from niels_gpt.progress import text_input_bytes
 from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
 
 PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
@@ -187,7 +188,7 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
                          max_val_tokens=budgets[1], shard_bytes=cfg.shard_bytes, seed=cfg.seed,
                          shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.workers, dataset_name=name,
                          dataset_config=src.dataset_config, streaming=src.streaming, source=_described(src),
-                         progress=cfg.progress)
+                         progress=cfg.progress, input_bytes=text_input_bytes(src.input_paths()))
     return _summary(name, out)
 
 

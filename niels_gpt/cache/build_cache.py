@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from niels_gpt.atomic import atomic_path
 from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
 from niels_gpt.cache.mmap import meta_token_dtype
 from niels_gpt.errors import ConfigError
+from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
 from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
 
@@ -146,6 +148,7 @@ def build_pretrain_cache(
     streaming: bool = False,
     source: dict | None = None,
     progress: bool | None = False,
+    input_bytes: int | None = None,
 ) -> None:
     """
     writes:
@@ -157,10 +160,9 @@ def build_pretrain_cache(
 
     `texts` is one stream (split by the rule in the module docstring) or `SplitTexts` for a source
     with its own split. `num_workers` encode threads, each encoding whole batches (None: one per
-    core); the bytes written do not depend on it.
+    core); the bytes written do not depend on it. `progress`: a bar on stderr (None: on a terminal only);
+    `input_bytes`: the input's size, for a bar with a real ETA (niels_gpt.progress).
     """
-    from tqdm.auto import tqdm
-
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
@@ -177,8 +179,7 @@ def build_pretrain_cache(
     sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
              for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     own_split = isinstance(texts, SplitTexts)
-    bar = tqdm(total=max_train_tokens + max_val_tokens, unit="tok", unit_scale=True,
-               desc=f"pretrain {dataset_name or out.name}", disable=None if progress else True)
+    bar = BuildProgress(f"pretrain {dataset_name or out.name}", progress=progress, input_bytes=input_bytes)
     exhausted = True
     pipe = WriterPipeline()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode") if workers > 1 else None
@@ -192,7 +193,7 @@ def build_pretrain_cache(
             for split in ("val", "train"):
                 # one generator per split: reading ahead in val never shifts train's draws
                 gen = torch.Generator().manual_seed(seed + (split == "train"))
-                docs = shuffled(getattr(texts, split), shuffle_buffer, gen)
+                docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
                 sink = sinks[split]
                 # A batch is read only after a document of the previous one found the split full
                 # (not merely when it became full): the stream is read, and the shuffle's RNG
@@ -204,13 +205,13 @@ def build_pretrain_cache(
                         if sink.full:
                             stop = True
                             break
-                        bar.update(sink.plan(ids, job))
+                        bar.add_tokens(sink.plan(ids, job))
                     pipe.submit(job)
                     if stop:
                         break
         else:
             exhausted = False
-            docs = shuffled(texts, shuffle_buffer, torch.Generator().manual_seed(seed))
+            docs = shuffled(bar.documents(texts), shuffle_buffer, torch.Generator().manual_seed(seed))
             order = [sinks["val"], sinks["train"]]
             for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
                 job = []
@@ -219,7 +220,7 @@ def build_pretrain_cache(
                         order.pop(0)
                     if not order:
                         break
-                    bar.update(order[0].plan(ids, job))
+                    bar.add_tokens(order[0].plan(ids, job))
                 pipe.submit(job)
                 if not order:
                     break
@@ -236,7 +237,7 @@ def build_pretrain_cache(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        bar.close()
+        bar.close(finished=exhausted)
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
     totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
     if totals["train_tokens"] + totals["val_tokens"] == 0:
@@ -309,7 +310,7 @@ def build_sft_cache(
     draws: list[float] = []
     try:
         for i, conv in enumerate(tqdm(examples, unit="ex", desc=f"sft {dataset_name or out.name}",
-                                      disable=None if progress else True)):
+                                      disable=not should_show(progress), file=sys.stderr)):
             reason = _unusable(conv)
             if reason:
                 skipped[reason] += 1

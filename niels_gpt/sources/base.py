@@ -47,6 +47,10 @@ class _Source:
     def files(self) -> list[str]:
         return []
 
+    def input_paths(self) -> list[Path]:
+        """The local files this source reads (empty for a hub stream): what a progress bar sizes."""
+        return [Path(f) for f in self.files()]
+
     def describe(self) -> dict[str, Any]:
         """JSON-able facts for meta.json: what was read, how it was split, what was skipped."""
         return {

@@ -62,6 +62,9 @@ class FileSplitSource(TextSource):
     def files(self) -> list[str]:
         return list(self.names)
 
+    def input_paths(self) -> list[Path]:
+        return list(self.paths)
+
     def split_files(self, split: str) -> list[str]:
         """The relative file names of one split, in sorted order."""
         return [self.names[i] for i in self.split_index[split]]
