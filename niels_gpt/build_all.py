@@ -29,6 +29,7 @@ from niels_gpt.cache.meta import read_meta, write_meta
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
+from niels_gpt.urls import refuse_url
 
 PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
 SFT = ("dolly15k", "oasst1")
@@ -144,6 +145,7 @@ def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
 
 
 def build_tokenizer(cfg: BuildConfig) -> dict:
+    refuse_url(cfg.cache_dir, "--cache-dir")
     out = Path(cfg.cache_dir) / "tokenizer"
     if cfg.tokenizer:
         src = Path(cfg.tokenizer)
@@ -204,6 +206,7 @@ def _summary(name: str, out: Path) -> dict:
 
 
 def build_all(cfg: BuildConfig, log=print) -> list[dict]:
+    refuse_url(cfg.cache_dir, "--cache-dir")
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")

@@ -13,3 +13,12 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two or more characters: 
 
 def is_url(path: str | os.PathLike) -> bool:
     return bool(_SCHEME.match(os.fspath(path))) if isinstance(path, (str, os.PathLike)) else False
+
+
+def refuse_url(path, what: str) -> None:
+    """Stop a command that writes local files from turning `s3://b/x` into a local `s3:/b/x` directory."""
+    from niels_gpt.errors import ConfigError
+
+    if is_url(path):
+        raise ConfigError(f"{what} {os.fspath(path)!r} is a URL, but this writes local files only: give a local "
+                          "directory (pack-sft OUT accepts fsspec URLs; upload other outputs with your storage tool)")

@@ -33,6 +33,7 @@ from niels_gpt.build.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_exe
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
 from niels_gpt.build.tasks import load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
+from niels_gpt.urls import refuse_url
 
 WORK_DIR_NAME = ".dist-build"
 
@@ -113,6 +114,9 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     t0 = time.perf_counter()
+    refuse_url(out_dir, "--out")
+    if work_dir is not None:
+        refuse_url(work_dir, "--work-dir")
     tok = load_tokenizer(tokenizer)
     out = Path(out_dir)
     plan = make_plan(inputs, tokenizer=tok, task_bytes=task_bytes, text_field=text_field, hf=hf)

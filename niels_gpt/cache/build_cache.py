@@ -37,6 +37,7 @@ from niels_gpt.cache.mmap import meta_token_dtype
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
+from niels_gpt.urls import refuse_url
 from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
 
 SHARD_BYTES = 128 * 1024 * 1024
@@ -166,6 +167,7 @@ def build_pretrain_cache(
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
+    refuse_url(out_dir, "out_dir")
     out = Path(out_dir)
     dtype = _resolve_dtype(tokenizer, token_dtype)
     eot = tokenizer.special_ids["eot"]
@@ -299,6 +301,7 @@ def build_sft_cache(
 
     if not 0.0 <= val_frac < 1.0:
         raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
+    refuse_url(out_dir, "out_dir")
     out = Path(out_dir)
     dtype = _resolve_dtype(tokenizer, token_dtype)
     _start_build(out, [])

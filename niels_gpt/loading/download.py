@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from niels_gpt.urls import refuse_url
+
 BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
 FILENAME = "shard_{index:05d}.parquet"
 NUM_WORKERS = 4
@@ -108,6 +110,7 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
     """
     from tqdm import tqdm
 
+    refuse_url(out_dir, "--out-dir")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     indices = list(indices)

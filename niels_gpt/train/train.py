@@ -29,6 +29,7 @@ import torch.distributed as dist
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.train.model import GPT, GPTConfig
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
+from niels_gpt.urls import refuse_url
 
 CHECKPOINT_VERSION = 1
 
@@ -195,6 +196,7 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     from niels_gpt.loading import token_bytes as tokenizer_bytes
     from niels_gpt.train.data import TrainData
 
+    refuse_url(cfg.out_dir, "--out-dir")
     rank, world, device = setup_distributed(cfg.device)
     master = rank == 0
     say = log if master else (lambda *a, **k: None)

@@ -1,0 +1,43 @@
+"""No command turns a URL into a local path: each one that writes local files refuses `s3://...` with a clear
+error and leaves no `s3:` directory behind (convert's own test is in tests/formats/test_peer_semantics.py)."""
+
+import pytest
+
+from niels_gpt.cache.cli import main
+
+URL = "s3://bucket/out"
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["build-all", "--sample", "--only", "wikitext", "--cache-dir", URL], "--cache-dir"),
+    (["train-tokenizer", "--sample", "--cache-dir", URL], "--cache-dir"),
+    (["download", "--base-url", "http://127.0.0.1:9/x", "--out-dir", URL, "-n", "1"], "--out-dir"),
+    (["train", "cache-demo/none", "--out-dir", URL], "--out-dir"),
+])
+def test_commands_that_write_local_files_refuse_a_url(args, flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"{flag} 's3://bucket/out' is a URL, but this writes local files only" in err
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_dist_build_refuses_a_url_output(tmp_path, monkeypatch, capsys, tokenizer):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
+    assert main(["dist-build", "a.jsonl", "--out", URL, "--tokenizer", tokenizer.model_path]) == 1
+    assert "--out 's3://bucket/out' is a URL" in capsys.readouterr().err
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_the_python_builders_refuse_a_url(tmp_path, monkeypatch, tokenizer):
+    from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
+    from niels_gpt.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="out_dir 's3://bucket/out' is a URL"):
+        build_pretrain_cache(["x"], URL, tokenizer=tokenizer, max_train_tokens=10, max_val_tokens=0,
+                             shard_bytes=1 << 20, seed=0, shuffle_buffer=None)
+    with pytest.raises(ConfigError, match="out_dir 's3://bucket/out' is a URL"):
+        build_sft_cache([], URL, tokenizer=tokenizer, val_frac=0.0, seed=0)
+    assert not (tmp_path / "s3:").exists()
