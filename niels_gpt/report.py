@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.cache.formats import detect_format
-from niels_gpt.cache.meta import META_NAME, check_files, read_meta
-from niels_gpt.cache.mmap import numpy_dtype
+from niels_gpt.cache.meta import META_NAME, check_files, read_meta, record_problem
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
@@ -152,14 +151,11 @@ def _verify_packed_parquet(root: Path) -> tuple[list[str], int, list[str]]:
 
 
 def _check_counts(cache: Path, meta: dict) -> list[str]:
-    dtype = numpy_dtype(meta["token_dtype"])
     out = []
     for rel, rec in sorted(meta["files"].items()):
         path = cache / rel
-        if not path.is_file() or path.stat().st_size != rec["bytes"]:
+        if record_problem(rec) is not None or not path.is_file() or path.stat().st_size != rec["bytes"]:
             continue  # already reported by check_files
-        if "tokens" in rec and rec["tokens"] * dtype.itemsize != rec["bytes"]:
-            out.append(f"{path}: meta says {rec['tokens']} tokens but {rec['bytes']} bytes of {dtype.name}")
         if rel.endswith("_idx.npy"):
             try:
                 idx = np.load(path, allow_pickle=False)

@@ -95,19 +95,53 @@ def file_record(path: str | os.PathLike, tokens: int | None) -> dict:
     return rec
 
 
+def record_problem(rec) -> str | None:
+    """What is wrong with one meta["files"] record, or None: bytes and sha256 always, tokens/examples when present."""
+    if not isinstance(rec, dict):
+        return f"is a {type(rec).__name__}, not an object with bytes and sha256"
+    for key in ("bytes", "sha256"):
+        if key not in rec:
+            return f"has no {key!r} (keys: {sorted(rec)})"
+    for key in ("bytes", "tokens", "examples"):
+        if key in rec and (not isinstance(rec[key], int) or isinstance(rec[key], bool) or rec[key] < 0):
+            return f"{key!r} is {rec[key]!r}, not a count"
+    sha = rec["sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        return f"'sha256' is {sha!r}, not 64 hex digits"
+    return None
+
+
 def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
                 only: str | None = None) -> list[str]:
     """Compare the files listed in meta["files"] with the disk; return one line per disagreement.
 
-    `only` limits the check to files under that sub-directory (e.g. "train"). Sizes are always
-    compared; sha256 only when `hashes` is set (that reads every byte).
+    The one check of our caches' files, run by every reader on open and by `verify`: each record is
+    well formed, each file has the bytes meta.json records, and a token file's recorded token count is
+    exactly its bytes in the cache's dtype (readers index with that count, so it must never exceed the
+    file). `only` limits the check to files under that sub-directory (e.g. "train"); sha256 only when
+    `hashes` is set (that reads every byte).
     """
     root = Path(root)
     problems = []
-    for rel, rec in sorted(meta.get("files", {}).items()):
+    files = meta.get("files", {})
+    if not isinstance(files, dict):
+        return [f"{root / META_NAME}: 'files' is a {type(files).__name__}, not an object; rebuild the cache"]
+    dtype = TOKEN_DTYPES.get(meta.get("token_dtype"))
+    itemsize = int(dtype[-1]) if dtype else None
+    for rel, rec in sorted(files.items()):
         if only is not None and not rel.startswith(only.rstrip("/") + "/") and rel != only:
             continue
         path = root / rel
+        bad = record_problem(rec)
+        if bad is not None:
+            problems.append(f"{path}: its record in {META_NAME} {bad}; the meta.json was edited or damaged, "
+                            "rebuild the cache")
+            continue
+        if "tokens" in rec and itemsize and rec["tokens"] * itemsize != rec["bytes"]:
+            problems.append(f"{path}: {META_NAME} says {rec['tokens']} tokens but {rec['bytes']} bytes of "
+                            f"{meta['token_dtype']} ({rec['bytes'] // itemsize} tokens); the meta.json was edited "
+                            "or damaged, rebuild the cache")
+            continue
         if not path.is_file():
             problems.append(f"{path}: missing (meta lists {rec['bytes']} bytes)")
             continue
