@@ -21,8 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from niels_gpt.cache.meta import sha256_file
 from niels_gpt.errors import FormatError
-from niels_gpt.packing.memmap_format import ARRAYS, check_headers, check_starts, read_manifest
+from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, check_headers, check_starts, read_manifest
 
 IGNORE_INDEX = -100
 VALIDATE_CHUNK_BINS = 1024
@@ -60,6 +61,20 @@ class PackedMemmapDataset(Dataset):
         if int(plen.min()) < 1 or int(plen.max()) > self.pack_size:
             raise FormatError(f"{where}/packed_len.npy: values must be in 1..{self.pack_size}, found "
                               f"{int(plen.min())}..{int(plen.max())}; re-run `pack-sft`")
+        # seq_starts, vectorised (one read of num_sequences ints): each bin's starts begin at 0, increase,
+        # and stay inside the bin's packed length, so collate never meets a negative or empty sequence.
+        starts = np.asarray(a["seq_starts"], dtype=np.int64)
+        counts = np.diff(off.astype(np.int64))
+        bin_of = np.repeat(np.arange(self.num_bins), counts)
+        first = np.zeros(len(starts), dtype=bool)
+        first[off[:-1].astype(np.int64)] = True
+        bad = ((starts < 0) | (starts >= plen.astype(np.int64)[bin_of]) | (first & (starts != 0))
+               | (~first & (np.diff(starts, prepend=0) <= 0)))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise FormatError(f"{where}/seq_starts.npy: sequence {k} (bin {int(bin_of[k])}) starts at {int(starts[k])}; "
+                              "each bin's starts must begin at 0, increase and stay below its packed_len: "
+                              "re-run `pack-sft`")
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -82,7 +97,8 @@ class PackedMemmapDataset(Dataset):
                 "seq_boundaries": boundaries}
 
     def validate(self) -> None:
-        """Read every byte: seq_starts invariants per bin, 0/1 mask, zeros in padding and at sequence ends."""
+        """Read every byte: sha256 of every array (where the manifest records it), seq_starts invariants per
+        bin, 0/1 mask, zeros in padding and at sequence ends."""
         a = self._open()
         plen = a["packed_len"].astype(np.int64)
         off = a["seq_offsets"].astype(np.int64)
@@ -101,6 +117,12 @@ class PackedMemmapDataset(Dataset):
                 if np.any(mask[b - b0, ends]):
                     raise FormatError(f"{self.shard_dir} bin {b}: loss_mask is 1 at a sequence's last position "
                                       "(a target that crosses a sequence boundary)")
+        # last: the structural checks above name what is wrong; the checksums catch the rest (a changed token)
+        for name in ARRAYS:
+            rec = self.manifest["files"][name]
+            if "sha256" in rec and sha256_file(self._paths[name]) != rec["sha256"]:
+                raise FormatError(f"{self._paths[name]}: sha256 differs from {MANIFEST_NAME} (the array was "
+                                  "changed after packing); re-run `pack-sft`")
 
 
 class PackedMultiShardDataset(Dataset):

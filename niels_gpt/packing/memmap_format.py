@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import commit, tmp_name, write_bytes_atomic
+from niels_gpt.cache.meta import sha256_file
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
 
@@ -121,11 +122,17 @@ class MemmapShardWriter:
             self.abort()
             raise ConfigError(f"{self.output_dir}: wrote {self._bins_written}/{self.num_bins} bins and "
                               f"{self._seq_pos}/{self.num_sequences} sequences; the shard is incomplete")
+        # NOTE: the old manifest goes first: a kill between two renames below must not leave a marker that
+        # describes a mix of old and new arrays (equal shapes would pass every check).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.output_dir / MANIFEST_NAME)
+        records = {}
         for name in ARRAYS:
             arr = self._arrays.pop(name)
             if isinstance(arr, np.memmap):
                 arr.flush()
             del arr
+            records[name] = {"bytes": os.path.getsize(self._tmp[name]), "sha256": sha256_file(str(self._tmp[name]))}
             commit(self._tmp[name], self.output_dir / f"{name}.npy")
         manifest = {
             "format": FORMAT_NAME,
@@ -136,8 +143,8 @@ class MemmapShardWriter:
             "num_tokens": self._tokens,
             "pad_id": self.pad_id,
             "efficiency": self._tokens / (self.num_bins * self.pack_size) if self.num_bins else 1.0,
-            "files": {name: {"name": f"{name}.npy", "dtype": DTYPES[name], "shape": list(self._shapes[name])}
-                      for name in ARRAYS},
+            "files": {name: {"name": f"{name}.npy", "dtype": DTYPES[name], "shape": list(self._shapes[name]),
+                             **records[name]} for name in ARRAYS},
             "loss_mask_convention": LOSS_MASK_CONVENTION,
             "loss_mask_convention_text": LOSS_MASK_CONVENTION_TEXT,
         }

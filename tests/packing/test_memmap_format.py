@@ -41,7 +41,11 @@ def test_round_trip(tmp_path):
     assert np.load(tmp_path / "s" / "packed_len.npy").tolist() == [3, 4, 2]
     assert manifest["format"] == "memmap_padded_v1" and manifest["version"] == 1
     assert manifest["num_tokens"] == 9 and manifest["efficiency"] == pytest.approx(9 / 30)
-    assert manifest["files"]["packed_len"] == {"name": "packed_len.npy", "dtype": "<u4", "shape": [3]}
+    from niels_gpt.cache.meta import sha256_file
+
+    plen_path = tmp_path / "s" / "packed_len.npy"
+    assert manifest["files"]["packed_len"] == {"name": "packed_len.npy", "dtype": "<u4", "shape": [3],
+                                               "bytes": plen_path.stat().st_size, "sha256": sha256_file(str(plen_path))}
     assert manifest["loss_mask_convention"] == "shift_left_within_sequence"
     assert json.loads((tmp_path / "s" / MANIFEST_NAME).read_text()) == manifest
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted([f"{a}.npy" for a in ARRAYS] + [MANIFEST_NAME])
