@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from niels_gpt.errors import FormatError, IncompleteCacheError
-from niels_gpt.packing import PackedMemmapDataset, open_packed, pack_sft
-from niels_gpt.packing import memmap_format
+from niels_gpt.packing import PackedMemmapDataset, memmap_format, open_packed, pack_sft
 from niels_gpt.report import verify_path
 
 from ..conftest import SPECIALS, write_sft_cache
