@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.cache.formats import detect_format
-from niels_gpt.cache.meta import META_NAME, check_files, read_meta, record_problem
+from niels_gpt.cache.meta import META_NAME, check_files, read_meta, record_problem, sha256_file
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
@@ -28,10 +28,22 @@ PACKED_MANIFEST = "manifest.json"
 
 
 def find_caches(path: Path) -> list[Path]:
+    """Every directory with a meta.json at or below `path`: caches and tokenizer directories."""
     path = Path(path)
     if (path / META_NAME).is_file():
         return [path]
-    return sorted(p.parent for p in path.rglob(META_NAME) if p.parent.name != "tokenizer")
+    return sorted(p.parent for p in path.rglob(META_NAME))
+
+
+def _check_tokenizer(directory: Path, meta: dict) -> list[str]:
+    model = directory / str(meta.get("model_file", "spm.model"))
+    if not model.is_file():
+        return [f"{model}: missing (its meta.json records the model's sha256)"]
+    digest = sha256_file(str(model))
+    if digest != meta["tokenizer_sha256"]:
+        return [f"{model}: sha256 {digest[:16]}… differs from meta {str(meta['tokenizer_sha256'])[:16]}…: the model "
+                "changed after training; every cache built with it names the recorded sha256"]
+    return []
 
 
 def unfinished_dirs(path: Path) -> list[Path]:
@@ -107,7 +119,10 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
             problems.append(str(exc))
             continue
         seen.append(f"{cache}: {meta['kind']} cache")
-        if meta.get("built") is False or meta["kind"] == "tokenizer":
+        if meta["kind"] == "tokenizer":
+            problems += _check_tokenizer(cache, meta)
+            continue
+        if meta.get("built") is False:
             continue
         problems += check_files(cache, meta, hashes=True)
         problems += _check_counts(cache, meta)
@@ -224,9 +239,17 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
         lines = [f"{len(caches)} cache(s) under {root}:"]
         for c in caches:
             m = read_meta(str(c))
+            if m["kind"] == "tokenizer":
+                lines.append(f"  {c.relative_to(root)}: tokenizer, {m['vocab_size']} ids, sha256 "
+                             f"{str(m['tokenizer_sha256'])[:16]}…")
+                continue
             lines.append(f"  {c.relative_to(root)}: {m['kind']}, " + (json.dumps(m.get("totals")) if m.get("built", True) else "not built"))
         return "\n".join(lines)
     meta = read_meta(str(root))
+    if meta["kind"] == "tokenizer":
+        return "\n".join([f"tokenizer {root}", f"  vocab_size: {meta['vocab_size']}",
+                          f"  tokenizer_sha256: {meta['tokenizer_sha256']}",
+                          f"  special_token_ids: {meta['special_token_ids']}", f"  settings: {meta.get('settings')}"])
     head = {k: meta.get(k) for k in ("kind", "dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
                                      "vocab_size", "special_token_ids", "shard_bytes", "streaming", "totals", "skipped")}
     lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None]

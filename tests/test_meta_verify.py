@@ -67,7 +67,7 @@ def test_missing_meta_is_reported_as_unfinished(tmp_path):
 
 def test_verify_passes_on_a_clean_cache(caches, capsys):
     assert main(["verify", str(caches)]) == 0
-    assert "2 output(s), 0 problem(s)" in capsys.readouterr().out
+    assert "3 output(s), 0 problem(s)" in capsys.readouterr().out
 
 
 def test_verify_catches_one_flipped_byte(caches, capsys):
@@ -114,7 +114,7 @@ def test_verify_validates_packed_sft_directories(caches, tmp_path, capsys):
     packed = caches / "packed" / "s"
     pack_sft(str(caches / "sft/s"), str(packed), pack_size=64, algorithm="ffd")
     assert main(["verify", str(caches)]) == 0
-    assert "3 output(s), 0 problem(s)" in capsys.readouterr().out
+    assert "4 output(s), 0 problem(s)" in capsys.readouterr().out
     mask = np.load(packed / "loss_mask.npy", mmap_mode="r+")
     end = int(np.load(packed / "packed_len.npy")[0]) - 1
     mask[0, end] = 1  # a target across the bin's last sequence boundary
@@ -132,3 +132,37 @@ def test_verify_reports_packed_arrays_without_manifest(caches, capsys):
     (packed / "manifest.json").unlink()
     assert main(["verify", str(caches)]) == 1
     assert "packed/s: token files but no meta.json (or manifest.json): unfinished build" in capsys.readouterr().out
+
+
+def test_verify_and_load_check_the_tokenizer_model_against_its_recorded_sha256(caches, capsys):
+    import sentencepiece as spm
+
+    from niels_gpt.errors import TokenizerError
+    from niels_gpt.tokenizer import load_tokenizer
+
+    model = caches / "tokenizer" / "spm.model"
+    original = model.read_bytes()
+    for pos in range(len(original) // 2, len(original)):  # the first flip that still loads (a piece's score)
+        data = bytearray(original)
+        data[pos] ^= 0x01
+        try:
+            spm.SentencePieceProcessor(model_proto=bytes(data))
+            break
+        except RuntimeError:
+            continue
+    model.write_bytes(bytes(data))
+    assert main(["verify", str(caches)]) == 1
+    assert "spm.model: sha256" in capsys.readouterr().out
+    assert main(["verify", str(caches / "tokenizer")]) == 1
+    with pytest.raises(TokenizerError, match="the model file was changed or damaged"):
+        load_tokenizer(caches / "tokenizer")
+
+
+def test_a_tokenizer_directory_whose_meta_was_withdrawn_is_refused(caches):
+    from niels_gpt.errors import TokenizerError
+    from niels_gpt.tokenizer import load_tokenizer
+
+    (caches / "tokenizer" / "meta.json").unlink()
+    with pytest.raises(TokenizerError, match="spm.model without meta.json: an interrupted train-tokenizer"):
+        load_tokenizer(caches / "tokenizer")
+    assert len(load_tokenizer(caches / "tokenizer" / "spm.model")) > 0  # the file itself, on purpose

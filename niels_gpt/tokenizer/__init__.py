@@ -34,9 +34,17 @@ __all__ = [
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Open a tokenizer: a directory holding spm.model (or tokenizer.json), or the file itself."""
+    """Open a tokenizer: a directory holding spm.model (or tokenizer.json), or the file itself.
+
+    Where a tokenizer directory's meta.json records the model's sha256 (ours always does), the file must
+    match it: a changed byte in a model file still loads and silently changes most ids. The hash is the
+    one every tokenizer computes on load, so the check costs nothing more.
+    """
     p = Path(path)
     if p.is_dir():
+        if (p / MODEL_NAME).is_file() and not (p / "meta.json").is_file():
+            raise TokenizerError(f"{p}: {MODEL_NAME} without meta.json: an interrupted train-tokenizer (it withdraws "
+                                 f"meta.json first)? re-run it, or pass {p / MODEL_NAME} to use the file as it is")
         for name in (MODEL_NAME, "tokenizer.json"):
             if (p / name).is_file():
                 return load_tokenizer(p / name)
@@ -45,8 +53,31 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     if p.suffix == ".json":
         from niels_gpt.tokenizer.hf import HFTokenizer
 
-        return HFTokenizer(p)
-    return SentencePieceTokenizer(p)
+        tok = HFTokenizer(p)
+    else:
+        tok = SentencePieceTokenizer(p)
+    check_recorded_sha256(tok, p)
+    return tok
+
+
+def check_recorded_sha256(tok: Tokenizer, path: Path) -> None:
+    """Refuse a model file whose sha256 is not the one its directory's meta.json records."""
+    import json
+
+    meta_file = path.parent / "meta.json"
+    if not meta_file.is_file():
+        return
+    try:
+        meta = json.loads(meta_file.read_text("utf-8"))
+    except (OSError, ValueError):
+        return  # not our tokenizer meta; verify reports a damaged one
+    if not isinstance(meta, dict) or meta.get("kind") != "tokenizer" or meta.get("model_file", path.name) != path.name:
+        return
+    recorded = meta.get("tokenizer_sha256")
+    if recorded and recorded != tok.sha256:
+        raise TokenizerError(f"{path}: sha256 {tok.sha256[:16]}… but {meta_file} records {str(recorded)[:16]}…: the "
+                             "model file was changed or damaged after training; retrain it (train-tokenizer) or copy "
+                             "the original back")
 
 
 def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *,
