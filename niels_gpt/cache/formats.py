@@ -31,7 +31,7 @@ import numpy as np
 from niels_gpt.cache.meta import META_NAME, TOKEN_DTYPES, read_meta
 from niels_gpt.errors import FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
-from niels_gpt.formats.base import TokenFile, parse_dtype
+from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
 
@@ -82,7 +82,7 @@ def _no_guess(path) -> FormatError:
 
 def _niels_leaf(root: Path, meta: dict, split: str, only: list[Path] | None = None) -> FormatInfo:
     dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
-    files = only if only is not None else sorted((root / split).glob(SHARD_GLOB))
+    files = only if only is not None else sorted((root / split).glob(SHARD_GLOB), key=file_order)
     listed = meta.get("files", {})
     tfs = []
     for f in files:

@@ -39,6 +39,7 @@ from niels_gpt import _native
 from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
 from niels_gpt.cache.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.formats.base import file_order
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
 WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
@@ -72,7 +73,7 @@ class PretrainTokenStreamDataset:
         if extra:
             raise CacheError(f"{self.shards_dir}: shard file(s) {', '.join(extra)} not listed in meta.json: "
                              "left over from another build? rebuild the cache")
-        self.shard_names = sorted(listed)
+        self.shard_names = sorted(listed, key=file_order)
         if not self.shard_names:
             raise CacheError(f"{self.shards_dir}: the {self.split} split of this cache is empty "
                              f"(totals: {self.meta['totals']})")

@@ -17,6 +17,7 @@ block, whatever the corpus size.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -225,3 +226,13 @@ class RollingWriter:
         if self._sink is not None:
             self._sink.abort()
             self._sink = None
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def file_order(name) -> tuple:
+    """Sort key reading runs of digits as numbers: shard_99999 < shard_100000 (a string sort puts 100000
+    first, so a corpus of more than 100,000 shards would be read out of order)."""
+    text = str(name)
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(text))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import FormatError
+from niels_gpt.formats.base import file_order
 
 METADATA_NAME = "metadata.yaml"
 SHARD_PATTERN = "shard_{:05d}.npy"
@@ -80,9 +81,9 @@ def list_token_files(directory: str | os.PathLike, pattern: str | None = None) -
     """Sorted token files of a directory: `pattern` if given, else every .npy or every .bin."""
     d = Path(directory)
     if pattern is not None:
-        return sorted(p for p in d.glob(pattern) if p.is_file())
-    npy = sorted(d.glob("*.npy"))
-    bins = sorted(p for p in d.glob("*.bin"))
+        return sorted((p for p in d.glob(pattern) if p.is_file()), key=file_order)
+    npy = sorted(d.glob("*.npy"), key=file_order)
+    bins = sorted(d.glob("*.bin"), key=file_order)
     if npy and bins:
         raise FormatError(f"{d}: holds both .npy and .bin files; pass a file pattern ('*.npy' or '*.bin')")
     return npy or bins

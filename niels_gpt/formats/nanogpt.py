@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from niels_gpt.errors import ConfigError, FormatError
-from niels_gpt.formats.base import TokenFile, check_payload_size
+from niels_gpt.formats.base import TokenFile, check_payload_size, file_order
 from niels_gpt.formats.raw import RawSink
 
 HEADER_INTS = 256
@@ -168,4 +168,4 @@ def shard_name(prefix: str, index: int) -> str:
 
 def list_shards(directory: str | os.PathLike) -> list[Path]:
     """Sorted `*.bin` files of a directory that carry a nanoGPT magic."""
-    return sorted(p for p in Path(directory).glob("*.bin") if is_nanogpt(p))
+    return sorted((p for p in Path(directory).glob("*.bin") if is_nanogpt(p)), key=file_order)

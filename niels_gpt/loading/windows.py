@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.formats.base import file_order
 from niels_gpt.loading.state import fingerprint
 
 DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
@@ -37,7 +38,8 @@ def _split_files(cache_dir: Path, split: str) -> tuple[dict, list[Path]]:
         raise CacheError(f"{cache_dir}/meta.json: kind {meta.get('kind')!r}, expected 'pretrain' "
                          "(indexed windows read pretraining caches)")
     raise_on_problems(check_files(cache_dir, meta, only=split), cache_dir)
-    names = sorted(rel for rel in meta["files"] if rel.startswith(f"{split}/") and rel.endswith(".bin"))
+    names = sorted((rel for rel in meta["files"] if rel.startswith(f"{split}/") and rel.endswith(".bin")),
+                   key=file_order)
     if not names:
         raise CacheError(f"{cache_dir}: meta.json lists no {split}/*.bin shards; "
                          f"the {split} split is empty: build the cache with a {split} split")
