@@ -171,7 +171,7 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
         out = root / "sft" / name
         build_sft_cache(src.iter_conversations(), str(out), tokenizer=tokenizer, val_frac=cfg.val_frac,
                         seed=cfg.seed, dataset_name=name, dataset_config=src.dataset_config,
-                        streaming=src.streaming, source=_described(src), progress=cfg.progress)
+                        streaming=src.streaming, source=src.describe, progress=cfg.progress)
         return _summary(name, out)
     out = root / "pretrain" / name
     if src is None:  # gutenberg without a directory: an honest placeholder, not a failure
@@ -189,19 +189,16 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
     build_pretrain_cache(texts, str(out), tokenizer=tokenizer, max_train_tokens=budgets[0],
                          max_val_tokens=budgets[1], shard_bytes=cfg.shard_bytes, seed=cfg.seed,
                          shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.workers, dataset_name=name,
-                         dataset_config=src.dataset_config, streaming=src.streaming, source=_described(src),
+                         dataset_config=src.dataset_config, streaming=src.streaming, source=src.describe,
                          progress=cfg.progress, input_bytes=text_input_bytes(src.input_paths()))
     return _summary(name, out)
-
-
-def _described(src) -> dict:
-    return src.describe()
 
 
 def _summary(name: str, out: Path) -> dict:
     meta = read_meta(str(out))
     row = {"name": name, "kind": meta["kind"], "built": True, **meta["totals"]}
     row["files"] = len(meta["files"])
+    row["skipped"] = {k: v for k, v in meta.get("skipped", {}).items() if v}
     return row
 
 
@@ -247,4 +244,8 @@ def format_summary(rows: list[dict]) -> str:
         rate = toks / r["seconds"] if r["seconds"] > 0 else float("inf")
         lines.append(f"{r['name']:<12} {r['kind']:<9} {train:>10} {unit:<2} {val:>8} {unit:<2} {r['files']:>5} "
                      f"{r['seconds']:>8.1f} {rate:>10,.0f}")
+    skips = [f"  {r['name']}: " + ", ".join(f"{n} {reason}" for reason, n in r["skipped"].items())
+             for r in rows if r.get("skipped")]
+    if skips:
+        lines += ["", "skipped records (by reason; also in each meta.json):", *skips]
     return "\n".join(lines)

@@ -23,7 +23,7 @@ import itertools
 import os
 import sys
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -147,7 +147,7 @@ def build_pretrain_cache(
     dataset_name: str | None = None,
     dataset_config: str | None = None,
     streaming: bool = False,
-    source: dict | None = None,
+    source: dict | Callable[[], dict] | None = None,
     progress: bool | None = False,
     input_bytes: int | None = None,
 ) -> None:
@@ -245,6 +245,8 @@ def build_pretrain_cache(
     if totals["train_tokens"] + totals["val_tokens"] == 0:
         raise ConfigError(f"no tokens for {out}: the input had no non-empty document "
                           f"(skipped: {dict(skipped) or 'none'}); check the source")
+    if callable(source):  # described after the stream was read, so its skip counts are final
+        source = source()
     meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
     meta.update({
         "kind": "pretrain",
@@ -256,7 +258,7 @@ def build_pretrain_cache(
         "files": records,
         "cuts": {s: sinks[s].cut for s in ("train", "val")},
         "source_exhausted": exhausted,
-        "skipped": dict(sorted(skipped.items())),
+        "skipped": all_skipped(skipped, meta["source"]),
         "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
                   "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": shuffle_buffer,
                   "encode_batch_docs": ENCODE_BATCH_DOCS},
@@ -286,7 +288,7 @@ def build_sft_cache(
     dataset_name: str | None = None,
     dataset_config: str | None = None,
     streaming: bool = False,
-    source: dict | None = None,
+    source: dict | Callable[[], dict] | None = None,
     progress: bool | None = False,
 ) -> None:
     """
@@ -345,6 +347,8 @@ def build_sft_cache(
     if not offsets["train"] and not offsets["val"]:
         raise ConfigError(f"no usable conversation for {out} (skipped: {dict(skipped) or 'none'}): "
                           "every example lacked an assistant turn or was empty")
+    if callable(source):  # described after the stream was read, so its skip counts are final
+        source = source()
     meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
     meta.update({
         "kind": "sft",
@@ -354,7 +358,7 @@ def build_sft_cache(
         "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
                    "train_tokens": tokens["train"], "val_tokens": tokens["val"]},
         "files": records,
-        "skipped": dict(sorted(skipped.items())),
+        "skipped": all_skipped(skipped, meta["source"]),
         "build": {"val_frac": val_frac, "seed": seed},
     })
     write_meta(str(out), meta)
@@ -380,6 +384,14 @@ def _start_build(out: Path, split_dirs: list[str]) -> None:
         d.mkdir(exist_ok=True)
         for old in d.glob("shard_*.bin"):
             old.unlink()
+
+
+def all_skipped(own: Counter, source: dict | None) -> dict:
+    """Records skipped by the builder and by the source (what it dropped while reading), by reason."""
+    out = dict(own)
+    for reason, n in ((source or {}).get("skipped") or {}).items():
+        out[reason] = out.get(reason, 0) + int(n)
+    return dict(sorted(out.items()))
 
 
 def _common_meta(tokenizer, dtype, seed, name, config, streaming, source) -> dict:
