@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+TMP_SUFFIX = re.compile(r"\.tmp-(\d+)$")
 
 
 def tmp_name(final: str | os.PathLike) -> Path:
@@ -49,3 +53,44 @@ def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> None:
     with atomic_path(final) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
+
+
+def pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def stale_temporaries(directory: str | os.PathLike, *, prefix: str | None = None) -> list[Path]:
+    """`*.tmp-<pid>` files and directories under `directory` (or, with `prefix`, its entries named
+    `<prefix>.tmp-<pid>`) whose writer is no longer running: what a killed build left behind."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = []
+    entries = d.iterdir() if prefix is not None else d.rglob("*")
+    for p in entries:
+        m = TMP_SUFFIX.search(p.name)
+        if m is None or (prefix is not None and p.name[:m.start()] != prefix):
+            continue
+        if not pid_alive(int(m.group(1))):
+            found.append(p)
+    return sorted(found)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, *, prefix: str | None = None) -> list[Path]:
+    """Delete what `stale_temporaries` finds (a live writer's temporaries are left alone); returns them."""
+    found = stale_temporaries(directory, prefix=prefix)
+    for p in found:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    return found

@@ -35,6 +35,20 @@ def find_caches(path: Path) -> list[Path]:
     return sorted(p.parent for p in path.rglob(META_NAME))
 
 
+def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
+    """Files inside an output that its metadata does not list: temporaries of a killed run, leftovers."""
+    stray = []
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory).as_posix()
+        if p.is_dir() or rel == marker or rel in listed:
+            continue
+        if any((directory / parent / META_NAME).is_file() for parent in Path(rel).parents if str(parent) != "."):
+            continue  # a nested output of its own, checked on its own
+        stray.append(f"{p}: a file the {marker} does not list (a temporary of a killed run or a leftover); "
+                     "remove it or rebuild")
+    return stray
+
+
 def _check_tokenizer(directory: Path, meta: dict) -> list[str]:
     model = directory / str(meta.get("model_file", "spm.model"))
     if not model.is_file():
@@ -109,7 +123,9 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     for shard in packed:
         seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})")
         try:
-            PackedMemmapDataset(shard).validate()
+            ds = PackedMemmapDataset(shard)
+            ds.validate()
+            problems += _stray_files(shard, {rec["name"] for rec in ds.manifest["files"].values()}, PACKED_MANIFEST)
         except NielsGPTError as exc:
             problems.append(str(exc))
     for cache in caches:
@@ -121,11 +137,13 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         seen.append(f"{cache}: {meta['kind']} cache")
         if meta["kind"] == "tokenizer":
             problems += _check_tokenizer(cache, meta)
+            problems += _stray_files(cache, {str(meta.get("model_file", "spm.model"))})
             continue
         if meta.get("built") is False:
             continue
         problems += check_files(cache, meta, hashes=True)
         problems += _check_counts(cache, meta)
+        problems += _stray_files(cache, set(meta["files"]))
     if not caches and not packed and not problems:
         problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
                         "not a cache, a packed directory or a converted output")

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from niels_gpt.atomic import atomic_path
+from niels_gpt.atomic import atomic_path, remove_stale_temporaries
 from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
 from niels_gpt.cache.mmap import meta_token_dtype
 from niels_gpt.errors import ConfigError
@@ -375,8 +375,10 @@ def _unusable(conv) -> str | None:
 
 
 def _start_build(out: Path, split_dirs: list[str]) -> None:
-    """Uncommit any previous cache here (meta first), and clear its token files."""
+    """Uncommit any previous cache here (meta first), clear its token files and the temporaries of killed
+    builds (`*.tmp-<pid>` of a process that no longer runs)."""
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(out / META_NAME)
     for sub in split_dirs:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.atomic import remove_stale_temporaries
 from niels_gpt.cache.formats import FORMATS, FormatInfo, detect_format
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats import kempner, megatron, nanogpt
@@ -211,6 +212,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
         raise ConfigError(f"{dst}: already exists and is not empty; choose a new output directory")
     info = detect_format(src, src_dtype)
     leaves = info.splits or {split: info}
+    remove_stale_temporaries(dst.parent, prefix=dst.name)  # copies that killed runs left beside dst
     tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     summary: dict = {"source": info.format, "to": to, "splits": {}}

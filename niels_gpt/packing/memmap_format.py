@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import commit, tmp_name, write_bytes_atomic
+from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_bytes_atomic
 from niels_gpt.cache.meta import sha256_file
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
@@ -71,6 +71,7 @@ class MemmapShardWriter:
         self.num_bins, self.pack_size, self.num_sequences = int(num_bins), int(pack_size), int(num_sequences)
         self.pad_id = int(pad_id)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.output_dir)
         shapes = {"input_ids": (num_bins, pack_size), "loss_mask": (num_bins, pack_size),
                   "packed_len": (num_bins,), "seq_offsets": (num_bins + 1,), "seq_starts": (num_sequences,)}
         self._shapes = shapes

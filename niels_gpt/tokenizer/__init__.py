@@ -84,12 +84,13 @@ def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *,
                     settings: TrainSettings | None = None, trained_on: object = None) -> SentencePieceTokenizer:
     """Train on `texts`, write out_dir/spm.model then out_dir/meta.json (the commit marker)."""
     settings = settings or TrainSettings()
-    from niels_gpt.atomic import write_bytes_atomic
+    from niels_gpt.atomic import remove_stale_temporaries, write_bytes_atomic
     from niels_gpt.cache.meta import write_meta
     from niels_gpt.tokenizer.spm import settings_dict
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     stale = out / "meta.json"
     if stale.exists():
         stale.unlink()  # the directory is not a finished tokenizer until the new meta lands
