@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from niels_gpt.atomic import atomic_path
 from niels_gpt.cache.build_cache import (
     MAX_TRAIN_TOKENS,
     MAX_VAL_TOKENS,
@@ -26,8 +27,9 @@ from niels_gpt.cache.build_cache import (
     build_sft_cache,
 )
 from niels_gpt.cache.meta import read_meta, write_meta
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.progress import text_input_bytes
+from niels_gpt.staging import build_aside
 from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.urls import refuse_url
 
@@ -45,6 +47,7 @@ class BuildConfig:
     only: tuple[str, ...] = ALL
     sample: bool = False
     tokenizer: str | None = None  # copy this model instead of training one
+    replace_tokenizer: bool = False  # allow a new tokenizer although caches not rebuilt now used the old one
     tokenizer_settings: TrainSettings = field(default_factory=TrainSettings)
     workers: int | None = None
     # fineweb_edu
@@ -145,23 +148,50 @@ def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
 
 
 def build_tokenizer(cfg: BuildConfig) -> dict:
+    """Train (or copy) the tokenizer aside and swap it in: a failed or refused step leaves the old one."""
     refuse_url(cfg.cache_dir, "--cache-dir")
     out = Path(cfg.cache_dir) / "tokenizer"
-    if cfg.tokenizer:
-        src = Path(cfg.tokenizer)
-        tok = load_tokenizer(src)
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(tok.model_path, out / MODEL_NAME)
-        tok = load_tokenizer(out / MODEL_NAME)
-        write_meta(str(out), {"kind": "tokenizer", "format_version": 1, "model_file": MODEL_NAME,
-                              "tokenizer_sha256": tok.sha256, "vocab_size": len(tok),
-                              "special_token_ids": dict(tok.special_ids), "bos_id": tok.bos_id,
-                              "settings": None, "trained_on": f"copied from {src}"})
-    else:
-        trained_on = {"sources": list(PRETRAIN + SFT), "sample_corpus": cfg.sample,
-                      "rule": "training splits of sources with their own split; every message of SFT sources"}
-        tok = train_tokenizer(tokenizer_texts(cfg), out, settings=cfg.tokenizer_settings, trained_on=trained_on)
+    with build_aside(out) as stage:
+        if cfg.tokenizer:
+            src = Path(cfg.tokenizer)
+            tok = load_tokenizer(src)
+            # a tokenizer.json stays a tokenizer.json: load_tokenizer opens a directory by its file name
+            name = "tokenizer.json" if Path(tok.model_path).suffix == ".json" else MODEL_NAME
+            with atomic_path(stage / name) as tmp:
+                shutil.copyfile(tok.model_path, tmp)
+            tok = load_tokenizer(stage / name)
+            write_meta(str(stage), {"kind": "tokenizer", "format_version": 1, "model_file": name,
+                                    "tokenizer_sha256": tok.sha256, "vocab_size": len(tok),
+                                    "special_token_ids": dict(tok.special_ids), "bos_id": tok.bos_id,
+                                    "settings": None, "trained_on": f"copied from {src}"})
+        else:
+            trained_on = {"sources": list(PRETRAIN + SFT), "sample_corpus": cfg.sample,
+                          "rule": "training splits of sources with their own split; every message of SFT sources"}
+            tok = train_tokenizer(tokenizer_texts(cfg), stage, settings=cfg.tokenizer_settings,
+                                  trained_on=trained_on)
+        refuse_orphaning(cfg, tok.sha256)
+    tok = load_tokenizer(out)
     return {"name": "tokenizer", "kind": "tokenizer", "vocab_size": len(tok), "sha256": tok.sha256[:16]}
+
+
+def refuse_orphaning(cfg: BuildConfig, sha256: str) -> None:
+    """Caches in cache_dir that this run does not rebuild must have been built with this tokenizer."""
+    if cfg.replace_tokenizer:
+        return
+    root = Path(cfg.cache_dir)
+    stale = []
+    for meta_file in sorted([*root.glob("pretrain/*/meta.json"), *root.glob("sft/*/meta.json")]):
+        name = meta_file.parent.name
+        try:
+            meta = read_meta(str(meta_file.parent))
+        except NielsGPTError:
+            continue
+        if meta.get("built", True) and name not in cfg.only and meta.get("tokenizer_sha256") != sha256:
+            stale.append(f"{meta_file.parent.relative_to(root)}")
+    if stale:
+        raise ConfigError(f"{root / 'tokenizer'}: the new tokenizer (sha256 {sha256[:16]}…) differs from the one "
+                          f"these caches were built with: {', '.join(stale)}; rebuild them in the same run "
+                          "(--only tokenizer NAME...) or pass --replace-tokenizer to replace it anyway")
 
 
 def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:

@@ -38,3 +38,7 @@ class FormatError(NielsGPTError):
 
 class StateError(NielsGPTError):
     """A resume state does not belong to this dataset or loader."""
+
+
+class OutputLockedError(NielsGPTError):
+    """Another build holds the lock of the output this one would write."""

@@ -114,8 +114,9 @@ def test_empty_input_is_an_error_and_leaves_no_meta(tmp_path, tokenizer):
     assert not (tmp_path / "c" / "meta.json").exists()
 
 
-def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, tokenizer):
+def test_a_failed_rebuild_leaves_the_finished_cache_untouched(tmp_path, tokenizer):
     _build(tmp_path / "c", tokenizer)  # a finished cache ...
+    before = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
 
     def dying():
         yield from TEXTS[:50]
@@ -123,13 +124,21 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, tokenize
 
     with pytest.raises(OSError, match="disk on fire"):  # ... rebuilt, and the rebuild dies
         _build(tmp_path / "c", tokenizer, texts=dying(), max_train_tokens=10**9)
-    assert not (tmp_path / "c" / "meta.json").exists()
-    assert not list((tmp_path / "c").rglob("*.tmp-*"))
+    after = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert after == before  # the old cache, byte for byte; no staging directory, no lock left
     from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
-    from niels_gpt.errors import IncompleteCacheError
 
-    with pytest.raises(IncompleteCacheError):
-        PretrainTokenStreamDataset(str(tmp_path / "c" / "train"), T=4, device="cpu")
+    PretrainTokenStreamDataset(str(tmp_path / "c" / "train"), T=4, device="cpu")
+
+
+def test_a_killed_first_build_leaves_nothing_that_looks_complete(tmp_path, tokenizer):
+    def dying():
+        yield from TEXTS[:50]
+        raise OSError("disk on fire")
+
+    with pytest.raises(OSError, match="disk on fire"):
+        _build(tmp_path / "c", tokenizer, texts=dying(), max_train_tokens=10**9)
+    assert not (tmp_path / "c").exists() and not list(tmp_path.iterdir())
 
 
 def test_rejects_non_string_documents(tmp_path, tokenizer):

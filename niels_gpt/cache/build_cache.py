@@ -36,6 +36,7 @@ from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_m
 from niels_gpt.cache.mmap import meta_token_dtype
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
+from niels_gpt.staging import build_aside
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
 from niels_gpt.urls import refuse_url
 from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
@@ -168,102 +169,103 @@ def build_pretrain_cache(
         if value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
     refuse_url(out_dir, "out_dir")
-    out = Path(out_dir)
-    dtype = _resolve_dtype(tokenizer, token_dtype)
-    eot = tokenizer.special_ids["eot"]
-    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
-    workers = (os.cpu_count() or 1) if num_workers is None else num_workers
-    if workers < 1:
-        raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
-    _start_build(out, ["train", "val"])
-    skipped: Counter = Counter()
-    writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
-    sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
-             for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
-    own_split = isinstance(texts, SplitTexts)
-    bar = BuildProgress(f"pretrain {dataset_name or out.name}", progress=progress, input_bytes=input_bytes)
-    exhausted = True
-    pipe = WriterPipeline()
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode") if workers > 1 else None
-    # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside sentencepiece.
-    # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
-    # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
-    # the 1-worker rate; the per-document int -> array path was 0.14 s of a 0.84 s build, now ~0.06
-    # and off the encoding thread.
-    try:
-        if own_split:
-            for split in ("val", "train"):
-                # one generator per split: reading ahead in val never shifts train's draws
-                gen = torch.Generator().manual_seed(seed + (split == "train"))
-                docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
-                sink = sinks[split]
-                # A batch is read only after a document of the previous one found the split full
-                # (not merely when it became full): the stream is read, and the shuffle's RNG
-                # drawn, exactly as far as a document-at-a-time loop would.
-                for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
-                    job: list = []
-                    stop = False
-                    for ids in batch:
-                        if sink.full:
-                            stop = True
+    final = Path(out_dir)
+    with build_aside(final) as out:
+        dtype = _resolve_dtype(tokenizer, token_dtype)
+        eot = tokenizer.special_ids["eot"]
+        check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+        workers = (os.cpu_count() or 1) if num_workers is None else num_workers
+        if workers < 1:
+            raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
+        _start_build(out, ["train", "val"])
+        skipped: Counter = Counter()
+        writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+        sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
+                 for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
+        own_split = isinstance(texts, SplitTexts)
+        bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
+        exhausted = True
+        pipe = WriterPipeline()
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode") if workers > 1 else None
+        # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside sentencepiece.
+        # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
+        # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
+        # the 1-worker rate; the per-document int -> array path was 0.14 s of a 0.84 s build, now ~0.06
+        # and off the encoding thread.
+        try:
+            if own_split:
+                for split in ("val", "train"):
+                    # one generator per split: reading ahead in val never shifts train's draws
+                    gen = torch.Generator().manual_seed(seed + (split == "train"))
+                    docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
+                    sink = sinks[split]
+                    # A batch is read only after a document of the previous one found the split full
+                    # (not merely when it became full): the stream is read, and the shuffle's RNG
+                    # drawn, exactly as far as a document-at-a-time loop would.
+                    for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
+                        job: list = []
+                        stop = False
+                        for ids in batch:
+                            if sink.full:
+                                stop = True
+                                break
+                            bar.add_tokens(sink.plan(ids, job))
+                        pipe.submit(job)
+                        if stop:
                             break
-                        bar.add_tokens(sink.plan(ids, job))
+            else:
+                exhausted = False
+                docs = shuffled(bar.documents(texts), shuffle_buffer, torch.Generator().manual_seed(seed))
+                order = [sinks["val"], sinks["train"]]
+                for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
+                    job = []
+                    for ids in batch:
+                        while order and order[0].full:
+                            order.pop(0)
+                        if not order:
+                            break
+                        bar.add_tokens(order[0].plan(ids, job))
                     pipe.submit(job)
-                    if stop:
-                        break
-        else:
-            exhausted = False
-            docs = shuffled(bar.documents(texts), shuffle_buffer, torch.Generator().manual_seed(seed))
-            order = [sinks["val"], sinks["train"]]
-            for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
-                job = []
-                for ids in batch:
-                    while order and order[0].full:
-                        order.pop(0)
                     if not order:
                         break
-                    bar.add_tokens(order[0].plan(ids, job))
-                pipe.submit(job)
-                if not order:
-                    break
-            else:
-                exhausted = True
-        pipe.close()
-        records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
-    except BaseException:
-        with contextlib.suppress(BaseException):
+                else:
+                    exhausted = True
             pipe.close()
-        for w in writers.values():
-            w.abort()
-        raise
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        bar.close(finished=exhausted)
-    totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
-    totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
-    if totals["train_tokens"] + totals["val_tokens"] == 0:
-        raise ConfigError(f"no tokens for {out}: the input had no non-empty document "
-                          f"(skipped: {dict(skipped) or 'none'}); check the source")
-    if callable(source):  # described after the stream was read, so its skip counts are final
-        source = source()
-    meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
-    meta.update({
-        "kind": "pretrain",
-        "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
-        "shard_bytes": shard_bytes,
-        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
-        "totals": totals,
-        "files": records,
-        "cuts": {s: sinks[s].cut for s in ("train", "val")},
-        "source_exhausted": exhausted,
-        "skipped": all_skipped(skipped, meta["source"]),
-        "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
-                  "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": shuffle_buffer,
-                  "encode_batch_docs": ENCODE_BATCH_DOCS},
-    })
-    write_meta(str(out), meta)
+            records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                pipe.close()
+            for w in writers.values():
+                w.abort()
+            raise
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            bar.close(finished=exhausted)
+        totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
+        totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
+        if totals["train_tokens"] + totals["val_tokens"] == 0:
+            raise ConfigError(f"no tokens for {final}: the input had no non-empty document "
+                              f"(skipped: {dict(skipped) or 'none'}); check the source")
+        if callable(source):  # described after the stream was read, so its skip counts are final
+            source = source()
+        meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
+        meta.update({
+            "kind": "pretrain",
+            "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
+            "shard_bytes": shard_bytes,
+            "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
+            "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+            "totals": totals,
+            "files": records,
+            "cuts": {s: sinks[s].cut for s in ("train", "val")},
+            "source_exhausted": exhausted,
+            "skipped": all_skipped(skipped, meta["source"]),
+            "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
+                      "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": shuffle_buffer,
+                      "encode_batch_docs": ENCODE_BATCH_DOCS},
+        })
+        write_meta(str(out), meta)
 
 
 SFT_DRAW_BLOCK = 1024
@@ -304,64 +306,65 @@ def build_sft_cache(
     if not 0.0 <= val_frac < 1.0:
         raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
     refuse_url(out_dir, "out_dir")
-    out = Path(out_dir)
-    dtype = _resolve_dtype(tokenizer, token_dtype)
-    _start_build(out, [])
-    gen = torch.Generator().manual_seed(seed)
-    skipped: Counter = Counter()
-    files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
-    offsets: dict[str, list[int]] = {"train": [], "val": []}
-    tokens = {"train": 0, "val": 0}
-    draws: list[float] = []
-    try:
-        for i, conv in enumerate(tqdm(examples, unit="ex", desc=f"sft {dataset_name or out.name}",
-                                      disable=not should_show(progress), file=sys.stderr)):
-            reason = _unusable(conv)
-            if reason:
-                skipped[reason] += 1
-                continue
-            try:
-                ids = np.asarray(tokenizer.render_chat(conv).ids, dtype=np.int64)
-            except ConfigError as exc:
-                raise ConfigError(f"{dataset_name or out.name} example {i}: {exc}") from exc
-            check_range(ids, dtype, f"example {i}")
-            if not draws:
-                draws = torch.rand(SFT_DRAW_BLOCK, generator=gen, dtype=torch.float64).tolist()[::-1]
-            split = "val" if draws.pop() < val_frac else "train"
-            offsets[split].append(tokens[split])
-            files[split].write(ids.astype(dtype))
-            tokens[split] += len(ids)
-        records = {}
-        for s in ("train", "val"):
-            records[f"{s}_tokens.bin"] = {**files[s].close(), "tokens": tokens[s]}
-            idx_path = out / f"{s}_idx.npy"
-            with atomic_path(idx_path) as tmp:
-                with open(tmp, "wb") as f:
-                    np.save(f, np.asarray(offsets[s], dtype="<i8"), allow_pickle=False)
-            records[f"{s}_idx.npy"] = {"bytes": idx_path.stat().st_size, "sha256": sha256_file(str(idx_path)),
-                                       "examples": len(offsets[s])}
-    except BaseException:
-        for f in files.values():
-            f.abort()
-        raise
-    if not offsets["train"] and not offsets["val"]:
-        raise ConfigError(f"no usable conversation for {out} (skipped: {dict(skipped) or 'none'}): "
-                          "every example lacked an assistant turn or was empty")
-    if callable(source):  # described after the stream was read, so its skip counts are final
-        source = source()
-    meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
-    meta.update({
-        "kind": "sft",
-        "split_rule": sft_split_rule(seed, val_frac),
-        "val_frac": val_frac,
-        "rendering": "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT",
-        "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
-                   "train_tokens": tokens["train"], "val_tokens": tokens["val"]},
-        "files": records,
-        "skipped": all_skipped(skipped, meta["source"]),
-        "build": {"val_frac": val_frac, "seed": seed},
-    })
-    write_meta(str(out), meta)
+    final = Path(out_dir)
+    with build_aside(final) as out:
+        dtype = _resolve_dtype(tokenizer, token_dtype)
+        _start_build(out, [])
+        gen = torch.Generator().manual_seed(seed)
+        skipped: Counter = Counter()
+        files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
+        offsets: dict[str, list[int]] = {"train": [], "val": []}
+        tokens = {"train": 0, "val": 0}
+        draws: list[float] = []
+        try:
+            for i, conv in enumerate(tqdm(examples, unit="ex", desc=f"sft {dataset_name or final.name}",
+                                          disable=not should_show(progress), file=sys.stderr)):
+                reason = _unusable(conv)
+                if reason:
+                    skipped[reason] += 1
+                    continue
+                try:
+                    ids = np.asarray(tokenizer.render_chat(conv).ids, dtype=np.int64)
+                except ConfigError as exc:
+                    raise ConfigError(f"{dataset_name or final.name} example {i}: {exc}") from exc
+                check_range(ids, dtype, f"example {i}")
+                if not draws:
+                    draws = torch.rand(SFT_DRAW_BLOCK, generator=gen, dtype=torch.float64).tolist()[::-1]
+                split = "val" if draws.pop() < val_frac else "train"
+                offsets[split].append(tokens[split])
+                files[split].write(ids.astype(dtype))
+                tokens[split] += len(ids)
+            records = {}
+            for s in ("train", "val"):
+                records[f"{s}_tokens.bin"] = {**files[s].close(), "tokens": tokens[s]}
+                idx_path = out / f"{s}_idx.npy"
+                with atomic_path(idx_path) as tmp:
+                    with open(tmp, "wb") as f:
+                        np.save(f, np.asarray(offsets[s], dtype="<i8"), allow_pickle=False)
+                records[f"{s}_idx.npy"] = {"bytes": idx_path.stat().st_size, "sha256": sha256_file(str(idx_path)),
+                                           "examples": len(offsets[s])}
+        except BaseException:
+            for f in files.values():
+                f.abort()
+            raise
+        if not offsets["train"] and not offsets["val"]:
+            raise ConfigError(f"no usable conversation for {final} (skipped: {dict(skipped) or 'none'}): "
+                              "every example lacked an assistant turn or was empty")
+        if callable(source):  # described after the stream was read, so its skip counts are final
+            source = source()
+        meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
+        meta.update({
+            "kind": "sft",
+            "split_rule": sft_split_rule(seed, val_frac),
+            "val_frac": val_frac,
+            "rendering": "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT",
+            "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
+                       "train_tokens": tokens["train"], "val_tokens": tokens["val"]},
+            "files": records,
+            "skipped": all_skipped(skipped, meta["source"]),
+            "build": {"val_frac": val_frac, "seed": seed},
+        })
+        write_meta(str(out), meta)
 
 
 def _unusable(conv) -> str | None:

@@ -74,6 +74,8 @@ def _add_tokenizer_flags(p) -> None:
     g.add_argument("--max-sentence-length", type=int, default=t.max_sentence_length, help="bytes per training chunk")
     g.add_argument("--no-split-digits", dest="split_digits", action="store_false",
                    help="let a piece span several digits (by default every digit is its own piece)")
+    g.add_argument("--replace-tokenizer", action="store_true",
+                   help="replace the tokenizer even though caches that this run does not rebuild used the old one")
 
 
 def _add_source_flags(p, d, *, budgets: bool) -> None:

@@ -1,0 +1,138 @@
+"""Builds that never damage what they replace: one lock per output, built aside, swapped in when complete.
+
+- `<out>.lock` beside the output holds {"pid", "host", "since"}, created with O_EXCL: a second build of the
+  same output fails at once naming the holder. A lock whose pid is dead on this host is stale and taken
+  over; one from another host is never guessed dead (the message names the file to remove).
+- The build writes into `<out>.tmp-<pid>` beside the output. Only when it is complete (its meta.json
+  written) does it replace the output: `out -> out.old-<pid>`, `tmp -> out`, then the old copy is removed.
+  A failed or killed build leaves the previous output untouched; a reader sees the old cache, the new one,
+  or (between the two renames) no directory and a clear error, never a mix.
+- A kill between the two renames leaves `out.old-<pid>` and no `out`: the next build puts it back first.
+Cost: two renames per build; the old cache is deleted after the swap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from niels_gpt.atomic import pid_alive, remove_stale_temporaries
+from niels_gpt.errors import ConfigError, OutputLockedError
+
+OLD_INFIX = ".old-"
+
+
+def lock_path(out: Path) -> Path:
+    return out.with_name(out.name + ".lock")
+
+
+@contextlib.contextmanager
+def output_lock(out: str | os.PathLike) -> Iterator[Path]:
+    """Hold `<out>.lock` for the duration of a build of `out`."""
+    out = Path(out)
+    lock = lock_path(out)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError) as exc:
+        raise ConfigError(f"{lock.parent}: a file, not a directory; choose another output location") from exc
+    except PermissionError as exc:
+        raise ConfigError(f"{lock.parent}: cannot create this directory (permission denied); choose a "
+                          "writable location") from exc
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read(lock)
+            if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)  # stale: its builder died on this host
+                continue
+            raise OutputLockedError(
+                f"{out}: another build holds {lock} (pid {holder.get('pid')} on {holder.get('host')} since "
+                f"{holder.get('since')}); wait for it to finish, or if that process is gone (another host, a "
+                "crashed machine), remove the lock file and rerun") from None
+        except PermissionError as exc:
+            raise ConfigError(f"{lock.parent}: not writable (permission denied); choose a writable output "
+                              "location") from exc
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    else:  # pragma: no cover - the stale lock came back between our two tries
+        raise OutputLockedError(f"{out}: could not take {lock}; rerun")
+    try:
+        yield lock
+    finally:
+        if _read(lock).get("pid") == me["pid"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+
+
+def _read(lock: Path) -> dict:
+    try:
+        data = json.loads(lock.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recover(out: Path) -> None:
+    """Undo what a build killed mid-swap or mid-build left beside `out` (its writers are all dead)."""
+    for p in sorted(out.parent.glob(f"{out.name}{OLD_INFIX}*")):
+        pid = p.name[len(out.name) + len(OLD_INFIX):]
+        if not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        if not out.exists():
+            os.rename(p, out)  # killed between the two renames: the old output was complete
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+    remove_stale_temporaries(out.parent, prefix=out.name)
+
+
+@contextlib.contextmanager
+def build_aside(out: str | os.PathLike) -> Iterator[Path]:
+    """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: a file, not a directory; choose another output path")
+    with output_lock(out):
+        recover(out)
+        stage = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(stage, ignore_errors=True)
+        try:
+            stage.mkdir()
+        except PermissionError as exc:
+            raise ConfigError(f"{out.parent}: not writable (permission denied); choose a writable output "
+                              "location") from exc
+        try:
+            yield stage
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        swap_in(stage, out)
+
+
+def swap_in(stage: Path, out: Path) -> None:
+    old = out.with_name(f"{out.name}{OLD_INFIX}{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(stage, out)
+    _fsync_dir(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
