@@ -19,6 +19,7 @@ import numpy as np
 from niels_gpt.cache.formats import detect_format
 from niels_gpt.cache.meta import META_NAME, check_files, read_meta, record_problem, sha256_file
 from niels_gpt.errors import NielsGPTError, TokenizerError
+from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
 from niels_gpt.packing.memmap_format import FORMAT_NAME, read_manifest
@@ -33,6 +34,20 @@ def find_caches(path: Path) -> list[Path]:
     if (path / META_NAME).is_file():
         return [path]
     return sorted(p.parent for p in path.rglob(META_NAME))
+
+
+def _check_special_ids(cache: Path, meta: dict) -> list[str]:
+    """The special ids meta.json records must be those of the tokenizer it names (when that tokenizer is found)."""
+    try:
+        tok = find_tokenizer(cache, meta)
+    except NielsGPTError:
+        return []  # no tokenizer with the recorded sha256 near the cache: nothing to compare with
+    theirs = {k: v for k, v in tok.special_ids.items() if k in meta["special_token_ids"]}
+    ours = {k: meta["special_token_ids"][k] for k in theirs}
+    if ours != theirs:
+        return [f"{cache / META_NAME}: special_token_ids {ours} but the tokenizer it was built with has {theirs}; "
+                "the meta.json was edited or damaged: rebuild the cache"]
+    return []
 
 
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
@@ -143,6 +158,7 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
             continue
         problems += check_files(cache, meta, hashes=True)
         problems += _check_counts(cache, meta)
+        problems += _check_special_ids(cache, meta)
         problems += _stray_files(cache, set(meta["files"]))
     if not caches and not packed and not problems:
         problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
@@ -170,6 +186,13 @@ def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
                                 "the file or its metadata is corrupt; re-run convert")
     kind = f"{info.format} ({info.dtype.name}, {info.num_tokens:,} tokens in {len(info.files)} file(s))"
     note = "" if any(leaf.vocab_size for leaf in leaves) else "; no vocab_size recorded, ids not range-checked"
+    receipt = receipt_path(root) if root.exists() else None
+    if receipt is not None and receipt.is_file():
+        _, found = check_receipt(receipt)
+        problems += found
+        note += f"; every file's sha256 checked against {receipt.name}"
+    else:
+        note += "; no receipt (not written by convert): no checksums to compare"
     return problems, 1, [f"{root}: {kind}: headers and sizes checked{note}"]
 
 

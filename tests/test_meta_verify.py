@@ -166,3 +166,26 @@ def test_a_tokenizer_directory_whose_meta_was_withdrawn_is_refused(caches):
     with pytest.raises(TokenizerError, match="spm.model without meta.json: an interrupted train-tokenizer"):
         load_tokenizer(caches / "tokenizer")
     assert len(load_tokenizer(caches / "tokenizer" / "spm.model")) > 0  # the file itself, on purpose
+
+
+def test_edited_special_ids_are_caught(caches):
+    from niels_gpt.report import verify_path
+
+    meta_file = caches / "sft" / "s" / "meta.json"
+    clean = meta_file.read_text()
+    meta = json.loads(clean)
+    meta["special_token_ids"]["asst"] = 1000  # a plausible id: distinct, inside the vocabulary
+    meta_file.write_text(json.dumps(meta))
+    problems, _ = verify_path(str(caches))
+    assert any("special_token_ids" in p and "the tokenizer it was built with has" in p for p in problems)
+    meta["special_token_ids"]["asst"] = meta["special_token_ids"]["usr"]  # two specials on one id
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(CacheError, match="must be distinct ids below vocab_size"):
+        read_meta(str(caches / "sft" / "s"))
+    meta_file.write_text(clean)
+    pmeta_file = caches / "pretrain" / "p" / "meta.json"
+    pmeta = json.loads(pmeta_file.read_text())
+    pmeta["document_separator"]["id"] = 1000
+    pmeta_file.write_text(json.dumps(pmeta))
+    with pytest.raises(CacheError, match=r"document_separator.id 1000 is not special_token_ids.eot"):
+        read_meta(str(caches / "pretrain" / "p"))

@@ -78,6 +78,18 @@ def check_schema(meta: dict, where: str) -> None:
                          "an incompatible version: rebuild it")
     if kind != "tokenizer" and meta["token_dtype"] not in TOKEN_DTYPES:
         raise CacheError(f"{where}: token_dtype {meta['token_dtype']!r} is not one of {sorted(TOKEN_DTYPES)}")
+    ids, vocab = meta["special_token_ids"], meta.get("vocab_size")
+    if isinstance(vocab, int) and isinstance(ids, dict):
+        bad = {k: v for k, v in ids.items() if v is not None and (not isinstance(v, int) or not 0 <= v < vocab)}
+        known = [v for v in ids.values() if v is not None]
+        if bad or len(set(known)) != len(known):
+            raise CacheError(f"{where}: special_token_ids {ids} must be distinct ids below vocab_size {vocab}; "
+                             "the meta.json was edited or damaged: rebuild the cache")
+    sep = meta.get("document_separator")
+    if isinstance(sep, dict) and isinstance(ids, dict) and "id" in sep and sep["id"] != ids.get(sep.get("token", "eot")):
+        raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not special_token_ids."
+                         f"{sep.get('token', 'eot')} ({ids.get(sep.get('token', 'eot'))!r}); the meta.json was "
+                         "edited or damaged: rebuild the cache")
 
 
 def sha256_file(path: str) -> str:

@@ -10,7 +10,9 @@
 - One delimiter convention bridges the two framings (modded-nanogpt's: `<|endoftext|>` is both):
   with no BOS given, the BOS is the EOT id, and vice versa. So `d1 E d2 E` <-> `E d1 E d2`.
 - Every output directory gets a tatm-style metadata.yaml (dtype, vocab size, EOT/BOS ids) and our
-  cache gets its meta.json, so any result converts back without flags.
+  cache gets its meta.json, so any result converts back without flags. Outputs in the other formats
+  end with a `niels_receipt.json` (niels_gpt.formats.receipt): the sha256 and size of every file,
+  checked by `verify`; the peers' readers never open it.
 - Streaming: memory is one block (BLOCK_TOKENS) plus one document; output is written into
   `<dst>.tmp-<pid>` and renamed to `<dst>` only when complete (meta/idx files last inside it).
 
@@ -44,6 +46,7 @@ from niels_gpt.formats.base import (
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
+from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.urls import is_url
 
 TARGETS = FORMATS
@@ -254,6 +257,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
 
             write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
                                  dataset_name=dataset_name or dst.name)
+        else:
+            write_receipt(tmp, to)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
             s.pop("stream")
         if dst.exists():

@@ -39,7 +39,8 @@ def test_verify_catches_an_id_outside_the_recorded_vocabulary(to, real_cache, tm
     data[-2:] = (65000).to_bytes(2, "little")  # the last token of the file: payload in every format
     token_file.write_bytes(bytes(data))
     problems, _ = verify_path(str(out))
-    assert len(problems) == 1 and "token id 65000 >= vocab_size 2004" in problems[0]
+    assert any("token id 65000 >= vocab_size 2004" in p for p in problems)
+    assert any("sha256" in p and "differs from niels_receipt.json" in p for p in problems)
 
 
 def test_verify_still_reports_our_unfinished_builds(real_cache, tmp_path):
@@ -84,3 +85,28 @@ def test_verify_reads_packed_parquet(packed, tmp_path):
     write_packed_parquet([ds[i] for i in range(len(ds))], out)
     problems, checked, seen = verify_outputs(str(out))
     assert problems == [] and checked == 1 and "packed SFT Parquet" in seen[0]
+
+
+@pytest.mark.parametrize("to", ["nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron"])
+def test_every_converted_file_is_checksummed_and_verify_catches_any_change(to, real_cache, tmp_path):
+    out = _convert(real_cache, tmp_path / "out", to)
+    receipt = __import__("json").loads((out / "niels_receipt.json").read_text())
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.name != "niels_receipt.json" and p.is_file())
+    assert sorted(receipt["files"]) == files and receipt["output_format"] == to
+    yaml = out / "train" / "metadata.yaml"
+    text = yaml.read_text()
+    yaml.write_text(text.replace("eos_token_id: 6", "eos_token_id: 7"))  # an id a reader trusts
+    problems, _ = verify_path(str(out))
+    assert any("metadata.yaml: sha256" in p for p in problems), problems
+    yaml.write_text(text)
+    token_file = next(f for f in sorted((out / "train").iterdir()) if f.suffix in (".bin", ".npy"))
+    data = bytearray(token_file.read_bytes())
+    data[-1] ^= 0x01  # a payload byte inside the vocabulary
+    token_file.write_bytes(bytes(data))
+    assert any(token_file.name in p and "sha256" in p for p in verify_path(str(out))[0])
+    data[-1] ^= 0x01
+    token_file.write_bytes(bytes(data))
+    (out / "val" / "extra.bin.tmp-1").write_bytes(b"x")
+    problems, _ = verify_path(str(out))
+    assert problems == [f"{out}/val/extra.bin.tmp-1: not listed in {out}/niels_receipt.json (a temporary file of a "
+                        "killed run); remove it"]

@@ -1,0 +1,115 @@
+"""`niels_receipt.json`: the sha256 and size of every file an output of ours holds, for formats with no place of
+their own for them (what `convert` writes in every format but ours, and packed Parquet files).
+
+Layout (JSON, UTF-8, keys sorted):
+
+    {"format": "niels_receipt", "version": 1,
+     "output_format": "kempner-npy",                  # what the files are (detect_format's name)
+     "files": {"train/shard_00000.npy": {"bytes": 1152, "sha256": "9f2c..."}, ...}}
+
+- A directory output carries `<dir>/niels_receipt.json`, listing every file below it by its path
+  relative to the directory (token files, `metadata.yaml`, `.idx`, `.bos.idx`): the ids in
+  `metadata.yaml` are covered like the tokens. A single-file output `<file>` carries
+  `<file>.niels_receipt.json` beside it, listing that one file by name.
+- It is written last (atomically), after every file it lists is final: for formats with no commit
+  marker of their own it is the marker. The peers never read it: KempnerForge globs `*.npy`/`*.bin`,
+  nanoGPT loaders glob `*.bin`, Megatron opens `<prefix>.bin/.idx`, Parquet readers glob `*.parquet`.
+- `check_receipt` (what `verify` runs) re-hashes every listed file and names any file below a
+  directory output that the receipt does not list (a stray or a temporary of a killed run).
+
+Cost: hashing reads every byte once more, right after it was written (from the page cache), and
+`verify` reads every byte once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.cache.meta import sha256_file
+from niels_gpt.errors import FormatError
+
+RECEIPT_NAME = "niels_receipt.json"
+SUFFIX = "." + RECEIPT_NAME
+FORMAT = "niels_receipt"
+VERSION = 1
+
+
+def receipt_path(output: str | os.PathLike) -> Path:
+    """Where the receipt of a directory or single-file output lives."""
+    p = Path(output)
+    return p / RECEIPT_NAME if p.is_dir() else p.with_name(p.name + SUFFIX)
+
+
+def _listed(output: Path) -> list[Path]:
+    if output.is_file():
+        return [output]
+    return sorted(f for f in output.rglob("*") if f.is_file() and f.name != RECEIPT_NAME)
+
+
+def write_receipt(output: str | os.PathLike, output_format: str) -> dict:
+    """Hash every file of `output` (a directory, or one file) and write its receipt last."""
+    output = Path(output)
+    base = output if output.is_dir() else output.parent
+    files = {f.relative_to(base).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256_file(str(f))}
+             for f in _listed(output)}
+    receipt = {"format": FORMAT, "version": VERSION, "output_format": output_format, "files": files}
+    data = json.dumps(receipt, indent=2, sort_keys=True) + "\n"
+    write_bytes_atomic(receipt_path(output), data.encode("utf-8"))
+    return receipt
+
+
+def read_receipt(path: str | os.PathLike) -> dict:
+    """Read and check a receipt file (its own fields, not the files it lists)."""
+    path = Path(path)
+    try:
+        receipt = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc}); the receipt is corrupt: re-run the command "
+                          "that wrote this output") from exc
+    ok = (isinstance(receipt, dict) and receipt.get("format") == FORMAT and receipt.get("version") == VERSION
+          and isinstance(receipt.get("files"), dict) and isinstance(receipt.get("output_format"), str))
+    if not ok:
+        raise FormatError(f"{path}: not a {FORMAT} version {VERSION} (format, version, output_format and files "
+                          "are required); the receipt is corrupt: re-run the command that wrote this output")
+    for rel, rec in receipt["files"].items():
+        good = (isinstance(rec, dict) and isinstance(rec.get("bytes"), int) and isinstance(rec.get("sha256"), str)
+                and not Path(rel).is_absolute() and ".." not in Path(rel).parts)
+        if not good:
+            raise FormatError(f"{path}: entry {rel!r} needs a relative path, integer bytes and a sha256; "
+                              "the receipt is corrupt: re-run the command that wrote this output")
+    return receipt
+
+
+def check_receipt(path: str | os.PathLike) -> tuple[dict | None, list[str]]:
+    """(receipt, problems): every listed file re-hashed, and every unlisted file below a directory output."""
+    path = Path(path)
+    try:
+        receipt = read_receipt(path)
+    except FormatError as exc:
+        return None, [str(exc)]
+    directory = path.name == RECEIPT_NAME
+    base = path.parent
+    problems = []
+    for rel, rec in sorted(receipt["files"].items()):
+        f = base / rel
+        if not f.is_file():
+            problems.append(f"{f}: missing ({path.name} lists {rec['bytes']} bytes)")
+            continue
+        size = f.stat().st_size
+        if size != rec["bytes"]:
+            problems.append(f"{f}: {size} bytes on disk, {path.name} says {rec['bytes']} (truncated or appended to)")
+            continue
+        digest = sha256_file(str(f))
+        if digest != rec["sha256"]:
+            problems.append(f"{f}: sha256 {digest[:16]}… differs from {path.name}'s {rec['sha256'][:16]}… "
+                            "(the file changed after it was written): re-run the command that wrote it")
+    if directory:
+        for f in _listed(base):
+            rel = f.relative_to(base).as_posix()
+            if rel not in receipt["files"]:
+                what = "a temporary file of a killed run" if ".tmp-" in f.name else "a file added later"
+                problems.append(f"{f}: not listed in {path} ({what}); remove it")
+    return receipt, problems
