@@ -126,6 +126,11 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     caches = find_caches(root) if root.exists() else []
     packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
                                        else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
+    if not caches and not packed and root.is_dir() and receipt_path(root).is_file():
+        try:
+            info = detect_format(root)
+        except NielsGPTError as exc:  # a converted output its reader refuses: say why, and what changed
+            return [str(exc), *check_receipt(receipt_path(root))[1]], 1, []
     if not caches and not packed:
         info = foreign_output(root)
         if info is not None:

@@ -110,3 +110,17 @@ def test_every_converted_file_is_checksummed_and_verify_catches_any_change(to, r
     problems, _ = verify_path(str(out))
     assert problems == [f"{out}/val/extra.bin.tmp-1: not listed in {out}/niels_receipt.json (a temporary file of a "
                         "killed run); remove it"]
+
+
+def test_readers_refuse_a_converted_metadata_yaml_changed_after_convert(real_cache, tmp_path):
+    from niels_gpt.cache.formats import detect_format
+    from niels_gpt.errors import FormatError
+    from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
+
+    out = _convert(real_cache, tmp_path / "out", "kempner-npy")
+    yaml = out / "train" / "metadata.yaml"
+    yaml.write_text(yaml.read_text().replace("eos_token_id: 6", "eos_token_id: 7"))
+    with pytest.raises(FormatError, match="metadata.yaml: sha256 differs from .*niels_receipt.json"):
+        detect_format(out)
+    with pytest.raises(FormatError, match="metadata.yaml: sha256 differs"):
+        MemoryMappedDataset(out / "train", 16, pack_sequences=True)

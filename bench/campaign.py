@@ -1,0 +1,364 @@
+"""Reliability campaign: kill builders at random moments, corrupt finished outputs, race builds and readers.
+
+    python bench/campaign.py                    # the full run: 20 kills per job, >= 200 byte flips (~15 min)
+    python bench/campaign.py --kills 2 --flips 24 --json out.json   # what tests/test_campaign.py runs
+
+Kills. Each job (build-all pretrain and SFT, pack-sft, convert to every format; the builders fresh and over an
+existing output built with other settings) runs as a subprocess in its own process group, SIGKILLed after a
+seeded random share of its clean run time. Then:
+  - complete-looking partial outputs: a commit marker (meta.json / manifest.json / niels_receipt.json) over
+    files that are neither the old output nor the clean new one (target 0);
+  - refused: with no marker, `verify` and the output's reader must fail with a package error;
+  - the job is rerun: its output must be byte-identical to the clean build (target 0 differences);
+  - temporaries, staging directories and locks left beside or inside the outputs after the rerun (target 0).
+Corruption. On finished outputs of every kind: single-byte flips (one at a time, restored after), one-byte
+truncations and extensions of every file, and one digit changed in each number of each JSON/YAML file. Per
+change: caught by `verify`; caught when the reader opens; silently different items from the reader (a change
+the reader does not catch and that changes what it serves). Payload bytes are `verify`'s to catch; every size,
+count and header field must be caught on open or change nothing.
+Races. Two build-all runs into one --cache-dir at once; a reader opening a cache again and again while it is
+rebuilt (every open either serves a complete cache or fails with a package error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.errors import NielsGPTError
+
+PY = sys.executable
+CLI = [PY, "-m", "niels_gpt.cache.cli"]
+FORMATS = ["niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron"]
+MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
+
+
+def sh(args: list[str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {r.stderr[-2000:]}")
+    return r
+
+
+def snapshot(path: Path) -> dict[str, bytes] | None:
+    if not path.exists():
+        return None
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def leftovers(root: Path) -> list[str]:
+    pat = re.compile(r"\.(tmp|old)-\d+$|\.lock$")
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if pat.search(p.name))
+
+
+# --- the jobs -------------------------------------------------------------------------------------------
+
+class Job:
+    """A command writing one output, how to prepare an existing output, and how to read it."""
+
+    def __init__(self, name: str, args: list[str], output: str, kind: str, before: list[str] | None = None):
+        self.name, self.args, self.output, self.kind, self.before = name, args, output, kind, before
+
+
+def jobs(tok: str) -> list[Job]:
+    common = ["--sample", "--tokenizer", tok, "--no-progress", "--replace-tokenizer"]
+    out = [
+        Job("pretrain fresh", ["build-all", "--cache-dir", "c", "--only", "wikitext", *common],
+            "c/pretrain/wikitext", "pretrain"),
+        Job("pretrain over", ["build-all", "--cache-dir", "c", "--only", "wikitext", *common],
+            "c/pretrain/wikitext", "pretrain",
+            before=["build-all", "--cache-dir", "c", "--only", "wikitext", *common, "--shard-bytes", "64KB"]),
+        Job("sft fresh", ["build-all", "--cache-dir", "c", "--only", "oasst1", *common], "c/sft/oasst1", "sft"),
+        Job("sft over", ["build-all", "--cache-dir", "c", "--only", "oasst1", *common], "c/sft/oasst1", "sft",
+            before=["build-all", "--cache-dir", "c", "--only", "oasst1", *common, "--val-frac", "0.5"]),
+        Job("pack-sft fresh", ["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024"], "packed", "packed"),
+        Job("pack-sft over", ["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024"], "packed", "packed",
+            before=["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024", "--algorithm", "bfd"]),
+    ]
+    for fmt in FORMATS:
+        extra = ["--not-for-kempnerforge"] if fmt == "raw" else []
+        out.append(Job(f"convert {fmt}", ["convert", "REF/c/pretrain/wikitext", f"conv-{fmt}", "--to", fmt, *extra],
+                       f"conv-{fmt}", "converted"))
+    return out
+
+
+def read_items(kind: str, path: Path) -> list[np.ndarray]:
+    """What the output's reader serves: a fixed, seeded set of items (raises a package error if refused)."""
+    if kind == "pretrain":
+        from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
+
+        out = []
+        for split in ("train", "val"):
+            ds = PretrainTokenStreamDataset(str(path / split), T=64, device="cpu")
+            x, y = ds.get_batch(B=16, generator=torch.Generator().manual_seed(0))
+            out += [x.numpy(), y.numpy()]
+        return out
+    if kind == "sft":
+        from niels_gpt.cache.meta import read_meta
+        from niels_gpt.cache.sft_dataset import SFTExampleDataset
+
+        eot = read_meta(str(path))["special_token_ids"]["eot"]
+        out = []
+        for split in ("train", "val"):
+            ds = SFTExampleDataset(str(path / f"{split}_tokens.bin"), str(path / f"{split}_idx.npy"), T=128,
+                                   device="cpu", eot_id=eot)
+            out += [t.numpy() for t in ds.get_batch(B=8, generator=torch.Generator().manual_seed(0))]
+        return out
+    if kind == "packed":
+        from niels_gpt.packing import open_packed
+
+        ds = open_packed(path)
+        return [np.concatenate([ds[i]["input_ids"], ds[i]["loss_mask"], ds[i]["seq_boundaries"]])
+                for i in range(len(ds))]
+    from niels_gpt.cache.formats import detect_format
+
+    info = detect_format(path)
+    out = []
+    for leaf in (info.splits.values() if info.splits else [info]):
+        out += [np.asarray(tf.open()) for tf in leaf.token_files]
+        out.append(np.array([-1 if v is None else v for v in (leaf.eot_id, leaf.bos_id, leaf.vocab_size)]))
+    return out
+
+
+def verify_fails(path: Path) -> bool:
+    from niels_gpt.report import verify_path
+
+    try:
+        problems, _ = verify_path(str(path))
+    except NielsGPTError:
+        return True
+    return bool(problems)
+
+
+def reader_fails(kind: str, path: Path) -> bool:
+    try:
+        read_items(kind, path)
+    except NielsGPTError:
+        return True
+    return False
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+# --- kills ----------------------------------------------------------------------------------------------
+
+def run_kills(work: Path, tok: str, kills: int, rng: random.Random) -> tuple[list[dict], dict]:
+    ref = work / "REF"
+    ref.mkdir()
+    rows, clean_time = [], {}
+    cleans = {}
+    for job in jobs(tok):  # the clean builds: the caches in REF itself, the jobs that read them beside it
+        here = ref
+        if any(a.startswith("REF/") for a in job.args):
+            here = Path(tempfile.mkdtemp(dir=work))
+            (here / "REF").symlink_to(ref)
+        t0 = time.perf_counter()
+        sh(CLI + job.args, here)
+        clean_time[job.name] = time.perf_counter() - t0
+        cleans[job.name] = snapshot(here / job.output)
+        if here != ref:  # REF also keeps a copy, for the corruption part
+            shutil.copytree(here / job.output, ref / job.output, dirs_exist_ok=True)
+            shutil.rmtree(here)
+    totals = Counter()
+    for job in jobs(tok):
+        clean = cleans[job.name]
+        row = Counter()
+        for _ in range(kills):
+            case = Path(tempfile.mkdtemp(dir=work))
+            (case / "REF").symlink_to(ref)
+            old = None
+            if job.before:
+                sh(CLI + job.before, case)
+                old = snapshot(case / job.output)
+            delay = rng.uniform(0.05, 1.1) * clean_time[job.name]
+            p = subprocess.Popen(CLI + job.args, cwd=case, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+            time.sleep(delay)
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                row["killed"] += 1
+            p.wait()
+            out = case / job.output
+            now = snapshot(out)
+            marked = now is not None and any(m in now for m in MARKERS)
+            if marked and now != clean and now != old:
+                row["complete-looking partial"] += 1
+            if not marked and out.exists():
+                row["partial refused by verify"] += verify_fails(out)
+                row["partial refused by reader"] += reader_fails(job.kind, out)
+                row["partial outputs"] += 1
+            if marked and now == old:
+                row["old output kept"] += 1
+            if job.args[0] == "convert" and out.exists():
+                shutil.rmtree(out)  # convert refuses a non-empty destination (a finished one was compared above)
+            sh(CLI + job.args, case)
+            row["reruns"] += 1
+            row["rerun differs from clean"] += snapshot(out) != clean
+            row["leftovers after rerun"] += len(leftovers(case))
+            shutil.rmtree(case)
+        rows.append({"job": job.name, **row})
+        totals.update(row)
+    return rows, dict(totals)
+
+
+# --- corruption -----------------------------------------------------------------------------------------
+
+def outputs(ref: Path) -> dict[str, tuple[str, Path]]:
+    found = {"pretrain cache": ("pretrain", ref / "c/pretrain/wikitext"), "sft cache": ("sft", ref / "c/sft/oasst1"),
+             "packed": ("packed", ref / "packed")}
+    for fmt in FORMATS:
+        found[f"convert {fmt}"] = ("pretrain" if fmt == "niels" else "converted", ref / f"conv-{fmt}")
+    return found
+
+
+def changes(path: Path, flips: int, rng: random.Random):
+    """(description, file, mutate) for byte flips, truncations, extensions and digit edits."""
+    files = [p for p in sorted(path.rglob("*")) if p.is_file()]
+    for _ in range(flips):
+        f = rng.choice(files)
+        size = f.stat().st_size
+        if size:
+            off = rng.randrange(size)
+            yield f"flip {f.name}@{off}", f, lambda d, o=off: d[:o] + bytes([d[o] ^ (1 << rng.randrange(8))]) + d[o + 1:]
+    for f in files:
+        yield f"truncate {f.name}", f, lambda d: d[:-1]
+        yield f"extend {f.name}", f, lambda d: d + b"\0"
+        if f.suffix in (".json", ".yaml"):
+            text = f.read_bytes()
+            for m in re.finditer(rb"\d+", text):
+                pos = m.end() - 1
+                yield (f"digit {f.name}@{pos}", f,
+                       lambda d, p=pos: d[:p] + bytes([ord("0") + (d[p] - ord("0") + 1) % 10]) + d[p + 1:])
+
+
+def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> list[dict]:
+    rows = []
+    for label, (kind, path) in outputs(ref).items():
+        clean_items = read_items(kind, path)
+        row: Counter = Counter()
+        for what, f, mutate in changes(path, flips_per_kind, rng):
+            original = f.read_bytes()
+            f.write_bytes(mutate(original))
+            try:
+                caught_verify = verify_fails(path)
+                try:
+                    items = read_items(kind, path)
+                    caught_open, differs = False, not same(items, clean_items)
+                except NielsGPTError:
+                    caught_open, differs = True, False
+                except Exception:  # noqa: BLE001 - a crash is what the campaign exists to count
+                    caught_open, differs = False, False
+                    row["reader crashed (not a package error)"] += 1
+            finally:
+                f.write_bytes(original)
+            payload = what.startswith("flip") and _is_payload(kind, f)
+            row["changes"] += 1
+            row["caught by verify"] += caught_verify
+            row["caught on open"] += caught_open
+            if differs and not caught_open:
+                key = "silently different: payload" if payload else "silently different: size/count/header"
+                row[key] += 1
+                if not payload:
+                    row.setdefault("examples", [])
+                    if len(row["examples"]) < 4:
+                        row["examples"].append(what)
+            if not caught_verify and (differs or caught_open):
+                row["missed by verify but used by a reader"] += 1
+        rows.append({"output": label, **row})
+    return rows
+
+
+def _is_payload(kind: str, f: Path) -> bool:
+    if f.suffix in (".json", ".yaml") or f.name.endswith("_idx.npy") or f.name in ("seq_offsets.npy", "seq_starts.npy",
+                                                                                   "packed_len.npy"):
+        return False
+    return f.suffix in (".bin", ".npy") and not f.name.endswith(".idx")
+
+
+# --- races ----------------------------------------------------------------------------------------------
+
+def run_races(work: Path, tok: str) -> dict:
+    d = work / "race"
+    d.mkdir()
+    args = CLI + ["build-all", "--cache-dir", "c", "--only", "wikitext", "--sample", "--tokenizer", tok,
+                  "--no-progress", "--replace-tokenizer"]
+    a = subprocess.Popen(args, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    b = subprocess.Popen(args, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    errs = [a.communicate()[1], b.communicate()[1]]
+    codes = [a.returncode, b.returncode]
+    out = {"two builds: exit codes": sorted(codes),
+           "two builds: refused with a lock message": sum("another build holds" in e for e in errs),
+           "two builds: final cache verifies": not verify_fails(d / "c/pretrain/wikitext")}
+    # a reader opening while the cache is rebuilt
+    p = subprocess.Popen(args + ["--shard-bytes", "64KB"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    served, refused, crashed = 0, 0, 0
+    while p.poll() is None:
+        try:
+            read_items("pretrain", d / "c/pretrain/wikitext")
+            served += 1
+        except NielsGPTError:
+            refused += 1
+        except Exception:  # noqa: BLE001
+            crashed += 1
+    p.wait()
+    out.update({"reader during rebuild: complete caches served": served,
+                "reader during rebuild: package errors": refused,
+                "reader during rebuild: other exceptions": crashed})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kills", type=int, default=20, help="kills per job (default: 20)")
+    ap.add_argument("--flips", type=int, default=20, help="byte flips per output kind (default: 20; 9 kinds)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: 0)")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="campaign-"))
+    try:
+        sh(CLI + ["train-tokenizer", "--sample", "--cache-dir", "t", "--vocab-size", "1000",
+                  "--tokenizer-max-chars", "500000", "--no-progress"], work)
+        tok = str(work / "t/tokenizer/spm.model")
+        kill_rows, kill_totals = run_kills(work, tok, args.kills, rng)
+        corruption = run_corruption(work / "REF", args.flips, rng)
+        races = run_races(work, tok)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"kills": kill_rows, "kill_totals": kill_totals, "corruption": corruption, "races": races}
+    print("kills (per job):")
+    for r in kill_rows:
+        print("  " + ", ".join(f"{k}: {v}" for k, v in r.items()))
+    print("kill totals: " + ", ".join(f"{k}: {v}" for k, v in sorted(kill_totals.items())))
+    print("corruption (per output):")
+    for r in corruption:
+        print("  " + ", ".join(f"{k}: {v}" for k, v in r.items()))
+    total = Counter()
+    for r in corruption:
+        total.update({k: v for k, v in r.items() if k not in ("output", "examples")})
+    print("corruption totals: " + ", ".join(f"{k}: {v}" for k, v in sorted(total.items())))
+    print("races: " + ", ".join(f"{k}: {v}" for k, v in races.items()))
+    result["corruption_totals"] = dict(total)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
