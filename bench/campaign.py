@@ -158,12 +158,14 @@ def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 # --- kills ----------------------------------------------------------------------------------------------
 
-def run_kills(work: Path, tok: str, kills: int, rng: random.Random) -> tuple[list[dict], dict]:
+def run_kills(work: Path, tok: str, kills: int, rng: random.Random, only: list[str] | None = None
+              ) -> tuple[list[dict], dict]:
     ref = work / "REF"
     ref.mkdir()
     rows, clean_time = [], {}
+    chosen = [j for j in jobs(tok) if not only or j.name in only]
     cleans = {}
-    for job in jobs(tok):  # the clean builds: the caches in REF itself, the jobs that read them beside it
+    for job in chosen:  # the clean builds: the caches in REF itself, the jobs that read them beside it
         here = ref
         if any(a.startswith("REF/") for a in job.args):
             here = Path(tempfile.mkdtemp(dir=work))
@@ -176,7 +178,7 @@ def run_kills(work: Path, tok: str, kills: int, rng: random.Random) -> tuple[lis
             shutil.copytree(here / job.output, ref / job.output, dirs_exist_ok=True)
             shutil.rmtree(here)
     totals = Counter()
-    for job in jobs(tok):
+    for job in chosen:
         clean = cleans[job.name]
         row = Counter()
         for _ in range(kills):
@@ -250,6 +252,8 @@ def changes(path: Path, flips: int, rng: random.Random):
 def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> list[dict]:
     rows = []
     for label, (kind, path) in outputs(ref).items():
+        if not path.exists():
+            continue
         clean_items = read_items(kind, path)
         row: Counter = Counter()
         for what, f, mutate in changes(path, flips_per_kind, rng):
@@ -307,19 +311,21 @@ def run_races(work: Path, tok: str) -> dict:
            "two builds: final cache verifies": not verify_fails(d / "c/pretrain/wikitext")}
     # a reader opening while the cache is rebuilt
     p = subprocess.Popen(args + ["--shard-bytes", "64KB"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    served, refused, crashed = 0, 0, 0
+    served, refused, crashed, seen = 0, 0, 0, []
     while p.poll() is None:
         try:
             read_items("pretrain", d / "c/pretrain/wikitext")
             served += 1
         except NielsGPTError:
             refused += 1
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             crashed += 1
+            seen.append(f"{type(exc).__name__}: {exc}"[:300])
     p.wait()
     out.update({"reader during rebuild: complete caches served": served,
                 "reader during rebuild: package errors": refused,
-                "reader during rebuild: other exceptions": crashed})
+                "reader during rebuild: other exceptions": crashed,
+                "reader during rebuild: other exception messages": seen[:3]})
     return out
 
 
@@ -329,6 +335,8 @@ def main(argv=None) -> int:
     ap.add_argument("--flips", type=int, default=20, help="byte flips per output kind (default: 20; 9 kinds)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: 0)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--only", nargs="+", default=None, metavar="JOB",
+                    help="run only these jobs, by name ('pretrain over', 'convert raw', ...; default: all)")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="campaign-"))
@@ -336,7 +344,7 @@ def main(argv=None) -> int:
         sh(CLI + ["train-tokenizer", "--sample", "--cache-dir", "t", "--vocab-size", "1000",
                   "--tokenizer-max-chars", "500000", "--no-progress"], work)
         tok = str(work / "t/tokenizer/spm.model")
-        kill_rows, kill_totals = run_kills(work, tok, args.kills, rng)
+        kill_rows, kill_totals = run_kills(work, tok, args.kills, rng, args.only)
         corruption = run_corruption(work / "REF", args.flips, rng)
         races = run_races(work, tok)
     finally:

@@ -220,8 +220,8 @@ def _check_counts(cache: Path, meta: dict) -> list[str]:
         if rel.endswith("_idx.npy"):
             try:
                 idx = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                out.append(f"{path}: unreadable offsets ({exc})")
+            except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+                out.append(f"{path}: unreadable offsets ({type(exc).__name__}: {exc})")
                 continue
             if len(idx) != rec.get("examples", len(idx)):
                 out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")

@@ -54,6 +54,9 @@ def read_meta(path: str) -> dict:
         )
     try:
         meta = json.loads(mp.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:  # it was there a moment ago: the cache is being swapped by a rebuild
+        raise IncompleteCacheError(f"{mp}: vanished while being read (a rebuild swapping the cache in?); "
+                                   "open it again") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CacheError(f"{mp}: not valid JSON ({exc}); delete the cache and rebuild it") from exc
     if not isinstance(meta, dict):

@@ -98,6 +98,13 @@ class PretrainTokenStreamDataset:
 
     def _open(self) -> list[np.ndarray]:
         """Map the shards (once per process): one concatenated window view, else one per shard."""
+        try:
+            return self._map()
+        except FileNotFoundError as exc:  # checked on open, gone now: a rebuild swapped the cache in between
+            raise CacheError(f"{self.shards_dir}: a shard vanished after the cache was opened ({exc.filename}); "
+                             "a rebuild replaced it: open the dataset again") from exc
+
+    def _map(self) -> list[np.ndarray]:
         if self._views is None:
             cat = open_concatenated([self.shards_dir / n for n in self.shard_names], self.dtype)
             if cat is not None:

@@ -84,8 +84,9 @@ class SFTExampleDataset:
         self.num_tokens = self.tokens_path.stat().st_size // self.dtype.itemsize
         try:
             offsets = np.load(self.idx_path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise CacheError(f"{self.idx_path}: not a numeric .npy offsets file ({exc})") from exc
+        except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+            raise CacheError(f"{self.idx_path}: not a numeric .npy offsets file ({type(exc).__name__}: {exc}); "
+                             "rebuild the cache") from exc
         self.offsets = _check_offsets(offsets, self.num_tokens, self.idx_path)
         if len(self.offsets) == 0:
             raise CacheError(f"{self.idx_path}: no examples in this split")

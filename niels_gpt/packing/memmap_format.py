@@ -255,8 +255,9 @@ def check_headers(shard_dir, manifest: dict) -> dict[str, Path]:
                     header = np.lib.format.read_array_header_2_0(f)
                 else:
                     raise ValueError(f"unsupported NPY version {version}")
-            except ValueError as exc:
-                raise FormatError(f"{path}: not a NumPy .npy file ({exc})") from exc
+            except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+                raise FormatError(f"{path}: not a NumPy .npy file ({type(exc).__name__}: {exc}); re-run "
+                                  "`pack-sft`") from exc
             data_start = f.tell()
         got_shape, fortran, dtype = header
         if dtype != np.dtype(DTYPES[name]) or fortran:

@@ -65,7 +65,11 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
         raise CacheError(f"{tok_path}: {size} bytes is not a multiple of {dtype.itemsize} ({meta['token_dtype']})")
     n_tokens = size // dtype.itemsize
     tokens = (np.memmap(tok_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype))
-    starts = np.load(idx_path, allow_pickle=False)
+    try:
+        starts = np.load(idx_path, allow_pickle=False)
+    except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+        raise CacheError(f"{idx_path}: not a numeric .npy offsets file ({type(exc).__name__}: {exc}); rebuild "
+                         "the cache") from exc
     if starts.ndim != 1 or starts.dtype.kind not in "iu":
         raise CacheError(f"{idx_path}: expected a 1-D integer array, got {starts.dtype} {starts.shape}")
     starts = starts.astype(np.int64)
