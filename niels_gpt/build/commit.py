@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.build.tasks import parts_dir
-from niels_gpt.cache.build_cache import ENCODE_BATCH_DOCS, SPLIT_RULE, _common_meta, _start_build
+from niels_gpt.cache.build_cache import ENCODE_BATCH_DOCS, _start_build, pretrain_meta
 from niels_gpt.cache.meta import write_meta
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.writers import SHARD_PATTERN, Budgeted, ShardWriter, check_range
+from niels_gpt.writers import Budgeted, ShardWriter, check_range
 
 
 class _Doc:
@@ -157,26 +157,9 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
         for w in writers.values():
             w.abort()
         raise
-    totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
-    totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
-    if totals["train_tokens"] + totals["val_tokens"] == 0:
-        raise ConfigError(f"no tokens for {out}: the input had no non-empty document "
-                          f"(skipped: {dict(skipped) or 'none'}); check the source")
-    meta = _common_meta(tokenizer, dtype, seed, dataset_name or out.name, dataset_config, streaming, source)
-    meta.update({
-        "kind": "pretrain",
-        "split_rule": SPLIT_RULE,
-        "shard_bytes": shard_bytes,
-        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
-        "totals": totals,
-        "files": records,
-        "cuts": {s: sinks[s].cut for s in ("train", "val")},
-        "source_exhausted": exhausted,
-        "skipped": dict(sorted(skipped.items())),
-        "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
-                  "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": None,
-                  "encode_batch_docs": ENCODE_BATCH_DOCS},
-    })
+    meta = pretrain_meta(tokenizer, dtype, out, writers=writers, sinks=sinks, records=records, eot=eot, seed=seed,
+                         dataset_name=dataset_name, dataset_config=dataset_config, streaming=streaming,
+                         source=source, own_split=False, exhausted=exhausted, skipped=skipped,
+                         shard_bytes=shard_bytes, shuffle_buffer=None, budgets=(max_train_tokens, max_val_tokens))
     write_meta(str(out), meta)
     return meta

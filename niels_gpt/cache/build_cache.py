@@ -242,30 +242,42 @@ def build_pretrain_cache(
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             bar.close(finished=exhausted)
-        totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
-        totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
-        if totals["train_tokens"] + totals["val_tokens"] == 0:
-            raise ConfigError(f"no tokens for {final}: the input had no non-empty document "
-                              f"(skipped: {dict(skipped) or 'none'}); check the source")
         if callable(source):  # described after the stream was read, so its skip counts are final
             source = source()
-        meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
-        meta.update({
-            "kind": "pretrain",
-            "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
-            "shard_bytes": shard_bytes,
-            "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-            "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
-            "totals": totals,
-            "files": records,
-            "cuts": {s: sinks[s].cut for s in ("train", "val")},
-            "source_exhausted": exhausted,
-            "skipped": all_skipped(skipped, meta["source"]),
-            "build": {"max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
-                      "shard_bytes": shard_bytes, "seed": seed, "shuffle_buffer": shuffle_buffer,
-                      "encode_batch_docs": ENCODE_BATCH_DOCS},
-        })
+        meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records, eot=eot,
+                             seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
+                             streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
+                             skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
+                             budgets=(max_train_tokens, max_val_tokens))
         write_meta(str(out), meta)
+
+
+def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
+                  dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
+                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets) -> dict:
+    """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
+    distributed build's commit write the same one)."""
+    totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
+    totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
+    if totals["train_tokens"] + totals["val_tokens"] == 0:
+        raise ConfigError(f"no tokens for {final}: the input had no non-empty document "
+                          f"(skipped: {dict(skipped) or 'none'}); check the source")
+    meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
+    meta.update({
+        "kind": "pretrain",
+        "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
+        "shard_bytes": shard_bytes,
+        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "totals": totals,
+        "files": records,
+        "cuts": {s: sinks[s].cut for s in ("train", "val")},
+        "source_exhausted": exhausted,
+        "skipped": all_skipped(skipped, meta["source"]),
+        "build": {"max_train_tokens": budgets[0], "max_val_tokens": budgets[1], "shard_bytes": shard_bytes,
+                  "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS},
+    })
+    return meta
 
 
 SFT_DRAW_BLOCK = 1024
