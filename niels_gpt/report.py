@@ -19,7 +19,7 @@ import numpy as np
 from niels_gpt.cache.formats import detect_format
 from niels_gpt.cache.meta import META_NAME, check_files, read_meta, record_problem, sha256_file
 from niels_gpt.errors import NielsGPTError, TokenizerError
-from niels_gpt.formats.receipt import check_receipt, receipt_path
+from niels_gpt.formats.receipt import check_receipt, read_receipt, receipt_path
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
 from niels_gpt.packing.memmap_format import FORMAT_NAME, read_manifest
@@ -232,10 +232,12 @@ def _check_counts(cache: Path, meta: dict) -> list[str]:
 
 
 def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):
-    from niels_gpt.tokenizer import load_tokenizer
+    from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
     if explicit:
-        return load_tokenizer(explicit)
+        tok = load_tokenizer(explicit)
+        check_tokenizer_matches(tok, meta.get("tokenizer_sha256"), cache)
+        return tok
     for parent in [cache, *cache.parents]:
         cand = parent / "tokenizer"
         if (cand / META_NAME).is_file():
@@ -340,12 +342,13 @@ def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> st
     head = f"first {len(ids)} tokens of {Path(first.path).name}:"
     if tokenizer is None:
         return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", " ".join(map(str, ids))])
-    from niels_gpt.tokenizer import load_tokenizer
+    from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    if info.tokenizer_sha256 and tok.sha256 != info.tokenizer_sha256:
-        raise TokenizerError(f"{tokenizer}: sha256 {tok.sha256[:16]}… but {root} was written with tokenizer "
-                             f"{info.tokenizer_sha256[:16]}…; pass the tokenizer that made these tokens")
+    recorded = info.tokenizer_sha256
+    if recorded is None and receipt_path(root).is_file():
+        recorded = read_receipt(receipt_path(root)).get("tokenizer_sha256")
+    check_tokenizer_matches(tok, recorded, root)
     return "\n".join(lines + ["", head, show_tokens(tok, ids)])
 
 
@@ -365,9 +368,11 @@ def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
     head = f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1):"
     if tokenizer is None:
         return "\n".join(lines + ["", f"{head} ids; pass --tokenizer PATH to decode", " ".join(map(str, ids.tolist()))])
-    from niels_gpt.tokenizer import load_tokenizer
+    from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
     tok = load_tokenizer(tokenizer)
+    if (root / PACKED_MANIFEST).is_file():
+        check_tokenizer_matches(tok, (read_manifest(root).get("source") or {}).get("tokenizer_sha256"), root)
     trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
     return "\n".join(lines + ["", head + f" trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}",
                                show_tokens(tok, ids, trained)])

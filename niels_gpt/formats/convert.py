@@ -258,7 +258,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
                                  dataset_name=dataset_name or dst.name)
         else:
-            write_receipt(tmp, to)  # last: the sha256 of every file, metadata.yaml included
+            write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
             s.pop("stream")
         if dst.exists():

@@ -5,7 +5,8 @@ Layout (JSON, UTF-8, keys sorted):
 
     {"format": "niels_receipt", "version": 1,
      "output_format": "kempner-npy",                  # what the files are (detect_format's name)
-     "files": {"train/shard_00000.npy": {"bytes": 1152, "sha256": "9f2c..."}, ...}}
+     "files": {"train/shard_00000.npy": {"bytes": 1152, "sha256": "9f2c..."}, ...},
+     "tokenizer_sha256": "c9ce..."}                   # only when known: the tokenizer that made the ids
 
 - A directory output carries `<dir>/niels_receipt.json`, listing every file below it by its path
   relative to the directory (token files, `metadata.yaml`, `.idx`, `.bos.idx`): the ids in
@@ -49,13 +50,19 @@ def _listed(output: Path) -> list[Path]:
     return sorted(f for f in output.rglob("*") if f.is_file() and f.name != RECEIPT_NAME)
 
 
-def write_receipt(output: str | os.PathLike, output_format: str) -> dict:
-    """Hash every file of `output` (a directory, or one file) and write its receipt last."""
+def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sha256: str | None = None) -> dict:
+    """Hash every file of `output` (a directory, or one file) and write its receipt last.
+
+    `tokenizer_sha256` (when the source recorded it) lets `inspect --tokenizer` refuse another tokenizer on
+    formats with no place for it (nanoGPT, Megatron).
+    """
     output = Path(output)
     base = output if output.is_dir() else output.parent
     files = {f.relative_to(base).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256_file(str(f))}
              for f in _listed(output)}
     receipt = {"format": FORMAT, "version": VERSION, "output_format": output_format, "files": files}
+    if tokenizer_sha256:
+        receipt["tokenizer_sha256"] = tokenizer_sha256
     data = json.dumps(receipt, indent=2, sort_keys=True) + "\n"
     write_bytes_atomic(receipt_path(output), data.encode("utf-8"))
     return receipt

@@ -60,6 +60,18 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tok
 
 
+def check_tokenizer_matches(tok: Tokenizer, recorded: str | None, what) -> None:
+    """Refuse a tokenizer that is not the one `what` (a cache, a converted file, packed bins) records.
+
+    Two tokenizers of the same size give the same ids different text, so a mismatch would decode or score
+    garbage without any error. `recorded` None (or all zeros: written without a tokenizer) checks nothing.
+    """
+    if recorded and set(str(recorded)) != {"0"} and recorded != tok.sha256:
+        raise TokenizerError(f"{tok.model_path}: sha256 {tok.sha256[:16]}… but {what} was built with the tokenizer "
+                             f"whose sha256 is {str(recorded)[:16]}…: its ids would decode to other text; pass the "
+                             "tokenizer that built it")
+
+
 def check_recorded_sha256(tok: Tokenizer, path: Path) -> None:
     """Refuse a model file whose sha256 is not the one its directory's meta.json records."""
     import json

@@ -130,6 +130,16 @@ def _recorded_tokenizer_sha(where: Path) -> str | None:
     return sha if sha and set(sha) != {"0"} else None
 
 
+def _require_recorded_tokenizer(tok, data_path) -> None:
+    """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
+    from niels_gpt.tokenizer import check_tokenizer_matches
+
+    for path in str(data_path).split(","):
+        where = Path(path.strip())
+        if where.is_dir():
+            check_tokenizer_matches(tok, _recorded_tokenizer_sha(where), where)
+
+
 def model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
     base = GPTConfig.from_depth(cfg.depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
     if cfg.n_embd is not None or cfg.n_head is not None:
@@ -207,6 +217,7 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         from niels_gpt.tokenizer import load_tokenizer
 
         tok = load_tokenizer(cfg.tokenizer)
+        _require_recorded_tokenizer(tok, cfg.data)
     elif token_bytes is None:
         tok = find_tokenizer(cfg.data)
     if data is None:
