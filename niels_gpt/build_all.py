@@ -29,6 +29,7 @@ from niels_gpt.cache.build_cache import (
 from niels_gpt.cache.meta import read_meta, write_meta
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.progress import text_input_bytes
+from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.urls import refuse_url
@@ -234,6 +235,7 @@ def _summary(name: str, out: Path) -> dict:
 
 def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     refuse_url(cfg.cache_dir, "--cache-dir")
+    check_seed(cfg.seed)
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")

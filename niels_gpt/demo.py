@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from niels_gpt.seeds import seed_arg
+
 
 def source_table(seed: int) -> str:
     from niels_gpt.sources import sample_sources
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache-dir", default="cache-demo")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=seed_arg, default=42)
     args = p.parse_args(argv)
     root = Path(args.cache_dir)
 

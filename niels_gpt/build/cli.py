@@ -12,6 +12,7 @@ from __future__ import annotations
 from niels_gpt.build.executors import EXECUTORS, RAY_ADDRESS, RETRIES
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD
 from niels_gpt.cache.build_cache import MAX_VAL_TOKENS, SEED, SHARD_BYTES
+from niels_gpt.seeds import seed_arg
 
 ALL_TOKENS = 2**62  # no train budget: every document that val does not take
 
@@ -28,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=_int, default=ALL_TOKENS, help="train token budget (default: all)")
     p.add_argument("--val-tokens", type=_int, default=MAX_VAL_TOKENS, help="val token budget (the first documents)")
     p.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
-    p.add_argument("--seed", type=int, default=SEED, help="recorded seed (and the shuffle buffer's)")
+    p.add_argument("--seed", type=seed_arg, default=SEED, help="recorded seed (and the shuffle buffer's)")
     p.add_argument("--workers", type=int, default=None, help="worker processes / Ray tasks at once (default: all cores)")
     p.add_argument("--executor", choices=EXECUTORS, default="processes", help="where tasks run")
     p.add_argument("--ray-address", default=RAY_ADDRESS, help="Ray cluster: auto, HOST:PORT, or local")

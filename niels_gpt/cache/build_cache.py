@@ -36,6 +36,7 @@ from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_m
 from niels_gpt.cache.mmap import meta_token_dtype
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
+from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
 from niels_gpt.urls import refuse_url
@@ -168,6 +169,7 @@ def build_pretrain_cache(
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
+    check_seed(seed)
     refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
     with build_aside(final) as out:
@@ -317,6 +319,7 @@ def build_sft_cache(
 
     if not 0.0 <= val_frac < 1.0:
         raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
+    check_seed(seed)
     refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
     with build_aside(final) as out:

@@ -18,6 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from niels_gpt.errors import NielsGPTError
+from niels_gpt.seeds import seed_arg
 
 SUBCOMMAND_MODULES = ("niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
                       "niels_gpt.train.cli", "niels_gpt.build.cli")
@@ -55,7 +56,7 @@ def add_build_all(sub) -> None:
 
 def _add_common_flags(p, d) -> None:
     p.add_argument("--cache-dir", default=d.cache_dir, help="root of the caches")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of every split and shuffle (torch RNG)")
+    p.add_argument("--seed", type=seed_arg, default=d.seed, help="seed of every split and shuffle (torch RNG)")
     p.add_argument("--sample", action="store_true", help="point every source at the bundled sample corpus (offline)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (they show only on a terminal)")
 

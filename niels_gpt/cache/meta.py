@@ -2,7 +2,9 @@
 
 A cache directory is complete exactly when its meta.json exists (it is written last, atomically).
 Cheap checks (sizes, token counts) run on every open via `check_files`; the sha256 of every file is
-checked only by `verify` (streamed, 1 MiB blocks).
+checked by `verify` (streamed, 1 MiB blocks), and on open for the small files a reader loads whole
+anyway (an SFT split's offsets: `load_checked_npy`), where a flipped byte could keep the offsets
+plausible and silently move example boundaries.
 """
 
 from __future__ import annotations
@@ -177,3 +179,26 @@ def raise_on_problems(problems: list[str], root) -> None:
             f"cache {root} disagrees with its {META_NAME}:\n  " + "\n  ".join(problems)
             + "\nrebuild it (build-all --only ...) or run `verify` for details"
         )
+
+
+def load_checked_npy(path: str | os.PathLike, record: dict | None, what: str):
+    """A small .npy file loaded whole, its bytes checked against the sha256 meta.json records.
+
+    Used for files a reader reads in full on open (so hashing them costs nothing extra). A missing
+    record checks nothing (verify reports it); a damaged header is a CacheError, never numpy's own.
+    """
+    import io
+
+    import numpy as np
+
+    path = Path(path)
+    data = path.read_bytes()
+    expected = (record or {}).get("sha256")
+    if isinstance(expected, str) and hashlib.sha256(data).hexdigest() != expected:
+        raise CacheMismatchError(f"{path}: sha256 differs from meta.json ({what} changed after the build); "
+                                 "rebuild the cache")
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+        raise CacheError(f"{path}: not a numeric .npy {what} file ({type(exc).__name__}: {exc}); rebuild "
+                         "the cache") from exc

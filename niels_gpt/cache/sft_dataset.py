@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
+from niels_gpt.cache.meta import check_files, load_checked_npy, raise_on_problems, read_meta
 from niels_gpt.cache.mmap import numpy_dtype, open_tokens, window_view
 from niels_gpt.errors import CacheError, ConfigError
 
@@ -82,11 +82,7 @@ class SFTExampleDataset:
         problems = [p for p in check_files(self.cache_dir, self.meta) if Path(p.split(":")[0]).name in names]
         raise_on_problems(problems, self.cache_dir)
         self.num_tokens = self.tokens_path.stat().st_size // self.dtype.itemsize
-        try:
-            offsets = np.load(self.idx_path, allow_pickle=False)
-        except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
-            raise CacheError(f"{self.idx_path}: not a numeric .npy offsets file ({type(exc).__name__}: {exc}); "
-                             "rebuild the cache") from exc
+        offsets = load_checked_npy(self.idx_path, self.meta["files"].get(self.idx_path.name), "offsets")
         self.offsets = _check_offsets(offsets, self.num_tokens, self.idx_path)
         if len(self.offsets) == 0:
             raise CacheError(f"{self.idx_path}: no examples in this split")

@@ -14,6 +14,7 @@ import argparse
 from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
 from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW
 from niels_gpt.packing.source import SPLITS
+from niels_gpt.seeds import seed_arg
 
 
 def register(subparsers) -> None:
@@ -28,7 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--split", choices=SPLITS, default="train", help="cache split to pack (default train)")
     p.add_argument("--on-overflow", choices=ON_OVERFLOW, default=DEFAULT_ON_OVERFLOW,
                    help=f"examples longer than --pack-size: truncate or reject (default {DEFAULT_ON_OVERFLOW})")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+    p.add_argument("--seed", type=seed_arg, default=DEFAULT_SEED,
                    help=f"seed of first_fit_shuffle's torch generator (default {DEFAULT_SEED})")
     p.set_defaults(func=run_pack_sft)
 

@@ -29,6 +29,7 @@ from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
 from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
 from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
+from niels_gpt.seeds import check_seed
 
 ON_OVERFLOW = ("truncate", "reject")
 DEFAULT_ON_OVERFLOW = "truncate"
@@ -115,6 +116,7 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
 
     `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest.
     """
+    check_seed(seed)
     src = open_sft_split(cache_dir, split)
     if len(src) == 0:
         raise ConfigError(f"{cache_dir}: split {split!r} has no examples; nothing to pack")

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.cache.meta import TOKEN_DTYPES, check_files, raise_on_problems, read_meta, sha256_file
+from niels_gpt.cache.meta import (
+    TOKEN_DTYPES,
+    check_files,
+    load_checked_npy,
+    raise_on_problems,
+    read_meta,
+    sha256_file,
+)
 from niels_gpt.errors import CacheError, ConfigError
 
 SPLITS = ("train", "val")
@@ -65,11 +72,7 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
         raise CacheError(f"{tok_path}: {size} bytes is not a multiple of {dtype.itemsize} ({meta['token_dtype']})")
     n_tokens = size // dtype.itemsize
     tokens = (np.memmap(tok_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype))
-    try:
-        starts = np.load(idx_path, allow_pickle=False)
-    except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
-        raise CacheError(f"{idx_path}: not a numeric .npy offsets file ({type(exc).__name__}: {exc}); rebuild "
-                         "the cache") from exc
+    starts = load_checked_npy(idx_path, meta["files"].get(idx_name), "offsets")
     if starts.ndim != 1 or starts.dtype.kind not in "iu":
         raise CacheError(f"{idx_path}: expected a 1-D integer array, got {starts.dtype} {starts.shape}")
     starts = starts.astype(np.int64)

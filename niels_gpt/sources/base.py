@@ -284,9 +284,44 @@ def open_stream(path_or_id: str, what: str, *, streaming: bool = True, **kwargs:
     try:
         return load_dataset(path_or_id, streaming=streaming, **kwargs)
     except Exception as e:  # the hub, fsspec and pyarrow raise many kinds; the message is what helps
+        local = [Path(f) for f in _as_list(kwargs.get("data_files"))]
+        if local:  # local files: the network and the dataset id have nothing to do with it
+            _raise_local_file_problem(local, what, e)
+            raise SourceError(f"{what}: cannot read {[str(p) for p in local]}: {type(e).__name__}: {e}; check "
+                              "that the files are valid and of the expected schema") from e
         raise SourceError(f"{what}: cannot open {path_or_id!r} ({_kwargs_text(kwargs)}): "
                           f"{type(e).__name__}: {e}; check the dataset id/config and network, or pass "
                           "local data_files") from e
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in _as_list(v)]
+    return list(value)
+
+
+def _raise_local_file_problem(files: Sequence[Path], what: str, cause: BaseException) -> None:
+    """Name the file and line behind a `datasets` read failure, when our own reading can find it.
+
+    `datasets` reads JSON Lines in blocks and reports a block's row (or nothing), so a bad line 2 used to
+    surface as "record 0". Empty files are named as such, not blamed on a network.
+    """
+    for p in files:
+        if not p.is_file():
+            continue
+        if p.stat().st_size == 0:
+            raise SourceError(f"{p}: the file is empty ({what}); remove it from the inputs or fill it") from cause
+        if p.suffix.lower() in (".jsonl", ".json"):
+            rows = 0
+            for _ in iter_jsonl(p):  # raises a SourceError naming the line, when a line is bad
+                rows += 1
+            if rows == 0:
+                raise SourceError(f"{p}: no records (only blank lines) ({what}); remove it from the inputs "
+                                  "or fill it") from cause
 
 
 def iter_rows(ds, what: str, files: Sequence[Path] = ()) -> Iterator[tuple[int, dict]]:
@@ -313,7 +348,8 @@ def iter_rows(ds, what: str, files: Sequence[Path] = ()) -> Iterator[tuple[int, 
         except SourceError:
             raise
         except Exception as e:
-            raise SourceError(f"{what}: record {i} could not be read: {type(e).__name__}: {e}; "
+            _raise_local_file_problem(files, what, e)
+            raise SourceError(f"{what}: could not read past record {i}: {type(e).__name__}: {e}; "
                               "check that the file is valid and of the expected schema") from e
         yield i, row
         i += 1

@@ -5,8 +5,10 @@ Input, either
   files of that schema): one message per row with `message_id`, `parent_id`, `message_tree_id`,
   `role`, `text`, `deleted`, `rank`, `lang`. Rows of one tree must be contiguous (they are, in the
   released files); the stream is grouped by `message_tree_id`, so one tree is in memory at a time;
-- or the nested-tree JSONL export (`{"message_tree_id", "tree_state", "prompt": {..., "replies":
-  [...]}}`, one tree per line), which is flattened to the same rows.
+- or a nested-tree JSONL export, one tree per line, flattened to the same rows: the released one
+  (`{"message_tree_id", "tree_state", "prompt": {..., "replies": [...]}}`) or the pre-release one, whose
+  line is the root message itself (`{"message_id", "role", "text", "replies": [...]}`; its tree id is
+  the root's message_id).
 
 Selection, per tree:
 - start at the root (the row with no parent_id); at each level keep the children that are not
@@ -110,26 +112,55 @@ def to_conversation(path: list[dict], skipped) -> list[Message] | None:
 def check_row(row: dict, record: str) -> None:
     for field in ("message_id", "message_tree_id", "role", "text"):
         if field not in row or (row[field] is None and field != "text"):
+            nested = "replies" in row or "prompt" in row
+            hint = ("; this row holds a nested tree: pass the file as --oasst-trees-jsonl (trees_jsonl=)"
+                    if nested else "")
             raise SourceError(f"{record}: no {field!r} (fields: {sorted(row)}); oasst1 rows need "
-                              "message_id, parent_id, message_tree_id, role, text")
+                              f"message_id, parent_id, message_tree_id, role, text{hint}")
+    if row["text"] is not None and not isinstance(row["text"], str):
+        raise SourceError(f"{record}: message {row['message_id']} has a {type(row['text']).__name__} 'text' "
+                          f"({str(row['text'])[:40]!r}); oasst1 message text must be a string (or null)")
     if row["role"] not in ROLE_MAP:
         raise SourceError(f"{record}: unknown role {row['role']!r} in message {row['message_id']}; "
                           f"oasst1 roles are {sorted(ROLE_MAP)}")
 
 
+def _shape(obj) -> str:
+    """A short description of what a line holds, for refusals."""
+    if not isinstance(obj, dict):
+        return f"a JSON {type(obj).__name__}"
+    keys = sorted(obj)
+    return "an object with keys " + ", ".join(map(repr, keys[:8])) + (", ..." if len(keys) > 8 else "")
+
+
 def flatten_tree(tree: dict, record: str) -> list[dict]:
-    """Rows (as in the flat release) from one nested-export tree; parent_id comes from the nesting."""
-    if not isinstance(tree, dict) or not isinstance(tree.get("prompt"), dict) or "message_tree_id" not in tree:
-        raise SourceError(f"{record}: not an oasst1 tree (needs 'message_tree_id' and 'prompt' "
-                          "objects); is this the nested-tree JSONL export?")
-    rows, stack = [], [(tree["prompt"], None)]
+    """Rows (as in the flat release) from one nested-export tree; parent_id comes from the nesting.
+
+    Two shapes: the release's `{"message_tree_id", "prompt": root, ...}` and the pre-release bare root
+    message `{"message_id", "role", "text", "replies"}` (whose tree id is its own message_id).
+    """
+    if isinstance(tree, dict) and isinstance(tree.get("prompt"), dict) and "message_tree_id" in tree:
+        root, tree_id = tree["prompt"], tree["message_tree_id"]
+    elif isinstance(tree, dict) and "message_id" in tree and "role" in tree and "prompt" not in tree:
+        root, tree_id = tree, tree["message_id"]
+    else:
+        raise SourceError(f"{record}: not an oasst1 tree: found {_shape(tree)}; expected the nested export "
+                          "({'message_tree_id', 'prompt': {...}}) or a root message ({'message_id', 'role', "
+                          "'text', 'replies': [...]}); for flat hub rows use --oasst-data-files instead")
+    rows, stack = [], [(root, None)]
     while stack:
         msg, parent = stack.pop()
+        if not isinstance(msg, dict):
+            raise SourceError(f"{record}: a reply of message {parent} is {_shape(msg)}, not a message object")
+        replies = msg.get("replies") or []
+        if not isinstance(replies, list):
+            raise SourceError(f"{record}: message {msg.get('message_id')} has 'replies' of type "
+                              f"{type(replies).__name__}; it must be a list of messages")
         row = {k: v for k, v in msg.items() if k != "replies"}
         row["parent_id"] = parent
-        row["message_tree_id"] = tree["message_tree_id"]
+        row["message_tree_id"] = tree_id
         rows.append(row)
-        stack.extend((r, msg.get("message_id")) for r in reversed(msg.get("replies") or []))
+        stack.extend((r, msg.get("message_id")) for r in reversed(replies))
     return rows
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.seeds import check_seed
 from niels_gpt.train.model import GPT, GPTConfig
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
 from niels_gpt.urls import refuse_url
@@ -210,6 +211,7 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     rank, world, device = setup_distributed(cfg.device)
     master = rank == 0
     say = log if master else (lambda *a, **k: None)
+    check_seed(cfg.seed)
     if cfg.steps < 1:
         raise ConfigError(f"steps {cfg.steps}: must be >= 1")
     tok = None

@@ -190,3 +190,42 @@ def test_oasst_nested_rejections_name_line_and_byte(tmp_path):
     f.write_text(json.dumps(nested([msg("r", "system", "x")])[0]) + "\n")
     with pytest.raises(SourceError, match=r"t.jsonl, line 1: unknown role 'system' in message r"):
         list(oasst1(trees_jsonl=f).iter_conversations())
+
+
+def test_oasst_pre_release_bare_root_lines_give_the_same_conversations(tmp_path, write_jsonl):
+    # the pre-release export: each line is the root message itself, its replies nested under it
+    bare = [TREE1, TREE2, TREE3, TREE4]
+    src = oasst1(trees_jsonl=write_jsonl(tmp_path / "bare.jsonl", bare))
+    assert list(src.iter_conversations()) == EXPECTED
+    assert src.skipped == EXPECTED_SKIPPED
+
+
+def test_oasst_refusals_name_the_shape_found(tmp_path, write_jsonl):
+    f = write_jsonl(tmp_path / "t.jsonl", [{"conversation": [], "id": 3}])
+    with pytest.raises(SourceError, match=r"t.jsonl, line 1: not an oasst1 tree: found an object with keys "
+                                          r"'conversation', 'id'; expected the nested export"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    f = write_jsonl(tmp_path / "t.jsonl", [[1, 2]])
+    with pytest.raises(SourceError, match=r"line 1: not an oasst1 tree: found a JSON list"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    f = write_jsonl(tmp_path / "t.jsonl", [{**TREE4, "replies": {"a": 1}}])
+    with pytest.raises(SourceError, match=r"line 1: message r4 has 'replies' of type dict; it must be a list"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    f = write_jsonl(tmp_path / "t.jsonl", [{**TREE4, "replies": ["just text"]}])
+    with pytest.raises(SourceError, match=r"line 1: a reply of message r4 is a JSON str, not a message object"):
+        list(oasst1(trees_jsonl=f).iter_conversations())
+    # a nested tree handed to the flat-rows path says which flag reads it
+    f = write_jsonl(tmp_path / "rows.jsonl", [TREE4])
+    with pytest.raises(SourceError, match=r"no 'message_tree_id' .*pass the file as --oasst-trees-jsonl"):
+        list(oasst1(data_files=f).iter_conversations())
+
+
+@pytest.mark.parametrize("text", [7, ["a", "b"], {"t": "x"}])
+def test_oasst_non_string_text_anywhere_in_a_tree_is_one_clear_error(tmp_path, write_jsonl, text):
+    tree = msg("r", "prompter", "Hi", replies=[msg("g", "assistant", "ok", rank=0,
+                                                   replies=[msg("deep", "prompter", "x")])])
+    tree["replies"][0]["replies"][0]["text"] = text
+    f = write_jsonl(tmp_path / "t.jsonl", nested([tree]))
+    with pytest.raises(SourceError, match=rf"line 1: message deep has a {type(text).__name__} 'text' .*must be a "
+                                          "string"):
+        list(oasst1(trees_jsonl=f).iter_conversations())

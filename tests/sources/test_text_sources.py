@@ -119,8 +119,24 @@ def test_fineweb_invalid_utf8_names_file_and_byte(tmp_path):
 def test_fineweb_malformed_json_names_the_files(tmp_path):
     f = tmp_path / "mal.jsonl"
     f.write_text('{"text": "a"}\n{oops\n')
-    with pytest.raises(SourceError, match=r"mal.jsonl'\]: record 0 could not be read: .*JSON"):
+    # datasets reports the block (record 0); the file is re-read to name the line that is bad
+    with pytest.raises(SourceError, match=r"mal.jsonl, line 2: not valid JSON"):
         list(fineweb_edu(data_files=f, seed=None).iter_texts())
+
+
+def test_fineweb_lone_surrogate_names_file_and_line(tmp_path):
+    f = tmp_path / "sur.jsonl"
+    f.write_text('{"text": "fine doc"}\n{"text": "bad \\ud800 here"}\n')
+    with pytest.raises(SourceError, match=r"sur.jsonl, line 2: a lone surrogate escape \('\\ud800'\)"):
+        list(fineweb_edu(data_files=f, seed=None).iter_texts())
+
+
+def test_an_empty_local_jsonl_is_named_as_empty_not_blamed_on_the_network(tmp_path):
+    f = tmp_path / "empty.jsonl"
+    f.write_text("")
+    with pytest.raises(SourceError, match=r"empty.jsonl: the file is empty \(fineweb_edu") as info:
+        list(fineweb_edu(data_files=f, seed=None).iter_texts())
+    assert "network" not in str(info.value)
 
 
 def test_local_text_txt_one_document_per_file(tmp_path):
