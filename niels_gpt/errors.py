@@ -42,3 +42,11 @@ class StateError(NielsGPTError):
 
 class OutputLockedError(NielsGPTError):
     """Another build holds the lock of the output this one would write."""
+
+
+class OutOfSpaceError(NielsGPTError):
+    """The disk filled up (or a quota was reached) while writing an output; the partial output is removed."""
+
+    def __init__(self, errno: int, message: str):
+        super().__init__(message)
+        self.errno = errno

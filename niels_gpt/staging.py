@@ -14,6 +14,7 @@ Cost: two renames per build; the old cache is deleted after the swap.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -23,9 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from niels_gpt.atomic import pid_alive, remove_stale_temporaries
-from niels_gpt.errors import ConfigError, OutputLockedError
+from niels_gpt.errors import ConfigError, OutOfSpaceError, OutputLockedError
 
 OLD_INFIX = ".old-"
+UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def lock_path(out: Path) -> Path:
@@ -41,8 +43,10 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
         lock.parent.mkdir(parents=True, exist_ok=True)
     except (NotADirectoryError, FileExistsError) as exc:
         raise ConfigError(f"{lock.parent}: a file, not a directory; choose another output location") from exc
-    except PermissionError as exc:
-        raise ConfigError(f"{lock.parent}: cannot create this directory (permission denied); choose a "
+    except OSError as exc:
+        if exc.errno not in UNWRITABLE_ERRNOS:
+            raise
+        raise ConfigError(f"{lock.parent}: cannot create this directory ({exc.strerror}); choose a "
                           "writable location") from exc
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
     for _ in range(2):
@@ -58,8 +62,10 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
                 f"{out}: another build holds {lock} (pid {holder.get('pid')} on {holder.get('host')} since "
                 f"{holder.get('since')}); wait for it to finish, or if that process is gone (another host, a "
                 "crashed machine), remove the lock file and rerun") from None
-        except PermissionError as exc:
-            raise ConfigError(f"{lock.parent}: not writable (permission denied); choose a writable output "
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE_ERRNOS:
+                raise
+            raise ConfigError(f"{lock.parent}: not writable ({exc.strerror}); choose a writable output "
                               "location") from exc
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
@@ -107,15 +113,66 @@ def build_aside(out: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
         try:
             stage.mkdir()
-        except PermissionError as exc:
-            raise ConfigError(f"{out.parent}: not writable (permission denied); choose a writable output "
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE_ERRNOS:
+                raise
+            raise ConfigError(f"{out.parent}: not writable ({exc.strerror}); choose a writable output "
                               "location") from exc
+        free_at_start = _free_bytes(stage)
         try:
             yield stage
+        except OSError as exc:
+            # what the build used: its files, or (when a writer already removed its partial file) the
+            # space that was free when it started and is gone now
+            written = max(tree_bytes(stage), free_at_start - _free_bytes(stage))
+            shutil.rmtree(stage, ignore_errors=True)
+            if exc.errno in SPACE_ERRNOS:
+                raise out_of_space(exc, out, written) from exc
+            raise
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
         swap_in(stage, out)
+
+
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files below `path` (0 when it is gone)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def out_of_space(exc: OSError, out: Path, written: int) -> OutOfSpaceError:
+    """One line for a full disk: where, what was written before it filled, what is free, what is needed."""
+    free = _free_bytes(out.parent) if out.parent.exists() else None
+    why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+    free_text = "" if free is None else f"; {human_bytes(free)} free there now"
+    need = f"this output needs more than {human_bytes(written)}" if written else "not even its first file fit"
+    name = f" (writing {Path(exc.filename).name})" if getattr(exc, "filename", None) else ""
+    return OutOfSpaceError(exc.errno, f"{out}: {why}{name} after writing {human_bytes(written)}; the partial "
+                           f"output was removed and the previous one, if any, is untouched{free_text}; {need}: "
+                           "free space or choose another location")
 
 
 def swap_in(stage: Path, out: Path) -> None:

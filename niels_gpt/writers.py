@@ -134,6 +134,9 @@ class Budgeted:
     def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
         from niels_gpt._native import gather as native
 
+        if any(isinstance(d, np.ndarray) for d in docs):  # a long document, encoded piecewise (encode.py)
+            self._write_arrays(docs, keep_last, first_doc)
+            return
         if native is not None and isinstance(docs, list):
             try:  # C: ~3 ns a token under the GIL, against ~13 below (see ids_to_tokens in gather.c)
                 buf = native.ids_to_tokens(docs, self.eot, self.dtype.itemsize, keep_last)
@@ -165,6 +168,21 @@ class Budgeted:
             check_range(wide[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
             raise
         self.writer.write(arr.astype(self.dtype, copy=False))  # no copy on little-endian machines
+
+
+    def _write_arrays(self, docs: list, keep_last: int, first_doc: int) -> None:
+        """`write` for batches holding arrays: numpy throughout, same bytes as the list path."""
+        limit = np.iinfo(self.dtype).max
+        pieces = []
+        for j, d in enumerate(docs):
+            a = np.asarray(d, dtype=np.int64) if not isinstance(d, np.ndarray) else d
+            if len(a) and (int(a.min()) < 0 or int(a.max()) > limit):
+                check_range(a.astype(np.int64), self.dtype, f"{self.name} document {first_doc + j}")
+            if j == len(docs) - 1 and keep_last < len(a) + 1:
+                a = a[:keep_last - 1]  # the cut document keeps keep_last - 1 tokens and its EOT
+            pieces.append(a.astype(self.dtype, copy=False))
+            pieces.append(np.array([self.eot], dtype=self.dtype))
+        self.writer.write(np.concatenate(pieces))
 
 
 class WriterPipeline:

@@ -29,6 +29,7 @@ import numpy as np
 
 from niels_gpt.atomic import atomic_path, write_bytes_atomic
 from niels_gpt.build.plan import Task, task_documents
+from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, TokenizerError
 from niels_gpt.writers import Budgeted, HashingFile
 
@@ -112,7 +113,7 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
     """Encode `batch`, append its tokens, record its lengths; returns the count of documents encoded."""
     if not batch:
         return encoded
-    docs = tok.encode_batch(batch, num_threads=1)
+    docs = encode_documents(tok, batch, num_threads=1)
     convert.write(docs, len(docs[-1]) + 1, encoded)
     for i, d in zip(where, docs, strict=True):
         lens[i] = len(d) + 1

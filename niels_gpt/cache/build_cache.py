@@ -34,6 +34,7 @@ import torch
 from niels_gpt.atomic import atomic_path, remove_stale_temporaries
 from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
 from niels_gpt.cache.mmap import meta_token_dtype
+from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.seeds import check_seed
@@ -114,7 +115,7 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
     """
     batches = _read_batches(texts)
     if pool is None:
-        encoded = ((tokenizer.encode_batch(kept, num_threads=1), n) for kept, n in batches)
+        encoded = ((encode_documents(tokenizer, kept, num_threads=1), n) for kept, n in batches)
     else:
         encoded = _in_order(pool, tokenizer, batches, 2 * workers)
     for docs, n_skipped in encoded:
@@ -125,7 +126,7 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
 def _in_order(pool, tokenizer, batches, window: int):
     pending: deque = deque()
     for kept, n in batches:
-        pending.append((pool.submit(tokenizer.encode_batch, kept, 1), n))
+        pending.append((pool.submit(encode_documents, tokenizer, kept, 1), n))
         if len(pending) >= window:
             future, n_done = pending.popleft()
             yield future.result(), n_done
@@ -169,6 +170,9 @@ def build_pretrain_cache(
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
+    if max_train_tokens == 0 and max_val_tokens == 0:
+        raise ConfigError(f"{out_dir}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
+                          "give either a positive budget (--max-train-tokens / --max-val-tokens)")
     check_seed(seed)
     refuse_url(out_dir, "out_dir")
     final = Path(out_dir)

@@ -12,6 +12,7 @@ printed at start. Package errors end as one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 from dataclasses import fields
@@ -243,6 +244,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# OS conditions a user fixes on their side: one line naming the file, never a traceback
+_ONE_LINE_ERRNOS = {
+    errno.ENOSPC: "free space or choose another location; an unfinished output has no commit marker",
+    errno.EDQUOT: "free space or choose another location; an unfinished output has no commit marker",
+    errno.EROFS: "the filesystem is read-only: choose a writable location",
+    errno.EACCES: "permission denied: choose a location you can write (or read) or fix its permissions",
+    errno.EPERM: "operation not permitted: choose a location you can write or fix its permissions",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -250,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     except NielsGPTError as exc:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"error: {reason}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in _ONE_LINE_ERRNOS:
+            raise  # not a condition of the user's machine we can explain better than the traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}; {_ONE_LINE_ERRNOS[exc.errno]}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted; finished caches are intact, the unfinished one has no meta.json", file=sys.stderr)
