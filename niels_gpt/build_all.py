@@ -33,6 +33,7 @@ from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.urls import refuse_url
+from niels_gpt.writers import check_shard_bytes
 
 PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
 SFT = ("dolly15k", "oasst1")
@@ -236,6 +237,7 @@ def _summary(name: str, out: Path) -> dict:
 def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     refuse_url(cfg.cache_dir, "--cache-dir")
     check_seed(cfg.seed)
+    check_shard_bytes(cfg.shard_bytes, "--shard-bytes")
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")

@@ -49,10 +49,22 @@ class HashingFile:
             os.unlink(self.tmp)
 
 
+MIN_SHARD_BYTES = 512  # smaller shards only multiply files: 2-byte shards made 100,000+ files of one token
+
+
+def check_shard_bytes(shard_bytes: int, flag: str = "shard_bytes") -> None:
+    """Refuse shard sizes below MIN_SHARD_BYTES (every builder and `convert` call this before writing)."""
+    if not isinstance(shard_bytes, int) or shard_bytes < MIN_SHARD_BYTES:
+        raise ConfigError(f"{flag}={shard_bytes}: shards must hold at least {MIN_SHARD_BYTES} bytes (tiny shards only "
+                          "multiply files: a 1 GB cache in 2-byte shards is 500 million files); the default is "
+                          "128MiB, and 64MiB-512MiB suits most file systems")
+
+
 class ShardWriter:
     """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard."""
 
     def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int):
+        check_shard_bytes(shard_bytes)
         self.dir, self.dtype = split_dir, dtype
         self.capacity = shard_bytes // dtype.itemsize
         if self.capacity < 1:

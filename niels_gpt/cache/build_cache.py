@@ -41,7 +41,15 @@ from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
 from niels_gpt.urls import refuse_url
-from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
+from niels_gpt.writers import (
+    SHARD_PATTERN,
+    Budgeted,
+    HashingFile,
+    ShardWriter,
+    WriterPipeline,
+    check_range,
+    check_shard_bytes,
+)
 
 SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
@@ -174,9 +182,11 @@ def build_pretrain_cache(
         raise ConfigError(f"{out_dir}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
                           "give either a positive budget (--max-train-tokens / --max-val-tokens)")
     check_seed(seed)
+    check_shard_bytes(shard_bytes)
     refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
-    with build_aside(final) as out:
+    budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(_resolve_dtype(tokenizer, token_dtype)).itemsize
+    with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
         dtype = _resolve_dtype(tokenizer, token_dtype)
         eot = tokenizer.special_ids["eot"]
         check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
@@ -266,8 +276,9 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
     totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
     if totals["train_tokens"] + totals["val_tokens"] == 0:
-        raise ConfigError(f"no tokens for {final}: the input had no non-empty document "
-                          f"(skipped: {dict(skipped) or 'none'}); check the source")
+        read = ", ".join((source or {}).get("files") or []) or (source or {}).get("dataset_id") or "the documents given"
+        raise ConfigError(f"no tokens for {final}: {read} had no non-empty document "
+                          f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
     meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
     meta.update({
         "kind": "pretrain",
