@@ -34,6 +34,7 @@ import torch
 from niels_gpt.atomic import atomic_path, remove_stale_temporaries
 from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
 from niels_gpt.cache.mmap import meta_token_dtype
+from niels_gpt.constants import SEED  # noqa: F401  (re-exported under its old name)
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
@@ -54,7 +55,6 @@ from niels_gpt.writers import (
 SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
-SEED = 42
 SHUFFLE_BUFFER = None
 VAL_FRAC = 0.10
 ENCODE_BATCH_DOCS = 256  # documents per encode_batch call

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import META_NAME, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, IncompleteCacheError
 
-META_NAME = "meta.json"
 FORMAT_VERSION = 1
 
 # The contract's fields ("each meta.json must include at least"), per kind of cache.
@@ -32,7 +32,6 @@ REQUIRED_TOTALS: dict[str, tuple[str, ...]] = {
     "pretrain": ("train_tokens", "val_tokens"),
     "sft": ("train_examples", "val_examples"),
 }
-TOKEN_DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
 
 
 def meta_path(path: str | os.PathLike) -> Path:
@@ -144,7 +143,7 @@ def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
     if not isinstance(files, dict):
         return [f"{root / META_NAME}: 'files' is a {type(files).__name__}, not an object; rebuild the cache"]
     dtype = TOKEN_DTYPES.get(meta.get("token_dtype"))
-    itemsize = int(dtype[-1]) if dtype else None
+    itemsize = dtype.itemsize if dtype is not None else None
     for rel, rec in sorted(files.items()):
         if only is not None and not rel.startswith(only.rstrip("/") + "/") and rel != only:
             continue

@@ -23,9 +23,8 @@ import torch
 
 from niels_gpt.cache.meta import check_files, load_checked_npy, raise_on_problems, read_meta
 from niels_gpt.cache.mmap import numpy_dtype, open_tokens, window_view
+from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
-
-IGNORE_INDEX = -100
 
 
 def assistant_span_mask(seqs: np.ndarray, asst_id: int, eot_id: int) -> np.ndarray:

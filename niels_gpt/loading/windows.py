@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.base import file_order
 from niels_gpt.loading.state import fingerprint
-
-DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
 
 
 def _split_files(cache_dir: Path, split: str) -> tuple[dict, list[Path]]:
@@ -57,7 +56,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
             raise ConfigError(f"T={T}: the window length must be at least 1")
         self.cache_dir, self.T, self.split = Path(cache_dir), int(T), split
         meta, self.paths = _split_files(self.cache_dir, split)
-        self.dtype = np.dtype(DTYPES[meta["token_dtype"]])
+        self.dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
         counts = []
         for p in self.paths:
             n_tok = meta["files"][f"{split}/{p.name}"].get("tokens", p.stat().st_size // self.dtype.itemsize)

@@ -13,9 +13,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
-
-MANIFEST_NAME = "manifest.json"
 
 
 def is_url(out) -> bool:

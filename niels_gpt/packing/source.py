@@ -21,9 +21,8 @@ from niels_gpt.cache.meta import (
     read_meta,
     sha256_file,
 )
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import CacheError, ConfigError
-
-SPLITS = ("train", "val")
 
 
 @dataclass

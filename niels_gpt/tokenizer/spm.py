@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
@@ -38,7 +39,6 @@ NUM_THREADS = 4
 MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
 MAX_TRAIN_CHARS = 300_000_000  # stop reading the corpus after this many characters
 SPLIT_DIGITS = True
-SEED = 42
 
 
 @dataclass(frozen=True, kw_only=True)
