@@ -39,8 +39,8 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
+from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
-from niels_gpt.urls import refuse_url
 from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
 
 SHARD_BYTES = 128 * 1024 * 1024
@@ -135,6 +135,7 @@ def _in_order(pool, tokenizer, batches, window: int):
         yield future.result(), n_done
 
 
+@writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def build_pretrain_cache(
     texts: Iterable[str] | SplitTexts,
     out_dir: str,
@@ -174,7 +175,6 @@ def build_pretrain_cache(
         raise ConfigError(f"{out_dir}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
                           "give either a positive budget (--max-train-tokens / --max-val-tokens)")
     check_seed(seed)
-    refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
     with build_aside(final) as out:
         dtype = _resolve_dtype(tokenizer, token_dtype)
@@ -297,6 +297,7 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
             f"val when draws[k] < {val_frac!r}, else to train")
 
 
+@writes_to_url
 def build_sft_cache(
     examples: Iterable[list[Message]],
     out_dir: str,
@@ -324,7 +325,6 @@ def build_sft_cache(
     if not 0.0 <= val_frac < 1.0:
         raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
     check_seed(seed)
-    refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
     with build_aside(final) as out:
         dtype = _resolve_dtype(tokenizer, token_dtype)
