@@ -97,7 +97,7 @@ class RemoteCache:
             raise CacheError(f"{self.url}/{marker}: not valid JSON ({exc}); rebuild and re-upload the cache") from exc
         if not isinstance(doc, dict):
             raise CacheError(f"{self.url}/{marker}: expected a JSON object, got {type(doc).__name__}")
-        self.records = _records(doc, marker)
+        self.records = _records(doc, marker, self.url)
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self._reconcile(data)
 
@@ -217,12 +217,13 @@ class RemoteCache:
                 total -= size
 
 
-def _records(doc: dict, marker: str) -> dict[str, dict]:
+def _records(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
     """{relative path: {"bytes", "sha256", ...}} from a meta.json or a packed manifest.json."""
+    marker = f"{where}/{marker}" if where else marker
     files = doc.get("files")
     if not isinstance(files, dict):
         raise CacheError(f"{marker}: 'files' is missing or not an object; rebuild and re-upload the cache")
-    if marker == "manifest.json":  # array -> {"name", "bytes", "sha256", ...}
+    if marker.endswith("manifest.json"):  # array -> {"name", "bytes", "sha256", ...}
         out = {}
         for rec in files.values():
             if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("bytes"), int):
