@@ -19,7 +19,7 @@ SCHEMES = {
     "file": None, "memory": None,
     "s3": "s3", "s3a": "s3",
     "gs": "gcs", "gcs": "gcs",
-    "hf": "hf",
+    "hf": None,  # huggingface_hub comes with datasets
     "http": "http", "https": "http",
 }
 READ_ONLY = {"http", "https"}
