@@ -83,7 +83,7 @@ class RemoteCache:
         self.root = local_cache_dir()
         self.local_dir = self.root / MIRRORS / hashlib.sha256(self.url.encode()).hexdigest()[:16]
         self.max_bytes = max_cache_bytes()
-        self._fs = None
+        self._fs, self._fs_pid = None, None
         fs, path = self.fs
         remote = join(path, marker)
         try:
@@ -103,8 +103,11 @@ class RemoteCache:
 
     @property
     def fs(self):
-        if self._fs is None:
-            self._fs = filesystem(self.url)
+        # NOTE: a DataLoader worker forked from the process that opened the dataset inherits this
+        # object without pickling it; async filesystems (s3fs) refuse to run in a fork, so each
+        # process opens its own.
+        if self._fs is None or self._fs_pid != os.getpid():
+            self._fs, self._fs_pid = filesystem(self.url), os.getpid()
         return self._fs
 
     def __getstate__(self):

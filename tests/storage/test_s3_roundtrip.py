@@ -165,3 +165,35 @@ def test_a_rebuilt_remote_cache_replaces_the_mirrored_files(s3, tokenizer, tmp_p
     assert IndexedWindowDataset(f"{bucket}/c", 9)[3]["input_ids"].tolist() == (np.arange(27, 36) % 11).tolist()
     assert RemoteCache(f"{bucket}/c").records["train/shard_00000.bin"]["sha256"] != \
         RemoteCache(f"file://{tmp_path}/a").records["train/shard_00000.bin"]["sha256"]
+
+
+def test_each_rank_downloads_only_the_shards_its_indices_reach(s3, tmp_path):
+    _, bucket = s3
+    from niels_gpt.storage import upload_tree
+
+    write_pretrain_cache(tmp_path / "c", {"train": [np.arange(i, i + 41) for i in range(8)]})  # 5 windows each
+    upload_tree(tmp_path / "c", f"{bucket}/c")
+    for rank in (0, 1):
+        downloads = tmp_path / f"rank{rank}"
+        configure(cache_dir=downloads)
+        ds = IndexedWindowDataset(f"{bucket}/c", 8)
+        batch = next(iter(GlobalBatchSampler(ds, 4, seed=0, rank=rank, world_size=2)))
+        for i in batch:
+            ds[i]
+        reached = {ds.paths[ds.locate(i)[0]].name for i in batch}
+        assert {p.name for p in downloads.rglob("*.bin")} == reached
+
+
+def test_dataloader_workers_read_a_remote_cache_like_a_local_one(s3, tmp_path):
+    _, bucket = s3
+    from niels_gpt.storage import upload_tree
+
+    write_pretrain_cache(tmp_path / "c", {"train": [np.arange(i, i + 401) % 2000 for i in range(4)]})
+    upload_tree(tmp_path / "c", f"{bucket}/c")
+
+    def batches(path):
+        ds = IndexedWindowDataset(path, 16)
+        loader = ResumableDataLoader(ds, GlobalBatchSampler(ds, 8, seed=2, rank=0, world_size=1), num_workers=2)
+        return [b["input_ids"] for b in loader]
+
+    assert all(torch.equal(a, b) for a, b in zip(batches(tmp_path / "c"), batches(f"{bucket}/c"), strict=True))
