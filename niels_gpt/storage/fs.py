@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 
 from niels_gpt.errors import ConfigError, StorageError
@@ -58,8 +59,17 @@ def join(root: str, rel: str) -> str:
     return f"{root.rstrip('/')}/{rel.lstrip('/')}" if rel else root
 
 
+LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
 def _transient(exc: BaseException) -> bool:
+    """Worth another try: the network or the server, not a missing file or a full local disk."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int) and status >= 400:
+        return status >= 500 or status in (408, 429)
+    if isinstance(exc, OSError) and exc.errno in LOCAL_ERRNOS:
         return False
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
         return True

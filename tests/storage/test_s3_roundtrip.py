@@ -197,3 +197,41 @@ def test_dataloader_workers_read_a_remote_cache_like_a_local_one(s3, tmp_path):
         return [b["input_ids"] for b in loader]
 
     assert all(torch.equal(a, b) for a, b in zip(batches(tmp_path / "c"), batches(f"{bucket}/c"), strict=True))
+
+
+def test_a_flaky_server_is_retried_and_a_dead_one_named(tmp_path):
+    from http.server import ThreadingHTTPServer
+
+    from niels_gpt.errors import StorageError
+
+    from .conftest import _QuietHandler
+
+    write_pretrain_cache(tmp_path / "c", {"train": [np.arange(100), np.arange(100, 200)]})
+    failures = {"left": 0}
+
+    class Flaky(_QuietHandler):
+        def do_GET(self):
+            if self.path.endswith(".bin") and failures["left"] > 0:
+                failures["left"] -= 1
+                self.send_error(503, "busy")
+                return
+            super().do_GET()
+
+        do_HEAD = do_GET
+
+    import functools
+    import threading
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Flaky, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        ds = IndexedWindowDataset(f"{base}/c", 9)
+        failures["left"] = 1
+        assert ds[0]["input_ids"].tolist() == list(range(9))
+        failures["left"] = 100
+        with pytest.raises(StorageError, match=r"downloading http://127\.0\.0\.1:\d+/c/train/shard_00001\.bin: failed 4 times"):
+            ds[len(ds) - 1]
+    finally:
+        server.shutdown()
+        server.server_close()
