@@ -45,3 +45,10 @@ def test_builders_refuse_a_url_they_cannot_write_and_write_nothing_locally(tmp_p
     assert main(["build-all", "--sample", "--only", "wikitext", "--cache-dir", bad]) == 1
     assert "the URL scheme 'nosuch' is not supported" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_names_a_url_data_argument(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "s3://bucket/cache/pretrain/wikitext", "--out-dir", "run"]) == 1
+    assert "DATA 's3://bucket/cache/pretrain/wikitext' is a URL: train reads a local cache" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
