@@ -8,6 +8,7 @@ one that looks complete. `sample=True` points every source at the bundled sample
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import shutil
 import time
@@ -31,8 +32,9 @@ from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
+from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.urls import refuse_url
+from niels_gpt.urls import is_url, refuse_url
 from niels_gpt.writers import check_shard_bytes
 
 PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
@@ -235,7 +237,15 @@ def _summary(name: str, out: Path) -> dict:
 
 
 def build_all(cfg: BuildConfig, log=print) -> list[dict]:
-    refuse_url(cfg.cache_dir, "--cache-dir")
+    if is_url(cfg.cache_dir) and not cfg.cache_dir.startswith("file://"):
+        # built in a local staging directory, then uploaded, every meta.json last (niels_gpt/storage);
+        # the tokenizer already at the URL, if any, is fetched first so the caches keep using it
+        with staged_output(cfg.cache_dir, prefetch=("tokenizer",)) as local:
+            rows = build_all(dataclasses.replace(cfg, cache_dir=str(local)), log)
+        log(f"uploaded to {cfg.cache_dir}")
+        return rows
+    if cfg.cache_dir.startswith("file://"):
+        cfg = dataclasses.replace(cfg, cache_dir=cfg.cache_dir[len("file://"):])
     check_seed(cfg.seed)
     check_shard_bytes(cfg.shard_bytes, "--shard-bytes")
     unknown = sorted(set(cfg.only) - set(ALL))

@@ -50,3 +50,7 @@ class OutOfSpaceError(NielsGPTError):
     def __init__(self, errno: int, message: str):
         super().__init__(message)
         self.errno = errno
+
+
+class StorageError(NielsGPTError):
+    """A remote store (s3://, gs://, hf://, http(s)://) failed to serve or accept a file, after retries."""

@@ -1,5 +1,7 @@
 """No command turns a URL into a local path: each one that writes local files refuses `s3://...` with a clear
-error and leaves no `s3:` directory behind (convert's own test is in tests/formats/test_peer_semantics.py)."""
+error and leaves no `s3:` directory behind (convert's own test is in tests/formats/test_peer_semantics.py);
+the builders that upload (build-all, the Python builders, pack-sft; tests/storage) refuse a scheme they
+cannot write before building anything."""
 
 import pytest
 
@@ -9,7 +11,6 @@ URL = "s3://bucket/out"
 
 
 @pytest.mark.parametrize("args, flag", [
-    (["build-all", "--sample", "--only", "wikitext", "--cache-dir", URL], "--cache-dir"),
     (["train-tokenizer", "--sample", "--cache-dir", URL], "--cache-dir"),
     (["download", "--base-url", "http://127.0.0.1:9/x", "--out-dir", URL, "-n", "1"], "--out-dir"),
     (["train", "cache-demo/none", "--out-dir", URL], "--out-dir"),
@@ -30,14 +31,24 @@ def test_dist_build_refuses_a_url_output(tmp_path, monkeypatch, capsys, tokenize
     assert not (tmp_path / "s3:").exists()
 
 
-def test_the_python_builders_refuse_a_url(tmp_path, monkeypatch, tokenizer):
+def test_builders_refuse_a_url_they_cannot_write_and_write_nothing_locally(tmp_path, monkeypatch, tokenizer, capsys):
     from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
     from niels_gpt.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="out_dir 's3://bucket/out' is a URL"):
-        build_pretrain_cache(["x"], URL, tokenizer=tokenizer, max_train_tokens=10, max_val_tokens=0,
+    bad = "nosuch://bucket/out"
+    with pytest.raises(ConfigError, match="nosuch://bucket/out: the URL scheme 'nosuch' is not supported"):
+        build_pretrain_cache(["x"], bad, tokenizer=tokenizer, max_train_tokens=10, max_val_tokens=0,
                              shard_bytes=1 << 20, seed=0, shuffle_buffer=None)
-    with pytest.raises(ConfigError, match="out_dir 's3://bucket/out' is a URL"):
-        build_sft_cache([], URL, tokenizer=tokenizer, val_frac=0.0, seed=0)
-    assert not (tmp_path / "s3:").exists()
+    with pytest.raises(ConfigError, match="http://h/out: http:// is read-only"):
+        build_sft_cache([], "http://h/out", tokenizer=tokenizer, val_frac=0.0, seed=0)
+    assert main(["build-all", "--sample", "--only", "wikitext", "--cache-dir", bad]) == 1
+    assert "the URL scheme 'nosuch' is not supported" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_names_a_url_data_argument(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "s3://bucket/cache/pretrain/wikitext", "--out-dir", "run"]) == 1
+    assert "DATA 's3://bucket/cache/pretrain/wikitext' is a URL: train reads a local cache" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -40,8 +40,8 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
+from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
-from niels_gpt.urls import refuse_url
 from niels_gpt.writers import (
     SHARD_PATTERN,
     Budgeted,
@@ -143,6 +143,7 @@ def _in_order(pool, tokenizer, batches, window: int):
         yield future.result(), n_done
 
 
+@writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def build_pretrain_cache(
     texts: Iterable[str] | SplitTexts,
     out_dir: str,
@@ -183,7 +184,6 @@ def build_pretrain_cache(
                           "give either a positive budget (--max-train-tokens / --max-val-tokens)")
     check_seed(seed)
     check_shard_bytes(shard_bytes)
-    refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
     budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(_resolve_dtype(tokenizer, token_dtype)).itemsize
     with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
@@ -308,6 +308,7 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
             f"val when draws[k] < {val_frac!r}, else to train")
 
 
+@writes_to_url
 def build_sft_cache(
     examples: Iterable[list[Message]],
     out_dir: str,
@@ -335,7 +336,6 @@ def build_sft_cache(
     if not 0.0 <= val_frac < 1.0:
         raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
     check_seed(seed)
-    refuse_url(out_dir, "out_dir")
     final = Path(out_dir)
     with build_aside(final) as out:
         dtype = _resolve_dtype(tokenizer, token_dtype)

@@ -56,7 +56,7 @@ def add_build_all(sub) -> None:
 
 
 def _add_common_flags(p, d) -> None:
-    p.add_argument("--cache-dir", default=d.cache_dir, help="root of the caches")
+    p.add_argument("--cache-dir", default=d.cache_dir, help="root of the caches: a directory or a URL (s3://, gs://, hf://, memory://; built locally, then uploaded)")
     p.add_argument("--seed", type=seed_arg, default=d.seed, help="seed of every split and shuffle (torch RNG)")
     p.add_argument("--sample", action="store_true", help="point every source at the bundled sample corpus (offline)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (they show only on a terminal)")

@@ -22,6 +22,11 @@
   `prefetch_windows`), until a batch finds everything cached again (faster than WARM_GATHER_S).
   A warm cache pays only two clock reads per batch.
 - On CUDA, x and y are built in pinned memory and copied with non_blocking=True.
+- A URL (`s3://bucket/cache/train`, see niels_gpt/storage) reads the cache through a local mirror:
+  each batch's draws are made first, the shards they reach are downloaded (once, checked against
+  meta.json), the generator is rewound and the batch gathered from the mirrored shards, so batches
+  and generator states equal the local cache's. Once every shard of the split is mirrored, the
+  dataset maps them like a local cache (same kernel, same speed).
 
 Cost (2 cores, warm page cache, 1 thread; `bench/bench_cache_readers.py`): see the figure at
 `get_batch`.
@@ -40,6 +45,8 @@ from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
 from niels_gpt.cache.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.base import file_order
+from niels_gpt.storage.remote import open_location, split_url
+from niels_gpt.urls import is_url
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
 WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
@@ -53,12 +60,17 @@ class PretrainTokenStreamDataset:
         """
         if not isinstance(T, int) or T < 1:
             raise ConfigError(f"T must be a positive int, got {T!r}")
+        self.remote = None
+        if is_url(shards_dir):
+            parent, split = split_url(shards_dir)
+            local, self.remote = open_location(parent)
+            shards_dir = local / split
         self.shards_dir = Path(shards_dir)
         self.T = T
         self.device = torch.device(device)
         self.split = self.shards_dir.name
         self.cache_dir = self.shards_dir.parent
-        if not self.shards_dir.is_dir():
+        if self.remote is None and not self.shards_dir.is_dir():
             raise CacheError(f"{self.shards_dir}: no such shard directory")
         self.meta = read_meta(str(self.cache_dir))
         if self.meta.get("kind") != "pretrain" or not self.meta.get("built", True):
@@ -67,7 +79,10 @@ class PretrainTokenStreamDataset:
         self.dtype = numpy_dtype(self.meta["token_dtype"])
         prefix = f"{self.split}/"
         listed = {rel[len(prefix):]: rec for rel, rec in self.meta["files"].items() if rel.startswith(prefix)}
-        raise_on_problems(check_files(self.cache_dir, self.meta, only=self.split), self.cache_dir)
+        problems = check_files(self.cache_dir, self.meta, only=self.split)
+        if self.remote is not None:  # not mirrored yet is not a problem: fetched on first use
+            problems = [p for p in problems if ": missing (meta lists" not in p]
+        raise_on_problems(problems, self.cache_dir)
         on_disk = {p.name for p in self.shards_dir.glob("shard_*.bin")}
         extra = sorted(on_disk - set(listed))
         if extra:
@@ -87,6 +102,7 @@ class PretrainTokenStreamDataset:
         self._n_starts = int(self.cum_starts[-1])
         self._views: list[np.ndarray] | None = None
         self._flat: np.ndarray | None = None
+        self._remote_views: dict[int, tuple[int, np.ndarray]] = {}
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +146,7 @@ class PretrainTokenStreamDataset:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_views"] = state["_flat"] = None  # each process maps the shards itself
+        state["_remote_views"] = {}
         return state
 
     def sample_starts(self, B: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +182,10 @@ class PretrainTokenStreamDataset:
         # numpy path: ~44 and ~38 us (gather ~17, cast to int64 x and y ~20), 0.35-0.45x the limit.
         if B < 1:
             raise ConfigError(f"B must be >= 1, got {B}")
+        if self.remote is not None and self._views is None:
+            batch = self._remote_batch(B, generator)
+            if batch is not None:
+                return batch
         self._open()
         if self._flat is None:
             return to_device_xy(self.gather(*self.sample_starts(B, generator)), self.device)
@@ -184,6 +205,33 @@ class PretrainTokenStreamDataset:
         waited = time.perf_counter() - t0
         self._cold = waited > (WARM_GATHER_S if self._cold else COLD_GATHER_S)
         return to_device_xy(windows, self.device)
+
+    def _remote_batch(self, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Fetch the shards this batch reaches; None once every shard is mirrored (then the local path
+        runs, from the same generator state), else the batch gathered shard by shard."""
+        state = generator.get_state()
+        shard, local = self.sample_starts(B, generator)
+        needed = {f"{self.split}/{self.shard_names[k]}" for k in np.unique(shard)}
+        paths = {int(k): self.remote.fetch(f"{self.split}/{self.shard_names[k]}", keep=needed)
+                 for k in np.unique(shard)}
+        rels = [f"{self.split}/{n}" for n in self.shard_names]
+        if all(self.remote.has(r) for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
+            for r in rels:  # shards too short for a window are mapped too, never drawn
+                self.remote.fetch(r, keep=set(rels))
+            self._remote_views = {}
+            generator.set_state(state)
+            return None
+        for k in list(self._remote_views):  # evicted: let the mapping go
+            if k not in paths and not (self.shards_dir / self.shard_names[k]).exists():
+                del self._remote_views[k]
+        out = np.empty((B, self.T + 1), dtype=self.dtype)
+        for k, path in paths.items():
+            ino = path.stat().st_ino
+            if self._remote_views.get(k, (None,))[0] != ino:  # first use, or fetched again after eviction
+                self._remote_views[k] = (ino, window_view(open_tokens(path, self.dtype), self.T + 1))
+            rows = np.flatnonzero(shard == k)
+            out[rows] = self._remote_views[k][1][local[rows]]
+        return to_device_xy(out, self.device)
 
     def _native_batch(self, native, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor]:
         """get_batch through the C kernel: the same draws and rows as the numpy path, one pass."""

@@ -12,6 +12,8 @@
 - The span mask is computed from the ids alone (`assistant_span_mask`), vectorised over the batch:
   literal special strings in user text never become special ids, so the ids cannot lie about spans.
 - One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
+- URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
+  the offsets are downloaded and checked on open, the token file on the first batch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from niels_gpt.cache.meta import check_files, load_checked_npy, raise_on_problem
 from niels_gpt.cache.mmap import numpy_dtype, open_tokens, window_view
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.storage.remote import open_location, split_url
+from niels_gpt.urls import is_url
 
 
 def assistant_span_mask(seqs: np.ndarray, asst_id: int, eot_id: int) -> np.ndarray:
@@ -65,6 +69,14 @@ class SFTExampleDataset:
         """
         if not isinstance(T, int) or T < 1:
             raise ConfigError(f"T must be a positive int, got {T!r}")
+        self.remote = None
+        if is_url(tokens_path) or is_url(idx_path):
+            (tok_dir, tok_name), (idx_dir, idx_name) = split_url(tokens_path), split_url(idx_path)
+            if tok_dir != idx_dir:
+                raise ConfigError(f"{tokens_path} and {idx_path}: the tokens and offsets of one split live in "
+                                  "one cache directory; give both from the same one")
+            local, self.remote = open_location(tok_dir)
+            tokens_path, idx_path = local / tok_name, local / idx_name
         self.tokens_path, self.idx_path = Path(tokens_path), Path(idx_path)
         self.T, self.device, self.eot_id = T, torch.device(device), int(eot_id)
         self.cache_dir = self.tokens_path.parent
@@ -79,8 +91,15 @@ class SFTExampleDataset:
         self.dtype = numpy_dtype(self.meta["token_dtype"])
         names = {self.tokens_path.name, self.idx_path.name}
         problems = [p for p in check_files(self.cache_dir, self.meta) if Path(p.split(":")[0]).name in names]
+        if self.remote is not None:  # fetched on first use; size and sha256 checked then
+            self.remote.fetch(self.idx_path.name)
+            problems = [p for p in problems if ": missing (meta lists" not in p]
         raise_on_problems(problems, self.cache_dir)
-        self.num_tokens = self.tokens_path.stat().st_size // self.dtype.itemsize
+        rec = self.meta["files"].get(self.tokens_path.name)
+        if self.remote is not None and rec is None:
+            raise CacheError(f"{self.remote.url}/meta.json does not list {self.tokens_path.name}")
+        size = rec["bytes"] if self.remote is not None else self.tokens_path.stat().st_size
+        self.num_tokens = size // self.dtype.itemsize
         offsets = load_checked_npy(self.idx_path, self.meta["files"].get(self.idx_path.name), "offsets")
         self.offsets = _check_offsets(offsets, self.num_tokens, self.idx_path)
         if len(self.offsets) == 0:
@@ -99,6 +118,8 @@ class SFTExampleDataset:
 
     def _open(self) -> np.ndarray:
         if self._tokens is None:
+            if self.remote is not None:
+                self.remote.fetch(self.tokens_path.name)
             self._tokens = open_tokens(self.tokens_path, self.dtype)
             W = self.T + 1
             self._rows = window_view(self._tokens, W) if len(self._tokens) >= W else None

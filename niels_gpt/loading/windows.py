@@ -10,6 +10,10 @@ no window crosses a shard end.
     Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
     cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
 
+A URL as `cache_dir` (niels_gpt/storage) reads through a local mirror: meta.json on open, each
+shard downloaded the first time an index reaches it, so a rank or worker fetches only its shards;
+lengths, order, fingerprint and resume state are those of the local cache.
+
 Memmaps are opened lazily per process and never pickled (a pickled memmap copies its contents
 into every DataLoader worker). Cost: one memmap slice and one int64 copy of T+1 tokens per item.
 """
@@ -27,16 +31,20 @@ from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.base import file_order
 from niels_gpt.loading.state import fingerprint
+from niels_gpt.storage.remote import open_location
 
 
-def _split_files(cache_dir: Path, split: str) -> tuple[dict, list[Path]]:
+def _split_files(cache_dir: Path, split: str, remote=None) -> tuple[dict, list[Path]]:
     from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
 
     meta = read_meta(str(cache_dir))
     if meta.get("kind") != "pretrain":
         raise CacheError(f"{cache_dir}/meta.json: kind {meta.get('kind')!r}, expected 'pretrain' "
                          "(indexed windows read pretraining caches)")
-    raise_on_problems(check_files(cache_dir, meta, only=split), cache_dir)
+    problems = check_files(cache_dir, meta, only=split)
+    if remote is not None:  # not mirrored yet is not a problem: fetched on first use
+        problems = [p for p in problems if ": missing (meta lists" not in p]
+    raise_on_problems(problems, cache_dir)
     names = sorted((rel for rel in meta["files"] if rel.startswith(f"{split}/") and rel.endswith(".bin")),
                    key=file_order)
     if not names:
@@ -54,12 +62,14 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
     def __init__(self, cache_dir: str | os.PathLike, T: int, *, split: str = "train"):
         if T < 1:
             raise ConfigError(f"T={T}: the window length must be at least 1")
-        self.cache_dir, self.T, self.split = Path(cache_dir), int(T), split
-        meta, self.paths = _split_files(self.cache_dir, split)
+        local, self.remote = open_location(cache_dir)
+        self.cache_dir, self.T, self.split = local, int(T), split
+        meta, self.paths = _split_files(self.cache_dir, split, self.remote)
         self.dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
         counts = []
         for p in self.paths:
-            n_tok = meta["files"][f"{split}/{p.name}"].get("tokens", p.stat().st_size // self.dtype.itemsize)
+            rec = meta["files"][f"{split}/{p.name}"]
+            n_tok = rec["tokens"] if "tokens" in rec else rec["bytes"] // self.dtype.itemsize
             counts.append(max(n_tok - 1, 0) // self.T)
         self.cumulative = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         if self.cumulative[-1] == 0:
@@ -84,9 +94,22 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         shard, offset = self.locate(int(index))
+        if self.remote is not None:
+            return self._remote_item(shard, offset)
         if self._maps is None:
             self._maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
         window = torch.from_numpy(self._maps[shard][offset:offset + self.T + 1].astype(np.int64))
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+    def _remote_item(self, shard: int, offset: int) -> dict:
+        """The same window, its shard fetched on first use (and mapped again if it was evicted since)."""
+        path = self.remote.fetch(f"{self.split}/{self.paths[shard].name}")
+        if self._maps is None:
+            self._maps = [None] * len(self.paths)
+        ino = path.stat().st_ino
+        if self._maps[shard] is None or self._maps[shard][0] != ino:
+            self._maps[shard] = (ino, np.memmap(path, dtype=self.dtype, mode="r"))
+        window = torch.from_numpy(self._maps[shard][1][offset:offset + self.T + 1].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __getstate__(self):

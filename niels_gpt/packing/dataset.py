@@ -13,6 +13,9 @@
 
 Every item is a dict: `input_ids` int32[L], `loss_mask` uint8[L], `seq_boundaries` int64[S+1]
 (the sequence starts, then L), the shape of Megatron-Bridge's packed dataset items.
+
+`shard_dir` may be an fsspec URL (s3://, gs://, hf://, http(s)://): the shard is mirrored into the
+local cache of niels_gpt/storage on open, every array checked against the manifest's sha256.
 """
 
 from __future__ import annotations
@@ -33,6 +36,19 @@ class PackedMemmapDataset(Dataset):
     """One memmap_padded_v1 shard directory as a map-style dataset of packed bins."""
 
     def __init__(self, shard_dir):
+        from niels_gpt.urls import is_url
+
+        if is_url(shard_dir) and not str(shard_dir).startswith("file://"):
+            # a URL: the five arrays are mirrored locally (niels_gpt/storage), each checked against the
+            # manifest's size and sha256 once, then read like a local shard
+            from niels_gpt.storage.remote import RemoteCache
+
+            remote = RemoteCache(str(shard_dir), marker=MANIFEST_NAME)
+            for rel in sorted(remote.records):
+                remote.fetch(rel, keep=set(remote.records))
+            shard_dir = remote.local_dir
+        elif str(shard_dir).startswith("file://"):
+            shard_dir = str(shard_dir)[len("file://"):]
         self.shard_dir = str(shard_dir)
         self.manifest = read_manifest(shard_dir)
         self._paths = {k: str(v) for k, v in check_headers(shard_dir, self.manifest).items()}

@@ -28,9 +28,10 @@ from niels_gpt.packing.algorithms import (
 )
 from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
 from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
-from niels_gpt.packing.remote import local_path_of, write_then_upload
+from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.seeds import check_seed
+from niels_gpt.storage.upload import local_path_of
 
 ON_OVERFLOW = ("truncate", "reject")
 DEFAULT_ON_OVERFLOW = "truncate"

@@ -30,7 +30,7 @@ from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.seeds import check_seed
 from niels_gpt.train.model import GPT, GPTConfig
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
-from niels_gpt.urls import refuse_url
+from niels_gpt.urls import is_url, refuse_url
 
 CHECKPOINT_VERSION = 1
 
@@ -208,6 +208,10 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     from niels_gpt.train.data import TrainData
 
     refuse_url(cfg.out_dir, "--out-dir")
+    if data is None and any(is_url(d) for d in str(cfg.data).split(",")):
+        raise ConfigError(f"DATA {cfg.data!r} is a URL: train reads a local cache (and finds its tokenizer beside "
+                          "it); copy the cache down, or read it in Python with PretrainTokenStreamDataset or "
+                          "IndexedWindowDataset, which take URLs (docs/storage.md)")
     rank, world, device = setup_distributed(cfg.device)
     master = rank == 0
     say = log if master else (lambda *a, **k: None)

@@ -1,0 +1,92 @@
+"""fsspec filesystems for cache URLs, with one clear error per thing that can be missing.
+
+- `filesystem(url, write=...)` -> (fs, root path without the scheme). fsspec and the scheme's backend
+  are imported only here, only when a URL is used.
+- A scheme whose backend is not installed names the extra that brings it (`pip install 'niels_gpt[s3]'`);
+  an unknown scheme lists the supported ones; `http(s)://` is read-only and refused for writing.
+- `with_retries(fn, what)` retries a storage call on transient errors (connection resets, timeouts,
+  throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+
+from niels_gpt.errors import ConfigError, StorageError
+
+# scheme -> the extra of niels_gpt that installs its fsspec backend (None: fsspec itself has it)
+SCHEMES = {
+    "file": None, "memory": None,
+    "s3": "s3", "s3a": "s3",
+    "gs": "gcs", "gcs": "gcs",
+    "hf": None,  # huggingface_hub comes with datasets
+    "http": "http", "https": "http",
+}
+READ_ONLY = {"http", "https"}
+RETRIES = 4
+BACKOFF_S = 0.5
+
+
+def scheme_of(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def filesystem(url: str, *, write: bool = False):
+    """(fsspec filesystem, path inside it) for `url`; a clear ConfigError when it cannot be served."""
+    scheme = scheme_of(url)
+    if scheme not in SCHEMES:
+        raise ConfigError(f"{url}: the URL scheme {scheme!r} is not supported; use one of "
+                          f"{', '.join(s + '://' for s in sorted(SCHEMES))} or a local path")
+    if write and scheme in READ_ONLY:
+        raise ConfigError(f"{url}: {scheme}:// is read-only; write the cache to a local directory or to "
+                          "s3://, gs://, hf://, memory://, and serve it over HTTP from there")
+    extra = SCHEMES[scheme]
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise ConfigError(f"{url}: reading or writing URLs needs fsspec: pip install "
+                          f"'niels_gpt[{extra or 'cloud'}]'") from exc
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise ConfigError(f"{url}: the {scheme}:// backend is not installed ({exc}); pip install "
+                          f"'niels_gpt[{extra}]'") from exc
+    return fs, root.rstrip("/") or root
+
+
+def join(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{rel.lstrip('/')}" if rel else root
+
+
+LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try: the network or the server, not a missing file or a full local disk."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int) and status >= 400:
+        return status >= 500 or status in (408, 429)
+    if isinstance(exc, OSError) and exc.errno in LOCAL_ERRNOS:
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        return True
+    name = type(exc).__name__
+    return any(k in name for k in ("Timeout", "Connection", "Throttl", "ClientPayload", "ServerDisconnected"))
+
+
+def with_retries(fn, what: str, *, retries: int = RETRIES, backoff_s: float = BACKOFF_S):
+    """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist."""
+    for attempt in range(1, retries + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            if attempt == retries:
+                raise StorageError(f"{what}: failed {retries} times, last with {type(exc).__name__}: {exc}; "
+                                   "check the endpoint and credentials, then rerun") from exc
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")

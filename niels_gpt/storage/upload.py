@@ -1,0 +1,140 @@
+"""Writing a cache to a URL: build it locally, upload every file, the commit markers last.
+
+    with staged_output("s3://bucket/caches/wikitext") as local:   # a fresh local directory
+        build_something(local)                                    # the ordinary local build
+    # on success: uploaded; on an exception: nothing uploaded, the staging directory removed
+
+- Memory maps and the build-aside swap need a local POSIX directory, so a remote output is built in a
+  temporary staging directory (under $NIELS_GPT_STAGING, else the system's temporary directory), then
+  uploaded with `upload_tree`.
+- `upload_tree` first withdraws the markers already at the destination (meta.json, manifest.json,
+  niels_receipt.json) that this upload will replace, then copies every data file, then the markers.
+  A reader that sees a marker sees every file it lists; an upload killed at any moment leaves no
+  marker for the new data (and an old cache that was being replaced reads as incomplete, never as a
+  mix of old and new files).
+- Each file is retried on transient errors (`fs.with_retries`).
+- `file://` and plain paths are written in place, with no staging and no copy.
+
+Cost: one local copy of the output and one upload of every byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from niels_gpt.storage.fs import filesystem, join, with_retries
+from niels_gpt.urls import is_url
+
+MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
+STAGING_ENV = "NIELS_GPT_STAGING"
+
+
+def local_path_of(out) -> str | None:
+    """The local path `out` stands for (a plain path or a file:// URL), or None for a remote URL."""
+    out = os.fspath(out)
+    if not is_url(out):
+        return out
+    if out.startswith("file://"):
+        return out[len("file://"):]
+    return None
+
+
+def _files(local_dir: Path) -> list[str]:
+    """Relative paths of the files to upload: no temporaries of an interrupted write, no build locks."""
+    rels = []
+    for root, dirs, files in os.walk(local_dir):
+        dirs[:] = sorted(d for d in dirs if ".tmp-" not in d and ".old-" not in d)
+        for name in sorted(files):
+            if ".tmp-" in name or name.endswith(".lock"):
+                continue
+            rels.append(os.path.relpath(os.path.join(root, name), local_dir).replace(os.sep, "/"))
+    return rels
+
+
+def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Copy the files under `local_dir` to `url` (sub-directories kept), commit markers last.
+
+    `skip`: relative paths that are already at `url` unchanged. Returns the remote paths written.
+    """
+    if fs is None:
+        fs, root = filesystem(url, write=True)
+    else:
+        root = fs._strip_protocol(url)
+    local_dir = Path(local_dir)
+    rels = [r for r in _files(local_dir) if r not in skip]
+    markers = [r for r in rels if r.rsplit("/", 1)[-1] in MARKERS]
+    data = [r for r in rels if r not in markers]
+    # deepest marker first: a tree's own top-level marker (if any) is the very last file written
+    markers.sort(key=lambda r: (-r.count("/"), r))
+    for rel in markers:  # withdraw what this upload replaces, before any data changes under it
+        remote = join(root, rel)
+        if with_retries(lambda remote=remote: fs.exists(remote), f"{url}/{rel}"):
+            with_retries(lambda remote=remote: fs.rm_file(remote), f"removing {url}/{rel}")
+    written = []
+    for rel in data + markers:
+        remote = join(root, rel)
+        parent = remote.rsplit("/", 1)[0]
+        with contextlib.suppress(Exception):  # object stores have no directories; local ones need them
+            fs.makedirs(parent, exist_ok=True)
+        with_retries(lambda rel=rel, remote=remote: fs.put_file(os.fspath(local_dir / rel), remote),
+                     f"uploading {local_dir / rel} to {url}/{rel}")
+        written.append(remote)
+    return written
+
+
+@contextlib.contextmanager
+def staged_output(url, *, prefetch: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Yield a local directory to build into; upload it to `url` when the block succeeds.
+
+    A local path or file:// URL is yielded as is. `prefetch`: sub-directories of `url` to download into
+    the staging directory first when they exist there (the tokenizer a build reuses); they are uploaded
+    again only if the build changed them.
+    """
+    local = local_path_of(url)
+    if local is not None:
+        yield Path(local)
+        return
+    fs, root = filesystem(str(url), write=True)  # refuse an unknown or read-only scheme before building
+    base = Path(tempfile.mkdtemp(prefix="niels_gpt_stage_", dir=os.environ.get(STAGING_ENV) or None))
+    # the staging directory carries the output's name: builders record it (dataset_name defaults to it)
+    stage = base / (str(url).rstrip("/").rsplit("/", 1)[-1] or "out")
+    try:
+        stage.mkdir()
+        unchanged = {}
+        for sub in prefetch:
+            remote = join(root, sub)
+            if not with_retries(lambda remote=remote: fs.exists(join(remote, MARKERS[0])), f"{url}/{sub}"):
+                continue
+            with_retries(lambda remote=remote, sub=sub: fs.get(remote + "/", os.fspath(stage / sub) + "/",
+                                                              recursive=True), f"downloading {url}/{sub}")
+            for rel in _files(stage):
+                if rel.startswith(sub + "/"):
+                    st = (stage / rel).stat()
+                    unchanged[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        yield stage
+        same = set()
+        for rel, sig in unchanged.items():
+            with contextlib.suppress(OSError):
+                st = (stage / rel).stat()
+                if (st.st_size, st.st_mtime_ns, st.st_ino) == sig:
+                    same.add(rel)
+        upload_tree(stage, str(url), fs=fs, skip=frozenset(same))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def writes_to_url(fn):
+    """Let a builder `fn(first, out_dir, ...)` take an fsspec URL as out_dir: staged, then uploaded."""
+    @functools.wraps(fn)
+    def wrapper(first, out_dir, *args, **kwargs):
+        if not is_url(out_dir):
+            return fn(first, out_dir, *args, **kwargs)
+        with staged_output(out_dir) as local:
+            return fn(first, str(local), *args, **kwargs)
+    return wrapper
