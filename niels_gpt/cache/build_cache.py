@@ -39,7 +39,10 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
-from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
+from niels_gpt.tokenizer.base import (
+    Message,  # noqa: F401  (the contract's Message type lives here too)
+    document_separator,
+)
 from niels_gpt.urls import refuse_url
 from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
 
@@ -52,6 +55,8 @@ VAL_FRAC = 0.10
 ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
 SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
               "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
+SPLIT_RULE_BOS = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
+                  "max_train_tokens; the document crossing a budget keeps its BOS and its first (room - 1) tokens")
 
 
 class SplitTexts(NamedTuple):
@@ -178,7 +183,8 @@ def build_pretrain_cache(
     final = Path(out_dir)
     with build_aside(final) as out:
         dtype = _resolve_dtype(tokenizer, token_dtype)
-        eot = tokenizer.special_ids["eot"]
+        separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each document
+        eot = separator.id
         check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
         workers = (os.cpu_count() or 1) if num_workers is None else num_workers
         if workers < 1:
@@ -186,7 +192,7 @@ def build_pretrain_cache(
         _start_build(out, ["train", "val"])
         skipped: Counter = Counter()
         writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
-        sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
+        sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
@@ -254,13 +260,14 @@ def build_pretrain_cache(
                              seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
                              streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
                              skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
-                             budgets=(max_train_tokens, max_val_tokens))
+                             budgets=(max_train_tokens, max_val_tokens), separator=separator)
         write_meta(str(out), meta)
 
 
 def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
                   dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
-                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets) -> dict:
+                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
+                  separator=None) -> dict:
     """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
     distributed build's commit write the same one)."""
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
@@ -271,10 +278,12 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
     meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
     meta.update({
         "kind": "pretrain",
-        "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
+        "split_rule": ("the source's own train/val split" if own_split
+                       else SPLIT_RULE_BOS if separator is not None and separator.position == "before" else SPLIT_RULE),
         "shard_bytes": shard_bytes,
         "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "document_separator": (separator.describe() if separator is not None
+                               else {"token": "eot", "id": eot, "position": "after every document"}),
         "totals": totals,
         "files": records,
         "cuts": {s: sinks[s].cut for s in ("train", "val")},
