@@ -13,7 +13,10 @@ Pretraining (`build_pretrain_cache`), one pass over the documents:
 
 SFT (`build_sft_cache`): each conversation is rendered (sentinel, content, EOT per message), sent to
 val with probability `val_frac` (torch RNG, one draw per usable example, in stream order) and
-appended to `{split}_tokens.bin`; its start offset goes to `{split}_idx.npy` (int64).
+appended to `{split}_tokens.bin`; its start offset goes to `{split}_idx.npy` (int64). A tokenizer with
+its own chat template (niels_gpt.tokenizer.chat) renders with it instead; its ids carry no sentinel to
+find the assistant spans by, so the mask is stored beside the tokens: `{split}_mask.bin`, one uint8 per
+token (1 = a trained target), aligned with `{split}_tokens.bin`.
 """
 
 from __future__ import annotations
@@ -340,7 +343,11 @@ def build_sft_cache(
         _start_build(out, [])
         gen = torch.Generator().manual_seed(seed)
         skipped: Counter = Counter()
+        stored_mask = not getattr(tokenizer, "library_conventions", True)
         files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
+        if stored_mask:
+            files.update({f"{s}_mask": HashingFile(out / f"{s}_mask.bin") for s in ("train", "val")})
+        trained = {"train": 0, "val": 0}
         offsets: dict[str, list[int]] = {"train": [], "val": []}
         tokens = {"train": 0, "val": 0}
         draws: list[float] = []
@@ -352,19 +359,28 @@ def build_sft_cache(
                     skipped[reason] += 1
                     continue
                 try:
-                    ids = np.asarray(tokenizer.render_chat(conv).ids, dtype=np.int64)
+                    chat = tokenizer.render_chat(conv)
                 except ConfigError as exc:
                     raise ConfigError(f"{dataset_name or final.name} example {i}: {exc}") from exc
+                ids = np.asarray(chat.ids, dtype=np.int64)
                 check_range(ids, dtype, f"example {i}")
+                if stored_mask and not any(chat.mask):
+                    skipped["no_trained_token"] += 1
+                    continue
                 if not draws:
                     draws = torch.rand(SFT_DRAW_BLOCK, generator=gen, dtype=torch.float64).tolist()[::-1]
                 split = "val" if draws.pop() < val_frac else "train"
                 offsets[split].append(tokens[split])
                 files[split].write(ids.astype(dtype))
+                if stored_mask:
+                    files[f"{split}_mask"].write(np.asarray(chat.mask, dtype=np.uint8))
+                    trained[split] += int(sum(chat.mask))
                 tokens[split] += len(ids)
             records = {}
             for s in ("train", "val"):
                 records[f"{s}_tokens.bin"] = {**files[s].close(), "tokens": tokens[s]}
+                if stored_mask:
+                    records[f"{s}_mask.bin"] = {**files[f"{s}_mask"].close(), "trained_tokens": trained[s]}
                 idx_path = out / f"{s}_idx.npy"
                 with atomic_path(idx_path) as tmp:
                     with open(tmp, "wb") as f:
@@ -385,14 +401,21 @@ def build_sft_cache(
             "kind": "sft",
             "split_rule": sft_split_rule(seed, val_frac),
             "val_frac": val_frac,
-            "rendering": "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT",
+            "rendering": (CHAT_TEMPLATE_RENDERING if stored_mask else
+                          "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT"),
             "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
                        "train_tokens": tokens["train"], "val_tokens": tokens["val"]},
             "files": records,
             "skipped": all_skipped(skipped, meta["source"]),
             "build": {"val_frac": val_frac, "seed": seed},
         })
+        if stored_mask:
+            meta["assistant_mask"] = {"file": "{split}_mask.bin", "dtype": "uint8", "meaning": "1 = trained target"}
         write_meta(str(out), meta)
+
+
+CHAT_TEMPLATE_RENDERING = ("the tokenizer's chat template (niels_gpt.tokenizer.chat); trained tokens = the text each "
+                           "assistant message adds (content + the template's end of turn), stored in {split}_mask.bin")
 
 
 def _unusable(conv) -> str | None:

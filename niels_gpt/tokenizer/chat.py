@@ -2,8 +2,10 @@
 
 The template is rendered the way `transformers`' `apply_chat_template` renders it (a sandboxed jinja2
 environment, trim_blocks and lstrip_blocks, `raise_exception`, a `tojson` filter that keeps non-ASCII,
-`messages`, `bos_token`, `eos_token`, `add_generation_prompt`), then encoded with special tokens parsed
-(the template writes them as text).
+`messages`, `bos_token`, `eos_token`, `add_generation_prompt`), then encoded whole with special tokens
+parsed (the template writes them as text), so the ids are those the model's own tooling produces. NOTE: as
+with apply_chat_template, a special token's text typed inside a message's content becomes that special id;
+contents are not escaped, since templates may transform them (trim, prefix) before writing them.
 
 The trained span of assistant message k is the text that message adds to the conversation:
 
