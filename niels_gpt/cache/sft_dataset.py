@@ -120,6 +120,14 @@ class SFTExampleDataset:
         """The full token ids of example i (a view of the memory map)."""
         return self._open()[self.offsets[i]:self.ends[i]]
 
+    def trained(self, i: int) -> np.ndarray:
+        """Bool per token of example i: whether it is a trained target (stored mask, else the span rule)."""
+        if self.mask_path is None:
+            return assistant_span_mask(np.asarray(self.example(i)), self.asst_id, self.eot_id)
+        if self._mask is None:
+            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
+        return self._mask[self.offsets[i]:self.ends[i]].astype(bool)
+
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """(len(indices), T+1) int64: examples truncated or EOT-padded; padding marked by -1 first."""
         w, valid = self._windows(np.asarray(indices))

@@ -67,6 +67,14 @@ def test_sft_cache_with_a_template_stores_the_mask_and_the_dataset_trains_on_it(
         assert kept == expected[:len(kept)] and kept
     x, y, ym = ds.get_batch(B=4, generator=torch.Generator().manual_seed(0))
     assert torch.equal(x[:, 1:], y[:, :-1])
+    assert ds.trained(0).tolist() == tok.render_chat(convs[0]).mask
+
+    from niels_gpt.report import inspect_path, verify_outputs
+
+    shown = inspect_path(str(tmp_path / "sft"), tokenizer=str(hf_dir), window=64)
+    assert "⟦Blue.<|eot|>\n⟧user" in shown.replace("⟧⟦", "")
+    problems, checked, _ = verify_outputs(str(tmp_path / "sft"))
+    assert problems == [] and checked == 1
 
 
 def test_sft_cache_with_library_tokenizer_has_no_mask_file(tmp_path, tokenizer):
