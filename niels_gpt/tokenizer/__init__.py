@@ -66,6 +66,8 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
 
         if is_tiktoken_spec(path):
             return TiktokenTokenizer(path, **options)
+        if is_hub_id(str(path)):
+            return load_tokenizer(hub_tokenizer_dir(str(path)), **options)
     if p.is_dir():
         if (p / MODEL_NAME).is_file() and not (p / "meta.json").is_file():
             raise TokenizerError(f"{p}: {MODEL_NAME} without meta.json: an interrupted train-tokenizer (it withdraws "
@@ -87,6 +89,30 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
         tok = SentencePieceTokenizer(p, **options)
     check_recorded_sha256(tok, p)
     return tok
+
+
+HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"]
+
+
+def is_hub_id(text: str) -> bool:
+    """`owner/name` with no file suffix: a Hugging Face hub repository (when no such local path exists)."""
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not Path(text).suffix and not text.startswith(".")
+
+
+def hub_tokenizer_dir(repo_id: str) -> Path:
+    """The local snapshot of a hub tokenizer's files (downloaded once into the Hugging Face cache)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - datasets depends on huggingface_hub
+        raise TokenizerError(f"{repo_id}: a hub tokenizer needs `huggingface_hub` (pip install huggingface_hub)") from exc
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as exc:  # offline, unknown repository, gated repository: the hub's own message
+        raise TokenizerError(f"{repo_id}: no such local path, and the Hugging Face hub repository could not be "
+                             f"fetched ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                             "download its tokenizer.json and tokenizer_config.json into a directory and pass "
+                             "that") from exc
 
 
 def check_tokenizer_matches(tok: Tokenizer, recorded: str | None, what) -> None:

@@ -155,3 +155,31 @@ def test_bos_separator_from_the_command_line_is_recorded(tmp_path, corpus_dir, b
     meta = read_meta(str(tmp_path / "c"))
     assert meta["document_separator"]["position"] == "before every document"
     assert meta["tokenizer"]["options"] == {"bos": "<|im_start|>", "separator": "bos"}
+
+
+def test_a_dataset_id_is_streamed_with_its_config_and_split(tmp_path, monkeypatch, bpe_json):
+    """The hub is out of reach here: the id's stream is a local Parquet file streamed by `datasets` itself."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import niels_gpt.sources.base as base
+
+    texts = docs(4)
+    pq.write_table(pa.table({"content": texts}), tmp_path / "hub.parquet")
+    calls = []
+
+    def open_stream(path_or_id, what, *, streaming=True, **kwargs):
+        calls.append((path_or_id, streaming, kwargs))
+        return datasets.load_dataset("parquet", data_files=str(tmp_path / "hub.parquet"), split="train", streaming=True)
+
+    monkeypatch.setattr(base, "open_stream", open_stream)
+    tok = load_tokenizer(bpe_json)
+    meta = build_corpus(["someone/corpus"], str(tmp_path / "c"), tokenizer=tok, text_field="content",
+                        hf_config="en", split="validation")
+    assert calls == [("someone/corpus", True, {"name": "en", "split": "validation"})]
+    assert shard_tokens(tmp_path / "c") == [i for t in texts for i in tok.encode(t) + [tok.separator.id]]
+    assert meta["dataset_config"] == "en" and meta["streaming"] is True
+    pq.write_table(pa.table({"content": [1]}), tmp_path / "hub.parquet")
+    with pytest.raises(SourceError, match=r"someone/corpus, record 0: field 'content' is int, not text"):
+        build_corpus(["someone/corpus"], str(tmp_path / "c2"), tokenizer=tok, text_field="content")

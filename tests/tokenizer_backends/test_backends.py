@@ -151,3 +151,44 @@ def test_tiktoken_encoding_name_opens_a_registered_encoding(monkeypatch, tiktoke
     assert tok.backend == "tiktoken" and tok.model_path == "sample_base"
     assert tok.encode(TEXT) == load_tokenizer(bpe_json).encode(TEXT)
     assert pickle.loads(pickle.dumps(tok)).sha256 == tok.sha256 == load_tokenizer("sample_base").sha256
+
+
+def test_hub_id_resolves_to_a_local_snapshot_and_loads_like_a_directory(monkeypatch, hf_dir):
+    import niels_gpt.tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module, "hub_tokenizer_dir", lambda repo_id: hf_dir)  # the hub's snapshot
+    tok = load_tokenizer("someone/chat-model")
+    assert tok.chat_template is not None and tok.separator.id == tok.token_to_id("<|im_end|>")
+
+
+def test_unreachable_hub_id_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TokenizerError, match=r"someone/missing-model: no such local path, and the Hugging Face hub "
+                                             r"repository could not be fetched"):
+        load_tokenizer("someone/missing-model")
+
+
+def test_vocabulary_above_65535_is_stored_as_uint32(tmp_path):
+    """A real .tiktoken file of 65,792 ranks (every byte, then every byte pair, last first): ids above 65,535
+    (pairs starting with a NUL byte) reach the cache."""
+    pytest.importorskip("tiktoken")
+    import base64
+
+    from niels_gpt.cache.build_cache import build_pretrain_cache
+
+    pairs = [bytes([a, b]) for a in range(256) for b in range(256)][::-1]
+    tokens = [bytes([i]) for i in range(256)] + pairs
+    path = tmp_path / "wide.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens)))
+    tok = load_tokenizer(path)
+    assert len(tok) == 65_793 and tok.token_dtype == np.dtype("<u4")
+    text = "\x00a\x00b wide ids"
+    build_pretrain_cache([text], str(tmp_path / "c"), tokenizer=tok, max_train_tokens=1000, max_val_tokens=0,
+                         shard_bytes=1 << 20, seed=0, shuffle_buffer=None)
+    ids = np.fromfile(tmp_path / "c" / "train" / "shard_00000.bin", dtype="<u4").tolist()
+    assert ids == tok.encode(text) + [65_792] and max(ids[:-1]) > 65_535
+    assert tok.decode(ids) == text
