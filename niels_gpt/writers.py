@@ -115,8 +115,12 @@ class Budgeted:
     turns a planned batch into tokens, range-checks and writes them; it runs on the writer thread.
     """
 
-    def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str):
+    def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str,
+                 position: str = "after"):
+        # position "before": the separator (a BOS) starts every document instead of ending it; a cut
+        # document then keeps its BOS and its first room - 1 content tokens
         self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
+        self.before = position == "before"
         self._typecode = next(c for c in "HIL" if array.array(c).itemsize == dtype.itemsize)
         self.documents = 0
         self.planned = 0
@@ -146,7 +150,7 @@ class Budgeted:
     def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
         from niels_gpt._native import gather as native
 
-        if any(isinstance(d, np.ndarray) for d in docs):  # a long document, encoded piecewise (encode.py)
+        if self.before or any(isinstance(d, np.ndarray) for d in docs):  # a long document (encode.py), or BOS-first
             self._write_arrays(docs, keep_last, first_doc)
             return
         if native is not None and isinstance(docs, list):
@@ -191,9 +195,9 @@ class Budgeted:
             if len(a) and (int(a.min()) < 0 or int(a.max()) > limit):
                 check_range(a.astype(np.int64), self.dtype, f"{self.name} document {first_doc + j}")
             if j == len(docs) - 1 and keep_last < len(a) + 1:
-                a = a[:keep_last - 1]  # the cut document keeps keep_last - 1 tokens and its EOT
-            pieces.append(a.astype(self.dtype, copy=False))
-            pieces.append(np.array([self.eot], dtype=self.dtype))
+                a = a[:keep_last - 1]  # the cut document keeps keep_last - 1 tokens and its separator
+            sep = np.array([self.eot], dtype=self.dtype)
+            pieces += [sep, a.astype(self.dtype, copy=False)] if self.before else [a.astype(self.dtype, copy=False), sep]
         self.writer.write(np.concatenate(pieces))
 
 

@@ -90,10 +90,14 @@ def check_schema(meta: dict, where: str) -> None:
             raise CacheError(f"{where}: special_token_ids {ids} must be distinct ids below vocab_size {vocab}; "
                              "the meta.json was edited or damaged: rebuild the cache")
     sep = meta.get("document_separator")
-    if isinstance(sep, dict) and isinstance(ids, dict) and "id" in sep and sep["id"] != ids.get(sep.get("token", "eot")):
-        raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not special_token_ids."
-                         f"{sep.get('token', 'eot')} ({ids.get(sep.get('token', 'eot'))!r}); the meta.json was "
-                         "edited or damaged: rebuild the cache")
+    if isinstance(sep, dict) and isinstance(ids, dict) and "id" in sep:
+        token = sep.get("token", "eot")
+        # a BOS separator (prepended to each document) is recorded with the tokenizer, not among the chat ids
+        expected = ids.get(token) if token != "bos" else (meta.get("tokenizer") or {}).get("bos_id")
+        field = f"special_token_ids.{token}" if token != "bos" else "tokenizer.bos_id"
+        if sep["id"] != expected:
+            raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not {field} ({expected!r}); the "
+                             "meta.json was edited or damaged: rebuild the cache")
 
 
 def sha256_file(path: str) -> str:
