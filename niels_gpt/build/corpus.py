@@ -63,9 +63,12 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
     name = name or Path(out).name
     config = src.dataset_config
     if chat:
-        if val_tokens is not None:
-            raise ConfigError("--val-tokens applies to pretraining caches; an SFT cache (--chat) is split by "
-                              "example with --val-frac")
+        unused = [flag for flag, set_ in (("--val-tokens", val_tokens is not None), ("--max-tokens", max_tokens != ALL_TOKENS),
+                                          ("--shuffle-buffer", bool(shuffle_buffer)), ("--shard-bytes", shard_bytes != SHARD_BYTES))
+                  if set_]
+        if unused:
+            raise ConfigError(f"{', '.join(unused)} apply to pretraining caches; an SFT cache (--chat) keeps every "
+                              "example in stream order and is split by example with --val-frac")
         build_sft_cache(src.iter_conversations(), out, tokenizer=tokenizer,
                         val_frac=SFT_VAL_FRAC if val_frac is None else val_frac, seed=seed, dataset_name=name,
                         dataset_config=config, streaming=bool(src.dataset_id), source=src.describe,

@@ -131,6 +131,15 @@ def test_chat_messages_build_an_sft_cache_with_the_template_mask(tmp_path, hf_di
     assert tok.decode(trained, skip_special_tokens=False) == texts[1] + "<|im_end|>\n"
 
 
+def test_pretraining_flags_are_refused_with_chat(tmp_path, hf_dir):
+    from niels_gpt.errors import ConfigError
+
+    (tmp_path / "c.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"--val-tokens, --shuffle-buffer apply to pretraining caches"):
+        build_corpus([tmp_path / "c.jsonl"], str(tmp_path / "s"), tokenizer=load_tokenizer(hf_dir), chat=True,
+                     val_tokens=10, shuffle_buffer=100)
+
+
 def test_chat_columns_make_one_user_and_one_assistant_turn(tmp_path, hf_dir):
     import csv
 
@@ -183,3 +192,12 @@ def test_a_dataset_id_is_streamed_with_its_config_and_split(tmp_path, monkeypatc
     pq.write_table(pa.table({"content": [1]}), tmp_path / "hub.parquet")
     with pytest.raises(SourceError, match=r"someone/corpus, record 0: field 'content' is int, not text"):
         build_corpus(["someone/corpus"], str(tmp_path / "c2"), tokenizer=tok, text_field="content")
+
+
+def test_progress_eta_is_sized_by_input_bytes_where_they_match_the_text(corpus_dir):
+    from niels_gpt.sources.corpus import corpus
+
+    d, _ = corpus_dir
+    plain = [d / "a.jsonl", d / "g.md"]
+    assert corpus(plain).input_bytes() == sum(p.stat().st_size for p in plain)
+    assert corpus([d]).input_bytes() is None  # compressed and columnar files: no byte-sized ETA
