@@ -129,7 +129,9 @@ def read_items(kind: str, path: Path) -> list[np.ndarray]:
     info = detect_format(path)
     out = []
     for leaf in (info.splits.values() if info.splits else [info]):
-        out += [np.asarray(tf.open()) for tf in leaf.token_files]
+        # copies, not memmaps: the corruption loop rewrites these files in place, and a mapping that outlives
+        # a one-byte truncation at a page boundary raises SIGBUS on its last page
+        out += [np.array(tf.open()) for tf in leaf.token_files]
         out.append(np.array([-1 if v is None else v for v in (leaf.eot_id, leaf.bos_id, leaf.vocab_size)]))
     return out
 
