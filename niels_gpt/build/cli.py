@@ -24,7 +24,7 @@ def register(sub) -> None:
                        "local processes or a Ray cluster (byte-identical to a one-process build)")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="files or directories (.jsonl/.json: one document per line; .parquet; .txt/.raw: one per file)")
-    p.add_argument("--out", required=True, help="cache directory to write (train/, val/, meta.json)")
+    p.add_argument("--out", required=True, help="cache directory to write (train/, val/, meta.json), or an fsspec URL (committed locally, then uploaded)")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory or model file (every worker opens it by path)")
     p.add_argument("--max-tokens", type=_int, default=ALL_TOKENS, help="train token budget (default: all)")
     p.add_argument("--val-tokens", type=_int, default=MAX_VAL_TOKENS, help="val token budget (the first documents)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -114,8 +115,11 @@ def _write(job: list, eot: int, dtype: np.dtype) -> None:
 def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_tokens: int, max_val_tokens: int,
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
            streaming: bool = False, source: dict | None = None,
-           on_tokens: Callable[[int], None] | None = None) -> dict:
+           on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
+
+    `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
+    name is the recorded dataset name, as for the one-process builder).
 
     Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest).
     """
@@ -158,7 +162,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
         for w in writers.values():
             w.abort()
         raise
-    meta = pretrain_meta(tokenizer, dtype, out, writers=writers, sinks=sinks, records=records, eot=eot, seed=seed,
+    meta = pretrain_meta(tokenizer, dtype, Path(final) if final is not None else out, writers=writers, sinks=sinks, records=records, eot=eot, seed=seed,
                          dataset_name=dataset_name, dataset_config=dataset_config, streaming=streaming,
                          source=source, own_split=False, exhausted=exhausted, skipped=skipped,
                          shard_bytes=shard_bytes, shuffle_buffer=None, budgets=(max_train_tokens, max_val_tokens))

@@ -34,7 +34,9 @@ from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_d
 from niels_gpt.build.tasks import load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
 from niels_gpt.seeds import check_seed
-from niels_gpt.urls import refuse_url
+from niels_gpt.staging import build_aside
+from niels_gpt.storage.upload import local_path_of, staged_output
+from niels_gpt.urls import is_url, refuse_url
 from niels_gpt.writers import check_shard_bytes
 
 WORK_DIR_NAME = ".dist-build"
@@ -116,11 +118,23 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     t0 = time.perf_counter()
-    refuse_url(out_dir, "--out")
     check_shard_bytes(shard_bytes, "--shard-bytes")
     check_seed(seed)
     if work_dir is not None:
         refuse_url(work_dir, "--work-dir")
+    if is_url(out_dir) and local_path_of(out_dir) is None:
+        # the commit runs into a local staging directory that is then uploaded, meta.json last
+        # (niels_gpt/storage); tasks' parts stay in the (local or shared) work directory
+        with staged_output(out_dir) as local:
+            summary = dist_build(inputs, local, tokenizer=tokenizer, max_train_tokens=max_train_tokens,
+                                 max_val_tokens=max_val_tokens, shard_bytes=shard_bytes, seed=seed,
+                                 executor=executor, workers=workers, ray_address=ray_address, retries=retries,
+                                 task_bytes=task_bytes, text_field=text_field, hf=hf, dataset_name=dataset_name,
+                                 shuffle_buffer=shuffle_buffer, work_dir=work_dir, keep_parts=keep_parts,
+                                 progress=progress, log=log)
+        return {**summary, "out": str(out_dir)}
+    if local_path_of(out_dir) is not None:
+        out_dir = local_path_of(out_dir)
     tok = load_tokenizer(tokenizer)
     out = Path(out_dir)
     plan = make_plan(inputs, tokenizer=tok, task_bytes=task_bytes, text_field=text_field, hf=hf)
@@ -152,8 +166,16 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0}
     bar = Progress(len(plan.tasks), len(reused), progress)
     args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work))
+    # The commit writes a staging directory beside `out` under the output's lock and swaps it in whole
+    # (niels_gpt/staging.py): a failed or killed build leaves the old cache, and the receipts in a work
+    # directory inside it, as they were; a second build of the same output is refused naming the holder.
     try:
-        meta = commit(work, _ordered_receipts(plan, reused, ex, args, bar, counters), out, **common)
+        with build_aside(out) as stage:
+            meta = commit(work, _ordered_receipts(plan, reused, ex, args, bar, counters), stage, final=out,
+                          **common)
+            if keep_parts and work.parent == out.resolve():
+                os.rename(work, stage / work.name)  # kept parts move with the cache being swapped in
+                work = out.resolve() / work.name
     finally:
         ex.cancel()
         ex.close()

@@ -236,3 +236,32 @@ def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_
     with pytest.raises(TokenizerError, match="the plan was made with 0000000000000000…; give every node the same"):
         run_task(plan.tasks[0].to_json(), "text", tokenizer.model_path, "0" * 64, str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_rebuild_leaves_the_finished_cache_as_it_was(corpus, tokenizer, tree, tmp_path):
+    out = tmp_path / "c"
+    kw = settings(20_000, 2_000, 1 << 20)
+    dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
+    before = tree(out)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": 5}\n', encoding="utf-8")
+    with pytest.raises(SourceError, match=r"bad\.jsonl, line 2"):
+        dist_build([bad, *corpus["paths"]], out, tokenizer=tokenizer.model_path, executor="inprocess",
+                   task_bytes=40_000, **kw)
+    assert tree(out) == before  # the commit ran into a staging directory that was never swapped in
+    assert not list(tmp_path.glob("c.tmp-*")) and not list(tmp_path.glob("c.old-*"))
+
+
+def test_a_url_output_is_uploaded_byte_identical_with_meta_json_last(corpus, tokenizer, tree, tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    kw = settings(20_000, 2_000, 1 << 20)
+    local = tmp_path / "mine"
+    dist_build(corpus["paths"], local, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
+    url = "memory://dist-build-test/mine"
+    summary = dist_build(corpus["paths"], url, tokenizer=tokenizer.model_path, executor="inprocess",
+                         work_dir=tmp_path / "work", task_bytes=40_000, **kw)
+    assert summary["out"] == url
+    fs = fsspec.filesystem("memory")
+    remote = {p.split("/mine/", 1)[1]: fs.cat(p) for p in fs.find("/dist-build-test/mine")}
+    assert remote == tree(local)
+    assert not any(".dist-build" in p for p in remote)
