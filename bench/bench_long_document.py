@@ -30,7 +30,7 @@ def child(mb: int, tokenizer: str, out: str) -> None:
     base = (SHARED / "tinyshakespeare" / "input.txt").read_text("utf-8").replace("\n", " ")
     text = (base * (mb * 2**20 // len(base) + 1))[: mb * 2**20]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    build_pretrain_cache([text], out, tokenizer=tok, max_train_tokens=10**12, max_val_tokens=0, seed=0,
+    build_pretrain_cache([text], out, tokenizer=tok, max_train_tokens=10**12, max_val_tokens=0, seed=0, shard_bytes=128 << 20,
                          shuffle_buffer=None, progress=False, num_workers=1)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"mb": mb, "before": before, "peak": peak}))
@@ -57,7 +57,9 @@ def main() -> None:
         print(f"{'document':>10} {'RSS before':>11} {'peak RSS':>10} {'extra/size':>10}")
         for mb in args.mb:
             out = subprocess.run([sys.executable, __file__, "--child", str(mb), str(tok), f"{tmp}/c{mb}"],
-                                 check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                 capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if out.returncode != 0:
+                sys.exit(f"the {mb} MB build failed:\n{out.stderr}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             extra = (r["peak"] - r["before"]) / (mb * 2**20)
             print(f"{mb:>7} MB {r['before'] / 2**20:>8.0f} MB {r['peak'] / 2**20:>7.0f} MB {extra:>9.1f}x")

@@ -28,13 +28,14 @@ from niels_gpt.cache.build_cache import (
     build_sft_cache,
 )
 from niels_gpt.cache.meta import read_meta, write_meta
-from niels_gpt.errors import ConfigError, NielsGPTError
+from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
-from niels_gpt.tokenizer import MODEL_NAME, TrainSettings, load_tokenizer, train_tokenizer
+from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.urls import is_url, refuse_url
+from niels_gpt.writers import check_shard_bytes
 
 PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
 SFT = ("dolly15k", "oasst1")
@@ -158,6 +159,12 @@ def build_tokenizer(cfg: BuildConfig) -> dict:
         if cfg.tokenizer:
             src = Path(cfg.tokenizer)
             tok = load_tokenizer(src)
+            if not tok.library_conventions:
+                raise TokenizerError(f"{src}: build-all's caches use the library's four chat tokens (special token "
+                                     f"{SPECIAL_TOKENS['eot']!r} and the three role sentinels), which this tokenizer "
+                                     "lacks; add them with niels_gpt.tokenizer.hf.add_special_tokens_to, or build "
+                                     "with build_pretrain_cache / build_sft_cache, which keep the tokenizer's own "
+                                     "conventions")
             # a tokenizer.json stays a tokenizer.json: load_tokenizer opens a directory by its file name
             name = "tokenizer.json" if Path(tok.model_path).suffix == ".json" else MODEL_NAME
             with atomic_path(stage / name) as tmp:
@@ -246,6 +253,7 @@ def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     if cfg.cache_dir.startswith("file://"):
         cfg = dataclasses.replace(cfg, cache_dir=cfg.cache_dir[len("file://"):])
     check_seed(cfg.seed)
+    check_shard_bytes(cfg.shard_bytes, "--shard-bytes")
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")

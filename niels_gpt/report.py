@@ -313,13 +313,13 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
         ids = ds.gather(np.array([0]), np.array([0]))[0]
         lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
     else:
-        from niels_gpt.cache.sft_dataset import SFTExampleDataset, assistant_span_mask
+        from niels_gpt.cache.sft_dataset import SFTExampleDataset
 
         split = "train" if meta["totals"]["train_examples"] else "val"
         ds = SFTExampleDataset(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=window,
                                device="cpu", eot_id=meta["special_token_ids"]["eot"])
         ids = np.asarray(ds.example(0))
-        mask = assistant_span_mask(ids, ds.asst_id, ds.eot_id)
+        mask = ds.trained(0)
         lines += ["", f"{split} example 0 ({len(ids)} tokens; trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):",
                   show_tokens(tok, ids, mask)]
     return "\n".join(lines)

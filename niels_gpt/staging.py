@@ -102,8 +102,11 @@ def recover(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def build_aside(out: str | os.PathLike) -> Iterator[Path]:
-    """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds."""
+def build_aside(out: str | os.PathLike, needs: int | None = None) -> Iterator[Path]:
+    """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds.
+
+    `needs`, where the builder can bound its output (token budgets x token size), goes into the error
+    that a full disk raises."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: a file, not a directory; choose another output path")
@@ -127,7 +130,7 @@ def build_aside(out: str | os.PathLike) -> Iterator[Path]:
             written = max(tree_bytes(stage), free_at_start - _free_bytes(stage))
             shutil.rmtree(stage, ignore_errors=True)
             if exc.errno in SPACE_ERRNOS:
-                raise out_of_space(exc, out, written) from exc
+                raise out_of_space(exc, out, written, free_at_start, needs) from exc
             raise
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
@@ -163,16 +166,19 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def out_of_space(exc: OSError, out: Path, written: int) -> OutOfSpaceError:
+def out_of_space(exc: OSError, out: Path, written: int, free_at_start: int | None = None,
+                 needs: int | None = None) -> OutOfSpaceError:
     """One line for a full disk: where, what was written before it filled, what is free, what is needed."""
     free = _free_bytes(out.parent) if out.parent.exists() else None
     why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
     free_text = "" if free is None else f"; {human_bytes(free)} free there now"
-    need = f"this output needs more than {human_bytes(written)}" if written else "not even its first file fit"
+    floor = max(written, free_at_start or 0)
+    need = f"it needed more than {human_bytes(floor)}" if floor else "it needed more than was free"
+    if needs and needs > floor:
+        need += f" (up to {human_bytes(needs)} for its token budgets)"
     name = f" (writing {Path(exc.filename).name})" if getattr(exc, "filename", None) else ""
-    return OutOfSpaceError(exc.errno, f"{out}: {why}{name} after writing {human_bytes(written)}; the partial "
-                           f"output was removed and the previous one, if any, is untouched{free_text}; {need}: "
-                           "free space or choose another location")
+    return OutOfSpaceError(exc.errno, f"{out}: {why}{name}; {need}; the partial output was removed and the "
+                           f"previous one, if any, is untouched{free_text}: free space or choose another location")
 
 
 def swap_in(stage: Path, out: Path) -> None:

@@ -49,10 +49,22 @@ class HashingFile:
             os.unlink(self.tmp)
 
 
+MIN_SHARD_BYTES = 512  # smaller shards only multiply files: 2-byte shards made 100,000+ files of one token
+
+
+def check_shard_bytes(shard_bytes: int, flag: str = "shard_bytes") -> None:
+    """Refuse shard sizes below MIN_SHARD_BYTES (every builder and `convert` call this before writing)."""
+    if not isinstance(shard_bytes, int) or shard_bytes < MIN_SHARD_BYTES:
+        raise ConfigError(f"{flag}={shard_bytes}: shards must hold at least {MIN_SHARD_BYTES} bytes (tiny shards only "
+                          "multiply files: a 1 GB cache in 2-byte shards is 500 million files); the default is "
+                          "128MiB, and 64MiB-512MiB suits most file systems")
+
+
 class ShardWriter:
     """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard."""
 
     def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int):
+        check_shard_bytes(shard_bytes)
         self.dir, self.dtype = split_dir, dtype
         self.capacity = shard_bytes // dtype.itemsize
         if self.capacity < 1:
@@ -103,8 +115,12 @@ class Budgeted:
     turns a planned batch into tokens, range-checks and writes them; it runs on the writer thread.
     """
 
-    def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str):
+    def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str,
+                 position: str = "after"):
+        # position "before": the separator (a BOS) starts every document instead of ending it; a cut
+        # document then keeps its BOS and its first room - 1 content tokens
         self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
+        self.before = position == "before"
         self._typecode = next(c for c in "HIL" if array.array(c).itemsize == dtype.itemsize)
         self.documents = 0
         self.planned = 0
@@ -134,7 +150,7 @@ class Budgeted:
     def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
         from niels_gpt._native import gather as native
 
-        if any(isinstance(d, np.ndarray) for d in docs):  # a long document, encoded piecewise (encode.py)
+        if self.before or any(isinstance(d, np.ndarray) for d in docs):  # a long document (encode.py), or BOS-first
             self._write_arrays(docs, keep_last, first_doc)
             return
         if native is not None and isinstance(docs, list):
@@ -179,9 +195,9 @@ class Budgeted:
             if len(a) and (int(a.min()) < 0 or int(a.max()) > limit):
                 check_range(a.astype(np.int64), self.dtype, f"{self.name} document {first_doc + j}")
             if j == len(docs) - 1 and keep_last < len(a) + 1:
-                a = a[:keep_last - 1]  # the cut document keeps keep_last - 1 tokens and its EOT
-            pieces.append(a.astype(self.dtype, copy=False))
-            pieces.append(np.array([self.eot], dtype=self.dtype))
+                a = a[:keep_last - 1]  # the cut document keeps keep_last - 1 tokens and its separator
+            sep = np.array([self.eot], dtype=self.dtype)
+            pieces += [sep, a.astype(self.dtype, copy=False)] if self.before else [a.astype(self.dtype, copy=False), sep]
         self.writer.write(np.concatenate(pieces))
 
 

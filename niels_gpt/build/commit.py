@@ -26,6 +26,7 @@ from niels_gpt.build.tasks import parts_dir
 from niels_gpt.cache.build_cache import ENCODE_BATCH_DOCS, _start_build, pretrain_meta
 from niels_gpt.cache.meta import write_meta
 from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.tokenizer.base import append_separator
 from niels_gpt.writers import Budgeted, ShardWriter, check_range
 
 
@@ -123,7 +124,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
             raise ConfigError(f"{name} must be >= 0, got {value}")
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
-    eot = tokenizer.special_ids["eot"]
+    eot = append_separator(tokenizer)
     check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
     _start_build(out, ["train", "val"])
     skipped: Counter = Counter()

@@ -33,7 +33,9 @@ from niels_gpt.build.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_exe
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
 from niels_gpt.build.tasks import load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
+from niels_gpt.seeds import check_seed
 from niels_gpt.urls import refuse_url
+from niels_gpt.writers import check_shard_bytes
 
 WORK_DIR_NAME = ".dist-build"
 
@@ -115,6 +117,8 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     t0 = time.perf_counter()
     refuse_url(out_dir, "--out")
+    check_shard_bytes(shard_bytes, "--shard-bytes")
+    check_seed(seed)
     if work_dir is not None:
         refuse_url(work_dir, "--work-dir")
     tok = load_tokenizer(tokenizer)

@@ -258,7 +258,7 @@ def task_documents(task: Task, text_field: str) -> Iterator[str]:
         raise ConfigError(f"task {task.id}: unknown kind {task.kind!r}; the plan was written by another version")
 
 
-def _as_text(value, record: str, text_field: str) -> str:
+def _as_text(value, record, text_field: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -280,20 +280,49 @@ def _jsonl_documents(path: Path, start: int, stop: int, text_field: str) -> Iter
         pos = end + 1
         if not raw.strip():
             continue  # a blank line is no record
-        record = f"{path}, line at byte {offset}"
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise invalid_utf8_error(path, offset + e.start, record=f"the line starting at byte {offset}",
+            raise invalid_utf8_error(path, offset + e.start, line=_line_number(path, offset),
                                      reason=e.reason) from e
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SourceError(f"{record}: not valid JSON ({e.msg} at column {e.colno}); fix or remove "
-                              "this line") from e
+            raise SourceError(f"{_record(path, offset)}: not valid JSON ({e.msg} at column {e.colno}); fix or "
+                              "remove this line") from e
         if not isinstance(row, dict):
-            raise SourceError(f"{record}: expected a JSON object per line, got {type(row).__name__}")
-        yield _as_text(check_field(row, text_field, record), record, text_field)
+            raise SourceError(f"{_record(path, offset)}: expected a JSON object per line, got {type(row).__name__}")
+        if text_field not in row:
+            check_field(row, text_field, _record(path, offset))
+        yield _as_text(row[text_field], LazyRecord(path, offset), text_field)
+
+
+def _line_number(path: Path, offset: int) -> int:
+    """1-based number of the line that starts at byte `offset` (counted only when an error names it)."""
+    newlines = 0
+    with open(path, "rb") as f:
+        remaining = offset
+        while remaining > 0:
+            chunk = f.read(min(remaining, 1 << 24))
+            if not chunk:
+                break
+            newlines += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return newlines + 1
+
+
+def _record(path: Path, offset: int) -> str:
+    return f"{path}, line {_line_number(path, offset)}"
+
+
+class LazyRecord:
+    """A record's name, formatted (line counted) only if an error message uses it."""
+
+    def __init__(self, path: Path, offset: int):
+        self.path, self.offset = path, offset
+
+    def __str__(self) -> str:
+        return _record(self.path, self.offset)
 
 
 def _parquet_documents(path: Path, start: int, stop: int, text_field: str) -> Iterator[str]:

@@ -31,6 +31,7 @@ from niels_gpt.atomic import atomic_path, write_bytes_atomic
 from niels_gpt.build.plan import Task, task_documents
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, TokenizerError
+from niels_gpt.tokenizer.base import append_separator
 from niels_gpt.writers import Budgeted, HashingFile
 
 # Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
@@ -62,7 +63,7 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
     t = Task(**task)
     tok = _tokenizer(tokenizer_path, tokenizer_sha256)
     dtype = np.dtype(tok.token_dtype)
-    eot = tok.special_ids["eot"]
+    eot = append_separator(tok)
     parts = parts_dir(work_dir)
     parts.mkdir(parents=True, exist_ok=True)
     out = HashingFile(parts / f"{t.id}.bin")

@@ -13,7 +13,10 @@ Pretraining (`build_pretrain_cache`), one pass over the documents:
 
 SFT (`build_sft_cache`): each conversation is rendered (sentinel, content, EOT per message), sent to
 val with probability `val_frac` (torch RNG, one draw per usable example, in stream order) and
-appended to `{split}_tokens.bin`; its start offset goes to `{split}_idx.npy` (int64).
+appended to `{split}_tokens.bin`; its start offset goes to `{split}_idx.npy` (int64). A tokenizer with
+its own chat template (niels_gpt.tokenizer.chat) renders with it instead; its ids carry no sentinel to
+find the assistant spans by, so the mask is stored beside the tokens: `{split}_mask.bin`, one uint8 per
+token (1 = a trained target), aligned with `{split}_tokens.bin`.
 """
 
 from __future__ import annotations
@@ -34,24 +37,37 @@ import torch
 from niels_gpt.atomic import atomic_path, remove_stale_temporaries
 from niels_gpt.cache.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
 from niels_gpt.cache.mmap import meta_token_dtype
+from niels_gpt.constants import SEED  # noqa: F401  (re-exported under its old name)
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
-from niels_gpt.tokenizer.base import Message  # noqa: F401  (the contract's Message type lives here too)
-from niels_gpt.writers import SHARD_PATTERN, Budgeted, HashingFile, ShardWriter, WriterPipeline, check_range
+from niels_gpt.tokenizer.base import (
+    Message,  # noqa: F401  (the contract's Message type lives here too)
+    document_separator,
+)
+from niels_gpt.writers import (
+    SHARD_PATTERN,
+    Budgeted,
+    HashingFile,
+    ShardWriter,
+    WriterPipeline,
+    check_range,
+    check_shard_bytes,
+)
 
 SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
-SEED = 42
 SHUFFLE_BUFFER = None
 VAL_FRAC = 0.10
 ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
 SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
               "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
+SPLIT_RULE_BOS = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
+                  "max_train_tokens; the document crossing a budget keeps its BOS and its first (room - 1) tokens")
 
 
 class SplitTexts(NamedTuple):
@@ -175,10 +191,13 @@ def build_pretrain_cache(
         raise ConfigError(f"{out_dir}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
                           "give either a positive budget (--max-train-tokens / --max-val-tokens)")
     check_seed(seed)
+    check_shard_bytes(shard_bytes)
     final = Path(out_dir)
-    with build_aside(final) as out:
+    budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(_resolve_dtype(tokenizer, token_dtype)).itemsize
+    with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
         dtype = _resolve_dtype(tokenizer, token_dtype)
-        eot = tokenizer.special_ids["eot"]
+        separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each document
+        eot = separator.id
         check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
         workers = (os.cpu_count() or 1) if num_workers is None else num_workers
         if workers < 1:
@@ -186,7 +205,7 @@ def build_pretrain_cache(
         _start_build(out, ["train", "val"])
         skipped: Counter = Counter()
         writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
-        sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
+        sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
@@ -254,27 +273,31 @@ def build_pretrain_cache(
                              seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
                              streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
                              skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
-                             budgets=(max_train_tokens, max_val_tokens))
+                             budgets=(max_train_tokens, max_val_tokens), separator=separator)
         write_meta(str(out), meta)
 
 
 def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
                   dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
-                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets) -> dict:
+                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
+                  separator=None) -> dict:
     """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
     distributed build's commit write the same one)."""
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
     totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
     if totals["train_tokens"] + totals["val_tokens"] == 0:
-        raise ConfigError(f"no tokens for {final}: the input had no non-empty document "
-                          f"(skipped: {dict(skipped) or 'none'}); check the source")
+        read = ", ".join((source or {}).get("files") or []) or (source or {}).get("dataset_id") or "the documents given"
+        raise ConfigError(f"no tokens for {final}: {read} had no non-empty document "
+                          f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
     meta = _common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source)
     meta.update({
         "kind": "pretrain",
-        "split_rule": ("the source's own train/val split" if own_split else SPLIT_RULE),
+        "split_rule": ("the source's own train/val split" if own_split
+                       else SPLIT_RULE_BOS if separator is not None and separator.position == "before" else SPLIT_RULE),
         "shard_bytes": shard_bytes,
         "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "document_separator": (separator.describe() if separator is not None
+                               else {"token": "eot", "id": eot, "position": "after every document"}),
         "totals": totals,
         "files": records,
         "cuts": {s: sinks[s].cut for s in ("train", "val")},
@@ -331,7 +354,11 @@ def build_sft_cache(
         _start_build(out, [])
         gen = torch.Generator().manual_seed(seed)
         skipped: Counter = Counter()
+        stored_mask = not getattr(tokenizer, "library_conventions", True)
         files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
+        if stored_mask:
+            files.update({f"{s}_mask": HashingFile(out / f"{s}_mask.bin") for s in ("train", "val")})
+        trained = {"train": 0, "val": 0}
         offsets: dict[str, list[int]] = {"train": [], "val": []}
         tokens = {"train": 0, "val": 0}
         draws: list[float] = []
@@ -343,19 +370,28 @@ def build_sft_cache(
                     skipped[reason] += 1
                     continue
                 try:
-                    ids = np.asarray(tokenizer.render_chat(conv).ids, dtype=np.int64)
+                    chat = tokenizer.render_chat(conv)
                 except ConfigError as exc:
                     raise ConfigError(f"{dataset_name or final.name} example {i}: {exc}") from exc
+                ids = np.asarray(chat.ids, dtype=np.int64)
                 check_range(ids, dtype, f"example {i}")
+                if stored_mask and not any(chat.mask):
+                    skipped["no_trained_token"] += 1
+                    continue
                 if not draws:
                     draws = torch.rand(SFT_DRAW_BLOCK, generator=gen, dtype=torch.float64).tolist()[::-1]
                 split = "val" if draws.pop() < val_frac else "train"
                 offsets[split].append(tokens[split])
                 files[split].write(ids.astype(dtype))
+                if stored_mask:
+                    files[f"{split}_mask"].write(np.asarray(chat.mask, dtype=np.uint8))
+                    trained[split] += int(sum(chat.mask))
                 tokens[split] += len(ids)
             records = {}
             for s in ("train", "val"):
                 records[f"{s}_tokens.bin"] = {**files[s].close(), "tokens": tokens[s]}
+                if stored_mask:
+                    records[f"{s}_mask.bin"] = {**files[f"{s}_mask"].close(), "trained_tokens": trained[s]}
                 idx_path = out / f"{s}_idx.npy"
                 with atomic_path(idx_path) as tmp:
                     with open(tmp, "wb") as f:
@@ -376,14 +412,21 @@ def build_sft_cache(
             "kind": "sft",
             "split_rule": sft_split_rule(seed, val_frac),
             "val_frac": val_frac,
-            "rendering": "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT",
+            "rendering": (CHAT_TEMPLATE_RENDERING if stored_mask else
+                          "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT"),
             "totals": {"train_examples": len(offsets["train"]), "val_examples": len(offsets["val"]),
                        "train_tokens": tokens["train"], "val_tokens": tokens["val"]},
             "files": records,
             "skipped": all_skipped(skipped, meta["source"]),
             "build": {"val_frac": val_frac, "seed": seed},
         })
+        if stored_mask:
+            meta["assistant_mask"] = {"file": "{split}_mask.bin", "dtype": "uint8", "meaning": "1 = trained target"}
         write_meta(str(out), meta)
+
+
+CHAT_TEMPLATE_RENDERING = ("the tokenizer's chat template (niels_gpt.tokenizer.chat); trained tokens = the text each "
+                           "assistant message adds (content + the template's end of turn), stored in {split}_mask.bin")
 
 
 def _unusable(conv) -> str | None:

@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.cache.meta import META_NAME, TOKEN_DTYPES, read_meta
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
 
-SPLITS = ("train", "val")
 SHARD_GLOB = "shard_*.bin"
 EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)
 FORMATS = ("niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron")

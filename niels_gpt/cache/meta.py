@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import META_NAME, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, IncompleteCacheError
 
-META_NAME = "meta.json"
 FORMAT_VERSION = 1
 
 # The contract's fields ("each meta.json must include at least"), per kind of cache.
@@ -32,7 +32,6 @@ REQUIRED_TOTALS: dict[str, tuple[str, ...]] = {
     "pretrain": ("train_tokens", "val_tokens"),
     "sft": ("train_examples", "val_examples"),
 }
-TOKEN_DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
 
 
 def meta_path(path: str | os.PathLike) -> Path:
@@ -91,10 +90,14 @@ def check_schema(meta: dict, where: str) -> None:
             raise CacheError(f"{where}: special_token_ids {ids} must be distinct ids below vocab_size {vocab}; "
                              "the meta.json was edited or damaged: rebuild the cache")
     sep = meta.get("document_separator")
-    if isinstance(sep, dict) and isinstance(ids, dict) and "id" in sep and sep["id"] != ids.get(sep.get("token", "eot")):
-        raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not special_token_ids."
-                         f"{sep.get('token', 'eot')} ({ids.get(sep.get('token', 'eot'))!r}); the meta.json was "
-                         "edited or damaged: rebuild the cache")
+    if isinstance(sep, dict) and isinstance(ids, dict) and "id" in sep:
+        token = sep.get("token", "eot")
+        # a BOS separator (prepended to each document) is recorded with the tokenizer, not among the chat ids
+        expected = ids.get(token) if token != "bos" else (meta.get("tokenizer") or {}).get("bos_id")
+        field = f"special_token_ids.{token}" if token != "bos" else "tokenizer.bos_id"
+        if sep["id"] != expected:
+            raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not {field} ({expected!r}); the "
+                             "meta.json was edited or damaged: rebuild the cache")
 
 
 def sha256_file(path: str) -> str:
@@ -144,7 +147,7 @@ def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
     if not isinstance(files, dict):
         return [f"{root / META_NAME}: 'files' is a {type(files).__name__}, not an object; rebuild the cache"]
     dtype = TOKEN_DTYPES.get(meta.get("token_dtype"))
-    itemsize = int(dtype[-1]) if dtype else None
+    itemsize = dtype.itemsize if dtype is not None else None
     for rel, rec in sorted(files.items()):
         if only is not None and not rel.startswith(only.rstrip("/") + "/") and rel != only:
             continue

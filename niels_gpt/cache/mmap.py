@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 
 ADVICE = {
@@ -34,20 +35,19 @@ ADVICE = {
     "sequential": getattr(mmap, "MADV_SEQUENTIAL", None),
     "normal": getattr(mmap, "MADV_NORMAL", None),
 }
-NUMPY_DTYPES = {"uint16-le": np.dtype("<u2"), "uint32-le": np.dtype("<u4")}
 
 
 def numpy_dtype(token_dtype: str) -> np.dtype:
     """meta.json's "uint16-le" / "uint32-le" -> numpy dtype."""
     try:
-        return NUMPY_DTYPES[token_dtype]
+        return TOKEN_DTYPES[token_dtype]
     except KeyError:
-        raise CacheError(f"unknown token_dtype {token_dtype!r}; expected one of {sorted(NUMPY_DTYPES)}") from None
+        raise CacheError(f"unknown token_dtype {token_dtype!r}; expected one of {sorted(TOKEN_DTYPES)}") from None
 
 
 def meta_token_dtype(dtype: np.dtype) -> str:
     dtype = np.dtype(dtype)
-    for name, dt in NUMPY_DTYPES.items():
+    for name, dt in TOKEN_DTYPES.items():
         if dt == dtype:
             return name
     raise ConfigError(f"token dtype {dtype} is not supported; use uint16 or uint32")

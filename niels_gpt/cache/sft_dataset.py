@@ -11,6 +11,8 @@
   including the next EOT), else -100. Padding is never a target.
 - The span mask is computed from the ids alone (`assistant_span_mask`), vectorised over the batch:
   literal special strings in user text never become special ids, so the ids cannot lie about spans.
+  A cache rendered with a tokenizer's own chat template has no sentinels to find spans by: its mask is
+  read from `{split}_mask.bin` (one uint8 per token, 1 = trained; build_cache's SFT notes).
 - One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
 - URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
   the offsets are downloaded and checked on open, the token file on the first batch.
@@ -25,11 +27,10 @@ import torch
 
 from niels_gpt.cache.meta import check_files, load_checked_npy, raise_on_problems, read_meta
 from niels_gpt.cache.mmap import numpy_dtype, open_tokens, window_view
+from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.storage.remote import open_location, split_url
 from niels_gpt.urls import is_url
-
-IGNORE_INDEX = -100
 
 
 def assistant_span_mask(seqs: np.ndarray, asst_id: int, eot_id: int) -> np.ndarray:
@@ -88,9 +89,14 @@ class SFTExampleDataset:
         if specials["eot"] != self.eot_id:
             raise ConfigError(f"eot_id={eot_id} but {self.cache_dir}/meta.json records eot={specials['eot']}: "
                               "pass the EOT id of the tokenizer that built this cache")
-        self.asst_id = int(specials["asst"])
         self.dtype = numpy_dtype(self.meta["token_dtype"])
-        names = {self.tokens_path.name, self.idx_path.name}
+        mask_name = self.tokens_path.name.replace("_tokens.bin", "_mask.bin")
+        self.mask_path = self.cache_dir / mask_name if mask_name in self.meta["files"] else None
+        if specials.get("asst") is None and self.mask_path is None:
+            raise CacheError(f"{self.cache_dir}/meta.json: no assistant sentinel (special_token_ids.asst is null) "
+                             f"and no {mask_name} recorded, so no token can be trained; rebuild the cache")
+        self.asst_id = None if specials.get("asst") is None else int(specials["asst"])
+        names = {self.tokens_path.name, self.idx_path.name} | ({mask_name} if self.mask_path else set())
         problems = [p for p in check_files(self.cache_dir, self.meta) if Path(p.split(":")[0]).name in names]
         if self.remote is not None:  # fetched on first use; size and sha256 checked then
             self.remote.fetch(self.idx_path.name)
@@ -106,6 +112,10 @@ class SFTExampleDataset:
         if len(self.offsets) == 0:
             raise CacheError(f"{self.idx_path}: no examples in this split")
         self.ends = np.append(self.offsets[1:], self.num_tokens)
+        if self.mask_path is not None and self.mask_path.stat().st_size != self.num_tokens:
+            raise CacheError(f"{self.mask_path}: {self.mask_path.stat().st_size} bytes but {self.tokens_path.name} holds "
+                             f"{self.num_tokens} tokens (one mask byte each); rebuild the cache")
+        self._mask: np.ndarray | None = None
         self._tokens: np.ndarray | None = None
         self._rows: np.ndarray | None = None
 
@@ -114,7 +124,7 @@ class SFTExampleDataset:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_tokens"] = state["_rows"] = None
+        state["_tokens"] = state["_rows"] = state["_mask"] = None
         return state
 
     def _open(self) -> np.ndarray:
@@ -129,6 +139,14 @@ class SFTExampleDataset:
     def example(self, i: int) -> np.ndarray:
         """The full token ids of example i (a view of the memory map)."""
         return self._open()[self.offsets[i]:self.ends[i]]
+
+    def trained(self, i: int) -> np.ndarray:
+        """Bool per token of example i: whether it is a trained target (stored mask, else the span rule)."""
+        if self.mask_path is None:
+            return assistant_span_mask(np.asarray(self.example(i)), self.asst_id, self.eot_id)
+        if self._mask is None:
+            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
+        return self._mask[self.offsets[i]:self.ends[i]].astype(bool)
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """(len(indices), T+1) int64: examples truncated or EOT-padded; padding marked by -1 first."""
@@ -181,7 +199,10 @@ class SFTExampleDataset:
         w, valid = self._windows(np.asarray(indices))
         # A token's span state depends only on the tokens before it, so the mask of an example's own
         # tokens is the same before the padding is written (and has far fewer EOTs to walk).
-        trained = assistant_span_mask(w, self.asst_id, self.eot_id)
+        if self.mask_path is None:
+            trained = assistant_span_mask(w, self.asst_id, self.eot_id)
+        else:
+            trained = self._stored_mask(np.asarray(indices))
         trained &= valid
         np.copyto(w, self.eot_id, where=~valid)
         B, T = len(w), self.T
@@ -198,6 +219,18 @@ class SFTExampleDataset:
         elif self.device.type != "cpu":
             out = out.to(self.device)
         return out[0], out[1], out[2]
+
+
+    def _stored_mask(self, indices: np.ndarray) -> np.ndarray:
+        """(len(indices), T+1) bool: the stored mask of each example's first T+1 tokens."""
+        if self._mask is None:
+            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
+        out = np.zeros((len(indices), self.T + 1), dtype=bool)
+        for r, i in enumerate(indices.tolist()):
+            s0 = int(self.offsets[i])
+            k = min(int(self.ends[i]) - s0, self.T + 1)
+            out[r, :k] = self._mask[s0:s0 + k]
+        return out
 
 
 def _check_offsets(offsets: np.ndarray, num_tokens: int, path: Path) -> np.ndarray:

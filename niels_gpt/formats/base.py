@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from niels_gpt.constants import PEER_TOKEN_DTYPES
 from niels_gpt.errors import ConfigError, FormatError
 
 BLOCK_TOKENS = 1 << 22  # tokens per read block when streaming (8 MiB of uint16)
-TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _ALIASES = {"uint16": "uint16", "uint16-le": "uint16", "u2": "uint16", "<u2": "uint16",
             "uint32": "uint32", "uint32-le": "uint32", "u4": "uint32", "<u4": "uint32"}
 
@@ -43,7 +43,7 @@ def parse_dtype(value) -> np.dtype:
     name = _ALIASES.get(str(value).lower())
     if name is None:
         raise ConfigError(f"token dtype {value!r} is not supported; use uint16 or uint32")
-    return TOKEN_DTYPES[name]
+    return PEER_TOKEN_DTYPES[name]
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -53,7 +53,7 @@ def dtype_name(dtype: np.dtype) -> str:
 def dtype_for_vocab(vocab_size: int | None, fallback: np.dtype) -> np.dtype:
     if vocab_size is None:
         return fallback
-    return TOKEN_DTYPES["uint16"] if vocab_size <= 65536 else TOKEN_DTYPES["uint32"]
+    return PEER_TOKEN_DTYPES["uint16"] if vocab_size <= 65536 else PEER_TOKEN_DTYPES["uint32"]
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.urls import is_url
+from niels_gpt.writers import MIN_SHARD_BYTES, check_shard_bytes
 
 TARGETS = FORMATS
 
@@ -208,6 +209,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             raise ConfigError(f"{where}: a URL as the {role}; convert reads and writes local paths only "
                               "(remote output is not supported by convert): convert to a local directory, "
                               "then upload it")
+    check_shard_bytes(shard_bytes, "--shard-bytes")
+    if max_tokens_per_file is not None and max_tokens_per_file < MIN_SHARD_BYTES // 2:
+        raise ConfigError(f"--max-tokens-per-file={max_tokens_per_file}: files must hold at least "
+                          f"{MIN_SHARD_BYTES // 2} tokens (tiny files only multiply files); leave it unset for "
+                          "the format's own default")
     if to not in TARGETS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(TARGETS)}")
     dst = Path(dst)

@@ -28,9 +28,8 @@ import numpy as np
 import torch
 
 from niels_gpt.cache.formats import detect_format
+from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import ConfigError, StateError
-
-IGNORE_INDEX = -100
 
 
 class MemoryMappedDataset(torch.utils.data.Dataset):

@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from niels_gpt.constants import IGNORE_INDEX  # noqa: F401  (re-exported under its old name)
 from niels_gpt.errors import ConfigError
-
-IGNORE_INDEX = -100
 
 
 def token_bytes(tokenizer, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -27,12 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.base import file_order
 from niels_gpt.loading.state import fingerprint
 from niels_gpt.storage.remote import open_location
-
-DTYPES = {"uint16-le": "<u2", "uint32-le": "<u4"}
 
 
 def _split_files(cache_dir: Path, split: str, remote=None) -> tuple[dict, list[Path]]:
@@ -66,7 +65,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         local, self.remote = open_location(cache_dir)
         self.cache_dir, self.T, self.split = local, int(T), split
         meta, self.paths = _split_files(self.cache_dir, split, self.remote)
-        self.dtype = np.dtype(DTYPES[meta["token_dtype"]])
+        self.dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
         counts = []
         for p in self.paths:
             rec = meta["files"][f"{split}/{p.name}"]

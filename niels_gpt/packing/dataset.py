@@ -25,10 +25,10 @@ import torch
 from torch.utils.data import Dataset
 
 from niels_gpt.cache.meta import sha256_file
+from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import FormatError
 from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, check_headers, check_starts, read_manifest
 
-IGNORE_INDEX = -100
 VALIDATE_CHUNK_BINS = 1024
 
 

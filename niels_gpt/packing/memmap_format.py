@@ -37,12 +37,12 @@ import numpy as np
 
 from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_bytes_atomic
 from niels_gpt.cache.meta import sha256_file
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
 
 FORMAT_NAME = "memmap_padded_v1"
 FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 PAD_ID = 0
 ARRAYS = ("input_ids", "loss_mask", "packed_len", "seq_offsets", "seq_starts")
 DTYPES = {"input_ids": "<i4", "loss_mask": "<u1", "packed_len": "<u4", "seq_offsets": "<u4",

@@ -14,6 +14,7 @@ A remote `out` (an fsspec URL) is written locally and uploaded (`remote.write_th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
 from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.seeds import check_seed
+from niels_gpt.storage.upload import local_path_of
 
 ON_OVERFLOW = ("truncate", "reject")
 DEFAULT_ON_OVERFLOW = "truncate"
@@ -117,6 +119,9 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
     `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest.
     """
     check_seed(seed)
+    local = local_path_of(out)
+    if local is not None and Path(local).exists() and not Path(local).is_dir():
+        raise ConfigError(f"{out}: a file, not a directory; choose another output path for the packed bins")
     src = open_sft_split(cache_dir, split)
     if len(src) == 0:
         raise ConfigError(f"{cache_dir}: split {split!r} has no examples; nothing to pack")

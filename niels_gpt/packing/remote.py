@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.storage.upload import staged_output, upload_tree
-
-MANIFEST_NAME = "manifest.json"
 
 
 def write_then_upload(out, write_fn: Callable[[str], dict]) -> dict:

@@ -21,9 +21,8 @@ from niels_gpt.cache.meta import (
     read_meta,
     sha256_file,
 )
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import CacheError, ConfigError
-
-SPLITS = ("train", "val")
 
 
 @dataclass
@@ -81,6 +80,11 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
         raise CacheError(f"{idx_path}: offsets must start at 0 and be non-decreasing within the "
                          f"{n_tokens} tokens of {tok_name}; rebuild the cache")
     special = meta["special_token_ids"]
+    if special.get("asst") is None:
+        # TODO(packing): carry a stored assistant mask (`{split}_mask.bin`) into the packed bins
+        raise CacheError(f"{cache_dir}: an SFT cache rendered with its tokenizer's own chat template keeps its "
+                         "assistant mask in a file, which pack-sft does not read yet; train on it with "
+                         "SFTExampleDataset")
     tok_rec = meta["files"].get(tok_name, {})
     return SFTSplit(cache_dir, split, tokens, starts, ends - starts, int(special["asst"]), int(special["eot"]),
                     meta, tok_rec.get("sha256") or sha256_file(str(tok_path)),

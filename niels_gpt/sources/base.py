@@ -13,19 +13,31 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from niels_gpt.constants import (
+    SEED,  # noqa: F401  (re-exported under its old name)
+    SPLITS,
+)
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.tokenizer.base import Message
 
+
+def _drop_json_reader_errors(record: logging.LogRecord) -> bool:
+    """`datasets` logs "Failed to load JSON from file ..." before raising; the error it raises is then
+    explained here by file and line (`_raise_local_file_problem`), so the log line is only noise."""
+    return not str(record.msg).startswith("Failed to load JSON from file")
+
+
+logging.getLogger("datasets.packaged_modules.json.json").addFilter(_drop_json_reader_errors)
+
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 SAMPLE_PREFIX = "sample:"  # how describe() names bundled files, so meta.json is the same on every clone
-SPLITS = ("train", "val")
 VAL_FRAC = 0.1
-SEED = 42
 
 # Local file suffix -> the `datasets` packaged builder that reads it.
 BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text", ".raw": "text"}

@@ -95,6 +95,10 @@ class FineWebEdu(TextSource):
         ds, what = self._open()
         for i, row in iter_rows(ds, what, self.data_files or ()):
             text = check_field(row, self.text_field, f"{what}, record {i}")
+            if text is not None and not isinstance(text, str):
+                raise SourceError(f"{what}, record {i}: the {self.text_field!r} field holds {type(text).__name__} "
+                                  f"({text!r:.60}), not text; each record must be an object whose "
+                                  f"{self.text_field!r} is a string (or pass text_field= / --text-field)")
             if is_empty(text):
                 self.skipped["empty_document"] += 1
                 continue

@@ -1,9 +1,16 @@
-"""Tokenizers: sentencepiece (trained here) and Hugging Face `tokenizers` JSON, one interface.
+"""Tokenizers: sentencepiece (trained here), Hugging Face `tokenizers` and tiktoken, one interface.
 
     tok = load_tokenizer("cache/tokenizer")          # dir with spm.model, or a .model/.json file
+    tok = load_tokenizer("hf_dir")                   # tokenizer.json (+ tokenizer_config.json)
+    tok = load_tokenizer("cl100k_base")              # or "ranks.tiktoken"
     ids = tok.encode("hello")                        # literal special strings stay text
     chat = tok.render_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
-    chat.ids, chat.mask                              # mask: assistant content + its EOT
+    chat.ids, chat.mask                              # mask: the assistant's trained tokens
+    tok.separator                                    # the document separator: Separator(token, id, position)
+
+What `path` is picks the backend: a directory (spm.model, else tokenizer.json), a `.model` file
+(sentencepiece), a `.json` file (Hugging Face), a `.tiktoken` file or a tiktoken encoding name.
+A tokenizer other than the library's keeps its own conventions (niels_gpt.tokenizer.base).
 """
 
 from __future__ import annotations
@@ -13,7 +20,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from niels_gpt.errors import TokenizerError
-from niels_gpt.tokenizer.base import Message, RenderedChat, Tokenizer, token_dtype_for
+from niels_gpt.tokenizer.base import (
+    SEPARATOR_CHOICES,
+    Message,
+    RenderedChat,
+    Separator,
+    Tokenizer,
+    token_dtype_for,
+)
 from niels_gpt.tokenizer.special import (
     ASST_TOKEN,
     EOT_TOKEN,
@@ -27,37 +41,78 @@ from niels_gpt.tokenizer.spm import SentencePieceTokenizer, TrainSettings, train
 MODEL_NAME = "spm.model"
 
 __all__ = [
-    "ASST_TOKEN", "EOT_TOKEN", "MODEL_NAME", "Message", "ROLES", "RenderedChat", "SPECIAL_TOKENS",
-    "SYS_TOKEN", "SentencePieceTokenizer", "Tokenizer", "TrainSettings", "USR_TOKEN",
+    "ASST_TOKEN", "EOT_TOKEN", "MODEL_NAME", "Message", "ROLES", "RenderedChat", "SEPARATOR_CHOICES",
+    "SPECIAL_TOKENS", "SYS_TOKEN", "Separator", "SentencePieceTokenizer", "Tokenizer", "TrainSettings", "USR_TOKEN",
     "load_tokenizer", "token_dtype_for", "train_tokenizer",
 ]
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Open a tokenizer: a directory holding spm.model (or tokenizer.json), or the file itself.
+def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
+                   separator: str | None = None) -> Tokenizer:
+    """Open a tokenizer: a directory holding spm.model (or tokenizer.json), the file itself, a `.tiktoken`
+    file or a tiktoken encoding name.
+
+    `eos`/`bos` (a token's text or its id) override the tokenizer's own end/begin-of-text token;
+    `separator` "eos" (the default: EOS after every document) or "bos" (BOS before every document).
 
     Where a tokenizer directory's meta.json records the model's sha256 (ours always does), the file must
     match it: a changed byte in a model file still loads and silently changes most ids. The hash is the
     one every tokenizer computes on load, so the check costs nothing more.
     """
+    options = {"eos": eos, "bos": bos, "separator": separator}
     p = Path(path)
+    if not p.exists():
+        from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer, is_tiktoken_spec
+
+        if is_tiktoken_spec(path):
+            return TiktokenTokenizer(path, **options)
+        if is_hub_id(str(path)):
+            return load_tokenizer(hub_tokenizer_dir(str(path)), **options)
     if p.is_dir():
         if (p / MODEL_NAME).is_file() and not (p / "meta.json").is_file():
             raise TokenizerError(f"{p}: {MODEL_NAME} without meta.json: an interrupted train-tokenizer (it withdraws "
                                  f"meta.json first)? re-run it, or pass {p / MODEL_NAME} to use the file as it is")
         for name in (MODEL_NAME, "tokenizer.json"):
             if (p / name).is_file():
-                return load_tokenizer(p / name)
+                return load_tokenizer(p / name, **options)
         raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json in this directory; "
                              "train one with `train-tokenizer` or point --tokenizer at the model file")
     if p.suffix == ".json":
         from niels_gpt.tokenizer.hf import HFTokenizer
 
-        tok = HFTokenizer(p)
+        tok = HFTokenizer(p, **options)
+    elif p.suffix == ".tiktoken":
+        from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer
+
+        tok = TiktokenTokenizer(p, **options)
     else:
-        tok = SentencePieceTokenizer(p)
+        tok = SentencePieceTokenizer(p, **options)
     check_recorded_sha256(tok, p)
     return tok
+
+
+HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"]
+
+
+def is_hub_id(text: str) -> bool:
+    """`owner/name` with no file suffix: a Hugging Face hub repository (when no such local path exists)."""
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not Path(text).suffix and not text.startswith(".")
+
+
+def hub_tokenizer_dir(repo_id: str) -> Path:
+    """The local snapshot of a hub tokenizer's files (downloaded once into the Hugging Face cache)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - datasets depends on huggingface_hub
+        raise TokenizerError(f"{repo_id}: a hub tokenizer needs `huggingface_hub` (pip install huggingface_hub)") from exc
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as exc:  # offline, unknown repository, gated repository: the hub's own message
+        raise TokenizerError(f"{repo_id}: no such local path, and the Hugging Face hub repository could not be "
+                             f"fetched ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                             "download its tokenizer.json and tokenizer_config.json into a directory and pass "
+                             "that") from exc
 
 
 def check_tokenizer_matches(tok: Tokenizer, recorded: str | None, what) -> None:

@@ -1,7 +1,14 @@
 """The tokenizer interface every backend implements, and chat rendering on top of it.
 
-A backend supplies encode/decode, its size and the ids of the four special tokens; everything else
-here (batch encoding, chat rendering, token dtype, byte lengths for bits-per-byte) is shared.
+A backend supplies encode/decode, its size and its special ids; everything else here (batch encoding,
+the document separator, chat rendering, token dtype, byte lengths for bits-per-byte) is shared.
+
+Two sets of conventions:
+- the library's own tokenizer (the contract's sentencepiece model, or a tokenizer.json that carries the
+  four hashed chat tokens): every document ends with our EOT, chats are rendered with our sentinels;
+- any other tokenizer keeps its own: its EOS ends every document (or its BOS starts every document,
+  `separator="bos"`), `eos`/`bos` override which token that is, and chats are rendered with its own chat
+  template (niels_gpt.tokenizer.chat). special_ids then holds its EOS as "eot" and None for the sentinels.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from typing import Literal, NamedTuple, TypedDict
 
 import numpy as np
 
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.tokenizer.special import ROLE_TO_SPECIAL, SPECIAL_TOKENS
 
 UINT16_LIMIT = 65536
@@ -21,6 +28,36 @@ UINT16_LIMIT = 65536
 class Message(TypedDict):
     role: Literal["system", "user", "assistant"]
     content: str
+
+
+class Separator(NamedTuple):
+    """The token between documents: which one ("eot" or "bos"), its id, and whether it ends or starts each."""
+
+    token: str
+    id: int
+    position: str  # "after" or "before"
+
+    def describe(self) -> dict:
+        return {"token": self.token, "id": self.id, "position": f"{self.position} every document"}
+
+
+SEPARATOR_CHOICES = ("eos", "bos")
+
+
+def append_separator(tokenizer) -> int:
+    """The id that ends every document, for builders that only append (the distributed build)."""
+    sep = document_separator(tokenizer)
+    if sep.position != "after":
+        raise ConfigError(f"{tokenizer.model_path}: a BOS before every document is not supported by the distributed "
+                          "build; use the one-machine build, or separator 'eos'")
+    return sep.id
+
+
+def document_separator(tokenizer) -> Separator:
+    """The separator of any tokenizer-like object: its `separator`, else its special_ids["eot"] after each document."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer.separator
+    return Separator("eot", tokenizer.special_ids["eot"], "after")
 
 
 class RenderedChat(NamedTuple):
@@ -39,16 +76,19 @@ class Tokenizer(ABC):
     """What builders, datasets and evaluation need from a tokenizer."""
 
     backend: str = "abstract"
-    # Set by each backend's __init__: the model file, its sha256, and {"sys", "usr", "asst", "eot"} -> id.
+    # Set by each backend's __init__: the model file, its sha256, {"sys", "usr", "asst", "eot"} -> id (None
+    # where the tokenizer has no such token) and the conventions chosen when loading (eos, bos, separator).
     _path: str
     _sha256: str
-    _special: dict[str, int]
+    _special: dict[str, int | None]
+    _options: dict = {}
 
     def __getstate__(self):
-        return {"model_path": self._path}  # a tokenizer pickles as its path and reloads from it
+        # a tokenizer pickles as its path (and the conventions it was loaded with) and reloads from it
+        return {"model_path": self._path, "options": dict(self._options)}
 
     def __setstate__(self, state):
-        self.__init__(state["model_path"])
+        self.__init__(state["model_path"], **state.get("options", {}))
 
     @property
     def model_path(self) -> str:
@@ -70,7 +110,68 @@ class Tokenizer(ABC):
 
     @property
     def bos_id(self) -> int | None:
+        bos = self._options.get("bos")
+        return self._own_bos() if bos is None else self._token_id(bos, "bos")
+
+    def _own_bos(self) -> int | None:
         return None
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token given as its text (special tokens included), or None."""
+        return None
+
+    def _token_id(self, value: int | str, what: str) -> int:
+        """An --eos/--bos value (an id, or a token's text) as an id inside the vocabulary."""
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            tid = int(value)
+            if not 0 <= tid < len(self):
+                raise TokenizerError(f"{self.model_path}: --{what} {value}: id outside the vocabulary (0..{len(self) - 1})")
+            return tid
+        tid = self.token_to_id(value)
+        if tid is None:
+            raise TokenizerError(f"{self.model_path}: --{what} {value!r} is not a token of this tokenizer; give the "
+                                 "token's exact text or its id")
+        return tid
+
+    def _apply_options(self, eos: int | str | None, bos: int | str | None, separator: str | None) -> None:
+        """Record the conventions chosen when loading; called last by each backend's __init__."""
+        if separator is not None and separator not in SEPARATOR_CHOICES:
+            raise TokenizerError(f"separator must be one of {SEPARATOR_CHOICES}, got {separator!r}")
+        self._options = {k: v for k, v in (("eos", eos), ("bos", bos), ("separator", separator)) if v is not None}
+        if eos is not None:
+            if self.library_conventions:
+                raise TokenizerError(f"{self.model_path}: the library's tokenizer ends documents with its own EOT "
+                                     f"(id {self._special['eot']}); --eos applies to other tokenizers only")
+            self._special = {**self._special, "eot": self._token_id(eos, "eos")}
+        if bos is not None:
+            self._token_id(bos, "bos")  # refuse a bad value now, not at the first build
+
+    @property
+    def library_conventions(self) -> bool:
+        """True when the tokenizer carries the library's four chat tokens (the contract's format)."""
+        return all(self._special.get(k) is not None for k in ("sys", "usr", "asst", "eot"))
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's own jinja2 chat template, where it has one."""
+        return None
+
+    @property
+    def separator(self) -> Separator:
+        """The document separator: our EOT after every document for the library's tokenizer; for any other,
+        its EOS after every document, or its BOS before every document when loaded with separator="bos"."""
+        choice = self._options.get("separator") or "eos"
+        if choice == "bos":
+            if self.bos_id is None:
+                raise TokenizerError(f"{self.model_path}: separator 'bos' asked for, but the tokenizer has no BOS "
+                                     "token; name one with --bos TOKEN (or an id), or use --separator eos")
+            return Separator("bos", self.bos_id, "before")
+        eot = self._special.get("eot")
+        if eot is None:
+            raise TokenizerError(f"{self.model_path}: no end-of-text token found (no eos_token in its config and "
+                                 "none of the usual names); name the document separator with --eos TOKEN (or an "
+                                 "id), or --bos TOKEN --separator bos")
+        return Separator("eot", eot, "after")
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -80,7 +181,8 @@ class Tokenizer(ABC):
         return [self.encode(t) for t in texts]
 
     @abstractmethod
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids to text; special tokens are dropped, or kept as their text with skip_special_tokens=False."""
 
     @abstractmethod
     def id_to_piece(self, token_id: int) -> str: ...
@@ -106,7 +208,9 @@ class Tokenizer(ABC):
         return token_dtype_for(len(self))
 
     def render_chat(self, messages: Sequence[Message]) -> RenderedChat:
-        """Render a conversation: per message, its role sentinel, its content, then EOT.
+        """Render a conversation: with the tokenizer's own chat template where it has one
+        (niels_gpt.tokenizer.chat), else with the library's sentinels: per message, its role sentinel,
+        its content, then EOT.
 
         The mask is True exactly on assistant content tokens and the EOT that closes them: the
         sentinel itself and every system/user token are False. This is the span rule the SFT
@@ -116,6 +220,14 @@ class Tokenizer(ABC):
             [usr] h i [eot] [asst] y o [eot]
               0   0 0   0     0    1 1   1
         """
+        if self.chat_template is not None:
+            from niels_gpt.tokenizer.chat import render_with_template
+
+            return render_with_template(self, messages)
+        if not self.library_conventions:
+            raise TokenizerError(f"{self.model_path}: this tokenizer has no chat template and not the library's four "
+                                 "chat tokens, so conversations cannot be rendered; use a tokenizer directory whose "
+                                 "tokenizer_config.json has a chat_template")
         ids: list[int] = []
         mask: list[bool] = []
         special = self.special_ids
@@ -134,7 +246,7 @@ class Tokenizer(ABC):
 
     def describe(self) -> dict:
         """What meta.json records about the tokenizer of a cache."""
-        return {
+        out = {
             "backend": self.backend,
             "sha256": self.sha256,
             "vocab_size": len(self),
@@ -142,6 +254,13 @@ class Tokenizer(ABC):
             "special_tokens": dict(SPECIAL_TOKENS),
             "bos_id": self.bos_id,
         }
+        if not self.library_conventions or self._options:
+            out["special_tokens"] = {k: self.id_to_piece(v) for k, v in self.special_ids.items() if v is not None}
+            out["conventions"] = "own" if not self.library_conventions else "niels_gpt"
+            out["options"] = dict(self._options)
+            out["chat"] = ("template" if self.chat_template is not None
+                           else "niels_gpt sentinels" if self.library_conventions else None)
+        return out
 
 
 def _check_message(message, index: int) -> tuple[str, str]:

@@ -1,14 +1,21 @@
-"""Hugging Face `tokenizers` backend: any tokenizer.json, e.g. for vocabularies above 65,536 ids.
+"""Hugging Face `tokenizers` backend: any tokenizer.json, or a `transformers` tokenizer directory.
 
     tok = HFTokenizer("tokenizer.json")        # or load_tokenizer("dir/with/tokenizer.json")
 
-The four special tokens of niels_gpt.tokenizer.special must be in the file as *special added
-tokens* (`add_special_tokens_to(tokenizer)` puts them there before saving). By default
-`tokenizers` splits input text on added tokens, so a user who types "<|ngpt_eot_...|>" would get
+Two kinds of tokenizer.json:
+- one carrying the four special tokens of niels_gpt.tokenizer.special as *special added tokens*
+  (`add_special_tokens_to(tokenizer)` puts them there before saving) follows the library's conventions:
+  our EOT ends every document, chats use our sentinels;
+- any other keeps its own: the `eos_token` of a `tokenizer_config.json` beside it (else the first of
+  EOS_CANDIDATES it has) ends every document, `bos_token` (else BOS_CANDIDATES) is its BOS, and its
+  `chat_template` (from tokenizer_config.json or chat_template.jinja) renders chats. A directory laid out
+  by `transformers` (`save_pretrained`, a hub snapshot) is exactly that.
+
+By default `tokenizers` splits input text on added tokens, so a user who types "<|ngpt_eot_...|>" would get
 the real EOT id; we set `encode_special_tokens = True`, which makes the encoder treat special
 tokens in text as ordinary text, and encode with `add_special_tokens=False` so no post-processor
-template inserts BOS/EOS behind our back. Only render_chat (and code that asks for ids by role)
-emits special ids.
+template inserts BOS/EOS behind our back. Only chat rendering emits special ids (a chat template's output
+is encoded with special tokens parsed, since the template writes them as text).
 
 len(tok) is the highest id + 1 (added tokens included): every id it can emit. token dtype follows
 from it (uint32 above 65,536 ids). token_byte_lengths() decodes each id on its own (byte-level
@@ -30,6 +37,41 @@ from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<|bos|>", "<bos>", "[BOS]", "<|startoftext|>")
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]")
+CONFIG_NAME = "tokenizer_config.json"
+TEMPLATE_NAME = "chat_template.jinja"
+
+
+def _token_text(value) -> str | None:
+    """A tokenizer_config.json token entry: a string or an AddedToken dict {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def read_config(directory: Path) -> tuple[dict, bytes]:
+    """tokenizer_config.json of a transformers tokenizer directory ({} when there is none) and its bytes."""
+    import json
+
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        return {}, b""
+    data = path.read_bytes()
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TokenizerError(f"{path}: not valid JSON ({exc}); fix or remove it") from exc
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # transformers' named templates: [{"name": "default", "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        config["chat_template"] = named.get("default")
+    if config.get("chat_template") is None and (directory / TEMPLATE_NAME).is_file():
+        config["chat_template"] = (directory / TEMPLATE_NAME).read_text("utf-8")
+    if config.get("chat_template") is not None and not isinstance(config["chat_template"], str):
+        raise TokenizerError(f"{path}: chat_template must be a string, got {type(config['chat_template']).__name__}")
+    return config, data
 
 
 def add_special_tokens_to(tokenizer) -> None:
@@ -56,7 +98,8 @@ def _byte_decoder() -> dict[str, int]:
 class HFTokenizer(Tokenizer):
     backend = "hf-tokenizers"
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
+                 separator: str | None = None):
         try:
             from tokenizers import Tokenizer as _HF
         except ImportError as exc:  # pragma: no cover - the hf extra is not installed
@@ -73,27 +116,72 @@ class HFTokenizer(Tokenizer):
         self._path, self._sha256 = str(p), hashlib.sha256(data).hexdigest()
         self._tok.encode_special_tokens = True  # literal special strings in text stay text
         added = {t.content: t for t in self._tok.get_added_tokens_decoder().values()}
+        self._config, config_bytes = read_config(p.parent)
+        self._config_sha256 = hashlib.sha256(config_bytes).hexdigest() if config_bytes else None
+        ours = [text for text in SPECIAL_TOKENS.values() if self._tok.token_to_id(text) is not None]
         self._special = {}
         for name, text in SPECIAL_TOKENS.items():
             tid = self._tok.token_to_id(text)
+            if not ours:  # a tokenizer of its own: its EOS separates documents
+                self._special[name] = None
+                continue
             if tid is None or text not in added or not added[text].special:
-                raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added token; "
-                                     "add them with niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
+                raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added token, but "
+                                     "others of the library's four are there; add all four with "
+                                     "niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
             self._special[name] = tid
+        if not ours:
+            self._special["eot"] = self._configured("eos_token", EOS_CANDIDATES)
         self._specials = {t for t in added.values() if t.special}
+        self._special_ids = {self._tok.token_to_id(t.content) for t in self._specials}
         self._len = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
         self._byte_lengths: np.ndarray | None = None
+        self._apply_options(eos, bos, separator)
 
-    def __len__(self) -> int:
-        return self._len
-
-    @property
-    def bos_id(self) -> int | None:
-        for text in BOS_CANDIDATES:
+    def _configured(self, key: str, candidates: tuple[str, ...]) -> int | None:
+        """The id of tokenizer_config.json's `key` token, else of the first candidate in the vocabulary."""
+        text = _token_text(self._config.get(key))
+        if text is not None:
+            tid = self._tok.token_to_id(text)
+            if tid is None:
+                raise TokenizerError(f"{Path(self._path).parent / CONFIG_NAME}: {key} {text!r} is not in "
+                                     f"{self._path}; fix the config or pass --{key.split('_')[0]}")
+            return tid
+        for text in candidates:
             tid = self._tok.token_to_id(text)
             if tid is not None:
                 return tid
         return None
+
+    @property
+    def chat_template(self) -> str | None:
+        return None if self.library_conventions else self._config.get("chat_template")
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids of a rendered chat, special tokens written as text parsed as special ids, and each id's
+        start offset in `text` (characters)."""
+        import copy
+
+        if not hasattr(self, "_parsing"):
+            self._parsing = copy.deepcopy(self._tok)
+            self._parsing.encode_special_tokens = False
+        enc = self._parsing.encode(text, add_special_tokens=False)
+        return enc.ids, [start for start, _ in enc.offsets]
+
+    def describe(self) -> dict:
+        out = super().describe()
+        if self._config_sha256 is not None and not self.library_conventions:
+            out["config_sha256"] = self._config_sha256
+        return out
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _own_bos(self) -> int | None:
+        return self._configured("bos_token", BOS_CANDIDATES)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -102,8 +190,8 @@ class HFTokenizer(Tokenizer):
         # the Rust side parallelises a batch over RAYON threads (TOKENIZERS_PARALLELISM)
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def id_to_piece(self, token_id: int) -> str:
         piece = self._tok.id_to_token(int(token_id))
@@ -121,7 +209,7 @@ class HFTokenizer(Tokenizer):
     def token_byte_lengths(self) -> np.ndarray:
         if self._byte_lengths is None:
             out = np.zeros(self._len, dtype=np.int32)
-            special_ids = {self._tok.token_to_id(t.content) for t in self._specials}
+            special_ids = self._special_ids
             table = _byte_decoder() if self._is_byte_level() else None
             for i in range(self._len):
                 piece = self._tok.id_to_token(i)

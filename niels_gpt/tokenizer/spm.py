@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
@@ -38,7 +39,6 @@ NUM_THREADS = 4
 MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
 MAX_TRAIN_CHARS = 300_000_000  # stop reading the corpus after this many characters
 SPLIT_DIGITS = True
-SEED = 42
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +56,8 @@ class TrainSettings:
 class SentencePieceTokenizer(Tokenizer):
     backend = "sentencepiece"
 
-    def __init__(self, model_path: str | os.PathLike):
+    def __init__(self, model_path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
+                 separator: str | None = None):
         import sentencepiece as spm
 
         path = Path(model_path)
@@ -83,14 +84,18 @@ class SentencePieceTokenizer(Tokenizer):
                 )
             self._special[name] = tid
         self._byte_lengths: np.ndarray | None = None
+        self._apply_options(eos, bos, separator)
 
     def __len__(self) -> int:
         return self._sp.get_piece_size()
 
-    @property
-    def bos_id(self) -> int | None:
+    def _own_bos(self) -> int | None:
         bos = self._sp.bos_id()
         return None if bos < 0 else bos
+
+    def token_to_id(self, token: str) -> int | None:
+        tid = self._sp.piece_to_id(token)
+        return None if tid == self._sp.unk_id() and token != self._sp.id_to_piece(tid) else tid
 
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text)
@@ -99,8 +104,20 @@ class SentencePieceTokenizer(Tokenizer):
         # sentencepiece releases the GIL and splits the batch over its own threads; -1 = all cores.
         return self._sp.encode(list(texts), num_threads=-1 if num_threads is None else num_threads)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._sp.decode([int(i) for i in ids])
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            return self._sp.decode(ids)
+        # sentencepiece drops control symbols (ours, <s>, </s>) when decoding: decode the runs between
+        # them and put each one back as its piece
+        out, run = [], []
+        for i in ids:
+            if self._sp.is_control(i):
+                out += [self._sp.decode(run), self._sp.id_to_piece(i)]
+                run = []
+            else:
+                run.append(i)
+        return "".join(out) + self._sp.decode(run)
 
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))

@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import ConfigError
 
-IGNORE_INDEX = -100
 ASPECT_RATIO = 64  # nanochat: model width = depth * 64
 HEAD_DIM = 128  # nanochat: heads of 128 dims
 LOGIT_SOFTCAP = 15.0

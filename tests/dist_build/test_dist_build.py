@@ -69,7 +69,7 @@ def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, bui
     bad = tmp_path / "z-bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": 12}\n', encoding="utf-8")
     out = tmp_path / "out"
-    with pytest.raises(SourceError, match=r"z-bad\.jsonl, line at byte 39: field 'text' is int.*run the same command"):
+    with pytest.raises(SourceError, match=r"z-bad\.jsonl, line 3: field 'text' is int.*run the same command"):
         dist_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                    task_bytes=40_000, **kw)
     assert not (out / "meta.json").exists()
@@ -182,10 +182,10 @@ def test_cli_dist_build_and_plan_only(corpus, tokenizer, tmp_path, capsys):
     (lambda d: d / "nothing.jsonl", r"nothing\.jsonl: no such file", SourceError),
     (lambda d: (d / "x.csv").write_text("a") and d / "x.csv", r"x\.csv: unsupported file type '\.csv'", ConfigError),
     (lambda d: (d / "j.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n') and d / "j.jsonl",
-     r"j\.jsonl, line at byte 15: not valid JSON", SourceError),
-    (lambda d: (d / "k.jsonl").write_text('{"body": "ok"}\n') and d / "k.jsonl", r"k\.jsonl, line at byte 0: no 'text' field", SourceError),
+     r"j\.jsonl, line 2: not valid JSON", SourceError),
+    (lambda d: (d / "k.jsonl").write_text('{"body": "ok"}\n') and d / "k.jsonl", r"k\.jsonl, line 1: no 'text' field", SourceError),
     (lambda d: (d / "u.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n') and d / "u.jsonl",
-     r"u\.jsonl: invalid UTF-8 at byte 28 \(the line starting at byte 15\)", SourceError),
+     r"u\.jsonl: invalid UTF-8 at byte 28, line 2", SourceError),
     (lambda d: (d / "l.jsonl").write_text('["text"]\n') and d / "l.jsonl", r"expected a JSON object per line", SourceError),
 ])
 def test_bad_inputs_fail_with_the_record_named(tokenizer, tmp_path, make, match, error):

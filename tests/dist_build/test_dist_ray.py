@@ -126,7 +126,7 @@ def test_a_bad_record_on_a_ray_worker_fails_the_build_with_the_record_named(ray_
                                                                            tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"txt": "typo"}\n', encoding="utf-8")
-    with pytest.raises(SourceError, match=r"bad\.jsonl, line at byte 17: no 'text' field \(fields: \['txt'\]\)"):
+    with pytest.raises(SourceError, match=r"bad\.jsonl, line 2: no 'text' field \(fields: \['txt'\]\)"):
         dist_build(corpus["paths"] + [bad], tmp_path / "out", tokenizer=tokenizer.model_path, executor="ray",
                    workers=2, task_bytes=40_000, **KW)
     assert not (tmp_path / "out" / "meta.json").exists()

@@ -40,13 +40,15 @@ def test_literal_special_text_never_becomes_a_special_id(big_tokenizer):
     assert chat.ids == [70_003, 3, 70_005, 70_004, 4, 70_005]
 
 
-def test_tokenizer_without_our_specials_is_rejected(tmp_path):
+def test_tokenizer_with_only_some_of_our_specials_is_rejected(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from niels_gpt.tokenizer.hf import HFTokenizer
+    from niels_gpt.tokenizer.special import EOT_TOKEN
 
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.add_special_tokens([EOT_TOKEN])
     tok.save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(TokenizerError, match="is missing or not a special added token"):
+    with pytest.raises(TokenizerError, match="tokenizer.json: special token .* is missing or not a special added token"):
         HFTokenizer(tmp_path / "tokenizer.json")
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="not a Hugging Face tokenizer.json"):

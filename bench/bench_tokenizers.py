@@ -1,0 +1,129 @@
+"""Build speed with each tokenizer backend against that backend's bare batch encoder, 1 and 2 workers.
+
+On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, "text" field; ../shared/data/SOURCES.md):
+- sentencepiece: a 16k unigram model trained here on the first --train-chars (the library's tokenizer);
+- hf-tokenizers: a 16k byte-level BPE trained here with `tokenizers` (cl100k's split regex), as tokenizer.json;
+- tiktoken: the same BPE's ranks written as a .tiktoken file (the same vocabulary; tiktoken merges by the
+  rank of the result where `tokenizers` follows its merge list, so a few ids may differ).
+For each: the bare encoder (`encode_batch` over 256-document batches, num_threads=1, and 2), then
+build_pretrain_cache with num_workers=1 and 2. tokens/s = tokens written / wall time (one separator per
+document counted on both sides), best of --repeat, contenders interleaved. Ratios are against the same
+backend's bare 1-thread encoder, and the tiktoken build against the sentencepiece build.
+NOTE: `tokenizers` parallelises encode_batch over its own Rayon pool whatever num_threads says, so its
+"1 thread" bare figure already uses every core.
+
+    .venv/bin/python bench/bench_tokenizers.py                 # ~4 min on 2 cores
+    .venv/bin/python bench/bench_tokenizers.py --chars 1e6 --train-chars 5e5 --vocab 4000 --repeat 1   # a check
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_cache_build import CORPUS, stream_docs
+from bench_cache_common import table
+
+from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
+
+CHARS = 10_000_000
+TRAIN_CHARS = 3_000_000
+VOCAB = 16_000
+REPEAT = 2
+BATCH = 256
+
+
+def train_bpe(texts: list[str], out: Path, vocab: int) -> tuple[Path, Path]:
+    """A byte-level BPE as tokenizer.json and the same ranks as a .tiktoken file."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from niels_gpt.tokenizer.hf import _byte_decoder
+    from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(CL100K_PATTERN), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens(["<|endoftext|>"])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    table_ = _byte_decoder()
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    lines = [base64.b64encode(bytes(table_[c] for c in t)).decode() + f" {r}"
+             for t, r in sorted(vocab.items(), key=lambda kv: kv[1])]
+    (out / "bpe.tiktoken").write_text("\n".join(lines) + "\n")
+    return out / "tokenizer.json", out / "bpe.tiktoken"
+
+
+def bare(tok, texts, threads: int) -> int:
+    return sum(len(ids) + 1 for i in range(0, len(texts), BATCH)
+               for ids in tok.encode_batch(texts[i:i + BATCH], num_threads=threads))
+
+
+def build(tok, texts, out: Path, workers: int) -> int:
+    build_pretrain_cache(texts, str(out), tokenizer=tok, max_train_tokens=10**12, max_val_tokens=0,
+                         shard_bytes=128 << 20, seed=0, shuffle_buffer=None, num_workers=workers,
+                         dataset_name="debian-docs")
+    totals = json.loads((out / "meta.json").read_text())["totals"]
+    return totals["train_tokens"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--chars", type=float, default=CHARS, help="characters of the corpus to tokenize")
+    ap.add_argument("--train-chars", type=float, default=TRAIN_CHARS, help="characters to train the tokenizers on")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary of every tokenizer")
+    ap.add_argument("--repeat", type=int, default=REPEAT, help="timed runs per contender (best is kept)")
+    args = ap.parse_args(argv)
+    if not CORPUS.exists():
+        print(f"{CORPUS} is absent: nothing to measure")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        train = list(stream_docs(limit_chars=int(args.train_chars)))
+        t0 = time.perf_counter()
+        spm = train_tokenizer(train, work / "spm", settings=TrainSettings(vocab_size=args.vocab))
+        json_path, tt_path = train_bpe(train, work / "bpe", args.vocab)
+        print(f"trained the tokenizers on {args.train_chars:,.0f} chars in {time.perf_counter() - t0:.1f} s", flush=True)
+        toks = {"sentencepiece": spm, "hf-tokenizers": load_tokenizer(json_path), "tiktoken": load_tokenizer(tt_path)}
+        texts = list(stream_docs(limit_chars=int(args.chars)))
+        print(f"{len(texts)} documents, {sum(map(len, texts)):,} chars", flush=True)
+        contenders = {}
+        for name, tok in toks.items():
+            contenders[(name, "bare encode_batch, 1 thread")] = lambda tok=tok: bare(tok, texts, 1)
+            contenders[(name, "bare encode_batch, 2 threads")] = lambda tok=tok: bare(tok, texts, 2)
+            for w in (1, 2):
+                contenders[(name, f"build, {w} worker{'s' * (w > 1)}")] = \
+                    lambda tok=tok, w=w, name=name: build(tok, texts, work / f"{name}-{w}", w)
+        best: dict = {}
+        tokens: dict = {}
+        for _ in range(args.repeat):
+            for key, fn in contenders.items():
+                t0 = time.perf_counter()
+                tokens[key] = fn()
+                best[key] = min(best.get(key, float("inf")), time.perf_counter() - t0)
+        rate = {k: tokens[k] / best[k] for k in best}
+        rows = [[b, c, tokens[(b, c)], rate[(b, c)] / 1e6, rate[(b, c)] / rate[(b, "bare encode_batch, 1 thread")]]
+                for b, c in rate]
+        print(table(f"\nBuild speed by backend on debian-docs (best of {args.repeat})",
+                    ["backend", "contender", "tokens", "Mtok/s", "x bare 1 thread"], rows))
+        same = all((work / f"{n}-1" / "train" / "shard_00000.bin").read_bytes()
+                   == (work / f"{n}-2" / "train" / "shard_00000.bin").read_bytes() for n in toks)
+        print(f"1-worker and 2-worker caches byte-identical for every backend: {same}")
+        for w in ("build, 1 worker", "build, 2 workers"):
+            print(f"tiktoken {w} / sentencepiece {w}: "
+                  f"{rate[('tiktoken', w)] / rate[('sentencepiece', w)]:.2f}x (tokens/s; different vocabularies)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

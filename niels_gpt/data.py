@@ -1,0 +1,87 @@
+"""One door: `open_dataset(path, T=...)` looks at what `path` holds and returns the dataset that serves it.
+
+    from niels_gpt.data import open_dataset
+    ds = open_dataset("cache-demo/pretrain/wikitext", T=256)      # IndexedWindowDataset, split train
+    ds = open_dataset("cache-demo/sft/dolly15k", T=256)           # SFTExampleDataset
+    ds = open_dataset("packed/", T=None)                          # PackedMemmapDataset
+
+| `path` holds                                                   | dataset                     | item / batch |
+|----------------------------------------------------------------|-----------------------------|--------------|
+| a pretraining cache (meta.json kind pretrain) or one split dir | `IndexedWindowDataset`      | `{"input_ids", "labels"}`, T tokens, stride T |
+| an SFT cache (meta.json kind sft)                              | `SFTExampleDataset`         | `get_batch(B=...)` / `collate(indices)`: x, y, loss mask |
+| packed bins (manifest.json, Megatron-Bridge Parquet, legacy .npy) | `open_packed`            | `{"input_ids", "labels", "loss_mask", "seq_starts"...}` |
+| a peer's token files (`convert --to` output, nanoGPT .bin, KempnerForge .npy, Megatron .bin/.idx, raw) | `MemoryMappedDataset` | KempnerForge's semantics: `{"input_ids", "labels"}`, windows of T + 1, stride T + 1 |
+
+Which to use for what: `IndexedWindowDataset` with `GlobalBatchSampler` and `ResumableDataLoader` for
+pretraining with exact resumption on any number of ranks and workers; the contract's
+`PretrainTokenStreamDataset.get_batch` for random windows with a torch generator; `SFTExampleDataset`
+for SFT with the assistant-only loss mask; packed bins for SFT at a fixed sequence length without
+padding waste; `MemoryMappedDataset` / `NanogptDataset` where a run must see exactly the samples a
+peer's loader would (docs/formats.md). Every dataset here pickles as paths (memmaps open lazily in
+each worker), validates its files on open, and raises the package's errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from niels_gpt.cache.meta import META_NAME
+from niels_gpt.cache.sft_dataset import SFTExampleDataset
+from niels_gpt.constants import SPLITS
+from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
+from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.packing.factory import open_packed
+from niels_gpt.packing.memmap_format import MANIFEST_NAME
+from niels_gpt.packing.parquet import PARQUET_SUFFIXES
+
+
+def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = "train", **options):
+    """The dataset for whatever `path` holds (see the module's table). `T` is the window (sequence)
+    length; packed bins have theirs fixed at packing and take none. `options` go to the dataset."""
+    p = Path(path)
+    if not p.exists() and not p.with_suffix(".bin").exists():
+        raise FormatError(f"{p}: no such file or directory")
+    kind, root, split = _what(p, split)
+    if kind == "packed":
+        if T is not None:
+            raise ConfigError(f"{p}: packed bins have the length they were packed with; leave T out")
+        return open_packed(p, **options)
+    if not isinstance(T, int) or isinstance(T, bool) or T < 1:
+        raise ConfigError(f"{p}: T={T!r}; pass the window length as a positive int (T=...)")
+    if kind == "pretrain":
+        return IndexedWindowDataset(root, T, split=split, **options)
+    if kind == "sft":
+        meta = json.loads((root / META_NAME).read_text(encoding="utf-8"))
+        eot = (meta.get("special_token_ids") or {}).get("eot")
+        if eot is None:
+            raise FormatError(f"{root / META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
+        return SFTExampleDataset(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=T,
+                                 device=options.pop("device", "cpu"), eot_id=int(eot), **options)
+    return MemoryMappedDataset(p, T, split=split, **options)
+
+
+def _what(p: Path, split: str) -> tuple[str, Path, str]:
+    """(kind, the directory its meta lives in, the split) for `p`: pretrain, sft, packed or foreign."""
+    if p.is_dir() and (p / MANIFEST_NAME).is_file():
+        return "packed", p, split
+    if p.suffix in PARQUET_SUFFIXES or p.suffix == ".npy" and not p.name.endswith("_idx.npy"):
+        return "packed", p, split
+    if p.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in p.iterdir()):
+        return "packed", p, split
+    for root, chosen in ((p, split), (p.parent, p.name)):
+        meta_path = root / META_NAME
+        if not meta_path.is_file() or (root != p and chosen not in SPLITS):
+            continue
+        try:
+            kind = json.loads(meta_path.read_text(encoding="utf-8")).get("kind")
+        except (OSError, ValueError, AttributeError) as e:
+            raise FormatError(f"{meta_path}: not readable JSON ({e}); rebuild the cache") from e
+        if kind in ("pretrain", "sft"):
+            return kind, root, chosen
+        if kind is not None:
+            raise FormatError(f"{meta_path}: kind {kind!r} holds no tokens to train on (a tokenizer?); "
+                              "point at a cache, packed bins or token files")
+    return "foreign", p, split

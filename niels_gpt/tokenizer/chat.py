@@ -1,0 +1,82 @@
+"""Chat rendering with a tokenizer's own jinja2 chat template, and the assistant mask from its spans.
+
+The template is rendered the way `transformers`' `apply_chat_template` renders it (a sandboxed jinja2
+environment, trim_blocks and lstrip_blocks, `raise_exception`, a `tojson` filter that keeps non-ASCII,
+`messages`, `bos_token`, `eos_token`, `add_generation_prompt`), then encoded whole with special tokens
+parsed (the template writes them as text), so the ids are those the model's own tooling produces. NOTE: as
+with apply_chat_template, a special token's text typed inside a message's content becomes that special id;
+contents are not escaped, since templates may transform them (trim, prefix) before writing them.
+
+The trained span of assistant message k is the text that message adds to the conversation:
+
+    start = len(render(messages[:k], add_generation_prompt=True))   # the prompt up to its header
+    end   = len(render(messages[:k + 1]))                           # its content and end-of-turn text
+
+so the assistant's content and whatever the template closes its turn with (`<|im_end|>`, `</s>`, ...)
+are trained, and its header is not, whatever the template. A token is trained when its first character
+lies in such a span. Each prefix render must be a prefix of the full render (true of the usual
+templates); a template that rewrites earlier turns is refused by name. Cost: k + 1 renders for k
+assistant messages, against one encode of the whole conversation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+
+from niels_gpt.errors import ConfigError, TokenizerError
+from niels_gpt.tokenizer.base import Message, RenderedChat, _check_message
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str):
+    try:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # pragma: no cover - the hf extra is not installed
+        raise TokenizerError("a chat template needs the `jinja2` package: pip install 'niels_gpt[hf]'") from exc
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+def render_text(tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
+    """The template's text for `messages` (what apply_chat_template(tokenize=False) returns)."""
+    from jinja2.exceptions import TemplateError
+
+    def text(tid):
+        return None if tid is None else tokenizer.id_to_piece(tid)
+
+    try:
+        return _compile(tokenizer.chat_template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt,
+            bos_token=text(tokenizer.bos_id) or "", eos_token=text(tokenizer.special_ids.get("eot")) or "")
+    except TemplateError as exc:
+        raise ConfigError(f"the chat template of {tokenizer.model_path} refused this conversation: {exc}") from exc
+
+
+def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat:
+    """Ids and assistant mask of a conversation rendered with the tokenizer's chat template."""
+    checked = [dict(zip(("role", "content"), _check_message(m, i), strict=True)) for i, m in enumerate(messages)]
+    full = render_text(tokenizer, checked)
+    spans = []
+    for k, m in enumerate(checked):
+        if m["role"] != "assistant":
+            continue
+        prompt = render_text(tokenizer, checked[:k], add_generation_prompt=True) if k else \
+            render_text(tokenizer, [], add_generation_prompt=True)
+        upto = render_text(tokenizer, checked[:k + 1])
+        if not full.startswith(upto) or not upto.startswith(prompt):
+            raise ConfigError(f"message {k} (assistant): the chat template of {tokenizer.model_path} renders the "
+                              "conversation so far differently once later messages follow, so the assistant's "
+                              "tokens cannot be located; use a template that only appends turns")
+        spans.append((len(prompt), len(upto)))
+    ids, starts = tokenizer.encode_rendered(full)
+    mask = [any(a <= s < b for a, b in spans) for s in starts]
+    return RenderedChat(list(ids), mask)

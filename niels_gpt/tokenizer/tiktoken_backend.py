@@ -1,0 +1,150 @@
+"""tiktoken backend: an encoding by name (cl100k_base, o200k_base, ...) or a local `.tiktoken` file.
+
+    tok = TiktokenTokenizer("cl100k_base")          # needs the encoding's file in tiktoken's cache
+    tok = TiktokenTokenizer("my_ranks.tiktoken")    # base64 token, space, rank: one per line
+
+- A name is opened with `tiktoken.get_encoding`, which reads the file from its cache
+  (TIKTOKEN_CACHE_DIR, else a tiktoken-cache directory under the system's temporary directory) and
+  only downloads it when it is missing there; with no network a missing file is an error naming the
+  cache directory to fill.
+- A `.tiktoken` file gets the regex of `PATTERN_FOR` (o200k's when the file name says o200k, else
+  cl100k's) and one special token, `<|endoftext|>`, right after the last rank.
+- The tokenizer keeps its own conventions: `<|endoftext|>` (or the --eos given) ends every document.
+  Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template, so
+  chat data needs another tokenizer.
+- sha256: of the `.tiktoken` file, or for a name of its ranks, regex and special tokens, so two machines
+  with the same encoding record the same value. Pickles as its name or path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.errors import TokenizerError
+from niels_gpt.tokenizer.base import Tokenizer
+
+ENDOFTEXT = "<|endoftext|>"
+CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+                  r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
+])
+
+
+def pattern_for(path: Path) -> str:
+    return O200K_PATTERN if "o200k" in path.name else CL100K_PATTERN
+
+
+def is_tiktoken_spec(path: str | os.PathLike) -> bool:
+    """A `.tiktoken` file, or a bare name tiktoken knows (cl100k_base, o200k_base, gpt2, ...)."""
+    text = str(path)
+    if text.endswith(".tiktoken"):
+        return True
+    if os.sep in text or "/" in text or Path(text).exists():
+        return False
+    try:
+        import tiktoken
+    except ImportError:
+        return text.endswith("_base")
+    return text in tiktoken.list_encoding_names()
+
+
+class TiktokenTokenizer(Tokenizer):
+    backend = "tiktoken"
+
+    def __init__(self, path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
+                 separator: str | None = None):
+        try:
+            import tiktoken
+            from tiktoken.load import load_tiktoken_bpe
+        except ImportError as exc:  # pragma: no cover - the tiktoken extra is not installed
+            raise TokenizerError(f"{path}: a tiktoken encoding needs the `tiktoken` package: pip install "
+                                 "'niels_gpt[tiktoken]'") from exc
+        text = str(path)
+        if text.endswith(".tiktoken"):
+            p = Path(text)
+            if not p.is_file():
+                raise TokenizerError(f"no .tiktoken file at {p}; pass an existing file or an encoding name")
+            data = p.read_bytes()
+            try:
+                ranks = load_tiktoken_bpe(str(p))
+            except Exception as exc:  # tiktoken raises ValueError/binascii.Error on a malformed line
+                raise TokenizerError(f"{p}: not a .tiktoken file (base64 token, space, rank per line): {exc}") from exc
+            if not ranks:
+                raise TokenizerError(f"{p}: no ranks in this .tiktoken file")
+            n = max(ranks.values()) + 1
+            try:
+                self._enc = tiktoken.Encoding(name=p.stem, pat_str=pattern_for(p), mergeable_ranks=ranks,
+                                              special_tokens={ENDOFTEXT: n})
+            except Exception as exc:
+                raise TokenizerError(f"{p}: tiktoken refused these ranks: {exc}") from exc
+            self._sha256 = hashlib.sha256(data).hexdigest()
+        else:
+            try:
+                self._enc = tiktoken.get_encoding(text)
+            except ValueError as exc:
+                raise TokenizerError(f"{text!r}: not a tiktoken encoding name ({exc}); pass one of "
+                                     f"{tiktoken.list_encoding_names()} or a .tiktoken file") from exc
+            except Exception as exc:  # the download of a missing file failed (no network)
+                cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
+                    os.path.join(__import__("tempfile").gettempdir(), "data-gym-cache")
+                raise TokenizerError(f"tiktoken encoding {text!r} is not in its cache ({cache}) and could not be "
+                                     f"downloaded ({type(exc).__name__}: {exc}); copy the encoding's file there "
+                                     "(or set TIKTOKEN_CACHE_DIR), or pass a local .tiktoken file") from exc
+            h = hashlib.sha256()
+            h.update(self._enc._pat_str.encode())
+            for token, rank in sorted(self._enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+                h.update(rank.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)
+            for token, rank in sorted(self._enc._special_tokens.items()):
+                h.update(token.encode() + rank.to_bytes(4, "little"))
+            self._sha256 = h.hexdigest()
+        self._path = text
+        self._special_set = set(self._enc._special_tokens.values())
+        eot = self._enc._special_tokens.get(ENDOFTEXT)
+        self._special = {"sys": None, "usr": None, "asst": None, "eot": eot}
+        self._byte_lengths: np.ndarray | None = None
+        self._apply_options(eos, bos, separator)
+
+    def __len__(self) -> int:
+        return self._enc.max_token_value + 1
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self._enc._special_tokens:
+            return self._enc._special_tokens[token]
+        return self._enc._mergeable_ranks.get(token.encode("utf-8"))
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        # one call into Rust for the batch (the GIL is released while it encodes)
+        if num_threads is None or num_threads <= 1:
+            return [self._enc.encode_ordinary(t) for t in texts]
+        return self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._special_set]
+        return self._enc.decode(ids)
+
+    def id_to_piece(self, token_id: int) -> str:
+        try:
+            return self._enc.decode_single_token_bytes(int(token_id)).decode("utf-8", errors="backslashreplace")
+        except KeyError as exc:
+            raise TokenizerError(f"{self._path}: id {token_id} is not in the vocabulary (0..{len(self) - 1})") from exc
+
+    def token_byte_lengths(self) -> np.ndarray:
+        if self._byte_lengths is None:
+            out = np.zeros(len(self), dtype=np.int32)
+            for token, rank in self._enc._mergeable_ranks.items():
+                out[rank] = len(token)
+            self._byte_lengths = out
+        return self._byte_lengths

@@ -1,0 +1,110 @@
+"""Chat rendering with the tokenizer's own template; the assistant mask from the rendered spans."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from niels_gpt.cache.build_cache import build_sft_cache
+from niels_gpt.cache.meta import read_meta
+from niels_gpt.cache.sft_dataset import SFTExampleDataset
+from niels_gpt.errors import ConfigError, TokenizerError
+from niels_gpt.tokenizer import load_tokenizer
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"},
+        {"role": "assistant", "content": "Green <|im_end|> literal."}]
+
+
+def trained_text(tok, chat) -> list[str]:
+    """The trained runs of a rendered chat, decoded with special tokens kept."""
+    runs, run = [], []
+    for i, m in zip(chat.ids, chat.mask, strict=True):
+        if m:
+            run.append(i)
+        elif run:
+            runs.append(tok.decode(run, skip_special_tokens=False))
+            run = []
+    if run:
+        runs.append(tok.decode(run, skip_special_tokens=False))
+    return runs
+
+
+def test_template_renders_like_apply_chat_template_and_masks_assistant_turns(hf_dir):
+    tok = load_tokenizer(hf_dir)
+    chat = tok.render_chat(CONV)
+    text = tok.decode(chat.ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+    assert trained_text(tok, chat) == ["Blue.<|im_end|>\n", "Green <|im_end|> literal.<|im_end|>\n"]
+    im_end = tok.token_to_id("<|im_end|>")
+    # as apply_chat_template does, the rendered text is encoded whole with special tokens parsed, so the
+    # marker typed in the content is a special id too (5 from the template, 1 from the content)
+    assert chat.ids.count(im_end) == 6
+    assert tok.token_to_id("<|im_start|>") in chat.ids
+
+
+def test_sft_cache_with_a_template_stores_the_mask_and_the_dataset_trains_on_it(tmp_path, hf_dir):
+    tok = load_tokenizer(hf_dir)
+    convs = [CONV, CONV[:3], [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]]
+    build_sft_cache(convs, str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0)
+    meta = read_meta(str(tmp_path / "sft"))
+    assert meta["assistant_mask"]["file"] == "{split}_mask.bin" and "chat template" in meta["rendering"]
+    assert meta["special_token_ids"]["asst"] is None and meta["special_token_ids"]["eot"] == tok.separator.id
+    mask = np.fromfile(tmp_path / "sft" / "train_mask.bin", dtype=np.uint8)
+    assert len(mask) == meta["totals"]["train_tokens"] == meta["files"]["train_mask.bin"]["bytes"]
+    ds = SFTExampleDataset(str(tmp_path / "sft" / "train_tokens.bin"), str(tmp_path / "sft" / "train_idx.npy"),
+                           T=64, device="cpu", eot_id=tok.eot_id)
+    for i, conv in enumerate(convs):
+        x, y, ym = ds.collate(np.array([i]))
+        kept = [t for t in ym[0].tolist() if t != -100]
+        expected = [t for t, m in zip(*tok.render_chat(conv), strict=True) if m]
+        assert kept == expected[:len(kept)] and kept
+    x, y, ym = ds.get_batch(B=4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert ds.trained(0).tolist() == tok.render_chat(convs[0]).mask
+
+    from niels_gpt.report import inspect_path, verify_outputs
+
+    shown = inspect_path(str(tmp_path / "sft"), tokenizer=str(hf_dir), window=64)
+    assert "⟦Blue.<|eot|>\n⟧user" in shown.replace("⟧⟦", "")
+    problems, checked, _ = verify_outputs(str(tmp_path / "sft"))
+    assert problems == [] and checked == 1
+
+
+def test_sft_cache_with_library_tokenizer_has_no_mask_file(tmp_path, tokenizer):
+    build_sft_cache([CONV], str(tmp_path / "sft"), tokenizer=tokenizer, val_frac=0.0, seed=0)
+    assert not list((tmp_path / "sft").glob("*_mask.bin"))
+    assert "assistant_mask" not in read_meta(str(tmp_path / "sft"))
+
+
+def test_rejects_a_template_that_rewrites_earlier_turns(tmp_path, bpe_json):
+    (tmp_path / "tokenizer.json").write_bytes(bpe_json.read_bytes())
+    rewriting = "{% for m in messages %}{{ m['role'] }}{{ loop.length }}: {{ m['content'] }}\n{% endfor %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                                "chat_template": rewriting}))
+    tok = load_tokenizer(tmp_path)
+    with pytest.raises(ConfigError, match=r"message 1 \(assistant\): the chat template of .*tokenizer.json renders"):
+        tok.render_chat(CONV[1:3])
+    with pytest.raises(ConfigError, match=r"sft example 0: message 1 \(assistant\)"):
+        build_sft_cache([CONV[1:3]], str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0)
+    assert not (tmp_path / "sft" / "meta.json").exists()
+
+
+def test_template_raise_exception_is_a_clear_error(tmp_path, bpe_json):
+    (tmp_path / "tokenizer.json").write_bytes(bpe_json.read_bytes())
+    strict = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}x"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": strict}))
+    with pytest.raises(ConfigError, match=r"chat template of .*tokenizer.json refused this conversation: no system"):
+        load_tokenizer(tmp_path).render_chat(CONV)
+
+
+def test_rejects_chat_with_a_tokenizer_that_has_neither_template_nor_sentinels(bpe_json, tiktoken_file):
+    for path in (bpe_json, tiktoken_file):
+        with pytest.raises(TokenizerError, match=rf"{path.name}: this tokenizer has no chat template"):
+            load_tokenizer(path).render_chat(CONV)
