@@ -28,6 +28,7 @@ from niels_gpt.cache.build_cache import (
 from niels_gpt.errors import ConfigError
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.corpus import MESSAGES_FIELD, ON_BAD_RECORD, TEXT_FIELD, corpus
+from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
 
 ALL_TOKENS = 2**62  # no budget: every document
@@ -46,6 +47,7 @@ def by_fraction(texts, val_frac: float, seed: int, want_val: bool):
             yield text
 
 
+@writes_to_url  # out may be an fsspec URL: built locally (named after it), uploaded, meta.json last
 def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field: str = TEXT_FIELD,
                  messages_field: str = MESSAGES_FIELD, chat_columns=None, max_tokens: int = ALL_TOKENS,
                  val_tokens: int | None = None, val_frac: float | None = None, shard_bytes: int = SHARD_BYTES,
@@ -104,7 +106,8 @@ def register(sub) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC",
                    help="files (.txt .md .jsonl .json(.gz/.zst) .parquet .csv .arrow), directories, globs, or a "
                         "dataset id (owner/name)")
-    p.add_argument("--out", required=True, help="cache directory to write")
+    p.add_argument("--out", required=True, help="cache directory to write, or a URL (s3://, gs://, hf://, memory://; "
+                   "built locally, then uploaded)")
     p.add_argument("--tokenizer", required=True,
                    help="spm.model, tokenizer.json, a transformers tokenizer directory, a .tiktoken file or a "
                         "tiktoken encoding name")

@@ -103,6 +103,7 @@ class PretrainTokenStreamDataset:
         self._views: list[np.ndarray] | None = None
         self._flat: np.ndarray | None = None
         self._remote_views: dict[int, tuple[int, np.ndarray]] = {}
+        self._seen: set[str] = set()  # shards known to be mirrored (remote caches)
 
     @property
     def num_tokens(self) -> int:
@@ -215,7 +216,11 @@ class PretrainTokenStreamDataset:
         paths = {int(k): self.remote.fetch(f"{self.split}/{self.shard_names[k]}", keep=needed)
                  for k in np.unique(shard)}
         rels = [f"{self.split}/{n}" for n in self.shard_names]
-        if all(self.remote.has(r) for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
+        # NOTE: one stat per shard not yet seen mirrored, not one per shard per batch
+        self._seen |= needed
+        self._seen |= {r for r, s in zip(rels, self.window_starts, strict=True)
+                       if s > 0 and r not in self._seen and self.remote.has(r)}
+        if all(r in self._seen for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
             for r in rels:  # shards too short for a window are mapped too, never drawn
                 self.remote.fetch(r, keep=set(rels))
             self._remote_views = {}

@@ -145,3 +145,17 @@ def test_a_staged_build_reuses_the_remote_tokenizer_and_does_not_upload_it_again
     assert fs.exists("/prefetch-test/c/sft/x/meta.json")
     assert fs.info("/prefetch-test/c/tokenizer/meta.json")["created"] == before
     fs.rm("/prefetch-test", recursive=True)
+
+
+def test_the_build_command_writes_to_s3(s3, tmp_path, monkeypatch, tokenizer, capsys):
+    fs, bucket = s3
+    monkeypatch.chdir(tmp_path)
+    lines = "".join(f'{{"text": "document {i} says hello to the storage layer"}}\n' for i in range(200))
+    (tmp_path / "docs.jsonl").write_text(lines)
+    args = ["docs.jsonl", "--tokenizer", tokenizer.model_path, "--val-frac", "0.1", "--no-progress"]
+    assert main(["build", *args, "--out", f"{bucket}/mine"]) == 0
+    assert main(["build", *args, "--out", "local/mine"]) == 0
+    assert fs.cat_file(f"{bucket}/mine/meta.json") == (tmp_path / "local/mine/meta.json").read_bytes()
+    x_remote = IndexedWindowDataset(f"{bucket}/mine", 16)[0]["input_ids"]
+    assert torch.equal(x_remote, IndexedWindowDataset("local/mine", 16)[0]["input_ids"])
+    assert not list(tmp_path.glob("s3:*"))
