@@ -89,6 +89,18 @@ def jobs(tok: str) -> list[Job]:
         Job("pack-sft over", ["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024"], "packed", "packed",
             before=["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024", "--algorithm", "bfd"]),
     ]
+    from niels_gpt.sources import SAMPLE_DIR
+
+    corpus = [str(SAMPLE_DIR / "fineweb_edu"), str(SAMPLE_DIR / "gutenberg")]
+    build = ["build", *corpus, "--out", "b", "--tokenizer", tok, "--val-tokens", "4096", "--no-progress"]
+    dist = ["dist-build", *corpus, "--out", "d", "--tokenizer", tok, "--val-tokens", "4096", "--workers", "2",
+            "--task-bytes", "65536", "--no-progress"]
+    out += [
+        Job("build fresh", build, "b", "pretrain"),
+        Job("build over", build, "b", "pretrain", before=[*build, "--shard-bytes", "64KB"]),
+        Job("dist-build fresh", dist, "d", "pretrain"),
+        Job("dist-build over", dist, "d", "pretrain", before=[*dist, "--shard-bytes", "64KB"]),
+    ]
     for fmt in FORMATS:
         extra = ["--not-for-kempnerforge"] if fmt == "raw" else []
         out.append(Job(f"convert {fmt}", ["convert", "REF/c/pretrain/wikitext", f"conv-{fmt}", "--to", fmt, *extra],
