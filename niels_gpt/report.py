@@ -11,7 +11,6 @@ an unfinished build. `inspect_path` describes any of them and decodes a window.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -291,7 +290,8 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
                 lines.append(f"  {c.relative_to(root)}: tokenizer, {m['vocab_size']} ids, sha256 "
                              f"{str(m['tokenizer_sha256'])[:16]}…")
                 continue
-            lines.append(f"  {c.relative_to(root)}: {m['kind']}, " + (json.dumps(m.get("totals")) if m.get("built", True) else "not built"))
+            lines.append(f"  {c.relative_to(root)}: {m['kind']}, " + (_totals_inline(m.get("totals") or {})
+                                                                       if m.get("built", True) else "not built"))
         return "\n".join(lines)
     meta = read_meta(str(root))
     if meta["kind"] == "tokenizer":
@@ -299,8 +299,9 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
                           f"  tokenizer_sha256: {meta['tokenizer_sha256']}",
                           f"  special_token_ids: {meta['special_token_ids']}", f"  settings: {meta.get('settings')}"])
     head = {k: meta.get(k) for k in ("kind", "dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
-                                     "vocab_size", "special_token_ids", "shard_bytes", "streaming", "totals", "skipped")}
+                                     "vocab_size", "special_token_ids", "shard_bytes", "streaming", "skipped")}
     lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None]
+    lines += totals_table(meta.get("totals") or {})
     if meta.get("built") is False:
         return "\n".join(lines + [f"  (not built: {meta.get('reason')})"])
     lines.append(f"  files: {len(meta['files'])}, {sum(r['bytes'] for r in meta['files'].values()):,} bytes")
@@ -381,3 +382,33 @@ def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
 def ds_max(meta: dict, split: str) -> int:
     tokens = [r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/")]
     return max(1, max(tokens) - 1)
+
+
+def _split_totals(totals: dict) -> tuple[list[str], dict[str, dict[str, int]]]:
+    """{"train_tokens": 5, "val_documents": 2, ...} -> (column names, {split: {column: value}})."""
+    rows: dict[str, dict[str, int]] = {}
+    columns: list[str] = []
+    for key, value in totals.items():
+        split, _, what = key.partition("_")
+        rows.setdefault(split, {})[what] = value
+        if what not in columns:
+            columns.append(what)
+    return columns, rows
+
+
+def totals_table(totals: dict) -> list[str]:
+    """The totals of a meta.json as a small table: one row per split, one column per count."""
+    columns, rows = _split_totals(totals)
+    if not rows:
+        return []
+    width = {c: max(len(c), *(len(f"{r.get(c, 0):,}") for r in rows.values())) for c in columns}
+    lines = ["  totals:", "    " + f"{'split':<6}" + "".join(f"  {c:>{width[c]}}" for c in columns)]
+    for split, r in rows.items():
+        lines.append("    " + f"{split:<6}" + "".join(f"  {r[c]:>{width[c]},}" if c in r else f"  {'-':>{width[c]}}"
+                                                     for c in columns))
+    return lines
+
+
+def _totals_inline(totals: dict) -> str:
+    columns, rows = _split_totals(totals)
+    return "; ".join(f"{split} " + ", ".join(f"{r[c]:,} {c}" for c in columns if c in r) for split, r in rows.items())

@@ -22,7 +22,7 @@ from niels_gpt.errors import NielsGPTError
 from niels_gpt.seeds import seed_arg
 
 SUBCOMMAND_MODULES = ("niels_gpt.build.corpus", "niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
-                      "niels_gpt.train.cli", "niels_gpt.build.cli")
+                      "niels_gpt.train.cli", "niels_gpt.build.cli", "niels_gpt.stats")
 
 
 def _int(text: str) -> int:
