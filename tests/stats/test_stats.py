@@ -141,8 +141,8 @@ def test_refusals_name_the_path(data, tokenizer, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and "plain" in err[0]
 
 
-def test_inspect_prints_totals_as_a_table(data, capsys):
-    assert main(["inspect", str(data / "pre")]) == 0
+def test_inspect_prints_totals_as_a_table(data, tokenizer, capsys):
+    assert main(["inspect", str(data / "pre"), "--tokenizer", str(tokenizer.model_path)]) == 0
     out = capsys.readouterr().out
     meta = json.loads((data / "pre" / "meta.json").read_text())
     lines = out.splitlines()
