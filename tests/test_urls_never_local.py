@@ -23,12 +23,14 @@ def test_commands_that_write_local_files_refuse_a_url(args, flag, tmp_path, monk
     assert not (tmp_path / "s3:").exists()
 
 
-def test_dist_build_refuses_a_url_output(tmp_path, monkeypatch, capsys, tokenizer):
+def test_dist_build_refuses_a_url_it_cannot_write_before_building(tmp_path, monkeypatch, capsys, tokenizer):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
-    assert main(["dist-build", "a.jsonl", "--out", URL, "--tokenizer", tokenizer.model_path]) == 1
-    assert "--out 's3://bucket/out' is a URL" in capsys.readouterr().err
-    assert not (tmp_path / "s3:").exists()
+    assert main(["dist-build", "a.jsonl", "--out", "nosuch://bucket/out", "--tokenizer", tokenizer.model_path]) == 1
+    assert "the URL scheme 'nosuch' is not supported" in capsys.readouterr().err
+    assert main(["dist-build", "a.jsonl", "--out", "http://h/out", "--tokenizer", tokenizer.model_path]) == 1
+    assert "http:// is read-only" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]  # nothing built, nothing at a URL-like path
 
 
 def test_builders_refuse_a_url_they_cannot_write_and_write_nothing_locally(tmp_path, monkeypatch, tokenizer, capsys):
