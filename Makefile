@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile setup.py niels_gpt/_native/gather.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,hf,cloud,train,tiktoken,corpus]"
+	$(PY) -m pip install --quiet -e ".[dev,hf,cloud,train,tiktoken,corpus,plot]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -177,6 +178,28 @@ def add_inspect_verify(sub) -> None:
     p.set_defaults(func=lambda a: _verify(a))
 
 
+def add_stats(sub) -> None:
+    p = sub.add_parser("stats", help="figures of a cache, packed directory or converted output: tokens, documents, "
+                                     "length percentiles, EOT/BOS, SFT trained fraction, packing fill")
+    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output")
+    p.add_argument("--png", default=None, metavar="OUT", help="write PNG figures into this directory (plot extra)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--seq-len", type=int, default=1024, metavar="T",
+                   help="SFT: count examples that keep no trained target at this sequence length")
+    p.set_defaults(func=lambda a: _stats(a))
+
+
+def _stats(args) -> int:
+    from niels_gpt.stats import cache_stats, format_stats, plot_stats
+
+    st = cache_stats(args.path, seq_len=args.seq_len)
+    print(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st))
+    if args.png:
+        drawn = plot_stats(st, args.png)
+        print(f"wrote {len(drawn)} PNG file(s) to {args.png}: {', '.join(drawn)}", file=sys.stderr)
+    return 0
+
+
 def _inspect(args) -> int:
     from niels_gpt.report import inspect_path
 
@@ -237,6 +260,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_build_all(sub)
     add_train_tokenizer(sub)
     add_inspect_verify(sub)
+    add_stats(sub)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     for p in sub.choices.values():
