@@ -330,12 +330,11 @@ def format_stats(stats: Stats) -> str:
              s.lengths.get("p99"), s.lengths.get("max")] for s in stats.streams]
     unit = "sequences" if stats.kind == "packed" else "examples" if stats.kind == "sft" else "documents"
     out += ["", table(["split", "tokens", unit, "EOT", "BOS", "p50", "p90", "p99", "max"], rows)]
-    if any(s.trained_tokens is not None for s in stats.streams):
-        rows = [[s.name, s.trained_tokens, s.trained_fraction] + ([s.lose_all_trained] if stats.kind == "sft" else [])
-                for s in stats.streams]
-        head = ["split", "trained tokens", "fraction"]
-        if stats.kind == "sft":
-            head.append(f"no trained token at T={stats.streams[0].seq_len}")
+    trained = [s for s in stats.streams if s.trained_tokens is not None]
+    if trained:
+        lose = any(s.lose_all_trained is not None for s in trained)
+        head = ["split", "trained tokens", "fraction"] + ([f"no trained token at T={trained[0].seq_len}"] if lose else [])
+        rows = [[s.name, s.trained_tokens, s.trained_fraction] + ([s.lose_all_trained] if lose else []) for s in trained]
         out += ["", table(head, rows)]
     if stats.kind == "packed":
         e = stats.extra

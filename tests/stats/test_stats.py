@@ -1,0 +1,177 @@
+"""stats: every figure checked against an independent computation over the same files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from niels_gpt.cache.cli import main
+from niels_gpt.stats import cache_stats, format_stats, plot_stats
+from tests.conftest import SPECIALS, write_pretrain_cache, write_sft_cache
+
+EOT, ASST, USR = SPECIALS["eot"], SPECIALS["asst"], SPECIALS["usr"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _docs(rng, n, lo=1, hi=300):
+    return [np.append(rng.integers(10, 2000, size=int(rng.integers(lo, hi))), EOT) for _ in range(n)]
+
+
+@pytest.fixture
+def pretrain(tmp_path):
+    rng = np.random.default_rng(0)
+    train, val = np.concatenate(_docs(rng, 120)), np.concatenate(_docs(rng, 17))
+    # the train split in two shards cut inside a document: documents run across shard ends
+    return write_pretrain_cache(tmp_path / "pretrain" / "p", {"train": [train[:5000], train[5000:]], "val": [val]})
+
+
+def _sft_examples(rng, n):
+    out = []
+    for _ in range(n):
+        prompt = rng.integers(10, 2000, size=int(rng.integers(1, 200)))
+        answer = rng.integers(10, 2000, size=int(rng.integers(1, 50)))
+        out.append([USR, *prompt, EOT, ASST, *answer, EOT])
+    return out
+
+
+@pytest.fixture
+def sft(tmp_path):
+    rng = np.random.default_rng(1)
+    return write_sft_cache(tmp_path / "sft" / "s", _sft_examples(rng, 60), _sft_examples(rng, 9))
+
+
+def _independent_pretrain(path):
+    arrs = [np.fromfile(p, dtype="<u2") for p in sorted(path.glob("shard_*.bin"))]
+    flat = np.concatenate(arrs)
+    ends = np.flatnonzero(flat == EOT)
+    lengths = np.diff(np.concatenate([[-1], ends]))
+    return flat, lengths
+
+
+def test_pretrain_figures_match_numpy(pretrain):
+    st = cache_stats(pretrain)
+    assert st.kind == "pretrain" and [s.name for s in st.streams] == ["train", "val"]
+    for s in st.streams:
+        flat, lengths = _independent_pretrain(pretrain / s.name)
+        assert s.tokens == len(flat)
+        assert s.eot == int((flat == EOT).sum()) == s.documents == len(lengths)
+        assert s.bos == int((flat == 1).sum())
+        for p in (50, 90, 99):
+            assert s.lengths[f"p{p}"] == pytest.approx(np.percentile(lengths, p))
+        assert s.lengths["max"] == lengths.max()
+        assert sum(s.hist_counts) == len(lengths)
+    # a split directory alone gives the same figures for that split
+    assert cache_stats(pretrain / "val").streams[0] == st.streams[1]
+
+
+def test_sft_trained_fraction_and_losses_match_per_example_loop(sft):
+    st = cache_stats(sft, seq_len=64)
+    for s in st.streams:
+        tokens = np.fromfile(sft / f"{s.name}_tokens.bin", dtype="<u2")
+        idx = np.load(sft / f"{s.name}_idx.npy")
+        ends = np.append(idx[1:], len(tokens))
+        trained, lost = 0, 0
+        for a, b in zip(idx, ends, strict=True):
+            ex = tokens[a:b].tolist()
+            inside, mask = False, []
+            for t in ex:  # the rule, token by token: inside after [asst] until the next EOT (inclusive)
+                mask.append(inside)
+                if t == ASST:
+                    inside = True
+                elif t == EOT:
+                    inside = False
+            trained += sum(mask)
+            lost += not any(mask[1:65])
+        assert s.documents == len(idx) and s.tokens == len(tokens)
+        assert s.trained_tokens == trained
+        assert s.trained_fraction == pytest.approx(trained / len(tokens))
+        assert s.lose_all_trained == lost
+        assert s.eot == int((tokens == EOT).sum())
+        assert s.lengths["p90"] == pytest.approx(np.percentile(np.diff(np.append(idx, len(tokens))), 90))
+    assert cache_stats(sft, seq_len=100_000).streams[0].lose_all_trained == 0
+
+
+def test_root_of_caches_lists_every_split(pretrain, sft):
+    root = pretrain.parents[1]
+    st = cache_stats(root)
+    assert [s.name for s in st.streams] == ["pretrain/p/train", "pretrain/p/val", "sft/s/train", "sft/s/val"]
+    assert st.tokens == cache_stats(pretrain).tokens + cache_stats(sft).tokens
+
+
+def test_packed_efficiency_and_fill(sft, tmp_path):
+    from niels_gpt.packing import pack_sft
+
+    out = tmp_path / "packed"
+    pack_sft(str(sft), str(out), pack_size=512, algorithm="ffd", split="train", on_overflow="truncate", seed=0)
+    st = cache_stats(out)
+    plen = np.load(out / "packed_len.npy")
+    assert st.kind == "packed" and st.extra["bins"] == len(plen)
+    assert st.extra["efficiency"] == pytest.approx(plen.sum() / (len(plen) * 512))
+    assert st.extra["fill_counts"] == np.histogram(plen / 512, bins=20, range=(0, 1))[0].tolist()
+    assert st.streams[0].documents == len(np.load(out / "seq_starts.npy"))
+    assert st.streams[0].trained_tokens == int(np.load(out / "loss_mask.npy").sum())
+    assert "efficiency" in format_stats(st)
+
+
+def test_png_files_hold_the_computed_figures(pretrain, tmp_path):
+    pytest.importorskip("matplotlib")
+    st = cache_stats(pretrain)
+    drawn = plot_stats(st, tmp_path / "png")
+    assert set(drawn) == {"tokens.png", "lengths_train.png", "lengths_val.png"}
+    for name in drawn:
+        assert (tmp_path / "png" / name).read_bytes()[:8] == PNG_MAGIC
+    _, lengths = _independent_pretrain(pretrain / "train")
+    counts, edges = np.histogram(lengths, bins=len(drawn["lengths_train.png"]["counts"]))
+    assert drawn["lengths_train.png"]["counts"] == counts.tolist()
+    assert drawn["lengths_train.png"]["edges"] == pytest.approx(edges.tolist())
+    assert drawn["tokens.png"]["tokens"] == [s.tokens for s in st.streams]
+
+
+def test_cli_text_json_and_png(pretrain, sft, tmp_path, capsys):
+    assert main(["stats", str(sft), "--seq-len", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "trained tokens" in text and "no trained token at T=64" in text and "examples" in text
+    assert main(["stats", str(pretrain), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tokens"] == cache_stats(pretrain).tokens
+    pytest.importorskip("matplotlib")
+    assert main(["stats", str(pretrain), "--png", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "tokens.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_rejections_name_the_path(tmp_path, sft, capsys):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("hello")
+    assert main(["stats", str(plain)]) == 1
+    assert f"{plain}: no meta.json" in capsys.readouterr().err
+    assert main(["stats", str(tmp_path / "missing")]) == 1
+    assert f"{tmp_path / 'missing'}: no such file" in capsys.readouterr().err
+    assert main(["stats", str(sft), "--seq-len", "0"]) == 1
+    assert f"{sft}: --seq-len must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["stats", str(sft), "--seq-len", "abc"])
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "x_tokens.bin").write_bytes(b"\0\0")
+    assert main(["stats", str(unknown)]) == 1
+    assert str(unknown) in capsys.readouterr().err
+
+
+def test_png_without_matplotlib_names_the_extra(pretrain, tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "matplotlib":
+            raise ImportError("no matplotlib")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    from niels_gpt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"niels_gpt\[plot\]"):
+        plot_stats(cache_stats(pretrain), tmp_path / "png")
