@@ -273,6 +273,29 @@ def show_tokens(tokenizer, ids, trained=None) -> str:
     return "".join(out)
 
 
+def totals_table(rows: list[list]) -> str:
+    """meta.json totals of one or more caches as a table: one row per cache and split."""
+    from niels_gpt.stats import table
+
+    out = []
+    for name, kind, totals in rows:
+        for split in ("train", "val"):
+            if f"{split}_tokens" in totals:
+                out.append([f"{name}/{split}" if name != "." else split, kind, totals[f"{split}_tokens"],
+                            totals.get(f"{split}_examples", "-") if kind == "sft" else "-"])
+    return table(["split", "kind", "tokens", "examples"], out)
+
+
+def inspect_json(path: str) -> str:
+    """The raw form of inspect: meta.json of each cache at or below `path`, without its file list."""
+    root = Path(path)
+    caches = find_caches(root) if root.exists() else []
+    if not caches:
+        read_meta(str(root))  # raises the "not a cache" error naming the path
+    out = {str(c): {k: v for k, v in read_meta(str(c)).items() if k != "files"} for c in caches}
+    return json.dumps(out, indent=2, sort_keys=True)
+
+
 def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -> str:
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
@@ -291,7 +314,11 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
                 lines.append(f"  {c.relative_to(root)}: tokenizer, {m['vocab_size']} ids, sha256 "
                              f"{str(m['tokenizer_sha256'])[:16]}…")
                 continue
-            lines.append(f"  {c.relative_to(root)}: {m['kind']}, " + (json.dumps(m.get("totals")) if m.get("built", True) else "not built"))
+            lines.append(f"  {c.relative_to(root)}: {m['kind']}" + ("" if m.get("built", True) else ", not built"))
+        rows = [[str(c.relative_to(root)), m["kind"], m.get("totals") or {}] for c in caches
+                for m in [read_meta(str(c))] if m["kind"] != "tokenizer" and m.get("built", True)]
+        if rows:
+            lines += ["", totals_table(rows)]
         return "\n".join(lines)
     meta = read_meta(str(root))
     if meta["kind"] == "tokenizer":
@@ -300,7 +327,9 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
                           f"  special_token_ids: {meta['special_token_ids']}", f"  settings: {meta.get('settings')}"])
     head = {k: meta.get(k) for k in ("kind", "dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
                                      "vocab_size", "special_token_ids", "shard_bytes", "streaming", "totals", "skipped")}
-    lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None]
+    lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None and k != "totals"]
+    if head.get("totals"):
+        lines += ["", totals_table([[".", meta["kind"], head["totals"]]]), ""]
     if meta.get("built") is False:
         return "\n".join(lines + [f"  (not built: {meta.get('reason')})"])
     lines.append(f"  files: {len(meta['files'])}, {sum(r['bytes'] for r in meta['files'].values()):,} bytes")
