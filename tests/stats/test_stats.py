@@ -175,3 +175,14 @@ def test_png_without_matplotlib_names_the_extra(pretrain, tmp_path, monkeypatch)
 
     with pytest.raises(ConfigError, match=r"niels_gpt\[plot\]"):
         plot_stats(cache_stats(pretrain), tmp_path / "png")
+
+
+@pytest.mark.parametrize("fmt", ["nanogpt", "megatron"])
+def test_converted_output_has_the_figures_of_its_source(pretrain, tmp_path, fmt, capsys):
+    out = tmp_path / fmt
+    assert main(["convert", str(pretrain), str(out), "--to", fmt]) == 0
+    capsys.readouterr()
+    ours, theirs = cache_stats(pretrain), cache_stats(out)
+    assert theirs.kind == fmt
+    for a, b in zip(ours.streams, theirs.streams, strict=True):
+        assert (a.name, a.tokens, a.documents, a.eot, a.lengths) == (b.name, b.tokens, b.documents, b.eot, b.lengths)
