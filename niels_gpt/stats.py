@@ -265,6 +265,38 @@ def _foreign(root: Path, info, progress) -> Stats:
     return Stats(str(root), info.format, streams, {})
 
 
+def mixture_stats(path: str | Path, *, steps: int = 1000, global_batch_size: int = 64) -> Stats:
+    """Realised proportions of a mixture config over `steps` steps of `global_batch_size` samples.
+
+    The per-step counts are those MixtureSampler draws (the same quota rule, phases and temperature);
+    the datasets themselves are not opened."""
+    from niels_gpt.loading.mixture import MixtureConfig, normalised, quota_step
+
+    for name, v in (("--steps", steps), ("--batch", global_batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{path}: {name} must be a positive integer, got {v!r}")
+    cfg = MixtureConfig.from_file(path)
+    names = list(cfg.datasets)
+    phases = sorted((int(ph.start_step), normalised([float(ph.weights.get(n, 0.0)) for n in names], cfg.temperature))
+                    for ph in cfg.phases)
+    counts = np.zeros((steps, len(names)), dtype=np.int64)
+    carry = [0.0] * len(names)
+    for step in range(steps):
+        probs = [p for start, p in phases if start <= step][-1]
+        row, carry = quota_step(probs, carry, global_batch_size)
+        counts[step] = row
+    cum = np.cumsum(counts, axis=0)
+    realised = cum / cum.sum(axis=1, keepdims=True)
+    final = [p for start, p in phases if start <= steps - 1][-1]
+    streams = [StreamStats(name=n, tokens=int(cum[-1, i]), documents=None, eot=None, bos=None)
+               for i, n in enumerate(names)]
+    extra = {"steps": steps, "global_batch_size": global_batch_size, "names": names,
+             "target": {n: final[i] for i, n in enumerate(names)},
+             "realised": {n: float(realised[-1, i]) for i, n in enumerate(names)},
+             "realised_over_steps": realised.tolist(), "phases": [[s, p] for s, p in phases]}
+    return Stats(str(path), "mixture", streams, extra)
+
+
 def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None = None) -> Stats:
     """Figures of a pretraining or SFT cache (root or split directory), a packed directory or a converted output."""
     from niels_gpt.report import PACKED_MANIFEST, foreign_output, megatron_prefix
@@ -336,6 +368,13 @@ def format_stats(stats: Stats) -> str:
         head = ["split", "trained tokens", "fraction"] + ([f"no trained token at T={trained[0].seq_len}"] if lose else [])
         rows = [[s.name, s.trained_tokens, s.trained_fraction] + ([s.lose_all_trained] if lose else []) for s in trained]
         out += ["", table(head, rows)]
+    if stats.kind == "mixture":
+        e = stats.extra
+        out = [f"mixture {stats.path}: {e['steps']:,} steps of {e['global_batch_size']} samples", "",
+               table(["dataset", "samples", "realised", "weight now"],
+                     [[n, s.tokens, f"{e['realised'][n]:.4f}", f"{e['target'][n]:.4f}"]
+                      for n, s in zip(e["names"], stats.streams, strict=True)])]
+        return "\n".join(out)
     if stats.kind == "packed":
         e = stats.extra
         out += ["", f"bins: {e['bins']:,} of {e['pack_size']:,} tokens; efficiency {e['efficiency']:.4f}; "
@@ -360,6 +399,20 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         raise ConfigError(f"--png {out}: exists and is not a directory; pass a directory for the PNG files")
     out.mkdir(parents=True, exist_ok=True)
     drawn: dict[str, dict] = {}
+
+    if stats.kind == "mixture":
+        e = stats.extra
+        real = np.asarray(e["realised_over_steps"])
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for i, n in enumerate(e["names"]):
+            ax.plot(np.arange(1, e["steps"] + 1), real[:, i], label=n)
+        ax.set_xlabel("step")
+        ax.set_ylabel("share of samples so far")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "mixture.png")
+        plt.close(fig)
+        drawn["mixture.png"] = {"names": list(e["names"]), "realised": real}
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     names, tokens = [s.name for s in stats.streams], [s.tokens for s in stats.streams]

@@ -187,13 +187,18 @@ def add_stats(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--seq-len", type=int, default=1024, metavar="T",
                    help="SFT: count examples that keep no trained target at this sequence length")
+    p.add_argument("--steps", type=int, default=1000, help="mixture config: steps to draw")
+    p.add_argument("--batch", type=int, default=64, help="mixture config: global batch size (samples per step)")
     p.set_defaults(func=lambda a: _stats(a))
 
 
 def _stats(args) -> int:
-    from niels_gpt.stats import cache_stats, format_stats, plot_stats
+    from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
 
-    st = cache_stats(args.path, seq_len=args.seq_len)
+    if Path(args.path).is_file() and Path(args.path).suffix in (".json", ".toml"):
+        st = mixture_stats(args.path, steps=args.steps, global_batch_size=args.batch)
+    else:
+        st = cache_stats(args.path, seq_len=args.seq_len)
     print(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st))
     if args.png:
         drawn = plot_stats(st, args.png)

@@ -186,3 +186,31 @@ def test_converted_output_has_the_figures_of_its_source(pretrain, tmp_path, fmt,
     assert theirs.kind == fmt
     for a, b in zip(ours.streams, theirs.streams, strict=True):
         assert (a.name, a.tokens, a.documents, a.eot, a.lengths) == (b.name, b.tokens, b.documents, b.eot, b.lengths)
+
+
+def test_mixture_realised_proportions_are_what_the_sampler_draws(pretrain, tmp_path, capsys):
+    from collections import Counter
+
+    from niels_gpt.loading.mixture import MixtureConfig
+    from niels_gpt.stats import mixture_stats
+
+    cfg = tmp_path / "mix.json"
+    cfg.write_text(json.dumps({"datasets": {"a": str(pretrain), "b": str(pretrain)}, "seed": 3,
+                               "phases": [{"start_step": 0, "weights": {"a": 3, "b": 1}},
+                                          {"start_step": 10, "weights": {"a": 1, "b": 1}}]}))
+    st = mixture_stats(cfg, steps=25, global_batch_size=7)
+    _, sampler = MixtureConfig.from_file(cfg).build(16, 7)
+    seen = Counter()
+    for step in range(25):
+        seen.update(d for d, _ in sampler.global_batch())
+        drawn = np.array([seen[0], seen[1]]) / (7 * (step + 1))
+        assert st.extra["realised_over_steps"][step] == pytest.approx(drawn.tolist())
+    assert [s.tokens for s in st.streams] == [seen[0], seen[1]]
+    assert st.extra["realised"]["a"] == pytest.approx((10 * 7 * 0.75 + 15 * 7 * 0.5) / 175, abs=1 / 175)
+    assert main(["stats", str(cfg), "--steps", "25", "--batch", "7"]) == 0
+    assert "realised" in capsys.readouterr().out
+    assert main(["stats", str(cfg), "--steps", "0"]) == 1
+    assert f"{cfg}: --steps must be a positive integer" in capsys.readouterr().err
+    if pytest.importorskip("matplotlib"):
+        drawn = plot_stats(st, tmp_path / "png")
+        assert np.array_equal(drawn["mixture.png"]["realised"], np.asarray(st.extra["realised_over_steps"]))
