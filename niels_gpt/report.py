@@ -11,6 +11,7 @@ an unfinished build. `inspect_path` describes any of them and decodes a window.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -272,6 +273,29 @@ def show_tokens(tokenizer, ids, trained=None) -> str:
     return "".join(out)
 
 
+def totals_table(rows: list[list]) -> str:
+    """meta.json totals of one or more caches as a table: one row per cache and split."""
+    from niels_gpt.stats import table
+
+    out = []
+    for name, kind, totals in rows:
+        for split in ("train", "val"):
+            if f"{split}_tokens" in totals:
+                out.append([f"{name}/{split}" if name != "." else split, kind, totals[f"{split}_tokens"],
+                            totals.get(f"{split}_examples", "-") if kind == "sft" else "-"])
+    return table(["split", "kind", "tokens", "examples"], out)
+
+
+def inspect_json(path: str) -> str:
+    """The raw form of inspect: meta.json of each cache at or below `path`, without its file list."""
+    root = Path(path)
+    caches = find_caches(root) if root.exists() else []
+    if not caches:
+        read_meta(str(root))  # raises the "not a cache" error naming the path
+    out = {str(c): {k: v for k, v in read_meta(str(c)).items() if k != "files"} for c in caches}
+    return json.dumps(out, indent=2, sort_keys=True)
+
+
 def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -> str:
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
@@ -290,8 +314,11 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
                 lines.append(f"  {c.relative_to(root)}: tokenizer, {m['vocab_size']} ids, sha256 "
                              f"{str(m['tokenizer_sha256'])[:16]}…")
                 continue
-            lines.append(f"  {c.relative_to(root)}: {m['kind']}, " + (_totals_inline(m.get("totals") or {})
-                                                                       if m.get("built", True) else "not built"))
+            lines.append(f"  {c.relative_to(root)}: {m['kind']}" + ("" if m.get("built", True) else ", not built"))
+        rows = [[str(c.relative_to(root)), m["kind"], m.get("totals") or {}] for c in caches
+                for m in [read_meta(str(c))] if m["kind"] != "tokenizer" and m.get("built", True)]
+        if rows:
+            lines += ["", totals_table(rows)]
         return "\n".join(lines)
     meta = read_meta(str(root))
     if meta["kind"] == "tokenizer":
@@ -299,9 +326,10 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
                           f"  tokenizer_sha256: {meta['tokenizer_sha256']}",
                           f"  special_token_ids: {meta['special_token_ids']}", f"  settings: {meta.get('settings')}"])
     head = {k: meta.get(k) for k in ("kind", "dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
-                                     "vocab_size", "special_token_ids", "shard_bytes", "streaming", "skipped")}
-    lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None]
-    lines += totals_table(meta.get("totals") or {})
+                                     "vocab_size", "special_token_ids", "shard_bytes", "streaming", "totals", "skipped")}
+    lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None and k != "totals"]
+    if head.get("totals"):
+        lines += ["", totals_table([[".", meta["kind"], head["totals"]]]), ""]
     if meta.get("built") is False:
         return "\n".join(lines + [f"  (not built: {meta.get('reason')})"])
     lines.append(f"  files: {len(meta['files'])}, {sum(r['bytes'] for r in meta['files'].values()):,} bytes")
@@ -382,33 +410,3 @@ def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
 def ds_max(meta: dict, split: str) -> int:
     tokens = [r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/")]
     return max(1, max(tokens) - 1)
-
-
-def _split_totals(totals: dict) -> tuple[list[str], dict[str, dict[str, int]]]:
-    """{"train_tokens": 5, "val_documents": 2, ...} -> (column names, {split: {column: value}})."""
-    rows: dict[str, dict[str, int]] = {}
-    columns: list[str] = []
-    for key, value in totals.items():
-        split, _, what = key.partition("_")
-        rows.setdefault(split, {})[what] = value
-        if what not in columns:
-            columns.append(what)
-    return columns, rows
-
-
-def totals_table(totals: dict) -> list[str]:
-    """The totals of a meta.json as a small table: one row per split, one column per count."""
-    columns, rows = _split_totals(totals)
-    if not rows:
-        return []
-    width = {c: max(len(c), *(len(f"{r.get(c, 0):,}") for r in rows.values())) for c in columns}
-    lines = ["  totals:", "    " + f"{'split':<6}" + "".join(f"  {c:>{width[c]}}" for c in columns)]
-    for split, r in rows.items():
-        lines.append("    " + f"{split:<6}" + "".join(f"  {r[c]:>{width[c]},}" if c in r else f"  {'-':>{width[c]}}"
-                                                     for c in columns))
-    return lines
-
-
-def _totals_inline(totals: dict) -> str:
-    columns, rows = _split_totals(totals)
-    return "; ".join(f"{split} " + ", ".join(f"{r[c]:,} {c}" for c in columns if c in r) for split, r in rows.items())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -22,7 +23,7 @@ from niels_gpt.errors import NielsGPTError
 from niels_gpt.seeds import seed_arg
 
 SUBCOMMAND_MODULES = ("niels_gpt.build.corpus", "niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
-                      "niels_gpt.train.cli", "niels_gpt.build.cli", "niels_gpt.stats")
+                      "niels_gpt.train.cli", "niels_gpt.build.cli")
 
 
 def _int(text: str) -> int:
@@ -171,15 +172,46 @@ def add_inspect_verify(sub) -> None:
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
     p.add_argument("--window", type=int, default=64, help="tokens to decode")
+    p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
     p.set_defaults(func=lambda a: _inspect(a))
     p = sub.add_parser("verify", help="check every output against its metadata: sizes, counts, sha256, headers")
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
     p.set_defaults(func=lambda a: _verify(a))
 
 
-def _inspect(args) -> int:
-    from niels_gpt.report import inspect_path
+def add_stats(sub) -> None:
+    p = sub.add_parser("stats", help="figures of a cache, packed directory or converted output: tokens, documents, "
+                                     "length percentiles, EOT/BOS, SFT trained fraction, packing fill")
+    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output")
+    p.add_argument("--png", default=None, metavar="OUT", help="write PNG figures into this directory (plot extra); default: text tables only")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--seq-len", type=int, default=1024, metavar="T",
+                   help="SFT: count examples that keep no trained target at this sequence length")
+    p.add_argument("--steps", type=int, default=1000, help="mixture config: steps to draw")
+    p.add_argument("--batch", type=int, default=64, help="mixture config: global batch size (samples per step)")
+    p.set_defaults(func=lambda a: _stats(a))
 
+
+def _stats(args) -> int:
+    from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+
+    if Path(args.path).is_file() and Path(args.path).suffix in (".json", ".toml"):
+        st = mixture_stats(args.path, steps=args.steps, global_batch_size=args.batch)
+    else:
+        st = cache_stats(args.path, seq_len=args.seq_len)
+    print(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st))
+    if args.png:
+        drawn = plot_stats(st, args.png)
+        print(f"wrote {len(drawn)} PNG file(s) to {args.png}: {', '.join(drawn)}", file=sys.stderr)
+    return 0
+
+
+def _inspect(args) -> int:
+    from niels_gpt.report import inspect_json, inspect_path
+
+    if args.json:
+        print(inspect_json(args.path))
+        return 0
     print(inspect_path(args.path, tokenizer=args.tokenizer, window=args.window))
     return 0
 
@@ -237,6 +269,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_build_all(sub)
     add_train_tokenizer(sub)
     add_inspect_verify(sub)
+    add_stats(sub)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     for p in sub.choices.values():

@@ -1,158 +1,216 @@
-"""`stats`: every figure checked against an independent computation on real caches, the pictures
-against the figures, and each refusal named."""
+"""stats: every figure checked against an independent computation over the same files."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
 from niels_gpt.cache.cli import main
-from niels_gpt.cache.sft_dataset import SFTExampleDataset
-from niels_gpt.errors import NielsGPTError
-from niels_gpt.formats.convert import convert
-from niels_gpt.packing.pack import pack_sft
-from niels_gpt.stats import cache_stats, plot
+from niels_gpt.stats import cache_stats, format_stats, plot_stats
+from tests.conftest import SPECIALS, write_pretrain_cache, write_sft_cache
 
-from ..conftest import sample_texts
-
-CHATS = [[{"role": "user", "content": f"Tell me about item {i}. " + "Some context. " * (i % 7)},
-          {"role": "assistant", "content": f"Item {i} is " + "quite interesting. " * (1 + i % 5)}]
-         for i in range(40)]
+EOT, ASST, USR = SPECIALS["eot"], SPECIALS["asst"], SPECIALS["usr"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("stats")
-    build_pretrain_cache([t for t in sample_texts() if t.strip()], str(root / "pre"), tokenizer=tokenizer,
-                         max_train_tokens=30_000, max_val_tokens=3_000, shard_bytes=8192, seed=0,
-                         shuffle_buffer=None, progress=False, num_workers=1)
-    build_sft_cache(CHATS, str(root / "sft"), tokenizer=tokenizer, val_frac=0.2, seed=0)
-    pack_sft(root / "sft", root / "packed", pack_size=96)
-    convert(root / "pre", root / "nano", to="nanogpt")
-    return root
+def _docs(rng, n, lo=1, hi=300):
+    return [np.append(rng.integers(10, 2000, size=int(rng.integers(lo, hi))), EOT) for _ in range(n)]
 
 
-def _stream(root: Path, split: str) -> np.ndarray:
-    return np.concatenate([np.fromfile(p, dtype="<u2") for p in sorted((root / split).glob("shard_*.bin"))])
+@pytest.fixture
+def pretrain(tmp_path):
+    rng = np.random.default_rng(0)
+    train, val = np.concatenate(_docs(rng, 120)), np.concatenate(_docs(rng, 17))
+    # the train split in two shards cut inside a document: documents run across shard ends
+    return write_pretrain_cache(tmp_path / "pretrain" / "p", {"train": [train[:5000], train[5000:]], "val": [val]})
 
 
-def test_pretraining_figures_match_the_raw_shards(data, tokenizer):
-    fig = cache_stats(data / "pre")
-    eot = tokenizer.special_ids["eot"]
-    for split in ("train", "val"):
-        tokens = _stream(data / "pre", split)
-        s = fig["splits"][split]
-        assert s["tokens"] == len(tokens) and s["eot_tokens"] == int((tokens == eot).sum())
-        ends = np.flatnonzero(tokens == eot)
-        lengths = np.diff(np.concatenate([[-1], ends]))
-        assert s["documents"] == len(lengths) == len(ends)
-        d = s["document_length"]
-        assert d["max"] == lengths.max() and d["p50"] == pytest.approx(np.median(lengths))
-        assert d["p90"] == pytest.approx(np.percentile(lengths, 90))
-        assert sum(d["histogram"]["counts"]) == len(lengths)
-        edges = d["histogram"]["edges"]
-        for a, b, c in zip(edges[:-1], edges[1:], d["histogram"]["counts"], strict=True):
-            inside = (lengths >= a) & ((lengths < b) | ((b == edges[-1]) & (lengths == b)))  # last bin closed
-            assert c == int(inside.sum())
-    assert fig["tokens"] == sum(len(_stream(data / "pre", s)) for s in ("train", "val"))
-    assert cache_stats(data / "pre" / "val")["splits"].keys() == {"val"}  # a split directory: that split
+def _sft_examples(rng, n):
+    out = []
+    for _ in range(n):
+        prompt = rng.integers(10, 2000, size=int(rng.integers(1, 200)))
+        answer = rng.integers(10, 2000, size=int(rng.integers(1, 50)))
+        out.append([USR, *prompt, EOT, ASST, *answer, EOT])
+    return out
 
 
-def test_a_peers_files_give_the_same_figures_as_the_cache_they_came_from(data):
-    ours, theirs = cache_stats(data / "pre"), cache_stats(data / "nano")
-    assert theirs["kind"] == "nanogpt"
-    for split in ("train", "val"):
-        for key in ("tokens", "documents", "eot_tokens", "document_length"):
-            assert theirs["splits"][split][key] == ours["splits"][split][key], (split, key)
+@pytest.fixture
+def sft(tmp_path):
+    rng = np.random.default_rng(1)
+    return write_sft_cache(tmp_path / "sft" / "s", _sft_examples(rng, 60), _sft_examples(rng, 9))
 
 
-@pytest.mark.parametrize("T", [16, 48])
-def test_sft_figures_match_what_the_dataset_trains_on(data, tokenizer, T):
-    fig = cache_stats(data / "sft", seq_len=T)
-    for split in ("train", "val"):
-        ds = SFTExampleDataset(str(data / "sft" / f"{split}_tokens.bin"), str(data / "sft" / f"{split}_idx.npy"),
-                               T=T, device="cpu", eot_id=tokenizer.special_ids["eot"])
-        s = fig["splits"][split]
-        idx = np.load(data / "sft" / f"{split}_idx.npy")
-        size = (data / "sft" / f"{split}_tokens.bin").stat().st_size // 2
-        lengths = np.diff(np.append(idx, size))
-        assert s["examples"] == len(idx) and s["tokens"] == lengths.sum() == size
-        # the trained targets of every example, through the batch path: y_masked of a window of T + 1
-        _, _, y_masked = ds.collate(np.arange(len(ds)))
-        full = SFTExampleDataset(str(data / "sft" / f"{split}_tokens.bin"), str(data / "sft" / f"{split}_idx.npy"),
-                                 T=int(lengths.max()), device="cpu", eot_id=tokenizer.special_ids["eot"])
-        _, _, y_all = full.collate(np.arange(len(full)))
-        has = (y_all != -100).any(dim=1)
-        assert s["examples_losing_all_trained_tokens"] == int((has & (y_masked == -100).all(dim=1)).sum())
-        assert s["examples_without_trained_tokens"] == int((~has).sum())
-        assert s["examples_longer_than_seq_len"] == int((lengths > T + 1).sum())
-        assert 0 < s["trained_fraction"] < 1
-    assert fig["splits"]["train"]["examples_losing_all_trained_tokens"] >= (1 if T == 16 else 0)
+def _independent_pretrain(path):
+    arrs = [np.fromfile(p, dtype="<u2") for p in sorted(path.glob("shard_*.bin"))]
+    flat = np.concatenate(arrs)
+    ends = np.flatnonzero(flat == EOT)
+    lengths = np.diff(np.concatenate([[-1], ends]))
+    return flat, lengths
 
 
-def test_packed_figures_match_the_manifest_and_the_arrays(data):
-    fig = cache_stats(data / "packed")
-    m = json.loads((data / "packed" / "manifest.json").read_text())
-    filled = np.load(data / "packed" / "packed_len.npy")
-    assert fig["bins"] == m["num_bins"] == len(filled) and fig["sequences"] == m["num_sequences"]
-    assert fig["tokens"] == filled.sum() and fig["efficiency"] == pytest.approx(m["efficiency"])
-    assert sum(fig["fill"]["counts"]) == len(filled)
-    top = np.histogram(filled / m["pack_size"], bins=np.linspace(0, 1, 11))[0]
-    assert fig["fill"]["counts"] == top.tolist()
+def test_pretrain_figures_match_numpy(pretrain):
+    st = cache_stats(pretrain)
+    assert st.kind == "pretrain" and [s.name for s in st.streams] == ["train", "val"]
+    for s in st.streams:
+        flat, lengths = _independent_pretrain(pretrain / s.name)
+        assert s.tokens == len(flat)
+        assert s.eot == int((flat == EOT).sum()) == s.documents == len(lengths)
+        assert s.bos == int((flat == 1).sum())
+        for p in (50, 90, 99):
+            assert s.lengths[f"p{p}"] == pytest.approx(np.percentile(lengths, p))
+        assert s.lengths["max"] == lengths.max()
+        assert sum(s.hist_counts) == len(lengths)
+    # a split directory alone gives the same figures for that split
+    assert cache_stats(pretrain / "val").streams[0] == st.streams[1]
 
 
-def test_png_draws_exactly_the_computed_histograms(data, tmp_path):
+def test_sft_trained_fraction_and_losses_match_per_example_loop(sft):
+    st = cache_stats(sft, seq_len=64)
+    for s in st.streams:
+        tokens = np.fromfile(sft / f"{s.name}_tokens.bin", dtype="<u2")
+        idx = np.load(sft / f"{s.name}_idx.npy")
+        ends = np.append(idx[1:], len(tokens))
+        trained, lost = 0, 0
+        for a, b in zip(idx, ends, strict=True):
+            ex = tokens[a:b].tolist()
+            inside, mask = False, []
+            for t in ex:  # the rule, token by token: inside after [asst] until the next EOT (inclusive)
+                mask.append(inside)
+                if t == ASST:
+                    inside = True
+                elif t == EOT:
+                    inside = False
+            trained += sum(mask)
+            lost += not any(mask[1:65])
+        assert s.documents == len(idx) and s.tokens == len(tokens)
+        assert s.trained_tokens == trained
+        assert s.trained_fraction == pytest.approx(trained / len(tokens))
+        assert s.lose_all_trained == lost
+        assert s.eot == int((tokens == EOT).sum())
+        assert s.lengths["p90"] == pytest.approx(np.percentile(np.diff(np.append(idx, len(tokens))), 90))
+    assert cache_stats(sft, seq_len=100_000).streams[0].lose_all_trained == 0
+
+
+def test_root_of_caches_lists_every_split(pretrain, sft):
+    root = pretrain.parents[1]
+    st = cache_stats(root)
+    assert [s.name for s in st.streams] == ["pretrain/p/train", "pretrain/p/val", "sft/s/train", "sft/s/val"]
+    assert st.tokens == cache_stats(pretrain).tokens + cache_stats(sft).tokens
+
+
+def test_packed_efficiency_and_fill(sft, tmp_path):
+    from niels_gpt.packing import pack_sft
+
+    out = tmp_path / "packed"
+    pack_sft(str(sft), str(out), pack_size=512, algorithm="ffd", split="train", on_overflow="truncate", seed=0)
+    st = cache_stats(out)
+    plen = np.load(out / "packed_len.npy")
+    assert st.kind == "packed" and st.extra["bins"] == len(plen)
+    assert st.extra["efficiency"] == pytest.approx(plen.sum() / (len(plen) * 512))
+    assert st.extra["fill_counts"] == np.histogram(plen / 512, bins=20, range=(0, 1))[0].tolist()
+    assert st.streams[0].documents == len(np.load(out / "seq_starts.npy"))
+    assert st.streams[0].trained_tokens == int(np.load(out / "loss_mask.npy").sum())
+    assert "efficiency" in format_stats(st)
+
+
+def test_png_files_hold_the_computed_figures(pretrain, tmp_path):
     pytest.importorskip("matplotlib")
-    for path, names in ((data / "pre", {"train_lengths.png", "val_lengths.png"}), (data / "packed", {"fill.png"})):
-        fig = cache_stats(path)
-        drawn = plot(fig, tmp_path / path.name)
-        assert set(drawn) == names
-        for name, arrays in drawn.items():
-            assert (tmp_path / path.name / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-            h = fig["fill"] if name == "fill.png" else fig["splits"][name.split("_")[0]]["document_length"]["histogram"]
-            assert arrays["counts"] == h["counts"] and arrays["edges"] == pytest.approx(h["edges"])
+    st = cache_stats(pretrain)
+    drawn = plot_stats(st, tmp_path / "png")
+    assert set(drawn) == {"tokens.png", "lengths_train.png", "lengths_val.png"}
+    for name in drawn:
+        assert (tmp_path / "png" / name).read_bytes()[:8] == PNG_MAGIC
+    _, lengths = _independent_pretrain(pretrain / "train")
+    counts, edges = np.histogram(lengths, bins=len(drawn["lengths_train.png"]["counts"]))
+    assert drawn["lengths_train.png"]["counts"] == counts.tolist()
+    assert drawn["lengths_train.png"]["edges"] == pytest.approx(edges.tolist())
+    assert drawn["tokens.png"]["tokens"] == [s.tokens for s in st.streams]
 
 
-def test_the_command_prints_tables_json_and_pictures(data, tmp_path, capsys):
-    assert main(["stats", str(data / "pre"), "--png", str(tmp_path / "figs")]) == 0
-    out = capsys.readouterr().out
-    fig = cache_stats(data / "pre")
-    assert f"{fig['tokens']:,} tokens" in out and f"{fig['splits']['train']['documents']:,} documents" in out
-    assert (tmp_path / "figs" / "train_lengths.png").is_file()
-    assert main(["stats", str(data / "sft"), "--seq-len", "16", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(cache_stats(data / "sft", seq_len=16)))
+def test_cli_text_json_and_png(pretrain, sft, tmp_path, capsys):
+    assert main(["stats", str(sft), "--seq-len", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "trained tokens" in text and "no trained token at T=64" in text and "examples" in text
+    assert main(["stats", str(pretrain), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tokens"] == cache_stats(pretrain).tokens
+    pytest.importorskip("matplotlib")
+    assert main(["stats", str(pretrain), "--png", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "tokens.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_refusals_name_the_path(data, tokenizer, tmp_path, capsys):
-    with pytest.raises(NielsGPTError, match="nowhere: no such file"):
-        cache_stats(tmp_path / "nowhere")
-    with pytest.raises(NielsGPTError, match="holds no tokens to count"):
-        cache_stats(Path(tokenizer.model_path).parent)
-    with pytest.raises(NielsGPTError, match="seq_len=0"):
-        cache_stats(data / "sft", seq_len=0)
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "notes.txt").write_text("hi\n")
-    assert main(["stats", str(tmp_path / "plain")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "plain" in err[0]
+def test_rejections_name_the_path(tmp_path, sft, capsys):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("hello")
+    assert main(["stats", str(plain)]) == 1
+    assert f"{plain}: no meta.json" in capsys.readouterr().err
+    assert main(["stats", str(tmp_path / "missing")]) == 1
+    assert f"{tmp_path / 'missing'}: no such file" in capsys.readouterr().err
+    assert main(["stats", str(sft), "--seq-len", "0"]) == 1
+    assert f"{sft}: --seq-len must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["stats", str(sft), "--seq-len", "abc"])
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "x_tokens.bin").write_bytes(b"\0\0")
+    assert main(["stats", str(unknown)]) == 1
+    assert str(unknown) in capsys.readouterr().err
 
 
-def test_inspect_prints_totals_as_a_table(data, tokenizer, capsys):
-    assert main(["inspect", str(data / "pre"), "--tokenizer", str(tokenizer.model_path)]) == 0
-    out = capsys.readouterr().out
-    meta = json.loads((data / "pre" / "meta.json").read_text())
-    lines = out.splitlines()
-    head = lines.index("  totals:") + 1
-    assert lines[head].split() == ["split", "documents", "tokens"] or lines[head].split() == ["split", "tokens",
-                                                                                             "documents"]
-    cols = lines[head].split()[1:]
-    for row, split in zip(lines[head + 1:head + 3], ("train", "val"), strict=True):
-        cells = row.split()
-        assert cells[0] == split
-        for c, v in zip(cols, cells[1:], strict=True):
-            assert int(v.replace(",", "")) == meta["totals"][f"{split}_{c}"]
-    assert "{'train" not in out  # no raw dict
+def test_png_without_matplotlib_names_the_extra(pretrain, tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "matplotlib":
+            raise ImportError("no matplotlib")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    from niels_gpt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"niels_gpt\[plot\]"):
+        plot_stats(cache_stats(pretrain), tmp_path / "png")
+
+
+@pytest.mark.parametrize("fmt", ["nanogpt", "megatron"])
+def test_converted_output_has_the_figures_of_its_source(pretrain, tmp_path, fmt, capsys):
+    out = tmp_path / fmt
+    assert main(["convert", str(pretrain), str(out), "--to", fmt]) == 0
+    capsys.readouterr()
+    ours, theirs = cache_stats(pretrain), cache_stats(out)
+    assert theirs.kind == fmt
+    for a, b in zip(ours.streams, theirs.streams, strict=True):
+        assert (a.name, a.tokens, a.documents, a.eot, a.lengths) == (b.name, b.tokens, b.documents, b.eot, b.lengths)
+
+
+def test_mixture_realised_proportions_are_what_the_sampler_draws(pretrain, tmp_path, capsys):
+    from collections import Counter
+
+    from niels_gpt.loading.mixture import MixtureConfig
+    from niels_gpt.stats import mixture_stats
+
+    cfg = tmp_path / "mix.json"
+    cfg.write_text(json.dumps({"datasets": {"a": str(pretrain), "b": str(pretrain)}, "seed": 3,
+                               "phases": [{"start_step": 0, "weights": {"a": 3, "b": 1}},
+                                          {"start_step": 10, "weights": {"a": 1, "b": 1}}]}))
+    st = mixture_stats(cfg, steps=25, global_batch_size=7)
+    _, sampler = MixtureConfig.from_file(cfg).build(16, 7)
+    seen = Counter()
+    for step in range(25):
+        seen.update(d for d, _ in sampler.global_batch())
+        drawn = np.array([seen[0], seen[1]]) / (7 * (step + 1))
+        assert st.extra["realised_over_steps"][step] == pytest.approx(drawn.tolist())
+    assert [s.tokens for s in st.streams] == [seen[0], seen[1]]
+    assert st.extra["realised"]["a"] == pytest.approx((10 * 7 * 0.75 + 15 * 7 * 0.5) / 175, abs=1 / 175)
+    assert main(["stats", str(cfg), "--steps", "25", "--batch", "7"]) == 0
+    assert "realised" in capsys.readouterr().out
+    assert main(["stats", str(cfg), "--steps", "0"]) == 1
+    assert f"{cfg}: --steps must be a positive integer" in capsys.readouterr().err
+    if pytest.importorskip("matplotlib"):
+        drawn = plot_stats(st, tmp_path / "png")
+        assert np.array_equal(drawn["mixture.png"]["realised"], np.asarray(st.extra["realised_over_steps"]))
