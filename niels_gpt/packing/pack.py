@@ -75,13 +75,17 @@ def materialize_bin(split: SFTSplit, example_ids: np.ndarray, lengths: np.ndarra
     """
     pos = 0
     tokens, starts = split.tokens, split.starts
+    stored = None if split.mask is None else np.zeros(int(lengths.sum()), dtype=bool)
     for k, (ex, n) in enumerate(zip(example_ids.tolist(), lengths.tolist(), strict=True)):
         a = int(starts[ex])
         scratch_starts[k] = pos
         scratch_ids[pos:pos + n] = tokens[a:a + n]
+        if stored is not None:  # a template-rendered cache: its stored mask, cut like its tokens
+            stored[pos:pos + n] = split.mask[a:a + n]
         pos += n
     nseq = len(example_ids)
-    trained = assistant_token_mask(scratch_ids[:pos], split.asst_id, split.eot_id, scratch_starts[:nseq])
+    trained = (stored if stored is not None
+               else assistant_token_mask(scratch_ids[:pos], split.asst_id, split.eot_id, scratch_starts[:nseq]))
     shift_within_sequences(trained, scratch_starts[:nseq], pos, out=scratch_mask[:pos])
     return pos, nseq
 

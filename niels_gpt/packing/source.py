@@ -32,11 +32,12 @@ class SFTSplit:
     tokens: np.ndarray  # memmap, uint16/uint32
     starts: np.ndarray  # int64[n]
     lengths: np.ndarray  # int64[n]
-    asst_id: int
+    asst_id: int | None  # None: the cache stores its assistant mask (a chat template's rendering)
     eot_id: int
     meta: dict
     tokens_sha256: str
     meta_sha256: str
+    mask: np.ndarray | None = None  # memmap of `{split}_mask.bin`, one uint8 per token (1 = trained)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -44,6 +45,7 @@ class SFTSplit:
     def provenance(self) -> dict:
         return {"cache_dir": str(self.cache_dir), "split": self.split,
                 "tokens_file": f"{self.split}_tokens.bin", "tokens_sha256": self.tokens_sha256,
+                **({"mask_file": f"{self.split}_mask.bin"} if self.mask is not None else {}),
                 "meta_sha256": self.meta_sha256, "dataset_name": self.meta.get("dataset_name"),
                 "tokenizer_sha256": self.meta.get("tokenizer_sha256"),
                 "special_token_ids": self.meta.get("special_token_ids")}
@@ -58,8 +60,8 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     if meta["kind"] != "sft":
         raise CacheError(f"{cache_dir}/meta.json: kind is {meta['kind']!r}, expected 'sft'; pack-sft reads "
                          "SFT caches (built by build_sft_cache)")
-    tok_name, idx_name = f"{split}_tokens.bin", f"{split}_idx.npy"
-    listed = {k: v for k, v in meta["files"].items() if k in (tok_name, idx_name)}
+    tok_name, idx_name, mask_name = f"{split}_tokens.bin", f"{split}_idx.npy", f"{split}_mask.bin"
+    listed = {k: v for k, v in meta["files"].items() if k in (tok_name, idx_name, mask_name)}
     raise_on_problems(check_files(cache_dir, {"files": listed}), cache_dir)
     tok_path, idx_path = cache_dir / tok_name, cache_dir / idx_name
     for path in (tok_path, idx_path):
@@ -80,12 +82,19 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
         raise CacheError(f"{idx_path}: offsets must start at 0 and be non-decreasing within the "
                          f"{n_tokens} tokens of {tok_name}; rebuild the cache")
     special = meta["special_token_ids"]
+    mask = None
     if special.get("asst") is None:
-        # TODO(packing): carry a stored assistant mask (`{split}_mask.bin`) into the packed bins
-        raise CacheError(f"{cache_dir}: an SFT cache rendered with its tokenizer's own chat template keeps its "
-                         "assistant mask in a file, which pack-sft does not read yet; train on it with "
-                         "SFTExampleDataset")
+        # a chat template's rendering: the trained tokens are stored, one uint8 per token (build_cache)
+        if mask_name not in meta["files"]:
+            raise CacheError(f"{cache_dir}/meta.json: no assistant sentinel id and no {mask_name}; nothing says "
+                             "which tokens are trained: rebuild the SFT cache")
+        mask_path = cache_dir / mask_name
+        if mask_path.stat().st_size != n_tokens:
+            raise CacheError(f"{mask_path}: {mask_path.stat().st_size} bytes but {tok_name} holds {n_tokens} "
+                             "tokens (one mask byte each); rebuild the cache")
+        mask = np.memmap(mask_path, dtype=np.uint8, mode="r") if n_tokens else np.zeros(0, np.uint8)
     tok_rec = meta["files"].get(tok_name, {})
-    return SFTSplit(cache_dir, split, tokens, starts, ends - starts, int(special["asst"]), int(special["eot"]),
+    asst = None if special.get("asst") is None else int(special["asst"])
+    return SFTSplit(cache_dir, split, tokens, starts, ends - starts, asst, int(special["eot"]),
                     meta, tok_rec.get("sha256") or sha256_file(str(tok_path)),
-                    sha256_file(str(cache_dir / "meta.json")))
+                    sha256_file(str(cache_dir / "meta.json")), mask)
