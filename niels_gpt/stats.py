@@ -19,6 +19,7 @@ import numpy as np
 
 from niels_gpt.cache.meta import META_NAME, read_meta
 from niels_gpt.errors import ConfigError, NielsGPTError
+from niels_gpt.packing.masks import assistant_token_mask
 
 CHUNK = 1 << 24  # tokens per vectorised pass
 HIST_BINS = 40
@@ -162,18 +163,9 @@ def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
 
 
 def span_mask(tokens: np.ndarray, starts: np.ndarray, asst_id: int, eot_id: int) -> np.ndarray:
-    """The assistant mask over a whole SFT token file (state reset at every example start)."""
-    n = len(tokens)
-    events = np.flatnonzero((tokens == asst_id) | (tokens == eot_id))
-    where = np.concatenate([events + 1, starts])
-    state = np.concatenate([tokens[events] == asst_id, np.zeros(len(starts), dtype=bool)])
-    order = np.argsort(2 * where + np.repeat([0, 1], [len(events), len(starts)]), kind="stable")
-    where, state = where[order], state[order]
-    keep = where < n
-    where, state = where[keep], state[keep]
-    where = np.concatenate([[0], where])
-    state = np.concatenate([[False], state])
-    return np.repeat(state, np.diff(where, append=n))
+    """The assistant mask over a whole SFT token file (state reset at every example start): the packing
+    module's span rule, the one the SFT dataset and pack-sft train on."""
+    return assistant_token_mask(tokens, asst_id, eot_id, seq_starts=starts)
 
 
 def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
