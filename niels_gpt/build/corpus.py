@@ -74,7 +74,7 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
         build_sft_cache(src.iter_conversations(), out, tokenizer=tokenizer,
                         val_frac=SFT_VAL_FRAC if val_frac is None else val_frac, seed=seed, dataset_name=name,
                         dataset_config=config, streaming=bool(src.dataset_id), source=src.describe,
-                        progress=progress)
+                        progress=progress, num_workers=workers)
         return read_meta(out)
     if val_tokens is not None and val_frac is not None:
         raise ConfigError("give --val-tokens or --val-frac, not both")
@@ -133,7 +133,7 @@ def register(sub) -> None:
     p.add_argument("--shuffle-buffer", type=_optional_int, default=None,
                    help="torch-RNG document shuffle buffer (default: off)")
     p.add_argument("--workers", type=int, default=1,
-                   help="encode threads (0: one per core); the output is identical for any value")
+                   help="encode (with --chat: render) threads, 0 for one per core; the output is identical for any value")
     p.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="error",
                    help="a bad record stops the build naming its file and line, or is skipped and counted in meta.json")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")

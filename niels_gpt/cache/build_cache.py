@@ -334,6 +334,7 @@ def build_sft_cache(
     streaming: bool = False,
     source: dict | Callable[[], dict] | None = None,
     progress: bool | None = False,
+    num_workers: int | None = 1,
 ) -> None:
     """
     writes:
@@ -353,6 +354,9 @@ def build_sft_cache(
         dtype = _resolve_dtype(tokenizer, token_dtype)
         _start_build(out, [])
         gen = torch.Generator().manual_seed(seed)
+        workers = (os.cpu_count() or 1) if num_workers is None else num_workers
+        if workers < 1:
+            raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
         skipped: Counter = Counter()
         stored_mask = not getattr(tokenizer, "library_conventions", True)
         files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
@@ -363,16 +367,15 @@ def build_sft_cache(
         tokens = {"train": 0, "val": 0}
         draws: list[float] = []
         try:
-            for i, conv in enumerate(tqdm(examples, unit="ex", desc=f"sft {dataset_name or final.name}",
-                                          disable=not should_show(progress), file=sys.stderr)):
+            shown = tqdm(examples, unit="ex", desc=f"sft {dataset_name or final.name}",
+                         disable=not should_show(progress), file=sys.stderr)
+            for i, conv, chat in _rendered(shown, tokenizer, workers):
                 reason = _unusable(conv)
                 if reason:
                     skipped[reason] += 1
                     continue
-                try:
-                    chat = tokenizer.render_chat(conv)
-                except ConfigError as exc:
-                    raise ConfigError(f"{dataset_name or final.name} example {i}: {exc}") from exc
+                if isinstance(chat, ConfigError):
+                    raise ConfigError(f"{dataset_name or final.name} example {i}: {chat}") from chat
                 ids = np.asarray(chat.ids, dtype=np.int64)
                 check_range(ids, dtype, f"example {i}")
                 if stored_mask and not any(chat.mask):
@@ -451,6 +454,30 @@ def _start_build(out: Path, split_dirs: list[str]) -> None:
         d.mkdir(exist_ok=True)
         for old in d.glob("shard_*.bin"):
             old.unlink()
+
+
+def _render(tokenizer, conv):
+    """One conversation rendered, None when unusable (the caller counts why), or the ConfigError to raise."""
+    if _unusable(conv):
+        return None
+    try:
+        return tokenizer.render_chat(conv)
+    except ConfigError as exc:
+        return exc
+
+
+def _rendered(examples: Iterable, tokenizer, workers: int) -> Iterator[tuple[int, object, object]]:
+    """(index, conversation, rendering) in input order; renderings of a run of ENCODE_BATCH_DOCS
+    conversations are made on `workers` threads at once (the bytes written do not depend on it)."""
+    it = enumerate(examples)
+    if workers <= 1:
+        for i, conv in it:
+            yield i, conv, _render(tokenizer, conv)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        while batch := list(itertools.islice(it, ENCODE_BATCH_DOCS)):
+            for (i, conv), chat in zip(batch, pool.map(lambda ic: _render(tokenizer, ic[1]), batch), strict=True):
+                yield i, conv, chat
 
 
 def all_skipped(own: Counter, source: dict | None) -> dict:

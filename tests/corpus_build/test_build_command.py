@@ -201,3 +201,22 @@ def test_progress_eta_is_sized_by_input_bytes_where_they_match_the_text(corpus_d
     plain = [d / "a.jsonl", d / "g.md"]
     assert corpus(plain).input_bytes() == sum(p.stat().st_size for p in plain)
     assert corpus([d]).input_bytes() is None  # compressed and columnar files: no byte-sized ETA
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["template", "sentinels"])
+def test_chat_output_is_byte_identical_for_any_worker_count(tmp_path, hf_dir, tokenizer, library):
+    texts = docs(700)  # more than one run of rendered conversations
+    rows = [{"messages": [{"role": "user", "content": texts[i]}, {"role": "assistant", "content": texts[i + 1]}]}
+            for i in range(0, len(texts) - 1, 2)]
+    rows.insert(5, {"messages": [{"role": "user", "content": "no answer"}]})  # skipped, in order
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = str(tokenizer.model_path) if library else str(hf_dir)
+    outs = []
+    for w in ("1", "2", "0"):
+        out = tmp_path / f"w{w}"
+        assert main(["build", str(tmp_path / "chat.jsonl"), "--chat", "--out", str(out), "--tokenizer", tok,
+                     "--workers", w, "--val-frac", "0.2", "--name", "same", "--no-progress"]) == 0
+        outs.append({p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
+    assert outs[0] == outs[1] == outs[2]
+    meta = json.loads(outs[0]["meta.json"])
+    assert meta["totals"]["train_examples"] + meta["totals"]["val_examples"] == len(rows) - 1
