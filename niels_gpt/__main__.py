@@ -1,7 +1,7 @@
-"""python -m niels_gpt COMMAND: the same commands as python -m niels_gpt.cache.cli."""
+"""python -m niels_gpt COMMAND: the same commands as python -m niels_gpt.cli."""
 
 import sys
 
-from niels_gpt.cache.cli import main
+from niels_gpt.cli import main
 
 sys.exit(main())

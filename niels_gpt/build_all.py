@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from niels_gpt import sources
 from niels_gpt.atomic import atomic_path
-from niels_gpt.cache.build_cache import (
+from niels_gpt.build.caches import (
     MAX_TRAIN_TOKENS,
     MAX_VAL_TOKENS,
     SEED,
@@ -27,15 +28,15 @@ from niels_gpt.cache.build_cache import (
     build_pretrain_cache,
     build_sft_cache,
 )
-from niels_gpt.cache.meta import read_meta, write_meta
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
+from niels_gpt.formats.writers import check_shard_bytes
+from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.urls import is_url, refuse_url
-from niels_gpt.writers import check_shard_bytes
 
 PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
 SFT = ("dolly15k", "oasst1")
@@ -91,8 +92,6 @@ class BuildConfig:
 
 def make_source(name: str, cfg: BuildConfig):
     """The configured source for `name` (None for gutenberg without a directory)."""
-    from niels_gpt import sources
-
     if cfg.sample:
         src = sources.sample_sources(seed=cfg.seed)
         if name == "gutenberg" and cfg.gutenberg_dir is None:

@@ -27,15 +27,15 @@ import json
 import os
 from pathlib import Path
 
-from niels_gpt.cache.meta import META_NAME
-from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.meta import META_NAME
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.memmap_format import MANIFEST_NAME
 from niels_gpt.packing.parquet import PARQUET_SUFFIXES
+from niels_gpt.readers.sft import SFTExampleDataset
 
 
 def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = "train", **options):

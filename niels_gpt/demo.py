@@ -16,12 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from niels_gpt.cli import main as cli
+from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
+from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.report import show_tokens
 from niels_gpt.seeds import seed_arg
+from niels_gpt.sources import sample_sources
+from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.train.demo_run import demo_training
 
 
 def source_table(seed: int) -> str:
-    from niels_gpt.sources import sample_sources
-
     lines = [f"{'source':<12} {'kind':<5} {'split':<6} {'records':>8} {'characters':>11}  skipped"]
     for name, src in sample_sources(seed=seed).items():
         if hasattr(src, "iter_conversations"):
@@ -37,13 +42,6 @@ def source_table(seed: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from niels_gpt.cache.cli import main as cli
-    from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
-    from niels_gpt.cache.sft_dataset import SFTExampleDataset
-    from niels_gpt.report import show_tokens
-    from niels_gpt.sources import sample_sources
-    from niels_gpt.tokenizer import load_tokenizer
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache-dir", default="cache-demo")
     p.add_argument("--seed", type=seed_arg, default=42)
@@ -82,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     row = np.flatnonzero(trained[0].numpy())
     print(f"  row 0 trained targets decode to: {tok.decode(y[0, row].tolist())[:200]!r}")
     print("\n== 5. a short training run (niels_gpt.train), interrupted and resumed\n")
-    from niels_gpt.train.demo_run import demo_training
-
     demo_training(root, args.seed)
-    print(f"\ncaches are in {root}/ ; verify them with: python -m niels_gpt.cache.cli verify {root}")
+    print(f"\ncaches are in {root}/ ; verify them with: python -m niels_gpt.cli verify {root}")
     return 0
 
 

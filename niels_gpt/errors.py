@@ -28,12 +28,21 @@ class IncompleteCacheError(CacheError):
     """A cache directory has no meta.json: its build never finished."""
 
 
-class CacheMismatchError(CacheError):
-    """A cache's files disagree with its meta.json (size, token count, sha256)."""
-
-
 class FormatError(NielsGPTError):
     """A token file's header or layout is invalid, or its format is ambiguous."""
+
+
+class CacheMismatchError(CacheError, FormatError):
+    """A cache's files disagree with its meta.json (size, token count, sha256, a stray or missing file).
+
+    One class for the condition wherever it is found: by a reader (a CacheError) or by format detection
+    (a FormatError), so callers catching either see it.
+    """
+
+
+class TokenRangeError(CacheError, FormatError):
+    """A token id does not fit the dtype being written (uint16 above 65,535): in a build (a CacheError)
+    or a conversion (a FormatError), one class for the one condition."""
 
 
 class StateError(NielsGPTError):

@@ -16,13 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.cache.formats import detect_format
-from niels_gpt.cache.meta import META_NAME, check_files, read_meta, record_problem, sha256_file
 from niels_gpt.errors import NielsGPTError, TokenizerError
+from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, read_receipt, receipt_path
+from niels_gpt.meta import META_NAME, check_files, read_meta, record_problem, sft_offsets_problem, sha256_file
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
 from niels_gpt.packing.memmap_format import FORMAT_NAME, read_manifest
+from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
+from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.tables import table
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 PACKED_MANIFEST = "manifest.json"
@@ -226,14 +230,13 @@ def _check_counts(cache: Path, meta: dict) -> list[str]:
             if len(idx) != rec.get("examples", len(idx)):
                 out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
             tokens = meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens")
-            if len(idx) and (idx[0] != 0 or (np.diff(idx) <= 0).any() or (tokens is not None and idx[-1] >= tokens)):
-                out.append(f"{path}: offsets are not 0, strictly increasing and inside the token file")
+            problem = sft_offsets_problem(idx, tokens)
+            if problem is not None:
+                out.append(f"{path}: {problem}")
     return out
 
 
 def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):
-    from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
-
     if explicit:
         tok = load_tokenizer(explicit)
         check_tokenizer_matches(tok, meta.get("tokenizer_sha256"), cache)
@@ -275,8 +278,6 @@ def show_tokens(tokenizer, ids, trained=None) -> str:
 
 def totals_table(rows: list[list]) -> str:
     """meta.json totals of one or more caches as a table: one row per cache and split."""
-    from niels_gpt.stats import table
-
     out = []
     for name, kind, totals in rows:
         for split in ("train", "val"):
@@ -335,15 +336,11 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
     lines.append(f"  files: {len(meta['files'])}, {sum(r['bytes'] for r in meta['files'].values()):,} bytes")
     tok = find_tokenizer(root, meta, tokenizer)
     if meta["kind"] == "pretrain":
-        from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
-
         split = "train" if meta["totals"]["train_tokens"] > window else "val"
         ds = PretrainTokenStreamDataset(str(root / split), T=max(1, min(window - 1, ds_max(meta, split))), device="cpu")
         ids = ds.gather(np.array([0]), np.array([0]))[0]
         lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
     else:
-        from niels_gpt.cache.sft_dataset import SFTExampleDataset
-
         split = "train" if meta["totals"]["train_examples"] else "val"
         ds = SFTExampleDataset(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=window,
                                device="cpu", eot_id=meta["special_token_ids"]["eot"])
@@ -371,8 +368,6 @@ def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> st
     head = f"first {len(ids)} tokens of {Path(first.path).name}:"
     if tokenizer is None:
         return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", " ".join(map(str, ids))])
-    from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
-
     tok = load_tokenizer(tokenizer)
     recorded = info.tokenizer_sha256
     if recorded is None and receipt_path(root).is_file():
@@ -397,8 +392,6 @@ def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
     head = f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1):"
     if tokenizer is None:
         return "\n".join(lines + ["", f"{head} ids; pass --tokenizer PATH to decode", " ".join(map(str, ids.tolist()))])
-    from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
-
     tok = load_tokenizer(tokenizer)
     if (root / PACKED_MANIFEST).is_file():
         check_tokenizer_matches(tok, (read_manifest(root).get("source") or {}).get("tokenizer_sha256"), root)

@@ -17,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.cache.meta import META_NAME, read_meta
 from niels_gpt.errors import ConfigError, NielsGPTError
+from niels_gpt.loading.mixture import MixtureConfig, normalised, quota_step
+from niels_gpt.meta import META_NAME, read_meta
 from niels_gpt.packing.masks import assistant_token_mask
+from niels_gpt.packing.memmap_format import read_manifest
+from niels_gpt.progress import should_show
+from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output, megatron_prefix
+from niels_gpt.tables import table
 
 CHUNK = 1 << 24  # tokens per vectorised pass
 HIST_BINS = 40
@@ -66,8 +71,6 @@ class Stats:
 
 def _bar(total: int, desc: str, progress: bool | None):
     from tqdm.auto import tqdm
-
-    from niels_gpt.progress import should_show
 
     return tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not should_show(progress),
                 file=sys.stderr)
@@ -217,8 +220,6 @@ def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> 
 
 
 def _packed(root: Path) -> Stats:
-    from niels_gpt.packing.memmap_format import read_manifest
-
     manifest = read_manifest(root)
     pack_size = int(manifest["pack_size"])
     files = manifest["files"]
@@ -262,8 +263,6 @@ def mixture_stats(path: str | Path, *, steps: int = 1000, global_batch_size: int
 
     The per-step counts are those MixtureSampler draws (the same quota rule, phases and temperature);
     the datasets themselves are not opened."""
-    from niels_gpt.loading.mixture import MixtureConfig, normalised, quota_step
-
     for name, v in (("--steps", steps), ("--batch", global_batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{path}: {name} must be a positive integer, got {v!r}")
@@ -291,8 +290,6 @@ def mixture_stats(path: str | Path, *, steps: int = 1000, global_batch_size: int
 
 def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None = None) -> Stats:
     """Figures of a pretraining or SFT cache (root or split directory), a packed directory or a converted output."""
-    from niels_gpt.report import PACKED_MANIFEST, foreign_output, megatron_prefix
-
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ConfigError(f"{path}: --seq-len must be a positive integer, got {seq_len!r}")
     root = Path(path)
@@ -313,8 +310,6 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         return _packed(root)
     info = foreign_output(root)
     if info is None and root.is_dir():
-        from niels_gpt.report import find_caches
-
         caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]
         if caches:
             streams, kinds = [], set()
@@ -329,23 +324,6 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         return _foreign(root, info, progress)
     raise StatsError(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format: not a cache, "
                      "a packed directory or a converted output; pass one (see `niels-gpt-data inspect`)")
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.1f}" if v >= 10 or v == int(v) else f"{v:.3f}"
-    return f"{v:,}"
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    cells = [header] + [[_fmt(c) if not isinstance(c, str) else c for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def format_stats(stats: Stats) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import re
 
+from niels_gpt.errors import ConfigError
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two or more characters: "C://x" is a drive
 
 
@@ -17,8 +19,6 @@ def is_url(path: str | os.PathLike) -> bool:
 
 def refuse_url(path, what: str) -> None:
     """Stop a command that writes local files from turning `s3://b/x` into a local `s3:/b/x` directory."""
-    from niels_gpt.errors import ConfigError
-
     if is_url(path):
         raise ConfigError(f"{what} {os.fspath(path)!r} is a URL, but this writes local files only: give a local "
                           "directory (pack-sft OUT accepts fsspec URLs; upload other outputs with your storage tool)")

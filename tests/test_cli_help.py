@@ -70,3 +70,15 @@ def test_console_script_usage_names_the_console_script():
         pytest.skip("console script not installed in this environment")
     out = subprocess.run([str(script), "verify", "--help"], capture_output=True, text=True, check=True).stdout
     assert out.startswith("usage: niels-gpt-data verify")
+
+
+def test_one_idea_reads_the_same_in_every_subcommand():
+    """Sizes take 128MiB-style values everywhere; workers and sequence length have the same spelling."""
+    convert = PARSER.parse_args(["convert", "src", "dst", "--to", "niels", "--shard-bytes", "128MiB"])
+    assert convert.shard_bytes == 128 * 2**20
+    assert PARSER.parse_args(["download", "--workers", "3"]).num_workers == 3
+    assert PARSER.parse_args(["download", "--num-workers", "3"]).num_workers == 3  # the older spelling
+    assert PARSER.parse_args(["pack-sft", "c", "o", "--seq-len", "64"]).pack_size == 64
+    assert PARSER.parse_args(["pack-sft", "c", "o", "--pack-size", "64"]).pack_size == 64
+    with pytest.raises(SystemExit):
+        PARSER.parse_args(["convert", "src", "dst", "--to", "niels", "--shard-bytes", "lots"])

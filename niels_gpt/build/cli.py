@@ -9,17 +9,19 @@ The flags share their names with the other build commands (--out, --tokenizer, -
 
 from __future__ import annotations
 
+from niels_gpt.args import int_arg as _int
+from niels_gpt.args import optional_int_arg as _optional_int
+from niels_gpt.build.caches import MAX_VAL_TOKENS, SEED, SHARD_BYTES
+from niels_gpt.build.dist import dist_build, format_summary
 from niels_gpt.build.executors import EXECUTORS, RAY_ADDRESS, RETRIES
-from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD
-from niels_gpt.cache.build_cache import MAX_VAL_TOKENS, SEED, SHARD_BYTES
+from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, make_plan
 from niels_gpt.seeds import seed_arg
+from niels_gpt.tokenizer import load_tokenizer
 
 ALL_TOKENS = 2**62  # no train budget: every document that val does not take
 
 
 def register(sub) -> None:
-    from niels_gpt.cache.cli import _int, _optional_int
-
     p = sub.add_parser("dist-build", help="build a pretraining cache from files or a datasets stream on "
                        "local processes or a Ray cluster (byte-identical to a one-process build)")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
@@ -60,12 +62,7 @@ def _hf(args) -> dict | None:
 
 
 def run(args) -> int:
-    from niels_gpt.build.dist import dist_build, format_summary
-
     if args.plan_only:
-        from niels_gpt.build.plan import make_plan
-        from niels_gpt.tokenizer import load_tokenizer
-
         plan = make_plan(args.inputs, tokenizer=load_tokenizer(args.tokenizer), task_bytes=args.task_bytes,
                          text_field=args.text_field, hf=_hf(args))
         for t in plan.tasks:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-from niels_gpt.cache.build_cache import (
+from niels_gpt.args import int_arg as _int
+from niels_gpt.args import optional_int_arg as _optional_int
+from niels_gpt.build.caches import (
     SEED,
     SHARD_BYTES,
     SplitTexts,
@@ -26,6 +28,7 @@ from niels_gpt.cache.build_cache import (
     build_sft_cache,
 )
 from niels_gpt.errors import ConfigError
+from niels_gpt.meta import read_meta
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.corpus import MESSAGES_FIELD, ON_BAD_RECORD, TEXT_FIELD, corpus
 from niels_gpt.storage.upload import writes_to_url
@@ -55,8 +58,6 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
                  on_bad_record: str = "error", hf_config: str | None = None, split: str = "train",
                  name: str | None = None, progress: bool | None = False) -> dict:
     """Build a pretraining (or, with chat=True, SFT) cache at `out` from `sources`; returns its meta.json."""
-    from niels_gpt.cache.meta import read_meta
-
     def make():
         return corpus(sources, text_field=text_field, messages_field=messages_field, chat_columns=chat_columns,
                       on_bad_record=on_bad_record, hf_config=hf_config, split=split)
@@ -98,8 +99,6 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
 
 
 def register(sub) -> None:
-    from niels_gpt.cache.cli import _int, _optional_int
-
     p = sub.add_parser("build", help="build a cache from your own files or a dataset id with any tokenizer",
                        description="Build a pretraining cache (or with --chat an SFT cache) from any mix of local "
                                    "files, directories, globs and Hugging Face dataset ids, with any tokenizer.")

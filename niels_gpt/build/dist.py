@@ -28,16 +28,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.build.caches import build_pretrain_cache
 from niels_gpt.build.commit import commit
 from niels_gpt.build.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_executor
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
 from niels_gpt.build.tasks import load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
+from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of, staged_output
+from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.urls import is_url, refuse_url
-from niels_gpt.writers import check_shard_bytes
 
 WORK_DIR_NAME = ".dist-build"
 
@@ -114,8 +116,6 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     shuffle_buffer=None, dataset_name=..., source=plan.describe(), streaming=plan.streaming)`,
     whatever the executor, the number of workers or the task size.
     """
-    from niels_gpt.tokenizer import load_tokenizer
-
     log = log or (lambda msg: print(msg, file=sys.stderr))
     t0 = time.perf_counter()
     check_shard_bytes(shard_bytes, "--shard-bytes")
@@ -142,8 +142,6 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
               "shard_bytes": shard_bytes, "seed": seed, "dataset_name": dataset_name,
               "streaming": plan.streaming, "source": plan.describe()}
     if shuffle_buffer:
-        from niels_gpt.cache.build_cache import build_pretrain_cache
-
         log(f"dist-build: shuffle buffer {shuffle_buffer}: a buffer shuffle mixes documents across the whole "
             "stream, so the stream cannot be cut into independent tasks; building on one process")
         build_pretrain_cache(plan_documents(plan), str(out), shuffle_buffer=shuffle_buffer,

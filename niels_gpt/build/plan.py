@@ -25,7 +25,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import BUILDERS, check_field, invalid_utf8_error, portable, read_text_file
+from niels_gpt.sources.base import (
+    BUILDERS,
+    check_field,
+    invalid_utf8_error,
+    iter_rows,
+    open_stream,
+    portable,
+    read_text_file,
+)
 
 TASK_BYTES = 64 * 1024 * 1024  # input bytes per task (~15 M tokens of English at ~4.3 bytes a token)
 TEXT_FIELD = "text"
@@ -227,8 +235,6 @@ def _all_local(hf: dict) -> bool:
 
 
 def _hf_stream(hf: dict):
-    from niels_gpt.sources.base import open_stream
-
     kwargs = {k: v for k, v in hf.items() if k != "path" and v is not None}
     return open_stream(hf["path"], f"dataset {hf['path']}", streaming=True, **kwargs)
 
@@ -342,8 +348,6 @@ def _parquet_documents(path: Path, start: int, stop: int, text_field: str) -> It
 
 
 def _hf_documents(task: Task, text_field: str) -> Iterator[str]:
-    from niels_gpt.sources.base import iter_rows
-
     what = f"dataset {task.hf['path']} shard {task.start} of {task.stop}"
     ds = _hf_stream(task.hf).shard(num_shards=task.stop, index=task.start)
     for i, row in iter_rows(ds, what):

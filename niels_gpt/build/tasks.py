@@ -31,8 +31,10 @@ from niels_gpt.atomic import atomic_path, write_bytes_atomic
 from niels_gpt.build.plan import Task, task_documents
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, TokenizerError
+from niels_gpt.formats.writers import Budgeted, HashingFile
+from niels_gpt.meta import file_record
+from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import append_separator
-from niels_gpt.writers import Budgeted, HashingFile
 
 # Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
 # it only bounds memory. NOTE: not imported from cache.build_cache, which imports torch: a Ray worker
@@ -48,8 +50,6 @@ def parts_dir(work_dir: str | os.PathLike) -> Path:
 def _tokenizer(path: str, sha256: str):
     tok = _TOKENIZERS.get(path)
     if tok is None:
-        from niels_gpt.tokenizer import load_tokenizer
-
         tok = _TOKENIZERS[path] = load_tokenizer(path)
     if tok.sha256 != sha256:
         raise TokenizerError(f"{path} on {socket.gethostname()} has sha256 {tok.sha256[:16]}…, the plan was "
@@ -96,8 +96,6 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
     with atomic_path(lens_path) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)
-    from niels_gpt.cache.meta import file_record
-
     tokens = int(arr.sum())
     if bin_rec["bytes"] != tokens * dtype.itemsize:
         raise CacheError(f"task {t.id}: wrote {bin_rec['bytes']} bytes for {tokens} tokens; report this bug")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from niels_gpt.constants import PEER_TOKEN_DTYPES
-from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.errors import ConfigError, FormatError, TokenRangeError
 
 BLOCK_TOKENS = 1 << 22  # tokens per read block when streaming (8 MiB of uint16)
 _ALIASES = {"uint16": "uint16", "uint16-le": "uint16", "u2": "uint16", "<u2": "uint16",
@@ -84,16 +84,17 @@ def check_payload_size(path: str | os.PathLike, offset: int, count: int, itemsiz
                           "(the header lies or the file was appended to); re-convert the file")
 
 
-def check_fits(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
-    """Refuse ids that do not fit `dtype` before any cast (numpy's astype wraps silently)."""
+def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
+               fix: str = "write uint32 (--dtype uint32) or check the tokenizer") -> None:
+    """Refuse ids that do not fit `dtype` before any cast (numpy's astype wraps silently): the one range
+    check of every writer, builds and conversions alike."""
     if ids.size == 0:
         return
     lo, hi = int(ids.min()), int(ids.max())
     info = np.iinfo(dtype)
     if lo < info.min or hi > info.max:
         bad = hi if hi > info.max else lo
-        raise FormatError(f"{where}: token id {bad} does not fit {np.dtype(dtype).name}; "
-                          "write uint32 (--dtype uint32) or check the tokenizer")
+        raise TokenRangeError(f"{where}: token id {bad} does not fit {np.dtype(dtype).name} (max {info.max}); {fix}")
 
 
 def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:

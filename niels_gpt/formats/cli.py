@@ -1,4 +1,4 @@
-"""Subcommands `convert` and `prepare-data` (registered into `python -m niels_gpt.cache.cli`).
+"""Subcommands `convert` and `prepare-data` (registered into `python -m niels_gpt.cli`).
 
     convert SRC DST --to {niels,nanogpt,nanogpt-legacy,kempner-npy,raw,megatron} [--bos-index]
     prepare-data DIR [--seq-len 1024]
@@ -16,8 +16,14 @@ import sys
 
 import numpy as np
 
-from niels_gpt.cache.formats import FORMATS, FormatInfo, detect_format
+from niels_gpt.args import int_arg
+from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import BLOCK_TOKENS, dtype_name
+from niels_gpt.formats.bos_index import load_bos_index
+from niels_gpt.formats.convert import convert
+from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format
+from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
+from niels_gpt.formats.nanogpt_dataset import NanogptDataset
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_SHARD_BYTES = 128 * 1024 * 1024
@@ -36,9 +42,9 @@ def register(subparsers) -> None:
                    help="output token dtype (default: the source's)")
     p.add_argument("--src-dtype", default=None, choices=("uint16", "uint32"),
                    help="dtype of a headerless source .bin without meta (default: none; never guessed)")
-    p.add_argument("--max-tokens-per-file", type=int, default=None,
+    p.add_argument("--max-tokens-per-file", type=int_arg, default=None,
                    help="roll over to a new file after this many tokens (default: per format)")
-    p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES,
+    p.add_argument("--shard-bytes", type=int_arg, default=DEFAULT_SHARD_BYTES,
                    help=f"niels/raw shard size (default {DEFAULT_SHARD_BYTES})")
     p.add_argument("--split", default="train", help="split name for a source without splits (default train)")
     p.add_argument("--not-for-kempnerforge", action="store_true",
@@ -59,8 +65,6 @@ def register(subparsers) -> None:
 
 
 def _convert(args) -> int:
-    from niels_gpt.formats.convert import convert
-
     summary = convert(args.src, args.dst, to=args.to, bos_index=args.bos_index, bos_id=args.bos_id,
                       eot_id=args.eot_id, dtype=args.dtype, src_dtype=args.src_dtype, split=args.split,
                       max_tokens_per_file=args.max_tokens_per_file, shard_bytes=args.shard_bytes,
@@ -91,9 +95,6 @@ def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
 
 def _find_bos(leaf: FormatInfo, where: str, warnings_out: list[str]) -> int | None:
     """The BOS id a nanoGPT leaf's `.bos.idx` sidecars name, or None; a sidecar that names none warns."""
-    from niels_gpt.errors import FormatError
-    from niels_gpt.formats.bos_index import load_bos_index
-
     for tf in leaf.token_files:
         try:
             found = load_bos_index(tf.path, tf.open(), None)
@@ -121,9 +122,6 @@ def _calls(leaf: FormatInfo, target: tuple[str, str | None], *, seq_len: int, eo
     every document but the first, modded-nanogpt's convention) only when the scan found that token
     and the aligned dataset has at least one window; otherwise it is printed unaligned.
     """
-    from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
-    from niels_gpt.formats.nanogpt_dataset import NanogptDataset
-
     d, pattern = target
     extra = {"dtype": dtype} if dtype is not None and leaf.format == "raw" else {}
     mm = {"seq_len": seq_len, **({"file_pattern": pattern} if pattern else {}), **extra}

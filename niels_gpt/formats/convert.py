@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import remove_stale_temporaries
-from niels_gpt.cache.formats import FORMATS, FormatInfo, detect_format
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
@@ -44,11 +43,12 @@ from niels_gpt.formats.base import (
     unframed,
 )
 from niels_gpt.formats.bos_index import load_bos_index
+from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format, write_converted_meta
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
+from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes
 from niels_gpt.urls import is_url
-from niels_gpt.writers import MIN_SHARD_BYTES, check_shard_bytes
 
 TARGETS = FORMATS
 
@@ -259,8 +259,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                                        extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
                                        bos_token_id=bos, last_document_open=bool(fr and fr.opened))
         if to == "niels":
-            from niels_gpt.cache.formats import write_converted_meta
-
             write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
                                  dataset_name=dataset_name or dst.name)
         else:

@@ -13,8 +13,9 @@
 - `pack_sequences`: with the EOS id (argument, or the EOT the cache's meta records) a running
   document id rises after each EOS: doc[j] = number of EOS in w[:j]. `doc_ids = doc[:-1]`, and
   labels are -100 where doc[:-1] != doc[1:] (predicting a new document from the EOS of the last).
-- `state_dict()` = {"epoch", "total_samples", "seq_len", "fingerprint"}; `load_state_dict`
-  restores the epoch and refuses a state from another corpus or seq_len (the peer restores blindly).
+- `state_dict()` = the peer's {"epoch", "total_samples"} plus "seq_len" and the resume protocol's
+  kind/version/fingerprint (niels_gpt.resume); `load_state_dict` restores the epoch and refuses a
+  state from another corpus or seq_len (the peer restores blindly); a peer's own state still loads.
 - Memmaps open lazily in each process and are dropped on pickling (never copied into workers).
 
 Cost: one binary search and one (seq_len + 1)-token copy per sample.
@@ -27,9 +28,12 @@ import os
 import numpy as np
 import torch
 
-from niels_gpt.cache.formats import detect_format
 from niels_gpt.constants import IGNORE_INDEX
-from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.errors import ConfigError
+from niels_gpt.formats.detect import detect_format
+from niels_gpt.resume import STATE_VERSION, check_peer_state, fingerprint
+
+STATE_KIND = "kempner_memory_mapped"
 
 
 class MemoryMappedDataset(torch.utils.data.Dataset):
@@ -82,19 +86,18 @@ class MemoryMappedDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _fingerprint(self) -> list:
-        return [[os.path.basename(tf.path), tf.count] for tf in self.files]
+    def fingerprint(self) -> str:
+        """The identity of this data in resume states: each file's name and sample count, and seq_len."""
+        return fingerprint(type(self).__qualname__, [[os.path.basename(tf.path), tf.count] for tf in self.files],
+                           self.seq_len)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "total_samples": len(self), "seq_len": self.seq_len,
-                "fingerprint": self._fingerprint()}
+        return {"kind": STATE_KIND, "version": STATE_VERSION, "fingerprint": self.fingerprint(),
+                "epoch": self.epoch, "total_samples": len(self), "seq_len": self.seq_len}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("seq_len", self.seq_len), ("total_samples", len(self)),
-                          ("fingerprint", self._fingerprint())):
-            if key in state and state[key] != mine:
-                raise StateError(f"resume state has {key}={state[key]!r} but this dataset has {mine!r}: "
-                                 "it was saved for another corpus or seq_len; resume with the same data")
+        check_peer_state(state, kind=STATE_KIND, fingerprint=self.fingerprint(), fields=("epoch",),
+                         expect={"seq_len": self.seq_len, "total_samples": len(self)})
         self.epoch = int(state.get("epoch", 0))
 
     def __getstate__(self):

@@ -35,7 +35,9 @@ import numpy as np
 
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.base import TokenFile, check_payload_size, file_order
+from niels_gpt.formats.bos_index import write_bos_index
 from niels_gpt.formats.raw import RawSink
+from niels_gpt.meta import sha256_file
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -152,9 +154,6 @@ class NanogptSink(RawSink):
 
     def close(self) -> dict:
         rec = super().close()
-        from niels_gpt.cache.meta import sha256_file
-        from niels_gpt.formats.bos_index import write_bos_index
-
         rec["sha256"] = sha256_file(rec["path"])  # the header was rewritten after hashing began
         if self.bos_id is not None:
             positions = np.concatenate(self._bos) if self._bos else np.empty(0, dtype=np.int64)

@@ -18,7 +18,8 @@
   gives every worker the same single file's whole range on every rank, so each token is seen
   world_size times. Either way the consumers' samples are disjoint and together are exactly the
   samples one consumer alone would read.
-- Resume: `state_dict()` = {"epoch", "consumed": {consumer id: samples yielded}}; after
+- Resume: `state_dict()` = {"epoch", "consumed": {consumer id: samples yielded}} with the resume
+  protocol's kind/version/fingerprint (niels_gpt.resume); after
   `load_state_dict` each consumer skips what it already yielded (the peer always restarts).
   With DataLoader workers the counts live in the workers: rebuild them from the batches the
   trainer consumed with `consumed_per_consumer`.
@@ -36,11 +37,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from niels_gpt.cache.formats import FormatInfo, detect_format
-from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.errors import ConfigError
 from niels_gpt.formats import megatron
 from niels_gpt.formats.base import TokenFile
 from niels_gpt.formats.bos_index import load_bos_index, scan_bos
+from niels_gpt.formats.detect import FormatInfo, detect_format
+from niels_gpt.resume import STATE_VERSION, check_peer_state, fingerprint
+
+STATE_KIND = "nanogpt_stream"
 
 
 def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
@@ -173,19 +177,19 @@ class NanogptDataset(torch.utils.data.IterableDataset):
         self.epoch = int(epoch)
         self.consumed = {}
 
-    def _fingerprint(self) -> list:
-        return [[os.path.basename(tf.path), tf.count] for tf in self.files]
+    def fingerprint(self) -> str:
+        """The identity of this data in resume states: each file's name and token count, and seq_len."""
+        return fingerprint(type(self).__qualname__, [[os.path.basename(tf.path), tf.count] for tf in self.files],
+                           self.seq_len, self.align_to_bos)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "consumed": dict(self.consumed), "seq_len": self.seq_len,
-                "align_to_bos": self.align_to_bos, "fingerprint": self._fingerprint()}
+        return {"kind": STATE_KIND, "version": STATE_VERSION, "fingerprint": self.fingerprint(),
+                "epoch": self.epoch, "consumed": dict(self.consumed), "seq_len": self.seq_len,
+                "align_to_bos": self.align_to_bos}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("seq_len", self.seq_len), ("align_to_bos", self.align_to_bos),
-                          ("fingerprint", self._fingerprint())):
-            if key in state and state[key] != mine:
-                raise StateError(f"resume state has {key}={state[key]!r} but this dataset has {mine!r}: "
-                                 "it belongs to another corpus or configuration")
+        check_peer_state(state, kind=STATE_KIND, fingerprint=self.fingerprint(), fields=("epoch", "consumed"),
+                         expect={"seq_len": self.seq_len, "align_to_bos": self.align_to_bos})
         self.epoch = int(state.get("epoch", 0))
         self.consumed = {str(k): int(v) for k, v in state.get("consumed", {}).items()}
 

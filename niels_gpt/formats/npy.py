@@ -28,6 +28,7 @@ import numpy as np
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import TokenFile, check_payload_size, parse_dtype
 from niels_gpt.formats.raw import RawSink
+from niels_gpt.meta import sha256_file
 
 MAGIC = b"\x93NUMPY"
 HEADER_BYTES = 128  # preamble + dict + padding: what np.save writes for a 1-D array
@@ -89,7 +90,5 @@ class NpySink(RawSink):
     def close(self) -> dict:
         rec = super().close()
         # the hash covered the payload only; a file record must hash the bytes on disk
-        from niels_gpt.cache.meta import sha256_file
-
         rec["sha256"] = sha256_file(rec["path"])
         return rec

@@ -8,7 +8,7 @@ Byte layout (the whole file is payload):
 Nothing in the file says which dtype it holds. KempnerForge guesses uint32 whenever the size is a
 multiple of 4, which misreads every uint16 file with an even token count. We never guess: the dtype
 comes from the caller, a `meta.json` of ours, or a tatm `metadata.yaml` (`tokenized_info.dtype`)
-beside the files (see niels_gpt.cache.formats.detect_format), and a size that is not a multiple of
+beside the files (see niels_gpt.formats.detect.detect_format), and a size that is not a multiple of
 the itemsize is rejected. Our caches' shards are raw files of this layout.
 
 Cost: reading is one memmap; writing streams through a temporary file (`<name>.tmp-<pid>`), renamed
@@ -17,16 +17,14 @@ into place when complete, so a crash never leaves a short file under the final n
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import commit, tmp_name
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import TokenFile, check_fits, parse_dtype
+from niels_gpt.formats.writers import HashingFile
 
 
 def open_raw(path: str | os.PathLike, dtype) -> TokenFile:
@@ -40,17 +38,18 @@ def open_raw(path: str | os.PathLike, dtype) -> TokenFile:
 
 
 class RawSink:
-    """One raw token file being written: temp name, streamed sha256, rename on close."""
+    """One raw token file being written: a `HashingFile` (temp name, streamed sha256, rename on close)
+    holding tokens of one dtype, range-checked before the cast. Header formats subclass it."""
 
     header_bytes = 0
 
     def __init__(self, path: str | os.PathLike, dtype):
         self.path = Path(path)
         self.dtype = parse_dtype(dtype)
-        self.tmp = tmp_name(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.tmp, "wb")
-        self._hash = hashlib.sha256()
+        self._file = HashingFile(self.path)
+        self.tmp = self._file.tmp
+        self._f = self._file.f  # header formats seek in it to write their final header
         self.tokens = 0
         self._write_header()
 
@@ -58,12 +57,11 @@ class RawSink:
         pass
 
     def _raw(self, data: bytes) -> None:
-        self._f.write(data)
-        self._hash.update(data)
+        self._file.write(np.frombuffer(data, dtype=np.uint8))
 
     def write(self, arr: np.ndarray) -> None:
         check_fits(arr, self.dtype, str(self.path))
-        self._raw(np.ascontiguousarray(arr, dtype=self.dtype).tobytes())
+        self._file.write(np.ascontiguousarray(arr, dtype=self.dtype))
         self.tokens += len(arr)
 
     def _finalize(self) -> None:
@@ -71,16 +69,12 @@ class RawSink:
 
     def close(self) -> dict:
         self._finalize()
-        self._f.flush()
-        self._f.close()
-        commit(self.tmp, self.path)
+        record = self._file.close()
         return {"path": str(self.path), "tokens": self.tokens, "bytes": self.path.stat().st_size,
-                "sha256": self._hash.hexdigest()}
+                "sha256": record["sha256"]}
 
     def abort(self) -> None:
-        self._f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.tmp)
+        self._file.abort()
 
 
 def write_raw(path: str | os.PathLike, tokens, dtype) -> dict:

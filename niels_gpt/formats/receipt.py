@@ -29,8 +29,8 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.cache.meta import sha256_file
 from niels_gpt.errors import FormatError
+from niels_gpt.meta import disk_problem, sha256_file
 
 RECEIPT_NAME = "niels_receipt.json"
 SUFFIX = "." + RECEIPT_NAME
@@ -101,18 +101,9 @@ def check_receipt(path: str | os.PathLike) -> tuple[dict | None, list[str]]:
     base = path.parent
     problems = []
     for rel, rec in sorted(receipt["files"].items()):
-        f = base / rel
-        if not f.is_file():
-            problems.append(f"{f}: missing ({path.name} lists {rec['bytes']} bytes)")
-            continue
-        size = f.stat().st_size
-        if size != rec["bytes"]:
-            problems.append(f"{f}: {size} bytes on disk, {path.name} says {rec['bytes']} (truncated or appended to)")
-            continue
-        digest = sha256_file(str(f))
-        if digest != rec["sha256"]:
-            problems.append(f"{f}: sha256 {digest[:16]}… differs from {path.name}'s {rec['sha256'][:16]}… "
-                            "(the file changed after it was written): re-run the command that wrote it")
+        problem = disk_problem(base / rel, rec, path.name, fix=": re-run the command that wrote it")
+        if problem is not None:
+            problems.append(problem)
     if directory:
         for f in _listed(base):
             rel = f.relative_to(base).as_posix()

@@ -1,7 +1,7 @@
 """`download`: fetch numbered Parquet text shards (see niels_gpt.loading.download).
 
     niels-gpt-data download --out-dir data/fineweb -n 8 -w 4
-    python -m niels_gpt.cache.cli download --base-url http://127.0.0.1:8000 --out-dir shards -n 2
+    python -m niels_gpt.cli download --base-url http://127.0.0.1:8000 --out-dir shards -n 2
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--out-dir", default=OUT_DIR, help="local folder for the shards")
     p.add_argument("-n", "--num-files", type=int, default=NUM_FILES, help="number of shards")
     p.add_argument("--first", type=int, default=0, help="index of the first shard")
-    p.add_argument("-w", "--num-workers", type=int, default=dl.NUM_WORKERS, help="parallel downloads")
+    p.add_argument("-w", "--workers", "--num-workers", dest="num_workers", type=int, default=dl.NUM_WORKERS,
+                   help="parallel downloads (--num-workers: the older spelling)")
     p.add_argument("--max-attempts", type=int, default=dl.MAX_ATTEMPTS, help="tries per shard")
     p.add_argument("--backoff", type=float, default=dl.BACKOFF_S, help="seconds before the 2nd try, doubling after")
     p.add_argument("--timeout", type=float, default=dl.TIMEOUT_S, help="socket timeout in seconds")

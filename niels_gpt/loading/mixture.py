@@ -27,7 +27,8 @@ import torch
 
 from niels_gpt.errors import ConfigError
 from niels_gpt.loading.sampler import epoch_permutation, mix_seed
-from niels_gpt.loading.state import STATE_VERSION, check_state, dataset_fingerprint, fingerprint, resolve_rank
+from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, fingerprint, resolve_rank
 
 MIXTURE_KIND = "mixture_sampler"
 TEMPERATURE = 1.0
@@ -234,8 +235,6 @@ class MixtureConfig:
     def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
               world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:
         """Open every cache as IndexedWindowDataset(T) and return (dataset, batch sampler)."""
-        from niels_gpt.loading.windows import IndexedWindowDataset
-
         mix = MixtureDataset({n: IndexedWindowDataset(d, T, split=self.split) for n, d in self.datasets.items()})
         return mix, MixtureSampler(mix, global_batch_size, phases=self.phases, temperature=self.temperature,
                                    seed=self.seed, rank=rank, world_size=world_size)

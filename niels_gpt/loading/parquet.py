@@ -30,7 +30,7 @@ import torch
 
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
-from niels_gpt.loading.state import STATE_VERSION, check_state, fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank
 
 TEXT_COLUMN = "text"
 TOKENIZER_BATCH_SIZE = 128

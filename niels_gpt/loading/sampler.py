@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.loading.state import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
 
 SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")

@@ -1,73 +1,11 @@
-"""Resume states and the distributed context: the small helpers every loader here shares.
+"""Resume states: this path re-exports `niels_gpt.resume`, where the one protocol lives."""
 
-A resume state is a plain JSON-able dict (no tensors, no pickle) carrying a `kind`, a `version` and a
-`fingerprint` of the data it belongs to. `check_state` refuses a state of another kind, version or
-dataset with a StateError that names both fingerprints, so a checkpoint of one corpus can never
-silently drive the loader of another.
-"""
-
-from __future__ import annotations
-
-import hashlib
-import json
-import os
-
-from niels_gpt.errors import ConfigError, StateError
-
-STATE_VERSION = 1
-
-
-def dist_info() -> tuple[int, int]:
-    """(rank, world_size): torch.distributed when initialised, else RANK/WORLD_SIZE, else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill missing rank/world_size from the distributed context and check 0 <= rank < world_size."""
-    if rank is None or world_size is None:
-        r, w = dist_info()
-        rank = r if rank is None else rank
-        world_size = w if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} / world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size")
-    return rank, world_size
-
-
-def fingerprint(*parts: object) -> str:
-    """16 hex digits of sha256 over the JSON of `parts` (sorted keys): stable across processes."""
-    blob = json.dumps(parts, sort_keys=True, default=str).encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def dataset_fingerprint(dataset) -> str:
-    """A dataset's own `fingerprint` when it has one, else its class name and length."""
-    fp = getattr(dataset, "fingerprint", None)
-    if callable(fp):
-        fp = fp()
-    if isinstance(fp, str):
-        return fp
-    return fingerprint(type(dataset).__qualname__, len(dataset))
-
-
-def check_state(state: object, *, kind: str, fingerprint: str, fields: tuple[str, ...]) -> dict:
-    """Validate a resume state before any of it is used; returns it as a dict."""
-    if not isinstance(state, dict):
-        raise StateError(f"{kind} state: expected a dict from state_dict(), got {type(state).__name__}")
-    if state.get("kind") != kind:
-        raise StateError(f"{kind} state: this state was written by {state.get('kind')!r}; "
-                         "pass the state_dict() of the same kind of loader")
-    if state.get("version") != STATE_VERSION:
-        raise StateError(f"{kind} state: version {state.get('version')!r}, this code reads version "
-                         f"{STATE_VERSION}; restart from the beginning of the epoch or use the matching release")
-    missing = [f for f in fields if f not in state]
-    if missing:
-        raise StateError(f"{kind} state: missing field(s) {', '.join(missing)}; the state is truncated or hand-edited")
-    if state.get("fingerprint") != fingerprint:
-        raise StateError(f"{kind} state: dataset fingerprint {state.get('fingerprint')!r} does not match this "
-                         f"dataset's {fingerprint!r}; the checkpoint belongs to other data (or other T/seed): "
-                         "resume with the data it was written for")
-    return state
+from niels_gpt.resume import *  # noqa: F403
+from niels_gpt.resume import (  # noqa: F401
+    STATE_VERSION,
+    check_state,
+    dataset_fingerprint,
+    dist_info,
+    fingerprint,
+    resolve_rank,
+)

@@ -15,22 +15,9 @@ from __future__ import annotations
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.sampler import mix_seed
-from niels_gpt.loading.state import STATE_VERSION, check_state, fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
 
 STREAM_KIND = "rank_batch_stream"
-
-
-def _stream_fingerprint(dataset) -> str:
-    fp = getattr(dataset, "fingerprint", None)
-    if callable(fp):
-        fp = fp()
-    if isinstance(fp, str):
-        return fp
-    where = next((str(getattr(dataset, a)) for a in ("shards_dir", "path", "cache_dir") if hasattr(dataset, a)), None)
-    files = {k: v.get("sha256") for k, v in getattr(dataset, "meta", {}).get("files", {}).items()}
-    # the directory name and the files' hashes: a moved cache still matches, a rebuilt one does not
-    return fingerprint(type(dataset).__qualname__, where and where.rstrip("/").split("/")[-1], files,
-                       getattr(dataset, "T", None))
 
 
 class RankBatchStream:
@@ -50,7 +37,7 @@ class RankBatchStream:
             raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {self.batch_size}")
         self.seed = int(seed)
         self.step = 0
-        self.fingerprint = _stream_fingerprint(dataset)
+        self.fingerprint = dataset_fingerprint(dataset)
 
     def __iter__(self):
         return self

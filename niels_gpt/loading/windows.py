@@ -30,13 +30,12 @@ import torch
 from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.base import file_order
-from niels_gpt.loading.state import fingerprint
+from niels_gpt.meta import check_files, raise_on_problems, read_meta
+from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import open_location
 
 
 def _split_files(cache_dir: Path, split: str, remote=None) -> tuple[dict, list[Path]]:
-    from niels_gpt.cache.meta import check_files, raise_on_problems, read_meta
-
     meta = read_meta(str(cache_dir))
     if meta.get("kind") != "pretrain":
         raise CacheError(f"{cache_dir}/meta.json: kind {meta.get('kind')!r}, expected 'pretrain' "

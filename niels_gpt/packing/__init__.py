@@ -11,8 +11,8 @@ parquet (Megatron-Bridge packed Parquet), legacy (pickled .npy, converter), fact
 """
 
 from niels_gpt.packing.algorithms import ALGORITHMS, BinAssignment, pack_lengths
-from niels_gpt.packing.dataset import PackedMemmapDataset, PackedMultiShardDataset, collate_packed
-from niels_gpt.packing.factory import open_packed
+from niels_gpt.packing.dataset import PackedMemmapDataset, collate_packed
+from niels_gpt.packing.factory import PackedMultiShardDataset, open_packed
 from niels_gpt.packing.legacy import LegacyPackedDataset, convert_legacy_to_memmap, convert_to_memmap
 from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
 from niels_gpt.packing.memmap_format import FORMAT_NAME, MemmapShardWriter, read_manifest

@@ -1,6 +1,6 @@
 """`pack-sft`: pack one split of an SFT cache into a memmap_padded_v1 shard.
 
-    python -m niels_gpt.cache.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --pack-size 4096 --algorithm ffd
+    python -m niels_gpt.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --pack-size 4096 --algorithm ffd
 
 Registered into the package CLI by `register(subparsers)`; prints the resolved settings first and a
 summary (bins, packing efficiency, truncated count) last. OUT may be an fsspec URL (written locally,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
-from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW
+from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW, pack_sft
 from niels_gpt.packing.source import SPLITS
 from niels_gpt.seeds import seed_arg
 
@@ -22,8 +22,8 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cache_dir", metavar="CACHE_DIR", help="SFT cache directory (with meta.json)")
     p.add_argument("out", metavar="OUT", help="output shard directory or fsspec URL")
-    p.add_argument("--pack-size", type=int, default=DEFAULT_PACK_SIZE,
-                   help=f"tokens per bin (default {DEFAULT_PACK_SIZE})")
+    p.add_argument("--pack-size", "--seq-len", dest="pack_size", type=int, default=DEFAULT_PACK_SIZE,
+                   help=f"tokens per bin, the training sequence length (default {DEFAULT_PACK_SIZE})")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=DEFAULT_ALGORITHM,
                    help=f"bin packing algorithm (default {DEFAULT_ALGORITHM})")
     p.add_argument("--split", choices=SPLITS, default="train", help="cache split to pack (default train)")
@@ -35,8 +35,6 @@ def register(subparsers) -> None:
 
 
 def run_pack_sft(args) -> int:
-    from niels_gpt.packing.pack import pack_sft
-
     print(f"pack-sft: cache={args.cache_dir} split={args.split} out={args.out} pack_size={args.pack_size} "
           f"algorithm={args.algorithm} on_overflow={args.on_overflow} seed={args.seed}")
     m = pack_sft(args.cache_dir, args.out, pack_size=args.pack_size, algorithm=args.algorithm, split=args.split,

@@ -24,10 +24,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from niels_gpt.cache.meta import sha256_file
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import FormatError
+from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, check_headers, check_starts, read_manifest
+from niels_gpt.storage.remote import RemoteCache
+from niels_gpt.urls import is_url
 
 VALIDATE_CHUNK_BINS = 1024
 
@@ -36,13 +38,9 @@ class PackedMemmapDataset(Dataset):
     """One memmap_padded_v1 shard directory as a map-style dataset of packed bins."""
 
     def __init__(self, shard_dir):
-        from niels_gpt.urls import is_url
-
         if is_url(shard_dir) and not str(shard_dir).startswith("file://"):
             # a URL: the five arrays are mirrored locally (niels_gpt/storage), each checked against the
             # manifest's size and sha256 once, then read like a local shard
-            from niels_gpt.storage.remote import RemoteCache
-
             remote = RemoteCache(str(shard_dir), marker=MANIFEST_NAME)
             for rel in sorted(remote.records):
                 remote.fetch(rel, keep=set(remote.records))
@@ -139,25 +137,6 @@ class PackedMemmapDataset(Dataset):
             if "sha256" in rec and sha256_file(self._paths[name]) != rec["sha256"]:
                 raise FormatError(f"{self._paths[name]}: sha256 differs from {MANIFEST_NAME} (the array was "
                                   "changed after packing); re-run `pack-sft`")
-
-
-class PackedMultiShardDataset(Dataset):
-    """Several packed datasets (shard directories or dataset objects) read as one, in the given order."""
-
-    def __init__(self, shards):
-        from niels_gpt.packing.factory import open_packed
-
-        self.shards = [s if isinstance(s, Dataset) else open_packed(s) for s in shards]
-        self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in self.shards], out=self.offsets[1:])
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def __getitem__(self, idx: int) -> dict:
-        idx = _normalise(idx, len(self), "multi-shard dataset")
-        shard = int(np.searchsorted(self.offsets, idx, side="right")) - 1
-        return self.shards[shard][idx - int(self.offsets[shard])]
 
 
 def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int = 0) -> dict:

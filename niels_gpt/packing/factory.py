@@ -12,35 +12,47 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+from torch.utils.data import Dataset
+
 from niels_gpt.errors import FormatError
+from niels_gpt.packing.dataset import PackedMemmapDataset, _normalise
+from niels_gpt.packing.legacy import LegacyPackedDataset
 from niels_gpt.packing.memmap_format import MANIFEST_NAME, read_manifest
-from niels_gpt.packing.parquet import PARQUET_SUFFIXES
+from niels_gpt.packing.parquet import PARQUET_SUFFIXES, PackedParquetDataset
 
 
 def open_packed(path, *, allow_pickle: bool = False):
     """Return a map-style dataset of packed bins for `path` (see the table above)."""
     if isinstance(path, (list, tuple)):
-        from niels_gpt.packing.dataset import PackedMultiShardDataset
-
         return PackedMultiShardDataset([open_packed(p, allow_pickle=allow_pickle) for p in path])
     p = Path(path)
     if p.is_dir():
         if (p / MANIFEST_NAME).is_file():
-            from niels_gpt.packing.dataset import PackedMemmapDataset
-
             return PackedMemmapDataset(p)
         if any(c.suffix in PARQUET_SUFFIXES for c in p.iterdir()):
-            from niels_gpt.packing.parquet import PackedParquetDataset
-
             return PackedParquetDataset(p)
         read_manifest(p)  # raises: names the missing manifest and the fix
     if p.suffix in PARQUET_SUFFIXES:
-        from niels_gpt.packing.parquet import PackedParquetDataset
-
         return PackedParquetDataset(p)
     if p.suffix == ".npy":
-        from niels_gpt.packing.legacy import LegacyPackedDataset
-
         return LegacyPackedDataset(p, allow_pickle=allow_pickle)
     raise FormatError(f"{path}: not a packed SFT dataset (expected a directory with {MANIFEST_NAME}, a "
                       ".parquet/.pq file or directory, or a legacy .npy)")
+
+
+class PackedMultiShardDataset(Dataset):
+    """Several packed datasets (shard directories or dataset objects) read as one, in the given order."""
+
+    def __init__(self, shards):
+        self.shards = [s if isinstance(s, Dataset) else open_packed(s) for s in shards]
+        self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in self.shards], out=self.offsets[1:])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, idx: int) -> dict:
+        idx = _normalise(idx, len(self), "multi-shard dataset")
+        shard = int(np.searchsorted(self.offsets, idx, side="right")) - 1
+        return self.shards[shard][idx - int(self.offsets[shard])]

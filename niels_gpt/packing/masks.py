@@ -1,10 +1,10 @@
 """Trained-token masks for packed SFT, and the shift that aligns them with next-token prediction.
 
-The SFT cache stores no mask. A token is a trained target iff it lies in an assistant span: after an
-assistant sentinel, up to and including the next EOT (the rule `Tokenizer.render_chat` and the SFT
-dataset apply). `assistant_token_mask` computes that rule for a whole packed bin in a few numpy passes,
-with the span state reset at every sequence start, so a sequence cut inside an assistant turn never
-opens a span in the sequence after it.
+The SFT cache stores no mask (unless a chat template rendered it). A token is a trained target iff it
+lies in an assistant span: after an assistant sentinel, up to and including the next EOT. That rule is
+`niels_gpt.spans.assistant_token_mask` (re-exported here), applied to a whole packed bin with the span
+state reset at every sequence start, so a sequence cut inside an assistant turn never opens a span in
+the sequence after it.
 
 Packed-bin convention (the one the shipped Megatron-Bridge/Nemotron code uses, DESIGN.md):
 `loss_mask[j]` says whether predicting `input_ids[j+1]` from position j counts. It is the trained mask
@@ -22,40 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from niels_gpt.spans import assistant_token_mask  # noqa: F401  (the one span rule, re-exported)
+
 LOSS_MASK_CONVENTION = "shift_left_within_sequence"
 LOSS_MASK_CONVENTION_TEXT = (
     "loss_mask[j] == 1 iff predicting input_ids[j+1] from position j is trained; shifted within each "
     "packed sequence, the last position of every sequence is 0; padding is 0"
 )
-
-
-def assistant_token_mask(tokens, asst_id: int, eot_id: int, seq_starts=None) -> np.ndarray:
-    """bool[len(tokens)]: True on assistant content tokens and the EOT that closes them.
-
-    `seq_starts` (sorted start positions, first 0) resets the span state at each sequence start;
-    None means one sequence.
-    """
-    tokens = np.asarray(tokens)
-    n = len(tokens)
-    pos = np.arange(n, dtype=np.int64)
-    # last_open[i]: position of the last assistant sentinel strictly before i (-1 if none).
-    opened = np.where(tokens == asst_id, pos, -1)
-    last_open = np.empty(n, dtype=np.int64)
-    if n:
-        last_open[0] = -1
-        np.maximum.accumulate(opened[:-1], out=last_open[1:])
-    # last_close[i]: last EOT strictly before i, or start-1 of i's sequence, whichever is later.
-    closed = np.where(tokens == eot_id, pos, -1)
-    if seq_starts is not None:
-        starts = np.asarray(seq_starts, dtype=np.int64)
-        starts = starts[(starts > 0) & (starts < n)]
-        # A reset at start s acts like an EOT at s-1 that is seen from s on.
-        closed[starts - 1] = np.maximum(closed[starts - 1], starts - 1)
-    last_close = np.empty(n, dtype=np.int64)
-    if n:
-        last_close[0] = -1
-        np.maximum.accumulate(closed[:-1], out=last_close[1:])
-    return last_open > last_close
 
 
 def shift_within_sequences(mask, seq_starts, length: int | None = None, out=None) -> np.ndarray:

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_bytes_atomic
-from niels_gpt.cache.meta import sha256_file
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
+from niels_gpt.meta import sha256_file
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
 
 FORMAT_NAME = "memmap_padded_v1"

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.cache.meta import (
+from niels_gpt.constants import SPLITS
+from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.meta import (
     TOKEN_DTYPES,
     check_files,
+    check_sft_offsets,
     load_checked_npy,
     raise_on_problems,
     read_meta,
     sha256_file,
 )
-from niels_gpt.constants import SPLITS
-from niels_gpt.errors import CacheError, ConfigError
 
 
 @dataclass
@@ -74,13 +75,8 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     n_tokens = size // dtype.itemsize
     tokens = (np.memmap(tok_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype))
     starts = load_checked_npy(idx_path, meta["files"].get(idx_name), "offsets")
-    if starts.ndim != 1 or starts.dtype.kind not in "iu":
-        raise CacheError(f"{idx_path}: expected a 1-D integer array, got {starts.dtype} {starts.shape}")
-    starts = starts.astype(np.int64)
+    starts = check_sft_offsets(starts, n_tokens, idx_path)
     ends = np.append(starts[1:], n_tokens)
-    if len(starts) and (starts[0] != 0 or np.any(ends < starts) or ends[-1] > n_tokens):
-        raise CacheError(f"{idx_path}: offsets must start at 0 and be non-decreasing within the "
-                         f"{n_tokens} tokens of {tok_name}; rebuild the cache")
     special = meta["special_token_ids"]
     mask = None
     if special.get("asst") is None:

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import ChatSource, TextSource, normalise_text, portable, read_text_file
+from niels_gpt.sources.base import (
+    ChatSource,
+    TextSource,
+    iter_rows,
+    normalise_text,
+    open_stream,
+    portable,
+    read_text_file,
+)
 
 TEXT_FIELD = "text"
 MESSAGES_FIELD = "messages"
@@ -170,8 +178,6 @@ def _rows(path: Path, columns: list[str]) -> Iterator[tuple[str, Any]]:
 
 
 def _hf_rows(dataset_id: str, config: str | None, split: str) -> Iterator[tuple[str, Any]]:
-    from niels_gpt.sources.base import iter_rows, open_stream
-
     what = f"{dataset_id} (config {config}, split {split})"
     ds = open_stream(dataset_id, what, streaming=True, name=config, split=split)
     for i, row in iter_rows(ds, what):

@@ -33,8 +33,8 @@ import threading
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
-from niels_gpt.cache.meta import record_problem, sha256_file
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
+from niels_gpt.meta import record_problem, sha256_file
 from niels_gpt.storage.fs import filesystem, join, with_retries
 from niels_gpt.urls import is_url
 

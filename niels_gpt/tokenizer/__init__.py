@@ -19,7 +19,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from niels_gpt.atomic import remove_stale_temporaries, write_bytes_atomic
 from niels_gpt.errors import TokenizerError
+from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.base import (
     SEPARATOR_CHOICES,
     Message,
@@ -28,6 +30,7 @@ from niels_gpt.tokenizer.base import (
     Tokenizer,
     token_dtype_for,
 )
+from niels_gpt.tokenizer.hf import HFTokenizer
 from niels_gpt.tokenizer.special import (
     ASST_TOKEN,
     EOT_TOKEN,
@@ -36,7 +39,8 @@ from niels_gpt.tokenizer.special import (
     SYS_TOKEN,
     USR_TOKEN,
 )
-from niels_gpt.tokenizer.spm import SentencePieceTokenizer, TrainSettings, train_sentencepiece
+from niels_gpt.tokenizer.spm import SentencePieceTokenizer, TrainSettings, settings_dict, train_sentencepiece
+from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer, is_tiktoken_spec
 
 MODEL_NAME = "spm.model"
 
@@ -62,8 +66,6 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
     options = {"eos": eos, "bos": bos, "separator": separator}
     p = Path(path)
     if not p.exists():
-        from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer, is_tiktoken_spec
-
         if is_tiktoken_spec(path):
             return TiktokenTokenizer(path, **options)
         if is_hub_id(str(path)):
@@ -78,12 +80,8 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
         raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json in this directory; "
                              "train one with `train-tokenizer` or point --tokenizer at the model file")
     if p.suffix == ".json":
-        from niels_gpt.tokenizer.hf import HFTokenizer
-
         tok = HFTokenizer(p, **options)
     elif p.suffix == ".tiktoken":
-        from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer
-
         tok = TiktokenTokenizer(p, **options)
     else:
         tok = SentencePieceTokenizer(p, **options)
@@ -151,10 +149,6 @@ def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *,
                     settings: TrainSettings | None = None, trained_on: object = None) -> SentencePieceTokenizer:
     """Train on `texts`, write out_dir/spm.model then out_dir/meta.json (the commit marker)."""
     settings = settings or TrainSettings()
-    from niels_gpt.atomic import remove_stale_temporaries, write_bytes_atomic
-    from niels_gpt.cache.meta import write_meta
-    from niels_gpt.tokenizer.spm import settings_dict
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)

@@ -2,6 +2,6 @@
 
 import sys
 
-from niels_gpt.cache.cli import main
+from niels_gpt.cli import main
 
 sys.exit(main(["train-tokenizer", *sys.argv[1:]]))

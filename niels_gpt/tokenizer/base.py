@@ -20,6 +20,7 @@ from typing import Literal, NamedTuple, TypedDict
 import numpy as np
 
 from niels_gpt.errors import ConfigError, TokenizerError
+from niels_gpt.spans import assistant_token_mask
 from niels_gpt.tokenizer.special import ROLE_TO_SPECIAL, SPECIAL_TOKENS
 
 UINT16_LIMIT = 65536
@@ -212,15 +213,15 @@ class Tokenizer(ABC):
         (niels_gpt.tokenizer.chat), else with the library's sentinels: per message, its role sentinel,
         its content, then EOT.
 
-        The mask is True exactly on assistant content tokens and the EOT that closes them: the
-        sentinel itself and every system/user token are False. This is the span rule the SFT
-        dataset applies to a bare token stream ("after the assistant sentinel up to and including
-        the next EOT"), so the cache needs no stored mask.
+        The mask is the span rule (niels_gpt.spans) applied to the rendered ids, the same function the
+        SFT dataset applies to the stored stream, so the cache needs no stored mask: True on assistant
+        content tokens and the EOT that closes them, False on the sentinels and system/user tokens.
 
             [usr] h i [eot] [asst] y o [eot]
               0   0 0   0     0    1 1   1
         """
         if self.chat_template is not None:
+            # lazy: chat.py builds on this module's Message and RenderedChat, so it can only load after it
             from niels_gpt.tokenizer.chat import render_with_template
 
             return render_with_template(self, messages)
@@ -229,19 +230,14 @@ class Tokenizer(ABC):
                                  "chat tokens, so conversations cannot be rendered; use a tokenizer directory whose "
                                  "tokenizer_config.json has a chat_template")
         ids: list[int] = []
-        mask: list[bool] = []
         special = self.special_ids
         eot = special["eot"]
         for i, message in enumerate(messages):
             role, content = _check_message(message, i)
-            body = self.encode(content)
-            trained = role == "assistant"
             ids.append(special[ROLE_TO_SPECIAL[role]])
-            mask.append(False)
-            ids.extend(body)
-            mask.extend([trained] * len(body))
+            ids.extend(self.encode(content))
             ids.append(eot)
-            mask.append(trained)
+        mask = assistant_token_mask(np.asarray(ids, dtype=np.int64), special["asst"], eot).tolist()
         return RenderedChat(ids, mask)
 
     def describe(self) -> dict:

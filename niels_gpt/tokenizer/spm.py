@@ -64,7 +64,7 @@ class SentencePieceTokenizer(Tokenizer):
         if not path.is_file():
             raise TokenizerError(
                 f"no sentencepiece model at {path}: train one with "
-                "`python -m niels_gpt.cache.cli train-tokenizer` or pass --tokenizer PATH"
+                "`python -m niels_gpt.cli train-tokenizer` or pass --tokenizer PATH"
             )
         data = path.read_bytes()
         self._path = str(path)

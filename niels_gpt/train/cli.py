@@ -1,7 +1,7 @@
-"""`train` subcommand: python -m niels_gpt.cache.cli train DATA [flags]; under torchrun for DDP.
+"""`train` subcommand: python -m niels_gpt.cli train DATA [flags]; under torchrun for DDP.
 
-    python -m niels_gpt.cache.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
-    torchrun --nproc_per_node 8 -m niels_gpt.cache.cli train cache/pretrain/fineweb_edu --depth 20 \
+    python -m niels_gpt.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
+    torchrun --nproc_per_node 8 -m niels_gpt.cli train cache/pretrain/fineweb_edu --depth 20 \
         --sequence-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 
 from niels_gpt.train.data import KINDS
-from niels_gpt.train.train import TrainConfig
+from niels_gpt.train.train import TrainConfig, train
 
 HELP = {
     "out_dir": "checkpoints go here (ckpt_<step>.pt)",
@@ -71,8 +71,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from niels_gpt.train.train import train
-
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     cfg = TrainConfig(**values)
     result = train(cfg)

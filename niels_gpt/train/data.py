@@ -29,6 +29,19 @@ import numpy as np
 import torch
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.loading import (
+    GlobalBatchSampler,
+    IndexedWindowDataset,
+    MixtureConfig,
+    ParquetTokenLoader,
+    RankBatchStream,
+    ResumableDataLoader,
+    split_files,
+)
+from niels_gpt.meta import read_meta
+from niels_gpt.packing import collate_packed, open_packed
+from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
+from niels_gpt.readers.sft import SFTExampleDataset
 
 KINDS = ("windows", "indexed", "mixture", "parquet", "sft", "packed")
 MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
@@ -67,7 +80,7 @@ def detect_kind(path, sampling: str = "random") -> str:
         raise ConfigError(f"{parquets[0]}: columns {names}: neither a 'text' column (text shards) nor "
                           "'input_ids' (packed SFT)")
     raise ConfigError(f"{p}: holds no meta.json, manifest.json or Parquet shards: not a cache; "
-                      "build one with `python -m niels_gpt.cache.cli build-all`")
+                      "build one with `python -m niels_gpt.cli build-all`")
 
 
 def to_model_batch(raw, device: torch.device) -> dict[str, torch.Tensor]:
@@ -199,22 +212,15 @@ class TrainData:
                 "persistent_workers": self.num_workers > 0}
 
     def _meta(self, where: Path) -> dict:
-        from niels_gpt.cache.meta import read_meta
-
         return read_meta(str(where))
 
     def _open_windows(self):
-        from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
-        from niels_gpt.loading import RankBatchStream
-
         ds = PretrainTokenStreamDataset(str(self.path / "train"), T=self.T, device=str(self.device))
         self.vocab_size = self.vocab_size or ds.vocab_size
         self.source = RankBatchStream(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
         self._val = ("windows_val", self.path)
 
     def _open_indexed(self):
-        from niels_gpt.loading import GlobalBatchSampler, IndexedWindowDataset, ResumableDataLoader
-
         ds = IndexedWindowDataset(self.path, self.T, split="train")
         self.vocab_size = self.vocab_size or int(self._meta(self.path)["vocab_size"])
         sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
@@ -222,8 +228,6 @@ class TrainData:
         self._val = ("windows_val", self.path)
 
     def _open_mixture(self):
-        from niels_gpt.loading import MixtureConfig
-
         cfg = MixtureConfig.from_file(self.path)
         mix, sampler = cfg.build(self.T, self.B * self.world_size, **self._rank_args())
         vocab = {int(self._meta(Path(d))["vocab_size"]) for d in cfg.datasets.values()}
@@ -238,8 +242,6 @@ class TrainData:
         self._val = ("mixture_val", cfg)
 
     def _open_parquet(self):
-        from niels_gpt.loading import ParquetTokenLoader, split_files
-
         if self.tokenizer is None:
             raise ConfigError(f"{self.path}: Parquet text shards are tokenized while training; pass --tokenizer")
         self.vocab_size = self.vocab_size or len(self.tokenizer)
@@ -248,9 +250,6 @@ class TrainData:
         self._val = ("parquet_val", self.path)
 
     def _open_sft(self):
-        from niels_gpt.cache.sft_dataset import SFTExampleDataset
-        from niels_gpt.loading import RankBatchStream
-
         meta = self._meta(self.path)
         self.vocab_size = self.vocab_size or int(meta["vocab_size"])
         eot = int(meta["special_token_ids"]["eot"])
@@ -260,9 +259,6 @@ class TrainData:
         self._val = ("sft_val", eot) if meta["totals"].get("val_examples") else None
 
     def _open_packed(self):
-        from niels_gpt.loading import GlobalBatchSampler, ResumableDataLoader
-        from niels_gpt.packing import collate_packed, open_packed
-
         ds = open_packed(self.path)
         pack_size = int(getattr(ds, "pack_size", 0) or self.T)
         if pack_size != self.T:
@@ -300,8 +296,6 @@ class TrainData:
 
     def val_batches(self, steps: int):
         """Up to `steps` (x, y) batches of this rank from the val split, the same every call."""
-        from niels_gpt.loading import GlobalBatchSampler, IndexedWindowDataset
-
         if self._val is None:
             return []
         what, arg = self._val
@@ -322,13 +316,9 @@ class TrainData:
                     break
             return out
         if what == "parquet_val":
-            from niels_gpt.loading import ParquetTokenLoader, split_files
-
             loader = ParquetTokenLoader(split_files(arg, "val"), self.tokenizer, self.B, self.T,
                                         packing="contiguous", **self._rank_args())
             return [next(loader) for _ in range(steps)]
-        from niels_gpt.cache.sft_dataset import SFTExampleDataset
-
         ds = SFTExampleDataset(str(self.path / "val_tokens.bin"), str(self.path / "val_idx.npy"), T=self.T,
                                device="cpu", eot_id=arg)
         order = np.arange(len(ds))[self.rank::self.world_size]

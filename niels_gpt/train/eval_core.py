@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from niels_gpt.atomic import atomic_path
 from niels_gpt.errors import ConfigError, SourceError
 
 CORE_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -215,8 +216,6 @@ def download_core_bundle(dest: str | os.PathLike, url: str = CORE_BUNDLE_URL) ->
     """Fetch and unpack the eval bundle zip into `dest` (once; a finished unpack is reused)."""
     import shutil
     import urllib.request
-
-    from niels_gpt.atomic import atomic_path
 
     dest = Path(dest)
     done = dest / "eval_bundle" / "core.yaml"

@@ -26,8 +26,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from niels_gpt.atomic import atomic_path
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.loading import evaluate_bpb
+from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.seeds import check_seed
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+from niels_gpt.train.data import TrainData
+from niels_gpt.train.eval_core import run_core
 from niels_gpt.train.model import GPT, GPTConfig
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
 from niels_gpt.urls import is_url, refuse_url
@@ -111,8 +117,6 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
 
 def find_tokenizer(data_path: str | os.PathLike):
     """The tokenizer a cache was built with: a `tokenizer/` directory up to three levels above it."""
-    from niels_gpt.tokenizer import load_tokenizer
-
     p = Path(data_path).resolve()
     for parent in [p, *p.parents][:4]:
         cand = parent / "tokenizer"
@@ -133,8 +137,6 @@ def _recorded_tokenizer_sha(where: Path) -> str | None:
 
 def _require_recorded_tokenizer(tok, data_path) -> None:
     """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
-    from niels_gpt.tokenizer import check_tokenizer_matches
-
     for path in str(data_path).split(","):
         where = Path(path.strip())
         if where.is_dir():
@@ -160,8 +162,6 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
 
 def save_checkpoint(path: Path, *, model, optimizers, step: int, loader_states: list, cfg: TrainConfig,
                     model_cfg: GPTConfig) -> None:
-    from niels_gpt.atomic import atomic_path
-
     path.parent.mkdir(parents=True, exist_ok=True)
     ckpt = {"version": CHECKPOINT_VERSION, "step": step, "model": model.state_dict(),
             "optimizers": [o.state_dict() for o in optimizers], "loader": loader_states,
@@ -203,10 +203,6 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     from cfg.data by any object with __next__ (model batches), state_dict, load_state_dict, kind,
     vocab_size, has_val and val_batches (bench/bench_train.py runs the peers' recipes through it).
     """
-    from niels_gpt.loading import evaluate_bpb
-    from niels_gpt.loading import token_bytes as tokenizer_bytes
-    from niels_gpt.train.data import TrainData
-
     refuse_url(cfg.out_dir, "--out-dir")
     if data is None and any(is_url(d) for d in str(cfg.data).split(",")):
         raise ConfigError(f"DATA {cfg.data!r} is a URL: train reads a local cache (and finds its tokenizer beside "
@@ -220,8 +216,6 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         raise ConfigError(f"steps {cfg.steps}: must be >= 1")
     tok = None
     if cfg.tokenizer:
-        from niels_gpt.tokenizer import load_tokenizer
-
         tok = load_tokenizer(cfg.tokenizer)
         _require_recorded_tokenizer(tok, cfg.data)
     elif token_bytes is None:
@@ -378,8 +372,6 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
             checkpoint(step + 1)
     bpb(result.step)
     if cfg.core and result.step == cfg.steps:
-        from niels_gpt.train.eval_core import run_core
-
         if tok is None:
             raise ConfigError("CORE needs the tokenizer: pass --tokenizer")
         model.eval()

@@ -172,7 +172,7 @@ def test_a_dataset_id_is_streamed_with_its_config_and_split(tmp_path, monkeypatc
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import niels_gpt.sources.base as base
+    import niels_gpt.sources.corpus as base  # patched where the build looks it up
 
     texts = docs(4)
     pq.write_table(pa.table({"content": texts}), tmp_path / "hub.parquet")

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt import _native
 from niels_gpt.atomic import commit, tmp_name
-from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.errors import ConfigError
+from niels_gpt.formats.base import check_fits
 
 SHARD_PATTERN = "shard_{:05d}.bin"
 
@@ -148,8 +150,7 @@ class Budgeted:
         return keep
 
     def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
-        from niels_gpt._native import gather as native
-
+        native = _native.gather  # read per call: None where the C kernel is not built (or switched off)
         if self.before or any(isinstance(d, np.ndarray) for d in docs):  # a long document (encode.py), or BOS-first
             self._write_arrays(docs, keep_last, first_doc)
             return
@@ -233,7 +234,5 @@ class WriterPipeline:
 
 
 def check_range(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
-    if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
-        bad = int(ids.max()) if int(ids.max()) > np.iinfo(dtype).max else int(ids.min())
-        raise CacheError(f"{where}: token id {bad} does not fit {dtype.name} "
-                         f"(max {np.iinfo(dtype).max}); build with token_dtype='uint32-le'")
+    """`check_fits` with a build's fix: the cache's token dtype."""
+    check_fits(ids, dtype, where, "build with token_dtype='uint32-le'")

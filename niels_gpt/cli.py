@@ -1,0 +1,292 @@
+"""python -m niels_gpt.cli <command>: build, inspect and verify token caches.
+
+    python -m niels_gpt.cli build-all --cache-dir cache --seed 42
+    python -m niels_gpt.cli build-all --cache-dir cache-demo --sample     # offline, bundled corpus
+    python -m niels_gpt.cli inspect cache/sft/dolly15k
+    python -m niels_gpt.cli verify cache
+
+Every constant of the contract is a flag whose help shows its default; the resolved settings are
+printed at start. Package errors end as one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from niels_gpt.args import int_arg as _int
+from niels_gpt.args import optional_int_arg as _optional_int
+from niels_gpt.build import cli as dist_build_cli
+from niels_gpt.build import corpus as build_corpus_cli
+from niels_gpt.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
+from niels_gpt.errors import NielsGPTError
+from niels_gpt.formats import cli as formats_cli
+from niels_gpt.loading import cli as loading_cli
+from niels_gpt.packing import cli as packing_cli
+from niels_gpt.report import inspect_json, inspect_path, verify_outputs
+from niels_gpt.seeds import seed_arg
+from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+from niels_gpt.tokenizer.spm import TrainSettings
+from niels_gpt.train import cli as train_cli
+
+# Every subcommand beyond build-all/train-tokenizer/inspect/verify/stats, in --help order: each module's
+# register(sub) adds its parser. An explicit list: a module that fails to import fails the CLI loudly.
+SUBCOMMANDS = (build_corpus_cli, formats_cli, packing_cli, loading_cli, train_cli, dist_build_cli)
+
+
+def add_build_all(sub) -> None:
+    d = BuildConfig()
+    p = sub.add_parser("build-all", help="train the tokenizer and build every cache",
+                       description="Train (or copy) the tokenizer, then build every pretraining and SFT cache.")
+    _add_common_flags(p, d)
+    p.add_argument("--only", nargs="+", default=list(ALL), metavar="NAME", help=f"build a subset of: {' '.join(ALL)}")
+    p.add_argument("--tokenizer", default=None,
+                   help="copy this sentencepiece model instead of training one (default: train one)")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help="encode threads (default: all cores); the output is identical for any value")
+    _add_tokenizer_flags(p)
+    _add_source_flags(p, d, budgets=True)
+    p.set_defaults(func=run_build_all)
+
+
+def _add_common_flags(p, d) -> None:
+    p.add_argument("--cache-dir", default=d.cache_dir, help="root of the caches: a directory or a URL (s3://, gs://, hf://, memory://; built locally, then uploaded)")
+    p.add_argument("--seed", type=seed_arg, default=d.seed, help="seed of every split and shuffle (torch RNG)")
+    p.add_argument("--sample", action="store_true", help="point every source at the bundled sample corpus (offline)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (they show only on a terminal)")
+
+
+def _add_tokenizer_flags(p) -> None:
+    t = TrainSettings()
+    g = p.add_argument_group("tokenizer training")
+    g.add_argument("--vocab-size", type=int, default=t.vocab_size, help="ordinary pieces (4 special tokens come on top)")
+    g.add_argument("--model-type", default=t.model_type, choices=["unigram", "bpe"], help="sentencepiece model type")
+    g.add_argument("--character-coverage", type=float, default=t.character_coverage,
+                   help="share of characters covered by pieces; the rest fall back to bytes")
+    g.add_argument("--tokenizer-threads", type=int, default=t.num_threads, help="trainer threads (part of the model's identity)")
+    g.add_argument("--tokenizer-max-chars", type=_int, default=t.max_train_chars, help="characters of text to train on")
+    g.add_argument("--max-sentence-length", type=int, default=t.max_sentence_length, help="bytes per training chunk")
+    g.add_argument("--no-split-digits", dest="split_digits", action="store_false",
+                   help="let a piece span several digits (by default every digit is its own piece)")
+    g.add_argument("--replace-tokenizer", action="store_true",
+                   help="replace the tokenizer even though caches that this run does not rebuild used the old one")
+
+
+def _add_source_flags(p, d, *, budgets: bool) -> None:
+    g = p.add_argument_group("fineweb_edu (streamed)")
+    g.add_argument("--fineweb-dataset", default=d.fineweb_dataset, help="Hugging Face dataset id")
+    g.add_argument("--fineweb-config", default=d.fineweb_config, help="dataset config (a Common Crawl dump)")
+    g.add_argument("--fineweb-split", default=d.fineweb_split, help="dataset split to stream")
+    g.add_argument("--fineweb-buffer-size", type=int, default=d.fineweb_buffer_size,
+                   help="buffer of the datasets .shuffle call")
+    g.add_argument("--fineweb-data-files", nargs="+", default=None,
+                   help="local parquet/jsonl files of the same schema (default: stream the hub)")
+    if budgets:
+        g.add_argument("--max-train-tokens", type=_int, default=d.max_train_tokens, help="train token budget")
+        g.add_argument("--max-val-tokens", type=_int, default=None,
+                       help="val token budget (default: 5_000_000, or 4096 with --sample)")
+        g.add_argument("--shard-bytes", type=_int, default=d.shard_bytes, help="shard size target (never exceeded)")
+        g.add_argument("--shuffle-buffer", type=_optional_int, default=d.shuffle_buffer,
+                       help="torch-RNG document shuffle buffer (0 or none: off; default of build-all: %(default)s)")
+    g = p.add_argument_group("wikitext")
+    g.add_argument("--wikitext-dataset", default=d.wikitext_dataset, help="Hugging Face dataset id")
+    g.add_argument("--wikitext-config", default=d.wikitext_config, help="dataset config")
+    g.add_argument("--wikitext-train-file", default=None, help="local raw train file (default: the hub)")
+    g.add_argument("--wikitext-val-file", default=None, help="local raw validation file (default: the hub)")
+    g = p.add_argument_group("local directories")
+    g.add_argument("--roam-dir", default=None, help="Roam Research markdown export (default: not built)")
+    g.add_argument("--roam-val-frac", type=float, default=d.roam_val_frac, help="share of notes in val (seeded)")
+    g.add_argument("--gutenberg-dir", default=None, help="Project Gutenberg .txt books (default: not built)")
+    g.add_argument("--gutenberg-val-frac", type=float, default=d.gutenberg_val_frac, help="share of books in val (seeded)")
+    g = p.add_argument_group("sft")
+    if budgets:
+        g.add_argument("--val-frac", type=float, default=d.val_frac, help="fraction of examples in val (seeded)")
+    g.add_argument("--dolly-dataset", default=d.dolly_dataset, help="Hugging Face dataset id")
+    g.add_argument("--dolly-data-files", nargs="+", default=None, help="local jsonl/parquet files (default: the hub)")
+    g.add_argument("--oasst-dataset", default=d.oasst_dataset, help="Hugging Face dataset id")
+    g.add_argument("--oasst-data-files", nargs="+", default=None, help="local flat-row files (default: the hub)")
+    g.add_argument("--oasst-trees-jsonl", default=None, help="nested-tree JSONL export (default: flat rows from --oasst-data-files or the hub)")
+
+
+def config_from_args(args):
+    settings = TrainSettings(vocab_size=args.vocab_size, model_type=args.model_type,
+                             character_coverage=args.character_coverage, num_threads=args.tokenizer_threads,
+                             max_train_chars=args.tokenizer_max_chars, seed=args.seed,
+                             max_sentence_length=args.max_sentence_length, split_digits=args.split_digits)
+    names = {f.name for f in fields(BuildConfig)}
+    kw = {k: v for k, v in vars(args).items() if k in names}
+    kw.update(only=tuple(args.only), tokenizer_settings=settings, progress=None if not args.no_progress else False)
+    return BuildConfig(**kw)
+
+
+def run_build_all(args) -> int:
+    cfg = config_from_args(args)
+    print("build-all settings:")
+    for f in fields(cfg):
+        print(f"  {f.name} = {getattr(cfg, f.name)!r}")
+    print(f"  (resolved) max_val_tokens = {cfg.resolved_max_val_tokens()}")
+    rows = build_all(cfg)
+    print()
+    print(format_summary(rows))
+    return 0
+
+
+def add_train_tokenizer(sub) -> None:
+    d = BuildConfig()
+    p = sub.add_parser("train-tokenizer", help="train the sentencepiece tokenizer only",
+                       description="Train the tokenizer on the sources' training text (the first step of build-all).")
+    _add_common_flags(p, d)
+    _add_tokenizer_flags(p)
+    _add_source_flags(p, d, budgets=False)
+    p.set_defaults(func=run_train_tokenizer)
+
+
+def run_train_tokenizer(args) -> int:
+    args.only, args.tokenizer = ["tokenizer"], None
+    cfg = config_from_args(args)
+    row = build_tokenizer(cfg)
+    print(f"tokenizer: {row['vocab_size']} ids, sha256 {row['sha256']}… -> {Path(cfg.cache_dir) / 'tokenizer'}")
+    return 0
+
+
+def add_inspect_verify(sub) -> None:
+    p = sub.add_parser("inspect", help="show a cache: meta, totals, a decoded window, an SFT example's trained span")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
+    p.add_argument("--window", type=int, default=64, help="tokens to decode")
+    p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
+    p.set_defaults(func=lambda a: _inspect(a))
+    p = sub.add_parser("verify", help="check every output against its metadata: sizes, counts, sha256, headers")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
+    p.set_defaults(func=lambda a: _verify(a))
+
+
+def add_stats(sub) -> None:
+    p = sub.add_parser("stats", help="figures of a cache, packed directory or converted output: tokens, documents, "
+                                     "length percentiles, EOT/BOS, SFT trained fraction, packing fill")
+    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output")
+    p.add_argument("--png", default=None, metavar="OUT", help="write PNG figures into this directory (plot extra); default: text tables only")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--seq-len", type=int, default=1024, metavar="T",
+                   help="SFT: count examples that keep no trained target at this sequence length")
+    p.add_argument("--steps", type=int, default=1000, help="mixture config: steps to draw")
+    p.add_argument("--batch", type=int, default=64, help="mixture config: global batch size (samples per step)")
+    p.set_defaults(func=lambda a: _stats(a))
+
+
+def _stats(args) -> int:
+    if Path(args.path).is_file() and Path(args.path).suffix in (".json", ".toml"):
+        st = mixture_stats(args.path, steps=args.steps, global_batch_size=args.batch)
+    else:
+        st = cache_stats(args.path, seq_len=args.seq_len)
+    print(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st))
+    if args.png:
+        drawn = plot_stats(st, args.png)
+        print(f"wrote {len(drawn)} PNG file(s) to {args.png}: {', '.join(drawn)}", file=sys.stderr)
+    return 0
+
+
+def _inspect(args) -> int:
+    if args.json:
+        print(inspect_json(args.path))
+        return 0
+    print(inspect_path(args.path, tokenizer=args.tokenizer, window=args.window))
+    return 0
+
+
+def _verify(args) -> int:
+    problems, checked, seen = verify_outputs(args.path)
+    for line in seen:
+        print(f"checked {line}")
+    for line in problems:
+        print(f"MISMATCH {line}")
+    print(f"verify: {checked} output(s), {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How the user called us: the console script by its name, else the module form."""
+    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
+    if name == "__main__.py" and Path(argv0 or sys.argv[0]).parent.name == "niels_gpt":
+        return "python -m niels_gpt"
+    if name.startswith("niels-gpt"):
+        return name
+    return "python -m niels_gpt.cache.cli" if Path(argv0 or sys.argv[0]).parent.name == "cache" else "python -m niels_gpt.cli"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("niels_gpt")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, except on/off flags and options without one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _split_lines(self, text, width):
+        # NOTE: argparse wraps at hyphens too, which cuts values such as CC-MAIN-2024-10 in two.
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
+                                     description="niels_gpt token caches: build, inspect, verify, convert, pack")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_build_all(sub)
+    add_train_tokenizer(sub)
+    add_inspect_verify(sub)
+    add_stats(sub)
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    for p in sub.choices.values():
+        p.formatter_class = HelpFormatter
+    return parser
+
+
+# OS conditions a user fixes on their side: one line naming the file, never a traceback
+_ONE_LINE_ERRNOS = {
+    errno.ENOSPC: "free space or choose another location; an unfinished output has no commit marker",
+    errno.EDQUOT: "free space or choose another location; an unfinished output has no commit marker",
+    errno.EROFS: "the filesystem is read-only: choose a writable location",
+    errno.EACCES: "permission denied: choose a location you can write (or read) or fix its permissions",
+    errno.EPERM: "operation not permitted: choose a location you can write or fix its permissions",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except NielsGPTError as exc:
+        reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"error: {reason}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in _ONE_LINE_ERRNOS:
+            raise  # not a condition of the user's machine we can explain better than the traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}; {_ONE_LINE_ERRNOS[exc.errno]}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; finished caches are intact, the unfinished one has no meta.json", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""On-disk token formats: our pretraining cache, and detection of every format we read.
+
+Our pretraining cache (written by build_cache.build_pretrain_cache, or by `convert --to niels`):
+
+    <out>/train/shard_00000.bin ...   raw little-endian tokens, no header (niels_gpt.formats.raw),
+    <out>/val/shard_00000.bin ...     dtype = meta["token_dtype"] ("uint16-le" | "uint32-le")
+    <out>/meta.json                   written last: the commit marker (niels_gpt.meta)
+
+Every document ends with one EOT (meta["special_token_ids"]["eot"]); shards never exceed
+meta["shard_bytes"]; documents may run on from one shard into the next (shards are read in name
+order as one stream).
+
+`detect_format(path, dtype=None)` opens any token file or directory we support and says what it is:
+our cache (root, split dir or one shard), nanoGPT header shards (legacy or new), KempnerForge `.npy`
+dirs, raw `.bin` dirs, Megatron `.bin`/`.idx` pairs; a directory whose `train/` and `val/` hold one
+of those is a root with two splits. Every header and size is checked on the way (the readers of
+niels_gpt.formats do it). A headerless `.bin` says nothing about its dtype: it is read only with a
+meta.json of ours, a tatm metadata.yaml, or an explicit dtype, never guessed from its size.
+The per-format modules live in niels_gpt.formats; this module is their door.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.constants import SPLITS
+from niels_gpt.errors import CacheMismatchError, FormatError
+from niels_gpt.formats import kempner, megatron, nanogpt
+from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
+from niels_gpt.formats.npy import open_npy
+from niels_gpt.formats.raw import open_raw
+from niels_gpt.meta import META_NAME, TOKEN_DTYPES, read_meta, stray_files_error, write_meta
+
+SHARD_GLOB = "shard_*.bin"
+EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)
+FORMATS = ("niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron")
+
+
+@dataclass
+class FormatInfo:
+    """What a token file or directory is. A root (`splits` non-empty) has no token files itself."""
+
+    format: str
+    dtype: np.dtype
+    num_tokens: int
+    files: list[str]
+    path: str
+    token_files: list[TokenFile] = field(default_factory=list)
+    splits: dict[str, FormatInfo] = field(default_factory=dict)
+    eot_id: int | None = None
+    bos_id: int | None = None
+    vocab_size: int | None = None
+    tokenizer_sha256: str | None = None
+    special_token_ids: dict | None = None
+    documents: int | None = None
+    meta: dict | None = None
+    megatron: list = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    pattern: str | None = None  # a split of a flat directory: the glob of its files inside `path`
+
+    def leaf(self, split: str | None = None) -> FormatInfo:
+        """This info if it is a single stream, else its `split` (train by default)."""
+        if not self.splits:
+            return self
+        name = split or "train"
+        if name not in self.splits:
+            raise FormatError(f"{self.path}: no split {name!r}; it has {sorted(self.splits)}")
+        return self.splits[name]
+
+
+def _no_guess(path) -> FormatError:
+    return FormatError(
+        f"{path}: a headerless .bin does not record its dtype, and there is no meta.json or "
+        "metadata.yaml beside it; pass the dtype (--dtype uint16|uint32, or dtype='uint16' in Python). "
+        "Sizes divisible by 4 are NOT proof of uint32")
+
+
+def _niels_leaf(root: Path, meta: dict, split: str, only: list[Path] | None = None) -> FormatInfo:
+    dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
+    files = only if only is not None else sorted((root / split).glob(SHARD_GLOB), key=file_order)
+    listed = meta.get("files", {})
+    tfs = []
+    for f in files:
+        rel = f"{split}/{f.name}"
+        tf = open_raw(f, dtype)
+        rec = listed.get(rel)
+        if rec is None:
+            raise stray_files_error(f.parent, [f.name], root)
+        if rec.get("bytes") != f.stat().st_size:
+            raise CacheMismatchError(f"{f}: {f.stat().st_size} bytes, {root / META_NAME} says {rec.get('bytes')}: "
+                              "truncated or overwritten; rebuild the cache")
+        tfs.append(tf)
+    missing = sorted(set(k for k in listed if k.startswith(split + "/")) - {f"{split}/{f.name}" for f in files})
+    if only is None and missing:
+        raise CacheMismatchError(f"{root / split}: files listed in meta.json are missing: {', '.join(missing)}")
+    sep = meta.get("document_separator") or {}
+    special = meta.get("special_token_ids") or {}
+    docs = (meta.get("totals") or {}).get(f"{split}_documents") if only is None else None
+    # NOTE: bos_id stays None: our documents are framed by EOT alone; the tokenizer's <s> id never
+    # occurs in the stream, and aligning windows to it would find no window at all.
+    return FormatInfo("niels", dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(root / split),
+                      tfs, eot_id=sep.get("id", special.get("eot")),
+                      vocab_size=meta.get("vocab_size"), tokenizer_sha256=meta.get("tokenizer_sha256"),
+                      special_token_ids=dict(special), documents=docs, meta=meta)
+
+
+def _niels(path: Path, meta_root: Path, only: list[Path] | None = None) -> FormatInfo:
+    meta = read_meta(str(meta_root))
+    if meta.get("kind") != "pretrain":
+        raise FormatError(f"{meta_root}: a {meta.get('kind')!r} cache, not a pretraining token stream; "
+                          "formats and converters read pretraining caches")
+    if path == meta_root:
+        splits = {s: _niels_leaf(meta_root, meta, s) for s in SPLITS if (meta_root / s).is_dir()}
+        if not splits:
+            raise FormatError(f"{meta_root}: meta.json but no train/ or val/ directory; rebuild the cache")
+        first = next(iter(splits.values()))
+        info = FormatInfo("niels", first.dtype, sum(i.num_tokens for i in splits.values()),
+                          [f for i in splits.values() for f in i.files], str(path), splits=splits,
+                          eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size,
+                          tokenizer_sha256=first.tokenizer_sha256,
+                          special_token_ids=first.special_token_ids, meta=meta)
+        return info
+    split = path.name if only is None else path.parent.name
+    return _niels_leaf(meta_root, meta, split, only)
+
+
+def _tatm(directory: Path, info: FormatInfo) -> FormatInfo:
+    md = kempner.read_metadata(directory)
+    if md:
+        info.meta = md
+        info.vocab_size = md.get("vocab_size")
+        info.eot_id = md.get("eos_token_id")
+        info.bos_id = md.get("bos_token_id")
+        sha = md.get("tokenizer_sha256")
+        info.tokenizer_sha256 = str(sha) if sha is not None else None
+    return info
+
+
+def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
+    """Files of one directory, all of one format."""
+    files = [f for f in files if not f.name.endswith(".bos.idx")]
+    if not files and (where / kempner.METADATA_NAME).is_file():
+        # an empty split that a writer of ours committed (its metadata.yaml says so)
+        md = kempner.read_metadata(where)
+        return _tatm(where, FormatInfo(EMPTY, parse_dtype(dtype or md.get("dtype") or "uint16"), 0, [], str(where)))
+    if not files:
+        raise FormatError(f"{where}: no token files (.npy, .bin, .idx) found")
+    kinds = set()
+    for f in files:
+        if megatron.is_megatron(f):
+            kinds.add("megatron")
+        elif f.suffix == ".idx":
+            raise FormatError(f"{f}: an .idx without the Megatron magic {megatron.MAGIC!r}; "
+                              "not a Megatron index (remove it or re-write the pair)")
+        elif f.suffix == ".npy":
+            kinds.add("kempner-npy")
+        elif nanogpt.is_nanogpt(f):
+            kinds.add("nanogpt")
+        else:
+            kinds.add("raw")
+    if len(kinds) > 1:
+        raise FormatError(f"{where}: mixes formats {sorted(kinds)}; keep one format per directory")
+    kind = kinds.pop()
+    if kind == "megatron":
+        idxs = [megatron.read_index(p) for p in sorted({megatron.prefix_of(f) for f in files})]
+        tfs = [i.token_file() for i in idxs]
+        info = FormatInfo(kind, idxs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where),
+                          tfs, documents=sum(len(i.doc_indices) - 1 for i in idxs), megatron=idxs)
+        return _tatm(files[0].parent, info)
+    if kind == "kempner-npy":
+        tfs = [open_npy(f) for f in files]
+    elif kind == "nanogpt":
+        tfs = [nanogpt.open_nanogpt(f) for f in files]
+        magics = {nanogpt.read_header(f).legacy for f in files}
+        if len(magics) > 1:
+            raise FormatError(f"{where}: mixes legacy and new nanoGPT headers; convert them to one")
+        kind = "nanogpt-legacy" if magics.pop() else "nanogpt"
+    else:
+        md = kempner.read_metadata(files[0].parent)
+        declared = dtype if dtype is not None else (md or {}).get("dtype")
+        if declared is None:
+            raise _no_guess(files[0])
+        tfs = [open_raw(f, declared) for f in files]
+    dtypes = {t.dtype for t in tfs}
+    if len(dtypes) > 1:
+        raise FormatError(f"{where}: files of different dtypes {sorted(str(d) for d in dtypes)}")
+    info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs)
+    if dtype is not None and kind != "raw" and parse_dtype(dtype) != info.dtype:
+        info.warnings.append(f"--dtype {dtype} ignored: the files record {info.dtype.name}")
+    return _tatm(files[0].parent, info)
+
+
+_SPLIT_WORD = re.compile(r"(?:^|[_.-])(train|val)(?=[_.-]|\d|$)")
+
+
+def _named_splits(files: list[Path]) -> dict[str, list[Path]] | None:
+    """modded-nanogpt's folder: fineweb_val_*.bin beside fineweb_train_*.bin -> {train: [...], val: [...]}.
+
+    Only when every file names exactly one of train/val and both occur; otherwise None (one stream).
+    """
+    groups: dict[str, list[Path]] = {}
+    for f in files:
+        words = set(_SPLIT_WORD.findall(f.stem))
+        if len(words) != 1:
+            return None
+        groups.setdefault(words.pop(), []).append(f)
+    return groups if set(groups) == set(SPLITS) else None
+
+
+def _split_pattern(directory: Path, files: list[Path]) -> str | None:
+    """A glob matching exactly `files` in `directory` (the last run of digits becomes '*'), else None."""
+    patterns = {re.sub(r"\d+(?=\D*$)", "*", f.name) for f in files}
+    if len(patterns) != 1:
+        return None
+    pattern = patterns.pop()
+    return pattern if sorted(directory.glob(pattern)) == sorted(files) else None
+
+
+def _flat_splits(directory: Path, named: dict[str, list[Path]], dtype) -> FormatInfo:
+    splits = {}
+    for name in SPLITS:
+        leaf = _foreign_files(named[name], directory, dtype)
+        leaf.pattern = _split_pattern(directory, named[name])
+        splits[name] = leaf
+    kinds = {i.format for i in splits.values()}
+    if len(kinds) > 1:
+        raise FormatError(f"{directory}: its train and val files are in different formats {sorted(kinds)}")
+    first = splits["train"]
+    return FormatInfo(first.format, first.dtype, sum(i.num_tokens for i in splits.values()),
+                      [f for i in splits.values() for f in i.files], str(directory), splits=splits,
+                      eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size,
+                      tokenizer_sha256=first.tokenizer_sha256, meta=first.meta)
+
+
+def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = None) -> FormatInfo:
+    """Open a token file or directory of any supported format; see the module docstring."""
+    p = Path(path)
+    if not p.exists():
+        if megatron.is_megatron(p):  # a Megatron prefix: `meg/tokens` for meg/tokens.bin + meg/tokens.idx
+            info = _foreign_files([Path(str(p) + ".bin"), Path(str(p) + ".idx")], p.parent, dtype)
+            info.path = str(p)
+            return info
+        raise FormatError(f"{p}: no such file or directory")
+    if p.is_dir():
+        if (p / META_NAME).is_file():
+            return _niels(p, p)
+        if (p.parent / META_NAME).is_file() and p.name in SPLITS:
+            return _niels(p, p.parent)
+        if pattern is not None:
+            return _foreign_files(kempner.list_token_files(p, pattern), p, dtype)
+        files = [f for f in sorted(p.iterdir()) if f.is_file() and f.suffix in (".bin", ".npy", ".idx")
+                 and not f.name.endswith(".bos.idx")]
+        if files:
+            if any(f.suffix == ".idx" for f in files):
+                files = [f for f in files if f.suffix in (".bin", ".idx")]
+            else:
+                files = kempner.list_token_files(p)
+                named = _named_splits(files)
+                if named:
+                    return _flat_splits(p, named, dtype)
+            return _foreign_files(files, p, dtype)
+        splits = {s: detect_format(p / s, dtype) for s in SPLITS if (p / s).is_dir()}
+        if not splits and (p / kempner.METADATA_NAME).is_file():
+            return _foreign_files([], p, dtype)
+        if not splits:
+            raise FormatError(f"{p}: no token files and no train/ or val/ directories; "
+                              "nothing to read here")
+        kinds = {i.format for i in splits.values()} - {EMPTY}
+        if len(kinds) > 1:
+            raise FormatError(f"{p}: its splits are in different formats {sorted(kinds)}")
+        first = max(splits.values(), key=lambda i: i.format != EMPTY)
+        for i in splits.values():
+            i.format = first.format if i.format == EMPTY else i.format
+        return FormatInfo(first.format, first.dtype, sum(i.num_tokens for i in splits.values()),
+                          [f for i in splits.values() for f in i.files], str(p), splits=splits,
+                          eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size)
+    if p.suffix == ".bin" and (p.parent.parent / META_NAME).is_file() and p.parent.name in SPLITS:
+        return _niels(p, p.parent.parent, only=[p])
+    return _foreign_files([p], p.parent, dtype)
+
+
+def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int,
+                         dataset_name: str) -> None:
+    """meta.json for a cache written by `convert --to niels`: what the source recorded, else null.
+
+    tokenizer_sha256 and vocab_size are null when the source does not record them (a foreign
+    corpus); special_token_ids then holds the EOT id and nulls for the chat sentinels.
+    """
+    splits = summary["splits"]
+    first = next(iter(splits.values()))
+    stream = first["stream"]
+    for s in SPLITS:
+        (out / s).mkdir(parents=True, exist_ok=True)
+    files, totals = {}, {}
+    for s in SPLITS:
+        info = splits.get(s)
+        totals[f"{s}_tokens"] = info["tokens"] if info else 0
+        totals[f"{s}_documents"] = info["documents"] if info else 0
+        for rec in (info["records"] if info else []):
+            rel = Path(rec["path"]).relative_to(out).as_posix()
+            files[rel] = {"bytes": rec["bytes"], "tokens": rec["tokens"], "sha256": rec["sha256"]}
+    eot = first["eot_id"]
+    special = dict(stream.special_token_ids or {})
+    for k in ("sys", "usr", "asst"):
+        special.setdefault(k, None)
+    special["eot"] = eot
+    src_meta = source.meta if source.format == "niels" else None
+    write_meta(str(out), {
+        "kind": "pretrain",
+        "format_version": 1,
+        "built": True,
+        "dataset_name": dataset_name,
+        "dataset_config": (src_meta or {}).get("dataset_config"),
+        "split_rule": (src_meta or {}).get("split_rule")
+        or (f"the source's train/val directories ({source.format})" if source.splits
+            else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
+        "seed": (src_meta or {}).get("seed"),
+        "token_dtype": first["dtype"] + "-le",
+        "tokenizer_sha256": stream.tokenizer_sha256,
+        "tokenizer": (src_meta or {}).get("tokenizer"),
+        "vocab_size": stream.vocab_size,
+        "special_token_ids": special,
+        "shard_bytes": shard_bytes,
+        "shard_pattern": "shard_NNNNN.bin",
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "totals": totals,
+        "files": files,
+        "streaming": False,
+        "source": {"converted_from": {"format": source.format, "path": str(source.path)},
+                   "unterminated_tail": {s: v["unterminated_tail"] for s, v in splits.items()}},
+        "build": {"converted": True, "shard_bytes": shard_bytes},
+    })

@@ -1,0 +1,250 @@
+"""meta.json: the commit marker and the record of everything needed to trust a cache.
+
+A cache directory is complete exactly when its meta.json exists (it is written last, atomically).
+Cheap checks (sizes, token counts) run on every open via `check_files`; the sha256 of every file is
+checked by `verify` (streamed, 1 MiB blocks), and on open for the small files a reader loads whole
+anyway (an SFT split's offsets: `load_checked_npy`), where a flipped byte could keep the offsets
+plausible and silently move example boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import META_NAME, TOKEN_DTYPES
+from niels_gpt.errors import CacheError, CacheMismatchError, IncompleteCacheError
+
+FORMAT_VERSION = 1
+
+# The contract's fields ("each meta.json must include at least"), per kind of cache.
+_COMMON = ("dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
+           "tokenizer_sha256", "vocab_size", "special_token_ids")
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "pretrain": _COMMON + ("totals", "shard_bytes", "files"),
+    "sft": _COMMON + ("totals", "files"),
+    "tokenizer": ("tokenizer_sha256", "vocab_size", "special_token_ids", "settings"),
+}
+REQUIRED_TOTALS: dict[str, tuple[str, ...]] = {
+    "pretrain": ("train_tokens", "val_tokens"),
+    "sft": ("train_examples", "val_examples"),
+}
+
+
+def meta_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path / META_NAME if path.is_dir() or path.suffix != ".json" else path
+
+
+def write_meta(path: str, meta: dict) -> None:
+    """Write meta.json atomically (temporary file, fsync, rename). Keys sorted: byte-stable output."""
+    data = json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    write_bytes_atomic(meta_path(path), data.encode("utf-8"))
+
+
+def read_meta(path: str) -> dict:
+    """Read and schema-check a meta.json (or the meta.json of a directory)."""
+    mp = meta_path(path)
+    if not mp.is_file():
+        raise IncompleteCacheError(
+            f"no {META_NAME} in {mp.parent}: the build was interrupted or never ran; "
+            "re-run build-all for this cache"
+        )
+    try:
+        meta = json.loads(mp.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:  # it was there a moment ago: the cache is being swapped by a rebuild
+        raise IncompleteCacheError(f"{mp}: vanished while being read (a rebuild swapping the cache in?); "
+                                   "open it again") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CacheError(f"{mp}: not valid JSON ({exc}); delete the cache and rebuild it") from exc
+    if not isinstance(meta, dict):
+        raise CacheError(f"{mp}: expected a JSON object, got {type(meta).__name__}")
+    check_schema(meta, str(mp))
+    return meta
+
+
+def check_schema(meta: dict, where: str) -> None:
+    kind = meta.get("kind")
+    if kind not in REQUIRED_FIELDS:
+        raise CacheError(f"{where}: unknown kind {kind!r}; expected one of {sorted(REQUIRED_FIELDS)}")
+    if meta.get("built") is False:
+        return  # a placeholder for a source that was not built: nothing else is promised
+    missing = [k for k in REQUIRED_FIELDS[kind] if k not in meta]
+    missing += [f"totals.{k}" for k in REQUIRED_TOTALS.get(kind, ()) if k not in meta.get("totals", {})]
+    if kind != "tokenizer":
+        missing += [f"special_token_ids.{k}" for k in ("sys", "usr", "asst", "eot")
+                    if k not in meta.get("special_token_ids", {})]
+    if missing:
+        raise CacheError(f"{where}: missing field(s) {', '.join(missing)}; the cache was written by "
+                         "an incompatible version: rebuild it")
+    if kind != "tokenizer" and meta["token_dtype"] not in TOKEN_DTYPES:
+        raise CacheError(f"{where}: token_dtype {meta['token_dtype']!r} is not one of {sorted(TOKEN_DTYPES)}")
+    ids, vocab = meta["special_token_ids"], meta.get("vocab_size")
+    if isinstance(vocab, int) and isinstance(ids, dict):
+        bad = {k: v for k, v in ids.items() if v is not None and (not isinstance(v, int) or not 0 <= v < vocab)}
+        known = [v for v in ids.values() if v is not None]
+        if bad or len(set(known)) != len(known):
+            raise CacheError(f"{where}: special_token_ids {ids} must be distinct ids below vocab_size {vocab}; "
+                             "the meta.json was edited or damaged: rebuild the cache")
+    sep = meta.get("document_separator")
+    if isinstance(sep, dict) and isinstance(ids, dict) and "id" in sep:
+        token = sep.get("token", "eot")
+        # a BOS separator (prepended to each document) is recorded with the tokenizer, not among the chat ids
+        expected = ids.get(token) if token != "bos" else (meta.get("tokenizer") or {}).get("bos_id")
+        field = f"special_token_ids.{token}" if token != "bos" else "tokenizer.bos_id"
+        if sep["id"] != expected:
+            raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not {field} ({expected!r}); the "
+                             "meta.json was edited or damaged: rebuild the cache")
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_record(path: str | os.PathLike, tokens: int | None) -> dict:
+    rec = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    if tokens is not None:
+        rec["tokens"] = int(tokens)
+    return rec
+
+
+def record_problem(rec) -> str | None:
+    """What is wrong with one meta["files"] record, or None: bytes and sha256 always, tokens/examples when present."""
+    if not isinstance(rec, dict):
+        return f"is a {type(rec).__name__}, not an object with bytes and sha256"
+    for key in ("bytes", "sha256"):
+        if key not in rec:
+            return f"has no {key!r} (keys: {sorted(rec)})"
+    for key in ("bytes", "tokens", "examples"):
+        if key in rec and (not isinstance(rec[key], int) or isinstance(rec[key], bool) or rec[key] < 0):
+            return f"{key!r} is {rec[key]!r}, not a count"
+    sha = rec["sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        return f"'sha256' is {sha!r}, not 64 hex digits"
+    return None
+
+
+def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
+                only: str | None = None) -> list[str]:
+    """Compare the files listed in meta["files"] with the disk; return one line per disagreement.
+
+    The one check of our caches' files, run by every reader on open and by `verify`: each record is
+    well formed, each file has the bytes meta.json records, and a token file's recorded token count is
+    exactly its bytes in the cache's dtype (readers index with that count, so it must never exceed the
+    file). `only` limits the check to files under that sub-directory (e.g. "train"); sha256 only when
+    `hashes` is set (that reads every byte).
+    """
+    root = Path(root)
+    problems = []
+    files = meta.get("files", {})
+    if not isinstance(files, dict):
+        return [f"{root / META_NAME}: 'files' is a {type(files).__name__}, not an object; rebuild the cache"]
+    dtype = TOKEN_DTYPES.get(meta.get("token_dtype"))
+    itemsize = dtype.itemsize if dtype is not None else None
+    for rel, rec in sorted(files.items()):
+        if only is not None and not rel.startswith(only.rstrip("/") + "/") and rel != only:
+            continue
+        path = root / rel
+        bad = record_problem(rec)
+        if bad is not None:
+            problems.append(f"{path}: its record in {META_NAME} {bad}; the meta.json was edited or damaged, "
+                            "rebuild the cache")
+            continue
+        if "tokens" in rec and itemsize and rec["tokens"] * itemsize != rec["bytes"]:
+            problems.append(f"{path}: {META_NAME} says {rec['tokens']} tokens but {rec['bytes']} bytes of "
+                            f"{meta['token_dtype']} ({rec['bytes'] // itemsize} tokens); the meta.json was edited "
+                            "or damaged, rebuild the cache")
+            continue
+        problem = disk_problem(path, rec, "meta", hashes=hashes)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def disk_problem(path: Path, rec: dict, listed_in: str, *, hashes: bool = True, fix: str = "") -> str | None:
+    """What differs between a file and its well-formed record ({"bytes", "sha256"}), or None: missing,
+    another size, then (with `hashes`) another sha256. Caches' meta.json and every receipt use it."""
+    if not path.is_file():
+        return f"{path}: missing ({listed_in} lists {rec['bytes']} bytes)"
+    size = path.stat().st_size
+    if size != rec["bytes"]:
+        return f"{path}: {size} bytes on disk, {listed_in} says {rec['bytes']} (truncated or overwritten){fix}"
+    if hashes:
+        digest = sha256_file(str(path))
+        if digest != rec["sha256"]:
+            return (f"{path}: sha256 {digest[:16]}… differs from {listed_in}'s {rec['sha256'][:16]}… (the file "
+                    f"changed after it was written){fix}")
+    return None
+
+
+def stray_files_error(directory, names: list[str], root) -> CacheMismatchError:
+    """The error for files in a cache directory that its meta.json does not list (readers and detection)."""
+    return CacheMismatchError(f"{directory}: {', '.join(names)} not listed in {META_NAME} ({Path(root) / META_NAME}): "
+                              "stray file(s) left over from another build? remove them or rebuild the cache")
+
+
+def raise_on_problems(problems: list[str], root) -> None:
+    if problems:
+        raise CacheMismatchError(
+            f"cache {root} disagrees with its {META_NAME}:\n  " + "\n  ".join(problems)
+            + "\nrebuild it (build-all --only ...) or run `verify` for details"
+        )
+
+
+def load_checked_npy(path: str | os.PathLike, record: dict | None, what: str):
+    """A small .npy file loaded whole, its bytes checked against the sha256 meta.json records.
+
+    Used for files a reader reads in full on open (so hashing them costs nothing extra). A missing
+    record checks nothing (verify reports it); a damaged header is a CacheError, never numpy's own.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    expected = (record or {}).get("sha256")
+    if isinstance(expected, str) and hashlib.sha256(data).hexdigest() != expected:
+        raise CacheMismatchError(f"{path}: sha256 differs from meta.json ({what} changed after the build); "
+                                 "rebuild the cache")
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+        raise CacheError(f"{path}: not a numeric .npy {what} file ({type(exc).__name__}: {exc}); rebuild "
+                         "the cache") from exc
+
+
+def sft_offsets_problem(offsets, num_tokens: int | None) -> str | None:
+    """What is wrong with an SFT cache's example offsets, or None: the one rule the SFT reader, pack-sft,
+    stats and `verify` apply. Example i is tokens[offsets[i]:offsets[i+1]] (the last runs to the end of
+    the token file), so the offsets are 1-D integers that start at 0 and strictly increase (no empty or
+    reordered example), and the last lies inside the `num_tokens` of the token file (None: not checked)."""
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu":
+        return f"expected a 1-D integer offsets array, got {offsets.dtype} {offsets.shape}"
+    if not len(offsets):
+        return None
+    if offsets[0] != 0:
+        return f"first offset is {offsets[0]}, expected 0"
+    steps = np.diff(offsets.astype(np.int64))
+    if (steps <= 0).any():
+        bad = int(np.flatnonzero(steps <= 0)[0]) + 1
+        return f"offset {bad} ({offsets[bad]}) does not increase: empty or reordered example"
+    if num_tokens is not None and offsets[-1] >= num_tokens:
+        return (f"last offset {offsets[-1]} is not inside the token file ({num_tokens} tokens): the token file "
+                "is truncated")
+    return None
+
+
+def check_sft_offsets(offsets, num_tokens: int, path) -> np.ndarray:
+    """The offsets as int64, or a CacheError naming `path` and what is wrong (`sft_offsets_problem`)."""
+    problem = sft_offsets_problem(offsets, num_tokens)
+    if problem is not None:
+        raise CacheError(f"{path}: {problem}; rebuild the cache")
+    return np.asarray(offsets).astype(np.int64, copy=False)

@@ -1,0 +1,209 @@
+"""SFT rows from an example stream: (x, y, y_masked) with loss on assistant tokens only.
+
+    ds = SFTExampleDataset("cache/sft/dolly15k/train_tokens.bin", "cache/sft/dolly15k/train_idx.npy",
+                           T=1024, device="cuda", eot_id=tok.eot_id)
+    x, y, y_masked = ds.get_batch(B=16, generator=g)
+
+- Example i is tokens[idx[i] : idx[i+1]] (the last one runs to the end of the file).
+- Each row is one example, truncated to its first T+1 tokens or padded with EOT to T+1;
+  x = seq[:-1], y = seq[1:].
+- y_masked[t] = y[t] when y[t] lies inside an assistant span (after an assistant sentinel, up to and
+  including the next EOT), else -100. Padding is never a target.
+- The span mask is computed from the ids alone (`assistant_span_mask`), vectorised over the batch:
+  literal special strings in user text never become special ids, so the ids cannot lie about spans.
+  A cache rendered with a tokenizer's own chat template has no sentinels to find spans by: its mask is
+  read from `{split}_mask.bin` (one uint8 per token, 1 = trained; build_cache's SFT notes).
+- One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
+- URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
+  the offsets are downloaded and checked on open, the token file on the first batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.constants import IGNORE_INDEX
+from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.meta import check_files, check_sft_offsets, load_checked_npy, raise_on_problems, read_meta
+from niels_gpt.readers.mmap import numpy_dtype, open_tokens, window_view
+from niels_gpt.resume import cache_fingerprint
+from niels_gpt.spans import assistant_span_mask  # noqa: F401  (the one span rule; also this module's name for it)
+from niels_gpt.storage.remote import open_location, split_url
+from niels_gpt.urls import is_url
+
+
+class SFTExampleDataset:
+    def __init__(self, tokens_path: str, idx_path: str, *, T: int, device: str, eot_id: int):
+        """
+        tokens_path: uint16 tokens concatenated
+        idx_path: int64 offsets array
+        """
+        if not isinstance(T, int) or T < 1:
+            raise ConfigError(f"T must be a positive int, got {T!r}")
+        self.remote = None
+        if is_url(tokens_path) or is_url(idx_path):
+            (tok_dir, tok_name), (idx_dir, idx_name) = split_url(tokens_path), split_url(idx_path)
+            if tok_dir != idx_dir:
+                raise ConfigError(f"{tokens_path} and {idx_path}: the tokens and offsets of one split live in "
+                                  "one cache directory; give both from the same one")
+            local, self.remote = open_location(tok_dir)
+            tokens_path, idx_path = local / tok_name, local / idx_name
+        self.tokens_path, self.idx_path = Path(tokens_path), Path(idx_path)
+        self.T, self.device, self.eot_id = T, torch.device(device), int(eot_id)
+        self.cache_dir = self.tokens_path.parent
+        self.meta = read_meta(str(self.cache_dir))
+        if self.meta.get("kind") != "sft":
+            raise CacheError(f"{self.cache_dir}: not an SFT cache (kind={self.meta.get('kind')!r})")
+        specials = self.meta["special_token_ids"]
+        if specials["eot"] != self.eot_id:
+            raise ConfigError(f"eot_id={eot_id} but {self.cache_dir}/meta.json records eot={specials['eot']}: "
+                              "pass the EOT id of the tokenizer that built this cache")
+        self.dtype = numpy_dtype(self.meta["token_dtype"])
+        mask_name = self.tokens_path.name.replace("_tokens.bin", "_mask.bin")
+        self.mask_path = self.cache_dir / mask_name if mask_name in self.meta["files"] else None
+        if specials.get("asst") is None and self.mask_path is None:
+            raise CacheError(f"{self.cache_dir}/meta.json: no assistant sentinel (special_token_ids.asst is null) "
+                             f"and no {mask_name} recorded, so no token can be trained; rebuild the cache")
+        self.asst_id = None if specials.get("asst") is None else int(specials["asst"])
+        names = {self.tokens_path.name, self.idx_path.name} | ({mask_name} if self.mask_path else set())
+        problems = [p for p in check_files(self.cache_dir, self.meta) if Path(p.split(":")[0]).name in names]
+        if self.remote is not None:  # fetched on first use; size and sha256 checked then
+            self.remote.fetch(self.idx_path.name)
+            problems = [p for p in problems if ": missing (meta lists" not in p]
+        raise_on_problems(problems, self.cache_dir)
+        rec = self.meta["files"].get(self.tokens_path.name)
+        if self.remote is not None and rec is None:
+            raise CacheError(f"{self.remote.url}/meta.json does not list {self.tokens_path.name}")
+        size = rec["bytes"] if self.remote is not None else self.tokens_path.stat().st_size
+        self.num_tokens = size // self.dtype.itemsize
+        offsets = load_checked_npy(self.idx_path, self.meta["files"].get(self.idx_path.name), "offsets")
+        self.offsets = check_sft_offsets(offsets, self.num_tokens, self.idx_path)
+        if len(self.offsets) == 0:
+            raise CacheError(f"{self.idx_path}: no examples in this split")
+        self.ends = np.append(self.offsets[1:], self.num_tokens)
+        if self.mask_path is not None and self.mask_path.stat().st_size != self.num_tokens:
+            raise CacheError(f"{self.mask_path}: {self.mask_path.stat().st_size} bytes but {self.tokens_path.name} holds "
+                             f"{self.num_tokens} tokens (one mask byte each); rebuild the cache")
+        self._mask: np.ndarray | None = None
+        self._tokens: np.ndarray | None = None
+        self._rows: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def fingerprint(self) -> str:
+        """The identity of this data in resume states (niels_gpt.resume.cache_fingerprint)."""
+        return cache_fingerprint(self, self.cache_dir, self.meta, self.T)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_tokens"] = state["_rows"] = state["_mask"] = None
+        return state
+
+    def _open(self) -> np.ndarray:
+        if self._tokens is None:
+            if self.remote is not None:
+                self.remote.fetch(self.tokens_path.name)
+            self._tokens = open_tokens(self.tokens_path, self.dtype)
+            W = self.T + 1
+            self._rows = window_view(self._tokens, W) if len(self._tokens) >= W else None
+        return self._tokens
+
+    def example(self, i: int) -> np.ndarray:
+        """The full token ids of example i (a view of the memory map)."""
+        return self._open()[self.offsets[i]:self.ends[i]]
+
+    def trained(self, i: int) -> np.ndarray:
+        """Bool per token of example i: whether it is a trained target (stored mask, else the span rule)."""
+        if self.mask_path is None:
+            return assistant_span_mask(np.asarray(self.example(i)), self.asst_id, self.eot_id)
+        if self._mask is None:
+            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
+        return self._mask[self.offsets[i]:self.ends[i]].astype(bool)
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """(len(indices), T+1) int64: examples truncated or EOT-padded; padding marked by -1 first."""
+        w, valid = self._windows(np.asarray(indices))
+        seqs = w.astype(np.int64)
+        seqs[~valid] = -1
+        return seqs
+
+    def _windows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(T+1 tokens from each example's start in the token dtype, bool mask of its own tokens).
+
+        Past an example's end a row holds whatever follows it (the next example, or nothing in
+        particular at the end of the file); callers overwrite those places.
+        """
+        tokens = self._open()
+        starts = self.offsets[indices]
+        lengths = np.minimum(self.ends[indices] - starts, self.T + 1)
+        valid = np.arange(self.T + 1)[None, :] < lengths[:, None]
+        n, W = len(tokens), self.T + 1
+        if self._rows is not None:
+            # NOTE: rows of a sliding-window view (a memcpy each) instead of an index array of
+            # B*(T+1) positions: 16x1024 rows 59 -> ~17 us (bench/bench_cache_readers.py). An
+            # example starting within T+1 tokens of the end of the file is read from the last
+            # window and shifted into place.
+            last = n - W
+            w = self._rows[np.minimum(starts, last)]
+            for i in np.flatnonzero(starts > last):
+                k = int(lengths[i])
+                w[i, :k] = tokens[starts[i]:starts[i] + k]
+        else:
+            w = np.empty((len(indices), W), dtype=tokens.dtype)
+            for i, (s0, k) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+                w[i, :k] = tokens[s0:s0 + k]
+        return w, valid
+
+    def get_batch(self, *, B: int, generator: "torch.Generator"
+                  ) -> tuple["torch.LongTensor", "torch.LongTensor", "torch.LongTensor"]:
+        """
+        returns (x, y, y_masked) where:
+          x: (B,T) int64
+          y: (B,T) int64 (next-token targets)
+          y_masked: (B,T) int64 where non-assistant targets are -100 (ignore_index)
+        """
+        if B < 1:
+            raise ConfigError(f"B must be >= 1, got {B}")
+        indices = torch.randint(len(self.offsets), (B,), generator=generator).numpy()
+        return self.collate(indices)
+
+    def collate(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        w, valid = self._windows(np.asarray(indices))
+        # A token's span state depends only on the tokens before it, so the mask of an example's own
+        # tokens is the same before the padding is written (and has far fewer EOTs to walk).
+        if self.mask_path is None:
+            trained = assistant_span_mask(w, self.asst_id, self.eot_id)
+        else:
+            trained = self._stored_mask(np.asarray(indices))
+        trained &= valid
+        np.copyto(w, self.eot_id, where=~valid)
+        B, T = len(w), self.T
+        cuda = self.device.type == "cuda"
+        out = torch.empty((3, B, T), dtype=torch.int64, pin_memory=True) if cuda else \
+            torch.from_numpy(np.empty((3, B, T), dtype=np.int64))
+        buf = out.numpy()
+        np.copyto(buf[0], w[:, :-1], casting="unsafe")
+        np.copyto(buf[1], w[:, 1:], casting="unsafe")
+        buf[2].fill(IGNORE_INDEX)
+        np.copyto(buf[2], buf[1], where=trained[:, 1:])
+        if cuda:
+            out = out.to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            out = out.to(self.device)
+        return out[0], out[1], out[2]
+
+
+    def _stored_mask(self, indices: np.ndarray) -> np.ndarray:
+        """(len(indices), T+1) bool: the stored mask of each example's first T+1 tokens."""
+        if self._mask is None:
+            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
+        out = np.zeros((len(indices), self.T + 1), dtype=bool)
+        for r, i in enumerate(indices.tolist()):
+            s0 = int(self.offsets[i])
+            k = min(int(self.ends[i]) - s0, self.T + 1)
+            out[r, :k] = self._mask[s0:s0 + k]
+        return out

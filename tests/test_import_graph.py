@@ -1,0 +1,163 @@
+"""The package's import graph: layers import only downward (docs/architecture.md).
+
+Every `import` of the package's own modules counts, at module level or inside a function (an import
+inside a function is still a dependency; it only hides it until the function runs). `if TYPE_CHECKING:`
+blocks and `__main__.py` entry points are left out: neither is imported by anything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "niels_gpt"
+LAZY = "# lazy:"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    """The layer a module belongs to: a subpackage, or a top-level module of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def _imports(path: Path):
+    """(imported module, line, inside a function, the lines above it) for each import of the package."""
+    source = path.read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    here = _module(path).split(".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here if path.name == "__init__.py" else here[:-1]
+                base = base[: len(base) - node.level + 1]
+                targets = [".".join(base + ([node.module] if node.module else []))]
+            else:
+                targets = [node.module or ""]
+        else:
+            continue
+        in_function = type_checking = False
+        up = node
+        while up in parents:
+            up = parents[up]
+            in_function |= isinstance(up, ast.FunctionDef | ast.AsyncFunctionDef)
+            type_checking |= isinstance(up, ast.If) and "TYPE_CHECKING" in ast.unparse(up.test)
+        if type_checking:
+            continue
+        for target in targets:
+            if target == "niels_gpt" or target.startswith("niels_gpt."):
+                yield target, node.lineno, in_function, lines[max(0, node.lineno - 3): node.lineno]
+
+
+def _sources():
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "__main__.py"]
+
+
+def _graph() -> dict[str, dict[str, list[str]]]:
+    edges: dict[str, dict[str, list[str]]] = {}
+    for path in _sources():
+        unit = _unit(_module(path))
+        edges.setdefault(unit, {})
+        for target, line, _, _ in _imports(path):
+            other = _unit(target)
+            if other != unit and other != "niels_gpt":  # `from niels_gpt import x` names x's own unit below
+                edges[unit].setdefault(other, []).append(f"{path.relative_to(PACKAGE.parent)}:{line}")
+    # `from niels_gpt import sources` imports niels_gpt.sources: count it as that unit
+    for path in _sources():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "niels_gpt" and not node.level:
+                for alias in node.names:
+                    other = f"niels_gpt.{alias.name}"
+                    if other != _unit(_module(path)):
+                        edges[_unit(_module(path))].setdefault(other, []).append(
+                            f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return edges
+
+
+def _cycles(edges: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Strongly connected components of more than one unit (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_packages():
+    edges = _graph()
+    problems = []
+    for component in _cycles(edges):
+        inside = [f"  {a} -> {b} ({', '.join(where[:3])})" for a in component for b, where in edges[a].items()
+                  if b in component]
+        problems.append("cycle: " + " <-> ".join(component) + "\n" + "\n".join(inside))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_contract_facade_is_imported_by_no_layer():
+    """niels_gpt.cache holds the contract's import paths only; the code lives in the layers below."""
+    users = {unit: where for unit, targets in _graph().items() for t, where in targets.items()
+             if t == "niels_gpt.cache" and unit != "niels_gpt.cache"}
+    assert not users, users
+
+
+def test_imports_inside_functions_say_why():
+    unexplained = []
+    for path in _sources():
+        for target, line, in_function, above in _imports(path):
+            if in_function and not any(LAZY in text for text in above):
+                unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}")
+    assert not unexplained, (f"imports of the package inside a function need a `{LAZY} <why>` comment on the "
+                             "line above (or move them to the top of the module):\n" + "\n".join(unexplained))
+
+
+def test_the_graph_check_can_fail():
+    """The cycle finder finds a cycle when there is one, and the scan sees imports inside functions."""
+    assert _cycles({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b": []}, "b": {}}) == []
+    lazy = [(t, fn) for t, _, fn, _ in _imports(PACKAGE / "tokenizer" / "base.py") if fn]
+    assert lazy and all(fn for _, fn in lazy)
+
+
+@pytest.mark.parametrize("path", [PACKAGE / "cache" / f"{name}.py" for name in
+                                  ("build_cache", "formats", "meta", "mmap", "pretrain_dataset", "sft_dataset", "cli")])
+def test_contract_paths_are_thin_facades(path):
+    """Each contract module re-exports the module where its code lives and defines nothing of its own."""
+    tree = ast.parse(path.read_text())
+    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Assign)]
+    assert not defined, f"{path.name} defines {[getattr(n, 'name', ast.unparse(n)) for n in defined]}"
