@@ -1,6 +1,6 @@
 """Shared helpers for the bench_cache_* scripts: synthetic caches in the real layout, timers, tables.
 
-Synthetic pretraining shards are written with the builder's own shard writer (`niels_gpt.writers.ShardWriter`: temporary
+Synthetic pretraining shards are written with the builder's own shard writer (`niels_gpt.formats.writers.ShardWriter`: temporary
 names, sha256 while writing, rename) and a meta.json carrying the contract's fields, so the readers
 open them exactly as they open a built cache. Token values are random ids below a 16k vocabulary
 (torch RNG); the readers do not care what the ids mean.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from niels_gpt.cache.meta import FORMAT_VERSION, file_record, write_meta
-from niels_gpt.writers import SHARD_PATTERN, ShardWriter
+from niels_gpt.formats.writers import SHARD_PATTERN, ShardWriter
 
 SPECIALS = {"sys": 16000, "usr": 16001, "asst": 16002, "eot": 16003}
 VOCAB = 16004
