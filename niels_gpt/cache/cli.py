@@ -194,12 +194,16 @@ def add_stats(sub) -> None:
 
 def _stats(args) -> int:
     from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+    from niels_gpt.storage.remote import errors_named, read_location
 
-    if Path(args.path).is_file() and Path(args.path).suffix in (".json", ".toml"):
-        st = mixture_stats(args.path, steps=args.steps, global_batch_size=args.batch)
-    else:
-        st = cache_stats(args.path, seq_len=args.seq_len)
-    print(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st))
+    path, named, _ = read_location(args.path)
+    with errors_named(named):
+        if Path(path).is_file() and Path(path).suffix in (".json", ".toml"):
+            st = mixture_stats(path, steps=args.steps, global_batch_size=args.batch)
+        else:
+            st = cache_stats(path, seq_len=args.seq_len)
+    st.path = named(st.path)
+    print(named(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st)))
     if args.png:
         drawn = plot_stats(st, args.png)
         print(f"wrote {len(drawn)} PNG file(s) to {args.png}: {', '.join(drawn)}", file=sys.stderr)
@@ -208,20 +212,32 @@ def _stats(args) -> int:
 
 def _inspect(args) -> int:
     from niels_gpt.report import inspect_json, inspect_path
+    from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 
-    if args.json:
-        print(inspect_json(args.path))
-        return 0
-    print(inspect_path(args.path, tokenizer=args.tokenizer, window=args.window))
+    path, named, _ = read_location(args.path, everything=not args.json)
+    tokenizer = args.tokenizer
+    if tokenizer is None and named is not str and not args.json:
+        tokenizer = tokenizer_near(args.path)  # a tokenizer directory beside or above the cache URL
+    with errors_named(named):
+        if args.json:
+            print(named(inspect_json(path)))
+            return 0
+        print(named(inspect_path(path, tokenizer=None if tokenizer is None else str(tokenizer), window=args.window)))
     return 0
 
 
 def _verify(args) -> int:
     from niels_gpt.report import verify_outputs
+    from niels_gpt.storage.remote import errors_named, read_location
 
-    problems, checked, seen = verify_outputs(args.path)
+    path, named, failed = read_location(args.path, collect=True, fresh=True)  # every byte at the URL, checked
+    with errors_named(named):
+        problems, checked, seen = verify_outputs(path)
+    # NOTE: a file that failed its download is absent from the mirror; its download error says why
+    problems = failed + [named(p) for p in problems if not any(named(p).startswith(f.split(": ", 1)[0] + ":")
+                                                                for f in failed)]
     for line in seen:
-        print(f"checked {line}")
+        print(f"checked {named(line)}")
     for line in problems:
         print(f"MISMATCH {line}")
     print(f"verify: {checked} output(s), {len(problems)} problem(s)")
