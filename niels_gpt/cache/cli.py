@@ -169,20 +169,23 @@ def run_train_tokenizer(args) -> int:
 
 def add_inspect_verify(sub) -> None:
     p = sub.add_parser("inspect", help="show a cache: meta, totals, a decoded window, an SFT example's trained span")
-    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
+                   "of a cache or packed directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
     p.add_argument("--window", type=int, default=64, help="tokens to decode")
     p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
     p.set_defaults(func=lambda a: _inspect(a))
     p = sub.add_parser("verify", help="check every output against its metadata: sizes, counts, sha256, headers")
-    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
+                   "of a cache or packed directory (every file downloaded and checked)")
     p.set_defaults(func=lambda a: _verify(a))
 
 
 def add_stats(sub) -> None:
     p = sub.add_parser("stats", help="figures of a cache, packed directory or converted output: tokens, documents, "
                                      "length percentiles, EOT/BOS, SFT trained fraction, packing fill")
-    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output")
+    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output; or "
+                   "the URL of a cache, split directory or packed directory")
     p.add_argument("--png", default=None, metavar="OUT", help="write PNG figures into this directory (plot extra); default: text tables only")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--seq-len", type=int, default=1024, metavar="T",

@@ -103,3 +103,18 @@ def test_inspect_finds_the_tokenizer_beside_a_root_of_caches_at_a_url(s3, tokeni
     rc_url, got, err = run(capsys, "inspect", f"{bucket}/root/pretrain/mine")
     assert rc == rc_url == 0, err
     assert got == want.replace(str(root / "pretrain" / "mine"), f"{bucket}/root/pretrain/mine")
+
+
+def test_verify_and_inspect_a_packed_directory_at_a_url(s3, tmp_path, capsys):
+    fs, bucket = s3
+    from ..conftest import SPECIALS, write_sft_cache
+
+    u, a, e = SPECIALS["usr"], SPECIALS["asst"], SPECIALS["eot"]
+    write_sft_cache(tmp_path / "sft", [[u, 10 + i, 11, a, 20 + i, 21, e] for i in range(40)])
+    assert run(capsys, "pack-sft", str(tmp_path / "sft"), str(tmp_path / "packed"), "--pack-size", "32")[0] == 0
+    upload_tree(tmp_path / "packed", f"{bucket}/packed")
+    rc, out, err = run(capsys, "verify", f"{bucket}/packed")
+    assert rc == 0, out + err
+    assert out.splitlines()[0].startswith(f"checked {bucket}/packed: packed SFT bins")
+    rc, want, _ = run(capsys, "stats", str(tmp_path / "packed"))
+    assert run(capsys, "stats", f"{bucket}/packed") == (0, want.replace(str(tmp_path / "packed"), f"{bucket}/packed"), "")
