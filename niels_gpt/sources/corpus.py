@@ -101,9 +101,22 @@ def _sized(info: dict) -> int | None:
     return size if isinstance(size, int) and size >= 0 else None
 
 
+def _ask(fn, url: str, what: str):
+    """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError."""
+    from niels_gpt.storage.fs import with_retries
+
+    try:
+        return with_retries(fn, f"{what} {url}")
+    except FileNotFoundError:
+        raise SourceError(f"{url}: no such file or directory at this URL; check the URL (and the endpoint and "
+                          "credentials of its storage)") from None
+    except PermissionError as exc:
+        raise SourceError(f"{url}: access denied ({exc}); check the credentials of its storage") from None
+
+
 def expand_url(url: str) -> list[RemoteFile]:
     """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted."""
-    from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
+    from niels_gpt.storage.fs import filesystem, scheme_of
 
     fs, path = filesystem(url)  # an unknown scheme, or one whose backend is missing: a ConfigError naming the extra
     scheme = scheme_of(url)
@@ -115,7 +128,7 @@ def expand_url(url: str) -> list[RemoteFile]:
     if first_glob is not None:
         base_url = f"{head}://" + "/".join(parts[:first_glob])
         base = fs._strip_protocol(base_url).rstrip("/")
-        matches = with_retries(lambda: fs.glob(path, detail=True), f"listing {url}")
+        matches = _ask(lambda: fs.glob(path, detail=True), url, "listing")
         found = []
         for p, info in matches.items():
             rel = p[len(base):].lstrip("/") if p.startswith(base) else p
@@ -125,15 +138,11 @@ def expand_url(url: str) -> list[RemoteFile]:
         if not found:
             raise SourceError(f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
         return [f for _, f in sorted(found, key=lambda pf: pf[0])]
-    try:
-        info = with_retries(lambda: fs.info(path), f"reading {url}")
-    except FileNotFoundError:
-        raise SourceError(f"{url}: no such file or directory at this URL; check the URL (and the endpoint "
-                          "and credentials of its storage)") from None
+    info = _ask(lambda: fs.info(path), url, "reading")
     if info.get("type") == "directory":
         if scheme in UNLISTABLE:
             raise SourceError(f"{url}: {scheme}:// cannot list a directory; give the URL of each file")
-        listed = with_retries(lambda: fs.find(path, detail=True), f"listing {url}")
+        listed = _ask(lambda: fs.find(path, detail=True), url, "listing")
         found = []
         for p, finfo in listed.items():
             rel = PurePosixPath(p[len(path):].lstrip("/"))
@@ -190,14 +199,11 @@ def _open_binary(item: Path | RemoteFile):
     """A binary reader of a local file, or of a file at a URL (streamed through fsspec)."""
     if not isinstance(item, RemoteFile):
         return open(item, "rb")
-    from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
+    from niels_gpt.storage.fs import filesystem, scheme_of
 
     fs, path = filesystem(item.url)
     streamed = {"block_size": 0} if scheme_of(item.url) in UNLISTABLE else {}  # http: one GET, no range requests
-    try:
-        raw = with_retries(lambda: fs.open(path, "rb", **streamed), f"opening {item.url}")
-    except FileNotFoundError:
-        raise SourceError(f"{item.url}: no such file at this URL (it was listed, then removed?)") from None
+    raw = _ask(lambda: fs.open(path, "rb", **streamed), item.url, "opening")
     return io.BufferedReader(raw, buffer_size=1 << 20)  # fsspec's readline seeks: lines come from this buffer
 
 
@@ -207,7 +213,7 @@ def _local_copy(item: Path | RemoteFile) -> Iterator[Path]:
     if not isinstance(item, RemoteFile):
         yield item
         return
-    from niels_gpt.storage.fs import filesystem, with_retries
+    from niels_gpt.storage.fs import filesystem
     from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 
     fs, path = filesystem(item.url)
@@ -215,10 +221,7 @@ def _local_copy(item: Path | RemoteFile) -> Iterator[Path]:
            / f"{hashlib.sha256(item.url.encode()).hexdigest()[:16]}-{item.name}.tmp-{os.getpid()}")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
-        try:
-            with_retries(lambda: fs.get_file(path, os.fspath(tmp)), f"downloading {item.url}")
-        except FileNotFoundError:
-            raise SourceError(f"{item.url}: no such file at this URL (it was listed, then removed?)") from None
+        _ask(lambda: fs.get_file(path, os.fspath(tmp)), item.url, "downloading")
         yield tmp
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -109,6 +109,11 @@ def test_a_missing_url_is_named(s3, tmp_path, bpe_json, capsys):
     tok = load_tokenizer(bpe_json)
     with pytest.raises(SourceError, match=rf"^{bucket}/nope/a\.jsonl: no such file or directory at this URL"):
         build_corpus([f"{bucket}/nope/a.jsonl"], str(tmp_path / "c"), tokenizer=tok)
+    for missing in ("s3://no-such-bucket-here/a.jsonl", "s3://no-such-bucket-here/dir"):
+        with pytest.raises(SourceError, match=rf"^{missing}: no such file or directory at this URL"):
+            build_corpus([missing], str(tmp_path / "c"), tokenizer=tok)
+    with pytest.raises(SourceError, match=r"^s3://no-such-bucket-here/\*\.jsonl: this glob matches no file"):
+        build_corpus(["s3://no-such-bucket-here/*.jsonl"], str(tmp_path / "c"), tokenizer=tok)
     fs.pipe_file(f"{bucket}/d/x.jsonl", b'{"text": "a"}\n')
     with pytest.raises(SourceError, match=rf"^{bucket}/d/\*\.parquet: this glob matches no file of a known kind"):
         build_corpus([f"{bucket}/d/*.parquet"], str(tmp_path / "c"), tokenizer=tok)
