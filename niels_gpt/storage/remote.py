@@ -292,7 +292,7 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
     """(local path, a function that names mirrored paths in a text by their URL, download problems).
 
     `url`: a cache (meta.json), a packed directory (manifest.json) or a split directory of a cache. With
-    `everything`, each file its marker lists is downloaded and checked (size and sha256) unless it is
+    `everything`, each file its marker lists (under the split, for a split) is downloaded and checked (size and sha256) unless it is
     mirrored already, and kept from eviction during this call (the local cache may pass its bound until
     the next download evicts). A file that fails its check or is missing remotely raises its CacheError
     naming its URL; with `collect` it is one problem line instead (and absent locally), and the others
@@ -303,8 +303,9 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
     rc, sub = _open_marker(url)
     problems = []
     if everything:
-        keep = frozenset(rc.records)
-        for rel in sorted(rc.records):
+        rels = sorted(r for r in rc.records if not sub or r.startswith(f"{sub}/"))  # a split: its own files
+        keep = frozenset(rels)
+        for rel in rels:
             if fresh:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(rc.local_dir / rel)  # a reader's memory map of it stays valid (see fetch)
