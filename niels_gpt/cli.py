@@ -30,6 +30,7 @@ from niels_gpt.packing import cli as packing_cli
 from niels_gpt.report import inspect_json, inspect_path, verify_outputs
 from niels_gpt.seeds import seed_arg
 from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.tokenizer.spm import TrainSettings
 from niels_gpt.train import cli as train_cli
 
@@ -155,20 +156,23 @@ def run_train_tokenizer(args) -> int:
 
 def add_inspect_verify(sub) -> None:
     p = sub.add_parser("inspect", help="show a cache: meta, totals, a decoded window, an SFT example's trained span")
-    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
+                   "of a cache or packed directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
     p.add_argument("--window", type=int, default=64, help="tokens to decode")
     p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
     p.set_defaults(func=lambda a: _inspect(a))
     p = sub.add_parser("verify", help="check every output against its metadata: sizes, counts, sha256, headers")
-    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output")
+    p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
+                   "of a cache or packed directory (every file downloaded and checked)")
     p.set_defaults(func=lambda a: _verify(a))
 
 
 def add_stats(sub) -> None:
     p = sub.add_parser("stats", help="figures of a cache, packed directory or converted output: tokens, documents, "
                                      "length percentiles, EOT/BOS, SFT trained fraction, packing fill")
-    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output")
+    p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output; or "
+                   "the URL of a cache, split directory or packed directory")
     p.add_argument("--png", default=None, metavar="OUT", help="write PNG figures into this directory (plot extra); default: text tables only")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--seq-len", type=int, default=1024, metavar="T",
@@ -179,11 +183,14 @@ def add_stats(sub) -> None:
 
 
 def _stats(args) -> int:
-    if Path(args.path).is_file() and Path(args.path).suffix in (".json", ".toml"):
-        st = mixture_stats(args.path, steps=args.steps, global_batch_size=args.batch)
-    else:
-        st = cache_stats(args.path, seq_len=args.seq_len)
-    print(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st))
+    path, named, _ = read_location(args.path)
+    with errors_named(named):
+        if Path(path).is_file() and Path(path).suffix in (".json", ".toml"):
+            st = mixture_stats(path, steps=args.steps, global_batch_size=args.batch)
+        else:
+            st = cache_stats(path, seq_len=args.seq_len)
+    st.path = named(st.path)
+    print(named(json.dumps(st.to_dict(), indent=2) if args.json else format_stats(st)))
     if args.png:
         drawn = plot_stats(st, args.png)
         print(f"wrote {len(drawn)} PNG file(s) to {args.png}: {', '.join(drawn)}", file=sys.stderr)
@@ -191,17 +198,27 @@ def _stats(args) -> int:
 
 
 def _inspect(args) -> int:
-    if args.json:
-        print(inspect_json(args.path))
-        return 0
-    print(inspect_path(args.path, tokenizer=args.tokenizer, window=args.window))
+    path, named, _ = read_location(args.path, everything=not args.json)
+    tokenizer = args.tokenizer
+    if tokenizer is None and named is not str and not args.json:
+        tokenizer = tokenizer_near(args.path)  # a tokenizer directory beside or above the cache URL
+    with errors_named(named):
+        if args.json:
+            print(named(inspect_json(path)))
+            return 0
+        print(named(inspect_path(path, tokenizer=None if tokenizer is None else str(tokenizer), window=args.window)))
     return 0
 
 
 def _verify(args) -> int:
-    problems, checked, seen = verify_outputs(args.path)
+    path, named, failed = read_location(args.path, collect=True, fresh=True)  # every byte at the URL, checked
+    with errors_named(named):
+        problems, checked, seen = verify_outputs(path)
+    # NOTE: a file that failed its download is absent from the mirror; its download error says why
+    problems = failed + [named(p) for p in problems if not any(named(p).startswith(f.split(": ", 1)[0] + ":")
+                                                                for f in failed)]
     for line in seen:
-        print(f"checked {line}")
+        print(f"checked {named(line)}")
     for line in problems:
         print(f"MISMATCH {line}")
     print(f"verify: {checked} output(s), {len(problems)} problem(s)")

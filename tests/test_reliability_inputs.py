@@ -12,10 +12,10 @@ from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
 from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.convert import convert
+from niels_gpt.formats.writers import MIN_SHARD_BYTES
 from niels_gpt.packing.pack import pack_sft
 from niels_gpt.packing.source import open_sft_split
 from niels_gpt.seeds import SEED_MAX
-from niels_gpt.formats.writers import MIN_SHARD_BYTES
 
 from .conftest import sample_texts
 

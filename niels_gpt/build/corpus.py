@@ -1,9 +1,10 @@
 """`build SRC... --out DIR --tokenizer TOK`: any corpus, any tokenizer, one command, the usual cache.
 
     niels-gpt-data build data/ --out cache/mine --tokenizer my-tokenizer/ --val-tokens 100_000
+    niels-gpt-data build 's3://bucket/corpus/*.jsonl' --out s3://bucket/caches/mine --tokenizer my-tokenizer/
     niels-gpt-data build chats.jsonl --chat --out cache/mine-sft --tokenizer my-tokenizer/
 
-- The sources are read by niels_gpt.sources.corpus (files, directories, globs, dataset ids) and go
+- The sources are read by niels_gpt.sources.corpus (files, directories, globs, URLs, dataset ids) and go
   through the builders every cache uses (build_pretrain_cache, build_sft_cache): same format, same
   meta.json, byte-identical for any --workers.
 - Pretraining split: --val-tokens (the first documents fill val, as build-all does) or --val-frac
@@ -101,9 +102,10 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
 def register(sub) -> None:
     p = sub.add_parser("build", help="build a cache from your own files or a dataset id with any tokenizer",
                        description="Build a pretraining cache (or with --chat an SFT cache) from any mix of local "
-                                   "files, directories, globs and Hugging Face dataset ids, with any tokenizer.")
+                                   "files, directories, globs, URLs and Hugging Face dataset ids, with any tokenizer.")
     p.add_argument("sources", nargs="+", metavar="SRC",
-                   help="files (.txt .md .jsonl .json(.gz/.zst) .parquet .csv .arrow), directories, globs, or a "
+                   help="files (.txt .md .jsonl .json(.gz/.zst) .parquet .csv .arrow), directories, globs, URLs of "
+                        "files, prefixes or globs (s3://, gs://, hf://, http(s)://, memory://, file://), or a "
                         "dataset id (owner/name)")
     p.add_argument("--out", required=True, help="cache directory to write, or a URL (s3://, gs://, hf://, memory://; "
                    "built locally, then uploaded)")

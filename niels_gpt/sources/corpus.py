@@ -1,6 +1,6 @@
-"""A user's own corpus: any mix of local files, directories, globs and Hugging Face dataset ids.
+"""A user's own corpus: any mix of local files, directories, globs, URLs and Hugging Face dataset ids.
 
-    src = corpus(["data/", "extra/*.jsonl.zst", "notes.md"], text_field="text")
+    src = corpus(["data/", "extra/*.jsonl.zst", "notes.md", "s3://bucket/more/*.parquet"], text_field="text")
     src.iter_texts()                      # documents, in the order of the sources as given
     chats = corpus(["sft.jsonl"]).iter_conversations()
 
@@ -8,6 +8,12 @@
   (`.gz`, `.zst` compressed too) one record per line; `.parquet`, `.csv` and `.arrow` (an Arrow IPC
   file or stream, as `datasets` saves them) one record per row. A directory stands for its files of
   those kinds (recursively, sorted by relative path, dot-files out); a glob for its matches, sorted.
+- A URL (`s3://`, `gs://`, `hf://`, `http(s)://`, `memory://`, `file://`; niels_gpt.storage.fs) is read
+  through fsspec: a file URL is one file as above; on a scheme that can list (not http) a prefix stands
+  for its files like a directory, a URL with `*?[` for its matches like a glob (names starting with a dot
+  left out), in the same sorted order as local paths. Line and CSV files are streamed; Parquet and Arrow
+  files are downloaded into the local download cache (niels_gpt.storage) while they are read. The same
+  bytes give the same documents as a local copy, and errors name the URL. `file://` is a local path.
 - Anything else that does not exist locally and looks like `owner/name` is a Hugging Face dataset,
   streamed (`load_dataset(id, name=hf_config, split=split, streaming=True)`).
 - Text: the record's `text_field`. Chat (`chat=True`): the record's `messages_field`, a list of
@@ -22,23 +28,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
+import hashlib
 import io
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import (
     ChatSource,
     TextSource,
+    decode_utf8,
     iter_rows,
     normalise_text,
     open_stream,
     portable,
     read_text_file,
 )
+from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
+from niels_gpt.storage.remote import MIRRORS, local_cache_dir
+from niels_gpt.storage.upload import local_path_of
+from niels_gpt.urls import is_url
 
 TEXT_FIELD = "text"
 MESSAGES_FIELD = "messages"
@@ -50,6 +64,25 @@ SUFFIXES = WHOLE_FILE + LINES + COLUMNAR
 ROLES = ("system", "user", "assistant")
 
 
+GLOB_CHARS = "*?["
+UNLISTABLE = ("http", "https")  # fsspec's http "listing" scrapes HTML pages: refused, give file URLs
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One input file at a URL (read through fsspec); `size` in bytes when the server told it."""
+
+    url: str
+    size: int | None = None
+
+    def __str__(self) -> str:  # how errors and meta.json name it
+        return self.url
+
+    @property
+    def name(self) -> str:
+        return self.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
 class BadRecord(Exception):
     """One record that cannot be used: `reason` is its count's name in meta.json."""
 
@@ -58,21 +91,85 @@ class BadRecord(Exception):
         self.reason = reason
 
 
-def kind_of(path: Path) -> str | None:
+def kind_of(path: Path | RemoteFile) -> str | None:
     name = path.name.lower()
     return next((s for s in sorted(SUFFIXES, key=len, reverse=True) if name.endswith(s)), None)
 
 
 def is_hf_id(spec: str) -> bool:
     parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not any(c in spec for c in "*?[") and kind_of(Path(spec)) is None
+    return len(parts) == 2 and all(parts) and not any(c in spec for c in GLOB_CHARS) and kind_of(Path(spec)) is None
 
 
-def expand(specs: Sequence[str | os.PathLike]) -> list[Path | str]:
-    """Local files (directories and globs expanded, sorted) and dataset ids, in the order given."""
-    out: list[Path | str] = []
+def _sized(info: dict) -> int | None:
+    size = info.get("size")
+    return size if isinstance(size, int) and size >= 0 else None
+
+
+def _ask(fn, url: str, what: str):
+    """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError."""
+    try:
+        return with_retries(fn, f"{what} {url}")
+    except FileNotFoundError:
+        raise SourceError(f"{url}: no such file or directory at this URL; check the URL (and the endpoint and "
+                          "credentials of its storage)") from None
+    except PermissionError as exc:
+        raise SourceError(f"{url}: access denied ({exc}); check the credentials of its storage") from None
+
+
+def expand_url(url: str) -> list[RemoteFile]:
+    """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted."""
+    fs, path = filesystem(url)  # an unknown scheme, or one whose backend is missing: a ConfigError naming the extra
+    scheme = scheme_of(url)
+    head, _, rest = url.partition("://")
+    parts = rest.split("/")
+    first_glob = next((k for k, part in enumerate(parts) if any(c in part for c in GLOB_CHARS)), None)
+    if scheme in UNLISTABLE:
+        first_glob = None  # "?" starts a query string, not a pattern
+    if first_glob is not None:
+        base_url = f"{head}://" + "/".join(parts[:first_glob])
+        base = fs._strip_protocol(base_url).rstrip("/")
+        matches = _ask(lambda: fs.glob(path, detail=True), url, "listing")
+        found = []
+        for p, info in matches.items():
+            rel = p[len(base):].lstrip("/") if p.startswith(base) else p
+            f = RemoteFile(f"{base_url.rstrip('/')}/{rel}", _sized(info))
+            if info.get("type") != "directory" and not f.name.startswith(".") and kind_of(f):
+                found.append((PurePosixPath(rel), f))
+        if not found:
+            raise SourceError(f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
+        return [f for _, f in sorted(found, key=lambda pf: pf[0])]
+    info = _ask(lambda: fs.info(path), url, "reading")
+    if info.get("type") == "directory":
+        if scheme in UNLISTABLE:
+            raise SourceError(f"{url}: {scheme}:// cannot list a directory; give the URL of each file")
+        listed = _ask(lambda: fs.find(path, detail=True), url, "listing")
+        found = []
+        for p, finfo in listed.items():
+            rel = PurePosixPath(p[len(path):].lstrip("/"))
+            f = RemoteFile(f"{url.rstrip('/')}/{rel.as_posix()}", _sized(finfo))
+            if finfo.get("type") != "directory" and kind_of(f) and not any(s.startswith(".") for s in rel.parts):
+                found.append((rel.as_posix(), f))
+        if not found:
+            raise SourceError(f"{url}: no files of a known kind under this URL (known: {', '.join(SUFFIXES)})")
+        return [f for _, f in sorted(found, key=lambda pf: pf[0])]
+    f = RemoteFile(url, _sized(info))
+    if kind_of(f) is None:
+        raise SourceError(f"{url}: unknown file kind; known: {', '.join(SUFFIXES)}")
+    return [f]
+
+
+def expand(specs: Sequence[str | os.PathLike]) -> list[Path | RemoteFile | str]:
+    """Local files (directories and globs expanded, sorted), files at URLs and dataset ids, in the order given."""
+    out: list[Path | RemoteFile | str] = []
     for spec in specs:
         text = os.fspath(spec)
+        if is_url(text):
+            local = local_path_of(text)  # file:// is read as the local path it names
+            if local is None:
+                out.extend(expand_url(text))
+                continue
+            text = local
         p = Path(text)
         if p.is_dir():
             found = sorted((f for f in p.rglob("*") if f.is_file() and kind_of(f)
@@ -97,9 +194,44 @@ def expand(specs: Sequence[str | os.PathLike]) -> list[Path | str]:
     return out
 
 
-def _open_lines(path: Path):
+def _open_binary(item: Path | RemoteFile):
+    """A binary reader of a local file, or of a file at a URL (streamed through fsspec)."""
+    if not isinstance(item, RemoteFile):
+        return open(item, "rb")
+    fs, path = filesystem(item.url)
+    streamed = {"block_size": 0} if scheme_of(item.url) in UNLISTABLE else {}  # http: one GET, no range requests
+    raw = _ask(lambda: fs.open(path, "rb", **streamed), item.url, "opening")
+    return io.BufferedReader(raw, buffer_size=1 << 20)  # fsspec's readline seeks: lines come from this buffer
+
+
+@contextlib.contextmanager
+def _local_copy(item: Path | RemoteFile) -> Iterator[Path]:
+    """A local path of the file: itself, or a download into the local download cache, deleted afterwards."""
+    if not isinstance(item, RemoteFile):
+        yield item
+        return
+    fs, path = filesystem(item.url)
+    tmp = (local_cache_dir() / MIRRORS / "sources"
+           / f"{hashlib.sha256(item.url.encode()).hexdigest()[:16]}-{item.name}.tmp-{os.getpid()}")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _ask(lambda: fs.get_file(path, os.fspath(tmp)), item.url, "downloading")
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _read_text(item: Path | RemoteFile) -> str:
+    if not isinstance(item, RemoteFile):
+        return read_text_file(item)
+    with _open_binary(item) as f:
+        return normalise_text(decode_utf8(f.read(), item.url))
+
+
+def _open_lines(path: Path | RemoteFile):
     name = path.name.lower()
-    raw = open(path, "rb")
+    raw = _open_binary(path)
     if name.endswith(".gz"):
         import gzip
 
@@ -115,7 +247,7 @@ def _open_lines(path: Path):
     return raw
 
 
-def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+def _json_lines(path: Path | RemoteFile) -> Iterator[tuple[str, Any]]:
     """(where, record or BadRecord) per non-blank line."""
     import json
 
@@ -143,31 +275,37 @@ def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
             raise SourceError(f"{path}: cannot decompress ({e}); the file is truncated or damaged") from e
 
 
-def _rows(path: Path, columns: list[str]) -> Iterator[tuple[str, Any]]:
+def _rows(path: Path | RemoteFile, columns: list[str]) -> Iterator[tuple[str, Any]]:
     kind = kind_of(path)
     if kind == ".csv":
         import csv
 
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", newline="") as f:
             reader = csv.DictReader(f)
             for row in reader:
                 yield f"{path}, line {reader.line_num}", row
         return
+    with _local_copy(path) as local:
+        yield from _arrow_rows(path, local, kind, columns)
+
+
+def _arrow_rows(path: Path | RemoteFile, local: Path, kind: str, columns: list[str]) -> Iterator[tuple[str, Any]]:
+    """Rows of a Parquet or Arrow file read from `local`, named after `path`."""
     import pyarrow as pa
 
     try:
         if kind == ".parquet":
             import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(local)
             present = [c for c in columns if c in pf.schema_arrow.names]
             batches = pf.iter_batches(columns=present or None)
         else:
             try:
-                reader = pa.ipc.open_file(path)
+                reader = pa.ipc.open_file(local)
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
             except pa.ArrowInvalid:
-                batches = iter(pa.ipc.open_stream(path))
+                batches = iter(pa.ipc.open_stream(local))
         i = 0
         for batch in batches:
             for row in batch.to_pylist():
@@ -192,7 +330,7 @@ class Corpus(TextSource, ChatSource):
     streaming = True
     split_rule = "none: the sources in the order given; the builder splits"
 
-    def __init__(self, items: list[Path | str], *, text_field: str, messages_field: str,
+    def __init__(self, items: list[Path | RemoteFile | str], *, text_field: str, messages_field: str,
                  chat_columns: tuple[str, str] | None, on_bad_record: str, hf_config: str | None, split: str):
         super().__init__()
         self.items = items
@@ -202,24 +340,25 @@ class Corpus(TextSource, ChatSource):
         self.dataset_config = hf_config if self.dataset_id else None
 
     def files(self) -> list[str]:
-        return [str(i) for i in self.items if isinstance(i, Path)]
+        return [str(i) for i in self.items if isinstance(i, (Path, RemoteFile))]
 
     def input_paths(self) -> list[Path]:
         return [i for i in self.items if isinstance(i, Path)]
 
     def input_bytes(self) -> int | None:
-        """Total bytes of the input, for a progress bar's ETA: only when every item is a local uncompressed text
-        file (the bar counts the UTF-8 bytes of the documents read)."""
+        """Total bytes of the input, for a progress bar's ETA: only when every item is an uncompressed text
+        file of known size, local or at a URL (the bar counts the UTF-8 bytes of the documents read)."""
         if any(isinstance(i, str) or kind_of(i) not in WHOLE_FILE + (".jsonl", ".json") for i in self.items):
             return None
-        return sum(i.stat().st_size for i in self.items)
+        sizes = [i.size if isinstance(i, RemoteFile) else i.stat().st_size for i in self.items]
+        return None if any(s is None for s in sizes) else sum(sizes)
 
     def _records(self, columns: list[str]) -> Iterator[tuple[str, Any]]:
         for item in self.items:
             if isinstance(item, str):
                 yield from _hf_rows(item, self.hf_config, self.split)
             elif kind_of(item) in WHOLE_FILE:
-                yield str(item), {self.text_field: read_text_file(item)}
+                yield str(item), {self.text_field: _read_text(item)}
             elif kind_of(item) in LINES:
                 yield from _json_lines(item)
             else:
@@ -258,7 +397,7 @@ class Corpus(TextSource, ChatSource):
                 self._bad(exc)
 
     def _describe_extra(self) -> dict[str, Any]:
-        return {"items": [portable(i) if isinstance(i, Path) else i for i in self.items],
+        return {"items": [portable(i) if isinstance(i, Path) else str(i) for i in self.items],
                 "text_field": self.text_field, "messages_field": self.messages_field,
                 "chat_columns": list(self.chat_columns) if self.chat_columns else None,
                 "on_bad_record": self.on_bad_record, "split": self.split}
@@ -307,13 +446,13 @@ def _column_pair(record: dict, columns: tuple[str, str], where: str) -> list[dic
 def corpus(sources: Sequence[str | os.PathLike], *, text_field: str = TEXT_FIELD,
            messages_field: str = MESSAGES_FIELD, chat_columns: Sequence[str] | None = None,
            on_bad_record: str = "error", hf_config: str | None = None, split: str = "train") -> Corpus:
-    """A corpus over `sources` (files, directories, globs, dataset ids); see the module docstring."""
+    """A corpus over `sources` (files, directories, globs, URLs, dataset ids); see the module docstring."""
     if on_bad_record not in ON_BAD_RECORD:
         raise ConfigError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     if chat_columns is not None and len(chat_columns) != 2:
         raise ConfigError(f"chat_columns must name two columns (user, assistant), got {list(chat_columns)}")
     if not sources:
-        raise ConfigError("no sources given: pass files, directories, globs or dataset ids")
+        raise ConfigError("no sources given: pass files, directories, globs, URLs or dataset ids")
     return Corpus(expand(sources), text_field=text_field, messages_field=messages_field,
                   chat_columns=tuple(chat_columns) if chat_columns else None, on_bad_record=on_bad_record,
                   hf_config=hf_config, split=split)

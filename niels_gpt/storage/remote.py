@@ -21,6 +21,9 @@
   their maps of files that were evicted and fetched again.
 - Several processes may share one cache directory: eviction runs under an flock, downloads rename
   atomically, and two processes fetching the same file both end with the same verified bytes.
+- `mirror_for_reading(url)` serves the read-side commands (inspect, verify, stats): it mirrors a
+  whole cache, packed directory or split directory, checked file by file, so that their local code
+  reads it; each file that fails its download check is one problem line naming its URL.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
-from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
+from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError, NielsGPTError
 from niels_gpt.meta import record_problem, sha256_file
 from niels_gpt.storage.fs import filesystem, join, with_retries
+from niels_gpt.storage.upload import local_path_of
 from niels_gpt.urls import is_url
 
 CACHE_ENV = "NIELS_GPT_CACHE"
@@ -259,3 +265,116 @@ def split_url(url: str) -> tuple[str, str]:
     if "://" not in parent or parent.endswith(":/") or parent.endswith("://"):
         raise ConfigError(f"{url}: expected <cache URL>/<split or file>, e.g. s3://bucket/cache/train")
     return parent, last
+
+
+def _open_marker(url: str) -> tuple[RemoteCache, str]:
+    """(the RemoteCache holding `url`, the sub-directory of it that `url` names: "" or a split)."""
+    try:
+        return RemoteCache(url), ""
+    except IncompleteCacheError as exc:
+        first = exc
+    try:
+        return RemoteCache(url, marker=MANIFEST_NAME), ""
+    except IncompleteCacheError:
+        pass
+    parent, last = url.rstrip("/").rpartition("/")[::2]
+    if "://" in parent and not parent.endswith(":/"):
+        try:
+            return RemoteCache(parent), last  # a split directory of a pretraining cache: s3://b/c/train
+        except IncompleteCacheError:
+            pass
+    raise IncompleteCacheError(f"{first} (a URL given to inspect, verify or stats is one cache, packed directory or "
+                               f"split directory: a root of several caches is read one cache URL at a time)")
+
+
+def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = False,
+                       fresh: bool = False) -> tuple[Path, Callable[[str], str], list[str]]:
+    """(local path, a function that names mirrored paths in a text by their URL, download problems).
+
+    `url`: a cache (meta.json), a packed directory (manifest.json) or a split directory of a cache. With
+    `everything`, each file its marker lists (under the split, for a split) is downloaded and checked (size and sha256) unless it is
+    mirrored already, and kept from eviction during this call (the local cache may pass its bound until
+    the next download evicts). A file that fails its check or is missing remotely raises its CacheError
+    naming its URL; with `collect` it is one problem line instead (and absent locally), and the others
+    are still fetched. `fresh`: download (and check) every file again, even one mirrored already: what
+    verify does, so that it checks the bytes at the URL, not an earlier copy of them.
+    """
+    url = os.fspath(url).rstrip("/")
+    rc, sub = _open_marker(url)
+    problems = []
+    if everything:
+        rels = sorted(r for r in rc.records if not sub or r.startswith(f"{sub}/"))  # a split: its own files
+        keep = frozenset(rels)
+        for rel in rels:
+            if fresh:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(rc.local_dir / rel)  # a reader's memory map of it stays valid (see fetch)
+            try:
+                rc.fetch(rel, keep=keep)
+            except CacheError as exc:
+                if not collect or isinstance(exc, IncompleteCacheError):
+                    raise
+                problems.append(str(exc))
+    local = rc.local_dir / sub if sub else rc.local_dir
+
+    def named(text: str) -> str:
+        return str(text).replace(str(rc.local_dir), rc.url)
+
+    return local, named, problems
+
+
+@contextlib.contextmanager
+def errors_named(named: Callable[[str], str]):
+    """Let a package error raised by local code reading a mirror name the URL instead of the mirror."""
+    try:
+        yield
+    except NielsGPTError as exc:
+        text = named(str(exc))
+        if text != str(exc):
+            exc.args = (text,)
+        raise
+
+
+def read_location(path, **kw) -> tuple[str, Callable[[str], str], list[str]]:
+    """For a read-side command: (local path, naming function, problems). A cache URL is mirrored
+    (`mirror_for_reading(url, **kw)`), a file:// URL is the path it names, a local path is itself."""
+    local = local_path_of(path)
+    if local is not None:
+        return local, str, []
+    mirror, named, problems = mirror_for_reading(path, **kw)
+    return str(mirror), named, problems
+
+
+def tokenizer_near(url: str, levels: int = 2) -> Path | None:
+    """The local mirror of the `tokenizer` directory next to the cache at `url` or above it (build-all's
+    layout), when there is one: what inspect decodes with when no --tokenizer is given. The tokenizer's own
+    meta.json lists no files; readers compare the model's sha256 with the cache's record."""
+    parent = os.fspath(url).rstrip("/")
+    for _ in range(levels + 1):
+        local = _mirror_tokenizer(f"{parent}/tokenizer")
+        if local is not None:
+            return local
+        parent, _, last = parent.rpartition("/")
+        if "://" not in parent or parent.endswith(":/") or not last:
+            return None
+    return None
+
+
+def _mirror_tokenizer(url: str) -> Path | None:
+    fs, path = filesystem(url)
+    try:
+        data = with_retries(lambda: fs.cat_file(join(path, "meta.json")), f"reading {url}/meta.json")
+        model = str(json.loads(data).get("model_file") or "")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
+    if not model or "/" in model:
+        return None
+    local = local_cache_dir() / MIRRORS / hashlib.sha256(url.encode()).hexdigest()[:16]
+    local.mkdir(parents=True, exist_ok=True)
+    fresh = (local / "meta.json").is_file() and (local / "meta.json").read_bytes() == data
+    if not fresh or not (local / model).is_file():
+        tmp = local / f"{model}.tmp-{os.getpid()}"
+        with_retries(lambda: fs.get_file(join(path, model), os.fspath(tmp)), f"downloading {url}/{model}")
+        os.replace(tmp, local / model)
+        write_bytes_atomic(local / "meta.json", data)
+    return local
