@@ -28,6 +28,7 @@ from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import (
     BUILDERS,
     check_field,
+    files_under,
     invalid_utf8_error,
     iter_rows,
     open_stream,
@@ -105,9 +106,7 @@ def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = sorted((f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in BUILDERS
-                            and not any(s.startswith(".") for s in f.relative_to(p).parts)),
-                           key=lambda f: f.relative_to(p).as_posix())
+            found = files_under(p, lambda f: f.suffix.lower() in BUILDERS)
             if not found:
                 raise SourceError(f"{p}: no {sorted(BUILDERS)} files in this directory; is it the right one?")
             out.extend(found)

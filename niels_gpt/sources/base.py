@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +142,19 @@ def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Pat
     if not d.is_dir():
         raise SourceError(f"{d}: no such directory ({what}); pass the directory that holds the "
                           f"{suffix} files")
-    found = [p for p in d.rglob(f"*{suffix}")
-             if not p.is_dir() and not any(part.startswith(".") for part in p.relative_to(d).parts)]
+    found = files_under(d, lambda p: p.name.endswith(suffix))
     if not found:
         raise SourceError(f"{d}: no {suffix} files in this directory ({what}); is it the right one?")
-    return sorted(found, key=lambda p: p.relative_to(d).as_posix())
+    return found
+
+
+def files_under(directory: Path, keep: Callable[[Path], bool]) -> list[Path]:
+    """The files under `directory` that `keep` accepts (a dangling link too, so that reading it names it):
+    recursive, dot-files and dot-directories left out, sorted by relative path (so the order is the same
+    on every machine). Every source that takes a directory reads it this way."""
+    found = (f for f in directory.rglob("*")
+             if not f.is_dir() and not any(part.startswith(".") for part in f.relative_to(directory).parts) and keep(f))
+    return sorted(found, key=lambda f: f.relative_to(directory).as_posix())
 
 
 def read_bytes(path: Path) -> bytes:

@@ -43,6 +43,7 @@ from niels_gpt.sources.base import (
     ChatSource,
     TextSource,
     decode_utf8,
+    files_under,
     iter_rows,
     normalise_text,
     open_stream,
@@ -172,9 +173,7 @@ def expand(specs: Sequence[str | os.PathLike]) -> list[Path | RemoteFile | str]:
             text = local
         p = Path(text)
         if p.is_dir():
-            found = sorted((f for f in p.rglob("*") if f.is_file() and kind_of(f)
-                            and not any(s.startswith(".") for s in f.relative_to(p).parts)),
-                           key=lambda f: f.relative_to(p).as_posix())
+            found = files_under(p, kind_of)
             if not found:
                 raise SourceError(f"{p}: no files of a known kind in this directory (known: {', '.join(SUFFIXES)})")
             out.extend(found)

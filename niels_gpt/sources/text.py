@@ -33,6 +33,7 @@ from niels_gpt.sources.base import (
     builder_for,
     builder_for_all,
     check_field,
+    files_under,
     iter_jsonl,
     iter_rows,
     normalise_text,
@@ -218,9 +219,7 @@ def local_text(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
     out: list[Path] = []
     for p in as_paths(paths, "local_text"):
         if p.is_dir():
-            found = sorted((f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in BUILDERS
-                            and not any(s.startswith(".") for s in f.relative_to(p).parts)),
-                           key=lambda f: f.relative_to(p).as_posix())
+            found = files_under(p, lambda f: f.suffix.lower() in BUILDERS)
             if not found:
                 raise SourceError(f"{p}: no {sorted(BUILDERS)} files in this directory (local_text)")
             out.extend(found)
