@@ -31,8 +31,8 @@ def test_batches_arrive_on_the_gpu_from_pinned_memory(kind, pretrain_cache, pack
 
 def test_training_on_the_gpu_runs_resumes_and_reports_stall(tmp_path, pretrain_cache):
     token_bytes = torch.ones(VOCAB, dtype=torch.int64)
-    cfg = dict(data=str(pretrain_cache), out_dir=str(tmp_path), steps=6, device="cuda", **TINY)
-    straight = train(TrainConfig(**cfg), token_bytes=token_bytes, log=lambda *a: None)
+    cfg = dict(data=str(pretrain_cache), steps=6, device="cuda", **TINY)
+    straight = train(TrainConfig(**cfg, out_dir=str(tmp_path / "straight")), token_bytes=token_bytes, log=lambda *a: None)
     assert next(straight.model.parameters()).is_cuda
     assert len(straight.stall) == 6 and all(0 <= s <= 100 for s in straight.stall)
     assert straight.val_bpb and straight.val_bpb[-1][1] > 0
