@@ -18,6 +18,7 @@ Arrays returned here are read-only views over the mapping; they keep the mapping
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.constants import TOKEN_DTYPES
-from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError
 
 ADVICE = {
     "random": getattr(mmap, "MADV_RANDOM", None),
@@ -54,28 +55,43 @@ def meta_token_dtype(dtype: np.dtype) -> str:
 
 
 def open_tokens(path: str | os.PathLike, dtype: np.dtype, *, offset: int = 0,
-                advice: str = "random") -> np.ndarray:
-    """Map `path` (from byte `offset`) as a read-only 1-D array of `dtype`."""
+                advice: str = "random", expected_bytes: int | None = None) -> np.ndarray:
+    """Map `path` (from byte `offset`) as a read-only 1-D array of `dtype`.
+
+    The size is read from the open file itself and, with `expected_bytes` (what meta.json recorded
+    when the dataset was opened), must equal it: a cache swapped in by a rebuild between opening the
+    dataset and its first batch is refused here instead of mapped past its end (SIGBUS on access).
+    """
     path = Path(path)
     dtype = np.dtype(dtype)
     if advice not in ADVICE:
         raise ConfigError(f"advice must be one of {sorted(ADVICE)}, got {advice!r}")
     try:
-        size = path.stat().st_size
+        f = open(path, "rb")
     except FileNotFoundError:
         raise CacheError(f"{path}: token file missing") from None
-    payload = size - offset
-    if payload < 0 or payload % dtype.itemsize:
-        raise CacheError(f"{path}: {payload} payload bytes is not a whole number of "
-                         f"{dtype.itemsize}-byte tokens: the file is truncated or not {dtype}")
-    if payload == 0:
-        return np.zeros(0, dtype=dtype)
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with f:
+        size = _checked_size(f, path, expected_bytes)
+        payload = size - offset
+        if payload < 0 or payload % dtype.itemsize:
+            raise CacheError(f"{path}: {payload} payload bytes is not a whole number of "
+                             f"{dtype.itemsize}-byte tokens: the file is truncated or not {dtype}")
+        if payload == 0:
+            return np.zeros(0, dtype=dtype)
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
     flag = ADVICE[advice]
     if flag is not None and hasattr(mm, "madvise"):
         mm.madvise(flag)
     return np.frombuffer(mm, dtype=dtype, count=payload // dtype.itemsize, offset=offset)
+
+
+def _checked_size(f, path: Path, expected_bytes: int | None) -> int:
+    """The size of the open file `f`, which must be `expected_bytes` where that is given."""
+    size = os.fstat(f.fileno()).st_size
+    if expected_bytes is not None and size != expected_bytes:
+        raise CacheMismatchError(f"{path}: {size} bytes now, {expected_bytes} when the dataset was opened: the "
+                                 "cache was replaced (a rebuild?) or changed in place; open the dataset again")
+    return size
 
 
 def window_view(tokens: np.ndarray, width: int) -> np.ndarray:
@@ -102,8 +118,8 @@ def _libc():
     return libc
 
 
-def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
-                      advice: str = "random") -> tuple[np.ndarray, np.ndarray] | None:
+def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *, advice: str = "random",
+                      expected_bytes: list[int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Map `paths` back to back into one read-only array; returns (tokens, first token of each file).
 
     File k occupies tokens[starts[k] : starts[k] + size_k / itemsize]; starts are page-aligned, and
@@ -113,6 +129,8 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
     tokens -> starts [0, 6144] (10,000 bytes round up to 12,288), len(tokens) == 6,444.
 
     Returns None where the platform has no mmap(MAP_FIXED) or a call fails; nothing is read here.
+    Each file is sized and mapped through one open descriptor, checked against `expected_bytes` as in
+    `open_tokens`, so a file replaced after the dataset was opened is refused, never mapped past its end.
     """
     # NOTE: one gather instead of one per shard touched: 32x1024 batches over 3 shards went from
     # ~70 to ~35 us (bench/bench_cache_readers.py); the reservation costs address space, not memory.
@@ -120,27 +138,31 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
         return None
     dtype = np.dtype(dtype)
     page = mmap.PAGESIZE
-    sizes = [Path(p).stat().st_size for p in paths]
-    if any(s == 0 or s % dtype.itemsize for s in sizes):
-        return None  # open_tokens reports these with the file's name
-    spans = [-(-s // page) * page for s in sizes]
-    total = sum(spans)
-    try:
-        libc = _libc()
-    except (OSError, AttributeError):
-        return None
-    failed = ctypes.c_void_p(-1).value
-    base = libc.mmap(None, total, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-    if base in (None, failed):
-        return None
-    offset = 0
-    for path, span in zip(paths, spans, strict=True):
-        with open(path, "rb") as f:
-            addr = libc.mmap(base + offset, span, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, f.fileno(), 0)
-        if addr != base + offset:
-            libc.munmap(base, total)
+    with contextlib.ExitStack() as stack:
+        files = []
+        for path in paths:
+            files.append(stack.enter_context(open(path, "rb")))  # a missing file: the caller names it
+        sizes = [_checked_size(f, Path(p), None if expected_bytes is None else expected_bytes[k])
+                 for k, (f, p) in enumerate(zip(files, paths, strict=True))]
+        if any(s == 0 or s % dtype.itemsize for s in sizes):
+            return None  # open_tokens reports these with the file's name
+        spans = [-(-s // page) * page for s in sizes]
+        total = sum(spans)
+        try:
+            libc = _libc()
+        except (OSError, AttributeError):
             return None
-        offset += span
+        failed = ctypes.c_void_p(-1).value
+        base = libc.mmap(None, total, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if base in (None, failed):
+            return None
+        offset = 0
+        for f, span in zip(files, spans, strict=True):
+            addr = libc.mmap(base + offset, span, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, f.fileno(), 0)
+            if addr != base + offset:
+                libc.munmap(base, total)
+                return None
+            offset += span
     flag = ADVICE[advice]
     if flag is not None:
         libc.madvise(base, total, flag)

@@ -93,6 +93,7 @@ class PretrainTokenStreamDataset:
             raise CacheError(f"{self.shards_dir}: the {self.split} split of this cache is empty "
                              f"(totals: {self.meta['totals']})")
         self.shard_tokens = np.array([listed[n]["tokens"] for n in self.shard_names], dtype=np.int64)
+        self.shard_bytes = [int(listed[n]["bytes"]) for n in self.shard_names]  # mapped only at these sizes
         starts = np.maximum(self.shard_tokens - T, 0)
         if starts.sum() == 0:
             raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {self.shards_dir} "
@@ -123,7 +124,8 @@ class PretrainTokenStreamDataset:
 
     def _map(self) -> list[np.ndarray]:
         if self._views is None:
-            cat = open_concatenated([self.shards_dir / n for n in self.shard_names], self.dtype)
+            cat = open_concatenated([self.shards_dir / n for n in self.shard_names], self.dtype,
+                                    expected_bytes=self.shard_bytes)
             if cat is not None:
                 tokens, first = cat
                 self._flat = window_view(tokens, self.T + 1)
@@ -139,9 +141,9 @@ class PretrainTokenStreamDataset:
                 self._rows_args = (self._cum64.ctypes.data, len(self._shift64), self._shift64.ctypes.data)
             else:
                 self._flat = None
-                self._views = [window_view(open_tokens(self.shards_dir / n, self.dtype), self.T + 1)
+                self._views = [window_view(open_tokens(self.shards_dir / n, self.dtype, expected_bytes=b), self.T + 1)
                                if s > 0 else None
-                               for n, s in zip(self.shard_names, self.window_starts, strict=True)]
+                               for n, s, b in zip(self.shard_names, self.window_starts, self.shard_bytes, strict=True)]
         return self._views
 
     def fingerprint(self) -> str:
@@ -237,7 +239,8 @@ class PretrainTokenStreamDataset:
         for k, path in paths.items():
             ino = path.stat().st_ino
             if self._remote_views.get(k, (None,))[0] != ino:  # first use, or fetched again after eviction
-                self._remote_views[k] = (ino, window_view(open_tokens(path, self.dtype), self.T + 1))
+                view = open_tokens(path, self.dtype, expected_bytes=self.shard_bytes[k])
+                self._remote_views[k] = (ino, window_view(view, self.T + 1))
             rows = np.flatnonzero(shard == k)
             out[rows] = self._remote_views[k][1][local[rows]]
         return to_device_xy(out, self.device)

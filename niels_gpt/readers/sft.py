@@ -107,7 +107,8 @@ class SFTExampleDataset:
         if self._tokens is None:
             if self.remote is not None:
                 self.remote.fetch(self.tokens_path.name)
-            self._tokens = open_tokens(self.tokens_path, self.dtype)
+            self._tokens = open_tokens(self.tokens_path, self.dtype,
+                                       expected_bytes=self.num_tokens * self.dtype.itemsize)
             W = self.T + 1
             self._rows = window_view(self._tokens, W) if len(self._tokens) >= W else None
         return self._tokens
