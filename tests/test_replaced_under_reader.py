@@ -61,3 +61,21 @@ def test_sft_tokens_replaced_by_a_shorter_file_are_refused(tmp_path):
     _swap(cache / "train_tokens.bin", np.array([u, 10, e], dtype="<u2").tobytes())
     with pytest.raises(CacheMismatchError, match="train_tokens.bin: 6 bytes now, 800 when the dataset was opened"):
         ds.get_batch(B=4, generator=torch.Generator().manual_seed(0))
+
+
+def test_indexed_windows_list_and_map_shards_like_the_other_readers(tmp_path):
+    """Indexed windows refuse a stray shard on open and a replaced shard on first use, as the
+    random-window reader does (one shard listing, readers.shards; one mapping, readers.mmap)."""
+    from niels_gpt.errors import CacheError
+    from niels_gpt.loading import IndexedWindowDataset
+
+    rng = np.random.default_rng(2)
+    cache = write_pretrain_cache(tmp_path / "c", {"train": [rng.integers(0, 2000, 5_000)], "val": [[1, 2, 3]]})
+    ds = IndexedWindowDataset(str(cache), 16)
+    _swap(cache / "train" / "shard_00000.bin", np.zeros(40, dtype="<u2").tobytes())
+    with pytest.raises(CacheMismatchError, match="80 bytes now, 10000 when the dataset was opened"):
+        ds[0]
+    fresh = write_pretrain_cache(tmp_path / "d", {"train": [rng.integers(0, 2000, 5_000)], "val": [[1, 2, 3]]})
+    (fresh / "train" / "shard_00007.bin").write_bytes(b"\0\0")
+    with pytest.raises(CacheError, match=r"shard_00007.bin not listed in meta.json"):
+        IndexedWindowDataset(str(fresh), 16)

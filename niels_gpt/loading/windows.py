@@ -14,7 +14,9 @@ A URL as `cache_dir` (niels_gpt/storage) reads through a local mirror: meta.json
 shard downloaded the first time an index reaches it, so a rank or worker fetches only its shards;
 lengths, order, fingerprint and resume state are those of the local cache.
 
-Memmaps are opened lazily per process and never pickled (a pickled memmap copies its contents
+Shards are listed as every reader lists them (`readers.shards.split_shards`: checked records, stray
+shards refused) and mapped with `readers.mmap.open_tokens` (MADV_RANDOM, sized through the descriptor
+they are mapped from), lazily per process and never pickled (a pickled memmap copies its contents
 into every DataLoader worker). Cost: one memmap slice and one int64 copy of T+1 tokens per item.
 """
 
@@ -29,8 +31,9 @@ import torch
 
 from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.formats.base import file_order
-from niels_gpt.meta import check_files, raise_on_problems, read_meta
+from niels_gpt.meta import read_meta
+from niels_gpt.readers.mmap import open_tokens
+from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import open_location
 
@@ -40,12 +43,7 @@ def _split_files(cache_dir: Path, split: str, remote=None) -> tuple[dict, list[P
     if meta.get("kind") != "pretrain":
         raise CacheError(f"{cache_dir}/meta.json: kind {meta.get('kind')!r}, expected 'pretrain' "
                          "(indexed windows read pretraining caches)")
-    problems = check_files(cache_dir, meta, only=split)
-    if remote is not None:  # not mirrored yet is not a problem: fetched on first use
-        problems = [p for p in problems if ": missing (meta lists" not in p]
-    raise_on_problems(problems, cache_dir)
-    names = sorted((rel for rel in meta["files"] if rel.startswith(f"{split}/") and rel.endswith(".bin")),
-                   key=file_order)
+    names = [f"{split}/{name}" for name, _ in split_shards(cache_dir, meta, split, remote=remote is not None)]
     if not names:
         raise CacheError(f"{cache_dir}: meta.json lists no {split}/*.bin shards; "
                          f"the {split} split is empty: build the cache with a {split} split")
@@ -66,6 +64,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         meta, self.paths = _split_files(self.cache_dir, split, self.remote)
         self.dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
         counts = []
+        self.bytes = [int(meta["files"][f"{split}/{p.name}"]["bytes"]) for p in self.paths]  # mapped at these sizes
         for p in self.paths:
             rec = meta["files"][f"{split}/{p.name}"]
             n_tok = rec["tokens"] if "tokens" in rec else rec["bytes"] // self.dtype.itemsize
@@ -96,7 +95,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         if self.remote is not None:
             return self._remote_item(shard, offset)
         if self._maps is None:
-            self._maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
+            self._maps = [open_tokens(p, self.dtype, expected_bytes=b) for p, b in zip(self.paths, self.bytes, strict=True)]
         window = torch.from_numpy(self._maps[shard][offset:offset + self.T + 1].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
@@ -107,7 +106,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
             self._maps = [None] * len(self.paths)
         ino = path.stat().st_ino
         if self._maps[shard] is None or self._maps[shard][0] != ino:
-            self._maps[shard] = (ino, np.memmap(path, dtype=self.dtype, mode="r"))
+            self._maps[shard] = (ino, open_tokens(path, self.dtype, expected_bytes=self.bytes[shard]))
         window = torch.from_numpy(self._maps[shard][1][offset:offset + self.T + 1].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 

@@ -42,9 +42,9 @@ import torch
 
 from niels_gpt import _native
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.formats.base import file_order
-from niels_gpt.meta import check_files, raise_on_problems, read_meta, stray_files_error
+from niels_gpt.meta import read_meta
 from niels_gpt.readers.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
+from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import cache_fingerprint
 from niels_gpt.storage.remote import open_location, split_url
 from niels_gpt.urls import is_url
@@ -78,17 +78,9 @@ class PretrainTokenStreamDataset:
             raise CacheError(f"{self.cache_dir}: not a built pretraining cache (kind={self.meta.get('kind')!r}, "
                              f"built={self.meta.get('built')!r})")
         self.dtype = numpy_dtype(self.meta["token_dtype"])
-        prefix = f"{self.split}/"
-        listed = {rel[len(prefix):]: rec for rel, rec in self.meta["files"].items() if rel.startswith(prefix)}
-        problems = check_files(self.cache_dir, self.meta, only=self.split)
-        if self.remote is not None:  # not mirrored yet is not a problem: fetched on first use
-            problems = [p for p in problems if ": missing (meta lists" not in p]
-        raise_on_problems(problems, self.cache_dir)
-        on_disk = {p.name for p in self.shards_dir.glob("shard_*.bin")}
-        extra = sorted(on_disk - set(listed))
-        if extra:
-            raise stray_files_error(self.shards_dir, extra, self.cache_dir)
-        self.shard_names = sorted(listed, key=file_order)
+        shards = split_shards(self.cache_dir, self.meta, self.split, remote=self.remote is not None)
+        listed = dict(shards)
+        self.shard_names = [name for name, _ in shards]
         if not self.shard_names:
             raise CacheError(f"{self.shards_dir}: the {self.split} split of this cache is empty "
                              f"(totals: {self.meta['totals']})")

@@ -1,0 +1,31 @@
+"""The shards of one split of a pretraining cache, as every reader of it takes them.
+
+`split_shards` is the one place that lists a split: meta.json's records checked against the disk
+(`niels_gpt.meta.check_files`), a shard on disk that meta.json does not list refused (left over from
+another build), and the listed shards in numeric file order (shard_99999 before shard_100000).
+The random-window reader (`readers/pretrain.py`) and the indexed windows (`loading/windows.py`) use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from niels_gpt.formats.base import file_order
+from niels_gpt.meta import check_files, raise_on_problems, stray_files_error
+
+
+def split_shards(cache_dir: Path, meta: dict, split: str, *, remote: bool = False) -> list[tuple[str, dict]]:
+    """[(shard file name, its meta.json record)] of `split`, checked; `remote`: files not mirrored yet
+    are not a problem (each is fetched, and checked, on first use)."""
+    prefix = f"{split}/"
+    listed = {rel[len(prefix):]: rec for rel, rec in meta["files"].items()
+              if rel.startswith(prefix) and rel.endswith(".bin")}
+    problems = check_files(cache_dir, meta, only=split)
+    if remote:
+        problems = [p for p in problems if ": missing (meta lists" not in p]
+    raise_on_problems(problems, cache_dir)
+    directory = cache_dir / split
+    extra = sorted({p.name for p in directory.glob("shard_*.bin")} - set(listed))
+    if extra:
+        raise stray_files_error(directory, extra, cache_dir)
+    return [(name, listed[name]) for name in sorted(listed, key=file_order)]
