@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from niels_gpt import sources
 from niels_gpt.atomic import atomic_path
@@ -38,15 +39,17 @@ from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.urls import is_url, refuse_url
 
-PRETRAIN = ("fineweb_edu", "roam", "wikitext", "gutenberg")
-SFT = ("dolly15k", "oasst1")
+PRETRAIN = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "pretrain")
+SFT = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "sft")
 ALL = ("tokenizer",) + PRETRAIN + SFT
 ALL_TOKENS = 2**62  # "cache all": no budget for sources cached whole (wikitext, roam, gutenberg)
 SAMPLE_MAX_VAL_TOKENS = 4096  # fineweb_edu's val budget on the sample corpus (a few pages, not all of it)
 
 
 @dataclass(kw_only=True)
-class BuildConfig:
+class _Settings:
+    """What every build-all run has, whatever its sources: output, seed, tokenizer, budgets."""
+
     cache_dir: str = "cache"
     seed: int = SEED
     only: tuple[str, ...] = ALL
@@ -55,33 +58,11 @@ class BuildConfig:
     replace_tokenizer: bool = False  # allow a new tokenizer although caches not rebuilt now used the old one
     tokenizer_settings: TrainSettings = field(default_factory=TrainSettings)
     workers: int | None = None
-    # fineweb_edu
-    fineweb_dataset: str = "HuggingFaceFW/fineweb-edu"
-    fineweb_config: str = "CC-MAIN-2024-10"
-    fineweb_split: str = "train"
-    fineweb_buffer_size: int = 10_000
-    fineweb_data_files: list[str] | None = None
-    max_train_tokens: int = MAX_TRAIN_TOKENS
+    max_train_tokens: int = MAX_TRAIN_TOKENS  # fineweb_edu's budgets (the sources cached whole have none)
     max_val_tokens: int | None = None  # None: MAX_VAL_TOKENS, or SAMPLE_MAX_VAL_TOKENS with sample
     shard_bytes: int = SHARD_BYTES
     shuffle_buffer: int | None = None
-    # wikitext
-    wikitext_dataset: str = "Salesforce/wikitext"
-    wikitext_config: str = "wikitext-103-raw-v1"
-    wikitext_train_file: str | None = None
-    wikitext_val_file: str | None = None
-    # local directories
-    roam_dir: str | None = None
-    roam_val_frac: float = 0.1
-    gutenberg_dir: str | None = None
-    gutenberg_val_frac: float = 0.1
-    # sft
-    val_frac: float = VAL_FRAC
-    dolly_dataset: str = "databricks/databricks-dolly-15k"
-    dolly_data_files: list[str] | None = None
-    oasst_dataset: str = "OpenAssistant/oasst1"
-    oasst_data_files: list[str] | None = None
-    oasst_trees_jsonl: str | None = None
+    val_frac: float = VAL_FRAC  # SFT caches' val share
     progress: bool | None = None
 
     def resolved_max_val_tokens(self) -> int:
@@ -90,45 +71,25 @@ class BuildConfig:
         return SAMPLE_MAX_VAL_TOKENS if self.sample else MAX_VAL_TOKENS
 
 
+# The settings above plus each source's own options (its module's SourceConfig), as one flat config:
+# BuildConfig(cache_dir=..., <any source option>=...). Adding a source adds no field here.
+BuildConfig = dataclasses.make_dataclass(
+    "BuildConfig", [(o.field, Any, field(default=o.default)) for c in sources.CONFIGS.values() for o in c.options],
+    bases=(_Settings,), kw_only=True)
+BuildConfig.__module__ = __name__  # pickles and reprs as niels_gpt.build_all.BuildConfig
+BuildConfig.__doc__ = "A build-all run: the shared settings and every source's options (niels_gpt.sources.CONFIGS)."
+
+
 def make_source(name: str, cfg: BuildConfig):
-    """The configured source for `name` (None for gutenberg without a directory)."""
-    if cfg.sample:
-        src = sources.sample_sources(seed=cfg.seed)
-        if name == "gutenberg" and cfg.gutenberg_dir is None:
-            return src[name]
-        if name in src and not _overridden(name, cfg):
-            return src[name]
-    if name == "fineweb_edu":
-        return sources.fineweb_edu(dataset_id=cfg.fineweb_dataset, config=cfg.fineweb_config,
-                                   split=cfg.fineweb_split, seed=cfg.seed, buffer_size=cfg.fineweb_buffer_size,
-                                   data_files=cfg.fineweb_data_files)
-    if name == "wikitext":
-        files = None
-        if cfg.wikitext_train_file or cfg.wikitext_val_file:
-            files = {k: v for k, v in (("train", cfg.wikitext_train_file),
-                                       ("validation", cfg.wikitext_val_file)) if v}
-        return sources.wikitext(dataset_id=cfg.wikitext_dataset, config=cfg.wikitext_config, data_files=files)
-    if name == "roam":
-        if not cfg.roam_dir:
-            raise ConfigError("roam needs its export directory: pass --roam-dir DIR (or leave roam out "
-                              "with --only, or use --sample)")
-        return sources.roam(cfg.roam_dir, val_frac=cfg.roam_val_frac, seed=cfg.seed)
-    if name == "gutenberg":
-        if not cfg.gutenberg_dir:
-            return None
-        return sources.gutenberg(cfg.gutenberg_dir, val_frac=cfg.gutenberg_val_frac, seed=cfg.seed)
-    if name == "dolly15k":
-        return sources.dolly15k(dataset_id=cfg.dolly_dataset, data_files=cfg.dolly_data_files)
-    if name == "oasst1":
-        return sources.oasst1(dataset_id=cfg.oasst_dataset, data_files=cfg.oasst_data_files,
-                              trees_jsonl=cfg.oasst_trees_jsonl)
-    raise ConfigError(f"unknown source {name!r}; expected one of {ALL}")
-
-
-def _overridden(name: str, cfg: BuildConfig) -> bool:
-    return {"fineweb_edu": cfg.fineweb_data_files, "roam": cfg.roam_dir, "gutenberg": cfg.gutenberg_dir,
-            "wikitext": cfg.wikitext_train_file or cfg.wikitext_val_file,
-            "dolly15k": cfg.dolly_data_files, "oasst1": cfg.oasst_data_files or cfg.oasst_trees_jsonl}[name] is not None
+    """The configured source for `name` (None for a source with nothing to read, e.g. gutenberg without a
+    directory). With `sample`, a source not pointed at local data reads the bundled sample corpus."""
+    config = sources.CONFIGS.get(name)
+    if config is None:
+        raise ConfigError(f"unknown source {name!r}; expected one of {ALL}")
+    values = config.values(cfg)
+    if cfg.sample and not config.has_local_data(values):
+        return sources.sample_sources(seed=cfg.seed)[name]
+    return config.make(values, cfg.seed)
 
 
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
@@ -213,11 +174,12 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
                         streaming=src.streaming, source=src.describe, progress=cfg.progress)
         return _summary(name, out)
     out = root / "pretrain" / name
-    if src is None:  # gutenberg without a directory: an honest placeholder, not a failure
+    if src is None:  # a source with nothing to read (gutenberg without a directory): a placeholder, not a failure
+        flags = " or ".join(o.flag for o in sources.CONFIGS[name].options if o.field in sources.CONFIGS[name].local)
         for split in ("train", "val"):
             (out / split).mkdir(parents=True, exist_ok=True)
         write_meta(str(out), {"kind": "pretrain", "built": False, "dataset_name": name,
-                              "reason": "no --gutenberg-dir given", "seed": cfg.seed})
+                              "reason": f"no {flags} given", "seed": cfg.seed})
         return {"name": name, "kind": "pretrain", "built": False}
     if src.own_split:
         texts = SplitTexts(train=src.iter_texts("train"), val=src.iter_texts("val"))

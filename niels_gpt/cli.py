@@ -18,6 +18,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from niels_gpt import sources
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.build import cli as dist_build_cli
@@ -78,39 +79,20 @@ def _add_tokenizer_flags(p) -> None:
 
 
 def _add_source_flags(p, d, *, budgets: bool) -> None:
-    g = p.add_argument_group("fineweb_edu (streamed)")
-    g.add_argument("--fineweb-dataset", default=d.fineweb_dataset, help="Hugging Face dataset id")
-    g.add_argument("--fineweb-config", default=d.fineweb_config, help="dataset config (a Common Crawl dump)")
-    g.add_argument("--fineweb-split", default=d.fineweb_split, help="dataset split to stream")
-    g.add_argument("--fineweb-buffer-size", type=int, default=d.fineweb_buffer_size,
-                   help="buffer of the datasets .shuffle call")
-    g.add_argument("--fineweb-data-files", nargs="+", default=None,
-                   help="local parquet/jsonl files of the same schema (default: stream the hub)")
+    """Each source's own options (its module's SourceConfig), then build-all's budgets."""
+    for config in sources.CONFIGS.values():
+        g = p.add_argument_group(config.title)
+        for option in config.options:
+            option.add_to(g, getattr(d, option.field))
     if budgets:
-        g.add_argument("--max-train-tokens", type=_int, default=d.max_train_tokens, help="train token budget")
+        g = p.add_argument_group("budgets and shards")
+        g.add_argument("--max-train-tokens", type=_int, default=d.max_train_tokens, help="fineweb_edu's train token budget")
         g.add_argument("--max-val-tokens", type=_int, default=None,
-                       help="val token budget (default: 5_000_000, or 4096 with --sample)")
+                       help="fineweb_edu's val token budget (default: 5_000_000, or 4096 with --sample)")
         g.add_argument("--shard-bytes", type=_int, default=d.shard_bytes, help="shard size target (never exceeded)")
         g.add_argument("--shuffle-buffer", type=_optional_int, default=d.shuffle_buffer,
                        help="torch-RNG document shuffle buffer (0 or none: off; default of build-all: %(default)s)")
-    g = p.add_argument_group("wikitext")
-    g.add_argument("--wikitext-dataset", default=d.wikitext_dataset, help="Hugging Face dataset id")
-    g.add_argument("--wikitext-config", default=d.wikitext_config, help="dataset config")
-    g.add_argument("--wikitext-train-file", default=None, help="local raw train file (default: the hub)")
-    g.add_argument("--wikitext-val-file", default=None, help="local raw validation file (default: the hub)")
-    g = p.add_argument_group("local directories")
-    g.add_argument("--roam-dir", default=None, help="Roam Research markdown export (default: not built)")
-    g.add_argument("--roam-val-frac", type=float, default=d.roam_val_frac, help="share of notes in val (seeded)")
-    g.add_argument("--gutenberg-dir", default=None, help="Project Gutenberg .txt books (default: not built)")
-    g.add_argument("--gutenberg-val-frac", type=float, default=d.gutenberg_val_frac, help="share of books in val (seeded)")
-    g = p.add_argument_group("sft")
-    if budgets:
-        g.add_argument("--val-frac", type=float, default=d.val_frac, help="fraction of examples in val (seeded)")
-    g.add_argument("--dolly-dataset", default=d.dolly_dataset, help="Hugging Face dataset id")
-    g.add_argument("--dolly-data-files", nargs="+", default=None, help="local jsonl/parquet files (default: the hub)")
-    g.add_argument("--oasst-dataset", default=d.oasst_dataset, help="Hugging Face dataset id")
-    g.add_argument("--oasst-data-files", nargs="+", default=None, help="local flat-row files (default: the hub)")
-    g.add_argument("--oasst-trees-jsonl", default=None, help="nested-tree JSONL export (default: flat rows from --oasst-data-files or the hub)")
+        g.add_argument("--val-frac", type=float, default=d.val_frac, help="fraction of SFT examples in val (seeded)")
 
 
 def config_from_args(args):

@@ -40,6 +40,7 @@ from niels_gpt.sources.base import (
     open_stream,
     rel_files,
 )
+from niels_gpt.sources.options import Option, SourceConfig
 from niels_gpt.tokenizer.base import Message
 
 OASST_DATASET_ID = "OpenAssistant/oasst1"
@@ -273,3 +274,14 @@ def oasst1(*, dataset_id: str = OASST_DATASET_ID,
     trees = None if trees_jsonl is None else as_paths(trees_jsonl, "oasst1 trees_jsonl")
     return Oasst1(dataset_id=dataset_id, data_files=files, trees_jsonl=trees,
                   langs=None if langs is None else tuple(langs))
+
+
+OASST = SourceConfig(
+    "oasst1", "sft", "oasst1",
+    options=(Option("oasst_dataset", "OpenAssistant/oasst1", "Hugging Face dataset id"),
+             Option("oasst_data_files", None, "local flat-row files (default: the hub)", nargs="+"),
+             Option("oasst_trees_jsonl", None,
+                    "nested-tree JSONL export (default: flat rows from --oasst-data-files or the hub)")),
+    make=lambda v, seed: oasst1(dataset_id=v["oasst_dataset"], data_files=v["oasst_data_files"],
+                                trees_jsonl=v["oasst_trees_jsonl"]),
+    local=("oasst_data_files", "oasst_trees_jsonl"))
