@@ -122,33 +122,65 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
     """Encoded documents, batch by batch, in stream order.
 
-    One worker encodes on this thread. More workers each encode a whole batch on a thread of
-    `pool` (sentencepiece releases the GIL), at most 2 per worker in flight, results taken in order.
-    NOTE: whole batches per thread scale 2.0-2.1x on 2 cores where one encode_batch call with
-    num_threads=2 scales 1.4x (its threads wait for the slowest document of every batch); debian-docs,
-    bench/bench_cache_build.py. Empty documents are counted when their batch is consumed, not when
-    it is read, so meta.json does not depend on how far ahead the workers have read.
+    One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
+    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a thread of
+    `pool` (the encoders release the GIL), at most `2 * workers` batches in flight, results joined in order.
+    Every document is encoded alone whatever the cut, so the ids do not depend on it.
+    NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
+    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.49x the
+    1-worker bare rate); runs of a batch keep both busy to the end (bench/bench_tokenizers.py). Empty
+    documents are counted when their batch is consumed, not when it is read, so meta.json does not depend
+    on how far ahead the workers have read.
     """
     batches = _read_batches(texts)
     if pool is None:
         encoded = ((encode_documents(tokenizer, kept, num_threads=1), n) for kept, n in batches)
     else:
-        encoded = _in_order(pool, tokenizer, batches, 2 * workers)
+        encoded = _in_order(pool, tokenizer, batches, workers)
     for docs, n_skipped in encoded:
         skipped["empty_document"] += n_skipped
         yield docs
 
 
-def _in_order(pool, tokenizer, batches, window: int):
+def _pieces(docs: list[str], n: int) -> list[list[str]]:
+    """`docs` cut into at most `n` runs of consecutive documents of about equal characters."""
+    if n <= 1 or len(docs) <= 1:
+        return [docs]
+    lengths = list(itertools.accumulate(map(len, docs)))
+    step = lengths[-1] / n
+    out: list[list[str]] = []
+    start = 0
+    for i, end in enumerate(lengths[:-1]):
+        if end >= step * (len(out) + 1):
+            out.append(docs[start:i + 1])
+            start = i + 1
+            if len(out) == n - 1:
+                break
+    out.append(docs[start:])
+    return out
+
+
+def _encode_pieces(pool, tokenizer, docs: list[str], n: int) -> list:
+    return [pool.submit(encode_documents, tokenizer, piece, 1) for piece in _pieces(docs, n)]
+
+
+def _joined(futures: list) -> list:
+    if len(futures) == 1:
+        return futures[0].result()
+    return [ids for future in futures for ids in future.result()]
+
+
+def _in_order(pool, tokenizer, batches, workers: int):
+    window = 2 * workers
     pending: deque = deque()
     for kept, n in batches:
-        pending.append((pool.submit(encode_documents, tokenizer, kept, 1), n))
+        pending.append((_encode_pieces(pool, tokenizer, kept, window), n))
         if len(pending) >= window:
-            future, n_done = pending.popleft()
-            yield future.result(), n_done
+            futures, n_done = pending.popleft()
+            yield _joined(futures), n_done
     while pending:
-        future, n_done = pending.popleft()
-        yield future.result(), n_done
+        futures, n_done = pending.popleft()
+        yield _joined(futures), n_done
 
 
 @writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
