@@ -134,7 +134,7 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
     """
     batches = _read_batches(texts)
     if pool is None:
-        encoded = ((encode_documents(tokenizer, kept, num_threads=1), n) for kept, n in batches)
+        encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)
     else:
         encoded = _in_order(pool, tokenizer, batches, workers)
     for docs, n_skipped in encoded:
@@ -161,7 +161,7 @@ def _pieces(docs: list[str], n: int) -> list[list[str]]:
 
 
 def _encode_pieces(pool, tokenizer, docs: list[str], n: int) -> list:
-    return [pool.submit(encode_documents, tokenizer, piece, 1) for piece in _pieces(docs, n)]
+    return [pool.submit(encode_documents, tokenizer, piece, 1, None, True) for piece in _pieces(docs, n)]
 
 
 def _joined(futures: list) -> list:
