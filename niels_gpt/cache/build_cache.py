@@ -2,7 +2,8 @@
 
 Pretraining (`build_pretrain_cache`), one pass over the documents:
 - documents flow through an optional torch-RNG shuffle buffer, then are encoded in batches
-  (`encode_batch`, whose workers are sentencepiece threads: the output is the same for any count);
+  (`encode_batch`, or a backend's own arrays); with several workers each batch is cut into runs encoded
+  on that many threads (every backend's encoder releases the GIL): the output is the same for any count;
 - each document is followed by one EOT; empty documents are skipped and counted;
 - split rule: the first documents fill val until it holds exactly `max_val_tokens`, the rest fill
   train until exactly `max_train_tokens`; the document that crosses a budget keeps what fits, closed by its EOT, and the cut
@@ -248,7 +249,12 @@ def build_pretrain_cache(
         # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
         # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
         # the 1-worker rate; the per-document int -> array path was 0.14 s of a 0.84 s build, now ~0.06
-        # and off the encoding thread.
+        # and off the encoding thread. Per backend (bench/bench_tokenizers.py, debian-docs 10 M chars, the
+        # same 2-core VM, its figures in its docstring): 1 worker 0.87-0.99x the backend's bare 1-thread
+        # encoder for sentencepiece and tokenizers, 1.04-1.10x for tiktoken (its arrays skip the Python ints
+        # the bare encoder makes); 2 workers with sentencepiece 1.66-1.68x in quiet minutes (1.49x when each
+        # thread took whole batches); tiktoken gains little from a second thread (its encoder costs ~40%
+        # more CPU per token with two threads at once).
         try:
             if own_split:
                 for split in ("val", "train"):
