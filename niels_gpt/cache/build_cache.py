@@ -249,11 +249,11 @@ def build_pretrain_cache(
         # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
         # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
         # the 1-worker rate; the per-document int -> array path was 0.14 s of a 0.84 s build, now ~0.06
-        # and off the encoding thread. Per backend (bench/bench_tokenizers.py, debian-docs 10 M chars, the
-        # same 2-core VM, its figures in its docstring): 1 worker 0.87-0.99x the backend's bare 1-thread
-        # encoder for sentencepiece and tokenizers, 1.04-1.10x for tiktoken (its arrays skip the Python ints
-        # the bare encoder makes); 2 workers with sentencepiece 1.66-1.68x in quiet minutes (1.49x when each
-        # thread took whole batches); tiktoken gains little from a second thread (its encoder costs ~40%
+        # and off the encoding thread. Per backend (bench/bench_tokenizers.py --repeat 5, debian-docs 10 M
+        # chars, the same 2-core VM in a quiet run; noisy runs and the figures before in its docstring),
+        # against the backend's bare 1-thread encoder: 1 worker sentencepiece 0.93x, tokenizers 0.99x,
+        # tiktoken 1.01x (its arrays skip the Python ints the bare encoder makes); 2 workers 1.67x, 1.91x and
+        # 1.39x (1.56x, 1.49x and 0.69x when each thread took whole batches; tiktoken's encoder costs ~40%
         # more CPU per token with two threads at once).
         try:
             if own_split:
