@@ -128,8 +128,8 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
     `pool` (the encoders release the GIL), at most `2 * workers` batches in flight, results joined in order.
     Every document is encoded alone whatever the cut, so the ids do not depend on it.
     NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
-    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.49x the
-    1-worker bare rate); runs of a batch keep both busy to the end (bench/bench_tokenizers.py). Empty
+    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.56x the bare
+    1-thread rate); runs of a batch keep both busy to the end (1.67x; bench/bench_tokenizers.py). Empty
     documents are counted when their batch is consumed, not when it is read, so meta.json does not depend
     on how far ahead the workers have read.
     """
