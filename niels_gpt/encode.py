@@ -70,15 +70,23 @@ def _safe_at(text: str, pos: int) -> bool:
 
 
 def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 1,
-                     piece_chars: int | None = None) -> list:
-    """Ids of each text: a list of ints, or an int32 array for a text longer than `piece_chars`."""
+                     piece_chars: int | None = None, arrays: bool = False) -> list:
+    """Ids of each text: a list of ints, or an int32 array for a text longer than `piece_chars`.
+
+    arrays=True: a tokenizer with `encode_batch_arrays` (tiktoken) gives its uint32 arrays for the short
+    texts instead of lists (the same ids without a Python int per token; the cache builder's writer takes
+    either)."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
+    as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
+
+    def batch(short_texts):
+        return as_arrays(short_texts) if as_arrays else tokenizer.encode_batch(short_texts, num_threads=num_threads)
+
     if all(len(t) <= piece_chars for t in texts):
-        return tokenizer.encode_batch(texts, num_threads=num_threads)
+        return batch(texts)
     out: list = [None] * len(texts)
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
-    for i, ids in zip(short, tokenizer.encode_batch([texts[i] for i in short], num_threads=num_threads),
-                      strict=True):
+    for i, ids in zip(short, batch([texts[i] for i in short]), strict=True):
         out[i] = ids
     for i, text in enumerate(texts):
         if out[i] is None:

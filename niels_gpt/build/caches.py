@@ -2,7 +2,8 @@
 
 Pretraining (`build_pretrain_cache`), one pass over the documents:
 - documents flow through an optional torch-RNG shuffle buffer, then are encoded in batches
-  (`encode_batch`, whose workers are sentencepiece threads: the output is the same for any count);
+  (`encode_batch`, or a backend's own arrays); with several workers each batch is cut into runs encoded
+  on that many threads (every backend's encoder releases the GIL): the output is the same for any count;
 - each document is followed by one EOT; empty documents are skipped and counted;
 - split rule: the first documents fill val until it holds exactly `max_val_tokens`, the rest fill
   train until exactly `max_train_tokens`; the document that crosses a budget keeps what fits, closed by its EOT, and the cut
@@ -120,33 +121,65 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
     """Encoded documents, batch by batch, in stream order.
 
-    One worker encodes on this thread. More workers each encode a whole batch on a thread of
-    `pool` (sentencepiece releases the GIL), at most 2 per worker in flight, results taken in order.
-    NOTE: whole batches per thread scale 2.0-2.1x on 2 cores where one encode_batch call with
-    num_threads=2 scales 1.4x (its threads wait for the slowest document of every batch); debian-docs,
-    bench/bench_cache_build.py. Empty documents are counted when their batch is consumed, not when
-    it is read, so meta.json does not depend on how far ahead the workers have read.
+    One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
+    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a thread of
+    `pool` (the encoders release the GIL), at most `2 * workers` batches in flight, results joined in order.
+    Every document is encoded alone whatever the cut, so the ids do not depend on it.
+    NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
+    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.56x the bare
+    1-thread rate); runs of a batch keep both busy to the end (1.67x; bench/bench_tokenizers.py). Empty
+    documents are counted when their batch is consumed, not when it is read, so meta.json does not depend
+    on how far ahead the workers have read.
     """
     batches = _read_batches(texts)
     if pool is None:
-        encoded = ((encode_documents(tokenizer, kept, num_threads=1), n) for kept, n in batches)
+        encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)
     else:
-        encoded = _in_order(pool, tokenizer, batches, 2 * workers)
+        encoded = _in_order(pool, tokenizer, batches, workers)
     for docs, n_skipped in encoded:
         skipped["empty_document"] += n_skipped
         yield docs
 
 
-def _in_order(pool, tokenizer, batches, window: int):
+def _pieces(docs: list[str], n: int) -> list[list[str]]:
+    """`docs` cut into at most `n` runs of consecutive documents of about equal characters."""
+    if n <= 1 or len(docs) <= 1:
+        return [docs]
+    lengths = list(itertools.accumulate(map(len, docs)))
+    step = lengths[-1] / n
+    out: list[list[str]] = []
+    start = 0
+    for i, end in enumerate(lengths[:-1]):
+        if end >= step * (len(out) + 1):
+            out.append(docs[start:i + 1])
+            start = i + 1
+            if len(out) == n - 1:
+                break
+    out.append(docs[start:])
+    return out
+
+
+def _encode_pieces(pool, tokenizer, docs: list[str], n: int) -> list:
+    return [pool.submit(encode_documents, tokenizer, piece, 1, None, True) for piece in _pieces(docs, n)]
+
+
+def _joined(futures: list) -> list:
+    if len(futures) == 1:
+        return futures[0].result()
+    return [ids for future in futures for ids in future.result()]
+
+
+def _in_order(pool, tokenizer, batches, workers: int):
+    window = 2 * workers
     pending: deque = deque()
     for kept, n in batches:
-        pending.append((pool.submit(encode_documents, tokenizer, kept, 1), n))
+        pending.append((_encode_pieces(pool, tokenizer, kept, window), n))
         if len(pending) >= window:
-            future, n_done = pending.popleft()
-            yield future.result(), n_done
+            futures, n_done = pending.popleft()
+            yield _joined(futures), n_done
     while pending:
-        future, n_done = pending.popleft()
-        yield future.result(), n_done
+        futures, n_done = pending.popleft()
+        yield _joined(futures), n_done
 
 
 @writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
@@ -214,7 +247,12 @@ def build_pretrain_cache(
         # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
         # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
         # the 1-worker rate; the per-document int -> array path was 0.14 s of a 0.84 s build, now ~0.06
-        # and off the encoding thread.
+        # and off the encoding thread. Per backend (bench/bench_tokenizers.py --repeat 5, debian-docs 10 M
+        # chars, the same 2-core VM in a quiet run; noisy runs and the figures before in its docstring),
+        # against the backend's bare 1-thread encoder: 1 worker sentencepiece 0.93x, tokenizers 0.99x,
+        # tiktoken 1.01x (its arrays skip the Python ints the bare encoder makes); 2 workers 1.67x, 1.91x and
+        # 1.39x (1.56x, 1.49x and 0.69x when each thread took whole batches; tiktoken's encoder costs ~40%
+        # more CPU per token with two threads at once).
         try:
             if own_split:
                 for split in ("val", "train"):

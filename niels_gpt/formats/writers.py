@@ -188,18 +188,21 @@ class Budgeted:
 
 
     def _write_arrays(self, docs: list, keep_last: int, first_doc: int) -> None:
-        """`write` for batches holding arrays: numpy throughout, same bytes as the list path."""
-        limit = np.iinfo(self.dtype).max
-        pieces = []
-        for j, d in enumerate(docs):
-            a = np.asarray(d, dtype=np.int64) if not isinstance(d, np.ndarray) else d
-            if len(a) and (int(a.min()) < 0 or int(a.max()) > limit):
+        """`write` for batches holding arrays (tiktoken's, a long document's) or BOS-first: the same bytes
+        as the list path, in a few whole-batch numpy calls (no per-document array work)."""
+        arrays = [d if isinstance(d, np.ndarray) else np.asarray(d, dtype=np.int64) for d in docs]
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) > np.iinfo(self.dtype).max):
+            for j, a in enumerate(arrays):  # name the first document that does not fit
                 check_range(a.astype(np.int64), self.dtype, f"{self.name} document {first_doc + j}")
-            if j == len(docs) - 1 and keep_last < len(a) + 1:
-                a = a[:keep_last - 1]  # the cut document keeps keep_last - 1 tokens and its separator
-            sep = np.array([self.eot], dtype=self.dtype)
-            pieces += [sep, a.astype(self.dtype, copy=False)] if self.before else [a.astype(self.dtype, copy=False), sep]
-        self.writer.write(np.concatenate(pieces))
+        if len(arrays) and keep_last < lengths[-1] + 1:  # the cut document keeps keep_last - 1 tokens
+            flat = flat[:len(flat) - int(lengths[-1]) + keep_last - 1]
+            lengths[-1] = keep_last - 1
+        ends = np.cumsum(lengths)
+        # one separator after (or before) every document, inserted in one pass
+        self.writer.write(np.insert(flat.astype(self.dtype, copy=False), ends - lengths if self.before else ends,
+                                    np.array(self.eot, dtype=self.dtype)))
 
 
 class WriterPipeline:

@@ -115,6 +115,15 @@ def test_tiktoken_file_encodes_exactly_like_the_bpe_it_came_from(bpe_json, tikto
     assert np.array_equal(lengths[:len(tt) - 1], hf.token_byte_lengths()[:len(tt) - 1])
 
 
+def test_tiktoken_arrays_hold_the_ids_of_encode(tiktoken_file):
+    pytest.importorskip("tiktoken")
+    tt = load_tokenizer(tiktoken_file)
+    docs = sample_texts()[:6] + [TEXT, "", "typed <|endoftext|> stays text", "lone \ud800 surrogate"]
+    arrays = tt.encode_batch_arrays(docs)
+    assert all(a.dtype == np.uint32 for a in arrays)
+    assert [a.tolist() for a in arrays] == [tt.encode(d) for d in docs]
+
+
 def test_rejects_a_malformed_tiktoken_file(tmp_path):
     pytest.importorskip("tiktoken")
     bad = tmp_path / "bad.tiktoken"

@@ -1,0 +1,53 @@
+"""The writer's array path (tiktoken's arrays, long documents, BOS-first) writes exactly the bytes of its list path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from niels_gpt.errors import CacheError
+from niels_gpt.writers import Budgeted, ShardWriter
+
+
+def written(tmp_path, name, docs, keep_last, position="after", dtype="<u2"):
+    dtype = np.dtype(dtype)
+    writer = ShardWriter(tmp_path / name, dtype, 1 << 20)
+    (tmp_path / name).mkdir()
+    sink = Budgeted(writer, 10**9, 7, dtype, "train", position)
+    sink.write(docs, keep_last, 0)
+    writer.close()
+    path = tmp_path / name / "shard_00000.bin"
+    return path.read_bytes() if path.exists() else b""
+
+
+def reference(docs, keep_last, position, eot=7, dtype="<u2"):
+    out = []
+    for j, d in enumerate(docs):
+        d = list(d)
+        if j == len(docs) - 1 and keep_last < len(d) + 1:
+            d = d[:keep_last - 1]
+        out += [eot, *d] if position == "before" else [*d, eot]
+    return np.array(out, dtype=dtype).tobytes()
+
+
+@pytest.mark.parametrize("position", ["after", "before"])
+@pytest.mark.parametrize("seed", range(6))
+def test_arrays_and_lists_write_the_same_bytes(tmp_path, position, seed):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 65536, rng.integers(1 if i else 0, 50)).tolist() for i in range(rng.integers(1, 12))]
+    docs = [d for d in docs if d] or [[1]]
+    for keep_last in sorted({1, 2, len(docs[-1]), len(docs[-1]) + 1}):
+        if keep_last < 1:
+            continue
+        as_arrays = [np.array(d, dtype=np.uint32) for d in docs]
+        mixed = [np.array(d, dtype=np.int32) if i % 2 else d for i, d in enumerate(docs)]
+        want = reference(docs, keep_last, position)
+        assert written(tmp_path, f"l{keep_last}", docs, keep_last, position) == want
+        assert written(tmp_path, f"a{keep_last}", as_arrays, keep_last, position) == want
+        assert written(tmp_path, f"m{keep_last}", mixed, keep_last, position) == want
+
+
+def test_an_array_id_out_of_range_names_its_document(tmp_path):
+    docs = [np.array([1, 2], dtype=np.uint32), np.array([3, 70000], dtype=np.uint32)]
+    with pytest.raises(CacheError, match="train document 1: token id 70000"):
+        written(tmp_path, "bad", docs, 3)
