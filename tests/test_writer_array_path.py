@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from niels_gpt.errors import CacheError
-from niels_gpt.writers import Budgeted, ShardWriter
+from niels_gpt.formats.writers import Budgeted, ShardWriter
 
 
 def written(tmp_path, name, docs, keep_last, position="after", dtype="<u2"):
