@@ -20,8 +20,10 @@ import numpy as np
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.loading.mixture import MixtureConfig, normalised, quota_step
 from niels_gpt.meta import META_NAME, read_meta
+from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.masks import assistant_token_mask
 from niels_gpt.packing.memmap_format import read_manifest
+from niels_gpt.packing.parquet import PARQUET_SUFFIXES
 from niels_gpt.progress import should_show
 from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output, megatron_prefix
 from niels_gpt.tables import table
@@ -233,15 +235,41 @@ def _packed(root: Path) -> Stats:
     nxt = np.append(starts[1:], 0)
     last = np.arange(len(starts)) == (offsets[bin_of + 1] - 1) if len(starts) else np.zeros(0, bool)
     seq_lengths = np.where(last, packed_len[bin_of] if len(starts) else 0, nxt) - starts
-    fill = packed_len / pack_size if nb else np.zeros(0)
+    trained = int(np.count_nonzero(np.asarray(loss_mask)))
+    return _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size)
+
+
+def _packed_parquet(root: Path) -> Stats:
+    """Figures of packed bins in the Megatron-Bridge Parquet layout (a file or a directory of them).
+    Rows carry no pack size: bins are measured against the longest one."""
+    ds = open_packed(root)
+    packed_len, seq_lengths, per_bin, trained = [], [], [], 0
+    for i in range(len(ds)):
+        item = ds[i]
+        bounds = np.asarray(item["seq_boundaries"], dtype=np.int64)
+        packed_len.append(len(item["input_ids"]))
+        seq_lengths.append(np.diff(bounds))
+        per_bin.append(len(bounds) - 1)
+        trained += int(np.count_nonzero(item["loss_mask"]))
+    packed_len = np.asarray(packed_len, dtype=np.int64)
+    lengths = np.concatenate(seq_lengths) if seq_lengths else np.zeros(0, np.int64)
+    pack_size = int(packed_len.max()) if len(packed_len) else 0
+    out = _bins_stats(root, packed_len, lengths, np.asarray(per_bin, dtype=np.int64), trained, pack_size)
+    out.extra["pack_size_from"] = "the longest bin (Parquet rows do not record the pack size)"
+    return out
+
+
+def _bins_stats(root: Path, packed_len: np.ndarray, seq_lengths: np.ndarray, per_bin: np.ndarray, trained: int,
+                pack_size: int) -> Stats:
+    nb = len(packed_len)
+    fill = packed_len / pack_size if nb and pack_size else np.zeros(0)
     counts, edges = np.histogram(fill, bins=20, range=(0.0, 1.0))
     figures, hc, he = _length_figures(seq_lengths)
     tokens = int(packed_len.sum())
-    trained = int(np.count_nonzero(np.asarray(loss_mask)))
-    stream = StreamStats(name="bins", tokens=tokens, documents=len(starts), eot=None, bos=None, lengths=figures,
+    stream = StreamStats(name="bins", tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
                          hist_counts=hc, hist_edges=he, trained_tokens=trained,
                          trained_fraction=trained / tokens if tokens else 0.0)
-    extra = {"pack_size": pack_size, "bins": nb, "efficiency": tokens / (nb * pack_size) if nb else 1.0,
+    extra = {"pack_size": pack_size, "bins": nb, "efficiency": tokens / (nb * pack_size) if nb and pack_size else 1.0,
              "fill_counts": counts.tolist(), "fill_edges": edges.tolist(),
              "fill_mean": float(fill.mean()) if nb else 0.0, "sequences_per_bin_mean": float(per_bin.mean()) if nb else 0.0}
     return Stats(str(root), "packed", [stream], extra)
@@ -308,6 +336,8 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
             return _pretrain(root.parent, meta, [root.name], progress)
     if (root / PACKED_MANIFEST).is_file():
         return _packed(root)
+    if root.suffix in PARQUET_SUFFIXES or (root.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in root.iterdir())):
+        return _packed_parquet(root)
     info = foreign_output(root)
     if info is None and root.is_dir():
         caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]

@@ -41,6 +41,7 @@ def write_packed_parquet(dataset, path, *, row_group_size: int = ROW_GROUP_SIZE)
     schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8())),
                         ("seq_start_id", pa.list_(pa.int32()))])
     n = len(dataset)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         with pq.ParquetWriter(os.fspath(tmp), schema) as writer:
             for r0 in range(0, n, row_group_size):

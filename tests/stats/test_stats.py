@@ -115,6 +115,24 @@ def test_packed_efficiency_and_fill(sft, tmp_path):
     assert "efficiency" in format_stats(st)
 
 
+def test_packed_parquet_has_the_figures_of_the_bins_it_holds(sft, tmp_path):
+    """Megatron-Bridge Parquet rows: the same bins give the same figures as the memmap directory, measured
+    against the longest bin (the rows record no pack size)."""
+    from niels_gpt.packing import open_packed, pack_sft, write_packed_parquet
+
+    out = tmp_path / "packed"
+    pack_sft(str(sft), str(out), pack_size=512, algorithm="ffd", split="train", on_overflow="truncate", seed=0)
+    write_packed_parquet(open_packed(out), tmp_path / "pq" / "bins.parquet")
+    memmap, parquet = cache_stats(out), cache_stats(tmp_path / "pq")
+    assert parquet.kind == "packed" and parquet.extra["bins"] == memmap.extra["bins"]
+    longest = int(np.load(out / "packed_len.npy").max())
+    assert parquet.extra["pack_size"] == longest
+    assert parquet.extra["efficiency"] == pytest.approx(memmap.extra["efficiency"] * 512 / longest)
+    for a, b in ((parquet.streams[0], memmap.streams[0]),):
+        assert (a.tokens, a.documents, a.trained_tokens, a.lengths) == (b.tokens, b.documents, b.trained_tokens, b.lengths)
+    assert cache_stats(tmp_path / "pq" / "bins.parquet").extra["bins"] == memmap.extra["bins"]
+
+
 def test_png_files_hold_the_computed_figures(pretrain, tmp_path):
     pytest.importorskip("matplotlib")
     st = cache_stats(pretrain)
