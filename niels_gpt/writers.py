@@ -25,8 +25,8 @@ SHARD_PATTERN = "shard_{:05d}.bin"
 class HashingFile:
     """A file written under a temporary name, hashed as it is written, committed by rename."""
 
-    def __init__(self, final: Path):
-        self.final = final
+    def __init__(self, final: Path, durable: bool = True):
+        self.final, self.durable = final, durable
         self.tmp = tmp_name(final)
         self.f = open(self.tmp, "wb")
         self.sha = hashlib.sha256()
@@ -40,7 +40,7 @@ class HashingFile:
 
     def close(self) -> dict:
         self.f.close()
-        commit(self.tmp, self.final)
+        commit(self.tmp, self.final, self.durable)
         return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
 
     def abort(self) -> None:

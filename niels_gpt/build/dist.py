@@ -31,7 +31,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.build.commit import commit
 from niels_gpt.build.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_executor
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
-from niels_gpt.build.tasks import load_receipt, run_task
+from niels_gpt.build.tasks import keep_tokenizer, load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
@@ -159,13 +159,14 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     work.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
+    args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work))
+    keep_tokenizer(args[1], tok)  # before the pool forks: its workers inherit the open tokenizer
     ex = make_executor(executor, workers=workers, ray_address=ray_address, retries=retries)
     where = ex.describe()
     log(f"dist-build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {where}; "
         f"work directory {work}")
     counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0}
     bar = Progress(len(plan.tasks), len(reused), progress)
-    args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work))
     # The commit writes a staging directory beside `out` under the output's lock and swaps it in whole
     # (niels_gpt/staging.py): a failed or killed build leaves the old cache, and the receipts in a work
     # directory inside it, as they were; a second build of the same output is refused naming the holder.

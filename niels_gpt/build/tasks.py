@@ -1,7 +1,9 @@
 """One task of a plan: tokenize its documents into part files, then write its receipt.
 
 Files of task `<id>` in the work directory's `parts/` (written under temporary names, renamed when
-complete, the receipt last, so a receipt means the parts are whole):
+complete, the receipt last, so a receipt means the parts are whole; none of them is fsynced: the commit
+reads every part it uses and checks its size and sha256 against the receipt, so a part lost or torn by a
+power loss is caught there, never copied into a shard):
 
 | file            | contents                                                                         |
 |-----------------|----------------------------------------------------------------------------------|
@@ -19,6 +21,8 @@ is opened by its path in the worker (once per process) and checked against the p
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import socket
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import atomic_path, write_bytes_atomic
+from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.build.plan import Task, task_documents
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, TokenizerError
@@ -43,6 +47,12 @@ _TOKENIZERS: dict[str, object] = {}
 
 def parts_dir(work_dir: str | os.PathLike) -> Path:
     return Path(work_dir) / "parts"
+
+
+def keep_tokenizer(path: str, tokenizer) -> None:
+    """Let tasks in this process, and in worker processes forked from it, use `tokenizer` (opened from
+    `path`) instead of opening it again: a forked pool's workers then start tokenizing at once."""
+    _TOKENIZERS[path] = tokenizer
 
 
 def _tokenizer(path: str, sha256: str):
@@ -66,9 +76,10 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
     eot = append_separator(tok)
     parts = parts_dir(work_dir)
     parts.mkdir(parents=True, exist_ok=True)
-    out = HashingFile(parts / f"{t.id}.bin")
+    out = HashingFile(parts / f"{t.id}.bin", durable=False)
     write_bytes_atomic(parts / f"{t.id}.started", json.dumps(
-        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
+        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode(),
+        durable=False)
     # The builder's converter, unbudgeted: the same EOTs, casts and range check as a local build.
     convert = Budgeted(out, 0, eot, dtype, f"task {t.id} ({t.where()})")
     lens: list[int] = []
@@ -93,20 +104,20 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
         raise
     lens_path = parts / f"{t.id}.lens.npy"
     arr = np.asarray(lens, dtype="<i8")
-    with atomic_path(lens_path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-    from niels_gpt.cache.meta import file_record
-
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    lens_bytes = buf.getvalue()
+    write_bytes_atomic(lens_path, lens_bytes, durable=False)
     tokens = int(arr.sum())
     if bin_rec["bytes"] != tokens * dtype.itemsize:
         raise CacheError(f"task {t.id}: wrote {bin_rec['bytes']} bytes for {tokens} tokens; report this bug")
     receipt = {"task": t.to_json(), "id": t.id, "documents": len(lens), "empty_documents": empty,
                "tokens": tokens, "token_dtype": dtype.str,
-               "files": {"bin": bin_rec, "lens": file_record(lens_path, None)},
+               "files": {"bin": bin_rec, "lens": {"bytes": len(lens_bytes), "sha256": hashlib.sha256(lens_bytes).hexdigest()}},
                "seconds": round(time.perf_counter() - t0, 6), "host": socket.gethostname(), "pid": os.getpid(),
                "finished": time.time()}
-    write_bytes_atomic(parts / f"{t.id}.json", (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode())
+    write_bytes_atomic(parts / f"{t.id}.json", (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode(),
+                       durable=False)
     return receipt
 
 
