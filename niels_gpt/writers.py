@@ -38,6 +38,11 @@ class HashingFile:
         self.sha.update(data)
         self.bytes += data.nbytes
 
+    def sync(self) -> None:
+        """Flush what is written so far to disk, so the fsync at close has only the rest to write."""
+        self.f.flush()
+        os.fdatasync(self.f.fileno())
+
     def close(self) -> dict:
         self.f.close()
         commit(self.tmp, self.final, self.durable)
@@ -97,6 +102,10 @@ class ShardWriter:
             self.records[name] = {**self.current.close(),
                                   "tokens": self.current.bytes // self.dtype.itemsize}
             self.current = None
+
+    def sync(self) -> None:
+        if self.current is not None:
+            self.current.sync()
 
     def close(self) -> dict[str, dict]:
         self._close_current()

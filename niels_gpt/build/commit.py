@@ -63,9 +63,12 @@ def load_part(work_dir, receipt: dict) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lens
 
 
-def _documents(work_dir, receipts: Iterable[dict]) -> Iterator[_Doc | None]:
-    """Every document of the plan in order: a _Doc, or None for an empty (skipped) one."""
-    for receipt in receipts:
+def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None]) -> Iterator[_Doc | None]:
+    """Every document of the plan in order: a _Doc, or None for an empty (skipped) one. `between` runs
+    after each part, before the next receipt is asked for (which may wait for its task)."""
+    for k, receipt in enumerate(receipts):
+        if k:
+            between()
         tokens, lens = load_part(work_dir, receipt)
         start = 0
         for n in lens.tolist():
@@ -138,7 +141,13 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
     exhausted = False
     try:
         order = [sinks["val"], sinks["train"]]
-        for batch in _batches(_documents(work_dir, receipts)):
+        def between() -> None:
+            # the shard written so far goes to disk while the driver waits for the next task, so the
+            # fsync that closes the last shard, after the last task, has one part's tokens to write
+            for w in writers.values():
+                w.sync()
+
+        for batch in _batches(_documents(work_dir, receipts, between)):
             skipped["empty_document"] += sum(d is None for d in batch)
             job: list = []
             added = 0

@@ -94,7 +94,15 @@ class Processes(Executor):
         self.futures: dict = {}
 
     def submit(self, key, fn, *args):
-        self.futures[self.pool.submit(fn, *args)] = key
+        from concurrent.futures import Future
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            future = self.pool.submit(fn, *args)
+        except BrokenProcessPool as e:  # a worker died before this task could be queued: report it as failed
+            future = Future()
+            future.set_exception(e)
+        self.futures[future] = key
 
     def wait(self):
         done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)

@@ -3,9 +3,9 @@
 - inputs are local files (or directories of them) and Hugging Face dataset shards; the plan keeps
   their order, so the documents of task 0, then task 1, ... are exactly the stream the local builder
   would read (`plan_documents`);
-- .jsonl/.json files are cut at line boundaries into byte ranges of about `task_bytes`; .parquet files
-  into runs of whole row groups; .txt/.raw files (one document per file) are grouped into runs of
-  about `task_bytes`; a `datasets` stream gives one task per shard (`IterableDataset.shard`);
+- .jsonl/.json files are cut at line boundaries into ceil(size / task_bytes) byte ranges of about equal
+  size (no small last task); .parquet files into runs of whole row groups; .txt/.raw files (one document
+  per file) are grouped into runs of about `task_bytes`; a `datasets` stream gives one task per shard (`IterableDataset.shard`);
 - a task id is `<index>-<12 hex>`: the hash covers the input (absolute path, size, mtime), the range,
   the text field, the tokenizer's sha256 and the token dtype, so a receipt from another plan, another
   tokenizer or a changed file never passes for this task's;
@@ -166,11 +166,15 @@ def _task_hash(t: Task, text_field: str, tokenizer_sha: str, dtype: str) -> str:
 
 
 def _jsonl_tasks(path: Path, task_bytes: int) -> list[Task]:
+    """Ranges of about equal size, each about `task_bytes` at most: ceil(size / task_bytes) of them, the
+    i-th cut just after the first newline at or past i/n of the file. Equal ranges leave no small last
+    task, so workers that take them two by two finish together."""
     size = path.stat().st_size
+    n = -(-size // task_bytes)
     cuts = [0]
     with open(path, "rb") as f:
-        while cuts[-1] + task_bytes < size:
-            f.seek(cuts[-1] + task_bytes - 1)
+        for i in range(1, n):
+            f.seek(max(i * size // n, cuts[-1] + 1) - 1)
             pos = f.tell()
             while True:  # the cut goes just after the next newline
                 chunk = f.read(1 << 16)
