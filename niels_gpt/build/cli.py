@@ -3,8 +3,8 @@
     niels-gpt-data dist-build corpus/*.jsonl --out cache/pretrain/mine --tokenizer cache/tokenizer
     niels-gpt-data dist-build corpus/ --out /shared/cache/mine --tokenizer /shared/tok --executor ray --ray-address auto
 
-The flags share their names with the other build commands (--out, --tokenizer, --max-tokens,
---val-tokens, --shard-bytes, --seed, --workers). Rerunning the same command resumes.
+The flags share their names with the other build commands (--out, --tokenizer, --eos, --bos,
+--separator, --max-tokens, --val-tokens, --shard-bytes, --seed, --workers). Rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ ALL_TOKENS = 2**62  # no train budget: every document that val does not take
 
 
 def register(sub) -> None:
+    from niels_gpt.build.corpus import add_separator_args
     from niels_gpt.cache.cli import _int, _optional_int
 
     p = sub.add_parser("dist-build", help="build a pretraining cache from files or a datasets stream on "
@@ -26,6 +27,7 @@ def register(sub) -> None:
                    help="files or directories (.jsonl/.json: one document per line; .parquet; .txt/.raw: one per file)")
     p.add_argument("--out", required=True, help="cache directory to write (train/, val/, meta.json), or an fsspec URL (committed locally, then uploaded)")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory or model file (every worker opens it by path)")
+    add_separator_args(p)
     p.add_argument("--max-tokens", type=_int, default=ALL_TOKENS, help="train token budget (default: all)")
     p.add_argument("--val-tokens", type=_int, default=MAX_VAL_TOKENS, help="val token budget (the first documents)")
     p.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
@@ -66,14 +68,15 @@ def run(args) -> int:
         from niels_gpt.build.plan import make_plan
         from niels_gpt.tokenizer import load_tokenizer
 
-        plan = make_plan(args.inputs, tokenizer=load_tokenizer(args.tokenizer), task_bytes=args.task_bytes,
+        tok = load_tokenizer(args.tokenizer, eos=args.eos, bos=args.bos, separator=args.separator)
+        plan = make_plan(args.inputs, tokenizer=tok, task_bytes=args.task_bytes,
                          text_field=args.text_field, hf=_hf(args))
         for t in plan.tasks:
             print(f"{t.id}  {t.bytes:>12,} B  {t.where()}")
         print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes")
         return 0
     print("dist-build settings:")
-    for k in ("inputs", "out", "tokenizer", "max_tokens", "val_tokens", "shard_bytes", "seed", "workers",
+    for k in ("inputs", "out", "tokenizer", "eos", "bos", "separator", "max_tokens", "val_tokens", "shard_bytes", "seed", "workers",
               "executor", "ray_address", "task_bytes", "text_field", "shuffle_buffer"):
         print(f"  {k} = {getattr(args, k)!r}")
     summary = dist_build(args.inputs, args.out, tokenizer=args.tokenizer, max_train_tokens=args.max_tokens,
@@ -82,6 +85,7 @@ def run(args) -> int:
                          retries=args.retries, task_bytes=args.task_bytes, text_field=args.text_field,
                          hf=_hf(args), dataset_name=args.name, shuffle_buffer=args.shuffle_buffer,
                          work_dir=args.work_dir, keep_parts=args.keep_parts,
-                         progress=None if not args.no_progress else False)
+                         progress=None if not args.no_progress else False, eos=args.eos, bos=args.bos,
+                         separator=args.separator)
     print(format_summary(summary))
     return 0
