@@ -65,7 +65,7 @@ def keep_tokenizer(path: str, tokenizer, options: dict | None = None) -> None:
 def _tokenizer(path: str, sha256: str, options: dict | None):
     key = _key(path, options)
     tok = _TOKENIZERS.get(key)
-    if tok is None:
+    if tok is None or tok.sha256 != sha256:  # not open yet, or the file changed since (a long-lived worker)
         from niels_gpt.tokenizer import load_tokenizer
 
         tok = _TOKENIZERS[key] = load_tokenizer(path, **(options or {}))

@@ -238,6 +238,17 @@ def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_
     assert os.listdir(tmp_path) == []
 
 
+def test_a_long_lived_worker_reopens_a_tokenizer_file_that_changed_since_it_opened_it(corpus, tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    from niels_gpt.build import tasks
+
+    plan = make_plan(corpus["paths"][:1], tokenizer=tokenizer)
+    tasks.keep_tokenizer(tokenizer.model_path, SimpleNamespace(sha256="0" * 64))  # opened before the file changed
+    receipt = tasks.run_task(plan.tasks[0].to_json(), "text", tokenizer.model_path, tokenizer.sha256, str(tmp_path))
+    assert receipt["tokens"] > 0
+
+
 def test_a_failed_rebuild_leaves_the_finished_cache_as_it_was(corpus, tokenizer, tree, tmp_path):
     out = tmp_path / "c"
     kw = settings(20_000, 2_000, 1 << 20)
