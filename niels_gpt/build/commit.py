@@ -7,10 +7,11 @@ document, EOT after each); it stops after the run in which a document found both
 records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
 that same stream (run boundaries are global, across tasks), admits them through the same Budgeted
 and ShardWriter objects, and copies each admitted run of tokens from the part file straight into the
-shard, so no id is decoded again. A part holds each document with its separator, so a cut document is
-a prefix of it when the separator (a BOS) comes first, and its first tokens then an EOT when it ends it. meta.json is built from the builder's own pieces and written last.
-Reading a part checks its sha256 against the receipt. Cost: one read, one sha256 of each part and
-of each shard; no tokenization.
+shard, so no id is decoded again. A part holds each document with its separator: a cut document is a
+prefix of it when the separator (a BOS) comes first, its first tokens then an EOT when one ends it.
+meta.json is built from the builder's own pieces and written last. Reading a part checks its size and
+sha256 against the receipt (the parts are not fsynced: this check is what vouches for them). Cost: one
+read, one sha256 of each part and of each shard; no tokenization.
 """
 
 from __future__ import annotations
