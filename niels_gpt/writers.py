@@ -41,7 +41,7 @@ class HashingFile:
     def sync(self) -> None:
         """Flush what is written so far to disk, so the fsync at close has only the rest to write."""
         self.f.flush()
-        os.fdatasync(self.f.fileno())
+        getattr(os, "fdatasync", os.fsync)(self.f.fileno())  # macOS has no fdatasync
 
     def close(self) -> dict:
         self.f.close()
