@@ -7,16 +7,16 @@ power loss is caught there, never copied into a shard):
 
 | file            | contents                                                                         |
 |-----------------|----------------------------------------------------------------------------------|
-| `<id>.bin`      | every non-empty document's ids with its separator (EOT/EOS after it, or BOS     |
-|                 | before it), little-endian, the cache's dtype                                      |
-| `<id>.lens.npy` | int64 per document of the task, in order: its tokens with the separator; 0 =      |
+| `<id>.bin`      | every non-empty document's ids with its separator (EOT/EOS after it, or BOS      |
+|                 | before it), little-endian, the cache's dtype                                     |
+| `<id>.lens.npy` | int64 per document of the task, in order: its tokens with the separator; 0 =     |
 |                 | empty, skipped                                                                   |
 | `<id>.json`     | the receipt: the task, documents, empty documents, tokens, bytes + sha256 of both |
-|                 | files, seconds, host and pid                                                     |
+|                 | files, the separator, seconds, host and pid                                      |
 | `<id>.started`  | host, pid and time, written when the task starts (who is working on what)         |
 
 The ids are made exactly as the local builder makes them: `encode_batch` (one thread) over runs of
-documents, and the builder's own converter (`writers.Budgeted.write`: EOTs,
+documents, and the builder's own converter (`writers.Budgeted.write`: separators,
 range check naming the document) writing into a hashed file. A task needs only paths: the tokenizer
 is opened by its path, with the plan's conventions (--eos/--bos/--separator), in the worker (once per
 process) and checked against the plan's sha256.
