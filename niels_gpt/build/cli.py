@@ -3,8 +3,8 @@
     niels-gpt-data dist-build corpus/*.jsonl --out cache/pretrain/mine --tokenizer cache/tokenizer
     niels-gpt-data dist-build corpus/ --out /shared/cache/mine --tokenizer /shared/tok --executor ray --ray-address auto
 
-The flags share their names with the other build commands (--out, --tokenizer, --max-tokens,
---val-tokens, --shard-bytes, --seed, --workers). Rerunning the same command resumes.
+The flags share their names with the other build commands (--out, --tokenizer, --eos, --bos,
+--separator, --max-tokens, --val-tokens, --shard-bytes, --seed, --workers). Rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.build.caches import MAX_VAL_TOKENS, SEED, SHARD_BYTES
+from niels_gpt.build.corpus import add_separator_args
 from niels_gpt.build.dist import dist_build, format_summary
 from niels_gpt.build.executors import EXECUTORS, RAY_ADDRESS, RETRIES
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, make_plan
@@ -28,6 +29,7 @@ def register(sub) -> None:
                    help="files or directories (.jsonl/.json: one document per line; .parquet; .txt/.raw: one per file)")
     p.add_argument("--out", required=True, help="cache directory to write (train/, val/, meta.json), or an fsspec URL (committed locally, then uploaded)")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory or model file (every worker opens it by path)")
+    add_separator_args(p)
     p.add_argument("--max-tokens", type=_int, default=ALL_TOKENS, help="train token budget (default: all)")
     p.add_argument("--val-tokens", type=_int, default=MAX_VAL_TOKENS, help="val token budget (the first documents)")
     p.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
@@ -63,14 +65,15 @@ def _hf(args) -> dict | None:
 
 def run(args) -> int:
     if args.plan_only:
-        plan = make_plan(args.inputs, tokenizer=load_tokenizer(args.tokenizer), task_bytes=args.task_bytes,
+        tok = load_tokenizer(args.tokenizer, eos=args.eos, bos=args.bos, separator=args.separator)
+        plan = make_plan(args.inputs, tokenizer=tok, task_bytes=args.task_bytes,
                          text_field=args.text_field, hf=_hf(args))
         for t in plan.tasks:
             print(f"{t.id}  {t.bytes:>12,} B  {t.where()}")
         print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes")
         return 0
     print("dist-build settings:")
-    for k in ("inputs", "out", "tokenizer", "max_tokens", "val_tokens", "shard_bytes", "seed", "workers",
+    for k in ("inputs", "out", "tokenizer", "eos", "bos", "separator", "max_tokens", "val_tokens", "shard_bytes", "seed", "workers",
               "executor", "ray_address", "task_bytes", "text_field", "shuffle_buffer"):
         print(f"  {k} = {getattr(args, k)!r}")
     summary = dist_build(args.inputs, args.out, tokenizer=args.tokenizer, max_train_tokens=args.max_tokens,
@@ -79,6 +82,7 @@ def run(args) -> int:
                          retries=args.retries, task_bytes=args.task_bytes, text_field=args.text_field,
                          hf=_hf(args), dataset_name=args.name, shuffle_buffer=args.shuffle_buffer,
                          work_dir=args.work_dir, keep_parts=args.keep_parts,
-                         progress=None if not args.no_progress else False)
+                         progress=None if not args.no_progress else False, eos=args.eos, bos=args.bos,
+                         separator=args.separator)
     print(format_summary(summary))
     return 0

@@ -7,9 +7,11 @@ document, EOT after each); it stops after the run in which a document found both
 records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
 that same stream (run boundaries are global, across tasks), admits them through the same Budgeted
 and ShardWriter objects, and copies each admitted run of tokens from the part file straight into the
-shard, so no id is decoded again. meta.json is built from the builder's own pieces and written last.
-Reading a part checks its sha256 against the receipt. Cost: one read, one sha256 of each part and
-of each shard; no tokenization.
+shard, so no id is decoded again. A part holds each document with its separator: a cut document is a
+prefix of it when the separator (a BOS) comes first, its first tokens then an EOT when one ends it.
+meta.json is built from the builder's own pieces and written last. Reading a part checks its size and
+sha256 against the receipt (the parts are not fsynced: this check is what vouches for them). Cost: one
+read, one sha256 of each part and of each shard; no tokenization.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from niels_gpt.build.tasks import parts_dir
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta
-from niels_gpt.tokenizer.base import append_separator
+from niels_gpt.tokenizer.base import document_separator
 
 
 class _Doc:
-    """A document as Budgeted.plan sees it: len() is its content tokens (without EOT)."""
+    """A document as Budgeted.plan sees it: len() is its content tokens (without its separator)."""
 
     __slots__ = ("part", "start", "n")
 
@@ -63,9 +65,12 @@ def load_part(work_dir, receipt: dict) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lens
 
 
-def _documents(work_dir, receipts: Iterable[dict]) -> Iterator[_Doc | None]:
-    """Every document of the plan in order: a _Doc, or None for an empty (skipped) one."""
-    for receipt in receipts:
+def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None]) -> Iterator[_Doc | None]:
+    """Every document of the plan in order: a _Doc, or None for an empty (skipped) one. `between` runs
+    after each part, before the next receipt is asked for (which may wait for its task)."""
+    for k, receipt in enumerate(receipts):
+        if k:
+            between()
         tokens, lens = load_part(work_dir, receipt)
         start = 0
         for n in lens.tolist():
@@ -87,15 +92,16 @@ def _batches(docs: Iterator[_Doc | None]) -> Iterator[list[_Doc | None]]:
         yield batch
 
 
-def _write(job: list, eot: int, dtype: np.dtype) -> None:
+def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
     """Copy one planned run of documents (what Budgeted.write would convert) into its shards."""
     eot_arr = np.array([eot], dtype=dtype)
+    after = not before
     for sink, docs, keep_last, _first in job:
         w = sink.writer
         part, a, b = None, 0, 0
         for k, d in enumerate(docs):
             n = d.n if k < len(docs) - 1 else keep_last
-            cut = n < d.n
+            cut = n < d.n and after  # a cut BOS-first document is its first n tokens: no EOT to add
             end = d.start + (n - 1 if cut else n)
             if d.part is part and d.start == b:
                 b = end
@@ -128,17 +134,24 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
             raise ConfigError(f"{name} must be >= 0, got {value}")
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
-    eot = append_separator(tokenizer)
+    separator = document_separator(tokenizer)  # as build_pretrain_cache: EOT/EOS after, or BOS before
+    eot = separator.id
     check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
     _start_build(out, ["train", "val"])
     skipped: Counter = Counter()
     writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
-    sinks = {s: Budgeted(writers[s], b, eot, dtype, s)
+    sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
              for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     exhausted = False
     try:
         order = [sinks["val"], sinks["train"]]
-        for batch in _batches(_documents(work_dir, receipts)):
+        def between() -> None:
+            # the shard written so far goes to disk while the driver waits for the next task, so the
+            # fsync that closes the last shard, after the last task, has one part's tokens to write
+            for w in writers.values():
+                w.sync()
+
+        for batch in _batches(_documents(work_dir, receipts, between)):
             skipped["empty_document"] += sum(d is None for d in batch)
             job: list = []
             added = 0
@@ -150,7 +163,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 if not order:
                     break
                 added += order[0].plan(d, job)
-            _write(job, eot, dtype)
+            _write(job, eot, dtype, separator.position == "before")
             if on_tokens is not None:
                 on_tokens(added)
             if not order:
@@ -165,6 +178,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
     meta = pretrain_meta(tokenizer, dtype, Path(final) if final is not None else out, writers=writers, sinks=sinks, records=records, eot=eot, seed=seed,
                          dataset_name=dataset_name, dataset_config=dataset_config, streaming=streaming,
                          source=source, own_split=False, exhausted=exhausted, skipped=skipped,
-                         shard_bytes=shard_bytes, shuffle_buffer=None, budgets=(max_train_tokens, max_val_tokens))
+                         shard_bytes=shard_bytes, shuffle_buffer=None, budgets=(max_train_tokens, max_val_tokens),
+                         separator=separator)
     write_meta(str(out), meta)
     return meta

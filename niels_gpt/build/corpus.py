@@ -99,6 +99,14 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
     return read_meta(out)
 
 
+def add_separator_args(p) -> None:
+    """--eos/--bos/--separator: a tokenizer's document conventions (build and dist-build share them)."""
+    p.add_argument("--eos", default=None, help="token (text or id) that ends every document (default: the tokenizer's EOS)")
+    p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
+    p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
+                   help="eos: EOS after every document (the default); bos: BOS before every document")
+
+
 def register(sub) -> None:
     p = sub.add_parser("build", help="build a cache from your own files or a dataset id with any tokenizer",
                        description="Build a pretraining cache (or with --chat an SFT cache) from any mix of local "
@@ -112,10 +120,7 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", required=True,
                    help="spm.model, tokenizer.json, a transformers tokenizer directory, a .tiktoken file or a "
                         "tiktoken encoding name")
-    p.add_argument("--eos", default=None, help="token (text or id) that ends every document (default: the tokenizer's EOS)")
-    p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
-    p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
-                   help="eos: EOS after every document (the default); bos: BOS before every document")
+    add_separator_args(p)
     p.add_argument("--text-field", "--text-column", dest="text_field", default=TEXT_FIELD,
                    help="field or column holding the document text")
     p.add_argument("--chat", action="store_true", help="build an SFT cache from conversations")

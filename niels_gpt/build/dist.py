@@ -32,7 +32,7 @@ from niels_gpt.build.caches import build_pretrain_cache
 from niels_gpt.build.commit import commit
 from niels_gpt.build.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_executor
 from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
-from niels_gpt.build.tasks import load_receipt, run_task
+from niels_gpt.build.tasks import keep_tokenizer, load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.seeds import check_seed
@@ -109,12 +109,16 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
                retries: int = RETRIES, task_bytes: int = TASK_BYTES, text_field: str = TEXT_FIELD,
                hf: dict | None = None, dataset_name: str | None = None, shuffle_buffer: int | None = None,
                work_dir: str | os.PathLike | None = None, keep_parts: bool = False,
-               progress: bool | None = False, log=None) -> dict:
+               progress: bool | None = False, log=None, eos: int | str | None = None,
+               bos: int | str | None = None, separator: str | None = None) -> dict:
     """Build a pretraining cache from `inputs` on `executor`; returns a summary (also the caller's to print).
 
     The cache is byte-identical to `build_pretrain_cache(<the inputs' documents in order>, out_dir,
     shuffle_buffer=None, dataset_name=..., source=plan.describe(), streaming=plan.streaming)`,
     whatever the executor, the number of workers or the task size.
+
+    `eos`/`bos`/`separator`: the tokenizer's conventions, as `load_tokenizer` (and `build --eos/--bos/
+    --separator`) take them: which token ends every document, or that a BOS starts every document.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     t0 = time.perf_counter()
@@ -131,11 +135,11 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
                                  executor=executor, workers=workers, ray_address=ray_address, retries=retries,
                                  task_bytes=task_bytes, text_field=text_field, hf=hf, dataset_name=dataset_name,
                                  shuffle_buffer=shuffle_buffer, work_dir=work_dir, keep_parts=keep_parts,
-                                 progress=progress, log=log)
+                                 progress=progress, log=log, eos=eos, bos=bos, separator=separator)
         return {**summary, "out": str(out_dir)}
     if local_path_of(out_dir) is not None:
         out_dir = local_path_of(out_dir)
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, eos=eos, bos=bos, separator=separator)
     out = Path(out_dir)
     plan = make_plan(inputs, tokenizer=tok, task_bytes=task_bytes, text_field=text_field, hf=hf)
     common = {"tokenizer": tok, "max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
@@ -157,13 +161,14 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     work.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
+    args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work), plan.tokenizer_options)
+    keep_tokenizer(args[1], tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
     ex = make_executor(executor, workers=workers, ray_address=ray_address, retries=retries)
     where = ex.describe()
     log(f"dist-build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {where}; "
         f"work directory {work}")
     counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0}
     bar = Progress(len(plan.tasks), len(reused), progress)
-    args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work))
     # The commit writes a staging directory beside `out` under the output's lock and swaps it in whole
     # (niels_gpt/staging.py): a failed or killed build leaves the old cache, and the receipts in a work
     # directory inside it, as they were; a second build of the same output is refused naming the holder.

@@ -92,9 +92,18 @@ class Processes(Executor):
         method = start_method or ("fork" if "fork" in methods else "spawn")
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method))
         self.futures: dict = {}
+        self.running = False
 
     def submit(self, key, fn, *args):
-        self.futures[self.pool.submit(fn, *args)] = key
+        from concurrent.futures import Future
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            future = self.pool.submit(fn, *args)
+        except BrokenProcessPool as e:  # a worker died before this task could be queued: report it as failed
+            future = Future()
+            future.set_exception(e)
+        self.futures[future] = key
 
     def wait(self):
         done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
@@ -114,10 +123,13 @@ class Processes(Executor):
     def cancel(self):
         for f in self.futures:
             f.cancel()
+        self.running = any(not f.done() for f in self.futures)
         self.futures.clear()
 
     def close(self):
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        # A task still running may write into the work directory: wait for it. With none left (every
+        # task done or cancelled), the idle workers are reaped in the background, not on this thread.
+        self.pool.shutdown(wait=self.running or bool(self.futures), cancel_futures=True)
 
 
 class Ray(Executor):
@@ -148,6 +160,7 @@ class Ray(Executor):
                                   "token (~/.ray/auth_token or RAY_AUTH_TOKEN) on this machine") from e
             self.started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.cpus = cpus
         self.workers = workers or cpus
         self.retries = retries
         self.refs: dict = {}
@@ -155,9 +168,11 @@ class Ray(Executor):
 
     @property
     def window(self) -> int:
-        # NOTE: Ray runs every submitted task as soon as a CPU is free anywhere in the cluster, so the
-        # number submitted is the number running: `workers` caps it (a task queued behind costs ~ms).
-        return self.workers
+        # NOTE: Ray runs every submitted task as soon as a CPU is free anywhere in the cluster. With
+        # `workers` below the cluster's CPUs, the number submitted is the number running: `workers` caps
+        # it. With a worker per CPU (the default), the CPUs cap it, so one more task per worker waits in
+        # Ray's queue and starts the moment a task ends, instead of after a round trip to this driver.
+        return 2 * self.workers if self.workers >= self.cpus else self.workers
 
     def submit(self, key, fn, *args):
         remote = self._remote.get(fn)

@@ -3,12 +3,13 @@
 - inputs are local files (or directories of them) and Hugging Face dataset shards; the plan keeps
   their order, so the documents of task 0, then task 1, ... are exactly the stream the local builder
   would read (`plan_documents`);
-- .jsonl/.json files are cut at line boundaries into byte ranges of about `task_bytes`; .parquet files
-  into runs of whole row groups; .txt/.raw files (one document per file) are grouped into runs of
-  about `task_bytes`; a `datasets` stream gives one task per shard (`IterableDataset.shard`);
+- .jsonl/.json files are cut at line boundaries into ceil(size / task_bytes) byte ranges of about equal
+  size (no small last task); .parquet files into runs of whole row groups; .txt/.raw files (one document
+  per file) are grouped into runs of about `task_bytes`; a `datasets` stream gives one task per shard (`IterableDataset.shard`);
 - a task id is `<index>-<12 hex>`: the hash covers the input (absolute path, size, mtime), the range,
-  the text field, the tokenizer's sha256 and the token dtype, so a receipt from another plan, another
-  tokenizer or a changed file never passes for this task's;
+  the text field, the tokenizer's sha256, the conventions it was loaded with (--eos/--bos/--separator,
+  where given) and the token dtype, so a receipt from another plan, another tokenizer, another document
+  separator or a changed file never passes for this task's;
 - a record that cannot be used (bad JSON, bad UTF-8, a missing or non-text field) is a SourceError
   naming the file, the byte offset or row, and the fix. A document that is null or whitespace is
   passed on as "" and skipped (and counted) by the commit, as the local builder skips it.
@@ -74,6 +75,7 @@ class Plan:
     text_field: str
     tokenizer_sha256: str
     token_dtype: str  # numpy dtype string, e.g. "<u2"
+    tokenizer_options: dict = field(default_factory=dict)  # load_tokenizer's eos/bos/separator, where given
     hf: dict | None = None
     task_bytes: int = TASK_BYTES
     streaming: bool = False
@@ -93,7 +95,7 @@ class Plan:
     def to_json(self) -> dict:
         return {"plan_version": PLAN_VERSION, "fingerprint": self.fingerprint(), "inputs": self.inputs,
                 "text_field": self.text_field, "tokenizer_sha256": self.tokenizer_sha256,
-                "token_dtype": self.token_dtype, "hf": self.hf, "task_bytes": self.task_bytes,
+                "tokenizer_options": self.tokenizer_options, "token_dtype": self.token_dtype, "hf": self.hf, "task_bytes": self.task_bytes,
                 "tasks": [t.to_json() for t in self.tasks]}
 
 
@@ -146,15 +148,16 @@ def make_plan(inputs: Sequence[str | os.PathLike] = (), *, tokenizer, task_bytes
                 else _jsonl_tasks(files[i], task_bytes)
             i += 1
     dtype = tokenizer.token_dtype.str
+    options = dict(getattr(tokenizer, "options", {}))
     for index, t in enumerate(tasks):
         t.index = index
-        t.id = f"{index:05d}-{_task_hash(t, text_field, tokenizer.sha256, dtype)}"
+        t.id = f"{index:05d}-{_task_hash(t, text_field, tokenizer.sha256, dtype, options)}"
     return Plan(tasks=tasks, inputs=[str(f) for f in files], text_field=text_field,
-                tokenizer_sha256=tokenizer.sha256, token_dtype=dtype, hf=hf, task_bytes=task_bytes,
+                tokenizer_sha256=tokenizer.sha256, tokenizer_options=options, token_dtype=dtype, hf=hf, task_bytes=task_bytes,
                 streaming=hf is not None and not _all_local(hf))
 
 
-def _task_hash(t: Task, text_field: str, tokenizer_sha: str, dtype: str) -> str:
+def _task_hash(t: Task, text_field: str, tokenizer_sha: str, dtype: str, options: dict) -> str:
     stats = []
     local = list(t.paths)
     if t.hf is not None and t.hf.get("data_files"):
@@ -169,15 +172,21 @@ def _task_hash(t: Task, text_field: str, tokenizer_sha: str, dtype: str) -> str:
             stats.append([p, None, None])
     key = {"v": PLAN_VERSION, "kind": t.kind, "files": stats, "start": t.start, "stop": t.stop, "hf": t.hf,
            "text_field": text_field, "tokenizer": tokenizer_sha, "dtype": dtype}
+    if options:  # only where given, so the ids of a plan with the tokenizer's defaults stay as they were
+        key["tokenizer_options"] = options
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _jsonl_tasks(path: Path, task_bytes: int) -> list[Task]:
+    """Ranges of about equal size, each about `task_bytes` at most: ceil(size / task_bytes) of them, the
+    i-th cut just after the first newline at or past i/n of the file. Equal ranges leave no small last
+    task, so workers that take them two by two finish together."""
     size = path.stat().st_size
+    n = -(-size // task_bytes)
     cuts = [0]
     with open(path, "rb") as f:
-        while cuts[-1] + task_bytes < size:
-            f.seek(cuts[-1] + task_bytes - 1)
+        for i in range(1, n):
+            f.seek(max(i * size // n, cuts[-1] + 1) - 1)
             pos = f.tell()
             while True:  # the cut goes just after the next newline
                 chunk = f.read(1 << 16)

@@ -27,8 +27,8 @@ SHARD_PATTERN = "shard_{:05d}.bin"
 class HashingFile:
     """A file written under a temporary name, hashed as it is written, committed by rename."""
 
-    def __init__(self, final: Path):
-        self.final = final
+    def __init__(self, final: Path, durable: bool = True):
+        self.final, self.durable = final, durable
         self.tmp = tmp_name(final)
         self.f = open(self.tmp, "wb")
         self.sha = hashlib.sha256()
@@ -40,9 +40,14 @@ class HashingFile:
         self.sha.update(data)
         self.bytes += data.nbytes
 
+    def sync(self) -> None:
+        """Flush what is written so far to disk, so the fsync at close has only the rest to write."""
+        self.f.flush()
+        getattr(os, "fdatasync", os.fsync)(self.f.fileno())  # macOS has no fdatasync
+
     def close(self) -> dict:
         self.f.close()
-        commit(self.tmp, self.final)
+        commit(self.tmp, self.final, self.durable)
         return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
 
     def abort(self) -> None:
@@ -99,6 +104,10 @@ class ShardWriter:
             self.records[name] = {**self.current.close(),
                                   "tokens": self.current.bytes // self.dtype.itemsize}
             self.current = None
+
+    def sync(self) -> None:
+        if self.current is not None:
+            self.current.sync()
 
     def close(self) -> dict[str, dict]:
         self._close_current()

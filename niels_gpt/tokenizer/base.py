@@ -45,15 +45,6 @@ class Separator(NamedTuple):
 SEPARATOR_CHOICES = ("eos", "bos")
 
 
-def append_separator(tokenizer) -> int:
-    """The id that ends every document, for builders that only append (the distributed build)."""
-    sep = document_separator(tokenizer)
-    if sep.position != "after":
-        raise ConfigError(f"{tokenizer.model_path}: a BOS before every document is not supported by the distributed "
-                          "build; use the one-machine build, or separator 'eos'")
-    return sep.id
-
-
 def document_separator(tokenizer) -> Separator:
     """The separator of any tokenizer-like object: its `separator`, else its special_ids["eot"] after each document."""
     if isinstance(tokenizer, Tokenizer):
@@ -146,6 +137,11 @@ class Tokenizer(ABC):
             self._special = {**self._special, "eot": self._token_id(eos, "eos")}
         if bos is not None:
             self._token_id(bos, "bos")  # refuse a bad value now, not at the first build
+
+    @property
+    def options(self) -> dict:
+        """The conventions chosen when loading (those of eos, bos, separator given), as load_tokenizer takes them."""
+        return dict(self._options)
 
     @property
     def library_conventions(self) -> bool:

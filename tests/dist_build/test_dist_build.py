@@ -64,6 +64,20 @@ def test_plan_ids_are_stable_and_follow_the_inputs(corpus, tokenizer, tmp_path):
     assert not {t.id.split("-")[1] for t in c.tasks} & {t.id.split("-")[1] for t in a.tasks}
 
 
+@pytest.mark.parametrize("task_bytes", [1, 7_000, 40_000, 1 << 30])
+def test_jsonl_ranges_are_whole_lines_of_about_equal_size(corpus, tokenizer, task_bytes):
+    path = corpus["paths"][0]
+    data = path.read_bytes()
+    tasks = make_plan([path], tokenizer=tokenizer, task_bytes=task_bytes).tasks
+    assert tasks[0].start == 0 and tasks[-1].stop == len(data)
+    assert all(a.stop == b.start and data[b.start - 1:b.start] == b"\n" for a, b in zip(tasks, tasks[1:], strict=False))
+    n = -(-len(data) // task_bytes)
+    longest = max(len(line) + 1 for line in data.split(b"\n"))
+    assert len(tasks) <= n and all(t.bytes <= len(data) / n + longest for t in tasks)
+    if task_bytes == 7_000:  # no small last task: every range within a line of the mean
+        assert len(tasks) == n and min(t.bytes for t in tasks) >= len(data) / n - longest
+
+
 def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, build_reference, tree, tmp_path):
     kw = settings(ALL_TOKENS, 5_000, 20_000)
     bad = tmp_path / "z-bad.jsonl"
@@ -236,6 +250,17 @@ def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_
     with pytest.raises(TokenizerError, match="the plan was made with 0000000000000000…; give every node the same"):
         run_task(plan.tasks[0].to_json(), "text", tokenizer.model_path, "0" * 64, str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_long_lived_worker_reopens_a_tokenizer_file_that_changed_since_it_opened_it(corpus, tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    from niels_gpt.build import tasks
+
+    plan = make_plan(corpus["paths"][:1], tokenizer=tokenizer)
+    tasks.keep_tokenizer(tokenizer.model_path, SimpleNamespace(sha256="0" * 64))  # opened before the file changed
+    receipt = tasks.run_task(plan.tasks[0].to_json(), "text", tokenizer.model_path, tokenizer.sha256, str(tmp_path))
+    assert receipt["tokens"] > 0
 
 
 def test_a_failed_rebuild_leaves_the_finished_cache_as_it_was(corpus, tokenizer, tree, tmp_path):
