@@ -23,22 +23,11 @@ def assistant_token_mask(tokens, asst_id: int, eot_id: int, seq_starts=None) -> 
     one sequence.
     """
     flat = np.asarray(tokens).reshape(-1)
-    n = flat.size
-    if n == 0:
+    if flat.size == 0:
         return np.zeros(0, dtype=bool)
     starts = np.zeros(1, dtype=np.int64) if seq_starts is None else np.asarray(seq_starts, dtype=np.int64)
-    starts = starts[(starts >= 0) & (starts < n)]
-    # The state is constant between events, so build it run by run rather than with running maxima over
-    # every token: a sentinel at p sets the state of p+1 onwards (1 after [asst], 0 after EOT) and each
-    # sequence start resets it to 0; sort those change points (a reset after an event at the same place)
-    # and repeat each state up to the next one.
-    # NOTE: 16x1024 rows: 148 us with two running maxima, ~26 us like this (bench_cache_readers.py).
-    events = np.flatnonzero((flat == asst_id) | (flat == eot_id))
-    where = np.concatenate([np.zeros(1, dtype=np.int64), events + 1, starts])
-    state = np.concatenate([np.zeros(1, dtype=bool), flat[events] == asst_id, np.zeros(len(starts), dtype=bool)])
-    order = np.argsort(2 * where + np.repeat([0, 0, 1], [1, len(events), len(starts)]), kind="stable")
-    where, state = where[order], state[order]
-    return np.repeat(state, np.diff(where, append=n))
+    starts = starts[(starts > 0) & (starts < flat.size)]
+    return _spans(flat, asst_id, eot_id, np.concatenate([np.zeros(1, dtype=np.int64), starts]))
 
 
 def assistant_span_mask(seqs, asst_id: int, eot_id: int) -> np.ndarray:
@@ -46,5 +35,19 @@ def assistant_span_mask(seqs, asst_id: int, eot_id: int) -> np.ndarray:
     seqs = np.asarray(seqs)
     if seqs.size == 0 or seqs.ndim == 0:
         return np.zeros(seqs.shape, dtype=bool)
-    L = seqs.shape[-1]
-    return assistant_token_mask(seqs, asst_id, eot_id, np.arange(0, seqs.size, L)).reshape(seqs.shape)
+    return _spans(seqs.reshape(-1), asst_id, eot_id, np.arange(0, seqs.size, seqs.shape[-1])).reshape(seqs.shape)
+
+
+def _spans(flat: np.ndarray, asst_id: int, eot_id: int, starts: np.ndarray) -> np.ndarray:
+    """The rule over `flat` with the state reset at `starts` (sorted, valid, starts[0] == 0)."""
+    # The state is constant between events, so build it run by run rather than with running maxima over
+    # every token: a sentinel at p sets the state of p+1 onwards (1 after [asst], 0 after EOT) and each
+    # sequence start resets it to 0; sort those change points (a reset after an event at the same place)
+    # and repeat each state up to the next one.
+    # NOTE: 16x1024 rows: 148 us with two running maxima, ~22 us like this (bench_cache_readers.py).
+    events = np.flatnonzero((flat == asst_id) | (flat == eot_id))
+    where = np.concatenate([events + 1, starts])
+    state = np.concatenate([flat[events] == asst_id, np.zeros(len(starts), dtype=bool)])
+    order = np.argsort(2 * where + np.repeat([0, 1], [len(events), len(starts)]), kind="stable")
+    where, state = where[order], state[order]
+    return np.repeat(state, np.diff(where, append=flat.size))
