@@ -182,6 +182,14 @@ def _in_order(pool, tokenizer, batches, workers: int):
         yield _joined(futures), n_done
 
 
+def _encode_threads(num_workers: int | None) -> int:
+    """Encode threads: `num_workers`, or one per core for None."""
+    workers = (os.cpu_count() or 1) if num_workers is None else num_workers
+    if workers < 1:
+        raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
+    return workers
+
+
 @writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def build_pretrain_cache(
     texts: Iterable[str] | SplitTexts,
@@ -230,9 +238,7 @@ def build_pretrain_cache(
         separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each document
         eot = separator.id
         check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
-        workers = (os.cpu_count() or 1) if num_workers is None else num_workers
-        if workers < 1:
-            raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
+        workers = _encode_threads(num_workers)
         _start_build(out, ["train", "val"])
         skipped: Counter = Counter()
         writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
@@ -390,9 +396,7 @@ def build_sft_cache(
         dtype = _resolve_dtype(tokenizer, token_dtype)
         _start_build(out, [])
         gen = torch.Generator().manual_seed(seed)
-        workers = (os.cpu_count() or 1) if num_workers is None else num_workers
-        if workers < 1:
-            raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
+        workers = _encode_threads(num_workers)
         skipped: Counter = Counter()
         stored_mask = not getattr(tokenizer, "library_conventions", True)
         files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
