@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--shuffle-buffer", type=_optional_int, default=None,
                    help="torch-RNG document shuffle buffer (default: off); a buffer cannot be planned, so the build runs on one process")
     p.add_argument("--work-dir", default=None, help="parts and receipts, on a filesystem every worker sees "
-                   "(default: OUT/.dist-build)")
+                   "(default: OUT.dist-build, beside OUT)")
     p.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
     p.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -4,9 +4,9 @@
     summary = dist_build(["corpus/"], "cache/pretrain/mine", tokenizer="cache/tokenizer",
                          max_train_tokens=10**9, max_val_tokens=5_000_000, executor="processes", workers=8)
 
-- the work directory (default `<out>/.dist-build/`) holds plan.json and each task's parts and receipt;
-  it must be on a filesystem every worker sees. It is removed after a successful commit unless
-  `keep_parts`;
+- the work directory (default `<out>.dist-build/`, beside the output, so that an interrupted rebuild
+  leaves the old cache exactly as it was) holds plan.json and each task's parts and receipt; it must be
+  on a filesystem every worker sees. It is removed after a successful commit unless `keep_parts`;
 - resuming: the same command again reuses every task whose receipt is valid (same task id, part files of
   the recorded sizes; their sha256 is checked when the commit reads them) and runs only the others;
 - the commit runs while tasks finish, taking their parts in plan order; once both budgets are met it
@@ -41,7 +41,7 @@ from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.urls import is_url, refuse_url
 
-WORK_DIR_NAME = ".dist-build"
+WORK_DIR_SUFFIX = ".dist-build"  # the default work directory: <out>.dist-build, beside the output
 
 
 class Progress:
@@ -157,7 +157,7 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
                 "tokens": tokens, "tokenized": tokens, "wall_seconds": wall, "tokens_per_s": tokens / wall,
                 "out": str(out), "shards": len(meta["files"])}
     # Absolute paths: a Ray worker runs in a directory of Ray's choosing, maybe on another node.
-    work = (Path(work_dir) if work_dir is not None else out / WORK_DIR_NAME).resolve()
+    work = (Path(work_dir) if work_dir is not None else out.parent / (out.name + WORK_DIR_SUFFIX)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
@@ -170,15 +170,12 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0}
     bar = Progress(len(plan.tasks), len(reused), progress)
     # The commit writes a staging directory beside `out` under the output's lock and swaps it in whole
-    # (niels_gpt/staging.py): a failed or killed build leaves the old cache, and the receipts in a work
-    # directory inside it, as they were; a second build of the same output is refused naming the holder.
+    # (niels_gpt/staging.py): a failed or killed build leaves the old cache as it was and the receipts in
+    # the work directory beside it; a second build of the same output is refused naming the holder.
     try:
         with build_aside(out) as stage:
             meta = commit(work, _ordered_receipts(plan, reused, ex, args, bar, counters), stage, final=out,
                           **common)
-            if keep_parts and work.parent == out.resolve():
-                os.rename(work, stage / work.name)  # kept parts move with the cache being swapped in
-                work = out.resolve() / work.name
     finally:
         ex.cancel()
         ex.close()

@@ -74,8 +74,7 @@ def build_reference(tokenizer):
 
 
 def _tree(path: Path) -> dict[str, bytes]:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and ".dist-build" not in p.relative_to(path).parts}
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="session")

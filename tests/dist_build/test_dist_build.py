@@ -38,7 +38,7 @@ def test_in_process_and_processes_write_the_local_builders_bytes(corpus, tokeniz
         summary = dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor=executor, workers=2,
                              task_bytes=task_bytes, **kw)
         assert tree(out) == ref, (executor, task_bytes)
-        assert not (out / ".dist-build").exists()  # parts are removed after the commit
+        assert not (out.parent / (out.name + ".dist-build")).exists()  # parts are removed after the commit
         assert summary["tokens"] == sum(read_meta(str(out))["totals"][f"{s}_tokens"] for s in ("train", "val"))
     meta = json.loads(ref["meta.json"])
     assert meta["skipped"]["empty_document"] >= 1  # the empties reached the rule, and were counted alike
@@ -87,7 +87,7 @@ def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, bui
         dist_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                    task_bytes=40_000, **kw)
     assert not (out / "meta.json").exists()
-    parts = out / ".dist-build" / "parts"
+    parts = out.parent / (out.name + ".dist-build") / "parts"
     receipts = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
     plan = make_plan(corpus["paths"] + [bad], tokenizer=tokenizer, task_bytes=40_000)
     assert len(receipts) == len(plan.tasks) - 1  # every task but the bad one finished
@@ -112,7 +112,7 @@ def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinish
     plan = make_plan(inputs, tokenizer=tokenizer, task_bytes=40_000)
     victim = next(t for t in plan.tasks if t.paths == [str(big.resolve())])
     out = tmp_path / "out"
-    parts = out / ".dist-build" / "parts"
+    parts = out.parent / (out.name + ".dist-build") / "parts"
     pid, failure = kill_when_started(
         lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                            task_bytes=40_000, **kw),
@@ -139,7 +139,7 @@ def test_a_damaged_part_fails_the_commit_and_is_redone(corpus, tokenizer, tree, 
     dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
                keep_parts=True, **kw)
     good = tree(out)
-    part = sorted((out / ".dist-build" / "parts").glob("*.bin"))[3]
+    part = sorted((out.parent / (out.name + ".dist-build") / "parts").glob("*.bin"))[3]
     data = bytearray(part.read_bytes())
     data[10] ^= 1
     part.write_bytes(bytes(data))
@@ -207,6 +207,29 @@ def test_bad_inputs_fail_with_the_record_named(tokenizer, tmp_path, make, match,
     with pytest.raises(error, match=match):
         dist_build([path], tmp_path / "out", tokenizer=tokenizer.model_path, executor="inprocess",
                    **settings(ALL_TOKENS, 10, 1 << 20))
+
+
+def test_a_failed_rebuild_leaves_the_old_cache_exactly_as_it_was(corpus, tokenizer, tree, tmp_path):
+    """The work directory lives beside the output (<out>.dist-build): a rebuild that fails part-way
+    leaves the old cache byte for byte, verify-clean, and its receipts where the rerun finds them."""
+    from niels_gpt.report import verify_path
+
+    out = tmp_path / "out"
+    kw = settings(ALL_TOKENS, 5_000, 20_000)
+    dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", **kw)
+    old = tree(out)
+    bad = tmp_path / "zz-bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": oops}\n')
+    with pytest.raises(SourceError, match=r"zz-bad\.jsonl, line 2"):
+        dist_build([*corpus["paths"], bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+                   task_bytes=40_000, **kw)
+    assert tree(out) == old and verify_path(str(out)) == ([], 1)
+    work = tmp_path / "out.dist-build"
+    assert (work / "plan.json").is_file() and list((work / "parts").glob("*.json"))
+    bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n')
+    summary = dist_build([*corpus["paths"], bad], out, tokenizer=tokenizer.model_path, executor="inprocess",
+                         task_bytes=40_000, **kw)
+    assert summary["reused"] > 0 and not work.exists() and verify_path(str(out)) == ([], 1)
 
 
 def test_bad_parquet_inputs_are_named(tokenizer, tmp_path):

@@ -60,7 +60,7 @@ def test_workers_caps_the_ray_tasks_running_at_once(ray_cluster, corpus, tokeniz
 
     s = dist_build(corpus["paths"], tmp_path / "one", tokenizer=tokenizer.model_path, executor="ray", workers=1,
                    task_bytes=20_000, keep_parts=True, **KW)
-    parts = tmp_path / "one" / ".dist-build" / "parts"
+    parts = tmp_path / "one.dist-build" / "parts"
     spans = sorted((json.loads(p.with_suffix(".started").read_text())["time"], json.loads(p.read_text())["finished"])
                    for p in parts.glob("*.json"))
     assert len(spans) == s["tasks"] > 10
@@ -99,7 +99,7 @@ def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinishe
     victim = next(t for t in plan.tasks if t.paths == [str(big.resolve())])
     assert 0 < victim.index < len(plan.tasks) - 1
     out = tmp_path / "out"
-    parts = out / ".dist-build" / "parts"
+    parts = out.parent / (out.name + ".dist-build") / "parts"
     pid, failure = kill_when_started(
         lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2,
                            task_bytes=40_000, retries=0, **KW),

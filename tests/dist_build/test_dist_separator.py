@@ -89,7 +89,7 @@ def test_each_option_set_has_its_own_task_ids_and_receipts(jsonl, bpe_json, buil
     s = dist_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
     assert s["reused"] == 0 and s["ran"] == len(ids["bos"])
     assert _comparable(tree(out)) == _comparable(tree(built / "bos"))
-    plan = json.loads((out / ".dist-build" / "plan.json").read_text())
+    plan = json.loads((out.parent / (out.name + ".dist-build") / "plan.json").read_text())
     assert plan["tokenizer_options"] == {"bos": "<|im_start|>", "separator": "bos"}
     # and the same settings again reuse every receipt
     s = dist_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
