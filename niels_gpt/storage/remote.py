@@ -315,12 +315,34 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
                 if not collect or isinstance(exc, IncompleteCacheError):
                     raise
                 problems.append(str(exc))
+    if fresh and collect:
+        problems += _unlisted(rc, sub)
     local = rc.local_dir / sub if sub else rc.local_dir
 
     def named(text: str) -> str:
         return str(text).replace(str(rc.local_dir), rc.url)
 
     return local, named, problems
+
+
+def _unlisted(rc: RemoteCache, sub: str) -> list[str]:
+    """Files at the URL (under `sub`) that its marker does not list, as verify reports them in a local
+    output; a store that cannot list (http) has none to report."""
+    fs, base = filesystem(rc.url)
+    top = f"{base}/{sub}" if sub else base
+    try:
+        found = with_retries(lambda: fs.find(top), f"listing {rc.url}")
+    except (FileNotFoundError, NotImplementedError):
+        return []
+    strip = base.lstrip("/")
+    out = []
+    for f in sorted(found):
+        rel = f.lstrip("/")[len(strip):].lstrip("/")
+        if rel == rc.marker or rel in rc.records:
+            continue
+        out.append(f"{rc.url}/{rel}: a file the {rc.marker} does not list (a temporary of a killed run or a "
+                   "leftover); remove it or rebuild")
+    return out
 
 
 @contextlib.contextmanager

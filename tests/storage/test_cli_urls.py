@@ -86,6 +86,19 @@ def test_verify_of_a_url_names_a_damaged_shard(s3, tokenizer, tmp_path, corpus_f
     assert rc == 1 and err.startswith(f"error: {url}/train/shard_00000.bin: listed in meta.json but missing remotely")
 
 
+def test_verify_of_a_url_names_a_file_its_meta_does_not_list(s3, tokenizer, tmp_path, corpus_file, capsys):
+    fs, bucket = s3
+    url = f"{bucket}/extra"
+    build(capsys, corpus_file, url, tokenizer)
+    fs.pipe_file(f"{url}/train/shard_00099.bin", b"\0\0")  # a leftover of another build
+    rc, out, _ = run(capsys, "verify", url)
+    assert rc == 1 and (f"MISMATCH {url}/train/shard_00099.bin: a file the meta.json does not list (a temporary of "
+                        "a killed run or a leftover); remove it or rebuild") in out.splitlines()
+    assert "verify: 1 output(s), 1 problem(s)" in out
+    fs.rm_file(f"{url}/train/shard_00099.bin")
+    assert run(capsys, "verify", url)[0] == 0
+
+
 def test_a_url_without_a_cache_is_one_line(s3, capsys):
     _, bucket = s3
     for cmd in ("inspect", "verify", "stats"):
