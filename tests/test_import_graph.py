@@ -161,3 +161,11 @@ def test_contract_paths_are_thin_facades(path):
     tree = ast.parse(path.read_text())
     defined = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Assign)]
     assert not defined, f"{path.name} defines {[getattr(n, 'name', ast.unparse(n)) for n in defined]}"
+
+
+def test_every_package_directory_is_a_package():
+    """A directory of modules without __init__.py imports from a checkout but is left out of a wheel
+    (setuptools' packages.find): every one has its __init__.py."""
+    missing = sorted(str(d.relative_to(PACKAGE.parent)) for d in {p.parent for p in PACKAGE.rglob("*.py")}
+                     if not (d / "__init__.py").is_file())
+    assert not missing, missing

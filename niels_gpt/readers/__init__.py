@@ -1,0 +1,3 @@
+"""Readers of the library's own caches: random pretraining windows (`pretrain`), assistant-masked SFT rows
+(`sft`), the shard listing of a split (`shards`) and the memory maps they share (`mmap`). The contract's
+`niels_gpt.cache.pretrain_dataset` / `sft_dataset` / `mmap` re-export these."""
