@@ -111,8 +111,13 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def file_record(path: str | os.PathLike, tokens: int | None) -> dict:
-    rec = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+def file_record(path: str | os.PathLike, tokens: int | None, data: bytes | None = None) -> dict:
+    """The record of one written file: its size and sha256 (of `data`, the bytes just written, when the
+    caller holds them; else read from disk), and its token count where it holds tokens."""
+    if data is not None:
+        rec = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    else:
+        rec = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
     if tokens is not None:
         rec["tokens"] = int(tokens)
     return rec

@@ -24,7 +24,6 @@ process) and checked against the plan's sha256.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -39,6 +38,7 @@ from niels_gpt.build.plan import Task, task_documents
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile
+from niels_gpt.meta import file_record
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
 
@@ -121,7 +121,7 @@ def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256:
         raise CacheError(f"task {t.id}: wrote {bin_rec['bytes']} bytes for {tokens} tokens; report this bug")
     receipt = {"task": t.to_json(), "id": t.id, "documents": len(lens), "empty_documents": empty,
                "tokens": tokens, "token_dtype": dtype.str, "separator": sep.describe(),
-               "files": {"bin": bin_rec, "lens": {"bytes": len(lens_bytes), "sha256": hashlib.sha256(lens_bytes).hexdigest()}},
+               "files": {"bin": bin_rec, "lens": file_record(lens_path, None, data=lens_bytes)},
                "seconds": round(time.perf_counter() - t0, 6), "host": socket.gethostname(), "pid": os.getpid(),
                "finished": time.time()}
     write_bytes_atomic(parts / f"{t.id}.json", (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode(),

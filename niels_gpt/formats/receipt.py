@@ -30,7 +30,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import FormatError
-from niels_gpt.meta import disk_problem, sha256_file
+from niels_gpt.meta import disk_problem, file_record
 
 RECEIPT_NAME = "niels_receipt.json"
 SUFFIX = "." + RECEIPT_NAME
@@ -58,8 +58,7 @@ def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sh
     """
     output = Path(output)
     base = output if output.is_dir() else output.parent
-    files = {f.relative_to(base).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256_file(str(f))}
-             for f in _listed(output)}
+    files = {f.relative_to(base).as_posix(): file_record(f, None) for f in _listed(output)}
     receipt = {"format": FORMAT, "version": VERSION, "output_format": output_format, "files": files}
     if tokenizer_sha256:
         receipt["tokenizer_sha256"] = tokenizer_sha256

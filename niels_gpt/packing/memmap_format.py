@@ -38,7 +38,7 @@ import numpy as np
 from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_bytes_atomic
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
-from niels_gpt.meta import sha256_file
+from niels_gpt.meta import file_record
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
 
 FORMAT_NAME = "memmap_padded_v1"
@@ -133,7 +133,7 @@ class MemmapShardWriter:
             if isinstance(arr, np.memmap):
                 arr.flush()
             del arr
-            records[name] = {"bytes": os.path.getsize(self._tmp[name]), "sha256": sha256_file(str(self._tmp[name]))}
+            records[name] = file_record(self._tmp[name], None)
             commit(self._tmp[name], self.output_dir / f"{name}.npy")
         manifest = {
             "format": FORMAT_NAME,
