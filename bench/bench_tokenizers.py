@@ -54,6 +54,7 @@ from bench_cache_build import CORPUS, stream_docs
 from bench_cache_common import table
 
 from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.errors import TokenizerError
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 
 CHARS = 10_000_000
@@ -62,6 +63,7 @@ VOCAB = 16_000
 REPEAT = 2
 BATCH = 256
 PARALLELISM = "TOKENIZERS_PARALLELISM"
+BACKENDS = ["sentencepiece", "hf-tokenizers", "tiktoken"]
 
 
 def train_bpe(texts: list[str], out: Path, vocab: int) -> tuple[Path, Path]:
@@ -86,6 +88,22 @@ def train_bpe(texts: list[str], out: Path, vocab: int) -> tuple[Path, Path]:
              for t, r in sorted(vocab.items(), key=lambda kv: kv[1])]
     (out / "bpe.tiktoken").write_text("\n".join(lines) + "\n")
     return out / "tokenizer.json", out / "bpe.tiktoken"
+
+
+def tiktoken_contender(spec: str, trained: Path):
+    """cl100k_base (or the encoding named) where tiktoken has its file; the BPE trained here otherwise."""
+    if spec == "bpe":
+        return load_tokenizer(trained)
+    try:
+        tok = load_tokenizer("cl100k_base" if spec == "auto" else spec)
+    except TokenizerError as exc:
+        if spec != "auto":
+            raise
+        print(f"cl100k_base is not available here ({str(exc).splitlines()[0][:120]}...): the tiktoken contender "
+              "is the 16k BPE trained here")
+        return load_tokenizer(trained)
+    print(f"tiktoken contender: {tok._path} ({len(tok):,} ids)")
+    return tok
 
 
 def bare(tok, texts, threads: int) -> int:
@@ -124,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-chars", type=float, default=TRAIN_CHARS, help="characters to train the tokenizers on")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary of every tokenizer")
     ap.add_argument("--repeat", type=int, default=REPEAT, help="timed runs per contender (best is kept)")
+    ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS, help="the backends to measure")
+    ap.add_argument("--tiktoken", default="auto",
+                    help="the tiktoken contender: an encoding name (cl100k_base, o200k_base; its file in tiktoken's "
+                         "cache, TIKTOKEN_CACHE_DIR), 'bpe' for the 16k BPE trained here, or 'auto': cl100k_base "
+                         "where tiktoken can load it, else the trained BPE")
     args = ap.parse_args(argv)
     if not CORPUS.exists():
         print(f"{CORPUS} is absent: nothing to measure")
@@ -135,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         spm = train_tokenizer(train, work / "spm", settings=TrainSettings(vocab_size=args.vocab))
         json_path, tt_path = train_bpe(train, work / "bpe", args.vocab)
         print(f"trained the tokenizers on {args.train_chars:,.0f} chars in {time.perf_counter() - t0:.1f} s", flush=True)
-        toks = {"sentencepiece": spm, "hf-tokenizers": load_tokenizer(json_path), "tiktoken": load_tokenizer(tt_path)}
+        toks = {"sentencepiece": spm, "hf-tokenizers": load_tokenizer(json_path),
+                "tiktoken": tiktoken_contender(args.tiktoken, tt_path)}
+        toks = {k: v for k, v in toks.items() if k in args.backends}
         texts = list(stream_docs(limit_chars=int(args.chars)))
         print(f"{len(texts)} documents, {sum(map(len, texts)):,} chars", flush=True)
         contenders = {}
@@ -166,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
                    == (work / f"{n}-{w}" / "train" / "shard_00000.bin").read_bytes()
                    for n in toks for w in (["2", "rayon"] if n == "hf-tokenizers" else ["2"]))
         print(f"1-worker and 2-worker caches byte-identical for every backend: {same}")
-        print(f"bare 1 thread, tiktoken / sentencepiece: "
-              f"{rate[('tiktoken', 'bare encode_batch, 1 thread')] / rate[('sentencepiece', 'bare encode_batch, 1 thread')]:.2f}x")
+        if not {"sentencepiece", "tiktoken"} <= set(toks):
+            return 0
+        b1 = "bare encode_batch, 1 thread"
+        print(f"bare 1 thread, tiktoken / sentencepiece: {best[('sentencepiece', b1)] / best[('tiktoken', b1)]:.2f}x "
+              f"(chars/s), {rate[('tiktoken', b1)] / rate[('sentencepiece', b1)]:.2f}x (tokens/s)")
         for w in ("build, 1 worker", "build, 2 workers"):
-            print(f"tiktoken {w} / sentencepiece {w}: "
-                  f"{rate[('tiktoken', w)] / rate[('sentencepiece', w)]:.2f}x (tokens/s; different vocabularies)")
+            print(f"tiktoken {w} / sentencepiece {w}: {best[('sentencepiece', w)] / best[('tiktoken', w)]:.2f}x "
+                  f"(chars/s: the same text) and {rate[('tiktoken', w)] / rate[('sentencepiece', w)]:.2f}x "
+                  "(tokens/s: different vocabularies)")
     return 0
 
 
