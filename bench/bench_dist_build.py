@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", default=None, help="a trained model to use instead of training one")
     ap.add_argument("--train-chars", type=float, default=TRAIN_CHARS)
     ap.add_argument("--no-ray", action="store_true", help="leave the Ray contenders out")
+    ap.add_argument("--only", nargs="+", metavar="TEXT", default=None,
+                    help="run only the contenders whose name contains one of these (the two in-process ones, the "
+                         "ratios' baselines, always run)")
     ap.add_argument("--copies", type=int, default=COPIES,
                     help="the input is the corpus this many times over (links to it, one input each): a build long "
                          "enough that the fixed costs (pool or Ray job start, the last task's tail) weigh as in a "
@@ -191,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("dist-build ray, a new job per build", 2, ray_run(2, False)),
                        ("dist-build ray, warm job", 1, ray_run(1, True)),
                        ("dist-build ray, warm job", 2, ray_run(2, True))]
+    if args.only:
+        contenders = contenders[:2] + [c for c in contenders[2:] if any(t in f"{c[0]} x{c[1]}" for t in args.only)]
     best: dict[int, float] = {}
     per_worker: dict[int, float] = {}
     tokens = 0

@@ -36,6 +36,15 @@ needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/da
 SPECIALS = {"sys": 3, "usr": 4, "asst": 5, "eot": 6}
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` is running (Linux /proc); a zombie has ended, only its status is uncollected."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
 def sample_texts() -> list[str]:
     """Real text from the bundled sample corpus (its books and notes)."""
     files = sorted(SAMPLE_DIR.rglob("*.txt")) + sorted(SAMPLE_DIR.rglob("*.md"))

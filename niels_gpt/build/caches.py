@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from niels_gpt.atomic import atomic_path, remove_stale_temporaries
+from niels_gpt.build.encode_pool import EncodePool
 from niels_gpt.constants import SEED  # noqa: F401  (re-exported under its old name)
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
@@ -122,8 +123,9 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
     """Encoded documents, batch by batch, in stream order.
 
     One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
-    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a thread of
-    `pool` (the encoders release the GIL), at most `2 * workers` batches in flight, results joined in order.
+    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a worker of
+    `pool` (a thread: the encoders release the GIL; a forked process for tiktoken, niels_gpt/build/
+    encode_pool.py), at most `2 * workers` batches in flight, results joined in order.
     Every document is encoded alone whatever the cut, so the ids do not depend on it.
     NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
     batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.56x the bare
@@ -135,7 +137,7 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
     if pool is None:
         encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)
     else:
-        encoded = _in_order(pool, tokenizer, batches, workers)
+        encoded = _in_order(pool, batches, workers)
     for docs, n_skipped in encoded:
         skipped["empty_document"] += n_skipped
         yield docs
@@ -159,8 +161,8 @@ def _pieces(docs: list[str], n: int) -> list[list[str]]:
     return out
 
 
-def _encode_pieces(pool, tokenizer, docs: list[str], n: int) -> list:
-    return [pool.submit(encode_documents, tokenizer, piece, 1, None, True) for piece in _pieces(docs, n)]
+def _encode_pieces(pool: EncodePool, docs: list[str], n: int) -> list:
+    return [pool.encode(piece) for piece in _pieces(docs, n)]
 
 
 def _joined(futures: list) -> list:
@@ -169,11 +171,11 @@ def _joined(futures: list) -> list:
     return [ids for future in futures for ids in future.result()]
 
 
-def _in_order(pool, tokenizer, batches, workers: int):
+def _in_order(pool: EncodePool, batches, workers: int):
     window = 2 * workers
     pending: deque = deque()
     for kept, n in batches:
-        pending.append((_encode_pieces(pool, tokenizer, kept, window), n))
+        pending.append((_encode_pieces(pool, kept, window), n))
         if len(pending) >= window:
             futures, n_done = pending.popleft()
             yield _joined(futures), n_done
@@ -219,8 +221,9 @@ def build_pretrain_cache(
     deterministic given seed + identical input stream order.
 
     `texts` is one stream (split by the rule in the module docstring) or `SplitTexts` for a source
-    with its own split. `num_workers` encode threads, each encoding whole batches (None: one per
-    core); the bytes written do not depend on it. `progress`: a bar on stderr (None: on a terminal only);
+    with its own split. `num_workers` encode workers, each encoding runs of a batch (None: one per
+    core): threads, or forked processes for a tokenizer whose encoder does not scale on threads (tiktoken;
+    niels_gpt/build/encode_pool.py); the bytes written do not depend on it. `progress`: a bar on stderr (None: on a terminal only);
     `input_bytes`: the input's size, for a bar with a real ETA (niels_gpt.progress).
     """
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
@@ -245,10 +248,11 @@ def build_pretrain_cache(
         sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
+        # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
+        pool = EncodePool(tokenizer, workers) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
         exhausted = True
         pipe = WriterPipeline()
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode") if workers > 1 else None
         # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside sentencepiece.
         # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
         # = 0.79x bare SentencePieceTokenizer.encode (0.95-1.1x in quiet single runs), 2 workers 1.74x
@@ -257,8 +261,9 @@ def build_pretrain_cache(
         # chars, the same 2-core VM in a quiet run; noisy runs and the figures before in its docstring),
         # against the backend's bare 1-thread encoder: 1 worker sentencepiece 0.93x, tokenizers 0.99x,
         # tiktoken 1.01x (its arrays skip the Python ints the bare encoder makes); 2 workers 1.67x, 1.91x and
-        # 1.39x (1.56x, 1.49x and 0.69x when each thread took whole batches; tiktoken's encoder costs ~40%
-        # more CPU per token with two threads at once).
+        # 1.39x (1.56x, 1.49x and 0.69x when each thread took whole batches). tiktoken on two threads of one
+        # process gains 1.2-1.4x, on two processes 1.9x: its workers are forked processes now (cl100k_base,
+        # 2 workers: 1.47x -> 1.79x its bare 1-thread encoder; encode_pool.py).
         try:
             if own_split:
                 for split in ("val", "train"):
@@ -307,7 +312,7 @@ def build_pretrain_cache(
             raise
         finally:
             if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                pool.shutdown()
             bar.close(finished=exhausted)
         if callable(source):  # described after the stream was read, so its skip counts are final
             source = source()

@@ -139,7 +139,8 @@ def register(sub) -> None:
     p.add_argument("--shuffle-buffer", type=_optional_int, default=None,
                    help="torch-RNG document shuffle buffer (default: off)")
     p.add_argument("--workers", type=int, default=1,
-                   help="encode (with --chat: render) threads, 0 for one per core; the output is identical for any value")
+                   help="encode workers (with --chat: render threads), 0 for one per core: threads, forked processes "
+                        "for a tiktoken tokenizer; the output is identical for any value")
     p.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="error",
                    help="a bad record stops the build naming its file and line, or is skipped and counted in meta.json")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")

@@ -6,7 +6,7 @@ plan order. So the cache is the same whichever executor runs, with however many 
 
 - `inprocess`: one task after another in the calling process (no parallelism; the reference path);
 - `processes`: a pool of `workers` local processes (fork where the platform has it, so a worker
-  starts in milliseconds instead of re-importing the package);
+  starts in milliseconds instead of re-importing the package; each dies with the driver on Linux);
 - `ray`: `ray.init(address=...)` ("auto" joins the cluster this machine belongs to, "HOST:PORT" a
   given head, "local" starts a private one with `workers` CPUs); one task per CPU, `retries` retries
   of a task whose worker died. Every node must see the tokenizer path and the work directory at the
@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+from niels_gpt.build.encode_pool import die_with_parent
 from niels_gpt.errors import ConfigError
 
 EXECUTORS = ("inprocess", "processes", "ray")
@@ -90,7 +91,9 @@ class Processes(Executor):
             raise ConfigError(f"workers must be >= 1, got {workers}")
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("fork" if "fork" in methods else "spawn")
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method))
+        # a worker dies with this process (Linux), so a driver killed with SIGKILL leaves none behind
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
+                                        initializer=die_with_parent, initargs=(os.getpid(),))
         self.futures: dict = {}
         self.running = False
 

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +18,8 @@ from niels_gpt.build.cli import ALL_TOKENS
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.errors import CacheError, ConfigError, SourceError, TokenizerError
+
+from ..conftest import process_alive
 
 SETTINGS = [  # (train budget, val budget, shard bytes): every token; budgets met mid-stream; no val
     (ALL_TOKENS, 5_000, 20_000),
@@ -313,3 +321,35 @@ def test_a_url_output_is_uploaded_byte_identical_with_meta_json_last(corpus, tok
     remote = {p.split("/mine/", 1)[1]: fs.cat(p) for p in fs.find("/dist-build-test/mine")}
     assert remote == tree(local)
     assert not any(".dist-build" in p for p in remote)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers die with their driver on Linux")
+def test_worker_processes_die_with_a_killed_driver():
+    script = textwrap.dedent("""
+        import json, os, time
+        from niels_gpt.build.executors import make_executor
+        ex = make_executor("processes", workers=2)
+        for k in range(8):
+            ex.submit(k, os.getpid)
+        pids = set()
+        while len(pids) < 2:
+            pids |= {pid for _, pid, _ in ex.wait()}
+            ex.submit(0, os.getpid)
+        print(json.dumps(sorted(set(ex.pool._processes))), flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        pids = json.loads(proc.stdout.readline())
+        assert len(pids) == 2 and all(process_alive(p) for p in pids)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if process_alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == [], "worker processes outlived the dist-build driver that started them"

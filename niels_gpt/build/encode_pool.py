@@ -1,0 +1,87 @@
+"""Where the cache builder's encode workers run: threads, or forked processes for an encoder that does not
+scale on threads.
+
+Every backend's encoder releases the GIL, so threads are the default: they share the tokenizer and start
+at once. tiktoken's encoder does not scale on threads: two threads in one process encode 1.2-1.4x the rate
+of one, two processes 1.9x (cl100k_base on debian-docs, both on a 2-core EPYC VM and on two pinned cores
+of a Xeon; bench/bench_tokenizers.py), with one Encoding or one per thread, and with glibc's malloc or
+jemalloc. A tokenizer says so with `encode_in_processes = True`; its workers are then processes forked
+from the builder before it starts any thread of its own, which inherit the open tokenizer (nothing is
+pickled but the documents going out and the uint32 arrays coming back). Where fork is not available
+(Windows, or NIELS_GPT_ENCODE_THREADS=1 in the environment), such a tokenizer gets threads too.
+A forked worker dies with the process that forked it (Linux: PR_SET_PDEATHSIG), so a build killed with
+SIGKILL leaves no worker behind.
+
+The ids are the same either way: every document is encoded alone by `encode_documents`, and the
+caller joins the runs in order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+
+from niels_gpt.encode import encode_documents
+
+THREADS_ENV = "NIELS_GPT_ENCODE_THREADS"  # set to 1: encode on threads whatever the tokenizer prefers
+PR_SET_PDEATHSIG = 1
+
+_TOKENIZER = None  # a forked worker's tokenizer, inherited from the builder (never pickled)
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask the kernel to end this process when `parent` ends (Linux), and end now if it already has."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the worker then outlives a killed parent
+            pass
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _adopt(tokenizer, parent: int) -> None:
+    global _TOKENIZER
+    die_with_parent(parent)
+    _TOKENIZER = tokenizer
+
+
+def _encode_inherited(docs: list[str]) -> list:
+    return encode_documents(_TOKENIZER, docs, 1, None, True)
+
+
+def uses_processes(tokenizer) -> bool:
+    """Whether the builder encodes for `tokenizer` on forked processes (see the module docstring)."""
+    return (bool(getattr(tokenizer, "encode_in_processes", False))
+            and "fork" in multiprocessing.get_all_start_methods()
+            and os.environ.get(THREADS_ENV, "") in ("", "0"))
+
+
+class EncodePool:
+    """`workers` encoders for runs of documents: `encode(docs)` gives a Future of their ids (as
+    `encode_documents(tokenizer, docs, 1, arrays=True)` would)."""
+
+    def __init__(self, tokenizer, workers: int):
+        self.tokenizer = tokenizer
+        self.processes = uses_processes(tokenizer)
+        if self.processes:
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_adopt, initargs=(tokenizer, os.getpid()))
+            # A fork context starts every worker at the first submit: do it now, while the builder has
+            # no thread of its own (its writer and progress threads start after this)
+            self.pool.submit(int).result()
+        else:
+            self.pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode")
+
+    def encode(self, docs: Sequence[str]) -> Future:
+        if self.processes:
+            return self.pool.submit(_encode_inherited, list(docs))
+        return self.pool.submit(encode_documents, self.tokenizer, docs, 1, None, True)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
