@@ -252,6 +252,7 @@ def build_pretrain_cache(
         pool = EncodePool(tokenizer, workers) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
         exhausted = True
+        failed = False
         pipe = WriterPipeline()
         # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside sentencepiece.
         # debian-docs, 30 M chars, 2-core VM (bench/bench_cache_build.py, best of 5): 1 worker 5.6 Mtok/s
@@ -305,14 +306,15 @@ def build_pretrain_cache(
             pipe.close()
             records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
         except BaseException:
+            failed = True
             with contextlib.suppress(BaseException):
                 pipe.close()
             for w in writers.values():
                 w.abort()
             raise
         finally:
-            if pool is not None:
-                pool.shutdown()
+            if pool is not None:  # after an error, wait until no worker is still encoding
+                pool.shutdown(wait=failed)
             bar.close(finished=exhausted)
         if callable(source):  # described after the stream was read, so its skip counts are final
             source = source()

@@ -72,9 +72,10 @@ class EncodePool:
         if self.processes:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                             initializer=_adopt, initargs=(tokenizer, os.getpid()))
-            # A fork context starts every worker at the first submit: do it now, while the builder has
-            # no thread of its own (its writer and progress threads start after this)
-            self.pool.submit(int).result()
+            # A fork context forks every worker at the first submit, on this thread and before the pool's
+            # own manager thread starts: do it now, while the builder has no thread of its own (its writer
+            # and progress threads start after this)
+            self.pool.submit(int)
         else:
             self.pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode")
 
@@ -83,5 +84,6 @@ class EncodePool:
             return self.pool.submit(_encode_inherited, list(docs))
         return self.pool.submit(encode_documents, self.tokenizer, docs, 1, None, True)
 
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def shutdown(self, wait: bool = True) -> None:
+        """Drop the work not started; `wait=False` (every result taken): idle workers exit in the background."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)
