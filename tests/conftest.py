@@ -177,6 +177,60 @@ def s3(s3_endpoint, monkeypatch, tmp_path):
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+# gcsfs (2025.10 and later) asks Google's gRPC control plane for a bucket's layout before each operation and
+# waits 60 s for an answer that a local emulator cannot give; the plain JSON-API filesystem is what it then
+# falls back to. Set before gcsfs is first imported (it reads this at import).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    """A Google Cloud Storage JSON-API server (gcp-storage-emulator, in memory) in a subprocess on 127.0.0.1."""
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("gcp_storage_emulator")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                             "--port", str(port), "--in-memory"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/storage/v1/b?project=test", timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"gcp-storage-emulator did not start on {url}")
+            time.sleep(0.1)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+def gcs(gcs_endpoint, monkeypatch):
+    """A fresh bucket; returns (gcsfs filesystem, "gs://bucket") with fsspec configured for the endpoint."""
+    import fsspec
+    import gcsfs
+
+    conf = {"endpoint_url": gcs_endpoint, "token": "anon", "project": "test"}
+    for k, v in conf.items():  # for subprocesses (the CLI)
+        monkeypatch.setenv(f"FSSPEC_GS_{k.upper()}", v)
+    monkeypatch.setitem(fsspec.config.conf, "gs", conf)
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    fs = gcsfs.GCSFileSystem(**conf)
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    yield fs, f"gs://{bucket}"
+    gcsfs.GCSFileSystem.clear_instance_cache()
+
+
 @pytest.fixture
 def download_cache(tmp_path, monkeypatch):
     """A local download cache directory of this test's own (tests/storage uses one in every test)."""
