@@ -7,8 +7,9 @@ of one, two processes 1.9x (cl100k_base on debian-docs, both on a 2-core EPYC VM
 of a Xeon; bench/bench_tokenizers.py), with one Encoding or one per thread, and with glibc's malloc or
 jemalloc. A tokenizer says so with `encode_in_processes = True`; its workers are then processes forked
 from the builder before it starts any thread of its own, which inherit the open tokenizer (nothing is
-pickled but the documents going out and the uint32 arrays coming back). Where fork is not available
-(Windows, or NIELS_GPT_ENCODE_THREADS=1 in the environment), such a tokenizer gets threads too.
+pickled but the documents going out and the uint32 arrays coming back). That is on Linux; elsewhere (macOS,
+where forking a process that has loaded system frameworks is unsafe, and Windows, which cannot fork), or
+with NIELS_GPT_ENCODE_THREADS=1 in the environment, such a tokenizer gets threads too.
 A forked worker dies with the process that forked it (Linux: PR_SET_PDEATHSIG), so a build killed with
 SIGKILL leaves no worker behind.
 
@@ -58,7 +59,7 @@ def _encode_inherited(docs: list[str]) -> list:
 def uses_processes(tokenizer) -> bool:
     """Whether the builder encodes for `tokenizer` on forked processes (see the module docstring)."""
     return (bool(getattr(tokenizer, "encode_in_processes", False))
-            and "fork" in multiprocessing.get_all_start_methods()
+            and sys.platform.startswith("linux")
             and os.environ.get(THREADS_ENV, "") in ("", "0"))
 
 
