@@ -11,7 +11,8 @@ pickled but the documents going out and the uint32 arrays coming back). That is 
 where forking a process that has loaded system frameworks is unsafe, and Windows, which cannot fork), or
 with NIELS_GPT_ENCODE_THREADS=1 in the environment, such a tokenizer gets threads too.
 A forked worker dies with the process that forked it (Linux: PR_SET_PDEATHSIG), so a build killed with
-SIGKILL leaves no worker behind.
+SIGKILL leaves no worker behind, and ignores Ctrl-C, which the builder handles (one message, not a traceback
+per worker).
 
 The ids are the same either way: every document is encoded alone by `encode_documents`, and the
 caller joins the runs in order.
@@ -46,9 +47,16 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def worker_init(parent: int) -> None:
+    """A worker process's start: it dies with `parent`, and leaves Ctrl-C to it (the parent stops the pool
+    and reports the interrupt once, instead of every worker printing a KeyboardInterrupt traceback)."""
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _adopt(tokenizer, parent: int) -> None:
     global _TOKENIZER
-    die_with_parent(parent)
+    worker_init(parent)
     _TOKENIZER = tokenizer
 
 

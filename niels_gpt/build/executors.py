@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from niels_gpt.build.encode_pool import die_with_parent
+from niels_gpt.build.encode_pool import worker_init
 from niels_gpt.errors import ConfigError
 
 EXECUTORS = ("inprocess", "processes", "ray")
@@ -91,9 +91,10 @@ class Processes(Executor):
             raise ConfigError(f"workers must be >= 1, got {workers}")
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("fork" if "fork" in methods else "spawn")
-        # a worker dies with this process (Linux), so a driver killed with SIGKILL leaves none behind
+        # a worker dies with this process (Linux), so a driver killed with SIGKILL leaves none behind, and
+        # leaves Ctrl-C to the driver
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
-                                        initializer=die_with_parent, initargs=(os.getpid(),))
+                                        initializer=worker_init, initargs=(os.getpid(),))
         self.futures: dict = {}
         self.running = False
 

@@ -109,3 +109,42 @@ def test_encode_workers_die_with_a_killed_builder(tmp_path, tiktoken_file):
     for p in left:  # do not leave them to the rest of the suite
         os.kill(p, signal.SIGKILL)
     assert left == [], "encode workers outlived the builder that forked them"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@FORK
+def test_ctrl_c_during_a_tiktoken_build_is_one_message_and_no_worker_traceback(tmp_path, tiktoken_file):
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts() * 60))
+    proc = subprocess.Popen([sys.executable, "-m", "niels_gpt", "build", str(src), "--out", str(tmp_path / "c"),
+                             "--tokenizer", str(tiktoken_file), "--workers", "2", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = _children(proc.pid)
+    assert proc.poll() is None and len(workers) >= 2, "the build ended before its workers could be seen"
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines() == ["error: interrupted; finished caches are intact, the unfinished one has "
+                                        "no meta.json"]
+    assert not (tmp_path / "c").exists()
+    deadline = time.monotonic() + 20
+    while any(process_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(process_alive(p) for p in workers)
