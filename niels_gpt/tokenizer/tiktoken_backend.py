@@ -7,13 +7,17 @@
   (TIKTOKEN_CACHE_DIR, else a tiktoken-cache directory under the system's temporary directory) and
   only downloads it when it is missing there; with no network a missing file is an error naming the
   cache directory to fill.
-- A `.tiktoken` file gets the regex of `PATTERN_FOR` (o200k's when the file name says o200k, else
-  cl100k's) and one special token, `<|endoftext|>`, right after the last rank.
+- A `.tiktoken` file that is one of OpenAI's published encodings (r50k_base, p50k_base, cl100k_base,
+  o200k_base: recognised by the sha256 tiktoken itself checks them against, `PUBLISHED`) is that encoding,
+  exactly as the name gives it: its regex, its special tokens (cl100k's `<|endoftext|>` is 100257, not the
+  100256 after its last rank) and the name's sha256, so a cache built from the file offline is the cache
+  built from the name. Any other file gets the regex of `pattern_for` (o200k's when the file name says
+  o200k, else cl100k's) and one special token, `<|endoftext|>`, right after the last rank.
 - The tokenizer keeps its own conventions: `<|endoftext|>` (or the --eos given) ends every document.
   Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template, so
   chat data needs another tokenizer.
-- sha256: of the `.tiktoken` file, or for a name of its ranks, regex and special tokens, so two machines
-  with the same encoding record the same value. Pickles as its name or path.
+- sha256: of the `.tiktoken` file, or for a name (and a published file) of its ranks, regex and special
+  tokens, so two machines with the same encoding record the same value. Pickles as its name or path.
 """
 
 from __future__ import annotations
@@ -36,6 +40,34 @@ O200K_PATTERN = "|".join([
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
     r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
 ])
+
+R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+# sha256 of a published .tiktoken file (the hash tiktoken_ext.openai_public checks downloads against) ->
+# (the encoding it is, its regex, its special tokens), as tiktoken's constructors define them
+# (tests/tokenizer_backends/test_backends.py holds this table to tiktoken's own definitions)
+PUBLISHED = {
+    "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930":
+        ("r50k_base", R50K_PATTERN, {ENDOFTEXT: 50256}),
+    "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069":
+        ("p50k_base", R50K_PATTERN, {ENDOFTEXT: 50256}),
+    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7":
+        ("cl100k_base", CL100K_PATTERN, {ENDOFTEXT: 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                                         "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}),
+    "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d":
+        ("o200k_base", O200K_PATTERN, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018}),
+}
+
+
+def encoding_sha256(enc) -> str:
+    """One hash of a tiktoken Encoding: its ranks, regex and special tokens (the same on every machine)."""
+    h = hashlib.sha256()
+    h.update(enc._pat_str.encode())
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+        h.update(rank.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)
+    for token, rank in sorted(enc._special_tokens.items()):
+        h.update(token.encode() + rank.to_bytes(4, "little"))
+    return h.hexdigest()
 
 
 def pattern_for(path: Path) -> str:
@@ -81,13 +113,18 @@ class TiktokenTokenizer(Tokenizer):
                 raise TokenizerError(f"{p}: not a .tiktoken file (base64 token, space, rank per line): {exc}") from exc
             if not ranks:
                 raise TokenizerError(f"{p}: no ranks in this .tiktoken file")
-            n = max(ranks.values()) + 1
+            file_sha256 = hashlib.sha256(data).hexdigest()
+            published = PUBLISHED.get(file_sha256)
+            if published is not None:  # the encoding of that name, offline
+                name, pattern, specials = published
+            else:
+                name, pattern, specials = p.stem, pattern_for(p), {ENDOFTEXT: max(ranks.values()) + 1}
             try:
-                self._enc = tiktoken.Encoding(name=p.stem, pat_str=pattern_for(p), mergeable_ranks=ranks,
-                                              special_tokens={ENDOFTEXT: n})
+                self._enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                                              special_tokens=specials)
             except Exception as exc:
                 raise TokenizerError(f"{p}: tiktoken refused these ranks: {exc}") from exc
-            self._sha256 = hashlib.sha256(data).hexdigest()
+            self._sha256 = encoding_sha256(self._enc) if published is not None else file_sha256
         else:
             try:
                 self._enc = tiktoken.get_encoding(text)
@@ -100,13 +137,7 @@ class TiktokenTokenizer(Tokenizer):
                 raise TokenizerError(f"tiktoken encoding {text!r} is not in its cache ({cache}) and could not be "
                                      f"downloaded ({type(exc).__name__}: {exc}); copy the encoding's file there "
                                      "(or set TIKTOKEN_CACHE_DIR), or pass a local .tiktoken file") from exc
-            h = hashlib.sha256()
-            h.update(self._enc._pat_str.encode())
-            for token, rank in sorted(self._enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
-                h.update(rank.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)
-            for token, rank in sorted(self._enc._special_tokens.items()):
-                h.update(token.encode() + rank.to_bytes(4, "little"))
-            self._sha256 = h.hexdigest()
+            self._sha256 = encoding_sha256(self._enc)
         self._path = text
         self._special_set = set(self._enc._special_tokens.values())
         eot = self._enc._special_tokens.get(ENDOFTEXT)

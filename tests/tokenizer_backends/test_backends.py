@@ -201,3 +201,68 @@ def test_vocabulary_above_65535_is_stored_as_uint32(tmp_path):
     ids = np.fromfile(tmp_path / "c" / "train" / "shard_00000.bin", dtype="<u4").tolist()
     assert ids == tok.encode(text) + [65_792] and max(ids[:-1]) > 65_535
     assert tok.decode(ids) == text
+
+
+def test_the_published_encodings_table_is_tiktokens_own(monkeypatch):
+    """PUBLISHED (file sha256 -> name, regex, special tokens) against the constructors tiktoken ships: each is
+    called with its download replaced by a recorder of the hash it would check the file against."""
+    pytest.importorskip("tiktoken")
+    openai_public = pytest.importorskip("tiktoken_ext.openai_public")
+    from niels_gpt.tokenizer.tiktoken_backend import PUBLISHED
+
+    seen = {}
+
+    def recorder(url, expected_hash=None):
+        seen["hash"] = expected_hash
+        return {}
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", recorder)
+    for name in ("r50k_base", "p50k_base", "cl100k_base", "o200k_base"):
+        spec = getattr(openai_public, name)()
+        assert PUBLISHED[seen["hash"]] == (name, spec["pat_str"], spec["special_tokens"])
+    assert len(PUBLISHED) == 4
+
+
+def test_a_published_tiktoken_file_is_its_named_encoding(tmp_path, monkeypatch, tiktoken_file):
+    """A file tiktoken would accept as a published encoding gets that encoding's regex, special tokens and
+    sha256, not the generic <|endoftext|> after the last rank (here the sample BPE file stands in for one)."""
+    import hashlib
+
+    pytest.importorskip("tiktoken")
+    from niels_gpt.tokenizer import tiktoken_backend as tb
+
+    generic = load_tokenizer(tiktoken_file)
+    n = len(generic) - 1  # ranks in the file
+    assert generic.eot_id == n and generic.sha256 == hashlib.sha256(tiktoken_file.read_bytes()).hexdigest()
+    specials = {"<|endoftext|>": n + 5, "<|endofprompt|>": n + 9}
+    monkeypatch.setitem(tb.PUBLISHED, hashlib.sha256(tiktoken_file.read_bytes()).hexdigest(),
+                        ("sample_base", tb.CL100K_PATTERN, specials))
+    tok = load_tokenizer(tiktoken_file)
+    assert tok.eot_id == n + 5 and len(tok) == n + 10 and tok._enc.name == "sample_base"
+    assert tok.sha256 == tb.encoding_sha256(tok._enc) != generic.sha256
+    text = "\n".join(sample_texts())[:5000]
+    assert tok.encode(text) == generic.encode(text)
+
+
+def test_cl100k_base_as_a_file_and_by_name_are_one_tokenizer(tmp_path):
+    """With cl100k_base in tiktoken's cache (TIKTOKEN_CACHE_DIR), its ranks written out are the published file
+    byte for byte, and opening that file gives the named encoding: same ids, same EOT (100257), same sha256."""
+    import base64
+    import hashlib
+
+    pytest.importorskip("tiktoken")
+    try:
+        named = load_tokenizer("cl100k_base")
+    except TokenizerError:
+        pytest.skip("cl100k_base is not in tiktoken's cache here (no network)")
+    ranks = sorted(named._enc._mergeable_ranks.items(), key=lambda kv: kv[1])
+    path = tmp_path / "cl100k_base.tiktoken"
+    path.write_bytes("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks).encode())
+    from niels_gpt.tokenizer.tiktoken_backend import PUBLISHED
+
+    assert hashlib.sha256(path.read_bytes()).hexdigest() in PUBLISHED
+    tok = load_tokenizer(path)
+    assert (tok.eot_id, len(tok), tok.sha256) == (named.eot_id, len(named), named.sha256) == (100257, 100277,
+                                                                                               named.sha256)
+    text = "\n".join(sample_texts())[:20000]
+    assert tok.encode(text) == named.encode(text)
