@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
 from collections.abc import Sequence
@@ -57,6 +59,26 @@ PUBLISHED = {
     "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d":
         ("o200k_base", O200K_PATTERN, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018}),
 }
+
+
+def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
+    """The ranks of a .tiktoken file's bytes, as tiktoken's `load_tiktoken_bpe` reads them.
+
+    NOTE: not `load_tiktoken_bpe(path)` itself: it goes through tiktoken's download cache, which keys
+    local paths too (sha1 of the path string), so it copied every file into the cache directory and
+    then served the first version of a path after the file was replaced.
+    """
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line:
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+        except (ValueError, binascii.Error) as exc:
+            raise TokenizerError(f"{path}: not a .tiktoken file (base64 token, space, rank per line): line "
+                                 f"{number}: {line[:60]!r} ({exc})") from exc
+    return ranks
 
 
 def encoding_sha256(enc) -> str:
@@ -97,7 +119,6 @@ class TiktokenTokenizer(Tokenizer):
                  separator: str | None = None):
         try:
             import tiktoken
-            from tiktoken.load import load_tiktoken_bpe
         except ImportError as exc:  # pragma: no cover - the tiktoken extra is not installed
             raise TokenizerError(f"{path}: a tiktoken encoding needs the `tiktoken` package: pip install "
                                  "'niels_gpt[tiktoken]'") from exc
@@ -107,10 +128,7 @@ class TiktokenTokenizer(Tokenizer):
             if not p.is_file():
                 raise TokenizerError(f"no .tiktoken file at {p}; pass an existing file or an encoding name")
             data = p.read_bytes()
-            try:
-                ranks = load_tiktoken_bpe(str(p))
-            except Exception as exc:  # tiktoken raises ValueError/binascii.Error on a malformed line
-                raise TokenizerError(f"{p}: not a .tiktoken file (base64 token, space, rank per line): {exc}") from exc
+            ranks = parse_ranks(data, p)
             if not ranks:
                 raise TokenizerError(f"{p}: no ranks in this .tiktoken file")
             file_sha256 = hashlib.sha256(data).hexdigest()

@@ -266,3 +266,22 @@ def test_cl100k_base_as_a_file_and_by_name_are_one_tokenizer(tmp_path):
                                                                                                named.sha256)
     text = "\n".join(sample_texts())[:20000]
     assert tok.encode(text) == named.encode(text)
+
+
+def test_a_replaced_tiktoken_file_is_read_again_and_not_copied_to_a_cache(tmp_path, monkeypatch, tiktoken_file):
+    """tiktoken's loader caches local paths by name; ours reads the file itself: a file replaced at the same
+    path gives the new ranks and sha256, and nothing is written to tiktoken's cache directory."""
+    pytest.importorskip("tiktoken")
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    path = tmp_path / "ranks.tiktoken"
+    lines = tiktoken_file.read_text().splitlines()
+    path.write_text("\n".join(lines) + "\n")
+    first = load_tokenizer(path)
+    path.write_text("\n".join(lines[:300]) + "\n")  # the same path, fewer ranks
+    second = load_tokenizer(path)
+    assert len(first) == len(lines) + 1 and len(second) == 301 and second.sha256 != first.sha256
+    assert not cache.exists() or not any(cache.iterdir())
+    path.write_text("\n".join(lines[:5] + ["QUJD notanumber"]) + "\n")
+    with pytest.raises(TokenizerError, match=r"ranks.tiktoken: not a .tiktoken file .* line 6: b'QUJD notanumber'"):
+        load_tokenizer(path)
