@@ -103,6 +103,13 @@ def _ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple
         yield receipt
 
 
+def tokenizer_ref(tok) -> str:
+    """How a task names the tokenizer to open: an absolute path for a file or directory (a Ray worker runs
+    in a directory of Ray's choosing), else the name itself (a tiktoken encoding such as cl100k_base)."""
+    path = Path(tok.model_path)
+    return str(path.resolve()) if path.exists() else tok.model_path
+
+
 def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike,
                max_train_tokens: int, max_val_tokens: int, shard_bytes: int, seed: int,
                executor: str = "processes", workers: int | None = None, ray_address: str = RAY_ADDRESS,
@@ -161,7 +168,7 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     work.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
-    args = (plan.text_field, str(Path(tok.model_path).resolve()), tok.sha256, str(work), plan.tokenizer_options)
+    args = (plan.text_field, tokenizer_ref(tok), tok.sha256, str(work), plan.tokenizer_options)
     keep_tokenizer(args[1], tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
     ex = make_executor(executor, workers=workers, ray_address=ray_address, retries=retries)
     where = ex.describe()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -94,3 +96,35 @@ def test_rejects_building_with_a_tokenizer_that_has_no_separator(tmp_path):
     with pytest.raises(TokenizerError, match=r"tokenizer.json: no end-of-text token found"):
         build(load_tokenizer(tmp_path / "tokenizer.json"), tmp_path / "c")
     assert not (tmp_path / "c" / "meta.json").exists()
+
+
+def test_dist_build_tasks_open_a_tiktoken_encoding_by_its_name(tmp_path, monkeypatch, tiktoken_file, tokenizer):
+    """A task is told the tokenizer by name when it is a name (a Ray worker opens it there), by absolute path
+    when it is a file; a task in a fresh worker (nothing kept from the driver) opens the name and runs."""
+    import json
+
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken.load import load_tiktoken_bpe
+
+    from niels_gpt.build import make_plan
+    from niels_gpt.build import tasks as tasks_module
+    from niels_gpt.build.dist import tokenizer_ref
+    from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN
+
+    ranks = load_tiktoken_bpe(str(tiktoken_file))
+    tiktoken.registry.list_encoding_names()
+    monkeypatch.setitem(tiktoken.registry.ENCODING_CONSTRUCTORS, "sample_base", lambda: {
+        "name": "sample_base", "pat_str": CL100K_PATTERN, "mergeable_ranks": ranks,
+        "special_tokens": {"<|endoftext|>": len(ranks)}})
+    named = load_tokenizer("sample_base")
+    monkeypatch.chdir(tmp_path)
+    assert tokenizer_ref(named) == "sample_base"
+    assert tokenizer_ref(tokenizer) == str(Path(tokenizer.model_path).resolve())
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts()[:4]))
+    plan = make_plan([src], tokenizer=named)
+    monkeypatch.setattr(tasks_module, "_TOKENIZERS", {})  # a worker that never saw the driver's tokenizer
+    receipt = tasks_module.run_task(plan.tasks[0].to_json(), "text", tokenizer_ref(named), named.sha256,
+                                    str(tmp_path / "work"))
+    want = sum(len(named.encode(t)) + 1 for t in sample_texts()[:4] if t.strip())
+    assert receipt["tokens"] == want
