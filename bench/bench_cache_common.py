@@ -100,6 +100,16 @@ def write_synthetic_sft_cache(out: Path, n_examples: int, *, seed: int = 0, mean
     return out
 
 
+def timed(fn, *, repeat: int = 2) -> float:
+    """Seconds of the fastest of `repeat` calls of fn()."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def best_rate(fn, *, n: int, repeat: int = 3) -> float:
     """Calls per second of fn(): the best of `repeat` timed runs of `n` calls (after one warm-up call)."""
     fn()

@@ -23,11 +23,11 @@ import json
 import multiprocessing
 import sys
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from bench_cache_build import CORPUS
+from bench_cache_common import timed
 
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 
@@ -58,15 +58,6 @@ def wikitext() -> list[str]:
     return [a for a in text.split("\n \n") if a.strip()]
 
 
-def best(fn, repeat: int) -> float:
-    out = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
-
-
 def _encode(docs: list[str]) -> int:
     core = _ENC._enc._core_bpe
     return sum(memoryview(core.encode_to_tiktoken_buffer(t, set())).nbytes for t in docs)
@@ -88,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         n = sum(map(len, docs))
         with tempfile.TemporaryDirectory() as tmp:
             spm = train_tokenizer(docs, Path(tmp) / "spm", settings=TrainSettings(vocab_size=args.vocab))
-            rate = {k: n / best(lambda tok=tok, docs=docs: tok.encode_batch(docs, num_threads=1), args.repeat)
+            rate = {k: n / timed(lambda tok=tok, docs=docs: tok.encode_batch(docs, num_threads=1), repeat=args.repeat)
                     for k, tok in (("sentencepiece", spm), ("tiktoken", tt))}
         print(f"  {name}: {n:,} chars; sentencepiece {rate['sentencepiece'] / 1e6:.1f} M chars/s, "
               f"{args.tiktoken} {rate['tiktoken'] / 1e6:.1f} M: tiktoken / sentencepiece "
@@ -98,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as procs, \
             ThreadPoolExecutor(2) as threads:
         list(procs.map(_encode, [docs[:2], docs[2:4]]))  # the workers are up before timing
-        one = best(lambda: _encode(docs), args.repeat)
-        two_threads = best(lambda: list(threads.map(_encode, halves)), args.repeat)
-        two_procs = best(lambda: list(procs.map(_encode, halves)), args.repeat)
+        one = timed(lambda: _encode(docs), repeat=args.repeat)
+        two_threads = timed(lambda: list(threads.map(_encode, halves)), repeat=args.repeat)
+        two_procs = timed(lambda: list(procs.map(_encode, halves)), repeat=args.repeat)
     print(f"2. {args.tiktoken} on debian-docs ({sum(map(len, docs)):,} chars): one thread "
           f"{sum(map(len, docs)) / one / 1e6:.1f} M chars/s; 2 threads {one / two_threads:.2f}x; "
           f"2 processes {one / two_procs:.2f}x")

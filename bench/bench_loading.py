@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_cache_common import timed
 from torch.utils.data import DataLoader, DistributedSampler
 
 from niels_gpt.cache.build_cache import build_pretrain_cache
@@ -67,15 +68,6 @@ def web_pages() -> list[str]:
 
 def gutenberg_books() -> list[str]:
     return [p.read_text(encoding="utf-8-sig", errors="replace") for p in sorted((DATA / "gutenberg").glob("*.txt"))]
-
-
-def timed(fn, *, repeat: int = 2) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def bench_map_style(tok, docs, work: Path) -> list[tuple]:

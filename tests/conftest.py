@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +44,19 @@ def process_alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def kill_and_check_workers_end(proc: subprocess.Popen, pids: list[int], message: str) -> None:
+    """SIGKILL `proc` (the parent alone), then fail with `message` unless every one of `pids` ends within 20 s."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if process_alive(p)]
+    for p in left:  # do not leave them to the rest of the suite
+        os.kill(p, signal.SIGKILL)
+    assert left == [], message
 
 
 def sample_texts() -> list[str]:
@@ -129,24 +143,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint():
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    port = free_port()
-    env = {**os.environ, **CREDENTIALS}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
+def _server(module_args: list[str], url: str, probe: str, name: str, env: dict | None = None):
+    """Run `python -m <module_args>` until the caller is done; yields `url` once GET url+probe answers."""
+    proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30
     while True:
         try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+            urllib.request.urlopen(url + probe, timeout=1).close()
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                pytest.fail(f"moto server did not start on {url}")
+                pytest.fail(f"{name} did not start on {url}")
             time.sleep(0.1)
     try:
         yield url
@@ -156,6 +165,15 @@ def s3_endpoint():
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    port = free_port()
+    yield from _server(["moto.server", "-H", "127.0.0.1", "-p", str(port)], f"http://127.0.0.1:{port}",
+                       "/moto-api/", "moto server", env={**os.environ, **CREDENTIALS})
 
 
 @pytest.fixture
@@ -189,28 +207,8 @@ def gcs_endpoint():
     pytest.importorskip("gcsfs")
     pytest.importorskip("gcp_storage_emulator")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-                             "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/storage/v1/b?project=test", timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"gcp-storage-emulator did not start on {url}")
-            time.sleep(0.1)
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    yield from _server(["gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+                       f"http://127.0.0.1:{port}", "/storage/v1/b?project=test", "gcp-storage-emulator")
 
 
 @pytest.fixture

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.errors import CacheError, ConfigError, SourceError, TokenizerError
 
-from ..conftest import process_alive
+from ..conftest import kill_and_check_workers_end, process_alive
 
 SETTINGS = [  # (train budget, val budget, shard bytes): every token; budgets met mid-stream; no val
     (ALL_TOKENS, 5_000, 20_000),
@@ -343,13 +341,8 @@ def test_worker_processes_die_with_a_killed_driver():
     try:
         pids = json.loads(proc.stdout.readline())
         assert len(pids) == 2 and all(process_alive(p) for p in pids)
-    finally:
-        proc.send_signal(signal.SIGKILL)
+    except BaseException:
+        proc.kill()
         proc.wait(timeout=30)
-    deadline = time.monotonic() + 20
-    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [p for p in pids if process_alive(p)]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
-    assert left == [], "worker processes outlived the dist-build driver that started them"
+        raise
+    kill_and_check_workers_end(proc, pids, "worker processes outlived the dist-build driver that started them")

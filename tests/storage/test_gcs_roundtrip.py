@@ -5,39 +5,25 @@ batches equal to the local cache's, a damaged remote shard caught, the CLI's bui
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
 
-from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.errors import CacheMismatchError
 from niels_gpt.loading.windows import IndexedWindowDataset
 
 from ..conftest import sample_texts
-
-SHARD_BYTES = 16_384
-
-
-def _build(tokenizer, out):
-    build_pretrain_cache(sample_texts(), str(out), tokenizer=tokenizer, max_train_tokens=40_000,
-                         max_val_tokens=4_000, shard_bytes=SHARD_BYTES, seed=3, shuffle_buffer=None,
-                         progress=False)
-
-
-def _tree(root):
-    return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
-            for d, _, names in os.walk(root) for n in names}
+from .conftest import build_sample_cache, file_tree
 
 
 def test_build_to_gcs_uploads_the_local_build_byte_for_byte_meta_last(gcs, tokenizer, tmp_path):
     fs, bucket = gcs
-    _build(tokenizer, tmp_path / "c")
-    _build(tokenizer, f"{bucket}/c")
+    build_sample_cache(tokenizer, tmp_path / "c")
+    build_sample_cache(tokenizer, f"{bucket}/c")
     remote = {p.split("/c/", 1)[1]: fs.cat_file(p) for p in fs.find(f"{bucket}/c")}
-    assert remote == _tree(tmp_path / "c")
+    assert remote == file_tree(tmp_path / "c")
     assert len([k for k in remote if k.startswith("train/")]) >= 3
     # the commit marker is the last object written (the server stamps each write to the microsecond)
     updated = {p.split("/c/", 1)[1]: fs.info(p)["updated"] for p in fs.find(f"{bucket}/c")}
@@ -48,8 +34,8 @@ def test_build_to_gcs_uploads_the_local_build_byte_for_byte_meta_last(gcs, token
 
 def test_random_window_batches_from_gcs_equal_the_local_cache(gcs, tokenizer, tmp_path, download_cache):
     _, bucket = gcs
-    _build(tokenizer, tmp_path / "local")
-    _build(tokenizer, f"{bucket}/c")
+    build_sample_cache(tokenizer, tmp_path / "local")
+    build_sample_cache(tokenizer, f"{bucket}/c")
     g_local, g_remote = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     local = PretrainTokenStreamDataset(str(tmp_path / "local" / "train"), T=64, device="cpu")
     remote = PretrainTokenStreamDataset(f"{bucket}/c/train", T=64, device="cpu")
@@ -61,7 +47,7 @@ def test_random_window_batches_from_gcs_equal_the_local_cache(gcs, tokenizer, tm
 
 def test_a_corrupted_gcs_shard_is_caught_by_its_checksum(gcs, tokenizer, download_cache):
     fs, bucket = gcs
-    _build(tokenizer, f"{bucket}/c")
+    build_sample_cache(tokenizer, f"{bucket}/c")
     shard = f"{bucket}/c/train/shard_00001.bin"
     data = bytearray(fs.cat_file(shard))
     data[100] ^= 0xFF
@@ -82,7 +68,7 @@ def test_cli_builds_from_a_gcs_corpus_to_gcs_and_verify_names_a_damaged_shard(gc
     assert main(["build", f"{bucket}/corpus/*.jsonl", "--out", f"{bucket}/out", *common]) == 0
     assert main(["build", str(tmp_path / "docs.jsonl"), "--out", str(tmp_path / "out"), *common]) == 0
     remote = {p.split("/out/", 1)[1]: fs.cat_file(p) for p in fs.find(f"{bucket}/out")}
-    local = _tree(tmp_path / "out")
+    local = file_tree(tmp_path / "out")
     meta_r, meta_l = json.loads(remote.pop("meta.json")), json.loads(local.pop("meta.json"))
     assert remote == local  # every shard byte-identical; meta.json differs only where it names the source
     assert meta_r["files"] == meta_l["files"] and meta_r["totals"] == meta_l["totals"]

@@ -3,35 +3,20 @@ from a URL equal the local cache's, byte for byte; every download is checked and
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
-from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
+from niels_gpt.cache.build_cache import build_sft_cache
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.errors import CacheMismatchError, ConfigError
 from niels_gpt.loading.sampler import GlobalBatchSampler, ResumableDataLoader
 from niels_gpt.loading.windows import IndexedWindowDataset
-from niels_gpt.storage import RemoteCache, configure
+from niels_gpt.storage import RemoteCache, configure, upload_tree
 
 from ..conftest import sample_texts, write_pretrain_cache
-from .conftest import http_server
-
-SHARD_BYTES = 16_384
-
-
-def _build(tokenizer, out):
-    build_pretrain_cache(sample_texts(), str(out), tokenizer=tokenizer, max_train_tokens=40_000,
-                         max_val_tokens=4_000, shard_bytes=SHARD_BYTES, seed=3, shuffle_buffer=None,
-                         progress=False)
-
-
-def _tree(root):
-    return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
-            for d, _, names in os.walk(root) for n in names}
+from .conftest import build_sample_cache, file_tree, http_server
 
 
 def _batches(ds, n=6, B=8, seed=11):
@@ -42,9 +27,9 @@ def _batches(ds, n=6, B=8, seed=11):
 
 def test_build_to_s3_uploads_the_local_build_byte_for_byte(s3, tokenizer, tmp_path):
     fs, bucket = s3
-    _build(tokenizer, tmp_path / "wikitext")
-    _build(tokenizer, f"{bucket}/wikitext")
-    local = _tree(tmp_path / "wikitext")
+    build_sample_cache(tokenizer, tmp_path / "wikitext")
+    build_sample_cache(tokenizer, f"{bucket}/wikitext")
+    local = file_tree(tmp_path / "wikitext")
     remote = {p.split("/wikitext/", 1)[1]: fs.cat_file(p) for p in fs.find(f"{bucket}/wikitext")}
     assert remote == local
     assert len([k for k in local if k.startswith("train/")]) >= 3
@@ -53,8 +38,8 @@ def test_build_to_s3_uploads_the_local_build_byte_for_byte(s3, tokenizer, tmp_pa
 
 def test_random_window_batches_from_s3_equal_the_local_cache(s3, tokenizer, tmp_path, download_cache):
     _, bucket = s3
-    _build(tokenizer, tmp_path / "local")
-    _build(tokenizer, f"{bucket}/c")
+    build_sample_cache(tokenizer, tmp_path / "local")
+    build_sample_cache(tokenizer, f"{bucket}/c")
     want, want_state = _batches(PretrainTokenStreamDataset(str(tmp_path / "local" / "train"), T=64, device="cpu"))
     ds = PretrainTokenStreamDataset(f"{bucket}/c/train", T=64, device="cpu")
     got, got_state = _batches(ds)
@@ -83,8 +68,8 @@ def test_sft_batches_from_s3_equal_the_local_cache(s3, tokenizer, tmp_path):
 
 def test_indexed_windows_resume_state_is_the_same_remote_and_local(s3, tokenizer, tmp_path):
     _, bucket = s3
-    _build(tokenizer, tmp_path / "local")
-    _build(tokenizer, f"{bucket}/c")
+    build_sample_cache(tokenizer, tmp_path / "local")
+    build_sample_cache(tokenizer, f"{bucket}/c")
 
     def run(path, state=None, n=3):
         ds = IndexedWindowDataset(path, 32)
@@ -107,7 +92,7 @@ def test_indexed_windows_resume_state_is_the_same_remote_and_local(s3, tokenizer
 
 def test_a_corrupted_remote_shard_is_caught_by_its_checksum(s3, tokenizer, tmp_path, download_cache):
     fs, bucket = s3
-    _build(tokenizer, f"{bucket}/c")
+    build_sample_cache(tokenizer, f"{bucket}/c")
     shard = f"{bucket}/c/train/shard_00001.bin"
     data = bytearray(fs.cat_file(shard))
     data[100] ^= 0xFF
@@ -157,7 +142,6 @@ def test_a_rebuilt_remote_cache_replaces_the_mirrored_files(s3, tokenizer, tmp_p
     fs, bucket = s3
     write_pretrain_cache(tmp_path / "a", {"train": [np.arange(500) % 7]})
     write_pretrain_cache(tmp_path / "b", {"train": [np.arange(500) % 11]})
-    from niels_gpt.storage import upload_tree
 
     upload_tree(tmp_path / "a", f"{bucket}/c")
     assert IndexedWindowDataset(f"{bucket}/c", 9)[3]["input_ids"].tolist() == (np.arange(27, 36) % 7).tolist()
@@ -169,7 +153,6 @@ def test_a_rebuilt_remote_cache_replaces_the_mirrored_files(s3, tokenizer, tmp_p
 
 def test_each_rank_downloads_only_the_shards_its_indices_reach(s3, tmp_path):
     _, bucket = s3
-    from niels_gpt.storage import upload_tree
 
     write_pretrain_cache(tmp_path / "c", {"train": [np.arange(i, i + 41) for i in range(8)]})  # 5 windows each
     upload_tree(tmp_path / "c", f"{bucket}/c")
@@ -186,7 +169,6 @@ def test_each_rank_downloads_only_the_shards_its_indices_reach(s3, tmp_path):
 
 def test_dataloader_workers_read_a_remote_cache_like_a_local_one(s3, tmp_path):
     _, bucket = s3
-    from niels_gpt.storage import upload_tree
 
     write_pretrain_cache(tmp_path / "c", {"train": [np.arange(i, i + 401) % 2000 for i in range(4)]})
     upload_tree(tmp_path / "c", f"{bucket}/c")

@@ -21,7 +21,7 @@ from niels_gpt.errors import TokenizerError
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer
 
-from ..conftest import process_alive, sample_texts
+from ..conftest import kill_and_check_workers_end, process_alive, sample_texts
 
 pytest.importorskip("tiktoken")
 pytest.importorskip("tokenizers")
@@ -99,16 +99,11 @@ def test_encode_workers_die_with_a_killed_builder(tmp_path, tiktoken_file):
     try:
         pids = json.loads(proc.stdout.readline())
         assert len(pids) == 2 and all(process_alive(p) for p in pids)
-    finally:
-        proc.send_signal(signal.SIGKILL)
+    except BaseException:
+        proc.kill()
         proc.wait(timeout=30)
-    deadline = time.monotonic() + 20
-    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [p for p in pids if process_alive(p)]
-    for p in left:  # do not leave them to the rest of the suite
-        os.kill(p, signal.SIGKILL)
-    assert left == [], "encode workers outlived the builder that forked them"
+        raise
+    kill_and_check_workers_end(proc, pids, "encode workers outlived the builder that forked them")
 
 
 def _children(pid: int) -> list[int]:
