@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench_cache_common import table
 
-from niels_gpt.build import dist_build, make_plan
+from niels_gpt.builders import dist_build, make_plan
 from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 
@@ -58,7 +58,7 @@ ray.shutdown()
 RAY_DRIVER = """
 import json, sys, time
 import ray
-from niels_gpt.build import dist_build
+from niels_gpt.builders import dist_build
 args = json.loads(sys.argv[1])
 for line in sys.stdin:
     req = json.loads(line)

@@ -7,7 +7,7 @@ against two processes.
    cache, TIKTOKEN_CACHE_DIR, or downloadable). Best of --repeat.
 2. tiktoken on debian-docs: one thread, two threads of one process, two forked processes (each half of
    the documents, `encode_to_tiktoken_buffer` as the cache builder calls it). This is why the builder's
-   tiktoken workers are processes (niels_gpt/build/encode_pool.py).
+   tiktoken workers are processes (niels_gpt/builders/encode_pool.py).
 
 Figures on the project's 2-core VM (`TIKTOKEN_CACHE_DIR=... PYTHONPATH=. .venv/bin/python
 bench/bench_encoders.py`, two runs plus the same measurements run by hand before the script), cl100k_base

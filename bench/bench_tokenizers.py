@@ -39,7 +39,7 @@ quiet; x = against the same run's bare 1-thread encoder (1 worker / 2 workers):
   assumed), so the builds stand at 0.6-1.05x of each other.
 
 With cl100k_base (the file taken from tiktoken's cache; this VM has no route to tiktoken's download host),
-after the builder's tiktoken workers became forked processes (niels_gpt/build/encode_pool.py), the same VM:
+after the builder's tiktoken workers became forked processes (niels_gpt/builders/encode_pool.py), the same VM:
     TIKTOKEN_CACHE_DIR=... PYTHONPATH=. .venv/bin/python bench/bench_tokenizers.py --repeat 4
 three runs, 1 worker / 2 workers against each backend's bare 1-thread encoder: spm 0.93-0.98x / 1.72-1.79x
 (its bare 2 threads 1.73-1.80x); HF 0.98-1.01x / 1.89-1.91x; tiktoken 1.04-1.08x / 1.47x on threads, then

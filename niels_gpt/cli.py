@@ -21,9 +21,9 @@ from pathlib import Path
 from niels_gpt import sources
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.build import cli as dist_build_cli
-from niels_gpt.build import corpus as build_corpus_cli
-from niels_gpt.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
+from niels_gpt.builders import cli as dist_build_cli
+from niels_gpt.builders import corpus as build_corpus_cli
+from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats import cli as formats_cli
 from niels_gpt.loading import cli as loading_cli

@@ -19,7 +19,7 @@ import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import META_NAME, TOKEN_DTYPES
-from niels_gpt.errors import CacheError, CacheMismatchError, IncompleteCacheError
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 
 FORMAT_VERSION = 1
 
@@ -35,6 +35,22 @@ REQUIRED_TOTALS: dict[str, tuple[str, ...]] = {
     "pretrain": ("train_tokens", "val_tokens"),
     "sft": ("train_examples", "val_examples"),
 }
+
+
+def numpy_dtype(token_dtype: str) -> np.dtype:
+    """meta.json's "uint16-le" / "uint32-le" -> numpy dtype."""
+    try:
+        return TOKEN_DTYPES[token_dtype]
+    except KeyError:
+        raise CacheError(f"unknown token_dtype {token_dtype!r}; expected one of {sorted(TOKEN_DTYPES)}") from None
+
+
+def meta_token_dtype(dtype: np.dtype) -> str:
+    dtype = np.dtype(dtype)
+    for name, dt in TOKEN_DTYPES.items():
+        if dt == dtype:
+            return name
+    raise ConfigError(f"token dtype {dtype} is not supported; use uint16 or uint32")
 
 
 def meta_path(path: str | os.PathLike) -> Path:

@@ -169,3 +169,32 @@ def test_every_package_directory_is_a_package():
     missing = sorted(str(d.relative_to(PACKAGE.parent)) for d in {p.parent for p in PACKAGE.rglob("*.py")}
                      if not (d / "__init__.py").is_file())
     assert not missing, missing
+
+
+def test_no_package_file_is_hidden_by_the_ignore_patterns():
+    """Tools that honour .gitignore (linters, indexers, code search) must see every module: a package
+    named after a common ignore pattern (`build/`, `dist/`, `cache/`) would vanish from them."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    modules = [p.relative_to(PACKAGE.parent).as_posix() for p in _sources()]
+    r = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="\n".join(modules), text=True,
+                       capture_output=True, cwd=PACKAGE.parent)
+    if r.returncode not in (0, 1):
+        pytest.skip(f"not a git checkout ({r.stderr.strip()})")
+    assert r.stdout.split() == [], "ignored by .gitignore"
+
+
+def test_the_ignore_check_can_fail(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("build/\n")
+    r = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="pkg/build/x.py\npkg/ok.py",
+                       text=True, capture_output=True, cwd=tmp_path)
+    assert r.stdout.split() == ["pkg/build/x.py"]

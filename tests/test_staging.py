@@ -105,7 +105,7 @@ def test_a_new_tokenizer_that_would_orphan_caches_is_refused_unless_asked(tmp_pa
 
 def test_a_tokenizer_json_is_copied_as_tokenizer_json(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    from niels_gpt.build_all import BuildConfig, build_tokenizer
+    from niels_gpt.builders.build_all import BuildConfig, build_tokenizer
     from niels_gpt.errors import TokenizerError
     from niels_gpt.tokenizer import load_tokenizer
     from niels_gpt.tokenizer.hf import add_special_tokens_to

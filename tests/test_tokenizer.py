@@ -31,7 +31,7 @@ def test_training_twice_gives_a_byte_identical_model(tmp_path):
 
 
 def test_default_vocabulary_is_16000_plus_four_specials(tmp_path):
-    from niels_gpt.build_all import BuildConfig, tokenizer_texts
+    from niels_gpt.builders.build_all import BuildConfig, tokenizer_texts
 
     tok = train_tokenizer(tokenizer_texts(BuildConfig(sample=True)), tmp_path)  # what `make demo` trains on
     assert len(tok) == 16_004

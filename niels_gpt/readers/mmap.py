@@ -28,30 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError
+from niels_gpt.meta import meta_token_dtype, numpy_dtype  # noqa: F401  (their home is meta.py)
 
 ADVICE = {
     "random": getattr(mmap, "MADV_RANDOM", None),
     "sequential": getattr(mmap, "MADV_SEQUENTIAL", None),
     "normal": getattr(mmap, "MADV_NORMAL", None),
 }
-
-
-def numpy_dtype(token_dtype: str) -> np.dtype:
-    """meta.json's "uint16-le" / "uint32-le" -> numpy dtype."""
-    try:
-        return TOKEN_DTYPES[token_dtype]
-    except KeyError:
-        raise CacheError(f"unknown token_dtype {token_dtype!r}; expected one of {sorted(TOKEN_DTYPES)}") from None
-
-
-def meta_token_dtype(dtype: np.dtype) -> str:
-    dtype = np.dtype(dtype)
-    for name, dt in TOKEN_DTYPES.items():
-        if dt == dtype:
-            return name
-    raise ConfigError(f"token dtype {dtype} is not supported; use uint16 or uint32")
 
 
 def open_tokens(path: str | os.PathLike, dtype: np.dtype, *, offset: int = 0,

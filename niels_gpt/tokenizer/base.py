@@ -69,7 +69,7 @@ class Tokenizer(ABC):
 
     backend: str = "abstract"
     # The cache builder's encode workers for this backend: threads (False), or forked processes (True) for
-    # an encoder that does not scale on threads in one process (niels_gpt/build/encode_pool.py)
+    # an encoder that does not scale on threads in one process (niels_gpt/builders/encode_pool.py)
     encode_in_processes: bool = False
     # Set by each backend's __init__: the model file, its sha256, {"sys", "usr", "asst", "eot"} -> id (None
     # where the tokenizer has no such token) and the conventions chosen when loading (eos, bos, separator).

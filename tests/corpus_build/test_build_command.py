@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from niels_gpt.build.corpus import build_corpus
+from niels_gpt.builders.corpus import build_corpus
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset

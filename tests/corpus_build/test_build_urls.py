@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from niels_gpt.build.corpus import build_corpus
+from niels_gpt.builders.corpus import build_corpus
 from niels_gpt.cache.cli import main
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.corpus import corpus

@@ -3,7 +3,7 @@
 `corpus` writes a JSONL file (with empty, whitespace and null documents and a blank line), a Parquet
 file of 9-row row groups (with nulls), and three .txt files (one of them whitespace only), and hands
 back the paths with the documents exactly as a one-process build reads them, decoded here
-independently of niels_gpt.build. `build_reference` runs build_pretrain_cache on those documents;
+independently of niels_gpt.builders. `build_reference` runs build_pretrain_cache on those documents;
 `tree` maps every file of a cache to its bytes (the work directory left out).
 """
 
@@ -53,7 +53,7 @@ def corpus(tmp_path_factory, real_docs) -> dict:
     for name, body in zip(("c1.txt", "c2.txt", "c3.txt"), txt, strict=True):
         (root / name).write_bytes(body.encode("utf-8"))
     paths = [root / "a.jsonl", root / "b.parquet", root / "c1.txt", root / "c2.txt", root / "c3.txt"]
-    # The documents a one-process build reads, decoded without niels_gpt.build.
+    # The documents a one-process build reads, decoded without niels_gpt.builders.
     expected: list[str] = []
     for line in (root / "a.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.build import dist_build, make_plan
-from niels_gpt.build.cli import ALL_TOKENS
+from niels_gpt.builders import dist_build, make_plan
+from niels_gpt.builders.cli import ALL_TOKENS
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.errors import CacheError, ConfigError, SourceError, TokenizerError
@@ -273,7 +273,7 @@ def test_rejects_bad_settings(corpus, tokenizer, tmp_path):
 
 
 def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_path):
-    from niels_gpt.build.tasks import run_task
+    from niels_gpt.builders.tasks import run_task
 
     plan = make_plan(corpus["paths"][:1], tokenizer=tokenizer)
     with pytest.raises(TokenizerError, match="the plan was made with 0000000000000000…; give every node the same"):
@@ -284,7 +284,7 @@ def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_
 def test_a_long_lived_worker_reopens_a_tokenizer_file_that_changed_since_it_opened_it(corpus, tokenizer, tmp_path):
     from types import SimpleNamespace
 
-    from niels_gpt.build import tasks
+    from niels_gpt.builders import tasks
 
     plan = make_plan(corpus["paths"][:1], tokenizer=tokenizer)
     tasks.keep_tokenizer(tokenizer.model_path, SimpleNamespace(sha256="0" * 64))  # opened before the file changed
@@ -325,7 +325,7 @@ def test_a_url_output_is_uploaded_byte_identical_with_meta_json_last(corpus, tok
 def test_worker_processes_die_with_a_killed_driver():
     script = textwrap.dedent("""
         import json, os, time
-        from niels_gpt.build.executors import make_executor
+        from niels_gpt.builders.executors import make_executor
         ex = make_executor("processes", workers=2)
         for k in range(8):
             ex.submit(k, os.getpid)

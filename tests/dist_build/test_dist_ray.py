@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.build import dist_build, make_plan
-from niels_gpt.build.cli import ALL_TOKENS
+from niels_gpt.builders import dist_build, make_plan
+from niels_gpt.builders.cli import ALL_TOKENS
 from niels_gpt.errors import CacheError, SourceError
 
 pytest.importorskip("ray")

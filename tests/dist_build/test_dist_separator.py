@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from niels_gpt.build import dist_build, make_plan
+from niels_gpt.builders import dist_build, make_plan
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.tokenizer import load_tokenizer

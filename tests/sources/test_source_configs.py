@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from niels_gpt import build_all, cli, sources
-from niels_gpt.build_all import BuildConfig, make_source
+from niels_gpt import cli, sources
+from niels_gpt.builders import build_all
+from niels_gpt.builders.build_all import BuildConfig, make_source
 from niels_gpt.cache.cli import build_parser
 from niels_gpt.errors import ConfigError
 

@@ -106,9 +106,9 @@ def test_dist_build_tasks_open_a_tiktoken_encoding_by_its_name(tmp_path, monkeyp
     tiktoken = pytest.importorskip("tiktoken")
     from tiktoken.load import load_tiktoken_bpe
 
-    from niels_gpt.build import make_plan
-    from niels_gpt.build import tasks as tasks_module
-    from niels_gpt.build.dist import tokenizer_ref
+    from niels_gpt.builders import make_plan
+    from niels_gpt.builders import tasks as tasks_module
+    from niels_gpt.builders.dist import tokenizer_ref
     from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN
 
     ranks = load_tiktoken_bpe(str(tiktoken_file))

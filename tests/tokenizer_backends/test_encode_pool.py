@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from niels_gpt.build.encode_pool import THREADS_ENV, EncodePool, uses_processes
+from niels_gpt.builders.encode_pool import THREADS_ENV, EncodePool, uses_processes
 from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import TokenizerError
@@ -87,7 +87,7 @@ def test_an_encode_error_in_a_worker_process_fails_the_build_with_its_message(tm
 def test_encode_workers_die_with_a_killed_builder(tmp_path, tiktoken_file):
     script = textwrap.dedent(f"""
         import json, os, sys, time
-        from niels_gpt.build.encode_pool import EncodePool
+        from niels_gpt.builders.encode_pool import EncodePool
         from niels_gpt.tokenizer import load_tokenizer
         pool = EncodePool(load_tokenizer({str(tiktoken_file)!r}), 2)
         pids = sorted({{pool.pool.submit(os.getpid).result() for _ in range(16)}} | set(pool.pool._processes))

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from niels_gpt.build.encode_pool import worker_init
+from niels_gpt.builders.encode_pool import worker_init
 from niels_gpt.errors import ConfigError
 
 EXECUTORS = ("inprocess", "processes", "ray")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.build.caches import MAX_VAL_TOKENS, SEED, SHARD_BYTES
-from niels_gpt.build.corpus import add_separator_args
-from niels_gpt.build.dist import dist_build, format_summary
-from niels_gpt.build.executors import EXECUTORS, RAY_ADDRESS, RETRIES
-from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, make_plan
+from niels_gpt.builders.caches import MAX_VAL_TOKENS, SEED, SHARD_BYTES
+from niels_gpt.builders.corpus import add_separator_args
+from niels_gpt.builders.dist import dist_build, format_summary
+from niels_gpt.builders.executors import EXECUTORS, RAY_ADDRESS, RETRIES
+from niels_gpt.builders.plan import TASK_BYTES, TEXT_FIELD, make_plan
 from niels_gpt.seeds import seed_arg
 from niels_gpt.tokenizer import load_tokenizer
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.build.caches import ENCODE_BATCH_DOCS, _start_build, pretrain_meta
-from niels_gpt.build.tasks import parts_dir
+from niels_gpt.builders.caches import ENCODE_BATCH_DOCS, _start_build, pretrain_meta
+from niels_gpt.builders.tasks import parts_dir
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta

@@ -21,7 +21,7 @@ import torch
 
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.build.caches import (
+from niels_gpt.builders.caches import (
     SEED,
     SHARD_BYTES,
     SplitTexts,

@@ -1,6 +1,6 @@
 """The driver: plan, run the tasks without a valid receipt on an executor, commit in plan order.
 
-    from niels_gpt.build import dist_build
+    from niels_gpt.builders import dist_build
     summary = dist_build(["corpus/"], "cache/pretrain/mine", tokenizer="cache/tokenizer",
                          max_train_tokens=10**9, max_val_tokens=5_000_000, executor="processes", workers=8)
 
@@ -28,11 +28,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.build.caches import build_pretrain_cache
-from niels_gpt.build.commit import commit
-from niels_gpt.build.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_executor
-from niels_gpt.build.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
-from niels_gpt.build.tasks import keep_tokenizer, load_receipt, run_task
+from niels_gpt.builders.caches import build_pretrain_cache
+from niels_gpt.builders.commit import commit
+from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_executor
+from niels_gpt.builders.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
+from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.seeds import check_seed

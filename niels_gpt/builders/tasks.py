@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.build.plan import Task, task_documents
+from niels_gpt.builders.plan import Task, task_documents
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile

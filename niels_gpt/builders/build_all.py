@@ -19,7 +19,7 @@ from typing import Any
 
 from niels_gpt import sources
 from niels_gpt.atomic import atomic_path
-from niels_gpt.build.caches import (
+from niels_gpt.builders.caches import (
     MAX_TRAIN_TOKENS,
     MAX_VAL_TOKENS,
     SEED,
@@ -76,7 +76,7 @@ class _Settings:
 BuildConfig = dataclasses.make_dataclass(
     "BuildConfig", [(o.field, Any, field(default=o.default)) for c in sources.CONFIGS.values() for o in c.options],
     bases=(_Settings,), kw_only=True)
-BuildConfig.__module__ = __name__  # pickles and reprs as niels_gpt.build_all.BuildConfig
+BuildConfig.__module__ = __name__  # pickles and reprs as niels_gpt.builders.build_all.BuildConfig
 BuildConfig.__doc__ = "A build-all run: the shared settings and every source's options (niels_gpt.sources.CONFIGS)."
 
 

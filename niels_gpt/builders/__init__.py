@@ -16,8 +16,8 @@ _HOME = {"Plan": "plan", "Task": "plan", "make_plan": "plan", "plan_documents": 
 
 
 def __getattr__(name: str):
-    # NOTE: lazy, so that a worker importing niels_gpt.build.tasks does not import the driver's
+    # NOTE: lazy, so that a worker importing niels_gpt.builders.tasks does not import the driver's
     # modules (the commit imports cache.build_cache, and with it torch: ~1.5 s per Ray worker).
     if name in _HOME:
-        return getattr(importlib.import_module(f"niels_gpt.build.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'niels_gpt.build' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"niels_gpt.builders.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'niels_gpt.builders' has no attribute {name!r}")

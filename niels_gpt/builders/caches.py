@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from niels_gpt.atomic import atomic_path, remove_stale_temporaries
-from niels_gpt.build.encode_pool import EncodePool
+from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.constants import SEED  # noqa: F401  (re-exported under its old name)
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
@@ -49,9 +49,8 @@ from niels_gpt.formats.writers import (
     check_range,
     check_shard_bytes,
 )
-from niels_gpt.meta import FORMAT_VERSION, META_NAME, sha256_file, write_meta
+from niels_gpt.meta import FORMAT_VERSION, META_NAME, meta_token_dtype, numpy_dtype, sha256_file, write_meta
 from niels_gpt.progress import BuildProgress, should_show
-from niels_gpt.readers.mmap import meta_token_dtype, numpy_dtype
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
@@ -124,7 +123,7 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
 
     One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
     consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a worker of
-    `pool` (a thread: the encoders release the GIL; a forked process for tiktoken, niels_gpt/build/
+    `pool` (a thread: the encoders release the GIL; a forked process for tiktoken, niels_gpt/builders/
     encode_pool.py), at most `2 * workers` batches in flight, results joined in order.
     Every document is encoded alone whatever the cut, so the ids do not depend on it.
     NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
@@ -223,7 +222,7 @@ def build_pretrain_cache(
     `texts` is one stream (split by the rule in the module docstring) or `SplitTexts` for a source
     with its own split. `num_workers` encode workers, each encoding runs of a batch (None: one per
     core): threads, or forked processes for a tokenizer whose encoder does not scale on threads (tiktoken;
-    niels_gpt/build/encode_pool.py); the bytes written do not depend on it. `progress`: a bar on stderr (None: on a terminal only);
+    niels_gpt/builders/encode_pool.py); the bytes written do not depend on it. `progress`: a bar on stderr (None: on a terminal only);
     `input_bytes`: the input's size, for a bar with a real ETA (niels_gpt.progress).
     """
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
