@@ -25,6 +25,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import pid_alive, remove_stale_temporaries
 from niels_gpt.errors import ConfigError, OutOfSpaceError, OutputLockedError
+from niels_gpt.outputs import check_output
 
 OLD_INFIX = ".old-"
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -102,14 +103,14 @@ def recover(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def build_aside(out: str | os.PathLike, needs: int | None = None) -> Iterator[Path]:
+def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str = "cache",
+                flag: str = "output") -> Iterator[Path]:
     """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds.
 
-    `needs`, where the builder can bound its output (token budgets x token size), goes into the error
-    that a full disk raises."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: a file, not a directory; choose another output path")
+    Only an output of `kind` that this library made is ever replaced (niels_gpt/outputs.py: anything else
+    is refused before the block runs, and again, under the lock, just before the swap). `needs`, where the
+    builder can bound its output (token budgets x token size), goes into the error that a full disk raises."""
+    out = check_output(out, kind=kind, flag=flag)  # symlinks followed: the link keeps pointing at the output
     with output_lock(out):
         recover(out)
         stage = out.with_name(f"{out.name}.tmp-{os.getpid()}")
@@ -135,6 +136,7 @@ def build_aside(out: str | os.PathLike, needs: int | None = None) -> Iterator[Pa
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        check_output(out, kind=kind, flag=flag)  # what is there may have changed while the build ran
         swap_in(stage, out)
 
 

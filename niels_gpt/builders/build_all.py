@@ -115,7 +115,7 @@ def build_tokenizer(cfg: BuildConfig) -> dict:
     """Train (or copy) the tokenizer aside and swap it in: a failed or refused step leaves the old one."""
     refuse_url(cfg.cache_dir, "--cache-dir")
     out = Path(cfg.cache_dir) / "tokenizer"
-    with build_aside(out) as stage:
+    with build_aside(out, kind="tokenizer", flag="tokenizer output") as stage:
         if cfg.tokenizer:
             src = Path(cfg.tokenizer)
             tok = load_tokenizer(src)
