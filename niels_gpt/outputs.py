@@ -229,12 +229,12 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     if found == "unreadable":
         raise OutputRefused(f"{flag} {out}: its {META_NAME} is not a readable record of this library, so "
                             f"what the directory holds is unknown and it is not replaced: {fix}")
-    if found != kind:
-        raise OutputRefused(f"{flag} {out}: holds {KINDS[found]}, not {KINDS[kind]}; it is not replaced by "
-                            f"another kind of output: choose another {flag}")
     if not replace:
         raise OutputRefused(f"{flag} {out}: already holds {KINDS[found]}; this command writes only new "
                             f"outputs: choose a new {flag} directory (or remove that one yourself)")
+    if found != kind:
+        raise OutputRefused(f"{flag} {out}: holds {KINDS[found]}, not {KINDS[kind]}; it is not replaced by "
+                            f"another kind of output: choose another {flag}")
     if listed is not None:
         stray = _unlisted(real, listed)
         if stray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from niels_gpt.builders.caches import (
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.meta import read_meta, write_meta
+from niels_gpt.outputs import check_overlap
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
@@ -176,10 +178,11 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
     out = root / "pretrain" / name
     if src is None:  # a source with nothing to read (gutenberg without a directory): a placeholder, not a failure
         flags = " or ".join(o.flag for o in sources.CONFIGS[name].options if o.field in sources.CONFIGS[name].local)
-        for split in ("train", "val"):
-            (out / split).mkdir(parents=True, exist_ok=True)
-        write_meta(str(out), {"kind": "pretrain", "built": False, "dataset_name": name,
-                              "reason": f"no {flags} given", "seed": cfg.seed})
+        with build_aside(out) as stage:
+            for split in ("train", "val"):
+                (stage / split).mkdir()
+            write_meta(str(stage), {"kind": "pretrain", "built": False, "dataset_name": name,
+                                    "reason": f"no {flags} given", "seed": cfg.seed})
         return {"name": name, "kind": "pretrain", "built": False}
     if src.own_split:
         texts = SplitTexts(train=src.iter_texts("train"), val=src.iter_texts("val"))
@@ -203,6 +206,43 @@ def _summary(name: str, out: Path) -> dict:
     return row
 
 
+def local_inputs(cfg: BuildConfig) -> list[str]:
+    """The user's own files and directories that the sources of this run read (--roam-dir, data files...)."""
+    found: list[str] = []
+
+    def add(value) -> None:
+        if isinstance(value, (str, os.PathLike)):
+            found.append(os.fspath(value))
+        elif isinstance(value, dict):
+            for v in value.values():
+                add(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                add(v)
+
+    for name in cfg.only:
+        config = sources.CONFIGS.get(name)
+        if config is not None:
+            values = config.values(cfg)
+            for field_name in config.local:
+                add(values[field_name])
+    return found
+
+
+def check_outputs(cfg: BuildConfig) -> None:
+    """Before any work: no output of this run (the tokenizer, each cache) may be, hold or sit inside an input;
+    each output itself is judged by the output guard when it is built (build_aside)."""
+    root = Path(cfg.cache_dir)
+    inputs = local_inputs(cfg)
+    if cfg.tokenizer:
+        inputs.append(cfg.tokenizer)
+    outs = [root / "tokenizer"] if "tokenizer" in cfg.only else []
+    outs += [root / ("sft" if name in SFT else "pretrain") / name for name in PRETRAIN + SFT if name in cfg.only]
+    for out in outs:
+        check_overlap(Path(out).resolve(), [i for i in inputs if not (out.name == "tokenizer" and i == cfg.tokenizer)],
+                      "--cache-dir")
+
+
 def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     if is_url(cfg.cache_dir) and not cfg.cache_dir.startswith("file://"):
         # built in a local staging directory, then uploaded, every meta.json last (niels_gpt/storage);
@@ -218,6 +258,7 @@ def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")
+    check_outputs(cfg)
     rows = []
     tok_dir = Path(cfg.cache_dir) / "tokenizer"
     if cfg.tokenizer or "tokenizer" in cfg.only or not (tok_dir / "meta.json").is_file():

@@ -30,9 +30,10 @@ from niels_gpt.builders.caches import (
 )
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
+from niels_gpt.outputs import check_output
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.corpus import MESSAGES_FIELD, ON_BAD_RECORD, TEXT_FIELD, corpus
-from niels_gpt.storage.upload import writes_to_url
+from niels_gpt.storage.upload import local_path_of, writes_to_url
 from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
 
 ALL_TOKENS = 2**62  # no budget: every document
@@ -149,6 +150,8 @@ def register(sub) -> None:
 
 
 def run_build(args) -> int:
+    if local_path_of(args.out) is not None:  # before any work: only an output of ours is ever replaced
+        check_output(local_path_of(args.out), kind="cache", inputs=args.sources)
     tok = load_tokenizer(args.tokenizer, eos=args.eos, bos=args.bos, separator=args.separator)
     columns = None
     if args.chat_columns is not None:

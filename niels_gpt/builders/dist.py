@@ -19,22 +19,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
 from niels_gpt.builders.caches import build_pretrain_cache
 from niels_gpt.builders.commit import commit
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES, WorkerDied, make_executor
 from niels_gpt.builders.plan import TASK_BYTES, TEXT_FIELD, Plan, make_plan, plan_documents
-from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, run_task
+from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task
 from niels_gpt.errors import CacheError, NielsGPTError
 from niels_gpt.formats.writers import check_shard_bytes
+from niels_gpt.outputs import PLAN_NAME, check_output
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of, staged_output
@@ -42,6 +44,7 @@ from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.urls import is_url, refuse_url
 
 WORK_DIR_SUFFIX = ".dist-build"  # the default work directory: <out>.dist-build, beside the output
+PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|lens\.npy|json|started)$")  # tasks.py's part names
 
 
 class Progress:
@@ -146,8 +149,13 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
         return {**summary, "out": str(out_dir)}
     if local_path_of(out_dir) is not None:
         out_dir = local_path_of(out_dir)
-    tok = load_tokenizer(tokenizer, eos=eos, bos=bos, separator=separator)
     out = Path(out_dir)
+    # Before any work: the output is replaced only when it is one of ours, the work directory is one of
+    # ours or new, and neither overlaps an input or the other (niels_gpt/outputs.py).
+    work = Path(work_dir) if work_dir is not None else out.parent / (out.name + WORK_DIR_SUFFIX)
+    check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)])
+    work = check_output(work, kind="work", flag="--work-dir", inputs=inputs, others=[("--out", out)])
+    tok = load_tokenizer(tokenizer, eos=eos, bos=bos, separator=separator)
     plan = make_plan(inputs, tokenizer=tok, task_bytes=task_bytes, text_field=text_field, hf=hf)
     common = {"tokenizer": tok, "max_train_tokens": max_train_tokens, "max_val_tokens": max_val_tokens,
               "shard_bytes": shard_bytes, "seed": seed, "dataset_name": dataset_name,
@@ -163,10 +171,13 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
         return {"executor": "one process (shuffle buffer)", "tasks": len(plan.tasks), "ran": 0, "reused": 0,
                 "tokens": tokens, "tokenized": tokens, "wall_seconds": wall, "tokens_per_s": tokens / wall,
                 "out": str(out), "shards": len(meta["files"])}
-    # Absolute paths: a Ray worker runs in a directory of Ray's choosing, maybe on another node.
-    work = (Path(work_dir) if work_dir is not None else out.parent / (out.name + WORK_DIR_SUFFIX)).resolve()
+    # Absolute paths (check_output resolved it): a Ray worker runs in a directory of Ray's choosing.
+    # whether a run of ours made the directory (this one, or the interrupted one this run resumes): only
+    # then is it removed at the end; a --work-dir the user made keeps existing
+    created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
     work.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(work / "plan.json", (json.dumps(plan.to_json(), indent=1) + "\n").encode())
+    write_bytes_atomic(work / PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created},
+                                                     indent=1) + "\n").encode())
     reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
     args = (plan.text_field, tokenizer_ref(tok), tok.sha256, str(work), plan.tokenizer_options)
     keep_tokenizer(args[1], tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
@@ -190,11 +201,39 @@ def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, 
     wall = time.perf_counter() - t0
     tokens = meta["totals"]["train_tokens"] + meta["totals"]["val_tokens"]
     if not keep_parts:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work, created=created)
     return {"executor": where, "tasks": len(plan.tasks), "ran": counters["ran"], "reused": len(reused),
             "tokens": tokens, "tokenized": counters["tokenized"], "task_seconds": counters["task_seconds"],
             "wall_seconds": wall, "tokens_per_s": tokens / wall, "out": str(out),
             "shards": len(meta["files"])}
+
+
+def _previous_plan(work: Path) -> dict:
+    try:
+        doc = json.loads((work / PLAN_NAME).read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def remove_work(work: Path, *, created: bool) -> None:
+    """Delete what the driver wrote in the work directory (plan.json, the tasks' parts and receipts, the
+    temporaries of killed tasks), then the directories themselves if the driver created them and they are
+    empty: a --work-dir the user gave keeps everything else it holds."""
+    parts = parts_dir(work)
+    if parts.is_dir():
+        for f in parts.iterdir():
+            if f.is_file() and (PART_FILE.match(f.name) or TMP_SUFFIX.search(f.name)):
+                f.unlink()
+        with contextlib.suppress(OSError):
+            parts.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        (work / PLAN_NAME).unlink()
+    for f in work.glob(f"{PLAN_NAME}.tmp-*"):
+        f.unlink()
+    if created:
+        with contextlib.suppress(OSError):
+            work.rmdir()
 
 
 def format_summary(s: dict) -> str:

@@ -48,6 +48,7 @@ from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes
+from niels_gpt.outputs import check_output
 from niels_gpt.urls import is_url
 
 TARGETS = FORMATS
@@ -216,9 +217,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                           "the format's own default")
     if to not in TARGETS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(TARGETS)}")
-    dst = Path(dst)
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise ConfigError(f"{dst}: already exists and is not empty; choose a new output directory")
+    dst = check_output(dst, kind="converted", flag="DST", inputs=[src], replace=False)  # only a new output
     info = detect_format(src, src_dtype)
     leaves = info.splits or {split: info}
     remove_stale_temporaries(dst.parent, prefix=dst.name)  # copies that killed runs left beside dst

@@ -2,7 +2,7 @@
 
 - shard i is `<base_url>/shard_{i:05d}.parquet` (nanochat's fineweb-edu-100b-shuffle layout);
 - N worker threads (downloads wait on the network, not the GIL), one shard each at a time;
-- each attempt streams to `<name>.tmp` in 1 MiB blocks, checks the byte count against
+- each attempt streams to `<name>.tmp-<pid>` in 1 MiB blocks, checks the byte count against
   Content-Length and the Parquet magic "PAR1" at both ends, then renames into place: a shard under
   its final name is complete, so a re-run skips it;
 - failures (network errors, 5xx, 408/429, a truncated body) retry up to MAX_ATTEMPTS times with
@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from niels_gpt.atomic import tmp_name
+from niels_gpt.errors import ConfigError
 from niels_gpt.urls import refuse_url
 
 BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
@@ -82,7 +84,7 @@ def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max
     final = Path(out_dir) / name
     if final.is_file():
         return ShardResult(index, final, "skipped")
-    tmp = final.with_name(name + ".tmp")
+    tmp = tmp_name(final)  # <name>.tmp-<pid>: ours, never a user's file of the same name
     url = f"{base_url.rstrip('/')}/{name}"
     error = ""
     for attempt in range(1, max_attempts + 1):
@@ -112,6 +114,9 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
 
     refuse_url(out_dir, "--out-dir")
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out-dir {out}: a file, not a directory; choose a directory for the shards")
+    # NOTE: download only adds files: a shard already there (complete or a user's) is kept, never replaced
     out.mkdir(parents=True, exist_ok=True)
     indices = list(indices)
     results = {}

@@ -14,11 +14,11 @@ A remote `out` (an fsspec URL) is written locally and uploaded (`remote.write_th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.outputs import check_output
 from niels_gpt.packing.algorithms import (
     DEFAULT_ALGORITHM,
     DEFAULT_PACK_SIZE,
@@ -124,8 +124,8 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
     """
     check_seed(seed)
     local = local_path_of(out)
-    if local is not None and Path(local).exists() and not Path(local).is_dir():
-        raise ConfigError(f"{out}: a file, not a directory; choose another output path for the packed bins")
+    if local is not None:  # before any work: only packed bins of ours are ever replaced
+        check_output(local, kind="packed", flag="OUT", inputs=[cache_dir])
     src = open_sft_split(cache_dir, split)
     if len(src) == 0:
         raise ConfigError(f"{cache_dir}: split {split!r} has no examples; nothing to pack")

@@ -105,8 +105,10 @@ def test_failed_conversion_leaves_nothing(small_cache, tmp_path, cache_maker):
     with pytest.raises(ConfigError, match="holds only uint16 tokens"):
         convert(big, tmp_path / "out", to="nanogpt-legacy")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "cache"]
-    with pytest.raises(ConfigError, match="already exists and is not empty"):
+    with pytest.raises(ConfigError, match="is the input .* itself"):
         convert(small_cache, small_cache, to="raw")
+    with pytest.raises(ConfigError, match=r"already holds a token cache \(.*\); this command writes only new outputs"):
+        convert(small_cache, big, to="raw")
     with pytest.raises(ConfigError, match="unknown target format 'parquet'"):
         convert(small_cache, tmp_path / "o", to="parquet")
     with pytest.raises(ConfigError, match="--bos-index applies to --to nanogpt"):
