@@ -21,15 +21,15 @@ from pathlib import Path
 from niels_gpt import sources
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.builders import cli as dist_build_cli
-from niels_gpt.builders import corpus as build_corpus_cli
+from niels_gpt.builders import cli as build_cli
 from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
-from niels_gpt.errors import NielsGPTError
+from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.formats import cli as formats_cli
 from niels_gpt.loading import cli as loading_cli
 from niels_gpt.packing import cli as packing_cli
 from niels_gpt.report import inspect_json, inspect_path, verify_outputs
 from niels_gpt.seeds import seed_arg
+from niels_gpt.sources.documents import LAYOUTS, Rules
 from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.tokenizer.spm import TrainSettings
@@ -37,7 +37,7 @@ from niels_gpt.train import cli as train_cli
 
 # Every subcommand beyond build-all/train-tokenizer/inspect/verify/stats, in --help order: each module's
 # register(sub) adds its parser. An explicit list: a module that fails to import fails the CLI loudly.
-SUBCOMMANDS = (build_corpus_cli, formats_cli, packing_cli, loading_cli, train_cli, dist_build_cli)
+SUBCOMMANDS = (build_cli, formats_cli, packing_cli, loading_cli, train_cli)
 
 
 def add_build_all(sub) -> None:
@@ -120,8 +120,21 @@ def run_build_all(args) -> int:
 
 def add_train_tokenizer(sub) -> None:
     d = BuildConfig()
-    p = sub.add_parser("train-tokenizer", help="train the sentencepiece tokenizer only",
-                       description="Train the tokenizer on the sources' training text (the first step of build-all).")
+    p = sub.add_parser("train-tokenizer", help="train the library's tokenizer on your own files (or build-all's sources)",
+                       description="Train the library's sentencepiece tokenizer on SRC (anything `build` reads) into "
+                                   "--out; without SRC, build-all's tokenizer step into --cache-dir/tokenizer.")
+    p.add_argument("sources", nargs="*", metavar="SRC",
+                   help="files, directories, globs, URLs or dataset ids, as `build` takes them (default: build-all's "
+                        "sources)")
+    p.add_argument("--out", default=None, help="the tokenizer directory to write, with SRC (default: none)")
+    g = p.add_argument_group("records of SRC")
+    g.add_argument("--chat", action="store_true", help="SRC holds conversations: train on their messages' text")
+    g.add_argument("--format", dest="layout", choices=LAYOUTS, default=None,
+                   help="the records' layout (default: detected from each input's first record)")
+    g.add_argument("--text-field", default="text", help="field or column holding the document text")
+    g.add_argument("--messages-field", default="messages", help="with --chat: field holding the messages")
+    g.add_argument("--on-bad-record", choices=("error", "skip"), default="error",
+                   help="a bad record stops training naming its file and line, or is skipped")
     _add_common_flags(p, d)
     _add_tokenizer_flags(p)
     _add_source_flags(p, d, budgets=False)
@@ -129,6 +142,19 @@ def add_train_tokenizer(sub) -> None:
 
 
 def run_train_tokenizer(args) -> int:
+    if args.sources or args.out is not None:
+        if not args.sources or args.out is None:
+            raise ConfigError("train-tokenizer SRC... --out DIR: give both the sources and the output directory "
+                              "(or neither, for build-all's tokenizer step into --cache-dir)")
+        from niels_gpt.builders.tokenizer import train_on_sources  # lazy: the trainer's progress only here
+
+        args.only, args.tokenizer = ["tokenizer"], None
+        settings = config_from_args(args).tokenizer_settings
+        rules = Rules(text_field=args.text_field, messages_field=args.messages_field, on_bad_record=args.on_bad_record)
+        tok = train_on_sources(args.sources, args.out, settings=settings, rules=rules, chat=args.chat,
+                               layout=args.layout, progress=False if args.no_progress else None)
+        print(f"tokenizer: {len(tok)} ids, sha256 {tok.sha256[:16]}… -> {args.out}")
+        return 0
     args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)

@@ -58,7 +58,8 @@ class BuildProgress:
             yield from texts
             return
         for t in texts:
-            self.bar.update(len(t.encode("utf-8", "surrogatepass")))
+            if isinstance(t, str):  # a Skipped record of the stream has no text
+                self.bar.update(len(t.encode("utf-8", "surrogatepass")))
             yield t
 
     def add_tokens(self, n: int) -> None:

@@ -95,7 +95,7 @@ def test_an_output_directory_holding_a_users_file_is_refused(tmp_path, tokenizer
     _refused([command, str(data), "--out", str(out), "--tokenizer", tokenizer.model_path, "--no-progress", *extra],
              capsys, str(out), "thesis.tex")
     assert _tree(out) == {"thesis.tex": b"years of work\n"}
-    assert not (tmp_path / "out.dist-build").exists()
+    assert not (tmp_path / "out.build").exists()
 
 
 def test_dist_build_never_deletes_a_work_dir_it_did_not_make(tmp_path, tokenizer, capsys):
@@ -104,7 +104,7 @@ def test_dist_build_never_deletes_a_work_dir_it_did_not_make(tmp_path, tokenizer
     work.mkdir()
     (work / "todo.txt").write_text("mine\n")
     argv = ["dist-build", str(data), "--out", str(tmp_path / "out"), "--tokenizer", tokenizer.model_path,
-            "--workers", "1", "--executor", "inprocess", "--no-progress", "--val-tokens", "0"]
+            "--workers", "1", "--executor", "processes", "--no-progress", "--val-tokens", "0"]
     _refused([*argv, "--work-dir", str(work)], capsys, "--work-dir", "todo.txt")
     assert _tree(work) == {"todo.txt": b"mine\n"}
     # an empty directory the user made: used, emptied of what the build wrote, and kept
@@ -114,7 +114,7 @@ def test_dist_build_never_deletes_a_work_dir_it_did_not_make(tmp_path, tokenizer
     assert empty.is_dir() and list(empty.iterdir()) == []
     # the default work directory is the build's own: removed after the commit
     assert main([*argv, "--out", str(tmp_path / "out2")]) == 0
-    assert not (tmp_path / "out2.dist-build").exists() and (tmp_path / "out2" / "meta.json").is_file()
+    assert not (tmp_path / "out2.build").exists() and (tmp_path / "out2" / "meta.json").is_file()
 
 
 def test_dist_build_work_dir_inside_the_output_is_refused(tmp_path, tokenizer, capsys):

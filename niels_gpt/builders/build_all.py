@@ -207,7 +207,7 @@ def _summary(name: str, out: Path) -> dict:
 
 
 def local_inputs(cfg: BuildConfig) -> list[str]:
-    """The user's own files and directories that the sources of this run read (--roam-dir, data files...)."""
+    """The user's own files and directories that the sources of this run read (each source names them in its `local` options)."""
     found: list[str] = []
 
     def add(value) -> None:

@@ -1,88 +1,166 @@
-"""`dist-build`: a pretraining cache from local files or a `datasets` stream, on processes or Ray.
+"""`build SRC... --out DIR --tokenizer TOK`: one verb for every corpus, tokenizer and scale.
 
-    niels-gpt-data dist-build corpus/*.jsonl --out cache/pretrain/mine --tokenizer cache/tokenizer
-    niels-gpt-data dist-build corpus/ --out /shared/cache/mine --tokenizer /shared/tok --executor ray --ray-address auto
+    niels-gpt-data build data/ --out cache/mine --tokenizer my-tokenizer/ --val-tokens 100_000
+    niels-gpt-data build data/ --out cache/mine --train-tokenizer 8000       # trains cache/tokenizer first
+    niels-gpt-data build 's3://bucket/corpus/*.jsonl' --out s3://bucket/caches/mine --tokenizer tok/
+    niels-gpt-data build chats.jsonl --chat --out cache/mine-sft --tokenizer my-tokenizer/
+    niels-gpt-data build corpus/ --out /shared/cache/big --tokenizer /shared/tok --executor ray --ray-address auto
 
-The flags share their names with the other build commands (--out, --tokenizer, --eos, --bos,
---separator, --max-tokens, --val-tokens, --shard-bytes, --seed, --workers). Rerunning the same command resumes.
+`dist-build` is the same command under its old name, kept for one release: its flags are build's, plus
+`--hf-dataset/--hf-data-files/--hf-split` (a dataset id or its files as sources) and `--executor inprocess`
+(= inline). The default executor is `auto`: local processes when the plan has several tasks, else inline.
 """
 
 from __future__ import annotations
 
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.builders.caches import MAX_VAL_TOKENS, SEED, SHARD_BYTES
-from niels_gpt.builders.corpus import add_separator_args
-from niels_gpt.builders.dist import dist_build, format_summary
-from niels_gpt.builders.executors import EXECUTORS, RAY_ADDRESS, RETRIES
-from niels_gpt.builders.plan import TASK_BYTES, TEXT_FIELD, make_plan
+from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
+from niels_gpt.builders.plan import TASK_BYTES, make_plan
+from niels_gpt.builders.pretrain import SHARD_BYTES
+from niels_gpt.builders.run import ALL_TOKENS, EXECUTORS, ON_BAD_RECORD, BuildSpec, build, format_summary
+from niels_gpt.builders.tokenizer import tokenizer_for_build
+from niels_gpt.constants import SEED
+from niels_gpt.errors import ConfigError
 from niels_gpt.seeds import seed_arg
-from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.sources.documents import LAYOUTS
+from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
 
-ALL_TOKENS = 2**62  # no train budget: every document that val does not take
+CONNECT_TIMEOUT_S = 30.0
+
+
+def add_separator_args(p) -> None:
+    """--eos/--bos/--separator: a tokenizer's document conventions."""
+    p.add_argument("--eos", default=None, help="token (text or id) that ends every document (default: the tokenizer's EOS)")
+    p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
+    p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
+                   help="eos: EOS after every document (the default); bos: BOS before every document")
+
+
+def _add_build_args(p, *, legacy: bool) -> None:
+    p.add_argument("sources", nargs="*" if legacy else "+", metavar="SRC",
+                   help="files (.txt .md .raw .jsonl .json(.gz/.zst) .parquet .csv .arrow), directories, globs, URLs "
+                        "of files, prefixes or globs (s3://, gs://, hf://, http(s)://, memory://, file://), or a "
+                        "dataset id (owner/name)")
+    p.add_argument("--out", required=True, help="cache directory to write, or a URL (s3://, gs://, hf://, memory://; "
+                   "built locally, then uploaded)")
+    tok = p.add_mutually_exclusive_group(required=True)
+    tok.add_argument("--tokenizer", help="spm.model, tokenizer.json, a transformers tokenizer directory, a .tiktoken "
+                     "file or a tiktoken encoding name (one of --tokenizer and --train-tokenizer is required; no default)")
+    tok.add_argument("--train-tokenizer", type=_int, default=None, metavar="VOCAB",
+                     help="train the library's tokenizer (VOCAB ordinary pieces) on the sources first, into "
+                          "<out's parent>/tokenizer, and build with it (default: use --tokenizer)")
+    add_separator_args(p)
+    g = p.add_argument_group("records")
+    g.add_argument("--format", dest="layout", choices=LAYOUTS, default=None,
+                   help="the records' layout (default: detected from each input's first record)")
+    g.add_argument("--text-field", "--text-column", dest="text_field", default="text",
+                   help="field or column holding the document text")
+    g.add_argument("--chat", action="store_true", help="build an SFT cache from conversations")
+    g.add_argument("--messages-field", default="messages", help="with --chat: field holding [{\"role\", \"content\"}, ...]")
+    g.add_argument("--chat-columns", default=None, metavar="USER_COL,ASSISTANT_COL",
+                   help="with --chat: one user and one assistant turn from these two columns (default: the messages field)")
+    g.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="error",
+                   help="a bad record stops the build naming its file and line, or is skipped and counted in meta.json")
+    g.add_argument("--hf-config", default=None, help="config of a dataset id (default: its default config)")
+    g.add_argument("--split", default="train", help="split of a dataset id to stream")
+    g = p.add_argument_group("budgets and split")
+    g.add_argument("--max-tokens", type=_int, default=ALL_TOKENS, help="train token budget (default: all)")
+    g.add_argument("--val-tokens", type=_int, default=None, help="val token budget: the first documents (default: no val)")
+    g.add_argument("--val-frac", type=float, default=None,
+                   help="share of documents (examples with --chat) in val, drawn from --seed (default: no val)")
+    g.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
+    g.add_argument("--seed", type=seed_arg, default=SEED, help="seed of the split and the shuffle (torch RNG)")
+    g.add_argument("--shuffle-buffer", type=_optional_int, default=None,
+                   help="torch-RNG document shuffle buffer (default: off); it cannot be planned, so the build runs inline")
+    g = p.add_argument_group("where it runs")
+    g.add_argument("--executor", choices=EXECUTORS + (("inprocess",) if legacy else ()), default="auto",
+                   help="auto: local processes when the plan has several tasks, else inline; the cache is the same")
+    g.add_argument("--workers", type=int, default=0,
+                   help="worker processes / Ray tasks at once, or inline encode workers; 0: one per core")
+    g.add_argument("--ray-address", default=RAY_ADDRESS, help="Ray cluster: auto, HOST:PORT, or local")
+    g.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
+                   help="seconds to wait for a Ray cluster to answer before giving up")
+    g.add_argument("--retries", type=int, default=RETRIES, help="Ray retries of a task whose worker died")
+    g.add_argument("--task-bytes", type=_int, default=TASK_BYTES, help="input bytes per task")
+    g.add_argument("--work-dir", default=None, help="parts and receipts of a parallel build, on a filesystem every "
+                   "worker sees (default: OUT.build, beside OUT)")
+    g.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
+    g.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
+    p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("dist-build", help="build a pretraining cache from files or a datasets stream on "
-                       "local processes or a Ray cluster (byte-identical to a one-process build)")
-    p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="files or directories (.jsonl/.json: one document per line; .parquet; .txt/.raw: one per file)")
-    p.add_argument("--out", required=True, help="cache directory to write (train/, val/, meta.json), or an fsspec URL (committed locally, then uploaded)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer directory or model file (every worker opens it by path)")
-    add_separator_args(p)
-    p.add_argument("--max-tokens", type=_int, default=ALL_TOKENS, help="train token budget (default: all)")
-    p.add_argument("--val-tokens", type=_int, default=MAX_VAL_TOKENS, help="val token budget (the first documents)")
-    p.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
-    p.add_argument("--seed", type=seed_arg, default=SEED, help="recorded seed (and the shuffle buffer's)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes / Ray tasks at once (default: all cores)")
-    p.add_argument("--executor", choices=EXECUTORS, default="processes", help="where tasks run")
-    p.add_argument("--ray-address", default=RAY_ADDRESS, help="Ray cluster: auto, HOST:PORT, or local")
-    p.add_argument("--retries", type=int, default=RETRIES, help="Ray retries of a task whose worker died")
-    p.add_argument("--task-bytes", type=_int, default=TASK_BYTES, help="input bytes per task")
-    p.add_argument("--text-field", default=TEXT_FIELD, help="field or column holding the document text")
-    p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")
-    p.add_argument("--shuffle-buffer", type=_optional_int, default=None,
-                   help="torch-RNG document shuffle buffer (default: off); a buffer cannot be planned, so the build runs on one process")
-    p.add_argument("--work-dir", default=None, help="parts and receipts, on a filesystem every worker sees "
-                   "(default: OUT.dist-build, beside OUT)")
-    p.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
-    p.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g = p.add_argument_group("a datasets stream instead of INPUT files (one task per shard)")
-    g.add_argument("--hf-dataset", default=None, help="hub id or packaged builder (json, parquet, text) (default: read the INPUT files)")
-    g.add_argument("--hf-config", default=None, help="dataset config name (default: the dataset's default)")
-    g.add_argument("--hf-split", default="train", help="split")
-    g.add_argument("--hf-data-files", nargs="+", default=None, help="data files for a packaged builder (default: none)")
-    p.set_defaults(func=run)
+    p = sub.add_parser("build", help="build a cache from your own files, URLs or a dataset id, with any tokenizer, "
+                       "inline, on local processes or on Ray",
+                       description="Build a pretraining cache (or with --chat an SFT cache) from any mix of local "
+                                   "files, directories, globs, URLs and Hugging Face dataset ids, with any tokenizer; "
+                                   "byte-identical whichever executor runs it.")
+    _add_build_args(p, legacy=False)
+    p.set_defaults(func=run_build)
+    p = sub.add_parser("dist-build", help="the old name of `build` (kept for one release)",
+                       description="`build` under its old name, for one release: the same flags, plus the old "
+                                   "--hf-dataset/--hf-data-files/--hf-split and --executor inprocess.")
+    _add_build_args(p, legacy=True)
+    g = p.add_argument_group("the old way to name a datasets stream")
+    g.add_argument("--hf-dataset", default=None, help="a dataset id (owner/name), or json/parquet/text with "
+                   "--hf-data-files (default: the SRC files)")
+    g.add_argument("--hf-split", default=None, help="= --split (default: --split)")
+    g.add_argument("--hf-data-files", nargs="+", default=None, help="files of a packaged builder: read as sources "
+                   "(default: none)")
+    p.set_defaults(func=run_build)
 
 
-def _hf(args) -> dict | None:
-    if args.hf_dataset is None:
-        return None
-    return {"path": args.hf_dataset, "name": args.hf_config, "split": args.hf_split,
-            "data_files": args.hf_data_files}
+def spec_from_args(args) -> BuildSpec:
+    sources = list(args.sources)
+    if getattr(args, "hf_dataset", None) is not None:
+        if sources:
+            raise ConfigError("pass either SRC files or --hf-dataset, not both")
+        sources = list(args.hf_data_files) if args.hf_data_files else [args.hf_dataset]
+    if not sources:
+        raise ConfigError("no sources given: pass files, directories, globs, URLs or dataset ids")
+    split = getattr(args, "hf_split", None) or args.split
+    columns = None
+    if args.chat_columns is not None:
+        columns = tuple(c.strip() for c in args.chat_columns.split(","))
+        if len(columns) != 2 or not all(columns):
+            raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
+    return BuildSpec(sources=sources, out=args.out, tokenizer=args.tokenizer, eos=args.eos, bos=args.bos,
+                     separator=args.separator, chat=args.chat, layout=args.layout, text_field=args.text_field,
+                     messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
+                     hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
+                     val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
+                     shuffle_buffer=args.shuffle_buffer,
+                     executor="inline" if args.executor == "inprocess" else args.executor,
+                     workers=None if args.workers == 0 else args.workers, ray_address=args.ray_address,
+                     retries=args.retries, task_bytes=args.task_bytes, name=args.name, work_dir=args.work_dir,
+                     keep_parts=args.keep_parts, progress=False if args.no_progress else None,
+                     extra={"connect_timeout": args.connect_timeout})
 
 
-def run(args) -> int:
+def run_build(args) -> int:
+    if args.workers < 0:
+        raise ConfigError(f"--workers {args.workers}: must be >= 0 (0: one per core)")
+    if args.connect_timeout <= 0:
+        raise ConfigError(f"--connect-timeout {args.connect_timeout}: must be > 0 seconds")
+    spec = spec_from_args(args)
+    if args.train_tokenizer is not None:
+        spec.tokenizer = tokenizer_for_build(spec, args.train_tokenizer, progress=spec.progress)
+    elif args.tokenizer is None:
+        raise ConfigError("give --tokenizer PATH (or --train-tokenizer VOCAB to train one on the sources first)")
     if args.plan_only:
-        tok = load_tokenizer(args.tokenizer, eos=args.eos, bos=args.bos, separator=args.separator)
-        plan = make_plan(args.inputs, tokenizer=tok, task_bytes=args.task_bytes,
-                         text_field=args.text_field, hf=_hf(args))
+        tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator) \
+            if isinstance(spec.tokenizer, str) else spec.tokenizer
+        plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
+                         layout=spec.layout, config=spec.hf_config, split=spec.split)
         for t in plan.tasks:
-            print(f"{t.id}  {t.bytes:>12,} B  {t.where()}")
+            print(f"{t.id}  {t.bytes:>12,} B  {t.layout:<9} {t.where()}")
         print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes")
         return 0
-    print("dist-build settings:")
-    for k in ("inputs", "out", "tokenizer", "eos", "bos", "separator", "max_tokens", "val_tokens", "shard_bytes", "seed", "workers",
-              "executor", "ray_address", "task_bytes", "text_field", "shuffle_buffer"):
-        print(f"  {k} = {getattr(args, k)!r}")
-    summary = dist_build(args.inputs, args.out, tokenizer=args.tokenizer, max_train_tokens=args.max_tokens,
-                         max_val_tokens=args.val_tokens, shard_bytes=args.shard_bytes, seed=args.seed,
-                         executor=args.executor, workers=args.workers, ray_address=args.ray_address,
-                         retries=args.retries, task_bytes=args.task_bytes, text_field=args.text_field,
-                         hf=_hf(args), dataset_name=args.name, shuffle_buffer=args.shuffle_buffer,
-                         work_dir=args.work_dir, keep_parts=args.keep_parts,
-                         progress=None if not args.no_progress else False, eos=args.eos, bos=args.bos,
-                         separator=args.separator)
+    shown = spec.tokenizer if isinstance(spec.tokenizer, str) else getattr(spec.tokenizer, "model_path", "?")
+    print(f"build: {len(spec.sources)} source(s) -> {spec.out}; tokenizer {shown}; "
+          f"{'chat (SFT)' if spec.chat else 'pretraining'}; executor {spec.executor}")
+    summary = build(spec)
     print(format_summary(summary))
     return 0

@@ -1,10 +1,10 @@
 """The commit: part files, in plan order, into the final shards and meta.json, exactly as a local build.
 
-`build_pretrain_cache` (single stream, no shuffle buffer) reads documents in runs of
-ENCODE_BATCH_DOCS, counts a run's empty documents when it takes the run, and admits each non-empty
-document to val, then train, through `writers.Budgeted` (the budgets, the cut of the crossing
-document, EOT after each); it stops after the run in which a document found both splits full, and
-records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
+`build_pretrain_cache` (single stream, no shuffle buffer) reads items in runs of ENCODE_BATCH_DOCS,
+counts a run's skipped records by reason when it takes the run, and admits each non-empty document
+through `pretrain.Admission` (to val, then train, or by a val_frac draw) and `writers.Budgeted` (the
+budgets, the cut of the crossing document, EOT after each); it stops after the run in which a document
+found both splits full, and records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
 that same stream (run boundaries are global, across tasks), admits them through the same Budgeted
 and ShardWriter objects, and copies each admitted run of tokens from the part file straight into the
 shard, so no id is decoded again. A part holds each document with its separator: a cut document is a
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -25,9 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.caches import ENCODE_BATCH_DOCS, _start_build, pretrain_meta
-from niels_gpt.builders.tasks import parts_dir
-from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.builders.common import start_build
+from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
+from niels_gpt.builders.pretrain import Admission, check_budgets, pretrain_meta
+from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir
+from niels_gpt.errors import CacheError
 from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.base import document_separator
@@ -45,28 +48,33 @@ class _Doc:
         return self.n - 1
 
 
-def load_part(work_dir, receipt: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, lengths) of a task, each file's sha256 checked against the receipt."""
+def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray]:
+    """The task's part files (`names` of bin, mask, lens) as arrays, each file's sha256 checked against the
+    receipt."""
     parts = parts_dir(work_dir)
     out = []
-    for name, suffix in (("bin", ".bin"), ("lens", ".lens.npy")):
-        path = parts / f"{receipt['id']}{suffix}"
+    for name in names:
+        path = parts / f"{receipt['id']}{PART_SUFFIX[name]}"
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != receipt["files"][name]["sha256"]:
             with contextlib.suppress(FileNotFoundError):
                 (parts / f"{receipt['id']}.json").unlink()  # so that a rerun redoes this task
             raise CacheError(f"{path}: sha256 differs from its receipt (the part was changed or damaged); its "
                              "receipt is removed: run the same command again to redo that task")
-        out.append(data)
-    tokens = np.frombuffer(out[0], dtype=np.dtype(receipt["token_dtype"]))
-    import io
+        if name == "lens":
+            out.append(np.load(io.BytesIO(data), allow_pickle=False))
+        else:
+            out.append(np.frombuffer(data, dtype=np.dtype(receipt["token_dtype"]) if name == "bin" else np.uint8))
+    return out
 
-    lens = np.load(io.BytesIO(out[1]), allow_pickle=False)
-    return tokens, lens
+
+def skip_reason(receipt: dict, n: int) -> str:
+    """The skip reason of a lengths entry n <= 0 (tasks.py: 0 is an empty document)."""
+    return (receipt.get("skip_reasons") or ["empty_document"])[-n]
 
 
-def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None]) -> Iterator[_Doc | None]:
-    """Every document of the plan in order: a _Doc, or None for an empty (skipped) one. `between` runs
+def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None]) -> Iterator[_Doc | str]:
+    """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
     after each part, before the next receipt is asked for (which may wait for its task)."""
     for k, receipt in enumerate(receipts):
         if k:
@@ -74,8 +82,8 @@ def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None]) 
         tokens, lens = load_part(work_dir, receipt)
         start = 0
         for n in lens.tolist():
-            if n == 0:
-                yield None
+            if n <= 0:
+                yield skip_reason(receipt, n)
             else:
                 yield _Doc(tokens, start, n)
                 start += n
@@ -120,31 +128,31 @@ def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
 
 def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_tokens: int, max_val_tokens: int,
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
-           streaming: bool = False, source: dict | None = None,
-           on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None) -> dict:
+           streaming: bool = False, source: dict | Callable[[], dict] | None = None,
+           on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
+           val_frac: float | None = None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
 
     `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
-    name is the recorded dataset name, as for the one-process builder).
+    name is the recorded dataset name, as for the one-process builder). `source`: as build_pretrain_cache's.
 
     Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest).
     """
-    for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
-        if value < 0:
-            raise ConfigError(f"{name} must be >= 0, got {value}")
+    check_budgets(max_train_tokens, max_val_tokens, val_frac, final or out_dir)
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
     separator = document_separator(tokenizer)  # as build_pretrain_cache: EOT/EOS after, or BOS before
     eot = separator.id
     check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
-    _start_build(out, ["train", "val"])
+    start_build(out, ["train", "val"])
     skipped: Counter = Counter()
     writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
     sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
              for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     exhausted = False
     try:
-        order = [sinks["val"], sinks["train"]]
+        admission = Admission(sinks, val_frac, seed)
+
         def between() -> None:
             # the shard written so far goes to disk while the driver waits for the next task, so the
             # fsync that closes the last shard, after the last task, has one part's tokens to write
@@ -152,21 +160,24 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 w.sync()
 
         for batch in _batches(_documents(work_dir, receipts, between)):
-            skipped["empty_document"] += sum(d is None for d in batch)
+            reasons = Counter(d for d in batch if isinstance(d, str))
+            skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
+            skipped.update(reasons)
             job: list = []
             added = 0
+            stop = False
             for d in batch:
-                if d is None:
+                if isinstance(d, str):
                     continue
-                while order and order[0].full:
-                    order.pop(0)
-                if not order:
+                n = admission.admit(d, job)
+                if n is None:
+                    stop = True
                     break
-                added += order[0].plan(d, job)
+                added += n
             _write(job, eot, dtype, separator.position == "before")
             if on_tokens is not None:
                 on_tokens(added)
-            if not order:
+            if stop:
                 break
         else:
             exhausted = True
@@ -175,10 +186,12 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
         for w in writers.values():
             w.abort()
         raise
-    meta = pretrain_meta(tokenizer, dtype, Path(final) if final is not None else out, writers=writers, sinks=sinks, records=records, eot=eot, seed=seed,
-                         dataset_name=dataset_name, dataset_config=dataset_config, streaming=streaming,
-                         source=source, own_split=False, exhausted=exhausted, skipped=skipped,
-                         shard_bytes=shard_bytes, shuffle_buffer=None, budgets=(max_train_tokens, max_val_tokens),
-                         separator=separator)
+    if callable(source):
+        source = source()
+    meta = pretrain_meta(tokenizer, dtype, Path(final) if final is not None else out, writers=writers, sinks=sinks,
+                         records=records, eot=eot, seed=seed, dataset_name=dataset_name,
+                         dataset_config=dataset_config, streaming=streaming, source=source, own_split=False,
+                         exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
+                         budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac)
     write_meta(str(out), meta)
     return meta

@@ -24,10 +24,11 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from niels_gpt.builders.encode_pool import worker_init
 from niels_gpt.errors import ConfigError
 
-EXECUTORS = ("inprocess", "processes", "ray")
+EXECUTORS = ("inline", "processes", "ray")  # and "inprocess": the task path without a pool (tests)
 RAY_ADDRESS = "auto"
 RETRIES = 2
-CANCEL_WAIT_S = 60  # how long a failed or finished build waits for its cancelled Ray tasks to end
+CANCEL_WAIT_S = 60
+CONNECT_TIMEOUT_S = 30.0  # joining a Ray cluster (--connect-timeout)  # how long a failed or finished build waits for its cancelled Ray tasks to end
 
 
 class WorkerDied(Exception):
@@ -139,7 +140,8 @@ class Processes(Executor):
 class Ray(Executor):
     name = "ray"
 
-    def __init__(self, workers: int | None = None, address: str = RAY_ADDRESS, retries: int = RETRIES):
+    def __init__(self, workers: int | None = None, address: str = RAY_ADDRESS, retries: int = RETRIES,
+                 timeout: float | None = None):
         try:
             import ray
         except ImportError as e:
@@ -147,21 +149,25 @@ class Ray(Executor):
                               "on every node") from e
         self.ray = ray
         self.started = False
+        timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+        fix = ("start one with `ray start --head`, pass its HOST:PORT with --ray-address, or use --ray-address local "
+               "for a one-machine cluster")
         if not ray.is_initialized():
             kwargs: dict = {"log_to_driver": False, "configure_logging": False}
             if address == "local":
                 kwargs.update(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False)
             else:
                 kwargs["address"] = address
+                _reachable(address, timeout, fix)
             try:
-                ray.init(**kwargs)
+                _within(timeout, lambda: ray.init(**kwargs), f"joining the Ray cluster at {address!r}",
+                        f"{fix}; raise the limit with --connect-timeout")
             except (ConnectionError, RuntimeError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); start "
-                                  "one with `ray start --head`, pass its HOST:PORT with --ray-address, or use "
-                                  "--ray-address local for a one-machine cluster; a cluster with token "
-                                  "authentication (Ray 2.60 local clusters) also needs RAY_AUTH_MODE=token and its "
-                                  "token (~/.ray/auth_token or RAY_AUTH_TOKEN) on this machine") from e
+                raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); {fix}; "
+                                  "a cluster with token authentication (Ray 2.60 local clusters) also needs "
+                                  "RAY_AUTH_MODE=token and its token (~/.ray/auth_token or RAY_AUTH_TOKEN) on this "
+                                  "machine") from e
             self.started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.cpus = cpus
@@ -220,12 +226,52 @@ class Ray(Executor):
         return f"ray ({self.workers} worker{'s' if self.workers != 1 else ''}, {nodes} node{'s' if nodes != 1 else ''})"
 
 
+def _reachable(address: str, timeout: float, fix: str) -> None:
+    """A HOST:PORT that nothing answers on is refused at once, naming it (ray.init would wait forever)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or address.startswith(("ray://", "auto")):
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+            pass
+    except TimeoutError:
+        raise ConfigError(f"no answer from the Ray cluster at {address} within {timeout:g} s; check the address "
+                          f"and the network, or raise --connect-timeout; {fix}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address} ({e.strerror or e}); {fix}") from None
+
+
+def _within(timeout: float, fn, what: str, fix: str):
+    """fn() on a daemon thread, given `timeout` seconds: a call that hangs (a cluster that never answers) ends
+    in one line naming `what` instead of blocking the build forever."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (handed to the caller's thread)
+            box["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True, name="connect")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise ConfigError(f"{what}: no answer within {timeout:g} s; {fix}")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 def make_executor(name: str, *, workers: int | None = None, ray_address: str = RAY_ADDRESS,
-                  retries: int = RETRIES) -> Executor:
+                  retries: int = RETRIES, timeout: float | None = None) -> Executor:
     if name == "inprocess":
         return InProcess()
     if name == "processes":
         return Processes(workers)
     if name == "ray":
-        return Ray(workers, ray_address, retries)
+        return Ray(workers, ray_address, retries, timeout)
     raise ConfigError(f"unknown executor {name!r}; use one of {', '.join(EXECUTORS)}")

@@ -1,24 +1,26 @@
-"""One task of a plan: tokenize its documents into part files, then write its receipt.
+"""One task of a plan: tokenize (or render) its items into part files, then write its receipt.
 
 Files of task `<id>` in the work directory's `parts/` (written under temporary names, renamed when
 complete, the receipt last, so a receipt means the parts are whole; none of them is fsynced: the commit
 reads every part it uses and checks its size and sha256 against the receipt, so a part lost or torn by a
-power loss is caught there, never copied into a shard):
+power loss is caught there, never copied into a cache):
 
-| file            | contents                                                                         |
-|-----------------|----------------------------------------------------------------------------------|
-| `<id>.bin`      | every non-empty document's ids with its separator (EOT/EOS after it, or BOS      |
-|                 | before it), little-endian, the cache's dtype                                     |
-| `<id>.lens.npy` | int64 per document of the task, in order: its tokens with the separator; 0 =     |
-|                 | empty, skipped                                                                   |
-| `<id>.json`     | the receipt: the task, documents, empty documents, tokens, bytes + sha256 of both |
-|                 | files, the separator, seconds, host and pid                                      |
-| `<id>.started`  | host, pid and time, written when the task starts (who is working on what)         |
+| file            | contents                                                                           |
+|-----------------|------------------------------------------------------------------------------------|
+| `<id>.bin`      | pretraining: every document's ids with its separator (EOT/EOS after it, or BOS     |
+|                 | before it); chat: every usable example's rendered ids. Little-endian, the dtype    |
+|                 | of the cache                                                                       |
+| `<id>.mask.bin` | chat with a tokenizer's own template: uint8 per token, 1 = trained target          |
+| `<id>.lens.npy` | int64 per item of the task, in order: > 0 its tokens (with the separator); <= 0    |
+|                 | skipped, for the reason `skip_reasons[-n]` of the receipt (0 = empty_document)     |
+| `<id>.json`     | the receipt: the task, items, tokens, skip reasons, the sha256 (`digests`) of what |
+|                 | it read, bytes + sha256 of each part, the separator, seconds, host and pid         |
+| `<id>.started`  | host, pid and time, written when the task starts (who is working on what)          |
 
-The ids are made exactly as the local builder makes them: `encode_batch` (one thread) over runs of
-documents, and the builder's own converter (`writers.Budgeted.write`: separators,
-range check naming the document) writing into a hashed file. A task needs only paths: the tokenizer
-is opened by its path, with the plan's conventions (--eos/--bos/--separator), in the worker (once per
+The ids are made exactly as the one-process builder makes them: `encode_documents` (one thread) and the
+builder's converter (`writers.Budgeted.write`: separators, the range check naming the document, the
+separator-in-text check), or `tokenizer.render_chat` and the builder's `render` rules for chats. A task
+needs only paths: the tokenizer is opened by its path, with the plan's conventions, in the worker (once per
 process) and checked against the plan's sha256.
 """
 
@@ -34,18 +36,22 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.builders.plan import Task, task_documents
+from niels_gpt.builders.plan import Task, task_items
+from niels_gpt.builders.rendering import render
 from niels_gpt.encode import encode_documents
-from niels_gpt.errors import CacheError, TokenizerError
-from niels_gpt.formats.writers import Budgeted, HashingFile
+from niels_gpt.errors import CacheError, ConfigError, TokenizerError
+from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.meta import file_record
+from niels_gpt.sources.documents import Rules, Skipped
+from niels_gpt.sources.records import Piece, digest
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
 
 # Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
-# it only bounds memory. NOTE: not imported from cache.build_cache, which imports torch: a Ray worker
+# it only bounds memory. NOTE: not imported from the builders, which import torch: a Ray worker
 # importing this module would pay ~1.5 s for a library it never uses.
 ENCODE_DOCS = 256
+EMPTY = "empty_document"  # skip reason 0
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -74,59 +80,85 @@ def _tokenizer(path: str, sha256: str, options: dict | None):
     return tok
 
 
-def run_task(task: dict, text_field: str, tokenizer_path: str, tokenizer_sha256: str, work_dir: str,
+class _Skips:
+    """Skip reasons of a task, numbered in order of first use (0 is always empty_document)."""
+
+    def __init__(self):
+        self.names = [EMPTY]
+
+    def code(self, reason: str) -> int:
+        if reason not in self.names:
+            self.names.append(reason)
+        return -self.names.index(reason)
+
+
+def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_dir: str,
              tokenizer_options: dict | None = None) -> dict:
-    """Tokenize one task into its part files and return its receipt (also written as `<id>.json`)."""
+    """Tokenize (spec["chat"]: render) one task into its part files and return its receipt (also `<id>.json`).
+
+    `spec`: the plan's record rules (`rules`), `chat`, and the signatures of the task's local inputs."""
     t0 = time.perf_counter()
     t = Task(**task)
     tok = _tokenizer(tokenizer_path, tokenizer_sha256, tokenizer_options)
     dtype = np.dtype(tok.token_dtype)
-    sep = document_separator(tok)
     parts = parts_dir(work_dir)
     parts.mkdir(parents=True, exist_ok=True)
-    out = HashingFile(parts / f"{t.id}.bin", durable=False)
     write_bytes_atomic(parts / f"{t.id}.started", json.dumps(
         {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode(),
         durable=False)
-    # The builder's converter, unbudgeted: the same separators, casts and range check as a local build.
-    convert = Budgeted(out, 0, sep.id, dtype, f"task {t.id} ({t.where()})", sep.position)
-    lens: list[int] = []
-    empty = 0
-    batch: list[str] = []
-    where: list[int] = []  # index in lens of each document of batch
-    encoded = 0  # non-empty documents encoded so far (Budgeted.write numbers documents by it)
-    try:
-        for text in task_documents(t, text_field):
-            if text and not text.isspace():  # the builder's emptiness test
-                batch.append(text)
-                where.append(len(lens))
-            else:
-                empty += 1
-            lens.append(0)
-            if len(batch) == ENCODE_DOCS:
-                encoded = _flush(tok, convert, batch, where, lens, encoded)
-        _flush(tok, convert, batch, where, lens, encoded)
-        bin_rec = out.close()
-    except BaseException:
-        out.abort()
-        raise
+    rules = Rules(**{**spec["rules"], "chat_columns": tuple(spec["rules"]["chat_columns"])
+                     if spec["rules"].get("chat_columns") else None})
+    stream = task_items(t, rules, spec.get("signatures"))
+    skips = _Skips()
+    if spec.get("chat"):
+        files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips)
+    else:
+        files, lens, extra = _encode_task(t, tok, dtype, parts, stream, skips)
+    # what this task read (its inputs were checked unchanged before and after), for a resume to compare against
+    digests = [digest(Piece(**p)) for p in t.pieces]
     lens_path = parts / f"{t.id}.lens.npy"
     arr = np.asarray(lens, dtype="<i8")
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     lens_bytes = buf.getvalue()
     write_bytes_atomic(lens_path, lens_bytes, durable=False)
-    tokens = int(arr.sum())
-    if bin_rec["bytes"] != tokens * dtype.itemsize:
-        raise CacheError(f"task {t.id}: wrote {bin_rec['bytes']} bytes for {tokens} tokens; report this bug")
-    receipt = {"task": t.to_json(), "id": t.id, "documents": len(lens), "empty_documents": empty,
-               "tokens": tokens, "token_dtype": dtype.str, "separator": sep.describe(),
-               "files": {"bin": bin_rec, "lens": file_record(lens_path, None, data=lens_bytes)},
-               "seconds": round(time.perf_counter() - t0, 6), "host": socket.gethostname(), "pid": os.getpid(),
-               "finished": time.time()}
+    files["lens"] = file_record(lens_path, None, data=lens_bytes)
+    tokens = int(arr[arr > 0].sum())
+    if files["bin"]["bytes"] != tokens * dtype.itemsize:
+        raise CacheError(f"task {t.id}: wrote {files['bin']['bytes']} bytes for {tokens} tokens; report this bug")
+    receipt = {"task": t.to_json(), "id": t.id, "documents": len(lens), "empty_documents": int((arr == 0).sum()),
+               "tokens": tokens, "token_dtype": dtype.str, "skip_reasons": skips.names, "digests": digests,
+               "files": files, "seconds": round(time.perf_counter() - t0, 6), "host": socket.gethostname(),
+               "pid": os.getpid(), "finished": time.time(), **extra}
     write_bytes_atomic(parts / f"{t.id}.json", (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode(),
                        durable=False)
     return receipt
+
+
+def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
+    sep = document_separator(tok)
+    out = HashingFile(parts / f"{t.id}.bin", durable=False)
+    # The builder's converter, unbudgeted: the same separators, casts and range check as a local build.
+    convert = Budgeted(out, 0, sep.id, dtype, f"task {t.id} ({t.where()})", sep.position)
+    lens: list[int] = []
+    batch: list[str] = []
+    where: list[int] = []  # index in lens of each document of batch
+    encoded = 0  # documents encoded so far (Budgeted.write numbers documents by it)
+    try:
+        for item in stream:
+            if isinstance(item, str) and item and not item.isspace():  # the builder's emptiness test
+                batch.append(item)
+                where.append(len(lens))
+                lens.append(0)
+            else:
+                lens.append(skips.code(item.reason if isinstance(item, Skipped) else EMPTY))
+            if len(batch) == ENCODE_DOCS:
+                encoded = _flush(tok, convert, batch, where, lens, encoded)
+        _flush(tok, convert, batch, where, lens, encoded)
+        return {"bin": out.close()}, lens, {"separator": sep.describe()}
+    except BaseException:
+        out.abort()
+        raise
 
 
 def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: list[int], encoded: int) -> int:
@@ -142,9 +174,39 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
     return encoded + len(docs)
 
 
+def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
+    stored_mask = not getattr(tok, "library_conventions", True)
+    out = HashingFile(parts / f"{t.id}.bin", durable=False)
+    mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False) if stored_mask else None
+    lens: list[int] = []
+    try:
+        for k, conv in enumerate(stream):
+            chat = render(tok, conv)
+            if isinstance(chat, Skipped):
+                lens.append(skips.code(chat.reason))
+                continue
+            if isinstance(chat, ConfigError):
+                raise ConfigError(f"task {t.id} ({t.where()}) example {k}: {chat}") from chat
+            ids = np.asarray(chat.ids, dtype=np.int64)
+            check_range(ids, dtype, f"task {t.id} ({t.where()}) example {k}")
+            out.write(ids.astype(dtype))
+            if mask is not None:
+                mask.write(np.asarray(chat.mask, dtype=np.uint8))
+            lens.append(len(ids))
+        files = {"bin": out.close()}
+        if mask is not None:
+            files["mask"] = mask.close()
+        return files, lens, {"stored_mask": stored_mask}
+    except BaseException:
+        out.abort()
+        if mask is not None:
+            mask.abort()
+        raise
+
+
 def load_receipt(work_dir: str | os.PathLike, task: Task) -> dict | None:
     """The task's receipt when it is valid for this task (same id and spec, part files of the recorded
-    sizes), else None: such a task runs again."""
+    sizes, inputs that still hash as they did when it ran), else None: such a task runs again."""
     parts = parts_dir(work_dir)
     path = parts / f"{task.id}.json"
     try:
@@ -153,9 +215,16 @@ def load_receipt(work_dir: str | os.PathLike, task: Task) -> dict | None:
         return None
     if not isinstance(receipt, dict) or receipt.get("id") != task.id or receipt.get("task") != task.to_json():
         return None
-    for name, suffix in (("bin", ".bin"), ("lens", ".lens.npy")):
-        f = parts / f"{task.id}{suffix}"
-        rec = receipt.get("files", {}).get(name)
-        if not rec or not f.is_file() or f.stat().st_size != rec.get("bytes"):
+    for name, rec in (receipt.get("files") or {}).items():
+        f = parts / f"{task.id}{PART_SUFFIX.get(name, '?')}"
+        if not isinstance(rec, dict) or not f.is_file() or f.stat().st_size != rec.get("bytes"):
             return None
+    try:
+        if receipt.get("digests") != [digest(Piece(**p)) for p in task.pieces]:
+            return None  # an input changed since the task ran (even with its size and mtime put back)
+    except OSError:
+        return None
     return receipt
+
+
+PART_SUFFIX = {"bin": ".bin", "mask": ".mask.bin", "lens": ".lens.npy"}

@@ -169,7 +169,9 @@ class Budgeted:
             except (OverflowError, TypeError):
                 pass  # the Python path below finds the document and raises the package's error
             else:
-                self.writer.write(np.frombuffer(buf, dtype=self.dtype.newbyteorder("=")).astype(self.dtype, copy=False))
+                arr = np.frombuffer(buf, dtype=self.dtype.newbyteorder("="))
+                self._check_separators(arr, docs, first_doc)
+                self.writer.write(arr.astype(self.dtype, copy=False))
                 return
         lengths = [len(d) + 1 for d in docs]
         flat: list[int] = []
@@ -193,7 +195,23 @@ class Budgeted:
             d = int(np.searchsorted(ends, first_bad, side="right"))
             check_range(wide[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
             raise
+        self._check_separators(arr, docs, first_doc)
         self.writer.write(arr.astype(self.dtype, copy=False))  # no copy on little-endian machines
+
+    def _check_separators(self, out: np.ndarray, docs: list, first_doc: int) -> None:
+        """Every document holds exactly one separator (the one written with it): a separator id inside a
+        document's own tokens (an --eos that is an ordinary piece of text) would make two documents of one,
+        so it is refused, naming the document. One vectorised count per batch (~0.3 ns a token)."""
+        if np.count_nonzero(out == self.eot) != len(docs):
+            self._refuse_separator_inside(docs, first_doc)
+
+    def _refuse_separator_inside(self, docs: list, first_doc: int) -> None:
+        for j, d in enumerate(docs):
+            if np.any(np.asarray(d) == self.eot):
+                raise ConfigError(
+                    f"{self.name} document {first_doc + j}: the document separator (id {self.eot}) occurs inside its "
+                    "text, so documents could not be told apart; the token given to --eos/--bos is an ordinary "
+                    "piece of text: choose a special token the text never produces (the tokenizer's own EOS or BOS)")
 
 
     def _write_arrays(self, docs: list, keep_last: int, first_doc: int) -> None:
@@ -209,6 +227,8 @@ class Budgeted:
             flat = flat[:len(flat) - int(lengths[-1]) + keep_last - 1]
             lengths[-1] = keep_last - 1
         ends = np.cumsum(lengths)
+        if np.any(flat == self.eot):
+            self._refuse_separator_inside(arrays, first_doc)
         # one separator after (or before) every document, inserted in one pass
         self.writer.write(np.insert(flat.astype(self.dtype, copy=False), ends - lengths if self.before else ends,
                                     np.array(self.eot, dtype=self.dtype)))

@@ -165,9 +165,53 @@ def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LEN
                 yield buf
 
 
+MIN_VOCAB = 260  # ordinary pieces: the model always holds 256 byte pieces and 3 control pieces besides the 4 specials
+
+
+def check_train_settings(settings: TrainSettings) -> None:
+    """Every training setting checked before any text is read, each refusal naming its flag."""
+    checks = (
+        ("--vocab-size", settings.vocab_size, isinstance(settings.vocab_size, int) and settings.vocab_size >= MIN_VOCAB,
+         f"must be at least {MIN_VOCAB}: the model always holds 256 byte pieces (nothing is ever <unk>) and 3 control "
+         "pieces, plus one piece per character of the text; 4,000 to 64,000 are usual"),
+        ("--model-type", settings.model_type, settings.model_type in ("unigram", "bpe"), "use unigram or bpe"),
+        ("--character-coverage", settings.character_coverage, 0 < settings.character_coverage <= 1,
+         "must be in (0, 1], e.g. 0.9995"),
+        ("--tokenizer-threads", settings.num_threads, settings.num_threads >= 1, "must be >= 1"),
+        ("--tokenizer-max-chars", settings.max_train_chars, settings.max_train_chars >= 1, "must be >= 1"),
+        ("--max-sentence-length", settings.max_sentence_length, settings.max_sentence_length >= 16,
+         "must be at least 16 bytes"),
+    )
+    for flag, value, ok, fix in checks:
+        if not ok:
+            raise TokenizerError(f"{flag} {value!r}: {fix}")
+
+
+def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerError:
+    """sentencepiece's own message, turned into what to change."""
+    import re
+
+    text = str(exc)
+    small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", text)
+    if small:
+        need = int(small.group(2)) - len(SPECIAL_TOKENS)
+        return TokenizerError(f"--vocab-size {settings.vocab_size} is too small for this text: it needs {need} "
+                              "pieces at least (256 byte pieces, 3 control pieces and one per character kept by "
+                              f"--character-coverage {settings.character_coverage}); raise --vocab-size to {need} "
+                              "or more, or lower --character-coverage")
+    big = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", text)
+    if big:
+        most = int(big.group(2)) - len(SPECIAL_TOKENS)
+        return TokenizerError(f"--vocab-size {settings.vocab_size} is more than this text can fill: at most {most} "
+                              "pieces here; lower --vocab-size or train on more text")
+    return TokenizerError(f"sentencepiece training failed: {text}")
+
+
 def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSettings()) -> tuple[bytes, dict]:
     """Train a model; returns (model bytes, stats). Deterministic for the same texts and settings."""
     import sentencepiece as spm
+
+    check_train_settings(settings)
 
     stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
 
@@ -211,10 +255,7 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
             minloglevel=2,
         )
     except RuntimeError as exc:
-        hint = ""
-        if "Vocabulary size" in str(exc):
-            hint = " (the corpus is too small for this vocabulary: lower --vocab-size or add text)"
-        raise TokenizerError(f"sentencepiece training failed: {exc}{hint}") from exc
+        raise _training_failure(exc, settings) from exc
     if stats["documents"] == 0:
         raise TokenizerError("no training text: every source was empty")
     return model.getvalue(), stats

@@ -108,7 +108,7 @@ def test_dist_build_tasks_open_a_tiktoken_encoding_by_its_name(tmp_path, monkeyp
 
     from niels_gpt.builders import make_plan
     from niels_gpt.builders import tasks as tasks_module
-    from niels_gpt.builders.dist import tokenizer_ref
+    from niels_gpt.builders.parallel import tokenizer_ref
     from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN
 
     ranks = load_tiktoken_bpe(str(tiktoken_file))
@@ -124,7 +124,8 @@ def test_dist_build_tasks_open_a_tiktoken_encoding_by_its_name(tmp_path, monkeyp
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts()[:4]))
     plan = make_plan([src], tokenizer=named)
     monkeypatch.setattr(tasks_module, "_TOKENIZERS", {})  # a worker that never saw the driver's tokenizer
-    receipt = tasks_module.run_task(plan.tasks[0].to_json(), "text", tokenizer_ref(named), named.sha256,
+    spec = {"rules": plan.rules._asdict(), "chat": False}
+    receipt = tasks_module.run_task(plan.tasks[0].to_json(), spec, tokenizer_ref(named), named.sha256,
                                     str(tmp_path / "work"))
     want = sum(len(named.encode(t)) + 1 for t in sample_texts()[:4] if t.strip())
     assert receipt["tokens"] == want

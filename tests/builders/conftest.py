@@ -1,9 +1,9 @@
-"""Inputs for the distributed-build tests: real text from the sample corpus in every input kind.
+"""Inputs for the parallel-build tests: real text from the sample corpus in every input kind.
 
 `corpus` writes a JSONL file (with empty, whitespace and null documents and a blank line), a Parquet
 file of 9-row row groups (with nulls), and three .txt files (one of them whitespace only), and hands
-back the paths with the documents exactly as a one-process build reads them, decoded here
-independently of niels_gpt.builders. `build_reference` runs build_pretrain_cache on those documents;
+back the paths with the documents exactly as a one-process build reads them (a null text as
+Skipped("null_text"), the text rules applied), decoded here independently of niels_gpt.sources. `build_reference` runs build_pretrain_cache on those documents;
 `tree` maps every file of a cache to its bytes (the work directory left out).
 """
 
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.cache.build_cache import Skipped, build_pretrain_cache
+
+from ..tokenizer_backends.conftest import bpe_json, hf_dir  # noqa: F401  (shared fixtures)
 
 
 def _paragraph_docs(real_docs: list[str], n: int) -> list[str]:
@@ -57,9 +59,10 @@ def corpus(tmp_path_factory, real_docs) -> dict:
     expected: list[str] = []
     for line in (root / "a.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
-            expected.append(json.loads(line)["text"] or "")
+            text = json.loads(line)["text"]
+            expected.append(Skipped("null_text") if text is None else text)
     n_jsonl = len(expected)
-    expected += [t or "" for t in pq.read_table(root / "b.parquet").column("text").to_pylist()]
+    expected += [Skipped("null_text") if t is None else t for t in pq.read_table(root / "b.parquet").column("text").to_pylist()]
     expected += [t.replace("\r\n", "\n") for t in txt]
     return {"root": root, "paths": paths, "docs": expected, "per_path": [n_jsonl, len(pq_docs), 1, 1, 1]}
 

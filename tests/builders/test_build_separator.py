@@ -1,4 +1,4 @@
-"""dist-build with a user tokenizer's conventions (--eos, --bos, --separator) writes what `build` writes."""
+"""The parallel build with a user tokenizer's conventions (--eos, --bos, --separator) writes what `build` writes."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ BUDGETS = ["--val-tokens", "3001", "--max-tokens", "40003", "--shard-bytes", "16
 @pytest.fixture(scope="module")
 def jsonl(corpus, tmp_path_factory):
     """Real documents, one per line, with an empty and a whitespace one (skipped by both commands)."""
-    docs = [d for d in corpus["docs"][:300] if d.strip()]
+    docs = [d for d in corpus["docs"][:300] if isinstance(d, str) and d.strip()]
     docs[10], docs[20] = "", "  \n "
     path = tmp_path_factory.mktemp("sep") / "docs.jsonl"
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
@@ -89,7 +89,7 @@ def test_each_option_set_has_its_own_task_ids_and_receipts(jsonl, bpe_json, buil
     s = dist_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
     assert s["reused"] == 0 and s["ran"] == len(ids["bos"])
     assert _comparable(tree(out)) == _comparable(tree(built / "bos"))
-    plan = json.loads((out.parent / (out.name + ".dist-build") / "plan.json").read_text())
+    plan = json.loads((out.parent / (out.name + ".build") / "plan.json").read_text())
     assert plan["tokenizer_options"] == {"bos": "<|im_start|>", "separator": "bos"}
     # and the same settings again reuse every receipt
     s = dist_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)

@@ -1,0 +1,59 @@
+"""The SFT commit: the rendered parts of a chat build's tasks, in plan order, into the SFT cache.
+
+`build_sft_cache` renders each conversation, skips (and counts) those that cannot be examples, and hands
+every usable one to `SFTWriter`, which draws its split and appends it. The tasks rendered with the same
+`render` rules; here every part's examples go through the same `SFTWriter` in plan order, so the draws,
+files and meta.json are the ones the one-process builder writes. No id is rendered again. Reading a part
+checks its size and sha256 against the receipt.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.builders.commit import load_part, skip_reason
+from niels_gpt.builders.common import start_build
+from niels_gpt.builders.sft import SFTWriter, check_sft_settings, sft_meta
+from niels_gpt.meta import write_meta
+
+
+def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_frac: float, seed: int,
+               dataset_name: str | None = None, dataset_config: str | None = None, streaming: bool = False,
+               source: dict | Callable[[], dict] | None = None, final: str | os.PathLike | None = None) -> dict:
+    """Write the SFT cache at `out_dir` from the parts of `receipts` (in plan order); returns meta."""
+    check_sft_settings(val_frac, seed)
+    out = Path(out_dir)
+    dtype = np.dtype(tokenizer.token_dtype)
+    stored_mask = not getattr(tokenizer, "library_conventions", True)
+    start_build(out, [])
+    skipped: Counter = Counter()
+    writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed)
+    try:
+        for receipt in receipts:
+            names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
+            arrays = load_part(work_dir, receipt, names)
+            tokens, lens = arrays[0], arrays[-1]
+            mask = arrays[1] if stored_mask else None
+            start = 0
+            for n in lens.tolist():
+                if n <= 0:
+                    skipped[skip_reason(receipt, n)] += 1
+                    continue
+                writer.add(tokens[start:start + n], None if mask is None else mask[start:start + n])
+                start += n
+        records = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    if callable(source):
+        source = source()
+    meta = sft_meta(tokenizer, dtype, Path(final) if final is not None else out, writer, records=records, seed=seed,
+                    val_frac=val_frac, skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
+                    streaming=streaming, source=source)
+    write_meta(str(out), meta)
+    return meta

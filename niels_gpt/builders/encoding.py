@@ -1,0 +1,147 @@
+"""The encode pipeline of the one-process builder: documents in batches, encoded on this thread or on a pool
+of workers, results in stream order.
+
+- `shuffled`: the optional torch-RNG shuffle buffer (O(size) memory);
+- `_read_batches`: ENCODE_BATCH_DOCS items at a time, skipped records counted by reason where they stand;
+- `_encoded_batches`: with several workers each batch is cut into runs of about equal characters encoded by
+  one call each on a worker (threads: every backend's encoder releases the GIL; forked processes for tiktoken,
+  builders/encode_pool.py); every document is encoded alone, so the ids do not depend on the cut.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from niels_gpt.builders.encode_pool import EncodePool
+from niels_gpt.encode import encode_documents
+from niels_gpt.errors import ConfigError
+from niels_gpt.sources.documents import Skipped
+
+ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
+
+
+def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> Iterator:
+    """Approximate shuffle in O(size) memory: keep `size` items, emit a random one per new arrival."""
+    if not size or size <= 1:
+        yield from items
+        return
+    buf: list = []
+    draws: list[int] = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        if not draws:  # one torch call per 4096 draws: same values as drawing one at a time
+            draws = torch.randint(size, (4096,), generator=generator).tolist()[::-1]
+        j = draws.pop()
+        yield buf[j]
+        buf[j] = item
+    for j in torch.randperm(len(buf), generator=generator).tolist():
+        yield buf[j]
+
+
+
+def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Iterator[tuple[list[str], Counter]]:
+    """(non-empty documents, records skipped by reason) per batch of `batch_docs` items of the stream.
+
+    An item is a document (str) or a `Skipped(reason)` left in the stream by its source (a null text, a bad
+    record skipped); an empty or whitespace-only document is skipped as `empty_document`. Counting skips
+    per batch taken, at their place in the stream, makes the counts the same for every executor."""
+    it = iter(texts)
+    while batch := list(itertools.islice(it, batch_docs)):
+        kept = []
+        skipped: Counter = Counter()
+        for t in batch:
+            if isinstance(t, str):
+                if t and not t.isspace():  # what t.strip() tests, without copying the document
+                    kept.append(t)
+                else:
+                    skipped["empty_document"] += 1
+            elif isinstance(t, Skipped):
+                skipped[t.reason] += 1
+            else:
+                raise ConfigError(f"documents must be str, got {type(t).__name__}: {t!r:.80}")
+        yield kept, skipped
+
+
+def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
+                     skipped: Counter) -> Iterator[list[list[int]]]:
+    """Encoded documents, batch by batch, in stream order.
+
+    One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
+    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a worker of
+    `pool` (a thread: the encoders release the GIL; a forked process for tiktoken, niels_gpt/builders/
+    encode_pool.py), at most `2 * workers` batches in flight, results joined in order.
+    Every document is encoded alone whatever the cut, so the ids do not depend on it.
+    NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
+    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.56x the bare
+    1-thread rate); runs of a batch keep both busy to the end (1.67x; bench/bench_tokenizers.py). Empty
+    documents are counted when their batch is consumed, not when it is read, so meta.json does not depend
+    on how far ahead the workers have read.
+    """
+    batches = _read_batches(texts)
+    if pool is None:
+        encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)
+    else:
+        encoded = _in_order(pool, batches, workers)
+    for docs, batch_skipped in encoded:
+        # NOTE: the key is there (0 or more) once a batch is read, as meta.json has always recorded it
+        skipped["empty_document"] += batch_skipped.pop("empty_document", 0)
+        skipped.update(batch_skipped)
+        yield docs
+
+
+def _pieces(docs: list[str], n: int) -> list[list[str]]:
+    """`docs` cut into at most `n` runs of consecutive documents of about equal characters."""
+    if n <= 1 or len(docs) <= 1:
+        return [docs]
+    lengths = list(itertools.accumulate(map(len, docs)))
+    step = lengths[-1] / n
+    out: list[list[str]] = []
+    start = 0
+    for i, end in enumerate(lengths[:-1]):
+        if end >= step * (len(out) + 1):
+            out.append(docs[start:i + 1])
+            start = i + 1
+            if len(out) == n - 1:
+                break
+    out.append(docs[start:])
+    return out
+
+
+def _encode_pieces(pool: EncodePool, docs: list[str], n: int) -> list:
+    return [pool.encode(piece) for piece in _pieces(docs, n)]
+
+
+def _joined(futures: list) -> list:
+    if len(futures) == 1:
+        return futures[0].result()
+    return [ids for future in futures for ids in future.result()]
+
+
+def _in_order(pool: EncodePool, batches, workers: int):
+    window = 2 * workers
+    pending: deque = deque()
+    for kept, n in batches:
+        pending.append((_encode_pieces(pool, kept, window), n))
+        if len(pending) >= window:
+            futures, n_done = pending.popleft()
+            yield _joined(futures), n_done
+    while pending:
+        futures, n_done = pending.popleft()
+        yield _joined(futures), n_done
+
+
+def _encode_threads(num_workers: int | None) -> int:
+    """Encode threads: `num_workers`, or one per core for None."""
+    workers = (os.cpu_count() or 1) if num_workers is None else num_workers
+    if workers < 1:
+        raise ConfigError(f"num_workers must be >= 1 (or None for one per core), got {num_workers}")
+    return workers
+
+

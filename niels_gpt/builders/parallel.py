@@ -1,0 +1,180 @@
+"""A build's tasks on local processes or Ray, committed in plan order; resumed from receipts.
+
+- the work directory (default `<out>.build/`, beside the output, so that an interrupted rebuild leaves the
+  old cache exactly as it was) holds plan.json and each task's parts and receipt; it must be on a
+  filesystem every worker sees. Only what the build wrote in it is removed after a successful commit
+  (unless `keep_parts`), and the directory itself only when a run of this build made it;
+- resuming: the same command again reuses every task whose receipt is valid (tasks.load_receipt) and runs
+  only the others;
+- the commit runs while tasks finish, taking their parts in plan order; once both budgets are met it stops
+  and the tasks still queued are dropped;
+- a task that fails (a bad record, a dead worker) fails the build when the commit reaches it: the error
+  names the task, its input range and the record; finished tasks keep their receipts for the rerun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
+from niels_gpt.builders.commit import commit
+from niels_gpt.builders.commit_sft import commit_sft
+from niels_gpt.builders.common import summarize
+from niels_gpt.builders.executors import WorkerDied, make_executor
+from niels_gpt.builders.plan import Plan, check_unchanged
+from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task
+from niels_gpt.errors import CacheError, NielsGPTError
+from niels_gpt.outputs import PLAN_NAME, check_output
+from niels_gpt.staging import build_aside
+
+PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
+
+
+class Progress:
+    """Tasks done and tokens/s across every worker; a tqdm bar on a terminal, silent otherwise."""
+
+    def __init__(self, total_tasks: int, reused: int, enabled: bool | None):
+        from tqdm.auto import tqdm
+
+        self.t0 = time.perf_counter()
+        self.tokens = 0
+        self.bar = tqdm(total=total_tasks, initial=reused, unit="task", desc="build",
+                        disable=None if enabled else True)
+
+    def task_done(self, receipt: dict) -> None:
+        self.tokens += receipt["tokens"]
+        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{rate / 1e6:.2f} Mtok/s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple, progress: Progress,
+                     counters: dict) -> Iterator[dict]:
+    """Receipts in plan order, running the missing tasks `window` at a time on the executor."""
+    todo = [t for t in plan.tasks if t.index not in reused]
+    window = max(1, executor.window)
+    results: dict[int, tuple] = {}
+    inflight = 0
+    nxt = 0
+    for t in plan.tasks:
+        if t.index in reused:
+            counters["read"] += [p["item"] for p in t.pieces]
+            yield reused[t.index]
+            continue
+        while t.index not in results:
+            while nxt < len(todo) and inflight < window:
+                task = todo[nxt]
+                spec = dict(args[0], signatures={p["item"]: plan.signatures[p["item"]] for p in task.pieces
+                                                 if p["item"] in plan.signatures})
+                executor.submit(task.index, run_task, task.to_json(), spec, *args[1:])
+                nxt += 1
+                inflight += 1
+            for key, receipt, error in executor.wait():
+                inflight -= 1
+                results[key] = (receipt, error)
+                if error is None:
+                    counters["ran"] += 1
+                    counters["task_seconds"] += receipt["seconds"]
+                    counters["tokenized"] += receipt["tokens"]
+                    progress.task_done(receipt)
+        receipt, error = results.pop(t.index)
+        if error is not None:
+            done = counters["ran"] + len(reused)
+            hint = (f"; {done} of {len(plan.tasks)} tasks are finished and kept: fix the input and run the same "
+                    "command again to resume")
+            if isinstance(error, WorkerDied):
+                raise CacheError(f"task {t.id} ({t.where()}): {error}{hint}") from error
+            if isinstance(error, NielsGPTError):
+                raise type(error)(f"task {t.id} ({t.where()}): {error}{hint}") from error
+            raise CacheError(f"task {t.id} ({t.where()}) failed: {type(error).__name__}: {error}{hint}") from error
+        counters["read"] += [p["item"] for p in t.pieces]
+        yield receipt
+
+
+def tokenizer_ref(tok) -> str:
+    """How a task names the tokenizer to open: an absolute path for a file or directory (a Ray worker runs
+    in a directory of Ray's choosing), else the name itself (a tiktoken encoding such as cl100k_base)."""
+    path = Path(tok.model_path)
+    return str(path.resolve()) if path.exists() else tok.model_path
+
+
+def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: Path, workers: int | None,
+                 val_budget: int) -> dict:
+    """Run the plan's tasks on `executor` and commit them into `out`; returns the summary's facts. `spec` is
+    the build's BuildSpec (builders/run.py); `work` its work directory; `workers` None: Ray's CPUs."""
+    work = check_output(work, kind="work", flag="--work-dir", inputs=spec.sources, others=[("--out", out)])
+    # whether a run of ours made the directory (this one, or the interrupted one this run resumes): only
+    # then is it removed at the end; a --work-dir the user made keeps existing
+    created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
+    work.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(work / PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created}, indent=1)
+                                          + "\n").encode())
+    reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
+    ref = tokenizer_ref(tok)
+    args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
+    keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
+    ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries, timeout=spec.extra.get("connect_timeout"))
+    where = ex.describe()
+    log(f"build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {where}; work directory "
+        f"{work}")
+    counters = {"ran": 0, "task_seconds": 0.0, "tokenized": 0, "read": []}
+    bar = Progress(len(plan.tasks), len(reused), spec.progress)
+
+    def described() -> dict:
+        check_unchanged(plan, sorted(set(counters["read"]) & set(plan.signatures)))
+        return plan.describe()
+
+    receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
+                  streaming=plan.streaming, source=described, final=out)
+    try:
+        with build_aside(out) as stage:
+            if spec.chat:
+                commit_sft(work, receipts, stage, val_frac=spec.val_frac or 0.0, **common)
+            else:
+                commit(work, receipts, stage, max_train_tokens=spec.max_tokens, max_val_tokens=val_budget,
+                       shard_bytes=spec.shard_bytes, val_frac=spec.val_frac, **common)
+    finally:
+        ex.cancel()
+        ex.close()
+        bar.close()
+    if not spec.keep_parts:
+        remove_work(work, created=created)
+    return summarize(out, executor=where, tasks=len(plan.tasks), ran=counters["ran"], reused=len(reused),
+                     task_seconds=counters["task_seconds"], tokenized=counters["tokenized"])
+
+
+def _previous_plan(work: Path) -> dict:
+    try:
+        doc = json.loads((work / PLAN_NAME).read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def remove_work(work: Path, *, created: bool) -> None:
+    """Delete what the driver wrote in the work directory (plan.json, the tasks' parts and receipts, the
+    temporaries of killed tasks), then the directories themselves if a run of ours created them and they are
+    empty: a --work-dir the user gave keeps everything else it holds."""
+    parts = parts_dir(work)
+    if parts.is_dir():
+        for f in parts.iterdir():
+            if f.is_file() and (PART_FILE.match(f.name) or TMP_SUFFIX.search(f.name)):
+                f.unlink()
+        with contextlib.suppress(OSError):
+            parts.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        (work / PLAN_NAME).unlink()
+    for f in work.glob(f"{PLAN_NAME}.tmp-*"):
+        f.unlink()
+    if created:
+        with contextlib.suppress(OSError):
+            work.rmdir()

@@ -1,0 +1,273 @@
+"""The one-process pretraining builder (`build_pretrain_cache`), its meta.json and the admission rule.
+
+One pass over the documents:
+- documents flow through an optional torch-RNG shuffle buffer, then are encoded in batches
+  (builders/encoding.py); the output is the same for any number of encode workers;
+- each document gets one separator (EOT after it, or a tokenizer's BOS before it); empty documents and the
+  records the source skipped are counted by reason where they stand in the stream;
+- admission (`Admission`, which the parallel build's commit uses too): either the first documents fill val
+  until it holds exactly `max_val_tokens` and the rest fill train until exactly `max_train_tokens` (the
+  document crossing a budget keeps what fits, closed by its separator, and the cut is recorded), or with
+  `val_frac` each document goes to val with that probability (one torch draw per document) until its
+  split is full. Sources with their own split pass `SplitTexts(train=..., val=...)` instead;
+- tokens go straight to `shard_00000.bin`, ... (temporaries renamed when full), each at most
+  `shard_bytes`; reading stops as soon as both budgets are met; meta.json is written last.
+Memory: one encode batch plus the shuffle buffer, whatever the corpus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
+from niels_gpt.builders.encode_pool import EncodePool
+from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads, _encoded_batches, shuffled
+from niels_gpt.errors import ConfigError
+from niels_gpt.formats.writers import (
+    SHARD_PATTERN,
+    Budgeted,
+    ShardWriter,
+    WriterPipeline,
+    check_range,
+    check_shard_bytes,
+)
+from niels_gpt.meta import write_meta
+from niels_gpt.progress import BuildProgress
+from niels_gpt.seeds import check_seed
+from niels_gpt.staging import build_aside
+from niels_gpt.storage.upload import writes_to_url
+from niels_gpt.tokenizer.base import document_separator
+
+SHARD_BYTES = 128 * 1024 * 1024
+MAX_TRAIN_TOKENS = 200_000_000
+MAX_VAL_TOKENS = 5_000_000
+SHUFFLE_BUFFER = None
+DRAW_BLOCK = 1024  # val_frac draws: torch.rand(DRAW_BLOCK) at a time (the same values as one at a time)
+SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
+              "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
+SPLIT_RULE_BOS = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
+                  "max_train_tokens; the document crossing a budget keeps its BOS and its first (room - 1) tokens")
+
+
+class SplitTexts(NamedTuple):
+    """Documents of a source that defines its own train/val split."""
+
+    train: Iterable[str]
+    val: Iterable[str]
+
+
+def val_seed(seed: int) -> int:
+    """The seed of the val_frac draws: derived from `seed`, so they are not the shuffle buffer's draws."""
+    return int.from_bytes(hashlib.sha256(f"val_frac:{seed}".encode()).digest()[:8], "little") >> 1
+
+
+def split_rule(seed: int, val_frac: float | None, before: bool) -> str:
+    if val_frac is None:
+        return SPLIT_RULE_BOS if before else SPLIT_RULE
+    return (f"by document: g = torch.Generator().manual_seed({val_seed(seed)}) (from seed {seed}: the first 8 "
+            f"bytes of sha256('val_frac:{seed}'), little-endian, >> 1); the k-th non-empty document of the stream "
+            f"goes to val when the k-th draw of torch.rand({DRAW_BLOCK}, generator=g, dtype=torch.float64) blocks is "
+            f"< {val_frac!r}, else to train; a document whose split is full is left out; reading stops when both "
+            "splits are full")
+
+
+class Admission:
+    """Where each document of a single stream goes (val, train, or nowhere) and when the stream is done."""
+
+    def __init__(self, sinks: dict[str, Budgeted], val_frac: float | None, seed: int):
+        self.sinks, self.val_frac = sinks, val_frac
+        self.order = [sinks["val"], sinks["train"]]
+        self.gen = torch.Generator().manual_seed(val_seed(seed)) if val_frac is not None else None
+        self.draws: list[float] = []
+
+    def admit(self, doc, job: list) -> int | None:
+        """Plan `doc` into `job`; the tokens it adds, or None when both splits are full (read no further)."""
+        if self.val_frac is None:
+            while self.order and self.order[0].full:
+                self.order.pop(0)
+            return self.order[0].plan(doc, job) if self.order else None
+        if self.sinks["val"].full and self.sinks["train"].full:
+            return None
+        if not self.draws:
+            self.draws = torch.rand(DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
+        sink = self.sinks["val"] if self.draws.pop() < self.val_frac else self.sinks["train"]
+        return 0 if sink.full else sink.plan(doc, job)
+
+    @property
+    def done(self) -> bool:
+        return all(s.full for s in self.sinks.values())
+
+
+def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | None, where) -> None:
+    for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+    if max_train_tokens == 0 and max_val_tokens == 0:
+        raise ConfigError(f"{where}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
+                          "give either a positive budget (--max-train-tokens / --max-val-tokens)")
+    if val_frac is not None and not 0.0 < val_frac < 1.0:
+        raise ConfigError(f"--val-frac must be in (0, 1), got {val_frac}")
+
+
+@writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
+def build_pretrain_cache(
+    texts: Iterable[str] | SplitTexts,
+    out_dir: str,
+    *,
+    tokenizer,
+    max_train_tokens: int,
+    max_val_tokens: int,
+    shard_bytes: int,
+    seed: int,
+    shuffle_buffer: int | None,
+    num_workers: int | None = 1,
+    token_dtype: str | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    streaming: bool = False,
+    source: dict | Callable[[], dict] | None = None,
+    progress: bool | None = False,
+    input_bytes: int | None = None,
+    val_frac: float | None = None,
+) -> None:
+    """
+    writes:
+      out_dir/train/shard_*.bin
+      out_dir/val/shard_*.bin
+      out_dir/meta.json
+    token dtype: uint16 little-endian (uint32 when the tokenizer has more than 65,536 ids)
+    deterministic given seed + identical input stream order.
+
+    `texts` is one stream (split by the rule in the module docstring; items may be `Skipped(reason)`, counted
+    where they stand) or `SplitTexts` for a source with its own split. `num_workers` encode workers (None: one
+    per core); the bytes written do not depend on it. `val_frac`: split by document instead of by budget.
+    `progress`: a bar on stderr (None: on a terminal only); `input_bytes`: the input's size, for its ETA.
+    `source`: meta.json's record of the input, or a callable that returns it, called once the stream is read
+    (its skip counts are then final; it may also refuse the build, e.g. when an input changed meanwhile).
+    """
+    check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
+    check_seed(seed)
+    check_shard_bytes(shard_bytes)
+    final = Path(out_dir)
+    budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(resolve_dtype(tokenizer, token_dtype)).itemsize
+    with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
+        dtype = resolve_dtype(tokenizer, token_dtype)
+        separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each document
+        eot = separator.id
+        check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+        workers = _encode_threads(num_workers)
+        start_build(out, ["train", "val"])
+        skipped: Counter = Counter()
+        writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+        sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
+                 for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
+        own_split = isinstance(texts, SplitTexts)
+        # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
+        pool = EncodePool(tokenizer, workers) if workers > 1 else None
+        bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
+        exhausted = True
+        failed = False
+        pipe = WriterPipeline()
+        # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside the encoder
+        # (figures per backend and worker count: README "Performance", bench/bench_tokenizers.py).
+        try:
+            if own_split:
+                for split in ("val", "train"):
+                    # one generator per split: reading ahead in val never shifts train's draws
+                    gen = torch.Generator().manual_seed(seed + (split == "train"))
+                    docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
+                    sink = sinks[split]
+                    # A batch is read only after a document of the previous one found the split full
+                    # (not merely when it became full): the stream is read, and the shuffle's RNG
+                    # drawn, exactly as far as a document-at-a-time loop would.
+                    for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
+                        job: list = []
+                        stop = False
+                        for ids in batch:
+                            if sink.full:
+                                stop = True
+                                break
+                            bar.add_tokens(sink.plan(ids, job))
+                        pipe.submit(job)
+                        if stop:
+                            break
+            else:
+                exhausted = False
+                docs = shuffled(bar.documents(texts), shuffle_buffer, torch.Generator().manual_seed(seed))
+                admission = Admission(sinks, val_frac, seed)
+                for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
+                    job = []
+                    stop = False
+                    for ids in batch:
+                        added = admission.admit(ids, job)
+                        if added is None:
+                            stop = True
+                            break
+                        bar.add_tokens(added)
+                    pipe.submit(job)
+                    if stop:
+                        break
+                else:
+                    exhausted = True
+            pipe.close()
+            records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
+        except BaseException:
+            failed = True
+            with contextlib.suppress(BaseException):
+                pipe.close()
+            for w in writers.values():
+                w.abort()
+            raise
+        finally:
+            if pool is not None:  # after an error, wait until no worker is still encoding
+                pool.shutdown(wait=failed)
+            bar.close(finished=exhausted)
+        if callable(source):  # described after the stream was read, so its skip counts are final
+            source = source()
+        meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records, eot=eot,
+                             seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
+                             streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
+                             skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
+                             budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac)
+        write_meta(str(out), meta)
+
+
+def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
+                  dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
+                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
+                  separator=None, val_frac: float | None = None) -> dict:
+    """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
+    parallel build's commit write the same one)."""
+    totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
+    totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
+    if totals["train_tokens"] + totals["val_tokens"] == 0:
+        read = ", ".join((source or {}).get("files") or []) or (source or {}).get("dataset_id") or "the documents given"
+        raise ConfigError(f"no tokens for {final}: {read} had no non-empty document "
+                          f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
+    meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source, final)
+    before = separator is not None and separator.position == "before"
+    meta.update({
+        "kind": "pretrain",
+        "split_rule": "the source's own train/val split" if own_split else split_rule(seed, val_frac, before),
+        "shard_bytes": shard_bytes,
+        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
+        "document_separator": (separator.describe() if separator is not None
+                               else {"token": "eot", "id": eot, "position": "after every document"}),
+        "totals": totals,
+        "files": records,
+        "cuts": {s: sinks[s].cut for s in ("train", "val")},
+        "source_exhausted": exhausted,
+        "skipped": all_skipped(skipped, meta["source"]),
+        "build": {"max_train_tokens": budgets[0], "max_val_tokens": budgets[1], "shard_bytes": shard_bytes,
+                  "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS,
+                  **({"val_frac": val_frac} if val_frac is not None else {})},
+    })
+    return meta

@@ -1,0 +1,231 @@
+"""`build`: one verb for every scale. Plan the inputs, read the plan on an executor, write the cache.
+
+    from niels_gpt.builders.run import BuildSpec, build
+    summary = build(BuildSpec(sources=["data/"], out="cache/mine", tokenizer="tok/", executor="processes"))
+
+- The plan (builders/plan.py) is the same for every executor: ordered tasks over the one record-reader
+  layer. `inline` reads the plan's items in this process into the one-process builder (its encode workers
+  are threads, or forked processes for tiktoken); `processes` runs the tasks on a pool of local processes,
+  `ray` on a Ray cluster; both then commit the tasks' parts in plan order (builders/commit.py,
+  builders/commit_sft.py). `auto` (the default) is `processes` when there are several tasks and workers,
+  else `inline`. The cache is byte-identical whichever runs it and with however many workers.
+- The work directory of a parallel build (default `<out>.build`, beside the output) holds plan.json and each
+  task's parts and receipt; rerunning the same command resumes: a task whose receipt is valid (same id,
+  parts of the recorded sizes, inputs that still hash the same) is not run again. It is removed after the
+  commit (only what the build wrote in it) unless `keep_parts`.
+- A shuffle buffer mixes documents across the whole stream, so no plan can cut it: the build says so and
+  runs inline.
+- Before any work: the output and work directory go through the output guard (niels_gpt/outputs.py); before
+  the commit marker is written: every local input read must be as it was when planned.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from niels_gpt.builders.common import summarize
+from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
+from niels_gpt.builders.parallel import run_parallel
+from niels_gpt.builders.plan import TASK_BYTES, Plan, check_unchanged, make_plan, task_items
+from niels_gpt.builders.pretrain import SHARD_BYTES, build_pretrain_cache
+from niels_gpt.builders.sft import build_sft_cache
+from niels_gpt.constants import SEED
+from niels_gpt.errors import ConfigError
+from niels_gpt.formats.writers import check_shard_bytes
+from niels_gpt.outputs import check_output
+from niels_gpt.seeds import check_seed
+from niels_gpt.sources.documents import Rules, check_layout
+from niels_gpt.storage.upload import local_path_of, staged_output
+from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.urls import is_url
+
+ALL_TOKENS = 2**62  # no budget: every document
+EXECUTORS = ("auto", "inline", "processes", "ray")
+WORK_DIR_SUFFIX = ".build"  # the default work directory: <out>.build, beside the output
+ON_BAD_RECORD = ("error", "skip")
+
+
+@dataclass(kw_only=True)
+class BuildSpec:
+    """What a build is asked for: the flags of `build`, with their one set of defaults."""
+
+    sources: list
+    out: str
+    tokenizer: object  # a path or name, or a loaded tokenizer
+    eos: int | str | None = None
+    bos: int | str | None = None
+    separator: str | None = None
+    chat: bool = False
+    layout: str | None = None  # --format; None: detected per input
+    text_field: str = "text"
+    messages_field: str = "messages"
+    chat_columns: tuple[str, str] | None = None
+    on_bad_record: str = "error"
+    hf_config: str | None = None
+    split: str = "train"
+    max_tokens: int = ALL_TOKENS
+    val_tokens: int | None = None  # None: no val split (0 tokens)
+    val_frac: float | None = None
+    shard_bytes: int = SHARD_BYTES
+    seed: int = SEED
+    shuffle_buffer: int | None = None
+    executor: str = "auto"
+    workers: int | None = None  # None: one per core
+    ray_address: str = RAY_ADDRESS
+    retries: int = RETRIES
+    task_bytes: int = TASK_BYTES
+    name: str | None = None
+    work_dir: str | None = None
+    keep_parts: bool = False
+    progress: bool | None = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def rules(self) -> Rules:
+        return Rules(self.text_field, self.messages_field, tuple(self.chat_columns) if self.chat_columns else None,
+                     self.on_bad_record)
+
+
+def check_spec(spec: BuildSpec) -> None:
+    """Every setting checked before any work, each refusal naming its flag."""
+    if spec.on_bad_record not in ON_BAD_RECORD:
+        raise ConfigError(f"--on-bad-record {spec.on_bad_record!r}: use one of {', '.join(ON_BAD_RECORD)}")
+    if spec.executor not in EXECUTORS + ("inprocess",):
+        raise ConfigError(f"--executor {spec.executor!r}: use one of {', '.join(EXECUTORS)}")
+    if spec.chat_columns is not None and (len(spec.chat_columns) != 2 or not all(spec.chat_columns)):
+        raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {spec.chat_columns!r}")
+    if spec.layout is not None:
+        check_layout(spec.layout, spec.chat)
+    if spec.workers is not None and spec.workers < 1:
+        raise ConfigError(f"--workers {spec.workers}: must be >= 1 (0 on the command line: one per core)")
+    if spec.task_bytes < 1:
+        raise ConfigError(f"--task-bytes {spec.task_bytes}: must be >= 1")
+    check_seed(spec.seed, "--seed")
+    if spec.chat:
+        unused = [flag for flag, given in (("--val-tokens", spec.val_tokens is not None),
+                                            ("--max-tokens", spec.max_tokens != ALL_TOKENS),
+                                            ("--shuffle-buffer", bool(spec.shuffle_buffer)),
+                                            ("--shard-bytes", spec.shard_bytes != SHARD_BYTES)) if given]
+        if unused:
+            raise ConfigError(f"{', '.join(unused)} apply to pretraining caches; an SFT cache (--chat) keeps every "
+                              "example in stream order and is split by example with --val-frac")
+        if spec.val_frac is not None and not 0.0 <= spec.val_frac < 1.0:
+            raise ConfigError(f"--val-frac must be in [0, 1), got {spec.val_frac}")
+        return
+    check_shard_bytes(spec.shard_bytes, "--shard-bytes")
+    if spec.val_tokens is not None and spec.val_frac is not None:
+        raise ConfigError("give --val-tokens or --val-frac, not both")
+    if spec.val_frac is not None and not 0.0 < spec.val_frac < 1.0:
+        raise ConfigError(f"--val-frac must be in (0, 1), got {spec.val_frac}")
+    for flag, value in (("--max-tokens", spec.max_tokens), ("--val-tokens", spec.val_tokens)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} {value}: must be >= 0")
+
+
+def val_budget(spec: BuildSpec) -> int:
+    """The val token budget: --val-tokens, all of val's share with --val-frac, else none."""
+    if spec.val_tokens is not None:
+        return spec.val_tokens
+    return ALL_TOKENS if spec.val_frac is not None else 0
+
+
+def work_dir_of(spec: BuildSpec, out: Path) -> Path:
+    return Path(spec.work_dir) if spec.work_dir is not None else out.parent / (out.name + WORK_DIR_SUFFIX)
+
+
+def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
+    """Build the cache `spec` asks for; returns a summary (format_summary prints it)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    check_spec(spec)
+    if is_url(spec.out) and local_path_of(spec.out) is None:
+        # written into a local staging directory, then uploaded with meta.json last (niels_gpt/storage);
+        # the parts of a parallel build stay in the (local or shared) work directory
+        with staged_output(spec.out) as local:
+            summary = build(replace(spec, out=str(local)), log)
+        return {**summary, "out": str(spec.out)}
+    t0 = time.perf_counter()
+    out = Path(local_path_of(spec.out))
+    work = work_dir_of(spec, out)
+    check_output(out, kind="cache", inputs=spec.sources, others=[("--work-dir", work)])
+    tok = spec.tokenizer
+    if isinstance(tok, (str, os.PathLike)):
+        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator)
+    plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
+                     layout=spec.layout, config=spec.hf_config, split=spec.split)
+    executor = choose_executor(spec, plan, log)
+    if executor == "inline":
+        summary = _inline(spec, plan, tok, out)
+    else:
+        summary = run_parallel(spec, plan, tok, out, executor=executor, log=log, work=work,
+                               workers=workers_of(spec) if spec.workers or executor != "ray" else None,
+                               val_budget=val_budget(spec))
+    wall = time.perf_counter() - t0
+    return {**summary, "wall_seconds": wall, "tokens_per_s": summary["tokens"] / max(wall, 1e-9), "out": str(out)}
+
+
+def workers_of(spec: BuildSpec) -> int:
+    return spec.workers or os.cpu_count() or 1
+
+
+def choose_executor(spec: BuildSpec, plan: Plan, log) -> str:
+    if spec.shuffle_buffer and spec.executor not in ("auto", "inline"):
+        log(f"build: shuffle buffer {spec.shuffle_buffer}: a buffer shuffle mixes documents across the whole stream, "
+            "so the stream cannot be cut into independent tasks; building inline, in this process")
+        return "inline"
+    if spec.executor != "auto":
+        return spec.executor
+    if spec.shuffle_buffer or len(plan.tasks) < 2 or workers_of(spec) < 2:
+        return "inline"
+    return "processes"
+
+
+class _Reader:
+    """The plan's items in order, for the inline builders; remembers which local inputs it opened."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.read: list[str] = []
+
+    def __iter__(self):
+        for t in self.plan.tasks:
+            self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
+            yield from task_items(t, self.plan.rules, self.plan.signatures)
+
+    def described(self) -> dict:
+        """meta.json's `source`, once the builder has read what it needed: first, every input it read
+        must be as it was when the build planned it."""
+        check_unchanged(self.plan, sorted(set(self.read)))
+        return self.plan.describe()
+
+
+def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
+    reader = _Reader(plan)
+    name = spec.name or out.name
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=name, dataset_config=spec.hf_config,
+                  streaming=plan.streaming, source=reader.described, progress=spec.progress)
+    if spec.chat:
+        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers, **common)
+    else:
+        build_pretrain_cache(reader, str(out), max_train_tokens=spec.max_tokens, max_val_tokens=val_budget(spec),
+            shard_bytes=spec.shard_bytes,
+            shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, input_bytes=plan.input_bytes(),
+            val_frac=spec.val_frac, **common)
+    return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
+                     tasks=len(plan.tasks), ran=0, reused=0)
+
+
+def format_summary(s: dict) -> str:
+    totals = ", ".join(f"{k} {v:,}" for k, v in sorted(s["totals"].items()))
+    lines = [f"built {s['kind']} cache {s['out']}: {totals}" + (f"; skipped {s['skipped']}" if s["skipped"] else ""),
+             f"  executor {s['executor']}: {s['tasks']} task(s), {s['ran']} ran, {s['reused']} reused from receipts; "
+             f"{s['files']} file(s)",
+             f"  {s['wall_seconds']:.2f} s wall, {s['tokens_per_s'] / 1e6:.2f} Mtok/s (cache tokens / wall)"]
+    if s.get("task_seconds"):
+        lines.append(f"  tasks: {s['tokenized']:,} tokens in {s['task_seconds']:.2f} task-seconds "
+                     f"({s['tokenized'] / s['task_seconds'] / 1e6:.2f} Mtok/s per worker)")
+    return "\n".join(lines)

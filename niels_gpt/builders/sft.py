@@ -1,0 +1,196 @@
+"""The SFT builder (`build_sft_cache`): conversations rendered into a token stream with start offsets.
+
+Each conversation is rendered (sentinel, content, EOT per message), sent to val with probability `val_frac`
+(torch RNG, one draw per usable example, in stream order) and appended to `{split}_tokens.bin`; its start
+offset goes to `{split}_idx.npy` (int64). A tokenizer with its own chat template (niels_gpt.tokenizer.chat)
+renders with it instead; its ids carry no sentinel to find the assistant spans by, so the mask is stored
+beside the tokens: `{split}_mask.bin`, one uint8 per token (1 = a trained target). `SFTWriter` is the one
+place that draws the split and writes; the parallel build's commit (builders/commit_sft.py) feeds it the
+renderings its tasks made, so both write the same bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.atomic import atomic_path
+from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
+from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
+from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusable: its old home)
+from niels_gpt.errors import ConfigError
+from niels_gpt.formats.writers import HashingFile, check_range
+from niels_gpt.meta import sha256_file, write_meta
+from niels_gpt.progress import should_show
+from niels_gpt.seeds import check_seed
+from niels_gpt.sources.documents import Skipped
+from niels_gpt.staging import build_aside
+from niels_gpt.storage.upload import writes_to_url
+from niels_gpt.tokenizer.base import Message
+
+SFT_DRAW_BLOCK = 1024
+VAL_FRAC = 0.10
+CHAT_TEMPLATE_RENDERING = ("the tokenizer's chat template (niels_gpt.tokenizer.chat); trained tokens = the text each "
+                           "assistant message adds (content + the template's end of turn), stored in {split}_mask.bin")
+
+
+def sft_split_rule(seed: int, val_frac: float) -> str:
+    """The SFT split in words precise enough to recompute it (tests/test_build_cache.py does)."""
+    return (f"by example: g = torch.Generator().manual_seed({seed}); draws = the concatenation of "
+            f"torch.rand({SFT_DRAW_BLOCK}, generator=g, dtype=torch.float64) calls, taken in order; the k-th "
+            f"usable example of the stream (0-based, in stream order; skipped examples take no draw) goes to "
+            f"val when draws[k] < {val_frac!r}, else to train")
+
+
+def rendered(examples: Iterable, tokenizer, workers: int) -> Iterator[tuple[int, object]]:
+    """(index, rendering) in input order; renderings of a run of ENCODE_BATCH_DOCS conversations are made on
+    `workers` threads at once (the bytes written do not depend on it)."""
+    it = enumerate(examples)
+    if workers <= 1:
+        for i, conv in it:
+            yield i, render(tokenizer, conv)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        while batch := list(itertools.islice(it, ENCODE_BATCH_DOCS)):
+            for (i, _), chat in zip(batch, pool.map(lambda ic: render(tokenizer, ic[1]), batch), strict=True):
+                yield i, chat
+
+
+class SFTWriter:
+    """Draws each usable example's split and appends it: tokens, mask (a chat template's), offset."""
+
+    def __init__(self, out: Path, dtype: np.dtype, *, stored_mask: bool, val_frac: float, seed: int):
+        self.out, self.dtype, self.stored_mask, self.val_frac = out, dtype, stored_mask, val_frac
+        self.gen = torch.Generator().manual_seed(seed)
+        self.draws: list[float] = []
+        self.files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
+        if stored_mask:
+            self.files.update({f"{s}_mask": HashingFile(out / f"{s}_mask.bin") for s in ("train", "val")})
+        self.trained = {"train": 0, "val": 0}
+        self.offsets: dict[str, list[int]] = {"train": [], "val": []}
+        self.tokens = {"train": 0, "val": 0}
+
+    def add(self, ids: np.ndarray, mask: np.ndarray | None) -> None:
+        if not self.draws:
+            self.draws = torch.rand(SFT_DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
+        split = "val" if self.draws.pop() < self.val_frac else "train"
+        self.offsets[split].append(self.tokens[split])
+        self.files[split].write(ids.astype(self.dtype, copy=False))
+        if self.stored_mask:
+            self.files[f"{split}_mask"].write(mask.astype(np.uint8, copy=False))
+            self.trained[split] += int(mask.sum())
+        self.tokens[split] += len(ids)
+
+    def close(self) -> dict:
+        records = {}
+        for s in ("train", "val"):
+            records[f"{s}_tokens.bin"] = {**self.files[s].close(), "tokens": self.tokens[s]}
+            if self.stored_mask:
+                records[f"{s}_mask.bin"] = {**self.files[f"{s}_mask"].close(), "trained_tokens": self.trained[s]}
+            idx_path = self.out / f"{s}_idx.npy"
+            with atomic_path(idx_path) as tmp:
+                with open(tmp, "wb") as f:
+                    np.save(f, np.asarray(self.offsets[s], dtype="<i8"), allow_pickle=False)
+            records[f"{s}_idx.npy"] = {"bytes": idx_path.stat().st_size, "sha256": sha256_file(str(idx_path)),
+                                       "examples": len(self.offsets[s])}
+        return records
+
+    def abort(self) -> None:
+        for f in self.files.values():
+            f.abort()
+
+
+def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict, seed: int, val_frac: float,
+             skipped: Counter, dataset_name, dataset_config, streaming: bool, source: dict | None) -> dict:
+    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
+    if not writer.offsets["train"] and not writer.offsets["val"]:
+        raise ConfigError(f"no usable conversation for {final} (skipped: {all_skipped(skipped, source) or 'none'}): "
+                          "every example lacked an assistant turn or was empty")
+    meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source, final)
+    meta.update({
+        "kind": "sft",
+        "split_rule": sft_split_rule(seed, val_frac),
+        "val_frac": val_frac,
+        "rendering": (CHAT_TEMPLATE_RENDERING if writer.stored_mask else
+                      "per message: role sentinel, content tokens, EOT; trained span = assistant content + its EOT"),
+        "totals": {"train_examples": len(writer.offsets["train"]), "val_examples": len(writer.offsets["val"]),
+                   "train_tokens": writer.tokens["train"], "val_tokens": writer.tokens["val"]},
+        "files": records,
+        "skipped": all_skipped(skipped, meta["source"]),
+        "build": {"val_frac": val_frac, "seed": seed},
+    })
+    if writer.stored_mask:
+        meta["assistant_mask"] = {"file": "{split}_mask.bin", "dtype": "uint8", "meaning": "1 = trained target"}
+    return meta
+
+
+def check_sft_settings(val_frac: float, seed: int) -> None:
+    if not 0.0 <= val_frac < 1.0:
+        raise ConfigError(f"val_frac must be in [0, 1), got {val_frac}")
+    check_seed(seed)
+
+
+@writes_to_url
+def build_sft_cache(
+    examples: Iterable[list[Message]],
+    out_dir: str,
+    *,
+    tokenizer,
+    val_frac: float,
+    seed: int,
+    token_dtype: str | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    streaming: bool = False,
+    source: dict | Callable[[], dict] | None = None,
+    progress: bool | None = False,
+    num_workers: int | None = 1,
+) -> None:
+    """
+    writes:
+      out_dir/train_tokens.bin, out_dir/train_idx.npy
+      out_dir/val_tokens.bin,   out_dir/val_idx.npy
+      out_dir/meta.json
+    where idx is offsets into tokens.bin (int64), offsets-only (length inferred).
+    deterministic given seed + identical input stream order.
+    """
+    from tqdm.auto import tqdm
+
+    check_sft_settings(val_frac, seed)
+    final = Path(out_dir)
+    with build_aside(final) as out:
+        dtype = resolve_dtype(tokenizer, token_dtype)
+        start_build(out, [])
+        workers = _encode_threads(num_workers)
+        skipped: Counter = Counter()
+        writer = SFTWriter(out, dtype, stored_mask=not getattr(tokenizer, "library_conventions", True),
+                           val_frac=val_frac, seed=seed)
+        try:
+            shown = tqdm(examples, unit="ex", desc=f"sft {dataset_name or final.name}",
+                         disable=not should_show(progress), file=sys.stderr)
+            for i, chat in rendered(shown, tokenizer, workers):
+                if isinstance(chat, Skipped):
+                    skipped[chat.reason] += 1
+                    continue
+                if isinstance(chat, ConfigError):
+                    raise ConfigError(f"{dataset_name or final.name} example {i}: {chat}") from chat
+                ids = np.asarray(chat.ids, dtype=np.int64)
+                check_range(ids, dtype, f"example {i}")
+                writer.add(ids, np.asarray(chat.mask, dtype=np.uint8) if writer.stored_mask else None)
+            records = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        if callable(source):  # described after the stream was read, so its skip counts are final
+            source = source()
+        meta = sft_meta(tokenizer, dtype, final, writer, records=records, seed=seed, val_frac=val_frac,
+                        skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
+                        streaming=streaming, source=source)
+        write_meta(str(out), meta)

@@ -1,0 +1,271 @@
+"""From records to documents and conversations: the one set of text rules, and the layouts the library knows.
+
+The text rules (docs/own-data.md, "What a document is"), the same for every input kind and executor:
+- a document's text is its record's text field (a whole text file: the file);
+- a leading UTF-8 BOM is dropped, CRLF and CR become LF; nothing else is changed;
+- a null text is skipped and counted as `null_text`; an empty or whitespace-only one as `empty_document`;
+- a field that is missing or not text is a bad record (`missing_field`, `not_text`): an error naming the
+  record, or with on_bad_record="skip" skipped and counted, like any other bad record.
+A skipped record stays in the stream as `Skipped(reason)`, so the builder counts it exactly where it was
+read: the counts in meta.json are the same whichever executor read the stream.
+
+Layouts (`--format NAME`, detected from the first record of each input when not named):
+
+| layout      | pretraining / chat | what it reads                                                         |
+|-------------|--------------------|-----------------------------------------------------------------------|
+| `text`      | pretraining        | the text field of each record, or the whole of a text file            |
+| `gutenberg` | pretraining        | a Project Gutenberg book: licence header and footer cut (a text file with `*** START OF`) |
+| `wikitext`  | pretraining        | a raw wikitext dump: whole articles rebuilt from ` = Title = ` rows    |
+| `messages`  | chat               | a list of `{"role", "content"}` in the messages field                  |
+| `columns`   | chat               | one user and one assistant turn from two columns (`--chat-columns`)    |
+| `dolly`     | chat               | `instruction` [+ `context`] -> `response` rows                          |
+| `oasst`     | chat               | OpenAssistant trees (the nested export, one tree per line) or flat message rows (`message_id`, `parent_id`): the best-ranked path of each tree |
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.sources.base import normalise_text
+from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
+from niels_gpt.sources.files import GUTENBERG_START, strip_gutenberg
+from niels_gpt.sources.oasst import best_path, check_row, flatten_tree, to_conversation
+from niels_gpt.sources.records import BadRecord, FileText
+from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
+
+TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
+CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst")
+LAYOUTS = TEXT_LAYOUTS + CHAT_LAYOUTS
+ROLES = ("system", "user", "assistant")
+WHOLE_INPUT = ("oasst-rows",)  # layouts whose records group across the whole input: one task reads it all
+
+
+class Skipped(NamedTuple):
+    """A record of the stream that is no document (or conversation): counted by `reason` where it is read."""
+
+    reason: str
+
+
+class Rules(NamedTuple):
+    """How records become documents or conversations (what a build's flags say about its records)."""
+
+    text_field: str = "text"
+    messages_field: str = "messages"
+    chat_columns: tuple[str, str] | None = None
+    on_bad_record: str = "error"
+
+
+def text_rule(value: Any, field: str, where) -> str | Skipped:
+    """The text rules (module docstring) for one record's text value."""
+    if value is None:
+        return Skipped("null_text")
+    if not isinstance(value, str):
+        raise BadRecord("not_text", f"{where}: field {field!r} is {type(value).__name__}, not text; point "
+                        "--text-field at a string field")
+    if value.startswith("\ufeff") or "\r" in value:
+        value = normalise_text(value)
+    return value if value and not value.isspace() else Skipped("empty_document")
+
+
+def _field(record: dict, field: str, where, fix: str) -> Any:
+    if field not in record:
+        raise BadRecord("missing_field", f"{where}: no {field!r} field (fields: {sorted(record)}); {fix}")
+    return record[field]
+
+
+def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
+    """The layout of an input from its first record (module table); a record of no known shape is an error."""
+    if isinstance(record, BadRecord):
+        if chat:
+            raise SourceError(f"{record} (the first record of an input decides its layout; fix it, or name the "
+                              "layout with --format)")
+        return "text"  # the text layout reads it as a bad record (on_bad_record decides)
+    if isinstance(record, FileText):
+        if chat:
+            raise SourceError(f"{where}: a text file is one document, not a conversation; build it without --chat")
+        first = next((line for line in record.text.lstrip("\ufeff").splitlines() if line.strip()), "")
+        if "project gutenberg" in first.lower() and GUTENBERG_START.search(record.text):
+            return "gutenberg"  # opens with the licence header's title line, and has its START marker
+        return "wikitext" if is_article_heading(first) else "text"
+    keys = set(record)
+    if not chat:
+        if rules.text_field in keys:
+            return "text"
+        if {"instruction", "response"} <= keys or "messages" in keys or "message_id" in keys or "prompt" in keys:
+            raise SourceError(f"{where}: a conversation record (fields {sorted(keys)}), not text; build it with "
+                              "--chat, or name the text field with --text-field")
+        return "text"  # a record without the field is a bad record of the text layout (on_bad_record decides)
+    if rules.chat_columns:
+        return "columns"
+    if rules.messages_field in keys:
+        return "messages"
+    if {"instruction", "response"} <= keys:
+        return "dolly"
+    if ("message_tree_id" in keys and isinstance(record.get("prompt"), dict)) or {"message_id", "replies"} <= keys:
+        return "oasst"
+    if {"message_id", "parent_id", "role", "text"} <= keys:
+        return "oasst-rows"
+    raise SourceError(f"{where}: no {rules.messages_field!r} field and no known chat layout (fields: "
+                      f"{sorted(keys)}); pass --messages-field NAME, --chat-columns USER_COL,ASSISTANT_COL, or "
+                      f"--format one of {', '.join(CHAT_LAYOUTS)}")
+
+
+def check_layout(layout: str, chat: bool) -> None:
+    allowed = CHAT_LAYOUTS if chat else TEXT_LAYOUTS
+    if layout not in allowed:
+        kind = "a chat (--chat)" if chat else "a pretraining"
+        raise ConfigError(f"--format {layout}: not a layout of {kind} build; use one of {', '.join(allowed)}")
+
+
+def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iterator[Any]:
+    """Documents (str) or conversations (list of messages), and a Skipped per record that is none."""
+    yield from _LAYOUTS[layout](_checked(records, rules), rules)
+
+
+def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:
+    """Records with bad ones raised (on_bad_record="error") or turned into Skipped (on "skip")."""
+    for where, record in records:
+        if isinstance(record, BadRecord):
+            yield where, _bad(record, rules)
+        else:
+            yield where, record
+
+
+def _bad(exc: BadRecord, rules: Rules) -> Skipped:
+    if rules.on_bad_record == "error":
+        raise SourceError(f"{exc} (or pass --on-bad-record skip to skip and count such records)")
+    return Skipped(exc.reason)
+
+
+def _guard(fn):
+    """Run a per-record layout so that a BadRecord it raises follows on_bad_record."""
+    def run(records, rules):
+        for where, record in records:
+            if isinstance(record, Skipped):
+                yield record
+                continue
+            try:
+                yield from fn(where, record, rules)
+            except BadRecord as exc:
+                yield _bad(exc, rules)
+    return run
+
+
+@_guard
+def _text(where, record, rules: Rules):
+    if isinstance(record, FileText):
+        yield text_rule(record.text, rules.text_field, where)
+    else:
+        yield text_rule(_field(record, rules.text_field, where, "pass --text-field NAME or fix the record"),
+                        rules.text_field, where)
+
+
+@_guard
+def _gutenberg(where, record, rules: Rules):
+    if not isinstance(record, FileText):
+        raise SourceError(f"{where}: --format gutenberg reads whole text files (.txt), not records")
+    books = strip_gutenberg(record.text, str(where))
+    for book in [books] if isinstance(books, str) else books:
+        yield text_rule(book, "text", where)
+
+
+def _wikitext(records, rules: Rules):
+    for where, record in records:
+        if isinstance(record, Skipped):
+            yield record
+            continue
+        if not isinstance(record, FileText):
+            raise SourceError(f"{where}: --format wikitext reads raw wikitext files (.raw, .txt), not records")
+        skipped: Counter = Counter()
+        yield from rebuild_articles(record.text.split("\n"), skipped)
+        for reason, n in sorted(skipped.items()):
+            yield from [Skipped(reason)] * n
+
+
+@_guard
+def _messages(where, record, rules: Rules):
+    msgs = _field(record, rules.messages_field, where,
+                  "pass --messages-field NAME, or --chat-columns USER_COL,ASSISTANT_COL")
+    if not isinstance(msgs, list):
+        raise BadRecord("bad_messages", f"{where}: {rules.messages_field!r} is {type(msgs).__name__}, not a list of "
+                        "{\"role\", \"content\"} messages")
+    out = []
+    for k, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise BadRecord("bad_messages", f"{where}: message {k} is not {{\"role\": one of {list(ROLES)}, "
+                            f"\"content\": str}} (got {str(m)[:80]})")
+        out.append({"role": m["role"], "content": m["content"]})
+    yield out
+
+
+@_guard
+def _columns(where, record, rules: Rules):
+    out = []
+    for col, role in zip(rules.chat_columns, ("user", "assistant"), strict=True):
+        value = record.get(col)
+        if not isinstance(value, str):
+            raise BadRecord("missing_field" if col not in record else "not_text",
+                            f"{where}: column {col!r} is {'missing' if col not in record else type(value).__name__}, "
+                            "not text; pass --chat-columns USER_COL,ASSISTANT_COL")
+        out.append({"role": role, "content": value})
+    yield out
+
+
+def _dolly(records, rules: Rules):
+    reader = Dolly15k(dataset_id="", data_files=None, context_template=CONTEXT_TEMPLATE)
+    for where, record in records:
+        if isinstance(record, Skipped):
+            yield record
+            continue
+        before = Counter(reader.skipped)
+        conv = reader.conversation(record, str(where))
+        yield conv if conv is not None else Skipped(next(iter(reader.skipped - before)))
+
+
+def _oasst_trees(records, rules: Rules):
+    for where, record in records:
+        if isinstance(record, Skipped):
+            yield record
+            continue
+        rows = flatten_tree(record, str(where))
+        for r in rows:
+            check_row(r, str(where))
+        yield from _best(rows)
+
+
+def _best(rows: list[dict]) -> Iterator[Any]:
+    skipped: Counter = Counter()
+    path = best_path(rows, skipped)
+    conv = None if path is None else to_conversation(path, skipped)
+    if conv is not None:
+        yield conv
+    for reason, n in sorted(skipped.items()):
+        yield from [Skipped(reason)] * n
+
+
+def _oasst_rows(records, rules: Rules):
+    done: set = set()
+    current: list[dict] = []
+    for where, row in records:
+        if isinstance(row, Skipped):
+            yield row
+            continue
+        check_row(row, str(where))
+        tid = row["message_tree_id"]
+        if current and tid != current[0]["message_tree_id"]:
+            done.add(current[0]["message_tree_id"])
+            yield from _best(current)
+            current = []
+        if tid in done:
+            raise SourceError(f"{where}: rows of tree {tid} are not contiguous (it appeared earlier); sort the rows "
+                              "by message_tree_id first")
+        current.append(row)
+    if current:
+        yield from _best(current)
+
+
+_LAYOUTS = {"text": _text, "gutenberg": _gutenberg, "wikitext": _wikitext, "messages": _messages,
+            "columns": _columns, "dolly": _dolly, "oasst": _oasst_trees, "oasst-rows": _oasst_rows}

@@ -1,0 +1,203 @@
+"""What a user names as input: files, directories, globs, URLs and Hugging Face dataset ids, expanded in order.
+
+- Local: a file of a known kind (sources/records.py: `SUFFIXES`); a directory stands for its files of those
+  kinds (recursively, sorted by relative path, dot-files and dot-directories out); a glob for its matches,
+  sorted. `file://` is a local path.
+- A URL (`s3://`, `gs://`, `hf://`, `http(s)://`, `memory://`; niels_gpt.storage.fs) is read through
+  fsspec: a file URL is one file; on a scheme that can list (not http) a prefix stands for its files like
+  a directory and a URL with `*?[` for its matches like a glob, in the same sorted order as local paths.
+- Anything else that does not exist locally and looks like `owner/name` is a Hugging Face dataset id.
+- `signature(path)`: size, mtime, ctime, inode and the sha256 of the first and last 4 KiB of a local file,
+  taken when a build plans and again when it has read the file: a file rewritten meanwhile is refused
+  (an edit changes its ctime even when its size and mtime are put back).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from niels_gpt.errors import SourceError
+from niels_gpt.sources.base import files_under
+from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
+from niels_gpt.storage.upload import local_path_of
+from niels_gpt.urls import is_url
+
+WHOLE_FILE = (".txt", ".md", ".raw")
+LINES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
+COLUMNAR = (".parquet", ".csv", ".arrow")
+SUFFIXES = WHOLE_FILE + LINES + COLUMNAR
+GLOB_CHARS = "*?["
+UNLISTABLE = ("http", "https")  # fsspec's http "listing" scrapes HTML pages: refused, give file URLs
+EDGE_BYTES = 4096  # bytes hashed at each end of a file for its signature
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One input file at a URL (read through fsspec); `size` in bytes when the server told it."""
+
+    url: str
+    size: int | None = None
+
+    def __str__(self) -> str:  # how errors and meta.json name it
+        return self.url
+
+    @property
+    def name(self) -> str:
+        return self.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def kind_of(path: Path | RemoteFile | str) -> str | None:
+    """The known suffix a file name ends with (longest first: `.jsonl.gz` before `.gz`), or None."""
+    name = (path.name if not isinstance(path, str) else Path(path).name).lower()
+    return next((s for s in sorted(SUFFIXES, key=len, reverse=True) if name.endswith(s)), None)
+
+
+def is_hf_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not any(c in spec for c in GLOB_CHARS) and kind_of(Path(spec)) is None
+
+
+def _sized(info: dict) -> int | None:
+    size = info.get("size")
+    return size if isinstance(size, int) and size >= 0 else None
+
+
+def ask(fn, url: str, what: str):
+    """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError."""
+    try:
+        return with_retries(fn, f"{what} {url}")
+    except FileNotFoundError:
+        raise SourceError(f"{url}: no such file or directory at this URL; check the URL (and the endpoint and "
+                          "credentials of its storage)") from None
+    except PermissionError as exc:
+        raise SourceError(f"{url}: access denied ({exc}); check the credentials of its storage") from None
+
+
+def expand_url(url: str) -> list[RemoteFile]:
+    """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted."""
+    fs, path = filesystem(url)  # an unknown scheme, or one whose backend is missing: a ConfigError naming the extra
+    scheme = scheme_of(url)
+    head, _, rest = url.partition("://")
+    parts = rest.split("/")
+    first_glob = next((k for k, part in enumerate(parts) if any(c in part for c in GLOB_CHARS)), None)
+    if scheme in UNLISTABLE:
+        first_glob = None  # "?" starts a query string, not a pattern
+    if first_glob is not None:
+        base_url = f"{head}://" + "/".join(parts[:first_glob])
+        base = fs._strip_protocol(base_url).rstrip("/")
+        matches = ask(lambda: fs.glob(path, detail=True), url, "listing")
+        found = []
+        for p, info in matches.items():
+            rel = p[len(base):].lstrip("/") if p.startswith(base) else p
+            f = RemoteFile(f"{base_url.rstrip('/')}/{rel}", _sized(info))
+            if info.get("type") != "directory" and not f.name.startswith(".") and kind_of(f):
+                found.append((PurePosixPath(rel), f))
+        if not found:
+            raise SourceError(f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
+        return [f for _, f in sorted(found, key=lambda pf: pf[0])]
+    info = ask(lambda: fs.info(path), url, "reading")
+    if info.get("type") == "directory":
+        if scheme in UNLISTABLE:
+            raise SourceError(f"{url}: {scheme}:// cannot list a directory; give the URL of each file")
+        listed = ask(lambda: fs.find(path, detail=True), url, "listing")
+        found = []
+        for p, finfo in listed.items():
+            rel = PurePosixPath(p[len(path):].lstrip("/"))
+            f = RemoteFile(f"{url.rstrip('/')}/{rel.as_posix()}", _sized(finfo))
+            if finfo.get("type") != "directory" and kind_of(f) and not any(s.startswith(".") for s in rel.parts):
+                found.append((rel.as_posix(), f))
+        if not found:
+            raise SourceError(f"{url}: no files of a known kind under this URL (known: {', '.join(SUFFIXES)})")
+        return [f for _, f in sorted(found, key=lambda pf: pf[0])]
+    f = RemoteFile(url, _sized(info))
+    if kind_of(f) is None:
+        raise SourceError(f"{url}: unknown file kind; known: {', '.join(SUFFIXES)}")
+    return [f]
+
+
+def _local(p: Path) -> bool:
+    try:
+        return p.is_file() and kind_of(p) is not None
+    except OSError:  # a symlink loop below a directory: named when it is read
+        return True
+
+
+def expand(specs: Sequence[str | os.PathLike]) -> list[Path | RemoteFile | str]:
+    """Local files (directories and globs expanded, sorted), files at URLs and dataset ids, in the order given."""
+    out: list[Path | RemoteFile | str] = []
+    for spec in specs:
+        text = os.fspath(spec)
+        if is_url(text):
+            local = local_path_of(text)  # file:// is read as the local path it names
+            if local is None:
+                out.extend(expand_url(text))
+                continue
+            text = local
+        p = Path(text)
+        try:
+            is_dir, is_file = p.is_dir(), p.is_file()
+        except OSError as exc:  # ELOOP: a symlink that points back at itself
+            raise SourceError(f"{p}: cannot be followed ({exc.strerror}); a symlink loop? point at the files "
+                              "themselves") from None
+        if p.is_symlink() and not p.exists():
+            try:
+                p.resolve(strict=True)
+            except RuntimeError:
+                raise SourceError(f"{p}: a symlink that loops back on itself; point at the files themselves") from None
+            except OSError:
+                pass
+        if is_dir:
+            found = files_under(p, kind_of)
+            if not found:
+                raise SourceError(f"{p}: no files of a known kind in this directory (known: {', '.join(SUFFIXES)})")
+            out.extend(found)
+        elif is_file:
+            if kind_of(p) is None:
+                raise SourceError(f"{p}: unknown file kind; known: {', '.join(SUFFIXES)}")
+            out.append(p)
+        elif any(c in text for c in GLOB_CHARS):
+            found = sorted(Path(f) for f in globlib.glob(text, recursive=True) if _local(Path(f)))
+            if not found:
+                raise SourceError(f"{text}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
+            out.extend(found)
+        elif is_hf_id(text):
+            out.append(text)
+        elif p.is_symlink():
+            raise SourceError(f"{p}: a symlink to nothing (its target is missing, or it loops back on itself); "
+                              "point at the files themselves")
+        else:
+            raise SourceError(f"{text}: no such file or directory, and not a Hugging Face dataset id (owner/name)")
+    return out
+
+
+def signature(path: str | os.PathLike) -> list:
+    """[size, mtime_ns, ctime_ns, inode, sha256 of the first and last EDGE_BYTES] of a local file."""
+    st = os.stat(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(EDGE_BYTES))
+        if st.st_size > EDGE_BYTES:
+            f.seek(max(st.st_size - EDGE_BYTES, EDGE_BYTES))
+            h.update(f.read(EDGE_BYTES))
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, h.hexdigest()]
+
+
+def changed_while_read(path: str | os.PathLike, before: list) -> SourceError | None:
+    """The error to raise when `path` no longer has the signature `before` (taken before it was read)."""
+    try:
+        now = signature(path)
+    except OSError as exc:
+        return SourceError(f"{path}: disappeared while it was read ({exc.strerror}); the build is refused: "
+                           "rerun when the input is in place")
+    if now == before:
+        return None
+    what = ("its size" if now[0] != before[0] else "its modification time" if now[1] != before[1]
+            else "its contents" if now[4] != before[4] else "its inode (replaced)" if now[3] != before[3]
+            else "its status (written to)")
+    return SourceError(f"{path}: changed while it was read ({what} changed), so the cache would mix old and new "
+                       "text; the build is refused: rerun when nothing writes to the input")

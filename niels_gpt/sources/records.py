@@ -1,0 +1,454 @@
+"""The one record-reader layer: every input kind, cut into pieces that tasks read, read into records.
+
+| kind                               | a record                      | a piece (what one task reads)        |
+|------------------------------------|-------------------------------|--------------------------------------|
+| `.txt .md .raw`                    | the whole file (`FileText`)   | the file                             |
+| `.jsonl .json`                     | one JSON object per line      | a byte range cut just after a newline |
+| `.jsonl.gz .json.gz .jsonl.zst ...`| one JSON object per line      | the file (a stream cannot be cut)     |
+| `.parquet`                         | one row                       | a run of whole row groups             |
+| `.arrow` (IPC file; stream format) | one row                       | a run of record batches (the file)    |
+| `.csv`                             | one row (header names fields) | the file                             |
+| a file at a URL                    | as its kind                   | the file                             |
+| a dataset id (owner/name)          | one row of the stream         | one shard (`IterableDataset.shard`)   |
+
+- Bytes are UTF-8, strictly: a bad byte in a line is a `BadRecord("invalid_utf8")` naming the file, line
+  and byte; in a whole text file a SourceError. A UTF-8 BOM opening a JSON Lines file is dropped (editors
+  on Windows write one); a line that is not JSON, not an object, or holds a lone surrogate escape is a
+  `BadRecord` naming the file and line (the caller decides: fail, or skip and count by reason).
+- A compressed file that ends early is an error naming it: gzip says so itself; zstd frames are checked
+  one by one here (zstandard's stream reader returns what it has and stops silently).
+- Where is a record: `"<file>, line N"` (lines), `"<file>, row N"` (columnar), `"<id>, record N"`.
+Cost: one read of each input byte; a JSON Lines range is read in one call (task_bytes of memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from niels_gpt.errors import SourceError
+from niels_gpt.sources.base import (
+    decode_utf8,
+    invalid_utf8_error,
+    iter_rows,
+    normalise_text,
+    open_stream,
+    read_text_file,
+)
+from niels_gpt.sources.inputs import COLUMNAR, LINES, UNLISTABLE, WHOLE_FILE, RemoteFile, ask, kind_of
+from niels_gpt.storage.fs import filesystem, scheme_of
+from niels_gpt.storage.remote import MIRRORS, local_cache_dir
+
+BOM = b"\xef\xbb\xbf"
+READ_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileText:
+    """The record of a whole-file kind: the file's text, decoded (BOM and CRLF normalised)."""
+
+    text: str
+
+
+class BadRecord(Exception):
+    """One record that cannot be used: `reason` is its count's name in meta.json."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, kw_only=True)
+class Piece:
+    """A run of one input's records: see the module's table. `stop` -1: the whole input. JSON-able, so a
+    task can carry it to a worker; `config`/`split` only for a dataset id."""
+
+    item: str
+    kind: str
+    start: int = 0
+    stop: int = -1
+    config: str | None = None
+    split: str | None = None
+
+    def where(self) -> str:
+        if self.stop < 0:
+            return self.item
+        unit = {".jsonl": "bytes", ".json": "bytes", ".parquet": "row groups", ".arrow": "record batches"}.get(self.kind)
+        if self.kind == "dataset":
+            return f"{self.item} shard {self.start} of {self.stop}"
+        return f"{self.item} {unit} {self.start}-{self.stop}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def item_of(item: Path | RemoteFile | str) -> tuple[str, str, bool]:
+    """(name, kind, remote) of an expanded input."""
+    if isinstance(item, RemoteFile):
+        return item.url, kind_of(item), True
+    if isinstance(item, Path):
+        return str(item.resolve()), kind_of(item), False
+    return item, "dataset", False
+
+
+def pieces(item: Path | RemoteFile | str, task_bytes: int, *, config: str | None = None,
+           split: str = "train") -> list[Piece]:
+    """The pieces of one expanded input (module table); planning reads only sizes, a few bytes at each
+    cut, Parquet footers and Arrow file footers."""
+    name, kind, remote = item_of(item)
+    if kind == "dataset":
+        n = open_stream(name, f"dataset {name}", streaming=True, name=config, split=split).num_shards
+        return [Piece(item=name, kind=kind, start=i, stop=n, config=config, split=split) for i in range(n)]
+    if remote:
+        return [Piece(item=name, kind=kind)]
+    path = Path(name)
+    if kind in (".jsonl", ".json"):
+        return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in _line_ranges(path, task_bytes)]
+    if kind == ".parquet":
+        return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in _parquet_runs(path, task_bytes)]
+    if kind == ".arrow":
+        runs = _arrow_runs(path, task_bytes)
+        return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in runs] if runs else [Piece(item=name, kind=kind)]
+    return [Piece(item=name, kind=kind)]
+
+
+def _line_ranges(path: Path, task_bytes: int) -> list[tuple[int, int]]:
+    """ceil(size / task_bytes) ranges of about equal size, each cut just after the first newline at or past
+    i/n of the file: equal ranges leave no small last task, so workers taking them two by two end together."""
+    size = path.stat().st_size
+    n = max(1, -(-size // task_bytes))
+    cuts = [0]
+    with open(path, "rb") as f:
+        for i in range(1, n):
+            f.seek(max(i * size // n, cuts[-1] + 1) - 1)
+            pos = f.tell()
+            while True:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    pos = size
+                    break
+                nl = chunk.find(b"\n")
+                if nl >= 0:
+                    pos += nl + 1
+                    break
+                pos += len(chunk)
+            if pos >= size:
+                break
+            cuts.append(pos)
+    cuts.append(size)
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a] or [(0, 0)]
+
+
+def _parquet_runs(path: Path, task_bytes: int) -> list[tuple[int, int]]:
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as e:  # noqa: BLE001 (pyarrow raises several kinds for a file that is not Parquet)
+        raise SourceError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); check the file") from e
+    runs, start, acc = [], 0, 0
+    for g in range(meta.num_row_groups):
+        acc += meta.row_group(g).total_byte_size
+        if acc >= task_bytes or g == meta.num_row_groups - 1:
+            runs.append((start, g + 1))
+            start, acc = g + 1, 0
+    return runs or [(0, 0)]
+
+
+def _arrow_runs(path: Path, task_bytes: int) -> list[tuple[int, int]] | None:
+    """Runs of record batches of an Arrow IPC file; None for the stream format (read whole)."""
+    import pyarrow as pa
+
+    try:
+        reader = pa.ipc.open_file(path)
+    except (pa.ArrowInvalid, OSError):
+        return None
+    runs, start, acc = [], 0, 0
+    for b in range(reader.num_record_batches):
+        acc += reader.get_batch(b).nbytes
+        if acc >= task_bytes or b == reader.num_record_batches - 1:
+            runs.append((start, b + 1))
+            start, acc = b + 1, 0
+    return runs or [(0, 0)]
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def records(piece: Piece, columns: list[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(where, FileText | dict | BadRecord) for every record of `piece`, in order."""
+    kind = piece.kind
+    if kind == "dataset":
+        what = f"{piece.item} (config {piece.config}, split {piece.split})"
+        ds = open_stream(piece.item, what, streaming=True, name=piece.config, split=piece.split)
+        if piece.stop >= 0:
+            ds = ds.shard(num_shards=piece.stop, index=piece.start)
+        name = piece.item if piece.stop <= 1 else piece.where()  # "owner/name shard 3 of 8" when sharded
+        for i, row in iter_rows(ds, what):
+            yield f"{name}, record {i}", row
+    elif kind in WHOLE_FILE:
+        yield piece.item, FileText(_read_text(piece))
+    elif kind in LINES:
+        yield from _json_lines(piece)
+    elif kind == ".csv":
+        yield from _csv_rows(piece)
+    elif kind in COLUMNAR:
+        with _local_copy(piece) as local:
+            yield from _arrow_rows(piece, local, columns)
+    else:
+        raise SourceError(f"{piece.item}: unknown file kind {kind!r}; the plan was made by another version")
+
+
+def _open_binary(piece: Piece):
+    if not _remote(piece):
+        try:
+            return open(piece.item, "rb")
+        except OSError as e:
+            raise SourceError(f"{piece.item}: cannot read this file ({e.strerror or e}); check that it exists "
+                              "and is readable") from e
+    fs, path = filesystem(piece.item)
+    streamed = {"block_size": 0} if scheme_of(piece.item) in UNLISTABLE else {}  # http: one GET, no ranges
+    raw = ask(lambda: fs.open(path, "rb", **streamed), piece.item, "opening")
+    return io.BufferedReader(raw, buffer_size=READ_BLOCK)  # fsspec's readline seeks: lines come from here
+
+
+def _remote(piece: Piece) -> bool:
+    return "://" in piece.item
+
+
+@contextlib.contextmanager
+def _local_copy(piece: Piece) -> Iterator[Path]:
+    """A local path of the file: itself, or a download into the local download cache, deleted afterwards."""
+    if not _remote(piece):
+        yield Path(piece.item)
+        return
+    fs, path = filesystem(piece.item)
+    name = piece.item.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    tmp = (local_cache_dir() / MIRRORS / "sources"
+           / f"{hashlib.sha256(piece.item.encode()).hexdigest()[:16]}-{name}.tmp-{os.getpid()}")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        ask(lambda: fs.get_file(path, os.fspath(tmp)), piece.item, "downloading")
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _read_text(piece: Piece) -> str:
+    if not _remote(piece):
+        return read_text_file(Path(piece.item))
+    with _open_binary(piece) as f:
+        return normalise_text(decode_utf8(f.read(), piece.item))
+
+
+def _zstd_blocks(raw) -> Iterator[bytes]:
+    """Decompressed blocks of a zstd file of one or more frames; an error when the last frame is cut short."""
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise SourceError("reading .zst needs the `zstandard` package: pip install 'niels_gpt[corpus]'") from exc
+    dctx = zstandard.ZstdDecompressor()
+    dobj, fed = dctx.decompressobj(), False
+    while True:
+        chunk = raw.read(READ_BLOCK)
+        if not chunk:
+            break
+        while chunk:
+            out = dobj.decompress(chunk)
+            fed = True
+            if out:
+                yield out
+            chunk = dobj.unused_data if dobj.eof else b""
+            if dobj.eof:
+                dobj, fed = dctx.decompressobj(), False
+    if fed:
+        raise EOFError("the last zstd frame ends before its end mark")
+
+
+def _lines_of(piece: Piece) -> Iterator[bytes]:
+    """Raw lines of a whole JSON Lines file (compressed or not, local or at a URL)."""
+    name = piece.item.lower()
+    with _open_binary(piece) as raw:
+        if name.endswith(".gz"):
+            import gzip
+
+            yield from gzip.GzipFile(fileobj=raw)
+        elif name.endswith(".zst"):
+            tail = b""
+            for block in _zstd_blocks(raw):
+                block = tail + block
+                *lines, tail = block.split(b"\n")
+                for line in lines:
+                    yield line + b"\n"
+            if tail:
+                yield tail
+        else:
+            yield from raw
+
+
+def _range_lines(piece: Piece) -> Iterator[bytes]:
+    with open(piece.item, "rb") as f:
+        f.seek(piece.start)
+        data = f.read(piece.stop - piece.start)
+    pos = 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end + 1
+        yield data[pos:end]
+        pos = end
+
+
+class _LineNumbers:
+    """Line numbers of a byte range, counted from the file's start only when an error needs one."""
+
+    def __init__(self, piece: Piece):
+        self.piece, self.base = piece, None
+
+    def line(self, k: int) -> int:
+        if self.base is None:
+            self.base = 1
+            if self.piece.start > 0:
+                with open(self.piece.item, "rb") as f:
+                    remaining = self.piece.start
+                    while remaining > 0:
+                        chunk = f.read(min(remaining, 1 << 24))
+                        if not chunk:
+                            break
+                        self.base += chunk.count(b"\n")
+                        remaining -= len(chunk)
+        return self.base + k
+
+
+class _Where:
+    """`<file>, line N`, formatted only if used (a byte range counts lines from the file's start lazily)."""
+
+    __slots__ = ("numbers", "k", "item")
+
+    def __init__(self, item: str, numbers, k: int):
+        self.item, self.numbers, self.k = item, numbers, k
+
+    def __str__(self) -> str:
+        n = self.numbers.line(self.k) if self.numbers is not None else self.k + 1
+        return f"{self.item}, line {n}"
+
+
+def _json_lines(piece: Piece) -> Iterator[tuple[Any, Any]]:
+    ranged = piece.stop >= 0 and not _remote(piece) and piece.kind in (".jsonl", ".json")
+    lines = _range_lines(piece) if ranged else _lines_of(piece)
+    numbers = _LineNumbers(piece) if ranged else None
+    offset = piece.start if ranged else 0
+    try:
+        for k, raw in enumerate(lines):
+            start = offset
+            offset += len(raw)
+            if start == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            if not raw.strip():
+                continue
+            where = _Where(piece.item, numbers, k)
+            yield where, _parse(raw, where, start if ranged else None)
+    except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
+        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
+                          "recompress it or remove it from the inputs") from e
+
+
+def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = f" (byte {offset + e.start} of the file)" if offset is not None else ""
+        return BadRecord("invalid_utf8", f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line{at}); "
+                         "re-encode the file as UTF-8")
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        return BadRecord("invalid_json", f"{where}: not valid JSON ({e}); fix or remove this line")
+    if not isinstance(record, dict):
+        return BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each line "
+                         "must be one {...} record")
+    if "\\ud" in line or "\\uD" in line:  # JSON may escape a lone surrogate, which no UTF-8 text can hold
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            return BadRecord("invalid_text", f"{where}: a lone surrogate escape ({e.object[e.start:e.end]!r}) that "
+                             "no UTF-8 text can hold; fix the escape in this record")
+    return record
+
+
+def _csv_rows(piece: Piece) -> Iterator[tuple[str, Any]]:
+    import csv
+
+    with io.TextIOWrapper(_open_binary(piece), encoding="utf-8-sig", newline="") as f:
+        reader = csv.DictReader(f)
+        try:
+            for row in reader:
+                yield f"{piece.item}, line {reader.line_num}", row
+        except UnicodeDecodeError as e:
+            raise invalid_utf8_error(piece.item, e.start, record=f"near line {reader.line_num}", reason=e.reason) from e
+
+
+def _arrow_rows(piece: Piece, local: Path, columns: list[str] | None) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
+
+    try:
+        if piece.kind == ".parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(local)
+            present = [c for c in (columns or []) if c in pf.schema_arrow.names] or None
+            groups = range(pf.num_row_groups) if piece.stop < 0 else range(piece.start, piece.stop)
+            first = sum(pf.metadata.row_group(g).num_rows for g in range(groups.start))
+            batches = (pf.read_row_group(g, columns=present) for g in groups)
+        else:
+            first = 0
+            try:
+                reader = pa.ipc.open_file(local)
+                span = range(reader.num_record_batches) if piece.stop < 0 else range(piece.start, piece.stop)
+                first = sum(reader.get_batch(b).num_rows for b in range(span.start))
+                batches = (reader.get_batch(b) for b in span)
+            except pa.ArrowInvalid:
+                batches = iter(pa.ipc.open_stream(local))
+        i = first
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield f"{piece.item}, row {i}", row
+                i += 1
+    except UnicodeDecodeError as e:
+        raise invalid_utf8_error(piece.item, e.start, record=f"near row {i}", reason=e.reason) from e
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"{piece.item}: cannot read this {piece.kind} file ({e}); check that it is complete") from e
+
+
+def digest(piece: Piece) -> str:
+    """What the content of a piece is, for receipts: the sha256 of a local file's bytes (of a JSON Lines
+    range, those bytes), the store's own version of a file at a URL (ETag, checksum or modification time,
+    and size), the id, config and split of a dataset shard."""
+    if piece.kind == "dataset":
+        return f"dataset:{piece.item}:{piece.config}:{piece.split}:{piece.start}/{piece.stop}"
+    if _remote(piece):
+        fs, path = filesystem(piece.item)
+        info = ask(lambda: fs.info(path), piece.item, "reading")
+        version = next((str(info[k]) for k in ("ETag", "etag", "md5Hash", "crc32c", "LastModified", "mtime",
+                                                "last_modified") if info.get(k)), "")
+        return f"remote:{info.get('size')}:{version}"
+    h = hashlib.sha256()
+    with open(piece.item, "rb") as f:
+        ranged = piece.stop >= 0 and piece.kind in (".jsonl", ".json")
+        if ranged:
+            f.seek(piece.start)
+        left = piece.stop - piece.start if ranged else -1
+        while left != 0:
+            block = f.read(READ_BLOCK if left < 0 else min(READ_BLOCK, left))
+            if not block:
+                break
+            h.update(block)
+            left = left - len(block) if left > 0 else left
+    return "sha256:" + h.hexdigest()

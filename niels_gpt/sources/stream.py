@@ -1,0 +1,250 @@
+"""A reading plan: the inputs cut into ordered units of work; the stream of documents every reader of them sees.
+
+    plan = plan_reading(["data/", "s3://bucket/more/*.parquet"])
+    for item in stream_items(plan): ...   # str documents (or conversations) and Skipped(reason), in order
+
+- The inputs are expanded (sources/inputs.py) and cut into pieces by the one record-reader layer
+  (sources/records.py): byte ranges of JSON Lines files, runs of Parquet row groups and Arrow batches, a
+  dataset's shards, whole files otherwise. A task is one piece, or a run of small whole text files of about
+  `task_bytes`, or every piece of an input whose records group across it (oasst flat rows).
+- Each input's layout (sources/documents.py) is named with --format or detected from its first record.
+- The items of task 0, then task 1, ... are the stream, whoever reads it: a build reads them in order in
+  one process or has each task tokenized elsewhere and commits the parts in plan order (builders/plan.py
+  gives each task its id), so a cache does not depend on where its tasks ran; a tokenizer trains on the same
+  stream.
+- `signatures`: size, mtime, ctime, inode and edge hashes of every local input, taken when planning; a task
+  checks them before and after it reads, the driver once more before the commit: an input rewritten while
+  the build reads it is refused, never mixed into the cache.
+Planning reads only file metadata, a few bytes at each cut, Parquet and Arrow footers, and each input's first
+record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+
+from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.sources.base import portable
+from niels_gpt.sources.documents import WHOLE_INPUT, Rules, check_layout, detect, items
+from niels_gpt.sources.inputs import WHOLE_FILE, changed_while_read, expand, kind_of, signature
+from niels_gpt.sources.records import BadRecord, FileText, Piece, item_of, pieces, records
+
+PLAN_VERSION = 2
+TASK_BYTES = 64 * 1024 * 1024  # input bytes per task (~15 M tokens of English at ~4.3 bytes a token)
+SNIFF_BYTES = 1 << 16  # of a whole text file, to detect its layout (a Gutenberg header, a wikitext heading)
+SPLIT_RULE_NONE = "none: the inputs in the order given; the builder splits"
+
+
+@dataclass(kw_only=True)
+class Task:
+    """One unit of work: its pieces' records, read in order through one layout."""
+
+    index: int
+    pieces: list[dict]  # Piece.to_json() of each
+    layout: str
+    bytes: int = 0  # input bytes it covers (0 when unknown: a file at a URL, a dataset shard)
+    id: str = ""  # given by a build (builders/plan.py), which names its receipts by it
+
+    def where(self) -> str:
+        first = Piece(**self.pieces[0]).where()
+        return first if len(self.pieces) == 1 else f"{len(self.pieces)} inputs from {first}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class Plan:
+    tasks: list[Task]
+    inputs: list[str]
+    layouts: list[str]  # one per input
+    rules: Rules
+    chat: bool
+    tokenizer_sha256: str = ""  # the build's tokenizer (builders/plan.py), "" when only read
+    token_dtype: str = ""  # numpy dtype string, e.g. "<u2"
+    tokenizer_options: dict = field(default_factory=dict)  # load_tokenizer's eos/bos/separator, where given
+    config: str | None = None  # of a dataset id
+    split: str = "train"
+    task_bytes: int = TASK_BYTES
+    streaming: bool = False
+    signatures: dict = field(default_factory=dict)  # local input -> signature()
+    sizes: dict = field(default_factory=dict)  # input -> bytes, where known (local files, most URLs)
+
+    def input_bytes(self) -> int | None:
+        """Total bytes of the input, for a progress bar's ETA: only when every input is an uncompressed text
+        file of known size (a bar counts the UTF-8 bytes of the documents read)."""
+        if any(kind_of(p) not in WHOLE_FILE + (".jsonl", ".json") for p in self.inputs):
+            return None
+        if len(self.sizes) != len(self.inputs):
+            return None
+        return sum(self.sizes.values())
+
+    def describe(self) -> dict:
+        """meta.json's `source`: what was read and how (the inputs, not the tasks, so the same inputs cut
+        into tasks of another size describe the same cache)."""
+        ids = [i for i, lay in zip(self.inputs, self.layouts, strict=True) if lay == "dataset"]
+        return {"name": "corpus", "files": [portable(p) for p in self.inputs],
+                "layouts": sorted(set(self.layouts)), "dataset_id": ids[0] if ids else None,
+                "dataset_config": self.config, "split": self.split, "streaming": self.streaming,
+                "text_field": self.rules.text_field,
+                **({"messages_field": self.rules.messages_field, "chat_columns": self.rules.chat_columns}
+                   if self.chat else {}),
+                "on_bad_record": self.rules.on_bad_record, "split_rule": SPLIT_RULE_NONE}
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps([t.id for t in self.tasks]).encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"plan_version": PLAN_VERSION, "fingerprint": self.fingerprint(), "inputs": self.inputs,
+                "layouts": self.layouts, "rules": self.rules._asdict(), "chat": self.chat,
+                "tokenizer_sha256": self.tokenizer_sha256, "tokenizer_options": self.tokenizer_options,
+                "token_dtype": self.token_dtype, "config": self.config, "split": self.split,
+                "task_bytes": self.task_bytes, "tasks": [t.to_json() for t in self.tasks]}
+
+
+def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int = TASK_BYTES,
+              rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
+              split: str = "train") -> Plan:
+    """Cut `sources` (files, directories, globs, URLs, dataset ids) into tasks; see the module docstring."""
+    if task_bytes < 1:
+        raise ConfigError(f"task_bytes must be >= 1, got {task_bytes}")
+    if not sources:
+        raise ConfigError("no sources given: pass files, directories, globs, URLs or dataset ids")
+    rules = rules or Rules()
+    if layout is not None:
+        check_layout(layout, chat)
+
+    tasks: list[Task] = []
+    names, layouts, signatures, sizes = [], [], {}, {}
+    run: list[tuple[Piece, int]] = []  # small whole files waiting to fill a task
+    run_layout = None
+
+    def flush():
+        nonlocal run, run_layout
+        if run:
+            tasks.append(Task(index=0, pieces=[p.to_json() for p, _ in run], layout=run_layout,
+                              bytes=sum(n for _, n in run)))
+        run, run_layout = [], None
+
+    for item in expand(sources):
+        name, kind, remote = item_of(item)
+        if not remote and kind != "dataset":
+            signatures[name] = signature(name)
+        ps = pieces(item, task_bytes, config=config, split=split)
+        lay = _layout(ps[0], layout, chat, rules)
+        names.append(name)
+        layouts.append("dataset" if kind == "dataset" else lay)
+        size = signatures[name][0] if name in signatures else getattr(item, "size", None)
+        if size is not None:
+            sizes[name] = size
+        size = size or 0
+        if kind in WHOLE_FILE and not remote:
+            if run and (run_layout != lay or sum(n for _, n in run) >= task_bytes):
+                flush()
+            run.append((ps[0], size))
+            run_layout = lay
+            continue
+        flush()
+        if lay in WHOLE_INPUT:
+            if tasks and tasks[-1].layout == lay and tasks[-1].index == -1:  # flat rows group across inputs
+                tasks[-1].pieces += [p.to_json() for p in ps]
+                tasks[-1].bytes += size
+            else:
+                tasks.append(Task(index=-1, pieces=[p.to_json() for p in ps], layout=lay, bytes=size))
+            continue
+        for p in ps:
+            tasks.append(Task(index=0, pieces=[p.to_json()], layout=lay,
+                              bytes=(p.stop - p.start) if kind in (".jsonl", ".json") else size // len(ps)))
+    flush()
+    for index, t in enumerate(tasks):
+        t.index = index
+    return Plan(tasks=tasks, inputs=names, layouts=layouts, rules=rules, chat=chat, config=config,
+                split=split, task_bytes=task_bytes, streaming=any(lay == "dataset" for lay in layouts),
+                signatures=signatures, sizes=sizes)
+
+
+def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
+    """The input's layout: named, or detected from its first record; a first record that the layout cannot
+    read fails the plan (before any work) unless bad records are skipped."""
+    if named not in (None, "oasst", "text"):
+        return named
+    where, record = _first_record(first)
+    if record is None:
+        return named or ("messages" if chat else "text")
+    found = named if named == "text" else detect(where, record, chat=chat, rules=rules)
+    if found == "text" and rules.on_bad_record == "error":
+        if isinstance(record, BadRecord):
+            raise SourceError(f"{record} (or pass --on-bad-record skip to skip and count such records)")
+        if isinstance(record, dict) and rules.text_field not in record:
+            raise SourceError(f"{where}: no {rules.text_field!r} field (fields: {sorted(record)}); pass --text-field "
+                              "NAME, or --chat for conversations")
+    return found
+
+
+def _first_record(piece: Piece):
+    """The first record of a piece (of a whole text file: its first SNIFF_BYTES), or (where, None) if empty."""
+    if piece.kind in WHOLE_FILE and "://" not in piece.item:
+        with open(piece.item, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+        return piece.item, FileText(head.decode("utf-8", errors="replace"))
+    try:
+        return next(islice(records(piece), 1))
+    except StopIteration:
+        return piece.item, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a task's items
+
+
+def task_items(task: Task, rules: Rules, signatures: dict | None = None) -> Iterator:
+    """The task's documents or conversations in order, with a Skipped per record that is neither. A local
+    input whose signature differs from the plan's, before or after it is read, is refused."""
+    signatures = signatures or {}
+    pieces = [Piece(**p) for p in task.pieces]
+
+    def recs():
+        for piece in pieces:
+            before = signatures.get(piece.item)
+            if before is not None:
+                problem = changed_while_read(piece.item, before)
+                if problem is not None:
+                    raise problem
+            yield from records(piece, _columns(task.layout, rules))
+            if before is not None:
+                problem = changed_while_read(piece.item, before)
+                if problem is not None:
+                    raise problem
+
+    yield from items(recs(), task.layout, rules)
+
+
+def _columns(layout: str, rules: Rules) -> list[str] | None:
+    if layout == "text":
+        return [rules.text_field]
+    if layout == "messages":
+        return [rules.messages_field]
+    if layout == "columns":
+        return list(rules.chat_columns or ())
+    return None
+
+
+def stream_items(plan: Plan, check_at_end: bool = True) -> Iterator:
+    """Every item of the plan in order: the stream a one-process build reads."""
+    for t in plan.tasks:
+        yield from task_items(t, plan.rules, plan.signatures)
+    if check_at_end:
+        check_unchanged(plan)
+
+
+def check_unchanged(plan: Plan, read: Sequence[str] | None = None) -> None:
+    """Refuse the build if a local input (of those `read`, default all) changed since it was planned."""
+    for path in read if read is not None else plan.signatures:
+        problem = changed_while_read(path, plan.signatures[path])
+        if problem is not None:
+            raise problem
