@@ -11,7 +11,7 @@ from pathlib import Path
 
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.formats.detect import detect_format
-from niels_gpt.meta import META_NAME
+from niels_gpt.meta import META_NAME, staged_output, unfinished_build
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
@@ -37,12 +37,23 @@ def unfinished_dirs(path: Path) -> list[Path]:
     for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
         if (d / META_NAME).is_file() or (d / PACKED_MANIFEST).is_file():
             continue
+        if (staged := staged_output(d)) is not None and unfinished_build(staged) is not None:
+            continue  # an interrupted build of an output that is not there: `interrupted_builds` names it
         if any(d.glob("*_tokens.bin")) or any((d / "train").glob("shard_*.bin")) or any((d / "val").glob("shard_*.bin")):
             if foreign_output(d) is None:
                 out.append(d)
         elif (d / "input_ids.npy").is_file():
             out.append(d)
     return out
+
+
+def interrupted_builds(path: Path) -> list[str]:
+    """One line per output at or below `path` whose build was interrupted before it first finished
+    (niels_gpt.meta.unfinished_build: what was left beside it, and the command that finishes it)."""
+    path = Path(path)
+    candidates = [path] if not path.exists() else [path, *(p for p in path.rglob("*") if p.is_dir())]
+    outs = {staged_output(p) or p for p in candidates}
+    return [msg for out in sorted(outs) if (msg := unfinished_build(out)) is not None]
 
 
 def foreign_output(path: Path):

@@ -11,6 +11,7 @@ an unfinished build.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +19,24 @@ import numpy as np
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, receipt_path
-from niels_gpt.meta import META_NAME, check_files, read_meta, record_problem, sft_offsets_problem, sha256_file
+from niels_gpt.meta import (
+    META_NAME,
+    check_files,
+    meta_seal_problem,
+    read_meta,
+    record_problem,
+    sft_offsets_problem,
+    sha256_file,
+)
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.memmap_format import FORMAT_NAME
+from niels_gpt.records import RECORD_SEAL, is_sealed
 from niels_gpt.report.found import (
     PACKED_MANIFEST,
     find_caches,
     find_tokenizer,
     foreign_output,
+    interrupted_builds,
     is_packed_parquet,
     megatron_prefix,
     unfinished_dirs,
@@ -81,7 +92,7 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     """verify_path, plus one line per output checked naming what it is."""
     root = Path(path)
     if not root.exists() and not megatron_prefix(root):
-        return [f"{root}: no such file or directory"], 0, []
+        return interrupted_builds(root) or [f"{root}: no such file or directory"], 0, []
     caches = find_caches(root) if root.exists() else []
     packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
                                        else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
@@ -97,39 +108,56 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         if is_packed_parquet(root):
             return _verify_packed_parquet(root)
     problems = [f"{d}: token files but no {META_NAME} (or {PACKED_MANIFEST}): unfinished build, rebuild it"
-                for d in unfinished_dirs(root)]
+                for d in unfinished_dirs(root)] + interrupted_builds(root)
     seen = []
     for shard in packed:
-        seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})")
+        seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})" + _unsealed_note(shard / PACKED_MANIFEST))
         try:
-            ds = PackedMemmapDataset(shard)
+            ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
             problems += _stray_files(shard, {rec["name"] for rec in ds.manifest["files"].values()}, PACKED_MANIFEST)
         except NielsGPTError as exc:
             problems.append(str(exc))
     for cache in caches:
         try:
-            meta = read_meta(str(cache))
+            meta = read_meta(str(cache), check_seal=False)  # the seal last, below
         except NielsGPTError as exc:
             problems.append(str(exc))
             continue
-        seen.append(f"{cache}: {meta['kind']} cache")
-        if meta["kind"] == "tokenizer":
-            problems += _check_tokenizer(cache, meta)
-            problems += _stray_files(cache, {str(meta.get("model_file", "spm.model"))})
-            continue
-        if meta.get("built") is False:
-            continue
-        found = check_files(cache, meta, hashes=True)
-        named = {line.split(": ", 1)[0] for line in found}
-        problems += found + [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
-        problems += _check_special_ids(cache, meta)
-        problems += _stray_files(cache, set(meta["files"]))
+        seen.append(f"{cache}: {meta['kind']} cache" + _unsealed_note(cache / META_NAME))
+        found = _check_cache(cache, meta)
+        # a broken seal is reported where nothing more specific names what changed (a field no reader uses)
+        seal = meta_seal_problem(cache / META_NAME, (cache / META_NAME).read_bytes(), meta)
+        problems += found or ([seal] if seal else [])
     if not caches and not packed and not problems:
         problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
                         "not a cache, a packed directory or a converted output")
     return problems, len(caches) + len(packed), seen
 
+
+
+def _check_cache(cache: Path, meta: dict) -> list[str]:
+    """Every file a cache's (or tokenizer's) meta.json lists against the disk, and nothing unlisted."""
+    if meta["kind"] == "tokenizer":
+        return _check_tokenizer(cache, meta) + _stray_files(cache, {str(meta.get("model_file", "spm.model"))})
+    if meta.get("built") is False:
+        return []
+    found = check_files(cache, meta, hashes=True)
+    named = {line.split(": ", 1)[0] for line in found}
+    found += [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
+    return found + _check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
+
+
+def _unsealed_note(record_path: Path) -> str:
+    """What verify says of a record written before records carried their own checksum."""
+    try:
+        record = json.loads(record_path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return ""  # unreadable: its reader's error says so
+    if not isinstance(record, dict) or is_sealed(record):
+        return ""
+    return (f" (its {record_path.name} has no {RECORD_SEAL}: written by an older version, so fields no reader "
+            "uses are not checked; rebuild it to add one)")
 
 
 def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
@@ -152,7 +180,7 @@ def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
     if receipt is not None and receipt.is_file():
         _, found = check_receipt(receipt)
         problems += found
-        note += f"; every file's sha256 checked against {receipt.name}"
+        note += f"; every file's sha256 checked against {receipt.name}" + _unsealed_note(receipt)
     else:
         note += "; no receipt (not written by convert): no checksums to compare"
     return problems, 1, [f"{root}: {kind}: headers and sizes checked{note}"]
