@@ -38,7 +38,7 @@ def test_a_reader_on_an_interrupted_build_all_says_how_to_finish_it(tmp_path):
     with pytest.raises(CacheError, match=finish):
         PretrainTokenStreamDataset(str(tmp_path / "pretrain" / "wikitext" / "train"), T=8, device="cpu")
     sft = tmp_path / "sft" / "dolly15k"
-    with pytest.raises(CacheError, match=rf"dolly15k: its build was interrupted.*--only dolly15k`"):
+    with pytest.raises(CacheError, match=r"dolly15k: its build was interrupted.*--only dolly15k`"):
         SFTExampleDataset(str(sft / "train_tokens.bin"), str(sft / "train_idx.npy"), T=8, device="cpu", eot_id=3)
     problems, _, _ = verify_outputs(str(tmp_path))
     assert len(problems) == 2 and all("its build was interrupted" in p for p in problems), problems
