@@ -37,16 +37,27 @@ def oasst_mixed_data_files(w, tmp):
     return _oasst_files(w, tmp, nested, flat)
 
 
+def gutenberg_start_inside_a_book(w, tmp):
+    books = tmp / "books"
+    books.mkdir()
+    (books / "x.txt").write_text("*** START OF BOOK A ***\nbody a\n*** START OF BOOK B ***\nbody b\n"
+                                 "*** END OF BOOK B ***\n")
+    return ["build-all", "--cache-dir", str(tmp / "out"), "--tokenizer", str(w.tokenizer), "--only", "gutenberg",
+            "--gutenberg-dir", str(books), "--gutenberg-val-frac", "0", "--no-progress"]
+
+
 CASES = [
     Case("oasst lone surrogate in a reply", oasst_lone_surrogate, ("s.jsonl", "line 2", "q-a", "surrogate"),
          out="out/sft"),
     Case("oasst tree without an assistant reply", oasst_no_assistant_reply,
          ("u.jsonl", "no usable conversation", "no_assistant_turn", "nobody answered"), out="out/sft"),
+    Case("gutenberg: a second START before the first END", gutenberg_start_inside_a_book,
+         ("x.txt", "line 3", "second '*** START OF'"), out="out/pretrain"),
     Case("oasst nested and flat files mixed", oasst_mixed_data_files,
          ("trees.jsonl", "rows.jsonl", "--oasst-trees-jsonl"), out="out/sft"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input_gets_one_clear_line_and_no_complete_looking_output(case, world, tmp_path, capsys):
+def test_bad_input_gets_one_clear_line_and_no_complete_looking_output(case, world, tmp_path, capsys):  # noqa: F811
     check_case(case, world, tmp_path, capsys)
