@@ -28,9 +28,20 @@ from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 
 
+def special_names(tokenizer) -> dict[int, str]:
+    """How inspect shows each special id: the library's four sentinels by their short names (`<|eot|>`), every
+    other special token (one that decodes to no text) by the tokenizer's own text for it: `<|im_end|>` and
+    `<|im_start|>` of a ChatML tokenizer, `<s>` of sentencepiece."""
+    lengths = np.asarray(tokenizer.token_byte_lengths())
+    names = {int(i): tokenizer.id_to_piece(int(i)) for i in np.flatnonzero(lengths == 0)}
+    if tokenizer.library_conventions:
+        names.update({v: f"<|{k}|>" for k, v in tokenizer.special_ids.items() if v is not None})
+    return names
+
+
 def show_tokens(tokenizer, ids, trained=None) -> str:
-    """Decode ids, naming special tokens and wrapping trained runs in ⟦ ⟧."""
-    names = {v: f"<|{k}|>" for k, v in tokenizer.special_ids.items()}
+    """Decode ids, naming special tokens (`special_names`) and wrapping trained runs in ⟦ ⟧."""
+    names = special_names(tokenizer)
     trained = [False] * len(ids) if trained is None else list(trained)
     out, run, run_flag = [], [], None
 
