@@ -11,11 +11,12 @@ seeded random share of its clean run time. Then:
   - refused: with no marker, `verify` and the output's reader must fail with a package error;
   - the job is rerun: its output must be byte-identical to the clean build (target 0 differences);
   - temporaries, staging directories and locks left beside or inside the outputs after the rerun (target 0).
-Corruption. On finished outputs of every kind: single-byte flips (one at a time, restored after), one-byte
+Corruption. On finished outputs of every kind (the tokenizer directory too): single-byte flips (one at a time, restored after), one-byte
 truncations and extensions of every file, and one digit changed in each number of each JSON/YAML file. Per
 change: caught by `verify`; caught when the reader opens; silently different items from the reader (a change
 the reader does not catch and that changes what it serves). Payload bytes are `verify`'s to catch; every size,
-count and header field must be caught on open or change nothing.
+count and header field must be caught on open or change nothing. The figures are also given per file kind
+(records by name, data files by suffix): how many single changes `verify` caught of how many made.
 Races. Two build-all runs into one --cache-dir at once; a reader opening a cache again and again while it is
 rebuilt (every open either serves a complete cache or fails with a package error).
 """
@@ -130,6 +131,12 @@ def read_items(kind: str, path: Path) -> list[np.ndarray]:
                                    device="cpu", eot_id=eot)
             out += [t.numpy() for t in ds.get_batch(B=8, generator=torch.Generator().manual_seed(0))]
         return out
+    if kind == "tokenizer":
+        from niels_gpt.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(path)
+        text = "The quick brown fox: 12 jumps, then a chat turn."
+        return [np.array(tok.encode(text)), np.array(sorted((v or -1) for v in tok.special_ids.values()))]
     if kind == "packed":
         from niels_gpt.packing import open_packed
 
@@ -240,7 +247,15 @@ def outputs(ref: Path) -> dict[str, tuple[str, Path]]:
              "packed": ("packed", ref / "packed")}
     for fmt in FORMATS:
         found[f"convert {fmt}"] = ("pretrain" if fmt == "niels" else "converted", ref / f"conv-{fmt}")
+    found["tokenizer"] = ("tokenizer", ref / "tokenizer")
     return found
+
+
+def file_kind(f: Path) -> str:
+    """What a changed file is, for the per-file-kind figures: a record by its name, data by its suffix."""
+    if f.suffix in (".json", ".yaml") or f.suffix == ".model":
+        return f.name
+    return ".bos.idx" if f.name.endswith(".bos.idx") else f.suffix or f.name
 
 
 def changes(path: Path, flips: int, rng: random.Random):
@@ -263,8 +278,9 @@ def changes(path: Path, flips: int, rng: random.Random):
                        lambda d, p=pos: d[:p] + bytes([ord("0") + (d[p] - ord("0") + 1) % 10]) + d[p + 1:])
 
 
-def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> list[dict]:
-    rows = []
+def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> tuple[list[dict], dict]:
+    """(one row per output, {file kind: {changes, caught by verify}})."""
+    rows, by_file = [], {}
     for label, (kind, path) in outputs(ref).items():
         if not path.exists():
             continue
@@ -288,6 +304,9 @@ def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> list[d
             payload = what.startswith("flip") and _is_payload(kind, f)
             row["changes"] += 1
             row["caught by verify"] += caught_verify
+            per = by_file.setdefault(file_kind(f), Counter())
+            per["changes"] += 1
+            per["caught by verify"] += caught_verify
             row["caught on open"] += caught_open
             if differs and not caught_open:
                 key = "silently different: payload" if payload else "silently different: size/count/header"
@@ -299,7 +318,7 @@ def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> list[d
             if not caught_verify and (differs or caught_open):
                 row["missed by verify but used by a reader"] += 1
         rows.append({"output": label, **row})
-    return rows
+    return rows, {k: dict(v) for k, v in sorted(by_file.items())}
 
 
 def _is_payload(kind: str, f: Path) -> bool:
@@ -346,7 +365,7 @@ def run_races(work: Path, tok: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kills per job (default: 20)")
-    ap.add_argument("--flips", type=int, default=20, help="byte flips per output kind (default: 20; 9 kinds)")
+    ap.add_argument("--flips", type=int, default=20, help="byte flips per output kind (default: 20; 10 kinds)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: 0)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--only", nargs="+", default=None, metavar="JOB",
@@ -359,7 +378,8 @@ def main(argv=None) -> int:
                   "--tokenizer-max-chars", "500000", "--no-progress"], work)
         tok = str(work / "t/tokenizer/spm.model")
         kill_rows, kill_totals = run_kills(work, tok, args.kills, rng, args.only)
-        corruption = run_corruption(work / "REF", args.flips, rng)
+        shutil.copytree(work / "t/tokenizer", work / "REF/tokenizer")
+        corruption, by_file = run_corruption(work / "REF", args.flips, rng)
         races = run_races(work, tok)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -375,8 +395,12 @@ def main(argv=None) -> int:
     for r in corruption:
         total.update({k: v for k, v in r.items() if k not in ("output", "examples")})
     print("corruption totals: " + ", ".join(f"{k}: {v}" for k, v in sorted(total.items())))
+    print("corruption per file kind (caught by verify / single changes):")
+    for k, v in by_file.items():
+        print(f"  {k}: {v.get('caught by verify', 0)} / {v['changes']}")
     print("races: " + ", ".join(f"{k}: {v}" for k, v in races.items()))
     result["corruption_totals"] = dict(total)
+    result["corruption_by_file"] = by_file
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
     return 0

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.constants import META_NAME, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
+from niels_gpt.records import seal_problem, sealed_bytes
+from niels_gpt.staging import OLD_INFIX
 
 FORMAT_VERSION = 1
 
@@ -59,21 +61,24 @@ def meta_path(path: str | os.PathLike) -> Path:
 
 
 def write_meta(path: str, meta: dict) -> None:
-    """Write meta.json atomically (temporary file, fsync, rename). Keys sorted: byte-stable output."""
-    data = json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    write_bytes_atomic(meta_path(path), data.encode("utf-8"))
+    """Write meta.json atomically (temporary file, fsync, rename), sealed (niels_gpt/records.py). Keys
+    sorted: byte-stable output."""
+    write_bytes_atomic(meta_path(path), sealed_bytes(meta))
 
 
-def read_meta(path: str) -> dict:
-    """Read and schema-check a meta.json (or the meta.json of a directory)."""
+def read_meta(path: str, *, check_seal: bool = True) -> dict:
+    """Read and schema-check a meta.json (or the meta.json of a directory), and check its seal (a record
+    written without one reads as before). `check_seal=False` is for `verify`, which reports a broken seal
+    only where no more specific check names what changed."""
     mp = meta_path(path)
     if not mp.is_file():
-        raise IncompleteCacheError(
+        raise IncompleteCacheError(unfinished_build(mp.parent) or (
             f"no {META_NAME} in {mp.parent}: the build was interrupted or never ran; "
             "re-run build-all for this cache"
-        )
+        ))
     try:
-        meta = json.loads(mp.read_text(encoding="utf-8"))
+        data = mp.read_bytes()
+        meta = json.loads(data.decode("utf-8"))
     except FileNotFoundError as exc:  # it was there a moment ago: the cache is being swapped by a rebuild
         raise IncompleteCacheError(f"{mp}: vanished while being read (a rebuild swapping the cache in?); "
                                    "open it again") from exc
@@ -81,8 +86,19 @@ def read_meta(path: str) -> dict:
         raise CacheError(f"{mp}: not valid JSON ({exc}); delete the cache and rebuild it") from exc
     if not isinstance(meta, dict):
         raise CacheError(f"{mp}: expected a JSON object, got {type(meta).__name__}")
-    check_schema(meta, str(mp))
+    check_schema(meta, str(mp))  # first: its message names the field
+    if check_seal:
+        problem = meta_seal_problem(mp, data, meta)
+        if problem is not None:
+            raise CacheMismatchError(problem)
     return meta
+
+
+def meta_seal_problem(mp: Path, data: bytes, meta: dict) -> str | None:
+    """What is wrong with a meta.json against its own seal (niels_gpt/records.py), or None."""
+    fix = ("rebuild the cache" if meta.get("kind") != "tokenizer" else "retrain the tokenizer (train-tokenizer)") + \
+        f" or put the original {META_NAME} back"
+    return seal_problem(mp, data, meta, fix)
 
 
 def check_schema(meta: dict, where: str) -> None:
@@ -269,3 +285,41 @@ def check_sft_offsets(offsets, num_tokens: int, path) -> np.ndarray:
     if problem is not None:
         raise CacheError(f"{path}: {problem}; rebuild the cache")
     return np.asarray(offsets).astype(np.int64, copy=False)
+
+
+def unfinished_build(out: str | os.PathLike) -> str | None:
+    """Why the output `out` has no commit marker when a build of it was interrupted, or None.
+
+    The one rule readers, `verify` and read_meta share: a build writes into `<out>.tmp-<pid>` beside the
+    output and swaps it in when complete (niels_gpt/staging.py), so an interrupted first build leaves that
+    staging directory (and its `<out>.lock`) and no `<out>`; one killed between the two renames of the swap
+    leaves `<out>.old-<pid>`. The message says what was left and the command that finishes the build.
+    """
+    out = Path(out)
+    if not out.parent.is_dir() or (out / META_NAME).is_file():
+        return None
+    left = sorted(p for p in out.parent.iterdir() if p.is_dir() and staged_output(p) == out)
+    if not left:
+        return None
+    running = [p for p in left if (m := TMP_SUFFIX.search(p.name)) and pid_alive(int(m.group(1)))]
+    if running:
+        return (f"{out}: a build of it is still running ({running[0].name} beside it has no {META_NAME} yet): "
+                "wait for it to finish, then open it again")
+    names = ", ".join(p.name for p in left)
+    if out.parent.name in ("pretrain", "sft"):
+        how = f"`build-all --cache-dir {out.parent.parent} --only {out.name}` with the flags it was started with"
+    else:
+        how = "the command that writes it, with the same flags"
+    return (f"{out}: its build was interrupted before it finished (it left {names} beside it, and no {META_NAME}): "
+            f"finish it by running {how}; the rerun cleans up what the interrupted one left")
+
+
+def staged_output(path: str | os.PathLike) -> Path | None:
+    """The output a build's staging directory (`<out>.tmp-<pid>`) or swapped-out copy (`<out>.old-<pid>`)
+    belongs to, or None for any other path."""
+    path = Path(path)
+    m = TMP_SUFFIX.search(path.name)
+    if m is not None:
+        return path.with_name(path.name[:m.start()])
+    head, sep, pid = path.name.rpartition(OLD_INFIX)
+    return path.with_name(head) if sep and head and pid.isdigit() else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,11 +31,15 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+SEAL = re.compile(rb'"record_sha256": "[0-9a-f]{64}"')
+
+
 def _tree(root: Path, work: Path) -> dict[str, str]:
     """Digest of each file below root; the work directory's name, which a manifest records as provenance,
-    reads as <work>."""
-    return {p.relative_to(root).as_posix(): _digest(p.read_bytes().replace(str(work).encode(), b"<work>"))
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    reads as <work>, and a record's own checksum (which covers that name) as <seal>: the digest of the
+    rest of the record holds what it covers."""
+    return {p.relative_to(root).as_posix(): _digest(SEAL.sub(b'"record_sha256": "<seal>"', p.read_bytes().replace(
+        str(work).encode(), b"<work>"))) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _tensor_digest(*arrays) -> str:

@@ -47,3 +47,11 @@ def test_races_are_refused_or_served_whole(figures):
     assert r["two builds: exit codes"] == [0, 1] and r["two builds: refused with a lock message"] == 1
     assert r["two builds: final cache verifies"] is True
     assert r["reader during rebuild: other exceptions"] == 0
+
+
+def test_verify_catches_every_single_change_to_every_file_of_an_output(figures):
+    """Records included (meta.json, manifest.json, niels_receipt.json): each carries its own checksum."""
+    by_file = figures["corruption_by_file"]
+    assert {"meta.json", "manifest.json", "niels_receipt.json"} <= set(by_file)
+    missed = {k: v for k, v in by_file.items() if v.get("caught by verify", 0) != v["changes"]}
+    assert not missed, missed

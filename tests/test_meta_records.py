@@ -11,6 +11,7 @@ from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.errors import CacheError
 from niels_gpt.loading import IndexedWindowDataset
+from niels_gpt.records import sealed_bytes
 from niels_gpt.report import verify_path
 
 from .conftest import write_pretrain_cache, write_sft_cache
@@ -27,7 +28,7 @@ def cache(tmp_path):
 def _edit(cache, rel, change):
     meta = json.loads((cache / "meta.json").read_text())
     change(meta["files"][rel])
-    (cache / "meta.json").write_text(json.dumps(meta))
+    (cache / "meta.json").write_bytes(sealed_bytes(meta))  # sealed: the record checks below it are tested
 
 
 def _readers(cache):

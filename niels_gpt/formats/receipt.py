@@ -6,7 +6,8 @@ Layout (JSON, UTF-8, keys sorted):
     {"format": "niels_receipt", "version": 1,
      "output_format": "kempner-npy",                  # what the files are (detect_format's name)
      "files": {"train/shard_00000.npy": {"bytes": 1152, "sha256": "9f2c..."}, ...},
-     "tokenizer_sha256": "c9ce..."}                   # only when known: the tokenizer that made the ids
+     "tokenizer_sha256": "c9ce...",                   # only when known: the tokenizer that made the ids
+     "record_sha256": "5e1a..."}                      # the receipt's own checksum (niels_gpt/records.py)
 
 - A directory output carries `<dir>/niels_receipt.json`, listing every file below it by its path
   relative to the directory (token files, `metadata.yaml`, `.idx`, `.bos.idx`): the ids in
@@ -29,8 +30,9 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.errors import FormatError
+from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import disk_problem, file_record
+from niels_gpt.records import seal_problem, sealed_bytes
 
 RECEIPT_NAME = "niels_receipt.json"
 SUFFIX = "." + RECEIPT_NAME
@@ -62,19 +64,23 @@ def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sh
     receipt = {"format": FORMAT, "version": VERSION, "output_format": output_format, "files": files}
     if tokenizer_sha256:
         receipt["tokenizer_sha256"] = tokenizer_sha256
-    data = json.dumps(receipt, indent=2, sort_keys=True) + "\n"
-    write_bytes_atomic(receipt_path(output), data.encode("utf-8"))
-    return receipt
+    data = sealed_bytes(receipt)
+    write_bytes_atomic(receipt_path(output), data)
+    return json.loads(data)
 
 
 def read_receipt(path: str | os.PathLike) -> dict:
     """Read and check a receipt file (its own fields, not the files it lists)."""
     path = Path(path)
+    fix = "re-run the command that wrote this output"
     try:
-        receipt = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        receipt = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{path}: not valid JSON ({exc}); the receipt is corrupt: re-run the command "
-                          "that wrote this output") from exc
+        raise FormatError(f"{path}: not valid JSON ({exc}); the receipt is corrupt: {fix}") from exc
+    problem = seal_problem(path, data, receipt, fix) if isinstance(receipt, dict) else None
+    if problem is not None:
+        raise CacheMismatchError(problem)
     ok = (isinstance(receipt, dict) and receipt.get("format") == FORMAT and receipt.get("version") == VERSION
           and isinstance(receipt.get("files"), dict) and isinstance(receipt.get("output_format"), str))
     if not ok:

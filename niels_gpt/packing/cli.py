@@ -3,17 +3,20 @@
     python -m niels_gpt.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --pack-size 4096 --algorithm ffd
 
 Registered into the package CLI by `register(subparsers)`; prints the resolved settings first and a
-summary (bins, packing efficiency, truncated count) last. OUT may be an fsspec URL (written locally,
+summary (bins, packing efficiency, truncated count, the share of tokens and trained targets truncation cut)
+last, and a warning naming the pack size that keeps 99% when more than 1% is cut. OUT may be an fsspec URL (written locally,
 then uploaded).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
 from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW, pack_sft
 from niels_gpt.packing.source import SPLITS
+from niels_gpt.packing.truncation import truncation_warning
 from niels_gpt.seeds import seed_arg
 
 
@@ -38,7 +41,14 @@ def run_pack_sft(args) -> int:
     print(f"pack-sft: cache={args.cache_dir} split={args.split} out={args.out} pack_size={args.pack_size} "
           f"algorithm={args.algorithm} on_overflow={args.on_overflow} seed={args.seed}")
     m = pack_sft(args.cache_dir, args.out, pack_size=args.pack_size, algorithm=args.algorithm, split=args.split,
-                 on_overflow=args.on_overflow, seed=args.seed, progress=True)
+                 on_overflow=args.on_overflow, seed=args.seed, progress=True, warn=False)
+    t = m["truncation"]
+    lost = (f", {t['tokens_lost'] / t['tokens']:.1%} of the tokens and "
+            f"{t['trained_targets_lost'] / max(t['trained_targets'], 1):.1%} of the trained targets cut"
+            if t["tokens_lost"] else "")
     print(f"pack-sft: {m['num_bins']} bins, {m['num_sequences']} sequences, {m['num_tokens']} tokens, "
-          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}")
+          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}{lost}")
+    message = truncation_warning(t, args.pack_size, f"{args.cache_dir} ({args.split})")
+    if message is not None:
+        print(f"pack-sft: warning: {message}", file=sys.stderr)
     return 0

@@ -19,7 +19,8 @@ sequence is 0 (the convention of Megatron-Bridge/Nemotron packed data).
 manifest.json: `format` "memmap_padded_v1", `version` 1, `num_bins`, `pack_size`, `num_sequences`,
 `num_tokens`, `pad_id`, `files` {array -> {"name", "dtype", "shape"}} (names are plain file names in the
 shard directory), `algorithm`, `efficiency`, `truncated`, `loss_mask_convention` (+ `_text`), `source`
-(the SFT cache it came from, with the sha256 of its token file).
+(the SFT cache it came from, with the sha256 of its token file), and `record_sha256`, the manifest's own
+checksum (niels_gpt/records.py), checked on every open.
 
 Writing: every array is preallocated with `np.lib.format.open_memmap` under a temporary name, filled bin
 by bin, flushed, fsynced and renamed; the manifest comes last. Memory is O(pack_size) per bin written
@@ -37,9 +38,10 @@ import numpy as np
 
 from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_bytes_atomic
 from niels_gpt.constants import MANIFEST_NAME
-from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
+from niels_gpt.errors import CacheMismatchError, ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.meta import file_record
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
+from niels_gpt.records import seal_problem, sealed_bytes
 
 FORMAT_NAME = "memmap_padded_v1"
 FORMAT_VERSION = 1
@@ -150,9 +152,9 @@ class MemmapShardWriter:
             "loss_mask_convention_text": LOSS_MASK_CONVENTION_TEXT,
         }
         manifest.update(manifest_extra)
-        data = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-        write_bytes_atomic(self.output_dir / MANIFEST_NAME, data.encode("utf-8"))
-        return manifest
+        data = sealed_bytes(manifest)
+        write_bytes_atomic(self.output_dir / MANIFEST_NAME, data)
+        return json.loads(data)
 
     def abort(self) -> None:
         """Drop the temporary files; nothing is committed."""
@@ -184,14 +186,16 @@ def check_starts(starts: np.ndarray, length: int, where: str) -> None:
 
 
 def read_manifest(shard_dir) -> dict:
-    """Read and check manifest.json of a memmap_padded_v1 shard; raise with the field and the fix."""
+    """Read and check manifest.json of a memmap_padded_v1 shard, then its seal (niels_gpt/records.py; a
+    manifest written without one reads as before); raise with the field and the fix."""
     shard_dir = Path(shard_dir)
     path = shard_dir / MANIFEST_NAME
     if not path.is_file():
         raise IncompleteCacheError(f"no {MANIFEST_NAME} in {shard_dir}: the packing was interrupted or never "
                                    "ran; re-run `pack-sft`")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc}); re-run `pack-sft`") from exc
     if not isinstance(manifest, dict):
@@ -219,6 +223,9 @@ def read_manifest(shard_dir) -> dict:
         if files[name].get("dtype") != DTYPES[name]:
             raise FormatError(f"{path}: files.{name}.dtype is {files[name].get('dtype')!r}, expected "
                               f"{DTYPES[name]!r}")
+    problem = seal_problem(path, data, manifest, "re-run `pack-sft`")  # last: the checks above name the field
+    if problem is not None:
+        raise CacheMismatchError(problem)
     return manifest
 
 

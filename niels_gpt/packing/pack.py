@@ -1,7 +1,8 @@
 """SFT cache -> packed bins on disk (memmap_padded_v1): plan the bins, then stream them out.
 
 1. open one split of the SFT cache (token memmap + int64 offsets); examples longer than pack_size are
-   truncated to their first pack_size tokens and counted, or rejected (`on_overflow`);
+   truncated to their first pack_size tokens and counted, or rejected (`on_overflow`); the share of tokens
+   and trained targets that cuts is measured, and above 1% warned about (`truncation.py`);
 2. assign examples to bins (`pack_lengths`: ffd, bfd or first_fit_shuffle);
 3. for each bin, copy its examples' tokens into one preallocated int32 scratch buffer, derive the
    trained mask (`assistant_token_mask`, reset at each sequence start) and shift it within each
@@ -13,6 +14,7 @@ A remote `out` (an fsspec URL) is written locally and uploaded (`remote.write_th
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,7 @@ from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
 from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
 from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
+from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.seeds import check_seed
 from niels_gpt.storage.upload import local_path_of
 
@@ -45,6 +48,7 @@ class PackPlan:
     example_ids: np.ndarray  # int64[m]: cache example id of each packed sequence (empty ones dropped)
     truncated: int
     skipped_empty: int
+    truncation: dict  # what the pack size cuts (niels_gpt/packing/truncation.py)
 
 
 def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
@@ -63,7 +67,8 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
     keep = np.flatnonzero(lengths > 0)
     clipped = np.minimum(lengths[keep], pack_size)
     assignment = pack_lengths(clipped, pack_size, algorithm, seed=seed)
-    return PackPlan(split, assignment, keep, int(over.size), int(len(lengths) - len(keep)))
+    return PackPlan(split, assignment, keep, int(over.size), int(len(lengths) - len(keep)),
+                    truncation_figures(split, pack_size))
 
 
 def materialize_bin(split: SFTSplit, example_ids: np.ndarray, lengths: np.ndarray, scratch_ids: np.ndarray,
@@ -111,16 +116,17 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
             writer.write_bin(scratch_ids[:n], scratch_mask[:n], scratch_starts[:nseq])
         manifest = writer.finalize(
             algorithm=a.algorithm, truncated=plan.truncated, skipped_empty=plan.skipped_empty,
-            source=plan.split.provenance(), **(extra or {}))
+            truncation=plan.truncation, source=plan.split.provenance(), **(extra or {}))
     return manifest
 
 
 def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
              split: str = "train", on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED,
-             progress: bool = False) -> dict:
+             progress: bool = False, warn: bool = True) -> dict:
     """Pack one split of the SFT cache at `cache_dir` into a memmap_padded_v1 shard at `out`.
 
-    `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest.
+    `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest, whose
+    `truncation` says what the pack size cut; above 1% lost it warns (`warn=False`: the caller says it).
     """
     check_seed(seed)
     local = local_path_of(out)
@@ -133,5 +139,8 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
         raise ConfigError(f"{cache_dir}/meta.json: vocab_size {src.meta['vocab_size']} does not fit the int32 "
                           "input_ids of memmap_padded_v1")
     plan = plan_packing(src, pack_size=pack_size, algorithm=algorithm, on_overflow=on_overflow, seed=seed)
+    message = truncation_warning(plan.truncation, pack_size, f"{cache_dir} ({split})")
+    if warn and message is not None:
+        warnings.warn(message, stacklevel=2)
     return write_then_upload(out, lambda local: write_plan(plan, local, progress=progress,
                                                            extra={"seed": int(seed), "on_overflow": on_overflow}))

@@ -42,7 +42,7 @@ import torch
 
 from niels_gpt import _native
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.meta import read_meta
+from niels_gpt.meta import read_meta, unfinished_build
 from niels_gpt.readers.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import cache_fingerprint
@@ -72,7 +72,7 @@ class PretrainTokenStreamDataset:
         self.split = self.shards_dir.name
         self.cache_dir = self.shards_dir.parent
         if self.remote is None and not self.shards_dir.is_dir():
-            raise CacheError(f"{self.shards_dir}: no such shard directory")
+            raise CacheError(unfinished_build(self.cache_dir) or f"{self.shards_dir}: no such shard directory")
         self.meta = read_meta(str(self.cache_dir))
         if self.meta.get("kind") != "pretrain" or not self.meta.get("built", True):
             raise CacheError(f"{self.cache_dir}: not a built pretraining cache (kind={self.meta.get('kind')!r}, "

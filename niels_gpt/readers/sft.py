@@ -13,6 +13,9 @@
   literal special strings in user text never become special ids, so the ids cannot lie about spans.
   A cache rendered with a tokenizer's own chat template has no sentinels to find spans by: its mask is
   read from `{split}_mask.bin` (one uint8 per token, 1 = trained; build_cache's SFT notes).
+- A map-style dataset too: `ds[i]` is example i as (x, y, y_masked), each (T,) int64 on the CPU, padded or
+  cropped as above, so `DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)` yields the (B, T)
+  batches get_batch draws (workers open their own maps; move batches to the GPU with pin_memory=True).
 - One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
 - URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
   the offsets are downloaded and checked on open, the token file on the first batch.
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
@@ -35,7 +39,7 @@ from niels_gpt.storage.remote import open_location, split_url
 from niels_gpt.urls import is_url
 
 
-class SFTExampleDataset:
+class SFTExampleDataset(Dataset):
     def __init__(self, tokens_path: str, idx_path: str, *, T: int, device: str, eot_id: int):
         """
         tokens_path: uint16 tokens concatenated
@@ -93,6 +97,16 @@ class SFTExampleDataset:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Example i as (x, y, y_masked), each (T,) int64 on the CPU: what one row of `collate` holds."""
+        n = len(self.offsets)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"SFTExampleDataset indices are integers, got {type(i).__name__}")
+        if not -n <= i < n:
+            raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
+        out = self._rows_tensor(np.array([int(i) % n]))
+        return out[0, 0], out[1, 0], out[2, 0]
 
     def fingerprint(self) -> str:
         """The identity of this data in resume states (niels_gpt.resume.cache_fingerprint)."""
@@ -173,6 +187,16 @@ class SFTExampleDataset:
         return self.collate(indices)
 
     def collate(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cuda = self.device.type == "cuda"
+        out = self._rows_tensor(np.asarray(indices), pin=cuda)
+        if cuda:
+            out = out.to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            out = out.to(self.device)
+        return out[0], out[1], out[2]
+
+    def _rows_tensor(self, indices: np.ndarray, pin: bool = False) -> torch.Tensor:
+        """(3, B, T) int64 on the CPU: x, y and y_masked of the examples at `indices`."""
         w, valid = self._windows(np.asarray(indices))
         # A token's span state depends only on the tokens before it, so the mask of an example's own
         # tokens is the same before the padding is written (and has far fewer EOTs to walk).
@@ -183,19 +207,14 @@ class SFTExampleDataset:
         trained &= valid
         np.copyto(w, self.eot_id, where=~valid)
         B, T = len(w), self.T
-        cuda = self.device.type == "cuda"
-        out = torch.empty((3, B, T), dtype=torch.int64, pin_memory=True) if cuda else \
+        out = torch.empty((3, B, T), dtype=torch.int64, pin_memory=True) if pin else \
             torch.from_numpy(np.empty((3, B, T), dtype=np.int64))
         buf = out.numpy()
         np.copyto(buf[0], w[:, :-1], casting="unsafe")
         np.copyto(buf[1], w[:, 1:], casting="unsafe")
         buf[2].fill(IGNORE_INDEX)
         np.copyto(buf[2], buf[1], where=trained[:, 1:])
-        if cuda:
-            out = out.to(self.device, non_blocking=True)
-        elif self.device.type != "cpu":
-            out = out.to(self.device)
-        return out[0], out[1], out[2]
+        return out
 
 
     def _stored_mask(self, indices: np.ndarray) -> np.ndarray:

@@ -2,11 +2,13 @@
 
 - roam: every `*.md` file under the directory (recursively; dot-files excluded) is one document, its
   text as written (BOM dropped, CRLF -> LF). Whitespace-only notes are skipped ("empty_document").
-- gutenberg: every `*.txt` file is one book. The licence header (up to and including the
-  `*** START OF ...` line) and footer (from the `*** END OF ...` line, and the "End of the Project
-  Gutenberg EBook of ..." line just before it) are cut off, BOM and CRLF are normalised, and the body
-  is stripped of surrounding whitespace. Credit lines such as "Produced by ..." stay (light touch). A file without both markers is
-  an error: it is not a Gutenberg book, or its licence text was already cut some other way.
+- gutenberg: every book in a `*.txt` file is one document (a file usually holds one; a file that holds
+  several, each with its own `*** START OF` / `*** END OF` pair, gives one document per book). The licence
+  header (up to and including the `*** START OF ...` line) and footer (from the `*** END OF ...` line, and
+  the "End of the Project Gutenberg EBook of ..." line just before it) are cut off, BOM and CRLF are
+  normalised, and the body is stripped of surrounding whitespace. Credit lines such as "Produced by ..."
+  stay (light touch). A file without both markers, or with a second START before the first END, is an
+  error naming the line: it is not a Gutenberg book, or its licence text was cut some other way.
 - the split is by file (`base.FILE_SPLIT_RULE`): a seeded torch permutation of the sorted relative file
   names, val_frac 0.1. The file list is taken when the source is made; one file is read at a time.
 Cost: 28 MB/s for the 10 Gutenberg books of ../shared/data (tools/measure_sources.py).
@@ -73,14 +75,15 @@ class FileSplitSource(TextSource):
     def _iter_split(self, split: str | None) -> Iterator[str]:
         for s in (["train", "val"] if split is None else [split]):
             for i in self.split_index[s]:
-                text = self.document(self.paths[i])
-                if not text.strip():
-                    self.skipped["empty_document"] += 1
-                    continue
-                yield text
+                for text in self.documents(self.paths[i]):
+                    if not text.strip():
+                        self.skipped["empty_document"] += 1
+                        continue
+                    yield text
 
-    def document(self, path: Path) -> str:
-        return read_text_file(path)
+    def documents(self, path: Path) -> list[str]:
+        """The documents one file holds (one, for most sources)."""
+        return [read_text_file(path)]
 
     def _describe_extra(self) -> dict[str, Any]:
         return {"directory": portable(self.directory), "val_frac": self.val_frac, "seed": self.seed,
@@ -96,26 +99,50 @@ class Gutenberg(FileSplitSource):
     name = "gutenberg"
     suffix = ".txt"
 
-    def document(self, path: Path) -> str:
-        return strip_gutenberg(read_text_file(path), path)
+    def documents(self, path: Path) -> list[str]:
+        return gutenberg_books(read_text_file(path), path)
 
 
-def strip_gutenberg(text: str, path: Path | str = "<text>") -> str:
-    """The book between the `*** START OF` line and the `*** END OF` line, whitespace-stripped."""
-    start = GUTENBERG_START.search(text)
-    if start is None:
+def gutenberg_books(text: str, path: Path | str = "<text>") -> list[str]:
+    """Every book of a Project Gutenberg file: the text between each `*** START OF` line and the
+    `*** END OF` line after it, licence lines cut, whitespace-stripped."""
+    books, pos = [], 0
+    while (start := GUTENBERG_START.search(text, pos)) is not None:
+        end = GUTENBERG_END.search(text, start.end())
+        if end is None:
+            raise SourceError(f"{path}: a '*** START OF' line but no '*** END OF ...' line after it (the START is "
+                              f"line {_line(text, start.start())}), so the licence footer cannot be cut off; is the "
+                              "file truncated?")
+        second = GUTENBERG_START.search(text, start.end(), end.start())
+        if second is not None:
+            raise SourceError(f"{path}: a second '*** START OF' line (line {_line(text, second.start())}) before "
+                              f"the first book's '*** END OF' line (line {_line(text, end.start())}); each book "
+                              "needs its own START/END pair: fix the markers or split the file into one book each")
+        body = text[start.end():end.start()].rstrip()
+        ends = list(GUTENBERG_END_LINE.finditer(body, max(len(body) - TAIL_CHARS, 0)))
+        if ends:
+            body = body[:ends[-1].start()]
+        books.append(body.strip())
+        pos = end.end()
+    if not books:
         raise SourceError(f"{path}: no '*** START OF ...' line, so the Project Gutenberg licence header "
                           "cannot be cut off; remove this file from the gutenberg directory or cut the "
                           "header by hand")
-    end = GUTENBERG_END.search(text, start.end())
-    if end is None:
-        raise SourceError(f"{path}: a '*** START OF' line but no '*** END OF ...' line after it, so the "
-                          "licence footer cannot be cut off; is the file truncated?")
-    body = text[start.end():end.start()].rstrip()
-    ends = list(GUTENBERG_END_LINE.finditer(body, max(len(body) - TAIL_CHARS, 0)))
-    if ends:
-        body = body[:ends[-1].start()]
-    return body.strip()
+    return books
+
+
+def strip_gutenberg(text: str, path: Path | str = "<text>") -> str:
+    """The one book of a Project Gutenberg file (see `gutenberg_books`); a file of several is refused here,
+    naming how many: read it with `gutenberg_books`."""
+    books = gutenberg_books(text, path)
+    if len(books) > 1:
+        raise SourceError(f"{path}: holds {len(books)} books (a '*** START OF' / '*** END OF' pair each); "
+                          "strip_gutenberg returns one: use niels_gpt.sources.files.gutenberg_books for all of them")
+    return books[0]
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
 
 
 def roam(directory: str | os.PathLike, *, val_frac: float = VAL_FRAC, seed: int = SEED) -> Roam:

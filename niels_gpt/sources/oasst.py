@@ -10,15 +10,12 @@ Input, either
   line is the root message itself (`{"message_id", "role", "text", "replies": [...]}`; its tree id is
   the root's message_id).
 
-Selection, per tree:
-- start at the root (the row with no parent_id); at each level keep the children that are not
-  deleted and whose text is not empty, and follow the best one: smallest `rank` (0 is best); children
-  without a rank come after ranked ones; ties (equal rank, or no ranks) go to the smallest
-  `message_id`, which is stable across exports. Stop at a leaf.
-- roles: prompter -> user, assistant -> assistant; any other role is an error. A trailing user turn
-  (nothing answered it) is dropped; a path with no assistant turn is skipped ("no_assistant_turn").
-- counted skips: "deleted_message" (each deleted row), "empty_message", "deleted_root" (whole tree),
-  "no_root", "orphan_message" (parent not in its tree), "lang" (root not in `langs`, when given).
+The selection of one conversation per tree, and the skips counted per tree: niels_gpt/sources/oasst_trees.py.
+Besides:
+- a stream with trees but no usable conversation is an error that names what was skipped and why.
+- text must be valid Unicode: a lone surrogate escape (`\ud800`, which JSON allows and no tokenizer can
+  encode) is an error naming the record and the message.
+- `data_files` holding the nested export (its first line a tree, not a flat row) is read as `trees_jsonl`.
 Cost: one tree in memory at a time; 31 MB/s on the nested export (tools/measure_sources.py).
 """
 
@@ -40,74 +37,30 @@ from niels_gpt.sources.base import (
     open_stream,
     rel_files,
 )
+from niels_gpt.sources.oasst_trees import (
+    ROLE_MAP,
+    SELECTION_RULE,
+    SKIP_REASONS,
+    best_path,
+    count_left_out,
+    to_conversation,
+)
 from niels_gpt.sources.options import Option, SourceConfig
 from niels_gpt.tokenizer.base import Message
 
 OASST_DATASET_ID = "OpenAssistant/oasst1"
 OASST_SPLITS = ("train", "validation")
-ROLE_MAP = {"prompter": "user", "assistant": "assistant"}
-SELECTION_RULE = ("root, then at each level the non-deleted, non-empty child with the smallest rank "
-                  "(unranked after ranked; ties -> smallest message_id); prompter->user; a trailing user "
-                  "turn dropped; paths without an assistant turn skipped")
-
-
-def _rank_key(row: dict) -> tuple:
-    rank = row.get("rank")
-    if rank is not None and rank != rank:  # NaN: the hub's float rank column for unranked messages
-        rank = None
-    return (rank is None, rank if rank is not None else 0, str(row["message_id"]))
-
-
-def best_path(rows: list[dict], skipped) -> list[dict] | None:
-    """The selected message rows of one tree (see the module docstring), or None when skipped."""
-    by_id = {r["message_id"]: r for r in rows}
-    children: dict[Any, list[dict]] = {}
-    roots = []
-    for r in rows:
-        parent = r.get("parent_id")
-        if parent is None:
-            roots.append(r)
-        elif parent in by_id:
-            children.setdefault(parent, []).append(r)
-        else:
-            skipped["orphan_message"] += 1
-        if r.get("deleted"):
-            skipped["deleted_message"] += 1
-    if not roots:
-        skipped["no_root"] += 1
-        return None
-    # NOTE: a well-formed tree has one root; if an export ever has more, the rank rule picks one.
-    node = min(roots, key=_rank_key)
-    if node.get("deleted"):
-        skipped["deleted_root"] += 1
-        return None
-    if not (node.get("text") or "").strip():
-        skipped["empty_message"] += 1
-        return None
-    path = [node]
-    while True:
-        kids = []
-        for c in children.get(node["message_id"], []):
-            if c.get("deleted"):
-                continue
-            if not (c.get("text") or "").strip():
-                skipped["empty_message"] += 1
-                continue
-            kids.append(c)
-        if not kids:
-            return path
-        node = min(kids, key=_rank_key)
-        path.append(node)
-
-
-def to_conversation(path: list[dict], skipped) -> list[Message] | None:
-    conv: list[Message] = [{"role": ROLE_MAP[r["role"]], "content": r["text"]} for r in path]  # type: ignore[typeddict-item]
-    if conv and conv[-1]["role"] == "user":
-        conv.pop()
-    if not any(m["role"] == "assistant" for m in conv):
-        skipped["no_assistant_turn"] += 1
-        return None
-    return conv
+def _check_unicode(row: dict, record: str) -> None:
+    """Refuse a lone surrogate escape in a message's text, naming the record: JSON allows `\\ud800`, no
+    UTF-8 text (and no tokenizer) can hold it."""
+    text = row["text"]
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise SourceError(f"{record}: message {row['message_id']} holds a lone surrogate escape "
+                              f"({e.object[e.start:e.end]!r} at character {e.start}) that no UTF-8 text can hold; "
+                              "fix the escape in this record or remove the message") from e
 
 
 def check_row(row: dict, record: str) -> None:
@@ -124,6 +77,7 @@ def check_row(row: dict, record: str) -> None:
     if row["role"] not in ROLE_MAP:
         raise SourceError(f"{record}: unknown role {row['role']!r} in message {row['message_id']}; "
                           f"oasst1 roles are {sorted(ROLE_MAP)}")
+    _check_unicode(row, record)
 
 
 def _shape(obj) -> str:
@@ -169,12 +123,13 @@ class Oasst1(ChatSource):
     name = "oasst1"
 
     def __init__(self, *, dataset_id: str, data_files: list[Path] | None, trees_jsonl: list[Path] | None,
-                 langs: tuple[str, ...] | None):
+                 langs: tuple[str, ...] | None, recognised: bool = False):
         super().__init__()
         self.dataset_id = dataset_id if data_files is None and trees_jsonl is None else None
         self.data_files = data_files
         self.trees_jsonl = trees_jsonl
         self.langs = langs
+        self.recognised = recognised  # nested trees passed as data_files, read as trees_jsonl
         self.streaming = trees_jsonl is None
 
     def files(self) -> list[str]:
@@ -182,7 +137,9 @@ class Oasst1(ChatSource):
 
     def iter_conversations(self) -> Iterator[list[Message]]:
         trees = self._nested_trees() if self.trees_jsonl is not None else self._flat_trees()
+        seen = kept = 0
         for rows in trees:
+            seen += 1
             if self.langs is not None and not any(
                     r.get("parent_id") is None and r.get("lang") in self.langs for r in rows):
                 self.skipped["lang"] += 1
@@ -190,11 +147,24 @@ class Oasst1(ChatSource):
             path = best_path(rows, self.skipped)
             conv = None if path is None else to_conversation(path, self.skipped)
             if conv is not None:
+                count_left_out(rows, path, self.skipped)
+                kept += 1
                 yield conv
+        if seen and not kept:
+            raise SourceError(self._none_usable(seen))
+
+    def _none_usable(self, trees: int) -> str:
+        where = self.files() or self.dataset_id
+        why = "; ".join(f"{n} {reason} ({SKIP_REASONS.get(reason, reason)})"
+                        for reason, n in sorted(self.skipped.items()))
+        return (f"oasst1 {where}: no usable conversation in {trees} tree(s), skipped: {why}; a conversation needs "
+                "a prompt answered by a reply that is neither deleted nor empty")
 
     def _describe_extra(self) -> dict[str, Any]:
-        return {"layout": "nested-tree JSONL" if self.trees_jsonl is not None else "flat rows",
-                "selection": SELECTION_RULE, "langs": None if self.langs is None else list(self.langs)}
+        layout = "nested-tree JSONL" if self.trees_jsonl is not None else "flat rows"
+        if self.recognised:
+            layout += " (recognised in data_files)"
+        return {"layout": layout, "selection": SELECTION_RULE, "langs": None if self.langs is None else list(self.langs)}
 
     def _flat_rows(self) -> Iterator[tuple[dict, str]]:
         if self.data_files is None:
@@ -269,11 +239,34 @@ def oasst1(*, dataset_id: str = OASST_DATASET_ID,
     if data_files is not None and trees_jsonl is not None:
         raise ConfigError("oasst1: pass data_files (flat rows) or trees_jsonl (nested trees), not both")
     files = None if data_files is None else as_paths(data_files, "oasst1 data_files")
+    trees = None if trees_jsonl is None else as_paths(trees_jsonl, "oasst1 trees_jsonl")
+    recognised = False
     if files is not None:
         builder_for_all(files, "oasst1")
-    trees = None if trees_jsonl is None else as_paths(trees_jsonl, "oasst1 trees_jsonl")
+        nested = [p for p in files if holds_nested_trees(p)]
+        if nested and len(nested) < len(files):
+            flat_ones = [str(p) for p in files if p not in nested]
+            raise ConfigError(f"oasst1 data_files: {[str(p) for p in nested]} hold nested trees (one tree per line) "
+                              f"and {flat_ones} flat message rows; pass the nested ones as --oasst-trees-jsonl "
+                              "(trees_jsonl=) and the flat ones as --oasst-data-files (data_files=)")
+        if nested:  # the nested export given as data_files: read it as what it is
+            files, trees, recognised = None, nested, True
     return Oasst1(dataset_id=dataset_id, data_files=files, trees_jsonl=trees,
-                  langs=None if langs is None else tuple(langs))
+                  langs=None if langs is None else tuple(langs), recognised=recognised)
+
+
+def holds_nested_trees(path: Path) -> bool:
+    """Whether a .jsonl/.json file's first record is a nested oasst1 tree (a root message with its
+    replies, or the release's {"message_tree_id", "prompt"} object), not a flat message row."""
+    if path.suffix.lower() not in (".jsonl", ".json"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        record = json.loads(first)
+    except (OSError, ValueError):
+        return False  # the flat reader names the unreadable file or line
+    return isinstance(record, dict) and ("replies" in record or isinstance(record.get("prompt"), dict))
 
 
 OASST = SourceConfig(

@@ -125,10 +125,16 @@ class WikiText(TextSource):
 
 
 def wikitext(*, dataset_id: str = WIKITEXT_DATASET_ID, config: str | None = WIKITEXT_CONFIG,
-             data_files: dict[str, str | os.PathLike] | None = None) -> WikiText:
+             data_files: dict[str, str | os.PathLike] | str | os.PathLike | None = None) -> WikiText:
     """WikiText articles. data_files: {"train": path, "validation": path} (also "val"), each a raw
-    .raw/.txt file (one line per row) or a .parquet/.jsonl file of the hub's rows."""
+    .raw/.txt file (one line per row) or a .parquet/.jsonl file of the hub's rows; one path alone is the
+    train split (as `datasets.load_dataset(data_files=path)` reads it), with an empty validation split."""
     files = None
+    if isinstance(data_files, (str, os.PathLike)):
+        data_files = {"train": data_files}
+    if data_files is not None and not isinstance(data_files, dict):
+        raise ConfigError(f"wikitext: data_files is a {type(data_files).__name__}; pass one path (the train split) "
+                          "or {'train': path, 'validation': path}")
     if data_files is not None:
         files = {}
         for key, p in data_files.items():

@@ -24,6 +24,7 @@ def tree(out) -> dict[str, bytes]:
     files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     meta = json.loads(files.pop("meta.json"))
     source = meta.pop("source")
+    meta.pop("record_sha256")  # the record's checksum covers the source too
     files["meta.json"] = json.dumps(meta, sort_keys=True).encode()
     return files, source
 

@@ -10,6 +10,7 @@ from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.formats.base import file_order
 from niels_gpt.formats.kempner import list_token_files
 from niels_gpt.loading import IndexedWindowDataset
+from niels_gpt.records import sealed_bytes
 
 from ..conftest import write_pretrain_cache
 
@@ -27,7 +28,7 @@ def test_a_cache_past_99999_shards_is_read_in_numeric_order(tmp_path):
     for old, new in (("shard_00000.bin", "shard_99999.bin"), ("shard_00001.bin", "shard_100000.bin")):
         (cache / "train" / old).rename(cache / "train" / new)
         meta["files"][f"train/{new}"] = meta["files"].pop(f"train/{old}")
-    (cache / "meta.json").write_text(json.dumps(meta))
+    (cache / "meta.json").write_bytes(sealed_bytes(meta))
     ds = PretrainTokenStreamDataset(str(cache / "train"), T=8, device="cpu")
     assert ds.shard_names == ["shard_99999.bin", "shard_100000.bin"]
     assert [p.rsplit("/", 1)[-1] for p in detect_format(cache / "train").files] == ds.shard_names

@@ -9,6 +9,7 @@ import pytest
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing.dataset import PackedMemmapDataset
 from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, MemmapShardWriter, read_manifest
+from niels_gpt.records import sealed_bytes
 
 BINS = [
     (np.array([1, 2, 3]), np.array([0, 1, 0]), np.array([0])),
@@ -114,7 +115,7 @@ def _edit_manifest(path, **changes):
             m[a][b][c] = value
         else:
             m[key] = value
-    (path / MANIFEST_NAME).write_text(json.dumps(m))
+    (path / MANIFEST_NAME).write_bytes(sealed_bytes(m))  # sealed: the field checks below it are tested
 
 
 def test_missing_manifest_means_incomplete(tmp_path):

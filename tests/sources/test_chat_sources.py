@@ -91,7 +91,8 @@ EXPECTED = [
     [u("Question one?"), a("Answer aaa."), u("Follow-up a?"), a("Best final.")],
     [u("Hi"), a("Hello!")],
 ]
-EXPECTED_SKIPPED = {"deleted_message": 3, "no_assistant_turn": 1, "deleted_root": 1, "empty_message": 1}
+EXPECTED_SKIPPED = {"deleted_message": 3, "no_assistant_turn": 1, "deleted_root": 1, "empty_message": 1,
+                    "trailing_user_turn": 1, "unselected_message": 4}
 
 
 def nested(trees):
@@ -142,9 +143,12 @@ def test_oasst_orphans_missing_root_and_langs_are_counted(tmp_path, write_jsonl)
               "text": "x", "rank": 0.0, "deleted": False, "lang": "en"}]
     src = oasst1(data_files=write_jsonl(tmp_path / "r.jsonl", rows))
     assert list(src.iter_conversations()) == [[u("Hi"), a("Hello!")]]
-    assert src.skipped == {"orphan_message": 2, "no_root": 1, "empty_message": 1}
+    assert src.skipped == {"orphan_message": 2, "no_root": 1, "empty_message": 1, "trailing_user_turn": 1}
     de = oasst1(data_files=tmp_path / "r.jsonl", langs=["de"])
-    assert list(de.iter_conversations()) == [] and de.skipped == {"lang": 2}
+    with pytest.raises(SourceError, match=r"no usable conversation in 2 tree\(s\), skipped: 2 lang \(trees whose "
+                                          r"first prompt is in none of the languages asked for\)"):
+        list(de.iter_conversations())
+    assert de.skipped == {"lang": 2}
 
 
 def test_oasst_hub_path_reads_train_then_validation(monkeypatch):
@@ -214,10 +218,7 @@ def test_oasst_refusals_name_the_shape_found(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "t.jsonl", [{**TREE4, "replies": ["just text"]}])
     with pytest.raises(SourceError, match=r"line 1: a reply of message r4 is a JSON str, not a message object"):
         list(oasst1(trees_jsonl=f).iter_conversations())
-    # a nested tree handed to the flat-rows path says which flag reads it
-    f = write_jsonl(tmp_path / "rows.jsonl", [TREE4])
-    with pytest.raises(SourceError, match=r"no 'message_tree_id' .*pass the file as --oasst-trees-jsonl"):
-        list(oasst1(data_files=f).iter_conversations())
+    # (a nested tree handed to the flat-rows path is read as trees: test_oasst_accounting.py)
 
 
 @pytest.mark.parametrize("text", [7, ["a", "b"], {"t": "x"}])

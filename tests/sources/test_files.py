@@ -121,3 +121,21 @@ def test_gutenberg_empty_book_is_skipped_and_counted(tmp_path):
     src = gutenberg(tmp_path, val_frac=0)
     assert list(src.iter_texts()) == ["Some text."]
     assert src.skipped == {"empty_document": 1}
+
+
+def test_a_file_of_two_books_gives_two_documents(tmp_path):
+    two = book("A", "First book's text.") + book("B", "CHAPTER I\n\nSecond book's text.")
+    (tmp_path / "two.txt").write_bytes(two)
+    (tmp_path / "one.txt").write_bytes(book("C", "Third."))
+    src = gutenberg(tmp_path, val_frac=0)
+    assert list(src.iter_texts()) == ["Third.", "First book's text.", "CHAPTER I\n\nSecond book's text."]
+    with pytest.raises(SourceError, match=r"two.txt: holds 2 books .*use gutenberg_books"):
+        strip_gutenberg(two.decode("utf-8"), "two.txt")
+
+
+def test_a_second_start_before_the_first_end_is_refused_naming_the_lines(tmp_path):
+    text = "*** START OF BOOK A ***\nbody a\n*** START OF BOOK B ***\nbody b\n*** END OF BOOK B ***\n"
+    (tmp_path / "x.txt").write_text(text)
+    with pytest.raises(SourceError, match=r"x.txt: a second '\*\*\* START OF' line \(line 3\) before the first "
+                                          r"book's '\*\*\* END OF' line \(line 5\)"):
+        list(gutenberg(tmp_path, val_frac=0).iter_texts())

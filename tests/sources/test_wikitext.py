@@ -99,3 +99,13 @@ def test_wikitext_rejections(tmp_path):
     bad.write_bytes(b" = T = \n ok \n caf\xe9 \n")
     with pytest.raises(SourceError, match=r"bad.raw: invalid UTF-8 at byte 17, line 3"):
         list(wikitext(data_files={"train": bad}).iter_texts("train"))
+
+
+def test_one_path_as_data_files_is_the_train_split(tmp_path):
+    raw = write_raw(tmp_path / "wiki.train.raw", RAW_LINES)
+    for given in (str(raw), raw):
+        src = wikitext(data_files=given)
+        assert list(src.iter_texts("train")) == list(wikitext(data_files={"train": raw}).iter_texts("train"))
+        assert list(src.iter_texts("val")) == []
+    with pytest.raises(ConfigError, match=r"wikitext: data_files is a list; pass one path \(the train split\) or"):
+        wikitext(data_files=[raw])

@@ -2,7 +2,8 @@
 
 The sha256s below were recorded from caches built before the encode pipeline was reworked for speed
 (sub-batches on the worker threads, per-backend fast paths); every file of the cache, meta.json
-included, must stay exactly the same for any worker count. The tokenizers are trained in-process on the
+included, must stay exactly the same for any worker count. (The meta.json digests were recorded again when
+records began to carry their own checksum, `record_sha256`; the shards did not change.) The tokenizers are trained in-process on the
 bundled sample corpus, so the recorded values hold for the pinned library versions; the reference check
 (each document encoded alone with `encode`, its separator appended, the budgets cut by hand) does not
 depend on them.
@@ -84,7 +85,7 @@ BPE_SHARDS = {  # tokenizer.json and .tiktoken of the same BPE write the same to
 }
 GOLDEN = {
     "sentencepiece": {
-        "meta.json": "f25cf11561c768eb09684823160173b76accaa5245dbcb1094320ea92dca6fbe",
+        "meta.json": "b8257392aff709fc3a05f919e09d976f3495fa9eea8ca8502947f277eb0751d0",
         "train/shard_00000.bin": "307252eca0a7146d8831698e6dab69969cdfa44d7afa08839e31a6fa85bd19af",
         "train/shard_00001.bin": "24165f048944d35933f59077faff959731bb1a8ca0f7ec1f877062a173d76d6a",
         "train/shard_00002.bin": "54fdb7f896a4dd97d6164ec34aafc6261526b6bc9f2e8e85cd49f1fee64483cd",
@@ -92,8 +93,8 @@ GOLDEN = {
         "train/shard_00004.bin": "bc25cad936767ba002f098b113603e039c0e56a432e59deba6b49a81810d79b7",
         "val/shard_00000.bin": "40d7e36a31ff811761da67d42251b1fc9770272344dc28a1a9dce72e5fbe03e6",
     },
-    "hf-tokenizers": {"meta.json": "5d183496687bf49ae4be0d703b8cb4add490df8f1c3ca04daa12b4b597fb62a7", **BPE_SHARDS},
-    "tiktoken": {"meta.json": "3d115b7a88375c1340030e8df7b88f51e2ac823b9a5d439197d447e2a8c9e4e0", **BPE_SHARDS},
+    "hf-tokenizers": {"meta.json": "ef153b3a19bc64585c261886dd94c01600fa2d3886ec0f29fa9dc61ba27beaed", **BPE_SHARDS},
+    "tiktoken": {"meta.json": "361ed5af782af26bdd4b7f5ffe0610ef05af7f3eb44dd26def6365280f911344", **BPE_SHARDS},
 }
 
 

@@ -72,7 +72,9 @@ def test_sft_cache_with_a_template_stores_the_mask_and_the_dataset_trains_on_it(
     from niels_gpt.report import inspect_path, verify_outputs
 
     shown = inspect_path(str(tmp_path / "sft"), tokenizer=str(hf_dir), window=64)
-    assert "⟦Blue.<|eot|>\n⟧user" in shown.replace("⟧⟦", "")
+    # the tokenizer's own special tokens, by their own names: <|im_end|> trained, <|im_start|> shown, not hidden
+    assert "⟦Blue.<|im_end|>\n⟧<|im_start|>user" in shown.replace("⟧⟦", "")
+    assert "<|eot|>" not in shown
     problems, checked, _ = verify_outputs(str(tmp_path / "sft"))
     assert problems == [] and checked == 1
 

@@ -11,6 +11,7 @@ import torch
 
 from niels_gpt.cache.cli import main as cli
 from niels_gpt.errors import ConfigError
+from niels_gpt.records import sealed_bytes
 from niels_gpt.train.data import TrainData, detect_kind, to_model_batch
 
 from ..conftest import write_pretrain_cache
@@ -91,13 +92,13 @@ def test_a_tokenizer_found_near_the_data_must_be_the_one_it_was_built_with(tmp_p
     periodic = np.arange(2000) % 37 + 10
     cache = write_pretrain_cache(tmp_path / "pretrain" / "x", {"train": [periodic], "val": [periodic[:400]]})
     meta = json.loads((cache / "meta.json").read_text())
-    (cache / "meta.json").write_text(json.dumps({**meta, "tokenizer_sha256": "ab" * 32}))
+    (cache / "meta.json").write_bytes(sealed_bytes({**meta, "tokenizer_sha256": "ab" * 32}))
     shutil.copytree(Path(tokenizer.model_path).parent, tmp_path / "tokenizer")
     args = ["train", str(cache), "--out-dir", str(tmp_path / "run"), "--depth", "1", "--n-embd", "32",
             "--sequence-len", "16", "--steps", "1", "--eval-steps", "1"]
     assert cli(args) == 0
     out = capsys.readouterr().out
     assert "not the tokenizer" in out and "val bpb is skipped" in out and "final val bpb" not in out
-    (cache / "meta.json").write_text(json.dumps({**meta, "tokenizer_sha256": tokenizer.sha256}))
+    (cache / "meta.json").write_bytes(sealed_bytes({**meta, "tokenizer_sha256": tokenizer.sha256}))
     assert cli(args) == 0
     assert "final val bpb" in capsys.readouterr().out

@@ -1,0 +1,97 @@
+"""What a path holds: caches and tokenizer directories (meta.json), packed directories (manifest.json),
+packed Parquet, converted outputs in a peer format, unfinished builds, and the tokenizer a cache names.
+
+verify, inspect and stats all find their outputs through these few functions, so a directory is the
+same thing to each of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from niels_gpt.errors import NielsGPTError, TokenizerError
+from niels_gpt.formats.detect import detect_format
+from niels_gpt.meta import META_NAME, staged_output, unfinished_build
+from niels_gpt.packing.factory import PARQUET_SUFFIXES
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+
+PACKED_MANIFEST = "manifest.json"
+
+
+def find_caches(path: Path) -> list[Path]:
+    """Every directory with a meta.json at or below `path`: caches and tokenizer directories."""
+    path = Path(path)
+    if (path / META_NAME).is_file():
+        return [path]
+    return sorted(p.parent for p in path.rglob(META_NAME))
+
+
+
+def unfinished_dirs(path: Path) -> list[Path]:
+    """Directories that hold token files but no meta.json: builds that never committed.
+
+    A directory that a foreign-format reader recognises (a `convert` output: nanoGPT, KempnerForge,
+    Megatron, raw with metadata.yaml) is a finished output of its own format, not an unfinished build.
+    """
+    out = []
+    for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
+        if (d / META_NAME).is_file() or (d / PACKED_MANIFEST).is_file():
+            continue
+        if (staged := staged_output(d)) is not None and unfinished_build(staged) is not None:
+            continue  # an interrupted build of an output that is not there: `interrupted_builds` names it
+        if any(d.glob("*_tokens.bin")) or any((d / "train").glob("shard_*.bin")) or any((d / "val").glob("shard_*.bin")):
+            if foreign_output(d) is None:
+                out.append(d)
+        elif (d / "input_ids.npy").is_file():
+            out.append(d)
+    return out
+
+
+def interrupted_builds(path: Path) -> list[str]:
+    """One line per output at or below `path` whose build was interrupted before it first finished
+    (niels_gpt.meta.unfinished_build: what was left beside it, and the command that finishes it)."""
+    path = Path(path)
+    candidates = [path] if not path.exists() else [path, *(p for p in path.rglob("*") if p.is_dir())]
+    outs = {staged_output(p) or p for p in candidates}
+    return [msg for out in sorted(outs) if (msg := unfinished_build(out)) is not None]
+
+
+def foreign_output(path: Path):
+    """The FormatInfo of `path` when it is a token output in a peer format (no meta.json of ours), else None."""
+    path = Path(path)
+    if (path / META_NAME).is_file() or (path / PACKED_MANIFEST).is_file():
+        return None
+    try:
+        info = detect_format(path)
+    except NielsGPTError:
+        return None
+    return None if info.format == "niels" else info
+
+
+def is_packed_parquet(path: Path) -> bool:
+    path = Path(path)
+    if path.is_file():
+        return path.suffix in PARQUET_SUFFIXES
+    return path.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in path.iterdir())
+
+
+
+def megatron_prefix(path: Path) -> bool:
+    return Path(str(path) + ".bin").is_file() and Path(str(path) + ".idx").is_file()
+
+
+
+def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):
+    if explicit:
+        tok = load_tokenizer(explicit)
+        check_tokenizer_matches(tok, meta.get("tokenizer_sha256"), cache)
+        return tok
+    for parent in [cache, *cache.parents]:
+        cand = parent / "tokenizer"
+        if (cand / META_NAME).is_file():
+            tok = load_tokenizer(cand)
+            if tok.sha256 == meta.get("tokenizer_sha256"):
+                return tok
+    raise TokenizerError(f"no tokenizer with sha256 {str(meta.get('tokenizer_sha256'))[:16]}… found above {cache}: "
+                         "pass --tokenizer PATH")
+

@@ -1,0 +1,193 @@
+"""inspect: describe any output of the library and decode a window of it, specials named and trained
+targets marked, through the readers training uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.formats.receipt import read_receipt, receipt_path
+from niels_gpt.meta import read_meta
+from niels_gpt.packing import open_packed
+from niels_gpt.packing.memmap_format import read_manifest
+from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
+from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.report.found import (
+    PACKED_MANIFEST,
+    find_caches,
+    find_tokenizer,
+    foreign_output,
+    is_packed_parquet,
+)
+from niels_gpt.tables import table
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+
+TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
+
+
+def special_names(tokenizer) -> dict[int, str]:
+    """How inspect shows each special id: the library's four sentinels by their short names (`<|eot|>`), every
+    other special token (one that decodes to no text) by the tokenizer's own text for it: `<|im_end|>` and
+    `<|im_start|>` of a ChatML tokenizer, `<s>` of sentencepiece."""
+    lengths = np.asarray(tokenizer.token_byte_lengths())
+    names = {int(i): tokenizer.id_to_piece(int(i)) for i in np.flatnonzero(lengths == 0)}
+    if tokenizer.library_conventions:
+        names.update({v: f"<|{k}|>" for k, v in tokenizer.special_ids.items() if v is not None})
+    return names
+
+
+def show_tokens(tokenizer, ids, trained=None) -> str:
+    """Decode ids, naming special tokens (`special_names`) and wrapping trained runs in ⟦ ⟧."""
+    names = special_names(tokenizer)
+    trained = [False] * len(ids) if trained is None else list(trained)
+    out, run, run_flag = [], [], None
+
+    def flush():
+        if run:
+            text = tokenizer.decode(run)
+            out.append(f"{TRAINED_OPEN}{text}{TRAINED_CLOSE}" if run_flag else text)
+            run.clear()
+
+    for tid, flag in zip((int(i) for i in ids), trained, strict=True):
+        if tid in names:
+            flush()
+            out.append(f"{TRAINED_OPEN}{names[tid]}{TRAINED_CLOSE}" if flag else names[tid])
+            continue
+        if flag != run_flag:
+            flush()
+            run_flag = flag
+        run.append(tid)
+    flush()
+    return "".join(out)
+
+
+def totals_table(rows: list[list]) -> str:
+    """meta.json totals of one or more caches as a table: one row per cache and split."""
+    out = []
+    for name, kind, totals in rows:
+        for split in ("train", "val"):
+            if f"{split}_tokens" in totals:
+                out.append([f"{name}/{split}" if name != "." else split, kind, totals[f"{split}_tokens"],
+                            totals.get(f"{split}_examples", "-") if kind == "sft" else "-"])
+    return table(["split", "kind", "tokens", "examples"], out)
+
+
+def inspect_json(path: str) -> str:
+    """The raw form of inspect: meta.json of each cache at or below `path`, without its file list."""
+    root = Path(path)
+    caches = find_caches(root) if root.exists() else []
+    if not caches:
+        read_meta(str(root))  # raises the "not a cache" error naming the path
+    out = {str(c): {k: v for k, v in read_meta(str(c)).items() if k != "files"} for c in caches}
+    return json.dumps(out, indent=2, sort_keys=True)
+
+
+def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -> str:
+    root = Path(path)
+    caches = find_caches(root) if root.exists() else []
+    if not caches:
+        if (root / PACKED_MANIFEST).is_file() or is_packed_parquet(root):
+            return _inspect_packed(root, tokenizer, window)
+        info = foreign_output(root)
+        if info is not None:
+            return _inspect_foreign(root, info, tokenizer, window)
+        read_meta(str(root))  # raises the "unfinished build" error
+    if len(caches) > 1 or caches[0] != root:
+        lines = [f"{len(caches)} cache(s) under {root}:"]
+        for c in caches:
+            m = read_meta(str(c))
+            if m["kind"] == "tokenizer":
+                lines.append(f"  {c.relative_to(root)}: tokenizer, {m['vocab_size']} ids, sha256 "
+                             f"{str(m['tokenizer_sha256'])[:16]}…")
+                continue
+            lines.append(f"  {c.relative_to(root)}: {m['kind']}" + ("" if m.get("built", True) else ", not built"))
+        rows = [[str(c.relative_to(root)), m["kind"], m.get("totals") or {}] for c in caches
+                for m in [read_meta(str(c))] if m["kind"] != "tokenizer" and m.get("built", True)]
+        if rows:
+            lines += ["", totals_table(rows)]
+        return "\n".join(lines)
+    meta = read_meta(str(root))
+    if meta["kind"] == "tokenizer":
+        return "\n".join([f"tokenizer {root}", f"  vocab_size: {meta['vocab_size']}",
+                          f"  tokenizer_sha256: {meta['tokenizer_sha256']}",
+                          f"  special_token_ids: {meta['special_token_ids']}", f"  settings: {meta.get('settings')}"])
+    head = {k: meta.get(k) for k in ("kind", "dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
+                                     "vocab_size", "special_token_ids", "shard_bytes", "streaming", "totals", "skipped")}
+    lines = [f"cache {root}"] + [f"  {k}: {v}" for k, v in head.items() if v is not None and k != "totals"]
+    if head.get("totals"):
+        lines += ["", totals_table([[".", meta["kind"], head["totals"]]]), ""]
+    if meta.get("built") is False:
+        return "\n".join(lines + [f"  (not built: {meta.get('reason')})"])
+    lines.append(f"  files: {len(meta['files'])}, {sum(r['bytes'] for r in meta['files'].values()):,} bytes")
+    tok = find_tokenizer(root, meta, tokenizer)
+    if meta["kind"] == "pretrain":
+        split = "train" if meta["totals"]["train_tokens"] > window else "val"
+        ds = PretrainTokenStreamDataset(str(root / split), T=max(1, min(window - 1, ds_max(meta, split))), device="cpu")
+        ids = ds.gather(np.array([0]), np.array([0]))[0]
+        lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
+    else:
+        split = "train" if meta["totals"]["train_examples"] else "val"
+        ds = SFTExampleDataset(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=window,
+                               device="cpu", eot_id=meta["special_token_ids"]["eot"])
+        ids = np.asarray(ds.example(0))
+        mask = ds.trained(0)
+        lines += ["", f"{split} example 0 ({len(ids)} tokens; trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):",
+                  show_tokens(tok, ids, mask)]
+    return "\n".join(lines)
+
+
+def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> str:
+    lines = [f"{info.format} output {root} (no meta.json of ours: a converted or foreign token directory)",
+             f"  dtype: {info.dtype.name}", f"  tokens: {info.num_tokens:,}"]
+    for name, leaf in (info.splits.items() if info.splits else [("", info)]):
+        label = f"  {name}: " if name else "  "
+        lines.append(f"{label}{len(leaf.files)} file(s), {leaf.num_tokens:,} tokens")
+    for key in ("eot_id", "bos_id", "vocab_size", "documents", "tokenizer_sha256"):
+        if getattr(info, key) is not None:
+            lines.append(f"  {key}: {getattr(info, key)}")
+    leaf = info.leaf() if info.splits else info
+    first = next((t for t in leaf.token_files if t.count), None)
+    if first is None:
+        return "\n".join(lines)
+    ids = np.asarray(first.open()[:window]).tolist()
+    head = f"first {len(ids)} tokens of {Path(first.path).name}:"
+    if tokenizer is None:
+        return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", " ".join(map(str, ids))])
+    tok = load_tokenizer(tokenizer)
+    recorded = info.tokenizer_sha256
+    if recorded is None and receipt_path(root).is_file():
+        recorded = read_receipt(receipt_path(root)).get("tokenizer_sha256")
+    check_tokenizer_matches(tok, recorded, root)
+    return "\n".join(lines + ["", head, show_tokens(tok, ids)])
+
+
+def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
+    ds = open_packed(root)
+    lines = [f"packed SFT bins {root} ({type(ds).__name__})", f"  bins: {len(ds):,}"]
+    if (root / PACKED_MANIFEST).is_file():
+        manifest = read_manifest(root)
+        for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
+            if key in manifest:
+                lines.append(f"  {key}: {manifest[key]}")
+    if not len(ds):
+        return "\n".join(lines)
+    item = ds[0]
+    ids = np.asarray(item["input_ids"])[:window]
+    mask = np.asarray(item["loss_mask"])[:window].astype(bool) if "loss_mask" in item else None
+    head = f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1):"
+    if tokenizer is None:
+        return "\n".join(lines + ["", f"{head} ids; pass --tokenizer PATH to decode", " ".join(map(str, ids.tolist()))])
+    tok = load_tokenizer(tokenizer)
+    if (root / PACKED_MANIFEST).is_file():
+        check_tokenizer_matches(tok, (read_manifest(root).get("source") or {}).get("tokenizer_sha256"), root)
+    trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
+    return "\n".join(lines + ["", head + f" trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}",
+                               show_tokens(tok, ids, trained)])
+
+
+def ds_max(meta: dict, split: str) -> int:
+    tokens = [r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/")]
+    return max(1, max(tokens) - 1)

@@ -1,0 +1,220 @@
+"""verify: check every output of the library through the same readers training uses.
+
+`verify_path` walks a cache or a root of caches: every meta.json is schema-checked, every file it
+lists is compared with the disk (size, token count, sha256, SFT offsets); every packed-SFT directory
+(manifest.json) is opened and validated by the packing reader; packed Parquet is read bin by bin; a
+converted output in a peer format (nanoGPT, KempnerForge, Megatron, raw + metadata.yaml) is opened by
+its format's reader (every header and size) and its ids are checked against the recorded vocabulary.
+A directory holding our token files or packed arrays without meta.json / manifest.json is reported as
+an unfinished build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.errors import NielsGPTError
+from niels_gpt.formats.detect import detect_format
+from niels_gpt.formats.receipt import check_receipt, receipt_path
+from niels_gpt.meta import (
+    META_NAME,
+    check_files,
+    meta_seal_problem,
+    read_meta,
+    record_problem,
+    sft_offsets_problem,
+    sha256_file,
+)
+from niels_gpt.packing import PackedMemmapDataset, open_packed
+from niels_gpt.packing.memmap_format import FORMAT_NAME
+from niels_gpt.records import RECORD_SEAL, is_sealed
+from niels_gpt.report.found import (
+    PACKED_MANIFEST,
+    find_caches,
+    find_tokenizer,
+    foreign_output,
+    interrupted_builds,
+    is_packed_parquet,
+    megatron_prefix,
+    unfinished_dirs,
+)
+
+
+def _check_special_ids(cache: Path, meta: dict) -> list[str]:
+    """The special ids meta.json records must be those of the tokenizer it names (when that tokenizer is found)."""
+    try:
+        tok = find_tokenizer(cache, meta)
+    except NielsGPTError:
+        return []  # no tokenizer with the recorded sha256 near the cache: nothing to compare with
+    theirs = {k: v for k, v in tok.special_ids.items() if k in meta["special_token_ids"]}
+    ours = {k: meta["special_token_ids"][k] for k in theirs}
+    if ours != theirs:
+        return [f"{cache / META_NAME}: special_token_ids {ours} but the tokenizer it was built with has {theirs}; "
+                "the meta.json was edited or damaged: rebuild the cache"]
+    return []
+
+
+def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
+    """Files inside an output that its metadata does not list: temporaries of a killed run, leftovers."""
+    stray = []
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory).as_posix()
+        if p.is_dir() or rel == marker or rel in listed:
+            continue
+        if any((directory / parent / META_NAME).is_file() for parent in Path(rel).parents if str(parent) != "."):
+            continue  # a nested output of its own, checked on its own
+        stray.append(f"{p}: a file the {marker} does not list (a temporary of a killed run or a leftover); "
+                     "remove it or rebuild")
+    return stray
+
+
+def _check_tokenizer(directory: Path, meta: dict) -> list[str]:
+    model = directory / str(meta.get("model_file", "spm.model"))
+    if not model.is_file():
+        return [f"{model}: missing (its meta.json records the model's sha256)"]
+    digest = sha256_file(str(model))
+    if digest != meta["tokenizer_sha256"]:
+        return [f"{model}: sha256 {digest[:16]}… differs from meta {str(meta['tokenizer_sha256'])[:16]}…: the model "
+                "changed after training; every cache built with it names the recorded sha256"]
+    return []
+
+
+def verify_path(path: str) -> tuple[list[str], int]:
+    """(problems, outputs checked) for a cache, a root of caches, a packed directory or a converted output."""
+    problems, checked, _ = verify_outputs(path)
+    return problems, checked
+
+
+def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
+    """verify_path, plus one line per output checked naming what it is."""
+    root = Path(path)
+    if not root.exists() and not megatron_prefix(root):
+        return interrupted_builds(root) or [f"{root}: no such file or directory"], 0, []
+    caches = find_caches(root) if root.exists() else []
+    packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
+                                       else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
+    if not caches and not packed and root.is_dir() and receipt_path(root).is_file():
+        try:
+            info = detect_format(root)
+        except NielsGPTError as exc:  # a converted output its reader refuses: say why, and what changed
+            return [str(exc), *check_receipt(receipt_path(root))[1]], 1, []
+    if not caches and not packed:
+        info = foreign_output(root)
+        if info is not None:
+            return _verify_foreign(root, info)
+        if is_packed_parquet(root):
+            return _verify_packed_parquet(root)
+    problems = [f"{d}: token files but no {META_NAME} (or {PACKED_MANIFEST}): unfinished build, rebuild it"
+                for d in unfinished_dirs(root)] + interrupted_builds(root)
+    seen = []
+    for shard in packed:
+        seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})" + _unsealed_note(shard / PACKED_MANIFEST))
+        try:
+            ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
+            ds.validate()
+            problems += _stray_files(shard, {rec["name"] for rec in ds.manifest["files"].values()}, PACKED_MANIFEST)
+        except NielsGPTError as exc:
+            problems.append(str(exc))
+    for cache in caches:
+        try:
+            meta = read_meta(str(cache), check_seal=False)  # the seal last, below
+        except NielsGPTError as exc:
+            problems.append(str(exc))
+            continue
+        seen.append(f"{cache}: {meta['kind']} cache" + _unsealed_note(cache / META_NAME))
+        found = _check_cache(cache, meta)
+        # a broken seal is reported where nothing more specific names what changed (a field no reader uses)
+        seal = meta_seal_problem(cache / META_NAME, (cache / META_NAME).read_bytes(), meta)
+        problems += found or ([seal] if seal else [])
+    if not caches and not packed and not problems:
+        problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
+                        "not a cache, a packed directory or a converted output")
+    return problems, len(caches) + len(packed), seen
+
+
+
+def _check_cache(cache: Path, meta: dict) -> list[str]:
+    """Every file a cache's (or tokenizer's) meta.json lists against the disk, and nothing unlisted."""
+    if meta["kind"] == "tokenizer":
+        return _check_tokenizer(cache, meta) + _stray_files(cache, {str(meta.get("model_file", "spm.model"))})
+    if meta.get("built") is False:
+        return []
+    found = check_files(cache, meta, hashes=True)
+    named = {line.split(": ", 1)[0] for line in found}
+    found += [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
+    return found + _check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
+
+
+def _unsealed_note(record_path: Path) -> str:
+    """What verify says of a record written before records carried their own checksum."""
+    try:
+        record = json.loads(record_path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return ""  # unreadable: its reader's error says so
+    if not isinstance(record, dict) or is_sealed(record):
+        return ""
+    return (f" (its {record_path.name} has no {RECORD_SEAL}: written by an older version, so fields no reader "
+            "uses are not checked; rebuild it to add one)")
+
+
+def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
+    """A converted output: every header and size was checked by detect_format; here every token is
+    read once and checked against the vocabulary its metadata records."""
+    problems = []
+    leaves = list(info.splits.values()) if info.splits else [info]
+    for leaf in leaves:
+        vocab = leaf.vocab_size
+        for tf in leaf.token_files:
+            if vocab is None or tf.count == 0:
+                continue
+            top = int(tf.open().max())
+            if top >= vocab:
+                problems.append(f"{tf.path}: token id {top} >= vocab_size {vocab} recorded in its metadata: "
+                                "the file or its metadata is corrupt; re-run convert")
+    kind = f"{info.format} ({info.dtype.name}, {info.num_tokens:,} tokens in {len(info.files)} file(s))"
+    note = "" if any(leaf.vocab_size for leaf in leaves) else "; no vocab_size recorded, ids not range-checked"
+    receipt = receipt_path(root) if root.exists() else None
+    if receipt is not None and receipt.is_file():
+        _, found = check_receipt(receipt)
+        problems += found
+        note += f"; every file's sha256 checked against {receipt.name}" + _unsealed_note(receipt)
+    else:
+        note += "; no receipt (not written by convert): no checksums to compare"
+    return problems, 1, [f"{root}: {kind}: headers and sizes checked{note}"]
+
+
+def _verify_packed_parquet(root: Path) -> tuple[list[str], int, list[str]]:
+    try:
+        ds = open_packed(root)
+        for i in range(len(ds)):
+            ds[i]
+    except NielsGPTError as exc:
+        return [str(exc)], 1, []
+    return [], 1, [f"{root}: packed SFT Parquet, {len(ds):,} bins read"]
+
+
+def _check_counts(cache: Path, meta: dict) -> list[str]:
+    """What the contents of well-sized files say against meta.json (offsets, counts); a file that
+    check_files already reported (say, its sha256) is reported once, by that."""
+    out = []
+    for rel, rec in sorted(meta["files"].items()):
+        path = cache / rel
+        if record_problem(rec) is not None or not path.is_file() or path.stat().st_size != rec["bytes"]:
+            continue  # already reported by check_files
+        if rel.endswith("_idx.npy"):
+            try:
+                idx = np.load(path, allow_pickle=False)
+            except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+                out.append(f"{path}: unreadable offsets ({type(exc).__name__}: {exc})")
+                continue
+            if len(idx) != rec.get("examples", len(idx)):
+                out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
+            tokens = meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens")
+            problem = sft_offsets_problem(idx, tokens)
+            if problem is not None:
+                out.append(f"{path}: {problem}")
+    return out
+

@@ -1,0 +1,124 @@
+"""The figures of one token stream: tokens, documents (runs closed or opened by the document separator),
+EOT/BOS counts, document-length percentiles and a histogram, counted with vectorised numpy chunk by
+chunk over memmaps (a progress bar on stderr when it is a terminal)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from niels_gpt.errors import NielsGPTError
+from niels_gpt.progress import should_show
+
+CHUNK = 1 << 24  # tokens per vectorised pass
+HIST_BINS = 40
+PERCENTILES = (50, 90, 99)
+
+
+class StatsError(NielsGPTError):
+    """PATH is not something stats can describe."""
+
+
+@dataclass
+class StreamStats:
+    """One split (or one token stream) of an output."""
+
+    name: str
+    tokens: int
+    documents: int | None
+    eot: int | None
+    bos: int | None
+    lengths: dict = field(default_factory=dict)  # p50/p90/p99/max/mean of document lengths
+    hist_counts: list = field(default_factory=list)
+    hist_edges: list = field(default_factory=list)
+    trained_tokens: int | None = None  # SFT: tokens inside the assistant mask
+    trained_fraction: float | None = None
+    seq_len: int | None = None
+    lose_all_trained: int | None = None  # SFT: examples with no trained target in their first seq_len targets
+
+
+@dataclass
+class Stats:
+    path: str
+    kind: str  # pretrain, sft, packed, or a foreign format's name
+    streams: list[StreamStats]
+    extra: dict = field(default_factory=dict)  # packed: pack_size, efficiency, fill histogram
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.streams)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "kind": self.kind, "tokens": self.tokens,
+                "streams": [asdict(s) for s in self.streams], **self.extra}
+
+
+def progress_bar(total: int, desc: str, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not should_show(progress),
+                file=sys.stderr)
+
+
+def length_figures(lengths: np.ndarray) -> tuple[dict, list, list]:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        return {}, [], []
+    pct = np.percentile(lengths, PERCENTILES)
+    figures = {f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}
+    figures.update(max=int(lengths.max()), min=int(lengths.min()), mean=float(lengths.mean()))
+    counts, edges = np.histogram(lengths, bins=min(HIST_BINS, max(1, int(lengths.max() - lengths.min()) + 1)))
+    return figures, counts.tolist(), edges.tolist()
+
+
+def _scan(arrays: list[np.ndarray], sep_id: int | None, bos_id: int | None, desc: str,
+          progress: bool | None) -> tuple[int, np.ndarray, int | None, int | None]:
+    """(tokens, separator positions over the concatenated arrays, separator count, BOS count)."""
+    total = sum(len(a) for a in arrays)
+    positions, bos = [], 0
+    with progress_bar(total, desc, progress) as bar:
+        base = 0
+        for arr in arrays:
+            for s in range(0, len(arr), CHUNK):
+                chunk = np.asarray(arr[s:s + CHUNK])
+                if sep_id is not None:
+                    positions.append(np.flatnonzero(chunk == sep_id) + (base + s))
+                if bos_id is not None and bos_id != sep_id:
+                    bos += int(np.count_nonzero(chunk == bos_id))
+                bar.update(len(chunk))
+            base += len(arr)
+    pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    n_sep = None if sep_id is None else len(pos)
+    n_bos = None if bos_id is None else (n_sep if bos_id == sep_id else bos)
+    return total, pos, n_sep, n_bos
+
+
+def _doc_lengths(total: int, pos: np.ndarray, before: bool) -> np.ndarray:
+    """Document lengths from separator positions: a separator closes (after) or opens (before) a document."""
+    if before:
+        bounds = np.concatenate([[0], pos, [total]])
+    else:
+        bounds = np.concatenate([[0], pos + 1, [total]])
+    lengths = np.diff(bounds)
+    return lengths[lengths > 0]
+
+
+def stream_stats(name: str, arrays: list[np.ndarray], *, eot_id: int | None, bos_id: int | None,
+                 separator: str = "eot", position: str = "after", progress: bool | None = None) -> StreamStats:
+    """Figures of one token stream made of `arrays` end to end, documents split at the separator."""
+    sep_id = eot_id if separator == "eot" else bos_id
+    total, pos, n_sep, n_bos = _scan(arrays, sep_id, bos_id, f"stats {name}", progress)
+    if separator == "eot":
+        n_eot = n_sep
+    else:
+        n_eot = None if eot_id is None else sum(int(np.count_nonzero(np.asarray(a) == eot_id)) for a in arrays)
+    docs, figures, counts, edges = None, {}, [], []
+    if sep_id is not None:
+        lengths = _doc_lengths(total, pos, before="before" in position)
+        docs = len(lengths)
+        figures, counts, edges = length_figures(lengths)
+    return StreamStats(name=name, tokens=total, documents=docs, eot=n_eot, bos=n_bos, lengths=figures,
+                       hist_counts=counts, hist_edges=edges)
+

@@ -1,0 +1,205 @@
+"""The figures of each kind of output: pretraining and SFT caches (a root of several too), packed bins
+(memmap or Parquet) and converted outputs, behind `cache_stats(path)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.errors import ConfigError
+from niels_gpt.meta import META_NAME, read_meta
+from niels_gpt.packing.factory import open_packed
+from niels_gpt.packing.masks import assistant_token_mask
+from niels_gpt.packing.memmap_format import read_manifest
+from niels_gpt.packing.parquet import PARQUET_SUFFIXES
+from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output, megatron_prefix
+from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
+
+
+def _bos_id(meta: dict) -> int | None:
+    tok = meta.get("tokenizer") or {}
+    for value in (tok.get("bos_id"), (meta.get("special_token_ids") or {}).get("bos")):
+        if isinstance(value, int) and value >= 0:
+            return value
+    return None
+
+
+def _dtype(meta: dict) -> np.dtype:
+    return np.dtype("<u4" if str(meta.get("token_dtype", "uint16-le")).startswith("uint32") else "<u2")
+
+
+def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
+    dtype = _dtype(meta)
+    sep = meta.get("document_separator") or {}
+    separator = "bos" if sep.get("token") == "bos" else "eot"
+    position = str(sep.get("position", "after"))
+    eot_id = (meta.get("special_token_ids") or {}).get("eot")
+    streams = []
+    for split in splits:
+        rels = sorted(r for r in meta["files"] if r.startswith(f"{split}/") and r.endswith(".bin"))
+        arrays = [np.memmap(cache / r, dtype=dtype, mode="r") if (cache / r).stat().st_size else np.zeros(0, dtype)
+                  for r in rels]
+        streams.append(stream_stats(split, arrays, eot_id=eot_id, bos_id=_bos_id(meta), separator=separator,
+                                    position=position, progress=progress))
+    return Stats(str(cache), "pretrain", streams, {"dataset_name": meta.get("dataset_name")})
+
+
+def span_mask(tokens: np.ndarray, starts: np.ndarray, asst_id: int, eot_id: int) -> np.ndarray:
+    """The assistant mask over a whole SFT token file (state reset at every example start): the packing
+    module's span rule, the one the SFT dataset and pack-sft train on."""
+    return assistant_token_mask(tokens, asst_id, eot_id, seq_starts=starts)
+
+
+def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
+    """Examples whose trained targets all lie past position seq_len (a window holds seq_len+1 tokens)."""
+    n = len(mask)
+    ends = np.append(starts[1:], n)
+    trained_pos = np.flatnonzero(mask)
+    # first trained position at or after each start; it must be < end and <= start + seq_len
+    first = np.searchsorted(trained_pos, starts + 1)
+    first_pos = np.where(first < len(trained_pos), trained_pos[np.minimum(first, len(trained_pos) - 1)], n)
+    keeps = (first_pos < ends) & (first_pos <= starts + seq_len)
+    return int(np.count_nonzero(~keeps))
+
+
+def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> Stats:
+    dtype = _dtype(meta)
+    specials = meta.get("special_token_ids") or {}
+    eot_id, asst_id = specials.get("eot"), specials.get("asst")
+    streams = []
+    for split in splits:
+        tok_path, idx_path = cache / f"{split}_tokens.bin", cache / f"{split}_idx.npy"
+        if f"{split}_tokens.bin" not in meta["files"]:
+            continue
+        tokens = np.memmap(tok_path, dtype=dtype, mode="r") if tok_path.stat().st_size else np.zeros(0, dtype)
+        starts = np.load(idx_path, allow_pickle=False).astype(np.int64)
+        with progress_bar(len(tokens), f"stats {split}", progress) as bar:
+            arr = np.asarray(tokens)
+            lengths = np.diff(np.append(starts, len(arr)))
+            n_eot = None if eot_id is None else int(np.count_nonzero(arr == eot_id))
+            bos_id = _bos_id(meta)
+            n_bos = None if bos_id is None else int(np.count_nonzero(arr == bos_id))
+            mask_name = f"{split}_mask.bin"
+            if mask_name in meta["files"]:
+                mask = np.fromfile(cache / mask_name, dtype=np.uint8).astype(bool)
+            elif asst_id is not None and eot_id is not None:
+                mask = span_mask(arr, starts, asst_id, eot_id)
+            else:
+                mask = None
+            bar.update(len(arr))
+        figures, counts, edges = length_figures(lengths)
+        s = StreamStats(name=split, tokens=len(arr), documents=len(starts), eot=n_eot, bos=n_bos, lengths=figures,
+                        hist_counts=counts, hist_edges=edges, seq_len=seq_len)
+        if mask is not None:
+            s.trained_tokens = int(np.count_nonzero(mask))
+            s.trained_fraction = s.trained_tokens / len(arr) if len(arr) else 0.0
+            s.lose_all_trained = lose_all_trained(mask, starts, seq_len) if len(starts) else 0
+        streams.append(s)
+    return Stats(str(cache), "sft", streams, {"dataset_name": meta.get("dataset_name")})
+
+
+def _packed(root: Path) -> Stats:
+    manifest = read_manifest(root)
+    pack_size = int(manifest["pack_size"])
+    files = manifest["files"]
+    packed_len = np.load(root / files["packed_len"]["name"], mmap_mode="r").astype(np.int64)
+    offsets = np.load(root / files["seq_offsets"]["name"], mmap_mode="r").astype(np.int64)
+    starts = np.load(root / files["seq_starts"]["name"], mmap_mode="r").astype(np.int64)
+    loss_mask = np.load(root / files["loss_mask"]["name"], mmap_mode="r")
+    nb = len(packed_len)
+    per_bin = np.diff(offsets)
+    bin_of = np.repeat(np.arange(nb), per_bin)
+    nxt = np.append(starts[1:], 0)
+    last = np.arange(len(starts)) == (offsets[bin_of + 1] - 1) if len(starts) else np.zeros(0, bool)
+    seq_lengths = np.where(last, packed_len[bin_of] if len(starts) else 0, nxt) - starts
+    trained = int(np.count_nonzero(np.asarray(loss_mask)))
+    return _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size)
+
+
+def _packed_parquet(root: Path) -> Stats:
+    """Figures of packed bins in the Megatron-Bridge Parquet layout (a file or a directory of them).
+    Rows carry no pack size: bins are measured against the longest one."""
+    ds = open_packed(root)
+    packed_len, seq_lengths, per_bin, trained = [], [], [], 0
+    for i in range(len(ds)):
+        item = ds[i]
+        bounds = np.asarray(item["seq_boundaries"], dtype=np.int64)
+        packed_len.append(len(item["input_ids"]))
+        seq_lengths.append(np.diff(bounds))
+        per_bin.append(len(bounds) - 1)
+        trained += int(np.count_nonzero(item["loss_mask"]))
+    packed_len = np.asarray(packed_len, dtype=np.int64)
+    lengths = np.concatenate(seq_lengths) if seq_lengths else np.zeros(0, np.int64)
+    pack_size = int(packed_len.max()) if len(packed_len) else 0
+    out = _bins_stats(root, packed_len, lengths, np.asarray(per_bin, dtype=np.int64), trained, pack_size)
+    out.extra["pack_size_from"] = "the longest bin (Parquet rows do not record the pack size)"
+    return out
+
+
+def _bins_stats(root: Path, packed_len: np.ndarray, seq_lengths: np.ndarray, per_bin: np.ndarray, trained: int,
+                pack_size: int) -> Stats:
+    nb = len(packed_len)
+    fill = packed_len / pack_size if nb and pack_size else np.zeros(0)
+    counts, edges = np.histogram(fill, bins=20, range=(0.0, 1.0))
+    figures, hc, he = length_figures(seq_lengths)
+    tokens = int(packed_len.sum())
+    stream = StreamStats(name="bins", tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
+                         hist_counts=hc, hist_edges=he, trained_tokens=trained,
+                         trained_fraction=trained / tokens if tokens else 0.0)
+    extra = {"pack_size": pack_size, "bins": nb, "efficiency": tokens / (nb * pack_size) if nb and pack_size else 1.0,
+             "fill_counts": counts.tolist(), "fill_edges": edges.tolist(),
+             "fill_mean": float(fill.mean()) if nb else 0.0, "sequences_per_bin_mean": float(per_bin.mean()) if nb else 0.0}
+    return Stats(str(root), "packed", [stream], extra)
+
+
+def _foreign(root: Path, info, progress) -> Stats:
+    streams = []
+    for name, leaf in (info.splits.items() if info.splits else [("all", info)]):
+        arrays = [tf.open() for tf in leaf.token_files if tf.count]
+        eot, bos = leaf.eot_id, leaf.bos_id
+        separator = "eot" if eot is not None else "bos"
+        streams.append(stream_stats(name, arrays, eot_id=eot, bos_id=bos, separator=separator,
+                                    position="after" if separator == "eot" else "before", progress=progress))
+    return Stats(str(root), info.format, streams, {})
+
+
+def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None = None) -> Stats:
+    """Figures of a pretraining or SFT cache (root or split directory), a packed directory or a converted output."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ConfigError(f"{path}: --seq-len must be a positive integer, got {seq_len!r}")
+    root = Path(path)
+    if not root.exists() and not megatron_prefix(root):
+        raise StatsError(f"{root}: no such file or directory; pass a cache, a packed directory or a converted output")
+    if (root / META_NAME).is_file():
+        meta = read_meta(str(root))
+        if meta["kind"] == "pretrain":
+            return _pretrain(root, meta, ["train", "val"], progress)
+        if meta["kind"] == "sft":
+            return _sft(root, meta, ["train", "val"], seq_len, progress)
+        raise StatsError(f"{root}: a {meta['kind']} directory, not a token cache; pass a cache built with it")
+    if root.name in ("train", "val") and (root.parent / META_NAME).is_file():
+        meta = read_meta(str(root.parent))
+        if meta["kind"] == "pretrain":
+            return _pretrain(root.parent, meta, [root.name], progress)
+    if (root / PACKED_MANIFEST).is_file():
+        return _packed(root)
+    if root.suffix in PARQUET_SUFFIXES or (root.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in root.iterdir())):
+        return _packed_parquet(root)
+    info = foreign_output(root)
+    if info is None and root.is_dir():
+        caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]
+        if caches:
+            streams, kinds = [], set()
+            for c in caches:
+                one = cache_stats(c, seq_len=seq_len, progress=progress)
+                kinds.add(one.kind)
+                for s in one.streams:
+                    s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
+                    streams.append(s)
+            return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})
+    if info is not None:
+        return _foreign(root, info, progress)
+    raise StatsError(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format: not a cache, "
+                     "a packed directory or a converted output; pass one (see `niels-gpt-data inspect`)")
+
