@@ -1,9 +1,13 @@
-"""build-all: tokenizer, then every pretraining and SFT cache of the contract, in one run.
+"""build-all: tokenizer, then every pretraining and SFT cache of the contract, in one run: a recipe over `build`.
 
 Order: tokenizer (trained on the pretraining sources, or copied from --tokenizer), then pretrain
-fineweb_edu (streamed), roam, wikitext, gutenberg, then SFT dolly15k and oasst1. Each cache commits on
-its own (meta.json last), so a failure part-way leaves every finished cache usable and no unfinished
-one that looks complete. `sample=True` points every source at the bundled sample corpus (offline).
+fineweb_edu (streamed), roam, wikitext, gutenberg, then SFT dolly15k and oasst1. Each cache is one `build`
+(`recipe(name)`: the source its module makes from its options, its output under --cache-dir and its
+budgets), run by the same driver as the command (builders/run.py), inline: the sources with their own
+train/val split are cached whole in their splits. Each cache commits on its own (meta.json last), so a
+failure part-way leaves every finished cache usable and no unfinished one that looks complete.
+`sample=True` points every source at the bundled sample corpus (offline). `--only tokenizer NAME...` trains
+the tokenizer on those sources alone.
 """
 
 from __future__ import annotations
@@ -20,21 +24,14 @@ from typing import Any
 
 from niels_gpt import sources
 from niels_gpt.atomic import atomic_path
-from niels_gpt.builders.caches import (
-    MAX_TRAIN_TOKENS,
-    MAX_VAL_TOKENS,
-    SEED,
-    SHARD_BYTES,
-    VAL_FRAC,
-    SplitTexts,
-    build_pretrain_cache,
-    build_sft_cache,
-)
+from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS, SHARD_BYTES
+from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build
+from niels_gpt.builders.sft import VAL_FRAC
+from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.outputs import check_overlap
-from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
@@ -44,7 +41,6 @@ from niels_gpt.urls import is_url, refuse_url
 PRETRAIN = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "pretrain")
 SFT = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "sft")
 ALL = ("tokenizer",) + PRETRAIN + SFT
-ALL_TOKENS = 2**62  # "cache all": no budget for sources cached whole (wikitext, roam, gutenberg)
 SAMPLE_MAX_VAL_TOKENS = 4096  # fineweb_edu's val budget on the sample corpus (a few pages, not all of it)
 
 
@@ -98,7 +94,8 @@ def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
     """Training text for the tokenizer: the documents of every pretraining source and the messages of
     every SFT source (the tokenizer encodes both), interleaved source by source."""
     streams = []
-    for name in PRETRAIN + SFT:
+    named = [n for n in PRETRAIN + SFT if n in cfg.only]
+    for name in named or PRETRAIN + SFT:  # --only tokenizer NAME...: those sources alone
         try:
             src = make_source(name, cfg)
         except ConfigError:
@@ -137,7 +134,8 @@ def build_tokenizer(cfg: BuildConfig) -> dict:
                                     "special_token_ids": dict(tok.special_ids), "bos_id": tok.bos_id,
                                     "settings": None, "trained_on": f"copied from {src}"})
         else:
-            trained_on = {"sources": list(PRETRAIN + SFT), "sample_corpus": cfg.sample,
+            trained_on = {"sources": [n for n in PRETRAIN + SFT if n in cfg.only] or list(PRETRAIN + SFT),
+                          "sample_corpus": cfg.sample,
                           "rule": "training splits of sources with their own split; every message of SFT sources"}
             tok = train_tokenizer(tokenizer_texts(cfg), stage, settings=cfg.tokenizer_settings,
                                   trained_on=trained_on)
@@ -166,36 +164,35 @@ def refuse_orphaning(cfg: BuildConfig, sha256: str) -> None:
                           "(--only tokenizer NAME...) or pass --replace-tokenizer to replace it anyway")
 
 
-def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
-    root = Path(cfg.cache_dir)
+def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
+    """The `build` that makes build-all's cache `name`: its source (the module that owns its options makes
+    it), its output under --cache-dir and the budgets build-all gives it; None for a source with nothing to
+    read (gutenberg without a directory)."""
     src = make_source(name, cfg)
-    if name in SFT:
-        out = root / "sft" / name
-        build_sft_cache(src.iter_conversations(), str(out), tokenizer=tokenizer, val_frac=cfg.val_frac,
-                        seed=cfg.seed, dataset_name=name, dataset_config=src.dataset_config,
-                        streaming=src.streaming, source=src.describe, progress=cfg.progress)
+    if src is None:
+        return None
+    sft = name in SFT
+    return BuildSpec(sources=[], source=src, out=str(Path(cfg.cache_dir) / ("sft" if sft else "pretrain") / name),
+                     tokenizer=tokenizer, chat=sft, name=name, seed=cfg.seed, workers=cfg.workers,
+                     progress=cfg.progress, shard_bytes=cfg.shard_bytes, shuffle_buffer=cfg.shuffle_buffer,
+                     val_frac=cfg.val_frac if sft else None, max_tokens=ALL_TOKENS if sft else cfg.max_train_tokens,
+                     val_tokens=None if sft else cfg.resolved_max_val_tokens())
+
+
+def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
+    spec = recipe(name, cfg, tokenizer)
+    if spec is not None:
+        out = Path(spec.out)
+        build(spec, log=lambda msg: None)
         return _summary(name, out)
-    out = root / "pretrain" / name
-    if src is None:  # a source with nothing to read (gutenberg without a directory): a placeholder, not a failure
-        flags = " or ".join(o.flag for o in sources.CONFIGS[name].options if o.field in sources.CONFIGS[name].local)
-        with build_aside(out) as stage:
-            for split in ("train", "val"):
-                (stage / split).mkdir()
-            write_meta(str(stage), {"kind": "pretrain", "built": False, "dataset_name": name,
-                                    "reason": f"no {flags} given", "seed": cfg.seed})
-        return {"name": name, "kind": "pretrain", "built": False}
-    if src.own_split:
-        texts = SplitTexts(train=src.iter_texts("train"), val=src.iter_texts("val"))
-        budgets = (ALL_TOKENS, ALL_TOKENS)
-    else:
-        texts = src.iter_texts()
-        budgets = (cfg.max_train_tokens, cfg.resolved_max_val_tokens())
-    build_pretrain_cache(texts, str(out), tokenizer=tokenizer, max_train_tokens=budgets[0],
-                         max_val_tokens=budgets[1], shard_bytes=cfg.shard_bytes, seed=cfg.seed,
-                         shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.workers, dataset_name=name,
-                         dataset_config=src.dataset_config, streaming=src.streaming, source=src.describe,
-                         progress=cfg.progress, input_bytes=text_input_bytes(src.input_paths()))
-    return _summary(name, out)
+    out = Path(cfg.cache_dir) / "pretrain" / name  # a placeholder, not a failure: "built": false says why
+    flags = " or ".join(o.flag for o in sources.CONFIGS[name].options if o.field in sources.CONFIGS[name].local)
+    with build_aside(out) as stage:
+        for split in ("train", "val"):
+            (stage / split).mkdir()
+        write_meta(str(stage), {"kind": "pretrain", "built": False, "dataset_name": name,
+                                "reason": f"no {flags} given", "seed": cfg.seed})
+    return {"name": name, "kind": "pretrain", "built": False}
 
 
 def _summary(name: str, out: Path) -> dict:

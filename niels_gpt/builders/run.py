@@ -32,12 +32,13 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.parallel import run_parallel
 from niels_gpt.builders.plan import TASK_BYTES, Plan, check_unchanged, make_plan, task_items
-from niels_gpt.builders.pretrain import SHARD_BYTES, build_pretrain_cache
+from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
 from niels_gpt.builders.sft import build_sft_cache
 from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.outputs import check_output
+from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout
 from niels_gpt.storage.upload import local_path_of, staged_output
@@ -83,6 +84,7 @@ class BuildSpec:
     work_dir: str | None = None
     keep_parts: bool = False
     progress: bool | None = False
+    source: object = None  # a prepared source (build-all's recipe: its own splits, hub streams): read inline
     extra: dict = field(default_factory=dict)
 
     @property
@@ -151,10 +153,15 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     t0 = time.perf_counter()
     out = Path(local_path_of(spec.out))
     work = work_dir_of(spec, out)
-    check_output(out, kind="cache", inputs=spec.sources, others=[("--work-dir", work)])
+    inputs = spec.sources if spec.source is None else [str(p) for p in spec.source.input_paths()]
+    check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)])
     tok = spec.tokenizer
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator)
+    if spec.source is not None:
+        summary = _inline_source(spec, tok, out)
+        wall = time.perf_counter() - t0
+        return {**summary, "wall_seconds": wall, "tokens_per_s": summary["tokens"] / max(wall, 1e-9), "out": str(out)}
     plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
                      layout=spec.layout, config=spec.hf_config, split=spec.split)
     executor = choose_executor(spec, plan, log)
@@ -217,6 +224,26 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
             val_frac=spec.val_frac, **common)
     return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
                      tasks=len(plan.tasks), ran=0, reused=0)
+
+
+def _inline_source(spec: BuildSpec, tok, out: Path) -> dict:
+    """A prepared source (build-all's recipe) in this process: a source with its own train/val split is
+    cached whole in its splits; any other is one stream split by the budgets, as a planned build's is."""
+    src = spec.source
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                  dataset_config=src.dataset_config, streaming=src.streaming, source=src.describe,
+                  progress=spec.progress)
+    if spec.chat:
+        build_sft_cache(src.iter_conversations(), str(out), val_frac=spec.val_frac or 0.0,
+                        num_workers=spec.workers, **common)
+    else:
+        own = getattr(src, "own_split", False)
+        texts = SplitTexts(train=src.iter_texts("train"), val=src.iter_texts("val")) if own else src.iter_texts()
+        build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if own else spec.max_tokens,
+                             max_val_tokens=ALL_TOKENS if own else val_budget(spec), shard_bytes=spec.shard_bytes,
+                             shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers,
+                             input_bytes=text_input_bytes(src.input_paths()), **common)
+    return summarize(out, executor="inline", tasks=1, ran=1, reused=0)
 
 
 def format_summary(s: dict) -> str:

@@ -13,7 +13,7 @@ from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.meta import META_NAME, staged_output, unfinished_build
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
-from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+from niels_gpt.tokenizer.find import tokenizer_of
 
 PACKED_MANIFEST = "manifest.json"
 
@@ -82,16 +82,11 @@ def megatron_prefix(path: Path) -> bool:
 
 
 def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):
-    if explicit:
-        tok = load_tokenizer(explicit)
-        check_tokenizer_matches(tok, meta.get("tokenizer_sha256"), cache)
-        return tok
-    for parent in [cache, *cache.parents]:
-        cand = parent / "tokenizer"
-        if (cand / META_NAME).is_file():
-            tok = load_tokenizer(cand)
-            if tok.sha256 == meta.get("tokenizer_sha256"):
-                return tok
-    raise TokenizerError(f"no tokenizer with sha256 {str(meta.get('tokenizer_sha256'))[:16]}… found above {cache}: "
-                         "pass --tokenizer PATH")
+    """The cache's tokenizer by the one rule (niels_gpt/tokenizer/find.py), or an error saying what to pass."""
+    tok = tokenizer_of(cache, explicit)
+    if tok is None:
+        raise TokenizerError(f"no tokenizer with sha256 {str(meta.get('tokenizer_sha256'))[:16]}… found: not at the "
+                             f"path {cache / META_NAME} records, nor in a tokenizer/ directory above {cache}: pass "
+                             "--tokenizer PATH")
+    return tok
 
