@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
-from niels_gpt.sources.files import GUTENBERG_START, strip_gutenberg
+from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
 from niels_gpt.sources.oasst import best_path, check_row, flatten_tree, to_conversation
 from niels_gpt.sources.records import BadRecord, FileText
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
@@ -167,8 +167,7 @@ def _text(where, record, rules: Rules):
 def _gutenberg(where, record, rules: Rules):
     if not isinstance(record, FileText):
         raise SourceError(f"{where}: --format gutenberg reads whole text files (.txt), not records")
-    books = strip_gutenberg(record.text, str(where))
-    for book in [books] if isinstance(books, str) else books:
+    for book in gutenberg_books(record.text, str(where)):  # a file of several books: one document each
         yield text_rule(book, "text", where)
 
 

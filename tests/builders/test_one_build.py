@@ -139,14 +139,14 @@ def test_the_librarys_layouts_are_reachable_from_build(tokenizer, tmp_path):
     (both export shapes) become conversations, detected from the records or named with --format."""
     from niels_gpt.sources import wikitext
     from niels_gpt.sources.base import read_text_file
-    from niels_gpt.sources.files import strip_gutenberg
+    from niels_gpt.sources.files import gutenberg_books
 
     book = SAMPLE_DIR / "gutenberg"
     _build(book, tmp_path / "pg", tokenizer.model_path, "--executor", "inline")
     meta = read_meta(str(tmp_path / "pg"))
     assert meta["source"]["layouts"] == ["gutenberg"]
     books = sorted(book.glob("*.txt"))
-    expected = sum(len(tokenizer.encode(strip_gutenberg(read_text_file(p), p))) + 1 for p in books)
+    expected = sum(len(tokenizer.encode(b)) + 1 for p in books for b in gutenberg_books(read_text_file(p), p))
     assert meta["totals"]["train_tokens"] == expected
     raw = SAMPLE_DIR / "wikitext" / "wiki.valid.raw"
     _build(raw, tmp_path / "wiki", tokenizer.model_path, "--executor", "inline")

@@ -1,0 +1,157 @@
+"""JSON Lines, the one way: byte ranges of a plain file, or whole files (gzip, zstd, at a URL), line by line.
+
+- A UTF-8 BOM opening the file is dropped (editors on Windows write one); blank lines are no records.
+- Each line is strict UTF-8 and one JSON object; anything else is a `BadRecord` naming the file and line (a
+  byte range counts its line numbers from the file's start only when an error needs one).
+- A compressed file that ends early is an error naming it: gzip says so itself; zstd frames are decoded one
+  by one here (zstandard's stream reader returns what it has and stops silently at a cut frame).
+Cost: a byte range is read in one call (task_bytes of memory); a whole file is streamed in 1 MiB blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from niels_gpt.errors import SourceError
+from niels_gpt.sources.records_base import BadRecord
+
+BOM = b"\xef\xbb\xbf"
+READ_BLOCK = 1 << 20
+
+
+def _zstd_blocks(raw) -> Iterator[bytes]:
+    """Decompressed blocks of a zstd file of one or more frames; an error when the last frame is cut short."""
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise SourceError("reading .zst needs the `zstandard` package: pip install 'niels_gpt[corpus]'") from exc
+    dctx = zstandard.ZstdDecompressor()
+    dobj, fed = dctx.decompressobj(), False
+    while True:
+        chunk = raw.read(READ_BLOCK)
+        if not chunk:
+            break
+        while chunk:
+            out = dobj.decompress(chunk)
+            fed = True
+            if out:
+                yield out
+            chunk = dobj.unused_data if dobj.eof else b""
+            if dobj.eof:
+                dobj, fed = dctx.decompressobj(), False
+    if fed:
+        raise EOFError("the last zstd frame ends before its end mark")
+
+
+def _lines_of(piece, open_binary) -> Iterator[bytes]:
+    """Raw lines of a whole JSON Lines file (compressed or not, local or at a URL)."""
+    name = piece.item.lower()
+    with open_binary(piece) as raw:
+        if name.endswith(".gz"):
+            import gzip
+
+            yield from gzip.GzipFile(fileobj=raw)
+        elif name.endswith(".zst"):
+            tail = b""
+            for block in _zstd_blocks(raw):
+                block = tail + block
+                *lines, tail = block.split(b"\n")
+                for line in lines:
+                    yield line + b"\n"
+            if tail:
+                yield tail
+        else:
+            yield from raw
+
+
+def _range_lines(piece) -> Iterator[bytes]:
+    with open(piece.item, "rb") as f:
+        f.seek(piece.start)
+        data = f.read(piece.stop - piece.start)
+    pos = 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end + 1
+        yield data[pos:end]
+        pos = end
+
+
+class _LineNumbers:
+    """Line numbers of a byte range, counted from the file's start only when an error needs one."""
+
+    def __init__(self, piece):
+        self.piece, self.base = piece, None
+
+    def line(self, k: int) -> int:
+        if self.base is None:
+            self.base = 1
+            if self.piece.start > 0:
+                with open(self.piece.item, "rb") as f:
+                    remaining = self.piece.start
+                    while remaining > 0:
+                        chunk = f.read(min(remaining, 1 << 24))
+                        if not chunk:
+                            break
+                        self.base += chunk.count(b"\n")
+                        remaining -= len(chunk)
+        return self.base + k
+
+
+class _Where:
+    """`<file>, line N`, formatted only if used (a byte range counts lines from the file's start lazily)."""
+
+    __slots__ = ("numbers", "k", "item")
+
+    def __init__(self, item: str, numbers, k: int):
+        self.item, self.numbers, self.k = item, numbers, k
+
+    def __str__(self) -> str:
+        n = self.numbers.line(self.k) if self.numbers is not None else self.k + 1
+        return f"{self.item}, line {n}"
+
+
+def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
+    """(where, record or BadRecord) per non-blank line of a JSON Lines piece (a byte range, or a whole file
+    opened with `open_binary`: compressed, or at a URL)."""
+    ranged = piece.stop >= 0 and "://" not in piece.item and piece.kind in (".jsonl", ".json")
+    lines = _range_lines(piece) if ranged else _lines_of(piece, open_binary)
+    numbers = _LineNumbers(piece) if ranged else None
+    offset = piece.start if ranged else 0
+    try:
+        for k, raw in enumerate(lines):
+            start = offset
+            offset += len(raw)
+            if start == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            if not raw.strip():
+                continue
+            where = _Where(piece.item, numbers, k)
+            yield where, _parse(raw, where, start if ranged else None)
+    except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
+        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
+                          "recompress it or remove it from the inputs") from e
+
+
+def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = f" (byte {offset + e.start} of the file)" if offset is not None else ""
+        return BadRecord("invalid_utf8", f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line{at}); "
+                         "re-encode the file as UTF-8")
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        return BadRecord("invalid_json", f"{where}: not valid JSON ({e}); fix or remove this line")
+    if not isinstance(record, dict):
+        return BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each line "
+                         "must be one {...} record")
+    if "\\ud" in line or "\\uD" in line:  # JSON may escape a lone surrogate, which no UTF-8 text can hold
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            return BadRecord("invalid_text", f"{where}: a lone surrogate escape ({e.object[e.start:e.end]!r}) that "
+                             "no UTF-8 text can hold; fix the escape in this record")
+    return record

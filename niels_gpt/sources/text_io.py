@@ -1,0 +1,127 @@
+"""Local files read the one way: strictly UTF-8 (a bad byte named by file, offset, line and likely encoding),
+BOM and CRLF normalised; directories listed in one order on every machine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from niels_gpt.errors import ConfigError, SourceError
+
+
+def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[Path]:
+    """One path or several -> list of existing paths (SourceError for a missing one)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out = [Path(p) for p in paths]
+    if not out:
+        raise ConfigError(f"{what}: no files given; pass at least one path")
+    for p in out:
+        if not p.exists():
+            raise SourceError(f"{p}: no such file or directory ({what}); check the path")
+    return out
+
+
+def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Path]:
+    """Every `*{suffix}` file under `directory` (recursive, dot-files excluded), sorted by relative path."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise SourceError(f"{d}: no such directory ({what}); pass the directory that holds the "
+                          f"{suffix} files")
+    found = files_under(d, lambda p: p.name.endswith(suffix))
+    if not found:
+        raise SourceError(f"{d}: no {suffix} files in this directory ({what}); is it the right one?")
+    return found
+
+
+def files_under(directory: Path, keep: Callable[[Path], bool]) -> list[Path]:
+    """The files under `directory` that `keep` accepts (a dangling link too, so that reading it names it):
+    recursive, dot-files and dot-directories left out, sorted by relative path (so the order is the same
+    on every machine). Every source that takes a directory reads it this way."""
+    found = (f for f in directory.rglob("*")
+             if not f.is_dir() and not any(part.startswith(".") for part in f.relative_to(directory).parts) and keep(f))
+    return sorted(found, key=lambda f: f.relative_to(directory).as_posix())
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists "
+                          "and is readable") from e
+
+
+def decode_utf8(data: bytes, path: Path, record: str | None = None) -> str:
+    """Strict UTF-8 with the failing byte offset and line in the error."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid_utf8_error(path, e.start, line=data.count(b"\n", 0, e.start) + 1,
+                                 record=record, reason=e.reason) from e
+
+
+def invalid_utf8_error(path: Path | str, offset: int, *, line: int | None = None,
+                       record: str | None = None, reason: str = "invalid byte") -> SourceError:
+    where = f"byte {offset}" + (f", line {line}" if line is not None else "")
+    rec = f" ({record})" if record else ""
+    return SourceError(f"{path}: invalid UTF-8 at {where}{rec}: {reason}; {encoding_hint(path, offset)}")
+
+
+def encoding_hint(path: Path | str, offset: int) -> str:
+    """What the bytes at `offset` look like and how to re-encode: 0x80-0x9f are printable only in cp1252
+    (latin-1 has control codes there), 0xa0-0xff read the same in both."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            bad = f.read(4)
+    except OSError:
+        bad = b""
+    if not bad:
+        return "re-encode the file as UTF-8"
+    shown = " ".join(f"0x{b:02x}" for b in bad[:4])
+    first = bad[0]
+    if 0x80 <= first <= 0x9F:
+        char = bad[:1].decode("cp1252", errors="replace")
+        return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in cp1252 (Windows-1252) and a control code in "
+                "latin-1, so the file is most likely cp1252: `iconv -f cp1252 -t utf-8`")
+    if first >= 0xA0:
+        char = bad[:1].decode("latin-1")
+        return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in both cp1252 and latin-1 (ISO-8859-1): "
+                "re-encode with `iconv -f cp1252 -t utf-8` (or -f latin1; they agree on this byte)")
+    return f"the bytes are {shown}; re-encode the file as UTF-8"
+
+
+def first_invalid_utf8(path: Path) -> tuple[int, int] | None:
+    """(byte offset, line) of the first invalid UTF-8 byte of a file, or None. Reads in 1 MiB chunks."""
+    base, line, carry = 0, 1, b""  # carry: an incomplete sequence cut by the chunk boundary
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            data = carry + chunk
+            try:
+                data.decode("utf-8")
+                good = len(data)
+            except UnicodeDecodeError as e:
+                if chunk and e.end == len(data) and e.reason == "unexpected end of data":
+                    good = e.start
+                else:
+                    return base + e.start, line + data.count(b"\n", 0, e.start)
+            if not chunk:
+                return None
+            line += data.count(b"\n", 0, good)
+            base += good
+            carry = data[good:]
+
+
+def normalise_text(text: str) -> str:
+    """The light normalisation every file source applies: drop a leading BOM, CRLF/CR -> LF."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def read_text_file(path: Path) -> str:
+    return normalise_text(decode_utf8(read_bytes(path), path))
