@@ -3,8 +3,9 @@
     python bench/campaign.py                    # the full run: 20 kills per job, >= 200 byte flips (~15 min)
     python bench/campaign.py --kills 2 --flips 24 --json out.json   # what tests/test_campaign.py runs
 
-Kills. Each job (build-all pretrain and SFT, pack-sft, convert to every format; the builders fresh and over an
-existing output built with other settings) runs as a subprocess in its own process group, SIGKILLed after a
+Kills. Each job (build-all pretrain and SFT; `build` inline, on local processes and on Ray (where installed),
+and `build --chat`; `dist-build`; `train-tokenizer SRC...`; pack-sft; convert to every format; the builders fresh
+and over an existing output built with other settings) runs as a subprocess in its own process group, SIGKILLed after a
 seeded random share of its clean run time. Then:
   - complete-looking partial outputs: a commit marker (meta.json / manifest.json / niels_receipt.json) over
     files that are neither the old output nor the clean new one (target 0);
@@ -24,6 +25,7 @@ rebuilt (every open either serves a complete cache or fails with a package error
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -93,14 +95,31 @@ def jobs(tok: str) -> list[Job]:
     from niels_gpt.sources import SAMPLE_DIR
 
     corpus = [str(SAMPLE_DIR / "fineweb_edu"), str(SAMPLE_DIR / "gutenberg")]
-    build = ["build", *corpus, "--out", "b", "--tokenizer", tok, "--val-tokens", "4096", "--no-progress"]
+    base = ["build", *corpus, "--out", "b", "--tokenizer", tok, "--val-tokens", "4096", "--no-progress",
+            "--task-bytes", "65536"]
     dist = ["dist-build", *corpus, "--out", "d", "--tokenizer", tok, "--val-tokens", "4096", "--workers", "2",
             "--task-bytes", "65536", "--no-progress"]
+    chats = ["build", str(SAMPLE_DIR / "oasst1" / "oasst1-trees.jsonl"), str(SAMPLE_DIR / "dolly15k"), "--chat",
+             "--out", "s", "--tokenizer", tok, "--val-frac", "0.2", "--no-progress", "--executor", "processes",
+             "--workers", "2", "--task-bytes", "16384"]
+    tok_sources = ["train-tokenizer", str(SAMPLE_DIR / "roam"), str(SAMPLE_DIR / "gutenberg"), "--out", "tk",
+                   "--no-progress"]
+    train_tok = [*tok_sources, "--vocab-size", "800", "--tokenizer-max-chars", "400000"]
+    for executor, extra in (("inline", ["--workers", "2"]), ("processes", ["--workers", "2"]),
+                            ("ray", ["--workers", "2", "--ray-address", "local"])):
+        if executor == "ray" and importlib.util.find_spec("ray") is None:
+            continue
+        build = [*base, "--executor", executor, *extra]
+        out += [Job(f"build {executor} fresh", build, "b", "pretrain"),
+                Job(f"build {executor} over", build, "b", "pretrain", before=[*build, "--shard-bytes", "64KB"])]
     out += [
-        Job("build fresh", build, "b", "pretrain"),
-        Job("build over", build, "b", "pretrain", before=[*build, "--shard-bytes", "64KB"]),
+        Job("build chat fresh", chats, "s", "sft"),
+        Job("build chat over", chats, "s", "sft", before=[*chats, "--val-frac", "0.5"]),
         Job("dist-build fresh", dist, "d", "pretrain"),
         Job("dist-build over", dist, "d", "pretrain", before=[*dist, "--shard-bytes", "64KB"]),
+        Job("train-tokenizer fresh", train_tok, "tk", "tokenizer"),
+        Job("train-tokenizer over", train_tok, "tk", "tokenizer",
+            before=[*tok_sources, "--vocab-size", "700", "--tokenizer-max-chars", "300000"]),
     ]
     for fmt in FORMATS:
         extra = ["--not-for-kempnerforge"] if fmt == "raw" else []

@@ -31,7 +31,7 @@ from niels_gpt.sources.documents import Rules
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.tokenizer.spm import check_train_settings
+from niels_gpt.tokenizer.spm import MIN_VOCAB, check_train_settings
 
 SECONDS_PER_MCHAR = {"unigram": 6.5, "bpe": 3.0}  # training time per million characters (module docstring)
 
@@ -125,6 +125,9 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
         raise ConfigError(f"--train-tokenizer with --out {spec.out}: train the tokenizer locally first "
                           "(train-tokenizer SRC... --out DIR), then build with --tokenizer DIR")
     where = Path(local_path_of(spec.out)).resolve().parent / "tokenizer"
+    if vocab_size < MIN_VOCAB:
+        raise ConfigError(f"--train-tokenizer {vocab_size}: must be at least {MIN_VOCAB} (the model always holds 256 "
+                          "byte pieces and 3 control pieces, plus one piece per character); 4,000 to 64,000 are usual")
     settings = TrainSettings(vocab_size=vocab_size, seed=spec.seed)
     check_train_settings(settings)
     if (where / "meta.json").is_file():
