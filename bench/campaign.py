@@ -267,6 +267,8 @@ def outputs(ref: Path) -> dict[str, tuple[str, Path]]:
     for fmt in FORMATS:
         found[f"convert {fmt}"] = ("pretrain" if fmt == "niels" else "converted", ref / f"conv-{fmt}")
     found["tokenizer"] = ("tokenizer", ref / "tokenizer")
+    found.update({"build cache": ("pretrain", ref / "b"), "build chat cache": ("sft", ref / "s"),
+                  "trained tokenizer": ("tokenizer", ref / "tk")})
     return found
 
 

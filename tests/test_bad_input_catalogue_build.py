@@ -209,6 +209,35 @@ def train_tokenizer_onto_a_cache(w, tmp):
     return ["train-tokenizer", str(_data(tmp)), "--out", str(c), "--vocab-size", "500", "--no-progress"]
 
 
+def _tiktoken(tmp: Path, ranks: list[tuple[bytes, int]]) -> Path:
+    import base64
+
+    path = tmp / "mine.tiktoken"
+    path.write_text("".join(base64.b64encode(t).decode() + f" {r}\n" for t, r in ranks))
+    return path
+
+
+def build_tiktoken_rank_twice(w, tmp):
+    bad = _tiktoken(tmp, [(bytes([i]), i) for i in range(256)] + [(b"ab", 7)])
+    argv = _build(w, tmp)
+    argv[argv.index("--tokenizer") + 1] = str(bad)
+    return argv
+
+
+def build_tiktoken_missing_bytes(w, tmp):
+    bad = _tiktoken(tmp, [(b"a", 0), (b"b", 1), (b"ab", 2)])
+    argv = _build(w, tmp)
+    argv[argv.index("--tokenizer") + 1] = str(bad)
+    return argv
+
+
+def convert_narrower_than_the_vocabulary(w, tmp):
+    from .formats.conftest import make_cache
+
+    big = make_cache(tmp / "big", {"train": [[7, 5, 6]]}, dtype="uint32-le", vocab_size=70001)
+    return ["convert", str(big), str(tmp / "out"), "--to", "nanogpt", "--dtype", "uint16"]
+
+
 def download_onto_a_file(w, tmp):
     (tmp / "shards").write_text("a file\n")
     return ["download", "--out-dir", str(tmp / "shards"), "-n", "1", "--base-url", "http://127.0.0.1:9"]
@@ -256,6 +285,12 @@ CASES = [
     Case("train-tokenizer: inside its input", train_tokenizer_inside_its_input, ("inside the input directory",)),
     Case("train-tokenizer: onto a cache", train_tokenizer_onto_a_cache, ("c", "token cache", "tokenizer directory")),
     Case("download: onto a file", download_onto_a_file, ("shards", "a file, not a directory")),
+    Case("build: a .tiktoken file giving a rank twice", build_tiktoken_rank_twice,
+         ("mine.tiktoken", "line 257", "rank 7 was already given"), out="out"),
+    Case("build: a .tiktoken file missing single bytes", build_tiktoken_missing_bytes,
+         ("mine.tiktoken", "single byte"), out="out"),
+    Case("convert: --dtype narrower than the vocabulary", convert_narrower_than_the_vocabulary,
+         ("--dtype uint16", "70,001 ids"), out="out"),
 ]
 
 

@@ -189,9 +189,15 @@ def _first(*values):
 
 
 def _out_dtype(stream: DocStream, dtype) -> np.dtype:
-    if dtype is not None:
-        return parse_dtype(dtype)
-    return stream.dtype
+    if dtype is None:
+        return stream.dtype
+    out = parse_dtype(dtype)
+    vocab = stream.vocab_size
+    if vocab is not None and vocab - 1 > np.iinfo(out).max:
+        raise ConfigError(f"--dtype {dtype_name(out)}: the source's vocabulary has {vocab:,} ids, more than "
+                          f"{dtype_name(out)} holds ({np.iinfo(out).max + 1:,}); drop --dtype (the output keeps "
+                          f"{dtype_name(stream.dtype)}) or convert with --dtype uint32")
+    return out
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_index: bool = False,

@@ -69,15 +69,35 @@ def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
     then served the first version of a path after the file was replaced.
     """
     ranks: dict[bytes, int] = {}
+    lines_of: dict[bytes, int] = {}  # token -> the line that gave it its rank
+    ranked: dict[int, int] = {}  # rank -> the line that gave it
     for number, line in enumerate(data.splitlines(), 1):
         if not line:
             continue
         try:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
+            token_text, rank_text = line.split()
+            token, rank = base64.b64decode(token_text, validate=True), int(rank_text)
         except (ValueError, binascii.Error) as exc:
             raise TokenizerError(f"{path}: not a .tiktoken file (base64 token, space, rank per line): line "
                                  f"{number}: {line[:60]!r} ({exc})") from exc
+        # NOTE: tiktoken's encoder panics (a Rust panic, at encode time) on a rank given twice and on a
+        # missing single byte; checked here, named by line, before any text is encoded.
+        where = f"{path}: line {number}"
+        if not token or rank < 0:
+            raise TokenizerError(f"{where}: {'an empty token' if not token else f'rank {rank} below 0'}; "
+                                 "every line must rank a non-empty token from 0 up")
+        if token in lines_of:
+            raise TokenizerError(f"{where}: token {token!r} was already ranked on line {lines_of[token]}; each token "
+                                 "must appear once: the file is damaged or not a .tiktoken file")
+        if rank in ranked:
+            raise TokenizerError(f"{where}: rank {rank} was already given on line {ranked[rank]}; each rank must "
+                                 "appear once: the file is damaged or not a .tiktoken file")
+        ranks[token], lines_of[token], ranked[rank] = rank, number, number
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if ranks and missing:
+        shown = ", ".join(f"0x{b:02x}" for b in missing[:6]) + (", ..." if len(missing) > 6 else "")
+        raise TokenizerError(f"{path}: no rank for the single byte(s) {shown} ({len(missing)} of 256); a byte-level "
+                             "BPE must rank every single byte, or some text cannot be encoded at all")
     return ranks
 
 

@@ -119,8 +119,12 @@ def test_narrowing_dtype_checks_every_id(tmp_path, cache_maker):
     big = cache_maker(tmp_path / "big", {"train": [[70000, EOT]]}, dtype="uint32-le", vocab_size=70001)
     from niels_gpt.errors import FormatError
 
+    with pytest.raises(ConfigError, match=r"--dtype uint16: the source's vocabulary has 70,001 ids"):
+        convert(big, tmp_path / "out", to="raw", dtype="uint16")  # refused before a token is read
+    raw = tmp_path / "raw.bin"  # a headerless file records no vocabulary: every id is checked as it is written
+    np.array([5, 70000, EOT], dtype="<u4").tofile(raw)
     with pytest.raises(FormatError, match="token id 70000 does not fit uint16"):
-        convert(big, tmp_path / "out", to="raw", dtype="uint16")
+        convert(raw, tmp_path / "out", to="raw", dtype="uint16", src_dtype="uint32", eot_id=EOT)
     assert not (tmp_path / "out").exists()
 
 
