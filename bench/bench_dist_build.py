@@ -1,10 +1,10 @@
-"""dist-build speed: local processes and Ray with 1 and 2 workers against the in-process build.
+"""`build` speed on every executor: inline, local processes and Ray with 1 and 2 workers.
 
 On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, 46 MB, "text" field), one run:
-- the reference: build_pretrain_cache with num_workers=1 (today's one-process path; its writer thread
-  overlaps sha256 and writes with encoding), documents read line by line with json.loads;
-- dist_build with the in-process executor, with 1 and 2 local processes, and with 1 and 2 Ray tasks at
-  once on a local Ray cluster (2 CPUs) started once in a helper process and joined by address from a
+- the reference: `build --executor inline --workers 1` (the one-process builder reading the plan; its writer
+  thread overlaps sha256 and writes with encoding);
+- the plan's tasks run one after another in this process (`inprocess`, the parallel path without a pool),
+  with 1 and 2 local processes, and with 1 and 2 Ray tasks at once on a local Ray cluster (2 CPUs) started once in a helper process and joined by address from a
   driver process of its own: once as one CLI run does it (a new Ray job per build, whose worker
   processes start and import the package: a fixed cost per build), once in a warm job (the workers
   already running, as for the second and later tasks of a long build);
@@ -34,7 +34,6 @@ from pathlib import Path
 from bench_cache_common import table
 
 from niels_gpt.builders import dist_build, make_plan
-from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "bulk-text" / "debian-docs.jsonl"
@@ -164,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ray: local cluster at {ray_address} (2 CPUs)")
 
     def reference(out):
-        build_pretrain_cache(docs(inputs), str(out), tokenizer=tok, shuffle_buffer=None, num_workers=1,
-                             source=plan.describe(), streaming=plan.streaming, **SETTINGS)
+        return dist_build(inputs, out, tokenizer=tok.model_path, executor="inline", workers=1,
+                          task_bytes=args.task_bytes, log=lambda m: None, **SETTINGS)
 
     def dist(executor, workers):
         def run(out, keep_parts=False):
@@ -183,17 +182,18 @@ def main(argv: list[str] | None = None) -> int:
             return {**reply["summary"], "driver_seconds": reply["seconds"]}
         return run
 
-    contenders = [("build_pretrain_cache (in-process)", 1, reference), ("dist-build inprocess", 1, dist("inprocess", 1)),
-                  ("dist-build processes", 1, dist("processes", 1)), ("dist-build processes", 2, dist("processes", 2))]
+    contenders = [("build inline", 1, reference), ("build, tasks in this process", 1, dist("inprocess", 1)),
+                  ("build inline (encode threads)", 2, dist("inline", 2)),
+                  ("build processes", 1, dist("processes", 1)), ("build processes", 2, dist("processes", 2))]
     if ray_address:
         conf = {"address": ray_address, "inputs": [str(p) for p in inputs], "tokenizer": tok.model_path,
                 "task_bytes": args.task_bytes, "settings": SETTINGS}
         driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, json.dumps(conf)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        contenders += [("dist-build ray, a new job per build", 1, ray_run(1, False)),
-                       ("dist-build ray, a new job per build", 2, ray_run(2, False)),
-                       ("dist-build ray, warm job", 1, ray_run(1, True)),
-                       ("dist-build ray, warm job", 2, ray_run(2, True))]
+        contenders += [("build ray, a new job per build", 1, ray_run(1, False)),
+                       ("build ray, a new job per build", 2, ray_run(2, False)),
+                       ("build ray, warm job", 1, ray_run(1, True)),
+                       ("build ray, warm job", 2, ray_run(2, True))]
     if args.only:
         contenders = contenders[:2] + [c for c in contenders[2:] if any(t in f"{c[0]} x{c[1]}" for t in args.only)]
     best: dict[int, float] = {}
@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, str(workers), f"{rate / 1e6:.2f}", f"{rate / base:.2f}x",
                      f"{rate / base / workers:.2f}", f"{rate / inproc:.2f}x", task_rate, same])
     print()
-    print(table(f"{tokens:,} tokens; best of {args.repeat}; ratio against build_pretrain_cache with 1 worker",
-                ["contender", "workers", "Mtok/s", "ratio", "efficiency", "x dist-build inprocess",
+    print(table(f"{tokens:,} tokens; best of {args.repeat}; ratio against build --executor inline --workers 1",
+                ["contender", "workers", "Mtok/s", "ratio", "efficiency", "x tasks in this process",
                  "Mtok/s per task-second", "identical"], rows))
     print(f"input: {len(inputs) * CORPUS.stat().st_size / tokens:.2f} bytes of JSONL per token")
     print(f"commit alone (rerun, every receipt valid): {commit_s:.3f} s = {tokens / commit_s / 1e6:.0f} Mtok/s "
