@@ -26,6 +26,7 @@ from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_toke
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.formats import cli as formats_cli
 from niels_gpt.loading import cli as loading_cli
+from niels_gpt.locate import locate
 from niels_gpt.packing import cli as packing_cli
 from niels_gpt.report import inspect_json, inspect_path, verify_outputs
 from niels_gpt.seeds import seed_arg
@@ -193,7 +194,8 @@ def add_stats(sub) -> None:
 def _stats(args) -> int:
     path, named, _ = read_location(args.path)
     with errors_named(named):
-        if Path(path).is_file() and Path(path).suffix in (".json", ".toml"):
+        found = locate(path)  # the one door: a missing path, an unfinished build or a text file said as such
+        if found.kind == "mixture":
             st = mixture_stats(path, steps=args.steps, global_batch_size=args.batch)
         else:
             st = cache_stats(path, seq_len=args.seq_len)
@@ -211,6 +213,7 @@ def _inspect(args) -> int:
     if tokenizer is None and named is not str and not args.json:
         tokenizer = tokenizer_near(args.path)  # a tokenizer directory beside or above the cache URL
     with errors_named(named):
+        locate(path)  # the one door: a missing path, an unfinished build or a text file said as such
         if args.json:
             print(named(inspect_json(path)))
             return 0

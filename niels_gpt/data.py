@@ -23,65 +23,46 @@ each worker), validates its files on open, and raises the package's errors.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME
 from niels_gpt.packing.factory import open_packed
-from niels_gpt.packing.memmap_format import MANIFEST_NAME
-from niels_gpt.packing.parquet import PARQUET_SUFFIXES
 from niels_gpt.readers.sft import SFTExampleDataset
 
 
 def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = "train", **options):
-    """The dataset for whatever `path` holds (see the module's table). `T` is the window (sequence)
-    length; packed bins have theirs fixed at packing and take none. `options` go to the dataset."""
+    """The dataset for whatever `path` holds (see the module's table; niels_gpt.locate decides what it is).
+    `T` is the window (sequence) length; packed bins have theirs fixed at packing and take none. `options`
+    go to the dataset."""
     p = Path(path)
-    if not p.exists() and not p.with_suffix(".bin").exists():
-        raise FormatError(f"{p}: no such file or directory")
-    kind, root, split = _what(p, split)
-    if kind == "packed":
+    found = locate(p)
+    if found.kind == "packed":
         if T is not None:
             raise ConfigError(f"{p}: packed bins have the length they were packed with; leave T out")
         return open_packed(p, **options)
-    if not isinstance(T, int) or isinstance(T, bool) or T < 1:
+    if found.kind in ("pretrain", "sft", "foreign") and (not isinstance(T, int) or isinstance(T, bool) or T < 1):
         raise ConfigError(f"{p}: T={T!r}; pass the window length as a positive int (T=...)")
-    if kind == "pretrain":
-        return IndexedWindowDataset(root, T, split=split, **options)
-    if kind == "sft":
-        meta = json.loads((root / META_NAME).read_text(encoding="utf-8"))
-        eot = (meta.get("special_token_ids") or {}).get("eot")
+    split = found.split or split
+    if found.kind == "pretrain":
+        return IndexedWindowDataset(found.root, T, split=split, **options)
+    if found.kind == "sft":
+        eot = (found.meta.get("special_token_ids") or {}).get("eot")
         if eot is None:
-            raise FormatError(f"{root / META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
-        return SFTExampleDataset(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=T,
+            raise FormatError(f"{found.root / META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
+        return SFTExampleDataset(str(found.root / f"{split}_tokens.bin"), str(found.root / f"{split}_idx.npy"), T=T,
                                  device=options.pop("device", "cpu"), eot_id=int(eot), **options)
-    return MemoryMappedDataset(p, T, split=split, **options)
+    if found.kind == "foreign":
+        return MemoryMappedDataset(p, T, split=split, **options)
+    raise FormatError(f"{p}: {WHAT[found.kind]}, which holds no tokens to train on; point at a cache, packed bins or "
+                      "token files")
 
 
-def _what(p: Path, split: str) -> tuple[str, Path, str]:
-    """(kind, the directory its meta lives in, the split) for `p`: pretrain, sft, packed or foreign."""
-    if p.is_dir() and (p / MANIFEST_NAME).is_file():
-        return "packed", p, split
-    if p.suffix in PARQUET_SUFFIXES or p.suffix == ".npy" and not p.name.endswith("_idx.npy"):
-        return "packed", p, split
-    if p.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in p.iterdir()):
-        return "packed", p, split
-    for root, chosen in ((p, split), (p.parent, p.name)):
-        meta_path = root / META_NAME
-        if not meta_path.is_file() or (root != p and chosen not in SPLITS):
-            continue
-        try:
-            kind = json.loads(meta_path.read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError) as e:
-            raise FormatError(f"{meta_path}: not readable JSON ({e}); rebuild the cache") from e
-        if kind in ("pretrain", "sft"):
-            return kind, root, chosen
-        if kind is not None:
-            raise FormatError(f"{meta_path}: kind {kind!r} holds no tokens to train on (a tokenizer?); "
-                              "point at a cache, packed bins or token files")
-    return "foreign", p, split
+WHAT = {"tokenizer": "a tokenizer directory", "root": "a root of several outputs (open one of them)",
+        "mixture": "a mixture file (train takes it; open its datasets one by one)",
+        "text-parquet": "Parquet text shards (tokenized while training: ParquetTokenLoader)",
+        "not-built": "a cache that was not built (its meta.json says why)"}

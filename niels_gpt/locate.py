@@ -1,0 +1,131 @@
+"""One door: what a path holds, decided once for `train`, `stats`, `inspect`, `verify` and `open_dataset`.
+
+    found = locate("cache/mine")          # Found(kind="pretrain", root=cache/mine, split=None, meta={...})
+    found = locate("cache/mine/val")      # Found(kind="pretrain", root=cache/mine, split="val", ...)
+
+| the path holds                                               | kind             |
+|--------------------------------------------------------------|------------------|
+| our cache's meta.json (kind pretrain or sft), or a split dir  | `pretrain`, `sft` |
+| a cache whose meta.json says "built": false (build-all's placeholder) | `not-built` |
+| packed bins: manifest.json, Megatron-Bridge Parquet (`input_ids`), a legacy `.npy` | `packed` |
+| Parquet text shards (a `text` column)                         | `text-parquet`   |
+| a mixture file (`.toml`, or `.json` holding `datasets`)       | `mixture`        |
+| a tokenizer directory (meta.json of kind tokenizer)           | `tokenizer`      |
+| a directory holding several outputs of ours (a build-all root) | `root`          |
+| token files of another format (nanoGPT, KempnerForge, Megatron, raw with meta) | `foreign` |
+
+A path that holds none of these is a clear error saying what it is and what to do: missing (with the
+interrupted build's leftovers named, when there are some: niels_gpt.meta.unfinished_build), a text or
+JSONL file (build it first), an empty or unrelated directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from niels_gpt.constants import MANIFEST_NAME, META_NAME, SPLITS
+from niels_gpt.errors import FormatError, IncompleteCacheError
+from niels_gpt.formats.detect import detect_format
+from niels_gpt.meta import unfinished_build
+
+PARQUET = (".parquet", ".pq")
+TEXT_INPUTS = (".txt", ".md", ".raw", ".jsonl", ".json", ".gz", ".zst", ".csv", ".arrow")
+
+
+@dataclass
+class Found:
+    kind: str
+    path: Path  # as given
+    root: Path  # the output's own directory (where its record lives)
+    split: str | None = None  # a split directory was given
+    meta: dict = field(default_factory=dict)
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: not readable JSON ({exc}); rebuild the output, or restore the file") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def _parquet_columns(path: Path) -> list[str]:
+    import pyarrow.parquet as pq  # lazy: pyarrow only for a Parquet directory
+
+    try:
+        return pq.read_schema(path).names
+    except Exception as exc:  # noqa: BLE001 (pyarrow raises several kinds for a file that is not Parquet)
+        raise FormatError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+
+
+def locate(path: str | os.PathLike) -> Found:
+    """What `path` holds (the module's table), or a FormatError / IncompleteCacheError saying what to do."""
+    p = Path(path)
+    if not p.exists() and not Path(str(p) + ".bin").exists():
+        why = unfinished_build(p)
+        if why is not None:
+            raise IncompleteCacheError(why)
+        raise FormatError(f"{p}: no such file or directory; check the path (build a cache with `build SRC... --out "
+                          f"{p}`)")
+    if p.is_file():
+        return _file(p)
+    if p.is_dir() and (p / MANIFEST_NAME).is_file():
+        return Found("packed", p, p)
+    for root, split in ((p, None), (p.parent, p.name)):
+        if split is not None and split not in SPLITS:
+            continue
+        if (root / META_NAME).is_file():
+            meta = _json(root / META_NAME) or {}
+            kind = meta.get("kind")
+            if kind in ("pretrain", "sft"):
+                return Found("not-built" if meta.get("built") is False else kind, p, root, split, meta)
+            if kind == "tokenizer" and split is None:
+                return Found("tokenizer", p, root, None, meta)
+    if p.is_dir():
+        parquets = sorted(c for c in p.iterdir() if c.suffix in PARQUET)
+        if parquets:
+            names = _parquet_columns(parquets[0])
+            if "input_ids" in names:
+                return Found("packed", p, p)
+            if "text" in names:
+                return Found("text-parquet", p, p)
+            raise FormatError(f"{parquets[0]}: columns {names}: neither a 'text' column (text shards) nor "
+                              "'input_ids' (packed SFT bins)")
+        if any(p.glob(f"*/{META_NAME}")) or any(p.glob(f"*/*/{META_NAME}")) or any(p.glob(f"*/{MANIFEST_NAME}")):
+            return Found("root", p, p)
+        why = unfinished_build(p)
+        if why is None and (p.name in SPLITS):
+            why = unfinished_build(p.parent)
+        if why is not None:
+            raise IncompleteCacheError(why)
+    try:
+        info = detect_format(p)
+    except FormatError as exc:
+        if p.is_dir() and not any(p.iterdir()):
+            raise FormatError(f"{p}: an empty directory, not a cache; build one into it with `build SRC... --out "
+                              f"{p}`") from None
+        raise FormatError(f"{p}: no meta.json, manifest.json, Parquet shards or token files of a known format here, "
+                          "so not a cache, packed bins or a converted output; point at one (a cache is built with "
+                          f"`build SRC... --out DIR`)") from exc
+    return Found("foreign", p, p, None, {"format": info.format})
+
+
+def _file(p: Path) -> Found:
+    if p.suffix in (".toml",):
+        return Found("mixture", p, p.parent)
+    if p.suffix == ".json":
+        doc = _json(p) or {}
+        if "datasets" in doc:
+            return Found("mixture", p, p.parent)
+        if doc.get("kind") in ("pretrain", "sft", "tokenizer"):
+            return locate(p.parent)
+    if p.suffix in PARQUET or (p.suffix == ".npy" and not p.name.endswith("_idx.npy")):
+        return Found("packed", p, p.parent)
+    if p.suffix in TEXT_INPUTS or p.name.endswith(TEXT_INPUTS):
+        raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
+                          "cache/NAME --tokenizer TOK`), then point at cache/NAME")
+    info = detect_format(p)
+    return Found("foreign", p, p.parent, None, {"format": info.format})
