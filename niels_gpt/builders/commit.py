@@ -130,7 +130,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
            streaming: bool = False, source: dict | Callable[[], dict] | None = None,
            on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
-           val_frac: float | None = None) -> dict:
+           val_frac: float | None = None, tokenizer_path: str | None = None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
 
     `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
@@ -192,6 +192,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                          records=records, eot=eot, seed=seed, dataset_name=dataset_name,
                          dataset_config=dataset_config, streaming=streaming, source=source, own_split=False,
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
-                         budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac)
+                         budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
+                         tokenizer_path=tokenizer_path)
     write_meta(str(out), meta)
     return meta

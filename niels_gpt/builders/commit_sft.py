@@ -24,7 +24,8 @@ from niels_gpt.meta import write_meta
 
 def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_frac: float, seed: int,
                dataset_name: str | None = None, dataset_config: str | None = None, streaming: bool = False,
-               source: dict | Callable[[], dict] | None = None, final: str | os.PathLike | None = None) -> dict:
+               source: dict | Callable[[], dict] | None = None, final: str | os.PathLike | None = None,
+               tokenizer_path: str | None = None) -> dict:
     """Write the SFT cache at `out_dir` from the parts of `receipts` (in plan order); returns meta."""
     check_sft_settings(val_frac, seed)
     out = Path(out_dir)
@@ -54,6 +55,6 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
         source = source()
     meta = sft_meta(tokenizer, dtype, Path(final) if final is not None else out, writer, records=records, seed=seed,
                     val_frac=val_frac, skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
-                    streaming=streaming, source=source)
+                    streaming=streaming, source=source, tokenizer_path=tokenizer_path)
     write_meta(str(out), meta)
     return meta

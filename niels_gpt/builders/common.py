@@ -12,7 +12,6 @@ import numpy as np
 
 from niels_gpt.atomic import remove_stale_temporaries
 from niels_gpt.meta import FORMAT_VERSION, META_NAME, meta_token_dtype, numpy_dtype, read_meta
-from niels_gpt.tokenizer.find import recorded_path
 
 
 def resolve_dtype(tokenizer, token_dtype: str | None) -> np.dtype:
@@ -43,11 +42,12 @@ def all_skipped(own: Counter, source: dict | None) -> dict:
     return dict(sorted(out.items()))
 
 
-def common_meta(tokenizer, dtype, seed, name, config, streaming, source, final: Path | None = None) -> dict:
+def common_meta(tokenizer, dtype, seed, name, config, streaming, source, tokenizer_path: str | None = None) -> dict:
+    """The fields every cache's meta.json has. `tokenizer_path`: where train, stats and inspect find the tokenizer
+    again (tokenizer/find.py); `build` gives it when a `tokenizer/` directory above the cache would not."""
     described = tokenizer.describe()
-    path = recorded_path(tokenizer, final) if final is not None and hasattr(tokenizer, "model_path") else None
-    if path is not None:  # where train, stats and inspect find it again (tokenizer/find.py)
-        described["path"] = path
+    if tokenizer_path is not None:
+        described["path"] = tokenizer_path
     return {
         "format_version": FORMAT_VERSION,
         "built": True,

@@ -31,6 +31,7 @@ from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, ru
 from niels_gpt.errors import CacheError, NielsGPTError
 from niels_gpt.outputs import PLAN_NAME, check_output
 from niels_gpt.staging import build_aside
+from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
 
@@ -134,7 +135,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
 
     receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
-                  streaming=plan.streaming, source=described, final=out)
+                  streaming=plan.streaming, source=described, final=out, tokenizer_path=recorded_path(tok, out))
     try:
         with build_aside(out) as stage:
             if spec.chat:

@@ -137,6 +137,7 @@ def build_pretrain_cache(
     progress: bool | None = False,
     input_bytes: int | None = None,
     val_frac: float | None = None,
+    tokenizer_path: str | None = None,
 ) -> None:
     """
     writes:
@@ -152,6 +153,7 @@ def build_pretrain_cache(
     `progress`: a bar on stderr (None: on a terminal only); `input_bytes`: the input's size, for its ETA.
     `source`: meta.json's record of the input, or a callable that returns it, called once the stream is read
     (its skip counts are then final; it may also refuse the build, e.g. when an input changed meanwhile).
+    `tokenizer_path`: recorded in meta.json as where the tokenizer is found again (tokenizer/find.py).
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
@@ -236,14 +238,15 @@ def build_pretrain_cache(
                              seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
                              streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
                              skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
-                             budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac)
+                             budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
+                             tokenizer_path=tokenizer_path)
         write_meta(str(out), meta)
 
 
 def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
                   dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
                   exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
-                  separator=None, val_frac: float | None = None) -> dict:
+                  separator=None, val_frac: float | None = None, tokenizer_path: str | None = None) -> dict:
     """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
     parallel build's commit write the same one)."""
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
@@ -252,7 +255,8 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
         read = ", ".join((source or {}).get("files") or []) or (source or {}).get("dataset_id") or "the documents given"
         raise ConfigError(f"no tokens for {final}: {read} had no non-empty document "
                           f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
-    meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source, final)
+    meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
+                       tokenizer_path)
     before = separator is not None and separator.position == "before"
     meta.update({
         "kind": "pretrain",

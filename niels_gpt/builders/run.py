@@ -43,6 +43,7 @@ from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.tokenizer.find import recorded_path
 from niels_gpt.urls import is_url
 
 ALL_TOKENS = 2**62  # no budget: every document
@@ -214,7 +215,8 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
     reader = _Reader(plan)
     name = spec.name or out.name
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=name, dataset_config=spec.hf_config,
-                  streaming=plan.streaming, source=reader.described, progress=spec.progress)
+                  streaming=plan.streaming, source=reader.described, progress=spec.progress,
+                  tokenizer_path=recorded_path(tok, out))
     if spec.chat:
         build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers, **common)
     else:
@@ -232,7 +234,7 @@ def _inline_source(spec: BuildSpec, tok, out: Path) -> dict:
     src = spec.source
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
                   dataset_config=src.dataset_config, streaming=src.streaming, source=src.describe,
-                  progress=spec.progress)
+                  progress=spec.progress, tokenizer_path=recorded_path(tok, out))
     if spec.chat:
         build_sft_cache(src.iter_conversations(), str(out), val_frac=spec.val_frac or 0.0,
                         num_workers=spec.workers, **common)

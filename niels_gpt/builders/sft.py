@@ -108,12 +108,14 @@ class SFTWriter:
 
 
 def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict, seed: int, val_frac: float,
-             skipped: Counter, dataset_name, dataset_config, streaming: bool, source: dict | None) -> dict:
+             skipped: Counter, dataset_name, dataset_config, streaming: bool, source: dict | None,
+             tokenizer_path: str | None = None) -> dict:
     """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
     if not writer.offsets["train"] and not writer.offsets["val"]:
         raise ConfigError(f"no usable conversation for {final} (skipped: {all_skipped(skipped, source) or 'none'}): "
                           "every example lacked an assistant turn or was empty")
-    meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source, final)
+    meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
+                       tokenizer_path)
     meta.update({
         "kind": "sft",
         "split_rule": sft_split_rule(seed, val_frac),
@@ -152,6 +154,7 @@ def build_sft_cache(
     source: dict | Callable[[], dict] | None = None,
     progress: bool | None = False,
     num_workers: int | None = 1,
+    tokenizer_path: str | None = None,
 ) -> None:
     """
     writes:
@@ -192,5 +195,5 @@ def build_sft_cache(
             source = source()
         meta = sft_meta(tokenizer, dtype, final, writer, records=records, seed=seed, val_frac=val_frac,
                         skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
-                        streaming=streaming, source=source)
+                        streaming=streaming, source=source, tokenizer_path=tokenizer_path)
         write_meta(str(out), meta)

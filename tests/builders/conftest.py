@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from niels_gpt.cache.build_cache import Skipped, build_pretrain_cache
+from niels_gpt.tokenizer.find import recorded_path
 
 from ..tokenizer_backends.conftest import bpe_json, hf_dir  # noqa: F401  (shared fixtures)
 
@@ -70,8 +71,10 @@ def corpus(tmp_path_factory, real_docs) -> dict:
 @pytest.fixture(scope="session")
 def build_reference(tokenizer):
     def build(docs, out: Path, *, source: dict, streaming: bool = False, **settings) -> Path:
+        # as `build` records it: where the tokenizer is found again (not in a tokenizer/ directory above)
         build_pretrain_cache(iter(docs), str(out), tokenizer=tokenizer, shuffle_buffer=settings.pop("shuffle_buffer", None),
-                             source=source, streaming=streaming, **settings)
+                             source=source, streaming=streaming, tokenizer_path=recorded_path(tokenizer, out),
+                             **settings)
         return out
     return build
 

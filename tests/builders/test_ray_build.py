@@ -4,6 +4,7 @@ processes. One cluster for the module (2 CPUs, no dashboard), shut down after; ~
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,7 +75,14 @@ def test_relative_paths_reach_ray_workers_as_absolute_ones(ray_cluster, local_ca
     shutil.copytree(Path(tokenizer.model_path).parent, tmp_path / "tok")
     monkeypatch.chdir(tmp_path)
     dist_build(corpus["paths"], "rel-out", tokenizer="tok", executor="ray", workers=2, task_bytes=40_000, **KW)
-    assert tree(tmp_path / "rel-out") == local_caches["reference"]
+    got, want = tree(tmp_path / "rel-out"), local_caches["reference"]
+    assert {k: v for k, v in got.items() if k != "meta.json"} == {k: v for k, v in want.items() if k != "meta.json"}
+    metas = [json.loads(m["meta.json"]) for m in (got, want)]
+    assert metas[0]["tokenizer"].pop("path") == str((tmp_path / "tok" / "spm.model").resolve())  # the copy it used
+    for m in metas:
+        m["tokenizer"].pop("path", None)
+        m.pop("record_sha256", None)
+    assert metas[0] == metas[1]
 
 
 def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpus, tokenizer, tree, tmp_path):
