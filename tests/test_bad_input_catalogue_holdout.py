@@ -1,11 +1,12 @@
 """Bad-input catalogue, holdout data: the refusals and flags added for data no earlier test had seen (oasst
-exports with lone surrogates, no usable conversation or mixed shapes; .bos.idx sidecars that disagree with
-their shard; prepare-data's --tokenizer)."""
+exports with lone surrogates, no usable conversation or mixed shapes; Gutenberg files with misplaced markers;
+.bos.idx sidecars that disagree with their shard; prepare-data's --tokenizer; convert's nanogpt-train-bin)."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from .test_bad_input_catalogue import Case, _jsonl, _oasst_trees, check_case, world  # noqa: F401  (world: fixture)
@@ -46,6 +47,34 @@ def gutenberg_start_inside_a_book(w, tmp):
             "--gutenberg-dir", str(books), "--gutenberg-val-frac", "0", "--no-progress"]
 
 
+def _nanogpt_with_sidecar(tmp):
+    """A nanoGPT shard whose .bos.idx lists a position inside a document (it disagrees with the shard)."""
+    from niels_gpt.formats import nanogpt
+
+    d = tmp / "ng"
+    d.mkdir()
+    sink = nanogpt.NanogptSink(d / "data_000000.bin", "uint16")
+    sink.write(np.asarray([50, 10, 11, 50, 12, 13, 50, 14]))
+    sink.close()
+    np.asarray([0, 3, 5, 6], dtype="<i4").tofile(d / "data_000000.bos.idx")
+    return d
+
+
+def convert_sidecar_disagrees(w, tmp):
+    return ["convert", str(_nanogpt_with_sidecar(tmp)), str(tmp / "out"), "--to", "kempner-npy"]
+
+
+def prepare_data_tokenizer_missing(w, tmp):
+    return ["prepare-data", str(_nanogpt_with_sidecar(tmp)), "--tokenizer", str(tmp / "no-such-tokenizer")]
+
+
+def convert_uint32_to_nanogpt_train_bin(w, tmp):
+    src = tmp / "wide"
+    src.mkdir()
+    np.asarray([70_000, 5, 6], dtype="<u4").tofile(src / "a.bin")
+    return ["convert", str(src), str(tmp / "out"), "--to", "nanogpt-train-bin", "--src-dtype", "uint32"]
+
+
 CASES = [
     Case("oasst lone surrogate in a reply", oasst_lone_surrogate, ("s.jsonl", "line 2", "q-a", "surrogate"),
          out="out/sft"),
@@ -53,6 +82,11 @@ CASES = [
          ("u.jsonl", "no usable conversation", "no_assistant_turn", "nobody answered"), out="out/sft"),
     Case("gutenberg: a second START before the first END", gutenberg_start_inside_a_book,
          ("x.txt", "line 3", "second '*** START OF'"), out="out/pretrain"),
+    Case("convert: a .bos.idx that disagrees with its shard", convert_sidecar_disagrees,
+         ("data_000000.bos.idx", "disagrees with the shard", "--bos-id ID"), out="out"),
+    Case("prepare-data --tokenizer: no such tokenizer", prepare_data_tokenizer_missing, ("no-such-tokenizer",)),
+    Case("convert --to nanogpt-train-bin: uint32 tokens", convert_uint32_to_nanogpt_train_bin,
+         ("wide", "uint32", "reads train.bin/val.bin as uint16", "--dtype uint16"), out="out"),
     Case("oasst nested and flat files mixed", oasst_mixed_data_files,
          ("trees.jsonl", "rows.jsonl", "--oasst-trees-jsonl"), out="out/sft"),
 ]
