@@ -9,7 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from .test_bad_input_catalogue import Case, _jsonl, _oasst_trees, check_case, world  # noqa: F401  (world: fixture)
+from .test_bad_input_catalogue import (  # noqa: F401  (world: the fixture)
+    Case,
+    _copy,
+    _jsonl,
+    _oasst_trees,
+    check_case,
+    world,
+)
 
 
 def _oasst_files(w, tmp, *files):
@@ -75,6 +82,36 @@ def convert_uint32_to_nanogpt_train_bin(w, tmp):
     return ["convert", str(src), str(tmp / "out"), "--to", "nanogpt-train-bin", "--src-dtype", "uint32"]
 
 
+def _bump_val_tokens(cache):
+    """meta.json with `totals.val_tokens` one higher: a field no reader uses, written as the writer would."""
+    meta = json.loads((cache / "meta.json").read_text())
+    meta["totals"]["val_tokens"] += 1
+    (cache / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def inspect_edited_unread_field(w, tmp):
+    c = _copy(w.pretrain, tmp / "c")
+    _bump_val_tokens(c)
+    return ["inspect", str(c)]
+
+
+def verify_edited_unread_field(w, tmp):
+    c = _copy(w.pretrain, tmp / "c")
+    _bump_val_tokens(c)
+    return ["verify", str(c)]
+
+
+def inspect_interrupted_first_build(w, tmp):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a pid that is no longer running: its build died
+    stage = tmp / "root" / "pretrain" / f"wikitext.tmp-{p.pid}"
+    (stage / "train").mkdir(parents=True)
+    return ["inspect", str(tmp / "root" / "pretrain" / "wikitext")]
+
+
 CASES = [
     Case("oasst lone surrogate in a reply", oasst_lone_surrogate, ("s.jsonl", "line 2", "q-a", "surrogate"),
          out="out/sft"),
@@ -87,6 +124,12 @@ CASES = [
     Case("prepare-data --tokenizer: no such tokenizer", prepare_data_tokenizer_missing, ("no-such-tokenizer",)),
     Case("convert --to nanogpt-train-bin: uint32 tokens", convert_uint32_to_nanogpt_train_bin,
          ("wide", "uint32", "reads train.bin/val.bin as uint16", "--dtype uint16"), out="out"),
+    Case("inspect: a field no reader uses edited in meta.json", inspect_edited_unread_field,
+         ("meta.json", "record_sha256", "rebuild"), reads=("pretrain",)),
+    Case("verify: a field no reader uses edited in meta.json", verify_edited_unread_field,
+         ("meta.json", "record_sha256"), report=True),
+    Case("inspect: a first build that was interrupted", inspect_interrupted_first_build,
+         ("wikitext", "interrupted", "build-all --cache-dir", "--only wikitext")),
     Case("oasst nested and flat files mixed", oasst_mixed_data_files,
          ("trees.jsonl", "rows.jsonl", "--oasst-trees-jsonl"), out="out/sft"),
 ]
