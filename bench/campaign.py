@@ -203,9 +203,14 @@ def run_kills(work: Path, tok: str, kills: int, rng: random.Random, only: list[s
     ref = work / "REF"
     ref.mkdir()
     rows, clean_time = [], {}
-    chosen = [j for j in jobs(tok) if not only or j.name in only]
+    everything = jobs(tok)
+    chosen = [j for j in everything if not only or j.name in only]
+    # a chosen job that reads an output in REF (convert, pack-sft) gets the fresh job that writes it built
+    # first, so `--only "convert raw"` runs as written
+    needed = [j for j in everything if j not in chosen and j.before is None and j.name.endswith("fresh")
+              and any(a.startswith(f"REF/{j.output}") for c in chosen for a in c.args)]
     cleans = {}
-    for job in chosen:  # the clean builds: the caches in REF itself, the jobs that read them beside it
+    for job in needed + chosen:  # the clean builds: the caches in REF itself, the jobs that read them beside it
         here = ref
         if any(a.startswith("REF/") for a in job.args):
             here = Path(tempfile.mkdtemp(dir=work))

@@ -264,6 +264,21 @@ class HelpFormatter(argparse.HelpFormatter):
             return text
         return f"{text} (default: %(default)s)"
 
+    def _fill_text(self, text, width, indent):
+        # NOTE: lines indented by two spaces (a table, such as convert's formats and the programs that read
+        # them) stay as written; the prose around them is filled as before
+        out, prose = [], []
+        for line in [*text.splitlines(), ""]:
+            if line.startswith("  ") or not line.strip():
+                if prose:
+                    out.append(super()._fill_text(" ".join(prose), width, indent))
+                    prose = []
+                if line.strip():
+                    out.append(indent + line)
+            else:
+                prose.append(line)
+        return "\n".join(out)
+
     def _split_lines(self, text, width):
         # NOTE: argparse wraps at hyphens too, which cuts values such as CC-MAIN-2024-10 in two.
         import textwrap

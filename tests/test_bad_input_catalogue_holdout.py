@@ -1,14 +1,22 @@
 """Bad-input catalogue, holdout data: the refusals and flags added for data no earlier test had seen (oasst
-exports with lone surrogates, no usable conversation or mixed shapes; .bos.idx sidecars that disagree with
-their shard; prepare-data's --tokenizer)."""
+exports with lone surrogates, no usable conversation or mixed shapes; Gutenberg files with misplaced markers;
+.bos.idx sidecars that disagree with their shard; prepare-data's --tokenizer; convert's nanogpt-train-bin)."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from .test_bad_input_catalogue import Case, _jsonl, _oasst_trees, check_case, world  # noqa: F401  (world: fixture)
+from .test_bad_input_catalogue import (  # noqa: F401  (world: the fixture)
+    Case,
+    _copy,
+    _jsonl,
+    _oasst_trees,
+    check_case,
+    world,
+)
 
 
 def _oasst_files(w, tmp, *files):
@@ -46,6 +54,64 @@ def gutenberg_start_inside_a_book(w, tmp):
             "--gutenberg-dir", str(books), "--gutenberg-val-frac", "0", "--no-progress"]
 
 
+def _nanogpt_with_sidecar(tmp):
+    """A nanoGPT shard whose .bos.idx lists a position inside a document (it disagrees with the shard)."""
+    from niels_gpt.formats import nanogpt
+
+    d = tmp / "ng"
+    d.mkdir()
+    sink = nanogpt.NanogptSink(d / "data_000000.bin", "uint16")
+    sink.write(np.asarray([50, 10, 11, 50, 12, 13, 50, 14]))
+    sink.close()
+    np.asarray([0, 3, 5, 6], dtype="<i4").tofile(d / "data_000000.bos.idx")
+    return d
+
+
+def convert_sidecar_disagrees(w, tmp):
+    return ["convert", str(_nanogpt_with_sidecar(tmp)), str(tmp / "out"), "--to", "kempner-npy"]
+
+
+def prepare_data_tokenizer_missing(w, tmp):
+    return ["prepare-data", str(_nanogpt_with_sidecar(tmp)), "--tokenizer", str(tmp / "no-such-tokenizer")]
+
+
+def convert_uint32_to_nanogpt_train_bin(w, tmp):
+    src = tmp / "wide"
+    src.mkdir()
+    np.asarray([70_000, 5, 6], dtype="<u4").tofile(src / "a.bin")
+    return ["convert", str(src), str(tmp / "out"), "--to", "nanogpt-train-bin", "--src-dtype", "uint32"]
+
+
+def _bump_val_tokens(cache):
+    """meta.json with `totals.val_tokens` one higher: a field no reader uses, written as the writer would."""
+    meta = json.loads((cache / "meta.json").read_text())
+    meta["totals"]["val_tokens"] += 1
+    (cache / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def inspect_edited_unread_field(w, tmp):
+    c = _copy(w.pretrain, tmp / "c")
+    _bump_val_tokens(c)
+    return ["inspect", str(c)]
+
+
+def verify_edited_unread_field(w, tmp):
+    c = _copy(w.pretrain, tmp / "c")
+    _bump_val_tokens(c)
+    return ["verify", str(c)]
+
+
+def inspect_interrupted_first_build(w, tmp):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a pid that is no longer running: its build died
+    stage = tmp / "root" / "pretrain" / f"wikitext.tmp-{p.pid}"
+    (stage / "train").mkdir(parents=True)
+    return ["inspect", str(tmp / "root" / "pretrain" / "wikitext")]
+
+
 CASES = [
     Case("oasst lone surrogate in a reply", oasst_lone_surrogate, ("s.jsonl", "line 2", "q-a", "surrogate"),
          out="out/sft"),
@@ -53,6 +119,17 @@ CASES = [
          ("u.jsonl", "no usable conversation", "no_assistant_turn", "nobody answered"), out="out/sft"),
     Case("gutenberg: a second START before the first END", gutenberg_start_inside_a_book,
          ("x.txt", "line 3", "second '*** START OF'"), out="out/pretrain"),
+    Case("convert: a .bos.idx that disagrees with its shard", convert_sidecar_disagrees,
+         ("data_000000.bos.idx", "disagrees with the shard", "--bos-id ID"), out="out"),
+    Case("prepare-data --tokenizer: no such tokenizer", prepare_data_tokenizer_missing, ("no-such-tokenizer",)),
+    Case("convert --to nanogpt-train-bin: uint32 tokens", convert_uint32_to_nanogpt_train_bin,
+         ("wide", "uint32", "reads train.bin/val.bin as uint16", "--dtype uint16"), out="out"),
+    Case("inspect: a field no reader uses edited in meta.json", inspect_edited_unread_field,
+         ("meta.json", "record_sha256", "rebuild"), reads=("pretrain",)),
+    Case("verify: a field no reader uses edited in meta.json", verify_edited_unread_field,
+         ("meta.json", "record_sha256"), report=True),
+    Case("inspect: a first build that was interrupted", inspect_interrupted_first_build,
+         ("wikitext", "interrupted", "build-all --cache-dir", "--only wikitext")),
     Case("oasst nested and flat files mixed", oasst_mixed_data_files,
          ("trees.jsonl", "rows.jsonl", "--oasst-trees-jsonl"), out="out/sft"),
 ]

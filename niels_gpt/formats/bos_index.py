@@ -69,13 +69,16 @@ def _lands_on_bos(pos: np.ndarray, tokens: np.ndarray, bos_id: int) -> bool:
     return bool(np.all(np.asarray(tokens[pos]) == bos_id))
 
 
-def load_bos_index(bin_path: str | os.PathLike, tokens: np.ndarray, bos_id: int | None) -> tuple[np.ndarray, int] | None:
+def load_bos_index(bin_path: str | os.PathLike, tokens: np.ndarray, bos_id: int | None, *,
+                   known_bos: tuple[int, str] | None = None) -> tuple[np.ndarray, int] | None:
     """Return (token indices of BOS, bos_id) from the sidecar of `bin_path`, or None without one.
 
     `bos_id=None` takes the BOS id from the token at the first listed position; when the listed
-    positions do not all hold that one token (a position inside a document), it raises and names the
-    id most of them hold, to pass as the BOS id. With a `bos_id`, positions that do not land on BOS
-    tokens are re-read as byte offsets, else replaced by a scan; both warn.
+    positions do not all hold that one token, the sidecar disagrees with the shard and it raises, saying
+    how to rescan: with the BOS id of the tokenizer that made the shard, which it names only when the
+    caller has that tokenizer at hand (`known_bos`: (id, where it comes from)), never a guess from the
+    tokens (a shard quoting its BOS inside documents fools any guess). With a `bos_id`, positions that do
+    not land on BOS tokens are re-read as byte offsets, else replaced by a scan; both warn.
     """
     side = sidecar_path(bin_path)
     if not side.is_file():
@@ -92,7 +95,7 @@ def load_bos_index(bin_path: str | os.PathLike, tokens: np.ndarray, bos_id: int 
                 if _lands_on_bos(cand, tokens, bos_id):
                     break
         else:
-            raise FormatError(_no_common_token(side, raw, tokens))
+            raise FormatError(_no_common_token(side, raw, tokens, known_bos))
     if _lands_on_bos(raw, tokens, bos_id):
         return raw, bos_id
     for offset, label in ((_HEADER_BYTES, "header-inclusive"), (0, "header-exclusive")):
@@ -109,18 +112,24 @@ def load_bos_index(bin_path: str | os.PathLike, tokens: np.ndarray, bos_id: int 
     return scan_bos(tokens, bos_id), bos_id
 
 
-def _no_common_token(side: Path, raw: np.ndarray, tokens: np.ndarray) -> str:
-    """Why a sidecar names no BOS id: which token most listed positions hold, and one that differs."""
+def _no_common_token(side: Path, raw: np.ndarray, tokens: np.ndarray, known_bos: tuple[int, str] | None) -> str:
+    """Why a sidecar names no BOS id: what its positions hold, and how to rescan the shard."""
+    if known_bos is not None:
+        rescan = (f"pass the BOS id of {known_bos[1]}, {known_bos[0]} (--bos-id {known_bos[0]} for convert and "
+                  f"prepare-data, bos_id={known_bos[0]} in Python)")
+    else:
+        rescan = ("pass the BOS id of the tokenizer that made the shard (--bos-id ID for convert and prepare-data, "
+                  "bos_id=ID in Python; prepare-data --tokenizer PATH names it)")
+    rescan += " to check the sidecar against it and rescan the shard, or delete the sidecar"
     inside = raw[(raw >= 0) & (raw < len(tokens))]
     if inside.size == 0:
-        return (f"{side}: none of its {raw.size} positions lies inside the shard ({len(tokens)} tokens); "
-                "the sidecar belongs to another file: delete it, or pass the BOS id (--bos-id N) to rescan")
+        return (f"{side}: none of its {raw.size} positions lies inside the shard ({len(tokens)} tokens): the sidecar "
+                f"belongs to another file; {rescan}")
     held = np.asarray(tokens[inside]).astype(np.int64)
     values, counts = np.unique(held, return_counts=True)
     best = int(values[np.argmax(counts)])
     odd = int(np.flatnonzero(held != best)[0]) if np.any(held != best) else None
-    where = (f"position {int(inside[odd])} holds token {int(held[odd])}, inside a document"
-             if odd is not None else f"{raw.size - inside.size} position(s) lie beyond the shard's end")
-    return (f"{side}: lists {raw.size} BOS positions but they do not all hold one token: {int(counts.max())} "
-            f"hold token {best}, and {where}; pass the BOS id (--bos-id {best} for convert and "
-            f"prepare-data, bos_id={best} in Python) to check the sidecar against it and rescan the shard")
+    where = (f"position {int(inside[odd])} holds token {int(held[odd])}" if odd is not None
+             else f"{raw.size - inside.size} position(s) lie beyond the shard's end")
+    return (f"{side}: the sidecar disagrees with the shard: its {raw.size} positions do not all hold one token "
+            f"({int(counts.max())} hold token {best}, {where}), so it does not say which id is the BOS; {rescan}")

@@ -44,6 +44,7 @@ from niels_gpt.formats.base import (
 )
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format, write_converted_meta
+from niels_gpt.formats.names import NAMES, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
@@ -221,8 +222,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
         raise ConfigError(f"--max-tokens-per-file={max_tokens_per_file}: files must hold at least "
                           f"{MIN_SHARD_BYTES // 2} tokens (tiny files only multiply files); leave it unset for "
                           "the format's own default")
+    to = canonical_format(to)  # `automodel`, `modded-nanogpt`, `nanogpt-train-bin`: formats/names.py
     if to not in TARGETS:
-        raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(TARGETS)}")
+        raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(NAMES)}")
     dst = check_output(dst, kind="converted", flag="DST", inputs=[src], replace=False)  # only a new output
     info = detect_format(src, src_dtype)
     leaves = info.splits or {split: info}

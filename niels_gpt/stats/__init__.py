@@ -8,7 +8,7 @@ length T; for packed bins the efficiency and the fill histogram. `format_stats` 
 `plot_stats` writes PNG files (matplotlib, the `plot` extra) and returns the arrays it drew.
 
 `figures` counts one token stream, `outputs` knows each kind of output, `mixture` draws a mixture's
-proportions, `render` writes the tables and figures.
+proportions, `render` writes the tables, `plot` the figures.
 """
 
 from niels_gpt.stats.figures import (
@@ -22,7 +22,8 @@ from niels_gpt.stats.figures import (
 )
 from niels_gpt.stats.mixture import mixture_stats
 from niels_gpt.stats.outputs import cache_stats, lose_all_trained, span_mask
-from niels_gpt.stats.render import format_stats, plot_stats
+from niels_gpt.stats.plot import plot_stats
+from niels_gpt.stats.render import format_stats
 
 __all__ = ["CHUNK", "HIST_BINS", "PERCENTILES", "Stats", "StatsError", "StreamStats", "cache_stats", "format_stats",
     "lose_all_trained", "mixture_stats", "plot_stats", "span_mask", "stream_stats"]

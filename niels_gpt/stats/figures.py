@@ -15,6 +15,7 @@ from niels_gpt.progress import should_show
 CHUNK = 1 << 24  # tokens per vectorised pass
 HIST_BINS = 40
 PERCENTILES = (50, 90, 99)
+WIDE = 100  # lengths spanning this factor or more are binned on a log scale (books beside tweets)
 
 
 class StatsError(NielsGPTError):
@@ -33,6 +34,9 @@ class StreamStats:
     lengths: dict = field(default_factory=dict)  # p50/p90/p99/max/mean of document lengths
     hist_counts: list = field(default_factory=list)
     hist_edges: list = field(default_factory=list)
+    hist_tokens: list = field(default_factory=list)  # tokens of the documents in each bin
+    hist_log: bool = False  # log-spaced bins (the lengths span WIDE or more)
+    cut_examples: int | None = None  # SFT: examples longer than seq_len + 1 tokens (a row crops them)
     trained_tokens: int | None = None  # SFT: tokens inside the assistant mask
     trained_fraction: float | None = None
     seq_len: int | None = None
@@ -62,15 +66,23 @@ def progress_bar(total: int, desc: str, progress: bool | None):
                 file=sys.stderr)
 
 
-def length_figures(lengths: np.ndarray) -> tuple[dict, list, list]:
+def length_figures(lengths: np.ndarray) -> tuple[dict, dict]:
+    """(percentiles, mean, min, max; the histogram as StreamStats fields). The bins are log-spaced when the
+    lengths span a factor of WIDE or more, so a corpus of whole books beside short notes shows both; each
+    bin also holds the tokens its documents contribute."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
-        return {}, [], []
+        return {}, {}
     pct = np.percentile(lengths, PERCENTILES)
     figures = {f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}
-    figures.update(max=int(lengths.max()), min=int(lengths.min()), mean=float(lengths.mean()))
-    counts, edges = np.histogram(lengths, bins=min(HIST_BINS, max(1, int(lengths.max() - lengths.min()) + 1)))
-    return figures, counts.tolist(), edges.tolist()
+    lo, hi = int(lengths.min()), int(lengths.max())
+    figures.update(max=hi, min=lo, mean=float(lengths.mean()))
+    log = lo > 0 and hi / lo >= WIDE
+    bins = np.geomspace(lo, hi + 1, HIST_BINS + 1) if log else min(HIST_BINS, max(1, hi - lo + 1))
+    counts, edges = np.histogram(lengths, bins=bins)
+    tokens, _ = np.histogram(lengths, bins=edges, weights=lengths)
+    return figures, {"hist_counts": counts.tolist(), "hist_edges": edges.tolist(),
+                     "hist_tokens": tokens.astype(np.int64).tolist(), "hist_log": bool(log)}
 
 
 def _scan(arrays: list[np.ndarray], sep_id: int | None, bos_id: int | None, desc: str,
@@ -114,11 +126,10 @@ def stream_stats(name: str, arrays: list[np.ndarray], *, eot_id: int | None, bos
         n_eot = n_sep
     else:
         n_eot = None if eot_id is None else sum(int(np.count_nonzero(np.asarray(a) == eot_id)) for a in arrays)
-    docs, figures, counts, edges = None, {}, [], []
+    docs, figures, hist = None, {}, {}
     if sep_id is not None:
         lengths = _doc_lengths(total, pos, before="before" in position)
         docs = len(lengths)
-        figures, counts, edges = length_figures(lengths)
-    return StreamStats(name=name, tokens=total, documents=docs, eot=n_eot, bos=n_bos, lengths=figures,
-                       hist_counts=counts, hist_edges=edges)
+        figures, hist = length_figures(lengths)
+    return StreamStats(name=name, tokens=total, documents=docs, eot=n_eot, bos=n_bos, lengths=figures, **hist)
 

@@ -88,9 +88,9 @@ def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> 
             else:
                 mask = None
             bar.update(len(arr))
-        figures, counts, edges = length_figures(lengths)
+        figures, hist = length_figures(lengths)
         s = StreamStats(name=split, tokens=len(arr), documents=len(starts), eot=n_eot, bos=n_bos, lengths=figures,
-                        hist_counts=counts, hist_edges=edges, seq_len=seq_len)
+                        seq_len=seq_len, cut_examples=int(np.count_nonzero(lengths > seq_len + 1)), **hist)
         if mask is not None:
             s.trained_tokens = int(np.count_nonzero(mask))
             s.trained_fraction = s.trained_tokens / len(arr) if len(arr) else 0.0
@@ -142,11 +142,10 @@ def _bins_stats(root: Path, packed_len: np.ndarray, seq_lengths: np.ndarray, per
     nb = len(packed_len)
     fill = packed_len / pack_size if nb and pack_size else np.zeros(0)
     counts, edges = np.histogram(fill, bins=20, range=(0.0, 1.0))
-    figures, hc, he = length_figures(seq_lengths)
+    figures, hist = length_figures(seq_lengths)
     tokens = int(packed_len.sum())
     stream = StreamStats(name="bins", tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
-                         hist_counts=hc, hist_edges=he, trained_tokens=trained,
-                         trained_fraction=trained / tokens if tokens else 0.0)
+                         trained_tokens=trained, trained_fraction=trained / tokens if tokens else 0.0, **hist)
     extra = {"pack_size": pack_size, "bins": nb, "efficiency": tokens / (nb * pack_size) if nb and pack_size else 1.0,
              "fill_counts": counts.tolist(), "fill_edges": edges.tolist(),
              "fill_mean": float(fill.mean()) if nb else 0.0, "sequences_per_bin_mean": float(per_bin.mean()) if nb else 0.0}

@@ -165,7 +165,7 @@ def test_cli_convert_and_prepare_data(small_cache, tmp_path, capsys):
     assert rep["splits"]["train"].pop("calls") and rep["splits"]["train"].pop("kempnerforge")
     assert rep["splits"]["train"] == {"files": 1, "tokens": 10, "eot_id": EOT, "bos_id": None, "samples": 2,
                                       "max_id": 15, "eot_count": 4, "bos_count": 0, "first_token": 10,
-                                      "last_token": EOT}
+                                      "last_token": EOT, "top_ids_share": None}  # too few tokens to judge
     assert main(["prepare-data", str(small_cache), "--seq-len", "3"]) == 0
     captured = capsys.readouterr()
     assert "MemoryMappedDataset(" in captured.out and "eos_token_id=6)" in captured.out

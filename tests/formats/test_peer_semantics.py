@@ -177,20 +177,46 @@ def _shard_with_bad_sidecar(tmp_path):
     return d
 
 
-def test_a_sidecar_listing_a_position_inside_a_document_names_the_bos_id_to_pass(tmp_path, capsys, read_tokens):
+def test_a_sidecar_that_disagrees_with_its_shard_is_refused_without_an_unchecked_id(tmp_path, capsys, read_tokens,
+                                                                                     tokenizer):
     from niels_gpt.errors import FormatError
 
     d = _shard_with_bad_sidecar(tmp_path)
-    with pytest.raises(FormatError, match=r"3 hold token 50256, and position 5 holds token 13, inside a "
-                                          r"document; pass the BOS id \(--bos-id 50256 for convert"):
+    disagrees = (r"the sidecar disagrees with the shard: its 4 positions do not all hold one token \(3 hold token "
+                 r"50256, position 5 holds token 13\), so it does not say which id is the BOS; pass the BOS id of "
+                 r"the tokenizer that made the shard \(--bos-id ID for convert and prepare-data")
+    with pytest.raises(FormatError, match=disagrees):
         convert(d, tmp_path / "out", to="niels")
     assert not (tmp_path / "out").exists()
     assert main(["prepare-data", str(d), "--seq-len", "2"]) == 0
-    assert "--bos-id 50256" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the sidecar disagrees with the shard" in err and "--bos-id 50256" not in err  # no id it did not check
+    # with the tokenizer at hand, its BOS id is named (here the test tokenizer's <s>, 1)
+    assert main(["prepare-data", str(d), "--seq-len", "2", "--tokenizer", tokenizer.model_path]) == 0
+    assert f"pass the BOS id of the tokenizer {tokenizer.model_path}, 1 (--bos-id 1 for convert" in \
+        capsys.readouterr().err
     with pytest.warns(UserWarning, match="do not land on BOS token 50256; ignoring the sidecar and scanning"):
         assert main(["prepare-data", str(d), "--seq-len", "2", "--bos-id", str(BOS)]) == 0
     convert(d, tmp_path / "out", to="kempner-npy", bos_id=BOS)
     assert read_tokens(tmp_path / "out") == {"-": [10, 11, BOS, 12, 13, BOS, 14, BOS]}
+
+
+def test_an_automodel_sidecar_of_a_shard_quoting_its_bos_names_no_wrong_id(tmp_path, capsys):
+    """The issue's case: BOS 0, documents that quote it, and a sidecar whose positions mostly hold another
+    token (199): the old advice, --bos-id 199, named an id that is not the BOS at all."""
+    from niels_gpt.formats import nanogpt
+
+    d = tmp_path / "am"
+    d.mkdir()
+    docs = [[199, 5, 6], [199, 0, 7], [199, 8]]  # the middle document quotes the BOS
+    toks = [t for doc in docs for t in (0, *doc)]
+    sink = nanogpt.NanogptSink(d / "data_000000.bin", "uint16")
+    sink.write(np.asarray(toks))
+    sink.close()
+    np.asarray([1, 5, 7, 9], dtype="<i4").tofile(d / "data_000000.bos.idx")  # one past each BOS: 199, 199, 7, 199
+    assert main(["prepare-data", str(d), "--seq-len", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "the sidecar disagrees with the shard" in err and "--bos-id 199" not in err
 
 
 # -- Megatron prefixes (item 7) -------------------------------------------------------------------------

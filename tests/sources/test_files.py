@@ -129,7 +129,7 @@ def test_a_file_of_two_books_gives_two_documents(tmp_path):
     (tmp_path / "one.txt").write_bytes(book("C", "Third."))
     src = gutenberg(tmp_path, val_frac=0)
     assert list(src.iter_texts()) == ["Third.", "First book's text.", "CHAPTER I\n\nSecond book's text."]
-    with pytest.raises(SourceError, match=r"two.txt: holds 2 books .*use gutenberg_books"):
+    with pytest.raises(SourceError, match=r"two.txt: holds 2 books .*use niels_gpt.sources.files.gutenberg_books"):
         strip_gutenberg(two.decode("utf-8"), "two.txt")
 
 

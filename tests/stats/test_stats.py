@@ -137,20 +137,55 @@ def test_png_files_hold_the_computed_figures(pretrain, tmp_path):
     pytest.importorskip("matplotlib")
     st = cache_stats(pretrain)
     drawn = plot_stats(st, tmp_path / "png")
-    assert set(drawn) == {"tokens.png", "lengths_train.png", "lengths_val.png"}
+    assert set(drawn) == {"tokens.png", "lengths.png", "token_share.png"}  # one source: one figure of each
     for name in drawn:
         assert (tmp_path / "png" / name).read_bytes()[:8] == PNG_MAGIC
-    _, lengths = _independent_pretrain(pretrain / "train")
-    counts, edges = np.histogram(lengths, bins=len(drawn["lengths_train.png"]["counts"]))
-    assert drawn["lengths_train.png"]["counts"] == counts.tolist()
-    assert drawn["lengths_train.png"]["edges"] == pytest.approx(edges.tolist())
+    for split in ("train", "val"):
+        _, lengths = _independent_pretrain(pretrain / split)
+        wide = lengths.max() / lengths.min() >= 100
+        edges = (np.geomspace(lengths.min(), lengths.max() + 1, 41) if wide else
+                 np.histogram(lengths, bins=len(drawn["lengths.png"]["splits"][split]["counts"]))[1])
+        counts, _ = np.histogram(lengths, bins=edges)
+        assert drawn["lengths.png"]["splits"][split]["counts"] == counts.tolist()
+        assert drawn["lengths.png"]["splits"][split]["edges"] == pytest.approx(edges.tolist())
+        tokens, _ = np.histogram(lengths, bins=edges, weights=lengths)
+        assert drawn["token_share.png"]["splits"][split]["shares"] == pytest.approx((tokens / lengths.sum()).tolist())
+    assert drawn["lengths.png"]["log"] is True  # the fixture's documents run from 2 to 300 tokens
     assert drawn["tokens.png"]["tokens"] == [s.tokens for s in st.streams]
+
+
+def test_wide_length_ranges_are_binned_on_a_log_scale(tmp_path):
+    pytest.importorskip("matplotlib")
+    books = [np.append(np.full(n, 50), EOT) for n in (4, 9, 30, 200, 880_000)]  # notes beside a whole book
+    wide = write_pretrain_cache(tmp_path / "wide", {"train": [np.concatenate(books)]})
+    drawn = plot_stats(cache_stats(wide), tmp_path / "png")["lengths.png"]
+    counts, edges = drawn["splits"]["train"]["counts"], drawn["splits"]["train"]["edges"]
+    assert drawn["log"] is True and edges[0] == 5 and edges[-1] == 880_002
+    assert counts[0] == 1 and counts[-1] == 1 and sum(counts) == 5  # the short notes are not one bar
+    narrow = write_pretrain_cache(tmp_path / "narrow", {"train": [np.concatenate(books[:3])]})
+    assert plot_stats(cache_stats(narrow), tmp_path / "png2")["lengths.png"]["log"] is False
+
+
+def test_a_root_gets_one_figure_per_source_and_sft_marks_what_seq_len_cuts(pretrain, sft, tmp_path):
+    pytest.importorskip("matplotlib")
+    drawn = plot_stats(cache_stats(tmp_path, seq_len=64), tmp_path / "png")
+    assert set(drawn) == {"tokens.png", "lengths_pretrain_p.png", "token_share_pretrain_p.png",
+                          "lengths_sft_s.png", "token_share_sft_s.png"}
+    assert sorted(drawn["lengths_sft_s.png"]["splits"]) == ["train", "val"]
+    chart = drawn["lengths_sft_s.png"]
+    offsets = np.load(sft / "train_idx.npy")
+    lengths = np.diff(np.append(offsets, (sft / "train_tokens.bin").stat().st_size // 2))
+    assert chart["seq_len"] == 64 and chart["cut_share"]["train"] == pytest.approx((lengths > 65).mean())
+    assert drawn["lengths_pretrain_p.png"]["seq_len"] is None
+    for name in ("token_share_pretrain_p.png", "token_share_sft_s.png"):
+        assert all(sum(v["shares"]) == pytest.approx(1.0) for v in drawn[name]["splits"].values())
 
 
 def test_cli_text_json_and_png(pretrain, sft, tmp_path, capsys):
     assert main(["stats", str(sft), "--seq-len", "64"]) == 0
     text = capsys.readouterr().out
     assert "trained tokens" in text and "no trained token at T=64" in text and "examples" in text
+    assert "cut at T=64" in text
     assert main(["stats", str(pretrain), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["tokens"] == cache_stats(pretrain).tokens
