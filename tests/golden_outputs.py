@@ -76,8 +76,10 @@ def _run(args: list[str]) -> None:
 def outputs(work: Path) -> dict[str, str]:
     """{what: sha256} for the sample caches, every conversion, a packed directory and reader batches."""
     cache = work / "cache"
-    _run(["build-all", "--cache-dir", str(cache), "--sample", "--no-progress",
-          "--only", "tokenizer", "wikitext", "roam", "dolly15k"])
+    # the tokenizer on every sample source (train-tokenizer without SRC is build-all's tokenizer step), then three
+    # caches: `build-all --only tokenizer NAME...` would train the tokenizer on those three sources alone
+    _run(["train-tokenizer", "--cache-dir", str(cache), "--sample", "--no-progress"])
+    _run(["build-all", "--cache-dir", str(cache), "--sample", "--no-progress", "--only", "wikitext", "roam", "dolly15k"])
     out = {f"cache/{k}": v for k, v in _tree(cache, work).items()}
     wikitext = cache / "pretrain" / "wikitext"
     for to in CONVERSIONS:

@@ -252,6 +252,11 @@ def build_all(cfg: BuildConfig, log=print) -> list[dict]:
         cfg = dataclasses.replace(cfg, cache_dir=cfg.cache_dir[len("file://"):])
     check_seed(cfg.seed)
     check_shard_bytes(cfg.shard_bytes, "--shard-bytes")
+    for flag, value in (("--max-train-tokens", cfg.max_train_tokens), ("--max-val-tokens", cfg.max_val_tokens)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} {value}: {flag[2:].replace('-', '_')} must be >= 0")
+    if not 0.0 <= cfg.val_frac < 1.0:
+        raise ConfigError(f"--val-frac {cfg.val_frac}: val_frac must be in [0, 1) (the SFT caches' val share)")
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")
