@@ -238,6 +238,19 @@ def convert_narrower_than_the_vocabulary(w, tmp):
     return ["convert", str(big), str(tmp / "out"), "--to", "nanogpt", "--dtype", "uint16"]
 
 
+def build_from_a_server_that_is_down(w, tmp):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return _build(w, tmp, src=f"http://127.0.0.1:{port}/corpus.jsonl")
+
+
+def stats_sequence_length_past_any_model(w, tmp):
+    return ["stats", str(w.sft), "--seq-len", str(10**20)]
+
+
 def download_onto_a_file(w, tmp):
     (tmp / "shards").write_text("a file\n")
     return ["download", "--out-dir", str(tmp / "shards"), "-n", "1", "--base-url", "http://127.0.0.1:9"]
@@ -289,6 +302,10 @@ CASES = [
          ("mine.tiktoken", "line 257", "rank 7 was already given"), out="out"),
     Case("build: a .tiktoken file missing single bytes", build_tiktoken_missing_bytes,
          ("mine.tiktoken", "single byte"), out="out"),
+    Case("build: from an http server that is down", build_from_a_server_that_is_down,
+         ("corpus.jsonl", "cannot connect to 127.0.0.1", "not answering"), out="out"),
+    Case("stats: --seq-len past any model", stats_sequence_length_past_any_model, ("--seq-len", "at most"),
+         reads=("sft",)),
     Case("convert: --dtype narrower than the vocabulary", convert_narrower_than_the_vocabulary,
          ("--dtype uint16", "70,001 ids"), out="out"),
 ]

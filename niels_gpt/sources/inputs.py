@@ -72,10 +72,34 @@ def ask(fn, url: str, what: str):
     try:
         return with_retries(fn, f"{what} {url}")
     except FileNotFoundError:
+        unreachable = _unreachable(url)
+        if unreachable:
+            raise SourceError(unreachable) from None
         raise SourceError(f"{url}: no such file or directory at this URL; check the URL (and the endpoint and "
                           "credentials of its storage)") from None
     except PermissionError as exc:
         raise SourceError(f"{url}: access denied ({exc}); check the credentials of its storage") from None
+
+
+def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why an http(s) URL's server cannot be reached, or None: fsspec's http backend reports a refused
+    connection as a missing file, which sends the user looking for a typo instead of a server that is down."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if scheme_of(url) not in UNLISTABLE:
+        return None
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    if not host:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()
+        return (f"{url}: cannot connect to {host}:{port} ({why}); the server is not answering: check the address "
+                "and that the server runs")
 
 
 def expand_url(url: str) -> list[RemoteFile]:

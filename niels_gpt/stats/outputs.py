@@ -163,10 +163,16 @@ def _foreign(root: Path, info, progress) -> Stats:
     return Stats(str(root), info.format, streams, {})
 
 
+MAX_SEQ_LEN = 2**31 - 1  # the figures index tokens as int64: T past this means nothing
+
+
 def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None = None) -> Stats:
     """Figures of a pretraining or SFT cache (root or split directory), a packed directory or a converted output."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ConfigError(f"{path}: --seq-len must be a positive integer, got {seq_len!r}")
+    if seq_len > MAX_SEQ_LEN:
+        raise ConfigError(f"{path}: --seq-len {seq_len:,} is past any sequence length a model trains at (at most "
+                          f"{MAX_SEQ_LEN:,} here); pass the T you train with")
     root = Path(path)
     if not root.exists() and not megatron_prefix(root):
         raise StatsError(f"{root}: no such file or directory; pass a cache, a packed directory or a converted output")
