@@ -19,6 +19,7 @@ import numpy as np
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, read_receipt, receipt_path
+from niels_gpt.formats.zstd_shard import verify_compressed
 from niels_gpt.meta import META_NAME, check_files, read_meta, record_problem, sft_offsets_problem, sha256_file
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
@@ -170,6 +171,7 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         problems += found + [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
         problems += _check_special_ids(cache, meta)
         problems += _stray_files(cache, set(meta["files"]))
+        problems += verify_compressed(cache, meta)
     if not caches and not packed and not problems:
         problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
                         "not a cache, a packed directory or a converted output")

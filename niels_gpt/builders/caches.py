@@ -49,6 +49,7 @@ from niels_gpt.formats.writers import (
     check_range,
     check_shard_bytes,
 )
+from niels_gpt.formats.zstd_shard import SUFFIX, compression_meta
 from niels_gpt.meta import FORMAT_VERSION, META_NAME, meta_token_dtype, numpy_dtype, sha256_file, write_meta
 from niels_gpt.progress import BuildProgress, should_show
 from niels_gpt.seeds import check_seed
@@ -210,6 +211,7 @@ def build_pretrain_cache(
     source: dict | Callable[[], dict] | None = None,
     progress: bool | None = False,
     input_bytes: int | None = None,
+    compress: str | None = None,
 ) -> None:
     """
     writes:
@@ -223,7 +225,8 @@ def build_pretrain_cache(
     with its own split. `num_workers` encode workers, each encoding runs of a batch (None: one per
     core): threads, or forked processes for a tokenizer whose encoder does not scale on threads (tiktoken;
     niels_gpt/builders/encode_pool.py); the bytes written do not depend on it. `progress`: a bar on stderr (None: on a terminal only);
-    `input_bytes`: the input's size, for a bar with a real ETA (niels_gpt.progress).
+    `input_bytes`: the input's size, for a bar with a real ETA (niels_gpt.progress). `compress="zstd"`:
+    shards as zstd frames with a frame index (`shard_*.bin.zst`, niels_gpt/formats/zstd_shard.py).
     """
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value < 0:
@@ -243,7 +246,7 @@ def build_pretrain_cache(
         workers = _encode_threads(num_workers)
         _start_build(out, ["train", "val"])
         skipped: Counter = Counter()
-        writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+        writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
         sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
@@ -354,6 +357,9 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
         "build": {"max_train_tokens": budgets[0], "max_val_tokens": budgets[1], "shard_bytes": shard_bytes,
                   "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS},
     })
+    if writers["train"].compress:  # shard_NNNNN.bin.zst: frames and their index (formats/zstd_shard.py)
+        meta["shard_pattern"] += SUFFIX
+        meta["compression"] = compression_meta(writers["train"].frame_tokens)
     return meta
 
 

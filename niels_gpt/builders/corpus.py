@@ -29,6 +29,7 @@ from niels_gpt.builders.caches import (
     build_sft_cache,
 )
 from niels_gpt.errors import ConfigError
+from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.meta import read_meta
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.corpus import MESSAGES_FIELD, ON_BAD_RECORD, TEXT_FIELD, corpus
@@ -57,7 +58,7 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
                  val_tokens: int | None = None, val_frac: float | None = None, shard_bytes: int = SHARD_BYTES,
                  seed: int = SEED, shuffle_buffer: int | None = None, workers: int | None = 1,
                  on_bad_record: str = "error", hf_config: str | None = None, split: str = "train",
-                 name: str | None = None, progress: bool | None = False) -> dict:
+                 name: str | None = None, progress: bool | None = False, compress: str | None = None) -> dict:
     """Build a pretraining (or, with chat=True, SFT) cache at `out` from `sources`; returns its meta.json."""
     def make():
         return corpus(sources, text_field=text_field, messages_field=messages_field, chat_columns=chat_columns,
@@ -68,7 +69,8 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
     config = src.dataset_config
     if chat:
         unused = [flag for flag, set_ in (("--val-tokens", val_tokens is not None), ("--max-tokens", max_tokens != ALL_TOKENS),
-                                          ("--shuffle-buffer", bool(shuffle_buffer)), ("--shard-bytes", shard_bytes != SHARD_BYTES))
+                                          ("--shuffle-buffer", bool(shuffle_buffer)), ("--shard-bytes", shard_bytes != SHARD_BYTES),
+                                          ("--compress", compress is not None))
                   if set_]
         if unused:
             raise ConfigError(f"{', '.join(unused)} apply to pretraining caches; an SFT cache (--chat) keeps every "
@@ -82,7 +84,7 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
         raise ConfigError("give --val-tokens or --val-frac, not both")
     common = dict(tokenizer=tokenizer, max_train_tokens=max_tokens, shard_bytes=shard_bytes, seed=seed,
                   shuffle_buffer=shuffle_buffer, num_workers=workers, dataset_name=name, dataset_config=config,
-                  streaming=bool(src.dataset_id), progress=progress)
+                  streaming=bool(src.dataset_id), progress=progress, compress=compress)
     if val_frac is None:
         build_pretrain_cache(src.iter_texts(), out, max_val_tokens=val_tokens or 0, source=src.describe,
                              input_bytes=src.input_bytes(), **common)
@@ -144,6 +146,9 @@ def register(sub) -> None:
     p.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="error",
                    help="a bad record stops the build naming its file and line, or is skipped and counted in meta.json")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")
+    p.add_argument("--compress", choices=CODECS, default=None,
+                   help="store shards as zstd frames with a frame index (shard_*.bin.zst; readers decompress only "
+                        "the frames a window needs; default: uncompressed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     p.set_defaults(func=run_build)
 
@@ -165,7 +170,7 @@ def run_build(args) -> int:
                         seed=args.seed, shuffle_buffer=args.shuffle_buffer,
                         workers=None if args.workers == 0 else args.workers, on_bad_record=args.on_bad_record,
                         hf_config=args.hf_config, split=args.split, name=args.name,
-                        progress=False if args.no_progress else None)
+                        progress=False if args.no_progress else None, compress=args.compress)
     totals = meta["totals"]
     print(f"built {meta['kind']} cache {args.out}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(totals.items()))
           + (f"; skipped {meta['skipped']}" if meta.get("skipped") else ""))

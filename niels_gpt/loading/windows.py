@@ -14,6 +14,9 @@ A URL as `cache_dir` (niels_gpt/storage) reads through a local mirror: meta.json
 shard downloaded the first time an index reaches it, so a rank or worker fetches only its shards;
 lengths, order, fingerprint and resume state are those of the local cache.
 
+Compressed shards (`shard_*.bin.zst`, niels_gpt/formats/zstd_shard.py) serve the same windows from a
+frame cache (readers/frames.py): an item decompresses only the frames its window reaches.
+
 Shards are listed as every reader lists them (`readers.shards.split_shards`: checked records, stray
 shards refused) and mapped with `readers.mmap.open_tokens` (MADV_RANDOM, sized through the descriptor
 they are mapped from), lazily per process and never pickled (a pickled memmap copies its contents
@@ -31,7 +34,9 @@ import torch
 
 from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta
+from niels_gpt.readers.frames import FrameCache
 from niels_gpt.readers.mmap import open_tokens
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import fingerprint
@@ -75,6 +80,9 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         self._fingerprint = fingerprint("indexed_windows", self.T, split, meta["token_dtype"],
                                         {n.name: meta["files"][f"{split}/{n.name}"].get("sha256") for n in self.paths})
         self._maps: list[np.memmap] | None = None
+        self.records = [meta["files"][f"{split}/{p.name}"] for p in self.paths]
+        self.frame_tokens = frame_tokens_of(meta, self.cache_dir / "meta.json") if is_compressed_meta(meta) else None
+        self._frames: FrameCache | None = None
 
     def fingerprint(self) -> str:
         """Identifies (files by sha256, T, split): a resume state carries it."""
@@ -90,8 +98,16 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         shard = bisect.bisect_right(self.cumulative, index) - 1
         return shard, (index - self.cumulative[shard]) * self.T
 
+    def shard_files(self, indices) -> list[str]:
+        """The files (paths relative to the cache) holding the windows `indices`, in first-use order:
+        what a prefetcher fetches ahead of a batch (niels_gpt/loading/prefetch.py)."""
+        shards = np.searchsorted(self.cumulative, np.asarray(indices, dtype=np.int64), side="right") - 1
+        return [f"{self.split}/{self.paths[k].name}" for k in dict.fromkeys(shards.tolist())]
+
     def __getitem__(self, index: int) -> dict:
         shard, offset = self.locate(int(index))
+        if self.frame_tokens is not None:
+            return self._compressed_item(shard, offset)
         if self.remote is not None:
             return self._remote_item(shard, offset)
         if self._maps is None:
@@ -110,7 +126,26 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         window = torch.from_numpy(self._maps[shard][1][offset:offset + self.T + 1].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
+    def _compressed_item(self, shard: int, offset: int) -> dict:
+        if self._frames is None:
+            tokens = [int(r["tokens"]) for r in self.records]
+            self._frames = FrameCache(tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard)
+            self._maps = [None] * len(self.paths)
+        window = self._frames.window(int(self._frames.frame_base[shard]) * self.frame_tokens + offset)
+        window = torch.from_numpy(window.astype(np.int64))
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+    def _zstd_shard(self, k: int) -> ZstdShard:
+        """Shard k's reader (a remote shard fetched first; opened again when it was fetched anew)."""
+        path = self.paths[k] if self.remote is None else self.remote.fetch(f"{self.split}/{self.paths[k].name}")
+        ino = path.stat().st_ino
+        if self._maps[k] is None or self._maps[k][0] != ino:
+            rec = self.records[k]
+            self._maps[k] = (ino, ZstdShard(path, self.dtype, tokens=int(rec["tokens"]), frame_tokens=self.frame_tokens,
+                                            expected_bytes=int(rec["bytes"]), frames=rec.get("frames")))
+        return self._maps[k][1]
+
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_maps"] = None
+        state["_maps"] = state["_frames"] = None
         return state
