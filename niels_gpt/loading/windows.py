@@ -98,6 +98,10 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         shard = bisect.bisect_right(self.cumulative, index) - 1
         return shard, (index - self.cumulative[shard]) * self.T
 
+    def shard_counts(self) -> list[int]:
+        """Windows in each shard, in index order (shard k holds indices cumulative[k]..cumulative[k+1]-1)."""
+        return np.diff(self.cumulative).tolist()
+
     def shard_files(self, indices) -> list[str]:
         """The files (paths relative to the cache) holding the windows `indices`, in first-use order:
         what a prefetcher fetches ahead of a batch (niels_gpt/loading/prefetch.py)."""

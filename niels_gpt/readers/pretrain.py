@@ -168,6 +168,12 @@ class PretrainTokenStreamDataset:
         shard = np.searchsorted(self.cum_starts, g, side="right") - 1
         return shard, g - self.cum_starts[shard]
 
+    def draw_files(self, B: int, generator: torch.Generator) -> list[str]:
+        """The shard files (relative to the cache) that get_batch(B, generator) would read, in first-use
+        order, drawing exactly as it does: what a prefetcher fetches ahead (loading/prefetch.py)."""
+        shard, _ = self.sample_starts(B, generator)
+        return [f"{self.split}/{self.shard_names[k]}" for k in dict.fromkeys(shard.tolist())]
+
     def gather(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
         """(B, T+1) windows, in the token dtype, one gather per shard touched."""
         if self.frame_tokens is not None:
