@@ -112,7 +112,7 @@ class RollingPlan:
     samples consumed); `next_positions` yields the positions after the last one planned."""
 
     def __init__(self, prefetcher: ShardPrefetcher, *, in_flight: int, ahead: int = PREFETCH_BATCHES):
-        self.prefetcher, self.in_flight_n, self.ahead_n = prefetcher, max(1, in_flight), max(1, ahead)
+        self.prefetcher, self.in_flight_n, self.ahead_n = prefetcher, max(0, in_flight), max(1, ahead)
         self.in_flight: deque[list[str]] = deque(maxlen=self.in_flight_n)
         self.ahead: deque[tuple[object, list[str]]] = deque()
 
@@ -138,7 +138,8 @@ class DrawPlan:
 
     def __init__(self, stream):
         self.stream = stream
-        self.rolling = RollingPlan(ShardPrefetcher(stream.dataset.remote), in_flight=1)
+        # NOTE: no batch in flight: get_batch copies its windows out before the next step plans
+        self.rolling = RollingPlan(ShardPrefetcher(stream.dataset.remote), in_flight=0)
 
     @staticmethod
     def wanted(stream) -> bool:

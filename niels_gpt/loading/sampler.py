@@ -225,7 +225,7 @@ class ResumableDataLoader(DataLoader):
                               f"batch_sampler, got {type(batch_sampler).__name__}")
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         if isinstance(batch_sampler, GlobalBatchSampler):  # batches the workers may hold, for the prefetch pins
-            batch_sampler.in_flight = self.num_workers * (self.prefetch_factor or 0) + 1
+            batch_sampler.in_flight = self.num_workers * (self.prefetch_factor or 0)
         self._position: tuple[int, int] | None = None
         self._delivered: dict | None = None
 

@@ -7,12 +7,13 @@ any stretch of it reads K shards, and a shard is read once, start to finish:
 - shard order: torch.randperm of the shards, from (seed, epoch); shard j of it goes to lane j mod K, so
   each of the K lanes is a queue of shards, read one after the other;
 - a lane's windows get times in [0, 1): shard after shard, each shard a sub-interval as long as its
-  share of the lane's windows, each window a time drawn uniformly in its shard's interval (torch.rand,
-  same generator); the epoch's order is every window sorted by time (stable);
-- so at any point of the order each lane reads one shard: K shards at a time, all lanes ending together,
-  each lane contributing in proportion to its windows. Worked example, K=2, shards a, b, c of 4 windows
-  in that order: lane 0 = a then c (times [0, .5) and [.5, 1)), lane 1 = b ([0, 1)): the first half of
-  the epoch mixes a and b, the second c and b.
+  windows (the lane's first shard shortened by (K + r) / 2K in lane r, so that the lanes do not all
+  change shard at the same moment when shards are equal), each window a time drawn uniformly in its
+  shard's interval (torch.rand, same generator); the epoch's order is every window sorted by time;
+- so at any point of the order each lane reads one shard: K shards at a time (K+1 for a moment when a
+  lane moves on), all lanes ending together. Worked example, K=2, shards a, b, c of 4 windows in that
+  order: lane 0 = a then c (a shortened by 1/2: times [0, 1/3) and [1/3, 1)), lane 1 = b ([0, 1)): the
+  first third of the epoch mixes a and b, the rest c and b.
 
 Every window exactly once per epoch (a permutation); the order depends only on (seed, epoch, K, the
 shards' window counts), and the state is the global sampler's (epoch, samples consumed) plus K, so
@@ -51,18 +52,19 @@ def shard_window_order(counts, K: int, seed: int, epoch: int) -> torch.Tensor:
     perm = torch.randperm(S, generator=g)
     n = counts[perm]  # windows of each shard, in the order they are read
     lane = torch.arange(S) % K
-    # a shard's first window within its lane: windows of the lane's earlier shards (lanes interleave in perm)
-    before = torch.zeros(S, dtype=torch.int64)
-    lane_total = torch.zeros(K, dtype=torch.int64)
+    # each shard's interval in its lane's time: its windows, the lane's first shard shortened (staggering)
+    length = n.double()
+    length[:K] *= (K + torch.arange(min(K, S), dtype=torch.float64)) / (2 * K)
+    before = torch.zeros(S, dtype=torch.float64)  # where a shard's interval starts in its lane
+    lane_total = torch.ones(K, dtype=torch.float64)
     for r in range(min(K, S)):
         idx = torch.arange(r, S, K)
-        cum = torch.cumsum(n[idx], 0)
-        before[idx] = cum - n[idx]
-        lane_total[r] = cum[-1]
+        cum = torch.cumsum(length[idx], 0)
+        before[idx] = cum - length[idx]
+        lane_total[r] = max(float(cum[-1]), 1.0)
     N = int(n.sum())
     pos = torch.repeat_interleave(torch.arange(S), n)  # the perm position of each window
-    total = lane_total[lane[pos]].double()
-    times = (before[pos].double() + torch.rand(N, generator=g, dtype=torch.float64) * n[pos].double()) / total
+    times = (before[pos] + torch.rand(N, generator=g, dtype=torch.float64) * length[pos]) / lane_total[lane[pos]]
     order = torch.sort(times, stable=True).indices
     first = torch.cumsum(counts, 0) - counts  # index of window 0 of each shard
     start = torch.cumsum(n, 0) - n  # where each shard's windows begin in perm order

@@ -283,7 +283,9 @@ class PretrainTokenStreamDataset:
         ino = path.stat().st_ino
         held = self._handles.get(k)
         if held is None or held[0] != ino:
-            if len(self._handles) >= MAX_OPEN_SHARDS:  # let the oldest go (its map, and an evicted file's disk)
+            if self.remote is not None:  # let maps of evicted files go: they hold the disk the bound freed
+                self._handles = {j: h for j, h in self._handles.items() if h[1].path.exists()}
+            if len(self._handles) >= MAX_OPEN_SHARDS:  # let the oldest go
                 del self._handles[next(iter(self._handles))]
             held = self._handles[k] = (ino, ZstdShard(path, self.dtype, tokens=int(self.shard_tokens[k]),
                                                       frame_tokens=self.frame_tokens,

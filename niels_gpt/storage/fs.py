@@ -107,11 +107,14 @@ def with_deadline(fn, timeout_s: float):
     return box.get("value")
 
 
-def with_retries(fn, what: str, *, retries: int = RETRIES, backoff_s: float = BACKOFF_S,
+def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float | None = None,
                  timeout_s: float | None = None):
     """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist.
 
-    Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`)."""
+    Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`); retries and backoff
+    default to RETRIES and BACKOFF_S."""
+    retries = RETRIES if retries is None else retries
+    backoff_s = BACKOFF_S if backoff_s is None else backoff_s
     limit = network_timeout_s() if timeout_s is None else timeout_s
     for attempt in range(1, retries + 1):
         try:
@@ -126,6 +129,6 @@ def with_retries(fn, what: str, *, retries: int = RETRIES, backoff_s: float = BA
     raise AssertionError("unreachable")
 
 
-def longest_wait_s(retries: int = RETRIES, backoff_s: float = BACKOFF_S) -> float:
+def longest_wait_s() -> float:
     """How long `with_retries` may take at most: what a process waiting on another's download allows it."""
-    return retries * network_timeout_s() + sum(backoff_s * 2 ** k for k in range(retries - 1))
+    return RETRIES * network_timeout_s() + sum(BACKOFF_S * 2 ** k for k in range(RETRIES - 1))

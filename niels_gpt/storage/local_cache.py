@@ -9,6 +9,10 @@
 - Eviction (`make_room`): least recently used files first (mtime, refreshed on every use), over every
   mirror, until the new file fits the bound. Never evicted: markers (meta.json, manifest.json), files
   the caller keeps, files any live process pins. A temporary of a dead process (`.tmp-<pid>`) is removed.
+- Room granted is reserved at once: an empty sparse file `<name>.reserved.tmp-<pid>` the size of the
+  download (no disk used) counts against the bound until the download is in place, so downloads running
+  in parallel (threads, processes) never grant the same room twice; the growing download itself is not
+  counted twice.
 - Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename);
   eviction reads every pin file and drops those of dead processes. A prefetcher pins the shards of the
   batches in flight and of those it fetched ahead, so no other process (rank, DataLoader worker) evicts
@@ -35,6 +39,7 @@ from niels_gpt.errors import StorageError
 from niels_gpt.storage.settings import MIRRORS
 
 LOCKS, PINS = "locks", "pins"
+RESERVED = ".reserved"  # <name>.reserved.tmp-<pid>: room granted to a download in progress
 MARKERS = ("meta.json", "manifest.json")
 LOCK_POLL_S = 0.02
 _pin_ids = itertools.count()
@@ -121,11 +126,18 @@ def pinned(root: Path) -> set[str]:
     return out
 
 
-def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False) -> None:
+def reservation(local: Path) -> Path:
+    return local.with_name(f"{local.name}{RESERVED}.tmp-{os.getpid()}")
+
+
+def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False,
+              reserve: Path | None = None) -> None:
     """Evict least recently used files under `root`/remote until `need` more bytes fit in `max_bytes`.
 
     `keep` and every pinned path stay. When they alone leave no room: with `strict` (a prefetch) NoRoom,
-    else nothing more is done (the download that needs the file now goes ahead past the bound)."""
+    else nothing more is done (the download that needs the file now goes ahead past the bound).
+    `reserve` (`reservation(local)`): created, `need` bytes long and sparse, before the lock is released;
+    the caller removes it once its download is in place or has failed."""
     with open(Path(root) / ".lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # held for a directory walk: milliseconds, never a network wait
         keep = set(keep) | pinned(root)
@@ -136,8 +148,10 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
                 m = TMP_SUFFIX.search(name)
                 if m and not pid_alive(int(m.group(1))):
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)  # a killed download
+                        os.unlink(p)  # a killed download, or its reservation
                     continue
+                if m and not name[:m.start()].endswith(RESERVED):
+                    continue  # a download in progress: its reservation counts for it
                 try:
                     st = os.stat(p)
                 except FileNotFoundError:
@@ -154,13 +168,21 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
             total -= size
+        if reserve is not None:
+            reserve.parent.mkdir(parents=True, exist_ok=True)
+            with open(reserve, "wb") as f:
+                f.truncate(need)
 
 
 def disk_usage(root: Path) -> int:
-    """Bytes of every file under `root`/remote (mirrors, temporaries included): what the bound covers."""
+    """Bytes of every file under `root`/remote (mirrors, downloads in progress; not the sparse
+    reservations, which hold no disk): what the bound covers."""
     total = 0
     for d, _, names in os.walk(Path(root) / MIRRORS):
         for name in names:
+            m = TMP_SUFFIX.search(name)
+            if m and name[:m.start()].endswith(RESERVED):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 total += os.stat(os.path.join(d, name)).st_size
     return total

@@ -31,7 +31,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.meta import record_problem, sha256_file
 from niels_gpt.storage.fs import filesystem, join, longest_wait_s, with_retries
-from niels_gpt.storage.local_cache import NoRoom, file_lock, lock_path, make_room
+from niels_gpt.storage.local_cache import NoRoom, file_lock, lock_path, make_room, reservation
 from niels_gpt.storage.settings import MAX_BYTES_ENV, MIRRORS, local_cache_dir, max_cache_bytes
 
 DOWNLOADS_PER_MISMATCH = 2  # a checksum mismatch is fetched once more before it is refused
@@ -134,15 +134,20 @@ class RemoteCache:
             if local.is_file():  # another process or thread downloaded it while this one waited
                 os.utime(local)
                 return local
+            room = reservation(local)
             make_room(self.root, self.max_bytes, int(rec["bytes"]),
-                      {str(self.local_dir / r) for r in keep} | {str(local)}, strict=prefetch)
-            for attempt in range(1, DOWNLOADS_PER_MISMATCH + 1):
-                try:
-                    self._download(rel, rec, local, attempt)
-                    break
-                except CacheMismatchError:
-                    if attempt == DOWNLOADS_PER_MISMATCH:
-                        raise
+                      {str(self.local_dir / r) for r in keep} | {str(local)}, strict=prefetch, reserve=room)
+            try:
+                for attempt in range(1, DOWNLOADS_PER_MISMATCH + 1):
+                    try:
+                        self._download(rel, rec, local, attempt)
+                        break
+                    except CacheMismatchError:
+                        if attempt == DOWNLOADS_PER_MISMATCH:
+                            raise
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    room.unlink()
         return local
 
     def _download(self, rel: str, rec: dict, local: Path, attempt: int) -> None:

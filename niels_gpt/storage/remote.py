@@ -59,7 +59,7 @@ def split_url(url: str) -> tuple[str, str]:
     return parent, last
 
 
-def _open_marker(url: str) -> tuple[RemoteCache, str]:
+def open_marker(url: str) -> tuple[RemoteCache, str]:
     """(the RemoteCache holding `url`, the sub-directory of it that `url` names: "" or a split)."""
     try:
         return RemoteCache(url), ""
@@ -92,7 +92,7 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
     verify does, so that it checks the bytes at the URL, not an earlier copy of them.
     """
     url = os.fspath(url).rstrip("/")
-    rc, sub = _open_marker(url)
+    rc, sub = open_marker(url)
     problems = []
     if everything:
         rels = sorted(r for r in rc.records if not sub or r.startswith(f"{sub}/"))  # a split: its own files
