@@ -1,10 +1,12 @@
 """Fetching the shards of the next batches of a remote cache before the training step asks for them.
 
     prefetch = ShardPrefetcher(remote)                 # in the process that draws the batches
-    prefetch.plan(in_flight, ahead)                    # shard lists of batches handed out / coming next
+    prefetch.plan(must, ahead)                         # shards needed now / the next ones, nearest first
 
 - The plan is the sampler's own, nothing is guessed: `GlobalBatchSampler` and `ShardWindowSampler` read
-  their epoch order, `RankBatchStream` replays the draws of its next steps (PREFETCH_BATCHES of them).
+  their epoch order, `RankBatchStream` replays the draws of its next steps; `RollingPlan` keeps it at
+  least PREFETCH_BATCHES batches long and long enough to hold PREFETCH_NEW_SHARDS shards the batch being
+  handed out does not read.
 - `plan` pins (storage/local_cache.py) the shards of the batches in flight and of the batches ahead, as
   far ahead as PREFETCH_SHARE of the download cache's bound allows (the nearest batch always), so no
   process of the host (rank, DataLoader worker) evicts them before they are read; then it starts the
@@ -14,8 +16,8 @@
 - A background download that fails is dropped: the batch that needs the shard fetches it itself and
   raises the error that names it. One that finds no room (everything else pinned) waits for the next plan.
 
-Cost per batch: one shard lookup for the batch entering the plan and a set update; the pin file is
-rewritten only when the pinned set changes.
+Cost per batch: one shard lookup for each batch entering the plan and a count update; the prefetcher
+(and the pin file) hear of the plan only when its shards change.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from niels_gpt.storage.local_cache import NoRoom, Pins
 
-PREFETCH_BATCHES = 64  # how many batches ahead a sampler plans
+PREFETCH_BATCHES = 8  # how many batches ahead a sampler plans, at least
+PREFETCH_NEW_SHARDS = 2  # and until its plan holds this many shards the current batch does not read
+MAX_AHEAD_BATCHES = 100_000
 PREFETCH_REQUESTS = 4  # parallel downloads
 PREFETCH_SHARE = 0.75  # of the download cache's bound, at most, for one process's plan
 
@@ -50,21 +54,24 @@ class ShardPrefetcher:
         return {"remote": self.remote, "requests": self.requests, "budget": self.budget, "pins": self.pins,
                 "pinned": [], "failures": 0, "_present": set(), "_pending": {}, "_pool": None, "_pid": None}
 
-    def plan(self, in_flight, ahead) -> list[str]:
-        """Pin and fetch the shards of `in_flight` batches (all) and of `ahead` batches (within budget);
-        each batch is a list of files relative to the cache. Returns the pinned files, nearest first."""
-        order: list[str] = []
-        seen: set[str] = set()
-        total = 0
-        for i, batch in enumerate([*in_flight, *ahead]):
-            add = [r for r in batch if r not in seen]
-            size = sum(self.remote.size(r) for r in add)
-            if i > len(in_flight) and total + size > self.budget:
+    def plan(self, must, ahead) -> list[str]:
+        """Pin and fetch the shards `must` (all: the batches in flight and the next one) and `ahead`
+        (nearest first, as long as they fit the budget); shards are files relative to the cache.
+        Returns the pinned files, nearest first."""
+        order = list(dict.fromkeys(must))
+        total = sum(self.remote.size(r) for r in order)
+        seen = set(order)
+        for r in ahead:
+            if r in seen:
+                continue
+            size = self.remote.size(r)
+            if total + size > self.budget:
                 break
-            order += add
-            seen.update(add)
+            order.append(r)
+            seen.add(r)
             total += size
-        self.pins.set(str(self.remote.local_dir / r) for r in order)
+        base = f"{self.remote.local_dir}/"
+        self.pins.set(base + r for r in order)
         self._present &= seen
         self._pending = {r: f for r, f in self._pending.items() if not f.done()}
         for r in order:
@@ -108,28 +115,52 @@ class ShardPrefetcher:
 class RollingPlan:
     """The shard lists of a sampler's batches in flight and ahead, moved one batch per step.
 
-    `shards_of(position)` gives a batch's shards; positions are whatever the sampler counts (steps,
-    samples consumed); `next_positions` yields the positions after the last one planned."""
+    The plan reaches at least PREFETCH_BATCHES batches ahead, and further until it holds
+    PREFETCH_NEW_SHARDS shards that the batch being handed out does not read (shard-window sampling
+    changes shard every few hundred batches: the next ones are fetched long before), at most
+    MAX_AHEAD_BATCHES. The prefetcher is told only when the planned shards change."""
 
-    def __init__(self, prefetcher: ShardPrefetcher, *, in_flight: int, ahead: int = PREFETCH_BATCHES):
-        self.prefetcher, self.in_flight_n, self.ahead_n = prefetcher, max(0, in_flight), max(1, ahead)
+    def __init__(self, prefetcher: ShardPrefetcher, *, in_flight: int, ahead: int = PREFETCH_BATCHES,
+                 new_shards: int = PREFETCH_NEW_SHARDS, max_ahead: int = MAX_AHEAD_BATCHES):
+        self.prefetcher, self.in_flight_n = prefetcher, max(0, in_flight)
+        self.ahead_n, self.new_shards, self.max_ahead = max(1, ahead), new_shards, max(ahead, max_ahead)
         self.in_flight: deque[list[str]] = deque(maxlen=self.in_flight_n)
         self.ahead: deque[tuple[object, list[str]]] = deque()
+        self._count: dict[str, int] = {}  # shard -> batches of `ahead` reading it, in order of entry
+        self._told: tuple | None = None
+
+    def _push(self, pos, rels: list[str]) -> None:
+        self.ahead.append((pos, rels))
+        for r in rels:
+            self._count[r] = self._count.get(r, 0) + 1
+
+    def _pop(self) -> list[str]:
+        rels = self.ahead.popleft()[1]
+        for r in rels:
+            self._count[r] -= 1
+            if not self._count[r]:
+                del self._count[r]
+        return rels
 
     def step(self, position, upcoming, shards_of) -> None:
         """Batch `position` is about to be handed out; `upcoming` iterates the positions after it."""
         while self.ahead and self.ahead[0][0] != position:
-            self.ahead.popleft()  # a jump (a restored state, a new epoch): start the plan again
+            self._pop()  # a jump (a restored state, a new epoch): start the plan again
         if not self.ahead:
-            self.ahead.append((position, shards_of(position)))
-        last = self.ahead[-1][0]
-        if len(self.ahead) < self.ahead_n:
-            for pos in upcoming(last):
-                self.ahead.append((pos, shards_of(pos)))
-                if len(self.ahead) >= self.ahead_n:
+            self._push(position, shards_of(position))
+        current = set(self.ahead[0][1])
+        if len(self.ahead) < self.ahead_n or len(self._count) < len(current) + self.new_shards:
+            for pos in upcoming(self.ahead[-1][0]):
+                self._push(pos, shards_of(pos))
+                enough = len(self.ahead) >= self.ahead_n and len(self._count) >= len(current) + self.new_shards
+                if enough or len(self.ahead) >= self.max_ahead:
                     break
-        self.prefetcher.plan(list(self.in_flight), [rels for _, rels in self.ahead])
-        self.in_flight.append(self.ahead.popleft()[1])
+        must = list(dict.fromkeys([r for b in self.in_flight for r in b] + self.ahead[0][1]))
+        told = (frozenset(must), tuple(self._count))
+        if told != self._told:
+            self.prefetcher.plan(must, list(self._count))
+            self._told = told
+        self.in_flight.append(self._pop())
 
 
 class DrawPlan:

@@ -13,8 +13,10 @@
   download (no disk used) counts against the bound until the download is in place, so downloads running
   in parallel (threads, processes) never grant the same room twice; the growing download itself is not
   counted twice.
-- Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename);
-  eviction reads every pin file and drops those of dead processes. A prefetcher pins the shards of the
+- Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
+  on a background thread: a rename here takes ~4 ms, too long for a training step), and keeps them in
+  memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
+  pins from memory. A prefetcher pins the shards of the
   batches in flight and of those it fetched ahead, so no other process (rank, DataLoader worker) evicts
   them in between.
 - Download locks (`file_lock`): a process takes the file's flock before downloading it and checks again
@@ -31,6 +33,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -74,42 +77,88 @@ def file_lock(path: Path, *, timeout_s: float, what: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+_live_pins: dict[int, frozenset[str]] = {}  # id(Pins) -> its paths, for this process's own evictions
+
+
 class Pins:
     """The files this process needs kept, published for every process's eviction. Pickles as nothing."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self._pid, self._path, self._paths = None, None, frozenset()
+        self._cv = threading.Condition()
+        self._todo: frozenset[str] | None = None
+        self._writer: threading.Thread | None = None
 
     def set(self, paths) -> None:
-        """Replace this process's pinned set (absolute paths)."""
+        """Replace this process's pinned set (absolute paths): at once in memory, soon in its pin file."""
         paths = frozenset(map(str, paths))
         if self._pid != os.getpid():  # a forked child publishes its own pins, never its parent's file
-            self._pid, self._paths = os.getpid(), frozenset()
+            self._pid, self._paths, self._writer = os.getpid(), frozenset(), None
+            self._cv = threading.Condition()
             self._path = self.root / PINS / f"{self._pid}-{next(_pin_ids)}.txt"
         if paths == self._paths:
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(self._path, "\n".join(sorted(paths)).encode(), durable=False)
         self._paths = paths
+        _live_pins[id(self)] = paths
+        with self._cv:
+            self._todo = paths
+            if self._writer is None:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = threading.Thread(target=self._write_loop, name="niels-gpt-pins", daemon=True)
+                self._writer.start()
+            self._cv.notify()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._todo is None:
+                    self._cv.wait()
+                paths, self._todo = self._todo, None
+            if paths is CLOSED:
+                return
+            write_bytes_atomic(self._path, "\n".join(sorted(paths)).encode(), durable=False)
+
+    def flush(self) -> None:
+        """Wait until the pin file holds the last set (tests)."""
+        while True:
+            with self._cv:
+                if self._todo is None:
+                    break
+            time.sleep(0.001)
 
     @property
     def paths(self) -> frozenset[str]:
         return self._paths
 
     def close(self) -> None:
+        _live_pins.pop(id(self), None)
+        if self._pid == os.getpid() and self._writer is not None:
+            with self._cv:
+                self._todo = CLOSED
+                self._cv.notify()
+            self._writer.join(timeout=10)
+            self._writer = None
         if self._path is not None and self._pid == os.getpid():
             with contextlib.suppress(FileNotFoundError):
                 self._path.unlink()
         self._paths = frozenset()
 
     def __getstate__(self):
-        return {"root": self.root, "_pid": None, "_path": None, "_paths": frozenset()}
+        return {"root": self.root, "_pid": None, "_path": None, "_paths": frozenset(), "_cv": None, "_todo": None,
+                "_writer": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._cv = threading.Condition()
+
+
+CLOSED = frozenset(["\0closed"])
 
 
 def pinned(root: Path) -> set[str]:
-    """Every path some live process pins; the pin files of dead processes are removed."""
-    out: set[str] = set()
+    """Every path some live process pins (this one's from memory); pin files of dead processes are removed."""
+    out: set[str] = set().union(*_live_pins.values())
     d = Path(root) / PINS
     if not d.is_dir():
         return out
