@@ -17,7 +17,8 @@ simulated 30 ms training step (time.sleep), through a DataLoader with --workers 
 - peak disk: the largest size of the local cache directory, sampled every 10 ms (and its bound).
 Shuffles: ours ShardWindowSampler (K = --k shards at a time); MDS py1e with shuffle_block_size = K shards
 of samples (its shard-aware shuffle, the same span); litdata shuffle=True (chunk order and items within a
-chunk shuffled).
+chunk shuffled). Compressed rows: ours `--compress zstd` (frames), the peers' own zstd (MDS: each shard a
+zstd file, decompressed whole on arrival; litdata: compression="zstd").
 
     # the peers, without letting pip touch torch (MDS imports transformers and torchvision at import; this
     # script stubs the two torchvision names MDS's vision datasets import when torchvision is missing):
@@ -221,21 +222,23 @@ def import_peers():
     return (streaming, litdata), None
 
 
-def write_peers(ds, work: Path, shard_bytes: int) -> tuple[Path, Path]:
-    """Every window of `ds` as MDS shards and as litdata chunks (T+1 uint16 tokens a sample)."""
+def write_peers(ds, work: Path, shard_bytes: int, compression: str | None = None) -> tuple[Path, Path]:
+    """Every window of `ds` as MDS shards and as litdata chunks (T+1 uint16 tokens a sample), each
+    shard/chunk holding at most `shard_bytes` of samples; `compression`: both peers' own zstd."""
     from litdata.streaming.writer import BinaryWriter
     from streaming import MDSWriter
 
-    mds, lit = work / "mds", work / "lit"
+    tag = f"-{compression}" if compression else ""
+    mds, lit = work / f"mds{tag}", work / f"lit{tag}"
     if not (mds / "index.json").is_file():
         shutil.rmtree(mds, ignore_errors=True)
-        with MDSWriter(out=str(mds), columns={"tokens": "ndarray:uint16"}, compression=None,
+        with MDSWriter(out=str(mds), columns={"tokens": "ndarray:uint16"}, compression=compression,
                        size_limit=shard_bytes) as w:
             for i in range(len(ds)):
                 w.write({"tokens": window(ds, i)})
     if not (lit / "index.json").is_file():
         shutil.rmtree(lit, ignore_errors=True)
-        w = BinaryWriter(str(lit), chunk_bytes=shard_bytes)
+        w = BinaryWriter(str(lit), chunk_bytes=shard_bytes, compression=compression)
         for i in range(len(ds)):
             w[i] = window(ds, i)
         w.done()
@@ -298,7 +301,8 @@ def main() -> None:
     ap.add_argument("--mbps", type=float, default=100.0, help="bandwidth cap in MB/s (default 100)")
     ap.add_argument("--epochs", type=float, default=1.0, help="epochs to read (default 1)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
-    ap.add_argument("--only", nargs="*", default=None, help="contenders to run (ours, ours-zstd, mds, litdata)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="contenders to run (ours, ours-zstd, mds, litdata, mds-zstd, litdata-zstd; default: all)")
     ap.add_argument("--serve-proxy", nargs=3, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--watch-disk", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -320,9 +324,10 @@ def main() -> None:
 
         local = IndexedWindowDataset(raw, T)
         steps = int(len(local) // B * args.epochs)
-        mds = lit = None
+        mds = lit = mds_z = lit_z = None
         if peers is not None:
             mds, lit = write_peers(local, work, shard_bytes)
+            mds_z, lit_z = write_peers(local, work, shard_bytes, "zstd")
         with moto_server() as s3_url:
             import fsspec
             import s3fs
@@ -330,7 +335,8 @@ def main() -> None:
             fsspec.config.conf["s3"] = {"endpoint_url": s3_url, "key": "testing", "secret": "testing"}
             s3fs.S3FileSystem.clear_instance_cache()
             s3fs.S3FileSystem().mkdir("bench")
-            for path, name in ((raw, "ours"), (zst, "ours-zstd"), (mds, "mds"), (lit, "lit")):
+            for path, name in ((raw, "ours"), (zst, "ours-zstd"), (mds, "mds"), (lit, "lit"), (mds_z, "mds-zstd"),
+                               (lit_z, "lit-zstd")):
                 if path is not None:
                     upload(path, f"s3://bench/{name}")
             proxy = ProxyProcess(s3_url, args.latency_ms / 1000, args.mbps * 1e6)
@@ -375,25 +381,29 @@ def contenders_for(args, work: Path, limit: int, peers, proxy) -> dict:
         return out
     _, litdata = peers
 
-    def mds():
-        from streaming import StreamingDataset
-        from streaming.base.util import clean_stale_shared_memory
+    def mds(name: str):
+        def make():
+            from streaming import StreamingDataset
+            from streaming.base.util import clean_stale_shared_memory
 
-        clean_stale_shared_memory()
-        per_shard = max(1, int(args.shard_mb * (1 << 20)) // ((T + 1) * 2))
-        ds = StreamingDataset(remote="s3://bench/mds", local=str(work / "local-mds"), shuffle=True, batch_size=B,
-                              cache_limit=limit, shuffle_block_size=args.k * per_shard, predownload=8 * B)
-        return torch.utils.data.DataLoader(ds, batch_size=B, num_workers=args.workers)
+            clean_stale_shared_memory()
+            per_shard = max(1, int(args.shard_mb * (1 << 20)) // ((T + 1) * 2))
+            ds = StreamingDataset(remote=f"s3://bench/{name}", local=str(work / f"local-{name}"), shuffle=True,
+                                  batch_size=B, cache_limit=limit, shuffle_block_size=args.k * per_shard,
+                                  predownload=8 * B)
+            return torch.utils.data.DataLoader(ds, batch_size=B, num_workers=args.workers)
+        return make, work / f"local-{name}"
 
-    def lit():
-        ds = litdata.StreamingDataset("s3://bench/lit", cache_dir=str(work / "local-lit"), shuffle=True,
-                                      max_cache_size=limit,
-                                      storage_options={"endpoint_url": proxy.url, "aws_access_key_id": "testing",
-                                                       "aws_secret_access_key": "testing"})
-        return litdata.StreamingDataLoader(ds, batch_size=B, num_workers=args.workers)
+    def lit(name: str):
+        def make():
+            ds = litdata.StreamingDataset(f"s3://bench/{name}", cache_dir=str(work / f"local-{name}"), shuffle=True,
+                                          max_cache_size=limit,
+                                          storage_options={"endpoint_url": proxy.url, "aws_access_key_id": "testing",
+                                                           "aws_secret_access_key": "testing"})
+            return litdata.StreamingDataLoader(ds, batch_size=B, num_workers=args.workers)
+        return make, work / f"local-{name}"
 
-    out["mds"] = (mds, work / "local-mds")
-    out["litdata"] = (lit, work / "local-lit")
+    out.update({"mds": mds("mds"), "litdata": lit("lit"), "mds-zstd": mds("mds-zstd"), "litdata-zstd": lit("lit-zstd")})
     return out
 
 
