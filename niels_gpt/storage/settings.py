@@ -95,8 +95,8 @@ def add_cache_args(p) -> None:
                         f"{DEFAULT_MAX_BYTES >> 30}GiB)")
 
 
-def apply_cache_args(args) -> None:
-    """configure() from --local-cache / --cache-limit when either was given."""
-    if args.local_cache is not None or args.cache_limit is not None:
-        configure(cache_dir=args.local_cache,
-                  max_bytes=None if args.cache_limit is None else parse_size(args.cache_limit, "--cache-limit"))
+def apply_cache_args(local_cache, cache_limit) -> None:
+    """configure() from --local-cache / --cache-limit values when either was given (None: leave both)."""
+    if local_cache is not None or cache_limit is not None:
+        configure(cache_dir=local_cache,
+                  max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"))
