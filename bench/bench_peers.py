@@ -31,170 +31,20 @@ zstd file, decompressed whole on arrival; litdata: compression="zstd").
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.client
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import torch
 from bench_cache_common import table
 from real_tokens import real_cache
+from remote_servers import CREDS, DiskPeak, ProxyProcess, moto_server
 
 B, T, STEP_S = 32, 1024, 0.030
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-class ThrottleProxy:
-    """HTTP proxy to one upstream: `latency_s` before each request, all bodies together at `bandwidth` B/s."""
-
-    def __init__(self, upstream: str, latency_s: float, bandwidth: float):
-        self.host, port = upstream.split("//", 1)[1].split(":")
-        self.port, self.latency_s, self.bandwidth = int(port), latency_s, bandwidth
-        self.bytes = self.requests = 0
-        self._lock = threading.Lock()
-        self._free_at = 0.0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _forward(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.path in ("/__bytes", "/__reset"):  # the bench's own questions, not forwarded
-                    if self.path == "/__reset":
-                        outer.reset()
-                    data = str(outer.bytes).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return
-                time.sleep(outer.latency_s)
-                conn = http.client.HTTPConnection(outer.host, outer.port, timeout=60)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    for i in range(0, len(data), 1 << 16):
-                        outer._throttle(len(data[i:i + (1 << 16)]))
-                        self.wfile.write(data[i:i + (1 << 16)])
-                with outer._lock:
-                    outer.requests += 1
-                    outer.bytes += len(data) if self.command != "HEAD" else 0
-                conn.close()
-
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def _throttle(self, n: int) -> None:
-        with self._lock:
-            now = time.monotonic()
-            start = max(now, self._free_at)
-            self._free_at = start + n / self.bandwidth
-            done = self._free_at
-        time.sleep(max(0.0, done - time.monotonic()))
-
-    def reset(self) -> None:
-        with self._lock:
-            self.bytes = self.requests = 0
-
-
-class ProxyProcess:
-    """ThrottleProxy in a subprocess of this script, so that its threads never hold the measured process's GIL."""
-
-    def __init__(self, upstream: str, latency_s: float, bandwidth: float):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve-proxy", upstream, str(latency_s), str(bandwidth)],
-                                     stdout=subprocess.PIPE, text=True)
-        self.url = self.proc.stdout.readline().strip()
-
-    def _ask(self, what: str) -> int:
-        with urllib.request.urlopen(f"{self.url}/__{what}", timeout=10) as r:
-            return int(r.read())
-
-    @property
-    def bytes(self) -> int:
-        return self._ask("bytes")
-
-    def reset(self) -> None:
-        self._ask("reset")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
-class DiskPeak:
-    """The largest size of a directory, sampled every 10 ms by a subprocess of this script."""
-
-    def __init__(self, path: Path):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--watch-disk", str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-
-    def stop(self) -> int:
-        out, _ = self.proc.communicate("stop\n", timeout=30)
-        return int(out.strip())
-
-
-def watch_disk(path: Path) -> None:
-    peak, stop = 0, threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
-    while not stop.is_set():
-        peak = max(peak, dir_bytes(path))
-        time.sleep(0.01)
-    print(max(peak, dir_bytes(path)), flush=True)
-
-
-@contextlib.contextmanager
-def moto_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **CREDS})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def dir_bytes(path: Path) -> int:
-    """Disk used under `path` (allocated blocks: a sparse file counts what it holds, not its size)."""
-    total = 0
-    for d, _, names in os.walk(path):
-        for n in names:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(os.path.join(d, n)).st_blocks * 512
-    return total
 
 
 def import_peers():
@@ -295,7 +145,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=None, help="directory for caches and peer shards (default: temporary)")
     ap.add_argument("--shard-mb", type=float, default=1.0, help="shard / chunk size in MiB (default 1)")
-    ap.add_argument("--limit-mb", type=float, default=8.0, help="local cache bound in MiB (default 8)")
+    ap.add_argument("--limit-mb", type=float, default=12.0, help="local cache bound in MiB (default 12)")
     ap.add_argument("--k", type=int, default=4, help="shards at a time for our sampler (default 4)")
     ap.add_argument("--latency-ms", type=float, default=50.0, help="added per request (default 50)")
     ap.add_argument("--mbps", type=float, default=100.0, help="bandwidth cap in MB/s (default 100)")
@@ -303,15 +153,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="contenders to run (ours, ours-zstd, mds, litdata, mds-zstd, litdata-zstd; default: all)")
-    ap.add_argument("--serve-proxy", nargs=3, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--watch-disk", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.serve_proxy:
-        proxy = ThrottleProxy(args.serve_proxy[0], float(args.serve_proxy[1]), float(args.serve_proxy[2]))
-        print(proxy.url, flush=True)
-        threading.Event().wait()
-    if args.watch_disk:
-        return watch_disk(Path(args.watch_disk))
     os.environ.update(CREDS)
     peers, why = import_peers()
     shard_bytes, limit = int(args.shard_mb * (1 << 20)), int(args.limit_mb * (1 << 20))
