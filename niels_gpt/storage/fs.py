@@ -8,7 +8,8 @@
   throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart. Each attempt
   has a time limit (`settings.network_timeout_s()`, 60 s by default): a call that has not returned by
   then counts as a timed-out attempt, so a server that stops answering ends, after RETRIES attempts,
-  in one StorageError naming the address, never in a hang.
+  in one StorageError naming the address, never in a hang. An error that retrying cannot help (no
+  credentials, access denied, a full local disk) is one StorageError naming the address at once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import errno
 import threading
 import time
 
-from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.errors import ConfigError, NielsGPTError, StorageError
 from niels_gpt.storage.settings import network_timeout_s
 
 # scheme -> the extra of niels_gpt that installs its fsspec backend (None: fsspec itself has it)
@@ -119,9 +120,12 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
     for attempt in range(1, retries + 1):
         try:
             return with_deadline(fn, limit)
+        except (FileNotFoundError, NotImplementedError, NielsGPTError):
+            raise  # the caller's to name: a missing marker, a store that cannot list, our own errors
         except Exception as exc:
-            if not _transient(exc):
-                raise
+            if not _transient(exc):  # no credentials, access denied, a full local disk: retrying cannot help
+                raise StorageError(f"{what}: {type(exc).__name__}: {exc}; check the credentials, the endpoint "
+                                   "and the local disk, then rerun") from exc
             if attempt == retries:
                 raise StorageError(f"{what}: failed {retries} times, last with {type(exc).__name__}: {exc}; "
                                    "check the endpoint and credentials, then rerun") from exc

@@ -122,7 +122,8 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
 
 def find_tokenizer(data_path: str | os.PathLike):
     """The tokenizer a cache was built with: a `tokenizer/` directory up to three levels above it."""
-    if is_url(data_path):  # mirrored from beside the URL (niels_gpt/storage)
+    if is_url(data_path):  # mirrored from beside the URL (niels_gpt/storage), once the cache there answers
+        open_location(str(data_path))
         near = tokenizer_near(str(data_path))
         return load_tokenizer(near) if near is not None else None
     p = Path(data_path).resolve()
