@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from niels_gpt.formats.base import file_order
+from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of
 from niels_gpt.meta import COMPRESSED_SUFFIX, check_files, raise_on_problems, stray_files_error
 
 
@@ -33,3 +36,13 @@ def split_shards(cache_dir: Path, meta: dict, split: str, *, remote: bool = Fals
     if extra:
         raise stray_files_error(directory, extra, cache_dir)
     return [(name, listed[name]) for name in sorted(listed, key=file_order)]
+
+
+def shard_array(path: Path, meta: dict, rec: dict, dtype: np.dtype):
+    """All the tokens of one shard of a pretraining cache: a memory map of a raw shard, the decompressed tokens
+    of a compressed one (`.bin.zst`, checked frame by frame). For readers that scan whole shards (stats)."""
+    if not str(path).endswith(COMPRESSED_SUFFIX):
+        return np.memmap(path, dtype=dtype, mode="r") if Path(path).stat().st_size else np.zeros(0, dtype)
+    shard = ZstdShard(path, dtype, tokens=rec["tokens"], frame_tokens=frame_tokens_of(meta, path),
+                      expected_bytes=rec["bytes"], frames=rec.get("frames"))
+    return shard.read(0, shard.tokens)

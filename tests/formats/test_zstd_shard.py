@@ -184,3 +184,14 @@ def test_build_command_compress_flag_and_its_refusals(tmp_path, tokenizer):
     assert r.returncode != 0 and "--compress apply to pretraining caches" in r.stderr
     with pytest.raises(ConfigError, match="frame_tokens=1000: a frame must hold a positive multiple of 2048"):
         ShardWriter(tmp_path / "w", np.dtype("<u2"), 1 << 20, compress="zstd", frame_tokens=1000)
+
+
+def test_stats_of_a_compressed_cache_count_the_same_tokens_and_documents(pair, capsys):
+    from niels_gpt.cache.cli import main
+
+    out = []
+    for cache in pair:
+        assert main(["stats", str(cache), "--json"]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    strip = [[{k: v for k, v in s.items() if k != "path"} for s in o["streams"]] for o in out]
+    assert strip[0] == strip[1] and out[1]["streams"][0]["tokens"] > 0
