@@ -14,9 +14,9 @@
   in parallel (threads, processes) never grant the same room twice; the growing download itself is not
   counted twice.
 - Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
-  on a background thread: a rename here takes ~4 ms, too long for a training step), and keeps them in
-  memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
-  pins from memory. A prefetcher pins the shards of the
+  on a short background thread: a rename here takes ~4 ms, too long for a training step), and keeps them
+  in memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
+  pins from memory. A closed or collected Pins drops both. A prefetcher pins the shards of the
   batches in flight and of those it fetched ahead, so no other process (rank, DataLoader worker) evicts
   them in between.
 - Download locks (`file_lock`): a process takes the file's flock before downloading it and checks again
@@ -35,6 +35,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
@@ -81,79 +82,64 @@ _live_pins: dict[int, frozenset[str]] = {}  # id(Pins) -> its paths, for this pr
 
 
 class Pins:
-    """The files this process needs kept, published for every process's eviction. Pickles as nothing."""
+    """The files this process needs kept, published for every process's eviction. Pickles as nothing.
+
+    Dropped (memory and file) on close() or when the object is collected: an abandoned plan pins nothing."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self._pid, self._path, self._paths = None, None, frozenset()
-        self._cv = threading.Condition()
-        self._todo: frozenset[str] | None = None
-        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._finalizer = None
 
     def set(self, paths) -> None:
         """Replace this process's pinned set (absolute paths): at once in memory, soon in its pin file."""
         paths = frozenset(map(str, paths))
         if self._pid != os.getpid():  # a forked child publishes its own pins, never its parent's file
-            self._pid, self._paths, self._writer = os.getpid(), frozenset(), None
-            self._cv = threading.Condition()
+            self._pid, self._paths, self._lock = os.getpid(), frozenset(), threading.Lock()
             self._path = self.root / PINS / f"{self._pid}-{next(_pin_ids)}.txt"
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._finalizer = weakref.finalize(self, _drop, id(self), self._path, self._pid, self._lock)
         if paths == self._paths:
             return
         self._paths = paths
         _live_pins[id(self)] = paths
-        with self._cv:
-            self._todo = paths
-            if self._writer is None:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = threading.Thread(target=self._write_loop, name="niels-gpt-pins", daemon=True)
-                self._writer.start()
-            self._cv.notify()
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._cv:
-                while self._todo is None:
-                    self._cv.wait()
-                paths, self._todo = self._todo, None
-            if paths is CLOSED:
-                return
-            write_bytes_atomic(self._path, "\n".join(sorted(paths)).encode(), durable=False)
-
-    def flush(self) -> None:
-        """Wait until the pin file holds the last set (tests)."""
-        while True:
-            with self._cv:
-                if self._todo is None:
-                    break
-            time.sleep(0.001)
+        # NOTE: a short thread per change, holding no reference to self: the latest set is written last
+        threading.Thread(target=_write_pins, args=(self._lock, self._path, weakref.ref(self)), daemon=True,
+                         name="niels-gpt-pins").start()
 
     @property
     def paths(self) -> frozenset[str]:
         return self._paths
 
     def close(self) -> None:
+        if self._finalizer is not None and self._pid == os.getpid():
+            self._finalizer()
         _live_pins.pop(id(self), None)
-        if self._pid == os.getpid() and self._writer is not None:
-            with self._cv:
-                self._todo = CLOSED
-                self._cv.notify()
-            self._writer.join(timeout=10)
-            self._writer = None
-        if self._path is not None and self._pid == os.getpid():
-            with contextlib.suppress(FileNotFoundError):
-                self._path.unlink()
         self._paths = frozenset()
 
     def __getstate__(self):
-        return {"root": self.root, "_pid": None, "_path": None, "_paths": frozenset(), "_cv": None, "_todo": None,
-                "_writer": None}
+        return {"root": self.root, "_pid": None, "_path": None, "_paths": frozenset(), "_finalizer": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
 
 
-CLOSED = frozenset(["\0closed"])
+def _write_pins(lock: threading.Lock, path: Path, ref) -> None:
+    with lock:
+        pins = ref()
+        if pins is None or id(pins) not in _live_pins:
+            return  # closed or collected meanwhile: its file is gone and must stay gone
+        write_bytes_atomic(path, "\n".join(sorted(_live_pins[id(pins)])).encode(), durable=False)
+
+
+def _drop(key: int, path: Path, pid: int, lock: threading.Lock) -> None:
+    with lock:  # after any write in progress, and no write after it
+        _live_pins.pop(key, None)
+        if os.getpid() == pid:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def pinned(root: Path) -> set[str]:
