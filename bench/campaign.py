@@ -268,7 +268,7 @@ def run_kills(work: Path, tok: str, kills: int, rng: random.Random, only: list[s
 
 def outputs(ref: Path) -> dict[str, tuple[str, Path]]:
     found = {"pretrain cache": ("pretrain", ref / "c/pretrain/wikitext"), "sft cache": ("sft", ref / "c/sft/oasst1"),
-             "packed": ("packed", ref / "packed")}
+             "packed": ("packed", ref / "packed"), "pretrain zstd": ("pretrain", ref / "conv-niels-zstd")}
     for fmt in FORMATS:
         found[f"convert {fmt}"] = ("pretrain" if fmt == "niels" else "converted", ref / f"conv-{fmt}")
     found["tokenizer"] = ("tokenizer", ref / "tokenizer")
@@ -306,6 +306,9 @@ def changes(path: Path, flips: int, rng: random.Random):
 
 def run_corruption(ref: Path, flips_per_kind: int, rng: random.Random) -> tuple[list[dict], dict]:
     """(one row per output, {file kind: {changes, caught by verify}})."""
+    if (ref / "c/pretrain/wikitext/meta.json").is_file() and not (ref / "conv-niels-zstd").exists():
+        # compressed shards (frames + frame index): every frame and index byte is checked on read or by verify
+        sh(CLI + ["convert", "c/pretrain/wikitext", "conv-niels-zstd", "--to", "niels", "--compress", "zstd"], ref)
     rows, by_file = [], {}
     for label, (kind, path) in outputs(ref).items():
         if not path.exists():

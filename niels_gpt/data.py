@@ -4,6 +4,7 @@
     ds = open_dataset("cache-demo/pretrain/wikitext", T=256)      # IndexedWindowDataset, split train
     ds = open_dataset("cache-demo/sft/dolly15k", T=256)           # SFTExampleDataset
     ds = open_dataset("packed/", T=None)                          # PackedMemmapDataset
+    ds = open_dataset("s3://bucket/cache/train", T=1024)          # IndexedWindowDataset, via a local mirror
 
 | `path` holds                                                   | dataset                     | item / batch |
 |----------------------------------------------------------------|-----------------------------|--------------|
@@ -19,13 +20,19 @@ for SFT with the assistant-only loss mask; packed bins for SFT at a fixed sequen
 padding waste; `MemoryMappedDataset` / `NanogptDataset` where a run must see exactly the samples a
 peer's loader would (docs/formats.md). Every dataset here pickles as paths (memmaps open lazily in
 each worker), validates its files on open, and raises the package's errors.
+
+A cache URL (`s3://`, `gs://`, `hf://`, `http(s)://`; niels_gpt/storage) opens the same dataset through
+the host's download cache: only the marker (meta.json or manifest.json) is read here, shards come on
+first use or ahead of it (docs/storage.md). Peers' token files are read from local paths only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from niels_gpt.constants import MANIFEST_NAME, SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.loading.windows import IndexedWindowDataset
@@ -33,13 +40,17 @@ from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.storage.remote import open_marker
+from niels_gpt.urls import is_url
 
 
 def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = "train", **options):
     """The dataset for whatever `path` holds (see the module's table; niels_gpt.locate decides what it is).
     `T` is the window (sequence) length; packed bins have theirs fixed at packing and take none. `options`
     go to the dataset."""
-    p = Path(path)
+    if is_url(path) and not os.fspath(path).startswith("file://"):
+        return _open_url(os.fspath(path), T, split, options)
+    p = Path(os.fspath(path).removeprefix("file://"))
     found = locate(p)
     if found.kind == "packed":
         if T is not None:
@@ -66,3 +77,28 @@ WHAT = {"tokenizer": "a tokenizer directory", "root": "a root of several outputs
         "mixture": "a mixture file (train takes it; open its datasets one by one)",
         "text-parquet": "Parquet text shards (tokenized while training: ParquetTokenLoader)",
         "not-built": "a cache that was not built (its meta.json says why)"}
+
+
+def _open_url(url: str, T: int | None, split: str, options: dict):
+    """open_dataset of a cache, split directory or packed directory at a URL (its marker decides)."""
+    rc, sub = open_marker(url)
+    if rc.marker == MANIFEST_NAME:
+        if T is not None:
+            raise ConfigError(f"{url}: packed bins have the length they were packed with; leave T out")
+        return open_packed(url, **options)
+    if not isinstance(T, int) or isinstance(T, bool) or T < 1:
+        raise ConfigError(f"{url}: T={T!r}; pass the window length as a positive int (T=...)")
+    meta = json.loads((rc.local_dir / META_NAME).read_text(encoding="utf-8"))
+    if sub and sub not in SPLITS:
+        raise FormatError(f"{url}: {sub!r} is not a split of the cache at {rc.url} (expected {' or '.join(SPLITS)})")
+    split = sub or split
+    if meta.get("kind") == "pretrain":
+        return IndexedWindowDataset(rc.url, T, split=split, **options)
+    if meta.get("kind") == "sft":
+        eot = (meta.get("special_token_ids") or {}).get("eot")
+        if eot is None:
+            raise FormatError(f"{rc.url}/{META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
+        return SFTExampleDataset(f"{rc.url}/{split}_tokens.bin", f"{rc.url}/{split}_idx.npy", T=T,
+                                 device=options.pop("device", "cpu"), eot_id=int(eot), **options)
+    raise FormatError(f"{rc.url}/{META_NAME}: kind {meta.get('kind')!r} holds no tokens to train on (a tokenizer?); "
+                      "point at a cache, packed bins or token files")

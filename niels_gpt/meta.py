@@ -24,6 +24,9 @@ from niels_gpt.records import seal_problem, sealed_bytes
 from niels_gpt.staging import OLD_INFIX
 
 FORMAT_VERSION = 1
+# A token shard stored as zstd frames (niels_gpt/formats/zstd_shard.py): its record's "tokens" counts the
+# tokens it decompresses to, its "bytes" the compressed file, so the two are not tied by the dtype.
+COMPRESSED_SUFFIX = ".zst"
 
 # The contract's fields ("each meta.json must include at least"), per kind of cache.
 _COMMON = ("dataset_name", "dataset_config", "split_rule", "seed", "token_dtype",
@@ -197,7 +200,7 @@ def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
             problems.append(f"{path}: its record in {META_NAME} {bad}; the meta.json was edited or damaged, "
                             "rebuild the cache")
             continue
-        if "tokens" in rec and itemsize and rec["tokens"] * itemsize != rec["bytes"]:
+        if "tokens" in rec and itemsize and rec["tokens"] * itemsize != rec["bytes"] and not rel.endswith(COMPRESSED_SUFFIX):
             problems.append(f"{path}: {META_NAME} says {rec['tokens']} tokens but {rec['bytes']} bytes of "
                             f"{meta['token_dtype']} ({rec['bytes'] // itemsize} tokens); the meta.json was edited "
                             "or damaged, rebuild the cache")

@@ -198,3 +198,12 @@ def test_the_ignore_check_can_fail(tmp_path):
     r = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="pkg/build/x.py\npkg/ok.py",
                        text=True, capture_output=True, cwd=tmp_path)
     assert r.stdout.split() == ["pkg/build/x.py"]
+
+
+MAX_MODULE_LINES = 400  # STYLE.md: a file past ~400 lines is asking to be split by concept
+
+
+def test_no_module_is_over_four_hundred_lines():
+    long = {p.relative_to(PACKAGE.parent).as_posix(): n for p in _sources()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along their concerns): {long}"

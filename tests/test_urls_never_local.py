@@ -49,8 +49,21 @@ def test_builders_refuse_a_url_they_cannot_write_and_write_nothing_locally(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_train_names_a_url_data_argument(tmp_path, monkeypatch, capsys):
+def test_train_names_a_url_data_argument(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    """train reads a cache URL through the download cache (docs/storage.md); a store it cannot reach is one
+    line naming the URL, and nothing is written where it runs."""
+    import fsspec
+
+    from niels_gpt.storage import fs as storage_fs
+
+    from .conftest import free_port
+
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "s3://bucket/cache/pretrain/wikitext", "--out-dir", "run"]) == 1
-    assert "DATA 's3://bucket/cache/pretrain/wikitext' is a URL: train reads a local cache" in capsys.readouterr().err
+    monkeypatch.setattr(storage_fs, "BACKOFF_S", 0.01)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k",
+                                                   "secret": "s"})  # nothing listens there
+    downloads = tmp_path_factory.mktemp("downloads")
+    assert main(["train", "s3://bucket/cache/pretrain/wikitext", "--out-dir", "run", "--local-cache", str(downloads)]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "s3://bucket/cache/pretrain/wikitext/meta.json" in err[0], err
     assert list(tmp_path.iterdir()) == []

@@ -90,12 +90,19 @@ def make_source(name: str, cfg: BuildConfig):
     return config.make(values, cfg.seed)
 
 
+def trained_on_sources(cfg: BuildConfig) -> tuple[str, ...]:
+    """The sources the tokenizer trains on: with `--only tokenizer NAME...`, those alone; otherwise (every
+    source, or a tokenizer built because none is there yet) all of them."""
+    named = tuple(n for n in PRETRAIN + SFT if n in cfg.only)
+    return named if "tokenizer" in cfg.only and named else PRETRAIN + SFT
+
+
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
     """Training text for the tokenizer: the documents of every pretraining source and the messages of
     every SFT source (the tokenizer encodes both), interleaved source by source."""
     streams = []
-    named = [n for n in PRETRAIN + SFT if n in cfg.only]
-    for name in named or PRETRAIN + SFT:  # --only tokenizer NAME...: those sources alone
+    named = trained_on_sources(cfg)
+    for name in named:
         try:
             src = make_source(name, cfg)
         except ConfigError:
@@ -134,7 +141,7 @@ def build_tokenizer(cfg: BuildConfig) -> dict:
                                     "special_token_ids": dict(tok.special_ids), "bos_id": tok.bos_id,
                                     "settings": None, "trained_on": f"copied from {src}"})
         else:
-            trained_on = {"sources": [n for n in PRETRAIN + SFT if n in cfg.only] or list(PRETRAIN + SFT),
+            trained_on = {"sources": list(trained_on_sources(cfg)),
                           "sample_corpus": cfg.sample,
                           "rule": "training splits of sources with their own split; every message of SFT sources"}
             tok = train_tokenizer(tokenizer_texts(cfg), stage, settings=cfg.tokenizer_settings,

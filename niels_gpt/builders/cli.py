@@ -22,6 +22,7 @@ from niels_gpt.builders.run import ALL_TOKENS, EXECUTORS, ON_BAD_RECORD, BuildSp
 from niels_gpt.builders.tokenizer import tokenizer_for_build
 from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
+from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS
 from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
@@ -71,6 +72,9 @@ def _add_build_args(p, *, legacy: bool) -> None:
                    help="share of documents (examples with --chat) in val, drawn from --seed (default: no val)")
     g.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
     g.add_argument("--seed", type=seed_arg, default=SEED, help="seed of the split and the shuffle (torch RNG)")
+    g.add_argument("--compress", choices=CODECS, default=None,
+                   help="store shards as zstd frames with a frame index (shard_*.bin.zst; readers decompress only "
+                        "the frames a window needs; default: uncompressed)")
     g.add_argument("--shuffle-buffer", type=_optional_int, default=None,
                    help="torch-RNG document shuffle buffer (default: off); it cannot be planned, so the build runs inline")
     g = p.add_argument_group("where it runs")
@@ -131,7 +135,7 @@ def spec_from_args(args) -> BuildSpec:
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
                      hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
-                     shuffle_buffer=args.shuffle_buffer,
+                     shuffle_buffer=args.shuffle_buffer, compress=args.compress,
                      executor="inline" if args.executor == "inprocess" else args.executor,
                      workers=None if args.workers == 0 else args.workers, ray_address=args.ray_address,
                      retries=args.retries, task_bytes=args.task_bytes, name=args.name, work_dir=args.work_dir,

@@ -130,11 +130,12 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
            streaming: bool = False, source: dict | Callable[[], dict] | None = None,
            on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
-           val_frac: float | None = None, tokenizer_path: str | None = None) -> dict:
+           val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
 
     `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
-    name is the recorded dataset name, as for the one-process builder). `source`: as build_pretrain_cache's.
+    name is the recorded dataset name, as for the one-process builder). `source`, `compress`: as
+    build_pretrain_cache's.
 
     Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest).
     """
@@ -146,7 +147,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
     check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
     start_build(out, ["train", "val"])
     skipped: Counter = Counter()
-    writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+    writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
     sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
              for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     exhausted = False

@@ -142,7 +142,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
                 commit_sft(work, receipts, stage, val_frac=spec.val_frac or 0.0, **common)
             else:
                 commit(work, receipts, stage, max_train_tokens=spec.max_tokens, max_val_tokens=val_budget,
-                       shard_bytes=spec.shard_bytes, val_frac=spec.val_frac, **common)
+                       shard_bytes=spec.shard_bytes, val_frac=spec.val_frac, compress=spec.compress, **common)
     finally:
         ex.cancel()
         ex.close()

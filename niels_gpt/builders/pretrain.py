@@ -39,6 +39,7 @@ from niels_gpt.formats.writers import (
     check_range,
     check_shard_bytes,
 )
+from niels_gpt.formats.zstd_shard import SUFFIX, compression_meta
 from niels_gpt.meta import write_meta
 from niels_gpt.progress import BuildProgress
 from niels_gpt.seeds import check_seed
@@ -138,6 +139,7 @@ def build_pretrain_cache(
     input_bytes: int | None = None,
     val_frac: float | None = None,
     tokenizer_path: str | None = None,
+    compress: str | None = None,
 ) -> None:
     """
     writes:
@@ -154,6 +156,7 @@ def build_pretrain_cache(
     `source`: meta.json's record of the input, or a callable that returns it, called once the stream is read
     (its skip counts are then final; it may also refuse the build, e.g. when an input changed meanwhile).
     `tokenizer_path`: recorded in meta.json as where the tokenizer is found again (tokenizer/find.py).
+    `compress="zstd"`: shards as zstd frames with a frame index (`shard_*.bin.zst`, formats/zstd_shard.py).
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
@@ -168,7 +171,7 @@ def build_pretrain_cache(
         workers = _encode_threads(num_workers)
         start_build(out, ["train", "val"])
         skipped: Counter = Counter()
-        writers = {s: ShardWriter(out / s, dtype, shard_bytes) for s in ("train", "val")}
+        writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
         sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
@@ -274,4 +277,7 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
                   "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS,
                   **({"val_frac": val_frac} if val_frac is not None else {})},
     })
+    if writers["train"].compress:  # shard_NNNNN.bin.zst: frames and their index (formats/zstd_shard.py)
+        meta["shard_pattern"] += SUFFIX
+        meta["compression"] = compression_meta(writers["train"].frame_tokens)
     return meta

@@ -37,6 +37,7 @@ from niels_gpt.builders.sft import build_sft_cache
 from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import check_shard_bytes
+from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.outputs import check_output
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
@@ -76,6 +77,7 @@ class BuildSpec:
     shard_bytes: int = SHARD_BYTES
     seed: int = SEED
     shuffle_buffer: int | None = None
+    compress: str | None = None  # "zstd": shards as zstd frames with a frame index (formats/zstd_shard.py)
     executor: str = "auto"
     workers: int | None = None  # None: one per core
     ray_address: str = RAY_ADDRESS
@@ -113,7 +115,8 @@ def check_spec(spec: BuildSpec) -> None:
         unused = [flag for flag, given in (("--val-tokens", spec.val_tokens is not None),
                                             ("--max-tokens", spec.max_tokens != ALL_TOKENS),
                                             ("--shuffle-buffer", bool(spec.shuffle_buffer)),
-                                            ("--shard-bytes", spec.shard_bytes != SHARD_BYTES)) if given]
+                                            ("--shard-bytes", spec.shard_bytes != SHARD_BYTES),
+                                            ("--compress", spec.compress is not None)) if given]
         if unused:
             raise ConfigError(f"{', '.join(unused)} apply to pretraining caches; an SFT cache (--chat) keeps every "
                               "example in stream order and is split by example with --val-frac")
@@ -121,6 +124,8 @@ def check_spec(spec: BuildSpec) -> None:
             raise ConfigError(f"--val-frac must be in [0, 1), got {spec.val_frac}")
         return
     check_shard_bytes(spec.shard_bytes, "--shard-bytes")
+    if spec.compress is not None and spec.compress not in CODECS:
+        raise ConfigError(f"--compress {spec.compress!r}: use one of {', '.join(CODECS)} (or leave it out: uncompressed)")
     if spec.val_tokens is not None and spec.val_frac is not None:
         raise ConfigError("give --val-tokens or --val-frac, not both")
     if spec.val_frac is not None and not 0.0 < spec.val_frac < 1.0:
@@ -223,7 +228,7 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
         build_pretrain_cache(reader, str(out), max_train_tokens=spec.max_tokens, max_val_tokens=val_budget(spec),
             shard_bytes=spec.shard_bytes,
             shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, input_bytes=plan.input_bytes(),
-            val_frac=spec.val_frac, **common)
+            val_frac=spec.val_frac, compress=spec.compress, **common)
     return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
                      tasks=len(plan.tasks), ran=0, reused=0)
 
@@ -244,7 +249,7 @@ def _inline_source(spec: BuildSpec, tok, out: Path) -> dict:
         build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if own else spec.max_tokens,
                              max_val_tokens=ALL_TOKENS if own else val_budget(spec), shard_bytes=spec.shard_bytes,
                              shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers,
-                             input_bytes=text_input_bytes(src.input_paths()), **common)
+                             input_bytes=text_input_bytes(src.input_paths()), compress=spec.compress, **common)
     return summarize(out, executor="inline", tasks=1, ran=1, reused=0)
 
 

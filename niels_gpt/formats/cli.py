@@ -18,6 +18,7 @@ from niels_gpt.formats.convert import convert
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.names import NAMES, READERS, canonical_format, formats_help
 from niels_gpt.formats.prepare import print_report, report
+from niels_gpt.formats.zstd_shard import CODECS
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_SHARD_BYTES = 128 * 1024 * 1024
@@ -46,6 +47,8 @@ def register(subparsers) -> None:
     p.add_argument("--not-for-kempnerforge", action="store_true",
                    help="raw: write uint16 .bin files with an even token count, which KempnerForge misreads "
                         "as uint32 (for readers that are told the dtype; KempnerForge wants --to kempner-npy)")
+    p.add_argument("--compress", choices=CODECS, default=None,
+                   help="--to niels: shards as zstd frames with a frame index (default: uncompressed)")
     p.set_defaults(func=_convert)
 
     q = subparsers.add_parser("prepare-data", help="validate a token directory and print how to train on it")
@@ -73,7 +76,7 @@ def _convert(args) -> int:
     summary = convert(args.src, args.dst, to=to, bos_index=args.bos_index, bos_id=args.bos_id,
                       eot_id=args.eot_id, dtype=args.dtype, src_dtype=args.src_dtype, split=args.split,
                       max_tokens_per_file=max_tokens, shard_bytes=args.shard_bytes,
-                      not_for_kempnerforge=not_for_kempner)
+                      not_for_kempnerforge=not_for_kempner, compress=args.compress)
     for name, s in summary["splits"].items():
         print(f"{name}: {s['tokens']} tokens, {s['documents']} documents, {len(s['records'])} file(s), "
               f"{s['dtype']}, eot={s['eot_id']} bos={s['bos_id']}")

@@ -13,6 +13,8 @@
   cache gets its meta.json, so any result converts back without flags. Outputs in the other formats
   end with a `niels_receipt.json` (niels_gpt.formats.receipt): the sha256 and size of every file,
   checked by `verify`; the peers' readers never open it.
+- `compress="zstd"` (with `to="niels"` only): shards as zstd frames plus a frame index, exactly the
+  tokens and shards of the uncompressed output (niels_gpt/formats/zstd_shard.py; meta.json records it).
 - Streaming: memory is one block (BLOCK_TOKENS) plus one document; output is written into
   `<dst>.tmp-<pid>` and renamed to `<dst>` only when complete (meta/idx files last inside it).
 
@@ -49,6 +51,8 @@ from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes
+from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
+from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.outputs import check_output
 from niels_gpt.urls import is_url
 
@@ -99,7 +103,7 @@ class _Target:
     """Writes one split of a stream in one format into `directory`."""
 
     def __init__(self, to: str, directory: Path, name: str, stream: DocStream, *, dtype, eot, bos,
-                 bos_index: bool, max_tokens: int | None, shard_bytes: int):
+                 bos_index: bool, max_tokens: int | None, shard_bytes: int, compress: str | None = None):
         self.to, self.dir, self.dtype = to, directory, dtype
         directory.mkdir(parents=True, exist_ok=True)
         self.framer = None
@@ -124,6 +128,10 @@ class _Target:
             def open_file(i):
                 return NpySink(directory / kempner.SHARD_PATTERN.format(i), dtype)
             limit = max_tokens or kempner.MAX_TOKENS_PER_FILE
+        elif compress:  # niels shards as zstd frames
+            def open_file(i):
+                return ZstdSink(directory / f"shard_{i:05d}.bin{SUFFIX}", dtype)
+            limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
         else:  # raw and niels shards
             def open_file(i):
                 return RawSink(directory / f"shard_{i:05d}.bin", dtype)
@@ -148,6 +156,31 @@ class _Target:
 
     def abort(self) -> None:
         (self.megatron or self.rolling).abort()
+
+
+class ZstdSink(RawSink):
+    """A niels shard written as zstd frames (the RawSink interface; its record adds "frames")."""
+
+    def __init__(self, path, dtype):
+        super().__init__(path, dtype)
+        self._file = FrameEncoder(self._file, self.dtype)
+
+    def close(self) -> dict:
+        record = self._file.close()
+        return {"path": str(self.path), "tokens": self.tokens, "bytes": record["bytes"], "sha256": record["sha256"],
+                "frames": record["frames"]}
+
+
+def _record_compression(tmp: Path, summary: dict) -> None:
+    """meta.json of a compressed `--to niels` output: the frame layout and each shard's frame count."""
+    meta = read_meta(str(tmp))
+    frames = {Path(r["path"]).relative_to(tmp).as_posix(): r["frames"]
+              for s in summary["splits"].values() for r in s["records"]}
+    for rel, n in frames.items():
+        meta["files"][rel]["frames"] = n
+    meta["compression"] = compression_meta()
+    meta["shard_pattern"] += SUFFIX
+    write_meta(str(tmp), meta)
 
 
 def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id):
@@ -205,7 +238,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             bos_id: int | None = None, eot_id: int | None = None, dtype=None, src_dtype=None,
             split: str = "train", max_tokens_per_file: int | None = None,
             shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None,
-            not_for_kempnerforge: bool = False) -> dict:
+            not_for_kempnerforge: bool = False, compress: str | None = None) -> dict:
     """Convert `src` (any format) into a new directory `dst` in format `to`. Returns a summary.
 
     `--to raw` in uint16 refuses to leave a file with an even token count (KempnerForge would read it
@@ -225,6 +258,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     to = canonical_format(to)  # `automodel`, `modded-nanogpt`, `nanogpt-train-bin`: formats/names.py
     if to not in TARGETS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(NAMES)}")
+    if compress is not None and to != "niels":
+        raise ConfigError(f"--compress applies to --to niels (our cache) only, not --to {to}: the peers' readers "
+                          "read raw tokens")
+    check_compress(compress)
     dst = check_output(dst, kind="converted", flag="DST", inputs=[src], replace=False)  # only a new output
     info = detect_format(src, src_dtype)
     leaves = info.splits or {split: info}
@@ -240,7 +277,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             sub = tmp / name if (info.splits or to == "niels") else tmp
             target = _Target(to, sub, name if info.splits else ("tokens" if to != "niels" else name),
                              stream, dtype=out_dtype, eot=eot, bos=bos, bos_index=bos_index,
-                             max_tokens=max_tokens_per_file, shard_bytes=shard_bytes)
+                             max_tokens=max_tokens_per_file, shard_bytes=shard_bytes, compress=compress)
             try:
                 for content, ends in stream.pieces:
                     target.write_piece(content, ends)
@@ -268,6 +305,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
         if to == "niels":
             write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
                                  dataset_name=dataset_name or dst.name)
+            if compress:
+                _record_compression(tmp, summary)
         else:
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():

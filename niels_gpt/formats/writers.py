@@ -3,7 +3,9 @@ over at a byte target, per-split token budgets, and a writer thread that overlap
 
 A file is written under a temporary name, hashed as it is written (no second read for sha256), and
 renamed into place when complete (`niels_gpt.atomic`). A shard is opened only when a token arrives,
-so no empty shard exists; a shard never exceeds its byte target.
+so no empty shard exists; a shard never exceeds its byte target. With `compress="zstd"` a shard is
+`shard_NNNNN.bin.zst`, independent zstd frames plus a frame index (niels_gpt/formats/zstd_shard.py),
+holding exactly the tokens the uncompressed shard would: the byte target counts uncompressed tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from niels_gpt import _native
 from niels_gpt.atomic import commit, tmp_name
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.base import check_fits
+from niels_gpt.formats.zstd_shard import FRAME_TOKENS, SUFFIX, FrameEncoder, check_compress
 
 SHARD_PATTERN = "shard_{:05d}.bin"
 
@@ -68,11 +71,16 @@ def check_shard_bytes(shard_bytes: int, flag: str = "shard_bytes") -> None:
 
 
 class ShardWriter:
-    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard."""
+    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard.
 
-    def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int):
+    `compress`: None (raw shards) or "zstd" (frames of `frame_tokens` tokens, same tokens per shard)."""
+
+    def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int, *, compress: str | None = None,
+                 frame_tokens: int = FRAME_TOKENS):
         check_shard_bytes(shard_bytes)
+        check_compress(compress, frame_tokens)
         self.dir, self.dtype = split_dir, dtype
+        self.compress, self.frame_tokens = compress, frame_tokens
         self.capacity = shard_bytes // dtype.itemsize
         if self.capacity < 1:
             raise ConfigError(f"shard_bytes={shard_bytes} holds no {dtype.itemsize}-byte token")
@@ -93,16 +101,17 @@ class ShardWriter:
 
     def _roll(self) -> None:
         self._close_current()
-        name = SHARD_PATTERN.format(len(self.records))
+        name = SHARD_PATTERN.format(len(self.records)) + (SUFFIX if self.compress else "")
         self.records[name] = {}
         self.current = HashingFile(self.dir / name)
+        if self.compress:
+            self.current = FrameEncoder(self.current, self.dtype, self.frame_tokens)
+        self._name = name
         self.room = self.capacity
 
     def _close_current(self) -> None:
         if self.current is not None:
-            name = self.current.final.name
-            self.records[name] = {**self.current.close(),
-                                  "tokens": self.current.bytes // self.dtype.itemsize}
+            self.records[self._name] = {**self.current.close(), "tokens": self.capacity - self.room}
             self.current = None
 
     def sync(self) -> None:

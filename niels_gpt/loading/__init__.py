@@ -1,5 +1,5 @@
-"""Training-time loading: global sampler, DDP/worker partitioning, exact resumption, mixtures,
-random-window streams, the streaming Parquet path and bits-per-byte.
+"""Training-time loading: global sampler, shard-window sampler, DDP/worker partitioning, exact resumption,
+mixtures, random-window streams, prefetching from a cache URL, the streaming Parquet path and bits-per-byte.
 
     sampler = GlobalBatchSampler(ds, global_batch_size=64, seed=0)     # rank/world from torch.distributed
     loader = ResumableDataLoader(ds, sampler, num_workers=2)
@@ -17,11 +17,12 @@ from niels_gpt.loading.sampler import (
     epoch_permutation,
     global_batches,
 )
+from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.loading.stream import RankBatchStream
 from niels_gpt.loading.windows import IndexedWindowDataset
 
 __all__ = [
     "GlobalBatchSampler", "IndexedWindowDataset", "MixtureConfig", "MixtureDataset", "MixtureSampler",
-    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "epoch_permutation",
+    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "ShardWindowSampler", "epoch_permutation",
     "evaluate_bpb", "global_batches", "list_parquet_files", "split_files", "token_bytes",
 ]

@@ -9,11 +9,14 @@ its rows. State is the step counter, so resuming is exact and costs nothing.
   stream then depends on the world size.
 - draw_rows = d dividing every per-rank batch (d=1 always does): the global batch of each step is
   the same for every world size, so a run that resumes on fewer or more ranks sees the same rows.
+- a dataset at a URL: before each step the shards of the next steps' draws are pinned and fetched in
+  the background (loading/prefetch.py, DrawPlan), so a step does not wait on the network.
 """
 
 from __future__ import annotations
 
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.loading.prefetch import DrawPlan
 from niels_gpt.loading.sampler import mix_seed
 from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
 
@@ -38,22 +41,30 @@ class RankBatchStream:
         self.seed = int(seed)
         self.step = 0
         self.fingerprint = dataset_fingerprint(dataset)
+        self._plan = DrawPlan(self) if DrawPlan.wanted(self) else None
 
     def __iter__(self):
         return self
 
-    def __next__(self):
+    def draw_generators(self, step: int):
+        """The generators of this rank's draws of `step`, in row order."""
         import torch
 
         first = self.rank * self.batch_size // self.draw_rows
-        parts = []
         for k in range(first, first + self.batch_size // self.draw_rows):
             # NOTE: a CPU generator even for CUDA datasets: they draw window starts on the CPU.
             g = torch.Generator()
             # draw k of step s: worked example G=8, W=2, draw_rows=2 -> rank 1 makes draws 2 and 3,
             # the same draws rank 0 of a W=1 run makes for rows 4..7.
-            g.manual_seed(mix_seed(self.seed, self.step, k, self.draw_rows))
-            parts.append(self.dataset.get_batch(B=self.draw_rows, generator=g))
+            g.manual_seed(mix_seed(self.seed, step, k, self.draw_rows))
+            yield g
+
+    def __next__(self):
+        import torch
+
+        if self._plan is not None:
+            self._plan.step(self.step)
+        parts = [self.dataset.get_batch(B=self.draw_rows, generator=g) for g in self.draw_generators(self.step)]
         self.step += 1
         if len(parts) == 1:
             return parts[0]

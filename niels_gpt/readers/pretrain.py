@@ -22,6 +22,9 @@
   `prefetch_windows`), until a batch finds everything cached again (faster than WARM_GATHER_S).
   A warm cache pays only two clock reads per batch.
 - On CUDA, x and y are built in pinned memory and copied with non_blocking=True.
+- Compressed shards (`shard_*.bin.zst`, niels_gpt/formats/zstd_shard.py): the same draws, rows of a
+  frame cache (readers/frames.py) instead of the mapped shards; only the frames a batch's windows reach
+  are decompressed, and batches equal the uncompressed cache's bit for bit.
 - A URL (`s3://bucket/cache/train`, see niels_gpt/storage) reads the cache through a local mirror:
   each batch's draws are made first, the shards they reach are downloaded (once, checked against
   meta.json), the generator is rewound and the batch gathered from the mirrored shards, so batches
@@ -42,7 +45,9 @@ import torch
 
 from niels_gpt import _native
 from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta, unfinished_build
+from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
 from niels_gpt.readers.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import cache_fingerprint
@@ -51,13 +56,15 @@ from niels_gpt.urls import is_url
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
 WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
+MAX_OPEN_SHARDS = 64  # compressed shards held open at once (each a map of its file)
 
 
 class PretrainTokenStreamDataset:
-    def __init__(self, shards_dir: str, *, T: int, device: str):
+    def __init__(self, shards_dir: str, *, T: int, device: str, frame_cache_bytes: int = FRAME_CACHE_BYTES):
         """
         shards_dir contains shard_*.bin (uint16).
         must memory-map shards; do not load all tokens into RAM.
+        `frame_cache_bytes`: the bound of decompressed frames held for compressed shards (.bin.zst).
         """
         if not isinstance(T, int) or T < 1:
             raise ConfigError(f"T must be a positive int, got {T!r}")
@@ -86,6 +93,10 @@ class PretrainTokenStreamDataset:
                              f"(totals: {self.meta['totals']})")
         self.shard_tokens = np.array([listed[n]["tokens"] for n in self.shard_names], dtype=np.int64)
         self.shard_bytes = [int(listed[n]["bytes"]) for n in self.shard_names]  # mapped only at these sizes
+        self.shard_frames = [listed[n].get("frames") for n in self.shard_names]
+        self.frame_tokens = frame_tokens_of(self.meta, self.cache_dir / "meta.json") if is_compressed_meta(self.meta) \
+            else None
+        self.frame_cache_bytes = frame_cache_bytes
         starts = np.maximum(self.shard_tokens - T, 0)
         if starts.sum() == 0:
             raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {self.shards_dir} "
@@ -97,6 +108,9 @@ class PretrainTokenStreamDataset:
         self._flat: np.ndarray | None = None
         self._remote_views: dict[int, tuple[int, np.ndarray]] = {}
         self._seen: set[str] = set()  # shards known to be mirrored (remote caches)
+        self._frames: FrameCache | None = None
+        self._handles: dict[int, tuple[int, ZstdShard]] = {}
+        self._draws: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
 
     @property
     def num_tokens(self) -> int:
@@ -144,8 +158,8 @@ class PretrainTokenStreamDataset:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_views"] = state["_flat"] = None  # each process maps the shards itself
-        state["_remote_views"] = {}
+        state["_views"] = state["_flat"] = state["_frames"] = None  # each process maps the shards itself
+        state["_remote_views"], state["_handles"], state["_draws"] = {}, {}, {}
         return state
 
     def sample_starts(self, B: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -154,8 +168,19 @@ class PretrainTokenStreamDataset:
         shard = np.searchsorted(self.cum_starts, g, side="right") - 1
         return shard, g - self.cum_starts[shard]
 
+    def draw_files(self, B: int, generator: torch.Generator) -> list[str]:
+        """The shard files (relative to the cache) that get_batch(B, generator) would read, in first-use
+        order, drawing exactly as it does: what a prefetcher fetches ahead (loading/prefetch.py)."""
+        shard, _ = self.sample_starts(B, generator)
+        return [f"{self.split}/{self.shard_names[k]}" for k in dict.fromkeys(shard.tolist())]
+
     def gather(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
         """(B, T+1) windows, in the token dtype, one gather per shard touched."""
+        if self.frame_tokens is not None:
+            fc = self._frame_cache()
+            v = fc.starts(np.asarray(shard), np.asarray(local))
+            fc.ensure(v)
+            return window_view(fc.flat, self.T + 1)[v]
         views = self._open()
         if self._flat is not None:
             return self._flat[self._first[shard] + local]
@@ -181,6 +206,8 @@ class PretrainTokenStreamDataset:
         # numpy path: ~44 and ~38 us (gather ~17, cast to int64 x and y ~20), 0.35-0.45x the limit.
         if B < 1:
             raise ConfigError(f"B must be >= 1, got {B}")
+        if self.frame_tokens is not None:
+            return self._compressed_batch(B, generator)
         if self.remote is not None and self._views is None:
             batch = self._remote_batch(B, generator)
             if batch is not None:
@@ -236,6 +263,56 @@ class PretrainTokenStreamDataset:
             rows = np.flatnonzero(shard == k)
             out[rows] = self._remote_views[k][1][local[rows]]
         return to_device_xy(out, self.device)
+
+    def _frame_cache(self) -> FrameCache:
+        if self._frames is None:
+            self._frames = FrameCache(self.shard_tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard,
+                                      max_bytes=self.frame_cache_bytes)
+            # draw g in shard k -> its window's offset in the frame cache's range: g + shift[k]
+            self._vshift = np.ascontiguousarray(self._frames.frame_base[:-1] * self.frame_tokens - self.cum_starts[:-1],
+                                                dtype=np.int64)
+            self._cum64 = np.ascontiguousarray(self.cum_starts, dtype=np.int64)
+            # NOTE: addresses taken once: ndarray.ctypes builds an object per call (~1 us each)
+            self._vrows_args = (self._cum64.ctypes.data, len(self._vshift), self._vshift.ctypes.data)
+        return self._frames
+
+    def _zstd_shard(self, k: int) -> ZstdShard:
+        """Shard k's reader; a remote shard is fetched (again, if it was evicted) before it is opened."""
+        name = self.shard_names[k]
+        path = self.shards_dir / name if self.remote is None else self.remote.fetch(f"{self.split}/{name}")
+        ino = path.stat().st_ino
+        held = self._handles.get(k)
+        if held is None or held[0] != ino:
+            if self.remote is not None:  # let maps of evicted files go: they hold the disk the bound freed
+                self._handles = {j: h for j, h in self._handles.items() if h[1].path.exists()}
+            if len(self._handles) >= MAX_OPEN_SHARDS:  # let the oldest go
+                del self._handles[next(iter(self._handles))]
+            held = self._handles[k] = (ino, ZstdShard(path, self.dtype, tokens=int(self.shard_tokens[k]),
+                                                      frame_tokens=self.frame_tokens,
+                                                      expected_bytes=self.shard_bytes[k], frames=self.shard_frames[k]))
+        return held[1]
+
+    def _compressed_batch(self, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor]:
+        """get_batch over compressed shards: the same draws, rows of the frame cache's range."""
+        fc = self._frame_cache()
+        if B not in self._draws:  # NOTE: randint(out=) into a numpy-backed tensor: no .numpy() per batch (~2 us)
+            t = torch.empty(B, dtype=torch.int64)
+            self._draws[B] = (t, t.numpy())
+        t, v = self._draws[B]
+        torch.randint(self._n_starts, (B,), generator=generator, out=t)
+        native = _native.gather
+        if native is not None and self.dtype.isnative:
+            rows = t.data_ptr()
+            cum, K, shift = self._vrows_args
+            if K > 1:
+                native.draws_to_rows(rows, B, cum, K, shift)
+            fc.ensure(v)
+            x, y, xy = _host_xy(B, self.T, self.device)
+            native.gather_xy(fc.base, self.dtype.itemsize, rows, B, self.T, x.data_ptr())
+            return _to_device(x, y, xy, self.device)
+        v += self._vshift[np.searchsorted(self.cum_starts, v, side="right") - 1]
+        fc.ensure(v)
+        return to_device_xy(window_view(fc.flat, self.T + 1)[v], self.device)
 
     def _native_batch(self, native, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor]:
         """get_batch through the C kernel: the same draws and rows as the numpy path, one pass."""

@@ -19,6 +19,7 @@ import numpy as np
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, receipt_path
+from niels_gpt.formats.zstd_shard import verify_compressed
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -145,7 +146,8 @@ def _check_cache(cache: Path, meta: dict) -> list[str]:
     found = check_files(cache, meta, hashes=True)
     named = {line.split(": ", 1)[0] for line in found}
     found += [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
-    return found + _check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
+    return (found + _check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
+            + verify_compressed(cache, meta))  # a compressed cache: every frame decompressed against its index
 
 
 def _unsealed_note(record_path: Path) -> str:

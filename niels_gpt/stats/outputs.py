@@ -13,6 +13,7 @@ from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.masks import assistant_token_mask
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.packing.parquet import PARQUET_SUFFIXES
+from niels_gpt.readers.shards import shard_array
 from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output, megatron_prefix
 from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
@@ -37,9 +38,8 @@ def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
     eot_id = (meta.get("special_token_ids") or {}).get("eot")
     streams = []
     for split in splits:
-        rels = sorted(r for r in meta["files"] if r.startswith(f"{split}/") and r.endswith(".bin"))
-        arrays = [np.memmap(cache / r, dtype=dtype, mode="r") if (cache / r).stat().st_size else np.zeros(0, dtype)
-                  for r in rels]
+        rels = sorted(r for r in meta["files"] if r.startswith(f"{split}/") and r.endswith((".bin", ".bin.zst")))
+        arrays = [shard_array(cache / r, meta, meta["files"][r], dtype) for r in rels]  # .bin.zst: compressed
         streams.append(stream_stats(split, arrays, eot_id=eot_id, bos_id=_bos_id(meta), separator=separator,
                                     position=position, progress=progress))
     return Stats(str(cache), "pretrain", streams, {"dataset_name": meta.get("dataset_name")})

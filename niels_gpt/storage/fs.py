@@ -5,15 +5,21 @@
 - A scheme whose backend is not installed names the extra that brings it (`pip install 'niels_gpt[s3]'`);
   an unknown scheme lists the supported ones; `http(s)://` is read-only and refused for writing.
 - `with_retries(fn, what)` retries a storage call on transient errors (connection resets, timeouts,
-  throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart.
+  throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart. Each attempt
+  has a time limit (`settings.network_timeout_s()`, 60 s by default): a call that has not returned by
+  then counts as a timed-out attempt, so a server that stops answering ends, after RETRIES attempts,
+  in one StorageError naming the address, never in a hang. An error that retrying cannot help (no
+  credentials, access denied, a full local disk) is one StorageError naming the address at once.
 """
 
 from __future__ import annotations
 
 import errno
+import threading
 import time
 
-from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.errors import ConfigError, NielsGPTError, StorageError
+from niels_gpt.storage.settings import network_timeout_s
 
 # scheme -> the extra of niels_gpt that installs its fsspec backend (None: fsspec itself has it)
 SCHEMES = {
@@ -77,16 +83,56 @@ def _transient(exc: BaseException) -> bool:
     return any(k in name for k in ("Timeout", "Connection", "Throttl", "ClientPayload", "ServerDisconnected"))
 
 
-def with_retries(fn, what: str, *, retries: int = RETRIES, backoff_s: float = BACKOFF_S):
-    """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist."""
+def with_deadline(fn, timeout_s: float):
+    """fn() on a helper thread, or TimeoutError when it has not returned within `timeout_s`.
+
+    NOTE: fsspec's backends take their time limits in backend-specific options (aiohttp, botocore), and
+    a stalled body read slips past some of them; a thread is the one limit that covers every scheme.
+    A call that times out keeps its daemon thread until the backend gives up; its result is dropped.
+    """
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="niels-gpt-storage-call", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float | None = None,
+                 timeout_s: float | None = None):
+    """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist.
+
+    Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`); retries and backoff
+    default to RETRIES and BACKOFF_S."""
+    retries = RETRIES if retries is None else retries
+    backoff_s = BACKOFF_S if backoff_s is None else backoff_s
+    limit = network_timeout_s() if timeout_s is None else timeout_s
     for attempt in range(1, retries + 1):
         try:
-            return fn()
+            return with_deadline(fn, limit)
+        except (FileNotFoundError, NotImplementedError, NielsGPTError):
+            raise  # the caller's to name: a missing marker, a store that cannot list, our own errors
         except Exception as exc:
-            if not _transient(exc):
-                raise
+            if not _transient(exc):  # no credentials, access denied, a full local disk: retrying cannot help
+                raise StorageError(f"{what}: {type(exc).__name__}: {exc}; check the credentials, the endpoint "
+                                   "and the local disk, then rerun") from exc
             if attempt == retries:
                 raise StorageError(f"{what}: failed {retries} times, last with {type(exc).__name__}: {exc}; "
                                    "check the endpoint and credentials, then rerun") from exc
             time.sleep(backoff_s * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
+
+
+def longest_wait_s() -> float:
+    """How long `with_retries` may take at most: what a process waiting on another's download allows it."""
+    return RETRIES * network_timeout_s() + sum(BACKOFF_S * 2 ** k for k in range(RETRIES - 1))

@@ -1,29 +1,15 @@
-"""Reading a cache at a URL: files downloaded on first use into a size-bounded local cache.
+"""Opening caches at URLs for the readers and the read-side commands.
 
-    rc = RemoteCache("s3://bucket/caches/wikitext")   # fetches meta.json (the commit marker) only
-    path = rc.fetch("train/shard_00000.bin")          # downloads on first use, then a local path
+- `open_location(path)`: (local directory, RemoteCache or None) for a cache given as a path or a URL;
+  the readers open the local directory (the mirror, for a URL) with their ordinary code.
+- `split_url("s3://b/cache/train")` -> ("s3://b/cache", "train").
+- `mirror_for_reading(url)` serves inspect, verify and stats: it mirrors a whole cache, packed directory
+  or split directory, checked file by file, so that their local code reads it; each file that fails its
+  download check is one problem line naming its URL.
+- `tokenizer_near(url)`: the mirrored tokenizer beside a cache at a URL (build-all's layout).
 
-- The local cache lives under $NIELS_GPT_CACHE (default ~/.cache/niels_gpt), one mirror directory per
-  URL (`remote/<sha256(url)[:16]>/`), laid out exactly like the remote cache, so every reader opens
-  the mirror with its ordinary local code: same memory maps, same batches, same resume state.
-- Nothing is downloaded until a reader touches a file: a DDP rank or DataLoader worker fetches only
-  the shards its own draws or indices reach.
-- A download goes to `<name>.tmp-<pid>`; only when its size and sha256 equal
-  the marker's record is it renamed into place. A file under its final name was therefore checked,
-  once, and is trusted afterwards; a partial or damaged download is never visible (a killed
-  process's temporary is removed by the next eviction pass).
-- The marker is read from the URL at every open; when it changed (the cache was rebuilt), mirrored
-  files whose sha256 changed are deleted before the new marker replaces the old one.
-- Size bound: $NIELS_GPT_CACHE_MAX_BYTES (default DEFAULT_MAX_BYTES), over every mirror under the
-  cache directory. Before a download, least recently used files (by mtime, refreshed on every fetch)
-  are deleted until the new file fits; files the current batch needs are never evicted. A memory map
-  of an evicted file stays valid (POSIX keeps unlinked files alive while mapped); readers reopen
-  their maps of files that were evicted and fetched again.
-- Several processes may share one cache directory: eviction runs under an flock, downloads rename
-  atomically, and two processes fetching the same file both end with the same verified bytes.
-- `mirror_for_reading(url)` serves the read-side commands (inspect, verify, stats): it mirrors a
-  whole cache, packed directory or split directory, checked file by file, so that their local code
-  reads it; each file that fails its download check is one problem line naming its URL.
+The mirror itself (download, checks, eviction, sharing between processes) is storage/mirror.py and
+storage/local_cache.py; the settings are storage/settings.py.
 """
 
 from __future__ import annotations
@@ -32,219 +18,25 @@ import contextlib
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
+from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import MANIFEST_NAME
-from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError, NielsGPTError
-from niels_gpt.meta import record_problem, sha256_file
+from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, NielsGPTError
 from niels_gpt.storage.fs import filesystem, join, with_retries
+from niels_gpt.storage.mirror import RemoteCache
+from niels_gpt.storage.settings import (  # noqa: F401  (imported from here by older callers)
+    CACHE_ENV,
+    DEFAULT_MAX_BYTES,
+    MAX_BYTES_ENV,
+    MIRRORS,
+    configure,
+    local_cache_dir,
+    max_cache_bytes,
+)
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.urls import is_url
-
-CACHE_ENV = "NIELS_GPT_CACHE"
-MAX_BYTES_ENV = "NIELS_GPT_CACHE_MAX_BYTES"
-DEFAULT_CACHE_DIR = "~/.cache/niels_gpt"
-DEFAULT_MAX_BYTES = 50 << 30
-MIRRORS = "remote"
-
-_settings: dict = {"cache_dir": None, "max_bytes": None}
-_download_lock = threading.Lock()
-
-
-def configure(*, cache_dir: str | os.PathLike | None = None, max_bytes: int | None = None) -> None:
-    """Set the local cache directory and its size bound for this process (overrides the env vars)."""
-    if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
-        raise ConfigError(f"max_bytes must be a positive int, got {max_bytes!r}")
-    _settings.update(cache_dir=None if cache_dir is None else os.fspath(cache_dir), max_bytes=max_bytes)
-
-
-def local_cache_dir() -> Path:
-    return Path(_settings["cache_dir"] or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
-
-
-def max_cache_bytes() -> int:
-    if _settings["max_bytes"] is not None:
-        return _settings["max_bytes"]
-    raw = os.environ.get(MAX_BYTES_ENV)
-    if not raw:
-        return DEFAULT_MAX_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"${MAX_BYTES_ENV}={raw!r}: expected a positive number of bytes")
-    return value
-
-
-class RemoteCache:
-    """One cache directory at a URL, mirrored file by file on demand. Pickles as its URL and paths."""
-
-    def __init__(self, url: str, *, marker: str = "meta.json"):
-        self.url = str(url).rstrip("/")
-        self.marker = marker
-        self.root = local_cache_dir()
-        self.local_dir = self.root / MIRRORS / hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        self.max_bytes = max_cache_bytes()
-        self._fs, self._fs_pid = None, None
-        fs, path = self.fs
-        remote = join(path, marker)
-        try:
-            data = with_retries(lambda: fs.cat_file(remote), f"reading {self.url}/{marker}")
-        except FileNotFoundError:
-            raise IncompleteCacheError(f"no {marker} at {self.url}: the upload was interrupted or never ran "
-                                       "(the marker is uploaded last); rebuild or re-upload the cache") from None
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CacheError(f"{self.url}/{marker}: not valid JSON ({exc}); rebuild and re-upload the cache") from exc
-        if not isinstance(doc, dict):
-            raise CacheError(f"{self.url}/{marker}: expected a JSON object, got {type(doc).__name__}")
-        self.records = _records(doc, marker, self.url)
-        self.local_dir.mkdir(parents=True, exist_ok=True)
-        self._reconcile(data)
-
-    @property
-    def fs(self):
-        # NOTE: a DataLoader worker forked from the process that opened the dataset inherits this
-        # object without pickling it; async filesystems (s3fs) refuse to run in a fork, so each
-        # process opens its own.
-        if self._fs is None or self._fs_pid != os.getpid():
-            self._fs, self._fs_pid = filesystem(self.url), os.getpid()
-        return self._fs
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_fs"] = None  # each process opens its own connection (s3fs sessions do not survive a fork)
-        return state
-
-    def _reconcile(self, data: bytes) -> None:
-        """Drop mirrored files the new marker no longer vouches for, then store the marker."""
-        local_marker = self.local_dir / self.marker
-        try:
-            old = _records(json.loads(local_marker.read_bytes()), self.marker)
-        except (OSError, ValueError, CacheError):
-            old = None
-        if old != self.records:
-            for root, _, files in os.walk(self.local_dir):
-                for name in files:
-                    rel = os.path.relpath(os.path.join(root, name), self.local_dir).replace(os.sep, "/")
-                    if rel == self.marker:
-                        continue
-                    if old is None or (old.get(rel) or {}).get("sha256") != (self.records.get(rel) or {}).get("sha256"):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(os.path.join(root, name))
-        if not local_marker.is_file() or local_marker.read_bytes() != data:
-            write_bytes_atomic(local_marker, data)
-
-    def has(self, rel: str) -> bool:
-        return (self.local_dir / rel).is_file()
-
-    def fetch(self, rel: str, *, keep: frozenset[str] | set[str] = frozenset()) -> Path:
-        """Local path of `rel`, downloaded and checked first if it is not mirrored yet.
-
-        `keep`: other files the caller needs now; eviction leaves them alone.
-        """
-        local = self.local_dir / rel
-        try:
-            os.utime(local)  # most recently used
-            return local
-        except FileNotFoundError:
-            pass
-        rec = self.records.get(rel)
-        if rec is None:
-            raise CacheError(f"{self.url}/{self.marker} does not list {rel}; the cache does not have this file")
-        with _download_lock:
-            if local.is_file():
-                return local
-            self._make_room(int(rec["bytes"]), {str(self.local_dir / r) for r in keep} | {str(local)})
-            self._download(rel, rec, local)
-        return local
-
-    def _download(self, rel: str, rec: dict, local: Path) -> None:
-        fs, path = self.fs
-        remote = join(path, rel)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f"{local.name}.tmp-{os.getpid()}")
-
-        try:
-            with_retries(lambda: fs.get_file(remote, os.fspath(tmp)), f"downloading {self.url}/{rel}")
-            digest = sha256_file(str(tmp))  # NOTE: from the page cache the download just filled
-            size = tmp.stat().st_size
-            if size != rec["bytes"]:
-                raise CacheMismatchError(f"{self.url}/{rel}: downloaded {size} bytes, {self.marker} says "
-                                         f"{rec['bytes']}; the remote file was truncated or replaced after the "
-                                         "build: rebuild and re-upload the cache")
-            if rec.get("sha256") is not None and digest != rec["sha256"]:
-                raise CacheMismatchError(f"{self.url}/{rel}: sha256 {digest[:16]}… differs from {self.marker} "
-                                         f"{rec['sha256'][:16]}…; the remote file was damaged or replaced after "
-                                         "the build: rebuild and re-upload the cache")
-            os.replace(tmp, local)
-        except FileNotFoundError as exc:
-            raise CacheError(f"{self.url}/{rel}: listed in {self.marker} but missing remotely; the cache was "
-                             "partly deleted: rebuild and re-upload it") from exc
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-    def _make_room(self, need: int, keep: set[str]) -> None:
-        """Delete least recently used mirrored files (all mirrors) until `need` more bytes fit."""
-        if need > self.max_bytes:
-            raise ConfigError(f"{self.url}: one file needs {need:,} bytes but the local cache {self.root} may hold "
-                              f"{self.max_bytes:,}; raise ${MAX_BYTES_ENV} or pass max_bytes to "
-                              "niels_gpt.storage.configure")
-        import fcntl
-
-        lock = self.root / ".lock"
-        with open(lock, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            files, total = [], 0
-            for root, _, names in os.walk(self.root / MIRRORS):
-                for name in names:
-                    p = os.path.join(root, name)
-                    m = TMP_SUFFIX.search(name)
-                    if m and not pid_alive(int(m.group(1))):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(p)  # a killed download
-                        continue
-                    try:
-                        st = os.stat(p)
-                    except FileNotFoundError:
-                        continue
-                    total += st.st_size
-                    if not m and name not in ("meta.json", "manifest.json") and p not in keep:
-                        files.append((st.st_mtime_ns, p, st.st_size))
-            files.sort()
-            for _, p, size in files:
-                if total + need <= self.max_bytes:
-                    break
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-                total -= size
-
-
-def _records(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
-    """{relative path: {"bytes", "sha256", ...}} from a meta.json or a packed manifest.json."""
-    marker = f"{where}/{marker}" if where else marker
-    files = doc.get("files")
-    if not isinstance(files, dict):
-        raise CacheError(f"{marker}: 'files' is missing or not an object; rebuild and re-upload the cache")
-    if marker.endswith("manifest.json"):  # array -> {"name", "bytes", "sha256", ...}
-        out = {}
-        for rec in files.values():
-            if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("bytes"), int):
-                out[rec["name"]] = rec
-            else:
-                raise CacheError(f"{marker}: a files record {rec!r} has no name and bytes; re-run pack-sft")
-        return out
-    for rel, rec in files.items():
-        bad = record_problem(rec)
-        if bad is not None:
-            raise CacheError(f"{marker}: the record of {rel} {bad}; rebuild and re-upload the cache")
-    return dict(files)
 
 
 def open_location(path) -> tuple[Path, RemoteCache | None]:
@@ -267,7 +59,7 @@ def split_url(url: str) -> tuple[str, str]:
     return parent, last
 
 
-def _open_marker(url: str) -> tuple[RemoteCache, str]:
+def open_marker(url: str) -> tuple[RemoteCache, str]:
     """(the RemoteCache holding `url`, the sub-directory of it that `url` names: "" or a split)."""
     try:
         return RemoteCache(url), ""
@@ -300,7 +92,7 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
     verify does, so that it checks the bytes at the URL, not an earlier copy of them.
     """
     url = os.fspath(url).rstrip("/")
-    rc, sub = _open_marker(url)
+    rc, sub = open_marker(url)
     problems = []
     if everything:
         rels = sorted(r for r in rc.records if not sub or r.startswith(f"{sub}/"))  # a split: its own files

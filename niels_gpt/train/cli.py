@@ -15,7 +15,10 @@ from niels_gpt.train.train import TrainConfig, train
 HELP = {
     "out_dir": "checkpoints go here (ckpt_<step>.pt)",
     "data_kind": f"auto (by what the path holds) or one of: {', '.join(KINDS)}",
-    "sampling": "pretraining caches: random windows or indexed windows with the global sampler",
+    "sampling": "pretraining caches: random windows, indexed windows with the global sampler, or shards (K at a time)",
+    "shards_at_once": "--sampling shards: shards read at a time (local disk for a cache at a URL)",
+    "local_cache": "DATA at a URL (s3://, gs://, hf://, http(s)://): download cache directory (default $NIELS_GPT_CACHE)",
+    "cache_limit": "DATA at a URL: size bound of the download cache, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)",
     "packing": "Parquet text shards: bestfit or contiguous",
     "tokenizer": "tokenizer dir/file (default: a tokenizer/ dir above the data; needed for bpb, CORE, Parquet)",
     "depth": "layers; width = 64 x depth and heads of ~128 dims unless given",
@@ -64,7 +67,7 @@ def register(sub) -> None:
             p.add_argument(flag, action="store_true", help=HELP[f.name])
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-        choices = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed"],
+        choices = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed", "shards"],
                    "packing": ["bestfit", "contiguous"], "optimizer": ["muon", "adamw"]}.get(f.name)
         p.add_argument(flag, type=kind, default=default, choices=choices, help=HELP[f.name])
     p.set_defaults(func=run)

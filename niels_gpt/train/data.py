@@ -4,6 +4,7 @@
 |-----------------------------------------------|------------|----------------------------------------------------|
 | a pretraining cache (meta.json kind pretrain) | `windows`  | PretrainTokenStreamDataset + RankBatchStream        |
 |   same, with `sampling="indexed"`             | `indexed`  | IndexedWindowDataset + GlobalBatchSampler + ResumableDataLoader |
+|   same, with `sampling="shards"`              | `shards`   | IndexedWindowDataset + ShardWindowSampler + ResumableDataLoader |
 | a mixture file (.toml / .json)                | `mixture`  | MixtureConfig.build + DataLoader (state per delivered batch) |
 | Parquet text shards (a `text` column)         | `parquet`  | ParquetTokenLoader (last shard is val)              |
 | an SFT cache (meta.json kind sft)             | `sft`      | SFTExampleDataset + RankBatchStream (labels = y_masked) |
@@ -16,6 +17,8 @@ DataLoader builds come from pinned memory and are copied with non_blocking=True;
 random-window and Parquet loaders do that themselves (device=).
 
 Every loader's state is the position after the last batch the loop took (`state_dict()`), JSON-able.
+A pretraining or SFT cache at a URL is read through the download cache (niels_gpt/storage): its kind is
+read from the mirrored meta.json, its shards fetched ahead of the batches that need them.
 """
 
 from __future__ import annotations
@@ -38,12 +41,16 @@ from niels_gpt.loading import (
     ResumableDataLoader,
     split_files,
 )
+from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.storage.remote import open_location
+from niels_gpt.urls import is_url
 
-KINDS = ("windows", "indexed", "mixture", "parquet", "sft", "packed")
+KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")
+URL_KINDS = ("windows", "indexed", "shards", "sft")
 MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
 
 
@@ -62,9 +69,9 @@ def detect_kind(path, sampling: str = "random") -> str:
     if (p / "meta.json").is_file():
         kind = json.loads((p / "meta.json").read_text("utf-8")).get("kind")
         if kind == "pretrain":
-            if sampling not in ("random", "indexed"):
-                raise ConfigError(f"sampling {sampling!r}: expected 'random' or 'indexed'")
-            return "windows" if sampling == "random" else "indexed"
+            if sampling not in ("random", "indexed", "shards"):
+                raise ConfigError(f"sampling {sampling!r}: expected 'random' or 'indexed', or 'shards' (K shards at a time)")
+            return {"random": "windows", "indexed": "indexed", "shards": "shards"}[sampling]
         if kind == "sft":
             return "sft"
         raise ConfigError(f"{p}/meta.json: kind {kind!r} is not trainable data (expected 'pretrain' or 'sft')")
@@ -186,9 +193,15 @@ class TrainData:
 
     def __init__(self, path, *, T: int, batch_size: int, seed: int, device, rank: int = 0, world_size: int = 1,
                  kind: str = "auto", sampling: str = "random", num_workers: int = 0, tokenizer=None,
-                 packing: str = "bestfit", vocab_size: int | None = None):
-        self.path, self.device = Path(path), torch.device(device)
-        self.kind = detect_kind(path, sampling) if kind == "auto" else kind
+                 packing: str = "bestfit", vocab_size: int | None = None, shards_at_once: int = 8):
+        self.url = str(path).rstrip("/") if is_url(path) else None
+        # a URL: its mirror holds meta.json now and the shards as they are read
+        self.path, self.device = Path(path) if self.url is None else open_location(self.url)[0], torch.device(device)
+        self.kind = detect_kind(self.path, sampling) if kind == "auto" else kind
+        if self.url is not None and self.kind not in URL_KINDS:
+            raise ConfigError(f"{self.url}: {self.kind} data at a URL; train reads pretraining and SFT caches from "
+                              "URLs: copy this down and train on the local path")
+        self.shards_at_once = shards_at_once
         if self.kind not in KINDS:
             raise ConfigError(f"data kind {kind!r}: expected auto or one of {', '.join(KINDS)}")
         self.T, self.B, self.seed = int(T), int(batch_size), int(seed)
@@ -214,18 +227,25 @@ class TrainData:
     def _meta(self, where: Path) -> dict:
         return read_meta(str(where))
 
+    def _src(self, *parts: str) -> str:
+        """A file or split of the data, as a URL when the data is at one."""
+        return "/".join([self.url, *parts]) if self.url else str(self.path.joinpath(*parts))
+
     def _open_windows(self):
-        ds = PretrainTokenStreamDataset(str(self.path / "train"), T=self.T, device=str(self.device))
+        ds = PretrainTokenStreamDataset(self._src("train"), T=self.T, device=str(self.device))
         self.vocab_size = self.vocab_size or ds.vocab_size
         self.source = RankBatchStream(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
-        self._val = ("windows_val", self.path)
+        self._val = ("windows_val", self._src())
 
-    def _open_indexed(self):
-        ds = IndexedWindowDataset(self.path, self.T, split="train")
+    def _open_indexed(self, sampler_class=GlobalBatchSampler, **order):
+        ds = IndexedWindowDataset(self._src(), self.T, split="train")
         self.vocab_size = self.vocab_size or int(self._meta(self.path)["vocab_size"])
-        sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
+        sampler = sampler_class(ds, self.B * self.world_size, seed=self.seed, **order, **self._rank_args())
         self.source = EpochLoop(ResumableDataLoader(ds, sampler, **self._loader_kwargs()))
-        self._val = ("windows_val", self.path)
+        self._val = ("windows_val", self._src())
+
+    def _open_shards(self):
+        self._open_indexed(ShardWindowSampler, shards_at_once=self.shards_at_once)
 
     def _open_mixture(self):
         cfg = MixtureConfig.from_file(self.path)
@@ -253,7 +273,7 @@ class TrainData:
         meta = self._meta(self.path)
         self.vocab_size = self.vocab_size or int(meta["vocab_size"])
         eot = int(meta["special_token_ids"]["eot"])
-        ds = SFTExampleDataset(str(self.path / "train_tokens.bin"), str(self.path / "train_idx.npy"), T=self.T,
+        ds = SFTExampleDataset(self._src("train_tokens.bin"), self._src("train_idx.npy"), T=self.T,
                                device=str(self.device), eot_id=eot)
         self.source = RankBatchStream(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
         self._val = ("sft_val", eot) if meta["totals"].get("val_examples") else None
@@ -319,7 +339,7 @@ class TrainData:
             loader = ParquetTokenLoader(split_files(arg, "val"), self.tokenizer, self.B, self.T,
                                         packing="contiguous", **self._rank_args())
             return [next(loader) for _ in range(steps)]
-        ds = SFTExampleDataset(str(self.path / "val_tokens.bin"), str(self.path / "val_idx.npy"), T=self.T,
+        ds = SFTExampleDataset(self._src("val_tokens.bin"), self._src("val_idx.npy"), T=self.T,
                                device="cpu", eot_id=arg)
         order = np.arange(len(ds))[self.rank::self.world_size]
         out = []

@@ -31,6 +31,8 @@ from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading import evaluate_bpb
 from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.seeds import check_seed
+from niels_gpt.storage.remote import open_location, tokenizer_near
+from niels_gpt.storage.settings import apply_cache_args
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.eval_core import run_core
@@ -47,6 +49,9 @@ class TrainConfig:
     out_dir: str = "runs/base"
     data_kind: str = "auto"
     sampling: str = "random"
+    shards_at_once: int = 8  # sampling="shards": shards read at a time (niels_gpt/loading/shard_windows.py)
+    local_cache: str | None = None  # DATA at a URL: the download cache (default $NIELS_GPT_CACHE)
+    cache_limit: str | None = None  # and its bound, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)
     packing: str = "bestfit"
     tokenizer: str | None = None
     # model (nanochat sizing from depth unless given)
@@ -117,6 +122,10 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
 
 def find_tokenizer(data_path: str | os.PathLike):
     """The tokenizer a cache was built with: a `tokenizer/` directory up to three levels above it."""
+    if is_url(data_path):  # mirrored from beside the URL (niels_gpt/storage), once the cache there answers
+        open_location(str(data_path))
+        near = tokenizer_near(str(data_path))
+        return load_tokenizer(near) if near is not None else None
     p = Path(data_path).resolve()
     for parent in [p, *p.parents][:4]:
         cand = parent / "tokenizer"
@@ -138,7 +147,7 @@ def _recorded_tokenizer_sha(where: Path) -> str | None:
 def _require_recorded_tokenizer(tok, data_path) -> None:
     """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
     for path in str(data_path).split(","):
-        where = Path(path.strip())
+        where = open_location(path.strip())[0]  # a URL: its mirror, where meta.json is
         if where.is_dir():
             check_tokenizer_matches(tok, _recorded_tokenizer_sha(where), where)
 
@@ -204,10 +213,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     vocab_size, has_val and val_batches (bench/bench_train.py runs the peers' recipes through it).
     """
     refuse_url(cfg.out_dir, "--out-dir")
-    if data is None and any(is_url(d) for d in str(cfg.data).split(",")):
-        raise ConfigError(f"DATA {cfg.data!r} is a URL: train reads a local cache (and finds its tokenizer beside "
-                          "it); copy the cache down, or read it in Python with PretrainTokenStreamDataset or "
-                          "IndexedWindowDataset, which take URLs (docs/storage.md)")
+    if data is None and is_url(cfg.data):  # read through the download cache (docs/storage.md)
+        apply_cache_args(cfg.local_cache, cfg.cache_limit)
     rank, world, device = setup_distributed(cfg.device)
     master = rank == 0
     say = log if master else (lambda *a, **k: None)
@@ -223,7 +230,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     if data is None:
         data = TrainData(cfg.data, T=cfg.sequence_len, batch_size=cfg.device_batch_size, seed=cfg.seed,
                          device=device, rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
-                         num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size)
+                         num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size,
+                         shards_at_once=cfg.shards_at_once)
     if tok is None and token_bytes is None:
         tok = next(filter(None, (find_tokenizer(p) for p in getattr(data, "origins", ())[1:])), None)
     if tok is not None and not cfg.tokenizer:

@@ -1,0 +1,187 @@
+"""Fetching the shards of the next batches of a remote cache before the training step asks for them.
+
+    prefetch = ShardPrefetcher(remote)                 # in the process that draws the batches
+    prefetch.plan(must, ahead)                         # shards needed now / the next ones, nearest first
+
+- The plan is the sampler's own, nothing is guessed: `GlobalBatchSampler` and `ShardWindowSampler` read
+  their epoch order, `RankBatchStream` replays the draws of its next steps; `RollingPlan` keeps it at
+  least PREFETCH_BATCHES batches long and long enough to hold PREFETCH_NEW_SHARDS shards the batch being
+  handed out does not read.
+- `plan` pins (storage/local_cache.py) the shards of the batches in flight and of the batches ahead, as
+  far ahead as PREFETCH_SHARE of the download cache's bound allows (the nearest batch always), so no
+  process of the host (rank, DataLoader worker) evicts them before they are read; then it starts the
+  downloads of those not mirrored yet on PREFETCH_REQUESTS background threads, nearest batch first.
+- The downloads are the mirror's own (storage/mirror.py): checked, one per file per host (a reader that
+  needs a shard being prefetched waits for that download instead of starting another), time-limited.
+- A background download that fails is dropped: the batch that needs the shard fetches it itself and
+  raises the error that names it. One that finds no room (everything else pinned) waits for the next plan.
+
+Cost per batch: one shard lookup for each batch entering the plan and a count update; the prefetcher
+(and the pin file) hear of the plan only when its shards change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from niels_gpt.storage.local_cache import NoRoom, Pins
+
+PREFETCH_BATCHES = 8  # how many batches ahead a sampler plans, at least
+PREFETCH_NEW_SHARDS = 2  # and until its plan holds this many shards the current batch does not read
+MAX_AHEAD_BATCHES = 100_000
+PREFETCH_REQUESTS = 4  # parallel downloads
+PREFETCH_SHARE = 0.75  # of the download cache's bound, at most, for one process's plan
+
+
+class ShardPrefetcher:
+    """Background downloads and pins of the shards a sampler's next batches need. Pickles as nothing
+    running: a copy in another process starts its own threads and pin file when it plans."""
+
+    def __init__(self, remote, *, requests: int = PREFETCH_REQUESTS, share: float = PREFETCH_SHARE):
+        self.remote, self.requests = remote, max(1, int(requests))
+        self.budget = int(remote.max_bytes * share)
+        self.pins = Pins(remote.root)
+        self.pinned: list[str] = []
+        self.failures = 0  # background downloads that raised (the reader raises them again, by name)
+        self._present: set[str] = set()  # pinned and seen mirrored: stays so while pinned
+        self._pending: dict[str, Future] = {}
+        self._pool, self._pid = None, None
+
+    def __getstate__(self):
+        return {"remote": self.remote, "requests": self.requests, "budget": self.budget, "pins": self.pins,
+                "pinned": [], "failures": 0, "_present": set(), "_pending": {}, "_pool": None, "_pid": None}
+
+    def plan(self, must, ahead) -> list[str]:
+        """Pin and fetch the shards `must` (all: the batches in flight and the next one) and `ahead`
+        (nearest first, as long as they fit the budget); shards are files relative to the cache.
+        Returns the pinned files, nearest first."""
+        order = list(dict.fromkeys(must))
+        total = sum(self.remote.size(r) for r in order)
+        seen = set(order)
+        for r in ahead:
+            if r in seen:
+                continue
+            size = self.remote.size(r)
+            if total + size > self.budget:
+                break
+            order.append(r)
+            seen.add(r)
+            total += size
+        base = f"{self.remote.local_dir}/"
+        self.pins.set(base + r for r in order)
+        self._present &= seen
+        self._pending = {r: f for r, f in self._pending.items() if not f.done()}
+        for r in order:
+            if r in self._present or r in self._pending:
+                continue
+            if self.remote.has(r):
+                self._present.add(r)
+            else:
+                self._pending[r] = self._executor().submit(self._fetch, r)
+        self.pinned = order
+        return order
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self.requests, thread_name_prefix="niels-gpt-prefetch")
+            self._pid = os.getpid()
+        return self._pool
+
+    def _fetch(self, rel: str) -> None:
+        try:
+            self.remote.fetch(rel, prefetch=True)
+        except NoRoom:
+            pass
+        except Exception:  # noqa: BLE001 - the reader that needs the shard raises it, naming the file
+            self.failures += 1
+
+    def wait(self) -> None:
+        """Block until the downloads started so far have ended (tests, benches)."""
+        for f in list(self._pending.values()):
+            f.result()
+
+    def close(self) -> None:
+        """Stop planning: drop the pins and let queued downloads go (one in progress finishes)."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+        self.pins.close()
+        self._present.clear()
+
+
+class RollingPlan:
+    """The shard lists of a sampler's batches in flight and ahead, moved one batch per step.
+
+    The plan reaches at least PREFETCH_BATCHES batches ahead, and further until it holds
+    PREFETCH_NEW_SHARDS shards that the batch being handed out does not read (shard-window sampling
+    changes shard every few hundred batches: the next ones are fetched long before), at most
+    MAX_AHEAD_BATCHES. The prefetcher is told only when the planned shards change."""
+
+    def __init__(self, prefetcher: ShardPrefetcher, *, in_flight: int, ahead: int = PREFETCH_BATCHES,
+                 new_shards: int = PREFETCH_NEW_SHARDS, max_ahead: int = MAX_AHEAD_BATCHES):
+        self.prefetcher, self.in_flight_n = prefetcher, max(0, in_flight)
+        self.ahead_n, self.new_shards, self.max_ahead = max(1, ahead), new_shards, max(ahead, max_ahead)
+        self.in_flight: deque[list[str]] = deque(maxlen=self.in_flight_n)
+        self.ahead: deque[tuple[object, list[str]]] = deque()
+        self._count: dict[str, int] = {}  # shard -> batches of `ahead` reading it, in order of entry
+        self._told: tuple | None = None
+
+    def _push(self, pos, rels: list[str]) -> None:
+        self.ahead.append((pos, rels))
+        for r in rels:
+            self._count[r] = self._count.get(r, 0) + 1
+
+    def _pop(self) -> list[str]:
+        rels = self.ahead.popleft()[1]
+        for r in rels:
+            self._count[r] -= 1
+            if not self._count[r]:
+                del self._count[r]
+        return rels
+
+    def step(self, position, upcoming, shards_of) -> None:
+        """Batch `position` is about to be handed out; `upcoming` iterates the positions after it."""
+        while self.ahead and self.ahead[0][0] != position:
+            self._pop()  # a jump (a restored state, a new epoch): start the plan again
+        if not self.ahead:
+            self._push(position, shards_of(position))
+        current = set(self.ahead[0][1])
+        if len(self.ahead) < self.ahead_n or len(self._count) < len(current) + self.new_shards:
+            for pos in upcoming(self.ahead[-1][0]):
+                self._push(pos, shards_of(pos))
+                enough = len(self.ahead) >= self.ahead_n and len(self._count) >= len(current) + self.new_shards
+                if enough or len(self.ahead) >= self.max_ahead:
+                    break
+        must = list(dict.fromkeys([r for b in self.in_flight for r in b] + self.ahead[0][1]))
+        told = (frozenset(must), tuple(self._count))
+        if told != self._told:
+            self.prefetcher.plan(must, list(self._count))
+            self._told = told
+        self.in_flight.append(self._pop())
+
+
+class DrawPlan:
+    """The plan of a RankBatchStream over a random-window dataset at a URL: step s's shards are those its
+    draws reach, replayed from the step's own generators (`dataset.draw_files(B, generator)`)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        # NOTE: no batch in flight: get_batch copies its windows out before the next step plans
+        self.rolling = RollingPlan(ShardPrefetcher(stream.dataset.remote), in_flight=0)
+
+    @staticmethod
+    def wanted(stream) -> bool:
+        return getattr(stream.dataset, "remote", None) is not None and hasattr(stream.dataset, "draw_files")
+
+    def step(self, step: int) -> None:
+        self.rolling.step(step, lambda s: itertools.count(s + 1), self._files)
+
+    def _files(self, step: int) -> list[str]:
+        s = self.stream
+        out: dict[str, None] = {}
+        for g in s.draw_generators(step):
+            out.update(dict.fromkeys(s.dataset.draw_files(s.draw_rows, g)))
+        return list(out)

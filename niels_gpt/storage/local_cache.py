@@ -1,0 +1,223 @@
+"""The download cache shared by the processes of one host: its size bound, its pins and its download locks.
+
+    <cache dir>/
+      .lock                      eviction runs under this flock, one process at a time
+      remote/<mirror>/...        the mirrors (storage/mirror.py), laid out like the caches they mirror
+      locks/<mirror>/<rel>.lock  one per file ever fetched: the process holding it is the one downloading
+      pins/<pid>-<n>.txt         files a live process needs kept (batches in flight or prefetched)
+
+- Eviction (`make_room`): least recently used files first (mtime, refreshed on every use), over every
+  mirror, until the new file fits the bound. Never evicted: markers (meta.json, manifest.json), files
+  the caller keeps, files any live process pins. A temporary of a dead process (`.tmp-<pid>`) is removed.
+- Room granted is reserved at once: an empty sparse file `<name>.reserved.tmp-<pid>` the size of the
+  download (no disk used) counts against the bound until the download is in place, so downloads running
+  in parallel (threads, processes) never grant the same room twice; the growing download itself is not
+  counted twice.
+- Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
+  on a short background thread: a rename here takes ~4 ms, too long for a training step), and keeps them
+  in memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
+  pins from memory. A closed or collected Pins drops both. A prefetcher pins the shards of the
+  batches in flight and of those it fetched ahead, so no other process (rank, DataLoader worker) evicts
+  them in between.
+- Download locks (`file_lock`): a process takes the file's flock before downloading it and checks again
+  whether it is there; a second process (or thread) asking for the same file waits on that flock, then
+  finds the file: one download per file per host. The wait is limited (`timeout_s`) and ends in one
+  line naming the address and the lock. Lock files stay (empty): unlinking a lock file while another
+  process waits on it would let a third take a fresh lock beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
+from niels_gpt.errors import StorageError
+from niels_gpt.storage.settings import MIRRORS
+
+LOCKS, PINS = "locks", "pins"
+RESERVED = ".reserved"  # <name>.reserved.tmp-<pid>: room granted to a download in progress
+MARKERS = ("meta.json", "manifest.json")
+LOCK_POLL_S = 0.02
+_pin_ids = itertools.count()
+
+
+class NoRoom(Exception):
+    """A prefetch found no room: every file it could evict is pinned or kept (the caller skips it)."""
+
+
+def lock_path(root: Path, mirror: str, rel: str) -> Path:
+    return root / LOCKS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".lock")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, *, timeout_s: float, what: str):
+    """Hold the flock of `path` (created if missing); StorageError naming `what` after `timeout_s`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StorageError(f"{what}: waited {timeout_s:.0f} s for another process downloading it "
+                                       f"(it holds {path}); if that process hangs, stop it and rerun") from None
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+_live_pins: dict[int, frozenset[str]] = {}  # id(Pins) -> its paths, for this process's own evictions
+
+
+class Pins:
+    """The files this process needs kept, published for every process's eviction. Pickles as nothing.
+
+    Dropped (memory and file) on close() or when the object is collected: an abandoned plan pins nothing."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._pid, self._path, self._paths = None, None, frozenset()
+        self._lock = threading.Lock()
+        self._finalizer = None
+
+    def set(self, paths) -> None:
+        """Replace this process's pinned set (absolute paths): at once in memory, soon in its pin file."""
+        paths = frozenset(map(str, paths))
+        if self._pid != os.getpid():  # a forked child publishes its own pins, never its parent's file
+            self._pid, self._paths, self._lock = os.getpid(), frozenset(), threading.Lock()
+            self._path = self.root / PINS / f"{self._pid}-{next(_pin_ids)}.txt"
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._finalizer = weakref.finalize(self, _drop, id(self), self._path, self._pid, self._lock)
+        if paths == self._paths:
+            return
+        self._paths = paths
+        _live_pins[id(self)] = paths
+        # NOTE: a short thread per change, holding no reference to self: the latest set is written last
+        threading.Thread(target=_write_pins, args=(self._lock, self._path, weakref.ref(self)), daemon=True,
+                         name="niels-gpt-pins").start()
+
+    @property
+    def paths(self) -> frozenset[str]:
+        return self._paths
+
+    def close(self) -> None:
+        if self._finalizer is not None and self._pid == os.getpid():
+            self._finalizer()
+        _live_pins.pop(id(self), None)
+        self._paths = frozenset()
+
+    def __getstate__(self):
+        return {"root": self.root, "_pid": None, "_path": None, "_paths": frozenset(), "_finalizer": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _write_pins(lock: threading.Lock, path: Path, ref) -> None:
+    with lock:
+        pins = ref()
+        if pins is None or id(pins) not in _live_pins:
+            return  # closed or collected meanwhile: its file is gone and must stay gone
+        write_bytes_atomic(path, "\n".join(sorted(_live_pins[id(pins)])).encode(), durable=False)
+
+
+def _drop(key: int, path: Path, pid: int, lock: threading.Lock) -> None:
+    with lock:  # after any write in progress, and no write after it
+        _live_pins.pop(key, None)
+        if os.getpid() == pid:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def pinned(root: Path) -> set[str]:
+    """Every path some live process pins (this one's from memory); pin files of dead processes are removed."""
+    out: set[str] = set().union(*_live_pins.values())
+    d = Path(root) / PINS
+    if not d.is_dir():
+        return out
+    for p in d.iterdir():
+        pid = p.name.split("-", 1)[0]
+        if TMP_SUFFIX.search(p.name):
+            continue  # a pin file being replaced: its final name holds the set until the rename
+        if not pid.isdigit() or not pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            out.update(line for line in p.read_text().splitlines() if line)
+    return out
+
+
+def reservation(local: Path) -> Path:
+    return local.with_name(f"{local.name}{RESERVED}.tmp-{os.getpid()}")
+
+
+def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False,
+              reserve: Path | None = None) -> None:
+    """Evict least recently used files under `root`/remote until `need` more bytes fit in `max_bytes`.
+
+    `keep` and every pinned path stay. When they alone leave no room: with `strict` (a prefetch) NoRoom,
+    else nothing more is done (the download that needs the file now goes ahead past the bound).
+    `reserve` (`reservation(local)`): created, `need` bytes long and sparse, before the lock is released;
+    the caller removes it once its download is in place or has failed."""
+    with open(Path(root) / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # held for a directory walk: milliseconds, never a network wait
+        keep = set(keep) | pinned(root)
+        files, total = [], 0
+        for d, _, names in os.walk(Path(root) / MIRRORS):
+            for name in names:
+                p = os.path.join(d, name)
+                m = TMP_SUFFIX.search(name)
+                if m and not pid_alive(int(m.group(1))):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)  # a killed download, or its reservation
+                    continue
+                if m and not name[:m.start()].endswith(RESERVED):
+                    continue  # a download in progress: its reservation counts for it
+                try:
+                    st = os.stat(p)
+                except FileNotFoundError:
+                    continue
+                total += st.st_size
+                if not m and name not in MARKERS and p not in keep:
+                    files.append((st.st_mtime_ns, p, st.st_size))
+        if strict and total - sum(f[2] for f in files) + need > max_bytes:
+            raise NoRoom
+        files.sort()
+        for _, p, size in files:
+            if total + need <= max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+            total -= size
+        if reserve is not None:
+            reserve.parent.mkdir(parents=True, exist_ok=True)
+            with open(reserve, "wb") as f:
+                f.truncate(need)
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes of every file under `root`/remote (mirrors, downloads in progress; not the sparse
+    reservations, which hold no disk): what the bound covers."""
+    total = 0
+    for d, _, names in os.walk(Path(root) / MIRRORS):
+        for name in names:
+            m = TMP_SUFFIX.search(name)
+            if m and name[:m.start()].endswith(RESERVED):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(d, name)).st_size
+    return total

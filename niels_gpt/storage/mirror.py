@@ -1,0 +1,202 @@
+"""One cache at a URL, mirrored file by file into the host's download cache, each file checked once.
+
+    rc = RemoteCache("s3://bucket/caches/wikitext")   # fetches meta.json (the commit marker) only
+    path = rc.fetch("train/shard_00000.bin")          # downloads on first use, then a local path
+
+- The mirror is `<download cache>/remote/<sha256(url)[:16]>/`, laid out exactly like the remote cache,
+  so every reader opens it with its ordinary local code: same memory maps, same batches, same resume.
+- Nothing is downloaded until a reader (or a prefetcher, niels_gpt/loading/prefetch.py) asks for a file.
+- A download goes to `<name>.tmp-<pid>`; only when its size and sha256 equal the marker's record is it
+  renamed into place, so a file under its final name was checked once and is trusted afterwards. A
+  mismatch is fetched once more (a transfer damaged on the way), then refused naming the file's URL.
+- One download per file per host: the file's download lock (storage/local_cache.py) is held while it is
+  fetched; every other process or thread asking for it waits, then finds it.
+- Every network call has a time limit and transient errors are retried with backoff (storage/fs.py).
+- The marker is read from the URL at every open; when it changed (the cache was rebuilt), mirrored
+  files whose sha256 changed are deleted before the new marker replaces the old one.
+- Size bound: before a download, least recently used files of every mirror are evicted until the new
+  file fits; files the caller keeps and files pinned by any live process are never evicted. A memory
+  map of an evicted file stays valid (POSIX keeps unlinked files alive while mapped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
+from niels_gpt.meta import record_problem, sha256_file
+from niels_gpt.storage.fs import filesystem, join, longest_wait_s, with_retries
+from niels_gpt.storage.local_cache import NoRoom, file_lock, lock_path, make_room, reservation
+from niels_gpt.storage.settings import MAX_BYTES_ENV, MIRRORS, local_cache_dir, max_cache_bytes
+
+DOWNLOADS_PER_MISMATCH = 2  # a checksum mismatch is fetched once more before it is refused
+
+
+class RemoteCache:
+    """One cache directory at a URL, mirrored file by file on demand. Pickles as its URL and paths."""
+
+    def __init__(self, url: str, *, marker: str = "meta.json"):
+        self.url = str(url).rstrip("/")
+        self.marker = marker
+        self.root = Path(os.path.abspath(local_cache_dir()))
+        self.mirror = hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        self.local_dir = self.root / MIRRORS / self.mirror
+        self.max_bytes = max_cache_bytes()
+        self.downloaded = 0  # bytes this process downloaded (and kept) through this object
+        self._fs, self._fs_pid = None, None
+        fs, path = self.fs
+        remote = join(path, marker)
+        try:
+            data = with_retries(lambda: fs.cat_file(remote), f"reading {self.url}/{marker}")
+        except FileNotFoundError:
+            raise IncompleteCacheError(f"no {marker} at {self.url}: the upload was interrupted or never ran "
+                                       "(the marker is uploaded last); rebuild or re-upload the cache") from None
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CacheError(f"{self.url}/{marker}: not valid JSON ({exc}); rebuild and re-upload the cache") from exc
+        if not isinstance(doc, dict):
+            raise CacheError(f"{self.url}/{marker}: expected a JSON object, got {type(doc).__name__}")
+        self.records = records_of(doc, marker, self.url)
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        self._reconcile(data)
+
+    @property
+    def fs(self):
+        # NOTE: a DataLoader worker forked from the process that opened the dataset inherits this
+        # object without pickling it; async filesystems (s3fs) refuse to run in a fork, so each
+        # process opens its own.
+        if self._fs is None or self._fs_pid != os.getpid():
+            self._fs, self._fs_pid = filesystem(self.url), os.getpid()
+        return self._fs
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_fs"] = None  # each process opens its own connection (s3fs sessions do not survive a fork)
+        return state
+
+    def _reconcile(self, data: bytes) -> None:
+        """Drop mirrored files the new marker no longer vouches for, then store the marker."""
+        local_marker = self.local_dir / self.marker
+        try:
+            old = records_of(json.loads(local_marker.read_bytes()), self.marker)
+        except (OSError, ValueError, CacheError):
+            old = None
+        if old != self.records:
+            for root, _, files in os.walk(self.local_dir):
+                for name in files:
+                    rel = os.path.relpath(os.path.join(root, name), self.local_dir).replace(os.sep, "/")
+                    if rel == self.marker:
+                        continue
+                    if old is None or (old.get(rel) or {}).get("sha256") != (self.records.get(rel) or {}).get("sha256"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(os.path.join(root, name))
+        if not local_marker.is_file() or local_marker.read_bytes() != data:
+            write_bytes_atomic(local_marker, data)
+
+    def has(self, rel: str) -> bool:
+        return (self.local_dir / rel).is_file()
+
+    def size(self, rel: str) -> int:
+        return int(self.record(rel)["bytes"])
+
+    def record(self, rel: str) -> dict:
+        rec = self.records.get(rel)
+        if rec is None:
+            raise CacheError(f"{self.url}/{self.marker} does not list {rel}; the cache does not have this file")
+        return rec
+
+    def fetch(self, rel: str, *, keep: frozenset[str] | set[str] = frozenset(), prefetch: bool = False) -> Path:
+        """Local path of `rel`, downloaded and checked first if it is not mirrored yet.
+
+        `keep`: other files the caller needs now; eviction leaves them alone. `prefetch`: a fetch ahead of
+        need, which raises local_cache.NoRoom instead of growing the cache past its bound.
+        """
+        local = self.local_dir / rel
+        try:
+            os.utime(local)  # most recently used
+            return local
+        except FileNotFoundError:
+            pass
+        rec = self.record(rel)
+        if int(rec["bytes"]) > self.max_bytes:
+            raise ConfigError(f"{self.url}: one file needs {int(rec['bytes']):,} bytes but the local cache {self.root} "
+                              f"may hold {self.max_bytes:,}; raise --cache-limit (${MAX_BYTES_ENV}) or pass max_bytes "
+                              "to niels_gpt.storage.configure")
+        what = f"{self.url}/{rel}"
+        with file_lock(lock_path(self.root, self.mirror, rel), timeout_s=longest_wait_s() * DOWNLOADS_PER_MISMATCH,
+                       what=what):
+            if local.is_file():  # another process or thread downloaded it while this one waited
+                os.utime(local)
+                return local
+            room = reservation(local)
+            make_room(self.root, self.max_bytes, int(rec["bytes"]),
+                      {str(self.local_dir / r) for r in keep} | {str(local)}, strict=prefetch, reserve=room)
+            try:
+                for attempt in range(1, DOWNLOADS_PER_MISMATCH + 1):
+                    try:
+                        self._download(rel, rec, local, attempt)
+                        break
+                    except CacheMismatchError:
+                        if attempt == DOWNLOADS_PER_MISMATCH:
+                            raise
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    room.unlink()
+        return local
+
+    def _download(self, rel: str, rec: dict, local: Path, attempt: int) -> None:
+        fs, path = self.fs
+        remote = join(path, rel)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f"{local.name}.tmp-{os.getpid()}")
+        again = "" if attempt == 1 else f" (downloaded {attempt} times)"
+        try:
+            with_retries(lambda: fs.get_file(remote, os.fspath(tmp)), f"downloading {self.url}/{rel}")
+            digest = sha256_file(str(tmp))  # NOTE: from the page cache the download just filled
+            size = tmp.stat().st_size
+            if size != rec["bytes"]:
+                raise CacheMismatchError(f"{self.url}/{rel}: downloaded {size} bytes, {self.marker} says "
+                                         f"{rec['bytes']}{again}; the remote file was truncated or replaced after "
+                                         "the build: rebuild and re-upload the cache")
+            if rec.get("sha256") is not None and digest != rec["sha256"]:
+                raise CacheMismatchError(f"{self.url}/{rel}: sha256 {digest[:16]}… differs from {self.marker} "
+                                         f"{rec['sha256'][:16]}…{again}; the remote file was damaged or replaced "
+                                         "after the build: rebuild and re-upload the cache")
+            os.replace(tmp, local)
+            self.downloaded += size
+        except FileNotFoundError as exc:
+            raise CacheError(f"{self.url}/{rel}: listed in {self.marker} but missing remotely; the cache was "
+                             "partly deleted: rebuild and re-upload it") from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+def records_of(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
+    """{relative path: {"bytes", "sha256", ...}} from a meta.json or a packed manifest.json."""
+    marker = f"{where}/{marker}" if where else marker
+    files = doc.get("files")
+    if not isinstance(files, dict):
+        raise CacheError(f"{marker}: 'files' is missing or not an object; rebuild and re-upload the cache")
+    if marker.endswith("manifest.json"):  # array -> {"name", "bytes", "sha256", ...}
+        out = {}
+        for rec in files.values():
+            if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("bytes"), int):
+                out[rec["name"]] = rec
+            else:
+                raise CacheError(f"{marker}: a files record {rec!r} has no name and bytes; re-run pack-sft")
+        return out
+    for rel, rec in files.items():
+        bad = record_problem(rec)
+        if bad is not None:
+            raise CacheError(f"{marker}: the record of {rel} {bad}; rebuild and re-upload the cache")
+    return dict(files)
+
+
+__all__ = ["NoRoom", "RemoteCache", "records_of"]

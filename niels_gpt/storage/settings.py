@@ -1,0 +1,102 @@
+"""Where the download cache of remote caches lives, how large it may grow, how long a network wait may last.
+
+| setting | environment | CLI flag (train) | Python | default |
+|---|---|---|---|---|
+| download cache directory | `NIELS_GPT_CACHE` | `--local-cache DIR` | `configure(cache_dir=...)` | `~/.cache/niels_gpt` |
+| its size bound | `NIELS_GPT_CACHE_MAX_BYTES` | `--cache-limit 20GB` | `configure(max_bytes=...)` | 50 GiB |
+| time limit of one network wait | `NIELS_GPT_NETWORK_TIMEOUT_S` | - | `configure(timeout_s=...)` | 60 s |
+
+A value set through `configure` (what the flags call) wins over the environment, which wins over the
+default. Sizes are bytes or a size such as `20GB` / `512MiB` (`niels_gpt.args.int_arg`, one rule for
+every flag that takes a size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from niels_gpt.args import int_arg
+from niels_gpt.errors import ConfigError
+
+CACHE_ENV = "NIELS_GPT_CACHE"
+MAX_BYTES_ENV = "NIELS_GPT_CACHE_MAX_BYTES"
+TIMEOUT_ENV = "NIELS_GPT_NETWORK_TIMEOUT_S"
+DEFAULT_CACHE_DIR = "~/.cache/niels_gpt"
+DEFAULT_MAX_BYTES = 50 << 30
+DEFAULT_TIMEOUT_S = 60.0
+MIRRORS = "remote"  # <cache dir>/remote/<sha256(url)[:16]>/: one mirror per cache URL
+
+_settings: dict = {"cache_dir": None, "max_bytes": None, "timeout_s": None}
+
+
+def parse_size(text, what: str) -> int:
+    """A positive byte count from an int or a size string ("20GB"); ConfigError naming `what` otherwise."""
+    if isinstance(text, bool):
+        value = 0
+    elif isinstance(text, int):
+        value = text
+    else:
+        try:
+            value = int_arg(str(text))
+        except argparse.ArgumentTypeError:
+            value = 0
+    if value < 1:
+        raise ConfigError(f"{what}={text!r}: expected a positive number of bytes or a size such as 20GB or 512MiB")
+    return value
+
+
+def configure(*, cache_dir: str | os.PathLike | None = None, max_bytes: int | str | None = None,
+              timeout_s: float | None = None) -> None:
+    """Set the download cache's directory, its size bound and the network time limit for this process
+    (each overrides its environment variable; None leaves the environment or the default in charge)."""
+    if max_bytes is not None:
+        max_bytes = parse_size(max_bytes, "max_bytes")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not timeout_s > 0):
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    _settings.update(cache_dir=None if cache_dir is None else os.fspath(cache_dir), max_bytes=max_bytes,
+                     timeout_s=None if timeout_s is None else float(timeout_s))
+
+
+def local_cache_dir() -> Path:
+    return Path(_settings["cache_dir"] or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+def max_cache_bytes() -> int:
+    if _settings["max_bytes"] is not None:
+        return _settings["max_bytes"]
+    raw = os.environ.get(MAX_BYTES_ENV)
+    return parse_size(raw, f"${MAX_BYTES_ENV}") if raw else DEFAULT_MAX_BYTES
+
+
+def network_timeout_s() -> float:
+    if _settings["timeout_s"] is not None:
+        return _settings["timeout_s"]
+    raw = os.environ.get(TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+def add_cache_args(p) -> None:
+    """--local-cache and --cache-limit, for a command that reads caches at URLs."""
+    p.add_argument("--local-cache", default=None, metavar="DIR",
+                   help=f"download cache for a cache at a URL (default: ${CACHE_ENV} or {DEFAULT_CACHE_DIR})")
+    p.add_argument("--cache-limit", default=None, metavar="SIZE",
+                   help=f"size bound of the download cache, e.g. 20GB (default: ${MAX_BYTES_ENV} or "
+                        f"{DEFAULT_MAX_BYTES >> 30}GiB)")
+
+
+def apply_cache_args(local_cache, cache_limit) -> None:
+    """configure() from --local-cache / --cache-limit values when either was given (None: leave both)."""
+    if local_cache is not None or cache_limit is not None:
+        configure(cache_dir=local_cache,
+                  max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"))
