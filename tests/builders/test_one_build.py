@@ -163,3 +163,14 @@ def test_the_librarys_layouts_are_reachable_from_build(tokenizer, tmp_path):
     _build(rows, tmp_path / "oasst-rows", tokenizer.model_path, "--chat", "--executor", "inline")
     a, b = read_meta(str(tmp_path / "oasst")), read_meta(str(tmp_path / "oasst-rows"))
     assert a["totals"] == b["totals"]  # the two export shapes of the same trees: the same conversations
+
+
+def test_compressed_shards_are_the_same_on_every_executor(tokenizer, tmp_path):
+    """--compress zstd goes through the one build: inline and on processes write the same frames and index."""
+    src = SAMPLE_DIR / "roam"
+    common = ["--compress", "zstd", "--val-tokens", "2000", "--shard-bytes", "16KiB", "--task-bytes", "20000"]
+    inline = _build(src, tmp_path / "inline", tokenizer.model_path, *common, "--executor", "inline")
+    assert _build(src, tmp_path / "processes", tokenizer.model_path, *common, "--executor", "processes",
+                  "--workers", "2") == inline
+    assert any(name.endswith(".bin.zst") for name in inline)
+    assert json.loads(inline["meta.json"])["compression"]["codec"] == "zstd"
