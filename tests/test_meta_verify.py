@@ -103,7 +103,7 @@ def test_inspect_shows_decoded_text_and_trained_span(caches, capsys):
 def test_cli_failure_is_one_line_and_nonzero(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: no meta.json") and "\n" not in err
+    assert err.startswith("error: ") and "an empty directory, not a cache" in err and "\n" not in err
 
 
 def test_verify_validates_packed_sft_directories(caches, tmp_path, capsys):

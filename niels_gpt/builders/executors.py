@@ -160,8 +160,11 @@ class Ray(Executor):
                 kwargs["address"] = address
                 _reachable(address, timeout, fix)
             try:
-                _within(timeout, lambda: ray.init(**kwargs), f"joining the Ray cluster at {address!r}",
-                        f"{fix}; raise the limit with --connect-timeout")
+                if address == "local":  # a cluster of our own, started here: nothing to wait on but ourselves
+                    ray.init(**kwargs)
+                else:  # NOTE: a thread only to bound the wait; a local cluster must start on the main thread
+                    _within(timeout, lambda: ray.init(**kwargs), f"joining the Ray cluster at {address!r}",
+                            f"{fix}; raise the limit with --connect-timeout")
             except (ConnectionError, RuntimeError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); {fix}; "
