@@ -33,6 +33,7 @@ from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS, Rules
 from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
+from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
 from niels_gpt.train import cli as train_cli
 
@@ -290,6 +291,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="niels_gpt token caches: build, inspect, verify, convert, pack")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
+                        help="how long any wait on a store or server may last, retries included "
+                             "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_build_all(sub)
     add_train_tokenizer(sub)
@@ -315,6 +319,10 @@ _ONE_LINE_ERRNOS = {
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.network_timeout is not None:
+            if not args.network_timeout > 0:
+                raise ConfigError(f"--network-timeout {args.network_timeout:g}: must be a positive number of seconds")
+            configure(timeout_s=args.network_timeout)
         return int(args.func(args) or 0)
     except NielsGPTError as exc:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())

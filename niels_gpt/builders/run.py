@@ -153,7 +153,7 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     if is_url(spec.out) and local_path_of(spec.out) is None:
         # written into a local staging directory, then uploaded with meta.json last (niels_gpt/storage);
         # the parts of a parallel build stay in the (local or shared) work directory
-        with staged_output(spec.out) as local:
+        with staged_output(spec.out, guard=True) as local:
             summary = build(replace(spec, out=str(local)), log)
         return {**summary, "out": str(spec.out)}
     t0 = time.perf_counter()

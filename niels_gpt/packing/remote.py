@@ -19,7 +19,7 @@ from niels_gpt.storage.upload import staged_output, upload_tree
 
 def write_then_upload(out, write_fn: Callable[[str], dict]) -> dict:
     """Call `write_fn(local_dir)`; if `out` is remote, upload what it wrote to `out`. Returns its result."""
-    with staged_output(out) as local:
+    with staged_output(out, guard=True) as local:
         return write_fn(str(local))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob as globlib
 import hashlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -67,10 +68,11 @@ def _sized(info: dict) -> int | None:
     return size if isinstance(size, int) and size >= 0 else None
 
 
-def ask(fn, url: str, what: str):
-    """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError."""
+def ask(fn, url: str, what: str, started: float | None = None):
+    """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError.
+    `started`: when the wait began (before the filesystem was made), so the two share one time limit."""
     try:
-        return with_retries(fn, f"{what} {url}")
+        return with_retries(fn, f"{what} {url}", started=started)
     except FileNotFoundError:
         unreachable = _unreachable(url)
         if unreachable:
@@ -104,6 +106,7 @@ def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
 
 def expand_url(url: str) -> list[RemoteFile]:
     """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted."""
+    started = time.monotonic()
     fs, path = filesystem(url)  # an unknown scheme, or one whose backend is missing: a ConfigError naming the extra
     scheme = scheme_of(url)
     head, _, rest = url.partition("://")
@@ -114,7 +117,7 @@ def expand_url(url: str) -> list[RemoteFile]:
     if first_glob is not None:
         base_url = f"{head}://" + "/".join(parts[:first_glob])
         base = fs._strip_protocol(base_url).rstrip("/")
-        matches = ask(lambda: fs.glob(path, detail=True), url, "listing")
+        matches = ask(lambda: fs.glob(path, detail=True), url, "listing", started)
         found = []
         for p, info in matches.items():
             rel = p[len(base):].lstrip("/") if p.startswith(base) else p
@@ -124,7 +127,7 @@ def expand_url(url: str) -> list[RemoteFile]:
         if not found:
             raise SourceError(f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
         return [f for _, f in sorted(found, key=lambda pf: pf[0])]
-    info = ask(lambda: fs.info(path), url, "reading")
+    info = ask(lambda: fs.info(path), url, "reading", started)
     if info.get("type") == "directory":
         if scheme in UNLISTABLE:
             raise SourceError(f"{url}: {scheme}:// cannot list a directory; give the URL of each file")

@@ -19,7 +19,7 @@ import threading
 import time
 
 from niels_gpt.errors import ConfigError, NielsGPTError, StorageError
-from niels_gpt.storage.settings import network_timeout_s
+from niels_gpt.storage.settings import TIMEOUT_ENV, network_timeout_s
 
 # scheme -> the extra of niels_gpt that installs its fsspec backend (None: fsspec itself has it)
 SCHEMES = {
@@ -54,7 +54,13 @@ def filesystem(url: str, *, write: bool = False):
         raise ConfigError(f"{url}: reading or writing URLs needs fsspec: pip install "
                           f"'niels_gpt[{extra or 'cloud'}]'") from exc
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        # NOTE: a backend may look for credentials here (gcsfs asks a cloud metadata server, ~16 s when
+        # there is no network): bounded like any other wait
+        fs, root = with_deadline(lambda: fsspec.core.url_to_fs(url), network_timeout_s())
+    except TimeoutError:
+        raise StorageError(f"{url}: the {scheme}:// backend did not start within {network_timeout_s():g} s (it "
+                           "looks for credentials and its endpoint first); check the network and the credentials, "
+                           f"or raise the limit with --network-timeout SECONDS or {TIMEOUT_ENV}") from None
     except ImportError as exc:
         raise ConfigError(f"{url}: the {scheme}:// backend is not installed ({exc}); pip install "
                           f"'niels_gpt[{extra}]'") from exc
@@ -68,9 +74,21 @@ def join(root: str, rel: str) -> str:
 LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
 
 
+NO_NAME = ("Name or service not known", "nodename nor servname", "Temporary failure in name resolution",
+           "No address associated with hostname", "getaddrinfo failed")
+
+
+def _unresolved(exc: BaseException) -> bool:
+    """A host name that does not resolve (no network, or a wrong endpoint): retrying does not bring it back."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "DNSError" in type(exc).__name__ or any(k in text for k in NO_NAME)
+
+
 def _transient(exc: BaseException) -> bool:
     """Worth another try: the network or the server, not a missing file or a full local disk."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if _unresolved(exc):
         return False
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     if isinstance(status, int) and status >= 400:
@@ -102,33 +120,44 @@ def with_deadline(fn, timeout_s: float):
     t.start()
     t.join(timeout_s)
     if t.is_alive():
-        raise TimeoutError(f"no answer within {timeout_s:g} s")
+        raise TimeoutError(f"no answer within {timeout_s:.3g} s")
     if "error" in box:
         raise box["error"]
     return box.get("value")
 
 
 def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float | None = None,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, started: float | None = None):
     """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist.
 
-    Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`); retries and backoff
-    default to RETRIES and BACKOFF_S."""
+    Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`), and no attempt starts
+    once that much time has passed since the first: a store that does not answer ends in one line within
+    about that limit, retries included (`started`: a time.monotonic() the limit counts from instead, e.g.
+    before the filesystem was made). A host name that does not resolve is not retried. Retries and
+    backoff default to RETRIES and BACKOFF_S."""
     retries = RETRIES if retries is None else retries
     backoff_s = BACKOFF_S if backoff_s is None else backoff_s
     limit = network_timeout_s() if timeout_s is None else timeout_s
+    t0 = time.monotonic() if started is None else started
+    raise_limit = (f"raise the limit with --network-timeout SECONDS or {TIMEOUT_ENV} (now {limit:g} s)")
     for attempt in range(1, retries + 1):
         try:
-            return with_deadline(fn, limit)
+            left = limit - (time.monotonic() - t0)  # the first attempt gets what the filesystem's start left
+            return with_deadline(fn, max(min(limit, 1.0), left) if attempt == 1 else limit)
         except (FileNotFoundError, NotImplementedError, NielsGPTError):
             raise  # the caller's to name: a missing marker, a store that cannot list, our own errors
         except Exception as exc:
+            if _unresolved(exc):
+                raise StorageError(f"{what}: the host's name does not resolve ({type(exc).__name__}: {exc}); no "
+                                   "network, or a wrong endpoint: check both, then rerun") from exc
             if not _transient(exc):  # no credentials, access denied, a full local disk: retrying cannot help
                 raise StorageError(f"{what}: {type(exc).__name__}: {exc}; check the credentials, the endpoint "
                                    "and the local disk, then rerun") from exc
-            if attempt == retries:
-                raise StorageError(f"{what}: failed {retries} times, last with {type(exc).__name__}: {exc}; "
-                                   "check the endpoint and credentials, then rerun") from exc
+            waited = time.monotonic() - t0
+            if attempt == retries or waited + backoff_s * 2 ** (attempt - 1) >= limit:
+                raise StorageError(f"{what}: failed {attempt} time{'s' if attempt > 1 else ''} in {waited:.3g} s, last with "
+                                   f"{type(exc).__name__}: {exc}; check the endpoint and the network, or "
+                                   f"{raise_limit}") from exc
             time.sleep(backoff_s * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
 

@@ -4,7 +4,7 @@
 |---|---|---|---|---|
 | download cache directory | `NIELS_GPT_CACHE` | `--local-cache DIR` | `configure(cache_dir=...)` | `~/.cache/niels_gpt` |
 | its size bound | `NIELS_GPT_CACHE_MAX_BYTES` | `--cache-limit 20GB` | `configure(max_bytes=...)` | 50 GiB |
-| time limit of one network wait | `NIELS_GPT_NETWORK_TIMEOUT_S` | - | `configure(timeout_s=...)` | 60 s |
+| time limit of a network wait | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` (before the command) | `configure(timeout_s=...)` | 30 s |
 
 A value set through `configure` (what the flags call) wins over the environment, which wins over the
 default. Sizes are bytes or a size such as `20GB` / `512MiB` (`niels_gpt.args.int_arg`, one rule for
@@ -25,7 +25,7 @@ MAX_BYTES_ENV = "NIELS_GPT_CACHE_MAX_BYTES"
 TIMEOUT_ENV = "NIELS_GPT_NETWORK_TIMEOUT_S"
 DEFAULT_CACHE_DIR = "~/.cache/niels_gpt"
 DEFAULT_MAX_BYTES = 50 << 30
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 30.0  # a call that has not answered by then, retries included, ends in one line
 MIRRORS = "remote"  # <cache dir>/remote/<sha256(url)[:16]>/: one mirror per cache URL
 
 _settings: dict = {"cache_dir": None, "max_bytes": None, "timeout_s": None}

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from niels_gpt.errors import ConfigError
 from niels_gpt.storage.fs import filesystem, join, with_retries
 from niels_gpt.urls import is_url
 
@@ -88,19 +90,59 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
     return written
 
 
+def check_remote_output(url: str, fs, root: str) -> set[str] | None:
+    """The output guard (niels_gpt/outputs.py) for a prefix in a store, before any work: nothing there, or an
+    output of ours whose record lists every object under the prefix; anything else is refused in one line.
+    Returns the files the existing output's record lists (None when there is none), so that the upload can
+    remove those the new output no longer has. Listing the prefix is also the first call to the store, so
+    missing credentials or an unreachable endpoint end here, before the build."""
+    try:
+        found = with_retries(lambda: fs.find(root), f"listing {url} (where the output goes)")
+    except FileNotFoundError:
+        return None
+    rels = sorted(f[len(root):].lstrip("/") for f in found if f.startswith(root))
+    rels = [r for r in rels if r and ".tmp-" not in r]
+    if not rels:
+        return None
+    for marker in MARKERS:
+        if marker not in rels:
+            continue
+        data = with_retries(lambda marker=marker: fs.cat_file(join(root, marker)), f"reading {url}/{marker}")
+        try:
+            files = json.loads(data).get("files")
+        except (ValueError, AttributeError):
+            files = None
+        if not isinstance(files, dict):
+            break
+        listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == "manifest.json" else k
+                  for k, v in files.items()} | {marker}
+        stray = [r for r in rels if r not in listed]
+        if stray:
+            shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")
+            raise ConfigError(f"{url}: holds an output of this library and also {shown}, which its {marker} does not "
+                              "list; replacing the output would delete them: move them, or choose a new prefix")
+        return listed
+    shown = ", ".join(rels[:3]) + (", ..." if len(rels) > 3 else "")
+    raise ConfigError(f"{url}: holds {len(rels)} object(s) that are not an output of this library ({shown}); nothing "
+                      "there is replaced: choose a new prefix, or remove them yourself")
+
+
 @contextlib.contextmanager
-def staged_output(url, *, prefetch: tuple[str, ...] = ()) -> Iterator[Path]:
+def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -> Iterator[Path]:
     """Yield a local directory to build into; upload it to `url` when the block succeeds.
 
     A local path or file:// URL is yielded as is. `prefetch`: sub-directories of `url` to download into
     the staging directory first when they exist there (the tokenizer a build reuses); they are uploaded
-    again only if the build changed them.
+    again only if the build changed them. `guard`: `url` is one output (not a root of several): what is
+    there is checked first (`check_remote_output`), and files of the output it replaces that the new one
+    does not have are removed after the upload.
     """
     local = local_path_of(url)
     if local is not None:
         yield Path(local)
         return
     fs, root = filesystem(str(url), write=True)  # refuse an unknown or read-only scheme before building
+    old = check_remote_output(str(url), fs, root) if guard else None
     base = Path(tempfile.mkdtemp(prefix="niels_gpt_stage_", dir=os.environ.get(STAGING_ENV) or None))
     # the staging directory carries the output's name: builders record it (dataset_name defaults to it)
     stage = base / (str(url).rstrip("/").rsplit("/", 1)[-1] or "out")
@@ -125,6 +167,9 @@ def staged_output(url, *, prefetch: tuple[str, ...] = ()) -> Iterator[Path]:
                 if (st.st_size, st.st_mtime_ns, st.st_ino) == sig:
                     same.add(rel)
         upload_tree(stage, str(url), fs=fs, skip=frozenset(same))
+        for rel in sorted((old or set()) - set(_files(stage))):  # the replaced output's files it no longer has
+            with contextlib.suppress(FileNotFoundError):
+                with_retries(lambda rel=rel: fs.rm_file(join(root, rel)), f"removing {url}/{rel}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -135,6 +180,6 @@ def writes_to_url(fn):
     def wrapper(first, out_dir, *args, **kwargs):
         if not is_url(out_dir):
             return fn(first, out_dir, *args, **kwargs)
-        with staged_output(out_dir) as local:
+        with staged_output(out_dir, guard=True) as local:
             return fn(first, str(local), *args, **kwargs)
     return wrapper

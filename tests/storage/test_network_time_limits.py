@@ -1,0 +1,97 @@
+"""Every wait on a store or server has a time limit and ends in one line naming the address and the fix.
+
+A server that accepts connections and never answers (a black hole on 127.0.0.1) stands in for a store that
+hangs, and a name that does not resolve for a machine with no network. Each command runs as a subprocess
+with `--network-timeout 2`; the subprocess's own timeout is only there to catch a hang, not to time it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def black_hole():
+    """127.0.0.1:PORT that accepts every connection and never sends a byte."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                held.append(conn)
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield server.getsockname()[1]
+    stop.set()
+    t.join(2)
+    for c in held:
+        c.close()
+    server.close()
+
+
+def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "niels_gpt.cache.cli", "--network-timeout", "2", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
+
+
+def _one_line(r: subprocess.CompletedProcess) -> str:
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and lines and lines[-1].startswith("error: "), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    return lines[-1]
+
+
+def test_an_s3_store_that_never_answers_ends_in_one_line(black_hole, tokenizer, tmp_path):
+    env = {"FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{black_hole}", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x"}
+    r = _cli(["build", "s3://bucket/corpus.jsonl", "--out", "out", "--tokenizer", tokenizer.model_path,
+              "--no-progress"], env, tmp_path)
+    line = _one_line(r)
+    assert "s3://bucket/corpus.jsonl" in line and "--network-timeout" in line
+    assert not (tmp_path / "out").exists()
+    r = _cli(["inspect", "s3://bucket/cache"], env, tmp_path)
+    assert "s3://bucket/cache" in _one_line(r)
+
+
+def test_a_gcs_store_that_never_answers_ends_in_one_line(black_hole, tokenizer, tmp_path):
+    pytest.importorskip("gcsfs")
+    env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{black_hole}"}
+    r = _cli(["build", "gs://bucket/corpus.jsonl", "--out", "out", "--tokenizer", tokenizer.model_path,
+              "--no-progress"], env, tmp_path)
+    line = _one_line(r)
+    assert "gs://bucket/corpus.jsonl" in line and "--network-timeout" in line
+
+
+def test_a_host_that_does_not_resolve_is_not_retried(tokenizer, tmp_path):
+    env = {"FSSPEC_S3_ENDPOINT_URL": "http://no-such-host.invalid:9000", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x"}
+    r = _cli(["build", "s3://bucket/corpus.jsonl", "--out", "out", "--tokenizer", tokenizer.model_path,
+              "--no-progress"], env, tmp_path)
+    line = _one_line(r)
+    assert "s3://bucket/corpus.jsonl" in line and ("does not resolve" in line or "--network-timeout" in line)
+
+
+def test_the_network_timeout_flag_is_checked(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "niels_gpt.cache.cli", "--network-timeout", "0", "inspect", "x"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1 and "--network-timeout 0: must be a positive number of seconds" in r.stderr
