@@ -13,7 +13,8 @@ Every batch becomes a dict of contiguous int64 tensors on the training device: `
 `labels` (-100 = not a target) and, for packed bins, `position_ids` and `cu_seqlens`; other keys
 (a mixture's dataset tag, `max_seqlen`, `loss_mask`) are dropped here. On CUDA, batches that a
 DataLoader builds come from pinned memory and are copied with non_blocking=True; the
-random-window and Parquet loaders do that themselves (device=).
+random-window and Parquet loaders do that themselves (device=). The Parquet loader tokenizes
+`prefetch` batches ahead in the background (the trainer's --prefetch, default 4).
 
 Every loader's state is the position after the last batch the loop took (`state_dict()`), JSON-able.
 """
@@ -42,6 +43,8 @@ from niels_gpt.meta import read_meta
 from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.report import unfinished_dirs
+from niels_gpt.sources.corpus import kind_of
 
 KINDS = ("windows", "indexed", "mixture", "parquet", "sft", "packed")
 MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
@@ -54,7 +57,17 @@ def detect_kind(path, sampling: str = "random") -> str:
         return "mixture"
     if p.is_file() and p.suffix in (".parquet", ".pq"):
         return "packed"
+    if p.is_file():
+        kind = kind_of(p)
+        what = f"a {kind} text file" if kind else "a file"
+        raise ConfigError(f"{p}: {what}, not a cache: train reads token caches; build one from it first with "
+                          f"`python -m niels_gpt.cli build {p} --out cache/{p.name.split('.')[0]} --tokenizer TOK`, "
+                          "then train on that directory")
     if not p.is_dir():
+        staged = sorted(p.parent.glob(f"{p.name}.tmp-*")) if p.parent.is_dir() else []
+        if staged:
+            raise ConfigError(f"{p}: not built yet: an unfinished build left {staged[0].name} beside it (the build "
+                              "was interrupted); run the same build command again to finish it, then train")
         raise ConfigError(f"{p}: no such file or directory to train on; pass a cache directory, a mixture "
                           ".toml/.json, a directory of Parquet shards or packed SFT bins")
     if (p / "manifest.json").is_file():
@@ -79,6 +92,10 @@ def detect_kind(path, sampling: str = "random") -> str:
             return "packed"
         raise ConfigError(f"{parquets[0]}: columns {names}: neither a 'text' column (text shards) nor "
                           "'input_ids' (packed SFT)")
+    if p in unfinished_dirs(p):
+        raise ConfigError(f"{p}: an unfinished build: token files but no meta.json, which a build writes last (it "
+                          "was interrupted); run the same build command (build, build-all, dist-build or pack-sft) "
+                          "again to finish it, then train")
     raise ConfigError(f"{p}: holds no meta.json, manifest.json or Parquet shards: not a cache; "
                       "build one with `python -m niels_gpt.cli build-all`")
 
@@ -186,7 +203,7 @@ class TrainData:
 
     def __init__(self, path, *, T: int, batch_size: int, seed: int, device, rank: int = 0, world_size: int = 1,
                  kind: str = "auto", sampling: str = "random", num_workers: int = 0, tokenizer=None,
-                 packing: str = "bestfit", vocab_size: int | None = None):
+                 packing: str = "bestfit", vocab_size: int | None = None, prefetch: int = 0):
         self.path, self.device = Path(path), torch.device(device)
         self.kind = detect_kind(path, sampling) if kind == "auto" else kind
         if self.kind not in KINDS:
@@ -194,7 +211,7 @@ class TrainData:
         self.T, self.B, self.seed = int(T), int(batch_size), int(seed)
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.tokenizer, self.packing = num_workers, tokenizer, packing
-        self.vocab_size = vocab_size
+        self.vocab_size, self.prefetch = vocab_size, prefetch
         self._val = None
         self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
         getattr(self, f"_open_{self.kind}")()
@@ -246,7 +263,8 @@ class TrainData:
             raise ConfigError(f"{self.path}: Parquet text shards are tokenized while training; pass --tokenizer")
         self.vocab_size = self.vocab_size or len(self.tokenizer)
         self.source = ParquetTokenLoader(split_files(self.path, "train"), self.tokenizer, self.B, self.T,
-                                         packing=self.packing, device=self.device, **self._rank_args())
+                                         packing=self.packing, device=self.device, prefetch=self.prefetch,
+                                         **self._rank_args())
         self._val = ("parquet_val", self.path)
 
     def _open_sft(self):
@@ -283,6 +301,10 @@ class TrainData:
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "loader": self.source.state_dict()}
+
+    def close(self) -> None:
+        """Stop a loader's background work (the Parquet loader's prefetching)."""
+        getattr(self.source, "close", lambda: None)()
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != self.kind:

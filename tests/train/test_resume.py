@@ -79,18 +79,18 @@ def test_checkpoint_holds_model_optimizers_step_rng_and_loader(tmp_path, pretrai
 def test_resume_refuses_another_model_and_a_missing_checkpoint(tmp_path, pretrain_cache):
     with pytest.raises(StateError, match="no ckpt_"):
         run(pretrain_cache, tmp_path / "none", resume="latest")
-    run(pretrain_cache, tmp_path, stop_at=1)
+    run(pretrain_cache, tmp_path / "run", stop_at=1)
     with pytest.raises(StateError, match="resume with the same model flags"):
-        run(pretrain_cache, tmp_path, resume="latest", n_embd=64)
+        run(pretrain_cache, tmp_path / "run", resume="latest", n_embd=64)
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(StateError, match="not a readable checkpoint"):
-        run(pretrain_cache, tmp_path, resume=str(tmp_path / "bad.pt"))
+        run(pretrain_cache, tmp_path / "new", resume=str(tmp_path / "bad.pt"))
 
 
 def test_resume_refuses_a_checkpoint_of_other_data(tmp_path, pretrain_cache, sft_cache):
-    run(pretrain_cache, tmp_path, stop_at=1)
+    run(pretrain_cache, tmp_path / "run", stop_at=1)
     with pytest.raises(ConfigError, match="resume with the same data"):
-        run(sft_cache, tmp_path, resume="latest")
+        run(sft_cache, tmp_path / "run", resume="latest")
 
 
 def test_total_batch_must_be_a_multiple_of_a_micro_batch(tmp_path, pretrain_cache):
