@@ -100,12 +100,18 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}"
 
 
-def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
-    """A checkpoint's payload, its digest checked; StateError naming the file and what to do otherwise."""
+def checkpoint_file(path: str | os.PathLike, flag: str = "--resume") -> Path:
+    """`path` when it is a file; StateError naming what is there otherwise."""
     p = Path(path)
     if not p.is_file():
         what = "a directory" if p.is_dir() else "no such file"
         raise StateError(f"{flag} {p}: {what}; give a checkpoint file (ckpt_<step>.pt){_others(p)}")
+    return p
+
+
+def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
+    """A checkpoint's payload, its digest checked; StateError naming the file and what to do otherwise."""
+    p = checkpoint_file(path, flag)
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle raises many kinds; each is this one condition

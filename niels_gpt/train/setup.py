@@ -17,7 +17,7 @@ import torch.distributed as dist
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.seeds import check_seed
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
-from niels_gpt.train.checkpoint import latest_checkpoint
+from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.model import GPTConfig
 from niels_gpt.urls import refuse_url
 
@@ -122,7 +122,7 @@ def resolve_resume(cfg) -> Path | None:
         if found is None:
             raise StateError(f"--resume latest: no ckpt_*.pt in {cfg.out_dir}; start without --resume")
         return found
-    return Path(cfg.resume)
+    return checkpoint_file(cfg.resume)
 
 
 def check_config(cfg) -> None:
