@@ -209,9 +209,12 @@ def import_nanochat(source: str):
 
     Its dataset module makes a cache directory at import (NANOCHAT_BASE_DIR, default ~/.cache/nanochat):
     pointed at the scratch directory, so the bench leaves nothing behind."""
+    import atexit
     import os
+    import shutil
 
     root = Path(tempfile.mkdtemp(prefix="nanochat-"))
+    atexit.register(shutil.rmtree, root, True)
     (root / "nanochat").mkdir()
     src = Path(source)
     for name in ("__init__", "common", "dataset", "dataloader"):

@@ -1,8 +1,9 @@
 """Does the loader keep the step fed? Fed %, MFU and the packed/causal step ratio, per loader kind and peer.
 
 Fed % = the median step with a resident batch (one batch of the loader's shape kept on the device and served
-again: no loader at all) / the median step with the loader, each loader paired with a resident run just before
-it; 100% = the loader costs the step nothing. Beside it,
+again: no loader at all) / the median step with the loader; 100% = the loader costs the step nothing. On the GPU
+each loader's run follows a resident run of its own; on CPU, where other jobs on a shared machine change the
+step time by 2x within minutes, the two alternate step by step within one run. Beside it,
 what the trainer itself measures: the data wait, host time inside next(data) (loader and host-to-device copy),
 which on CUDA overlaps GPU work already queued, so it can say a lot where the GPU lost nothing. Medians over the
 steps after the warm-up (compilation included on CUDA); tokens/s = tokens per step / median step.
@@ -174,18 +175,54 @@ class Runs:
     def __init__(self, work: Path, base: dict, warmup: int):
         self.work, self.base, self.warmup, self.count = work, base, warmup, RUN_IDS
 
-    def __call__(self, data_path, data=None, **kw) -> dict:
+    def __call__(self, data_path, data=None, alternate: dict | None = None, **kw) -> dict:
         cfg = TrainConfig(data=str(data_path), out_dir=str(self.work / f"run-{next(self.count)}"), **{**self.base, **kw})
+        if alternate is not None:
+            data = Alternating(data or TrainData(data_path, T=cfg.sequence_len, batch_size=cfg.device_batch_size,
+                                                 seed=cfg.seed, device=cfg.device, sampling=cfg.sampling,
+                                                 tokenizer=_tokenizer(cfg.tokenizer), prefetch=cfg.prefetch),
+                               alternate)
         r = train(cfg, log=lambda *a: None, data=data)
-        w = self.warmup
-        dt = statistics.median(r.dt[w:])
-        return {"dt": dt, "wait_ms": 1e3 * statistics.median(r.wait[w:]), "tok_s": cfg.device_batch_size *
-                cfg.sequence_len / dt, "mfu": statistics.median(r.mfu[w:]) if r.mfu else None}
+        getattr(data, "close", lambda: None)()
+        steps = range(self.warmup, len(r.dt))
+        # NOTE: step s fetches the batch of step s+1 at its end (train.py): with Alternating, even steps take a
+        # loader batch and odd steps the resident one
+        loader = [s for s in steps if s % 2 == 0] if alternate is not None else list(steps)
+        dt = statistics.median(r.dt[s] for s in loader)
+        out = {"dt": dt, "wait_ms": 1e3 * statistics.median(r.wait[s] for s in loader),
+               "tok_s": cfg.device_batch_size * cfg.sequence_len / dt,
+               "mfu": statistics.median(r.mfu[s] for s in loader) if r.mfu else None}
+        if alternate is not None:
+            out["resident_dt"] = statistics.median(r.dt[s] for s in steps if s % 2 == 1)
+        return out
+
+
+def _tokenizer(path):
+    from niels_gpt.tokenizer import load_tokenizer
+
+    return load_tokenizer(path) if path else None
+
+
+class Alternating:
+    """A loader whose every other batch is a resident one: the steps with and without the loader interleaved
+    within one run, so a machine's changing load weighs on both alike."""
+
+    def __init__(self, data, batch: dict):
+        self.data, self.calls = data, 0
+        self.batch = to_model_batch(batch, torch.device(getattr(data, "device", "cpu")))
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def __next__(self):
+        self.calls += 1
+        return self.batch if self.calls % 2 else next(self.data)
 
 
 def fed_table(root: Path, work: Path, device: str, shape: dict, steps: int, warmup: int, seed: int,
-              peak: float | None) -> list[dict]:
-    """Fed % of every loader kind and peer against resident batches of the same shape."""
+              peak: float | None, alternate: bool = False) -> list[dict]:
+    """Fed % of every loader kind and peer against resident batches of the same shape: a resident run just
+    before each loader's run, or (`alternate`) resident steps interleaved with the loader's in one run."""
     from niels_gpt.tokenizer import load_tokenizer
 
     tok = load_tokenizer(root / "tokenizer")
@@ -205,12 +242,16 @@ def fed_table(root: Path, work: Path, device: str, shape: dict, steps: int, warm
                    ("peer: nanochat-style tokenizing loader", paths["windows"],
                     Recipe("nanochat", nanochat_loader(files, tok, B, T, device), vocab, device), {})]
     for label, path, data, kw in contenders:
-        # NOTE: each contender is paired with a resident run just before it: on a shared machine the load
+        # NOTE: each contender is paired with resident steps close in time: on a shared machine the load
         # changes by 2x within minutes, and a ratio of two runs minutes apart measures that instead
         kind = "packed" if label == "ours: packed" else "causal"
-        ref = runs(paths["windows"], data=resident(batches[kind], vocab, device))
+        if alternate:
+            got = runs(path, data=data, alternate=batches[kind], **kw)
+            ref = {"dt": got["resident_dt"], "tok_s": B * T / got["resident_dt"], "mfu": None}
+        else:
+            ref = runs(paths["windows"], data=resident(batches[kind], vocab, device))
+            got = runs(path, data=data, **kw)
         base[kind].append(ref)
-        got = runs(path, data=data, **kw)
         rows.append({"label": label, "fed": 100 * ref["dt"] / got["dt"], **got})
     print(f"  {'loader':<40} {'fed %':>7} {'wait ms':>8} {'tok/s':>11} {'mfu %':>6}")
     for name, kind in (("resident batch (no loader)", "causal"), ("resident packed batch", "packed")):
@@ -262,7 +303,7 @@ def mfu_run(root: Path, work: Path, device: str, shape: dict, steps: int, warmup
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache-dir", default="cache-demo", help="demo caches (built with --sample when absent)")
-    p.add_argument("--steps", type=int, default=20, help="training steps per measurement (CPU)")
+    p.add_argument("--steps", type=int, default=24, help="training steps per measurement (CPU)")
     p.add_argument("--gpu", action="store_true", help="insist on the GPU sections (default: when CUDA exists)")
     p.add_argument("--gpu-steps", type=int, default=40)
     p.add_argument("--gpu-warmup", type=int, default=10, help="GPU steps left out of the medians (compilation)")
@@ -281,7 +322,7 @@ def main(argv=None) -> int:
         work = Path(tmp)
         print(f"1. CPU, {CPU['depth']} layers, T={CPU['sequence_len']}, B={CPU['device_batch_size']}, {args.steps} "
               f"steps, medians after 3 ({torch.get_num_threads()} threads)")
-        fed_table(root, work, "cpu", CPU, args.steps, 3, args.seed, args.peak_tflops)
+        fed_table(root, work, "cpu", CPU, args.steps, 3, args.seed, args.peak_tflops, alternate=True)
         packed_vs_causal(root, work, "cpu", CPU, args.steps, 3, args.seed, args.peak_tflops)
         if not cuda:
             print("\n2. GPU: skipped, no CUDA device")

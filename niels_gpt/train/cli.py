@@ -46,7 +46,7 @@ HELP = {
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
     "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
     "init_from": "start a new run from this checkpoint's weights (its shape; data kind, --sequence-len and "
-                 "optimizer state may differ): pretrain, then SFT",
+                 "optimizer state may differ): pretrain, then SFT (default: none, fresh weights)",
     "overwrite": "--out-dir holds another run: replace it (its files go when this run saves its first checkpoint)",
     "n_embd": "model width (default: 64 x depth)",
     "n_head": "attention heads (default: width / 128, at least 1)",

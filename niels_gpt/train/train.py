@@ -177,7 +177,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
                          num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size,
                          prefetch=cfg.prefetch)
     try:
-        check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ())[1:], "--out-dir", what="data")
+        # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
+        check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
         return _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say,
                     record_rows)
     finally:

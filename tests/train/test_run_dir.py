@@ -47,12 +47,18 @@ def test_another_runs_directory_is_refused_and_named_unless_resumed_or_overwritt
     assert read_run(out)["seed"] == 1 and replaced.checkpoint.endswith("ckpt_000001.pt")
 
 
-@pytest.mark.parametrize("where", ["user files", "file", "inside the data", "above the data"])
+@pytest.mark.parametrize("where", ["user files", "file", "inside the data", "above the data", "a mixture's cache"])
 def test_out_dirs_that_are_not_a_runs_are_refused_even_with_overwrite(tmp_path, pretrain_cache, where):
+    import json
     import shutil
 
     data = pretrain_cache
-    if where == "user files":
+    if where == "a mixture's cache":  # known only once the mixture file is read
+        cache = shutil.copytree(pretrain_cache, tmp_path / "web")
+        data = tmp_path / "mix.json"
+        data.write_text(json.dumps({"seed": 0, "datasets": {"web": str(cache)}, "weights": {"web": 1.0}}))
+        out, match = cache / "ckpts", "inside the data directory"
+    elif where == "user files":
         out = tmp_path / "mine"
         out.mkdir()
         (out / "notes.txt").write_text("keep me")
