@@ -198,6 +198,10 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
+    if base is not None and tok is not None and base.get("tokenizer_sha256") not in (None, tok.sha256):
+        raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
+                          f"{base['tokenizer_sha256'][:12]}...) than {tok.model_path} ({tok.sha256[:12]}...): its "
+                          "ids would mean other text; train on data built with the base run's tokenizer")
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
     total = cfg.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
@@ -292,6 +296,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                        "loader": states, "model_config": mcfg.to_dict(), "train_config": asdict(cfg),
                        "tokenizer": str(tok.model_path) if tok is not None else None,
+                       "tokenizer_sha256": tok.sha256 if tok is not None else None,
                        "rng": {"cpu": torch.get_rng_state(),
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)

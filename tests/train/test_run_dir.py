@@ -135,3 +135,14 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path, pretrain
         run(packed_dir, tmp_path / "sft2", init_from=base.checkpoint, sequence_len=32, depth=2)
     with pytest.raises(ConfigError, match="--resume and --init-from both given"):
         run(pretrain_cache, tmp_path / "sft3", init_from=base.checkpoint, resume="latest")
+
+
+def test_init_from_refuses_a_model_of_another_tokenizer(tmp_path, pretrain_cache, tokenizer):
+    kw = {"tokenizer": str(tokenizer.model_path)}
+    base = run(pretrain_cache, tmp_path / "base", steps=1, **kw)
+    ckpt = load_checkpoint(base.checkpoint)
+    assert ckpt["tokenizer_sha256"] == tokenizer.sha256
+    ckpt.pop("verified")
+    save_checkpoint(tmp_path / "other" / "ckpt_000001.pt", {**ckpt, "tokenizer_sha256": "ab" * 32})
+    with pytest.raises(ConfigError, match=r"trained with another tokenizer \(sha256 abababababab"):
+        run(pretrain_cache, tmp_path / "sft", init_from=str(tmp_path / "other" / "ckpt_000001.pt"), **kw)
