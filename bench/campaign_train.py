@@ -4,9 +4,10 @@
     python bench/campaign_train.py --kills 2 --flips 24 --json out.json
 
 Kills. A tiny model trains on a small pretraining cache (60 steps, `--save-every 7`) as a subprocess in its own
-process group; once it logs its first step, after a seeded random share (0-110%) of the straight run's loop time
-(the sum of its steps), it gets SIGKILL (even kills) or SIGINT (odd kills: the graceful path, which must exit 130 having saved
-the step it was in). Then:
+process group. Each kill picks a seeded step (0: during set-up, before the loop; the last: its final save, bpb and
+exit), reads the run's log up to the step before it, waits a seeded share of that step's time, and sends SIGKILL
+(even kills) or SIGINT (odd kills: the graceful path, which must exit 130 having saved the step it was in). So a
+kill lands where it is aimed whatever the machine's load. Then:
   - complete-looking partial checkpoints: a `ckpt_*.pt` under its final name that does not load and verify
     (target 0; a save is written to a temporary and renamed, so a kill leaves at most a temporary);
   - the run is rerun with `--resume latest` (or from scratch when no checkpoint was saved yet), in this process;
@@ -103,18 +104,23 @@ def launch(args: list[str]) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a killed run's log ends at a line
 
 
-def first_step(p: subprocess.Popen) -> list[str]:
-    """Read the run's log up to its first step line (the loop has begun); the lines read."""
+def read_until(p: subprocess.Popen, step: int) -> tuple[list[str], float]:
+    """Read the run's log up to the line of `step` (0: the set-up line before the loop); (the lines read,
+    that step's duration in seconds, 0 for the set-up line)."""
     lines = []
     for line in p.stdout:
         lines.append(line)
-        if LOSS.match(line):
-            break
-    return lines
+        if step == 0 and line.startswith("data: "):
+            return lines, 0.0
+        m = LOSS.match(line)
+        if m and int(m.group(1)) >= step:
+            dt = re.search(r"\| dt (\d+) ms", line)
+            return lines, (float(dt.group(1)) / 1e3 if dt else 0.0)
+    return lines, 0.0
 
 
 def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: int, save_every: int,
-              window: tuple[float, float] = (0.0, 1.1)) -> tuple[list[dict], dict]:
+              first: int = 0) -> tuple[list[dict], dict]:
     def args(out: Path, *extra: str) -> list[str]:
         return train_args(cache, out, *extra, steps=steps, save_every=save_every)
 
@@ -124,15 +130,17 @@ def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: in
         raise RuntimeError(f"the straight run failed: {err}")
     want_losses = losses(log)
     want = tensors(straight_dir / f"ckpt_{steps:06d}.pt")
-    loop_time = sum(float(ms) for ms in re.findall(r"\| dt (\d+) ms", log)) / 1e3
     rows, totals = [], Counter()
     for k in range(kills):
         sig = signal.SIGINT if k % 2 else signal.SIGKILL
         out = work / f"kill-{k}"
         row = Counter({"kills": 1})
         p = launch(args(out))
-        head = first_step(p)
-        time.sleep(rng.uniform(*window) * loop_time)  # by default anywhere in the loop, its saves, or just after
+        # a seeded moment: inside step `at` (0: just before the loop; `steps`: its last save, bpb and exit),
+        # a seeded share of one step's time after the previous step's line
+        at = rng.randint(first, steps)
+        head, dt = read_until(p, max(at - 1, 0))
+        time.sleep(rng.uniform(0.0, 1.0) * dt)
         running = p.poll() is None
         if running:
             os.killpg(p.pid, sig) if sig == signal.SIGKILL else p.send_signal(sig)
@@ -153,7 +161,7 @@ def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: in
         row["final state differs from the straight run"] += not (final.is_file() and same_tensors(tensors(final),
                                                                                                  want))
         row["leftovers after rerun"] += len([q for q in out.iterdir() if ".tmp-" in q.name]) if out.exists() else 0
-        rows.append({"kill": k, "signal": signal.Signals(sig).name, "resumed": resumed, **row})
+        rows.append({"kill": k, "signal": signal.Signals(sig).name, "in step": at, "resumed": resumed, **row})
         totals.update(row)
     return rows, dict(totals)
 
@@ -230,13 +238,13 @@ def build_cache(work: Path, tok: str | None = None) -> Path:
 
 def run_train_campaign(work: Path, *, kills: int, flips: int, seed: int = 0, tok: str | None = None,
                        cache: Path | None = None, steps: int = STEPS, save_every: int = SAVE_EVERY,
-                       window: tuple[float, float] = (0.0, 1.1)) -> dict:
+                       first: int = 0) -> dict:
     """The campaign's figures (module docstring); bench/campaign.py calls this with its tokenizer, the test
     with a cache of its own and fewer steps."""
     rng = random.Random(seed)
     work.mkdir(parents=True, exist_ok=True)
     cache = cache or build_cache(work, tok)
-    kill_rows, kill_totals = run_kills(work, cache, kills, rng, steps, save_every, window)
+    kill_rows, kill_totals = run_kills(work, cache, kills, rng, steps, save_every, first)
     return {"kills": kill_rows, "kill_totals": kill_totals, "corruption": run_corruption(work, cache, flips, rng)}
 
 
