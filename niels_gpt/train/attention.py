@@ -24,6 +24,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from niels_gpt.errors import ConfigError
 
@@ -41,8 +42,6 @@ def resolve(impl: str, device: torch.device) -> str:
 
 @functools.cache
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention  # lazy: only document batches need it
-
     # NOTE: eager flex_attention materialises every score; compiled, it is one fused kernel that skips
     # the blocks the mask leaves empty. Inside a torch.compile'd model this call is traced into the graph.
     return torch.compile(flex_attention, dynamic=False)
@@ -60,8 +59,6 @@ class Attention:
             causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()
             self._mask = (causal & (doc[:, :, None] == doc[:, None, :]))[:, None]  # (B, 1, T, T)
         elif self.impl == "flex":
-            from torch.nn.attention.flex_attention import create_block_mask  # lazy: as above
-
             B, T = doc.shape
 
             def same_document(b, h, q, kv):
@@ -79,8 +76,9 @@ class Attention:
         # flex takes one dtype; under autocast the normed q, k can come out in fp32 beside a bf16 v
         q, k = q.to(v.dtype), k.to(v.dtype)
         if q.is_cuda:
-            return _compiled_flex()(q, k, v, block_mask=self._mask, enable_gqa=gqa)
-        from torch.nn.attention.flex_attention import flex_attention  # lazy: as above
+            # inside a compiled model the call is traced into its graph; an eager model calls the compiled kernel
+            fn = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+            return fn(q, k, v, block_mask=self._mask, enable_gqa=gqa)
 
         if torch.is_grad_enabled() and q.requires_grad:
             raise ConfigError("attention 'flex' on CPU runs forward only (torch has no CPU backward for it): "
