@@ -20,6 +20,8 @@ count and header field must be caught on open or change nothing. The figures are
 (records by name, data files by suffix): how many single changes `verify` caught of how many made.
 Races. Two build-all runs into one --cache-dir at once; a reader opening a cache again and again while it is
 rebuilt (every open either serves a complete cache or fails with a package error).
+Training. `train` killed and resumed, its checkpoints corrupted: bench/campaign_train.py (without --only, or
+with `--only train`).
 """
 
 from __future__ import annotations
@@ -399,6 +401,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--only", nargs="+", default=None, metavar="JOB",
                     help="run only these jobs, by name ('pretrain over', 'convert raw', ...; default: all)")
+    ap.add_argument("--train-kills", type=int, default=20, help="kills of `train` (bench/campaign_train.py; runs "
+                    "without --only, or with 'train' among its names)")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="campaign-"))
@@ -410,9 +414,17 @@ def main(argv=None) -> int:
         shutil.copytree(work / "t/tokenizer", work / "REF/tokenizer")
         corruption, by_file = run_corruption(work / "REF", args.flips, rng)
         races = run_races(work, tok)
+        if not args.only or "train" in args.only:
+            from campaign_train import report, run_train_campaign
+
+            train = run_train_campaign(work / "train", kills=args.train_kills, flips=15 * args.flips, seed=args.seed,
+                                       tok=tok)
+            report(train)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"kills": kill_rows, "kill_totals": kill_totals, "corruption": corruption, "races": races}
+    if not args.only or "train" in args.only:
+        result["train"] = train
     print("kills (per job):")
     for r in kill_rows:
         print("  " + ", ".join(f"{k}: {v}" for k, v in r.items()))

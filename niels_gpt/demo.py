@@ -4,7 +4,8 @@
 2. build-all --sample: the tokenizer (16,000 pieces + 4 specials) and every cache;
 3. one rendered conversation with its assistant mask made visible;
 4. inspect one pretraining cache and one SFT cache, and draw a batch from each;
-5. a short training run on the wikitext cache: loss, val bpb, a checkpoint resumed, CORE.
+5. training: a base model on the wikitext cache (stopped, resumed, val bpb, CORE), SFT from its weights
+   on packed dolly15k bins, and a sample of its answer.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sft batch: x {tuple(x.shape)}; trained targets per row {trained.sum(1).tolist()} of {x.shape[1]}")
     row = np.flatnonzero(trained[0].numpy())
     print(f"  row 0 trained targets decode to: {tok.decode(y[0, row].tolist())[:200]!r}")
-    print("\n== 5. a short training run (niels_gpt.train), interrupted and resumed\n")
+    print("\n== 5. training (niels_gpt.train): base, interrupted and resumed, then SFT, then a sample\n")
     demo_training(root, args.seed)
     print(f"\ncaches are in {root}/ ; verify them with: python -m niels_gpt.cli verify {root}")
     return 0

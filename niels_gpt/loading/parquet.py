@@ -11,11 +11,16 @@
   only when nothing fits;
 - state_dict() = position in doc ids (contiguous: doc + token offset; bestfit: buffered doc ids +
   next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
-  to the next row group, dropping the rest of the current one and the whole buffer.
+  to the next row group, dropping the rest of the current one and the whole buffer;
+- `prefetch=N`: reading, tokenizing and packing run ahead of the loop in the background (a thread, as
+  every backend's encoder releases the GIL; a worker process for a Python encoder: ahead.py), up
+  to N batches ahead; the state is still the position after the last batch handed out.
 
 Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s
 (4.6M tokens/s, 2 cores, bench/bench_loading.py); best-fit tokenizes at 0.65x but crops 63% of
 long documents at T=1024, so it delivers fewer. Resuming re-reads the buffered documents' row groups.
+Running ahead, the loop's wait is a queue hand-off while the producer keeps up with the step
+(`bench/bench_loading.py --section feed`; figures in docs/loading.md).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
+from niels_gpt.loading.parquet_ahead import Prefetcher, resolve_mode
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank
 
 TEXT_COLUMN = "text"
@@ -155,11 +161,14 @@ class ParquetTokenLoader:
     def __init__(self, files, tokenizer, B: int, T: int, *, packing: str = "bestfit", rank: int | None = None,
                  world_size: int | None = None, buffer_size: int = BUFFER_SIZE,
                  tokenizer_batch_size: int = TOKENIZER_BATCH_SIZE, tokenizer_threads: int | None = None,
-                 text_column: str = TEXT_COLUMN, bos_id: int | None = None, device: str | torch.device = "cpu"):
+                 text_column: str = TEXT_COLUMN, bos_id: int | None = None, device: str | torch.device = "cpu",
+                 prefetch: int = 0, prefetch_mode: str = "auto"):
         if packing not in PACKINGS:
             raise ConfigError(f"packing {packing!r}: expected one of {PACKINGS}")
         if B < 1 or T < 1 or buffer_size < 1:
             raise ConfigError(f"B={B}, T={T}, buffer_size={buffer_size}: all must be >= 1")
+        if prefetch < 0:
+            raise ConfigError(f"prefetch {prefetch}: batches to prepare ahead must be >= 0 (0: none)")
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.B, self.T, self.packing, self.buffer_size = B, T, packing, buffer_size
         self.device = torch.device(device)
@@ -168,6 +177,18 @@ class ParquetTokenLoader:
                                   threads=tokenizer_threads)
         self.batches = 0
         self._restart(next_doc=0, offset=0, buffer=[])
+        self._ahead = None
+        self._delivered = self.state_now()
+        self._stats = {}
+        if prefetch:
+            mode = resolve_mode(prefetch_mode, tokenizer)
+            # a worker process builds its own loader from these (the tokenizer pickles as its path)
+            spec = (ParquetTokenLoader, (list(self.docs.files), tokenizer, B, T),
+                    {"packing": packing, "rank": self.rank, "world_size": self.world_size,
+                     "buffer_size": buffer_size, "tokenizer_batch_size": tokenizer_batch_size,
+                     "tokenizer_threads": tokenizer_threads, "text_column": text_column, "bos_id": self.docs.bos})
+            self._ahead = Prefetcher(depth=prefetch, mode=mode, produce=self._made, state=self.state_now,
+                                     spec=spec)
 
     def _restart(self, *, next_doc: int, offset: int, buffer: list[int]) -> None:
         self._stream = self.docs.stream(next_doc)
@@ -203,28 +224,67 @@ class ParquetTokenLoader:
             self._offset -= len(self._held.popleft()[1])
         return buf
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def produce(self) -> tuple[np.ndarray, dict]:
+        """The next batch's tokens and the packing figures: the work a prefetcher runs in the background.
+
+        contiguous: the next B*T+1 tokens of the stream (x and y overlap in all but one token);
+        bestfit: (B, T+1) rows, x = rows[:, :-1], y = rows[:, 1:]. Either way one int64 array, half
+        the bytes of x and y, for the queue, the pinned copy and the host-to-device transfer."""
         if self.packing == "contiguous":
-            flat = torch.from_numpy(self._contiguous())
-            x, y = flat[:-1].view(self.B, self.T), flat[1:].view(self.B, self.T)
+            tokens = self._contiguous()
         else:
-            rows = np.empty((self.B, self.T + 1), dtype=np.int64)
+            tokens = np.empty((self.B, self.T + 1), dtype=np.int64)
             for r in range(self.B):
-                self.packer.fill_row(rows[r])
-            # NOTE: copies, not views of `rows`: a (B, T) slice of a (B, T+1) array is not contiguous, and
-            # models call targets.view(-1).
-            x, y = torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
+                self.packer.fill_row(tokens[r])
+        return tokens, self._own_stats()
+
+    def host_batch(self, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) int64 (B, T) host tensors of produce()'s tokens; pinned when the loader feeds CUDA."""
+        pin = self.device.type == "cuda"
+        t = torch.from_numpy(tokens)
+        if t.ndim == 1:
+            t = t.pin_memory() if pin else t
+            return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
+        # NOTE: copies, not views: a (B, T) slice of (B, T+1) rows is not contiguous, and models call
+        # targets.view(-1)
+        x = torch.empty((self.B, self.T), dtype=torch.int64, pin_memory=pin).copy_(t[:, :-1])
+        y = torch.empty((self.B, self.T), dtype=torch.int64, pin_memory=pin).copy_(t[:, 1:])
+        return x, y
+
+    def _made(self):
+        """A thread prefetcher's item: the host batch is made in the background too."""
+        tokens, stats = self.produce()
+        return self.host_batch(tokens), stats
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._ahead is None:
+            tokens, self._stats = self.produce()
+            x, y = self.host_batch(tokens)
+            self._delivered = None  # computed when asked: the loader's own position is the delivered one
+        elif self._ahead.mode == "thread":
+            ((x, y), self._stats), self._delivered = self._ahead.get()
+        else:  # a worker process sends the tokens alone: half the bytes through the pipe
+            (tokens, self._stats), self._delivered = self._ahead.get()
+            x, y = self.host_batch(tokens)
         self.batches += 1
         if self.device.type == "cuda":
-            x, y = x.pin_memory(), y.pin_memory()
             return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return x, y
 
-    def stats(self) -> dict:
-        return {"batches": self.batches, "packing": self.packing, "tokens_encoded": self.docs.tokens_encoded,
-                **self.packer.stats()}
+    def _own_stats(self) -> dict:
+        return {"packing": self.packing, "tokens_encoded": self.docs.tokens_encoded, **self.packer.stats()}
 
-    def state_dict(self) -> dict:
+    def stats(self) -> dict:
+        """Packing figures up to the last batch delivered (or made, without prefetching)."""
+        return {"batches": self.batches, **(self._stats or self._own_stats())}
+
+    def close(self) -> None:
+        """Stop the background producer, if any (a prefetching loader also stops when collected)."""
+        if self._ahead is not None:
+            self._ahead.stop()
+
+    def state_now(self) -> dict:
+        """The position after the last batch this loader's producer made."""
         state = {"kind": PARQUET_KIND, "version": STATE_VERSION, "fingerprint": self.docs.fingerprint,
                  "packing": self.packing, "rank": self.rank, "world_size": self.world_size,
                  "buffer_size": self.buffer_size}
@@ -233,7 +293,13 @@ class ParquetTokenLoader:
             return {**state, "next_doc": doc, "offset": self._offset}
         return {**state, "next_doc": self._next_doc, "buffer": self.packer.buffered_ids()}
 
+    def state_dict(self) -> dict:
+        """The position after the last batch delivered: prefetched batches are not part of it."""
+        return self.state_now() if self._delivered is None else dict(self._delivered)
+
     def load_state_dict(self, state: dict) -> None:
+        if self._ahead is not None:
+            self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
         state = check_state(state, kind=PARQUET_KIND, fingerprint=self.docs.fingerprint,
                             fields=("packing", "rank", "world_size", "buffer_size", "next_doc"))
         mine = {"packing": self.packing, "rank": self.rank, "world_size": self.world_size,
@@ -246,3 +312,6 @@ class ParquetTokenLoader:
             self._restart(next_doc=int(state["next_doc"]), offset=int(state.get("offset", 0)), buffer=[])
         else:
             self._restart(next_doc=int(state["next_doc"]), offset=0, buffer=[int(d) for d in state["buffer"]])
+        self._delivered = self.state_now()
+        if self._ahead is not None:
+            self._ahead.restart_at(self._delivered)

@@ -1,19 +1,29 @@
-"""`train` subcommand: python -m niels_gpt.cli train DATA [flags]; under torchrun for DDP.
+"""`train` and `sample` subcommands: python -m niels_gpt.cli train DATA [flags]; under torchrun for DDP.
 
     python -m niels_gpt.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
     torchrun --nproc_per_node 8 -m niels_gpt.cli train cache/pretrain/fineweb_edu --depth 20 \
         --sequence-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
+    python -m niels_gpt.cli train packed/sft --init-from runs/base/ckpt_000100.pt --out-dir runs/sft
+    python -m niels_gpt.cli sample runs/sft/ckpt_000050.pt --prompt "What is a cache?" --chat
+
+Ctrl-C (or SIGTERM) during `train` ends the current step, saves it and prints the command that
+resumes the run (exit status 130); a second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import MISSING, fields
 
 from niels_gpt.train.data import KINDS
-from niels_gpt.train.train import TrainConfig, train
+from niels_gpt.train.interrupt import EXIT_INTERRUPTED, resume_command
+from niels_gpt.train.sample import sample
+from niels_gpt.train.train import TrainConfig, latest_checkpoint, train
 
 HELP = {
-    "out_dir": "checkpoints go here (ckpt_<step>.pt)",
+    "out_dir": "checkpoints go here (ckpt_<step>.pt and run.json); a directory of another run is refused "
+               "unless --resume or --overwrite",
     "data_kind": f"auto (by what the path holds) or one of: {', '.join(KINDS)}",
     "sampling": "pretraining caches: random windows, indexed windows with the global sampler, or shards (K at a time)",
     "shards_at_once": "--sampling shards: shards read at a time (local disk for a cache at a URL)",
@@ -21,18 +31,26 @@ HELP = {
     "cache_limit": "DATA at a URL: size bound of the download cache, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)",
     "packing": "Parquet text shards: bestfit or contiguous",
     "tokenizer": "tokenizer dir/file (default: a tokenizer/ dir above the data; needed for bpb, CORE, Parquet)",
-    "depth": "layers; width = 64 x depth and heads of ~128 dims unless given",
+    "prefetch": "Parquet text shards: batches tokenized ahead in the background (0: in the training loop)",
+    "depth": "layers; width = 64 x depth and heads of ~128 dims unless given (default: 4, or the --init-from "
+             "checkpoint's)",
     "total_batch_size": "tokens per optimizer step, made up by gradient accumulation (default: one micro-batch per rank)",
     "device_batch_size": "rows per micro-batch per rank",
     "optimizer": "muon (Muon for matrices + AdamW) or adamw (AdamW for everything)",
-    "device": "auto, cpu, cuda",
+    "device": "auto, cpu, cuda or cuda:N",
     "num_workers": "DataLoader workers for the map-style kinds (indexed, mixture, packed)",
+    "compile": "torch.compile the model (default: on for CUDA, off for CPU)",
+    "attention": "attention of packed rows: auto (flex_attention on CUDA, the explicit mask on CPU), flex or mask",
+    "peak_tflops": "the device's peak dense bf16 TFLOP/s, for the MFU in the step log (default: known GPUs' table)",
     "eval_every": "val bpb every N steps (0: only at the end)",
     "eval_steps": "val batches per bpb evaluation",
     "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL (default: no CORE)",
-    "save_every": "checkpoint every N steps (the last step is always saved)",
+    "save_every": "checkpoint every N steps (the last step, and a step ended by Ctrl-C, are always saved)",
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
     "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
+    "init_from": "start a new run from this checkpoint's weights (its shape; data kind, --sequence-len and "
+                 "optimizer state may differ): pretrain, then SFT (default: none, fresh weights)",
+    "overwrite": "--out-dir holds another run: replace it (its files go when this run saves its first checkpoint)",
     "n_embd": "model width (default: 64 x depth)",
     "n_head": "attention heads (default: width / 128, at least 1)",
     "n_kv_head": "key/value heads for grouped-query attention (default: as many as --n-head)",
@@ -51,8 +69,9 @@ HELP = {
     "seed": "seed of the weights and of the data order (torch RNG)",
     "core_max_items": "score at most this many items per CORE task (default: all)",
     "log_every": "print a log line every N steps",
-    "compile": "torch.compile the model",
 }
+CHOICES = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed", "shards"], "packing": ["bestfit", "contiguous"],
+           "optimizer": ["muon", "adamw"], "attention": ["auto", "flex", "mask"]}
 
 
 def register(sub) -> None:
@@ -63,27 +82,67 @@ def register(sub) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
+        if f.name == "compile":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=HELP[f.name])
+            continue
         if f.type in ("bool", bool):
             p.add_argument(flag, action="store_true", help=HELP[f.name])
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-        choices = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed", "shards"],
-                   "packing": ["bestfit", "contiguous"], "optimizer": ["muon", "adamw"]}.get(f.name)
-        p.add_argument(flag, type=kind, default=default, choices=choices, help=HELP[f.name])
+        p.add_argument(flag, type=kind, default=default, choices=CHOICES.get(f.name), help=HELP[f.name])
     p.set_defaults(func=run)
+
+    s = sub.add_parser("sample", help="print what a checkpoint's model writes after a prompt")
+    s.add_argument("checkpoint", help="a ckpt_<step>.pt written by train")
+    s.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
+    s.add_argument("--chat", action="store_true", help="render the prompt as a user turn and sample the assistant's")
+    s.add_argument("--max-tokens", type=int, default=64, help="tokens to sample at most")
+    s.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely token")
+    s.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sampling (torch RNG)")
+    s.add_argument("--tokenizer", default=None, help="tokenizer dir/file (default: the one the run recorded)")
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    s.set_defaults(func=run_sample)
 
 
 def run(args) -> int:
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
-    cfg = TrainConfig(**values)
-    result = train(cfg)
     import torch.distributed as dist
 
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    cfg = TrainConfig(**values)
+    try:
+        result = train(cfg)
+    except KeyboardInterrupt:  # a Ctrl-C before the first step, or a second one inside a step
+        last = latest_checkpoint(cfg.out_dir)
+        where = (f"the last checkpoint is {last}; continue with: {resume_command(cfg, str(last), _world())}"
+                 if last else "no checkpoint of this run was written")
+        print(f"error: train interrupted before its step ended; {where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    world = _world()
     if dist.is_initialized():
         first = dist.get_rank() == 0
         dist.destroy_process_group()
         if not first:
-            return 0
+            return EXIT_INTERRUPTED if result.interrupted else 0
+    if result.interrupted:
+        print(f"error: interrupted ({result.interrupted}) after step {result.step} of {cfg.steps}; saved "
+              f"{result.checkpoint}; continue with: {resume_command(cfg, result.checkpoint, world)}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     if result.val_bpb:
         print(f"final val bpb {result.val_bpb[-1][1]:.4f}")
+    return 0
+
+
+def _world() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def run_sample(args) -> int:
+    text = sample(args.checkpoint, args.prompt, chat=args.chat, max_tokens=args.max_tokens,
+                  temperature=args.temperature, top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer,
+                  device=args.device)
+    print(f"{args.prompt}{' ->' if args.chat else ''}{text if not args.chat else ' ' + text}")
     return 0

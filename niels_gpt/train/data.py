@@ -14,7 +14,8 @@ Every batch becomes a dict of contiguous int64 tensors on the training device: `
 `labels` (-100 = not a target) and, for packed bins, `position_ids` and `cu_seqlens`; other keys
 (a mixture's dataset tag, `max_seqlen`, `loss_mask`) are dropped here. On CUDA, batches that a
 DataLoader builds come from pinned memory and are copied with non_blocking=True; the
-random-window and Parquet loaders do that themselves (device=).
+random-window and Parquet loaders do that themselves (device=). The Parquet loader tokenizes
+`prefetch` batches ahead in the background (the trainer's --prefetch, default 4).
 
 Every loader's state is the position after the last batch the loop took (`state_dict()`), JSON-able.
 A pretraining or SFT cache at a URL is read through the download cache (niels_gpt/storage): its kind is
@@ -24,14 +25,13 @@ read from the mirrored meta.json, its shards fetched ahead of the batches that n
 from __future__ import annotations
 
 import functools
-import json
 from collections import deque
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import CacheError, ConfigError, FormatError
 from niels_gpt.loading import (
     GlobalBatchSampler,
     IndexedWindowDataset,
@@ -42,52 +42,65 @@ from niels_gpt.loading import (
     split_files,
 )
 from niels_gpt.loading.shard_windows import ShardWindowSampler
+from niels_gpt.locate import locate
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.report import unfinished_dirs
+from niels_gpt.sources.corpus import kind_of
 from niels_gpt.storage.remote import open_location
 from niels_gpt.urls import is_url
 
 KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")
 URL_KINDS = ("windows", "indexed", "shards", "sft")
+TRAINABLE = {"sft": "sft", "packed": "packed", "text-parquet": "parquet", "mixture": "mixture"}  # locate's kinds
+WHAT_ELSE = {"root": "a directory of several outputs (a build-all root): pick one of them",
+             "foreign": "token files of another format: `convert` them into a cache first"}
 MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
 
 
 def detect_kind(path, sampling: str = "random") -> str:
     """The loader kind for `path` (see the module table); ConfigError names what was found."""
     p = Path(path)
-    if p.is_file() and p.suffix in (".toml", ".json"):
-        return "mixture"
-    if p.is_file() and p.suffix in (".parquet", ".pq"):
-        return "packed"
-    if not p.is_dir():
+    if p.is_file() and p.suffix not in (".toml", ".json", ".parquet", ".pq", ".npy"):
+        kind = kind_of(p)
+        what = f"a {kind} text file" if kind else "a file"
+        raise ConfigError(f"{p}: {what}, not a cache: train reads token caches; build one from it first with "
+                          f"`python -m niels_gpt.cli build {p} --out cache/{p.name.split('.')[0]} --tokenizer TOK`, "
+                          "then train on that directory")
+    if not p.exists():
+        staged = sorted(p.parent.glob(f"{p.name}.tmp-*")) if p.parent.is_dir() else []
+        if staged:
+            raise ConfigError(f"{p}: not built yet: an unfinished build left {staged[0].name} beside it (the build "
+                              "was interrupted); run the same build command again to finish it, then train")
         raise ConfigError(f"{p}: no such file or directory to train on; pass a cache directory, a mixture "
                           ".toml/.json, a directory of Parquet shards or packed SFT bins")
-    if (p / "manifest.json").is_file():
-        return "packed"
-    if (p / "meta.json").is_file():
-        kind = json.loads((p / "meta.json").read_text("utf-8")).get("kind")
-        if kind == "pretrain":
-            if sampling not in ("random", "indexed", "shards"):
-                raise ConfigError(f"sampling {sampling!r}: expected 'random' or 'indexed', or 'shards' (K shards at a time)")
-            return {"random": "windows", "indexed": "indexed", "shards": "shards"}[sampling]
-        if kind == "sft":
-            return "sft"
-        raise ConfigError(f"{p}/meta.json: kind {kind!r} is not trainable data (expected 'pretrain' or 'sft')")
-    parquets = sorted(c for c in p.iterdir() if c.suffix in (".parquet", ".pq"))
-    if parquets:
-        import pyarrow.parquet as pq
-
-        names = pq.read_schema(parquets[0]).names
-        if "text" in names:
-            return "parquet"
-        if "input_ids" in names:
-            return "packed"
-        raise ConfigError(f"{parquets[0]}: columns {names}: neither a 'text' column (text shards) nor "
-                          "'input_ids' (packed SFT)")
-    raise ConfigError(f"{p}: holds no meta.json, manifest.json or Parquet shards: not a cache; "
-                      "build one with `python -m niels_gpt.cli build-all`")
+    try:
+        found = locate(p)  # one door: the decision stats, inspect, verify and open_dataset make
+    except (FormatError, CacheError) as exc:
+        if p.is_dir() and p in unfinished_dirs(p):
+            raise ConfigError(f"{p}: an unfinished build: token files but no meta.json, which a build writes last "
+                              "(it was interrupted); run the same build command (build, build-all, dist-build or "
+                              "pack-sft) again to finish it, then train") from None
+        raise ConfigError(str(exc)) from None
+    if found.kind == "pretrain" and found.split is None:
+        if sampling not in ("random", "indexed", "shards"):
+            raise ConfigError(f"sampling {sampling!r}: expected 'random' or 'indexed', or 'shards' (K shards at a time)")
+        return {"random": "windows", "indexed": "indexed", "shards": "shards"}[sampling]
+    if found.kind in TRAINABLE and found.split is None:
+        return TRAINABLE[found.kind]
+    if found.split is not None:
+        raise ConfigError(f"{p}: the {found.split} split of the cache {found.root}: train on the cache directory "
+                          f"({found.root}); it takes the train split and scores the val split")
+    if found.kind == "not-built":
+        raise ConfigError(f"{found.root}/meta.json: a placeholder (\"built\": false) that build-all left for an output "
+                          "it did not build: build it (build-all --only NAME), then train")
+    kind = found.meta.get("kind", found.kind) if found.kind == "tokenizer" else found.kind
+    raise ConfigError(f"{p}/meta.json: kind {kind!r} is not trainable data (expected 'pretrain' or 'sft')"
+                      if found.kind == "tokenizer" else
+                      f"{p}: {WHAT_ELSE.get(found.kind, found.kind)}, not trainable data: train reads a cache, "
+                      "a mixture, Parquet text shards or packed SFT bins")
 
 
 def to_model_batch(raw, device: torch.device) -> dict[str, torch.Tensor]:
@@ -193,7 +206,8 @@ class TrainData:
 
     def __init__(self, path, *, T: int, batch_size: int, seed: int, device, rank: int = 0, world_size: int = 1,
                  kind: str = "auto", sampling: str = "random", num_workers: int = 0, tokenizer=None,
-                 packing: str = "bestfit", vocab_size: int | None = None, shards_at_once: int = 8):
+                 packing: str = "bestfit", vocab_size: int | None = None, prefetch: int = 0,
+                 shards_at_once: int = 8):
         self.url = str(path).rstrip("/") if is_url(path) else None
         # a URL: its mirror holds meta.json now and the shards as they are read
         self.path, self.device = Path(path) if self.url is None else open_location(self.url)[0], torch.device(device)
@@ -207,7 +221,7 @@ class TrainData:
         self.T, self.B, self.seed = int(T), int(batch_size), int(seed)
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.tokenizer, self.packing = num_workers, tokenizer, packing
-        self.vocab_size = vocab_size
+        self.vocab_size, self.prefetch = vocab_size, prefetch
         self._val = None
         self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
         getattr(self, f"_open_{self.kind}")()
@@ -266,7 +280,8 @@ class TrainData:
             raise ConfigError(f"{self.path}: Parquet text shards are tokenized while training; pass --tokenizer")
         self.vocab_size = self.vocab_size or len(self.tokenizer)
         self.source = ParquetTokenLoader(split_files(self.path, "train"), self.tokenizer, self.B, self.T,
-                                         packing=self.packing, device=self.device, **self._rank_args())
+                                         packing=self.packing, device=self.device, prefetch=self.prefetch,
+                                         **self._rank_args())
         self._val = ("parquet_val", self.path)
 
     def _open_sft(self):
@@ -303,6 +318,10 @@ class TrainData:
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "loader": self.source.state_dict()}
+
+    def close(self) -> None:
+        """Stop a loader's background work (the Parquet loader's prefetching)."""
+        getattr(self.source, "close", lambda: None)()
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != self.kind:

@@ -12,9 +12,9 @@ Documents. Packed rows carry several documents; give the forward any of
 `position_ids` (B, T) restarting at 0 per document (collate_packed), `cu_seqlens` (int32 offsets
 over the flattened B*T tokens, varlen style), or `doc_ids` (B, T) (KempnerForge-style datasets).
 Then a token attends only to earlier tokens of its own document and its RoPE position counts from
-that document's first token, so a document scores exactly as it would alone. The mask is explicit
-(B, 1, T, T) booleans through SDPA, which every backend runs; without document information the
-plain causal kernel is used (flash/efficient where the device has them).
+that document's first token, so a document scores exactly as it would alone. How it attends is
+attention.py's choice (`model.attention`: flex_attention's block mask on CUDA, an explicit mask on
+CPU, the plain causal kernel without document information); the result is the same.
 
 Worked example of the layout (T=6, one row): cu_seqlens [0, 2, 6] -> doc ids [0, 0, 1, 1, 1, 1],
 positions [0, 1, 0, 1, 2, 3]; token 3 attends to tokens 2 and 3 only.
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import ConfigError
+from niels_gpt.train.attention import Attention
 
 ASPECT_RATIO = 64  # nanochat: model width = depth * 64
 HEAD_DIM = 128  # nanochat: heads of 128 dims
@@ -133,19 +134,14 @@ class CausalSelfAttention(nn.Module):
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, attend: Attention):
         B, T, C = x.size()
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        gqa = self.n_kv_head != self.n_head
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -165,8 +161,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.attn(norm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, attend: Attention):
+        x = x + self.attn(norm(x), cos, sin, attend)
         return x + self.mlp(norm(x))
 
 
@@ -181,6 +177,7 @@ class GPT(nn.Module):
             "h": nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
         })
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.attention = "auto"  # document-masked attention: auto, flex or mask (attention.py); not a weight
         # NOTE: 10x the training context, as nanochat: evaluation prompts may run longer; cheap.
         self.rotary_seq_len = config.sequence_len * 10
         cos, sin = self._rotary(self.rotary_seq_len)
@@ -221,24 +218,27 @@ class GPT(nn.Module):
         n = self.num_params() - self.transformer.wte.weight.numel()
         return 6 * n + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.sequence_len
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, position_ids=None,
-                cu_seqlens=None, doc_ids=None):
-        B, T = idx.shape
-        pos, doc = document_layout(B, T, idx.device, position_ids=position_ids, cu_seqlens=cu_seqlens,
+    @torch.compiler.disable
+    def _layout(self, B: int, T: int, device, position_ids, cu_seqlens, doc_ids):
+        """(cos, sin, how to attend) for this batch. Left out of torch.compile: it checks values (a host
+        sync) and builds a flex block mask, which compiles on its own."""
+        pos, doc = document_layout(B, T, device, position_ids=position_ids, cu_seqlens=cu_seqlens,
                                    doc_ids=doc_ids)
         if pos is None:
             if T > self.rotary_seq_len:
                 raise ConfigError(f"sequence of {T} tokens exceeds the rotary table ({self.rotary_seq_len})")
-            cos, sin, mask = self.cos[None, :T, None, :], self.sin[None, :T, None, :], None
-        else:
-            if int(pos.max()) >= self.rotary_seq_len:
-                raise ConfigError(f"position {int(pos.max())} exceeds the rotary table ({self.rotary_seq_len})")
-            cos, sin = self.cos[pos][:, :, None, :], self.sin[pos][:, :, None, :]
-            causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
-            mask = (causal & (doc[:, :, None] == doc[:, None, :]))[:, None]  # (B, 1, T, T)
+            return self.cos[None, :T, None, :], self.sin[None, :T, None, :], Attention(None)
+        if int(pos.max()) >= self.rotary_seq_len:
+            raise ConfigError(f"position {int(pos.max())} exceeds the rotary table ({self.rotary_seq_len})")
+        return self.cos[pos][:, :, None, :], self.sin[pos][:, :, None, :], Attention(doc, self.attention)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, position_ids=None,
+                cu_seqlens=None, doc_ids=None):
+        B, T = idx.shape
+        cos, sin, attend = self._layout(B, T, idx.device, position_ids, cu_seqlens, doc_ids)
         x = norm(self.transformer.wte(idx))
         for block in self.transformer.h:
-            x = block(x, cos, sin, mask)
+            x = block(x, cos, sin, attend)
         logits = self.lm_head(norm(x)).float()
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
         if targets is None:

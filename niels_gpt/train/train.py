@@ -3,22 +3,29 @@
     step s:  for each micro-batch: forward (bf16 autocast on CUDA) -> loss / accum -> backward ->
              fetch the next micro-batch (it overlaps the GPU's backward) ; clip ; set LR and Muon
              momentum from the schedule ; step AdamW and Muon ; zero grads
-    log:     loss, lr multiplier, tokens/s, data wait (time inside the loader + copy) and its share
-             of the step ("stall %"); CUDA steps end with a synchronize, so the share is honest
+    log:     loss, lr multiplier, tokens/s, MFU (mfu.py: where the device's peak is known or given),
+             and the data wait: host time inside next(data) (loader + copy to the device). On CUDA
+             that time overlaps GPU work already queued, so it bounds what the GPU lost from above;
+             bench/bench_train.py --gpu measures the loss itself ("fed %": the step with a resident
+             batch / the step with the loader)
     eval:    val bits per byte (evaluate_bpb, all-reduced) every eval_every steps and at the end;
              CORE on the bundled items (or a CORE bundle) at the end when asked
-    ckpt:    model, optimizers, step, RNG, every rank's loader state; resuming gives the same
-             losses bit for bit on CPU (tests/train/test_resume.py)
+    ckpt:    model, optimizers, step, RNG, every rank's loader state, and a checksum of all of it
+             (checkpoint.py); resuming gives the same losses bit for bit on CPU
+             (tests/train/test_resume.py). A non-finite loss or bpb stops the run before it saves;
+             SIGINT/SIGTERM end the step, save it and return (interrupt.py)
+    start:   fresh, --resume (this run's checkpoint), or --init-from (another run's weights: the
+             nanochat order, pretraining then SFT; the data kind, T and optimizer state may differ)
 
 DDP: started by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on CUDA; every rank reads its own
-share of each global batch through the loaders' rank arguments.
+share of each global batch through the loaders' rank arguments. torch.compile is on by default on
+CUDA (the model's document prelude stays eager: model.py), off on CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import pickle  # NOTE: only for its exception type; checkpoints load with weights_only=True
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,21 +33,41 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from niels_gpt.atomic import atomic_path
-from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading import evaluate_bpb
 from niels_gpt.loading import token_bytes as tokenizer_bytes
-from niels_gpt.seeds import check_seed
-from niels_gpt.storage.remote import open_location, tokenizer_near
+from niels_gpt.outputs import check_overlap
 from niels_gpt.storage.settings import apply_cache_args
-from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.train.attention import resolve as resolve_attention
+from niels_gpt.train.checkpoint import (
+    check_out_dir,
+    checkpoint_name,
+    latest_checkpoint,
+    load_checkpoint,
+    remove_run,
+    save_checkpoint,
+)
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.eval_core import run_core
-from niels_gpt.train.model import GPT, GPTConfig
+from niels_gpt.train.interrupt import StopRequests
+from niels_gpt.train.mfu import mfu, peak_tflops
+from niels_gpt.train.model import GPT
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
-from niels_gpt.urls import is_url, refuse_url
+from niels_gpt.train.setup import (
+    check_config,
+    find_tokenizer,
+    init_config,
+    model_config,
+    recorded_tokenizer_sha,
+    require_recorded_tokenizer,
+    resolve_resume,
+    setup_distributed,
+)
+from niels_gpt.urls import is_url
 
-CHECKPOINT_VERSION = 1
+__all__ = ["TrainConfig", "TrainResult", "DivergedError", "train", "model_config", "latest_checkpoint",
+           "load_checkpoint"]
 
 
 @dataclass(kw_only=True)
@@ -54,8 +81,9 @@ class TrainConfig:
     cache_limit: str | None = None  # and its bound, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)
     packing: str = "bestfit"
     tokenizer: str | None = None
-    # model (nanochat sizing from depth unless given)
-    depth: int = 4
+    prefetch: int = 4  # Parquet shards: batches tokenized ahead in the background (0: in the loop)
+    # model (nanochat sizing from depth unless given; an --init-from checkpoint's shape)
+    depth: int | None = None
     n_embd: int | None = None
     n_head: int | None = None
     n_kv_head: int | None = None
@@ -80,7 +108,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     num_workers: int = 0
-    compile: bool = False
+    compile: bool | None = None  # None: on for CUDA, off for CPU
+    attention: str = "auto"  # document-masked attention: flex on CUDA, the explicit mask on CPU
+    peak_tflops: float | None = None  # for MFU where the device is not in mfu.PEAK_BF16_TFLOPS
     eval_every: int = 0
     eval_steps: int = 8
     core: str | None = None  # "bundled", a CORE bundle directory, or a URL of its zip
@@ -88,7 +118,13 @@ class TrainConfig:
     save_every: int = 0
     stop_at: int | None = None  # leave the loop after this step (checkpointing it): a planned interruption
     resume: str | None = None  # "latest" or a checkpoint path
+    init_from: str | None = None  # a checkpoint whose weights start this (new) run
+    overwrite: bool = False  # --out-dir holds another run: replace it (at this run's first checkpoint)
     log_every: int = 1
+
+
+class DivergedError(NielsGPTError):
+    """The loss (or val bpb) stopped being a finite number: the run stops before it saves."""
 
 
 @dataclass
@@ -101,106 +137,10 @@ class TrainResult:
     stall: list[float] = field(default_factory=list)  # per step: % of the step spent waiting for data
     wait: list[float] = field(default_factory=list)  # per step: seconds spent waiting for data
     dt: list[float] = field(default_factory=list)  # per step: wall seconds
+    mfu: list[float] = field(default_factory=list)  # per step, where the peak is known (mfu.py)
+    interrupted: str | None = None  # the signal that stopped the run (its last step saved)
     model: torch.nn.Module | None = None
     rows: list[list[list[int]]] = field(default_factory=list)  # input rows per micro-batch (record_rows=True)
-
-
-def setup_distributed(device: str) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device); initialises the process group under torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if world > 1 and not dist.is_initialized():
-        if dev.type == "cuda":
-            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-            torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return rank, (dist.get_world_size() if dist.is_initialized() else 1), dev
-
-
-def find_tokenizer(data_path: str | os.PathLike):
-    """The tokenizer a cache was built with: a `tokenizer/` directory up to three levels above it."""
-    if is_url(data_path):  # mirrored from beside the URL (niels_gpt/storage), once the cache there answers
-        open_location(str(data_path))
-        near = tokenizer_near(str(data_path))
-        return load_tokenizer(near) if near is not None else None
-    p = Path(data_path).resolve()
-    for parent in [p, *p.parents][:4]:
-        cand = parent / "tokenizer"
-        if (cand / "spm.model").is_file() or (cand / "tokenizer.json").is_file():
-            return load_tokenizer(cand)
-    return None
-
-
-def _recorded_tokenizer_sha(where: Path) -> str | None:
-    import json
-
-    meta = Path(where) / "meta.json"
-    if not meta.is_file():
-        return None
-    sha = json.loads(meta.read_text("utf-8")).get("tokenizer_sha256")
-    return sha if sha and set(sha) != {"0"} else None
-
-
-def _require_recorded_tokenizer(tok, data_path) -> None:
-    """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
-    for path in str(data_path).split(","):
-        where = open_location(path.strip())[0]  # a URL: its mirror, where meta.json is
-        if where.is_dir():
-            check_tokenizer_matches(tok, _recorded_tokenizer_sha(where), where)
-
-
-def model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
-    base = GPTConfig.from_depth(cfg.depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
-    if cfg.n_embd is not None or cfg.n_head is not None:
-        n_embd = cfg.n_embd or base.n_embd
-        n_head = cfg.n_head or base.n_head
-        base = GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=cfg.depth, n_head=n_head,
-                         n_kv_head=n_head, n_embd=n_embd)
-    if cfg.n_kv_head is not None:
-        base = GPTConfig(**{**base.to_dict(), "n_kv_head": cfg.n_kv_head})
-    return base
-
-
-def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    found = sorted(Path(out_dir).glob("ckpt_*.pt"))
-    return found[-1] if found else None
-
-
-def save_checkpoint(path: Path, *, model, optimizers, step: int, loader_states: list, cfg: TrainConfig,
-                    model_cfg: GPTConfig) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ckpt = {"version": CHECKPOINT_VERSION, "step": step, "model": model.state_dict(),
-            "optimizers": [o.state_dict() for o in optimizers], "loader": loader_states,
-            "rng": {"cpu": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-            "model_config": model_cfg.to_dict(), "train_config": asdict(cfg)}
-    with atomic_path(path) as tmp:
-        torch.save(ckpt, tmp)
-
-
-def load_checkpoint(path: str | os.PathLike) -> dict:
-    p = Path(path)
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        raise StateError(f"{p}: not a readable checkpoint ({exc}); pick another with --resume PATH") from exc
-    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
-        raise StateError(f"{p}: not a checkpoint of version {CHECKPOINT_VERSION} written by this trainer")
-    return ckpt
-
-
-def _resolve_resume(cfg: TrainConfig) -> Path | None:
-    if cfg.resume is None:
-        return None
-    if cfg.resume == "latest":
-        found = latest_checkpoint(cfg.out_dir)
-        if found is None:
-            raise StateError(f"--resume latest: no ckpt_*.pt in {cfg.out_dir}; start without --resume")
-        return found
-    return Path(cfg.resume)
 
 
 def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=print,
@@ -212,37 +152,59 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     from cfg.data by any object with __next__ (model batches), state_dict, load_state_dict, kind,
     vocab_size, has_val and val_batches (bench/bench_train.py runs the peers' recipes through it).
     """
-    refuse_url(cfg.out_dir, "--out-dir")
+    check_config(cfg)
     if data is None and is_url(cfg.data):  # read through the download cache (docs/storage.md)
         apply_cache_args(cfg.local_cache, cfg.cache_limit)
+    resolve_attention(cfg.attention, torch.device("cpu"))  # a bad value fails here, before any work
+    resume_from = resolve_resume(cfg)
+    inputs = [d.strip() for d in str(cfg.data).split(",") if not is_url(d.strip())]
+    inputs += [cfg.tokenizer] if cfg.tokenizer else []
+    old_run = check_out_dir(cfg.out_dir, data=inputs, init_from=cfg.init_from, resume=resume_from,
+                            overwrite=cfg.overwrite)
+    base = load_checkpoint(cfg.init_from, flag="--init-from") if cfg.init_from else None
     rank, world, device = setup_distributed(cfg.device)
+    if resolve_attention(cfg.attention, device) == "flex" and device.type != "cuda":
+        raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
+                          "train on CPU with --attention mask (or auto)")
     master = rank == 0
     say = log if master else (lambda *a, **k: None)
-    check_seed(cfg.seed)
-    if cfg.steps < 1:
-        raise ConfigError(f"steps {cfg.steps}: must be >= 1")
     tok = None
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)
-        _require_recorded_tokenizer(tok, cfg.data)
+        require_recorded_tokenizer(tok, cfg.data)
     elif token_bytes is None:
         tok = find_tokenizer(cfg.data)
     if data is None:
         data = TrainData(cfg.data, T=cfg.sequence_len, batch_size=cfg.device_batch_size, seed=cfg.seed,
                          device=device, rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
                          num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size,
-                         shards_at_once=cfg.shards_at_once)
+                         prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
+    try:
+        # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
+        check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
+        return _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say,
+                    record_rows)
+    finally:
+        getattr(data, "close", lambda: None)()
+
+
+def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say, record_rows):
+    master = rank == 0
     if tok is None and token_bytes is None:
         tok = next(filter(None, (find_tokenizer(p) for p in getattr(data, "origins", ())[1:])), None)
     if tok is not None and not cfg.tokenizer:
         # a tokenizer found by looking around must be the one the cache records, or bpb would be wrong
-        recorded = _recorded_tokenizer_sha(getattr(data, "origins", [Path(cfg.data)])[-1])
+        recorded = recorded_tokenizer_sha(getattr(data, "origins", [Path(cfg.data)])[-1])
         if recorded and recorded != tok.sha256:
             say(f"{tok.model_path}: not the tokenizer {cfg.data} was built with (sha256 {recorded[:12]}...); "
                 "ignored: pass --tokenizer")
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
+    if base is not None and tok is not None and base.get("tokenizer_sha256") not in (None, tok.sha256):
+        raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
+                          f"{base['tokenizer_sha256'][:12]}...) than {tok.model_path} ({tok.sha256[:12]}...): its "
+                          "ids would mean other text; train on data built with the base run's tokenizer")
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
     total = cfg.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
@@ -250,15 +212,20 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
                           f"world_size = {tokens_per_micro}: pick a multiple")
     accum = total // tokens_per_micro
 
-    mcfg = model_config(cfg, data.vocab_size)
+    vocab = data.vocab_size
+    mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
     torch.manual_seed(cfg.seed)
     model = GPT(mcfg).to(device)
+    model.attention = cfg.attention
     model.init_weights(torch.Generator(device=device).manual_seed(cfg.seed))
+    if base is not None:
+        model.load_state_dict(base["model"])
+        say(f"weights from {cfg.init_from} (step {base['step']} of a run on {base['train_config'].get('data')}); "
+            "optimizer state and data position start fresh")
     optimizers = build_optimizers(model, optimizer=cfg.optimizer, embedding_lr=cfg.embedding_lr,
                                   unembedding_lr=cfg.unembedding_lr, matrix_lr=cfg.matrix_lr,
                                   adamw_matrix_lr=cfg.adamw_matrix_lr, weight_decay=cfg.weight_decay)
     start = 0
-    resume_from = _resolve_resume(cfg)
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from)
         if ckpt["model_config"] != mcfg.to_dict():
@@ -273,28 +240,38 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         if device.type == "cuda" and ckpt["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
         start = int(ckpt["step"])
-        say(f"resumed from {resume_from} at step {start}")
+        say(f"resumed from {resume_from} at step {start}" + ("" if ckpt["verified"] else
+                                                             " (an older checkpoint without a checksum: not verified)"))
 
     train_model = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
-        train_model = torch.compile(train_model)
     cuda = device.type == "cuda"
+    compiled = cuda if cfg.compile is None else cfg.compile
+    if compiled:
+        train_model = torch.compile(train_model)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    peak = peak_tflops(device, cfg.peak_tflops)
+    flops = model.flops_per_token()
 
     say(f"data: {data.kind} from {cfg.data} | model: {mcfg.n_layer} layers, {mcfg.n_embd} wide, {mcfg.n_head} heads "
         f"({mcfg.n_kv_head} kv), {model.num_params():,} parameters | batch {total:,} tokens = {accum} x "
-        f"{cfg.device_batch_size} x {cfg.sequence_len} x {world} rank(s) | {cfg.optimizer} | device {device}")
+        f"{cfg.device_batch_size} x {cfg.sequence_len} x {world} rank(s) | {cfg.optimizer} | device {device}"
+        f"{' | compiled' if compiled else ''}")
+    say("data wait = host time inside next(data) per step (loader + copy to the device)"
+        + ("; on CUDA it overlaps queued GPU work, so it bounds the GPU's stall from above "
+           "(bench/bench_train.py --gpu measures the stall: fed %)" if cuda else "")
+        + ("" if peak else "; MFU: pass --peak-tflops for this device"))
 
     if token_bytes is None:
         say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
     elif not data.has_val:
         say(f"{cfg.data}: no val split in this data: val bpb is skipped")
     result = TrainResult(step=start)
+    out = Path(cfg.out_dir)
 
     def bpb(step: int) -> None:
         if token_bytes is None or not data.has_val:
@@ -303,6 +280,9 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         with autocast():
             value = evaluate_bpb(model, data.val_batches(cfg.eval_steps), token_bytes.to(device))
         model.train()
+        if not math.isfinite(value):
+            raise DivergedError(f"step {step}: val bits per byte is {value}; stopped before saving anything, so "
+                                f"{out} keeps only what earlier steps saved: lower the learning rates or check the data")
         result.val_bpb.append((step, value))
         say(f"step {step:05d} | val bpb {value:.4f}")
 
@@ -312,9 +292,17 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
             states = [None] * world
             dist.all_gather_object(states, loader_state)
         if master:
-            path = Path(cfg.out_dir) / f"ckpt_{step:06d}.pt"
-            save_checkpoint(path, model=model, optimizers=optimizers, step=step, loader_states=states, cfg=cfg,
-                            model_cfg=mcfg)
+            if old_run:  # --overwrite: the run that was here goes now that this one has something to keep
+                remove_run(old_run)
+                old_run.clear()
+            path = out / checkpoint_name(step)
+            payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+                       "loader": states, "model_config": mcfg.to_dict(), "train_config": asdict(cfg),
+                       "tokenizer": str(tok.model_path) if tok is not None else None,
+                       "tokenizer_sha256": tok.sha256 if tok is not None else None,
+                       "rng": {"cpu": torch.get_rng_state(),
+                               "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
+            save_checkpoint(path, payload)
             result.checkpoint = str(path)
             say(f"step {step:05d} | checkpoint {path}")
 
@@ -323,62 +311,79 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     batch = next(data)
     wait = time.perf_counter() - t_wait
     loader_state = data.state_dict()
-    for step in range(start, last):
-        sync()
-        t0 = time.perf_counter()
-        step_wait, wait = wait, 0.0
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            if record_rows:
-                result.rows.append(batch["input_ids"].tolist())
-            sync_ctx = train_model.no_sync if (world > 1 and micro < accum - 1) else contextlib.nullcontext
-            with sync_ctx():
-                with autocast():
-                    loss = train_model(batch["input_ids"], batch["labels"], position_ids=batch.get("position_ids"),
-                                       cu_seqlens=batch.get("cu_seqlens"), doc_ids=batch.get("doc_ids"))
-                loss_sum += loss.detach()
-                (loss / accum).backward()
-            done = step + 1 == last and micro == accum - 1
-            if micro == accum - 1:
-                loader_state = data.state_dict()  # the position after this step's last batch
-            if not done:
-                t_wait = time.perf_counter()
-                batch = next(data)  # NOTE: on CUDA this overlaps the backward still running on the GPU
-                step_wait += time.perf_counter() - t_wait
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        lrm = lr_multiplier(step, cfg.steps, warmup_ratio=cfg.warmup_ratio, warmdown_ratio=cfg.warmdown_ratio,
-                            final_lr_frac=cfg.final_lr_frac)
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * lrm
-            if isinstance(opt, Muon):
+    with StopRequests() as stop:
+        for step in range(start, last):
+            sync()
+            t0 = time.perf_counter()
+            step_wait, wait = wait, 0.0
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                if record_rows:
+                    result.rows.append(batch["input_ids"].tolist())
+                sync_ctx = train_model.no_sync if (world > 1 and micro < accum - 1) else contextlib.nullcontext
+                with sync_ctx():
+                    with autocast():
+                        loss = train_model(batch["input_ids"], batch["labels"],
+                                           position_ids=batch.get("position_ids"),
+                                           cu_seqlens=batch.get("cu_seqlens"), doc_ids=batch.get("doc_ids"))
+                    loss_sum += loss.detach()
+                    (loss / accum).backward()
+                done = step + 1 == last and micro == accum - 1
+                if micro == accum - 1:
+                    loader_state = data.state_dict()  # the position after this step's last batch
+                if not done:
+                    t_wait = time.perf_counter()
+                    batch = next(data)  # NOTE: on CUDA this overlaps the backward still running on the GPU
+                    step_wait += time.perf_counter() - t_wait
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            lrm = lr_multiplier(step, cfg.steps, warmup_ratio=cfg.warmup_ratio, warmdown_ratio=cfg.warmdown_ratio,
+                                final_lr_frac=cfg.final_lr_frac)
+            for opt in optimizers:
                 for group in opt.param_groups:
-                    group["momentum"] = muon_momentum(step)
-            opt.step()
-        model.zero_grad(set_to_none=True)
-        mean_loss = loss_sum / accum
-        if world > 1:
-            dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)  # gloo has no AVG
-            mean_loss /= world
-        loss_value = float(mean_loss)  # NOTE: also the step's CUDA synchronisation point
-        sync()
-        dt = time.perf_counter() - t0
-        stall = 100.0 * step_wait / dt if dt > 0 else 0.0
-        result.losses.append(loss_value)
-        result.stall.append(stall)
-        result.wait.append(step_wait)
-        result.dt.append(dt)
-        result.step = step + 1
-        if master and cfg.log_every and (step % cfg.log_every == 0 or step + 1 == last):
-            say(f"step {step + 1:05d}/{cfg.steps:05d} | loss {loss_value:.4f} | lrm {lrm:.2f} | "
-                f"tok/s {total / dt:,.0f} | data wait {1e3 * step_wait:.1f} ms ({stall:.1f}% stall) | "
-                f"dt {1e3 * dt:.0f} ms")
-        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 != last:
-            bpb(step + 1)
-        if step + 1 == last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-            checkpoint(step + 1)
-    bpb(result.step)
+                    group["lr"] = group["initial_lr"] * lrm
+                if isinstance(opt, Muon):
+                    for group in opt.param_groups:
+                        group["momentum"] = muon_momentum(step)
+                opt.step()
+            model.zero_grad(set_to_none=True)
+            mean_loss = loss_sum / accum
+            if world > 1:
+                dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)  # gloo has no AVG
+                mean_loss /= world
+            loss_value = float(mean_loss)  # NOTE: also the step's CUDA synchronisation point
+            sync()
+            if not math.isfinite(loss_value):
+                raise DivergedError(f"step {step + 1}: the loss is {loss_value}; stopped before saving anything, so "
+                                    f"{out} keeps only what earlier steps saved: lower the learning rates "
+                                    "(--matrix-lr, --embedding-lr), or check the data and the checkpoint it started from")
+            dt = time.perf_counter() - t0
+            stall = 100.0 * step_wait / dt if dt > 0 else 0.0
+            util = mfu(flops, total / dt, peak, world) if dt > 0 else None
+            result.losses.append(loss_value)
+            result.stall.append(stall)
+            result.wait.append(step_wait)
+            result.dt.append(dt)
+            if util is not None:
+                result.mfu.append(util)
+            result.step = step + 1
+            if master and cfg.log_every and (step % cfg.log_every == 0 or step + 1 == last):
+                say(f"step {step + 1:05d}/{cfg.steps:05d} | loss {loss_value:.4f} | lrm {lrm:.2f} | "
+                    f"tok/s {total / dt:,.0f}{'' if util is None else f' | mfu {util:.1f}%'} | "
+                    f"data wait {1e3 * step_wait:.1f} ms ({stall:.1f}% of dt) | dt {1e3 * dt:.0f} ms")
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 != last:
+                bpb(step + 1)
+            saved = step + 1 == last or (cfg.save_every and (step + 1) % cfg.save_every == 0)
+            if saved:
+                checkpoint(step + 1)
+            if step + 1 != last and stop.requested(device):
+                if not saved:
+                    checkpoint(step + 1)
+                result.interrupted = stop.signal
+                say(f"step {step + 1:05d} | {stop.signal}: stopped after this step, saved")
+                break
+    if result.interrupted is None:
+        bpb(result.step)
     if cfg.core and result.step == cfg.steps:
         if tok is None:
             raise ConfigError("CORE needs the tokenizer: pass --tokenizer")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from niels_gpt.errors import ConfigError, SourceError, StateError
+from niels_gpt.errors import ConfigError, NielsGPTError, SourceError, StateError
 from niels_gpt.loading import ParquetTokenLoader, list_parquet_files, split_files
 from niels_gpt.loading.parquet import RankDocuments
 
@@ -157,3 +157,82 @@ def test_row_cropping_keeps_every_row_full(parquet_dir, tokenizer):
     x, _ = next(loader)
     assert x.shape == (8, 16) and (x[:, 0] == tokenizer.bos_id).all()
     assert loader.stats()["docs_cropped"] > 0 and np.isclose(loader.stats()["utilisation"], 1.0)
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("packing,mode,depth", [("bestfit", "thread", 1), ("bestfit", "thread", 5),
+                                                ("bestfit", "process", 3), ("contiguous", "thread", 2),
+                                                ("contiguous", "process", 1)])
+def test_prefetching_hands_out_the_same_batches_and_the_state_of_those_handed_out(parquet_dir, tokenizer, packing,
+                                                                                 mode, depth):
+    """0 -> N batches with a stop at k (state saved, a new loader resumed) == N straight, at any depth."""
+    files = list_parquet_files(parquet_dir)
+
+    def make(**kw):
+        return ParquetTokenLoader(files, tokenizer, B=3, T=40, packing=packing, buffer_size=12, rank=0,
+                                  world_size=1, **kw)
+
+    sync = make()
+    straight = [next(sync) for _ in range(14)]
+    ahead = make(prefetch=depth, prefetch_mode=mode)
+    first = [next(ahead) for _ in range(6)]
+    state = json.loads(json.dumps(ahead.state_dict()))
+    ahead.close()
+    check = make()
+    for _ in range(6):
+        next(check)
+    assert state == check.state_dict()  # the position of the batches handed out, not of those prefetched
+    resumed = make(prefetch=depth, prefetch_mode=mode)
+    resumed.load_state_dict(state)
+    assert _same(first + [next(resumed) for _ in range(8)], straight)
+    # a state loaded while the producer is running restarts it there
+    resumed.load_state_dict(state)
+    assert _same([next(resumed) for _ in range(3)], straight[6:9])
+    resumed.close()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_an_error_in_the_background_is_raised_in_the_loop(tmp_path, tokenizer, mode):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a b c d e f g h i j", None]}), tmp_path / "n.parquet")
+    loader = ParquetTokenLoader([tmp_path / "n.parquet"], tokenizer, B=1, T=4, packing="contiguous", rank=0,
+                                world_size=1, prefetch=2, prefetch_mode=mode)
+    with pytest.raises(SourceError, match="n.parquet: row group 0, row 1: null 'text'"):
+        next(loader)
+
+
+def test_a_killed_prefetch_process_is_reported_not_waited_for(parquet_dir, tokenizer):
+    import os
+    import signal
+
+    loader = ParquetTokenLoader(list_parquet_files(parquet_dir), tokenizer, B=2, T=16, rank=0, world_size=1,
+                                prefetch=2, prefetch_mode="process")
+    next(loader)
+    os.kill(loader._ahead._worker.pid, signal.SIGKILL)
+    loader._ahead._worker.join()
+    with pytest.raises(NielsGPTError, match="killed from outside"):
+        for _ in range(10):  # what it queued before dying is still handed out
+            next(loader)
+
+
+def test_the_mode_follows_whether_the_encoder_releases_the_gil(tokenizer):
+    from niels_gpt.loading.prefetch import resolve_mode
+    from niels_gpt.tokenizer.base import Tokenizer
+
+    assert resolve_mode("auto", tokenizer) == "thread"  # sentencepiece's batch encoder is native
+
+    class PythonLoop(type(tokenizer)):
+        encode_batch = Tokenizer.encode_batch
+
+    plain = PythonLoop.__new__(PythonLoop)
+    assert resolve_mode("auto", plain) == "process"
+    assert resolve_mode("thread", plain) == "thread"
+    with pytest.raises(ConfigError, match="prefetch mode 'fork'"):
+        resolve_mode("fork", tokenizer)
+    with pytest.raises(ConfigError, match="prefetch -1"):
+        ParquetTokenLoader([], tokenizer, B=1, T=8, prefetch=-1)

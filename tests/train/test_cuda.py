@@ -43,3 +43,28 @@ def test_training_on_the_gpu_runs_resumes_and_reports_stall(tmp_path, pretrain_c
     # bf16 kernels on the GPU need not be bitwise deterministic; the resumed run stays on the same path
     torch.testing.assert_close(torch.tensor(first.losses + second.losses), torch.tensor(straight.losses),
                                atol=5e-2, rtol=1e-2)
+
+
+def test_flex_attention_on_the_gpu_equals_the_explicit_mask():
+    from niels_gpt.train.attention import Attention
+
+    from .test_attention import LAYOUTS, docs_from_lengths
+
+    doc = docs_from_lengths(LAYOUTS["across flex blocks (T=200)"]).cuda()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, n, 200, 64, device="cuda", generator=g) for n in (4, 2, 2))
+    torch.testing.assert_close(Attention(doc, "flex")(q, k, v), Attention(doc, "mask")(q, k, v), atol=2e-5, rtol=1e-5)
+
+
+def test_packed_training_compiles_by_default_and_resumes(tmp_path, packed_dir):
+    token_bytes = torch.ones(VOCAB, dtype=torch.int64)
+    cfg = dict(data=str(packed_dir), steps=4, device="cuda", **{**TINY, "sequence_len": 32, "device_batch_size": 2})
+    straight = train(TrainConfig(**cfg, out_dir=str(tmp_path / "straight")), token_bytes=token_bytes,
+                     log=lambda *a: None)
+    assert len(straight.losses) == 4 and all(0 < x < 20 for x in straight.losses)
+    first = train(TrainConfig(**cfg, out_dir=str(tmp_path / "split"), stop_at=2), token_bytes=token_bytes,
+                  log=lambda *a: None)
+    second = train(TrainConfig(**cfg, out_dir=str(tmp_path / "split"), resume="latest"), token_bytes=token_bytes,
+                   log=lambda *a: None)
+    torch.testing.assert_close(torch.tensor(first.losses + second.losses), torch.tensor(straight.losses),
+                               atol=5e-2, rtol=1e-2)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from niels_gpt.train.train import TrainConfig, train
+from niels_gpt.train.model import GPT
+from niels_gpt.train.train import TrainConfig, model_config, train
 
 from ..loading.test_ddp import free_port
 
@@ -30,17 +31,30 @@ def test_two_gloo_ranks_train_on_disjoint_rows_and_match_one_process(tmp_path, p
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert (r0["world"], r1["world"]) == (2, 2)
     # each step: the ranks' rows are disjoint, and together they are the 1-process run's global batch
-    one = train(TrainConfig(data=str(pretrain_cache), out_dir=str(tmp_path / "one"), steps=3, depth=1, n_embd=32,
-                            n_head=2, sequence_len=16, device_batch_size=8, sampling="indexed", eval_steps=2,
-                            log_every=0), token_bytes=torch.ones(2004, dtype=torch.int64), log=lambda *a: None,
-                record_rows=True)
+    cfg = TrainConfig(data=str(pretrain_cache), out_dir=str(tmp_path / "one"), steps=3, depth=1, n_embd=32, n_head=2,
+                      sequence_len=16, device_batch_size=8, sampling="indexed", eval_steps=2, log_every=0)
+    one = train(cfg, token_bytes=torch.ones(2004, dtype=torch.int64), log=lambda *a: None, record_rows=True)
     for a, b, both in zip(r0["rows"], r1["rows"], one.rows, strict=True):
         assert not {tuple(x) for x in a} & {tuple(x) for x in b}
         assert a + b == both
     # DDP averaged the gradients: both ranks hold the same weights, equal to one process's up to fp order
     assert r0["params"] == r1["params"]
-    ref = torch.cat([p.detach().flatten() for p in one.model.parameters()])
-    torch.testing.assert_close(torch.tensor(r0["params"]), ref, atol=1e-5, rtol=1e-4)
+    init = GPT(model_config(cfg, 2004))
+    init.init_weights(torch.Generator().manual_seed(cfg.seed))
+    ddp = torch.tensor(r0["params"])
+    start = 0
+    for (name, p), p0 in zip(one.model.named_parameters(), init.parameters(), strict=True):
+        got, want = ddp[start:start + p.numel()].view_as(p), p.detach()
+        start += p.numel()
+        # NOTE: gloo sums the two ranks' gradients in another order than one process sums its batch, so
+        # gradients differ in their last bits; Adam's m / sqrt(v) (and Muon's orthogonalisation) scale
+        # every element to a step of ~lr whatever its size, so an element whose gradient cancels to
+        # rounding noise moves by a visibly different amount (seen: 3e-4 on an embedding element that
+        # moved ~1). The honest bound is against the size of the updates: each tensor lands within 1% of
+        # its largest update. A rank stepping on its own half-batch instead of the average misses this
+        # by 100x (every element's step changes by ~lr).
+        moved, off = float((want - p0.detach()).abs().max()), float((got - want).abs().max())
+        assert moved > 0 and off <= 0.01 * moved, (name, off, moved)
     assert r0["losses"] == r1["losses"]  # the logged loss is all-reduced
     torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(one.losses), atol=1e-5, rtol=1e-5)
     # bpb is all-reduced: both ranks report the union of their val rows, which is the 1-process figure

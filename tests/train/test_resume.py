@@ -55,15 +55,19 @@ def test_resume_after_a_worker_count_change(tmp_path, kind, pretrain_cache, mixt
     assert first.rows + second.rows == straight.rows
 
 
-def test_resume_of_parquet_shards_tokenized_on_the_fly(tmp_path, tokenizer):
+@pytest.mark.parametrize("packing,prefetch", [("contiguous", 4), ("bestfit", 8)])
+def test_resume_of_parquet_shards_tokenized_on_the_fly(tmp_path, tokenizer, packing, prefetch):
+    """Prefetch depth N: the loader runs up to N batches ahead, and the checkpoint still holds the position of
+    the batches the steps took."""
     texts = [t for t in sample_texts() if t.strip()]
     paras = [p for t in texts for p in t.split("\n\n") if p.strip()][:120]
     for i in range(3):
         write_parquet(tmp_path / "pq" / f"shard_{i:05d}.parquet", paras[i::3], row_group_size=8)
     tb = torch.as_tensor(tokenizer.token_byte_lengths(), dtype=torch.int64)
-    straight, first, second = straight_then_resumed(tmp_path, tmp_path / "pq", token_bytes=tb,
-                                                    tokenizer=str(tokenizer.model_path), packing="contiguous")
+    straight, first, second = straight_then_resumed(tmp_path, tmp_path / "pq", token_bytes=tb, prefetch=prefetch,
+                                                    tokenizer=str(tokenizer.model_path), packing=packing)
     assert first.losses + second.losses == straight.losses
+    assert first.rows + second.rows == straight.rows
     assert straight.val_bpb and straight.val_bpb[-1][1] > 0
 
 
@@ -79,18 +83,18 @@ def test_checkpoint_holds_model_optimizers_step_rng_and_loader(tmp_path, pretrai
 def test_resume_refuses_another_model_and_a_missing_checkpoint(tmp_path, pretrain_cache):
     with pytest.raises(StateError, match="no ckpt_"):
         run(pretrain_cache, tmp_path / "none", resume="latest")
-    run(pretrain_cache, tmp_path, stop_at=1)
+    run(pretrain_cache, tmp_path / "run", stop_at=1)
     with pytest.raises(StateError, match="resume with the same model flags"):
-        run(pretrain_cache, tmp_path, resume="latest", n_embd=64)
+        run(pretrain_cache, tmp_path / "run", resume="latest", n_embd=64)
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(StateError, match="not a readable checkpoint"):
-        run(pretrain_cache, tmp_path, resume=str(tmp_path / "bad.pt"))
+        run(pretrain_cache, tmp_path / "new", resume=str(tmp_path / "bad.pt"))
 
 
 def test_resume_refuses_a_checkpoint_of_other_data(tmp_path, pretrain_cache, sft_cache):
-    run(pretrain_cache, tmp_path, stop_at=1)
+    run(pretrain_cache, tmp_path / "run", stop_at=1)
     with pytest.raises(ConfigError, match="resume with the same data"):
-        run(sft_cache, tmp_path, resume="latest")
+        run(sft_cache, tmp_path / "run", resume="latest")
 
 
 def test_total_batch_must_be_a_multiple_of_a_micro_batch(tmp_path, pretrain_cache):

@@ -1,0 +1,216 @@
+"""Checkpoints and the run directory that holds them: what `train` writes, and what it may overwrite.
+
+A checkpoint `ckpt_<step>.pt` (torch.save, loaded with weights_only=True) holds the model, the
+optimizers, the step, the RNG states, every rank's loader state, the model and train configs, and
+`sha256`: a digest of all of that (every tensor's dtype, shape and bytes, every other value's repr,
+walked in sorted order). A resume recomputes it: a byte changed inside a weight, which torch.load does
+not notice, is refused by name instead of training on (issue 22: 4 KiB overwritten in a weight gave
+NaN losses, then a new checkpoint over the good ones). A truncated file fails to load and is refused
+the same way. Cost: one sha256 pass over the payload on save and on load (~1 s per GB).
+
+The run directory (`--out-dir`) holds one run: its checkpoints and `run.json`, the run's record
+(data, model, seed, steps, checkpoints), rewritten atomically after each checkpoint. `check_out_dir`
+decides before any work:
+
+| --out-dir holds                                 | verdict                                            |
+|-------------------------------------------------|----------------------------------------------------|
+| nothing (or is absent)                          | written                                            |
+| a run's checkpoints, with --resume (of this run) | the run continues there                            |
+| a run's checkpoints, with --overwrite           | that run's files are deleted when this run saves   |
+|                                                 | its first checkpoint (a run killed before keeps it)|
+| a run's checkpoints, neither                    | refused, naming the run                            |
+| anything else (a user's files, a directory)     | refused, even with --overwrite                     |
+| the data, inside it, or above it                | refused (niels_gpt.outputs.check_overlap)          |
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from niels_gpt.atomic import TMP_SUFFIX, atomic_path, remove_stale_temporaries, write_bytes_atomic
+from niels_gpt.errors import StateError
+from niels_gpt.outputs import OutputRefused, check_overlap
+
+CHECKPOINT_VERSION = 2  # 2: a sha256 of the payload; 1 (no digest) still loads, unverified
+CKPT_PATTERN = re.compile(r"ckpt_\d{6}\.pt$")
+RUN_NAME = "run.json"
+RUN_KIND = "niels_gpt train run"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt_{step:06d}.pt"
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    found = sorted(p for p in Path(out_dir).glob("ckpt_*.pt") if CKPT_PATTERN.match(p.name))
+    return found[-1] if found else None
+
+
+def payload_digest(obj) -> str:
+    """sha256 over a checkpoint payload: dict keys in sorted order, tensors as dtype, shape and bytes."""
+    h = hashlib.sha256()
+
+    def walk(x):
+        if isinstance(x, dict):
+            h.update(b"{")
+            for k in sorted(x, key=str):
+                h.update(repr(k).encode())
+                walk(x[k])
+            h.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[")
+            for v in x:
+                walk(v)
+            h.update(b"]")
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().cpu().reshape(-1).contiguous()
+            h.update(f"T{t.dtype}{tuple(x.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def save_checkpoint(path: Path, payload: dict) -> str:
+    """Write `payload` with its digest, atomically, then the run's record (run.json) beside it; returns
+    the digest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = payload_digest(payload)
+    with atomic_path(path) as tmp:
+        torch.save({**payload, "version": CHECKPOINT_VERSION, "sha256": digest}, tmp)
+    cfg = payload["train_config"]
+    saved = {**(read_run(path.parent) or {}).get("checkpoints", {}),
+             path.name: {"step": payload["step"], "sha256": digest}}
+    write_run(path.parent, {"data": cfg["data"], "model": payload["model_config"], "seed": cfg["seed"],
+                            "steps": cfg["steps"], "init_from": cfg.get("init_from"), "checkpoints": saved})
+    return digest
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}"
+
+
+def checkpoint_file(path: str | os.PathLike, flag: str = "--resume") -> Path:
+    """`path` when it is a file; StateError naming what is there otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        what = "a directory" if p.is_dir() else "no such file"
+        raise StateError(f"{flag} {p}: {what}; give a checkpoint file (ckpt_<step>.pt){_others(p)}")
+    return p
+
+
+def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
+    """A checkpoint's payload, its digest checked; StateError naming the file and what to do otherwise."""
+    p = checkpoint_file(path, flag)
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle raises many kinds; each is this one condition
+        raise StateError(f"{flag} {p}: not a readable checkpoint ({_one_line(exc)}); it is damaged or "
+                         f"not a checkpoint of this trainer: pick another{_others(p)}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("version") not in (1, CHECKPOINT_VERSION) or "model" not in ckpt:
+        raise StateError(f"{flag} {p}: not a checkpoint of version {CHECKPOINT_VERSION} written by this trainer: "
+                         f"pick another{_others(p)}")
+    recorded = ckpt.pop("sha256", None)
+    version = ckpt.pop("version")
+    if recorded is None and version != 1:
+        raise StateError(f"{flag} {p}: its checksum is missing, so it cannot be trusted: pick another{_others(p)}")
+    if recorded is not None and payload_digest(ckpt) != recorded:
+        raise StateError(f"{flag} {p}: checksum mismatch: the file changed after it was written (a disk or copy "
+                         f"error); it is not used: pick another{_others(p)}")
+    ckpt["verified"] = recorded is not None
+    return ckpt
+
+
+def _others(p: Path) -> str:
+    """`: an earlier one of this run: PATH` where the directory holds others."""
+    found = sorted(c for c in p.parent.glob("ckpt_*.pt") if c != p and CKPT_PATTERN.match(c.name)) \
+        if p.parent.is_dir() else []
+    if not found:
+        return ", or start without --resume"
+    return f" (this run's others: {', '.join(c.name for c in found[-3:])}), e.g. --resume {found[-1]}"
+
+
+# -- the run directory -----------------------------------------------------------------------------
+
+def is_ours(name: str) -> bool:
+    """A file name this trainer writes into a run directory (a temporary of one included)."""
+    base = TMP_SUFFIX.sub("", name)
+    return bool(CKPT_PATTERN.match(base)) or base == RUN_NAME
+
+
+def describe_run(out: Path) -> str:
+    """One phrase naming the run a directory holds: what run.json says, else its checkpoints' names."""
+    ckpts = sorted(p.name for p in out.glob("ckpt_*.pt") if CKPT_PATTERN.match(p.name))
+    steps = ", ".join(str(int(n[5:11])) for n in ckpts[-4:]) + (" ..." if len(ckpts) > 4 else "")
+    record = read_run(out)
+    if record is None:
+        return f"checkpoints at steps {steps}" if ckpts else "no checkpoint yet"
+    model = record.get("model", {})
+    return (f"a run on {record.get('data')} ({model.get('n_layer')} layers x {model.get('n_embd')}, seed "
+            f"{record.get('seed')}, {record.get('steps')} steps), checkpoints at steps {steps or 'none'}")
+
+
+def read_run(out: Path) -> dict | None:
+    try:
+        record = json.loads((out / RUN_NAME).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("kind") == RUN_KIND else None
+
+
+def write_run(out: Path, record: dict) -> None:
+    write_bytes_atomic(out / RUN_NAME, (json.dumps({"kind": RUN_KIND, **record}, indent=1, sort_keys=True,
+                                                   default=str) + "\n").encode())
+
+
+def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | None, resume: Path | None,
+                  overwrite: bool) -> list[Path]:
+    """Refuse, before any work, an --out-dir this run may not write (the module's table).
+
+    Returns the files of an earlier run that --overwrite will replace (deleted at the first save)."""
+    out = Path(out_dir)
+    real = out.resolve()
+    check_overlap(real, data, "--out-dir", what="data")
+    if init_from:
+        check_overlap(real, [init_from], "--out-dir", what="--init-from checkpoint")
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise OutputRefused(f"--out-dir {out}: a file, not a directory; checkpoints go into a directory: choose "
+                            "another --out-dir")
+    entries = sorted(os.listdir(out))
+    foreign = [e for e in entries if not is_ours(e) or (out / e).is_dir()]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise OutputRefused(f"--out-dir {out}: holds files this trainer did not write ({shown}); nothing in it is "
+                            "replaced: choose a new or empty --out-dir")
+    remove_stale_temporaries(out)  # only our files are there: what a killed save left, its writer dead
+    ours = [out / e for e in entries if not TMP_SUFFIX.search(e)]
+    if not ours:
+        return []
+    if resume is not None and resume.resolve().parent == real:
+        return []  # the run continues where it is
+    if overwrite:
+        return ours
+    how = (f"--resume {resume} is another run's checkpoint: resuming it here would mix two runs; " if resume
+           else "")
+    raise OutputRefused(f"--out-dir {out}: holds {describe_run(out)}; {how}continue that run with --resume latest, "
+                        "replace it with --overwrite (its files are deleted when this run saves its first "
+                        "checkpoint), or choose a new --out-dir")
+
+
+def remove_run(files: list[Path]) -> None:
+    """Delete an earlier run's files (the checkpoints and run.json check_out_dir listed)."""
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()

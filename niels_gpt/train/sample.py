@@ -1,0 +1,111 @@
+"""`sample CKPT --prompt TEXT [--chat]`: what a checkpoint's model writes after a prompt.
+
+- the checkpoint is loaded and its checksum checked as a resume would (checkpoint.py);
+- the tokenizer: --tokenizer, else the one the run recorded, else a `tokenizer/` above the run's data;
+- a base prompt starts after the document separator, as every document of a pretraining cache does;
+  `--chat` renders the prompt as a user turn and opens the assistant's (the library's sentinels, or the
+  tokenizer's own chat template), as the SFT data was rendered;
+- tokens are drawn one at a time from the last `sequence_len` tokens (no KV cache: these models are
+  small), with a torch.Generator seeded by --seed (temperature 0: the most likely token), until the
+  end-of-text token or --max-tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from niels_gpt.errors import ConfigError
+from niels_gpt.seeds import check_seed
+from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.train.checkpoint import load_checkpoint
+from niels_gpt.train.model import GPT, GPTConfig
+from niels_gpt.train.setup import find_tokenizer, resolve_device
+
+
+def load_model(path: str, device: torch.device) -> tuple[GPT, dict]:
+    ckpt = load_checkpoint(path, flag="sample")
+    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
+    model.load_state_dict(ckpt["model"])
+    return model.eval(), ckpt
+
+
+def checkpoint_tokenizer(ckpt: dict, path: str, given: str | None):
+    if given:
+        return load_tokenizer(given)
+    recorded = ckpt.get("tokenizer")
+    if recorded and Path(recorded).exists():
+        return load_tokenizer(recorded)
+    data = (ckpt.get("train_config") or {}).get("data")
+    tok = find_tokenizer(data) if data and Path(str(data).split(",")[0]).exists() else None
+    if tok is None:
+        raise ConfigError(f"sample {path}: the tokenizer of this run is not where it was ({recorded or data}); "
+                          "pass --tokenizer")
+    return tok
+
+
+def prompt_ids(tok, prompt: str, chat: bool) -> tuple[list[int], set[int]]:
+    """(ids to continue, ids that end the continuation)."""
+    eot = tok.special_ids.get("eot")
+    if not chat:
+        sep = tok.separator
+        return [sep.id, *tok.encode(prompt)], {sep.id} | ({eot} if eot is not None else set())
+    turn = [{"role": "user", "content": prompt}]
+    if tok.chat_template is not None:
+        from niels_gpt.tokenizer.chat import render_text  # lazy: jinja2 only for a chat template
+
+        ids, _ = tok.encode_rendered(render_text(tok, turn, add_generation_prompt=True))
+        return list(ids), {eot} if eot is not None else set()
+    if not tok.library_conventions:
+        raise ConfigError(f"--chat: the tokenizer {tok.model_path} has neither a chat template nor the library's "
+                          "chat tokens; sample without --chat")
+    return [*tok.render_chat(turn).ids, tok.asst_id], {eot}
+
+
+@torch.no_grad()
+def generate(model: GPT, ids: list[int], *, max_tokens: int, temperature: float, top_k: int | None,
+             generator: torch.Generator, stop: set[int]) -> list[int]:
+    device = next(model.parameters()).device
+    window = model.config.sequence_len
+    out: list[int] = []
+    seq = list(ids)
+    for _ in range(max_tokens):
+        x = torch.tensor([seq[-window:]], dtype=torch.long, device=device)
+        logits = model(x)[0, -1].float().cpu()
+        if temperature == 0:
+            nxt = int(logits.argmax())
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        if nxt in stop:
+            break
+        out.append(nxt)
+        seq.append(nxt)
+    return out
+
+
+def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, temperature: float = 0.8,
+           top_k: int | None = 50, seed: int = 0, tokenizer: str | None = None, device: str = "auto") -> str:
+    """The text the model at `path` writes after `prompt`."""
+    if max_tokens < 1:
+        raise ConfigError(f"--max-tokens {max_tokens}: must be >= 1")
+    if temperature < 0:
+        raise ConfigError(f"--temperature {temperature}: must be >= 0 (0: always the most likely token)")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"--top-k {top_k}: must be >= 0 (0: no cut)")
+    check_seed(seed, "--seed")
+    dev = resolve_device(device)
+    model, ckpt = load_model(path, dev)
+    tok = checkpoint_tokenizer(ckpt, path, tokenizer)
+    if len(tok) > model.config.vocab_size:
+        raise ConfigError(f"--tokenizer {tok.model_path}: {len(tok)} ids, but the model of {path} has "
+                          f"{model.config.vocab_size} embedding rows: pass the tokenizer it was trained with")
+    ids, stop = prompt_ids(tok, prompt, chat)
+    g = torch.Generator().manual_seed(seed)
+    out = generate(model, ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k or None,
+                   generator=g, stop=stop)
+    return tok.decode(out)

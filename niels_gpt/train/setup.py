@@ -1,0 +1,162 @@
+"""What a run needs before its first step: the device and process group, the tokenizer, the model's shape.
+
+Each check here fails in one line naming the flag and the fix, before any data is read or any
+checkpoint written: a CUDA device asked of a CPU-only torch, a tokenizer that is not the one the data
+was built with, model flags that contradict the checkpoint a run starts from (--init-from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.seeds import check_seed
+from niels_gpt.storage.remote import open_location, tokenizer_near
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+from niels_gpt.tokenizer.find import tokenizer_of
+from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
+from niels_gpt.train.model import GPTConfig
+from niels_gpt.urls import is_url, refuse_url
+
+DEFAULT_DEPTH = 4
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` (CUDA where there is one), `cpu`, `cuda` or `cuda:N`; ConfigError for anything torch cannot run."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = ("this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible")
+        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__}); train with --device cpu (or "
+                          "auto), or install a CUDA build of torch")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def setup_distributed(device: str) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device); initialises the process group under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    dev = resolve_device(device)
+    if world > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return rank, (dist.get_world_size() if dist.is_initialized() else 1), dev
+
+
+def find_tokenizer(data_path: str | os.PathLike):
+    """The tokenizer of the data at `data_path`, or None.
+
+    A cache: the library's one rule (niels_gpt/tokenizer/find.py: the tokenizer its meta.json records,
+    then a `tokenizer/` directory above it with the recorded sha256). A cache at a URL: the tokenizer
+    mirrored from beside it (niels_gpt/storage). Data that records no tokenizer (packed bins, Parquet
+    text shards), or a cache whose recorded tokenizer is not found: a `tokenizer/` directory up to three
+    levels above it (the caller refuses one whose sha256 is not the recorded one, and says so).
+    """
+    if is_url(data_path):  # mirrored from beside the URL, once the cache there answers
+        open_location(str(data_path))
+        near = tokenizer_near(str(data_path))
+        return load_tokenizer(near) if near is not None else None
+    p = Path(data_path)
+    if recorded_tokenizer_sha(p) is not None or recorded_tokenizer_sha(p.parent) is not None:
+        tok = tokenizer_of(p)
+        if tok is not None:
+            return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
+    for parent in [p.resolve(), *p.resolve().parents][:4]:
+        cand = parent / "tokenizer"
+        if (cand / "spm.model").is_file() or (cand / "tokenizer.json").is_file():
+            return load_tokenizer(cand)
+    return None
+
+
+def recorded_tokenizer_sha(where: Path) -> str | None:
+    meta = Path(where) / "meta.json"
+    if not meta.is_file():
+        return None
+    try:
+        sha = json.loads(meta.read_text("utf-8")).get("tokenizer_sha256")
+    except (ValueError, AttributeError):
+        return None
+    return sha if isinstance(sha, str) and sha and set(sha) != {"0"} else None
+
+
+def require_recorded_tokenizer(tok, data_path) -> None:
+    """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
+    for path in str(data_path).split(","):
+        where = open_location(path.strip())[0]  # a URL: its mirror, where meta.json is
+        if where.is_dir():
+            check_tokenizer_matches(tok, recorded_tokenizer_sha(where), where)
+
+
+def model_config(cfg, vocab_size: int) -> GPTConfig:
+    """The model of a fresh run: nanochat's sizing from --depth, unless width or heads are given."""
+    depth = DEFAULT_DEPTH if cfg.depth is None else cfg.depth
+    base = GPTConfig.from_depth(depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
+    if cfg.n_embd is not None or cfg.n_head is not None:
+        n_embd = cfg.n_embd or base.n_embd
+        n_head = cfg.n_head or base.n_head
+        base = GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
+                         n_kv_head=n_head, n_embd=n_embd)
+    if cfg.n_kv_head is not None:
+        base = GPTConfig(**{**base.to_dict(), "n_kv_head": cfg.n_kv_head})
+    return base
+
+
+def init_config(cfg, recorded: dict, vocab_size: int, source: str) -> GPTConfig:
+    """The model of a run started from a checkpoint's weights: its shape, this run's sequence length.
+
+    A model flag given on the command line must agree with the checkpoint (it cannot change a shape
+    the weights have), and the data's vocabulary must be the checkpoint's."""
+    flags = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}
+    for flag, key in flags.items():
+        given = getattr(cfg, flag)
+        if given is not None and given != recorded[key]:
+            raise ConfigError(f"--{flag.replace('_', '-')} {given}: the --init-from checkpoint {source} has "
+                              f"{key} = {recorded[key]}; a run started from its weights keeps its shape: drop the flag")
+    if vocab_size != recorded["vocab_size"]:
+        raise ConfigError(f"--init-from {source}: its model has {recorded['vocab_size']} embedding rows, the data "
+                          f"{cfg.data} has a vocabulary of {vocab_size}: train it on data built with the same "
+                          "tokenizer (or pass --vocab-size to match)")
+    return GPTConfig(**{**recorded, "sequence_len": cfg.sequence_len})
+
+
+def resolve_resume(cfg) -> Path | None:
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "latest":
+        found = latest_checkpoint(cfg.out_dir)
+        if found is None:
+            raise StateError(f"--resume latest: no ckpt_*.pt in {cfg.out_dir}; start without --resume")
+        return found
+    return checkpoint_file(cfg.resume)
+
+
+def check_config(cfg) -> None:
+    refuse_url(cfg.out_dir, "--out-dir")
+    check_seed(cfg.seed)
+    if cfg.steps < 1:
+        raise ConfigError(f"steps {cfg.steps}: must be >= 1")
+    if cfg.resume and cfg.init_from:
+        raise ConfigError("--resume and --init-from both given: --resume continues a run (its weights, optimizer "
+                          "and data position), --init-from starts a new one from another run's weights; pick one")
+    if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
+        raise ConfigError(f"--peak-tflops {cfg.peak_tflops}: must be > 0 (the device's dense bf16 TFLOP/s)")
+    if cfg.prefetch < 0:
+        raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
+    for name in ("sequence_len", "device_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 1")

@@ -1,0 +1,42 @@
+"""A reduced, seeded run of the train campaign (bench/campaign_train.py; the full run's figures are in
+docs/training.md): runs killed (SIGKILL) or interrupted (SIGINT) at random moments never leave a checkpoint that
+does not verify, resume to the straight run's losses and final state bit for bit, and leave no temporaries;
+corrupted checkpoints are refused, never trained on."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "campaign_train.py"
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory, pretrain_cache):
+    spec = importlib.util.spec_from_file_location("campaign_train", BENCH)
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    result = campaign.run_train_campaign(tmp_path_factory.mktemp("campaign-train"), kills=2, flips=24, seed=5,
+                                         cache=pretrain_cache, steps=20, save_every=6,
+                                         first=2)  # inside the loop, its handler installed: what the test is for
+    campaign.report(result)
+    return result
+
+
+def test_killed_runs_resume_to_the_straight_run_and_leave_nothing(figures):
+    t = figures["kill_totals"]
+    assert t["kills"] == t["reruns"] == 2 and [r["signal"] for r in figures["kills"]] == ["SIGKILL", "SIGINT"]
+    assert t.get("complete-looking partial", 0) == 0
+    assert t.get("rerun failed", 0) == 0
+    assert t.get("losses differ from the straight run", 0) == 0
+    assert t.get("final state differs from the straight run", 0) == 0
+    assert t.get("leftovers after rerun", 0) == 0
+    assert t["SIGKILL while running"] == t["SIGINT while running"] == 1
+    assert t["SIGINT: exit 130 with one line"] == t["SIGINT: the step saved"] == 1
+
+
+def test_corrupted_checkpoints_are_refused_never_trained_on(figures):
+    c = figures["corruption"]
+    assert c["changes"] >= 24 and c["refused on load"] >= 20
+    assert c.get("silently different", 0) == 0 and c.get("crashed (not a package error)", 0) == 0
+    assert c["train --resume refused it in one line"] == 2 and c.get("train --resume wrote something", 0) == 0

@@ -1,0 +1,148 @@
+"""A run directory holds one run; checkpoints prove their payload; a diverged run saves nothing.
+
+Issue 22: `train --out-dir D` over another run overwrote its ckpt_000002.pt with a different model; a
+checkpoint with 4 KiB overwritten inside a weight resumed, trained on NaN and saved over the good ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.outputs import OutputRefused
+from niels_gpt.train.checkpoint import load_checkpoint, payload_digest, read_run, save_checkpoint
+from niels_gpt.train.train import DivergedError, TrainConfig, train
+
+from .conftest import TINY, VOCAB
+
+TOKEN_BYTES = torch.ones(VOCAB, dtype=torch.int64)
+
+
+def run(data, out, **kw):
+    cfg = TrainConfig(data=str(data), out_dir=str(out), **{**TINY, "steps": 2, "save_every": 1, **kw})
+    return train(cfg, token_bytes=TOKEN_BYTES, log=lambda *a: None)
+
+
+def snapshot(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_another_runs_directory_is_refused_and_named_unless_resumed_or_overwritten(tmp_path, pretrain_cache):
+    out = tmp_path / "run"
+    run(pretrain_cache, out)
+    before = snapshot(out)
+    with pytest.raises(OutputRefused, match=r"holds a run on .*web \(1 layers x 32, seed 0, 2 steps\), checkpoints "
+                                            r"at steps 1, 2; continue that run with --resume latest, replace it "
+                                            r"with --overwrite"):
+        run(pretrain_cache, out, seed=1)
+    assert snapshot(out) == before  # ckpt_000002.pt of the old run is still the old run's
+    other = tmp_path / "other"
+    run(pretrain_cache, other, steps=1)
+    with pytest.raises(OutputRefused, match="another run's checkpoint: resuming it here would mix two runs"):
+        run(pretrain_cache, out, resume=str(other / "ckpt_000001.pt"))
+    resumed = run(pretrain_cache, out, steps=3, resume="latest")  # the same run goes on
+    assert resumed.step == 3 and sorted(read_run(out)["checkpoints"]) == [f"ckpt_00000{i}.pt" for i in (1, 2, 3)]
+    replaced = run(pretrain_cache, out, seed=1, steps=1, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt_000001.pt", "run.json"]
+    assert read_run(out)["seed"] == 1 and replaced.checkpoint.endswith("ckpt_000001.pt")
+
+
+@pytest.mark.parametrize("where", ["user files", "file", "inside the data", "above the data", "a mixture's cache"])
+def test_out_dirs_that_are_not_a_runs_are_refused_even_with_overwrite(tmp_path, pretrain_cache, where):
+    import json
+    import shutil
+
+    data = pretrain_cache
+    if where == "a mixture's cache":  # known only once the mixture file is read
+        cache = shutil.copytree(pretrain_cache, tmp_path / "web")
+        data = tmp_path / "mix.json"
+        data.write_text(json.dumps({"seed": 0, "datasets": {"web": str(cache)}, "weights": {"web": 1.0}}))
+        out, match = cache / "ckpts", "inside the data directory"
+    elif where == "user files":
+        out = tmp_path / "mine"
+        out.mkdir()
+        (out / "notes.txt").write_text("keep me")
+        match = "holds files this trainer did not write \\(notes.txt\\)"
+    elif where == "file":
+        out = tmp_path / "f"
+        out.write_text("keep me")
+        match = "a file, not a directory"
+    else:
+        data = shutil.copytree(pretrain_cache, tmp_path / "cache" / "web")
+        out = data / "ckpts" if where == "inside the data" else tmp_path / "cache"
+        match = "inside the data directory" if where == "inside the data" else "holds the data"
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(OutputRefused, match=match):
+        run(data, out, overwrite=True)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_changed_byte_in_a_weight_or_a_truncated_checkpoint_is_refused_on_resume(tmp_path, pretrain_cache):
+    out = tmp_path / "run"
+    run(pretrain_cache, out)
+    ckpt = out / "ckpt_000002.pt"
+    good = ckpt.read_bytes()
+    weight = load_checkpoint(ckpt)["model"]["transformer.wte.weight"]
+    at = good.find(weight[3].numpy().tobytes())  # the raw bytes of row 3 of the embedding, inside the zip
+    assert at > 0
+    ckpt.write_bytes(good[:at + 5] + bytes([good[at + 5] ^ 0x10]) + good[at + 6:])
+    assert torch.load(ckpt, weights_only=True)["step"] == 2  # torch itself does not notice
+    with pytest.raises(StateError, match=r"ckpt_000002.pt: checksum mismatch: the file changed after it was "
+                                         r"written .* --resume .*ckpt_000001.pt"):
+        run(pretrain_cache, out, steps=3, resume="latest")
+    ckpt.write_bytes(good[: len(good) // 2])
+    with pytest.raises(StateError, match="ckpt_000002.pt: not a readable checkpoint"):
+        run(pretrain_cache, out, steps=3, resume=str(ckpt))
+    ckpt.write_bytes(good)
+    assert run(pretrain_cache, out, steps=3, resume="latest").step == 3
+
+
+def test_the_digest_covers_every_tensor_byte_and_value():
+    a = {"model": {"w": torch.arange(6.0)}, "step": 2, "rng": [torch.zeros(3, dtype=torch.uint8)]}
+    base = payload_digest(a)
+    assert payload_digest({**a, "step": 3}) != base
+    assert payload_digest({**a, "model": {"w": torch.arange(6.0).view(2, 3)}}) != base  # shape counts
+    assert payload_digest({**a, "model": {"w": torch.arange(6, dtype=torch.float64)}}) != base  # dtype counts
+    w = torch.arange(6.0)
+    w[4] = torch.nextafter(w[4], torch.tensor(10.0))  # one ulp
+    assert payload_digest({**a, "model": {"w": w}}) != base
+
+
+def test_a_non_finite_loss_stops_the_run_before_it_saves_anything(tmp_path, pretrain_cache):
+    base = tmp_path / "base"
+    run(pretrain_cache, base, steps=1)
+    ckpt = load_checkpoint(base / "ckpt_000001.pt")
+    ckpt["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")  # a model that went bad in memory
+    poisoned = tmp_path / "poisoned" / "ckpt_000001.pt"
+    save_checkpoint(poisoned, {k: v for k, v in ckpt.items() if k != "verified"})
+    out = tmp_path / "run"
+    run(pretrain_cache, out, steps=1)
+    before = snapshot(out)
+    with pytest.raises(DivergedError, match=r"step 1: the loss is nan; stopped before saving anything"):
+        run(pretrain_cache, out, init_from=str(poisoned), overwrite=True)
+    assert snapshot(out) == before  # --overwrite replaces the old run only once the new one has saved
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path, pretrain_cache, packed_dir):
+    base = run(pretrain_cache, tmp_path / "base", steps=1)
+    sft = run(packed_dir, tmp_path / "sft", init_from=base.checkpoint, sequence_len=32, device_batch_size=2,
+              steps=1, save_every=0)
+    assert sft.step == 1 and sft.losses[0] < base.losses[0] + 5
+    start = load_checkpoint(base.checkpoint)["model"]["transformer.wte.weight"]
+    assert not torch.equal(sft.model.transformer.wte.weight.detach(), start)  # trained on from there
+    assert read_run(tmp_path / "sft")["init_from"] == base.checkpoint
+    with pytest.raises(ConfigError, match="--depth 2: the --init-from checkpoint .* has n_layer = 1"):
+        run(packed_dir, tmp_path / "sft2", init_from=base.checkpoint, sequence_len=32, depth=2)
+    with pytest.raises(ConfigError, match="--resume and --init-from both given"):
+        run(pretrain_cache, tmp_path / "sft3", init_from=base.checkpoint, resume="latest")
+
+
+def test_init_from_refuses_a_model_of_another_tokenizer(tmp_path, pretrain_cache, tokenizer):
+    kw = {"tokenizer": str(tokenizer.model_path)}
+    base = run(pretrain_cache, tmp_path / "base", steps=1, **kw)
+    ckpt = load_checkpoint(base.checkpoint)
+    assert ckpt["tokenizer_sha256"] == tokenizer.sha256
+    ckpt.pop("verified")
+    save_checkpoint(tmp_path / "other" / "ckpt_000001.pt", {**ckpt, "tokenizer_sha256": "ab" * 32})
+    with pytest.raises(ConfigError, match=r"trained with another tokenizer \(sha256 abababababab"):
+        run(pretrain_cache, tmp_path / "sft", init_from=str(tmp_path / "other" / "ckpt_000001.pt"), **kw)

@@ -1,0 +1,49 @@
+"""`sample`: a checkpoint's model continues a prompt, token by token, as its own forward pass says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from niels_gpt.cache.cli import main as cli
+from niels_gpt.train.sample import load_model, prompt_ids, sample
+from niels_gpt.train.train import TrainConfig, train
+
+from .conftest import TINY
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, pretrain_cache, tokenizer) -> str:
+    out = tmp_path_factory.mktemp("sample") / "run"
+    r = train(TrainConfig(data=str(pretrain_cache), out_dir=str(out), tokenizer=str(tokenizer.model_path),
+                          **{**TINY, "steps": 3}), log=lambda *a: None)
+    return r.checkpoint
+
+
+def test_greedy_sampling_is_the_argmax_of_the_models_own_forward(trained, tokenizer):
+    got = sample(trained, "The house", max_tokens=6, temperature=0, device="cpu")
+    model, _ = load_model(trained, torch.device("cpu"))
+    ids, stop = prompt_ids(tokenizer, "The house", chat=False)
+    assert ids[0] == tokenizer.separator.id and ids[1:] == tokenizer.encode("The house")  # a document's start
+    want = []
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = int(model(torch.tensor([ids + want]))[0, -1].argmax())
+            if nxt in stop:
+                break
+            want.append(nxt)
+    assert got == tokenizer.decode(want)
+    drawn = [sample(trained, "The house", max_tokens=6, seed=3, device="cpu") for _ in range(2)]
+    assert drawn[0] == drawn[1]  # seeded: the same draw every time
+
+
+def test_a_chat_prompt_is_the_user_turn_then_the_assistant_sentinel(tokenizer):
+    ids, stop = prompt_ids(tokenizer, "hi there", chat=True)
+    assert ids == [*tokenizer.render_chat([{"role": "user", "content": "hi there"}]).ids, tokenizer.asst_id]
+    assert stop == {tokenizer.eot_id}
+
+
+def test_the_sample_command_prints_the_prompt_and_its_continuation(trained, capsys):
+    assert cli(["sample", trained, "--prompt", "Once", "--max-tokens", "4", "--temperature", "0", "--chat"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Once ->") and out.count("\n") >= 1
