@@ -8,8 +8,9 @@
   source is remote.
 - Two phases on stderr: reading the text (a bar in characters, with an ETA when the input's size is known),
   then training (sentencepiece takes the whole text first), shown with its elapsed time against an estimate
-  from the characters read: unigram training ran at ~6.5 s per million characters on this project's 2-core
-  VM (`python bench/bench_tokenizer_training.py`), so 55 MB of text takes about 6 minutes.
+  from the characters read: unigram training ran at 8.9-9.7 s per million characters on this project's
+  2-core VM (`python bench/bench_tokenizer_training.py`, vocab 16,000 and 4,000), so 55 MB of text (52 M
+  characters) takes about 8 minutes.
 - The output is built aside and swapped in (niels_gpt/staging.py): only a tokenizer directory of ours is
   ever replaced. meta.json records what it was trained on (the plan's description) and the settings.
 """
@@ -33,7 +34,7 @@ from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.tokenizer.spm import MIN_VOCAB, check_train_settings
 
-SECONDS_PER_MCHAR = {"unigram": 6.5, "bpe": 3.0}  # training time per million characters (module docstring)
+SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 3.0}  # training time per million characters (module docstring)
 
 
 def texts_of(items: Iterable) -> Iterator[str]:
@@ -77,7 +78,7 @@ class _Phases:
         self.bar.close()
         if not self.enabled:
             return
-        rate = SECONDS_PER_MCHAR.get(self.settings.model_type, 6.5)
+        rate = SECONDS_PER_MCHAR.get(self.settings.model_type, 9.0)
         estimate = max(1, round(min(self.chars, self.limit) / 1e6 * rate))
         bar = self.tqdm(total=estimate, unit="s", desc=f"tokenizer: training ({self.settings.model_type}, "
                         f"{self.settings.vocab_size:,} pieces, about {estimate} s)", file=sys.stderr,

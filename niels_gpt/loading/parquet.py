@@ -13,7 +13,7 @@
   next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
   to the next row group, dropping the rest of the current one and the whole buffer;
 - `prefetch=N`: reading, tokenizing and packing run ahead of the loop in the background (a thread, as
-  every backend's encoder releases the GIL; a worker process for a Python encoder: ahead.py), up
+  every backend's encoder releases the GIL; a worker process for a Python encoder: parquet_ahead.py), up
   to N batches ahead; the state is still the position after the last batch handed out.
 
 Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s

@@ -238,7 +238,7 @@ class TrainData:
         return {"num_workers": self.num_workers, "pin_memory": cuda,
                 "persistent_workers": self.num_workers > 0}
 
-    def _meta(self, where: Path) -> dict:
+    def _meta(self, where) -> dict:
         return read_meta(str(where))
 
     def _src(self, *parts: str) -> str:
@@ -249,14 +249,20 @@ class TrainData:
         ds = PretrainTokenStreamDataset(self._src("train"), T=self.T, device=str(self.device))
         self.vocab_size = self.vocab_size or ds.vocab_size
         self.source = RankBatchStream(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
-        self._val = ("windows_val", self._src())
+        self._val = self._windows_val([self._src()])
+
+    def _windows_val(self, caches: list) -> tuple | None:
+        """The val split of those pretraining caches that have one (a cache built without --val-frac or
+        --val-tokens has none: its val bpb is skipped, not an error)."""
+        with_val = [c for c in caches if int(self._meta(c)["totals"].get("val_tokens", 0))]
+        return ("windows_val", with_val) if with_val else None
 
     def _open_indexed(self, sampler_class=GlobalBatchSampler, **order):
         ds = IndexedWindowDataset(self._src(), self.T, split="train")
         self.vocab_size = self.vocab_size or int(self._meta(self.path)["vocab_size"])
         sampler = sampler_class(ds, self.B * self.world_size, seed=self.seed, **order, **self._rank_args())
         self.source = EpochLoop(ResumableDataLoader(ds, sampler, **self._loader_kwargs()))
-        self._val = ("windows_val", self._src())
+        self._val = self._windows_val([self._src()])
 
     def _open_shards(self):
         self._open_indexed(ShardWindowSampler, shards_at_once=self.shards_at_once)
@@ -273,7 +279,7 @@ class TrainData:
         # TODO(mixture-resume): ResumableDataLoader takes only a GlobalBatchSampler today; TrackedLoader
         # records the mixture sampler's state per delivered batch instead.
         self.source = TrackedLoader(mix, sampler, **self._loader_kwargs())
-        self._val = ("mixture_val", cfg)
+        self._val = self._windows_val([Path(d) for d in cfg.datasets.values()])
 
     def _open_parquet(self):
         if self.tokenizer is None:
@@ -338,9 +344,8 @@ class TrainData:
         if self._val is None:
             return []
         what, arg = self._val
-        if what in ("windows_val", "mixture_val"):
-            dirs = [arg] if what == "windows_val" else [Path(d) for d in arg.datasets.values()]
-            sets = [IndexedWindowDataset(d, self.T, split="val") for d in dirs]
+        if what == "windows_val":
+            sets = [IndexedWindowDataset(d, self.T, split="val") for d in arg]
             ds = torch.utils.data.ConcatDataset(sets) if len(sets) > 1 else sets[0]
             G = self.B * self.world_size
             G = min(G, len(ds) // self.world_size * self.world_size)

@@ -102,3 +102,20 @@ def test_a_tokenizer_found_near_the_data_must_be_the_one_it_was_built_with(tmp_p
     (cache / "meta.json").write_bytes(sealed_bytes({**meta, "tokenizer_sha256": tokenizer.sha256}))
     assert cli([*args, "--overwrite"]) == 0
     assert "final val bpb" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sampling", ["random", "indexed"])
+def test_a_cache_built_without_a_val_split_trains_and_skips_val_bpb(tmp_path, tokenizer, sampling, capsys):
+    # `build` without --val-frac makes no val split: train used to finish its steps, then fail at the final eval
+    periodic = np.arange(2000) % 37 + 10
+    cache = write_pretrain_cache(tmp_path / "pretrain" / "x", {"train": [periodic], "val": []})
+    meta = json.loads((cache / "meta.json").read_text())
+    assert meta["totals"]["val_tokens"] == 0
+    (cache / "meta.json").write_bytes(sealed_bytes({**meta, "tokenizer_sha256": tokenizer.sha256}))
+    args = ["train", str(cache), "--out-dir", str(tmp_path / "run"), "--depth", "1", "--n-embd", "32",
+            "--sequence-len", "16", "--steps", "2", "--eval-steps", "1", "--eval-every", "1",
+            "--sampling", sampling, "--tokenizer", str(Path(tokenizer.model_path).parent)]
+    assert cli(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "no val split in this data: val bpb is skipped" in out and "val bpb " not in out.replace("val bpb is", "")
+    assert (tmp_path / "run" / "ckpt_000002.pt").is_file()

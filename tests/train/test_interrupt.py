@@ -49,11 +49,12 @@ def test_sigterm_mid_run_saves_that_step_and_the_resumed_run_matches_a_straight_
     straight = train(TrainConfig(**cfg, out_dir=str(tmp_path / "straight")), token_bytes=TOKEN_BYTES,
                      log=lambda *a: None)
     data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu"), {3: [signal.SIGTERM]})
+    before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or the handler another library installed (ray.init does)
     first = train(TrainConfig(**cfg, out_dir=str(tmp_path / "run")), token_bytes=TOKEN_BYTES, log=lambda *a: None,
                   data=data)
     # the signal came while step 2 fetched the batch of step 3: step 2 ended, was saved, and the run returned
     assert first.interrupted == "SIGTERM" and first.step == 2 and first.checkpoint.endswith("ckpt_000002.pt")
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone with the run
+    assert signal.getsignal(signal.SIGTERM) is before  # the run's handler is gone with the run
     second = train(TrainConfig(**cfg, out_dir=str(tmp_path / "run"), resume=first.checkpoint),
                    token_bytes=TOKEN_BYTES, log=lambda *a: None)
     assert first.losses + second.losses == straight.losses
