@@ -215,6 +215,7 @@ def contenders_for(args, work: Path, limit: int, peers, proxy) -> dict:
             configure(cache_dir=local_dir, max_bytes=limit)
             ds = IndexedWindowDataset(f"s3://bench/{name}", T)
             sampler = ShardWindowSampler(ds, B, seed=0, shards_at_once=args.k, rank=0, world_size=1)
+            sampler.end_after(int(len(ds) // B * args.epochs))  # where the run ends, as `train --steps` says
             return ResumableDataLoader(ds, sampler, num_workers=args.workers)
         return make, local_dir
 

@@ -177,7 +177,8 @@ class DrawPlan:
         return getattr(stream.dataset, "remote", None) is not None and hasattr(stream.dataset, "draw_files")
 
     def step(self, step: int) -> None:
-        self.rolling.step(step, lambda s: itertools.count(s + 1), self._files)
+        end = self.stream.plan_end
+        self.rolling.step(step, lambda s: itertools.count(s + 1) if end is None else range(s + 1, end), self._files)
 
     def _files(self, step: int) -> list[str]:
         s = self.stream

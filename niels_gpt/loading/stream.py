@@ -40,11 +40,18 @@ class RankBatchStream:
             raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {self.batch_size}")
         self.seed = int(seed)
         self.step = 0
+        self.plan_end: int | None = None  # the step after the run's last one: nothing past it is fetched
         self.fingerprint = dataset_fingerprint(dataset)
         self._plan = DrawPlan(self) if DrawPlan.wanted(self) else None
 
     def __iter__(self):
         return self
+
+    def end_after(self, batches: int) -> None:
+        """The run takes `batches` more batches: a remote cache's prefetch plan reaches no further."""
+        if batches < 0:
+            raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
+        self.plan_end = self.step + int(batches)
 
     def draw_generators(self, step: int):
         """The generators of this rank's draws of `step`, in row order."""

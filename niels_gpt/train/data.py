@@ -325,6 +325,13 @@ class TrainData:
     def state_dict(self) -> dict:
         return {"kind": self.kind, "loader": self.source.state_dict()}
 
+    def end_after(self, batches: int) -> None:
+        """The run takes `batches` more batches: a remote cache's prefetching stops at the last one."""
+        source = getattr(self.source, "loader", self.source)
+        target = getattr(source, "batch_sampler", source)
+        if hasattr(target, "end_after"):
+            target.end_after(batches)
+
     def close(self) -> None:
         """Stop a loader's background work (the Parquet loader's prefetching)."""
         getattr(self.source, "close", lambda: None)()

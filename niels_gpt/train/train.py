@@ -307,6 +307,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             say(f"step {step:05d} | checkpoint {path}")
 
     last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
+    getattr(data, "end_after", lambda n: None)((cfg.steps - start) * accum)  # no prefetch past the last step
     t_wait = time.perf_counter()
     batch = next(data)
     wait = time.perf_counter() - t_wait

@@ -19,7 +19,7 @@ import torch
 from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.data import open_dataset
-from niels_gpt.errors import CacheMismatchError, FormatError, StorageError
+from niels_gpt.errors import CacheMismatchError, ConfigError, FormatError, StorageError
 from niels_gpt.loading.sampler import GlobalBatchSampler, ResumableDataLoader
 from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.loading.stream import RankBatchStream
@@ -65,6 +65,24 @@ def test_a_bound_of_six_shards_reads_each_shard_once_never_exceeds_the_bound(tmp
     next_epoch = set(remote.shard_files(s_remote.permutation(1)[:8 * 64].numpy()))
     assert all(n == 1 or (n == 2 and f"train/{name}" in next_epoch) for name, n in gets.items()), gets
     assert not list((download_cache / "pins").glob("*"))  # closed: nothing pinned any more
+
+
+def test_a_run_that_says_where_it_ends_fetches_nothing_past_its_last_batch(tmp_path, download_cache, counting_server):
+    _cache(tmp_path)
+    configure(cache_dir=download_cache, max_bytes=6 * 2 * SHARD_TOKENS + 4_000)
+    server = counting_server(tmp_path)
+    remote = IndexedWindowDataset(f"{server.url}/c", 100)
+    sampler = ShardWindowSampler(remote, 8, seed=4, shards_at_once=2, rank=0, world_size=1)
+    sampler.end_after(200 // 8 - 3)  # the epoch but its last three batches
+    loader = ResumableDataLoader(remote, sampler)
+    taken = [b["input_ids"] for _, b in zip(range(200 // 8 - 3), loader, strict=False)]
+    sampler.prefetcher.wait()
+    sampler.prefetcher.close()
+    needed = set(remote.shard_files(sampler.permutation(0)[:8 * len(taken)].numpy()))
+    gets = server.shard_gets()
+    assert {f"train/{name}" for name in gets} == needed and set(gets.values()) == {1}, gets
+    with pytest.raises(ConfigError, match="expected 0 or more"):
+        sampler.end_after(-1)
 
 
 def test_two_processes_share_one_download_cache_one_download_per_shard(tmp_path, download_cache, counting_server):
@@ -239,6 +257,13 @@ def test_compressed_shards_from_s3_serve_the_local_batches_through_a_small_bound
         assert disk_usage(download_cache) <= bound
     assert b._plan is not None and b._plan.rolling.prefetcher.pinned  # the stream planned its next draws
     assert remote._frames is not None and remote._frames.loaded > 0
+    c = RankBatchStream(remote, 4, seed=1, rank=0, world_size=1)
+    c.end_after(2)  # a run of two steps: the plan holds step 1 while step 0 is read, then nothing
+    next(c)
+    assert [pos for pos, _ in c._plan.rolling.ahead] == [1]
+    next(c)
+    assert not c._plan.rolling.ahead
+    c._plan.rolling.prefetcher.close()
 
 
 def test_open_dataset_takes_cache_urls(s3, tmp_path):

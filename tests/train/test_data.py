@@ -119,3 +119,16 @@ def test_a_cache_built_without_a_val_split_trains_and_skips_val_bpb(tmp_path, to
     out = capsys.readouterr().out
     assert "no val split in this data: val bpb is skipped" in out and "val bpb " not in out.replace("val bpb is", "")
     assert (tmp_path / "run" / "ckpt_000002.pt").is_file()
+
+
+def test_the_loader_hears_where_the_run_ends(pretrain_cache):
+    # a remote cache's prefetch plan stops at the run's last batch (tests/storage: nothing past it is fetched)
+    indexed = TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu", sampling="indexed")
+    sampler = indexed.source.loader.batch_sampler
+    per_epoch = sampler.usable // 4
+    indexed.end_after(per_epoch + 2)
+    assert sampler.plan_end == (1, 2 * 4)
+    windows = TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu")
+    next(windows)
+    windows.end_after(7)
+    assert windows.source.plan_end == 1 + 7
