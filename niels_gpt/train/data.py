@@ -254,7 +254,10 @@ class TrainData:
     def _windows_val(self, caches: list) -> tuple | None:
         """The val split of those pretraining caches that have one (a cache built without --val-frac or
         --val-tokens has none: its val bpb is skipped, not an error)."""
-        with_val = [c for c in caches if int(self._meta(c)["totals"].get("val_tokens", 0))]
+        def val_tokens(c) -> int:  # a URL's meta.json is read from its mirror
+            return int(self._meta(self.path if self.url and str(c) == self.url else c)["totals"].get("val_tokens", 0))
+
+        with_val = [c for c in caches if val_tokens(c)]
         return ("windows_val", with_val) if with_val else None
 
     def _open_indexed(self, sampler_class=GlobalBatchSampler, **order):

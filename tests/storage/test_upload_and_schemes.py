@@ -18,6 +18,7 @@ from niels_gpt.errors import ConfigError, IncompleteCacheError
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.packing import PackedMemmapDataset, pack_sft
 from niels_gpt.storage import RemoteCache, upload_tree
+from niels_gpt.train.data import TrainData
 
 from ..conftest import write_pretrain_cache, write_sft_cache
 
@@ -104,6 +105,9 @@ def test_build_all_to_s3_then_train_batches_from_it(s3, tmp_path, monkeypatch, c
     remote = PretrainTokenStreamDataset(f"{url}/pretrain/wikitext/train", T=32, device="cpu")
     local = PretrainTokenStreamDataset("local/pretrain/wikitext/train", T=32, device="cpu")
     assert torch.equal(remote.get_batch(B=4, generator=g1)[0], local.get_batch(B=4, generator=g2)[0])
+    for sampling in ("random", "indexed"):  # train's loader over the URL finds the val split in the mirror
+        data = TrainData(f"{url}/pretrain/wikitext", T=32, batch_size=2, seed=0, device="cpu", sampling=sampling)
+        assert data.has_val and len(data.val_batches(1)) == 1
     fs, _ = s3
     assert fs.cat_file(f"{url}/tokenizer/meta.json") == (tmp_path / "local/tokenizer/meta.json").read_bytes()
     assert not list(tmp_path.glob("s3:*"))
