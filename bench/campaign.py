@@ -410,10 +410,15 @@ def main(argv=None) -> int:
         sh(CLI + ["train-tokenizer", "--sample", "--cache-dir", "t", "--vocab-size", "1000",
                   "--tokenizer-max-chars", "500000", "--no-progress"], work)
         tok = str(work / "t/tokenizer/spm.model")
+        t0 = time.perf_counter()
         kill_rows, kill_totals = run_kills(work, tok, args.kills, rng, args.only)
+        t1 = time.perf_counter()
         shutil.copytree(work / "t/tokenizer", work / "REF/tokenizer")
         corruption, by_file = run_corruption(work / "REF", args.flips, rng)
+        t2 = time.perf_counter()
         races = run_races(work, tok)
+        print(f"took: kills {t1 - t0:.0f} s, corruption {t2 - t1:.0f} s, races {time.perf_counter() - t2:.0f} s",
+              flush=True)
         if not args.only or "train" in args.only:
             from campaign_train import report, run_train_campaign
 

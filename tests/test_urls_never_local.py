@@ -63,7 +63,9 @@ def test_train_names_a_url_data_argument(tmp_path, tmp_path_factory, monkeypatch
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k",
                                                    "secret": "s"})  # nothing listens there
     downloads = tmp_path_factory.mktemp("downloads")
-    assert main(["train", "s3://bucket/cache/pretrain/wikitext", "--out-dir", "run", "--local-cache", str(downloads)]) == 1
+    assert main(["--network-timeout", "3", "train", "s3://bucket/cache/pretrain/wikitext", "--out-dir", "run",
+                 "--local-cache", str(downloads)]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "s3://bucket/cache/pretrain/wikitext/meta.json" in err[0], err
+    assert "(now 3 s)" in err[0]  # --local-cache kept the --network-timeout given before it
     assert list(tmp_path.iterdir()) == []

@@ -96,7 +96,9 @@ def add_cache_args(p) -> None:
 
 
 def apply_cache_args(local_cache, cache_limit) -> None:
-    """configure() from --local-cache / --cache-limit values when either was given (None: leave both)."""
+    """configure() from --local-cache / --cache-limit values when either was given (None: leave both);
+    the time limit set before (--network-timeout) stays."""
     if local_cache is not None or cache_limit is not None:
         configure(cache_dir=local_cache,
-                  max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"))
+                  max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"),
+                  timeout_s=_settings["timeout_s"])

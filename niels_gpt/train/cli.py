@@ -16,10 +16,10 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 
+from niels_gpt.train.checkpoint import latest_checkpoint
+from niels_gpt.train.config import TrainConfig
 from niels_gpt.train.data import KINDS
 from niels_gpt.train.interrupt import EXIT_INTERRUPTED, resume_command
-from niels_gpt.train.sample import sample
-from niels_gpt.train.train import TrainConfig, latest_checkpoint, train
 
 HELP = {
     "out_dir": "checkpoints go here (ckpt_<step>.pt and run.json); a directory of another run is refused "
@@ -108,6 +108,8 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch.distributed as dist
 
+    from niels_gpt.train.train import train  # lazy: the model imports torch._dynamo, ~1.5 s
+
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     cfg = TrainConfig(**values)
     try:
@@ -141,6 +143,8 @@ def _world() -> int:
 
 
 def run_sample(args) -> int:
+    from niels_gpt.train.sample import sample  # lazy: the model imports torch._dynamo, ~1.5 s
+
     text = sample(args.checkpoint, args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                   temperature=args.temperature, top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer,
                   device=args.device)

@@ -48,6 +48,7 @@ from niels_gpt.train.checkpoint import (
     remove_run,
     save_checkpoint,
 )
+from niels_gpt.train.config import TrainConfig
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.eval_core import run_core
 from niels_gpt.train.interrupt import StopRequests
@@ -68,59 +69,6 @@ from niels_gpt.urls import is_url
 
 __all__ = ["TrainConfig", "TrainResult", "DivergedError", "train", "model_config", "latest_checkpoint",
            "load_checkpoint"]
-
-
-@dataclass(kw_only=True)
-class TrainConfig:
-    data: str
-    out_dir: str = "runs/base"
-    data_kind: str = "auto"
-    sampling: str = "random"
-    shards_at_once: int = 8  # sampling="shards": shards read at a time (niels_gpt/loading/shard_windows.py)
-    local_cache: str | None = None  # DATA at a URL: the download cache (default $NIELS_GPT_CACHE)
-    cache_limit: str | None = None  # and its bound, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)
-    packing: str = "bestfit"
-    tokenizer: str | None = None
-    prefetch: int = 4  # Parquet shards: batches tokenized ahead in the background (0: in the loop)
-    # model (nanochat sizing from depth unless given; an --init-from checkpoint's shape)
-    depth: int | None = None
-    n_embd: int | None = None
-    n_head: int | None = None
-    n_kv_head: int | None = None
-    sequence_len: int = 256
-    vocab_size: int | None = None
-    # batch
-    device_batch_size: int = 8
-    total_batch_size: int | None = None  # tokens per optimizer step; default one micro-batch per rank
-    steps: int = 100
-    # optimizer
-    optimizer: str = "muon"
-    embedding_lr: float = 0.2
-    unembedding_lr: float = 0.004
-    matrix_lr: float = 0.02
-    adamw_matrix_lr: float = 0.003
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    warmdown_ratio: float = 0.2
-    final_lr_frac: float = 0.0
-    grad_clip: float = 1.0
-    # runtime
-    seed: int = 0
-    device: str = "auto"
-    num_workers: int = 0
-    compile: bool | None = None  # None: on for CUDA, off for CPU
-    attention: str = "auto"  # document-masked attention: flex on CUDA, the explicit mask on CPU
-    peak_tflops: float | None = None  # for MFU where the device is not in mfu.PEAK_BF16_TFLOPS
-    eval_every: int = 0
-    eval_steps: int = 8
-    core: str | None = None  # "bundled", a CORE bundle directory, or a URL of its zip
-    core_max_items: int | None = None
-    save_every: int = 0
-    stop_at: int | None = None  # leave the loop after this step (checkpointing it): a planned interruption
-    resume: str | None = None  # "latest" or a checkpoint path
-    init_from: str | None = None  # a checkpoint whose weights start this (new) run
-    overwrite: bool = False  # --out-dir holds another run: replace it (at this run's first checkpoint)
-    log_every: int = 1
 
 
 class DivergedError(NielsGPTError):
