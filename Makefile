@@ -6,6 +6,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= cache-demo
+# test files run on this many processes (pytest-xdist, one file per process at a time; 0: in this process)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench install clean
 
@@ -22,7 +24,7 @@ demo: $(STAMP)
 	$(PY) -m niels_gpt.demo --cache-dir $(DEMO_DIR)
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check niels_gpt tests bench
