@@ -20,18 +20,15 @@ import argparse
 import contextlib
 import functools
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
 from bench_cache_common import best_rate, table, write_synthetic_pretrain_cache
+from remote_servers import CREDS, moto_server
 
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.storage import configure, upload_tree
@@ -42,26 +39,10 @@ def moto_s3():
     """A moto S3 server subprocess; yields its endpoint and sets fsspec's s3 options to use it."""
     import fsspec
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ.update(creds)
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    os.environ.update(CREDS)
+    with moto_server() as url:
         fsspec.config.conf["s3"] = {"endpoint_url": url, "key": "testing", "secret": "testing"}
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 class _Quiet(SimpleHTTPRequestHandler):

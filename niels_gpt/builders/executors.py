@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from niels_gpt.builders.encode_pool import worker_init
 from niels_gpt.errors import ConfigError
+from niels_gpt.storage.fs import with_deadline
 
 EXECUTORS = ("inline", "processes", "ray")  # and "inprocess": the task path without a pool (tests)
 RAY_ADDRESS = "auto"
@@ -247,26 +248,9 @@ def _reachable(address: str, timeout: float, fix: str) -> None:
 
 
 def _within(timeout: float, fn, what: str, fix: str):
-    """fn() on a daemon thread, given `timeout` seconds: a call that hangs (a cluster that never answers) ends
-    in one line naming `what` instead of blocking the build forever."""
-    import threading
-
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 (handed to the caller's thread)
-            box["error"] = e
-
-    worker = threading.Thread(target=run, daemon=True, name="connect")
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise ConfigError(f"{what}: no answer within {timeout:g} s; {fix}")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    """fn() given `timeout` seconds (storage's with_deadline): a call that hangs (a cluster that never answers)
+    ends in one line naming `what` instead of blocking the build forever."""
+    return with_deadline(fn, timeout, expired=lambda: ConfigError(f"{what}: no answer within {timeout:g} s; {fix}"))
 
 
 def make_executor(name: str, *, workers: int | None = None, ray_address: str = RAY_ADDRESS,

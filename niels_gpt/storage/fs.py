@@ -101,8 +101,9 @@ def _transient(exc: BaseException) -> bool:
     return any(k in name for k in ("Timeout", "Connection", "Throttl", "ClientPayload", "ServerDisconnected"))
 
 
-def with_deadline(fn, timeout_s: float):
-    """fn() on a helper thread, or TimeoutError when it has not returned within `timeout_s`.
+def with_deadline(fn, timeout_s: float, expired=None):
+    """fn() on a helper thread, or TimeoutError (or `expired()`, an exception to raise instead) when it has
+    not returned within `timeout_s`.
 
     NOTE: fsspec's backends take their time limits in backend-specific options (aiohttp, botocore), and
     a stalled body read slips past some of them; a thread is the one limit that covers every scheme.
@@ -120,7 +121,7 @@ def with_deadline(fn, timeout_s: float):
     t.start()
     t.join(timeout_s)
     if t.is_alive():
-        raise TimeoutError(f"no answer within {timeout_s:.3g} s")
+        raise expired() if expired is not None else TimeoutError(f"no answer within {timeout_s:.3g} s")
     if "error" in box:
         raise box["error"]
     return box.get("value")
