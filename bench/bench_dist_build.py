@@ -1,21 +1,25 @@
 """`build` speed on every executor: inline, local processes and Ray with 1 and 2 workers.
 
-On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, 46 MB, "text" field), one run:
+On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, 46 MB, "text" field) --copies times over
+(16 by default: 747 MB, ~75 s inline on 2 cores, cut into build's default 64 tasks), one run:
 - the reference: `build --executor inline --workers 1` (the one-process builder reading the plan; its writer
   thread overlaps sha256 and writes with encoding);
 - the plan's tasks run one after another in this process (`inprocess`, the parallel path without a pool),
   with 1 and 2 local processes, and with 1 and 2 Ray tasks at once on a local Ray cluster (2 CPUs) started once in a helper process and joined by address from a
   driver process of its own: once as one CLI run does it (a new Ray job per build, whose worker
-  processes start and import the package: a fixed cost per build), once in a warm job (the workers
-  already running, as for the second and later tasks of a long build);
+  processes start and import the package: a fixed cost per build, 1.5-2 s on 2 cores, so --copies 4 shows it
+  weighing four times as much as --copies 16), once in a warm job (the workers already running, as for the
+  second and later tasks of a long build). Before any timing, one throwaway job takes the workers a new cluster
+  starts for its first job, so no timed "new job" run finds workers already started;
 tokens/s is cache tokens / wall time of the whole call (planning, tasks, commit, meta.json), best of
 --repeat rounds, contenders interleaved so a noisy neighbour hurts each alike; before each call the
 script waits (up to --quiet-wait s) for the machine's CPUs to be >= 90% idle, and says when they were not. Every cache is checked
 byte for byte (sha256 of each file) against the reference. The tokenizer is a 16k sentencepiece
 model trained first on the first --train-chars of the corpus (~10 s), or --tokenizer.
 
-    .venv/bin/python bench/bench_dist_build.py                       # ~2 min on 2 cores
-    .venv/bin/python bench/bench_dist_build.py --repeat 1 --no-ray   # quicker
+    .venv/bin/python bench/bench_dist_build.py                       # ~20 min on 2 cores
+    .venv/bin/python bench/bench_dist_build.py --only x2             # the 2-worker contenders: ~11 min
+    .venv/bin/python bench/bench_dist_build.py --copies 4 --repeat 1 --no-ray   # quicker
 """
 
 from __future__ import annotations
@@ -39,9 +43,8 @@ from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "bulk-text" / "debian-docs.jsonl"
 TRAIN_CHARS = 5_000_000
 VOCAB = 16_000
-REPEAT = 3
-COPIES = 4
-TASK_BYTES = 4 << 20
+REPEAT = 2
+COPIES = 16
 SETTINGS = {"max_train_tokens": 10**12, "max_val_tokens": 0, "shard_bytes": 128 << 20, "seed": 0,
             "dataset_name": "debian-docs"}
 RAY_HELPER = """
@@ -59,6 +62,11 @@ import json, sys, time
 import ray
 from niels_gpt.builders import dist_build
 args = json.loads(sys.argv[1])
+# the throwaway job: a new cluster starts a worker per CPU for the first job that comes; take them here
+ray.init(address=args["address"], log_to_driver=False, configure_logging=False)
+ray.get([ray.remote(num_cpus=1)(lambda: None).remote() for _ in range(2)])
+ray.shutdown()
+print("primed", flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     if req["warm"] and not ray.is_initialized():
@@ -112,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--repeat", type=int, default=REPEAT, help="rounds (best of each contender is kept)")
-    ap.add_argument("--task-bytes", type=int, default=TASK_BYTES, help="input bytes per task")
+    ap.add_argument("--task-bytes", type=int, default=None,
+                    help="input bytes per task (default: build's, about 64 tasks of 4-64 MiB)")
     ap.add_argument("--tokenizer", default=None, help="a trained model to use instead of training one")
     ap.add_argument("--train-chars", type=float, default=TRAIN_CHARS)
     ap.add_argument("--no-ray", action="store_true", help="leave the Ray contenders out")
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             link.symlink_to(CORPUS)
     plan = make_plan(inputs, tokenizer=tok, task_bytes=args.task_bytes)
     print(f"input: {CORPUS.name} x{len(inputs)}, {len(inputs) * CORPUS.stat().st_size / 1e6:.1f} MB, "
-          f"{len(plan.tasks)} tasks of <= {args.task_bytes / 2**20:.0f} MiB")
+          f"{len(plan.tasks)} tasks of ~{plan.task_bytes / 2**20:.1f} MiB")
 
     helper = None
     ray_address = None
@@ -190,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 "task_bytes": args.task_bytes, "settings": SETTINGS}
         driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, json.dumps(conf)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if driver.stdout.readline().strip() != "primed":
+            raise SystemExit("the Ray driver did not start")
         contenders += [("build ray, a new job per build", 1, ray_run(1, False)),
                        ("build ray, a new job per build", 2, ray_run(2, False)),
                        ("build ray, warm job", 1, ray_run(1, True)),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
-from niels_gpt.builders.plan import TASK_BYTES, make_plan
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.pretrain import SHARD_BYTES
 from niels_gpt.builders.run import ALL_TOKENS, EXECUTORS, ON_BAD_RECORD, BuildSpec, build, format_summary
 from niels_gpt.builders.tokenizer import tokenizer_for_build
@@ -86,7 +86,8 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
                    help="seconds to wait for a Ray cluster to answer before giving up")
     g.add_argument("--retries", type=int, default=RETRIES, help="Ray retries of a task whose worker died")
-    g.add_argument("--task-bytes", type=_int, default=TASK_BYTES, help="input bytes per task")
+    g.add_argument("--task-bytes", type=_int, default=None,
+                   help="input bytes per task (default: the inputs cut into about 64 tasks of 4 MiB to 64 MiB)")
     g.add_argument("--work-dir", default=None, help="parts and receipts of a parallel build, on a filesystem every "
                    "worker sees (default: OUT.build, beside OUT)")
     g.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
@@ -160,7 +161,8 @@ def run_build(args) -> int:
                          layout=spec.layout, config=spec.hf_config, split=spec.split)
         for t in plan.tasks:
             print(f"{t.id}  {t.bytes:>12,} B  {t.layout:<9} {t.where()}")
-        print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes")
+        print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes; tasks of about "
+              f"{plan.task_bytes:,} bytes{'' if spec.task_bytes else ' (the default for these inputs; --task-bytes N)'}")
         return 0
     shown = spec.tokenizer if isinstance(spec.tokenizer, str) else getattr(spec.tokenizer, "model_path", "?")
     print(f"build: {len(spec.sources)} source(s) -> {spec.out}; tokenizer {shown}; "

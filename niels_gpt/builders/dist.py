@@ -14,7 +14,6 @@ import os
 from collections.abc import Sequence
 
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
-from niels_gpt.builders.plan import TASK_BYTES
 from niels_gpt.builders.run import BuildSpec, build, format_summary  # noqa: F401  (format_summary: the old name)
 from niels_gpt.errors import ConfigError
 
@@ -22,7 +21,7 @@ from niels_gpt.errors import ConfigError
 def dist_build(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *, tokenizer,
                max_train_tokens: int, max_val_tokens: int, shard_bytes: int, seed: int,
                executor: str = "processes", workers: int | None = None, ray_address: str = RAY_ADDRESS,
-               retries: int = RETRIES, task_bytes: int = TASK_BYTES, text_field: str = "text",
+               retries: int = RETRIES, task_bytes: int | None = None, text_field: str = "text",
                hf: dict | None = None, dataset_name: str | None = None, shuffle_buffer: int | None = None,
                work_dir: str | os.PathLike | None = None, keep_parts: bool = False,
                progress: bool | None = False, log=None, eos: int | str | None = None,

@@ -31,7 +31,7 @@ from pathlib import Path
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.parallel import run_parallel
-from niels_gpt.builders.plan import TASK_BYTES, Plan, check_unchanged, make_plan, task_items
+from niels_gpt.builders.plan import Plan, check_unchanged, make_plan, task_items
 from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
 from niels_gpt.builders.sft import build_sft_cache
 from niels_gpt.constants import SEED
@@ -82,7 +82,7 @@ class BuildSpec:
     workers: int | None = None  # None: one per core
     ray_address: str = RAY_ADDRESS
     retries: int = RETRIES
-    task_bytes: int = TASK_BYTES
+    task_bytes: int | None = None  # None: about 64 tasks of 4-64 MiB (sources/stream.py::auto_task_bytes)
     name: str | None = None
     work_dir: str | None = None
     keep_parts: bool = False
@@ -108,7 +108,7 @@ def check_spec(spec: BuildSpec) -> None:
         check_layout(spec.layout, spec.chat)
     if spec.workers is not None and spec.workers < 1:
         raise ConfigError(f"--workers {spec.workers}: must be >= 1 (0 on the command line: one per core)")
-    if spec.task_bytes < 1:
+    if spec.task_bytes is not None and spec.task_bytes < 1:
         raise ConfigError(f"--task-bytes {spec.task_bytes}: must be >= 1")
     check_seed(spec.seed, "--seed")
     if spec.chat:

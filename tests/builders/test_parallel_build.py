@@ -213,6 +213,26 @@ def test_cli_dist_build_and_plan_only(corpus, tokenizer, tmp_path, capsys):
     assert read_meta(str(out))["totals"]["val_tokens"] == 5000
 
 
+def test_the_default_task_size_cuts_the_inputs_into_about_64_tasks(tokenizer, tmp_path, capsys):
+    from niels_gpt.sources.stream import MIN_TASK_BYTES, TASK_BYTES, auto_task_bytes
+
+    assert auto_task_bytes(0) == auto_task_bytes(185 * 10**6) == MIN_TASK_BYTES  # 4 MiB: fixed costs stay small
+    assert auto_task_bytes(2**30) == 2**30 // 64  # 16 MiB: 64 tasks
+    assert auto_task_bytes(10**12) == TASK_BYTES  # at most 64 MiB
+    # ~9.4 MB of JSON Lines: three tasks of ~3.1 MB by default (one of 64 MiB before), the same plan each time
+    line = json.dumps({"text": "word " * 200}) + "\n"
+    path = tmp_path / "big.jsonl"
+    path.write_text(line * (int(9.4e6) // len(line)))
+    plan = make_plan([path], tokenizer=tokenizer)
+    assert plan.task_bytes == MIN_TASK_BYTES and len(plan.tasks) == 3
+    assert [t.id for t in make_plan([path], tokenizer=tokenizer).tasks] == [t.id for t in plan.tasks]
+    assert len(make_plan([path], tokenizer=tokenizer, task_bytes=TASK_BYTES).tasks) == 1  # an explicit size holds
+    assert main(["build", str(path), "--out", str(tmp_path / "out"), "--tokenizer", tokenizer.model_path,
+                 "--plan-only"]) == 0
+    assert f"3 tasks, {path.stat().st_size:,} input bytes; tasks of about {MIN_TASK_BYTES:,} bytes (the default " \
+        in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("make, match, error", [
     (lambda d: d / "nothing.jsonl", r"nothing\.jsonl: no such file", SourceError),
     (lambda d: (d / "x.docx").write_text("a") and d / "x.docx", r"x\.docx: unknown file kind", SourceError),
