@@ -115,8 +115,8 @@ def auto_task_bytes(total_bytes: int) -> int:
     """The default task size for `total_bytes` of input: about TASKS_WANTED tasks, within [MIN_TASK_BYTES,
     TASK_BYTES]. Many tasks keep every worker of a pool (up to ~32) busy to the end and let the commit start
     after the first small task instead of after a 64 MiB one: 185 MB of JSON Lines make 48 tasks of 4 MiB, not
-    4 of 46 MB, which gave 2 Ray workers 1.45-1.53x the inline build instead of 1.65-2.06x. The size depends on
-    the inputs alone, never on the executor or the workers: the plan and its task ids, and so a resume, are the
+    4 of 46 MB (two workers sharing 4 tasks of unequal time left one idle for up to a quarter of the build; see
+    docs/scale.md, "One build verb"). The size depends on the inputs alone, never on the executor or the workers: the plan and its task ids, and so a resume, are the
     same however the build is run."""
     return max(MIN_TASK_BYTES, min(TASK_BYTES, -(-total_bytes // TASKS_WANTED)))
 
