@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_dist_build import CORPUS, RAY_HELPER, TRAIN_CHARS, VOCAB, digest, docs, wait_quiet
+from bench_dist_build import CORPUS, RAY_HELPER, VOCAB, digest, train_texts, wait_quiet
 
 from niels_gpt.tokenizer import TrainSettings, train_tokenizer
 
@@ -40,14 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-build-cli-"))
     helper = None
     try:
-        def text():
-            n = 0
-            for d in docs():
-                yield d
-                n += len(d)
-                if n >= TRAIN_CHARS:
-                    return
-        tok = train_tokenizer(text(), tmp / "tok", settings=TrainSettings(vocab_size=VOCAB))
+        tok = train_tokenizer(train_texts(), tmp / "tok", settings=TrainSettings(vocab_size=VOCAB))
         (tmp / "input").mkdir()
         for i in range(args.copies):
             (tmp / "input" / f"{CORPUS.stem}-{i}.jsonl").symlink_to(CORPUS)

@@ -87,6 +87,16 @@ def docs(paths=(CORPUS,)):
                 yield json.loads(line)["text"]
 
 
+def train_texts(chars: float = TRAIN_CHARS):
+    """The corpus's first documents, up to `chars` characters: what the benchmarks' tokenizer trains on."""
+    n = 0
+    for d in docs():
+        yield d
+        n += len(d)
+        if n >= chars:
+            return
+
+
 def cpu_idle(seconds: float = 0.5) -> float:
     """Fraction of CPU time idle across the machine over `seconds` (/proc/stat), 1.0 where unknown."""
     def sample():
@@ -140,15 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     tmp = Path(tempfile.mkdtemp(prefix="bench-dist-"))
     if args.tokenizer is None:
-        def train_text():
-            n = 0
-            for d in docs():
-                yield d
-                n += len(d)
-                if n >= args.train_chars:
-                    return
         t0 = time.perf_counter()
-        tok = train_tokenizer(train_text(), tmp / "tok", settings=TrainSettings(vocab_size=VOCAB))
+        tok = train_tokenizer(train_texts(args.train_chars), tmp / "tok", settings=TrainSettings(vocab_size=VOCAB))
         print(f"tokenizer: {len(tok)} ids trained in {time.perf_counter() - t0:.1f} s")
     else:
         tok = load_tokenizer(args.tokenizer)
