@@ -39,7 +39,7 @@ from niels_gpt.errors import StateError
 from niels_gpt.outputs import OutputRefused, check_overlap
 
 CHECKPOINT_VERSION = 2  # 2: a sha256 of the payload; 1 (no digest) still loads, unverified
-CKPT_PATTERN = re.compile(r"ckpt_\d{6}\.pt$")
+CKPT_PATTERN = re.compile(r"ckpt_(\d{6,})\.pt$")  # step 1,000,000 on: seven digits and more
 RUN_NAME = "run.json"
 RUN_KIND = "niels_gpt train run"
 
@@ -48,8 +48,14 @@ def checkpoint_name(step: int) -> str:
     return f"ckpt_{step:06d}.pt"
 
 
+def checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """This run's checkpoints in `out_dir`, by step (ckpt_999999.pt before ckpt_1000000.pt)."""
+    found = [p for p in Path(out_dir).glob("ckpt_*.pt") if CKPT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)))
+
+
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    found = sorted(p for p in Path(out_dir).glob("ckpt_*.pt") if CKPT_PATTERN.match(p.name))
+    found = checkpoints(out_dir)
     return found[-1] if found else None
 
 
@@ -133,8 +139,7 @@ def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
 
 def _others(p: Path) -> str:
     """`: an earlier one of this run: PATH` where the directory holds others."""
-    found = sorted(c for c in p.parent.glob("ckpt_*.pt") if c != p and CKPT_PATTERN.match(c.name)) \
-        if p.parent.is_dir() else []
+    found = [c for c in checkpoints(p.parent) if c != p] if p.parent.is_dir() else []
     if not found:
         return ", or start without --resume"
     return f" (this run's others: {', '.join(c.name for c in found[-3:])}), e.g. --resume {found[-1]}"
@@ -150,8 +155,8 @@ def is_ours(name: str) -> bool:
 
 def describe_run(out: Path) -> str:
     """One phrase naming the run a directory holds: what run.json says, else its checkpoints' names."""
-    ckpts = sorted(p.name for p in out.glob("ckpt_*.pt") if CKPT_PATTERN.match(p.name))
-    steps = ", ".join(str(int(n[5:11])) for n in ckpts[-4:]) + (" ..." if len(ckpts) > 4 else "")
+    ckpts = [p.name for p in checkpoints(out)]
+    steps = ", ".join(str(int(CKPT_PATTERN.match(n).group(1))) for n in ckpts[-4:]) + (" ..." if len(ckpts) > 4 else "")
     record = read_run(out)
     if record is None:
         return f"checkpoints at steps {steps}" if ckpts else "no checkpoint yet"

@@ -10,7 +10,13 @@ import torch
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.outputs import OutputRefused
-from niels_gpt.train.checkpoint import load_checkpoint, payload_digest, read_run, save_checkpoint
+from niels_gpt.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    payload_digest,
+    read_run,
+    save_checkpoint,
+)
 from niels_gpt.train.train import DivergedError, TrainConfig, train
 
 from .conftest import TINY, VOCAB
@@ -146,3 +152,18 @@ def test_init_from_refuses_a_model_of_another_tokenizer(tmp_path, pretrain_cache
     save_checkpoint(tmp_path / "other" / "ckpt_000001.pt", {**ckpt, "tokenizer_sha256": "ab" * 32})
     with pytest.raises(ConfigError, match=r"trained with another tokenizer \(sha256 abababababab"):
         run(pretrain_cache, tmp_path / "sft", init_from=str(tmp_path / "other" / "ckpt_000001.pt"), **kw)
+
+
+def test_checkpoints_from_step_one_million_on_are_the_runs_own_and_ordered_by_step(tmp_path, pretrain_cache):
+    out = tmp_path / "run"
+    run(pretrain_cache, out)
+    ckpt = load_checkpoint(out / "ckpt_000002.pt")
+    ckpt.pop("verified")
+    for step in (999_999, 1_000_000):  # the library's own saver, at a faked step
+        save_checkpoint(out / f"ckpt_{step}.pt", {**ckpt, "step": step})
+    with pytest.raises(OutputRefused, match=r"holds a run on .*checkpoints at steps 1, 2, 999999, 1000000; continue"):
+        run(pretrain_cache, out, seed=1)
+    resumed = run(pretrain_cache, out, steps=1_000_001, resume="latest")  # not ckpt_999999.pt: by step, not by name
+    assert resumed.step == 1_000_001 and len(resumed.losses) == 1
+    assert resumed.checkpoint.endswith("ckpt_1000001.pt")
+    assert latest_checkpoint(out).name == "ckpt_1000001.pt"
