@@ -21,6 +21,11 @@ decides before any work:
 | a run's checkpoints, neither                    | refused, naming the run                            |
 | anything else (a user's files, a directory)     | refused, even with --overwrite                     |
 | the data, inside it, or above it                | refused (niels_gpt.outputs.check_overlap)          |
+| a run directory another train is writing        | refused, naming its pid (`run_lock`)               |
+
+`run_lock` holds `<out-dir>.lock` beside the run directory for the whole run, as `build` holds its
+output's (niels_gpt/staging.py, the same lock): a second train (or a build) into the same directory is
+refused at once, naming the holder; a lock whose process died (a killed run) is taken over.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from pathlib import Path
 import torch
 
 from niels_gpt.atomic import TMP_SUFFIX, atomic_path, remove_stale_temporaries, write_bytes_atomic
-from niels_gpt.errors import StateError
+from niels_gpt.errors import OutputLockedError, StateError
 from niels_gpt.outputs import OutputRefused, check_overlap
+from niels_gpt.staging import lock_path, output_lock
 
 CHECKPOINT_VERSION = 2  # 2: a sha256 of the payload; 1 (no digest) still loads, unverified
 CKPT_PATTERN = re.compile(r"ckpt_(\d{6,})\.pt$")  # step 1,000,000 on: seven digits and more
@@ -212,6 +218,37 @@ def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | No
     raise OutputRefused(f"--out-dir {out}: holds {describe_run(out)}; {how}continue that run with --resume latest, "
                         "replace it with --overwrite (its files are deleted when this run saves its first "
                         "checkpoint), or choose a new --out-dir")
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: str | os.PathLike):
+    """Hold the run directory's lock (`<out-dir>.lock`) while the block runs; OutputLockedError naming the
+    process that holds it otherwise."""
+    out = Path(out_dir)
+    made = [d for d in out.absolute().parents if not d.exists()]  # the lock's parents it creates
+    with contextlib.ExitStack() as held:
+        held.callback(_remove_if_empty, made)
+        try:
+            lock = held.enter_context(output_lock(out))
+        except OutputLockedError:
+            lock = lock_path(out)
+            try:
+                holder = json.loads(lock.read_text("utf-8"))
+            except (OSError, ValueError):
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            raise OutputLockedError(
+                f"--out-dir {out}: another run is writing it (pid {holder.get('pid')} on {holder.get('host')} "
+                f"since {holder.get('since')} holds {lock}); wait for it to end or choose another --out-dir (if "
+                "that process is gone, e.g. on another host, remove the lock file and rerun)") from None
+        yield lock
+
+
+def _remove_if_empty(made: list[Path]) -> None:
+    """Remove the directories the lock created (deepest first) where nothing was written into them."""
+    for d in made:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def remove_run(files: list[Path]) -> None:

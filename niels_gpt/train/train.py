@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from niels_gpt.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     remove_run,
+    run_lock,
     save_checkpoint,
 )
 from niels_gpt.train.config import TrainConfig
@@ -107,8 +109,17 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     resume_from = resolve_resume(cfg)
     inputs = [d.strip() for d in str(cfg.data).split(",") if not is_url(d.strip())]
     inputs += [cfg.tokenizer] if cfg.tokenizer else []
-    old_run = check_out_dir(cfg.out_dir, data=inputs, init_from=cfg.init_from, resume=resume_from,
-                            overwrite=cfg.overwrite)
+    check_out_dir(cfg.out_dir, data=inputs, init_from=cfg.init_from, resume=resume_from, overwrite=cfg.overwrite)
+    with contextlib.ExitStack() as held:
+        if int(os.environ.get("RANK", 0)) == 0:  # one lock per run, however many ranks write it
+            held.enter_context(run_lock(cfg.out_dir))
+        # again under the lock: a run that held it a moment ago may have written the directory since
+        old_run = check_out_dir(cfg.out_dir, data=inputs, init_from=cfg.init_from, resume=resume_from,
+                                overwrite=cfg.overwrite)
+        return _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run)
+
+
+def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run):
     base = load_checkpoint(cfg.init_from, flag="--init-from") if cfg.init_from else None
     rank, world, device = setup_distributed(cfg.device)
     if resolve_attention(cfg.attention, device) == "flex" and device.type != "cuda":
