@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -143,6 +144,33 @@ def resolve_resume(cfg) -> Path | None:
             raise StateError(f"--resume latest: no ckpt_*.pt in {cfg.out_dir}; start without --resume")
         return found
     return checkpoint_file(cfg.resume)
+
+
+# what a resumed run cannot change: the optimizer state, the data order and the schedule it restores are
+# theirs (--steps may change: the schedule follows it, and run.json records it)
+RESUME_FIXED = ("seed", "optimizer", "sampling", "device_batch_size", "total_batch_size", "embedding_lr",
+                "unembedding_lr", "matrix_lr", "adamw_matrix_lr", "weight_decay", "warmup_ratio", "warmdown_ratio",
+                "final_lr_frac", "grad_clip", "packing", "shards_at_once")
+
+
+def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, source) -> None:
+    """Refuse a resume whose flags differ from the run's (RESUME_FIXED), naming each flag, both values and
+    the two ways on: the same flags, or a new run from the checkpoint's weights."""
+    def effective(config: dict, ranks: int) -> dict:  # no --total-batch-size: one micro-batch per rank
+        tokens = config.get("device_batch_size", 0) * config.get("sequence_len", 0) * ranks
+        return {**config, "total_batch_size": config.get("total_batch_size") or tokens}
+
+    now, then = asdict(cfg), recorded
+    if now["total_batch_size"] is not None or recorded.get("total_batch_size") is not None:
+        now, then = effective(now, world), effective(recorded, recorded_world)  # given once: compare the tokens
+    changed = [(n, now[n], then[n]) for n in RESUME_FIXED if n in recorded and now[n] != then[n]]
+    if not changed:
+        return
+    flags = ", ".join(f"--{n.replace('_', '-')} {new} (the run has {old})" for n, new, old in changed)
+    again = " ".join(f"--{n.replace('_', '-')} {old}" for n, _, old in changed)
+    raise StateError(f"--resume {source}: {flags}: a resumed run goes on with the settings it started with (its "
+                     f"optimizer state, data order and schedule are theirs): resume with {again}, or start a new "
+                     f"run from its weights with --init-from {source} and another --out-dir")
 
 
 def check_config(cfg) -> None:

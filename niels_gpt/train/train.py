@@ -59,6 +59,7 @@ from niels_gpt.train.model import GPT
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
 from niels_gpt.train.setup import (
     check_config,
+    check_resume_settings,
     find_tokenizer,
     init_config,
     model_config,
@@ -171,6 +172,9 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                           f"world_size = {tokens_per_micro}: pick a multiple")
     accum = total // tokens_per_micro
 
+    ckpt = load_checkpoint(resume_from) if resume_from is not None else None
+    if ckpt is not None:
+        check_resume_settings(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from)
     vocab = data.vocab_size
     mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
     torch.manual_seed(cfg.seed)
@@ -185,8 +189,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                                   unembedding_lr=cfg.unembedding_lr, matrix_lr=cfg.matrix_lr,
                                   adamw_matrix_lr=cfg.adamw_matrix_lr, weight_decay=cfg.weight_decay)
     start = 0
-    if resume_from is not None:
-        ckpt = load_checkpoint(resume_from)
+    if ckpt is not None:
         if ckpt["model_config"] != mcfg.to_dict():
             raise StateError(f"{resume_from}: model {ckpt['model_config']} differs from this run's {mcfg.to_dict()}: "
                              "resume with the same model flags")

@@ -113,3 +113,20 @@ def test_two_accumulated_micro_batches_equal_one_batch_of_both(tmp_path, pretrai
     # in near-zero gradients into visible steps for a few elements: up to ~1e-3, against steps of 1e-2+.
     for p, q in zip(accum.model.parameters(), big.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("flag,value,old", [("seed", 7, 0), ("matrix_lr", 0.5, 0.02), ("device_batch_size", 2, 4),
+                                            ("optimizer", "adamw", "muon"), ("sampling", "indexed", "random")])
+def test_resume_refuses_a_changed_setting_naming_the_flag_and_both_values(tmp_path, pretrain_cache, flag, value, old):
+    """It would run on with the run's own settings (the optimizer state holds the learning rates, the loader
+    state the data order) while the new checkpoint and run.json recorded the new ones."""
+    first = run(pretrain_cache, tmp_path / "run", stop_at=1)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    dashed = "--" + flag.replace("_", "-")
+    with pytest.raises(StateError, match=rf"--resume .*ckpt_000001.pt: {dashed} {value} \(the run has {old}\): a "
+                                         rf"resumed run goes on with the settings it started with .* resume with "
+                                         rf"{dashed} {old}, or start a new run from its weights with --init-from"):
+        run(pretrain_cache, tmp_path / "run", resume="latest", **{flag: value})
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+    same = run(pretrain_cache, tmp_path / "run", resume="latest", total_batch_size=4 * 16)
+    assert len(first.losses) == 1 and len(same.losses) == STEPS - 1  # the implicit total batch given explicitly: the same
