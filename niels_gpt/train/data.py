@@ -224,6 +224,7 @@ class TrainData:
         self.vocab_size, self.prefetch = vocab_size, prefetch
         self._val = None
         self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
+        self.tokenizer_sha256 = None  # the tokenizer packed bins record in their manifest (caches: meta.json)
         getattr(self, f"_open_{self.kind}")()
         if self.vocab_size is None:
             raise ConfigError(f"{self.path}: the vocabulary size is not recorded with this data; pass --vocab-size "
@@ -310,7 +311,10 @@ class TrainData:
                               f"train packed bins with --sequence-len {pack_size}")
         if self.vocab_size is None and self.tokenizer is not None:
             self.vocab_size = len(self.tokenizer)
-        source = Path(str(getattr(ds, "manifest", {}).get("source", {}).get("cache_dir", "")))
+        recorded = getattr(ds, "manifest", {}).get("source", {})
+        sha = recorded.get("tokenizer_sha256")
+        self.tokenizer_sha256 = sha if isinstance(sha, str) and sha.strip("0") else None  # zeros: not recorded
+        source = Path(str(recorded.get("cache_dir", "")))
         if (source / "meta.json").is_file():  # the SFT cache the bins came from
             self.vocab_size = self.vocab_size or int(self._meta(source)["vocab_size"])
             self.origins.append(source)

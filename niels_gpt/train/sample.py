@@ -32,16 +32,25 @@ def load_model(path: str, device: torch.device) -> tuple[GPT, dict]:
 
 
 def checkpoint_tokenizer(ckpt: dict, path: str, given: str | None):
-    if given:
-        return load_tokenizer(given)
+    """--tokenizer, else the one the run recorded, else one above the run's data; ConfigError where it is not
+    the tokenizer the checkpoint records (its sha256): the ids would decode to other text."""
     recorded = ckpt.get("tokenizer")
-    if recorded and Path(recorded).exists():
-        return load_tokenizer(recorded)
     data = (ckpt.get("train_config") or {}).get("data")
-    tok = find_tokenizer(data) if data and Path(str(data).split(",")[0]).exists() else None
+    if given:
+        tok = load_tokenizer(given)
+    elif recorded and Path(recorded).exists():
+        tok = load_tokenizer(recorded)
+    else:
+        tok = find_tokenizer(data) if data and Path(str(data).split(",")[0]).exists() else None
     if tok is None:
         raise ConfigError(f"sample {path}: the tokenizer of this run is not where it was ({recorded or data}); "
                           "pass --tokenizer")
+    sha = ckpt.get("tokenizer_sha256")
+    if sha and sha != tok.sha256:
+        what = f"--tokenizer {given}" if given else f"the tokenizer found for it ({tok.model_path})"
+        raise ConfigError(f"sample {path}: {what} is not the tokenizer its model was trained with (sha256 "
+                          f"{tok.sha256[:12]}..., the checkpoint records {sha[:12]}... of {recorded or 'its run'}): "
+                          "the ids would decode to other text; pass the tokenizer the run was trained with")
     return tok
 
 

@@ -152,19 +152,28 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     master = rank == 0
     if tok is None and token_bytes is None:
         tok = next(filter(None, (find_tokenizer(p) for p in getattr(data, "origins", ())[1:])), None)
+    # the tokenizer the data records: packed bins' manifest (their SFT cache may be gone), else meta.json
+    recorded = getattr(data, "tokenizer_sha256", None) or \
+        recorded_tokenizer_sha(getattr(data, "origins", [Path(cfg.data)])[-1])
     if tok is not None and not cfg.tokenizer:
         # a tokenizer found by looking around must be the one the cache records, or bpb would be wrong
-        recorded = recorded_tokenizer_sha(getattr(data, "origins", [Path(cfg.data)])[-1])
         if recorded and recorded != tok.sha256:
             say(f"{tok.model_path}: not the tokenizer {cfg.data} was built with (sha256 {recorded[:12]}...); "
                 "ignored: pass --tokenizer")
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
-    if base is not None and tok is not None and base.get("tokenizer_sha256") not in (None, tok.sha256):
+    base_sha = base.get("tokenizer_sha256") if base is not None else None
+    if base_sha and tok is not None and base_sha != tok.sha256:
         raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
-                          f"{base['tokenizer_sha256'][:12]}...) than {tok.model_path} ({tok.sha256[:12]}...): its "
+                          f"{base_sha[:12]}...) than {tok.model_path} ({tok.sha256[:12]}...): its "
                           "ids would mean other text; train on data built with the base run's tokenizer")
+    if base_sha and recorded and base_sha != recorded:
+        raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
+                          f"{base_sha[:12]}...) than {cfg.data} was built with ({recorded[:12]}...): its ids would "
+                          f"mean other text; train on data built with the base run's tokenizer "
+                          f"({base.get('tokenizer') or 'the one its run recorded'})")
+    data_sha = tok.sha256 if tok is not None else recorded
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
     total = cfg.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
@@ -261,7 +270,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                        "loader": states, "model_config": mcfg.to_dict(), "train_config": asdict(cfg),
                        "tokenizer": str(tok.model_path) if tok is not None else None,
-                       "tokenizer_sha256": tok.sha256 if tok is not None else None,
+                       "tokenizer_sha256": data_sha,
                        "rng": {"cpu": torch.get_rng_state(),
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)

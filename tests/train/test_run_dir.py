@@ -167,3 +167,38 @@ def test_checkpoints_from_step_one_million_on_are_the_runs_own_and_ordered_by_st
     assert resumed.step == 1_000_001 and len(resumed.losses) == 1
     assert resumed.checkpoint.endswith("ckpt_1000001.pt")
     assert latest_checkpoint(out).name == "ckpt_1000001.pt"
+
+
+def test_init_from_refuses_packed_bins_of_another_tokenizer_when_their_sft_cache_is_gone(tmp_path, pretrain_cache,
+                                                                                       tokenizer):
+    """The packed manifest records the tokenizer of the SFT cache the bins came from: with that cache gone
+    (so --vocab-size is needed), it is still compared with the checkpoint's."""
+    import json
+
+    from niels_gpt.meta import write_meta
+    from niels_gpt.packing import pack_sft
+
+    from ..conftest import write_sft_cache
+    from .conftest import chat
+
+    sft = write_sft_cache(tmp_path / "sft", [chat(i, 3 + i % 5, 2 + i % 7) for i in range(40)])
+    meta = json.loads((sft / "meta.json").read_text())
+    write_meta(str(sft), {**meta, "tokenizer_sha256": "cd" * 32})  # built with another tokenizer
+    pack_sft(sft, tmp_path / "bins", pack_size=32, algorithm="ffd", on_overflow="truncate")
+    base = run(pretrain_cache, tmp_path / "base", steps=1, tokenizer=str(tokenizer.model_path))
+    assert load_checkpoint(base.checkpoint)["tokenizer_sha256"] == tokenizer.sha256
+    import shutil
+
+    shutil.rmtree(sft)
+    kw = dict(init_from=base.checkpoint, sequence_len=32, device_batch_size=2, steps=1, vocab_size=VOCAB)
+    with pytest.raises(ConfigError, match=rf"--init-from .*ckpt_000001.pt: its model was trained with another "
+                                          rf"tokenizer \(sha256 {tokenizer.sha256[:12]}\.\.\.\) than .*bins was "
+                                          rf"built with \(cdcdcdcdcdcd\.\.\.\).*{tokenizer.model_path}"):
+        run(tmp_path / "bins", tmp_path / "sft-run", **kw)
+    assert not (tmp_path / "sft-run").exists()
+    ckpt = load_checkpoint(base.checkpoint)
+    ckpt.pop("verified")
+    save_checkpoint(tmp_path / "cd" / "ckpt_000001.pt", {**ckpt, "tokenizer_sha256": "cd" * 32})
+    sft_run = run(tmp_path / "bins", tmp_path / "sft-run", **{**kw, "init_from": str(tmp_path / "cd" /
+                                                                                     "ckpt_000001.pt")})
+    assert load_checkpoint(sft_run.checkpoint)["tokenizer_sha256"] == "cd" * 32  # what its data records

@@ -47,3 +47,20 @@ def test_the_sample_command_prints_the_prompt_and_its_continuation(trained, caps
     assert cli(["sample", trained, "--prompt", "Once", "--max-tokens", "4", "--temperature", "0", "--chat"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Once ->") and out.count("\n") >= 1
+
+
+def test_a_tokenizer_other_than_the_recorded_one_is_refused_though_the_sizes_match(trained, tokenizer, tmp_path):
+    from niels_gpt.errors import ConfigError
+    from niels_gpt.train.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(trained)
+    ckpt.pop("verified")
+    other = tmp_path / "run" / "ckpt_000003.pt"
+    save_checkpoint(other, {**ckpt, "tokenizer_sha256": "ef" * 32})  # trained with another tokenizer of this size
+    with pytest.raises(ConfigError, match=rf"--tokenizer {tokenizer.model_path} is not the tokenizer its model was "
+                                          rf"trained with \(sha256 {tokenizer.sha256[:12]}\.\.\., the checkpoint "
+                                          r"records efefefefefef\.\.\. of .*\): the ids would decode to other text"):
+        sample(str(other), "The house", max_tokens=2, tokenizer=str(tokenizer.model_path), device="cpu")
+    with pytest.raises(ConfigError, match="the tokenizer found for it .* is not the tokenizer its model"):
+        sample(str(other), "The house", max_tokens=2, device="cpu")
+    assert sample(trained, "The house", max_tokens=2, tokenizer=str(tokenizer.model_path), device="cpu") is not None
