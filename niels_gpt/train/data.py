@@ -50,6 +50,7 @@ from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.report import unfinished_dirs
 from niels_gpt.sources.corpus import kind_of
 from niels_gpt.storage.remote import open_location
+from niels_gpt.train.pin import check_pins, pin
 from niels_gpt.urls import is_url
 
 KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")
@@ -226,6 +227,7 @@ class TrainData:
         self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
         self.tokenizer_sha256 = None  # the tokenizer packed bins record in their manifest (caches: meta.json)
         getattr(self, f"_open_{self.kind}")()
+        self._pins = pin(self.origins)  # what the caches hold now: val reads them again later (pin.py)
         if self.vocab_size is None:
             raise ConfigError(f"{self.path}: the vocabulary size is not recorded with this data; pass --vocab-size "
                               "or --tokenizer")
@@ -357,6 +359,7 @@ class TrainData:
         """Up to `steps` (x, y) batches of this rank from the val split, the same every call."""
         if self._val is None:
             return []
+        check_pins(self._pins)
         what, arg = self._val
         if what == "windows_val":
             sets = [IndexedWindowDataset(d, self.T, split="val") for d in arg]
