@@ -117,7 +117,7 @@ def checkpoint_file(path: str | os.PathLike, flag: str = "--resume") -> Path:
     p = Path(path)
     if not p.is_file():
         what = "a directory" if p.is_dir() else "no such file"
-        raise StateError(f"{flag} {p}: {what}; give a checkpoint file (ckpt_<step>.pt){_others(p)}")
+        raise StateError(f"{flag} {p}: {what}; give a checkpoint file (ckpt_<step>.pt){_others(p, flag)}")
     return p
 
 
@@ -128,27 +128,32 @@ def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle raises many kinds; each is this one condition
         raise StateError(f"{flag} {p}: not a readable checkpoint ({_one_line(exc)}); it is damaged or "
-                         f"not a checkpoint of this trainer: pick another{_others(p)}") from None
+                         f"not a checkpoint of this trainer: pick another{_others(p, flag)}") from None
     if not isinstance(ckpt, dict) or ckpt.get("version") not in (1, CHECKPOINT_VERSION) or "model" not in ckpt:
         raise StateError(f"{flag} {p}: not a checkpoint of version {CHECKPOINT_VERSION} written by this trainer: "
-                         f"pick another{_others(p)}")
+                         f"pick another{_others(p, flag)}")
     recorded = ckpt.pop("sha256", None)
     version = ckpt.pop("version")
     if recorded is None and version != 1:
-        raise StateError(f"{flag} {p}: its checksum is missing, so it cannot be trusted: pick another{_others(p)}")
+        raise StateError(f"{flag} {p}: its checksum is missing, so it cannot be trusted: pick another{_others(p, flag)}")
     if recorded is not None and payload_digest(ckpt) != recorded:
         raise StateError(f"{flag} {p}: checksum mismatch: the file changed after it was written (a disk or copy "
-                         f"error); it is not used: pick another{_others(p)}")
+                         f"error); it is not used: pick another{_others(p, flag)}")
     ckpt["verified"] = recorded is not None
     return ckpt
 
 
-def _others(p: Path) -> str:
-    """`: an earlier one of this run: PATH` where the directory holds others."""
+# where no other checkpoint is there: the way on without one, by the flag that named the file
+WITHOUT = {"--resume": ", or start without --resume", "--init-from": ", or start from fresh weights (without --init-from)",
+           "sample": ""}
+
+
+def _others(p: Path, flag: str = "--resume") -> str:
+    """` (this run's others: ...), e.g. FLAG PATH` where the directory holds others; the way on otherwise."""
     found = [c for c in checkpoints(p.parent) if c != p] if p.parent.is_dir() else []
     if not found:
-        return ", or start without --resume"
-    return f" (this run's others: {', '.join(c.name for c in found[-3:])}), e.g. --resume {found[-1]}"
+        return WITHOUT.get(flag, "")
+    return f" (this run's others: {', '.join(c.name for c in found[-3:])}), e.g. {flag} {found[-1]}"
 
 
 # -- the run directory -----------------------------------------------------------------------------

@@ -143,10 +143,22 @@ def _world() -> int:
 
 
 def run_sample(args) -> int:
-    from niels_gpt.train.sample import sample  # lazy: the model imports torch._dynamo, ~1.5 s
+    from niels_gpt.train.sample import SampleInterrupted, sample  # lazy: the model imports torch._dynamo
 
-    text = sample(args.checkpoint, args.prompt, chat=args.chat, max_tokens=args.max_tokens,
-                  temperature=args.temperature, top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer,
-                  device=args.device)
-    print(f"{args.prompt}{' ->' if args.chat else ''}{text if not args.chat else ' ' + text}")
+    def show(text: str) -> None:
+        print(f"{args.prompt}{' ->' if args.chat else ''}{text if not args.chat else ' ' + text}", flush=True)
+
+    try:
+        text = sample(args.checkpoint, args.prompt, chat=args.chat, max_tokens=args.max_tokens,
+                      temperature=args.temperature, top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer,
+                      device=args.device)
+    except SampleInterrupted as stopped:  # what was written so far, then why it ends there
+        show(stopped.text)
+        print(f"error: sample interrupted after {stopped.tokens} of at most {args.max_tokens} tokens; the text above "
+              "is what the model wrote until then", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before the first token: the checkpoint was still loading
+        print("error: sample interrupted before the model wrote anything", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    show(text)
     return 0

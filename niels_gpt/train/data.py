@@ -222,11 +222,15 @@ class TrainData:
         self.T, self.B, self.seed = int(T), int(batch_size), int(seed)
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.tokenizer, self.packing = num_workers, tokenizer, packing
-        self.vocab_size, self.prefetch = vocab_size, prefetch
+        self.vocab_size, self.prefetch = None, prefetch  # the open fills in what the data records
         self._val = None
         self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
         self.tokenizer_sha256 = None  # the tokenizer packed bins record in their manifest (caches: meta.json)
         getattr(self, f"_open_{self.kind}")()
+        if vocab_size is not None and self.vocab_size is not None and vocab_size < self.vocab_size:
+            raise ConfigError(f"--vocab-size {vocab_size}: below the {self.vocab_size} ids {self.path} records: the "
+                              f"model needs an embedding row for each; pass --vocab-size {self.vocab_size} or more")
+        self.vocab_size = vocab_size or self.vocab_size
         self._pins = pin(self.origins)  # what the caches hold now: val reads them again later (pin.py)
         if self.vocab_size is None:
             raise ConfigError(f"{self.path}: the vocabulary size is not recorded with this data; pass --vocab-size "

@@ -42,3 +42,46 @@ def check_pins(pins: dict[Path, str]) -> None:
             raise CacheError(f"{cache}: {what} while this run trained on it; its val split is no longer the data "
                              "this run opened, so val bpb is not scored: rerun on the cache as it is now (a cache "
                              "a run reads is best rebuilt into another --out)")
+
+
+def summary(caches) -> list[dict]:
+    """What a checkpoint records of the caches its run read: enough to say what differs on a resume."""
+    out = []
+    for c in caches:
+        try:
+            meta = json.loads((Path(c) / "meta.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            continue
+        files = meta.get("files") if isinstance(meta, dict) else None
+        if not isinstance(files, dict):
+            continue
+        out.append({"cache": str(c), "compression": (meta.get("compression") or {}).get("codec"),
+                    "tokenizer_sha256": meta.get("tokenizer_sha256"),
+                    "tokens": {k.removesuffix(".zst"): v.get("tokens") for k, v in sorted(files.items())
+                               if isinstance(v, dict)}})
+    return out
+
+
+def what_differs(then: list[dict], now: list[dict]) -> str | None:
+    """One phrase: how the caches a checkpoint's run read differ from those this run opened; None where the
+    checkpoint records none."""
+    if not then:
+        return None
+    if len(then) != len(now):
+        return f"the run read {len(then)} cache(s), this run opens {len(now)}"
+    for a, b in zip(then, now, strict=True):
+        where = f"the run read {a['cache']}, this run opens {b['cache']}"
+        if a["tokenizer_sha256"] != b["tokenizer_sha256"]:
+            return f"{where}: built with another tokenizer (sha256 {str(a['tokenizer_sha256'])[:12]}... vs " \
+                   f"{str(b['tokenizer_sha256'])[:12]}...)"
+        if a["tokens"] != b["tokens"]:
+            return f"{where}: other shards or token counts ({sum(filter(None, a['tokens'].values())):,} vs " \
+                   f"{sum(filter(None, b['tokens'].values())):,} tokens)"
+        if a["compression"] != b["compression"]:
+            return (f"{where}: the same shards and token counts, {a['compression'] or 'uncompressed'} there and "
+                    f"{b['compression'] or 'uncompressed'} here; a resume state names its shards by the sha256 of "
+                    "their bytes, which compression changes")
+        if Path(a["cache"]).name != Path(b["cache"]).name:
+            return (f"{where}: the same shards and token counts under another directory name; a resume state "
+                    "names its cache by its directory's name: give the cache its name back")
+    return "the same shards and token counts, other token content (the shards' sha256 differ)"

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -72,12 +73,21 @@ def prompt_ids(tok, prompt: str, chat: bool) -> tuple[list[int], set[int]]:
     return [*tok.render_chat(turn).ids, tok.asst_id], {eot}
 
 
+class SampleInterrupted(KeyboardInterrupt):
+    """Ctrl-C while sampling: `text` is what the model wrote until then, `tokens` how many ids."""
+
+    def __init__(self, text: str, tokens: int):
+        super().__init__(text)
+        self.text, self.tokens = text, tokens
+
+
 @torch.no_grad()
 def generate(model: GPT, ids: list[int], *, max_tokens: int, temperature: float, top_k: int | None,
-             generator: torch.Generator, stop: set[int]) -> list[int]:
+             generator: torch.Generator, stop: set[int], out: list[int] | None = None) -> list[int]:
+    """The sampled ids, appended to `out` (a list the caller keeps: what was drawn before a Ctrl-C)."""
     device = next(model.parameters()).device
     window = model.config.sequence_len
-    out: list[int] = []
+    out = [] if out is None else out
     seq = list(ids)
     for _ in range(max_tokens):
         x = torch.tensor([seq[-window:]], dtype=torch.long, device=device)
@@ -102,8 +112,9 @@ def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, 
     """The text the model at `path` writes after `prompt`."""
     if max_tokens < 1:
         raise ConfigError(f"--max-tokens {max_tokens}: must be >= 1")
-    if temperature < 0:
-        raise ConfigError(f"--temperature {temperature}: must be >= 0 (0: always the most likely token)")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"--temperature {temperature}: must be a number >= 0 (0: always the most likely token; "
+                          "0.8 by default)")
     if top_k is not None and top_k < 0:
         raise ConfigError(f"--top-k {top_k}: must be >= 0 (0: no cut)")
     check_seed(seed, "--seed")
@@ -115,6 +126,10 @@ def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, 
                           f"{model.config.vocab_size} embedding rows: pass the tokenizer it was trained with")
     ids, stop = prompt_ids(tok, prompt, chat)
     g = torch.Generator().manual_seed(seed)
-    out = generate(model, ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k or None,
-                   generator=g, stop=stop)
+    out: list[int] = []
+    try:
+        generate(model, ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k or None, generator=g,
+                 stop=stop, out=out)
+    except KeyboardInterrupt:
+        raise SampleInterrupted(tok.decode(out), len(out)) from None
     return tok.decode(out)

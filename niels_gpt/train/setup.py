@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.seeds import check_seed
 from niels_gpt.storage.remote import open_location, tokenizer_near
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
@@ -93,6 +93,23 @@ def recorded_tokenizer_sha(where: Path) -> str | None:
     except (ValueError, AttributeError):
         return None
     return sha if isinstance(sha, str) and sha and set(sha) != {"0"} else None
+
+
+def check_data_url(url: str) -> None:
+    """The URL of a cache's split (`.../cache/train`) where the cache's is meant: ConfigError naming the cache's."""
+    try:
+        open_location(url)
+        return
+    except NielsGPTError as exc:
+        head, _, split = url.rstrip("/").rpartition("/")
+        if split not in ("train", "val"):
+            raise
+        try:
+            open_location(head)
+        except NielsGPTError:
+            raise exc from None
+    raise ConfigError(f"{url}: the {split} split of the cache {head}: train on the cache's URL ({head}); it takes "
+                      "the train split and scores the val split")
 
 
 def require_recorded_tokenizer(tok, data_path) -> None:

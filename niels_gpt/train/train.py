@@ -57,8 +57,10 @@ from niels_gpt.train.interrupt import StopRequests
 from niels_gpt.train.mfu import mfu, peak_tflops
 from niels_gpt.train.model import GPT
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
+from niels_gpt.train.pin import summary, what_differs
 from niels_gpt.train.setup import (
     check_config,
+    check_data_url,
     check_resume_settings,
     find_tokenizer,
     init_config,
@@ -106,6 +108,7 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
     check_config(cfg)
     if data is None and is_url(cfg.data):  # read through the download cache (docs/storage.md)
         apply_cache_args(cfg.local_cache, cfg.cache_limit)
+        check_data_url(cfg.data)
     resolve_attention(cfg.attention, torch.device("cpu"))  # a bad value fails here, before any work
     resume_from = resolve_resume(cfg)
     inputs = [d.strip() for d in str(cfg.data).split(",") if not is_url(d.strip())]
@@ -185,6 +188,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     if ckpt is not None:
         check_resume_settings(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from)
     vocab = data.vocab_size
+    caches = summary(getattr(data, "origins", ()))
     mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
     torch.manual_seed(cfg.seed)
     model = GPT(mcfg).to(device)
@@ -206,7 +210,15 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
             opt.load_state_dict(state)
         states = ckpt["loader"]
-        data.load_state_dict(states[rank] if len(states) == world else states[0])
+        try:
+            data.load_state_dict(states[rank] if len(states) == world else states[0])
+        except StateError as exc:  # say what differs where the checkpoint records its caches
+            differs = what_differs(ckpt.get("caches"), caches)
+            if differs is None:
+                raise
+            raise StateError(f"--resume {resume_from}: its loader state belongs to other data: {differs}: resume "
+                             f"on the data the run trained on, or start a new run from its weights with --init-from "
+                             f"{resume_from} and another --out-dir") from exc
         torch.set_rng_state(ckpt["rng"]["cpu"])
         if device.type == "cuda" and ckpt["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
@@ -270,7 +282,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                        "loader": states, "model_config": mcfg.to_dict(), "train_config": asdict(cfg),
                        "tokenizer": str(tok.model_path) if tok is not None else None,
-                       "tokenizer_sha256": data_sha,
+                       "tokenizer_sha256": data_sha, "caches": caches,
                        "rng": {"cpu": torch.get_rng_state(),
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)
@@ -282,6 +294,11 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     t_wait = time.perf_counter()
     batch = next(data)
     wait = time.perf_counter() - t_wait
+    top = int(batch["input_ids"].max())  # data that records no vocabulary (packed bins whose cache is gone)
+    if top >= mcfg.vocab_size:
+        raise ConfigError(f"{cfg.data}: token id {top} in the first batch, but the model has {mcfg.vocab_size} "
+                          f"embedding rows{' (--vocab-size)' if cfg.vocab_size else ''}: pass --vocab-size above "
+                          f"{top} (the vocabulary of the tokenizer the data was built with)")
     loader_state = data.state_dict()
     with StopRequests() as stop:
         for step in range(start, last):

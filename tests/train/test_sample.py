@@ -64,3 +64,27 @@ def test_a_tokenizer_other_than_the_recorded_one_is_refused_though_the_sizes_mat
     with pytest.raises(ConfigError, match="the tokenizer found for it .* is not the tokenizer its model"):
         sample(str(other), "The house", max_tokens=2, device="cpu")
     assert sample(trained, "The house", max_tokens=2, tokenizer=str(tokenizer.model_path), device="cpu") is not None
+
+
+def test_ctrl_c_prints_what_was_written_then_one_line(trained, monkeypatch, capsys):
+    from niels_gpt.train.model import GPT
+
+    want = sample(trained, "The house", max_tokens=3, temperature=0, device="cpu")
+    forward, calls = GPT.forward, []
+
+    def interrupted_at_the_fourth_token(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(GPT, "forward", interrupted_at_the_fourth_token)
+    capsys.readouterr()
+    status = cli(["sample", trained, "--prompt", "The house", "--temperature", "0", "--max-tokens", "10",
+                  "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert status == 130
+    assert out == f"The house{want}\n"  # the three tokens drawn before the Ctrl-C
+    assert err.strip().splitlines() == ["error: sample interrupted after 3 of at most 10 tokens; the text above is "
+                                        "what the model wrote until then"]
+    assert "caches are intact" not in err

@@ -1,0 +1,178 @@
+"""Bad-input catalogue: `train` and `sample`, third part (vocabulary, split paths and URLs, resumes on other
+data, sampling temperatures, the advice of --init-from refusals, tokenizers that are not the recorded one).
+
+Each case goes through check_case (one `error: ...` line, the right exit status, inputs unchanged); on top of
+that, every file the case's scratch directory held before the command is byte-for-byte unchanged after it, and
+no checkpoint or run record appeared.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import write_pretrain_cache
+from .test_bad_input_catalogue import Case, _snapshot, check_case, world  # noqa: F401
+from .test_bad_input_catalogue_train import _base_run, _run_copy, _sample, _train
+
+BASE_FLAGS = ["--depth", "1", "--n-embd", "32", "--sequence-len", "16", "--device-batch-size", "2", "--eval-steps",
+              "1", "--save-every", "1"]  # the base run's (test_bad_input_catalogue_train._base_run)
+
+
+def _rewrite_meta(cache: Path, **changes) -> None:
+    """meta.json with `changes`, written as a build writes it (its record_sha256 renewed)."""
+    import json
+
+    from niels_gpt.meta import write_meta
+
+    write_meta(str(cache), {**json.loads((cache / "meta.json").read_text()), **changes})
+
+
+def _packed_without_its_cache(w, tmp, **meta) -> Path:
+    """Packed bins of a copy of the world's SFT cache, that copy deleted since (its meta.json edited first)."""
+    from niels_gpt.packing import pack_sft
+
+    sft = shutil.copytree(w.sft, tmp / "sft")
+    if meta:
+        _rewrite_meta(sft, **meta)
+    pack_sft(sft, tmp / "bins", pack_size=32, algorithm="ffd", on_overflow="truncate", warn=False)
+    shutil.rmtree(sft)
+    return tmp / "bins"
+
+
+# -- train: the vocabulary -----------------------------------------------------------------------------------
+
+def vocab_size_below_the_caches(w, tmp):
+    return _train(w, tmp, "--vocab-size", "100")
+
+
+def vocab_size_below_packed_bins_ids(w, tmp):
+    bins = _packed_without_its_cache(w, tmp)
+    return ["train", str(bins), "--out-dir", str(tmp / "run"), "--steps", "1", "--depth", "1", "--n-embd", "32",
+            "--sequence-len", "32", "--device-batch-size", "2", "--vocab-size", "50"]
+
+
+def init_from_onto_packed_bins_of_another_tokenizer(w, tmp):
+    from niels_gpt.tokenizer import load_tokenizer
+
+    bins = _packed_without_its_cache(w, tmp, tokenizer_sha256="cd" * 32)
+    return ["train", str(bins), "--out-dir", str(tmp / "run"), "--steps", "1", "--sequence-len", "32",
+            "--device-batch-size", "2", "--init-from", str(_base_run(w) / "ckpt_000002.pt"),
+            "--vocab-size", str(len(load_tokenizer(w.tokenizer)))]
+
+
+# -- train: a split instead of its cache ---------------------------------------------------------------------
+
+def train_on_a_splits_path(w, tmp):
+    return _train(w, tmp, data=w.pretrain / "train")
+
+
+def train_on_a_splits_url(w, tmp):
+    from niels_gpt.storage.upload import upload_tree
+
+    url = f"memory://catalogue-train3-{tmp.name}/docs"
+    upload_tree(w.pretrain, url)
+    return _train(w, tmp, "--local-cache", str(tmp / "downloads"), data=f"{url}/train")
+
+
+# -- train: resume on other data -----------------------------------------------------------------------------
+
+def resume_on_the_compressed_copy(w, tmp):
+    pytest.importorskip("zstandard")
+    from niels_gpt.formats.convert import convert
+
+    _run_copy(w, tmp)
+    copy = tmp / "zst" / w.pretrain.name  # the same name: only the compression differs
+    convert(w.pretrain, copy, to="niels", compress="zstd", shard_bytes=8192)
+    return ["train", str(copy), "--out-dir", str(tmp / "run"), "--tokenizer", str(w.tokenizer), "--steps", "3",
+            *BASE_FLAGS, "--resume", "latest"]
+
+
+def resume_on_other_tokens(w, tmp):
+    _run_copy(w, tmp)
+    import json
+
+    meta = json.loads((w.pretrain / "meta.json").read_text())
+    other = write_pretrain_cache(tmp / "other" / w.pretrain.name, {"train": [np.arange(3000) % 90 + 5],
+                                                                   "val": [np.arange(300) % 90 + 5]},
+                                 vocab_size=meta["vocab_size"])
+    _rewrite_meta(other, tokenizer_sha256=meta["tokenizer_sha256"])  # the same tokenizer, other tokens
+    return ["train", str(other), "--out-dir", str(tmp / "run"), "--steps", "3", *BASE_FLAGS, "--resume", "latest"]
+
+
+# -- train: --init-from refusals say where to go -------------------------------------------------------------
+
+def init_from_a_missing_file(w, tmp):
+    (tmp / "runs").mkdir()
+    return _train(w, tmp, "--init-from", str(tmp / "runs" / "ckpt_000009.pt"))
+
+
+def init_from_a_truncated_checkpoint_beside_others(w, tmp):
+    run = _run_copy(w, tmp, "base")
+    ckpt = run / "ckpt_000002.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:-4096])
+    return _train(w, tmp, "--init-from", str(ckpt))
+
+
+# -- sample --------------------------------------------------------------------------------------------------
+
+def sample_temperature_nan(w, tmp):
+    return _sample(w, "--temperature", "nan")
+
+
+def sample_temperature_inf(w, tmp):
+    return _sample(w, "--temperature", "inf")
+
+
+def sample_with_another_tokenizer_of_the_same_size(w, tmp):
+    from niels_gpt.tokenizer import load_tokenizer
+
+    assert len(load_tokenizer(w.other_tokenizer)) == len(load_tokenizer(w.tokenizer))  # the same number of ids
+    return _sample(w, "--tokenizer", str(w.other_tokenizer))
+
+
+CASES = [
+    Case("train: --vocab-size below the cache's", vocab_size_below_the_caches,
+         ("--vocab-size 100", "below the", "ids", "pass --vocab-size")),
+    Case("train: --vocab-size below the ids of packed bins whose cache is gone", vocab_size_below_packed_bins_ids,
+         ("bins", "token id", "50 embedding rows", "pass --vocab-size above")),
+    Case("train: --init-from onto packed bins of another tokenizer", init_from_onto_packed_bins_of_another_tokenizer,
+         ("--init-from", "another tokenizer", "cdcdcdcdcdcd", "bins was built with", "base run's tokenizer")),
+    Case("train: a split's path", train_on_a_splits_path, ("docs/train", "the train split of the cache",
+                                                            "train on the cache directory"), reads=("pretrain",)),
+    Case("train: a split's URL", train_on_a_splits_url, ("docs/train", "the train split of the cache",
+                                                         "train on the cache's URL", "/docs)")),
+    Case("train: --resume on the compressed copy of the run's cache", resume_on_the_compressed_copy,
+         ("--resume", "other data", "same shards and token counts", "uncompressed there and zstd here",
+          "--init-from")),
+    Case("train: --resume on other tokens", resume_on_other_tokens,
+         ("--resume", "other data", "other shards or token counts", "resume on the data the run trained on")),
+    Case("train: --init-from a missing file", init_from_a_missing_file,
+         ("--init-from", "no such file", "without --init-from")),
+    Case("train: --init-from a truncated checkpoint beside others", init_from_a_truncated_checkpoint_beside_others,
+         ("--init-from", "not a readable checkpoint", "e.g. --init-from", "ckpt_000001.pt")),
+    Case("sample: --temperature nan", sample_temperature_nan, ("--temperature nan", "a number >= 0")),
+    Case("sample: --temperature inf", sample_temperature_inf, ("--temperature inf", "a number >= 0")),
+    Case("sample: another tokenizer of the same size", sample_with_another_tokenizer_of_the_same_size,
+         ("--tokenizer", "not the tokenizer its model was trained with", "pass the tokenizer the run was trained")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_train_and_sample_bad_input_gets_one_line_and_loses_nothing(case, world, tmp_path, capsys):  # noqa: F811
+    before: dict = {}
+
+    def make(w, tmp):
+        argv = case.make(w, tmp)
+        before.update(_snapshot(tmp))
+        return argv
+
+    check_case(Case(case.name, make, case.expect, case.status, case.out, case.needs, case.reads, case.report),
+               world, tmp_path, capsys)
+    after = _snapshot(tmp_path)
+    assert {k: after.get(k) for k in before} == before, "a file that was there changed"
+    new = [k for k in set(after) - set(before) if Path(k).name.startswith("ckpt_") or Path(k).name == "run.json"]
+    assert not new, f"written: {new}"
