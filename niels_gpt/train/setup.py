@@ -170,9 +170,10 @@ RESUME_FIXED = ("seed", "optimizer", "sampling", "device_batch_size", "total_bat
                 "final_lr_frac", "grad_clip", "packing", "shards_at_once")
 
 
-def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, source) -> None:
-    """Refuse a resume whose flags differ from the run's (RESUME_FIXED), naming each flag, both values and
-    the two ways on: the same flags, or a new run from the checkpoint's weights."""
+def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, source, kind: str = "") -> None:
+    """Refuse a resume whose flags differ from the run's (RESUME_FIXED; those that act on this run's data
+    `kind` and optimizer), naming each flag, both values and the two ways on: the same flags, or a new run
+    from the checkpoint's weights."""
     def effective(config: dict, ranks: int) -> dict:  # no --total-batch-size: one micro-batch per rank
         tokens = config.get("device_batch_size", 0) * config.get("sequence_len", 0) * ranks
         return {**config, "total_batch_size": config.get("total_batch_size") or tokens}
@@ -180,7 +181,11 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
     now, then = asdict(cfg), recorded
     if now["total_batch_size"] is not None or recorded.get("total_batch_size") is not None:
         now, then = effective(now, world), effective(recorded, recorded_world)  # given once: compare the tokens
-    changed = [(n, now[n], then[n]) for n in RESUME_FIXED if n in recorded and now[n] != then[n]]
+    idle = {"shards_at_once": cfg.sampling != "shards" or kind != "shards", "packing": kind != "parquet",
+            "sampling": kind not in ("", "windows", "indexed", "shards"),
+            "matrix_lr": cfg.optimizer != "muon", "adamw_matrix_lr": cfg.optimizer != "adamw"}
+    changed = [(n, now[n], then[n]) for n in RESUME_FIXED
+               if n in recorded and now[n] != then[n] and not idle.get(n, False)]
     if not changed:
         return
     flags = ", ".join(f"--{n.replace('_', '-')} {new} (the run has {old})" for n, new, old in changed)

@@ -186,7 +186,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
 
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
     if ckpt is not None:
-        check_resume_settings(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from)
+        check_resume_settings(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from,
+                              getattr(data, "kind", ""))
     vocab = data.vocab_size
     caches = summary(getattr(data, "origins", ()))
     mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
