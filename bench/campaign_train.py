@@ -13,7 +13,9 @@ kill lands where it is aimed whatever the machine's load. Then:
   - the run is rerun with `--resume latest` (or from scratch when no checkpoint was saved yet), in this process;
   - it must reach the straight run's state: the same loss at every step it logs, and a final checkpoint whose
     model and optimizer tensors equal the straight run's bit for bit (target 0 differences);
-  - leftovers: temporaries of killed saves still in the run directory after the rerun (target 0).
+  - leftovers: temporaries of killed saves still in the run directory after the rerun (target 0);
+  - the run directory's lock (`<out-dir>.lock`): a SIGKILL leaves it behind; the rerun must take it over, not
+    be refused by it (target 0), and release it when it ends (target 0 left).
 Corruption. On the straight run's last checkpoint: single-bit flips at random offsets, truncations and an
 extension. Per change: refused on load (a package error naming the file), harmless (it loads, and the payload is
 the clean one: a flip in zip padding or an unread header field), or silently different (target 0), or a crash
@@ -152,9 +154,13 @@ def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: in
             row["SIGINT: the step saved"] += bool(re.search(r"saved \S+ckpt_\d+\.pt", err))
         row["complete-looking partial"] += partial_checkpoints(out)
         resumed = any(out.glob("ckpt_*.pt"))
+        lock = out.with_name(out.name + ".lock")
+        row["lock left by the kill"] += lock.exists()  # a SIGKILL's: its holder is dead, so the rerun takes it
         status, log2, err2 = cli(args(out, *(["--resume", "latest"] if resumed else [])))
         row["reruns"] += 1
         row["rerun failed"] += status != 0
+        row["rerun refused by a stale lock"] += "another run is writing it" in err2
+        row["lock left after the rerun"] += lock.exists()
         got = {**losses(log), **losses(log2)}
         row["losses differ from the straight run"] += any(want_losses.get(s) != v for s, v in got.items())
         final = out / f"ckpt_{steps:06d}.pt"

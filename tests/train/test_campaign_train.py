@@ -1,7 +1,7 @@
 """A reduced, seeded run of the train campaign (bench/campaign_train.py; the full run's figures are in
 docs/training.md): runs killed (SIGKILL) or interrupted (SIGINT) at random moments never leave a checkpoint that
-does not verify, resume to the straight run's losses and final state bit for bit, and leave no temporaries;
-corrupted checkpoints are refused, never trained on."""
+does not verify, resume to the straight run's losses and final state bit for bit, and leave no temporaries and no
+lock that blocks the rerun; corrupted checkpoints are refused, never trained on."""
 
 import importlib.util
 from pathlib import Path
@@ -31,6 +31,8 @@ def test_killed_runs_resume_to_the_straight_run_and_leave_nothing(figures):
     assert t.get("losses differ from the straight run", 0) == 0
     assert t.get("final state differs from the straight run", 0) == 0
     assert t.get("leftovers after rerun", 0) == 0
+    assert t["lock left by the kill"] == 1  # the SIGKILL's, its holder dead
+    assert t.get("rerun refused by a stale lock", 0) == 0 and t.get("lock left after the rerun", 0) == 0
     assert t["SIGKILL while running"] == t["SIGINT while running"] == 1
     assert t["SIGINT: exit 130 with one line"] == t["SIGINT: the step saved"] == 1
 
