@@ -70,9 +70,9 @@ def test_a_killed_runs_lock_does_not_block_the_rerun(tmp_path, pretrain_cache):
     assert not (tmp_path / "run.lock").exists()
 
 
-def test_a_refused_run_leaves_no_directory_behind(tmp_path, pretrain_cache):
-    with pytest.raises(Exception, match="no ckpt_"):
-        run(pretrain_cache, tmp_path / "a" / "b" / "run", resume="latest")
-    with pytest.raises(Exception, match="steps 0"):
-        run(pretrain_cache, tmp_path / "a" / "b" / "run", steps=0)
-    assert not (tmp_path / "a").exists()
+def test_a_run_refused_under_its_lock_leaves_no_directory_behind(tmp_path, pretrain_cache):
+    from niels_gpt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--vocab-size 100: below the 2004 ids"):  # refused once the data is open
+        run(pretrain_cache, tmp_path / "a" / "b" / "run", vocab_size=100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the lock nor the directories it needed
