@@ -25,7 +25,8 @@ HELP = {
     "out_dir": "checkpoints go here (ckpt_<step>.pt and run.json); a directory of another run is refused "
                "unless --resume or --overwrite",
     "data_kind": f"auto (by what the path holds) or one of: {', '.join(KINDS)}",
-    "sampling": "pretraining caches: random windows, indexed windows with the global sampler, or shards (K at a time)",
+    "sampling": "pretraining caches: indexed windows in one global order (default; resumes on any number of ranks), "
+                "random windows per rank (resumes on the same number of ranks), or shards (K at a time)",
     "shards_at_once": "--sampling shards: shards read at a time (local disk for a cache at a URL)",
     "local_cache": "DATA at a URL (s3://, gs://, hf://, http(s)://): download cache directory (default $NIELS_GPT_CACHE)",
     "cache_limit": "DATA at a URL: size bound of the download cache, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)",
@@ -43,7 +44,8 @@ HELP = {
     "attention": "attention of packed rows: auto (flex_attention on CUDA, the explicit mask on CPU), flex or mask",
     "peak_tflops": "the device's peak dense bf16 TFLOP/s, for the MFU in the step log (default: known GPUs' table)",
     "eval_every": "val bpb every N steps (0: only at the end)",
-    "eval_steps": "val batches per bpb evaluation",
+    "eval_steps": "val batches of --device-batch-size rows per bpb evaluation, shared by the ranks (the same rows "
+                  "on any number of ranks)",
     "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL (default: no CORE)",
     "save_every": "checkpoint every N steps (the last step, and a step ended by Ctrl-C, are always saved)",
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
@@ -96,6 +98,7 @@ def register(sub) -> None:
     s.add_argument("checkpoint", help="a ckpt_<step>.pt written by train")
     s.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
     s.add_argument("--chat", action="store_true", help="render the prompt as a user turn and sample the assistant's")
+    s.add_argument("--system", default=None, help="with --chat: a system prompt, the turn before the user's")
     s.add_argument("--max-tokens", type=int, default=64, help="tokens to sample at most")
     s.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely token")
     s.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")
@@ -151,7 +154,7 @@ def run_sample(args) -> int:
     try:
         text = sample(args.checkpoint, args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer,
-                      device=args.device)
+                      device=args.device, system=args.system)
     except SampleInterrupted as stopped:  # what was written so far, then why it ends there
         show(stopped.text)
         print(f"error: sample interrupted after {stopped.tokens} of at most {args.max_tokens} tokens; the text above "

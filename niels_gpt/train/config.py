@@ -12,7 +12,7 @@ class TrainConfig:
     data: str
     out_dir: str = "runs/base"
     data_kind: str = "auto"
-    sampling: str = "random"
+    sampling: str = "indexed"  # the global order (seed, epoch): a run resumes on any number of ranks
     shards_at_once: int = 8  # sampling="shards": shards read at a time (niels_gpt/loading/shard_windows.py)
     local_cache: str | None = None  # DATA at a URL: the download cache (default $NIELS_GPT_CACHE)
     cache_limit: str | None = None  # and its bound, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)

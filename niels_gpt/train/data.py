@@ -2,8 +2,8 @@
 
 | the path holds                                | kind       | loader                                             |
 |-----------------------------------------------|------------|----------------------------------------------------|
-| a pretraining cache (meta.json kind pretrain) | `windows`  | PretrainTokenStreamDataset + RankBatchStream        |
-|   same, with `sampling="indexed"`             | `indexed`  | IndexedWindowDataset + GlobalBatchSampler + ResumableDataLoader |
+| a pretraining cache (meta.json kind pretrain) | `indexed`  | IndexedWindowDataset + GlobalBatchSampler + ResumableDataLoader |
+|   same, with `sampling="random"`              | `windows`  | PretrainTokenStreamDataset + RankBatchStream        |
 |   same, with `sampling="shards"`              | `shards`   | IndexedWindowDataset + ShardWindowSampler + ResumableDataLoader |
 | a mixture file (.toml / .json)                | `mixture`  | MixtureConfig.build + DataLoader (state per delivered batch) |
 | Parquet text shards (a `text` column)         | `parquet`  | ParquetTokenLoader (last shard is val)              |
@@ -28,7 +28,6 @@ import functools
 from collections import deque
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from niels_gpt.errors import CacheError, ConfigError, FormatError
@@ -51,6 +50,7 @@ from niels_gpt.report import unfinished_dirs
 from niels_gpt.sources.corpus import kind_of
 from niels_gpt.storage.remote import open_location
 from niels_gpt.train.pin import check_pins, pin
+from niels_gpt.train.val import find_val_pack, val_batches
 from niels_gpt.urls import is_url
 
 KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")
@@ -61,7 +61,7 @@ WHAT_ELSE = {"root": "a directory of several outputs (a build-all root): pick on
 MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
 
 
-def detect_kind(path, sampling: str = "random") -> str:
+def detect_kind(path, sampling: str = "indexed") -> str:
     """The loader kind for `path` (see the module table); ConfigError names what was found."""
     p = Path(path)
     if p.is_file() and p.suffix not in (".toml", ".json", ".parquet", ".pq", ".npy"):
@@ -206,7 +206,7 @@ class TrainData:
     """`next(data)` -> a model batch of this rank; `state_dict()`; `val_batches(steps)`; `T`, `vocab_size`."""
 
     def __init__(self, path, *, T: int, batch_size: int, seed: int, device, rank: int = 0, world_size: int = 1,
-                 kind: str = "auto", sampling: str = "random", num_workers: int = 0, tokenizer=None,
+                 kind: str = "auto", sampling: str = "indexed", num_workers: int = 0, tokenizer=None,
                  packing: str = "bestfit", vocab_size: int | None = None, prefetch: int = 0,
                  shards_at_once: int = 8):
         self.url = str(path).rstrip("/") if is_url(path) else None
@@ -324,6 +324,8 @@ class TrainData:
         if (source / "meta.json").is_file():  # the SFT cache the bins came from
             self.vocab_size = self.vocab_size or int(self._meta(source)["vocab_size"])
             self.origins.append(source)
+        val = find_val_pack(self.path, T=self.T, tokenizer_sha256=self.tokenizer_sha256)
+        self._val = ("packed_val", val) if val is not None else None
         sampler = GlobalBatchSampler(ds, self.B * self.world_size, seed=self.seed, **self._rank_args())
         collate = functools.partial(collate_packed, pad_to=self.T)
         self.source = EpochLoop(ResumableDataLoader(ds, sampler, collate_fn=collate, **self._loader_kwargs()))
@@ -359,38 +361,12 @@ class TrainData:
     def has_val(self) -> bool:
         return self._val is not None
 
-    def val_batches(self, steps: int):
-        """Up to `steps` (x, y) batches of this rank from the val split, the same every call."""
+    def val_batches(self, steps: int) -> list:
+        """This rank's share of the val split's first `steps` batches of B rows, the same every call and on
+        any number of ranks (val.py)."""
         if self._val is None:
             return []
         check_pins(self._pins)
         what, arg = self._val
-        if what == "windows_val":
-            sets = [IndexedWindowDataset(d, self.T, split="val") for d in arg]
-            ds = torch.utils.data.ConcatDataset(sets) if len(sets) > 1 else sets[0]
-            G = self.B * self.world_size
-            G = min(G, len(ds) // self.world_size * self.world_size)
-            if G < self.world_size:
-                return []
-            sampler = GlobalBatchSampler(ds, G, seed=0, shuffle=False, **self._rank_args())
-            out = []
-            for indices in sampler:
-                items = [ds[i] for i in indices]
-                out.append((torch.stack([it["input_ids"] for it in items]), torch.stack([it["labels"] for it in items])))
-                if len(out) == steps:
-                    break
-            return out
-        if what == "parquet_val":
-            loader = ParquetTokenLoader(split_files(arg, "val"), self.tokenizer, self.B, self.T,
-                                        packing="contiguous", **self._rank_args())
-            return [next(loader) for _ in range(steps)]
-        ds = SFTExampleDataset(self._src("val_tokens.bin"), self._src("val_idx.npy"), T=self.T,
-                               device="cpu", eot_id=arg)
-        order = np.arange(len(ds))[self.rank::self.world_size]
-        out = []
-        for i in range(0, len(order), self.B):
-            x, _, y_masked = ds.collate(order[i:i + self.B])
-            out.append((x, y_masked))
-            if len(out) == steps:
-                break
-        return out
+        return val_batches(what, arg, T=self.T, B=self.B, rank=self.rank, world_size=self.world_size, steps=steps,
+                           tokenizer=self.tokenizer, src=self._src)

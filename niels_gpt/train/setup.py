@@ -195,6 +195,24 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
                      f"run from its weights with --init-from {source} and another --out-dir")
 
 
+# data kinds whose loader state is one global position (a function of seed, epoch and samples drawn): a run
+# resumes from it on any number of ranks; the others hold a position per rank
+WORLD_FREE = ("indexed", "shards", "packed", "mixture")
+
+
+def check_resume_world(kind: str, recorded_world: int, world: int, source) -> None:
+    """A resume on another number of ranks than the run's, of data whose position is per rank: StateError
+    naming both numbers and the ways on."""
+    if recorded_world == world or kind in WORLD_FREE:
+        return
+    how = (" (a run with --sampling indexed, the default, resumes on any number of ranks; start one from this "
+           f"checkpoint's weights with --init-from {source}, --sampling indexed and another --out-dir)"
+           if kind == "windows" else "")
+    raise StateError(f"--resume {source}: the run read {kind} data on {recorded_world} rank(s), each from its own "
+                     f"position{' (--sampling random)' if kind == 'windows' else ''}; this resume has {world}: resume on {recorded_world} rank(s) "
+                     f"(torchrun --nproc_per_node {recorded_world}){how}")
+
+
 def check_config(cfg) -> None:
     refuse_url(cfg.out_dir, "--out-dir")
     check_seed(cfg.seed)

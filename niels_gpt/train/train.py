@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
-from niels_gpt.loading import evaluate_bpb
 from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.outputs import check_overlap
 from niels_gpt.storage.settings import apply_cache_args
@@ -62,6 +61,7 @@ from niels_gpt.train.setup import (
     check_config,
     check_data_url,
     check_resume_settings,
+    check_resume_world,
     find_tokenizer,
     init_config,
     model_config,
@@ -70,6 +70,7 @@ from niels_gpt.train.setup import (
     resolve_resume,
     setup_distributed,
 )
+from niels_gpt.train.val import score
 from niels_gpt.urls import is_url
 
 __all__ = ["TrainConfig", "TrainResult", "DivergedError", "train", "model_config", "latest_checkpoint",
@@ -188,6 +189,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     if ckpt is not None:
         check_resume_settings(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from,
                               getattr(data, "kind", ""))
+        check_resume_world(getattr(data, "kind", ""), len(ckpt["loader"]), world, resume_from)
     vocab = data.vocab_size
     caches = summary(getattr(data, "origins", ()))
     mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
@@ -253,7 +255,9 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     if token_bytes is None:
         say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
     elif not data.has_val:
-        say(f"{cfg.data}: no val split in this data: val bpb is skipped")
+        say(f"{cfg.data}: no val split in this data: val bpb is skipped" + (
+            f" (packed bins: pack the SFT cache's val split into {Path(cfg.data) / 'val'} with pack-sft --split val)"
+            if data.kind == "packed" else ""))
     result = TrainResult(step=start)
     out = Path(cfg.out_dir)
 
@@ -262,7 +266,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             return
         model.eval()
         with autocast():
-            value = evaluate_bpb(model, data.val_batches(cfg.eval_steps), token_bytes.to(device))
+            value = score(model, data.val_batches(cfg.eval_steps), token_bytes.to(device))
         model.train()
         if not math.isfinite(value):
             raise DivergedError(f"step {step}: val bits per byte is {value}; stopped before saving anything, so "

@@ -19,8 +19,8 @@ from ..loading.conftest import write_parquet
 
 
 def test_kind_follows_what_the_path_holds(tmp_path, pretrain_cache, sft_cache, packed_dir, mixture_file):
-    assert detect_kind(pretrain_cache) == "windows"
-    assert detect_kind(pretrain_cache, "indexed") == "indexed"
+    assert detect_kind(pretrain_cache) == "indexed"  # the default: one global order, any number of ranks
+    assert detect_kind(pretrain_cache, "random") == "windows"
     assert detect_kind(sft_cache) == "sft"
     assert detect_kind(packed_dir) == "packed"
     assert detect_kind(mixture_file) == "mixture"
@@ -128,7 +128,7 @@ def test_the_loader_hears_where_the_run_ends(pretrain_cache):
     per_epoch = sampler.usable // 4
     indexed.end_after(per_epoch + 2)
     assert sampler.plan_end == (1, 2 * 4)
-    windows = TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu")
+    windows = TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu", sampling="random")
     next(windows)
     windows.end_after(7)
     assert windows.source.plan_end == 1 + 7

@@ -32,7 +32,7 @@ def straight_then_resumed(tmp_path, data, first_kw=None, second_kw=None, **kw):
 @pytest.mark.parametrize("kind", ["windows", "indexed", "mixture", "sft", "packed"])
 def test_resume_reproduces_the_straight_run_bit_for_bit(tmp_path, kind, pretrain_cache, mixture_file, sft_cache,
                                                        packed_dir):
-    data, kw = {"windows": (pretrain_cache, {"total_batch_size": 2 * 4 * 16}),  # 2 micro-batches a step
+    data, kw = {"windows": (pretrain_cache, {"sampling": "random", "total_batch_size": 2 * 4 * 16}),  # 2 micro-batches a step
                 "indexed": (pretrain_cache, {"sampling": "indexed"}),
                 "mixture": (mixture_file, {}),
                 "sft": (sft_cache, {}),
@@ -72,7 +72,7 @@ def test_resume_of_parquet_shards_tokenized_on_the_fly(tmp_path, tokenizer, pack
 
 
 def test_checkpoint_holds_model_optimizers_step_rng_and_loader(tmp_path, pretrain_cache):
-    run(pretrain_cache, tmp_path, stop_at=2)
+    run(pretrain_cache, tmp_path, stop_at=2, sampling="random")
     ckpt = load_checkpoint(latest_checkpoint(tmp_path))
     assert ckpt["step"] == 2 and len(ckpt["optimizers"]) == 2  # AdamW + Muon
     assert "transformer.wte.weight" in ckpt["model"] and ckpt["rng"]["cpu"].dtype == torch.uint8
@@ -116,7 +116,7 @@ def test_two_accumulated_micro_batches_equal_one_batch_of_both(tmp_path, pretrai
 
 
 @pytest.mark.parametrize("flag,value,old", [("seed", 7, 0), ("matrix_lr", 0.5, 0.02), ("device_batch_size", 2, 4),
-                                            ("optimizer", "adamw", "muon"), ("sampling", "indexed", "random")])
+                                            ("optimizer", "adamw", "muon"), ("sampling", "random", "indexed")])
 def test_resume_refuses_a_changed_setting_naming_the_flag_and_both_values(tmp_path, pretrain_cache, flag, value, old):
     """It would run on with the run's own settings (the optimizer state holds the learning rates, the loader
     state the data order) while the new checkpoint and run.json recorded the new ones."""

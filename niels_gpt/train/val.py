@@ -1,0 +1,107 @@
+"""What a run scores for val bpb: the same rows on any number of ranks, packed rows with their documents.
+
+The rows: the val split's first `steps` batches of B rows (`--eval-steps`, `--device-batch-size`); batch
+i goes to rank i % world_size, and evaluate_bpb sums nats and bytes over the ranks, so the same weights
+score the same on 1 rank and on 8 (tests/train/test_world_size.py).
+
+Packed SFT bins are one split; their val pack is packed bins of the SFT cache's val split (`pack-sft
+CACHE OUT --split val`) at `<bins>/val`, or at `<dir>/val` beside bins at `<dir>/train`. Its rows are
+scored with their document layout (positions restart, no attention across documents), as training
+reads them: each document scores as it would alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt.errors import ConfigError, NielsGPTError
+from niels_gpt.loading import IndexedWindowDataset, ParquetTokenLoader, evaluate_bpb, split_files
+from niels_gpt.packing import collate_packed, open_packed
+from niels_gpt.readers.sft import SFTExampleDataset
+
+LAYOUT_KEYS = ("position_ids", "cu_seqlens", "doc_ids")
+
+
+def find_val_pack(bins: Path, *, T: int, tokenizer_sha256: str | None) -> Path | None:
+    """The val pack of packed train bins (the module docstring), or None; ConfigError for one that does
+    not fit them (another pack size, another tokenizer)."""
+    candidates = [bins / "val"] + ([bins.parent / "val"] if bins.name == "train" else [])
+    for cand in candidates:
+        if not cand.is_dir():
+            continue
+        try:
+            ds = open_packed(cand)
+        except NielsGPTError:
+            continue
+        size = int(getattr(ds, "pack_size", 0) or T)
+        sha = getattr(ds, "manifest", {}).get("source", {}).get("tokenizer_sha256")
+        sha = sha if isinstance(sha, str) and sha.strip("0") else None
+        if size != T:
+            raise ConfigError(f"{cand}: the val pack of {bins} has pack_size {size}, the train bins {T}: pack the val "
+                              f"split again with --pack-size {T}")
+        if sha and tokenizer_sha256 and sha != tokenizer_sha256:
+            raise ConfigError(f"{cand}: the val pack of {bins} was made with another tokenizer (sha256 {sha[:12]}...) "
+                              f"than the train bins ({tokenizer_sha256[:12]}...): pack the val split of the same "
+                              "SFT cache again")
+        return cand
+    return None
+
+
+def val_batches(what: str, arg, *, T: int, B: int, rank: int, world_size: int, steps: int, tokenizer=None,
+                src=None) -> list:
+    """This rank's share of the first `steps` val batches of B rows (the module docstring)."""
+    mine = range(rank, steps, world_size)
+    if what == "windows_val":
+        sets = [IndexedWindowDataset(d, T, split="val") for d in arg]
+        ds = torch.utils.data.ConcatDataset(sets) if len(sets) > 1 else sets[0]
+        rows, count = (B, min(steps, len(ds) // B)) if len(ds) >= B else (len(ds), 1 if len(ds) else 0)
+        out = []
+        for i in (i for i in mine if i < count):
+            items = [ds[j] for j in range(i * rows, (i + 1) * rows)]
+            out.append((torch.stack([it["input_ids"] for it in items]), torch.stack([it["labels"] for it in items])))
+        return out
+    if what == "parquet_val":
+        loader = ParquetTokenLoader(split_files(arg, "val"), tokenizer, B, T, packing="contiguous", rank=0,
+                                    world_size=1)
+        batches = [next(loader) for _ in range(steps)]
+        return [batches[i] for i in mine]
+    if what == "packed_val":
+        ds = open_packed(arg)
+        collate = functools.partial(collate_packed, pad_to=T)
+        return [collate([ds[j] for j in range(i * B, min((i + 1) * B, len(ds)))]) for i in mine if i * B < len(ds)]
+    ds = SFTExampleDataset(src("val_tokens.bin"), src("val_idx.npy"), T=T, device="cpu", eot_id=arg)
+    out = []
+    for i in (i for i in mine if i * B < len(ds)):
+        x, _, y_masked = ds.collate(np.arange(i * B, min((i + 1) * B, len(ds))))
+        out.append((x, y_masked))
+    return out
+
+
+class _WithLayout:
+    """evaluate_bpb's `model(x)` and its batches at once: each batch's document layout (packed rows) goes
+    to the model with its inputs; evaluate_bpb calls the model on a batch before it takes the next."""
+
+    def __init__(self, model, batches, device):
+        self.model, self.batches, self.device, self.layout = model, batches, device, {}
+
+    def __iter__(self):
+        for b in self.batches:
+            if isinstance(b, dict):
+                self.layout = {k: b[k].to(self.device) for k in LAYOUT_KEYS if isinstance(b.get(k), torch.Tensor)}
+                yield b["input_ids"], b["labels"]
+            else:
+                self.layout = {}
+                yield b
+
+    def __call__(self, x):
+        return self.model(x, **self.layout)
+
+
+def score(model, batches, token_bytes: torch.Tensor) -> float:
+    """Bits per byte of `model` over val batches (tuples, or dicts with a document layout), all ranks."""
+    scored = _WithLayout(model, batches, token_bytes.device)
+    return evaluate_bpb(scored, scored, token_bytes)
