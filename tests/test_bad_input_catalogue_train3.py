@@ -134,6 +134,10 @@ def sample_with_another_tokenizer_of_the_same_size(w, tmp):
     return _sample(w, "--tokenizer", str(w.other_tokenizer))
 
 
+def sample_system_prompt_without_chat(w, tmp):
+    return _sample(w, "--system", "Be brief.")
+
+
 CASES = [
     Case("train: --vocab-size below the cache's", vocab_size_below_the_caches,
          ("--vocab-size 100", "below the", "ids", "pass --vocab-size")),
@@ -158,6 +162,8 @@ CASES = [
     Case("sample: --temperature inf", sample_temperature_inf, ("--temperature inf", "a number >= 0")),
     Case("sample: another tokenizer of the same size", sample_with_another_tokenizer_of_the_same_size,
          ("--tokenizer", "not the tokenizer its model was trained with", "pass the tokenizer the run was trained")),
+    Case("sample: --system without --chat", sample_system_prompt_without_chat,
+         ("--system", "opens a conversation", "sample with --chat")),
 ]
 
 

@@ -4,7 +4,7 @@
 - the tokenizer: --tokenizer, else the one the run recorded, else a `tokenizer/` above the run's data;
 - a base prompt starts after the document separator, as every document of a pretraining cache does;
   `--chat` renders the prompt as a user turn and opens the assistant's (the library's sentinels, or the
-  tokenizer's own chat template), as the SFT data was rendered;
+  tokenizer's own chat template), as the SFT data was rendered; `--system TEXT` puts a system turn first;
 - tokens are drawn one at a time from the last `sequence_len` tokens (no KV cache: these models are
   small), with a torch.Generator seeded by --seed (temperature 0: the most likely token), until the
   end-of-text token or --max-tokens.
@@ -55,13 +55,16 @@ def checkpoint_tokenizer(ckpt: dict, path: str, given: str | None):
     return tok
 
 
-def prompt_ids(tok, prompt: str, chat: bool) -> tuple[list[int], set[int]]:
-    """(ids to continue, ids that end the continuation)."""
+def prompt_ids(tok, prompt: str, chat: bool, system: str | None = None) -> tuple[list[int], set[int]]:
+    """(ids to continue, ids that end the continuation); `system`: a system turn before the user's (chat)."""
     eot = tok.special_ids.get("eot")
+    if system is not None and not chat:
+        raise ConfigError("--system: a system prompt opens a conversation; sample with --chat (or put the text "
+                          "into --prompt)")
     if not chat:
         sep = tok.separator
         return [sep.id, *tok.encode(prompt)], {sep.id} | ({eot} if eot is not None else set())
-    turn = [{"role": "user", "content": prompt}]
+    turn = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": prompt}]
     if tok.chat_template is not None:
         from niels_gpt.tokenizer.chat import render_text  # lazy: jinja2 only for a chat template
 
@@ -108,7 +111,8 @@ def generate(model: GPT, ids: list[int], *, max_tokens: int, temperature: float,
 
 
 def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, temperature: float = 0.8,
-           top_k: int | None = 50, seed: int = 0, tokenizer: str | None = None, device: str = "auto") -> str:
+           top_k: int | None = 50, seed: int = 0, tokenizer: str | None = None, device: str = "auto",
+           system: str | None = None) -> str:
     """The text the model at `path` writes after `prompt`."""
     if max_tokens < 1:
         raise ConfigError(f"--max-tokens {max_tokens}: must be >= 1")
@@ -124,7 +128,7 @@ def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, 
     if len(tok) > model.config.vocab_size:
         raise ConfigError(f"--tokenizer {tok.model_path}: {len(tok)} ids, but the model of {path} has "
                           f"{model.config.vocab_size} embedding rows: pass the tokenizer it was trained with")
-    ids, stop = prompt_ids(tok, prompt, chat)
+    ids, stop = prompt_ids(tok, prompt, chat, system)
     g = torch.Generator().manual_seed(seed)
     out: list[int] = []
     try:

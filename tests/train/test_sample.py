@@ -43,6 +43,19 @@ def test_a_chat_prompt_is_the_user_turn_then_the_assistant_sentinel(tokenizer):
     assert stop == {tokenizer.eot_id}
 
 
+def test_a_system_prompt_is_the_turn_before_the_users(tokenizer):
+    ids, stop = prompt_ids(tokenizer, "hi there", chat=True, system="Be brief.")
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
+    assert ids == [*tokenizer.render_chat(turns).ids, tokenizer.asst_id]
+    assert ids[0] == tokenizer.special_ids["sys"] and stop == {tokenizer.eot_id}
+
+
+def test_the_sample_command_takes_a_system_prompt(trained, capsys):
+    assert cli(["sample", trained, "--prompt", "Once", "--system", "Be brief.", "--chat", "--max-tokens", "4",
+                "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("Once ->")
+
+
 def test_the_sample_command_prints_the_prompt_and_its_continuation(trained, capsys):
     assert cli(["sample", trained, "--prompt", "Once", "--max-tokens", "4", "--temperature", "0", "--chat"]) == 0
     out = capsys.readouterr().out
