@@ -134,6 +134,14 @@ def sample_with_another_tokenizer_of_the_same_size(w, tmp):
     return _sample(w, "--tokenizer", str(w.other_tokenizer))
 
 
+def keep_last_zero(w, tmp):
+    return _train(w, tmp, "--keep-last", "0")
+
+
+def keep_last_negative(w, tmp):
+    return _train(w, tmp, "--keep-last", "-1")
+
+
 def sample_system_prompt_without_chat(w, tmp):
     return _sample(w, "--system", "Be brief.")
 
@@ -162,6 +170,8 @@ CASES = [
     Case("sample: --temperature inf", sample_temperature_inf, ("--temperature inf", "a number >= 0")),
     Case("sample: another tokenizer of the same size", sample_with_another_tokenizer_of_the_same_size,
          ("--tokenizer", "not the tokenizer its model was trained with", "pass the tokenizer the run was trained")),
+    Case("train: --keep-last 0", keep_last_zero, ("--keep-last 0", "must be >= 1", "keep every checkpoint")),
+    Case("train: --keep-last -1", keep_last_negative, ("--keep-last -1", "must be >= 1", "keep every checkpoint")),
     Case("sample: --system without --chat", sample_system_prompt_without_chat,
          ("--system", "opens a conversation", "sample with --chat")),
 ]

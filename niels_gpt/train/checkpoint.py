@@ -23,6 +23,9 @@ decides before any work:
 | the data, inside it, or above it                | refused (niels_gpt.outputs.check_overlap)          |
 | a run directory another train is writing        | refused, naming its pid (`run_lock`)               |
 
+`--keep-last N` prunes as the run saves: its newest N checkpoints stay, older ones that run.json records
+go (`prune_checkpoints`); the newest, the one `--resume latest` takes, always stays.
+
 `run_lock` holds `<out-dir>.lock` beside the run directory for the whole run, as `build` holds its
 output's (niels_gpt/staging.py, the same lock): a second train (or a build) into the same directory is
 refused at once, naming the holder; a lock whose process died (a killed run) is taken over.
@@ -254,6 +257,27 @@ def _remove_if_empty(made: list[Path]) -> None:
     for d in made:
         with contextlib.suppress(OSError):
             d.rmdir()
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove this run's checkpoints but the newest `keep` (--keep-last); returns the removed files.
+
+    Only checkpoints run.json records (files this run wrote into `out_dir`) go, never the newest (the one
+    `--resume latest` takes); run.json is rewritten to record what is left."""
+    out = Path(out_dir)
+    record = read_run(out)
+    if record is None or keep < 1:
+        return []
+    listed = record.get("checkpoints", {})
+    ours = [p for p in checkpoints(out) if p.name in listed]
+    newest = latest_checkpoint(out)
+    gone = [p for p in ours[:-keep] if p != newest]
+    for p in gone:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    kept = {name: v for name, v in listed.items() if (out / name).is_file()}
+    write_run(out, {**{k: v for k, v in record.items() if k != "kind"}, "checkpoints": kept})
+    return gone
 
 
 def remove_run(files: list[Path]) -> None:

@@ -48,6 +48,7 @@ HELP = {
                   "on any number of ranks)",
     "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL (default: no CORE)",
     "save_every": "checkpoint every N steps (the last step, and a step ended by Ctrl-C, are always saved)",
+    "keep_last": "keep the newest N checkpoints of this run, removing its older ones as it saves (default: keep all)",
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
     "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
     "init_from": "start a new run from this checkpoint's weights (its shape; data kind, --sequence-len and "

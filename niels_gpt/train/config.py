@@ -53,6 +53,7 @@ class TrainConfig:
     core: str | None = None  # "bundled", a CORE bundle directory, or a URL of its zip
     core_max_items: int | None = None
     save_every: int = 0
+    keep_last: int | None = None  # keep this run's newest N checkpoints, remove older ones (None: keep all)
     stop_at: int | None = None  # leave the loop after this step (checkpointing it): a planned interruption
     resume: str | None = None  # "latest" or a checkpoint path
     init_from: str | None = None  # a checkpoint whose weights start this (new) run

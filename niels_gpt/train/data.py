@@ -340,6 +340,19 @@ class TrainData:
     def state_dict(self) -> dict:
         return {"kind": self.kind, "loader": self.source.state_dict()}
 
+    def epoch(self) -> float | None:
+        """Passes over the train split so far, at the loop's position (None where the loader has no epoch)."""
+        state = self.source.state_dict()
+        if "samples_consumed" in state:  # a global sampler's delivered position
+            return state["epoch"] + state["samples_consumed"] / self.source.loader.batch_sampler.usable
+        per_epoch = {"windows": ("train_tokens", self.T), "sft": ("train_examples", 1)}.get(self.kind)
+        if per_epoch is None or "step" not in state:
+            return None
+        if not hasattr(self, "_epoch_units"):  # read once: the log asks every step
+            self._epoch_units = int(self._meta(self.path)["totals"].get(per_epoch[0], 0))
+        units = self._epoch_units
+        return state["step"] * self.B * self.world_size * per_epoch[1] / units if units else None
+
     def end_after(self, batches: int) -> None:
         """The run takes `batches` more batches: a remote cache's prefetching stops at the last one."""
         source = getattr(self.source, "loader", self.source)

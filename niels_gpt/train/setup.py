@@ -223,6 +223,9 @@ def check_config(cfg) -> None:
                           "and data position), --init-from starts a new one from another run's weights; pick one")
     if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
         raise ConfigError(f"--peak-tflops {cfg.peak_tflops}: must be > 0 (the device's dense bf16 TFLOP/s)")
+    if cfg.keep_last is not None and cfg.keep_last < 1:
+        raise ConfigError(f"--keep-last {cfg.keep_last}: must be >= 1 (the newest checkpoints kept; leave it out to "
+                          "keep every checkpoint)")
     if cfg.prefetch < 0:
         raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
     for name in ("sequence_len", "device_batch_size"):

@@ -45,10 +45,12 @@ from niels_gpt.train.checkpoint import (
     checkpoint_name,
     latest_checkpoint,
     load_checkpoint,
+    prune_checkpoints,
     remove_run,
     run_lock,
     save_checkpoint,
 )
+from niels_gpt.train.clock import RunClock
 from niels_gpt.train.config import TrainConfig
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.eval_core import run_core
@@ -292,7 +294,9 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)
             result.checkpoint = str(path)
-            say(f"step {step:05d} | checkpoint {path}")
+            pruned = prune_checkpoints(out, cfg.keep_last) if cfg.keep_last else []
+            say(f"step {step:05d} | checkpoint {path}" + (f" (--keep-last {cfg.keep_last}: removed "
+                                                           f"{', '.join(p.name for p in pruned)})" if pruned else ""))
 
     last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     getattr(data, "end_after", lambda n: None)((cfg.steps - start) * accum)  # no prefetch past the last step
@@ -305,6 +309,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                           f"embedding rows{' (--vocab-size)' if cfg.vocab_size else ''}: pass --vocab-size above "
                           f"{top} (the vocabulary of the tokenizer the data was built with)")
     loader_state = data.state_dict()
+    clock = RunClock(start, last)
     with StopRequests() as stop:
         for step in range(start, last):
             sync()
@@ -364,7 +369,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             if master and cfg.log_every and (step % cfg.log_every == 0 or step + 1 == last):
                 say(f"step {step + 1:05d}/{cfg.steps:05d} | loss {loss_value:.4f} | lrm {lrm:.2f} | "
                     f"tok/s {total / dt:,.0f}{'' if util is None else f' | mfu {util:.1f}%'} | "
-                    f"data wait {1e3 * step_wait:.1f} ms ({stall:.1f}% of dt) | dt {1e3 * dt:.0f} ms")
+                    f"data wait {1e3 * step_wait:.1f} ms ({stall:.1f}% of dt) | dt {1e3 * dt:.0f} ms"
+                    + clock.fields(step + 1, getattr(data, "epoch", lambda: None)()))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 != last:
                 bpb(step + 1)
             saved = step + 1 == last or (cfg.save_every and (step + 1) % cfg.save_every == 0)
