@@ -32,7 +32,7 @@ def test_two_gloo_ranks_train_on_disjoint_rows_and_match_one_process(tmp_path, p
     assert (r0["world"], r1["world"]) == (2, 2)
     # each step: the ranks' rows are disjoint, and together they are the 1-process run's global batch
     cfg = TrainConfig(data=str(pretrain_cache), out_dir=str(tmp_path / "one"), steps=3, depth=1, n_embd=32, n_head=2,
-                      sequence_len=16, device_batch_size=8, sampling="indexed", eval_steps=2, log_every=0)
+                      sequence_len=16, device_batch_size=8, sampling="indexed", eval_steps=1, log_every=0)
     one = train(cfg, token_bytes=torch.ones(2004, dtype=torch.int64), log=lambda *a: None, record_rows=True)
     for a, b, both in zip(r0["rows"], r1["rows"], one.rows, strict=True):
         assert not {tuple(x) for x in a} & {tuple(x) for x in b}
@@ -57,7 +57,8 @@ def test_two_gloo_ranks_train_on_disjoint_rows_and_match_one_process(tmp_path, p
         assert moved > 0 and off <= 0.01 * moved, (name, off, moved)
     assert r0["losses"] == r1["losses"]  # the logged loss is all-reduced
     torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(one.losses), atol=1e-5, rtol=1e-5)
-    # bpb is all-reduced: both ranks report the union of their val rows, which is the 1-process figure
+    # bpb is all-reduced: both ranks report the union of their val rows (2 batches of 4), which the 1-process
+    # run scores as 1 batch of 8
     assert r0["val_bpb"] == r1["val_bpb"]
     assert abs(r0["val_bpb"][-1][1] - one.val_bpb[-1][1]) < 1e-5
     assert r0["checkpoint"] and Path(r0["checkpoint"]).is_file() and r1["checkpoint"] is None
