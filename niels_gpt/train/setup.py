@@ -179,8 +179,9 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
         return {**config, "total_batch_size": config.get("total_batch_size") or tokens}
 
     now, then = asdict(cfg), recorded
-    if now["total_batch_size"] is not None or recorded.get("total_batch_size") is not None:
-        now, then = effective(now, world), effective(recorded, recorded_world)  # given once: compare the tokens
+    if world != recorded_world or now["total_batch_size"] is not None or recorded.get("total_batch_size") is not None:
+        # given once, or other ranks: compare the tokens a step takes
+        now, then = effective(now, world), effective(recorded, recorded_world)
     idle = {"shards_at_once": cfg.sampling != "shards" or kind != "shards", "packing": kind != "parquet",
             "sampling": kind not in ("", "windows", "indexed", "shards"),
             "matrix_lr": cfg.optimizer != "muon", "adamw_matrix_lr": cfg.optimizer != "adamw"}
