@@ -24,7 +24,8 @@ decides before any work:
 | a run directory another train is writing        | refused, naming its pid (`run_lock`)               |
 
 `--keep-last N` prunes as the run saves: its newest N checkpoints stay, older ones that run.json records
-go (`prune_checkpoints`); the newest, the one `--resume latest` takes, always stays.
+go (`prune_checkpoints`); the newest, the one `--resume latest` takes, and one that a run beside it started
+from (`--init-from`, in that run's run.json) always stay.
 
 `run_lock` holds `<out-dir>.lock` beside the run directory for the whole run, as `build` holds its
 output's (niels_gpt/staging.py, the same lock): a second train (or a build) into the same directory is
@@ -263,21 +264,33 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
     """Remove this run's checkpoints but the newest `keep` (--keep-last); returns the removed files.
 
     Only checkpoints run.json records (files this run wrote into `out_dir`) go, never the newest (the one
-    `--resume latest` takes); run.json is rewritten to record what is left."""
+    `--resume latest` takes) nor one a run beside it started from (its run.json's init_from); run.json is
+    rewritten to record what is left."""
     out = Path(out_dir)
     record = read_run(out)
     if record is None or keep < 1:
         return []
     listed = record.get("checkpoints", {})
     ours = [p for p in checkpoints(out) if p.name in listed]
-    newest = latest_checkpoint(out)
-    gone = [p for p in ours[:-keep] if p != newest]
+    kept = {latest_checkpoint(out).resolve(), *_started_from(out)}
+    gone = [p for p in ours[:-keep] if p.resolve() not in kept]
     for p in gone:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     kept = {name: v for name, v in listed.items() if (out / name).is_file()}
     write_run(out, {**{k: v for k, v in record.items() if k != "kind"}, "checkpoints": kept})
     return gone
+
+
+def _started_from(out: Path) -> set[Path]:
+    """Checkpoints that the runs beside `out` (directories next to it with a run.json) started from
+    (--init-from, as their run.json records it)."""
+    found = set()
+    for record in out.parent.glob(f"*/{RUN_NAME}"):
+        source = (read_run(record.parent) or {}).get("init_from")
+        if isinstance(source, str) and source:
+            found.add(Path(source).resolve())
+    return found
 
 
 def remove_run(files: list[Path]) -> None:

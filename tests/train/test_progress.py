@@ -56,3 +56,11 @@ def test_keep_last_removes_the_runs_older_checkpoints_and_keeps_the_newest(tmp_p
     assert [p.name for p in checkpoints(out)] == ["ckpt_000001.pt", "ckpt_000007.pt"]
     assert latest_checkpoint(out).name == "ckpt_000007.pt"
     assert list(json.loads((out / "run.json").read_text())["checkpoints"]) == ["ckpt_000007.pt"]
+
+
+def test_keep_last_keeps_the_checkpoint_a_run_beside_it_started_from(tmp_path, pretrain_cache):
+    base, sft = tmp_path / "runs" / "base", tmp_path / "runs" / "sft"
+    run(pretrain_cache, base, steps=4, save_every=1, stop_at=2)
+    run(pretrain_cache, sft, steps=1, init_from=str(base / "ckpt_000002.pt"))
+    run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
+    assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]  # 1 and 3 went
