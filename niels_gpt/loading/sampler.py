@@ -25,7 +25,9 @@ torch DataLoader) and torchdata's `StatefulDataLoader` both report the last batc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import weakref
 
 import torch
 from torch.utils.data import DataLoader
@@ -236,7 +238,8 @@ class ResumableDataLoader(DataLoader):
     Workers prefetch ahead of the training loop, so the sampler itself runs ahead of what was delivered;
     the loader keeps its own copy of the state, advanced once per delivered batch. Without workers,
     `assemble_ahead` batches are assembled on a background thread while the loop runs (loading/ahead.py;
-    0: in the loop's thread).
+    0: in the loop's thread). A loop left with `break` and entered again gets the next batch it has not
+    seen: the new iteration ends the old one (its workers, its thread) and starts from the delivered state.
     """
 
     def __init__(self, dataset, batch_sampler, *, assemble_ahead: int = ASSEMBLE_AHEAD, **kwargs):
@@ -251,18 +254,37 @@ class ResumableDataLoader(DataLoader):
         self.assemble_ahead = int(assemble_ahead)
         self._position: tuple[int, int] | None = None
         self._delivered: dict | None = None
+        self._active = None  # the iteration in progress, ended by the next one
 
     def __iter__(self):
+        # NOTE: a loop left with `break` leaves its iteration suspended, its workers or thread holding batches
+        # made but never delivered; a new iteration ends it and rewinds the sampler to the last delivered batch.
+        self.close()
         sampler = self.batch_sampler
-        if not isinstance(sampler, GlobalBatchSampler):
-            yield from self._iter_stateful(sampler)
-            return
+        it = self._iter_global(sampler) if isinstance(sampler, GlobalBatchSampler) else self._iter_stateful(sampler)
+        # NOTE: a weak reference: a strong one would make loader and iteration a cycle, collected at some later
+        # moment instead of when the loop drops it (workers then shut down in the middle of other work)
+        self._active = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """End the iteration in progress now: its workers or thread stop; the state stays the delivered one."""
+        it = self._active() if self._active is not None else None
+        self._active = None
+        if it is not None:
+            it.close()
+
+
+    def _iter_global(self, sampler):
+        if self._position is not None:
+            sampler.epoch, sampler.samples_consumed = self._position
         epoch, consumed = sampler.next_position()
         self._position = (epoch, consumed)
-        for batch in self._batches():
-            consumed += sampler.global_batch_size
-            self._position = (epoch, consumed)
-            yield batch
+        with contextlib.closing(self._batches()) as batches:
+            for batch in batches:
+                consumed += sampler.global_batch_size
+                self._position = (epoch, consumed)
+                yield batch
         self._position = (epoch + 1, 0)
 
     def _iter_stateful(self, sampler):
@@ -271,17 +293,24 @@ class ResumableDataLoader(DataLoader):
             sampler.load_state_dict(self._delivered)
         state = sampler.state_dict()
         self._delivered = state
-        for batch in self._batches():
-            state = sampler.advance_state(state)
-            self._delivered = state
-            yield batch
+        with contextlib.closing(self._batches()) as batches:
+            for batch in batches:
+                state = sampler.advance_state(state)
+                self._delivered = state
+                yield batch
 
     def _batches(self):
         """The DataLoader's batches. Without workers and pinning: the same fetch (`__getitems__` where the
         dataset has it) and collate, without the DataLoader's per-batch machinery (~0.15 ms of a 0.3 ms
         IndexedWindowDataset batch here)."""
         if self.num_workers or self.pin_memory:
-            yield from super().__iter__()
+            it = super().__iter__()
+            try:
+                yield from it
+            finally:  # the workers stop now, not when the iterator is collected
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
             return
         getitems = getattr(self.dataset, "__getitems__", None)
 
@@ -300,6 +329,7 @@ class ResumableDataLoader(DataLoader):
         return sampler.state_at(*self._position)
 
     def load_state_dict(self, state: dict) -> None:
+        self.close()
         self.batch_sampler.load_state_dict(state)
         self._position = None
         self._delivered = None
