@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 
 from niels_gpt.errors import ConfigError, NielsGPTError
+from niels_gpt.loading.ahead import put_until_stopped, start_producer, stop_producer
 
 MODES = ("auto", "thread", "process")
 POLL_S = 0.1  # how often a blocked producer or consumer looks at the stop flag / the worker's pulse
@@ -97,13 +98,8 @@ class Prefetcher:
             self._worker.join()
             self._queue.close()
             self._queue.join_thread()
-        else:
-            while self._worker.is_alive():
-                try:  # a producer blocked on a full queue wakes up, sees the flag and ends
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    pass
-                self._worker.join(timeout=POLL_S)
+        else:  # a producer blocked on a full queue wakes up, sees the flag and ends
+            stop_producer(self._worker)
         self._worker, self._queue = None, None
         self._stop = threading.Event()
 
@@ -115,15 +111,15 @@ class Prefetcher:
     def _start(self) -> None:
         if self.mode == "thread":
             self._queue = queue.Queue(maxsize=self.depth)
-            self._worker = threading.Thread(target=_run, name="batch-prefetch", daemon=True,
-                                            args=(self._produce, self._state, self._queue, self._stop))
+            self._worker = start_producer(_run, (self._produce, self._state, self._queue, self._stop),
+                                          stop=self._stop, q=self._queue, name="batch-prefetch")
         else:
             ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
             self._queue = ctx.Queue(maxsize=self.depth)
             self._stop = ctx.Event()
             self._worker = ctx.Process(target=_run_in_process, name="batch-prefetch", daemon=True,
                                        args=(self._spec, self._start_state, self._queue, self._stop, os.getpid()))
-        self._worker.start()
+            self._worker.start()
 
     def _alive(self) -> bool:
         return self._worker is not None and self._worker.is_alive()
@@ -135,25 +131,14 @@ class Prefetcher:
             pass
 
 
-def _put(q, item, stop) -> bool:
-    """Put, waiting while the queue is full; False once asked to stop."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
 def _run(produce, state, q, stop) -> None:
     try:
         while not stop.is_set():
             item = produce()
-            if not _put(q, ("item", (item, state())), stop):
+            if not put_until_stopped(q, ("item", (item, state())), stop):
                 return
     except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
-        _put(q, ("error", exc), stop)
+        put_until_stopped(q, ("error", exc), stop)
 
 
 def _run_in_process(spec, start_state, q, stop, parent: int) -> None:
@@ -166,16 +151,16 @@ def _run_in_process(spec, start_state, q, stop, parent: int) -> None:
         if start_state is not None:
             loader.load_state_dict(start_state)
     except BaseException as exc:  # noqa: BLE001
-        _put(q, ("error", _picklable(exc)), stop)
+        put_until_stopped(q, ("error", _picklable(exc)), stop)
         return
     produce, state = loader.produce, loader.state_now
     try:
         while not stop.is_set():
             item = produce()
-            if not _put(q, ("item", (item, state())), stop):
+            if not put_until_stopped(q, ("item", (item, state())), stop):
                 return
     except BaseException as exc:  # noqa: BLE001
-        _put(q, ("error", _picklable(exc)), stop)
+        put_until_stopped(q, ("error", _picklable(exc)), stop)
 
 
 def _picklable(exc: BaseException) -> BaseException:
