@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 import os
 
 from niels_gpt.errors import ConfigError, StateError
@@ -96,3 +98,33 @@ def check_peer_state(state: object, *, kind: str, fingerprint: str, fields: tupl
     if "kind" in state:
         check_state(state, kind=kind, fingerprint=fingerprint, fields=fields)
     return state
+
+
+def state_int(kind: str, state: dict, field: str, *, minimum: int | None = 0) -> int:
+    """state[field] as an int, refused unless it is an integer (not a bool, not 2.5) >= `minimum`."""
+    value = state[field]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (minimum is not None and value < minimum):
+        need = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise StateError(f"{kind} state: {field} = {value!r}; expected {need}: the state is hand-edited or "
+                         "corrupt, resume from the state_dict() the loader wrote")
+    return int(value)
+
+
+def state_ints(kind: str, state: dict, field: str, *, length: int | None = None) -> list[int]:
+    """state[field] as a list of ints >= 0 (of `length` items when given)."""
+    values = state[field]
+    if not isinstance(values, (list, tuple)) or (length is not None and len(values) != length):
+        need = "a list" if length is None else f"a list of {length}"
+        raise StateError(f"{kind} state: {field} = {values!r}; expected {need} of integers >= 0: the state is "
+                         "hand-edited or corrupt, resume from the state_dict() the loader wrote")
+    return [state_int(kind, {f"{field}[{i}]": v}, f"{field}[{i}]") for i, v in enumerate(values)]
+
+
+def state_floats(kind: str, state: dict, field: str, *, length: int) -> list[float]:
+    """state[field] as a list of `length` finite numbers."""
+    values = state[field]
+    if (not isinstance(values, (list, tuple)) or len(values) != length
+            or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) for v in values)):
+        raise StateError(f"{kind} state: {field} = {values!r}; expected a list of {length} finite numbers: the "
+                         "state is hand-edited or corrupt, resume from the state_dict() the loader wrote")
+    return [float(v) for v in values]

@@ -25,10 +25,19 @@ from pathlib import Path
 
 import torch
 
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.sampler import epoch_permutation, mix_seed
 from niels_gpt.loading.windows import IndexedWindowDataset
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, fingerprint, resolve_rank
+from niels_gpt.resume import (
+    STATE_VERSION,
+    check_state,
+    dataset_fingerprint,
+    fingerprint,
+    resolve_rank,
+    state_floats,
+    state_int,
+    state_ints,
+)
 
 MIXTURE_KIND = "mixture_sampler"
 TEMPERATURE = 1.0
@@ -184,11 +193,15 @@ class MixtureSampler:
     def load_state_dict(self, state: dict) -> None:
         state = check_state(state, kind=MIXTURE_KIND, fingerprint=self.fingerprint,
                             fields=("step", "drawn", "carry", "seed"))
-        if len(state["drawn"]) != len(self.drawn) or len(state["carry"]) != len(self.carry):
-            raise ConfigError(f"mixture state has {len(state['drawn'])} datasets, this mixture {len(self.drawn)}")
-        self.step, self.seed = int(state["step"]), int(state["seed"])
-        self.drawn = [int(x) for x in state["drawn"]]
-        self.carry = [float(x) for x in state["carry"]]
+        n = len(self.drawn)
+        if isinstance(state["drawn"], list) and len(state["drawn"]) != n:
+            raise StateError(f"mixture state has {len(state['drawn'])} datasets, this mixture {n}: resume with "
+                             "the datasets the state was written for")
+        step = state_int(MIXTURE_KIND, state, "step")
+        seed = state_int(MIXTURE_KIND, state, "seed", minimum=None)
+        drawn = state_ints(MIXTURE_KIND, state, "drawn", length=n)
+        carry = state_floats(MIXTURE_KIND, state, "carry", length=n)
+        self.step, self.seed, self.drawn, self.carry = step, seed, drawn, carry
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ import torch
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
 from niels_gpt.loading.parquet_ahead import Prefetcher, resolve_mode
-from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
 TEXT_COLUMN = "text"
 TOKENIZER_BATCH_SIZE = 128
@@ -298,8 +298,6 @@ class ParquetTokenLoader:
         return self.state_now() if self._delivered is None else dict(self._delivered)
 
     def load_state_dict(self, state: dict) -> None:
-        if self._ahead is not None:
-            self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
         state = check_state(state, kind=PARQUET_KIND, fingerprint=self.docs.fingerprint,
                             fields=("packing", "rank", "world_size", "buffer_size", "next_doc"))
         mine = {"packing": self.packing, "rank": self.rank, "world_size": self.world_size,
@@ -308,10 +306,17 @@ class ParquetTokenLoader:
         if theirs != mine:
             raise StateError(f"parquet loader state was written with {theirs}, this loader has {mine}: each rank "
                              "must load its own state with the same world size, packing and buffer size")
+        next_doc = state_int(PARQUET_KIND, state, "next_doc")
         if self.packing == "contiguous":
-            self._restart(next_doc=int(state["next_doc"]), offset=int(state.get("offset", 0)), buffer=[])
+            offset, buffer = state_int(PARQUET_KIND, {"offset": 0, **state}, "offset"), []
         else:
-            self._restart(next_doc=int(state["next_doc"]), offset=0, buffer=[int(d) for d in state["buffer"]])
+            offset, buffer = 0, state_ints(PARQUET_KIND, {"buffer": None, **state}, "buffer")
+            if any(d >= next_doc for d in buffer):
+                raise StateError(f"{PARQUET_KIND} state: buffer holds doc ids >= next_doc = {next_doc}; the "
+                                 "state is hand-edited or corrupt, resume from the state_dict() the loader wrote")
+        if self._ahead is not None:
+            self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
+        self._restart(next_doc=next_doc, offset=offset, buffer=buffer)
         self._delivered = self.state_now()
         if self._ahead is not None:
             self._ahead.restart_at(self._delivered)

@@ -32,11 +32,11 @@ import weakref
 import torch
 from torch.utils.data import DataLoader
 
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.ahead import assembled_ahead
 from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
 from niels_gpt.loading.windows import IndexedWindowDataset, collate_windows
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank, state_int
 
 SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")
@@ -219,11 +219,14 @@ class GlobalBatchSampler:
     def load_state_dict(self, state: dict) -> None:
         state = check_state(state, kind=self.kind, fingerprint=self.fingerprint, fields=STATE_FIELDS)
         self.check_order_state(state)
-        consumed = int(state["samples_consumed"])
-        if not 0 <= consumed <= self.num_samples:
-            raise ConfigError(f"sampler state: samples_consumed {consumed} outside [0, {self.num_samples}]")
+        epoch = state_int(self.kind, state, "epoch")
+        consumed = state_int(self.kind, state, "samples_consumed")
+        seed = state_int(self.kind, state, "seed", minimum=None)
+        if consumed > self.num_samples:
+            raise StateError(f"{self.kind} state: samples_consumed = {consumed}; expected 0..{self.num_samples} "
+                             "(the dataset's samples): the state is hand-edited or corrupt")
         # The state's seed wins: it is the seed the interrupted run was drawing from.
-        self.seed, self.epoch, self.samples_consumed = int(state["seed"]), int(state["epoch"]), consumed
+        self.seed, self.epoch, self.samples_consumed = seed, epoch, consumed
 
 
 class ResumableDataLoader(DataLoader):

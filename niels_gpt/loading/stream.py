@@ -18,7 +18,7 @@ from __future__ import annotations
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.prefetch import DrawPlan
 from niels_gpt.loading.sampler import mix_seed
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank, state_int
 
 STREAM_KIND = "rank_batch_stream"
 
@@ -93,4 +93,5 @@ class RankBatchStream:
             raise StateError(f"stream state: written with draw_rows={state['draw_rows']}, global batch "
                               f"{state['global_batch_size']}; this stream has {self.draw_rows}, "
                               f"{self.global_batch_size}: construct the stream with the checkpoint's values")
-        self.seed, self.step = int(state["seed"]), int(state["step"])
+        self.seed = state_int(STREAM_KIND, state, "seed", minimum=None)
+        self.step = state_int(STREAM_KIND, state, "step")
