@@ -4,7 +4,8 @@ A resume state is a plain JSON-able dict (no tensors, no pickle) carrying a `kin
 `fingerprint` of the data it belongs to. `check_state` refuses a state of another kind, version or
 dataset with a StateError that names both fingerprints, so a checkpoint of one corpus can never
 silently drive the loader of another. A dataset names its own data with a `fingerprint()` method
-(`dataset_fingerprint` falls back to its class and length); nothing guesses from attribute names.
+(a sampler refuses a dataset without one: two datasets of one length are not the same data); nothing
+guesses from attribute names or lengths.
 """
 
 from __future__ import annotations
@@ -47,13 +48,23 @@ def fingerprint(*parts: object) -> str:
 
 
 def dataset_fingerprint(dataset) -> str:
-    """A dataset's own `fingerprint` when it has one, else its class name and length."""
+    """A dataset's own `fingerprint`; a `range` and torch's ConcatDataset (of named datasets) name themselves.
+
+    A dataset that does not name its content is refused: its length alone would let the state of one
+    dataset load into another of the same size."""
+    if isinstance(dataset, range):
+        return fingerprint("range", dataset.start, dataset.stop, dataset.step)
+    parts = getattr(dataset, "datasets", None)
+    if type(dataset).__name__ == "ConcatDataset" and isinstance(parts, list):
+        return fingerprint("concat", [dataset_fingerprint(d) for d in parts])
     fp = getattr(dataset, "fingerprint", None)
     if callable(fp):
         fp = fp()
     if isinstance(fp, str):
         return fp
-    return fingerprint(type(dataset).__qualname__, len(dataset))
+    raise ConfigError(f"{type(dataset).__name__} does not name its content (no fingerprint() method returning a "
+                      "str), so a resume state could load into other data of the same length: give the dataset a "
+                      "fingerprint(), e.g. a sha256 over its files' records")
 
 
 def cache_fingerprint(dataset, directory, meta: dict, T) -> str:

@@ -64,6 +64,13 @@ class LegacyPackedDataset(Dataset):
             raise FormatError(f"{where}: input_ids outside the int32 range")
         return {"input_ids": ids.astype(np.int32), "loss_mask": mask, "seq_boundaries": np.append(starts, len(ids))}
 
+    def fingerprint(self) -> str:
+        """The identity of these bins in resume states: the .npy file's sha256 (it is read whole anyway)."""
+        from niels_gpt.meta import sha256_file
+        from niels_gpt.resume import fingerprint
+
+        return fingerprint("legacy_packed", sha256_file(self.path))
+
 
 def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:
     """Write any packed dataset (legacy, Parquet, memmap) as a memmap_padded_v1 shard.

@@ -13,6 +13,7 @@ from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.sampler import ResumableDataLoader
 from niels_gpt.loading.shard_windows import ShardWindowSampler, shard_window_order
 from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.resume import fingerprint
 
 from ..conftest import write_pretrain_cache
 
@@ -34,6 +35,9 @@ class Shards(Dataset):
 
     def shard_counts(self):
         return self.counts
+
+    def fingerprint(self):
+        return fingerprint("shards", self.counts)
 
     def shard_of(self, i):
         return bisect.bisect_right(self.first, i) - 1
