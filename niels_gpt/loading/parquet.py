@@ -1,7 +1,8 @@
 """Streaming pretraining batches from Parquet text shards, tokenized on the fly, for DDP.
 
 - row groups of all files, in file order, form one list; rank r of W takes groups r, r+W, r+2W, ...
-  (strided over the whole list, not per file, so small files do not starve high ranks);
+  (strided over the whole list, not per file, so small files do not starve high ranks); each file's footer
+  is read once on open, and a rank keeps at most OPEN_FILES (4) files open while it reads;
 - each document becomes [BOS] + encode(text); documents are numbered in the rank's stream order
   (doc id k, growing across epochs), which is what a state records;
 - packing "contiguous": the documents are one token stream; a batch is the next B*T+1 tokens,
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,17 @@ TEXT_COLUMN = "text"
 TOKENIZER_BATCH_SIZE = 128
 PACKINGS = ("contiguous", "bestfit")
 PARQUET_KIND = "parquet_token_loader"
+OPEN_FILES = 4  # Parquet files a rank keeps open at once
+
+
+def _read_metadata(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise SourceError(f"{path}: not a readable Parquet file ({exc}); re-download it") from exc
 
 
 def list_parquet_files(data_dir: str | os.PathLike) -> list[Path]:
@@ -77,14 +89,15 @@ class RankDocuments:
             raise ConfigError(f"tokenizer {tokenizer.model_path} has no BOS token; pass bos_id=")
         self.batch_size, self.threads = batch_size, threads
         self.tokens_encoded = 0  # every token tokenized, including look-ahead and re-reads on resume
-        self._pf: dict[int, object] = {}
+        self._pf: OrderedDict[int, object] = OrderedDict()  # the files open now, least recently read first
         groups = []
         for fi, path in enumerate(self.files):
-            pf = self._open(fi)
-            if text_column not in pf.schema_arrow.names:
-                raise SourceError(f"{path}: no column {text_column!r} (columns: {pf.schema_arrow.names}); "
-                                  "pass text_column=")
-            md = pf.metadata
+            # NOTE: each footer is read once and the file closed: thousands of shards never hold
+            # thousands of descriptors (the default limit is 1,024)
+            md = _read_metadata(path)
+            names = md.schema.to_arrow_schema().names
+            if text_column not in names:
+                raise SourceError(f"{path}: no column {text_column!r} (columns: {names}); pass text_column=")
             groups += [(fi, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
         if len(groups) < world_size:
             raise ConfigError(f"{len(groups)} row groups in {len(self.files)} file(s) for world_size {world_size}: "
@@ -99,11 +112,20 @@ class RankDocuments:
                                        text_column, tokenizer.sha256, self.bos)
 
     def _open(self, fi: int):
+        """File `fi`, open; at most OPEN_FILES stay open (a rank reads its groups file after file)."""
         import pyarrow.parquet as pq
 
-        if fi not in self._pf:
-            self._pf[fi] = pq.ParquetFile(self.files[fi])
+        if fi in self._pf:
+            self._pf.move_to_end(fi)
+            return self._pf[fi]
+        while len(self._pf) >= OPEN_FILES:
+            self._pf.popitem(last=False)[1].close()
+        self._pf[fi] = pq.ParquetFile(self.files[fi])
         return self._pf[fi]
+
+    def close(self) -> None:
+        while self._pf:
+            self._pf.popitem()[1].close()
 
     def locate(self, doc_id: int) -> tuple[int, int]:
         """doc id -> (position in this rank's group list, row in that group)."""
@@ -282,6 +304,7 @@ class ParquetTokenLoader:
         """Stop the background producer, if any (a prefetching loader also stops when collected)."""
         if self._ahead is not None:
             self._ahead.stop()
+        self.docs.close()
 
     def state_now(self) -> dict:
         """The position after the last batch this loader's producer made."""
