@@ -14,6 +14,7 @@ from niels_gpt.loading.parquet import ParquetTokenLoader, list_parquet_files, sp
 from niels_gpt.loading.sampler import (
     GlobalBatchSampler,
     ResumableDataLoader,
+    epoch_order,
     epoch_permutation,
     global_batches,
 )
@@ -23,6 +24,7 @@ from niels_gpt.loading.windows import IndexedWindowDataset
 
 __all__ = [
     "GlobalBatchSampler", "IndexedWindowDataset", "MixtureConfig", "MixtureDataset", "MixtureSampler",
-    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "ShardWindowSampler", "epoch_permutation",
+    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "ShardWindowSampler", "epoch_order",
+    "epoch_permutation",
     "evaluate_bpb", "global_batches", "list_parquet_files", "split_files", "token_bytes",
 ]

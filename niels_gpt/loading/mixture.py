@@ -12,7 +12,8 @@
   permutation, so every sample is seen equally often (no bias toward its first samples).
 - state: {step, drawn per dataset, carry per dataset, seed, fingerprint}: JSON, exact.
 
-Cost per step: G scalar picks and one randperm(G); a randperm(N_i) once per pass over dataset i.
+Cost per step: G scalar picks and one randperm(G); dataset i's order is computed 65,536 positions at a
+time as the draws reach them (loading/order.py), never N_i at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.loading.sampler import epoch_permutation, mix_seed
+from niels_gpt.loading.order import EpochOrder
+from niels_gpt.loading.sampler import epoch_order, mix_seed
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.resume import (
     STATE_VERSION,
@@ -128,7 +130,7 @@ class MixtureSampler:
         self.step = 0
         self.drawn = [0] * len(mixture.names)
         self.carry = [0.0] * len(mixture.names)
-        self._perms: dict[int, tuple[int, torch.Tensor]] = {}
+        self._perms: dict[int, tuple[int, EpochOrder]] = {}
 
     def _check_phases(self, phases: list[Phase]) -> list[tuple[int, list[float]]]:
         names = self.mixture.names
@@ -157,8 +159,8 @@ class MixtureSampler:
         n = len(self.mixture.datasets[d])
         epoch = k // n
         if d not in self._perms or self._perms[d][0] != epoch:
-            self._perms[d] = (epoch, epoch_permutation(n, mix_seed(self.seed, d), epoch))
-        return int(self._perms[d][1][k % n])
+            self._perms[d] = (epoch, epoch_order(n, mix_seed(self.seed, d), epoch))
+        return int(self._perms[d][1].slice(k % n, k % n + 1))
 
     def global_batch(self) -> list[tuple[int, int]]:
         """Draw the whole global batch of the current step and advance the state."""

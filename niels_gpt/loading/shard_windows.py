@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.loading.order import TensorOrder
 from niels_gpt.loading.sampler import GlobalBatchSampler, mix_seed
 
 SHARDS_AT_ONCE = 8
@@ -92,8 +93,8 @@ class ShardWindowSampler(GlobalBatchSampler):
         self.counts = list(dataset.shard_counts())
         super().__init__(dataset, global_batch_size, seed=seed, rank=rank, world_size=world_size, prefetch=prefetch)
 
-    def permutation(self, epoch: int) -> torch.Tensor:
-        return shard_window_order(self.counts, self.shards_at_once, self.seed, epoch)
+    def permutation(self, epoch: int) -> TensorOrder:
+        return TensorOrder(shard_window_order(self.counts, self.shards_at_once, self.seed, epoch))
 
     def order_state(self) -> dict:
         return {"shards_at_once": self.shards_at_once}
