@@ -16,6 +16,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import MemmapShardWriter, check_starts
 
 LEGACY_KEYS = ("input_ids", "loss_mask", "seq_start_id")
@@ -66,10 +67,7 @@ class LegacyPackedDataset(Dataset):
 
     def fingerprint(self) -> str:
         """The identity of these bins in resume states: the .npy file's sha256 (it is read whole anyway)."""
-        from niels_gpt.meta import sha256_file
-        from niels_gpt.resume import fingerprint
-
-        return fingerprint("legacy_packed", sha256_file(self.path))
+        return "legacy_packed:" + sha256_file(self.path)[:16]
 
 
 def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:
