@@ -14,7 +14,7 @@
   next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
   to the next row group, dropping the rest of the current one and the whole buffer;
 - `prefetch=N`: reading, tokenizing and packing run ahead of the loop in the background (a thread, as
-  every backend's encoder releases the GIL; a worker process for a Python encoder: parquet_ahead.py), up
+  every backend's encoder releases the GIL; a worker process for a Python encoder: ahead.py), up
   to N batches ahead; the state is still the position after the last batch handed out.
 
 Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from niels_gpt.errors import ConfigError, SourceError, StateError
+from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
-from niels_gpt.loading.parquet_ahead import Prefetcher, resolve_mode
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
 TEXT_COLUMN = "text"
@@ -209,8 +209,7 @@ class ParquetTokenLoader:
                     {"packing": packing, "rank": self.rank, "world_size": self.world_size,
                      "buffer_size": buffer_size, "tokenizer_batch_size": tokenizer_batch_size,
                      "tokenizer_threads": tokenizer_threads, "text_column": text_column, "bos_id": self.docs.bos})
-            self._ahead = Prefetcher(depth=prefetch, mode=mode, produce=self._made, state=self.state_now,
-                                     spec=spec)
+            self._ahead = Prefetcher(depth=prefetch, mode=mode, make_iter=self._made, spec=spec)
 
     def _restart(self, *, next_doc: int, offset: int, buffer: list[int]) -> None:
         self._stream = self.docs.stream(next_doc)
@@ -274,9 +273,11 @@ class ParquetTokenLoader:
         return x, y
 
     def _made(self):
-        """A thread prefetcher's item: the host batch is made in the background too."""
-        tokens, stats = self.produce()
-        return self.host_batch(tokens), stats
+        """A thread prefetcher's items: the host batch is made in the background too, each with the state
+        right after it."""
+        while True:
+            tokens, stats = self.produce()
+            yield (self.host_batch(tokens), stats), self.state_now()
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._ahead is None:

@@ -221,7 +221,7 @@ def test_a_killed_prefetch_process_is_reported_not_waited_for(parquet_dir, token
 
 
 def test_the_mode_follows_whether_the_encoder_releases_the_gil(tokenizer):
-    from niels_gpt.loading.parquet_ahead import resolve_mode
+    from niels_gpt.loading.ahead import resolve_mode
     from niels_gpt.tokenizer.base import Tokenizer
 
     assert resolve_mode("auto", tokenizer) == "thread"  # sentencepiece's batch encoder is native

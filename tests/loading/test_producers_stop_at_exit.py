@@ -36,8 +36,11 @@ atexit.register(check)
 
 PREFETCHER = """
 import torch
-from niels_gpt.loading.parquet_ahead import Prefetcher
-p = Prefetcher(depth=2, mode="thread", produce=lambda: torch.arange(1000).sum(), state=lambda: {})
+from niels_gpt.loading.ahead import Prefetcher
+def sums():
+    while True:
+        yield torch.arange(1000).sum()
+p = Prefetcher(depth=2, mode="thread", make_iter=sums)
 p.get()
 """
 
