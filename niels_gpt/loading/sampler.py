@@ -154,7 +154,8 @@ class GlobalBatchSampler:
     def _order(self, epoch: int | None = None) -> EpochOrder | TensorOrder:
         key = (self.seed, self.epoch if epoch is None else epoch)
         if key not in self._perms:
-            if len(self._perms) >= 2:  # the current epoch and the next (a plan reaching past the end)
+            # the current epoch, and the next for a plan reaching past the end (a shard-window order is held)
+            if len(self._perms) >= (2 if self._dataset is not None else 1):
                 self._perms.pop(next(iter(self._perms)))
             self._perms[key] = self.permutation(key[1])
         return self._perms[key]
