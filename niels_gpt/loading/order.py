@@ -60,6 +60,8 @@ class EpochOrder:
         return (left << self.half) | right
 
     def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            return _sliced(self, positions)
         positions = torch.as_tensor(positions, dtype=torch.int64)
         if self.keys is None:
             return positions.clone()
@@ -100,6 +102,8 @@ class TensorOrder:
         return self.n
 
     def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            return _sliced(self, positions)
         return self.order[torch.as_tensor(positions, dtype=torch.int64)].to(torch.int64)
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
@@ -107,6 +111,14 @@ class TensorOrder:
 
     def materialise(self) -> torch.Tensor:
         return self.order.to(torch.int64)
+
+
+def _sliced(order, s: slice) -> torch.Tensor:
+    """order[a:b:c] as a tensor would give it."""
+    start, stop, step = s.indices(len(order))
+    if step == 1:
+        return order.slice(start, max(start, stop))
+    return order[torch.arange(start, stop, step, dtype=torch.int64)]
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """One global order for a map-style dataset, cut into global batches, sliced by rank.
 
-- epoch order: a keyed permutation of range(N) computed position by position (loading/order.py), its keys
-  drawn by a torch.Generator seeded by (seed, epoch); no other randomness. Nothing of size N is held: at
-  48.8 M windows (100 B tokens at T=2048) a rank's order costs a 512 KiB chunk, not two int64[N] arrays.
+- epoch order: from a torch.Generator seeded by (seed, epoch), no other randomness: torch.randperm(N) held
+  as int32 up to SMALL_ORDER (4 M) samples; above, a keyed permutation of range(N) computed position by
+  position (loading/order.py), its keys drawn by that generator. So nothing of size N is held at scale:
+  at 48.8 M windows (100 B tokens at T=2048) a rank's order costs a 512 KiB chunk, not two int64[N].
 - global batches: consecutive slices of G = global_batch_size indices; the tail (N mod G) is dropped
   and differs every epoch, so no sample is dropped for good.
 - ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; G must divide by W.
@@ -11,7 +12,8 @@
 - state: {epoch, samples_consumed, seed, fingerprint}; samples_consumed counts global samples, so a
   state written by 8 ranks resumes exactly on 2 (or with another G) at the same sample.
 
-Cost: 231 ns a sample, computed 65,536 at a time as batches reach them (loading/order.py); with
+Cost: one randperm per epoch (33 ms per million samples on 2 cores) up to 4 M samples; above, ~4x that
+per sample, computed 65,536 at a time as batches reach them (loading/order.py); with
 0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
 DataLoader + DistributedSampler does within run-to-run noise.
 
@@ -45,6 +47,7 @@ SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")
 IN_FLIGHT_BATCHES = 8  # batches handed out but maybe not read yet (ResumableDataLoader sets its own count)
 ASSEMBLE_AHEAD = 1  # batches a ResumableDataLoader without workers assembles ahead, on a thread
+SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32: 16 MiB at most)
 
 
 def mix_seed(*parts: int) -> int:
@@ -53,8 +56,13 @@ def mix_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder:
-    """The global order of epoch `epoch`, computed where it is read (`.slice(start, stop)`)."""
+def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder | TensorOrder:
+    """The global order of epoch `epoch`, read a slice at a time (`.slice(start, stop)`): up to SMALL_ORDER
+    samples a torch.randperm held as int32, above it computed position by position (loading/order.py)."""
+    if shuffle and n <= SMALL_ORDER:
+        g = torch.Generator()
+        g.manual_seed(mix_seed(seed, epoch))
+        return TensorOrder(torch.randperm(n, generator=g, dtype=torch.int32))
     return EpochOrder.seeded(n, mix_seed(seed, epoch), shuffle=shuffle)
 
 

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from niels_gpt.loading.order import CHUNK, EpochOrder
-from niels_gpt.loading.sampler import GlobalBatchSampler, epoch_order, epoch_permutation
+from niels_gpt.loading.sampler import (
+    SMALL_ORDER,
+    GlobalBatchSampler,
+    epoch_order,
+    epoch_permutation,
+    mix_seed,
+)
 from niels_gpt.resume import fingerprint
 
 WINDOWS = 48_800_000
@@ -60,20 +66,25 @@ def test_a_rank_of_a_48_8_million_window_run_holds_well_under_64_mib_of_order():
     assert held <= 2 * CHUNK * 8 < LIMIT, held  # two epochs' chunks at most, whatever N
 
 
-def test_the_order_is_a_permutation_for_every_size():
+def test_a_computed_order_is_a_permutation_for_every_size():
     for n in [1, 2, 3, 5, 16, 17, 100, 1000, 4097, CHUNK + 3]:
         for seed in range(3):
-            perm = epoch_permutation(n, seed, 0)
+            perm = EpochOrder.seeded(n, seed).materialise()
             assert torch.equal(torch.sort(perm).values, torch.arange(n)), (n, seed)
 
 
-def test_the_order_depends_on_seed_and_epoch_alone_and_slices_agree_with_the_whole():
+def test_small_datasets_keep_the_randperm_order_and_large_ones_compute_theirs():
+    g = torch.Generator().manual_seed(mix_seed(3, 1))
+    assert torch.equal(epoch_permutation(1000, 3, 1), torch.randperm(1000, generator=g))
+    assert isinstance(epoch_order(SMALL_ORDER + 1, 3, 1), EpochOrder)
+
+
+def test_a_computed_order_depends_on_its_seed_alone_and_slices_agree_with_the_whole():
     n = 3 * CHUNK + 11
-    whole = epoch_permutation(n, 7, 2)
-    assert torch.equal(whole, epoch_permutation(n, 7, 2))
-    assert not torch.equal(whole, epoch_permutation(n, 7, 3))
-    assert not torch.equal(whole, epoch_permutation(n, 8, 2))
-    order = epoch_order(n, 7, 2)
+    whole = EpochOrder.seeded(n, 7).materialise()
+    assert torch.equal(whole, EpochOrder.seeded(n, 7).materialise())
+    assert not torch.equal(whole, EpochOrder.seeded(n, 8).materialise())
+    order = EpochOrder.seeded(n, 7)
     for start, stop in [(0, 5), (CHUNK - 3, CHUNK + 4), (n - 9, n), (5, 5 + 2 * CHUNK), (17, 18)]:
         assert torch.equal(order.slice(start, stop), whole[start:stop])
     assert torch.equal(order[torch.tensor([n - 1, 0, CHUNK])], whole[[n - 1, 0, CHUNK]])
@@ -91,3 +102,12 @@ def test_every_sample_lands_at_every_position_about_equally_often(n):
         pos = int((EpochOrder.seeded(n, seed).materialise() == 0).nonzero()) * len(counts) // n
         counts[pos] += 1
     assert int(counts.min()) > 140 and int(counts.max()) < 260, counts.tolist()
+
+
+def test_an_order_slices_like_the_tensor_it_stands_for():
+    from niels_gpt.loading.order import TensorOrder
+
+    whole = EpochOrder.seeded(300, 1).materialise()
+    for order in (EpochOrder.seeded(300, 1), TensorOrder(whole)):
+        for s in (slice(None, 8), slice(290, None), slice(5, 50, 7), slice(-10, None), slice(40, 20)):
+            assert torch.equal(order[s], whole[s]), s
