@@ -323,9 +323,9 @@ class ResumableDataLoader(DataLoader):
             it = super().__iter__()
             try:
                 yield from it
-            finally:  # the workers stop now, not when the iterator is collected
+            finally:  # the workers stop now, not when the iterator is collected (persistent ones: at the next)
                 shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
+                if shutdown is not None and not self.persistent_workers:
                     shutdown()
             return
         getitems = getattr(self.dataset, "__getitems__", None)

@@ -88,6 +88,9 @@ def _makers(parquet_dir, tokenizer, packed):
                                                                                   world_size=1), assemble_ahead=0),
         "loader-2-workers": loader(Ids(200), lambda ds: GlobalBatchSampler(ds, 8, seed=1, rank=0, world_size=1),
                                    num_workers=2),
+        "loader-2-persistent-workers": loader(Ids(200), lambda ds: GlobalBatchSampler(ds, 8, seed=1, rank=0,
+                                                                                      world_size=1),
+                                              num_workers=2, persistent_workers=True),
         "shard-window-loader-2-workers": loader(ShardIds(200), lambda ds: ShardWindowSampler(
             ds, 8, seed=1, shards_at_once=3, rank=0, world_size=1), num_workers=2),
         "stream": lambda: RankBatchStream(Draws(), 4, seed=1, rank=0, world_size=1),
