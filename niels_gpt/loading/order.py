@@ -61,7 +61,7 @@ class EpochOrder:
 
     def __getitem__(self, positions) -> torch.Tensor:
         if isinstance(positions, slice):
-            return _sliced(self, positions)
+            return sliced(self, positions)
         positions = torch.as_tensor(positions, dtype=torch.int64)
         if self.keys is None:
             return positions.clone()
@@ -103,7 +103,7 @@ class TensorOrder:
 
     def __getitem__(self, positions) -> torch.Tensor:
         if isinstance(positions, slice):
-            return _sliced(self, positions)
+            return sliced(self, positions)
         return self.order[torch.as_tensor(positions, dtype=torch.int64)].to(torch.int64)
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ class TensorOrder:
         return self.order.to(torch.int64)
 
 
-def _sliced(order, s: slice) -> torch.Tensor:
+def sliced(order, s: slice) -> torch.Tensor:
     """order[a:b:c] as a tensor would give it."""
     start, stop, step = s.indices(len(order))
     if step == 1:

@@ -3,6 +3,7 @@ not int64[N] arrays; the order stays a permutation that depends only on (N, seed
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,3 +112,71 @@ def test_an_order_slices_like_the_tensor_it_stands_for():
     for order in (EpochOrder.seeded(300, 1), TensorOrder(whole)):
         for s in (slice(None, 8), slice(290, None), slice(5, 50, 7), slice(-10, None), slice(40, 20)):
             assert torch.equal(order[s], whole[s]), s
+
+
+class Shards(Sized):
+    """`n` windows in shards of `per` windows (the last one shorter), numbered shard after shard."""
+
+    def __init__(self, n, per):
+        super().__init__(n)
+        self.counts = [per] * (n // per) + ([n % per] if n % per else [])
+
+    def shard_counts(self):
+        return self.counts
+
+    def fingerprint(self):
+        return fingerprint("shards", self.n, len(self.counts))
+
+
+def test_a_rank_of_a_48_8_million_window_shard_window_run_holds_well_under_64_mib_of_order():
+    import tracemalloc
+
+    from niels_gpt.loading.shard_windows import ShardWindowOrder, ShardWindowSampler
+
+    ds = Shards(WINDOWS, 9_973)  # 4,894 shards
+    tracemalloc.start()
+    try:
+        sampler = ShardWindowSampler(ds, 512, seed=3, rank=5, world_size=8)
+        it = iter(sampler)
+        batches = [next(it) for _ in range(2)]
+        for at in (WINDOWS // 2, sampler.usable - 512):  # the middle and the end of the epoch, as a resume reads them
+            sampler.load_state_dict({**sampler.state_dict(), "samples_consumed": at})
+            batches.append(next(iter(sampler)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(sampler._order(), ShardWindowOrder)
+    assert all(len(b) == 64 and all(0 <= i < WINDOWS for i in b) for b in batches)
+    held = held_bytes(sampler) + sum(a.nbytes for a in vars(sampler._order()).values() if hasattr(a, "nbytes"))
+    assert held <= 4 << 20 and peak <= LIMIT, (held, peak)
+    # a batch reads few shards: at most two a lane
+    assert all(len({i // 9_973 for i in b}) <= 16 for b in batches)
+
+
+@pytest.mark.parametrize("counts", [[40, 32, 48, 0, 40, 36, 40, 44, 40, 38, 41, 40], [1], [5, 0, 7], [3] * 20])
+@pytest.mark.parametrize("K", [1, 3, 8, 40])
+def test_a_computed_shard_window_order_is_a_permutation_read_k_shards_at_a_time(counts, K):
+    from niels_gpt.loading.shard_windows import ShardWindowOrder
+
+    order = ShardWindowOrder(counts, K, seed=5, epoch=1)
+    perm = order.materialise()
+    assert torch.equal(torch.sort(perm).values, torch.arange(sum(counts)))
+    assert torch.equal(perm, ShardWindowOrder(counts, K, seed=5, epoch=1)[torch.arange(sum(counts))])
+    first = np.cumsum(counts) - np.asarray(counts)
+    shard = np.searchsorted(first, perm.numpy(), side="right") - 1
+    lo = {k: np.flatnonzero(shard == k)[0] for k in set(shard.tolist())}
+    hi = {k: np.flatnonzero(shard == k)[-1] for k in set(shard.tolist())}
+    open_at = np.zeros(len(perm) + 1, dtype=int)
+    for k in lo:
+        open_at[lo[k]] += 1
+        open_at[hi[k] + 1] -= 1
+    assert np.cumsum(open_at).max() <= min(K, len(lo)) + 1  # K shards at a time, K+1 while a lane moves on
+
+
+def test_small_shard_window_datasets_keep_the_sorted_times_order():
+    from niels_gpt.loading.shard_windows import ShardWindowSampler, shard_epoch_order, shard_window_order
+
+    counts = [40, 32, 48, 0, 40]
+    assert torch.equal(shard_epoch_order(counts, 3, 5, 0).materialise(), shard_window_order(counts, 3, 5, 0).long())
+    sampler = ShardWindowSampler(Shards(SMALL_ORDER + 1, 100_000), 8, seed=0, rank=0, world_size=1)
+    assert type(sampler._order()).__name__ == "ShardWindowOrder"
