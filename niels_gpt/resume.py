@@ -19,6 +19,7 @@ import os
 from niels_gpt.errors import ConfigError, StateError
 
 STATE_VERSION = 1
+ORDER_PEEK = 8  # global sample ids whose digest a state carries: the next ones it will deliver
 
 
 def dist_info() -> tuple[int, int]:
@@ -74,8 +75,8 @@ def cache_fingerprint(dataset, directory, meta: dict, T) -> str:
     return fingerprint(type(dataset).__qualname__, str(directory).rstrip("/").split("/")[-1], files, T)
 
 
-def check_state(state: object, *, kind: str, fingerprint: str, fields: tuple[str, ...]) -> dict:
-    """Validate a resume state before any of it is used; returns it as a dict."""
+def check_state(state: object, *, kind: str, fingerprint: str | None, fields: tuple[str, ...]) -> dict:
+    """Validate a resume state before any of it is used; returns it as a dict (fingerprint None: any data)."""
     if not isinstance(state, dict):
         raise StateError(f"{kind} state: expected a dict from state_dict(), got {type(state).__name__}")
     if state.get("kind") != kind:
@@ -87,7 +88,7 @@ def check_state(state: object, *, kind: str, fingerprint: str, fields: tuple[str
     missing = [f for f in fields if f not in state]
     if missing:
         raise StateError(f"{kind} state: missing field(s) {', '.join(missing)}; the state is truncated or hand-edited")
-    if state.get("fingerprint") != fingerprint:
+    if fingerprint is not None and state.get("fingerprint") != fingerprint:
         raise StateError(f"{kind} state: dataset fingerprint {state.get('fingerprint')!r} does not match this "
                          f"dataset's {fingerprint!r}; the checkpoint belongs to other data (or other T/seed): "
                          "resume with the data it was written for")
@@ -139,3 +140,40 @@ def state_floats(kind: str, state: dict, field: str, *, length: int) -> list[flo
         raise StateError(f"{kind} state: {field} = {values!r}; expected a list of {length} finite numbers: the "
                          "state is hand-edited or corrupt, resume from the state_dict() the loader wrote")
     return [float(v) for v in values]
+
+
+def order_record(ids, **config) -> dict:
+    """What a state says about its order: `config` (the order's code version, seed, data fingerprint, batch
+    size...) and the digest of `ids`, the next global sample ids it will deliver."""
+    return {**config, "digest": fingerprint([int(i) if isinstance(i, numbers.Integral) else i for i in ids])}
+
+
+def saved_order(kind: str, state: object) -> dict | None:
+    """The state's order record; None for a state written before states carried one."""
+    record = state.get("order") if isinstance(state, dict) else None
+    if record is not None and not isinstance(record, dict):
+        raise StateError(f"{kind} state: order = {record!r}; expected a dict from state_dict(): the state is "
+                         "hand-edited or corrupt")
+    return record
+
+
+def check_order_config(kind: str, saved: dict | None, mine: dict) -> None:
+    """Refuse a state whose order was made with another config (names each difference) before it is used."""
+    if saved is None:
+        return
+    differs = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in mine.items()
+               if key != "digest" and saved.get(key) != value]
+    if differs:
+        raise StateError(f"{kind} state: the order would change ({'; '.join(differs)}, state -> this run): resume "
+                         "with the state's settings and data, or pass allow_new_order=True to go on from the same "
+                         "position in the new order")
+
+
+def check_order_digest(kind: str, saved: dict | None, mine: dict) -> None:
+    """Refuse a state whose next samples are not the ones this code would deliver from its position."""
+    if saved is not None and saved.get("digest") != mine["digest"]:
+        raise StateError(f"{kind} state: the next {ORDER_PEEK} samples this code delivers from the state's position "
+                         f"differ from the state's (digest {saved.get('digest')!r} -> {mine['digest']!r}) with the same "
+                         "settings: the order's code changed (or the position was edited); resume with the release that wrote the "
+                         "state, or pass "
+                         "allow_new_order=True to go on from the same position in the new order")

@@ -9,8 +9,12 @@
 - ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; G must divide by W.
 - workers: the sampler is a *batch* sampler, so DataLoader workers fetch whole batches round-robin
   and deliver them in order: the batch stream does not depend on num_workers.
-- state: {epoch, samples_consumed, seed, fingerprint}; samples_consumed counts global samples, so a
-  state written by 8 ranks resumes exactly on 2 (or with another G) at the same sample.
+- state: {epoch, samples_consumed, seed, fingerprint, order}; samples_consumed counts global samples, so a
+  state written by 8 ranks resumes exactly on 2 at the same sample. `order` names what the order depends on
+  (its code version, seed, data fingerprint, global batch size, shuffle) and a digest of the next 8 global
+  sample ids; load_state_dict recomputes both here and refuses a state whose order would change, naming
+  what differs, unless called with allow_new_order=True (then this sampler's own settings go on from the
+  state's position). A state without `order` (older releases) loads as it did.
 
 Cost: one randperm per epoch (33 ms per million samples on 2 cores) up to 4 M samples; above, ~4x that
 per sample, computed 65,536 at a time as batches reach them (loading/order.py); with
@@ -41,7 +45,18 @@ from niels_gpt.loading.ahead import assembled_ahead
 from niels_gpt.loading.order import EpochOrder, TensorOrder
 from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
 from niels_gpt.loading.windows import IndexedWindowDataset, collate_windows
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank, state_int
+from niels_gpt.resume import (
+    ORDER_PEEK,
+    STATE_VERSION,
+    check_order_config,
+    check_order_digest,
+    check_state,
+    dataset_fingerprint,
+    order_record,
+    resolve_rank,
+    saved_order,
+    state_int,
+)
 
 SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")
@@ -101,6 +116,7 @@ class GlobalBatchSampler:
     """
 
     kind = SAMPLER_KIND
+    order_code = 1  # the order's code version: bumped whenever the same settings give another order
 
     def __init__(self, dataset, global_batch_size: int, *, seed: int, rank: int | None = None,
                  world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None):
@@ -217,7 +233,22 @@ class GlobalBatchSampler:
     def state_at(self, epoch: int, samples_consumed: int) -> dict:
         return {"kind": self.kind, "version": STATE_VERSION, "epoch": int(epoch),
                 "samples_consumed": int(samples_consumed), "seed": self.seed, "fingerprint": self.fingerprint,
-                "global_batch_size": self.global_batch_size, **self.order_state()}
+                "global_batch_size": self.global_batch_size, **self.order_state(),
+                "order": self.order_at(epoch, samples_consumed)}
+
+    def order_config(self) -> dict:
+        """What the order depends on besides the position (saved in the state's `order`, compared on load)."""
+        return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
+                "global_batch_size": self.global_batch_size, "shuffle": self.shuffle, **self.order_state()}
+
+    def order_at(self, epoch: int, consumed: int) -> dict:
+        """The order record of a state at (epoch, consumed): order_config and the next ORDER_PEEK sample ids."""
+        if consumed + self.global_batch_size > self.usable:
+            epoch, consumed = epoch + 1, 0
+        order = self._perms.get((self.seed, epoch))
+        order = self.permutation(epoch) if order is None else order
+        ids = order.slice(consumed, min(consumed + ORDER_PEEK, self.usable)).tolist()
+        return order_record(ids, **self.order_config())
 
     def order_state(self) -> dict:
         """What else the order depends on, saved with the state and checked on load (subclasses)."""
@@ -229,17 +260,28 @@ class GlobalBatchSampler:
     def state_dict(self) -> dict:
         return self.state_at(self.epoch, self.samples_consumed)
 
-    def load_state_dict(self, state: dict) -> None:
-        state = check_state(state, kind=self.kind, fingerprint=self.fingerprint, fields=STATE_FIELDS)
-        self.check_order_state(state)
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on from `state`; allow_new_order=True: from its position even if the order changed (another seed,
+        data, batch size or code), with this sampler's own settings."""
+        saved = saved_order(self.kind, state)
+        if not allow_new_order:
+            check_state(state, kind=self.kind, fingerprint=self.fingerprint, fields=())
+            self.check_order_state(state)
+            check_order_config(self.kind, saved, self.order_config())
+        state = check_state(state, kind=self.kind, fingerprint=None if allow_new_order else self.fingerprint,
+                            fields=STATE_FIELDS)
         epoch = state_int(self.kind, state, "epoch")
         consumed = state_int(self.kind, state, "samples_consumed")
         seed = state_int(self.kind, state, "seed", minimum=None)
         if consumed > self.num_samples:
             raise StateError(f"{self.kind} state: samples_consumed = {consumed}; expected 0..{self.num_samples} "
                              "(the dataset's samples): the state is hand-edited or corrupt")
-        # The state's seed wins: it is the seed the interrupted run was drawing from.
-        self.seed, self.epoch, self.samples_consumed = seed, epoch, consumed
+        if not allow_new_order:
+            # The state's seed wins (a state with an order record has this sampler's): the interrupted run's seed.
+            self.seed = seed
+            if saved is not None:
+                check_order_digest(self.kind, saved, self.order_at(epoch, consumed))
+        self.epoch, self.samples_consumed = epoch, consumed
 
 
 class ResumableDataLoader(DataLoader):
@@ -339,13 +381,20 @@ class ResumableDataLoader(DataLoader):
     def state_dict(self) -> dict:
         sampler = self.batch_sampler
         if not isinstance(sampler, GlobalBatchSampler):
-            return dict(self._delivered) if self._delivered is not None else sampler.state_dict()
+            if self._delivered is None:
+                return sampler.state_dict()
+            with_order = getattr(sampler, "state_with_order", None)
+            return with_order(self._delivered) if with_order is not None else dict(self._delivered)
         if self._position is None:
             return sampler.state_dict()
         return sampler.state_at(*self._position)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on after the last delivered batch of `state`; allow_new_order: see GlobalBatchSampler.load_state_dict."""
         self.close()
-        self.batch_sampler.load_state_dict(state)
+        if allow_new_order:
+            self.batch_sampler.load_state_dict(state, allow_new_order=True)
+        else:
+            self.batch_sampler.load_state_dict(state)
         self._position = None
         self._delivered = None

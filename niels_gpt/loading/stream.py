@@ -9,6 +9,9 @@ its rows. State is the step counter, so resuming is exact and costs nothing.
   stream then depends on the world size.
 - draw_rows = d dividing every per-rank batch (d=1 always does): the global batch of each step is
   the same for every world size, so a run that resumes on fewer or more ranks sees the same rows.
+- state: {step, seed, fingerprint, draw_rows, global_batch_size, order}: `order` names the stream's code
+  version and settings and digests the seeds of the next step's first 8 draws; load_state_dict refuses
+  a state whose stream would change unless called with allow_new_order=True (GlobalBatchSampler's rule).
 - a dataset at a URL: before each step the shards of the next steps' draws are pinned and fetched in
   the background (loading/prefetch.py, DrawPlan), so a step does not wait on the network.
 """
@@ -18,9 +21,21 @@ from __future__ import annotations
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.prefetch import DrawPlan
 from niels_gpt.loading.sampler import mix_seed
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank, state_int
+from niels_gpt.resume import (
+    ORDER_PEEK,
+    STATE_VERSION,
+    check_order_config,
+    check_order_digest,
+    check_state,
+    dataset_fingerprint,
+    order_record,
+    resolve_rank,
+    saved_order,
+    state_int,
+)
 
 STREAM_KIND = "rank_batch_stream"
+STREAM_CODE = 1  # the stream's code version: bumped whenever the same settings give other draws
 
 
 class RankBatchStream:
@@ -81,17 +96,35 @@ class RankBatchStream:
             return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
         return torch.cat(parts)
 
+    def order_at(self, step: int) -> dict:
+        """The order record of a state at `step`: the settings and the seeds of the step's first draws."""
+        config = {"code": f"{STREAM_KIND}/{STREAM_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
+                  "global_batch_size": self.global_batch_size, "draw_rows": self.draw_rows}
+        draws = min(ORDER_PEEK, self.global_batch_size // self.draw_rows)
+        return order_record([mix_seed(self.seed, step, k, self.draw_rows) for k in range(draws)], **config)
+
     def state_dict(self) -> dict:
         return {"kind": STREAM_KIND, "version": STATE_VERSION, "step": self.step, "seed": self.seed,
                 "fingerprint": self.fingerprint, "draw_rows": self.draw_rows,
-                "global_batch_size": self.global_batch_size}
+                "global_batch_size": self.global_batch_size, "order": self.order_at(self.step)}
 
-    def load_state_dict(self, state: dict) -> None:
-        state = check_state(state, kind=STREAM_KIND, fingerprint=self.fingerprint,
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on from `state`; allow_new_order=True: from its step even if the stream changed (another seed,
+        data, batch, draw_rows or code), with this stream's own settings."""
+        saved = saved_order(STREAM_KIND, state)
+        state = check_state(state, kind=STREAM_KIND, fingerprint=None if allow_new_order else self.fingerprint,
                             fields=("step", "seed", "draw_rows", "global_batch_size"))
+        step = state_int(STREAM_KIND, state, "step")
+        if allow_new_order:
+            self.step = step
+            return
         if (state["draw_rows"], state["global_batch_size"]) != (self.draw_rows, self.global_batch_size):
             raise StateError(f"stream state: written with draw_rows={state['draw_rows']}, global batch "
                               f"{state['global_batch_size']}; this stream has {self.draw_rows}, "
-                              f"{self.global_batch_size}: construct the stream with the checkpoint's values")
-        self.seed = state_int(STREAM_KIND, state, "seed", minimum=None)
-        self.step = state_int(STREAM_KIND, state, "step")
+                              f"{self.global_batch_size}: construct the stream with the checkpoint's values, or "
+                              "pass allow_new_order=True to go on from its step with these")
+        check_order_config(STREAM_KIND, saved, self.order_at(step))  # the digest is compared after it
+        seed = state_int(STREAM_KIND, state, "seed", minimum=None)
+        if saved is not None:
+            check_order_digest(STREAM_KIND, saved, self.order_at(step))
+        self.seed, self.step = seed, step
