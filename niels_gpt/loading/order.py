@@ -20,6 +20,8 @@ paid a chunk at a time as batches reach it instead of all at once per epoch.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
 
@@ -27,6 +29,7 @@ ROUNDS = 6
 CHUNK = 1 << 16  # positions computed at once (512 KiB of int64)
 MASK31 = (1 << 31) - 1
 _M1, _M2 = 0x5BD1E995, 0x2C1B3C6D  # odd multipliers below 2**31 (murmur-style mixing)
+SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32: 16 MiB at most)
 
 
 class EpochOrder:
@@ -119,6 +122,49 @@ def sliced(order, s: slice) -> torch.Tensor:
     if step == 1:
         return order.slice(start, max(start, stop))
     return order[torch.arange(start, stop, step, dtype=torch.int64)]
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers, so (seed, epoch) and (seed+1, epoch-1) give unrelated streams."""
+    digest = hashlib.sha256(b"niels_gpt:" + b",".join(str(int(p)).encode() for p in parts)).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder | TensorOrder:
+    """The global order of epoch `epoch`, read a slice at a time (`.slice(start, stop)`): up to SMALL_ORDER
+    samples a torch.randperm held as int32, above it computed position by position (loading/order.py)."""
+    if shuffle and n <= SMALL_ORDER:
+        g = torch.Generator()
+        g.manual_seed(mix_seed(seed, epoch))
+        return TensorOrder(torch.randperm(n, generator=g, dtype=torch.int32))
+    return EpochOrder.seeded(n, mix_seed(seed, epoch), shuffle=shuffle)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> torch.Tensor:
+    """The global order of epoch `epoch`, whole: int64[n] (the samplers read it a slice at a time)."""
+    return epoch_order(n, seed, epoch, shuffle=shuffle).materialise()
+
+
+def global_batches(n: int, global_batch_size: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[list[int]]:
+    """Every full global batch of an epoch, in order."""
+    perm = epoch_permutation(n, seed, epoch, shuffle=shuffle)
+    usable = n // global_batch_size * global_batch_size
+    return perm[:usable].view(-1, global_batch_size).tolist() if usable else []
+
+
+def rank_slice(batch: list, rank: int, world_size: int) -> list:
+    """Rank `rank`'s contiguous share of one global batch.
+
+    Worked example: G=8, W=4 -> per-rank 2; rank 1 gets batch[2:4], rank 3 gets batch[6:8].
+    """
+    per = len(batch) // world_size
+    return batch[rank * per:(rank + 1) * per]
+
+
+def worker_batches(batches: list, worker_id: int, num_workers: int) -> list:
+    """The batches a DataLoader worker fetches: round-robin, as torch assigns batch-sampler output."""
+    return batches[worker_id::max(num_workers, 1)]
+
 
 
 if __name__ == "__main__":

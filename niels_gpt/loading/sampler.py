@@ -9,22 +9,21 @@
 - ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; G must divide by W.
 - workers: the sampler is a *batch* sampler, so DataLoader workers fetch whole batches round-robin
   and deliver them in order: the batch stream does not depend on num_workers.
-- state: {epoch, samples_consumed, seed, fingerprint, order}; samples_consumed counts global samples, so a
-  state written by 8 ranks resumes exactly on 2 at the same sample. `order` names what the order depends on
-  (its code version, seed, data fingerprint, global batch size, shuffle) and a digest of the next 8 global
-  sample ids; load_state_dict recomputes both here and refuses a state whose order would change, naming
-  what differs, unless called with allow_new_order=True (then this sampler's own settings go on from the
-  state's position). A state without `order` (older releases) loads as it did.
+- a batch schedule (loading/schedule.py, `batch_schedule=[(0, 128), (10_000, 256)]` or batch_ramp(...)):
+  G is the schedule's at the samples delivered so far in the run (the state's samples_total); batches
+  are cut from the same order, so a resume mid-ramp on any world size delivers the uninterrupted run's.
+- state: {epoch, samples_consumed, samples_total, seed, fingerprint, order}: global samples, so a state
+  of 8 ranks resumes exactly on 2. `order`: the order's settings (code version, seed, data, batch) and a
+  digest of the next 8 sample ids, recomputed on load: a state whose order would change is refused
+  naming what differs, unless allow_new_order=True. A state without `order` loads as it did.
 
 Cost: one randperm per epoch (33 ms per million samples on 2 cores) up to 4 M samples; above, ~4x that
-per sample, computed 65,536 at a time as batches reach them (loading/order.py); with
-0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
+per sample, 65,536 at a time as batches reach them (loading/order.py); with 0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
 DataLoader + DistributedSampler does within run-to-run noise.
 
 A remote cache (a dataset with `remote` and `shard_files`, e.g. IndexedWindowDataset at a URL): before
 handing out each batch the sampler moves its plan of the next batches (this rank's share, across the
-epoch's end; loading/prefetch.py) on by one; a ShardPrefetcher pins their shards and downloads them in
-the background. A local dataset plans nothing.
+epoch's end; loading/prefetch.py) on by one; a ShardPrefetcher pins and downloads their shards.
 
 Resumption with workers: a DataLoader runs ahead of the training loop (prefetch), so the sampler's
 own state_dict() is the position of the last batch *produced*. `ResumableDataLoader` (a plain
@@ -34,16 +33,25 @@ torch DataLoader) and torchdata's `StatefulDataLoader` both report the last batc
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import weakref
 
-import torch
 from torch.utils.data import DataLoader
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.ahead import assembled_ahead
-from niels_gpt.loading.order import EpochOrder, TensorOrder
+from niels_gpt.loading.order import (  # noqa: F401 (the order's functions are imported from here too)
+    SMALL_ORDER,
+    EpochOrder,
+    TensorOrder,
+    epoch_order,
+    epoch_permutation,
+    global_batches,
+    mix_seed,
+    rank_slice,
+    worker_batches,
+)
 from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
+from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.loading.windows import IndexedWindowDataset, collate_windows
 from niels_gpt.resume import (
     ORDER_PEEK,
@@ -62,49 +70,6 @@ SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")
 IN_FLIGHT_BATCHES = 8  # batches handed out but maybe not read yet (ResumableDataLoader sets its own count)
 ASSEMBLE_AHEAD = 1  # batches a ResumableDataLoader without workers assembles ahead, on a thread
-SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32: 16 MiB at most)
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers, so (seed, epoch) and (seed+1, epoch-1) give unrelated streams."""
-    digest = hashlib.sha256(b"niels_gpt:" + b",".join(str(int(p)).encode() for p in parts)).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder | TensorOrder:
-    """The global order of epoch `epoch`, read a slice at a time (`.slice(start, stop)`): up to SMALL_ORDER
-    samples a torch.randperm held as int32, above it computed position by position (loading/order.py)."""
-    if shuffle and n <= SMALL_ORDER:
-        g = torch.Generator()
-        g.manual_seed(mix_seed(seed, epoch))
-        return TensorOrder(torch.randperm(n, generator=g, dtype=torch.int32))
-    return EpochOrder.seeded(n, mix_seed(seed, epoch), shuffle=shuffle)
-
-
-def epoch_permutation(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> torch.Tensor:
-    """The global order of epoch `epoch`, whole: int64[n] (the samplers read it a slice at a time)."""
-    return epoch_order(n, seed, epoch, shuffle=shuffle).materialise()
-
-
-def global_batches(n: int, global_batch_size: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[list[int]]:
-    """Every full global batch of an epoch, in order."""
-    perm = epoch_permutation(n, seed, epoch, shuffle=shuffle)
-    usable = n // global_batch_size * global_batch_size
-    return perm[:usable].view(-1, global_batch_size).tolist() if usable else []
-
-
-def rank_slice(batch: list, rank: int, world_size: int) -> list:
-    """Rank `rank`'s contiguous share of one global batch.
-
-    Worked example: G=8, W=4 -> per-rank 2; rank 1 gets batch[2:4], rank 3 gets batch[6:8].
-    """
-    per = len(batch) // world_size
-    return batch[rank * per:(rank + 1) * per]
-
-
-def worker_batches(batches: list, worker_id: int, num_workers: int) -> list:
-    """The batches a DataLoader worker fetches: round-robin, as torch assigns batch-sampler output."""
-    return batches[worker_id::max(num_workers, 1)]
 
 
 class GlobalBatchSampler:
@@ -118,19 +83,24 @@ class GlobalBatchSampler:
     kind = SAMPLER_KIND
     order_code = 1  # the order's code version: bumped whenever the same settings give another order
 
-    def __init__(self, dataset, global_batch_size: int, *, seed: int, rank: int | None = None,
-                 world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None):
+    def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
+                 world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None,
+                 batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        if global_batch_size < 1 or global_batch_size % self.world_size:
-            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                              f"world_size {self.world_size} (every rank takes an equal share)")
-        if n < global_batch_size:
-            raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {global_batch_size}; "
-                              "lower global_batch_size or use more data")
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
+        if global_batch_size is not None and batch_schedule is not None and global_batch_size != self.schedule.steps[-1][1]:
+            raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
+                              f"{self.schedule.steps[-1][1]}: pass None or the schedule's last batch")
+        for _, global_batch_size in self.schedule.steps:
+            if global_batch_size % self.world_size:
+                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
+                                  f"world_size {self.world_size} (every rank takes an equal share)")
+            if n < global_batch_size:
+                raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {global_batch_size}; "
+                                  "lower global_batch_size or use more data")
         self.num_samples = n
-        self.global_batch_size = global_batch_size
-        self.batch_size = global_batch_size // self.world_size
+        self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.fingerprint = dataset_fingerprint(dataset)
@@ -151,20 +121,35 @@ class GlobalBatchSampler:
         the bytes needed for one epoch, 1.00x with it). The batches handed out are the same either way."""
         if batches < 0:
             raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
+        if not self.schedule.constant:
+            position = self.schedule.position(self.num_samples, self.epoch, self.samples_consumed, self.total)
+            for _ in range(int(batches)):
+                position = self.schedule.after(self.num_samples, position)
+            self.plan_end = position[:2]
+            return
         epoch, consumed = self.next_position()
         per_epoch = self.usable // self.global_batch_size
         k = consumed // self.global_batch_size + int(batches)
         self.plan_end = (epoch + k // per_epoch, k % per_epoch * self.global_batch_size)
 
     @property
+    def global_batch_size(self) -> int:
+        """The global batch of the next batch (the schedule's at the samples delivered so far)."""
+        return self.schedule.at(self.total)
+
+    @property
+    def batch_size(self) -> int:
+        return self.global_batch_size // self.world_size
+
+    @property
     def usable(self) -> int:
-        """Samples per epoch that land in a full global batch."""
+        """Samples per epoch that land in a full global batch (of the current size)."""
         return self.num_samples // self.global_batch_size * self.global_batch_size
 
     def __len__(self) -> int:
         """Batches left in the current epoch (a fresh epoch: usable / G)."""
-        left = self.usable - self.samples_consumed
-        return (left if left > 0 else self.usable) // self.global_batch_size
+        epoch, consumed = self.next_position()
+        return self.schedule.batches_left(self.num_samples, consumed, self.total)
 
     def set_epoch(self, epoch: int) -> None:
         """Jump to the start of `epoch` (the DistributedSampler idiom); a restored state needs no call."""
@@ -184,21 +169,19 @@ class GlobalBatchSampler:
             self._perms[key] = self.permutation(key[1])
         return self._perms[key]
 
-    def _batch_at(self, position: tuple[int, int]) -> list[str]:
-        """The shards of this rank's share of the global batch at (epoch, samples consumed)."""
-        epoch, consumed = position
-        start = consumed + self.rank * self.batch_size
-        return self._dataset.shard_files(self._order(epoch).slice(start, start + self.batch_size).numpy())
+    def _batch_at(self, position: tuple[int, int, int]) -> list[str]:
+        """The shards of this rank's share of the global batch at (epoch, samples consumed, samples total)."""
+        epoch, consumed, total = position
+        per = self.schedule.at(total) // self.world_size
+        start = consumed + self.rank * per
+        return self._dataset.shard_files(self._order(epoch).slice(start, start + per).numpy())
 
-    def _after(self, position: tuple[int, int]):
-        epoch, consumed = position
+    def _after(self, position: tuple[int, int, int]):
         while True:
-            consumed += self.global_batch_size
-            if consumed + self.global_batch_size > self.usable:
-                epoch, consumed = epoch + 1, 0
-            if self.plan_end is not None and (epoch, consumed) >= self.plan_end:
+            position = self.schedule.after(self.num_samples, position)
+            if self.plan_end is not None and position[:2] >= self.plan_end:
                 return
-            yield epoch, consumed
+            yield position
 
     def _prefetch(self, epoch: int, consumed: int) -> None:
         if self._dataset is None:
@@ -206,7 +189,7 @@ class GlobalBatchSampler:
         if self._plan is None:
             self._plan = RollingPlan(ShardPrefetcher(self._dataset.remote), in_flight=self.in_flight,
                                      ahead=self.prefetch_batches)
-        self._plan.step((epoch, consumed), self._after, self._batch_at)
+        self._plan.step((epoch, consumed, self.total), self._after, self._batch_at)
 
     @property
     def prefetcher(self) -> ShardPrefetcher | None:
@@ -214,40 +197,48 @@ class GlobalBatchSampler:
 
     def next_position(self) -> tuple[int, int]:
         """(epoch, samples_consumed) where the next iteration starts (an exhausted epoch rolls over)."""
-        if self.samples_consumed + self.global_batch_size > self.usable:
+        if self.samples_consumed + self.global_batch_size > self.num_samples:
             return self.epoch + 1, 0
         return self.epoch, self.samples_consumed
 
     def __iter__(self):
         self.epoch, self.samples_consumed = self.next_position()
-        lo = self.rank * self.batch_size
-        while self.samples_consumed + self.global_batch_size <= self.usable:
-            start = self.samples_consumed + lo
+        while self.samples_consumed + self.global_batch_size <= self.num_samples:
+            per = self.batch_size
+            start = self.samples_consumed + self.rank * per
             self._prefetch(self.epoch, self.samples_consumed)
             # NOTE: advance before yielding: a state taken while this batch is in flight must not
             # hand it out again.
-            self.samples_consumed += self.global_batch_size
-            yield self._order().slice(start, start + self.batch_size).tolist()
+            self.total += per * self.world_size
+            self.samples_consumed += per * self.world_size
+            yield self._order().slice(start, start + per).tolist()
         self.epoch, self.samples_consumed = self.epoch + 1, 0
 
-    def state_at(self, epoch: int, samples_consumed: int) -> dict:
-        return {"kind": self.kind, "version": STATE_VERSION, "epoch": int(epoch),
-                "samples_consumed": int(samples_consumed), "seed": self.seed, "fingerprint": self.fingerprint,
-                "global_batch_size": self.global_batch_size, **self.order_state(),
-                "order": self.order_at(epoch, samples_consumed)}
+    def state_at(self, epoch: int, samples_consumed: int, total: int | None = None) -> dict:
+        total = self.total if total is None else total
+        state = {"kind": self.kind, "version": STATE_VERSION, "epoch": int(epoch),
+                 "samples_consumed": int(samples_consumed), "seed": self.seed, "fingerprint": self.fingerprint,
+                 "global_batch_size": self.schedule.at(total), **self.order_state(),
+                 "order": self.order_at(epoch, samples_consumed, total)}
+        if not self.schedule.constant:
+            state["samples_total"] = int(total)
+        return state
 
     def order_config(self) -> dict:
         """What the order depends on besides the position (saved in the state's `order`, compared on load)."""
+        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
+            {"batch_schedule": self.schedule.as_list()}
         return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
-                "global_batch_size": self.global_batch_size, "shuffle": self.shuffle, **self.order_state()}
+                **batch, "shuffle": self.shuffle, **self.order_state()}
 
-    def order_at(self, epoch: int, consumed: int) -> dict:
-        """The order record of a state at (epoch, consumed): order_config and the next ORDER_PEEK sample ids."""
-        if consumed + self.global_batch_size > self.usable:
-            epoch, consumed = epoch + 1, 0
+    def order_at(self, epoch: int, consumed: int, total: int | None = None) -> dict:
+        """The order record of a state at (epoch, consumed, total): order_config and the next batch's first
+        ORDER_PEEK sample ids."""
+        epoch, consumed, total = self.schedule.position(self.num_samples, epoch, consumed,
+                                                        self.total if total is None else total)
         order = self._perms.get((self.seed, epoch))
         order = self.permutation(epoch) if order is None else order
-        ids = order.slice(consumed, min(consumed + ORDER_PEEK, self.usable)).tolist()
+        ids = order.slice(consumed, consumed + min(ORDER_PEEK, self.schedule.at(total))).tolist()
         return order_record(ids, **self.order_config())
 
     def order_state(self) -> dict:
@@ -272,6 +263,13 @@ class GlobalBatchSampler:
                             fields=STATE_FIELDS)
         epoch = state_int(self.kind, state, "epoch")
         consumed = state_int(self.kind, state, "samples_consumed")
+        if "samples_total" in state:
+            total = state_int(self.kind, state, "samples_total")
+        elif self.schedule.constant:  # a state of a run without a schedule: where a schedule would stand
+            total = epoch * self.usable + consumed
+        else:
+            raise StateError(f"{self.kind} state: no samples_total, and this sampler has a batch schedule: resume "
+                             "with the state of a scheduled run, or without batch_schedule")
         seed = state_int(self.kind, state, "seed", minimum=None)
         if consumed > self.num_samples:
             raise StateError(f"{self.kind} state: samples_consumed = {consumed}; expected 0..{self.num_samples} "
@@ -280,8 +278,8 @@ class GlobalBatchSampler:
             # The state's seed wins (a state with an order record has this sampler's): the interrupted run's seed.
             self.seed = seed
             if saved is not None:
-                check_order_digest(self.kind, saved, self.order_at(epoch, consumed))
-        self.epoch, self.samples_consumed = epoch, consumed
+                check_order_digest(self.kind, saved, self.order_at(epoch, consumed, total))
+        self.epoch, self.samples_consumed, self.total = epoch, consumed, total
 
 
 class ResumableDataLoader(DataLoader):
@@ -310,7 +308,7 @@ class ResumableDataLoader(DataLoader):
         if isinstance(batch_sampler, GlobalBatchSampler):  # batches the workers may hold, for the prefetch pins
             batch_sampler.in_flight = self.num_workers * (self.prefetch_factor or 0)
         self.assemble_ahead = int(assemble_ahead)
-        self._position: tuple[int, int] | None = None
+        self._position: tuple[int, int, int] | None = None
         self._delivered: dict | None = None
         self._active = None  # the iteration in progress, ended by the next one
 
@@ -332,18 +330,19 @@ class ResumableDataLoader(DataLoader):
         if it is not None:
             it.close()
 
-
     def _iter_global(self, sampler):
         if self._position is not None:
-            sampler.epoch, sampler.samples_consumed = self._position
+            sampler.epoch, sampler.samples_consumed, sampler.total = self._position
         epoch, consumed = sampler.next_position()
-        self._position = (epoch, consumed)
+        total = sampler.total
+        self._position = (epoch, consumed, total)
         with contextlib.closing(self._batches()) as batches:
             for batch in batches:
-                consumed += sampler.global_batch_size
-                self._position = (epoch, consumed)
+                g = sampler.schedule.at(total)
+                consumed, total = consumed + g, total + g
+                self._position = (epoch, consumed, total)
                 yield batch
-        self._position = (epoch + 1, 0)
+        self._position = (epoch + 1, 0, total)
 
     def _iter_stateful(self, sampler):
         if self._delivered is not None:

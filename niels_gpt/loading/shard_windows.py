@@ -182,8 +182,9 @@ class ShardWindowSampler(GlobalBatchSampler):
 
     kind = SHARD_WINDOW_KIND
 
-    def __init__(self, dataset, global_batch_size: int, *, seed: int, shards_at_once: int = SHARDS_AT_ONCE,
-                 rank: int | None = None, world_size: int | None = None, prefetch: bool | None = None):
+    def __init__(self, dataset, global_batch_size: int | None, *, seed: int, shards_at_once: int = SHARDS_AT_ONCE,
+                 rank: int | None = None, world_size: int | None = None, prefetch: bool | None = None,
+                 batch_schedule=None):
         if isinstance(shards_at_once, bool) or not isinstance(shards_at_once, int) or shards_at_once < 1:
             raise ConfigError(f"shards_at_once={shards_at_once!r}: the number of shards read at a time must be a "
                               "positive int (default 8)")
@@ -192,7 +193,8 @@ class ShardWindowSampler(GlobalBatchSampler):
                               "(shard_counts()); shard-window sampling reads IndexedWindowDataset")
         self.shards_at_once = shards_at_once
         self.counts = list(dataset.shard_counts())
-        super().__init__(dataset, global_batch_size, seed=seed, rank=rank, world_size=world_size, prefetch=prefetch)
+        super().__init__(dataset, global_batch_size, seed=seed, rank=rank, world_size=world_size, prefetch=prefetch,
+                         batch_schedule=batch_schedule)
 
     def permutation(self, epoch: int) -> TensorOrder | ShardWindowOrder:
         return shard_epoch_order(self.counts, self.shards_at_once, self.seed, epoch)
