@@ -53,6 +53,17 @@ class BatchSchedule:
     def as_list(self) -> list[list[int]]:
         return [list(p) for p in self.steps]
 
+    def total_at(self, step: int) -> int:
+        """Samples delivered by the first `step` batches."""
+        total = 0
+        for k, (_, g) in enumerate(self.steps):
+            if k + 1 < len(self.steps):
+                n = min(step, max(0, -(-(self.steps[k + 1][0] - total) // g)))
+            else:
+                n = step
+            total, step = total + n * g, step - n
+        return total
+
     def position(self, n: int, epoch: int, consumed: int, total: int) -> tuple[int, int, int]:
         """Where the batch at (epoch, consumed, total) is cut: the next epoch's start if it does not fit."""
         if consumed + self.at(total) > n:

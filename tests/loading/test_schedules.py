@@ -148,3 +148,22 @@ def test_a_phase_schedule_switches_weights_at_its_step_and_each_dataset_goes_on(
     got = per_dataset(batches)
     assert got[1] == [s._sample(1, k) for k in range(len(got[1]))]
     assert torch.tensor(got[1][:30]).unique().numel() == 30  # no draw repeated within an epoch of b
+
+
+class Draws(Ids):
+    def get_batch(self, B, generator):
+        return torch.randint(0, self.n, (B,), generator=generator)
+
+
+def stream(rank, world):
+    from niels_gpt.loading import RankBatchStream
+
+    return RankBatchStream(Draws(), None, seed=3, rank=rank, world_size=world, draw_rows=1, batch_schedule=RAMP)
+
+
+def test_a_stream_follows_the_schedule_and_resumes_mid_ramp_on_another_world_size():
+    whole, _ = run(stream, 1, 10)
+    assert [len(b) for b in whole] == [4, 4, 4, 8, 8, 8, 8, 16, 16, 16]
+    first, state = run(stream, 1, 4)
+    rest, _ = run(stream, 4, 6, state)
+    assert first + rest == whole
