@@ -11,10 +11,10 @@
   from (seed, i, e): a small dataset oversampled wraps around whole epochs, each a fresh
   permutation, so every sample is seen equally often (no bias toward its first samples).
 - state: {step, drawn per dataset, carry per dataset, seed, fingerprint, order}: JSON, exact. `order`
-  names the settings (code version, seed, data, global batch, phases, temperature) and digests the next
-  8 (dataset, sample) draws; load_state_dict refuses a state whose draws would change, naming what
-  differs, unless called with allow_new_order=True: new weights (or phases) then go on from the state,
-  each dataset from the draw where it stopped, nothing of it repeated or skipped.
+  names the settings (code version, seed, data, global batch) and digests each dataset's next 8 draws;
+  load_state_dict refuses a state whose draws would change, naming what differs, unless called with
+  allow_new_order=True. Weights and phases are not part of it: a state loads into a sampler with new
+  weights or phases, and each dataset goes on from the draw where it stopped, none repeated or skipped.
 
 Cost per step: G scalar picks and one randperm(G); dataset i's order is computed 65,536 positions at a
 time as the draws reach them (loading/order.py), never N_i at once.
@@ -213,13 +213,13 @@ class MixtureSampler:
 
     def order_config(self) -> dict:
         return {"code": f"{MIXTURE_KIND}/{MIXTURE_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
-                "global_batch_size": self.global_batch_size, "phases": [[s, p] for s, p in self.phases],
-                "temperature": self.temperature}
+                "global_batch_size": self.global_batch_size}
 
     def order_at(self, step: int, drawn: list[int], carry: list[float]) -> dict:
-        """The order record of a state: the settings and the first ORDER_PEEK draws of its next global batch."""
-        ids = self._draw(step, drawn, carry, first=ORDER_PEEK)[0]
-        return order_record([list(i) for i in ids], **self.order_config())
+        """The order record of a state: the settings and the next ORDER_PEEK draws of every dataset (whatever
+        the weights: new weights or phases go on from the same draws)."""
+        ids = [[self._sample(d, k) for k in range(n, n + ORDER_PEEK)] for d, n in enumerate(drawn)]
+        return order_record(ids, **self.order_config())
 
     def state_dict(self) -> dict:
         return {"kind": MIXTURE_KIND, "version": STATE_VERSION, "step": self.step, "drawn": list(self.drawn),
