@@ -14,15 +14,18 @@ from niels_gpt.loading.parquet import ParquetTokenLoader, list_parquet_files, sp
 from niels_gpt.loading.sampler import (
     GlobalBatchSampler,
     ResumableDataLoader,
+    epoch_order,
     epoch_permutation,
     global_batches,
 )
+from niels_gpt.loading.schedule import BatchSchedule, batch_ramp
 from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.loading.stream import RankBatchStream
 from niels_gpt.loading.windows import IndexedWindowDataset
 
 __all__ = [
-    "GlobalBatchSampler", "IndexedWindowDataset", "MixtureConfig", "MixtureDataset", "MixtureSampler",
-    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "ShardWindowSampler", "epoch_permutation",
+    "BatchSchedule", "GlobalBatchSampler", "IndexedWindowDataset", "MixtureConfig", "MixtureDataset", "MixtureSampler",
+    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "ShardWindowSampler", "epoch_order",
+    "batch_ramp", "epoch_permutation",
     "evaluate_bpb", "global_batches", "list_parquet_files", "split_files", "token_bytes",
 ]

@@ -1,61 +1,246 @@
-"""Batches assembled on a background thread, a few ahead of the loop that takes them.
+"""Batches made in the background, a few ahead of the loop that takes them: one producer for every loader.
 
-Without DataLoader workers, a batch is gathered in the training loop's own thread, between two steps:
-~0.3-0.5 ms of a 32 x 1024 IndexedWindowDataset batch here, the whole of the loop's data wait. A thread
-that assembles the next batches while the step runs (a GPU step leaves the CPU free; numpy's gathers
-and casts release the GIL) leaves the loop one queue get (~20 us). Worker processes do the same at the
-price of a copy through shared memory and a file descriptor per tensor (~1-2 ms a batch here).
+- the producer iterates its items (a sampler's batches; a Parquet loader's batches, each with the loader's
+  state right after it was made) in the background and fills a bounded queue; the loop takes them in
+  order, so a state that came with the last item taken is the position of the items handed out, never of
+  those made ahead, and resuming is exact whatever the depth of the queue;
+- a thread, or one worker process for work that holds the GIL (a Python tokenizer): the process builds
+  its own loader from a picklable spec, dies with its parent and leaves Ctrl-C to it;
+- an error in the producer is raised by the next `get()`, in the loop's thread, at the item where it
+  happened; `stop()` (the loop leaves early, the loader is restarted) ends the producer;
+- every producer thread stops before the interpreter finalises (an exit hook signals and joins it), so a
+  script that takes one batch and ends never leaves a thread inside torch while torch is torn down (that
+  aborts the process: "terminate called without an active exception", exit code 134).
 
-- order and contents are the iterable's own: one thread, one queue, delivered in order;
-- an exception in the thread is raised in the loop, at the batch where it happened;
-- closing the generator (the loop leaves early, the loader is restarted) stops the thread.
+Why: without workers a batch is made in the training loop's own thread, between two steps (~0.3-0.5 ms of
+a 32 x 1024 IndexedWindowDataset batch here; tokenizing a Parquet batch, far more). A thread that makes the
+next batches while the step runs (a GPU step leaves the CPU free; numpy's gathers and the native encoders
+release the GIL) leaves the loop one queue get (~20 us). Worker processes cost a copy through a pipe or
+shared memory instead (B=32, T=1024: 0.5 MB, well under a millisecond). Figures: bench/bench_loading.py.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import os
 import queue
+import sys
 import threading
+import time
 
-_END = object()
+from niels_gpt.errors import ConfigError, NielsGPTError
+
+MODES = ("auto", "thread", "process")
+POLL_S = 0.1  # how often a blocked producer or consumer looks at the stop flag / the worker's pulse
+EXIT_WAIT_S = 30.0  # at exit, how long to wait for a producer inside one long item (a download) to stop
+END = object()  # what get() returns once the producer's items are exhausted
+
+_running: dict[threading.Thread, tuple[threading.Event, queue.Queue]] = {}
+_lock = threading.Lock()
+_hooked = False
+
+
+def encoder_releases_gil(tokenizer) -> bool:
+    """Whether `tokenizer.encode_batch` is a native batch call (it releases the GIL while it encodes).
+
+    The base class's encode_batch is a Python loop over encode(); the library's backends replace it
+    with their native batch encoders, which release the GIL."""
+    from niels_gpt.tokenizer.base import Tokenizer  # lazy: the tokenizer layer is only asked here, once
+
+    own = getattr(type(tokenizer), "encode_batch", None)
+    return own is not None and own is not Tokenizer.encode_batch
+
+
+def resolve_mode(mode: str, tokenizer) -> str:
+    if mode not in MODES:
+        raise ConfigError(f"prefetch mode {mode!r}: expected one of {', '.join(MODES)}")
+    if mode != "auto":
+        return mode
+    return "thread" if encoder_releases_gil(tokenizer) else "process"
+
+
+class Prefetcher:
+    """`get()` -> the next item of `make_iter()` run ahead by up to `depth` items (END after the last).
+
+    Thread mode iterates `make_iter()` (which may run on the caller's own loader: the caller must not
+    touch that loader until `stop()`). Process mode builds a fresh loader in a worker from `spec`
+    (a picklable (factory, args, kwargs)), starts it at `start_state` and yields
+    (loader.produce(), loader.state_now()) forever.
+    """
+
+    def __init__(self, *, depth: int, mode: str = "thread", make_iter=None, spec: tuple | None = None,
+                 start_state: dict | None = None):
+        if depth < 1:
+            raise ConfigError(f"prefetch depth {depth}: must be >= 1 (0 means no prefetching)")
+        self.depth, self.mode = depth, mode
+        self._make_iter, self._spec, self._start_state = make_iter, spec, start_state
+        self._stop = threading.Event()
+        self._worker = None
+        self._queue = None
+
+    # -- the loop's side ---------------------------------------------------------------------------
+    def get(self):
+        if self._worker is None:
+            self._start()
+        while True:
+            try:
+                kind, payload = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self._alive():
+                    code = getattr(self._worker, "exitcode", None)
+                    self.stop()
+                    raise NielsGPTError(f"the batch prefetch {self.mode} stopped without an error "
+                                        f"(exit code {code}); it was killed from outside (out of memory?): "
+                                        "rerun, or train with --prefetch 0") from None
+                continue
+            if kind == "error":
+                self.stop()
+                raise payload
+            if kind == "end":
+                self.stop()
+                return END
+            return payload
+
+    def stop(self) -> None:
+        """Stop the producer and drop what it made ahead (the loop's state is unaffected)."""
+        if self._worker is None:
+            return
+        self._stop.set()
+        if self.mode == "process":
+            self._worker.terminate()
+            self._worker.join()
+            self._queue.close()
+            self._queue.join_thread()
+        else:  # a producer blocked on a full queue wakes up, sees the flag and ends
+            stop_producer(self._worker)
+        self._worker, self._queue = None, None
+        self._stop = threading.Event()
+
+    def restart_at(self, state: dict | None) -> None:
+        self.stop()
+        self._start_state = state
+
+    # -- the producer's side -----------------------------------------------------------------------
+    def _start(self) -> None:
+        if self.mode == "thread":
+            self._queue = queue.Queue(maxsize=self.depth)
+            self._worker = start_producer(_feed, (self._make_iter, self._queue, self._stop),
+                                          stop=self._stop, q=self._queue, name="batch-prefetch")
+        else:
+            ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            self._queue = ctx.Queue(maxsize=self.depth)
+            self._stop = ctx.Event()
+            self._worker = ctx.Process(target=_feed_in_process, name="batch-prefetch", daemon=True,
+                                       args=(self._spec, self._start_state, self._queue, self._stop, os.getpid()))
+            self._worker.start()
+
+    def _alive(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def __del__(self):
+        try:
+            self.stop()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the worker is a daemon and ends with us
+            pass
 
 
 def assembled_ahead(make_iter, n: int):
-    """Iterate `make_iter()` on a background thread, at most `n` batches ahead; n=0: in this thread."""
+    """Iterate `make_iter()` on a background thread, at most `n` items ahead; n=0: in this thread."""
     if n < 1:
         yield from make_iter()
         return
-    q: queue.Queue = queue.Queue(maxsize=n)
-    stop = threading.Event()
-
-    def produce():
-        try:
-            for item in make_iter():
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put((_END, None))
-        except BaseException as exc:  # handed to the loop, raised there
-            q.put((_END, exc))
-
-    t = threading.Thread(target=produce, name="niels-gpt-batches", daemon=True)
-    t.start()
+    ahead = Prefetcher(depth=n, make_iter=make_iter)
     try:
-        while True:
-            item, exc = q.get()
-            if item is _END:
-                if exc is not None:
-                    raise exc
-                return
+        while (item := ahead.get()) is not END:
             yield item
     finally:
+        ahead.stop()
+
+
+# -- producer threads: started, stopped, and stopped at exit ------------------------------------------
+
+def start_producer(target, args: tuple, *, stop: threading.Event, q: queue.Queue, name: str) -> threading.Thread:
+    """Start `target(*args)` on a thread that `stop_producer` (or the interpreter's exit) stops and joins."""
+    global _hooked
+    t = threading.Thread(target=target, args=args, name=name, daemon=True)
+    with _lock:
+        if not _hooked:
+            # NOTE: registered after torch's own exit hooks (torch is imported by then), so it runs before them
+            atexit.register(_stop_all)
+            _hooked = True
+        _running[t] = (stop, q)
+    t.start()
+    return t
+
+
+def stop_producer(t: threading.Thread, timeout: float | None = None) -> None:
+    """Signal the producer to stop and wait for it, emptying its queue so that a blocked put wakes up."""
+    with _lock:
+        stop, q = _running.pop(t, (None, None))
+    if stop is None:
+        return
+    stop.set()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while t.is_alive() and (deadline is None or time.monotonic() < deadline):
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            t.join(POLL_S)
+
+
+def _stop_all() -> None:
+    with _lock:
+        entries = list(_running.items())
+    for _, (stop, _q) in entries:
         stop.set()
-        while t.is_alive():  # let a producer blocked on a full queue see the stop
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                t.join(0.05)
+    for t, _ in entries:
+        stop_producer(t, EXIT_WAIT_S)
+
+
+def put_until_stopped(q, item, stop) -> bool:
+    """Put, waiting while the queue is full; False once asked to stop."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _feed(make_iter, q, stop, convert=lambda exc: exc) -> None:
+    try:
+        for item in make_iter():
+            if stop.is_set() or not put_until_stopped(q, ("item", item), stop):
+                return
+        put_until_stopped(q, ("end", None), stop)
+    except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
+        put_until_stopped(q, ("error", convert(exc)), stop)
+
+
+def _feed_in_process(spec, start_state, q, stop, parent: int) -> None:
+    from niels_gpt.builders.encode_pool import worker_init  # lazy: only a worker process needs it
+
+    worker_init(parent)
+
+    def items():
+        factory, args, kwargs = spec
+        loader = factory(*args, **kwargs)
+        if start_state is not None:
+            loader.load_state_dict(start_state)
+        while True:
+            item = loader.produce()
+            yield item, loader.state_now()
+
+    _feed(items, q, stop, _picklable)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    import pickle  # NOTE: only to test that the exception survives the queue
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return NielsGPTError(f"{type(exc).__name__}: {exc}")

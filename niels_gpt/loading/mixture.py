@@ -10,9 +10,14 @@
 - within dataset i, the k-th draw is sample perm_i,e[k mod N_i] with e = k div N_i and perm seeded
   from (seed, i, e): a small dataset oversampled wraps around whole epochs, each a fresh
   permutation, so every sample is seen equally often (no bias toward its first samples).
-- state: {step, drawn per dataset, carry per dataset, seed, fingerprint}: JSON, exact.
+- state: {step, drawn per dataset, carry per dataset, seed, fingerprint, order}: JSON, exact. `order`
+  names the settings (code version, seed, data, global batch) and digests each dataset's next 8 draws;
+  load_state_dict refuses a state whose draws would change, naming what differs, unless called with
+  allow_new_order=True. Weights and phases are not part of it: a state loads into a sampler with new
+  weights or phases, and each dataset goes on from the draw where it stopped, none repeated or skipped.
 
-Cost per step: G scalar picks and one randperm(G); a randperm(N_i) once per pass over dataset i.
+Cost per step: G scalar picks and one randperm(G); dataset i's order is computed 65,536 positions at a
+time as the draws reach them (loading/order.py), never N_i at once.
 """
 
 from __future__ import annotations
@@ -25,12 +30,28 @@ from pathlib import Path
 
 import torch
 
-from niels_gpt.errors import ConfigError
-from niels_gpt.loading.sampler import epoch_permutation, mix_seed
+from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.loading.order import EpochOrder
+from niels_gpt.loading.sampler import epoch_order, mix_seed
 from niels_gpt.loading.windows import IndexedWindowDataset
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, fingerprint, resolve_rank
+from niels_gpt.resume import (
+    ORDER_PEEK,
+    STATE_VERSION,
+    check_order_config,
+    check_order_digest,
+    check_state,
+    dataset_fingerprint,
+    fingerprint,
+    order_record,
+    resolve_rank,
+    saved_order,
+    state_floats,
+    state_int,
+    state_ints,
+)
 
 MIXTURE_KIND = "mixture_sampler"
+MIXTURE_CODE = 1  # the draws' code version: bumped whenever the same settings give other draws
 TEMPERATURE = 1.0
 
 
@@ -119,7 +140,7 @@ class MixtureSampler:
         self.step = 0
         self.drawn = [0] * len(mixture.names)
         self.carry = [0.0] * len(mixture.names)
-        self._perms: dict[int, tuple[int, torch.Tensor]] = {}
+        self._perms: dict[int, tuple[int, EpochOrder]] = {}
 
     def _check_phases(self, phases: list[Phase]) -> list[tuple[int, list[float]]]:
         names = self.mixture.names
@@ -147,23 +168,30 @@ class MixtureSampler:
     def _sample(self, d: int, k: int) -> int:
         n = len(self.mixture.datasets[d])
         epoch = k // n
-        if d not in self._perms or self._perms[d][0] != epoch:
-            self._perms[d] = (epoch, epoch_permutation(n, mix_seed(self.seed, d), epoch))
-        return int(self._perms[d][1][k % n])
+        cached = self._perms.get(d)
+        if cached is None or cached[0] != (self.seed, epoch):
+            # NOTE: a local copy: order_at may draw on the caller's thread while a producer thread draws
+            cached = self._perms[d] = ((self.seed, epoch), epoch_order(n, mix_seed(self.seed, d), epoch))
+        return int(cached[1].slice(k % n, k % n + 1))
 
     def global_batch(self) -> list[tuple[int, int]]:
         """Draw the whole global batch of the current step and advance the state."""
-        counts, self.carry = quota_step(self.probabilities(self.step), self.carry, self.global_batch_size)
-        g = torch.Generator()
-        g.manual_seed(mix_seed(self.seed, self.step, 1))
-        slots = [d for d, c in enumerate(counts) for _ in range(c)]
-        batch = []
-        for j in torch.randperm(self.global_batch_size, generator=g).tolist():
-            d = slots[j]
-            batch.append((d, self._sample(d, self.drawn[d])))
-            self.drawn[d] += 1
+        batch, self.drawn, self.carry = self._draw(self.step, self.drawn, self.carry)
         self.step += 1
         return batch
+
+    def _draw(self, step: int, drawn: list[int], carry: list[float], first: int | None = None):
+        """(the global batch of `step` (its first `first` draws), drawn after it, carry after it): self unchanged."""
+        counts, carry = quota_step(self.probabilities(step), carry, self.global_batch_size)
+        g = torch.Generator()
+        g.manual_seed(mix_seed(self.seed, step, 1))
+        slots = [d for d, c in enumerate(counts) for _ in range(c)]
+        drawn, batch = list(drawn), []
+        for j in torch.randperm(self.global_batch_size, generator=g).tolist()[:first]:
+            d = slots[j]
+            batch.append((d, self._sample(d, drawn[d])))
+            drawn[d] += 1
+        return batch, drawn, carry
 
     def __iter__(self):
         lo = self.rank * self.batch_size
@@ -174,21 +202,52 @@ class MixtureSampler:
         """The state after one more global batch than `state` (the draws' order does not enter it)."""
         step, drawn, carry = int(state["step"]), list(state["drawn"]), list(state["carry"])
         counts, carry = quota_step(self.probabilities(step), carry, self.global_batch_size)
-        return {**state, "step": step + 1, "drawn": [a + c for a, c in zip(drawn, counts, strict=True)],
-                "carry": carry}
+        state = {**state, "step": step + 1, "drawn": [a + c for a, c in zip(drawn, counts, strict=True)],
+                 "carry": carry}
+        state.pop("order", None)  # the next draws': state_with_order adds it when a state is taken
+        return state
+
+    def state_with_order(self, state: dict) -> dict:
+        """`state` (from advance_state) with its order record."""
+        return {**state, "order": self.order_at(state["step"], state["drawn"], state["carry"])}
+
+    def order_config(self) -> dict:
+        return {"code": f"{MIXTURE_KIND}/{MIXTURE_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
+                "global_batch_size": self.global_batch_size}
+
+    def order_at(self, step: int, drawn: list[int], carry: list[float]) -> dict:
+        """The order record of a state: the settings and the next ORDER_PEEK draws of every dataset (whatever
+        the weights: new weights or phases go on from the same draws)."""
+        ids = [[self._sample(d, k) for k in range(n, n + ORDER_PEEK)] for d, n in enumerate(drawn)]
+        return order_record(ids, **self.order_config())
 
     def state_dict(self) -> dict:
         return {"kind": MIXTURE_KIND, "version": STATE_VERSION, "step": self.step, "drawn": list(self.drawn),
-                "carry": list(self.carry), "seed": self.seed, "fingerprint": self.fingerprint}
+                "carry": list(self.carry), "seed": self.seed, "fingerprint": self.fingerprint,
+                "order": self.order_at(self.step, self.drawn, self.carry)}
 
-    def load_state_dict(self, state: dict) -> None:
-        state = check_state(state, kind=MIXTURE_KIND, fingerprint=self.fingerprint,
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on from `state`; allow_new_order=True: with this sampler's own settings (new weights, phases,
+        seed...) from the state's position, each dataset from the draw where it stopped."""
+        saved = saved_order(MIXTURE_KIND, state)
+        state = check_state(state, kind=MIXTURE_KIND, fingerprint=None if allow_new_order else self.fingerprint,
                             fields=("step", "drawn", "carry", "seed"))
-        if len(state["drawn"]) != len(self.drawn) or len(state["carry"]) != len(self.carry):
-            raise ConfigError(f"mixture state has {len(state['drawn'])} datasets, this mixture {len(self.drawn)}")
-        self.step, self.seed = int(state["step"]), int(state["seed"])
-        self.drawn = [int(x) for x in state["drawn"]]
-        self.carry = [float(x) for x in state["carry"]]
+        if not allow_new_order:
+            check_order_config(MIXTURE_KIND, saved, self.order_config())
+        n = len(self.drawn)
+        if isinstance(state["drawn"], list) and len(state["drawn"]) != n:
+            raise StateError(f"mixture state has {len(state['drawn'])} datasets, this mixture {n}: resume with "
+                             "the datasets the state was written for")
+        step = state_int(MIXTURE_KIND, state, "step")
+        seed = state_int(MIXTURE_KIND, state, "seed", minimum=None)
+        drawn = state_ints(MIXTURE_KIND, state, "drawn", length=n)
+        carry = state_floats(MIXTURE_KIND, state, "carry", length=n)
+        if allow_new_order:
+            self.step, self.drawn, self.carry = step, drawn, carry
+            return
+        if saved is not None:
+            check_order_digest(MIXTURE_KIND, saved, self.order_at(step, drawn, carry))
+        self.step, self.seed, self.drawn, self.carry = step, seed, drawn, carry
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,8 @@
 """Streaming pretraining batches from Parquet text shards, tokenized on the fly, for DDP.
 
 - row groups of all files, in file order, form one list; rank r of W takes groups r, r+W, r+2W, ...
-  (strided over the whole list, not per file, so small files do not starve high ranks);
+  (strided over the whole list, not per file, so small files do not starve high ranks); each file's footer
+  is read once on open, and a rank keeps at most OPEN_FILES (4) files open while it reads;
 - each document becomes [BOS] + encode(text); documents are numbered in the rank's stream order
   (doc id k, growing across epochs), which is what a state records;
 - packing "contiguous": the documents are one token stream; a batch is the next B*T+1 tokens,
@@ -13,7 +14,7 @@
   next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
   to the next row group, dropping the rest of the current one and the whole buffer;
 - `prefetch=N`: reading, tokenizing and packing run ahead of the loop in the background (a thread, as
-  every backend's encoder releases the GIL; a worker process for a Python encoder: parquet_ahead.py), up
+  every backend's encoder releases the GIL; a worker process for a Python encoder: ahead.py), up
   to N batches ahead; the state is still the position after the last batch handed out.
 
 Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s
@@ -27,21 +28,32 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from niels_gpt.errors import ConfigError, SourceError, StateError
+from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
-from niels_gpt.loading.parquet_ahead import Prefetcher, resolve_mode
-from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank
+from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
 TEXT_COLUMN = "text"
 TOKENIZER_BATCH_SIZE = 128
 PACKINGS = ("contiguous", "bestfit")
 PARQUET_KIND = "parquet_token_loader"
+OPEN_FILES = 4  # Parquet files a rank keeps open at once
+
+
+def _read_metadata(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise SourceError(f"{path}: not a readable Parquet file ({exc}); re-download it") from exc
 
 
 def list_parquet_files(data_dir: str | os.PathLike) -> list[Path]:
@@ -77,14 +89,15 @@ class RankDocuments:
             raise ConfigError(f"tokenizer {tokenizer.model_path} has no BOS token; pass bos_id=")
         self.batch_size, self.threads = batch_size, threads
         self.tokens_encoded = 0  # every token tokenized, including look-ahead and re-reads on resume
-        self._pf: dict[int, object] = {}
+        self._pf: OrderedDict[int, object] = OrderedDict()  # the files open now, least recently read first
         groups = []
         for fi, path in enumerate(self.files):
-            pf = self._open(fi)
-            if text_column not in pf.schema_arrow.names:
-                raise SourceError(f"{path}: no column {text_column!r} (columns: {pf.schema_arrow.names}); "
-                                  "pass text_column=")
-            md = pf.metadata
+            # NOTE: each footer is read once and the file closed: thousands of shards never hold
+            # thousands of descriptors (the default limit is 1,024)
+            md = _read_metadata(path)
+            names = md.schema.to_arrow_schema().names
+            if text_column not in names:
+                raise SourceError(f"{path}: no column {text_column!r} (columns: {names}); pass text_column=")
             groups += [(fi, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
         if len(groups) < world_size:
             raise ConfigError(f"{len(groups)} row groups in {len(self.files)} file(s) for world_size {world_size}: "
@@ -99,11 +112,20 @@ class RankDocuments:
                                        text_column, tokenizer.sha256, self.bos)
 
     def _open(self, fi: int):
+        """File `fi`, open; at most OPEN_FILES stay open (a rank reads its groups file after file)."""
         import pyarrow.parquet as pq
 
-        if fi not in self._pf:
-            self._pf[fi] = pq.ParquetFile(self.files[fi])
+        if fi in self._pf:
+            self._pf.move_to_end(fi)
+            return self._pf[fi]
+        while len(self._pf) >= OPEN_FILES:
+            self._pf.popitem(last=False)[1].close()
+        self._pf[fi] = pq.ParquetFile(self.files[fi])
         return self._pf[fi]
+
+    def close(self) -> None:
+        while self._pf:
+            self._pf.popitem()[1].close()
 
     def locate(self, doc_id: int) -> tuple[int, int]:
         """doc id -> (position in this rank's group list, row in that group)."""
@@ -187,8 +209,7 @@ class ParquetTokenLoader:
                     {"packing": packing, "rank": self.rank, "world_size": self.world_size,
                      "buffer_size": buffer_size, "tokenizer_batch_size": tokenizer_batch_size,
                      "tokenizer_threads": tokenizer_threads, "text_column": text_column, "bos_id": self.docs.bos})
-            self._ahead = Prefetcher(depth=prefetch, mode=mode, produce=self._made, state=self.state_now,
-                                     spec=spec)
+            self._ahead = Prefetcher(depth=prefetch, mode=mode, make_iter=self._made, spec=spec)
 
     def _restart(self, *, next_doc: int, offset: int, buffer: list[int]) -> None:
         self._stream = self.docs.stream(next_doc)
@@ -252,9 +273,11 @@ class ParquetTokenLoader:
         return x, y
 
     def _made(self):
-        """A thread prefetcher's item: the host batch is made in the background too."""
-        tokens, stats = self.produce()
-        return self.host_batch(tokens), stats
+        """A thread prefetcher's items: the host batch is made in the background too, each with the state
+        right after it."""
+        while True:
+            tokens, stats = self.produce()
+            yield (self.host_batch(tokens), stats), self.state_now()
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._ahead is None:
@@ -282,6 +305,7 @@ class ParquetTokenLoader:
         """Stop the background producer, if any (a prefetching loader also stops when collected)."""
         if self._ahead is not None:
             self._ahead.stop()
+        self.docs.close()
 
     def state_now(self) -> dict:
         """The position after the last batch this loader's producer made."""
@@ -298,8 +322,6 @@ class ParquetTokenLoader:
         return self.state_now() if self._delivered is None else dict(self._delivered)
 
     def load_state_dict(self, state: dict) -> None:
-        if self._ahead is not None:
-            self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
         state = check_state(state, kind=PARQUET_KIND, fingerprint=self.docs.fingerprint,
                             fields=("packing", "rank", "world_size", "buffer_size", "next_doc"))
         mine = {"packing": self.packing, "rank": self.rank, "world_size": self.world_size,
@@ -308,10 +330,17 @@ class ParquetTokenLoader:
         if theirs != mine:
             raise StateError(f"parquet loader state was written with {theirs}, this loader has {mine}: each rank "
                              "must load its own state with the same world size, packing and buffer size")
+        next_doc = state_int(PARQUET_KIND, state, "next_doc")
         if self.packing == "contiguous":
-            self._restart(next_doc=int(state["next_doc"]), offset=int(state.get("offset", 0)), buffer=[])
+            offset, buffer = state_int(PARQUET_KIND, {"offset": 0, **state}, "offset"), []
         else:
-            self._restart(next_doc=int(state["next_doc"]), offset=0, buffer=[int(d) for d in state["buffer"]])
+            offset, buffer = 0, state_ints(PARQUET_KIND, {"buffer": None, **state}, "buffer")
+            if any(d >= next_doc for d in buffer):
+                raise StateError(f"{PARQUET_KIND} state: buffer holds doc ids >= next_doc = {next_doc}; the "
+                                 "state is hand-edited or corrupt, resume from the state_dict() the loader wrote")
+        if self._ahead is not None:
+            self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
+        self._restart(next_doc=next_doc, offset=offset, buffer=buffer)
         self._delivered = self.state_now()
         if self._ahead is not None:
             self._ahead.restart_at(self._delivered)

@@ -1,22 +1,29 @@
 """One global order for a map-style dataset, cut into global batches, sliced by rank.
 
-- epoch order: torch.randperm(N) from a generator seeded by (seed, epoch); no other randomness.
+- epoch order: from a torch.Generator seeded by (seed, epoch), no other randomness: torch.randperm(N) held
+  as int32 up to SMALL_ORDER (4 M) samples; above, a keyed permutation of range(N) computed position by
+  position (loading/order.py), its keys drawn by that generator. So nothing of size N is held at scale:
+  at 48.8 M windows (100 B tokens at T=2048) a rank's order costs a 512 KiB chunk, not two int64[N].
 - global batches: consecutive slices of G = global_batch_size indices; the tail (N mod G) is dropped
   and differs every epoch, so no sample is dropped for good.
 - ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; G must divide by W.
 - workers: the sampler is a *batch* sampler, so DataLoader workers fetch whole batches round-robin
   and deliver them in order: the batch stream does not depend on num_workers.
-- state: {epoch, samples_consumed, seed, fingerprint}; samples_consumed counts global samples, so a
-  state written by 8 ranks resumes exactly on 2 (or with another G) at the same sample.
+- a batch schedule (loading/schedule.py, `batch_schedule=[(0, 128), (10_000, 256)]` or batch_ramp(...)):
+  G is the schedule's at the samples delivered so far in the run (the state's samples_total); batches
+  are cut from the same order, so a resume mid-ramp on any world size delivers the uninterrupted run's.
+- state: {epoch, samples_consumed, samples_total, seed, fingerprint, order}: global samples, so a state
+  of 8 ranks resumes exactly on 2. `order`: the order's settings (code version, seed, data, batch) and a
+  digest of the next 8 sample ids, recomputed on load: a state whose order would change is refused
+  naming what differs, unless allow_new_order=True. A state without `order` loads as it did.
 
-Cost: one randperm per epoch (33 ms per million samples on 2 cores) and a slice per batch; with
-0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
+Cost: one randperm per epoch (33 ms per million samples on 2 cores) up to 4 M samples; above, ~4x that
+per sample, 65,536 at a time as batches reach them (loading/order.py); with 0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
 DataLoader + DistributedSampler does within run-to-run noise.
 
 A remote cache (a dataset with `remote` and `shard_files`, e.g. IndexedWindowDataset at a URL): before
 handing out each batch the sampler moves its plan of the next batches (this rank's share, across the
-epoch's end; loading/prefetch.py) on by one; a ShardPrefetcher pins their shards and downloads them in
-the background. A local dataset plans nothing.
+epoch's end; loading/prefetch.py) on by one; a ShardPrefetcher pins and downloads their shards.
 
 Resumption with workers: a DataLoader runs ahead of the training loop (prefetch), so the sampler's
 own state_dict() is the position of the last batch *produced*. `ResumableDataLoader` (a plain
@@ -25,57 +32,44 @@ torch DataLoader) and torchdata's `StatefulDataLoader` both report the last batc
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import weakref
 
-import torch
 from torch.utils.data import DataLoader
 
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.ahead import assembled_ahead
+from niels_gpt.loading.order import (  # noqa: F401 (the order's functions are imported from here too)
+    SMALL_ORDER,
+    EpochOrder,
+    TensorOrder,
+    epoch_order,
+    epoch_permutation,
+    global_batches,
+    mix_seed,
+    rank_slice,
+    worker_batches,
+)
 from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
+from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.loading.windows import IndexedWindowDataset, collate_windows
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
+from niels_gpt.resume import (
+    ORDER_PEEK,
+    STATE_VERSION,
+    check_order_config,
+    check_order_digest,
+    check_state,
+    dataset_fingerprint,
+    order_record,
+    resolve_rank,
+    saved_order,
+    state_int,
+)
 
 SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")
 IN_FLIGHT_BATCHES = 8  # batches handed out but maybe not read yet (ResumableDataLoader sets its own count)
 ASSEMBLE_AHEAD = 1  # batches a ResumableDataLoader without workers assembles ahead, on a thread
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers, so (seed, epoch) and (seed+1, epoch-1) give unrelated streams."""
-    digest = hashlib.sha256(b"niels_gpt:" + b",".join(str(int(p)).encode() for p in parts)).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def epoch_permutation(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> torch.Tensor:
-    """The global order of epoch `epoch`: int64[n]."""
-    if not shuffle:
-        return torch.arange(n, dtype=torch.int64)
-    g = torch.Generator()
-    g.manual_seed(mix_seed(seed, epoch))
-    return torch.randperm(n, generator=g)
-
-
-def global_batches(n: int, global_batch_size: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[list[int]]:
-    """Every full global batch of an epoch, in order."""
-    perm = epoch_permutation(n, seed, epoch, shuffle=shuffle)
-    usable = n // global_batch_size * global_batch_size
-    return perm[:usable].view(-1, global_batch_size).tolist() if usable else []
-
-
-def rank_slice(batch: list, rank: int, world_size: int) -> list:
-    """Rank `rank`'s contiguous share of one global batch.
-
-    Worked example: G=8, W=4 -> per-rank 2; rank 1 gets batch[2:4], rank 3 gets batch[6:8].
-    """
-    per = len(batch) // world_size
-    return batch[rank * per:(rank + 1) * per]
-
-
-def worker_batches(batches: list, worker_id: int, num_workers: int) -> list:
-    """The batches a DataLoader worker fetches: round-robin, as torch assigns batch-sampler output."""
-    return batches[worker_id::max(num_workers, 1)]
 
 
 class GlobalBatchSampler:
@@ -87,26 +81,32 @@ class GlobalBatchSampler:
     """
 
     kind = SAMPLER_KIND
+    order_code = 1  # the order's code version: bumped whenever the same settings give another order
 
-    def __init__(self, dataset, global_batch_size: int, *, seed: int, rank: int | None = None,
-                 world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None):
+    def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
+                 world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None,
+                 batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        if global_batch_size < 1 or global_batch_size % self.world_size:
-            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                              f"world_size {self.world_size} (every rank takes an equal share)")
-        if n < global_batch_size:
-            raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {global_batch_size}; "
-                              "lower global_batch_size or use more data")
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
+        if global_batch_size is not None and batch_schedule is not None and global_batch_size != self.schedule.steps[-1][1]:
+            raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
+                              f"{self.schedule.steps[-1][1]}: pass None or the schedule's last batch")
+        for _, global_batch_size in self.schedule.steps:
+            if global_batch_size % self.world_size:
+                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
+                                  f"world_size {self.world_size} (every rank takes an equal share)")
+            if n < global_batch_size:
+                raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {global_batch_size}; "
+                                  "lower global_batch_size or use more data")
         self.num_samples = n
-        self.global_batch_size = global_batch_size
-        self.batch_size = global_batch_size // self.world_size
+        self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.fingerprint = dataset_fingerprint(dataset)
         self.epoch = 0
         self.samples_consumed = 0
-        self._perms: dict[tuple[int, int], torch.Tensor] = {}
+        self._perms: dict[tuple[int, int], EpochOrder | TensorOrder] = {}
         remote = getattr(dataset, "remote", None) if prefetch is not False else None
         self._dataset = dataset if remote is not None and hasattr(dataset, "shard_files") else None
         self.in_flight = IN_FLIGHT_BATCHES
@@ -121,53 +121,67 @@ class GlobalBatchSampler:
         the bytes needed for one epoch, 1.00x with it). The batches handed out are the same either way."""
         if batches < 0:
             raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
+        if not self.schedule.constant:
+            position = self.schedule.position(self.num_samples, self.epoch, self.samples_consumed, self.total)
+            for _ in range(int(batches)):
+                position = self.schedule.after(self.num_samples, position)
+            self.plan_end = position[:2]
+            return
         epoch, consumed = self.next_position()
         per_epoch = self.usable // self.global_batch_size
         k = consumed // self.global_batch_size + int(batches)
         self.plan_end = (epoch + k // per_epoch, k % per_epoch * self.global_batch_size)
 
     @property
+    def global_batch_size(self) -> int:
+        """The global batch of the next batch (the schedule's at the samples delivered so far)."""
+        return self.schedule.at(self.total)
+
+    @property
+    def batch_size(self) -> int:
+        return self.global_batch_size // self.world_size
+
+    @property
     def usable(self) -> int:
-        """Samples per epoch that land in a full global batch."""
+        """Samples per epoch that land in a full global batch (of the current size)."""
         return self.num_samples // self.global_batch_size * self.global_batch_size
 
     def __len__(self) -> int:
         """Batches left in the current epoch (a fresh epoch: usable / G)."""
-        left = self.usable - self.samples_consumed
-        return (left if left > 0 else self.usable) // self.global_batch_size
+        epoch, consumed = self.next_position()
+        return self.schedule.batches_left(self.num_samples, consumed, self.total)
 
     def set_epoch(self, epoch: int) -> None:
         """Jump to the start of `epoch` (the DistributedSampler idiom); a restored state needs no call."""
         if epoch != self.epoch:
             self.epoch, self.samples_consumed = int(epoch), 0
 
-    def permutation(self, epoch: int) -> torch.Tensor:
+    def permutation(self, epoch: int) -> EpochOrder | TensorOrder:
         """The global order of `epoch` (subclasses order differently; everything else is shared)."""
-        return epoch_permutation(self.num_samples, self.seed, epoch, shuffle=self.shuffle)
+        return epoch_order(self.num_samples, self.seed, epoch, shuffle=self.shuffle)
 
-    def _order(self, epoch: int | None = None) -> torch.Tensor:
+    def _order(self, epoch: int | None = None) -> EpochOrder | TensorOrder:
         key = (self.seed, self.epoch if epoch is None else epoch)
         if key not in self._perms:
-            if len(self._perms) >= 2:  # the current epoch and the next (a plan reaching past the end)
+            # the current epoch, and the next for a plan reaching past the end (a shard-window order is held)
+            if len(self._perms) >= (2 if self._dataset is not None else 1):
                 self._perms.pop(next(iter(self._perms)))
             self._perms[key] = self.permutation(key[1])
         return self._perms[key]
 
-    def _batch_at(self, position: tuple[int, int]) -> list[str]:
-        """The shards of this rank's share of the global batch at (epoch, samples consumed)."""
-        epoch, consumed = position
-        start = consumed + self.rank * self.batch_size
-        return self._dataset.shard_files(self._order(epoch)[start:start + self.batch_size].numpy())
+    def _batch_at(self, position: tuple[int, int, int]) -> list[str]:
+        """The shards of this rank's share of the global batch at (epoch, samples consumed, samples total)."""
+        epoch, consumed, total = position
+        per = self.schedule.at(total) // self.world_size
+        start = consumed + self.rank * per
+        return self._dataset.shard_files(self._order(epoch).slice(start, start + per).numpy())
 
-    def _after(self, position: tuple[int, int]):
-        epoch, consumed = position
+    def _after(self, position: tuple[int, int, int]):
         while True:
-            consumed += self.global_batch_size
-            if consumed + self.global_batch_size > self.usable:
-                epoch, consumed = epoch + 1, 0
-            if self.plan_end is not None and (epoch, consumed) >= self.plan_end:
+            position = self.schedule.after(self.num_samples, position)
+            if self.plan_end is not None and position[:2] >= self.plan_end:
                 return
-            yield epoch, consumed
+            yield position
 
     def _prefetch(self, epoch: int, consumed: int) -> None:
         if self._dataset is None:
@@ -175,7 +189,7 @@ class GlobalBatchSampler:
         if self._plan is None:
             self._plan = RollingPlan(ShardPrefetcher(self._dataset.remote), in_flight=self.in_flight,
                                      ahead=self.prefetch_batches)
-        self._plan.step((epoch, consumed), self._after, self._batch_at)
+        self._plan.step((epoch, consumed, self.total), self._after, self._batch_at)
 
     @property
     def prefetcher(self) -> ShardPrefetcher | None:
@@ -183,26 +197,49 @@ class GlobalBatchSampler:
 
     def next_position(self) -> tuple[int, int]:
         """(epoch, samples_consumed) where the next iteration starts (an exhausted epoch rolls over)."""
-        if self.samples_consumed + self.global_batch_size > self.usable:
+        if self.samples_consumed + self.global_batch_size > self.num_samples:
             return self.epoch + 1, 0
         return self.epoch, self.samples_consumed
 
     def __iter__(self):
         self.epoch, self.samples_consumed = self.next_position()
-        lo = self.rank * self.batch_size
-        while self.samples_consumed + self.global_batch_size <= self.usable:
-            start = self.samples_consumed + lo
+        while self.samples_consumed + self.global_batch_size <= self.num_samples:
+            per = self.batch_size
+            start = self.samples_consumed + self.rank * per
             self._prefetch(self.epoch, self.samples_consumed)
             # NOTE: advance before yielding: a state taken while this batch is in flight must not
             # hand it out again.
-            self.samples_consumed += self.global_batch_size
-            yield self._order()[start:start + self.batch_size].tolist()
+            self.total += per * self.world_size
+            self.samples_consumed += per * self.world_size
+            yield self._order().slice(start, start + per).tolist()
         self.epoch, self.samples_consumed = self.epoch + 1, 0
 
-    def state_at(self, epoch: int, samples_consumed: int) -> dict:
-        return {"kind": self.kind, "version": STATE_VERSION, "epoch": int(epoch),
-                "samples_consumed": int(samples_consumed), "seed": self.seed, "fingerprint": self.fingerprint,
-                "global_batch_size": self.global_batch_size, **self.order_state()}
+    def state_at(self, epoch: int, samples_consumed: int, total: int | None = None) -> dict:
+        total = self.total if total is None else total
+        state = {"kind": self.kind, "version": STATE_VERSION, "epoch": int(epoch),
+                 "samples_consumed": int(samples_consumed), "seed": self.seed, "fingerprint": self.fingerprint,
+                 "global_batch_size": self.schedule.at(total), **self.order_state(),
+                 "order": self.order_at(epoch, samples_consumed, total)}
+        if not self.schedule.constant:
+            state["samples_total"] = int(total)
+        return state
+
+    def order_config(self) -> dict:
+        """What the order depends on besides the position (saved in the state's `order`, compared on load)."""
+        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
+            {"batch_schedule": self.schedule.as_list()}
+        return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
+                **batch, "shuffle": self.shuffle, **self.order_state()}
+
+    def order_at(self, epoch: int, consumed: int, total: int | None = None) -> dict:
+        """The order record of a state at (epoch, consumed, total): order_config and the next batch's first
+        ORDER_PEEK sample ids."""
+        epoch, consumed, total = self.schedule.position(self.num_samples, epoch, consumed,
+                                                        self.total if total is None else total)
+        order = self._perms.get((self.seed, epoch))
+        order = self.permutation(epoch) if order is None else order
+        ids = order.slice(consumed, consumed + min(ORDER_PEEK, self.schedule.at(total))).tolist()
+        return order_record(ids, **self.order_config())
 
     def order_state(self) -> dict:
         """What else the order depends on, saved with the state and checked on load (subclasses)."""
@@ -214,14 +251,35 @@ class GlobalBatchSampler:
     def state_dict(self) -> dict:
         return self.state_at(self.epoch, self.samples_consumed)
 
-    def load_state_dict(self, state: dict) -> None:
-        state = check_state(state, kind=self.kind, fingerprint=self.fingerprint, fields=STATE_FIELDS)
-        self.check_order_state(state)
-        consumed = int(state["samples_consumed"])
-        if not 0 <= consumed <= self.num_samples:
-            raise ConfigError(f"sampler state: samples_consumed {consumed} outside [0, {self.num_samples}]")
-        # The state's seed wins: it is the seed the interrupted run was drawing from.
-        self.seed, self.epoch, self.samples_consumed = int(state["seed"]), int(state["epoch"]), consumed
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on from `state`; allow_new_order=True: from its position even if the order changed (another seed,
+        data, batch size or code), with this sampler's own settings."""
+        saved = saved_order(self.kind, state)
+        if not allow_new_order:
+            check_state(state, kind=self.kind, fingerprint=self.fingerprint, fields=())
+            self.check_order_state(state)
+            check_order_config(self.kind, saved, self.order_config())
+        state = check_state(state, kind=self.kind, fingerprint=None if allow_new_order else self.fingerprint,
+                            fields=STATE_FIELDS)
+        epoch = state_int(self.kind, state, "epoch")
+        consumed = state_int(self.kind, state, "samples_consumed")
+        if "samples_total" in state:
+            total = state_int(self.kind, state, "samples_total")
+        elif self.schedule.constant:  # a state of a run without a schedule: where a schedule would stand
+            total = epoch * self.usable + consumed
+        else:
+            raise StateError(f"{self.kind} state: no samples_total, and this sampler has a batch schedule: resume "
+                             "with the state of a scheduled run, or without batch_schedule")
+        seed = state_int(self.kind, state, "seed", minimum=None)
+        if consumed > self.num_samples:
+            raise StateError(f"{self.kind} state: samples_consumed = {consumed}; expected 0..{self.num_samples} "
+                             "(the dataset's samples): the state is hand-edited or corrupt")
+        if not allow_new_order:
+            # The state's seed wins (a state with an order record has this sampler's): the interrupted run's seed.
+            self.seed = seed
+            if saved is not None:
+                check_order_digest(self.kind, saved, self.order_at(epoch, consumed, total))
+        self.epoch, self.samples_consumed, self.total = epoch, consumed, total
 
 
 class ResumableDataLoader(DataLoader):
@@ -236,7 +294,8 @@ class ResumableDataLoader(DataLoader):
     Workers prefetch ahead of the training loop, so the sampler itself runs ahead of what was delivered;
     the loader keeps its own copy of the state, advanced once per delivered batch. Without workers,
     `assemble_ahead` batches are assembled on a background thread while the loop runs (loading/ahead.py;
-    0: in the loop's thread).
+    0: in the loop's thread). A loop left with `break` and entered again gets the next batch it has not
+    seen: the new iteration ends the old one (its workers, its thread) and starts from the delivered state.
     """
 
     def __init__(self, dataset, batch_sampler, *, assemble_ahead: int = ASSEMBLE_AHEAD, **kwargs):
@@ -249,21 +308,41 @@ class ResumableDataLoader(DataLoader):
         if isinstance(batch_sampler, GlobalBatchSampler):  # batches the workers may hold, for the prefetch pins
             batch_sampler.in_flight = self.num_workers * (self.prefetch_factor or 0)
         self.assemble_ahead = int(assemble_ahead)
-        self._position: tuple[int, int] | None = None
+        self._position: tuple[int, int, int] | None = None
         self._delivered: dict | None = None
+        self._active = None  # the iteration in progress, ended by the next one
 
     def __iter__(self):
+        # NOTE: a loop left with `break` leaves its iteration suspended, its workers or thread holding batches
+        # made but never delivered; a new iteration ends it and rewinds the sampler to the last delivered batch.
+        self.close()
         sampler = self.batch_sampler
-        if not isinstance(sampler, GlobalBatchSampler):
-            yield from self._iter_stateful(sampler)
-            return
+        it = self._iter_global(sampler) if isinstance(sampler, GlobalBatchSampler) else self._iter_stateful(sampler)
+        # NOTE: a weak reference: a strong one would make loader and iteration a cycle, collected at some later
+        # moment instead of when the loop drops it (workers then shut down in the middle of other work)
+        self._active = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """End the iteration in progress now: its workers or thread stop; the state stays the delivered one."""
+        it = self._active() if self._active is not None else None
+        self._active = None
+        if it is not None:
+            it.close()
+
+    def _iter_global(self, sampler):
+        if self._position is not None:
+            sampler.epoch, sampler.samples_consumed, sampler.total = self._position
         epoch, consumed = sampler.next_position()
-        self._position = (epoch, consumed)
-        for batch in self._batches():
-            consumed += sampler.global_batch_size
-            self._position = (epoch, consumed)
-            yield batch
-        self._position = (epoch + 1, 0)
+        total = sampler.total
+        self._position = (epoch, consumed, total)
+        with contextlib.closing(self._batches()) as batches:
+            for batch in batches:
+                g = sampler.schedule.at(total)
+                consumed, total = consumed + g, total + g
+                self._position = (epoch, consumed, total)
+                yield batch
+        self._position = (epoch + 1, 0, total)
 
     def _iter_stateful(self, sampler):
         if self._delivered is not None:
@@ -271,17 +350,24 @@ class ResumableDataLoader(DataLoader):
             sampler.load_state_dict(self._delivered)
         state = sampler.state_dict()
         self._delivered = state
-        for batch in self._batches():
-            state = sampler.advance_state(state)
-            self._delivered = state
-            yield batch
+        with contextlib.closing(self._batches()) as batches:
+            for batch in batches:
+                state = sampler.advance_state(state)
+                self._delivered = state
+                yield batch
 
     def _batches(self):
         """The DataLoader's batches. Without workers and pinning: the same fetch (`__getitems__` where the
         dataset has it) and collate, without the DataLoader's per-batch machinery (~0.15 ms of a 0.3 ms
         IndexedWindowDataset batch here)."""
         if self.num_workers or self.pin_memory:
-            yield from super().__iter__()
+            it = super().__iter__()
+            try:
+                yield from it
+            finally:  # the workers stop now, not when the iterator is collected (persistent ones: at the next)
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None and not self.persistent_workers:
+                    shutdown()
             return
         getitems = getattr(self.dataset, "__getitems__", None)
 
@@ -294,12 +380,20 @@ class ResumableDataLoader(DataLoader):
     def state_dict(self) -> dict:
         sampler = self.batch_sampler
         if not isinstance(sampler, GlobalBatchSampler):
-            return dict(self._delivered) if self._delivered is not None else sampler.state_dict()
+            if self._delivered is None:
+                return sampler.state_dict()
+            with_order = getattr(sampler, "state_with_order", None)
+            return with_order(self._delivered) if with_order is not None else dict(self._delivered)
         if self._position is None:
             return sampler.state_dict()
         return sampler.state_at(*self._position)
 
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_sampler.load_state_dict(state)
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on after the last delivered batch of `state`; allow_new_order: see GlobalBatchSampler.load_state_dict."""
+        self.close()
+        if allow_new_order:
+            self.batch_sampler.load_state_dict(state, allow_new_order=True)
+        else:
+            self.batch_sampler.load_state_dict(state)
         self._position = None
         self._delivered = None

@@ -28,23 +28,37 @@ shards of local disk; build with a shuffle buffer (or from a shuffled source) to
 small K harmless. K = SHARDS_AT_ONCE (8) by default: measured on real tokens in docs/storage.md.
 
 Cost: one torch.rand and one stable sort of N windows per epoch: 3.3 s for 13 M windows on 2 cores,
-7x a randperm of N (the global sampler's), once per epoch.
+7x a randperm of N, once per epoch. Memory: the order is held as int32 (4 bytes a window); computing it
+peaks at ~34 bytes a window (the float64 times, the sort's values and indices): 10 M windows in 1,000
+shards, +336 MiB of RSS around one call, against +475 MiB when the times were one expression over N.
+Above SMALL_ORDER (4 M) windows the order is computed position by position (`ShardWindowOrder`), with
+nothing of size N held: the same lanes of shards from a torch.randperm of the shards, the lanes taken
+round-robin a window at a time (a lane that has run out drops out of the turn), and the windows of a
+shard in a keyed permutation of the shard (loading/order.py's Feistel network, its keys drawn by torch
+from (seed, epoch, K) and tweaked by the shard). Worked example, K=2, lanes [a, c] and [b] of 4 windows
+each: positions 0..7 alternate a and b, positions 8..11 are c's (lane 1 has run out). A rank holds the
+shard ids and one chunk of 65,536 positions: ~1 MiB for 48.8 M windows in 5,000 shards, not int32[N].
+Statistical trade-off of the round-robin: the lanes change shard at about the same moment when shards
+are equal, and the end of the epoch reads the longest lane alone (at most one shard's worth of windows).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.loading.sampler import GlobalBatchSampler, mix_seed
+from niels_gpt.loading.order import CHUNK, MASK31, ROUNDS, EpochOrder, TensorOrder, sliced
+from niels_gpt.loading.sampler import SMALL_ORDER, GlobalBatchSampler, mix_seed
 
 SHARDS_AT_ONCE = 8
 SHARD_WINDOW_KIND = "shard_window_sampler"
+ORDER_CHUNK = 1 << 20  # windows whose times (and ids) are computed at once
 
 
 def shard_window_order(counts, K: int, seed: int, epoch: int) -> torch.Tensor:
-    """The epoch order (int64 window indices) for shards holding `counts[k]` windows each, window
-    indices numbered shard by shard in the given order (as IndexedWindowDataset numbers them)."""
+    """The epoch order (window indices, int32 below 2**31 windows) for shards holding `counts[k]` windows
+    each, window indices numbered shard by shard in the given order (as IndexedWindowDataset numbers them)."""
     counts = torch.as_tensor(counts, dtype=torch.int64)
     S = len(counts)
     g = torch.Generator()
@@ -63,13 +77,101 @@ def shard_window_order(counts, K: int, seed: int, epoch: int) -> torch.Tensor:
         before[idx] = cum - length[idx]
         lane_total[r] = max(float(cum[-1]), 1.0)
     N = int(n.sum())
-    pos = torch.repeat_interleave(torch.arange(S), n)  # the perm position of each window
-    times = (before[pos] + torch.rand(N, generator=g, dtype=torch.float64) * length[pos]) / lane_total[lane[pos]]
-    order = torch.sort(times, stable=True).indices
-    first = torch.cumsum(counts, 0) - counts  # index of window 0 of each shard
     start = torch.cumsum(n, 0) - n  # where each shard's windows begin in perm order
-    ids = torch.arange(N) - start[pos] + first[perm][pos]
-    return ids[order]
+    shift = (torch.cumsum(counts, 0) - counts)[perm] - start  # perm-order index -> window index
+    # NOTE: the same arithmetic as one expression over N windows, a chunk at a time and in place: the
+    # times are bit-identical, and the temporaries are a chunk's, not five float64/int64 arrays of N
+    times = torch.rand(N, generator=g, dtype=torch.float64)
+    for a in range(0, N, ORDER_CHUNK):
+        b = min(a + ORDER_CHUNK, N)
+        pos = torch.searchsorted(start, torch.arange(a, b), right=True) - 1  # the perm position of each window
+        times[a:b] = (before[pos] + times[a:b] * length[pos]) / lane_total[lane[pos]]
+    order = torch.sort(times, stable=True).indices
+    del times
+    out = torch.empty(N, dtype=torch.int32 if N < 2**31 else torch.int64)
+    for a in range(0, N, ORDER_CHUNK):
+        j = order[a:a + ORDER_CHUNK]
+        out[a:a + len(j)] = j + shift[torch.searchsorted(start, j, right=True) - 1]
+    return out
+
+
+class ShardWindowOrder:
+    """The shard-window order of one epoch, position by position: `order[positions]`, `order.slice(a, b)`."""
+
+    def __init__(self, counts, K: int, seed: int, epoch: int):
+        counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+        S = len(counts)
+        g = torch.Generator()
+        g.manual_seed(mix_seed(seed, epoch, K, 2))
+        perm = torch.randperm(S, generator=g).numpy()
+        self.keys = torch.randint(0, MASK31 + 1, (ROUNDS,), generator=g, dtype=torch.int64).tolist()
+        self.counts, self.n = counts, int(counts.sum())
+        self.first = np.cumsum(counts) - counts  # window id of each shard's first window
+        self.lanes = [perm[r::K] for r in range(K)]  # shard ids, in the order each lane reads them
+        self.lane_end = [np.cumsum(counts[lane]) for lane in self.lanes]  # lane item after each of its shards
+        lengths = np.array([int(e[-1]) if len(e) else 0 for e in self.lane_end], dtype=np.int64)
+        # phases: between two lane lengths the same lanes take turns; position p of phase m is item
+        # u = level[m] + (p - start[m]) // len(active) of lane active[(p - start[m]) % len(active)]
+        self.start, self.level, self.active, self.width = [], [], [], []
+        p = u = 0
+        for top in sorted(set(lengths.tolist()) - {0}):
+            act = np.flatnonzero(lengths > u)
+            self.start.append(p), self.level.append(u), self.width.append(len(act))
+            self.active.append(np.pad(act, (0, K - len(act))))
+            p, u = p + (top - u) * len(act), top
+        self.start, self.level, self.width = (np.array(a, dtype=np.int64) for a in (self.start, self.level, self.width))
+        self.active = np.array(self.active, dtype=np.int64).reshape(-1, K)
+        self._chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _shard_order(self, shard: int) -> EpochOrder:
+        """The keyed permutation of one shard's windows (the epoch's keys tweaked by the shard)."""
+        tweak = [(shard * 0x9E3779B1 + i * 0x85EBCA6B + 1) & MASK31 for i in range(ROUNDS)]
+        return EpochOrder(int(self.counts[shard]), torch.tensor([k ^ t for k, t in zip(self.keys, tweak, strict=True)]))
+
+    def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            return sliced(self, positions)
+        p = torch.as_tensor(positions, dtype=torch.int64).numpy()
+        m = np.searchsorted(self.start, p, side="right") - 1
+        q = p - self.start[m]
+        u = self.level[m] + q // self.width[m]  # the item of its lane
+        lane = self.active[m, q % self.width[m]]
+        out = np.empty(len(p), dtype=np.int64)
+        shard = np.empty(len(p), dtype=np.int64)
+        for r, (shards, end) in enumerate(zip(self.lanes, self.lane_end, strict=True)):
+            sel = np.flatnonzero(lane == r)
+            if len(sel):
+                j = np.searchsorted(end, u[sel], side="right")
+                shard[sel] = shards[j]
+                out[sel] = u[sel] - (end[j] - self.counts[shards[j]])  # the window's place in its shard
+        for k in np.unique(shard):  # K or K+1 shards in a chunk of consecutive positions
+            sel = np.flatnonzero(shard == k)
+            out[sel] = self.first[k] + self._shard_order(int(k))[torch.from_numpy(out[sel])].numpy()
+        return torch.from_numpy(out)
+
+    def slice(self, start: int, stop: int) -> torch.Tensor:
+        """order[start:stop], from a chunk of CHUNK positions computed at once."""
+        stop = min(stop, self.n)
+        c0, chunk = self._chunk
+        if not c0 <= start <= stop <= c0 + len(chunk):
+            if stop - start > CHUNK:
+                return self[torch.arange(start, stop, dtype=torch.int64)]
+            c0, chunk = start, self[torch.arange(start, min(start + CHUNK, self.n), dtype=torch.int64)]
+            self._chunk = (c0, chunk)
+        return chunk[start - c0:stop - c0]
+
+    def materialise(self) -> torch.Tensor:
+        return self.slice(0, self.n)
+
+
+def shard_epoch_order(counts, K: int, seed: int, epoch: int) -> TensorOrder | ShardWindowOrder:
+    """Up to SMALL_ORDER windows the held order of shard_window_order; above, one computed position by position."""
+    if sum(int(c) for c in counts) <= SMALL_ORDER:
+        return TensorOrder(shard_window_order(counts, K, seed, epoch))
+    return ShardWindowOrder(counts, K, seed, epoch)
 
 
 class ShardWindowSampler(GlobalBatchSampler):
@@ -80,8 +182,9 @@ class ShardWindowSampler(GlobalBatchSampler):
 
     kind = SHARD_WINDOW_KIND
 
-    def __init__(self, dataset, global_batch_size: int, *, seed: int, shards_at_once: int = SHARDS_AT_ONCE,
-                 rank: int | None = None, world_size: int | None = None, prefetch: bool | None = None):
+    def __init__(self, dataset, global_batch_size: int | None, *, seed: int, shards_at_once: int = SHARDS_AT_ONCE,
+                 rank: int | None = None, world_size: int | None = None, prefetch: bool | None = None,
+                 batch_schedule=None):
         if isinstance(shards_at_once, bool) or not isinstance(shards_at_once, int) or shards_at_once < 1:
             raise ConfigError(f"shards_at_once={shards_at_once!r}: the number of shards read at a time must be a "
                               "positive int (default 8)")
@@ -90,10 +193,11 @@ class ShardWindowSampler(GlobalBatchSampler):
                               "(shard_counts()); shard-window sampling reads IndexedWindowDataset")
         self.shards_at_once = shards_at_once
         self.counts = list(dataset.shard_counts())
-        super().__init__(dataset, global_batch_size, seed=seed, rank=rank, world_size=world_size, prefetch=prefetch)
+        super().__init__(dataset, global_batch_size, seed=seed, rank=rank, world_size=world_size, prefetch=prefetch,
+                         batch_schedule=batch_schedule)
 
-    def permutation(self, epoch: int) -> torch.Tensor:
-        return shard_window_order(self.counts, self.shards_at_once, self.seed, epoch)
+    def permutation(self, epoch: int) -> TensorOrder | ShardWindowOrder:
+        return shard_epoch_order(self.counts, self.shards_at_once, self.seed, epoch)
 
     def order_state(self) -> dict:
         return {"shards_at_once": self.shards_at_once}

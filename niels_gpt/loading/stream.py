@@ -9,6 +9,11 @@ its rows. State is the step counter, so resuming is exact and costs nothing.
   stream then depends on the world size.
 - draw_rows = d dividing every per-rank batch (d=1 always does): the global batch of each step is
   the same for every world size, so a run that resumes on fewer or more ranks sees the same rows.
+- state: {step, seed, fingerprint, draw_rows, global_batch_size, order}: `order` names the stream's code
+  version and settings and digests the seeds of the next step's first 8 draws; load_state_dict refuses
+  a state whose stream would change unless called with allow_new_order=True (GlobalBatchSampler's rule).
+- batch_schedule=[(start_sample, global_batch), ...] (loading/schedule.py): step s draws the global
+  batch the schedule gives after the samples of steps 0..s-1; the draws of a step do not depend on it.
 - a dataset at a URL: before each step the shards of the next steps' draws are pinned and fetched in
   the background (loading/prefetch.py, DrawPlan), so a step does not wait on the network.
 """
@@ -18,26 +23,42 @@ from __future__ import annotations
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.prefetch import DrawPlan
 from niels_gpt.loading.sampler import mix_seed
-from niels_gpt.resume import STATE_VERSION, check_state, dataset_fingerprint, resolve_rank
+from niels_gpt.loading.schedule import BatchSchedule
+from niels_gpt.resume import (
+    ORDER_PEEK,
+    STATE_VERSION,
+    check_order_config,
+    check_order_digest,
+    check_state,
+    dataset_fingerprint,
+    order_record,
+    resolve_rank,
+    saved_order,
+    state_int,
+)
 
 STREAM_KIND = "rank_batch_stream"
+STREAM_CODE = 1  # the stream's code version: bumped whenever the same settings give other draws
 
 
 class RankBatchStream:
     """`next(stream) -> dataset.get_batch(B=..., generator=g)` output for this rank, forever."""
 
-    def __init__(self, dataset, global_batch_size: int, *, seed: int, rank: int | None = None,
-                 world_size: int | None = None, draw_rows: int | None = None):
+    def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
+                 world_size: int | None = None, draw_rows: int | None = None, batch_schedule=None):
+        import math
+
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        if global_batch_size < 1 or global_batch_size % self.world_size:
-            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                              f"world_size {self.world_size}")
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
+        for _, global_batch_size in self.schedule.steps:
+            if global_batch_size % self.world_size:
+                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
+                                  f"world_size {self.world_size}")
         self.dataset = dataset
-        self.global_batch_size = global_batch_size
-        self.batch_size = global_batch_size // self.world_size
-        self.draw_rows = self.batch_size if draw_rows is None else int(draw_rows)
-        if self.draw_rows < 1 or self.batch_size % self.draw_rows:
-            raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {self.batch_size}")
+        per = math.gcd(*(g // self.world_size for _, g in self.schedule.steps))
+        self.draw_rows = per if draw_rows is None else int(draw_rows)
+        if self.draw_rows < 1 or per % self.draw_rows:
+            raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {per}")
         self.seed = int(seed)
         self.step = 0
         self.plan_end: int | None = None  # the step after the run's last one: nothing past it is fetched
@@ -53,12 +74,25 @@ class RankBatchStream:
             raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
         self.plan_end = self.step + int(batches)
 
+    def batch_at(self, step: int) -> int:
+        """The global batch of `step`."""
+        return self.schedule.at(self.schedule.total_at(step))
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_at(self.step)
+
+    @property
+    def batch_size(self) -> int:
+        return self.global_batch_size // self.world_size
+
     def draw_generators(self, step: int):
         """The generators of this rank's draws of `step`, in row order."""
         import torch
 
-        first = self.rank * self.batch_size // self.draw_rows
-        for k in range(first, first + self.batch_size // self.draw_rows):
+        per = self.batch_at(step) // self.world_size
+        first = self.rank * per // self.draw_rows
+        for k in range(first, first + per // self.draw_rows):
             # NOTE: a CPU generator even for CUDA datasets: they draw window starts on the CPU.
             g = torch.Generator()
             # draw k of step s: worked example G=8, W=2, draw_rows=2 -> rank 1 makes draws 2 and 3,
@@ -81,16 +115,37 @@ class RankBatchStream:
             return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
         return torch.cat(parts)
 
+    def order_at(self, step: int) -> dict:
+        """The order record of a state at `step`: the settings and the seeds of the step's first draws."""
+        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
+            {"batch_schedule": self.schedule.as_list()}
+        config = {"code": f"{STREAM_KIND}/{STREAM_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
+                  **batch, "draw_rows": self.draw_rows}
+        draws = min(ORDER_PEEK, self.batch_at(step) // self.draw_rows)
+        return order_record([mix_seed(self.seed, step, k, self.draw_rows) for k in range(draws)], **config)
+
     def state_dict(self) -> dict:
         return {"kind": STREAM_KIND, "version": STATE_VERSION, "step": self.step, "seed": self.seed,
                 "fingerprint": self.fingerprint, "draw_rows": self.draw_rows,
-                "global_batch_size": self.global_batch_size}
+                "global_batch_size": self.global_batch_size, "order": self.order_at(self.step)}
 
-    def load_state_dict(self, state: dict) -> None:
-        state = check_state(state, kind=STREAM_KIND, fingerprint=self.fingerprint,
+    def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
+        """Go on from `state`; allow_new_order=True: from its step even if the stream changed (another seed,
+        data, batch, draw_rows or code), with this stream's own settings."""
+        saved = saved_order(STREAM_KIND, state)
+        state = check_state(state, kind=STREAM_KIND, fingerprint=None if allow_new_order else self.fingerprint,
                             fields=("step", "seed", "draw_rows", "global_batch_size"))
-        if (state["draw_rows"], state["global_batch_size"]) != (self.draw_rows, self.global_batch_size):
+        step = state_int(STREAM_KIND, state, "step")
+        if allow_new_order:
+            self.step = step
+            return
+        if (state["draw_rows"], state["global_batch_size"]) != (self.draw_rows, self.batch_at(step)):
             raise StateError(f"stream state: written with draw_rows={state['draw_rows']}, global batch "
                               f"{state['global_batch_size']}; this stream has {self.draw_rows}, "
-                              f"{self.global_batch_size}: construct the stream with the checkpoint's values")
-        self.seed, self.step = int(state["seed"]), int(state["step"])
+                              f"{self.batch_at(step)}: construct the stream with the checkpoint's values, or "
+                              "pass allow_new_order=True to go on from its step with these")
+        check_order_config(STREAM_KIND, saved, self.order_at(step))  # the digest is compared after it
+        seed = state_int(STREAM_KIND, state, "seed", minimum=None)
+        if saved is not None:
+            check_order_digest(STREAM_KIND, saved, self.order_at(step))
+        self.seed, self.step = seed, step

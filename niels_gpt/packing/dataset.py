@@ -28,6 +28,7 @@ from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, check_headers, check_starts, read_manifest
+from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import RemoteCache
 from niels_gpt.urls import is_url
 
@@ -109,6 +110,12 @@ class PackedMemmapDataset(Dataset):
         state = self.__dict__.copy()
         state["_arrays"] = None
         return state
+
+    def fingerprint(self) -> str:
+        """The identity of these bins in resume states: the manifest's record (size, sha256) of every array.
+        A moved shard still matches; other bins, even as many, do not."""
+        files = {name: {k: rec.get(k) for k in ("bytes", "sha256")} for name, rec in self.manifest["files"].items()}
+        return fingerprint("memmap_padded", files, self.num_bins, self.pack_size)
 
     def __len__(self) -> int:
         return self.num_bins

@@ -20,6 +20,7 @@ from niels_gpt.packing.dataset import PackedMemmapDataset, _normalise
 from niels_gpt.packing.legacy import LegacyPackedDataset
 from niels_gpt.packing.memmap_format import MANIFEST_NAME, read_manifest
 from niels_gpt.packing.parquet import PARQUET_SUFFIXES, PackedParquetDataset
+from niels_gpt.resume import dataset_fingerprint, fingerprint
 
 
 def open_packed(path, *, allow_pickle: bool = False):
@@ -51,6 +52,10 @@ class PackedMultiShardDataset(Dataset):
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
+
+    def fingerprint(self) -> str:
+        """Its shards' fingerprints, in order (a shard without one is refused, as by the samplers)."""
+        return fingerprint("packed_shards", [dataset_fingerprint(s) for s in self.shards])
 
     def __getitem__(self, idx: int) -> dict:
         idx = _normalise(idx, len(self), "multi-shard dataset")

@@ -16,6 +16,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import MemmapShardWriter, check_starts
 
 LEGACY_KEYS = ("input_ids", "loss_mask", "seq_start_id")
@@ -63,6 +64,10 @@ class LegacyPackedDataset(Dataset):
         if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
             raise FormatError(f"{where}: input_ids outside the int32 range")
         return {"input_ids": ids.astype(np.int32), "loss_mask": mask, "seq_boundaries": np.append(starts, len(ids))}
+
+    def fingerprint(self) -> str:
+        """The identity of these bins in resume states: the .npy file's sha256 (it is read whole anyway)."""
+        return "legacy_packed:" + sha256_file(self.path)[:16]
 
 
 def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:

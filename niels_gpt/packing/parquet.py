@@ -25,7 +25,9 @@ from torch.utils.data import Dataset
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.errors import FormatError
+from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import check_starts
+from niels_gpt.resume import fingerprint
 
 ROW_GROUP_SIZE = 500  # Megatron-Bridge's default
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
@@ -150,6 +152,10 @@ class PackedParquetDataset(Dataset):
             raise FormatError(f"{where}: input_ids outside the int32 range")
         return {"input_ids": ids.astype(np.int32, copy=True), "loss_mask": mask.astype(np.uint8),
                 "seq_boundaries": np.append(starts, len(ids))}
+
+    def fingerprint(self) -> str:
+        """The identity of these rows in resume states: each file's name and sha256 (read once, when asked)."""
+        return fingerprint("packed_parquet", [[os.path.basename(f), sha256_file(f)] for f in self.files])
 
 
 def _check_schema(pa, schema, where: str) -> None:

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading import IndexedWindowDataset, MixtureConfig, MixtureDataset, MixtureSampler, Phase
 from niels_gpt.loading.mixture import normalised, quota_step
+from niels_gpt.resume import fingerprint
 
 from ..conftest import write_pretrain_cache
 
@@ -25,6 +26,9 @@ class Const(Dataset):
 
     def __getitem__(self, i):
         return {"value": torch.tensor(self.base + i)}
+
+    def fingerprint(self):
+        return fingerprint("const", self.n, self.base)
 
 
 def mixture():

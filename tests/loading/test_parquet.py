@@ -221,7 +221,7 @@ def test_a_killed_prefetch_process_is_reported_not_waited_for(parquet_dir, token
 
 
 def test_the_mode_follows_whether_the_encoder_releases_the_gil(tokenizer):
-    from niels_gpt.loading.parquet_ahead import resolve_mode
+    from niels_gpt.loading.ahead import resolve_mode
     from niels_gpt.tokenizer.base import Tokenizer
 
     assert resolve_mode("auto", tokenizer) == "thread"  # sentencepiece's batch encoder is native
@@ -236,3 +236,29 @@ def test_the_mode_follows_whether_the_encoder_releases_the_gil(tokenizer):
         resolve_mode("fork", tokenizer)
     with pytest.raises(ConfigError, match="prefetch -1"):
         ParquetTokenLoader([], tokenizer, B=1, T=8, prefetch=-1)
+
+
+def test_an_epoch_over_2000_files_reads_under_the_default_descriptor_limit(tmp_path, tokenizer):
+    import resource
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 2000
+    for i in range(n):
+        pq.write_table(pa.table({"text": [f"doc {i}"]}), tmp_path / f"shard_{i:05d}.parquet")
+    files = list_parquet_files(tmp_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        loader = ParquetTokenLoader(files, tokenizer, B=4, T=64, packing="contiguous", rank=0, world_size=1)
+        seen = []
+        while loader.state_dict()["next_doc"] < n:
+            x, _ = next(loader)
+            seen += x.flatten().tolist()
+        loader.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    bos = tokenizer.bos_id
+    docs = [tokenizer.decode(d) for d in np.split(np.array(seen), np.flatnonzero(np.array(seen) == bos))[1:]]
+    assert docs[:n - 1] == [f"doc {i}" for i in range(n - 1)]

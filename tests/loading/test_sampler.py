@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -15,6 +16,8 @@ from niels_gpt.loading.sampler import (
     rank_slice,
     worker_batches,
 )
+from niels_gpt.loading.stream import RankBatchStream
+from niels_gpt.resume import fingerprint
 
 
 class Indices(Dataset):
@@ -28,6 +31,9 @@ class Indices(Dataset):
 
     def __getitem__(self, i):
         return torch.tensor(i)
+
+    def fingerprint(self):
+        return fingerprint("indices", self.n)
 
 
 def delivered(batches_per_worker: list[list], n_batches: int) -> list:
@@ -192,3 +198,43 @@ def test_stateful_dataloader_resumes_exactly():
     second = make()
     second.load_state_dict(state)
     assert head + run_all(second, 10**9) == full
+
+
+def _packed(path, first_token):
+    from niels_gpt.packing.memmap_format import MemmapShardWriter
+
+    with MemmapShardWriter(path, 20, 8, 20) as w:
+        for b in range(20):
+            w.write_bin(np.arange(first_token + b, first_token + b + 8, dtype=np.int32), np.ones(8, np.uint8) * 0, [0])
+        w.finalize()
+    return path
+
+
+def test_a_sampler_state_of_other_packed_bins_with_as_many_bins_is_refused(tmp_path):
+    from niels_gpt.packing import open_packed
+
+    a, b = open_packed(_packed(tmp_path / "a", 0)), open_packed(_packed(tmp_path / "b", 100))
+    assert len(a) == len(b)
+    state = GlobalBatchSampler(a, 4, seed=0, rank=0, world_size=1).state_dict()
+    with pytest.raises(StateError, match="does not match"):
+        GlobalBatchSampler(b, 4, seed=0, rank=0, world_size=1).load_state_dict(state)
+    moved = open_packed(_packed(tmp_path / "moved" / "a", 0))  # the same bins elsewhere still resume
+    GlobalBatchSampler(moved, 4, seed=0, rank=0, world_size=1).load_state_dict(state)
+    many = open_packed([tmp_path / "a", tmp_path / "b"])
+    other = open_packed([tmp_path / "b", tmp_path / "a"])
+    assert many.fingerprint() != other.fingerprint()
+
+
+class Nameless(Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_a_dataset_that_does_not_name_its_content_is_refused():
+    with pytest.raises(ConfigError, match="Nameless does not name its content"):
+        GlobalBatchSampler(Nameless(), 10, seed=0, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match="does not name its content"):
+        RankBatchStream(Nameless(), 10, seed=0, rank=0, world_size=1)

@@ -13,6 +13,7 @@ from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.sampler import ResumableDataLoader
 from niels_gpt.loading.shard_windows import ShardWindowSampler, shard_window_order
 from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.resume import fingerprint
 
 from ..conftest import write_pretrain_cache
 
@@ -34,6 +35,9 @@ class Shards(Dataset):
 
     def shard_counts(self):
         return self.counts
+
+    def fingerprint(self):
+        return fingerprint("shards", self.counts)
 
     def shard_of(self, i):
         return bisect.bisect_right(self.first, i) - 1
@@ -123,3 +127,46 @@ def test_indexed_windows_of_a_real_cache_are_read_k_shards_at_a_time(tmp_path):
     loader = ResumableDataLoader(ds, ShardWindowSampler(ds, 4, seed=1, shards_at_once=2, rank=0, world_size=1))
     for b, idx in zip(loader, batches, strict=True):
         assert torch.equal(b["input_ids"], torch.stack([ds[i]["input_ids"] for i in idx]))
+
+
+def reference_order(counts, K, seed, epoch):
+    """The order written as one expression over all N windows (what shard_window_order computes in chunks)."""
+    from niels_gpt.loading.sampler import mix_seed
+
+    counts = torch.as_tensor(counts, dtype=torch.int64)
+    S = len(counts)
+    g = torch.Generator()
+    g.manual_seed(mix_seed(seed, epoch, K, 1))
+    perm = torch.randperm(S, generator=g)
+    n = counts[perm]
+    lane = torch.arange(S) % K
+    length = n.double()
+    length[:K] *= (K + torch.arange(min(K, S), dtype=torch.float64)) / (2 * K)
+    before = torch.zeros(S, dtype=torch.float64)
+    lane_total = torch.ones(K, dtype=torch.float64)
+    for r in range(min(K, S)):
+        idx = torch.arange(r, S, K)
+        cum = torch.cumsum(length[idx], 0)
+        before[idx] = cum - length[idx]
+        lane_total[r] = max(float(cum[-1]), 1.0)
+    N = int(n.sum())
+    pos = torch.repeat_interleave(torch.arange(S), n)
+    times = (before[pos] + torch.rand(N, generator=g, dtype=torch.float64) * length[pos]) / lane_total[lane[pos]]
+    order = torch.sort(times, stable=True).indices
+    first = torch.cumsum(counts, 0) - counts
+    start = torch.cumsum(n, 0) - n
+    return (torch.arange(N) - start[pos] + first[perm][pos])[order]
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_the_order_computed_in_chunks_is_the_order_of_one_expression(chunk, monkeypatch):
+    import niels_gpt.loading.shard_windows as sw
+
+    monkeypatch.setattr(sw, "ORDER_CHUNK", chunk)
+    g = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 50, (40,), generator=g).tolist() + [0, 0]
+    for K, seed in [(1, 0), (3, 5), (8, 2), (50, 1)]:
+        got = shard_window_order(counts, K, seed, epoch=1)
+        assert got.dtype == torch.int32
+        assert torch.equal(got.long(), reference_order(counts, K, seed, 1))
+    assert torch.equal(shard_window_order(COUNTS, 3, 5, 0).long(), reference_order(COUNTS, 3, 5, 0))
