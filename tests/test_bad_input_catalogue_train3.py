@@ -103,6 +103,14 @@ def resume_on_other_tokens(w, tmp):
     return ["train", str(other), "--out-dir", str(tmp / "run"), "--steps", "3", *BASE_FLAGS, "--resume", "latest"]
 
 
+def resume_in_another_order(w, tmp):
+    from .train.test_new_order import other_order, rewrite_loader_state
+
+    rewrite_loader_state(_run_copy(w, tmp) / "ckpt_000002.pt", other_order)
+    return ["train", str(w.pretrain), "--out-dir", str(tmp / "run"), "--tokenizer", str(w.tokenizer), "--steps", "3",
+            *BASE_FLAGS, "--resume", "latest"]
+
+
 # -- train: --init-from refusals say where to go -------------------------------------------------------------
 
 def init_from_a_missing_file(w, tmp):
@@ -162,6 +170,8 @@ CASES = [
           "--init-from")),
     Case("train: --resume on other tokens", resume_on_other_tokens,
          ("--resume", "other data", "other shards or token counts", "resume on the data the run trained on")),
+    Case("train: --resume whose data order changed", resume_in_another_order,
+         ("--resume", "ckpt_000002.pt", "the next 8 samples", "digest", "pass --allow-new-order")),
     Case("train: --init-from a missing file", init_from_a_missing_file,
          ("--init-from", "no such file", "without --init-from")),
     Case("train: --init-from a truncated checkpoint beside others", init_from_a_truncated_checkpoint_beside_others,

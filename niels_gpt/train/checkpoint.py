@@ -107,7 +107,8 @@ def save_checkpoint(path: Path, payload: dict) -> str:
     saved = {**(read_run(path.parent) or {}).get("checkpoints", {}),
              path.name: {"step": payload["step"], "sha256": digest}}
     write_run(path.parent, {"data": cfg["data"], "model": payload["model_config"], "seed": cfg["seed"],
-                            "steps": cfg["steps"], "init_from": cfg.get("init_from"), "checkpoints": saved})
+                            "steps": cfg["steps"], "init_from": cfg.get("init_from"), "checkpoints": saved,
+                            "order_changes": payload.get("order_changes", [])})
     return digest
 
 

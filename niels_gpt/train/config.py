@@ -56,6 +56,7 @@ class TrainConfig:
     keep_last: int | None = None  # keep this run's newest N checkpoints, remove older ones (None: keep all)
     stop_at: int | None = None  # leave the loop after this step (checkpointing it): a planned interruption
     resume: str | None = None  # "latest" or a checkpoint path
+    allow_new_order: bool = False  # --resume: go on from the position in a changed data order (else refused)
     init_from: str | None = None  # a checkpoint whose weights start this (new) run
     overwrite: bool = False  # --out-dir holds another run: replace it (at this run's first checkpoint)
     log_every: int = 1

@@ -168,8 +168,8 @@ class TrackedLoader:
     def state_dict(self) -> dict:
         return self._state
 
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
+    def load_state_dict(self, state: dict, **order) -> None:
+        self.sampler.load_state_dict(state, **order)
         self._state = self.sampler.state_dict()
         self._states.clear()
         self._it = None
@@ -197,9 +197,9 @@ class EpochLoop:
     def state_dict(self) -> dict:
         return self.loader.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, **order) -> None:
         self._it = None
-        self.loader.load_state_dict(state)
+        self.loader.load_state_dict(state, **order)
 
 
 class TrainData:
@@ -364,11 +364,17 @@ class TrainData:
         """Stop a loader's background work (the Parquet loader's prefetching)."""
         getattr(self.source, "close", lambda: None)()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, allow_new_order: bool = False) -> None:
+        """allow_new_order: go on from the state's position in this data's order (every loader but Parquet's,
+        whose state records no order: its resume needs the same shards)."""
         if state.get("kind") != self.kind:
             raise ConfigError(f"checkpoint's loader state is of kind {state.get('kind')!r}, this run reads "
                               f"{self.kind!r} data from {self.path}: resume with the same data")
-        self.source.load_state_dict(state["loader"])
+        if allow_new_order and self.kind == "parquet":
+            raise ConfigError(f"--allow-new-order: the loader of Parquet text shards ({self.path}) goes on only "
+                              "from its own shards' documents: resume on the shards the run read, or start a new "
+                              "run from the checkpoint's weights with --init-from")
+        self.source.load_state_dict(state["loader"], **({"allow_new_order": True} if allow_new_order else {}))
 
     @property
     def has_val(self) -> bool:

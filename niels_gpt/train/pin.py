@@ -56,7 +56,7 @@ def summary(caches) -> list[dict]:
         if not isinstance(files, dict):
             continue
         out.append({"cache": str(c), "compression": (meta.get("compression") or {}).get("codec"),
-                    "tokenizer_sha256": meta.get("tokenizer_sha256"),
+                    "tokenizer_sha256": meta.get("tokenizer_sha256"), "content": content_id(Path(c)),
                     "tokens": {k.removesuffix(".zst"): v.get("tokens") for k, v in sorted(files.items())
                                if isinstance(v, dict)}})
     return out
@@ -64,7 +64,7 @@ def summary(caches) -> list[dict]:
 
 def what_differs(then: list[dict], now: list[dict]) -> str | None:
     """One phrase: how the caches a checkpoint's run read differ from those this run opened; None where the
-    checkpoint records none."""
+    checkpoint records none, or where they hold the same content."""
     if not then:
         return None
     if len(then) != len(now):
@@ -84,4 +84,7 @@ def what_differs(then: list[dict], now: list[dict]) -> str | None:
         if Path(a["cache"]).name != Path(b["cache"]).name:
             return (f"{where}: the same shards and token counts under another directory name; a resume state "
                     "names its cache by its directory's name: give the cache its name back")
+    if all(a.get("content") is not None and a.get("content") == b.get("content") for a, b in zip(then, now,
+                                                                                                strict=True)):
+        return None  # the same content: what the loader refused is not the data
     return "the same shards and token counts, other token content (the shards' sha256 differ)"

@@ -22,6 +22,7 @@ from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 from niels_gpt.tokenizer.find import tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.model import GPTConfig
+from niels_gpt.train.pin import what_differs
 from niels_gpt.urls import is_url, refuse_url
 
 DEFAULT_DEPTH = 4
@@ -194,6 +195,34 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
     raise StateError(f"--resume {source}: {flags}: a resumed run goes on with the settings it started with (its "
                      f"optimizer state, data order and schedule are theirs): resume with {again}, or start a new "
                      f"run from its weights with --init-from {source} and another --out-dir")
+
+
+def resume_loader(data, state: dict, ckpt: dict, caches: list, source, *, allow_new_order: bool = False) -> list:
+    """Put the loader at the checkpoint's position. A state whose order would change here (other data, another
+    seed, batch or order code: the loader names it) is refused naming what differs and --allow-new-order; with
+    it the loader goes on from the same position in this run's order. Returns the change run.json records
+    ([{"step", "what"}]; [] where the order is the run's)."""
+    try:
+        data.load_state_dict(state)
+        return []
+    except StateError as exc:
+        differs = what_differs(ckpt.get("caches"), caches)
+        what = " ".join(str(exc).split())
+        if differs is not None and ("tokenizer" in differs or not allow_new_order):
+            # another tokenizer's ids mean other text to the model: no order makes that a resume
+            allow = "" if "tokenizer" in differs else (", or go on from the same position in the new data's "
+                                                      "order with --allow-new-order")
+            raise StateError(f"--resume {source}: its loader state belongs to other data: {differs}: resume on the "
+                             f"data the run trained on{allow}, or start a new run from its weights with --init-from "
+                             f"{source} and another --out-dir") from exc
+        if not allow_new_order:
+            if "allow_new_order=True" not in what:
+                raise
+            raise StateError(f"--resume {source}: {what.replace('pass allow_new_order=True', 'pass --allow-new-order')}"
+                             ) from exc
+        what = differs or what
+    data.load_state_dict(state, allow_new_order=True)
+    return [{"step": int(ckpt["step"]), "what": what}]
 
 
 # data kinds whose loader state is one global position (a function of seed, epoch and samples drawn): a run

@@ -58,7 +58,7 @@ from niels_gpt.train.interrupt import StopRequests
 from niels_gpt.train.mfu import mfu, peak_tflops
 from niels_gpt.train.model import GPT
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
-from niels_gpt.train.pin import summary, what_differs
+from niels_gpt.train.pin import summary
 from niels_gpt.train.setup import (
     check_config,
     check_data_url,
@@ -70,6 +70,7 @@ from niels_gpt.train.setup import (
     recorded_tokenizer_sha,
     require_recorded_tokenizer,
     resolve_resume,
+    resume_loader,
     setup_distributed,
 )
 from niels_gpt.train.val import score
@@ -215,15 +216,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
             opt.load_state_dict(state)
         states = ckpt["loader"]
-        try:
-            data.load_state_dict(states[rank] if len(states) == world else states[0])
-        except StateError as exc:  # say what differs where the checkpoint records its caches
-            differs = what_differs(ckpt.get("caches"), caches)
-            if differs is None:
-                raise
-            raise StateError(f"--resume {resume_from}: its loader state belongs to other data: {differs}: resume "
-                             f"on the data the run trained on, or start a new run from its weights with --init-from "
-                             f"{resume_from} and another --out-dir") from exc
+        new_order = resume_loader(data, states[rank] if len(states) == world else states[0], ckpt, caches,
+                                  resume_from, allow_new_order=cfg.allow_new_order)
         torch.set_rng_state(ckpt["rng"]["cpu"])
         if device.type == "cuda" and ckpt["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
@@ -290,6 +284,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                        "loader": states, "model_config": mcfg.to_dict(), "train_config": asdict(cfg),
                        "tokenizer": str(tok.model_path) if tok is not None else None,
                        "tokenizer_sha256": data_sha, "caches": caches,
+                       "order_changes": [*ckpt.get("order_changes", []), *new_order] if ckpt else [],
                        "rng": {"cpu": torch.get_rng_state(),
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)
