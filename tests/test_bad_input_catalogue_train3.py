@@ -111,6 +111,10 @@ def resume_in_another_order(w, tmp):
             *BASE_FLAGS, "--resume", "latest"]
 
 
+def batch_ramp_without_samples(w, tmp):
+    return _train(w, tmp, "--batch-ramp", "4:16")
+
+
 # -- train: --init-from refusals say where to go -------------------------------------------------------------
 
 def init_from_a_missing_file(w, tmp):
@@ -172,6 +176,8 @@ CASES = [
          ("--resume", "other data", "other shards or token counts", "resume on the data the run trained on")),
     Case("train: --resume whose data order changed", resume_in_another_order,
          ("--resume", "ckpt_000002.pt", "the next 8 samples", "digest", "pass --allow-new-order")),
+    Case("train: --batch-ramp without its samples", batch_ramp_without_samples,
+         ("--batch-ramp 4:16", "expected START:END:SAMPLES", "e.g. --batch-ramp 8:32:2000")),
     Case("train: --init-from a missing file", init_from_a_missing_file,
          ("--init-from", "no such file", "without --init-from")),
     Case("train: --init-from a truncated checkpoint beside others", init_from_a_truncated_checkpoint_beside_others,

@@ -72,6 +72,8 @@ HELP = {
     "seed": "seed of the weights and of the data order (torch RNG)",
     "core_max_items": "score at most this many items per CORE task (default: all)",
     "log_every": "print a log line every N steps",
+    "batch_ramp": "START:END:SAMPLES: the global batch in rows, START -> END in 4 stretches over the first SAMPLES "
+                  "samples, then END (one micro-batch per rank; not with --total-batch-size)",
     "allow_new_order": "with --resume: go on from the checkpoint's position although the data order changed (the data "
                        "rebuilt, another order); without it such a resume is refused naming what differs",
 }

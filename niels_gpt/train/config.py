@@ -29,6 +29,7 @@ class TrainConfig:
     # batch
     device_batch_size: int = 8
     total_batch_size: int | None = None  # tokens per optimizer step; default one micro-batch per rank
+    batch_ramp: str | None = None  # START:END:SAMPLES global rows per step, ramped over the first SAMPLES
     steps: int = 100
     # optimizer
     optimizer: str = "muon"

@@ -208,7 +208,7 @@ class TrainData:
     def __init__(self, path, *, T: int, batch_size: int, seed: int, device, rank: int = 0, world_size: int = 1,
                  kind: str = "auto", sampling: str = "indexed", num_workers: int = 0, tokenizer=None,
                  packing: str = "bestfit", vocab_size: int | None = None, prefetch: int = 0,
-                 shards_at_once: int = 8):
+                 shards_at_once: int = 8, batch_schedule=None):
         self.url = str(path).rstrip("/") if is_url(path) else None
         # a URL: its mirror holds meta.json now and the shards as they are read
         self.path, self.device = Path(path) if self.url is None else open_location(self.url)[0], torch.device(device)
@@ -226,6 +226,10 @@ class TrainData:
         self._val = None
         self.origins = [self.path]  # where the data came from: the tokenizer is looked for above these
         self.tokenizer_sha256 = None  # the tokenizer packed bins record in their manifest (caches: meta.json)
+        self.batch_schedule = batch_schedule  # global rows per step by samples delivered (--batch-ramp)
+        if batch_schedule is not None and self.kind in ("mixture", "parquet"):
+            raise ConfigError(f"--batch-ramp: {self.kind} data keeps one batch size; ramp the batch of a cache or "
+                              "packed bins, or train without --batch-ramp")
         getattr(self, f"_open_{self.kind}")()
         if vocab_size is not None and self.vocab_size is not None and vocab_size < self.vocab_size:
             raise ConfigError(f"--vocab-size {vocab_size}: below the {self.vocab_size} ids {self.path} records: the "
@@ -238,7 +242,8 @@ class TrainData:
 
     # -- the loaders -------------------------------------------------------------------------------
     def _rank_args(self) -> dict:
-        return {"rank": self.rank, "world_size": self.world_size}
+        ramp = {} if self.batch_schedule is None else {"batch_schedule": self.batch_schedule}
+        return {"rank": self.rank, "world_size": self.world_size, **ramp}
 
     def _loader_kwargs(self) -> dict:
         cuda = self.device.type == "cuda"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
+from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
 from niels_gpt.storage.remote import open_location, tokenizer_near
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
@@ -168,7 +170,7 @@ def resolve_resume(cfg) -> Path | None:
 # theirs (--steps may change: the schedule follows it, and run.json records it)
 RESUME_FIXED = ("seed", "optimizer", "sampling", "device_batch_size", "total_batch_size", "embedding_lr",
                 "unembedding_lr", "matrix_lr", "adamw_matrix_lr", "weight_decay", "warmup_ratio", "warmdown_ratio",
-                "final_lr_frac", "grad_clip", "packing", "shards_at_once")
+                "final_lr_frac", "grad_clip", "packing", "shards_at_once", "batch_ramp")
 
 
 def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, source, kind: str = "") -> None:
@@ -197,6 +199,14 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
                      f"run from its weights with --init-from {source} and another --out-dir")
 
 
+def regrouped(refusal: str) -> bool:
+    """A loader's refusal that names only its global batch: a resume on another number of ranks (or
+    micro-batches) of a global order, whose tokens per step check_resume_settings kept, goes on from the
+    same sample position in the same order."""
+    found = re.search(r"the order would change \((.*), state -> this run\)", refusal)
+    return found is not None and {d.split(" ")[0] for d in found.group(1).split("; ")} == {"global_batch_size"}
+
+
 def resume_loader(data, state: dict, ckpt: dict, caches: list, source, *, allow_new_order: bool = False) -> list:
     """Put the loader at the checkpoint's position. A state whose order would change here (other data, another
     seed, batch or order code: the loader names it) is refused naming what differs and --allow-new-order; with
@@ -215,6 +225,9 @@ def resume_loader(data, state: dict, ckpt: dict, caches: list, source, *, allow_
             raise StateError(f"--resume {source}: its loader state belongs to other data: {differs}: resume on the "
                              f"data the run trained on{allow}, or start a new run from its weights with --init-from "
                              f"{source} and another --out-dir") from exc
+        if regrouped(what):  # the same order cut into other global batches: the trainer checked the step's tokens
+            data.load_state_dict(state, allow_new_order=True)
+            return []
         if not allow_new_order:
             if "allow_new_order=True" not in what:
                 raise
@@ -241,6 +254,21 @@ def check_resume_world(kind: str, recorded_world: int, world: int, source) -> No
     raise StateError(f"--resume {source}: the run read {kind} data on {recorded_world} rank(s), each from its own "
                      f"position{' (--sampling random)' if kind == 'windows' else ''}; this resume has {world}: resume on {recorded_world} rank(s) "
                      f"(torchrun --nproc_per_node {recorded_world}){how}")
+
+
+def parse_batch_ramp(cfg, world: int):
+    """--batch-ramp START:END:SAMPLES as the loaders' BatchSchedule (rows a multiple of the ranks); None without it."""
+    if cfg.batch_ramp is None:
+        return None
+    parts = cfg.batch_ramp.split(":")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or min(map(int, parts[:2])) < world:
+        raise ConfigError(f"--batch-ramp {cfg.batch_ramp}: expected START:END:SAMPLES, integers, START and END "
+                          f"global rows >= the {world} rank(s), e.g. --batch-ramp 8:32:2000")
+    if cfg.total_batch_size is not None:
+        raise ConfigError(f"--batch-ramp {cfg.batch_ramp} with --total-batch-size: a ramped step is one micro-batch "
+                          "per rank of the ramp's rows; leave --total-batch-size out")
+    first, last, samples = map(int, parts)
+    return batch_ramp(first, last // world * world, samples, multiple=world)
 
 
 def check_config(cfg) -> None:

@@ -67,6 +67,7 @@ from niels_gpt.train.setup import (
     find_tokenizer,
     init_config,
     model_config,
+    parse_batch_ramp,
     recorded_tokenizer_sha,
     require_recorded_tokenizer,
     resolve_resume,
@@ -142,7 +143,9 @@ def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run
     elif token_bytes is None:
         tok = find_tokenizer(cfg.data)
     if data is None:
-        data = TrainData(cfg.data, T=cfg.sequence_len, batch_size=cfg.device_batch_size, seed=cfg.seed,
+        ramp = parse_batch_ramp(cfg, world)
+        data = TrainData(cfg.data, T=cfg.sequence_len, seed=cfg.seed, batch_schedule=ramp,
+                         batch_size=ramp.steps[-1][1] // world if ramp else cfg.device_batch_size,
                          device=device, rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
                          num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size,
                          prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
@@ -311,6 +314,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             t0 = time.perf_counter()
             step_wait, wait = wait, 0.0
             loss_sum = torch.zeros((), device=device)
+            total = batch["input_ids"].numel() * world if cfg.batch_ramp else total  # a ramp's step: its rows
             for micro in range(accum):
                 if record_rows:
                     result.rows.append(batch["input_ids"].tolist())
