@@ -1,0 +1,54 @@
+"""The bad-input catalogue, part three of `build`: build-all's flags, odd input files, records in other layouts,
+tokenizer training on text it cannot use, and a disk that fills.
+
+Each case is held to the catalogue's promises (tests/test_bad_input_catalogue.py: one `error:` line naming the
+file, flag or record, no complete-looking output, every input unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from .test_bad_input_catalogue import Case, check_case, world  # noqa: F401  (the shared fixture)
+
+
+def _data(tmp: Path, name: str = "data", n: int = 12) -> Path:
+    from .conftest import sample_texts
+
+    d = tmp / name
+    d.mkdir(parents=True, exist_ok=True)
+    rows = [json.dumps({"text": t}) for t in sample_texts()[:n] if t.strip()]
+    (d / "part.jsonl").write_text("\n".join(rows) + "\n")
+    return d
+
+
+def _build(w, tmp, *extra, src=None, out=None) -> list[str]:
+    return ["build", str(src or _data(tmp)), "--out", str(out or tmp / "out"), "--tokenizer", str(w.tokenizer),
+            "--no-progress", *extra]
+
+
+def build_all_workers_zero(w, tmp):
+    return ["build-all", "--cache-dir", str(tmp / "out"), "--sample", "--only", "tokenizer", "roam",
+            "--tokenizer", str(w.tokenizer), "--workers", "0", "--no-progress"]
+
+
+CASES = [
+    Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
+         out="out"),
+]
+
+
+@pytest.fixture
+def back_home():
+    here = os.getcwd()
+    yield
+    os.chdir(here)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_build_input_gets_one_clear_line_and_nothing_lost(case, world, tmp_path, capsys, back_home):  # noqa: F811
+    check_case(case, world, tmp_path, capsys)
