@@ -36,9 +36,43 @@ def build_all_workers_zero(w, tmp):
             "--tokenizer", str(w.tokenizer), "--workers", "0", "--no-progress"]
 
 
+def build_plain_text_named_zst(w, tmp):
+    d = _data(tmp)
+    (d / "more.jsonl.zst").write_text(json.dumps({"text": "not compressed at all"}) + "\n")
+    return _build(w, tmp, src=d)
+
+
+def build_plain_text_named_gz(w, tmp):
+    d = _data(tmp)
+    (d / "more.jsonl.gz").write_text(json.dumps({"text": "not compressed at all"}) + "\n")
+    return _build(w, tmp, src=d)
+
+
+def build_a_looping_symlink_inside_a_directory(w, tmp):
+    d = _data(tmp)
+    (d / "loop.jsonl").symlink_to(d / "loop.jsonl")
+    return _build(w, tmp, src=d)
+
+
+def train_tokenizer_a_looping_symlink_inside_a_directory(w, tmp):
+    d = _data(tmp)
+    (d / "sub").mkdir()
+    (d / "sub" / "a.jsonl").symlink_to(d / "sub" / "b.jsonl")
+    (d / "sub" / "b.jsonl").symlink_to(d / "sub" / "a.jsonl")
+    return ["train-tokenizer", str(d), "--out", str(tmp / "out"), "--vocab-size", "300", "--no-progress"]
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
+    Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
+         ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
+    Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,
+         ("more.jsonl.gz", "not gzip data", "rename it"), out="out"),
+    Case("build: a looping symlink inside an input directory", build_a_looping_symlink_inside_a_directory,
+         ("loop.jsonl", "loops back"), out="out"),
+    Case("train-tokenizer: two symlinks pointing at each other in an input directory",
+         train_tokenizer_a_looping_symlink_inside_a_directory, ("a.jsonl", "loops back"), out="out"),
 ]
 
 

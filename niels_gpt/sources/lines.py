@@ -19,6 +19,8 @@ from niels_gpt.sources.records_base import BadRecord
 
 BOM = b"\xef\xbb\xbf"
 READ_BLOCK = 1 << 20
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame opens with these four bytes
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _zstd_blocks(raw) -> Iterator[bytes]:
@@ -29,12 +31,19 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
         raise SourceError("reading .zst needs the `zstandard` package: pip install 'niels_gpt[corpus]'") from exc
     dctx = zstandard.ZstdDecompressor()
     dobj, fed = dctx.decompressobj(), False
+    first = True
     while True:
         chunk = raw.read(READ_BLOCK)
         if not chunk:
             break
+        if first and not chunk.startswith(ZSTD_MAGIC[:len(chunk)]):
+            raise NotCompressed("zstd", chunk)
+        first = False
         while chunk:
-            out = dobj.decompress(chunk)
+            try:
+                out = dobj.decompress(chunk)
+            except zstandard.ZstdError as e:
+                raise EOFError(f"damaged zstd data: {e}") from e
             fed = True
             if out:
                 yield out
@@ -45,6 +54,30 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
         raise EOFError("the last zstd frame ends before its end mark")
 
 
+class NotCompressed(ValueError):
+    """A file named as compressed (.gz, .zst) whose first bytes are not that format's magic number."""
+
+    def __init__(self, codec: str, head: bytes):
+        super().__init__(codec)
+        self.codec, self.head = codec, head
+
+
+def _not_compressed(item: str, e: NotCompressed) -> SourceError:
+    suffix = ".zst" if e.codec == "zstd" else ".gz"
+    what = "plain text" if _looks_like_text(e.head) else "some other data"
+    return SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
+                       f"magic bytes); rename it without {suffix} if it is plain JSON Lines, or compress it with "
+                       f"{e.codec}")
+
+
+def _looks_like_text(head: bytes) -> bool:
+    try:
+        head[:256].decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start > 250  # cut inside a character at the end of the sample
+    return True
+
+
 def _lines_of(piece, open_binary) -> Iterator[bytes]:
     """Raw lines of a whole JSON Lines file (compressed or not, local or at a URL)."""
     name = piece.item.lower()
@@ -52,7 +85,10 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
         if name.endswith(".gz"):
             import gzip
 
-            yield from gzip.GzipFile(fileobj=raw)
+            head = raw.read(2)
+            if head != GZIP_MAGIC[:len(head)]:
+                raise NotCompressed("gzip", head + raw.read(254))
+            yield from gzip.GzipFile(fileobj=_Prefixed(head, raw))
         elif name.endswith(".zst"):
             tail = b""
             for block in _zstd_blocks(raw):
@@ -64,6 +100,22 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
                 yield tail
         else:
             yield from raw
+
+
+class _Prefixed:
+    """A binary stream with its first bytes (already read to check a magic number) put back in front."""
+
+    def __init__(self, head: bytes, raw):
+        self.head, self.raw = head, raw
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.raw.read(n)
+        if n is None or n < 0:
+            out, self.head = self.head + self.raw.read(), b""
+            return out
+        out, self.head = self.head[:n], self.head[n:]
+        return out + (self.raw.read(n - len(out)) if len(out) < n else b"")
 
 
 def _range_lines(piece) -> Iterator[bytes]:
@@ -129,6 +181,8 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
                 continue
             where = _Where(piece.item, numbers, k)
             yield where, _parse(raw, where, start if ranged else None)
+    except NotCompressed as e:
+        raise _not_compressed(piece.item, e) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
         raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
                           "recompress it or remove it from the inputs") from e

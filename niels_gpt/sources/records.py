@@ -79,7 +79,11 @@ def item_of(item: Path | RemoteFile | str) -> tuple[str, str, bool]:
     if isinstance(item, RemoteFile):
         return item.url, kind_of(item), True
     if isinstance(item, Path):
-        return str(item.resolve()), kind_of(item), False
+        try:
+            return str(item.resolve()), kind_of(item), False
+        except (RuntimeError, OSError):  # a symlink loop: RuntimeError before Python 3.13, OSError(ELOOP) after
+            raise SourceError(f"{item}: a symlink that loops back on itself, so it names no file; remove it or "
+                              "point it at the file it stands for") from None
     return item, "dataset", False
 
 
