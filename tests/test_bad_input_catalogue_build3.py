@@ -62,9 +62,22 @@ def train_tokenizer_a_looping_symlink_inside_a_directory(w, tmp):
     return ["train-tokenizer", str(d), "--out", str(tmp / "out"), "--vocab-size", "300", "--no-progress"]
 
 
+def build_max_tokens_zero(w, tmp):
+    return _build(w, tmp, "--max-tokens", "0")
+
+
+def build_all_both_budgets_zero(w, tmp):
+    return ["build-all", "--cache-dir", str(tmp / "out"), "--sample", "--only", "tokenizer", "fineweb_edu",
+            "--tokenizer", str(w.tokenizer), "--max-train-tokens", "0", "--max-val-tokens", "0", "--no-progress"]
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
+    Case("build: --max-tokens 0 and no val split", build_max_tokens_zero, ("--max-tokens 0", "--val-tokens"),
+         out="out"),
+    Case("build-all: both budgets 0, refused before the tokenizer", build_all_both_budgets_zero,
+         ("--max-train-tokens 0", "--max-val-tokens 0", "fineweb_edu"), out="out"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,

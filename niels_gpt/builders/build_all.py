@@ -180,12 +180,14 @@ def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
     if src is None:
         return None
     sft = name in SFT
+    own = getattr(src, "own_split", False)  # cached whole in its own splits: no budgets
     return BuildSpec(sources=[], source=src, out=str(Path(cfg.cache_dir) / ("sft" if sft else "pretrain") / name),
                      tokenizer=tokenizer, chat=sft, name=name, seed=cfg.seed, workers=cfg.workers,
                      progress=cfg.progress, shard_bytes=SHARD_BYTES if sft else cfg.shard_bytes,
                      shuffle_buffer=None if sft else cfg.shuffle_buffer,
-                     val_frac=cfg.val_frac if sft else None, max_tokens=ALL_TOKENS if sft else cfg.max_train_tokens,
-                     val_tokens=None if sft else cfg.resolved_max_val_tokens())
+                     val_frac=cfg.val_frac if sft else None,
+                     max_tokens=ALL_TOKENS if sft or own else cfg.max_train_tokens,
+                     val_tokens=None if sft else ALL_TOKENS if own else cfg.resolved_max_val_tokens())
 
 
 def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
@@ -269,6 +271,9 @@ def check_config(cfg: BuildConfig) -> None:
         check_train_settings(cfg.tokenizer_settings)
     for name in PRETRAIN + SFT:
         spec = recipe(name, cfg, None) if name in cfg.only else None
+        if spec is not None and not spec.chat and spec.max_tokens == 0 and spec.val_tokens == 0:
+            raise ConfigError(f"--max-train-tokens 0 and --max-val-tokens 0: the {name} cache would be empty; give "
+                              "either a positive budget (or leave them out)")
         if spec is not None:
             check_spec(spec)
     check_outputs(cfg)

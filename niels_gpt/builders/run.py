@@ -133,6 +133,10 @@ def check_spec(spec: BuildSpec) -> None:
     for flag, value in (("--max-tokens", spec.max_tokens), ("--val-tokens", spec.val_tokens)):
         if value is not None and value < 0:
             raise ConfigError(f"{flag} {value}: must be >= 0")
+    if spec.max_tokens == 0 and val_budget(spec) == 0:
+        raise ConfigError(f"--max-tokens 0 {'and --val-tokens 0' if spec.val_tokens == 0 else 'and no val split'}: "
+                          "nothing would be built; give --max-tokens a positive budget (or leave it out: all), or "
+                          "--val-tokens N / --val-frac F for a val split")
 
 
 def val_budget(spec: BuildSpec) -> int:
