@@ -71,6 +71,15 @@ def build_all_both_budgets_zero(w, tmp):
             "--tokenizer", str(w.tokenizer), "--max-train-tokens", "0", "--max-val-tokens", "0", "--no-progress"]
 
 
+def build_a_json_export_cut_short(w, tmp):
+    from .conftest import sample_texts
+
+    (tmp / "in").mkdir()
+    text = json.dumps([{"text": t} for t in sample_texts()[:4]], indent=2)
+    (tmp / "in" / "export.json").write_text(text[: len(text) // 2])
+    return _build(w, tmp, src=tmp / "in")
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
@@ -78,6 +87,8 @@ CASES = [
          out="out"),
     Case("build-all: both budgets 0, refused before the tokenizer", build_all_both_budgets_zero,
          ("--max-train-tokens 0", "--max-val-tokens 0", "fineweb_edu"), out="out"),
+    Case("build: a pretty-printed .json export cut short", build_a_json_export_cut_short,
+         ("export.json", "not valid json"), out="out"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,

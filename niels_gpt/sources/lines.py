@@ -10,6 +10,7 @@ Cost: a byte range is read in one call (task_bytes of memory); a whole file is s
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -164,14 +165,67 @@ class _Where:
         return f"{self.item}, line {n}"
 
 
+def named_json(name: str) -> bool:
+    """`.json`, `.json.gz`, `.json.zst`: JSON Lines, or one JSON document (an export's pretty-printed array)."""
+    name = name.lower()
+    return any(name.endswith(s) for s in (".json", ".json.gz", ".json.zst"))
+
+
+def opens_a_document(first_line: bytes) -> bool:
+    """Whether a `.json` file's first non-blank line opens one JSON document rather than a line of JSON Lines:
+    an array (`[` ...), or an object spread over lines (`{` alone on its line, as pretty printers write it)."""
+    first = first_line.removeprefix(BOM).strip()
+    return first.startswith(b"[") or first == b"{"
+
+
+def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
+    """The records of a `.json` file holding one document: an array of records, or an object holding one array
+    of records (`{"data": [...]}`), or else that object as one record. Read whole: the file's size in memory."""
+    try:
+        doc = json.loads(data.removeprefix(BOM).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{item}: not UTF-8 ({e.reason} at byte {e.start}); re-encode the file as UTF-8") from None
+    except ValueError as e:
+        raise SourceError(f"{item}: opens a JSON document (an array or a pretty-printed object) that is not valid "
+                          f"JSON ({e}); fix the file, or write one record per line (JSON Lines)") from None
+    if isinstance(doc, dict):
+        arrays = [k for k, v in doc.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+        if len(arrays) == 1 and arrays[0] not in ("messages", "conversations"):
+            doc = doc[arrays[0]]
+        else:
+            yield f"{item}, record 1", doc
+            return
+    if not isinstance(doc, list):
+        raise SourceError(f"{item}: holds a JSON {type(doc).__name__}, not records; give an array of {{...}} "
+                          "records, or one record per line (JSON Lines)")
+    for i, record in enumerate(doc, 1):
+        where = f"{item}, record {i}"
+        if isinstance(record, dict):
+            yield where, record
+        else:
+            yield where, BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each "
+                                   "element of the array must be one {...} record")
+
+
 def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
     """(where, record or BadRecord) per non-blank line of a JSON Lines piece (a byte range, or a whole file
-    opened with `open_binary`: compressed, or at a URL)."""
+    opened with `open_binary`: compressed, or at a URL); a whole `.json` file that opens a document (an array,
+    a pretty-printed object) is read as that document's records."""
     ranged = piece.stop >= 0 and "://" not in piece.item and piece.kind in (".jsonl", ".json")
     lines = _range_lines(piece) if ranged else _lines_of(piece, open_binary)
     numbers = _LineNumbers(piece) if ranged else None
     offset = piece.start if ranged else 0
     try:
+        if not ranged and named_json(piece.item):
+            head: list[bytes] = []
+            for raw in lines:
+                head.append(raw)
+                if raw.strip():
+                    break
+            if head and opens_a_document(head[-1]):
+                yield from document_records(piece.item, b"".join(head) + b"".join(lines))
+                return
+            lines = itertools.chain(head, lines)
         for k, raw in enumerate(lines):
             start = offset
             offset += len(raw)
