@@ -80,6 +80,20 @@ def build_a_json_export_cut_short(w, tmp):
     return _build(w, tmp, src=tmp / "in")
 
 
+def build_a_gutenberg_book_cut_before_its_end(w, tmp):
+    (tmp / "in").mkdir()
+    (tmp / "in" / "book.txt").write_text("The Project Gutenberg EBook of Cut\n\nLicence words.\n\n"
+                                         "*** START OF THIS PROJECT GUTENBERG EBOOK CUT ***\n\nIt was a dark and "
+                                         "stormy night; the rain fell in torrents, except at occasional\n")
+    return _build(w, tmp, src=tmp / "in")
+
+
+def build_all_a_gutenberg_book_cut_before_its_end(w, tmp):
+    build_a_gutenberg_book_cut_before_its_end(w, tmp)
+    return ["build-all", "--cache-dir", str(tmp / "out"), "--only", "gutenberg", "--gutenberg-dir", str(tmp / "in"),
+            "--tokenizer", str(w.tokenizer), "--no-progress"]
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
@@ -89,6 +103,10 @@ CASES = [
          ("--max-train-tokens 0", "--max-val-tokens 0", "fineweb_edu"), out="out"),
     Case("build: a pretty-printed .json export cut short", build_a_json_export_cut_short,
          ("export.json", "not valid json"), out="out"),
+    Case("build: a Gutenberg book cut before its END line", build_a_gutenberg_book_cut_before_its_end,
+         ("book.txt", "no '*** END OF", "truncated", "--format text"), out="out"),
+    Case("build-all: a Gutenberg book cut before its END line", build_all_a_gutenberg_book_cut_before_its_end,
+         ("book.txt", "no '*** END OF", "build FILE --format text"), out="out/pretrain"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,

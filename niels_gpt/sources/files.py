@@ -103,16 +103,21 @@ class Gutenberg(FileSplitSource):
         return gutenberg_books(read_text_file(path), path)
 
 
-def gutenberg_books(text: str, path: Path | str = "<text>") -> list[str]:
+READ_AS_TEXT = ("To read it anyway as plain text, licence included, build it with `build FILE --format text`, or "
+                "add the missing line")
+
+
+def gutenberg_books(text: str, path: Path | str = "<text>", *, as_text: str = READ_AS_TEXT) -> list[str]:
     """Every book of a Project Gutenberg file: the text between each `*** START OF` line and the
-    `*** END OF` line after it, licence lines cut, whitespace-stripped."""
+    `*** END OF` line after it, licence lines cut, whitespace-stripped. `as_text`: how the refusal of a
+    file cut before its END line says to read it anyway."""
     books, pos = [], 0
     while (start := GUTENBERG_START.search(text, pos)) is not None:
         end = GUTENBERG_END.search(text, start.end())
         if end is None:
             raise SourceError(f"{path}: a '*** START OF' line but no '*** END OF ...' line after it (the START is "
                               f"line {_line(text, start.start())}), so the licence footer cannot be cut off; is the "
-                              "file truncated?")
+                              f"file truncated? {as_text}")
         second = GUTENBERG_START.search(text, start.end(), end.start())
         if second is not None:
             raise SourceError(f"{path}: a second '*** START OF' line (line {_line(text, second.start())}) before "
