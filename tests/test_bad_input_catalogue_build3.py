@@ -94,6 +94,46 @@ def build_all_a_gutenberg_book_cut_before_its_end(w, tmp):
             "--tokenizer", str(w.tokenizer), "--no-progress"]
 
 
+def _train(tmp, src) -> list[str]:
+    return ["train-tokenizer", str(src), "--out", str(tmp / "out"), "--vocab-size", "300", "--no-progress"]
+
+
+def train_tokenizer_an_empty_file(w, tmp):
+    (tmp / "empty.txt").write_text("")
+    return _train(tmp, tmp / "empty.txt")
+
+
+def train_tokenizer_a_whitespace_only_file(w, tmp):
+    (tmp / "blank.txt").write_text("  \n\n\t \n")
+    return _train(tmp, tmp / "blank.txt")
+
+
+def train_tokenizer_a_lone_surrogate_escape(w, tmp):
+    (tmp / "odd.jsonl").write_text('{"text": "half of a pair: \\ud83d and the rest"}\n')
+    return _train(tmp, tmp / "odd.jsonl")
+
+
+def train_tokenizer_a_lone_surrogate_in_a_json_export(w, tmp):
+    (tmp / "odd.json").write_text('[\n  {"text": "half of a pair: \\ud83d and the rest"}\n]\n')
+    return _train(tmp, tmp / "odd.json")
+
+
+def train_tokenizer_a_surrogate_written_as_bytes(w, tmp):
+    (tmp / "odd.txt").write_bytes(b"half of a pair: \xed\xa0\xbd and the rest\n")
+    return _train(tmp, tmp / "odd.txt")
+
+
+def train_tokenizer_a_dangling_symlink(w, tmp):
+    (tmp / "gone.txt").symlink_to(tmp / "moved-away.txt")
+    return _train(tmp, tmp / "gone.txt")
+
+
+def train_tokenizer_a_dangling_symlink_inside_a_directory(w, tmp):
+    d = _data(tmp)
+    (d / "gone.jsonl").symlink_to(tmp / "moved-away.jsonl")
+    return _train(tmp, d)
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
@@ -107,6 +147,21 @@ CASES = [
          ("book.txt", "no '*** END OF", "truncated", "--format text"), out="out"),
     Case("build-all: a Gutenberg book cut before its END line", build_all_a_gutenberg_book_cut_before_its_end,
          ("book.txt", "no '*** END OF", "build FILE --format text"), out="out/pretrain"),
+    Case("train-tokenizer: an empty file", train_tokenizer_an_empty_file,
+         ("empty.txt", "empty", "no text to train", "files that hold text"), out="out"),
+    Case("train-tokenizer: a whitespace-only file", train_tokenizer_a_whitespace_only_file,
+         ("blank.txt", "only whitespace", "no text to train"), out="out"),
+    Case("train-tokenizer: a lone surrogate escape", train_tokenizer_a_lone_surrogate_escape,
+         ("odd.jsonl", "line 1", "lone surrogate", "fix the escape"), out="out"),
+    Case("train-tokenizer: a lone surrogate escape in a .json export",
+         train_tokenizer_a_lone_surrogate_in_a_json_export, ("odd.json", "record 1", "lone surrogate"), out="out"),
+    Case("train-tokenizer: a surrogate written as UTF-8 bytes", train_tokenizer_a_surrogate_written_as_bytes,
+         ("odd.txt", "byte 16", "lone utf-16 surrogate", "replace these bytes"), out="out"),
+    Case("train-tokenizer: a dangling symlink", train_tokenizer_a_dangling_symlink,
+         ("gone.txt", "symlink to nothing"), out="out"),
+    Case("train-tokenizer: a dangling symlink inside an input directory",
+         train_tokenizer_a_dangling_symlink_inside_a_directory, ("gone.jsonl", "moved-away.jsonl", "is missing"),
+         out="out"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,

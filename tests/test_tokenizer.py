@@ -160,3 +160,11 @@ def test_training_chunks_respect_the_byte_limit():
 def test_special_token_strings_are_the_contracts():
     assert SPECIAL_TOKENS["asst"] == "<|ngpt_asst_84a5023f67d74cf29cc4001becde983c|>"
     assert SPECIAL_TOKENS["eot"] == "<|ngpt_eot_84a5023f67d74cf29cc4001becde983c|>"
+
+
+def test_training_on_whitespace_or_a_lone_surrogate_is_one_clear_error(tmp_path):
+    settings = TrainSettings(vocab_size=300)
+    with pytest.raises(TokenizerError, match=r"no training text: the 2 document\(s\) hold only whitespace"):
+        train_tokenizer(["  \n", ""], tmp_path / "a", settings=settings)
+    with pytest.raises(TokenizerError, match=r"document 3: a lone surrogate \('\\ud800'\)"):
+        train_tokenizer(["fine text", "more", "half \ud800 of it"], tmp_path / "b", settings=settings)

@@ -32,7 +32,7 @@ from niels_gpt.sources.documents import Rules
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.tokenizer.spm import MIN_VOCAB, check_train_settings
+from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, check_train_settings
 
 SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 3.0}  # training time per million characters (module docstring)
 
@@ -114,6 +114,11 @@ def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | No
             train_tokenizer(phases.texts(texts_of(plan_items(plan, check_at_end=False))), stage, settings=settings,
                             trained_on=trained_on)
             check_unchanged(plan)
+    except NoTrainingText:
+        named = ", ".join(plan.inputs[:3]) + (f" and {len(plan.inputs) - 3} more" if len(plan.inputs) > 3 else "")
+        raise NoTrainingText(f"{named}: {'empty' if plan.inputs and not any(plan.sizes.values()) else 'only whitespace'}"
+                             ", so there is no text to train the tokenizer on; give files that hold text (or "
+                             "--text-field naming the field that does)") from None
     finally:
         phases.close()
     return load_tokenizer(out)

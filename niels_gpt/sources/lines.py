@@ -182,7 +182,8 @@ def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
     """The records of a `.json` file holding one document: an array of records, or an object holding one array
     of records (`{"data": [...]}`), or else that object as one record. Read whole: the file's size in memory."""
     try:
-        doc = json.loads(data.removeprefix(BOM).decode("utf-8"))
+        text = data.removeprefix(BOM).decode("utf-8")
+        doc = json.loads(text)
     except UnicodeDecodeError as e:
         raise SourceError(f"{item}: not UTF-8 ({e.reason} at byte {e.start}); re-encode the file as UTF-8") from None
     except ValueError as e:
@@ -198,10 +199,11 @@ def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
     if not isinstance(doc, list):
         raise SourceError(f"{item}: holds a JSON {type(doc).__name__}, not records; give an array of {{...}} "
                           "records, or one record per line (JSON Lines)")
+    escapes = "\\ud" in text or "\\uD" in text  # a lone surrogate can only come from an escape
     for i, record in enumerate(doc, 1):
         where = f"{item}, record {i}"
         if isinstance(record, dict):
-            yield where, record
+            yield where, _lone_surrogate(record, where) if escapes else record
         else:
             yield where, BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each "
                                    "element of the array must be one {...} record")
@@ -257,9 +259,15 @@ def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
         return BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each line "
                          "must be one {...} record")
     if "\\ud" in line or "\\uD" in line:  # JSON may escape a lone surrogate, which no UTF-8 text can hold
-        try:
-            json.dumps(record, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as e:
-            return BadRecord("invalid_text", f"{where}: a lone surrogate escape ({e.object[e.start:e.end]!r}) that "
-                             "no UTF-8 text can hold; fix the escape in this record")
+        return _lone_surrogate(record, where)
+    return record
+
+
+def _lone_surrogate(record: dict, where) -> dict | BadRecord:
+    """The record, or a BadRecord if a string in it holds a lone surrogate (from a `\\udXXX` escape)."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return BadRecord("invalid_text", f"{where}: a lone surrogate escape ({e.object[e.start:e.end]!r}) that "
+                         "no UTF-8 text can hold; fix the escape in this record")
     return record

@@ -81,7 +81,13 @@ def item_of(item: Path | RemoteFile | str) -> tuple[str, str, bool]:
         return item.url, kind_of(item), True
     if isinstance(item, Path):
         try:
-            return str(item.resolve()), kind_of(item), False
+            return str(item.resolve(strict=True)), kind_of(item), False
+        except FileNotFoundError:
+            if item.is_symlink():
+                raise SourceError(f"{item}: a symlink to nothing (its target {os.readlink(item)} is missing); "
+                                  "remove it or point it at the file it stands for") from None
+            raise SourceError(f"{item}: no such file (it went away after the inputs were listed); rerun when the "
+                              "input is in place") from None
         except (RuntimeError, OSError):  # a symlink loop: RuntimeError before Python 3.13, OSError(ELOOP) after
             raise SourceError(f"{item}: a symlink that loops back on itself, so it names no file; remove it or "
                               "point it at the file it stands for") from None

@@ -81,6 +81,10 @@ def encoding_hint(path: Path | str, offset: int) -> str:
         return "re-encode the file as UTF-8"
     shown = " ".join(f"0x{b:02x}" for b in bad[:4])
     first = bad[0]
+    if first == 0xED and len(bad) >= 3 and 0xA0 <= bad[1] <= 0xBF and 0x80 <= bad[2] <= 0xBF:
+        return (f"the bytes are {shown}; 0x{bad[0]:02x} 0x{bad[1]:02x} 0x{bad[2]:02x} is a lone UTF-16 surrogate "
+                "written as if it were a character (CESU-8 / WTF-8, as Java or JavaScript strings cut in half write "
+                "it), which no UTF-8 text can hold: fix the program that wrote it, or replace these bytes")
     if 0x80 <= first <= 0x9F:
         char = bad[:1].decode("cp1252", errors="replace")
         return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in cp1252 (Windows-1252) and a control code in "

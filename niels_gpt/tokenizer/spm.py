@@ -214,20 +214,30 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     check_train_settings(settings)
 
     stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
+    visible = False  # any character that is not whitespace: sentencepiece drops blank sentences
 
     def counted() -> Iterator[str]:
+        nonlocal visible
         for text in texts:
             if stats["characters"] >= settings.max_train_chars:
                 stats["truncated_at_max_train_chars"] = True
                 return
             stats["documents"] += 1
             stats["characters"] += len(text)
+            visible = visible or not text.isspace() and text != ""
             yield text
 
+    surrogate: list[str] = []  # the document that held a lone surrogate, and the surrogate
+
     def chunks() -> Iterator[str]:
-        for chunk in iter_training_chunks(counted(), settings.max_sentence_length):
-            stats["chunks"] += 1
-            yield chunk
+        try:
+            for chunk in iter_training_chunks(counted(), settings.max_sentence_length):
+                stats["chunks"] += 1
+                yield chunk
+        except UnicodeEncodeError as exc:  # raised inside sentencepiece it would come back as its INTERNAL error
+            surrogate.append(f"training text, document {stats['documents']:,}: a lone surrogate "
+                             f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the text (e.g. "
+                             "text.encode('utf-8', 'replace').decode() replaces it)")
 
     model = io.BytesIO()
     spm.set_random_generator_seed(settings.seed)
@@ -255,10 +265,27 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
             minloglevel=2,
         )
     except RuntimeError as exc:
+        if surrogate:
+            raise TokenizerError(surrogate[0]) from None
+        if not visible:
+            raise NoTrainingText(_no_text(stats)) from None
         raise _training_failure(exc, settings) from exc
-    if stats["documents"] == 0:
-        raise TokenizerError("no training text: every source was empty")
+    if surrogate:
+        raise TokenizerError(surrogate[0])
+    if not visible:
+        raise NoTrainingText(_no_text(stats))
     return model.getvalue(), stats
+
+
+class NoTrainingText(TokenizerError):
+    """The training text was empty or whitespace only: sentencepiece has no sentence to learn from."""
+
+
+def _no_text(stats: dict) -> str:
+    if stats["documents"] == 0:
+        return "no training text: every source was empty; give text to train on"
+    return (f"no training text: the {stats['documents']:,} document(s) hold only whitespace "
+            f"({stats['characters']:,} characters); give text to train on")
 
 
 def settings_dict(settings: TrainSettings) -> dict:
