@@ -134,6 +134,28 @@ def train_tokenizer_a_dangling_symlink_inside_a_directory(w, tmp):
     return _train(tmp, d)
 
 
+USERS_FILES: list[Path] = []  # the user's files each case put where an output would go
+
+
+def _train_in_build(w, tmp, vocab: str) -> list[str]:
+    argv = _build(w, tmp, "--train-tokenizer", vocab)
+    at = argv.index("--tokenizer")
+    del argv[at:at + 2]
+    return argv
+
+
+def build_train_tokenizer_too_small_for_the_text(w, tmp):
+    return _train_in_build(w, tmp, "262")
+
+
+def build_train_tokenizer_beside_a_users_tokenizer_directory(w, tmp):
+    d = tmp / "tokenizer"
+    d.mkdir()
+    (d / "tokenizer.json").write_text("years of work\n")
+    USERS_FILES.append(d / "tokenizer.json")
+    return _train_in_build(w, tmp, "400")
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
@@ -162,6 +184,11 @@ CASES = [
     Case("train-tokenizer: a dangling symlink inside an input directory",
          train_tokenizer_a_dangling_symlink_inside_a_directory, ("gone.jsonl", "moved-away.jsonl", "is missing"),
          out="out"),
+    Case("build: --train-tokenizer too small for the text", build_train_tokenizer_too_small_for_the_text,
+         ("--train-tokenizer 262", "too small for this text", "raise --train-tokenizer to"), out="out"),
+    Case("build: --train-tokenizer beside a tokenizer directory of the user's",
+         build_train_tokenizer_beside_a_users_tokenizer_directory,
+         ("tokenizer", "--train-tokenizer", "not an output", "tokenizer.json", "--tokenizer DIR"), out="out"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,
@@ -182,4 +209,7 @@ def back_home():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_build_input_gets_one_clear_line_and_nothing_lost(case, world, tmp_path, capsys, back_home):  # noqa: F811
+    USERS_FILES.clear()
     check_case(case, world, tmp_path, capsys)
+    for f in USERS_FILES:
+        assert f.read_text() == "years of work\n", f

@@ -26,13 +26,13 @@ from pathlib import Path
 from niels_gpt.builders.plan import check_unchanged, make_plan, plan_items
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
-from niels_gpt.outputs import check_output
+from niels_gpt.outputs import OutputRefused, check_output
 from niels_gpt.progress import should_show
 from niels_gpt.sources.documents import Rules
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, check_train_settings
+from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
 
 SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 3.0}  # training time per million characters (module docstring)
 
@@ -98,19 +98,20 @@ class _Phases:
 
 def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | None = None, chat: bool = False,
                      layout: str | None = None, config: str | None = None, split: str = "train",
-                     progress: bool | None = None):
-    """Train the library's sentencepiece tokenizer on `sources` into the directory `out`; returns it."""
+                     progress: bool | None = None, flag: str = "--out"):
+    """Train the library's sentencepiece tokenizer on `sources` into the directory `out`; returns it. `flag`:
+    how a refusal of `out` names it."""
     check_train_settings(settings)
     if local_path_of(out) is None:
         raise ConfigError(f"--out {out}: a tokenizer is written to a local directory; upload it afterwards if needed")
-    out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources)
+    out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources, flag=flag)
     plan = make_plan(sources, tokenizer=None, rules=rules, chat=chat, layout=layout, config=config, split=split)
     trained_on = {**plan.describe(), "rule": "every document (every message with --chat), in order, up to "
                   f"max_train_chars={settings.max_train_chars:,}"}
     total = sum(sig[0] for sig in plan.signatures.values()) if len(plan.signatures) == len(plan.inputs) else None
     phases = _Phases(settings, total, progress)
     try:
-        with build_aside(out, kind="tokenizer", flag="--out") as stage:
+        with build_aside(out, kind="tokenizer", flag=flag) as stage:
             train_tokenizer(phases.texts(texts_of(plan_items(plan, check_at_end=False))), stage, settings=settings,
                             trained_on=trained_on)
             check_unchanged(plan)
@@ -147,6 +148,14 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
                               f"may use; build with --tokenizer {where}, or choose another --out directory")
         print(f"build: reusing {where} (trained on the same sources, {vocab_size} pieces)", file=sys.stderr)
         return str(where)
-    train_on_sources(spec.sources, where, settings=settings, rules=spec.rules, chat=spec.chat, layout=spec.layout,
-                     config=spec.hf_config, split=spec.split, progress=progress)
+    try:
+        train_on_sources(spec.sources, where, settings=settings, rules=spec.rules, chat=spec.chat, layout=spec.layout,
+                         config=spec.hf_config, split=spec.split, progress=progress)
+    except VocabSizeError as e:
+        raise e.for_flag("--train-tokenizer", None) from None
+    except OutputRefused as e:  # it names the tokenizer's directory as --out: say where that directory comes from
+        said = str(e).removeprefix(f"--out {where}")
+        raise OutputRefused(f"{where} (where --train-tokenizer writes the tokenizer it trains: beside --out){said} "
+                            "(or train it elsewhere with `train-tokenizer SRC... --out DIR` and build with --tokenizer "
+                            "DIR)") from None
     return str(where)

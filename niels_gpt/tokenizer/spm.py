@@ -187,6 +187,29 @@ def check_train_settings(settings: TrainSettings) -> None:
             raise TokenizerError(f"{flag} {value!r}: {fix}")
 
 
+class VocabSizeError(TokenizerError):
+    """The vocabulary size does not fit the text: too small for its characters, or more than it can fill.
+    `for_flag` says it again for the flag that set the size (train-tokenizer's --vocab-size, build's
+    --train-tokenizer)."""
+
+    def __init__(self, settings: TrainSettings, *, need: int | None = None, most: int | None = None,
+                 flag: str = "--vocab-size", coverage_flag: str | None = "--character-coverage"):
+        self.settings, self.need, self.most, self.flag, self.coverage_flag = settings, need, most, flag, coverage_flag
+        v = settings.vocab_size
+        if need is not None:
+            lower = f", or lower {coverage_flag}" if coverage_flag else ""
+            text = (f"{flag} {v} is too small for this text: it needs {need} pieces at least (256 byte pieces, 3 "
+                    f"control pieces and one per character kept by character coverage {settings.character_coverage})"
+                    f"; raise {flag} to {need} or more{lower}")
+        else:
+            text = (f"{flag} {v} is more than this text can fill: at most {most} pieces here; lower {flag} or train on "
+                    "more text")
+        super().__init__(text)
+
+    def for_flag(self, flag: str, coverage_flag: str | None) -> VocabSizeError:
+        return VocabSizeError(self.settings, need=self.need, most=self.most, flag=flag, coverage_flag=coverage_flag)
+
+
 def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerError:
     """sentencepiece's own message, turned into what to change."""
     import re
@@ -194,16 +217,10 @@ def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerEr
     text = str(exc)
     small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", text)
     if small:
-        need = int(small.group(2)) - len(SPECIAL_TOKENS)
-        return TokenizerError(f"--vocab-size {settings.vocab_size} is too small for this text: it needs {need} "
-                              "pieces at least (256 byte pieces, 3 control pieces and one per character kept by "
-                              f"--character-coverage {settings.character_coverage}); raise --vocab-size to {need} "
-                              "or more, or lower --character-coverage")
+        return VocabSizeError(settings, need=int(small.group(2)) - len(SPECIAL_TOKENS))
     big = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", text)
     if big:
-        most = int(big.group(2)) - len(SPECIAL_TOKENS)
-        return TokenizerError(f"--vocab-size {settings.vocab_size} is more than this text can fill: at most {most} "
-                              "pieces here; lower --vocab-size or train on more text")
+        return VocabSizeError(settings, most=int(big.group(2)) - len(SPECIAL_TOKENS))
     return TokenizerError(f"sentencepiece training failed: {text}")
 
 
