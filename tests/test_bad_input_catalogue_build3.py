@@ -156,6 +156,16 @@ def build_train_tokenizer_beside_a_users_tokenizer_directory(w, tmp):
     return _train_in_build(w, tmp, "400")
 
 
+def build_format_messages_without_chat(w, tmp):
+    (tmp / "chats.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "hello"}]}) + "\n")
+    return _build(w, tmp, "--format", "messages", src=tmp / "chats.jsonl")
+
+
+def build_format_text_with_chat(w, tmp):
+    return _build(w, tmp, "--format", "text", "--chat")
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
@@ -189,6 +199,9 @@ CASES = [
     Case("build: --train-tokenizer beside a tokenizer directory of the user's",
          build_train_tokenizer_beside_a_users_tokenizer_directory,
          ("tokenizer", "--train-tokenizer", "not an output", "tokenizer.json", "--tokenizer DIR"), out="out"),
+    Case("build: --format messages without --chat", build_format_messages_without_chat,
+         ("--format messages", "chat layout", "add --chat"), out="out"),
+    Case("build: --format text with --chat", build_format_text_with_chat, ("--format text", "drop --chat"), out="out"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,

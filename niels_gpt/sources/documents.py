@@ -115,6 +115,12 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
 
 def check_layout(layout: str, chat: bool) -> None:
     allowed = CHAT_LAYOUTS if chat else TEXT_LAYOUTS
+    if layout in CHAT_LAYOUTS and not chat:
+        raise ConfigError(f"--format {layout}: a chat layout, and this is a pretraining build; add --chat to build an "
+                          f"SFT cache from these conversations (pretraining layouts: {', '.join(TEXT_LAYOUTS)})")
+    if layout in TEXT_LAYOUTS and chat:
+        raise ConfigError(f"--format {layout}: a text layout, and --chat builds an SFT cache from conversations; drop "
+                          f"--chat to build a pretraining cache (chat layouts: {', '.join(CHAT_LAYOUTS)})")
     if layout not in allowed:
         kind = "a chat (--chat)" if chat else "a pretraining"
         raise ConfigError(f"--format {layout}: not a layout of {kind} build; use one of {', '.join(allowed)}")
