@@ -22,7 +22,13 @@ import numpy as np
 import torch
 
 from niels_gpt.atomic import atomic_path
-from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
+from niels_gpt.builders.common import (
+    all_skipped,
+    common_meta,
+    no_conversation_message,
+    resolve_dtype,
+    start_build,
+)
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
 from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusable: its old home)
 from niels_gpt.errors import ConfigError
@@ -112,8 +118,7 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
              tokenizer_path: str | None = None) -> dict:
     """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
     if not writer.offsets["train"] and not writer.offsets["val"]:
-        raise ConfigError(f"no usable conversation for {final} (skipped: {all_skipped(skipped, source) or 'none'}): "
-                          "every example lacked an assistant turn or was empty")
+        raise ConfigError(no_conversation_message(final, all_skipped(skipped, source)))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
     meta.update({

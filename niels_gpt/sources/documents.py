@@ -19,6 +19,8 @@ Layouts (`--format NAME`, detected from the first record of each input when not 
 | `messages`  | chat               | a list of `{"role", "content"}` in the messages field                  |
 | `columns`   | chat               | one user and one assistant turn from two columns (`--chat-columns`)    |
 | `dolly`     | chat               | `instruction` [+ `context`] -> `response` rows                          |
+| `sharegpt`  | chat               | `conversations: [{"from": human/gpt/system, "value"}]` (or in the messages field) |
+| `alpaca`    | chat               | `instruction` [+ `input`] -> `output` rows                              |
 | `oasst`     | chat               | OpenAssistant trees (the nested export, one tree per line) or flat message rows (`message_id`, `parent_id`): the best-ranked path of each tree |
 """
 
@@ -37,9 +39,13 @@ from niels_gpt.sources.records import BadRecord, FileText
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
-CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst")
+CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst", "sharegpt", "alpaca")
 LAYOUTS = TEXT_LAYOUTS + CHAT_LAYOUTS
 ROLES = ("system", "user", "assistant")
+SHAREGPT_FIELD = "conversations"
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "system": "system"}  # ShareGPT's "from" -> our role
+ALPACA_PROMPT = "{instruction}\n\n{input}"  # the user turn when `input` is not empty
 WHOLE_INPUT = ("oasst-rows",)  # layouts whose records group across the whole input: one task reads it all
 
 
@@ -94,16 +100,21 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
     if not chat:
         if rules.text_field in keys:
             return "text"
-        if {"instruction", "response"} <= keys or "messages" in keys or "message_id" in keys or "prompt" in keys:
+        if {"instruction", "response"} <= keys or {"instruction", "output"} <= keys or "messages" in keys \
+                or SHAREGPT_FIELD in keys or "message_id" in keys or "prompt" in keys:
             raise SourceError(f"{where}: a conversation record (fields {sorted(keys)}), not text; build it with "
                               "--chat, or name the text field with --text-field")
         return "text"  # a record without the field is a bad record of the text layout (on_bad_record decides)
     if rules.chat_columns:
         return "columns"
+    if _sharegpt_turns(record.get(rules.messages_field, record.get(SHAREGPT_FIELD))):
+        return "sharegpt"
     if rules.messages_field in keys:
         return "messages"
     if {"instruction", "response"} <= keys:
         return "dolly"
+    if {"instruction", "output"} <= keys:
+        return "alpaca"
     if ("message_tree_id" in keys and isinstance(record.get("prompt"), dict)) or {"message_id", "replies"} <= keys:
         return "oasst"
     if {"message_id", "parent_id", "role", "text"} <= keys:
@@ -111,6 +122,11 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
     raise SourceError(f"{where}: no {rules.messages_field!r} field and no known chat layout (fields: "
                       f"{sorted(keys)}); pass --messages-field NAME, --chat-columns USER_COL,ASSISTANT_COL, or "
                       f"--format one of {', '.join(CHAT_LAYOUTS)}")
+
+
+def _sharegpt_turns(value: Any) -> bool:
+    """A ShareGPT conversation: a list of {"from", "value"} turns (its first turn tells)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and {"from", "value"} <= set(value[0])
 
 
 def check_layout(layout: str, chat: bool) -> None:
@@ -208,6 +224,42 @@ def _messages(where, record, rules: Rules):
 
 
 @_guard
+def _sharegpt(where, record, rules: Rules):
+    field = rules.messages_field if rules.messages_field in record else SHAREGPT_FIELD
+    turns = _field(record, field, where, "pass --messages-field NAME")
+    if not isinstance(turns, list):
+        raise BadRecord("bad_messages", f"{where}: {field!r} is {type(turns).__name__}, not a list of "
+                        "{\"from\", \"value\"} turns")
+    out = []
+    for k, t in enumerate(turns):
+        role = SHAREGPT_ROLES.get(t.get("from")) if isinstance(t, dict) else None
+        if role is None or not isinstance(t.get("value"), str):
+            raise BadRecord("bad_messages", f"{where}: turn {k} is not {{\"from\": one of {list(SHAREGPT_ROLES)}, "
+                            f"\"value\": str}} (got {str(t)[:80]})")
+        out.append({"role": role, "content": t["value"]})
+    yield out
+
+
+@_guard
+def _alpaca(where, record, rules: Rules):
+    values = {}
+    for field in ("instruction", "input", "output"):
+        v = record.get(field)
+        if (field != "input" and field not in record) or not (v is None or isinstance(v, str)):
+            raise BadRecord("missing_field" if field not in record else "not_text",
+                            f"{where}: field {field!r} is {'missing' if field not in record else type(v).__name__}; "
+                            "alpaca records hold instruction, output and optionally input, as text")
+        values[field] = (v or "").strip()
+    if not values["output"]:
+        yield Skipped("no_assistant_turn")
+    elif not values["instruction"]:
+        yield Skipped("empty_user_turn")
+    else:
+        prompt = ALPACA_PROMPT.format(**values) if values["input"] else values["instruction"]
+        yield [{"role": "user", "content": prompt}, {"role": "assistant", "content": values["output"]}]
+
+
+@_guard
 def _columns(where, record, rules: Rules):
     out = []
     for col, role in zip(rules.chat_columns, ("user", "assistant"), strict=True):
@@ -274,4 +326,5 @@ def _oasst_rows(records, rules: Rules):
 
 
 _LAYOUTS = {"text": _text, "gutenberg": _gutenberg, "wikitext": _wikitext, "messages": _messages,
-            "columns": _columns, "dolly": _dolly, "oasst": _oasst_trees, "oasst-rows": _oasst_rows}
+            "columns": _columns, "dolly": _dolly, "oasst": _oasst_trees, "oasst-rows": _oasst_rows,
+            "sharegpt": _sharegpt, "alpaca": _alpaca}
