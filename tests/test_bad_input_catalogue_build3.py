@@ -1,5 +1,5 @@
-"""The bad-input catalogue, part three of `build`: build-all's flags, odd input files, records in other layouts,
-tokenizer training on text it cannot use, and a disk that fills.
+"""The bad-input catalogue, part three of `build`: build-all's flags, odd input files (compressed in name only,
+symlink loops, cut exports and books), layouts named without --chat, and tokenizer training on text it cannot use.
 
 Each case is held to the catalogue's promises (tests/test_bad_input_catalogue.py: one `error:` line naming the
 file, flag or record, no complete-looking output, every input unchanged).
