@@ -166,6 +166,26 @@ def build_format_text_with_chat(w, tmp):
     return _build(w, tmp, "--format", "text", "--chat")
 
 
+def _roam_with(tmp, name: str, target: str) -> Path:
+    d = tmp / "notes"
+    d.mkdir()
+    (d / "a.md").write_text("- a note\n")
+    (d / name).symlink_to(target)
+    return d
+
+
+def build_all_a_looping_symlink_in_the_roam_directory(w, tmp):
+    d = _roam_with(tmp, "loop.md", "loop.md")
+    return ["build-all", "--cache-dir", str(tmp / "out"), "--only", "roam", "--roam-dir", str(d),
+            "--tokenizer", str(w.tokenizer), "--no-progress"]
+
+
+def build_all_a_dangling_symlink_in_the_roam_directory(w, tmp):
+    d = _roam_with(tmp, "moved.md", "elsewhere.md")
+    return ["build-all", "--cache-dir", str(tmp / "out"), "--only", "roam", "--roam-dir", str(d),
+            "--tokenizer", str(w.tokenizer), "--no-progress"]
+
+
 CASES = [
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
@@ -202,6 +222,10 @@ CASES = [
     Case("build: --format messages without --chat", build_format_messages_without_chat,
          ("--format messages", "chat layout", "add --chat"), out="out"),
     Case("build: --format text with --chat", build_format_text_with_chat, ("--format text", "drop --chat"), out="out"),
+    Case("build-all: a looping symlink in the roam directory", build_all_a_looping_symlink_in_the_roam_directory,
+         ("loop.md", "loops back"), out="out/pretrain"),
+    Case("build-all: a dangling symlink in the roam directory", build_all_a_dangling_symlink_in_the_roam_directory,
+         ("moved.md", "elsewhere.md", "is missing"), out="out/pretrain"),
     Case("build: plain text named .jsonl.zst", build_plain_text_named_zst,
          ("more.jsonl.zst", "not zstd data", "rename it"), out="out"),
     Case("build: plain text named .jsonl.gz", build_plain_text_named_gz,

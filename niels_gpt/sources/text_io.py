@@ -3,6 +3,7 @@ BOM and CRLF normalised; directories listed in one order on every machine."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,6 +49,12 @@ def read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SourceError(f"{path}: a symlink that loops back on itself, so it names no file; remove it or "
+                              "point it at the file it stands for") from None
+        if isinstance(e, FileNotFoundError) and path.is_symlink():
+            raise SourceError(f"{path}: a symlink to nothing (its target {os.readlink(path)} is missing); remove "
+                              "it or point it at the file it stands for") from None
         raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists "
                           "and is readable") from e
 
