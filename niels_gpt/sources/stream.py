@@ -189,7 +189,8 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
             continue
         for p in ps:
             tasks.append(Task(index=0, pieces=[p.to_json()], layout=lay,
-                              bytes=(p.stop - p.start) if kind in (".jsonl", ".json") else size // len(ps)))
+                              bytes=(p.stop - p.start) if p.stop >= 0 and kind in (".jsonl", ".json")
+                              else size // len(ps)))
     flush()
     for index, t in enumerate(tasks):
         t.index = index

@@ -72,3 +72,12 @@ def test_a_broken_document_is_one_error_naming_the_file(tmp_path):
     (one,) = pieces(path, task_bytes=1 << 20)
     with pytest.raises(SourceError, match=r"export.json: opens a JSON document .* not valid JSON"):
         list(records(one))
+
+
+def test_a_document_is_planned_as_one_task_of_the_files_size(tmp_path):
+    from niels_gpt.builders.plan import make_plan
+
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(ROWS, indent=2))
+    plan = make_plan([path], tokenizer=None, task_bytes=64)
+    assert [t.bytes for t in plan.tasks] == [path.stat().st_size]
