@@ -186,7 +186,37 @@ def build_all_a_dangling_symlink_in_the_roam_directory(w, tmp):
             "--tokenizer", str(w.tokenizer), "--no-progress"]
 
 
+def build_a_directory_of_unknown_files_only(w, tmp):
+    d = tmp / "dict"
+    d.mkdir()
+    (d / "gcide.dict").write_text("A word, n. a unit of speech.\n")
+    return _build(w, tmp, src=d)
+
+
+def build_read_as_an_unknown_kind(w, tmp):
+    return _build(w, tmp, "--read-as", ".dict=words")
+
+
+def build_read_as_without_a_dot(w, tmp):
+    return _build(w, tmp, "--read-as", "dict=text")
+
+
+def build_plain_text_named_txt_gz(w, tmp):
+    d = tmp / "books"
+    d.mkdir()
+    (d / "book.txt.gz").write_text("plain text, not gzip at all\n")
+    return _build(w, tmp, src=d)
+
+
 CASES = [
+    Case("build: a directory holding only files of an unknown kind", build_a_directory_of_unknown_files_only,
+         ("dict", "no files of a known kind", ".dict", "--read-as .dict=text", "--format text"), out="out"),
+    Case("build: --read-as an unknown kind", build_read_as_an_unknown_kind, ("--read-as .dict=words", "text"),
+         out="out"),
+    Case("build: --read-as a suffix without its dot", build_read_as_without_a_dot,
+         ("--read-as dict=text", "start with a dot"), out="out"),
+    Case("build: plain text named .txt.gz", build_plain_text_named_txt_gz,
+         ("book.txt.gz", "not gzip", "plain text"), out="out"),
     Case("build-all: --workers 0, refused before the tokenizer", build_all_workers_zero, ("--workers 0", ">= 1"),
          out="out"),
     Case("build: --max-tokens 0 and no val split", build_max_tokens_zero, ("--max-tokens 0", "--val-tokens"),

@@ -25,6 +25,7 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS
+from niels_gpt.sources.inputs import check_read_as
 from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
 
 CONNECT_TIMEOUT_S = 30.0
@@ -36,6 +37,25 @@ def add_separator_args(p) -> None:
     p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
     p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
                    help="eos: EOS after every document (the default); bos: BOS before every document")
+
+
+def add_read_as_arg(p) -> None:
+    p.add_argument("--read-as", action="append", default=[], metavar="SUFFIX=KIND",
+                   help="read files of another suffix as text, jsonl, json, csv, parquet or arrow, e.g. --read-as "
+                        ".dict=text (repeatable; default: such files are left out and listed in the summary and "
+                        "meta.json's skipped_inputs)")
+
+
+def read_as_map(values: list[str]) -> dict[str, str]:
+    """--read-as SUFFIX=KIND ... -> {suffix: kind} (checked by sources/inputs.py::check_read_as)."""
+    out = {}
+    for v in values or []:
+        suffix, eq, kind = v.partition("=")
+        if not eq or not suffix or not kind:
+            raise ConfigError(f"--read-as {v}: give SUFFIX=KIND, e.g. --read-as .dict=text")
+        out[suffix.strip()] = kind.strip()
+    check_read_as(out)
+    return out
 
 
 def _add_build_args(p, *, legacy: bool) -> None:
@@ -55,6 +75,7 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g = p.add_argument_group("records")
     g.add_argument("--format", dest="layout", choices=LAYOUTS, default=None,
                    help="the records' layout (default: detected from each input's first record)")
+    add_read_as_arg(g)
     g.add_argument("--text-field", "--text-column", dest="text_field", default="text",
                    help="field or column holding the document text")
     g.add_argument("--chat", action="store_true", help="build an SFT cache from conversations")
@@ -132,7 +153,8 @@ def spec_from_args(args) -> BuildSpec:
         if len(columns) != 2 or not all(columns):
             raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
     return BuildSpec(sources=sources, out=args.out, tokenizer=args.tokenizer, eos=args.eos, bos=args.bos,
-                     separator=args.separator, chat=args.chat, layout=args.layout, text_field=args.text_field,
+                     separator=args.separator, chat=args.chat, layout=args.layout, read_as=read_as_map(args.read_as),
+                     text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
                      hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
@@ -158,9 +180,11 @@ def run_build(args) -> int:
         tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator) \
             if isinstance(spec.tokenizer, str) else spec.tokenizer
         plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                         layout=spec.layout, config=spec.hf_config, split=spec.split)
+                         layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
         for t in plan.tasks:
             print(f"{t.id}  {t.bytes:>12,} B  {t.layout:<9} {t.where()}")
+        for d in plan.left_out:
+            print(f"left out  {d['path']}: {d['reason']}")
         print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes; tasks of about "
               f"{plan.task_bytes:,} bytes{'' if spec.task_bytes else ' (the default for these inputs; --task-bytes N)'}")
         return 0

@@ -48,6 +48,10 @@ def common_meta(tokenizer, dtype, seed, name, config, streaming, source, tokeniz
     described = tokenizer.describe()
     if tokenizer_path is not None:
         described["path"] = tokenizer_path
+    left_out = {}
+    if isinstance(source, dict) and source.get("skipped_inputs"):  # files under a source that were not read
+        left_out = {"skipped_inputs": source["skipped_inputs"]}
+        source = {k: v for k, v in source.items() if k != "skipped_inputs"}
     return {
         "format_version": FORMAT_VERSION,
         "built": True,
@@ -62,6 +66,7 @@ def common_meta(tokenizer, dtype, seed, name, config, streaming, source, tokeniz
         "streaming": streaming,
         "source": source,
         "randomness": "torch.Generator only",
+        **left_out,
     }
 
 
@@ -70,7 +75,8 @@ def summarize(out: Path, **facts) -> dict:
     totals = meta["totals"]
     tokens = totals["train_tokens"] + totals["val_tokens"]
     return {"kind": meta["kind"], "totals": totals, "tokens": tokens, "files": len(meta["files"]),
-            "skipped": {k: v for k, v in (meta.get("skipped") or {}).items() if v}, **facts}
+            "skipped": {k: v for k, v in (meta.get("skipped") or {}).items() if v},
+            "skipped_inputs": meta.get("skipped_inputs") or [], **facts}
 
 
 # What to do when every conversation was skipped, by the reason most of them were: the advice of a chat build

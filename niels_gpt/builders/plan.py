@@ -34,11 +34,11 @@ plan_items = stream_items
 
 def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: int | None = None,
               rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
-              split: str = "train") -> Plan:
+              split: str = "train", read_as: dict[str, str] | None = None) -> Plan:
     """The reading plan of `sources` with each task's id for `tokenizer` (None: ids for reading only); `task_bytes`
     None: the default size for these inputs (sources/stream.py::auto_task_bytes)."""
     plan = plan_reading(sources, task_bytes=task_bytes, rules=rules, chat=chat, layout=layout, config=config,
-                        split=split)
+                        split=split, read_as=read_as)
     plan.tokenizer_sha256 = tokenizer.sha256 if tokenizer is not None else ""
     plan.token_dtype = tokenizer.token_dtype.str if tokenizer is not None else ""
     plan.tokenizer_options = dict(getattr(tokenizer, "options", {}))

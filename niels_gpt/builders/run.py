@@ -65,6 +65,7 @@ class BuildSpec:
     separator: str | None = None
     chat: bool = False
     layout: str | None = None  # --format; None: detected per input
+    read_as: dict = field(default_factory=dict)  # --read-as: suffix -> kind, for files of other suffixes
     text_field: str = "text"
     messages_field: str = "messages"
     chat_columns: tuple[str, str] | None = None
@@ -173,7 +174,7 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
         wall = time.perf_counter() - t0
         return {**summary, "wall_seconds": wall, "tokens_per_s": summary["tokens"] / max(wall, 1e-9), "out": str(out)}
     plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                     layout=spec.layout, config=spec.hf_config, split=spec.split)
+                     layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
     executor = choose_executor(spec, plan, log)
     if executor == "inline":
         summary = _inline(spec, plan, tok, out)
@@ -263,7 +264,16 @@ def format_summary(s: dict) -> str:
              f"  executor {s['executor']}: {s['tasks']} task(s), {s['ran']} ran, {s['reused']} reused from receipts; "
              f"{s['files']} file(s)",
              f"  {s['wall_seconds']:.2f} s wall, {s['tokens_per_s'] / 1e6:.2f} Mtok/s (cache tokens / wall)"]
+    if s.get("skipped_inputs"):
+        lines.append(left_out_line(s["skipped_inputs"]))
     if s.get("task_seconds"):
         lines.append(f"  tasks: {s['tokenized']:,} tokens in {s['task_seconds']:.2f} task-seconds "
                      f"({s['tokenized'] / s['task_seconds'] / 1e6:.2f} Mtok/s per worker)")
     return "\n".join(lines)
+
+
+def left_out_line(left_out: list[dict], shown: int = 3) -> str:
+    """One line naming the files under the sources that were not read, and why (meta.json lists them all)."""
+    named = "; ".join(f"{d['path']} ({d['reason']})" for d in left_out[:shown])
+    more = f"; and {len(left_out) - shown} more (meta.json's skipped_inputs)" if len(left_out) > shown else ""
+    return f"  left out {len(left_out)} file(s) under the sources: {named}{more}"

@@ -98,14 +98,15 @@ class _Phases:
 
 def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | None = None, chat: bool = False,
                      layout: str | None = None, config: str | None = None, split: str = "train",
-                     progress: bool | None = None, flag: str = "--out"):
+                     progress: bool | None = None, flag: str = "--out", read_as: dict[str, str] | None = None):
     """Train the library's sentencepiece tokenizer on `sources` into the directory `out`; returns it. `flag`:
     how a refusal of `out` names it."""
     check_train_settings(settings)
     if local_path_of(out) is None:
         raise ConfigError(f"--out {out}: a tokenizer is written to a local directory; upload it afterwards if needed")
     out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources, flag=flag)
-    plan = make_plan(sources, tokenizer=None, rules=rules, chat=chat, layout=layout, config=config, split=split)
+    plan = make_plan(sources, tokenizer=None, rules=rules, chat=chat, layout=layout, config=config, split=split,
+                     read_as=read_as)
     trained_on = {**plan.describe(), "rule": "every document (every message with --chat), in order, up to "
                   f"max_train_chars={settings.max_train_chars:,}"}
     total = sum(sig[0] for sig in plan.signatures.values()) if len(plan.signatures) == len(plan.inputs) else None
@@ -140,7 +141,7 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
     if (where / "meta.json").is_file():
         meta = read_meta(str(where))
         plan = make_plan(spec.sources, tokenizer=None, rules=spec.rules, chat=spec.chat, layout=spec.layout,
-                         config=spec.hf_config, split=spec.split)
+                         config=spec.hf_config, split=spec.split, read_as=spec.read_as)
         same = (meta.get("settings") or {}).get("vocab_size") == vocab_size and \
             (meta.get("trained_on") or {}).get("files") == plan.describe()["files"]
         if not same:
@@ -150,7 +151,7 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
         return str(where)
     try:
         train_on_sources(spec.sources, where, settings=settings, rules=spec.rules, chat=spec.chat, layout=spec.layout,
-                         config=spec.hf_config, split=spec.split, progress=progress)
+                         config=spec.hf_config, split=spec.split, progress=progress, read_as=spec.read_as)
     except VocabSizeError as e:
         raise e.for_flag("--train-tokenizer", None) from None
     except OutputRefused as e:  # it names the tokenizer's directory as --out: say where that directory comes from

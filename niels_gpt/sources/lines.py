@@ -63,11 +63,11 @@ class NotCompressed(ValueError):
         self.codec, self.head = codec, head
 
 
-def _not_compressed(item: str, e: NotCompressed) -> SourceError:
+def _not_compressed(item: str, e: NotCompressed, kind: str = "plain JSON Lines") -> SourceError:
     suffix = ".zst" if e.codec == "zstd" else ".gz"
     what = "plain text" if _looks_like_text(e.head) else "some other data"
     return SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
-                       f"magic bytes); rename it without {suffix} if it is plain JSON Lines, or compress it with "
+                       f"magic bytes); rename it without {suffix} if it is {kind}, or compress it with "
                        f"{e.codec}")
 
 
@@ -239,6 +239,17 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
             yield where, _parse(raw, where, start if ranged else None)
     except NotCompressed as e:
         raise _not_compressed(piece.item, e) from None
+    except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
+        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
+                          "recompress it or remove it from the inputs") from e
+
+
+def decompressed(piece, open_binary) -> bytes:
+    """The whole decompressed contents of a `.gz` / `.zst` file (a compressed text file), errors as json_lines'."""
+    try:
+        return b"".join(_lines_of(piece, open_binary))
+    except NotCompressed as e:
+        raise _not_compressed(piece.item, e, "plain text") from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
         raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
                           "recompress it or remove it from the inputs") from e

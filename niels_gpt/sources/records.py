@@ -42,8 +42,18 @@ from niels_gpt.sources.base import (
     open_stream,
     read_text_file,
 )
-from niels_gpt.sources.inputs import COLUMNAR, LINES, UNLISTABLE, WHOLE_FILE, RemoteFile, ask, kind_of
-from niels_gpt.sources.lines import json_lines, opens_a_document
+from niels_gpt.sources.inputs import (
+    COLUMNAR,
+    COMPRESSED_TEXT,
+    LINES,
+    UNLISTABLE,
+    WHOLE_FILE,
+    ReadAs,
+    RemoteFile,
+    ask,
+    kind_of,
+)
+from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
 from niels_gpt.sources.records_base import BadRecord, FileText  # noqa: F401  (the record kinds, named here too)
 from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
@@ -75,8 +85,10 @@ class Piece:
         return asdict(self)
 
 
-def item_of(item: Path | RemoteFile | str) -> tuple[str, str, bool]:
+def item_of(item: Path | RemoteFile | ReadAs | str) -> tuple[str, str, bool]:
     """(name, kind, remote) of an expanded input."""
+    if isinstance(item, ReadAs):
+        return item_of(item.path)[0], item.kind, False
     if isinstance(item, RemoteFile):
         return item.url, kind_of(item), True
     if isinstance(item, Path):
@@ -254,6 +266,8 @@ def _local_copy(piece: Piece) -> Iterator[Path]:
 
 
 def _read_text(piece: Piece) -> str:
+    if piece.kind in COMPRESSED_TEXT:
+        return normalise_text(decode_utf8(decompressed(piece, _open_binary), piece.item))
     if not _remote(piece):
         return read_text_file(Path(piece.item))
     with _open_binary(piece) as f:

@@ -36,12 +36,13 @@ def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Pat
     return found
 
 
-def files_under(directory: Path, keep: Callable[[Path], bool]) -> list[Path]:
+def files_under(directory: Path, keep: Callable[[Path], bool], *, hidden: bool = False) -> list[Path]:
     """The files under `directory` that `keep` accepts (a dangling link too, so that reading it names it):
-    recursive, dot-files and dot-directories left out, sorted by relative path (so the order is the same
-    on every machine). Every source that takes a directory reads it this way."""
+    recursive, dot-files and dot-directories left out (`hidden`: kept), sorted by relative path (so the order
+    is the same on every machine). Every source that takes a directory reads it this way."""
     found = (f for f in directory.rglob("*")
-             if not f.is_dir() and not any(part.startswith(".") for part in f.relative_to(directory).parts) and keep(f))
+             if not f.is_dir() and (hidden or not any(part.startswith(".") for part in f.relative_to(directory).parts))
+             and keep(f))
     return sorted(found, key=lambda f: f.relative_to(directory).as_posix())
 
 
