@@ -211,6 +211,7 @@ def _summary(name: str, out: Path) -> dict:
     row = {"name": name, "kind": meta["kind"], "built": True, **meta["totals"]}
     row["files"] = len(meta["files"])
     row["skipped"] = {k: v for k, v in meta.get("skipped", {}).items() if v}
+    row["skipped_inputs"] = meta.get("skipped_inputs") or []
     return row
 
 
@@ -331,4 +332,7 @@ def format_summary(rows: list[dict]) -> str:
              for r in rows if r.get("skipped")]
     if skips:
         lines += ["", "skipped records (by reason; also in each meta.json):", *skips]
+    left = [f"  {r['name']}: {e['path']} ({e['reason']})" for r in rows for e in r.get("skipped_inputs") or []]
+    if left:
+        lines += ["", "files left out of the sources (also in each meta.json's skipped_inputs):", *left]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from niels_gpt.sources.base import (
     VAL_FRAC,
     TextSource,
     check_val_frac,
+    files_under,
     list_files,
     portable,
     read_text_file,
@@ -57,6 +58,7 @@ class FileSplitSource(TextSource):
         check_val_frac(val_frac, self.name)
         self.directory = Path(directory)
         self.paths = list_files(self.directory, self.suffix, self.name)
+        self.left_out = self._left_out()
         self.names = [p.relative_to(self.directory).as_posix() for p in self.paths]
         self.val_frac = val_frac
         self.seed = seed
@@ -85,9 +87,22 @@ class FileSplitSource(TextSource):
         """The documents one file holds (one, for most sources)."""
         return [read_text_file(path)]
 
+    def _left_out(self) -> list[dict]:
+        """The other files under the directory, each with why it is not read (meta.json's skipped_inputs)."""
+        read = set(self.paths)
+        out = []
+        for f in files_under(self.directory, lambda f: f not in read, hidden=True):
+            rel = f.relative_to(self.directory)
+            why = ("a hidden file (its name starts with a dot)" if any(p.startswith(".") for p in rel.parts)
+                   else f"{self.name} reads only {self.suffix} files; to read it, build it with `build FILE "
+                        "--format text` (or --read-as SUFFIX=text)")
+            out.append({"path": portable(f), "reason": why})
+        return out
+
     def _describe_extra(self) -> dict[str, Any]:
         return {"directory": portable(self.directory), "val_frac": self.val_frac, "seed": self.seed,
-                "val_files": self.split_files("val")}
+                "val_files": self.split_files("val"),
+                **({"skipped_inputs": self.left_out} if self.left_out else {})}
 
 
 class Roam(FileSplitSource):
