@@ -114,7 +114,8 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
     g.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    p.add_argument("--no-progress", action="store_true", help="no progress (default: a bar on a terminal, a line "
+                   "every 30 s in a log or CI, with rate and ETA; NIELS_GPT_PROGRESS_EVERY=SECONDS sets the interval)")
 
 
 def register(sub) -> None:

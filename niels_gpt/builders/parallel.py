@@ -32,6 +32,7 @@ from niels_gpt.builders.plan import Plan, check_unchanged
 from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task
 from niels_gpt.errors import CacheError, NielsGPTError, OutOfSpaceError
 from niels_gpt.outputs import PLAN_NAME, check_output
+from niels_gpt.progress import progress_bar
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.tokenizer.find import recorded_path
 
@@ -39,15 +40,13 @@ PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|sta
 
 
 class Progress:
-    """Tasks done and tokens/s across every worker; a tqdm bar on a terminal, silent otherwise."""
+    """Tasks done and tokens/s across every worker: a bar on a terminal, a line every so often in a log
+    (niels_gpt/progress.py), nothing with `enabled` False."""
 
     def __init__(self, total_tasks: int, reused: int, enabled: bool | None):
-        from tqdm.auto import tqdm
-
         self.t0 = time.perf_counter()
         self.tokens = 0
-        self.bar = tqdm(total=total_tasks, initial=reused, unit="task", desc="build",
-                        disable=None if enabled else True)
+        self.bar = progress_bar(total=total_tasks, initial=reused, unit="task", desc="build", progress=enabled)
 
     def task_done(self, receipt: dict) -> None:
         self.tokens += receipt["tokens"]

@@ -235,7 +235,7 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
             shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, input_bytes=plan.input_bytes(),
             val_frac=spec.val_frac, compress=spec.compress, **common)
     return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
-                     tasks=len(plan.tasks), ran=0, reused=0)
+                     tasks=len(plan.tasks), ran=len(plan.tasks), reused=0)
 
 
 def _inline_source(spec: BuildSpec, tok, out: Path) -> dict:

@@ -12,7 +12,6 @@ renderings its tasks made, so both write the same bytes.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusab
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import sha256_file, write_meta
-from niels_gpt.progress import should_show
+from niels_gpt.progress import progress_bar
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Skipped
 from niels_gpt.staging import build_aside
@@ -169,8 +168,6 @@ def build_sft_cache(
     where idx is offsets into tokens.bin (int64), offsets-only (length inferred).
     deterministic given seed + identical input stream order.
     """
-    from tqdm.auto import tqdm
-
     check_sft_settings(val_frac, seed)
     final = Path(out_dir)
     with build_aside(final) as out:
@@ -181,8 +178,7 @@ def build_sft_cache(
         writer = SFTWriter(out, dtype, stored_mask=not getattr(tokenizer, "library_conventions", True),
                            val_frac=val_frac, seed=seed)
         try:
-            shown = tqdm(examples, unit="ex", desc=f"sft {dataset_name or final.name}",
-                         disable=not should_show(progress), file=sys.stderr)
+            shown = progress_bar(examples, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
             for i, chat in rendered(shown, tokenizer, workers):
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1

@@ -27,7 +27,7 @@ from niels_gpt.builders.plan import check_unchanged, make_plan, plan_items
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
 from niels_gpt.outputs import OutputRefused, check_output
-from niels_gpt.progress import should_show
+from niels_gpt.progress import mode, progress_bar
 from niels_gpt.sources.documents import Rules
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
@@ -47,17 +47,15 @@ def texts_of(items: Iterable) -> Iterator[str]:
 
 
 class _Phases:
-    """Reading, then training: one line of progress each, on stderr (a terminal only, unless asked)."""
+    """Reading, then training: a bar each on a terminal, a line every so often in a log (niels_gpt/progress.py)."""
 
     def __init__(self, settings: TrainSettings, total_chars: int | None, progress: bool | None):
-        from tqdm.auto import tqdm
-
-        self.settings, self.tqdm = settings, tqdm
-        self.enabled = should_show(progress)
+        self.settings, self.progress = settings, progress
+        self.enabled = mode(progress) != "off"
         self.limit = settings.max_train_chars
         total = min(total_chars, self.limit) if total_chars else None
-        self.bar = tqdm(total=total, unit="char", unit_scale=True, desc="tokenizer: reading text",
-                        disable=not self.enabled, file=sys.stderr)
+        self.bar = progress_bar(total=total, unit="char", unit_scale=True, desc="tokenizer: reading text",
+                                progress=progress)
         self.chars = 0
         self.read_done = threading.Event()
         self.trained = threading.Event()
@@ -80,9 +78,10 @@ class _Phases:
             return
         rate = SECONDS_PER_MCHAR.get(self.settings.model_type, 9.0)
         estimate = max(1, round(min(self.chars, self.limit) / 1e6 * rate))
-        bar = self.tqdm(total=estimate, unit="s", desc=f"tokenizer: training ({self.settings.model_type}, "
-                        f"{self.settings.vocab_size:,} pieces, about {estimate} s)", file=sys.stderr,
-                        bar_format="{desc}: {n:.0f}/{total:.0f} s {bar}")
+        bar = progress_bar(total=estimate, unit="s", desc=f"tokenizer: training ({self.settings.model_type}, "
+                           f"{self.settings.vocab_size:,} pieces, about {estimate} s)", progress=self.progress,
+                           bar_format="{desc}: {n:.0f}/{total:.0f} s {bar}", rate=False)
+        bar.refresh()  # in a log: that training began, at once when lines are due at every update
         t0 = time.monotonic()
         while not self.trained.wait(0.5):
             bar.n = min(time.monotonic() - t0, bar.total * 0.99)
