@@ -208,7 +208,56 @@ def build_plain_text_named_txt_gz(w, tmp):
     return _build(w, tmp, src=d)
 
 
+def _own_spm(tmp: Path) -> Path:
+    """A sentencepiece model of its own conventions (`<s>`, `</s>`, byte fallback), as Llama's and Mistral's."""
+    import io
+
+    import sentencepiece as spm
+
+    from .conftest import sample_texts
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([t for t in sample_texts()[:20] if t.strip()]),
+                                   model_writer=model, model_type="bpe", vocab_size=500, byte_fallback=True,
+                                   character_coverage=1.0, num_threads=1, minloglevel=2)
+    d = tmp / "mistral"
+    d.mkdir()
+    (d / "tokenizer.model").write_bytes(model.getvalue())
+    return d / "tokenizer.model"
+
+
+def _chats(tmp: Path) -> Path:
+    f = tmp / "chats.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                          {"role": "assistant", "content": "hello"}]}) + "\n")
+    return f
+
+
+def build_chat_with_an_own_sentencepiece_model_and_no_template(w, tmp):
+    return ["build", str(_chats(tmp)), "--chat", "--out", str(tmp / "out"), "--tokenizer", str(_own_spm(tmp)),
+            "--no-progress"]
+
+
+def build_chat_template_that_is_missing(w, tmp):
+    return ["build", str(_chats(tmp)), "--chat", "--out", str(tmp / "out"), "--tokenizer", str(_own_spm(tmp)),
+            "--chat-template", str(tmp / "nowhere.jinja"), "--no-progress"]
+
+
+def build_chat_template_with_the_librarys_tokenizer(w, tmp):
+    (tmp / "chat.jinja").write_text("{{ messages }}")
+    return ["build", str(_chats(tmp)), "--chat", "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
+            "--chat-template", str(tmp / "chat.jinja"), "--no-progress"]
+
+
 CASES = [
+    Case("build: --chat with a sentencepiece model of its own and no chat template",
+         build_chat_with_an_own_sentencepiece_model_and_no_template,
+         ("tokenizer.model", "--chat needs a chat template", "--chat-template FILE", "tokenizer_config.json"),
+         out="out"),
+    Case("build: --chat-template naming no file", build_chat_template_that_is_missing,
+         ("nowhere.jinja", "cannot read this chat template"), out="out"),
+    Case("build: --chat-template with the library's tokenizer", build_chat_template_with_the_librarys_tokenizer,
+         ("--chat-template applies to other tokenizers only", "leave it out"), out="out"),
     Case("build: a directory holding only files of an unknown kind", build_a_directory_of_unknown_files_only,
          ("dict", "no files of a known kind", ".dict", "--read-as .dict=text", "--format text"), out="out"),
     Case("build: --read-as an unknown kind", build_read_as_an_unknown_kind, ("--read-as .dict=words", "text"),

@@ -72,6 +72,9 @@ def _add_build_args(p, *, legacy: bool) -> None:
                      help="train the library's tokenizer (VOCAB ordinary pieces) on the sources first, into "
                           "<out's parent>/tokenizer, and build with it (default: use --tokenizer)")
     add_separator_args(p)
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="with --chat and a sentencepiece model of its own (Llama, Mistral): the jinja2 chat template "
+                        "(default: the chat_template of a tokenizer_config.json beside the model)")
     g = p.add_argument_group("records")
     g.add_argument("--format", dest="layout", choices=LAYOUTS, default=None,
                    help="the records' layout (default: detected from each input's first record)")
@@ -154,8 +157,8 @@ def spec_from_args(args) -> BuildSpec:
         if len(columns) != 2 or not all(columns):
             raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
     return BuildSpec(sources=sources, out=args.out, tokenizer=args.tokenizer, eos=args.eos, bos=args.bos,
-                     separator=args.separator, chat=args.chat, layout=args.layout, read_as=read_as_map(args.read_as),
-                     text_field=args.text_field,
+                     separator=args.separator, chat_template=args.chat_template, chat=args.chat,
+                     layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
                      hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
@@ -178,7 +181,8 @@ def run_build(args) -> int:
     elif args.tokenizer is None:
         raise ConfigError("give --tokenizer PATH (or --train-tokenizer VOCAB to train one on the sources first)")
     if args.plan_only:
-        tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator) \
+        tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator,
+                             chat_template=spec.chat_template) \
             if isinstance(spec.tokenizer, str) else spec.tokenizer
         plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
                          layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)

@@ -63,6 +63,7 @@ class BuildSpec:
     eos: int | str | None = None
     bos: int | str | None = None
     separator: str | None = None
+    chat_template: str | None = None  # --chat-template: a jinja2 file for a sentencepiece model of its own
     chat: bool = False
     layout: str | None = None  # --format; None: detected per input
     read_as: dict = field(default_factory=dict)  # --read-as: suffix -> kind, for files of other suffixes
@@ -140,6 +141,14 @@ def check_spec(spec: BuildSpec) -> None:
                           "--val-tokens N / --val-frac F for a val split")
 
 
+def check_renders_chats(tok) -> None:
+    """Before any work: a chat build needs the library's chat tokens or a chat template."""
+    if not getattr(tok, "library_conventions", True) and getattr(tok, "chat_template", None) is None:
+        raise ConfigError(f"{tok.model_path}: --chat needs a chat template, and this tokenizer has none (nor the "
+                          "library's four chat tokens); pass --chat-template FILE (a jinja2 template), or put a "
+                          "tokenizer_config.json with a chat_template beside the model")
+
+
 def val_budget(spec: BuildSpec) -> int:
     """The val token budget: --val-tokens, all of val's share with --val-frac, else none."""
     if spec.val_tokens is not None:
@@ -168,7 +177,9 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)])
     tok = spec.tokenizer
     if isinstance(tok, (str, os.PathLike)):
-        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator)
+        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
+    if spec.chat:
+        check_renders_chats(tok)
     if spec.source is not None:
         summary = _inline_source(spec, tok, out)
         wall = time.perf_counter() - t0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ class SentencePieceTokenizer(Tokenizer):
     backend = "sentencepiece"
 
     def __init__(self, model_path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
-                 separator: str | None = None):
+                 separator: str | None = None, chat_template: str | os.PathLike | None = None):
         import sentencepiece as spm
 
         path = Path(model_path)
@@ -74,17 +75,94 @@ class SentencePieceTokenizer(Tokenizer):
             self._sp.LoadFromSerializedProto(data)
         except Exception as exc:  # sentencepiece raises RuntimeError/OSError with a C++ message
             raise TokenizerError(f"{path}: not a sentencepiece model ({exc})") from exc
-        self._special = {}
-        for name, piece in SPECIAL_TOKENS.items():
-            tid = self._sp.piece_to_id(piece)
-            if tid == self._sp.unk_id() or not self._sp.is_control(tid):
-                raise TokenizerError(
-                    f"{path}: special token {piece!r} is missing or not a control symbol; "
-                    "train the model with niels_gpt.tokenizer.train_tokenizer"
-                )
-            self._special[name] = tid
+        found = {name: self._control_id(piece) for name, piece in SPECIAL_TOKENS.items()}
+        if all(tid is not None for tid in found.values()):
+            self._special = found  # the library's own tokenizer: its four sentinels
+        elif any(tid is not None for tid in found.values()):
+            have = [SPECIAL_TOKENS[k] for k, v in found.items() if v is not None]
+            lack = [SPECIAL_TOKENS[k] for k, v in found.items() if v is None]
+            raise TokenizerError(f"{path}: holds the library's control pieces {', '.join(have)} but not "
+                                 f"{', '.join(lack)}; retrain it with niels_gpt.tokenizer.train_tokenizer")
+        else:  # any other sentencepiece model (Llama, Mistral, ...): its own <s> / </s>
+            eos_id = self._sp.eos_id()
+            self._special = {"sys": None, "usr": None, "asst": None, "eot": eos_id if eos_id >= 0 else None}
         self._byte_lengths: np.ndarray | None = None
+        self._template_path = None if chat_template is None else Path(chat_template)
+        self._template = self._read_template(path)
         self._apply_options(eos, bos, separator)
+        if chat_template is not None:
+            self._options = {**self._options, "chat_template": str(chat_template)}
+
+    def _control_id(self, piece: str) -> int | None:
+        tid = self._sp.piece_to_id(piece)
+        return None if tid == self._sp.unk_id() or not self._sp.is_control(tid) else tid
+
+    def _read_template(self, path: Path) -> str | None:
+        """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
+        the model; none for the library's tokenizer, which renders chats with its sentinels."""
+        if self._template_path is not None:
+            if all(v is not None for v in self._special.values()):
+                raise TokenizerError(f"{path}: the library's tokenizer renders chats with its own sentinels; "
+                                     "--chat-template applies to other tokenizers only: leave it out")
+            try:
+                return self._template_path.read_text("utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TokenizerError(f"{self._template_path}: cannot read this chat template "
+                                     f"({getattr(exc, 'strerror', None) or exc}); --chat-template takes a jinja2 "
+                                     "template file") from None
+        if all(v is not None for v in self._special.values()):
+            return None
+        # lazy: the transformers-directory reader is needed only by models of their own conventions
+        from niels_gpt.tokenizer.hf import read_config
+
+        config, _ = read_config(path.parent)
+        return config.get("chat_template")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._template
+
+    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids of a rendered chat, the model's control pieces written as text (`<s>`, `[INST]`) parsed as their
+        ids, and each id's start offset in `text` (characters)."""
+        controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
+                           if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, controls))) if controls else None
+        ids: list[int] = []
+        starts: list[int] = []
+        pos = 0
+        for m in (pattern.finditer(text) if pattern else ()):
+            self._encode_run(text, pos, m.start(), ids, starts)
+            ids.append(self._sp.piece_to_id(m.group()))
+            starts.append(m.start())
+            pos = m.end()
+        self._encode_run(text, pos, len(text), ids, starts)
+        return ids, starts
+
+    def _encode_run(self, text: str, a: int, b: int, ids: list[int], starts: list[int]) -> None:
+        run = text[a:b]
+        if not run:
+            return
+        chars = [0] * (len(run.encode("utf-8")) + 1)  # byte offset -> character offset within the run
+        k = 0
+        for c, ch in enumerate(run):
+            n = len(ch.encode("utf-8"))
+            chars[k:k + n] = [c] * n
+            k += n
+        chars[k] = len(run)
+        try:  # sentencepiece 0.2.1+; before it, the immutable proto
+            pieces = self._sp.encode(run, return_type="proto").pieces
+        except (TypeError, ValueError):
+            pieces = self._sp.encode(run, out_type="immutable_proto").pieces
+        for piece in pieces:
+            ids.append(piece.id)
+            starts.append(a + chars[min(piece.begin, k)])
+
+    def describe(self) -> dict:
+        out = super().describe()
+        if self._template is not None:
+            out["chat_template_sha256"] = hashlib.sha256(self._template.encode("utf-8")).hexdigest()
+        return out
 
     def __len__(self) -> int:
         return self._sp.get_piece_size()
