@@ -82,6 +82,13 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--text-field", "--text-column", dest="text_field", default="text",
                    help="field or column holding the document text")
     g.add_argument("--chat", action="store_true", help="build an SFT cache from conversations")
+    g.add_argument("--map", default=None, metavar="MODULE:FUNCTION",
+                   help="a function run on every document (str) or conversation (list of messages): it returns the "
+                        "same kind, or None to drop it (counted as dropped_by_map); importable on every worker "
+                        "(default: none)")
+    g.add_argument("--min-chars", type=_int, default=0, metavar="N",
+                   help="skip documents (conversations: their contents) of fewer than N characters, counted as "
+                        "below_min_chars (default: 0, keep all)")
     g.add_argument("--messages-field", default="messages", help="with --chat: field holding [{\"role\", \"content\"}, ...]")
     g.add_argument("--chat-columns", default=None, metavar="USER_COL,ASSISTANT_COL",
                    help="with --chat: one user and one assistant turn from these two columns (default: the messages field)")
@@ -160,6 +167,7 @@ def spec_from_args(args) -> BuildSpec:
                      separator=args.separator, chat_template=args.chat_template, chat=args.chat,
                      layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
+                     map=args.map, min_chars=args.min_chars,
                      hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
                      shuffle_buffer=args.shuffle_buffer, compress=args.compress,

@@ -41,7 +41,7 @@ from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.outputs import check_output
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
-from niels_gpt.sources.documents import Rules, check_layout
+from niels_gpt.sources.documents import Rules, check_layout, record_hook
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
@@ -71,6 +71,8 @@ class BuildSpec:
     messages_field: str = "messages"
     chat_columns: tuple[str, str] | None = None
     on_bad_record: str = "error"
+    map: str | None = None  # --map module:function, run on every document or conversation
+    min_chars: int = 0  # --min-chars N
     hf_config: str | None = None
     split: str = "train"
     max_tokens: int = ALL_TOKENS
@@ -95,7 +97,7 @@ class BuildSpec:
     @property
     def rules(self) -> Rules:
         return Rules(self.text_field, self.messages_field, tuple(self.chat_columns) if self.chat_columns else None,
-                     self.on_bad_record)
+                     self.on_bad_record, self.map, self.min_chars)
 
 
 def check_spec(spec: BuildSpec) -> None:
@@ -108,6 +110,10 @@ def check_spec(spec: BuildSpec) -> None:
         raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {spec.chat_columns!r}")
     if spec.layout is not None:
         check_layout(spec.layout, spec.chat)
+    if spec.min_chars < 0:
+        raise ConfigError(f"--min-chars {spec.min_chars}: must be >= 0 (0: keep every document)")
+    if spec.map is not None:
+        record_hook(spec.map)  # importable here, before any work
     if spec.workers is not None and spec.workers < 1:
         raise ConfigError(f"--workers {spec.workers}: must be >= 1 (0 on the command line: one per core)")
     if spec.task_bytes is not None and spec.task_bytes < 1:

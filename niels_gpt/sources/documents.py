@@ -62,6 +62,8 @@ class Rules(NamedTuple):
     messages_field: str = "messages"
     chat_columns: tuple[str, str] | None = None
     on_bad_record: str = "error"
+    map: str | None = None  # --map module:function: each document or conversation -> the same kind, or None (drop)
+    min_chars: int = 0  # --min-chars N: documents (conversations: their contents) of fewer characters are skipped
 
 
 def text_rule(value: Any, field: str, where) -> str | Skipped:
@@ -143,8 +145,61 @@ def check_layout(layout: str, chat: bool) -> None:
 
 
 def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iterator[Any]:
-    """Documents (str) or conversations (list of messages), and a Skipped per record that is none."""
-    yield from _LAYOUTS[layout](_checked(records, rules), rules)
+    """Documents (str) or conversations (list of messages), and a Skipped per record that is none; then the
+    --map hook and the --min-chars filter, where given."""
+    out = _LAYOUTS[layout](_checked(records, rules), rules)
+    if rules.map is None and not rules.min_chars:
+        yield from out
+        return
+    hook = record_hook(rules.map) if rules.map else None
+    for item in out:
+        if isinstance(item, Skipped):
+            yield item
+            continue
+        if hook is not None:
+            item = _mapped(hook, item, rules.map)
+            if item is None:
+                yield Skipped("dropped_by_map")
+                continue
+        if rules.min_chars and _chars(item) < rules.min_chars:
+            yield Skipped("below_min_chars")
+            continue
+        yield item
+
+
+def record_hook(spec: str):
+    """The function `module:function` names (--map), imported here, so every executor's workers run it."""
+    import importlib
+
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"--map {spec}: give MODULE:FUNCTION, e.g. --map my_filters:clean")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ConfigError(f"--map {spec}: cannot import {module!r} ({exc}); put it on PYTHONPATH (every worker "
+                          "imports it too)") from None
+    except AttributeError:
+        raise ConfigError(f"--map {spec}: module {module!r} has no {name!r}; check the function's name") from None
+    if not callable(fn):
+        raise ConfigError(f"--map {spec}: {module}.{name} is not a function")
+    return fn
+
+
+def _mapped(hook, item, spec: str):
+    out = hook(item)
+    if out is None or isinstance(out, str) == isinstance(item, str) and (
+            isinstance(out, str) or (isinstance(out, list) and all(isinstance(m, dict) for m in out))):
+        return out
+    want = "text (str)" if isinstance(item, str) else "a list of {\"role\", \"content\"} messages"
+    raise SourceError(f"--map {spec}: returned {type(out).__name__} ({out!r:.60}); it must return {want}, or None "
+                      "to drop the record")
+
+
+def _chars(item) -> int:
+    if isinstance(item, str):
+        return len(item)
+    return sum(len(m.get("content") or "") for m in item if isinstance(m, dict))
 
 
 def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:

@@ -109,6 +109,8 @@ class Plan:
                 **({"messages_field": self.rules.messages_field, "chat_columns": self.rules.chat_columns}
                    if self.chat else {}),
                 "on_bad_record": self.rules.on_bad_record, "split_rule": SPLIT_RULE_NONE,
+                **({"map": self.rules.map} if self.rules.map else {}),
+                **({"min_chars": self.rules.min_chars} if self.rules.min_chars else {}),
                 **({"skipped_inputs": list(self.left_out)} if self.left_out else {})}
 
     def fingerprint(self) -> str:
