@@ -273,7 +273,7 @@ def check_config(cfg: BuildConfig) -> None:
     for name in PRETRAIN + SFT:
         spec = recipe(name, cfg, None) if name in cfg.only else None
         if spec is not None and not spec.chat and spec.max_tokens == 0 and spec.val_tokens == 0:
-            raise ConfigError(f"--max-train-tokens 0 and --max-val-tokens 0: the {name} cache would be empty; give "
+            raise ConfigError(f"--max-train-tokens 0 and --max-val-tokens 0 (both 0): the {name} cache would be empty; give "
                               "either a positive budget (or leave them out)")
         if spec is not None:
             check_spec(spec)
