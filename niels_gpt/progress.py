@@ -1,7 +1,8 @@
-"""Progress bars for long builds: on stderr, shown on a terminal only unless asked for.
+"""Progress for long builds, on stderr: a bar on a terminal, a line every so often in a log.
 
-- `progress=None` (the CLI's default): a bar when stderr is a terminal, nothing in a log file or a pipe;
-  `True` always, `False` never.
+- `progress=None` (the CLI's default): a bar when stderr is a terminal; in a log file, a pipe or CI one
+  line every PROGRESS_EVERY_S seconds (30; the NIELS_GPT_PROGRESS_EVERY environment variable sets it) with
+  the amount done, its rate and, when the total is known, the ETA; `True`: always a bar, `False`: nothing.
 - When the size of the input is known (local text files), the bar counts the UTF-8 bytes of the
   documents consumed against it, so the rate is bytes/s and the ETA is real; tokens and tokens/s
   ride beside it. A token budget is never the bar's total: the input may end long before it.
@@ -17,16 +18,121 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 
 TEXT_SUFFIXES = (".txt", ".md", ".raw", ".jsonl", ".json")
+PROGRESS_EVERY_S = 30.0  # outside a terminal: one progress line every this many seconds
+EVERY_ENV = "NIELS_GPT_PROGRESS_EVERY"
 
 
-def should_show(progress: bool | None, stream=None) -> bool:
-    if progress is not None:
-        return bool(progress)
-    stream = sys.stderr if stream is None else stream
+def _isatty(stream) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def should_show(progress: bool | None, stream=None) -> bool:
+    """Whether a bar is shown: asked for, or by default on a terminal (see `mode` for the lines of a log)."""
+    if progress is not None:
+        return bool(progress)
+    return _isatty(sys.stderr if stream is None else stream)
+
+
+def mode(progress: bool | None, stream=None) -> str:
+    """"bar" (a tqdm bar), "lines" (a line every few seconds, for a log) or "off"."""
+    if progress is False:
+        return "off"
+    if progress is True:
+        return "bar"
+    return "bar" if _isatty(sys.stderr if stream is None else stream) else "lines"
+
+
+def every_s() -> float:
+    try:
+        return max(float(os.environ.get(EVERY_ENV, PROGRESS_EVERY_S)), 0.0)
+    except ValueError:
+        return PROGRESS_EVERY_S
+
+
+def _amount(n: float, unit: str) -> str:
+    if unit == "s":
+        return f"{n:,.0f} s"
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.1f} {prefix}{unit}"
+    return f"{n:,.0f} {unit}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Lines:
+    """What a bar says, as one line every `every` seconds (for a log file or CI). It speaks tqdm's part that
+    the builders use: update, n, total, set_postfix_str, refresh, close, and iteration over `iterable`."""
+
+    def __init__(self, iterable=None, *, desc: str = "", total: float | None = None, unit: str = "it",
+                 initial: float = 0, every: float | None = None, stream=None, clock=time.monotonic, rate: bool = True,
+                 **_ignored):
+        self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
+        self.n, self.note, self.rate = initial, "", rate
+        self.every = every_s() if every is None else every
+        self.stream, self.clock = stream, clock
+        self.start = self.last = clock()
+        self.initial = initial
+        self.printed = 0
+
+    def __iter__(self):
+        for x in self.iterable:
+            yield x
+            self.update(1)
+
+    def line(self) -> str:
+        now = self.clock()
+        elapsed = max(now - self.start, 1e-9)
+        out = f"{self.desc}: {_amount(self.n, self.unit)}"
+        if self.total:
+            out += f" of {_amount(self.total, self.unit)} ({100 * self.n / self.total:.0f}%)"
+        if self.rate:
+            speed = (self.n - self.initial) / elapsed
+            out += f", {_amount(speed, self.unit)}/s"
+            if self.total and speed > 0 and self.n < self.total:
+                out += f", ETA {_clock((self.total - self.n) / speed)}"
+        out += f", {_clock(elapsed)} elapsed" + (f"; {self.note}" if self.note else "")
+        return out
+
+    def _say(self) -> None:
+        self.printed += 1
+        print(self.line(), file=self.stream or sys.stderr, flush=True)
+
+    def refresh(self) -> None:
+        now = self.clock()
+        if now - self.last >= self.every:
+            self.last = now
+            self._say()
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+        self.refresh()
+
+    def set_postfix_str(self, note: str, refresh: bool = True) -> None:
+        self.note = note
+
+    def close(self) -> None:
+        """A last line, when the work was long enough to print any (so a log shows that it ended)."""
+        if self.printed:
+            self.printed = -1
+            self._say()
+
+
+def progress_bar(iterable=None, *, progress: bool | None, **kw):
+    """A tqdm bar on a terminal (or when asked for), Lines in a log, a disabled bar when off."""
+    how = mode(progress)
+    if how == "lines":
+        return Lines(iterable, **kw)
+    from tqdm.auto import tqdm
+
+    kw.pop("rate", None)
+    return tqdm(iterable, disable=how == "off", file=sys.stderr, **kw)
 
 
 def text_input_bytes(files: Sequence[str | os.PathLike]) -> int | None:
@@ -42,15 +148,13 @@ def text_input_bytes(files: Sequence[str | os.PathLike]) -> int | None:
 
 class BuildProgress:
     def __init__(self, desc: str, *, progress: bool | None, input_bytes: int | None = None, unit: str = "tok"):
-        from tqdm.auto import tqdm
-
-        self.enabled = should_show(progress)
+        self.enabled = mode(progress) != "off"
         self.by_bytes = self.enabled and bool(input_bytes)
         self.tokens = 0
         self._start = time.monotonic()
         self._last = 0.0
-        self.bar = tqdm(total=input_bytes if self.by_bytes else None, unit="B" if self.by_bytes else unit,
-                        unit_scale=True, desc=desc, disable=not self.enabled, file=sys.stderr)
+        self.bar = progress_bar(total=input_bytes if self.by_bytes else None, unit="B" if self.by_bytes else unit,
+                                unit_scale=True, desc=desc, progress=progress)
 
     def documents(self, texts: Iterable[str]) -> Iterator[str]:
         """Pass `texts` through, counting their bytes when the bar runs on bytes."""

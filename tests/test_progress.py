@@ -86,3 +86,71 @@ def test_the_cli_shows_bars_on_a_terminal_and_none_in_a_pipe(tmp_path, tokenizer
     piped = _cli(["build-all", "--sample", "--cache-dir", "d", "--only", "roam", "--tokenizer", tokenizer.model_path],
                  tmp_path, tty=False)
     assert "%|" not in piped and "B/s" not in piped and "roam" in piped
+
+
+# ---------------------------------------------------------------------------------------------
+# Outside a terminal: a line every so often, with rate and ETA
+
+
+def test_outside_a_terminal_a_line_comes_every_few_seconds_with_rate_and_eta():
+    from niels_gpt.progress import Lines, mode
+
+    assert mode(None, FakeTTY()) == "bar" and mode(None, io.StringIO()) == "lines"
+    assert mode(False, io.StringIO()) == "off" and mode(True, io.StringIO()) == "bar"
+    now = [100.0]
+    out = io.StringIO()
+    bar = Lines(desc="build", total=1000, unit="B", every=30, stream=out, clock=lambda: now[0])
+    bar.update(100)
+    assert out.getvalue() == ""  # not yet due
+    now[0] += 30
+    bar.update(200)
+    line = out.getvalue().strip()
+    assert line.startswith("build: 300 B of 1.0 kB (30%), 10 B/s, ETA 0:01:10") and "0:00:30 elapsed" in line
+    bar.set_postfix_str("1,234 tok")
+    now[0] += 40
+    bar.update(700)
+    bar.close()
+    lines = out.getvalue().strip().splitlines()
+    assert len(lines) == 3 and "1.0 kB of 1.0 kB (100%)" in lines[-1] and lines[-1].endswith("; 1,234 tok")
+
+
+def test_a_short_job_in_a_log_prints_no_progress_line():
+    from niels_gpt.progress import Lines
+
+    out = io.StringIO()
+    bar = Lines(range(3), desc="x", every=30, stream=out, clock=lambda: 0.0)
+    assert list(bar) == [0, 1, 2] and bar.n == 3
+    bar.close()
+    assert out.getvalue() == ""
+
+
+def test_the_parallel_builds_bar_shows_by_default_on_a_terminal_and_as_lines_in_a_log(monkeypatch):
+    from niels_gpt.builders.parallel import Progress
+    from niels_gpt.progress import Lines
+
+    monkeypatch.setattr(sys, "stderr", FakeTTY())
+    bar = Progress(3, 0, None).bar
+    assert not isinstance(bar, Lines) and not bar.disable  # it was disabled by its own default
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert isinstance(Progress(3, 0, None).bar, Lines)
+    assert Progress(3, 0, False).bar.disable
+
+
+def test_build_and_train_tokenizer_print_progress_lines_into_a_log(tmp_path, monkeypatch, capsys):
+    import json
+
+    from niels_gpt.cache.cli import main
+
+    monkeypatch.setenv("NIELS_GPT_PROGRESS_EVERY", "0")  # a line at every update: due at once
+    d = tmp_path / "d"
+    d.mkdir()
+    texts = [p.read_text() for p in sorted((SAMPLE / "roam").glob("*.md"))[:6]]
+    (d / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert main(["train-tokenizer", str(d), "--out", str(tmp_path / "tok"), "--vocab-size", "400"]) == 0
+    err = capsys.readouterr().err
+    assert "tokenizer: reading text: " in err and "char/s" in err and "tokenizer: training (" in err
+    assert main(["build", str(d), "--out", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"),
+                 "--executor", "inline"]) == 0
+    captured = capsys.readouterr()
+    assert "pretrain c: " in captured.err and "B/s" in captured.err and "ETA" in captured.err
+    assert "executor inline: 1 task(s), 1 ran, 0 reused" in captured.out  # not "0 ran" for the task it ran

@@ -11,6 +11,7 @@ from niels_gpt.tokenizer import (
     ASST_TOKEN,
     EOT_TOKEN,
     SPECIAL_TOKENS,
+    SYS_TOKEN,
     SentencePieceTokenizer,
     TrainSettings,
     load_tokenizer,
@@ -126,7 +127,7 @@ def test_load_rejects_missing_and_invalid_models(tmp_path):
         SentencePieceTokenizer(tmp_path / "bad.model")
 
 
-def test_rejects_a_model_without_the_special_tokens(tmp_path):
+def test_a_model_of_its_own_keeps_its_conventions_and_one_with_some_sentinels_is_refused(tmp_path):
     import io
 
     import sentencepiece as spm
@@ -135,8 +136,15 @@ def test_rejects_a_model_without_the_special_tokens(tmp_path):
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sample_texts()[0].splitlines()), model_writer=buf,
                                    vocab_size=300, minloglevel=2)
     (tmp_path / "plain.model").write_bytes(buf.getvalue())
-    with pytest.raises(TokenizerError, match="special token .*missing or not a control symbol"):
-        SentencePieceTokenizer(tmp_path / "plain.model")
+    plain = SentencePieceTokenizer(tmp_path / "plain.model")  # Llama-style: its own <s> and </s>
+    assert not plain.library_conventions and plain.separator.id == plain.token_to_id("</s>") == 2
+    assert plain.bos_id == 1 and plain.chat_template is None
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sample_texts()[0].splitlines()), model_writer=buf,
+                                   vocab_size=300, minloglevel=2, control_symbols=[SYS_TOKEN, EOT_TOKEN])
+    (tmp_path / "half.model").write_bytes(buf.getvalue())
+    with pytest.raises(TokenizerError, match="half.model: holds the library's control pieces .* but not"):
+        SentencePieceTokenizer(tmp_path / "half.model")
 
 
 def test_too_small_corpus_for_vocabulary_is_a_clear_error(tmp_path):
@@ -160,3 +168,11 @@ def test_training_chunks_respect_the_byte_limit():
 def test_special_token_strings_are_the_contracts():
     assert SPECIAL_TOKENS["asst"] == "<|ngpt_asst_84a5023f67d74cf29cc4001becde983c|>"
     assert SPECIAL_TOKENS["eot"] == "<|ngpt_eot_84a5023f67d74cf29cc4001becde983c|>"
+
+
+def test_training_on_whitespace_or_a_lone_surrogate_is_one_clear_error(tmp_path):
+    settings = TrainSettings(vocab_size=300)
+    with pytest.raises(TokenizerError, match=r"no training text: the 2 document\(s\) hold only whitespace"):
+        train_tokenizer(["  \n", ""], tmp_path / "a", settings=settings)
+    with pytest.raises(TokenizerError, match=r"document 3: a lone surrogate \('\\ud800'\)"):
+        train_tokenizer(["fine text", "more", "half \ud800 of it"], tmp_path / "b", settings=settings)

@@ -25,7 +25,7 @@ from typing import Any
 from niels_gpt import sources
 from niels_gpt.atomic import atomic_path
 from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS, SHARD_BYTES
-from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build
+from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build, check_spec
 from niels_gpt.builders.sft import VAL_FRAC
 from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
@@ -36,6 +36,7 @@ from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer
+from niels_gpt.tokenizer.spm import check_train_settings
 from niels_gpt.urls import is_url, refuse_url
 
 PRETRAIN = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "pretrain")
@@ -179,11 +180,14 @@ def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
     if src is None:
         return None
     sft = name in SFT
+    own = getattr(src, "own_split", False)  # cached whole in its own splits: no budgets
     return BuildSpec(sources=[], source=src, out=str(Path(cfg.cache_dir) / ("sft" if sft else "pretrain") / name),
                      tokenizer=tokenizer, chat=sft, name=name, seed=cfg.seed, workers=cfg.workers,
-                     progress=cfg.progress, shard_bytes=cfg.shard_bytes, shuffle_buffer=cfg.shuffle_buffer,
-                     val_frac=cfg.val_frac if sft else None, max_tokens=ALL_TOKENS if sft else cfg.max_train_tokens,
-                     val_tokens=None if sft else cfg.resolved_max_val_tokens())
+                     progress=cfg.progress, shard_bytes=SHARD_BYTES if sft else cfg.shard_bytes,
+                     shuffle_buffer=None if sft else cfg.shuffle_buffer,
+                     val_frac=cfg.val_frac if sft else None,
+                     max_tokens=ALL_TOKENS if sft or own else cfg.max_train_tokens,
+                     val_tokens=None if sft else ALL_TOKENS if own else cfg.resolved_max_val_tokens())
 
 
 def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
@@ -207,6 +211,7 @@ def _summary(name: str, out: Path) -> dict:
     row = {"name": name, "kind": meta["kind"], "built": True, **meta["totals"]}
     row["files"] = len(meta["files"])
     row["skipped"] = {k: v for k, v in meta.get("skipped", {}).items() if v}
+    row["skipped_inputs"] = meta.get("skipped_inputs") or []
     return row
 
 
@@ -247,16 +252,8 @@ def check_outputs(cfg: BuildConfig) -> None:
                       "--cache-dir")
 
 
-def build_all(cfg: BuildConfig, log=print) -> list[dict]:
-    if is_url(cfg.cache_dir) and not cfg.cache_dir.startswith("file://"):
-        # built in a local staging directory, then uploaded, every meta.json last (niels_gpt/storage);
-        # the tokenizer already at the URL, if any, is fetched first so the caches keep using it
-        with staged_output(cfg.cache_dir, prefetch=("tokenizer",)) as local:
-            rows = build_all(dataclasses.replace(cfg, cache_dir=str(local)), log)
-        log(f"uploaded to {cfg.cache_dir}")
-        return rows
-    if cfg.cache_dir.startswith("file://"):
-        cfg = dataclasses.replace(cfg, cache_dir=cfg.cache_dir[len("file://"):])
+def check_config(cfg: BuildConfig) -> None:
+    """Every flag of a build-all run, and each cache's recipe, checked before anything is built."""
     check_seed(cfg.seed)
     check_shard_bytes(cfg.shard_bytes, "--shard-bytes")
     for flag, value in (("--max-train-tokens", cfg.max_train_tokens), ("--max-val-tokens", cfg.max_val_tokens)):
@@ -267,7 +264,33 @@ def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     unknown = sorted(set(cfg.only) - set(ALL))
     if unknown:
         raise ConfigError(f"--only: unknown name(s) {', '.join(unknown)}; choose from {' '.join(ALL)}")
+    if cfg.workers is not None and cfg.workers < 1:
+        raise ConfigError(f"--workers {cfg.workers}: must be >= 1 (leave it out: one per core)")
+    if cfg.shuffle_buffer is not None and cfg.shuffle_buffer < 0:
+        raise ConfigError(f"--shuffle-buffer {cfg.shuffle_buffer}: must be >= 0 (0 or none: off)")
+    if not cfg.tokenizer and ("tokenizer" in cfg.only or not (Path(cfg.cache_dir) / "tokenizer" / "meta.json").is_file()):
+        check_train_settings(cfg.tokenizer_settings)
+    for name in PRETRAIN + SFT:
+        spec = recipe(name, cfg, None) if name in cfg.only else None
+        if spec is not None and not spec.chat and spec.max_tokens == 0 and spec.val_tokens == 0:
+            raise ConfigError(f"--max-train-tokens 0 and --max-val-tokens 0 (both 0): the {name} cache would be empty; give "
+                              "either a positive budget (or leave them out)")
+        if spec is not None:
+            check_spec(spec)
     check_outputs(cfg)
+
+
+def build_all(cfg: BuildConfig, log=print) -> list[dict]:
+    if is_url(cfg.cache_dir) and not cfg.cache_dir.startswith("file://"):
+        # built in a local staging directory, then uploaded, every meta.json last (niels_gpt/storage);
+        # the tokenizer already at the URL, if any, is fetched first so the caches keep using it
+        with staged_output(cfg.cache_dir, prefetch=("tokenizer",)) as local:
+            rows = build_all(dataclasses.replace(cfg, cache_dir=str(local)), log)
+        log(f"uploaded to {cfg.cache_dir}")
+        return rows
+    if cfg.cache_dir.startswith("file://"):
+        cfg = dataclasses.replace(cfg, cache_dir=cfg.cache_dir[len("file://"):])
+    check_config(cfg)
     rows = []
     tok_dir = Path(cfg.cache_dir) / "tokenizer"
     if cfg.tokenizer or "tokenizer" in cfg.only or not (tok_dir / "meta.json").is_file():
@@ -309,4 +332,7 @@ def format_summary(rows: list[dict]) -> str:
              for r in rows if r.get("skipped")]
     if skips:
         lines += ["", "skipped records (by reason; also in each meta.json):", *skips]
+    left = [f"  {r['name']}: {e['path']} ({e['reason']})" for r in rows for e in r.get("skipped_inputs") or []]
+    if left:
+        lines += ["", "files left out of the sources (also in each meta.json's skipped_inputs):", *left]
     return "\n".join(lines)

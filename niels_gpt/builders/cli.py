@@ -25,6 +25,7 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS
+from niels_gpt.sources.inputs import check_read_as
 from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
 
 CONNECT_TIMEOUT_S = 30.0
@@ -36,6 +37,25 @@ def add_separator_args(p) -> None:
     p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
     p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
                    help="eos: EOS after every document (the default); bos: BOS before every document")
+
+
+def add_read_as_arg(p) -> None:
+    p.add_argument("--read-as", action="append", default=[], metavar="SUFFIX=KIND",
+                   help="read files of another suffix as text, jsonl, json, csv, parquet or arrow, e.g. --read-as "
+                        ".dict=text (repeatable; default: such files are left out and listed in the summary and "
+                        "meta.json's skipped_inputs)")
+
+
+def read_as_map(values: list[str]) -> dict[str, str]:
+    """--read-as SUFFIX=KIND ... -> {suffix: kind} (checked by sources/inputs.py::check_read_as)."""
+    out = {}
+    for v in values or []:
+        suffix, eq, kind = v.partition("=")
+        if not eq or not suffix or not kind:
+            raise ConfigError(f"--read-as {v}: give SUFFIX=KIND, e.g. --read-as .dict=text")
+        out[suffix.strip()] = kind.strip()
+    check_read_as(out)
+    return out
 
 
 def _add_build_args(p, *, legacy: bool) -> None:
@@ -52,12 +72,23 @@ def _add_build_args(p, *, legacy: bool) -> None:
                      help="train the library's tokenizer (VOCAB ordinary pieces) on the sources first, into "
                           "<out's parent>/tokenizer, and build with it (default: use --tokenizer)")
     add_separator_args(p)
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="with --chat and a sentencepiece model of its own (Llama, Mistral): the jinja2 chat template "
+                        "(default: the chat_template of a tokenizer_config.json beside the model)")
     g = p.add_argument_group("records")
     g.add_argument("--format", dest="layout", choices=LAYOUTS, default=None,
                    help="the records' layout (default: detected from each input's first record)")
+    add_read_as_arg(g)
     g.add_argument("--text-field", "--text-column", dest="text_field", default="text",
                    help="field or column holding the document text")
     g.add_argument("--chat", action="store_true", help="build an SFT cache from conversations")
+    g.add_argument("--map", default=None, metavar="MODULE:FUNCTION",
+                   help="a function run on every document (str) or conversation (list of messages): it returns the "
+                        "same kind, or None to drop it (counted as dropped_by_map); importable on every worker "
+                        "(default: none)")
+    g.add_argument("--min-chars", type=_int, default=0, metavar="N",
+                   help="skip documents (conversations: their contents) of fewer than N characters, counted as "
+                        "below_min_chars (default: 0, keep all)")
     g.add_argument("--messages-field", default="messages", help="with --chat: field holding [{\"role\", \"content\"}, ...]")
     g.add_argument("--chat-columns", default=None, metavar="USER_COL,ASSISTANT_COL",
                    help="with --chat: one user and one assistant turn from these two columns (default: the messages field)")
@@ -93,7 +124,8 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
     g.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    p.add_argument("--no-progress", action="store_true", help="no progress (default: a bar on a terminal, a line "
+                   "every 30 s in a log or CI, with rate and ETA; NIELS_GPT_PROGRESS_EVERY=SECONDS sets the interval)")
 
 
 def register(sub) -> None:
@@ -132,8 +164,10 @@ def spec_from_args(args) -> BuildSpec:
         if len(columns) != 2 or not all(columns):
             raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
     return BuildSpec(sources=sources, out=args.out, tokenizer=args.tokenizer, eos=args.eos, bos=args.bos,
-                     separator=args.separator, chat=args.chat, layout=args.layout, text_field=args.text_field,
+                     separator=args.separator, chat_template=args.chat_template, chat=args.chat,
+                     layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
+                     map=args.map, min_chars=args.min_chars,
                      hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
                      shuffle_buffer=args.shuffle_buffer, compress=args.compress,
@@ -155,12 +189,15 @@ def run_build(args) -> int:
     elif args.tokenizer is None:
         raise ConfigError("give --tokenizer PATH (or --train-tokenizer VOCAB to train one on the sources first)")
     if args.plan_only:
-        tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator) \
+        tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator,
+                             chat_template=spec.chat_template) \
             if isinstance(spec.tokenizer, str) else spec.tokenizer
         plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                         layout=spec.layout, config=spec.hf_config, split=spec.split)
+                         layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
         for t in plan.tasks:
             print(f"{t.id}  {t.bytes:>12,} B  {t.layout:<9} {t.where()}")
+        for d in plan.left_out:
+            print(f"left out  {d['path']}: {d['reason']}")
         print(f"{len(plan.tasks)} tasks, {sum(t.bytes for t in plan.tasks):,} input bytes; tasks of about "
               f"{plan.task_bytes:,} bytes{'' if spec.task_bytes else ' (the default for these inputs; --task-bytes N)'}")
         return 0

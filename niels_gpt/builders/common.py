@@ -48,6 +48,10 @@ def common_meta(tokenizer, dtype, seed, name, config, streaming, source, tokeniz
     described = tokenizer.describe()
     if tokenizer_path is not None:
         described["path"] = tokenizer_path
+    left_out = {}
+    if isinstance(source, dict) and source.get("skipped_inputs"):  # files under a source that were not read
+        left_out = {"skipped_inputs": source["skipped_inputs"]}
+        source = {k: v for k, v in source.items() if k != "skipped_inputs"}
     return {
         "format_version": FORMAT_VERSION,
         "built": True,
@@ -62,6 +66,7 @@ def common_meta(tokenizer, dtype, seed, name, config, streaming, source, tokeniz
         "streaming": streaming,
         "source": source,
         "randomness": "torch.Generator only",
+        **left_out,
     }
 
 
@@ -70,4 +75,28 @@ def summarize(out: Path, **facts) -> dict:
     totals = meta["totals"]
     tokens = totals["train_tokens"] + totals["val_tokens"]
     return {"kind": meta["kind"], "totals": totals, "tokens": tokens, "files": len(meta["files"]),
-            "skipped": {k: v for k, v in (meta.get("skipped") or {}).items() if v}, **facts}
+            "skipped": {k: v for k, v in (meta.get("skipped") or {}).items() if v},
+            "skipped_inputs": meta.get("skipped_inputs") or [], **facts}
+
+
+# What to do when every conversation was skipped, by the reason most of them were: the advice of a chat build
+# that ends with no example (builders/sft.py::sft_meta).
+NO_CONVERSATION_ADVICE = {
+    "bad_messages": "the records are not lists of {\"role\", \"content\"} messages: name their layout with --format "
+                    "(sharegpt for {\"from\", \"value\"} turns, alpaca for instruction/input/output rows, dolly, "
+                    "oasst), or convert them to {\"role\", \"content\"} messages",
+    "missing_field": "the records lack the conversation's field: point --messages-field (or --chat-columns "
+                     "USER_COL,ASSISTANT_COL) at it, or name the records' layout with --format",
+    "not_text": "the chosen fields are not text: point --chat-columns or --messages-field at text fields",
+    "no_assistant_turn": "each conversation needs an assistant turn to train on: check that the assistant's "
+                         "role or field is the one the layout reads",
+}
+
+
+def no_conversation_message(final, skipped: dict) -> str:
+    """One line for an SFT build in which no conversation was usable: what was skipped, and what to do."""
+    counted = ", ".join(f"{reason} {n:,}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])) or "none"
+    top = max(skipped, key=skipped.get) if skipped else None
+    advice = NO_CONVERSATION_ADVICE.get(top, "fix the records (meta.json's skipped counts name each reason), or "
+                                              "name their layout with --format")
+    return f"no usable conversation for {final}: every record was skipped (by reason: {counted}); {advice}"

@@ -15,8 +15,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,24 +30,23 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
 from niels_gpt.builders.plan import Plan, check_unchanged
 from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task
-from niels_gpt.errors import CacheError, NielsGPTError
+from niels_gpt.errors import CacheError, NielsGPTError, OutOfSpaceError
 from niels_gpt.outputs import PLAN_NAME, check_output
-from niels_gpt.staging import build_aside
+from niels_gpt.progress import progress_bar
+from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
 
 
 class Progress:
-    """Tasks done and tokens/s across every worker; a tqdm bar on a terminal, silent otherwise."""
+    """Tasks done and tokens/s across every worker: a bar on a terminal, a line every so often in a log
+    (niels_gpt/progress.py), nothing with `enabled` False."""
 
     def __init__(self, total_tasks: int, reused: int, enabled: bool | None):
-        from tqdm.auto import tqdm
-
         self.t0 = time.perf_counter()
         self.tokens = 0
-        self.bar = tqdm(total=total_tasks, initial=reused, unit="task", desc="build",
-                        disable=None if enabled else True)
+        self.bar = progress_bar(total=total_tasks, initial=reused, unit="task", desc="build", progress=enabled)
 
     def task_done(self, receipt: dict) -> None:
         self.tokens += receipt["tokens"]
@@ -93,11 +94,26 @@ def ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple,
                     "command again to resume")
             if isinstance(error, WorkerDied):
                 raise CacheError(f"task {t.id} ({t.where()}): {error}{hint}") from error
+            if isinstance(error, OSError) and error.errno in SPACE_ERRNOS:
+                raise disk_full(error, t, hint) from None
             if isinstance(error, NielsGPTError):
                 raise type(error)(f"task {t.id} ({t.where()}): {error}{hint}") from error
             raise CacheError(f"task {t.id} ({t.where()}) failed: {type(error).__name__}: {error}{hint}") from error
         counters["read"] += [p["item"] for p in t.pieces]
         yield receipt
+
+
+def disk_full(error: OSError, t, hint: str) -> OutOfSpaceError:
+    """One line for a task that filled the disk (or a quota) writing its parts: the file, what is free there."""
+    path = Path(error.filename) if getattr(error, "filename", None) else None
+    free = ""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            free = f": free {human_bytes(shutil.disk_usage(path.parent).free)} there now"
+    what = "disk quota exceeded" if error.errno == errno.EDQUOT else "disk full"
+    return OutOfSpaceError(error.errno, f"{what} writing {path or 'a part file'}{free} (task {t.id}, {t.where()}); "
+                           "the cache was not changed: free space there, or give --work-dir on a disk with room"
+                           f"{hint.replace('fix the input and run', 'then run')}")
 
 
 def tokenizer_ref(tok) -> str:

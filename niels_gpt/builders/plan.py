@@ -34,11 +34,11 @@ plan_items = stream_items
 
 def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: int | None = None,
               rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
-              split: str = "train") -> Plan:
+              split: str = "train", read_as: dict[str, str] | None = None) -> Plan:
     """The reading plan of `sources` with each task's id for `tokenizer` (None: ids for reading only); `task_bytes`
     None: the default size for these inputs (sources/stream.py::auto_task_bytes)."""
     plan = plan_reading(sources, task_bytes=task_bytes, rules=rules, chat=chat, layout=layout, config=config,
-                        split=split)
+                        split=split, read_as=read_as)
     plan.tokenizer_sha256 = tokenizer.sha256 if tokenizer is not None else ""
     plan.token_dtype = tokenizer.token_dtype.str if tokenizer is not None else ""
     plan.tokenizer_options = dict(getattr(tokenizer, "options", {}))
@@ -48,6 +48,7 @@ def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: in
 
 
 def _task_hash(t: Task, plan: Plan) -> str:
-    key = {"v": PLAN_VERSION, "pieces": t.pieces, "layout": t.layout, "rules": plan.rules._asdict(), "chat": plan.chat,
+    rules = {k: v for k, v in plan.rules._asdict().items() if k not in ("map", "min_chars") or v}  # set: hashed
+    key = {"v": PLAN_VERSION, "pieces": t.pieces, "layout": t.layout, "rules": rules, "chat": plan.chat,
            "tokenizer": plan.tokenizer_sha256, "dtype": plan.token_dtype, "options": plan.tokenizer_options}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]

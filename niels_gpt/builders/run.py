@@ -41,7 +41,7 @@ from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.outputs import check_output
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
-from niels_gpt.sources.documents import Rules, check_layout
+from niels_gpt.sources.documents import Rules, check_layout, record_hook
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
@@ -63,12 +63,16 @@ class BuildSpec:
     eos: int | str | None = None
     bos: int | str | None = None
     separator: str | None = None
+    chat_template: str | None = None  # --chat-template: a jinja2 file for a sentencepiece model of its own
     chat: bool = False
     layout: str | None = None  # --format; None: detected per input
+    read_as: dict = field(default_factory=dict)  # --read-as: suffix -> kind, for files of other suffixes
     text_field: str = "text"
     messages_field: str = "messages"
     chat_columns: tuple[str, str] | None = None
     on_bad_record: str = "error"
+    map: str | None = None  # --map module:function, run on every document or conversation
+    min_chars: int = 0  # --min-chars N
     hf_config: str | None = None
     split: str = "train"
     max_tokens: int = ALL_TOKENS
@@ -93,7 +97,7 @@ class BuildSpec:
     @property
     def rules(self) -> Rules:
         return Rules(self.text_field, self.messages_field, tuple(self.chat_columns) if self.chat_columns else None,
-                     self.on_bad_record)
+                     self.on_bad_record, self.map, self.min_chars)
 
 
 def check_spec(spec: BuildSpec) -> None:
@@ -106,6 +110,10 @@ def check_spec(spec: BuildSpec) -> None:
         raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {spec.chat_columns!r}")
     if spec.layout is not None:
         check_layout(spec.layout, spec.chat)
+    if spec.min_chars < 0:
+        raise ConfigError(f"--min-chars {spec.min_chars}: must be >= 0 (0: keep every document)")
+    if spec.map is not None:
+        record_hook(spec.map)  # importable here, before any work
     if spec.workers is not None and spec.workers < 1:
         raise ConfigError(f"--workers {spec.workers}: must be >= 1 (0 on the command line: one per core)")
     if spec.task_bytes is not None and spec.task_bytes < 1:
@@ -133,6 +141,18 @@ def check_spec(spec: BuildSpec) -> None:
     for flag, value in (("--max-tokens", spec.max_tokens), ("--val-tokens", spec.val_tokens)):
         if value is not None and value < 0:
             raise ConfigError(f"{flag} {value}: must be >= 0")
+    if spec.max_tokens == 0 and val_budget(spec) == 0:
+        raise ConfigError(f"--max-tokens 0 {'and --val-tokens 0' if spec.val_tokens == 0 else 'and no val split'}: "
+                          "nothing would be built; give --max-tokens a positive budget (or leave it out: all), or "
+                          "--val-tokens N / --val-frac F for a val split")
+
+
+def check_renders_chats(tok) -> None:
+    """Before any work: a chat build needs the library's chat tokens or a chat template."""
+    if not getattr(tok, "library_conventions", True) and getattr(tok, "chat_template", None) is None:
+        raise ConfigError(f"{tok.model_path}: --chat needs a chat template, and this tokenizer has none (nor the "
+                          "library's four chat tokens); pass --chat-template FILE (a jinja2 template), or put a "
+                          "tokenizer_config.json with a chat_template beside the model")
 
 
 def val_budget(spec: BuildSpec) -> int:
@@ -163,13 +183,15 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)])
     tok = spec.tokenizer
     if isinstance(tok, (str, os.PathLike)):
-        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator)
+        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
+    if spec.chat:
+        check_renders_chats(tok)
     if spec.source is not None:
         summary = _inline_source(spec, tok, out)
         wall = time.perf_counter() - t0
         return {**summary, "wall_seconds": wall, "tokens_per_s": summary["tokens"] / max(wall, 1e-9), "out": str(out)}
     plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                     layout=spec.layout, config=spec.hf_config, split=spec.split)
+                     layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
     executor = choose_executor(spec, plan, log)
     if executor == "inline":
         summary = _inline(spec, plan, tok, out)
@@ -230,7 +252,7 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
             shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, input_bytes=plan.input_bytes(),
             val_frac=spec.val_frac, compress=spec.compress, **common)
     return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
-                     tasks=len(plan.tasks), ran=0, reused=0)
+                     tasks=len(plan.tasks), ran=len(plan.tasks), reused=0)
 
 
 def _inline_source(spec: BuildSpec, tok, out: Path) -> dict:
@@ -259,7 +281,16 @@ def format_summary(s: dict) -> str:
              f"  executor {s['executor']}: {s['tasks']} task(s), {s['ran']} ran, {s['reused']} reused from receipts; "
              f"{s['files']} file(s)",
              f"  {s['wall_seconds']:.2f} s wall, {s['tokens_per_s'] / 1e6:.2f} Mtok/s (cache tokens / wall)"]
+    if s.get("skipped_inputs"):
+        lines.append(left_out_line(s["skipped_inputs"]))
     if s.get("task_seconds"):
         lines.append(f"  tasks: {s['tokenized']:,} tokens in {s['task_seconds']:.2f} task-seconds "
                      f"({s['tokenized'] / s['task_seconds'] / 1e6:.2f} Mtok/s per worker)")
     return "\n".join(lines)
+
+
+def left_out_line(left_out: list[dict], shown: int = 3) -> str:
+    """One line naming the files under the sources that were not read, and why (meta.json lists them all)."""
+    named = "; ".join(f"{d['path']} ({d['reason']})" for d in left_out[:shown])
+    more = f"; and {len(left_out) - shown} more (meta.json's skipped_inputs)" if len(left_out) > shown else ""
+    return f"  left out {len(left_out)} file(s) under the sources: {named}{more}"

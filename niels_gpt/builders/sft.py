@@ -12,7 +12,6 @@ renderings its tasks made, so both write the same bytes.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +21,19 @@ import numpy as np
 import torch
 
 from niels_gpt.atomic import atomic_path
-from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
+from niels_gpt.builders.common import (
+    all_skipped,
+    common_meta,
+    no_conversation_message,
+    resolve_dtype,
+    start_build,
+)
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
 from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusable: its old home)
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import sha256_file, write_meta
-from niels_gpt.progress import should_show
+from niels_gpt.progress import progress_bar
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Skipped
 from niels_gpt.staging import build_aside
@@ -112,8 +117,7 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
              tokenizer_path: str | None = None) -> dict:
     """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
     if not writer.offsets["train"] and not writer.offsets["val"]:
-        raise ConfigError(f"no usable conversation for {final} (skipped: {all_skipped(skipped, source) or 'none'}): "
-                          "every example lacked an assistant turn or was empty")
+        raise ConfigError(no_conversation_message(final, all_skipped(skipped, source)))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
     meta.update({
@@ -164,8 +168,6 @@ def build_sft_cache(
     where idx is offsets into tokens.bin (int64), offsets-only (length inferred).
     deterministic given seed + identical input stream order.
     """
-    from tqdm.auto import tqdm
-
     check_sft_settings(val_frac, seed)
     final = Path(out_dir)
     with build_aside(final) as out:
@@ -176,8 +178,7 @@ def build_sft_cache(
         writer = SFTWriter(out, dtype, stored_mask=not getattr(tokenizer, "library_conventions", True),
                            val_frac=val_frac, seed=seed)
         try:
-            shown = tqdm(examples, unit="ex", desc=f"sft {dataset_name or final.name}",
-                         disable=not should_show(progress), file=sys.stderr)
+            shown = progress_bar(examples, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
             for i, chat in rendered(shown, tokenizer, workers):
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1

@@ -26,13 +26,13 @@ from pathlib import Path
 from niels_gpt.builders.plan import check_unchanged, make_plan, plan_items
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
-from niels_gpt.outputs import check_output
-from niels_gpt.progress import should_show
+from niels_gpt.outputs import OutputRefused, check_output
+from niels_gpt.progress import mode, progress_bar
 from niels_gpt.sources.documents import Rules
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.tokenizer.spm import MIN_VOCAB, check_train_settings
+from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
 
 SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 3.0}  # training time per million characters (module docstring)
 
@@ -47,17 +47,15 @@ def texts_of(items: Iterable) -> Iterator[str]:
 
 
 class _Phases:
-    """Reading, then training: one line of progress each, on stderr (a terminal only, unless asked)."""
+    """Reading, then training: a bar each on a terminal, a line every so often in a log (niels_gpt/progress.py)."""
 
     def __init__(self, settings: TrainSettings, total_chars: int | None, progress: bool | None):
-        from tqdm.auto import tqdm
-
-        self.settings, self.tqdm = settings, tqdm
-        self.enabled = should_show(progress)
+        self.settings, self.progress = settings, progress
+        self.enabled = mode(progress) != "off"
         self.limit = settings.max_train_chars
         total = min(total_chars, self.limit) if total_chars else None
-        self.bar = tqdm(total=total, unit="char", unit_scale=True, desc="tokenizer: reading text",
-                        disable=not self.enabled, file=sys.stderr)
+        self.bar = progress_bar(total=total, unit="char", unit_scale=True, desc="tokenizer: reading text",
+                                progress=progress)
         self.chars = 0
         self.read_done = threading.Event()
         self.trained = threading.Event()
@@ -80,9 +78,10 @@ class _Phases:
             return
         rate = SECONDS_PER_MCHAR.get(self.settings.model_type, 9.0)
         estimate = max(1, round(min(self.chars, self.limit) / 1e6 * rate))
-        bar = self.tqdm(total=estimate, unit="s", desc=f"tokenizer: training ({self.settings.model_type}, "
-                        f"{self.settings.vocab_size:,} pieces, about {estimate} s)", file=sys.stderr,
-                        bar_format="{desc}: {n:.0f}/{total:.0f} s {bar}")
+        bar = progress_bar(total=estimate, unit="s", desc=f"tokenizer: training ({self.settings.model_type}, "
+                           f"{self.settings.vocab_size:,} pieces, about {estimate} s)", progress=self.progress,
+                           bar_format="{desc}: {n:.0f}/{total:.0f} s {bar}", rate=False)
+        bar.refresh()  # in a log: that training began, at once when lines are due at every update
         t0 = time.monotonic()
         while not self.trained.wait(0.5):
             bar.n = min(time.monotonic() - t0, bar.total * 0.99)
@@ -98,22 +97,29 @@ class _Phases:
 
 def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | None = None, chat: bool = False,
                      layout: str | None = None, config: str | None = None, split: str = "train",
-                     progress: bool | None = None):
-    """Train the library's sentencepiece tokenizer on `sources` into the directory `out`; returns it."""
+                     progress: bool | None = None, flag: str = "--out", read_as: dict[str, str] | None = None):
+    """Train the library's sentencepiece tokenizer on `sources` into the directory `out`; returns it. `flag`:
+    how a refusal of `out` names it."""
     check_train_settings(settings)
     if local_path_of(out) is None:
         raise ConfigError(f"--out {out}: a tokenizer is written to a local directory; upload it afterwards if needed")
-    out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources)
-    plan = make_plan(sources, tokenizer=None, rules=rules, chat=chat, layout=layout, config=config, split=split)
+    out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources, flag=flag)
+    plan = make_plan(sources, tokenizer=None, rules=rules, chat=chat, layout=layout, config=config, split=split,
+                     read_as=read_as)
     trained_on = {**plan.describe(), "rule": "every document (every message with --chat), in order, up to "
                   f"max_train_chars={settings.max_train_chars:,}"}
     total = sum(sig[0] for sig in plan.signatures.values()) if len(plan.signatures) == len(plan.inputs) else None
     phases = _Phases(settings, total, progress)
     try:
-        with build_aside(out, kind="tokenizer", flag="--out") as stage:
+        with build_aside(out, kind="tokenizer", flag=flag) as stage:
             train_tokenizer(phases.texts(texts_of(plan_items(plan, check_at_end=False))), stage, settings=settings,
                             trained_on=trained_on)
             check_unchanged(plan)
+    except NoTrainingText:
+        named = ", ".join(plan.inputs[:3]) + (f" and {len(plan.inputs) - 3} more" if len(plan.inputs) > 3 else "")
+        raise NoTrainingText(f"{named}: {'empty' if plan.inputs and not any(plan.sizes.values()) else 'only whitespace'}"
+                             ", so there is no text to train the tokenizer on; give files that hold text (or "
+                             "--text-field naming the field that does)") from None
     finally:
         phases.close()
     return load_tokenizer(out)
@@ -134,7 +140,7 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
     if (where / "meta.json").is_file():
         meta = read_meta(str(where))
         plan = make_plan(spec.sources, tokenizer=None, rules=spec.rules, chat=spec.chat, layout=spec.layout,
-                         config=spec.hf_config, split=spec.split)
+                         config=spec.hf_config, split=spec.split, read_as=spec.read_as)
         same = (meta.get("settings") or {}).get("vocab_size") == vocab_size and \
             (meta.get("trained_on") or {}).get("files") == plan.describe()["files"]
         if not same:
@@ -142,6 +148,14 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
                               f"may use; build with --tokenizer {where}, or choose another --out directory")
         print(f"build: reusing {where} (trained on the same sources, {vocab_size} pieces)", file=sys.stderr)
         return str(where)
-    train_on_sources(spec.sources, where, settings=settings, rules=spec.rules, chat=spec.chat, layout=spec.layout,
-                     config=spec.hf_config, split=spec.split, progress=progress)
+    try:
+        train_on_sources(spec.sources, where, settings=settings, rules=spec.rules, chat=spec.chat, layout=spec.layout,
+                         config=spec.hf_config, split=spec.split, progress=progress, read_as=spec.read_as)
+    except VocabSizeError as e:
+        raise e.for_flag("--train-tokenizer", None) from None
+    except OutputRefused as e:  # it names the tokenizer's directory as --out: say where that directory comes from
+        said = str(e).removeprefix(f"--out {where}")
+        raise OutputRefused(f"{where} (where --train-tokenizer writes the tokenizer it trains: beside --out){said} "
+                            "(or train it elsewhere with `train-tokenizer SRC... --out DIR` and build with --tokenizer "
+                            "DIR)") from None
     return str(where)

@@ -19,6 +19,8 @@ Layouts (`--format NAME`, detected from the first record of each input when not 
 | `messages`  | chat               | a list of `{"role", "content"}` in the messages field                  |
 | `columns`   | chat               | one user and one assistant turn from two columns (`--chat-columns`)    |
 | `dolly`     | chat               | `instruction` [+ `context`] -> `response` rows                          |
+| `sharegpt`  | chat               | `conversations: [{"from": human/gpt/system, "value"}]` (or in the messages field) |
+| `alpaca`    | chat               | `instruction` [+ `input`] -> `output` rows                              |
 | `oasst`     | chat               | OpenAssistant trees (the nested export, one tree per line) or flat message rows (`message_id`, `parent_id`): the best-ranked path of each tree |
 """
 
@@ -37,9 +39,13 @@ from niels_gpt.sources.records import BadRecord, FileText
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
-CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst")
+CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst", "sharegpt", "alpaca")
 LAYOUTS = TEXT_LAYOUTS + CHAT_LAYOUTS
 ROLES = ("system", "user", "assistant")
+SHAREGPT_FIELD = "conversations"
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "system": "system"}  # ShareGPT's "from" -> our role
+ALPACA_PROMPT = "{instruction}\n\n{input}"  # the user turn when `input` is not empty
 WHOLE_INPUT = ("oasst-rows",)  # layouts whose records group across the whole input: one task reads it all
 
 
@@ -56,6 +62,8 @@ class Rules(NamedTuple):
     messages_field: str = "messages"
     chat_columns: tuple[str, str] | None = None
     on_bad_record: str = "error"
+    map: str | None = None  # --map module:function: each document or conversation -> the same kind, or None (drop)
+    min_chars: int = 0  # --min-chars N: documents (conversations: their contents) of fewer characters are skipped
 
 
 def text_rule(value: Any, field: str, where) -> str | Skipped:
@@ -94,16 +102,21 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
     if not chat:
         if rules.text_field in keys:
             return "text"
-        if {"instruction", "response"} <= keys or "messages" in keys or "message_id" in keys or "prompt" in keys:
+        if {"instruction", "response"} <= keys or {"instruction", "output"} <= keys or "messages" in keys \
+                or SHAREGPT_FIELD in keys or "message_id" in keys or "prompt" in keys:
             raise SourceError(f"{where}: a conversation record (fields {sorted(keys)}), not text; build it with "
                               "--chat, or name the text field with --text-field")
         return "text"  # a record without the field is a bad record of the text layout (on_bad_record decides)
     if rules.chat_columns:
         return "columns"
+    if _sharegpt_turns(record.get(rules.messages_field, record.get(SHAREGPT_FIELD))):
+        return "sharegpt"
     if rules.messages_field in keys:
         return "messages"
     if {"instruction", "response"} <= keys:
         return "dolly"
+    if {"instruction", "output"} <= keys:
+        return "alpaca"
     if ("message_tree_id" in keys and isinstance(record.get("prompt"), dict)) or {"message_id", "replies"} <= keys:
         return "oasst"
     if {"message_id", "parent_id", "role", "text"} <= keys:
@@ -113,16 +126,80 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
                       f"--format one of {', '.join(CHAT_LAYOUTS)}")
 
 
+def _sharegpt_turns(value: Any) -> bool:
+    """A ShareGPT conversation: a list of {"from", "value"} turns (its first turn tells)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and {"from", "value"} <= set(value[0])
+
+
 def check_layout(layout: str, chat: bool) -> None:
     allowed = CHAT_LAYOUTS if chat else TEXT_LAYOUTS
+    if layout in CHAT_LAYOUTS and not chat:
+        raise ConfigError(f"--format {layout}: a chat layout, and this is a pretraining build; add --chat to build an "
+                          f"SFT cache from these conversations (pretraining layouts: {', '.join(TEXT_LAYOUTS)})")
+    if layout in TEXT_LAYOUTS and chat:
+        raise ConfigError(f"--format {layout}: a text layout, and --chat builds an SFT cache from conversations; drop "
+                          f"--chat to build a pretraining cache (chat layouts: {', '.join(CHAT_LAYOUTS)})")
     if layout not in allowed:
         kind = "a chat (--chat)" if chat else "a pretraining"
         raise ConfigError(f"--format {layout}: not a layout of {kind} build; use one of {', '.join(allowed)}")
 
 
 def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iterator[Any]:
-    """Documents (str) or conversations (list of messages), and a Skipped per record that is none."""
-    yield from _LAYOUTS[layout](_checked(records, rules), rules)
+    """Documents (str) or conversations (list of messages), and a Skipped per record that is none; then the
+    --map hook and the --min-chars filter, where given."""
+    out = _LAYOUTS[layout](_checked(records, rules), rules)
+    if rules.map is None and not rules.min_chars:
+        yield from out
+        return
+    hook = record_hook(rules.map) if rules.map else None
+    for item in out:
+        if isinstance(item, Skipped):
+            yield item
+            continue
+        if hook is not None:
+            item = _mapped(hook, item, rules.map)
+            if item is None:
+                yield Skipped("dropped_by_map")
+                continue
+        if rules.min_chars and _chars(item) < rules.min_chars:
+            yield Skipped("below_min_chars")
+            continue
+        yield item
+
+
+def record_hook(spec: str):
+    """The function `module:function` names (--map), imported here, so every executor's workers run it."""
+    import importlib
+
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"--map {spec}: give MODULE:FUNCTION, e.g. --map my_filters:clean")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ConfigError(f"--map {spec}: cannot import {module!r} ({exc}); put it on PYTHONPATH (every worker "
+                          "imports it too)") from None
+    except AttributeError:
+        raise ConfigError(f"--map {spec}: module {module!r} has no {name!r}; check the function's name") from None
+    if not callable(fn):
+        raise ConfigError(f"--map {spec}: {module}.{name} is not a function")
+    return fn
+
+
+def _mapped(hook, item, spec: str):
+    out = hook(item)
+    if out is None or isinstance(out, str) == isinstance(item, str) and (
+            isinstance(out, str) or (isinstance(out, list) and all(isinstance(m, dict) for m in out))):
+        return out
+    want = "text (str)" if isinstance(item, str) else "a list of {\"role\", \"content\"} messages"
+    raise SourceError(f"--map {spec}: returned {type(out).__name__} ({out!r:.60}); it must return {want}, or None "
+                      "to drop the record")
+
+
+def _chars(item) -> int:
+    if isinstance(item, str):
+        return len(item)
+    return sum(len(m.get("content") or "") for m in item if isinstance(m, dict))
 
 
 def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:
@@ -167,7 +244,8 @@ def _text(where, record, rules: Rules):
 def _gutenberg(where, record, rules: Rules):
     if not isinstance(record, FileText):
         raise SourceError(f"{where}: --format gutenberg reads whole text files (.txt), not records")
-    for book in gutenberg_books(record.text, str(where)):  # a file of several books: one document each
+    as_text = "To read it anyway as plain text, licence included, pass --format text (or add the missing line)"
+    for book in gutenberg_books(record.text, str(where), as_text=as_text):  # several books: one document each
         yield text_rule(book, "text", where)
 
 
@@ -198,6 +276,42 @@ def _messages(where, record, rules: Rules):
                             f"\"content\": str}} (got {str(m)[:80]})")
         out.append({"role": m["role"], "content": m["content"]})
     yield out
+
+
+@_guard
+def _sharegpt(where, record, rules: Rules):
+    field = rules.messages_field if rules.messages_field in record else SHAREGPT_FIELD
+    turns = _field(record, field, where, "pass --messages-field NAME")
+    if not isinstance(turns, list):
+        raise BadRecord("bad_messages", f"{where}: {field!r} is {type(turns).__name__}, not a list of "
+                        "{\"from\", \"value\"} turns")
+    out = []
+    for k, t in enumerate(turns):
+        role = SHAREGPT_ROLES.get(t.get("from")) if isinstance(t, dict) else None
+        if role is None or not isinstance(t.get("value"), str):
+            raise BadRecord("bad_messages", f"{where}: turn {k} is not {{\"from\": one of {list(SHAREGPT_ROLES)}, "
+                            f"\"value\": str}} (got {str(t)[:80]})")
+        out.append({"role": role, "content": t["value"]})
+    yield out
+
+
+@_guard
+def _alpaca(where, record, rules: Rules):
+    values = {}
+    for field in ("instruction", "input", "output"):
+        v = record.get(field)
+        if (field != "input" and field not in record) or not (v is None or isinstance(v, str)):
+            raise BadRecord("missing_field" if field not in record else "not_text",
+                            f"{where}: field {field!r} is {'missing' if field not in record else type(v).__name__}; "
+                            "alpaca records hold instruction, output and optionally input, as text")
+        values[field] = (v or "").strip()
+    if not values["output"]:
+        yield Skipped("no_assistant_turn")
+    elif not values["instruction"]:
+        yield Skipped("empty_user_turn")
+    else:
+        prompt = ALPACA_PROMPT.format(**values) if values["input"] else values["instruction"]
+        yield [{"role": "user", "content": prompt}, {"role": "assistant", "content": values["output"]}]
 
 
 @_guard
@@ -267,4 +381,5 @@ def _oasst_rows(records, rules: Rules):
 
 
 _LAYOUTS = {"text": _text, "gutenberg": _gutenberg, "wikitext": _wikitext, "messages": _messages,
-            "columns": _columns, "dolly": _dolly, "oasst": _oasst_trees, "oasst-rows": _oasst_rows}
+            "columns": _columns, "dolly": _dolly, "oasst": _oasst_trees, "oasst-rows": _oasst_rows,
+            "sharegpt": _sharegpt, "alpaca": _alpaca}

@@ -29,6 +29,7 @@ from niels_gpt.sources.base import (
     VAL_FRAC,
     TextSource,
     check_val_frac,
+    files_under,
     list_files,
     portable,
     read_text_file,
@@ -57,6 +58,7 @@ class FileSplitSource(TextSource):
         check_val_frac(val_frac, self.name)
         self.directory = Path(directory)
         self.paths = list_files(self.directory, self.suffix, self.name)
+        self.left_out = self._left_out()
         self.names = [p.relative_to(self.directory).as_posix() for p in self.paths]
         self.val_frac = val_frac
         self.seed = seed
@@ -85,9 +87,22 @@ class FileSplitSource(TextSource):
         """The documents one file holds (one, for most sources)."""
         return [read_text_file(path)]
 
+    def _left_out(self) -> list[dict]:
+        """The other files under the directory, each with why it is not read (meta.json's skipped_inputs)."""
+        read = set(self.paths)
+        out = []
+        for f in files_under(self.directory, lambda f: f not in read, hidden=True):
+            rel = f.relative_to(self.directory)
+            why = ("a hidden file (its name starts with a dot)" if any(p.startswith(".") for p in rel.parts)
+                   else f"{self.name} reads only {self.suffix} files; to read it, build it with `build FILE "
+                        "--format text` (or --read-as SUFFIX=text)")
+            out.append({"path": portable(f), "reason": why})
+        return out
+
     def _describe_extra(self) -> dict[str, Any]:
         return {"directory": portable(self.directory), "val_frac": self.val_frac, "seed": self.seed,
-                "val_files": self.split_files("val")}
+                "val_files": self.split_files("val"),
+                **({"skipped_inputs": self.left_out} if self.left_out else {})}
 
 
 class Roam(FileSplitSource):
@@ -103,16 +118,21 @@ class Gutenberg(FileSplitSource):
         return gutenberg_books(read_text_file(path), path)
 
 
-def gutenberg_books(text: str, path: Path | str = "<text>") -> list[str]:
+READ_AS_TEXT = ("To read it anyway as plain text, licence included, build it with `build FILE --format text`, or "
+                "add the missing line")
+
+
+def gutenberg_books(text: str, path: Path | str = "<text>", *, as_text: str = READ_AS_TEXT) -> list[str]:
     """Every book of a Project Gutenberg file: the text between each `*** START OF` line and the
-    `*** END OF` line after it, licence lines cut, whitespace-stripped."""
+    `*** END OF` line after it, licence lines cut, whitespace-stripped. `as_text`: how the refusal of a
+    file cut before its END line says to read it anyway."""
     books, pos = [], 0
     while (start := GUTENBERG_START.search(text, pos)) is not None:
         end = GUTENBERG_END.search(text, start.end())
         if end is None:
             raise SourceError(f"{path}: a '*** START OF' line but no '*** END OF ...' line after it (the START is "
                               f"line {_line(text, start.start())}), so the licence footer cannot be cut off; is the "
-                              "file truncated?")
+                              f"file truncated? {as_text}")
         second = GUTENBERG_START.search(text, start.end(), end.start())
         if second is not None:
             raise SourceError(f"{path}: a second '*** START OF' line (line {_line(text, second.start())}) before "

@@ -28,13 +28,72 @@ from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.urls import is_url
 
-WHOLE_FILE = (".txt", ".md", ".raw")
+PLAIN_TEXT = (".txt", ".md", ".raw")
+COMPRESSED_TEXT = (".txt.gz", ".txt.zst", ".md.gz", ".md.zst", ".raw.gz", ".raw.zst")  # read like their plain kinds
+WHOLE_FILE = PLAIN_TEXT + COMPRESSED_TEXT
 LINES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
 COLUMNAR = (".parquet", ".csv", ".arrow")
 SUFFIXES = WHOLE_FILE + LINES + COLUMNAR
 GLOB_CHARS = "*?["
 UNLISTABLE = ("http", "https")  # fsspec's http "listing" scrapes HTML pages: refused, give file URLs
 EDGE_BYTES = 4096  # bytes hashed at each end of a file for its signature
+# --read-as SUFFIX=KIND: the kinds a file of any other suffix can be read as
+READ_AS_KINDS = {"text": ".txt", "jsonl": ".jsonl", "json": ".json", "csv": ".csv", "parquet": ".parquet",
+                 "arrow": ".arrow"}
+HOW_TO_READ = "to read it, pass --read-as {suffix}=text (or jsonl, csv, ...), or --format text to read every file as text"
+
+
+@dataclass(frozen=True)
+class ReadAs:
+    """A local file of a suffix the library does not know, read as `kind` (--read-as, or --format text)."""
+
+    path: Path
+    kind: str
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def check_read_as(read_as: dict[str, str] | None) -> dict[str, str]:
+    """--read-as's map, suffixes lower-cased with their dot; an unknown kind or a bare name is refused."""
+    out = {}
+    for suffix, kind in (read_as or {}).items():
+        if not suffix.startswith(".") or len(suffix) < 2 or "/" in suffix:
+            raise SourceError(f"--read-as {suffix}={kind}: the suffix must start with a dot, e.g. --read-as .dict=text")
+        if kind not in READ_AS_KINDS:
+            raise SourceError(f"--read-as {suffix}={kind}: unknown kind {kind!r}; use one of "
+                              f"{', '.join(READ_AS_KINDS)}")
+        out[suffix.lower()] = kind
+    return out
+
+
+def _suffix(name: str) -> str:
+    """The suffix --read-as matches: `.dict` of `gcide.dict`, `.dict.gz` of `a.dict.gz`'s last two when named."""
+    parts = name.lower().split(".")
+    return "." + parts[-1] if len(parts) > 1 else ""
+
+
+def read_as_kind(name: str, read_as: dict[str, str], as_text: bool) -> str | None:
+    """The kind a file of an unknown suffix is read as (the longest --read-as suffix it ends with; else
+    `.txt` with --format text), or None: left out."""
+    low = name.lower()
+    for suffix in sorted(read_as, key=len, reverse=True):
+        if low.endswith(suffix) and low != suffix:
+            return READ_AS_KINDS[read_as[suffix]]
+    return ".txt" if as_text else None
+
+
+def left_out_reason(name: str) -> str:
+    suffix = _suffix(name)
+    what = f"unknown file kind {suffix!r}" if suffix else "no file suffix"
+    return f"{what}; " + HOW_TO_READ.format(suffix=suffix or "SUFFIX")
 
 
 @dataclass(frozen=True)
@@ -52,8 +111,10 @@ class RemoteFile:
         return self.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
-def kind_of(path: Path | RemoteFile | str) -> str | None:
+def kind_of(path: Path | RemoteFile | ReadAs | str) -> str | None:
     """The known suffix a file name ends with (longest first: `.jsonl.gz` before `.gz`), or None."""
+    if isinstance(path, ReadAs):
+        return path.kind
     name = (path.name if not isinstance(path, str) else Path(path).name).lower()
     return next((s for s in sorted(SUFFIXES, key=len, reverse=True) if name.endswith(s)), None)
 
@@ -104,8 +165,17 @@ def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
                 "and that the server runs")
 
 
-def expand_url(url: str) -> list[RemoteFile]:
-    """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted."""
+def _remote_left_out(f: RemoteFile, rel: PurePosixPath, left_out: list[dict] | None) -> None:
+    if any(part.startswith(".") for part in rel.parts):
+        _leave_out(left_out, f.url, "a hidden file (its name starts with a dot); give its URL to read it")
+    else:
+        suffix = _suffix(f.name)
+        _leave_out(left_out, f.url, f"unknown file kind {suffix!r}; known: {', '.join(SUFFIXES)}")
+
+
+def expand_url(url: str, left_out: list[dict] | None = None) -> list[RemoteFile]:
+    """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted; the
+    files of a prefix or glob that are not read are appended to `left_out`."""
     started = time.monotonic()
     fs, path = filesystem(url)  # an unknown scheme, or one whose backend is missing: a ConfigError naming the extra
     scheme = scheme_of(url)
@@ -124,6 +194,8 @@ def expand_url(url: str) -> list[RemoteFile]:
             f = RemoteFile(f"{base_url.rstrip('/')}/{rel}", _sized(info))
             if info.get("type") != "directory" and not f.name.startswith(".") and kind_of(f):
                 found.append((PurePosixPath(rel), f))
+            elif info.get("type") != "directory":
+                _remote_left_out(f, PurePosixPath(f.name), left_out)
         if not found:
             raise SourceError(f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
         return [f for _, f in sorted(found, key=lambda pf: pf[0])]
@@ -138,6 +210,8 @@ def expand_url(url: str) -> list[RemoteFile]:
             f = RemoteFile(f"{url.rstrip('/')}/{rel.as_posix()}", _sized(finfo))
             if finfo.get("type") != "directory" and kind_of(f) and not any(s.startswith(".") for s in rel.parts):
                 found.append((rel.as_posix(), f))
+            elif finfo.get("type") != "directory":
+                _remote_left_out(f, rel, left_out)
         if not found:
             raise SourceError(f"{url}: no files of a known kind under this URL (known: {', '.join(SUFFIXES)})")
         return [f for _, f in sorted(found, key=lambda pf: pf[0])]
@@ -154,15 +228,50 @@ def _local(p: Path) -> bool:
         return True
 
 
-def expand(specs: Sequence[str | os.PathLike]) -> list[Path | RemoteFile | str]:
-    """Local files (directories and globs expanded, sorted), files at URLs and dataset ids, in the order given."""
-    out: list[Path | RemoteFile | str] = []
+def files_of(directory: Path, read_as: dict[str, str], as_text: bool, left_out: list[dict] | None
+             ) -> list[Path | ReadAs]:
+    """The files under `directory` a build reads (known kinds, and those --read-as or --format text name),
+    sorted by relative path; every other file is appended to `left_out` as {"path", "reason"}: hidden files
+    and directories (one entry each) and files of an unknown kind."""
+    hidden: set[str] = set()
+    found: list[Path | ReadAs] = []
+    for f in files_under(directory, lambda f: True, hidden=True):
+        parts = f.relative_to(directory).parts
+        dot = next((k for k, part in enumerate(parts) if part.startswith(".")), None)
+        if dot is not None:
+            top = directory.joinpath(*parts[:dot + 1])
+            if str(top) not in hidden:
+                hidden.add(str(top))
+                what = "a hidden directory" if dot < len(parts) - 1 else "a hidden file"
+                _leave_out(left_out, top, f"{what} (its name starts with a dot); name it as an input to read it")
+            continue
+        if kind_of(f) is not None:  # a dangling link too, so that reading it names it
+            found.append(f)
+        elif (kind := read_as_kind(f.name, read_as, as_text)) is not None:
+            found.append(ReadAs(f, kind))
+        else:
+            _leave_out(left_out, f, left_out_reason(f.name))
+    return found
+
+
+def _leave_out(left_out: list[dict] | None, path: Path | str, reason: str) -> None:
+    if left_out is not None:
+        left_out.append({"path": str(path), "reason": reason})
+
+
+def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None = None, as_text: bool = False,
+           left_out: list[dict] | None = None) -> list[Path | RemoteFile | ReadAs | str]:
+    """Local files (directories and globs expanded, sorted), files at URLs and dataset ids, in the order given.
+    `read_as` (--read-as: suffix -> kind) and `as_text` (--format text) read files of other suffixes; the files
+    of a directory or glob that are not read are appended to `left_out` (path and reason)."""
+    read_as = check_read_as(read_as)
+    out: list[Path | RemoteFile | ReadAs | str] = []
     for spec in specs:
         text = os.fspath(spec)
         if is_url(text):
             local = local_path_of(text)  # file:// is read as the local path it names
             if local is None:
-                out.extend(expand_url(text))
+                out.extend(expand_url(text, left_out))
                 continue
             text = local
         p = Path(text)
@@ -179,19 +288,40 @@ def expand(specs: Sequence[str | os.PathLike]) -> list[Path | RemoteFile | str]:
             except OSError:
                 pass
         if is_dir:
-            found = files_under(p, kind_of)
+            mine: list[dict] = []
+            found = files_of(p, read_as, as_text, mine)
             if not found:
-                raise SourceError(f"{p}: no files of a known kind in this directory (known: {', '.join(SUFFIXES)})")
+                unknown = sorted({_suffix(Path(d["path"]).name) for d in mine if "unknown" in d["reason"]})
+                raise SourceError(f"{p}: no files of a known kind in this directory (known: {', '.join(SUFFIXES)})"
+                                  + (f"; it holds {', '.join(unknown)} files: "
+                                     + HOW_TO_READ.format(suffix=unknown[0]) if unknown else ""))
             out.extend(found)
+            if left_out is not None:
+                left_out.extend(mine)
         elif is_file:
-            if kind_of(p) is None:
-                raise SourceError(f"{p}: unknown file kind; known: {', '.join(SUFFIXES)}")
-            out.append(p)
+            if kind_of(p) is not None:
+                out.append(p)
+            elif (kind := read_as_kind(p.name, read_as, as_text)) is not None:
+                out.append(ReadAs(p, kind))
+            else:
+                raise SourceError(f"{p}: unknown file kind; known: {', '.join(SUFFIXES)}; "
+                                  + HOW_TO_READ.format(suffix=_suffix(p.name) or "SUFFIX"))
         elif any(c in text for c in GLOB_CHARS):
-            found = sorted(Path(f) for f in globlib.glob(text, recursive=True) if _local(Path(f)))
+            found, mine = [], []
+            for f in sorted(Path(f) for f in globlib.glob(text, recursive=True)):
+                if _local(f):
+                    found.append(f)
+                elif f.is_dir():
+                    continue
+                elif (kind := read_as_kind(f.name, read_as, as_text)) is not None:
+                    found.append(ReadAs(f, kind))
+                else:
+                    _leave_out(mine, f, left_out_reason(f.name))
             if not found:
                 raise SourceError(f"{text}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
             out.extend(found)
+            if left_out is not None:
+                left_out.extend(mine)
         elif is_hf_id(text):
             out.append(text)
         elif p.is_symlink():

@@ -10,6 +10,7 @@ Cost: a byte range is read in one call (task_bytes of memory); a whole file is s
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,8 @@ from niels_gpt.sources.records_base import BadRecord
 
 BOM = b"\xef\xbb\xbf"
 READ_BLOCK = 1 << 20
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame opens with these four bytes
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _zstd_blocks(raw) -> Iterator[bytes]:
@@ -29,12 +32,19 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
         raise SourceError("reading .zst needs the `zstandard` package: pip install 'niels_gpt[corpus]'") from exc
     dctx = zstandard.ZstdDecompressor()
     dobj, fed = dctx.decompressobj(), False
+    first = True
     while True:
         chunk = raw.read(READ_BLOCK)
         if not chunk:
             break
+        if first and not chunk.startswith(ZSTD_MAGIC[:len(chunk)]):
+            raise NotCompressed("zstd", chunk)
+        first = False
         while chunk:
-            out = dobj.decompress(chunk)
+            try:
+                out = dobj.decompress(chunk)
+            except zstandard.ZstdError as e:
+                raise EOFError(f"damaged zstd data: {e}") from e
             fed = True
             if out:
                 yield out
@@ -45,6 +55,30 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
         raise EOFError("the last zstd frame ends before its end mark")
 
 
+class NotCompressed(ValueError):
+    """A file named as compressed (.gz, .zst) whose first bytes are not that format's magic number."""
+
+    def __init__(self, codec: str, head: bytes):
+        super().__init__(codec)
+        self.codec, self.head = codec, head
+
+
+def _not_compressed(item: str, e: NotCompressed, kind: str = "plain JSON Lines") -> SourceError:
+    suffix = ".zst" if e.codec == "zstd" else ".gz"
+    what = "plain text" if _looks_like_text(e.head) else "some other data"
+    return SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
+                       f"magic bytes); rename it without {suffix} if it is {kind}, or compress it with "
+                       f"{e.codec}")
+
+
+def _looks_like_text(head: bytes) -> bool:
+    try:
+        head[:256].decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start > 250  # cut inside a character at the end of the sample
+    return True
+
+
 def _lines_of(piece, open_binary) -> Iterator[bytes]:
     """Raw lines of a whole JSON Lines file (compressed or not, local or at a URL)."""
     name = piece.item.lower()
@@ -52,7 +86,10 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
         if name.endswith(".gz"):
             import gzip
 
-            yield from gzip.GzipFile(fileobj=raw)
+            head = raw.read(2)
+            if head != GZIP_MAGIC[:len(head)]:
+                raise NotCompressed("gzip", head + raw.read(254))
+            yield from gzip.GzipFile(fileobj=_Prefixed(head, raw))
         elif name.endswith(".zst"):
             tail = b""
             for block in _zstd_blocks(raw):
@@ -64,6 +101,22 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
                 yield tail
         else:
             yield from raw
+
+
+class _Prefixed:
+    """A binary stream with its first bytes (already read to check a magic number) put back in front."""
+
+    def __init__(self, head: bytes, raw):
+        self.head, self.raw = head, raw
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.raw.read(n)
+        if n is None or n < 0:
+            out, self.head = self.head + self.raw.read(), b""
+            return out
+        out, self.head = self.head[:n], self.head[n:]
+        return out + (self.raw.read(n - len(out)) if len(out) < n else b"")
 
 
 def _range_lines(piece) -> Iterator[bytes]:
@@ -112,14 +165,69 @@ class _Where:
         return f"{self.item}, line {n}"
 
 
+def named_json(name: str) -> bool:
+    """`.json`, `.json.gz`, `.json.zst`: JSON Lines, or one JSON document (an export's pretty-printed array)."""
+    name = name.lower()
+    return any(name.endswith(s) for s in (".json", ".json.gz", ".json.zst"))
+
+
+def opens_a_document(first_line: bytes) -> bool:
+    """Whether a `.json` file's first non-blank line opens one JSON document rather than a line of JSON Lines:
+    an array (`[` ...), or an object spread over lines (`{` alone on its line, as pretty printers write it)."""
+    first = first_line.removeprefix(BOM).strip()
+    return first.startswith(b"[") or first == b"{"
+
+
+def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
+    """The records of a `.json` file holding one document: an array of records, or an object holding one array
+    of records (`{"data": [...]}`), or else that object as one record. Read whole: the file's size in memory."""
+    try:
+        text = data.removeprefix(BOM).decode("utf-8")
+        doc = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{item}: not UTF-8 ({e.reason} at byte {e.start}); re-encode the file as UTF-8") from None
+    except ValueError as e:
+        raise SourceError(f"{item}: opens a JSON document (an array or a pretty-printed object) that is not valid "
+                          f"JSON ({e}); fix the file, or write one record per line (JSON Lines)") from None
+    if isinstance(doc, dict):
+        arrays = [k for k, v in doc.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+        if len(arrays) == 1 and arrays[0] not in ("messages", "conversations"):
+            doc = doc[arrays[0]]
+        else:
+            yield f"{item}, record 1", doc
+            return
+    if not isinstance(doc, list):
+        raise SourceError(f"{item}: holds a JSON {type(doc).__name__}, not records; give an array of {{...}} "
+                          "records, or one record per line (JSON Lines)")
+    escapes = "\\ud" in text or "\\uD" in text  # a lone surrogate can only come from an escape
+    for i, record in enumerate(doc, 1):
+        where = f"{item}, record {i}"
+        if isinstance(record, dict):
+            yield where, _lone_surrogate(record, where) if escapes else record
+        else:
+            yield where, BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each "
+                                   "element of the array must be one {...} record")
+
+
 def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
     """(where, record or BadRecord) per non-blank line of a JSON Lines piece (a byte range, or a whole file
-    opened with `open_binary`: compressed, or at a URL)."""
+    opened with `open_binary`: compressed, or at a URL); a whole `.json` file that opens a document (an array,
+    a pretty-printed object) is read as that document's records."""
     ranged = piece.stop >= 0 and "://" not in piece.item and piece.kind in (".jsonl", ".json")
     lines = _range_lines(piece) if ranged else _lines_of(piece, open_binary)
     numbers = _LineNumbers(piece) if ranged else None
     offset = piece.start if ranged else 0
     try:
+        if not ranged and named_json(piece.item):
+            head: list[bytes] = []
+            for raw in lines:
+                head.append(raw)
+                if raw.strip():
+                    break
+            if head and opens_a_document(head[-1]):
+                yield from document_records(piece.item, b"".join(head) + b"".join(lines))
+                return
+            lines = itertools.chain(head, lines)
         for k, raw in enumerate(lines):
             start = offset
             offset += len(raw)
@@ -129,6 +237,19 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
                 continue
             where = _Where(piece.item, numbers, k)
             yield where, _parse(raw, where, start if ranged else None)
+    except NotCompressed as e:
+        raise _not_compressed(piece.item, e) from None
+    except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
+        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
+                          "recompress it or remove it from the inputs") from e
+
+
+def decompressed(piece, open_binary) -> bytes:
+    """The whole decompressed contents of a `.gz` / `.zst` file (a compressed text file), errors as json_lines'."""
+    try:
+        return b"".join(_lines_of(piece, open_binary))
+    except NotCompressed as e:
+        raise _not_compressed(piece.item, e, "plain text") from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
         raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
                           "recompress it or remove it from the inputs") from e
@@ -149,9 +270,15 @@ def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
         return BadRecord("not_an_object", f"{where}: a JSON {type(record).__name__}, not an object; each line "
                          "must be one {...} record")
     if "\\ud" in line or "\\uD" in line:  # JSON may escape a lone surrogate, which no UTF-8 text can hold
-        try:
-            json.dumps(record, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as e:
-            return BadRecord("invalid_text", f"{where}: a lone surrogate escape ({e.object[e.start:e.end]!r}) that "
-                             "no UTF-8 text can hold; fix the escape in this record")
+        return _lone_surrogate(record, where)
+    return record
+
+
+def _lone_surrogate(record: dict, where) -> dict | BadRecord:
+    """The record, or a BadRecord if a string in it holds a lone surrogate (from a `\\udXXX` escape)."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return BadRecord("invalid_text", f"{where}: a lone surrogate escape ({e.object[e.start:e.end]!r}) that "
+                         "no UTF-8 text can hold; fix the escape in this record")
     return record

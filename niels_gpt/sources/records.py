@@ -4,6 +4,7 @@
 |------------------------------------|-------------------------------|--------------------------------------|
 | `.txt .md .raw`                    | the whole file (`FileText`)   | the file                             |
 | `.jsonl .json`                     | one JSON object per line      | a byte range cut just after a newline |
+| `.json` holding one document       | an element of its array       | the file (read whole, into memory)    |
 | `.jsonl.gz .json.gz .jsonl.zst ...`| one JSON object per line      | the file (a stream cannot be cut)     |
 | `.parquet`                         | one row                       | a run of whole row groups             |
 | `.arrow` (IPC file; stream format) | one row                       | a run of record batches (the file)    |
@@ -41,8 +42,18 @@ from niels_gpt.sources.base import (
     open_stream,
     read_text_file,
 )
-from niels_gpt.sources.inputs import COLUMNAR, LINES, UNLISTABLE, WHOLE_FILE, RemoteFile, ask, kind_of
-from niels_gpt.sources.lines import json_lines
+from niels_gpt.sources.inputs import (
+    COLUMNAR,
+    COMPRESSED_TEXT,
+    LINES,
+    UNLISTABLE,
+    WHOLE_FILE,
+    ReadAs,
+    RemoteFile,
+    ask,
+    kind_of,
+)
+from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
 from niels_gpt.sources.records_base import BadRecord, FileText  # noqa: F401  (the record kinds, named here too)
 from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
@@ -74,12 +85,24 @@ class Piece:
         return asdict(self)
 
 
-def item_of(item: Path | RemoteFile | str) -> tuple[str, str, bool]:
+def item_of(item: Path | RemoteFile | ReadAs | str) -> tuple[str, str, bool]:
     """(name, kind, remote) of an expanded input."""
+    if isinstance(item, ReadAs):
+        return item_of(item.path)[0], item.kind, False
     if isinstance(item, RemoteFile):
         return item.url, kind_of(item), True
     if isinstance(item, Path):
-        return str(item.resolve()), kind_of(item), False
+        try:
+            return str(item.resolve(strict=True)), kind_of(item), False
+        except FileNotFoundError:
+            if item.is_symlink():
+                raise SourceError(f"{item}: a symlink to nothing (its target {os.readlink(item)} is missing); "
+                                  "remove it or point it at the file it stands for") from None
+            raise SourceError(f"{item}: no such file (it went away after the inputs were listed); rerun when the "
+                              "input is in place") from None
+        except (RuntimeError, OSError):  # a symlink loop: RuntimeError before Python 3.13, OSError(ELOOP) after
+            raise SourceError(f"{item}: a symlink that loops back on itself, so it names no file; remove it or "
+                              "point it at the file it stands for") from None
     return item, "dataset", False
 
 
@@ -94,6 +117,8 @@ def pieces(item: Path | RemoteFile | str, task_bytes: int, *, config: str | None
     if remote:
         return [Piece(item=name, kind=kind)]
     path = Path(name)
+    if kind == ".json" and _opens_a_document(path):
+        return [Piece(item=name, kind=kind)]  # one JSON document: read whole
     if kind in (".jsonl", ".json"):
         return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in _line_ranges(path, task_bytes)]
     if kind == ".parquet":
@@ -102,6 +127,19 @@ def pieces(item: Path | RemoteFile | str, task_bytes: int, *, config: str | None
         runs = _arrow_runs(path, task_bytes)
         return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in runs] if runs else [Piece(item=name, kind=kind)]
     return [Piece(item=name, kind=kind)]
+
+
+def _opens_a_document(path: Path) -> bool:
+    """Whether a local `.json` file's first non-blank line opens one JSON document (lines.opens_a_document)."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    return opens_a_document(line[:READ_BLOCK])
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists and is "
+                          "readable") from e
+    return False
 
 
 def _line_ranges(path: Path, task_bytes: int) -> list[tuple[int, int]]:
@@ -228,6 +266,8 @@ def _local_copy(piece: Piece) -> Iterator[Path]:
 
 
 def _read_text(piece: Piece) -> str:
+    if piece.kind in COMPRESSED_TEXT:
+        return normalise_text(decode_utf8(decompressed(piece, _open_binary), piece.item))
     if not _remote(piece):
         return read_text_file(Path(piece.item))
     with _open_binary(piece) as f:

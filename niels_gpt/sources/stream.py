@@ -32,7 +32,15 @@ from itertools import islice
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import portable
 from niels_gpt.sources.documents import WHOLE_INPUT, Rules, check_layout, detect, items
-from niels_gpt.sources.inputs import WHOLE_FILE, RemoteFile, changed_while_read, expand, kind_of, signature
+from niels_gpt.sources.inputs import (
+    PLAIN_TEXT,
+    WHOLE_FILE,
+    RemoteFile,
+    changed_while_read,
+    expand,
+    kind_of,
+    signature,
+)
 from niels_gpt.sources.records import BadRecord, FileText, Piece, item_of, pieces, records
 
 PLAN_VERSION = 2
@@ -78,11 +86,13 @@ class Plan:
     streaming: bool = False
     signatures: dict = field(default_factory=dict)  # local input -> signature()
     sizes: dict = field(default_factory=dict)  # input -> bytes, where known (local files, most URLs)
+    kinds: list = field(default_factory=list)  # one per input: the kind it is read as
+    left_out: list = field(default_factory=list)  # {"path", "reason"} of each file under a source not read
 
     def input_bytes(self) -> int | None:
         """Total bytes of the input, for a progress bar's ETA: only when every input is an uncompressed text
         file of known size (a bar counts the UTF-8 bytes of the documents read)."""
-        if any(kind_of(p) not in WHOLE_FILE + (".jsonl", ".json") for p in self.inputs):
+        if any(kind not in PLAIN_TEXT + (".jsonl", ".json") for kind in self.kinds or map(kind_of, self.inputs)):
             return None
         if len(self.sizes) != len(self.inputs):
             return None
@@ -98,7 +108,10 @@ class Plan:
                 "text_field": self.rules.text_field,
                 **({"messages_field": self.rules.messages_field, "chat_columns": self.rules.chat_columns}
                    if self.chat else {}),
-                "on_bad_record": self.rules.on_bad_record, "split_rule": SPLIT_RULE_NONE}
+                "on_bad_record": self.rules.on_bad_record, "split_rule": SPLIT_RULE_NONE,
+                **({"map": self.rules.map} if self.rules.map else {}),
+                **({"min_chars": self.rules.min_chars} if self.rules.min_chars else {}),
+                **({"skipped_inputs": list(self.left_out)} if self.left_out else {})}
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps([t.id for t in self.tasks]).encode()).hexdigest()
@@ -135,9 +148,10 @@ def _input_bytes(items) -> int:
 
 def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None = None,
               rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
-              split: str = "train") -> Plan:
+              split: str = "train", read_as: dict[str, str] | None = None) -> Plan:
     """Cut `sources` (files, directories, globs, URLs, dataset ids) into tasks of about `task_bytes` input bytes
-    (None: auto_task_bytes of the inputs' total); see the module docstring."""
+    (None: auto_task_bytes of the inputs' total); see the module docstring. `read_as`: suffix -> kind for files
+    of other suffixes (--read-as); with layout "text" every file of an unknown suffix is read as text."""
     if task_bytes is not None and task_bytes < 1:
         raise ConfigError(f"task_bytes must be >= 1, got {task_bytes}")
     if not sources:
@@ -147,7 +161,7 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
         check_layout(layout, chat)
 
     tasks: list[Task] = []
-    names, layouts, signatures, sizes = [], [], {}, {}
+    names, layouts, signatures, sizes, kinds, left_out = [], [], {}, {}, [], []
     run: list[tuple[Piece, int]] = []  # small whole files waiting to fill a task
     run_layout = None
 
@@ -158,7 +172,7 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
                               bytes=sum(n for _, n in run)))
         run, run_layout = [], None
 
-    expanded = expand(sources)
+    expanded = expand(sources, read_as=read_as, as_text=layout == "text", left_out=left_out)
     if task_bytes is None:
         task_bytes = auto_task_bytes(_input_bytes(expanded))
     for item in expanded:
@@ -168,6 +182,7 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
         ps = pieces(item, task_bytes, config=config, split=split)
         lay = _layout(ps[0], layout, chat, rules)
         names.append(name)
+        kinds.append(kind)
         layouts.append("dataset" if kind == "dataset" else lay)
         size = signatures[name][0] if name in signatures else getattr(item, "size", None)
         if size is not None:
@@ -189,13 +204,14 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
             continue
         for p in ps:
             tasks.append(Task(index=0, pieces=[p.to_json()], layout=lay,
-                              bytes=(p.stop - p.start) if kind in (".jsonl", ".json") else size // len(ps)))
+                              bytes=(p.stop - p.start) if p.stop >= 0 and kind in (".jsonl", ".json")
+                              else size // len(ps)))
     flush()
     for index, t in enumerate(tasks):
         t.index = index
     return Plan(tasks=tasks, inputs=names, layouts=layouts, rules=rules, chat=chat, config=config,
                 split=split, task_bytes=task_bytes, streaming=any(lay == "dataset" for lay in layouts),
-                signatures=signatures, sizes=sizes)
+                signatures=signatures, sizes=sizes, kinds=kinds, left_out=left_out)
 
 
 def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
@@ -218,7 +234,7 @@ def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
 
 def _first_record(piece: Piece):
     """The first record of a piece (of a whole text file: its first SNIFF_BYTES), or (where, None) if empty."""
-    if piece.kind in WHOLE_FILE and "://" not in piece.item:
+    if piece.kind in PLAIN_TEXT and "://" not in piece.item:
         with open(piece.item, "rb") as f:
             head = f.read(SNIFF_BYTES)
         return piece.item, FileText(head.decode("utf-8", errors="replace"))

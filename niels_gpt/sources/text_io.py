@@ -3,6 +3,7 @@ BOM and CRLF normalised; directories listed in one order on every machine."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,12 +36,13 @@ def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Pat
     return found
 
 
-def files_under(directory: Path, keep: Callable[[Path], bool]) -> list[Path]:
+def files_under(directory: Path, keep: Callable[[Path], bool], *, hidden: bool = False) -> list[Path]:
     """The files under `directory` that `keep` accepts (a dangling link too, so that reading it names it):
-    recursive, dot-files and dot-directories left out, sorted by relative path (so the order is the same
-    on every machine). Every source that takes a directory reads it this way."""
+    recursive, dot-files and dot-directories left out (`hidden`: kept), sorted by relative path (so the order
+    is the same on every machine). Every source that takes a directory reads it this way."""
     found = (f for f in directory.rglob("*")
-             if not f.is_dir() and not any(part.startswith(".") for part in f.relative_to(directory).parts) and keep(f))
+             if not f.is_dir() and (hidden or not any(part.startswith(".") for part in f.relative_to(directory).parts))
+             and keep(f))
     return sorted(found, key=lambda f: f.relative_to(directory).as_posix())
 
 
@@ -48,6 +50,12 @@ def read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SourceError(f"{path}: a symlink that loops back on itself, so it names no file; remove it or "
+                              "point it at the file it stands for") from None
+        if isinstance(e, FileNotFoundError) and path.is_symlink():
+            raise SourceError(f"{path}: a symlink to nothing (its target {os.readlink(path)} is missing); remove "
+                              "it or point it at the file it stands for") from None
         raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists "
                           "and is readable") from e
 
@@ -81,6 +89,10 @@ def encoding_hint(path: Path | str, offset: int) -> str:
         return "re-encode the file as UTF-8"
     shown = " ".join(f"0x{b:02x}" for b in bad[:4])
     first = bad[0]
+    if first == 0xED and len(bad) >= 3 and 0xA0 <= bad[1] <= 0xBF and 0x80 <= bad[2] <= 0xBF:
+        return (f"the bytes are {shown}; 0x{bad[0]:02x} 0x{bad[1]:02x} 0x{bad[2]:02x} is a lone UTF-16 surrogate "
+                "written as if it were a character (CESU-8 / WTF-8, as Java or JavaScript strings cut in half write "
+                "it), which no UTF-8 text can hold: fix the program that wrote it, or replace these bytes")
     if 0x80 <= first <= 0x9F:
         char = bad[:1].decode("cp1252", errors="replace")
         return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in cp1252 (Windows-1252) and a control code in "

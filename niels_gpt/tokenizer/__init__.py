@@ -52,21 +52,27 @@ __all__ = [
 
 
 def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
-                   separator: str | None = None) -> Tokenizer:
+                   separator: str | None = None, chat_template: str | os.PathLike | None = None) -> Tokenizer:
     """Open a tokenizer: a directory holding spm.model (or tokenizer.json), the file itself, a `.tiktoken`
     file or a tiktoken encoding name.
 
     `eos`/`bos` (a token's text or its id) override the tokenizer's own end/begin-of-text token;
-    `separator` "eos" (the default: EOS after every document) or "bos" (BOS before every document).
+    `separator` "eos" (the default: EOS after every document) or "bos" (BOS before every document);
+    `chat_template`: a jinja2 template file for a sentencepiece model of its own conventions (Llama, Mistral),
+    else the `chat_template` of a tokenizer_config.json beside the model.
 
     Where a tokenizer directory's meta.json records the model's sha256 (ours always does), the file must
     match it: a changed byte in a model file still loads and silently changes most ids. The hash is the
     one every tokenizer computes on load, so the check costs nothing more.
     """
     options = {"eos": eos, "bos": bos, "separator": separator}
+    if chat_template is not None:
+        options["chat_template"] = chat_template
     p = Path(path)
     if not p.exists():
         if is_tiktoken_spec(path):
+            if chat_template is not None:
+                raise TokenizerError(f"{path}: --chat-template applies to sentencepiece models, not tiktoken encodings")
             return TiktokenTokenizer(path, **options)
         if is_hub_id(str(path)):
             return load_tokenizer(hub_tokenizer_dir(str(path)), **options)
@@ -79,6 +85,9 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
                 return load_tokenizer(p / name, **options)
         raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json in this directory; "
                              "train one with `train-tokenizer` or point --tokenizer at the model file")
+    if chat_template is not None and p.suffix in (".json", ".tiktoken"):
+        raise TokenizerError(f"{p}: --chat-template applies to sentencepiece models; a tokenizer.json takes its "
+                             "template from the tokenizer_config.json beside it (its chat_template field)")
     if p.suffix == ".json":
         tok = HFTokenizer(p, **options)
     elif p.suffix == ".tiktoken":

@@ -226,8 +226,9 @@ class Tokenizer(ABC):
             return render_with_template(self, messages)
         if not self.library_conventions:
             raise TokenizerError(f"{self.model_path}: this tokenizer has no chat template and not the library's four "
-                                 "chat tokens, so conversations cannot be rendered; use a tokenizer directory whose "
-                                 "tokenizer_config.json has a chat_template")
+                                 "chat tokens, so conversations cannot be rendered; pass --chat-template FILE (a "
+                                 "sentencepiece model), or use a tokenizer directory whose tokenizer_config.json has "
+                                 "a chat_template")
         ids: list[int] = []
         special = self.special_ids
         eot = special["eot"]

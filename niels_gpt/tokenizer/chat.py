@@ -17,16 +17,51 @@ are trained, and its header is not, whatever the template. A token is trained wh
 lies in such a span. Each prefix render must be a prefix of the full render (true of the usual
 templates); a template that rewrites earlier turns is refused by name. Cost: k + 1 renders for k
 assistant messages, against one encode of the whole conversation.
+
+A template that marks what the model generates with `{% generation %}...{% endgeneration %}` (transformers'
+assistant-mask templates, what `apply_chat_template(return_assistant_tokens_mask=True)` reads) gives the
+spans itself: the text each block renders is trained, in one render, whatever the template does elsewhere.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
+import re
 from collections.abc import Sequence
 
 from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.tokenizer.base import Message, RenderedChat, _check_message
+
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# (text rendered so far, spans of generation blocks) of the render in progress in this thread, if it tracks them
+_TRACKED: contextvars.ContextVar = contextvars.ContextVar("generation_spans", default=None)
+
+
+def _generation_extension():
+    """`{% generation %}...{% endgeneration %}`: renders its body, and records where it lies in the output."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_track"), [], [], body).set_lineno(lineno)
+
+        def _track(self, caller):
+            text = caller()
+            tracked = _TRACKED.get()
+            if tracked is not None:
+                chunks, spans = tracked
+                start = sum(map(len, chunks))  # every chunk before this block was already emitted
+                spans.append((start, start + len(text)))
+            return text
+
+    return Generation
 
 
 @functools.lru_cache(maxsize=8)
@@ -40,7 +75,8 @@ def _compile(template: str):
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", _generation_extension()])
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
     return env.from_string(template)
@@ -48,24 +84,39 @@ def _compile(template: str):
 
 def render_text(tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
     """The template's text for `messages` (what apply_chat_template(tokenize=False) returns)."""
+    return _render(tokenizer, messages, add_generation_prompt)[0]
+
+
+def _render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False
+            ) -> tuple[str, list[tuple[int, int]]]:
+    """The template's text and the character spans of its `{% generation %}` blocks (none without them)."""
     from jinja2.exceptions import TemplateError
 
     def text(tid):
         return None if tid is None else tokenizer.id_to_piece(tid)
 
+    chunks: list[str] = []
+    spans: list[tuple[int, int]] = []
+    token = _TRACKED.set((chunks, spans))
     try:
-        return _compile(tokenizer.chat_template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=text(tokenizer.bos_id) or "", eos_token=text(tokenizer.special_ids.get("eot")) or "")
+        for chunk in _compile(tokenizer.chat_template).generate(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                bos_token=text(tokenizer.bos_id) or "", eos_token=text(tokenizer.special_ids.get("eot")) or ""):
+            chunks.append(chunk)
     except TemplateError as exc:
         raise ConfigError(f"the chat template of {tokenizer.model_path} refused this conversation: {exc}") from exc
+    finally:
+        _TRACKED.reset(token)
+    return "".join(chunks), spans
 
 
 def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat:
     """Ids and assistant mask of a conversation rendered with the tokenizer's chat template."""
     checked = [dict(zip(("role", "content"), _check_message(m, i), strict=True)) for i, m in enumerate(messages)]
-    full = render_text(tokenizer, checked)
-    spans = []
+    full, spans = _render(tokenizer, checked)
+    if GENERATION_TAG.search(tokenizer.chat_template):
+        ids, starts = tokenizer.encode_rendered(full)
+        return RenderedChat(list(ids), [any(a <= s < b for a, b in spans) for s in starts])
     for k, m in enumerate(checked):
         if m["role"] != "assistant":
             continue

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ class SentencePieceTokenizer(Tokenizer):
     backend = "sentencepiece"
 
     def __init__(self, model_path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
-                 separator: str | None = None):
+                 separator: str | None = None, chat_template: str | os.PathLike | None = None):
         import sentencepiece as spm
 
         path = Path(model_path)
@@ -74,17 +75,94 @@ class SentencePieceTokenizer(Tokenizer):
             self._sp.LoadFromSerializedProto(data)
         except Exception as exc:  # sentencepiece raises RuntimeError/OSError with a C++ message
             raise TokenizerError(f"{path}: not a sentencepiece model ({exc})") from exc
-        self._special = {}
-        for name, piece in SPECIAL_TOKENS.items():
-            tid = self._sp.piece_to_id(piece)
-            if tid == self._sp.unk_id() or not self._sp.is_control(tid):
-                raise TokenizerError(
-                    f"{path}: special token {piece!r} is missing or not a control symbol; "
-                    "train the model with niels_gpt.tokenizer.train_tokenizer"
-                )
-            self._special[name] = tid
+        found = {name: self._control_id(piece) for name, piece in SPECIAL_TOKENS.items()}
+        if all(tid is not None for tid in found.values()):
+            self._special = found  # the library's own tokenizer: its four sentinels
+        elif any(tid is not None for tid in found.values()):
+            have = [SPECIAL_TOKENS[k] for k, v in found.items() if v is not None]
+            lack = [SPECIAL_TOKENS[k] for k, v in found.items() if v is None]
+            raise TokenizerError(f"{path}: holds the library's control pieces {', '.join(have)} but not "
+                                 f"{', '.join(lack)}; retrain it with niels_gpt.tokenizer.train_tokenizer")
+        else:  # any other sentencepiece model (Llama, Mistral, ...): its own <s> / </s>
+            eos_id = self._sp.eos_id()
+            self._special = {"sys": None, "usr": None, "asst": None, "eot": eos_id if eos_id >= 0 else None}
         self._byte_lengths: np.ndarray | None = None
+        self._template_path = None if chat_template is None else Path(chat_template)
+        self._template = self._read_template(path)
         self._apply_options(eos, bos, separator)
+        if chat_template is not None:
+            self._options = {**self._options, "chat_template": str(chat_template)}
+
+    def _control_id(self, piece: str) -> int | None:
+        tid = self._sp.piece_to_id(piece)
+        return None if tid == self._sp.unk_id() or not self._sp.is_control(tid) else tid
+
+    def _read_template(self, path: Path) -> str | None:
+        """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
+        the model; none for the library's tokenizer, which renders chats with its sentinels."""
+        if self._template_path is not None:
+            if all(v is not None for v in self._special.values()):
+                raise TokenizerError(f"{path}: the library's tokenizer renders chats with its own sentinels; "
+                                     "--chat-template applies to other tokenizers only: leave it out")
+            try:
+                return self._template_path.read_text("utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TokenizerError(f"{self._template_path}: cannot read this chat template "
+                                     f"({getattr(exc, 'strerror', None) or exc}); --chat-template takes a jinja2 "
+                                     "template file") from None
+        if all(v is not None for v in self._special.values()):
+            return None
+        # lazy: the transformers-directory reader is needed only by models of their own conventions
+        from niels_gpt.tokenizer.hf import read_config
+
+        config, _ = read_config(path.parent)
+        return config.get("chat_template")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._template
+
+    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids of a rendered chat, the model's control pieces written as text (`<s>`, `[INST]`) parsed as their
+        ids, and each id's start offset in `text` (characters)."""
+        controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
+                           if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, controls))) if controls else None
+        ids: list[int] = []
+        starts: list[int] = []
+        pos = 0
+        for m in (pattern.finditer(text) if pattern else ()):
+            self._encode_run(text, pos, m.start(), ids, starts)
+            ids.append(self._sp.piece_to_id(m.group()))
+            starts.append(m.start())
+            pos = m.end()
+        self._encode_run(text, pos, len(text), ids, starts)
+        return ids, starts
+
+    def _encode_run(self, text: str, a: int, b: int, ids: list[int], starts: list[int]) -> None:
+        run = text[a:b]
+        if not run:
+            return
+        chars = [0] * (len(run.encode("utf-8")) + 1)  # byte offset -> character offset within the run
+        k = 0
+        for c, ch in enumerate(run):
+            n = len(ch.encode("utf-8"))
+            chars[k:k + n] = [c] * n
+            k += n
+        chars[k] = len(run)
+        try:  # sentencepiece 0.2.1+; before it, the immutable proto
+            pieces = self._sp.encode(run, return_type="proto").pieces
+        except (TypeError, ValueError):
+            pieces = self._sp.encode(run, out_type="immutable_proto").pieces
+        for piece in pieces:
+            ids.append(piece.id)
+            starts.append(a + chars[min(piece.begin, k)])
+
+    def describe(self) -> dict:
+        out = super().describe()
+        if self._template is not None:
+            out["chat_template_sha256"] = hashlib.sha256(self._template.encode("utf-8")).hexdigest()
+        return out
 
     def __len__(self) -> int:
         return self._sp.get_piece_size()
@@ -187,6 +265,29 @@ def check_train_settings(settings: TrainSettings) -> None:
             raise TokenizerError(f"{flag} {value!r}: {fix}")
 
 
+class VocabSizeError(TokenizerError):
+    """The vocabulary size does not fit the text: too small for its characters, or more than it can fill.
+    `for_flag` says it again for the flag that set the size (train-tokenizer's --vocab-size, build's
+    --train-tokenizer)."""
+
+    def __init__(self, settings: TrainSettings, *, need: int | None = None, most: int | None = None,
+                 flag: str = "--vocab-size", coverage_flag: str | None = "--character-coverage"):
+        self.settings, self.need, self.most, self.flag, self.coverage_flag = settings, need, most, flag, coverage_flag
+        v = settings.vocab_size
+        if need is not None:
+            lower = f", or lower {coverage_flag}" if coverage_flag else ""
+            text = (f"{flag} {v} is too small for this text: it needs {need} pieces at least (256 byte pieces, 3 "
+                    f"control pieces and one per character kept by character coverage {settings.character_coverage})"
+                    f"; raise {flag} to {need} or more{lower}")
+        else:
+            text = (f"{flag} {v} is more than this text can fill: at most {most} pieces here; lower {flag} or train on "
+                    "more text")
+        super().__init__(text)
+
+    def for_flag(self, flag: str, coverage_flag: str | None) -> VocabSizeError:
+        return VocabSizeError(self.settings, need=self.need, most=self.most, flag=flag, coverage_flag=coverage_flag)
+
+
 def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerError:
     """sentencepiece's own message, turned into what to change."""
     import re
@@ -194,16 +295,10 @@ def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerEr
     text = str(exc)
     small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", text)
     if small:
-        need = int(small.group(2)) - len(SPECIAL_TOKENS)
-        return TokenizerError(f"--vocab-size {settings.vocab_size} is too small for this text: it needs {need} "
-                              "pieces at least (256 byte pieces, 3 control pieces and one per character kept by "
-                              f"--character-coverage {settings.character_coverage}); raise --vocab-size to {need} "
-                              "or more, or lower --character-coverage")
+        return VocabSizeError(settings, need=int(small.group(2)) - len(SPECIAL_TOKENS))
     big = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", text)
     if big:
-        most = int(big.group(2)) - len(SPECIAL_TOKENS)
-        return TokenizerError(f"--vocab-size {settings.vocab_size} is more than this text can fill: at most {most} "
-                              "pieces here; lower --vocab-size or train on more text")
+        return VocabSizeError(settings, most=int(big.group(2)) - len(SPECIAL_TOKENS))
     return TokenizerError(f"sentencepiece training failed: {text}")
 
 
@@ -214,20 +309,30 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     check_train_settings(settings)
 
     stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
+    visible = False  # any character that is not whitespace: sentencepiece drops blank sentences
 
     def counted() -> Iterator[str]:
+        nonlocal visible
         for text in texts:
             if stats["characters"] >= settings.max_train_chars:
                 stats["truncated_at_max_train_chars"] = True
                 return
             stats["documents"] += 1
             stats["characters"] += len(text)
+            visible = visible or not text.isspace() and text != ""
             yield text
 
+    surrogate: list[str] = []  # the document that held a lone surrogate, and the surrogate
+
     def chunks() -> Iterator[str]:
-        for chunk in iter_training_chunks(counted(), settings.max_sentence_length):
-            stats["chunks"] += 1
-            yield chunk
+        try:
+            for chunk in iter_training_chunks(counted(), settings.max_sentence_length):
+                stats["chunks"] += 1
+                yield chunk
+        except UnicodeEncodeError as exc:  # raised inside sentencepiece it would come back as its INTERNAL error
+            surrogate.append(f"training text, document {stats['documents']:,}: a lone surrogate "
+                             f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the text (e.g. "
+                             "text.encode('utf-8', 'replace').decode() replaces it)")
 
     model = io.BytesIO()
     spm.set_random_generator_seed(settings.seed)
@@ -255,10 +360,27 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
             minloglevel=2,
         )
     except RuntimeError as exc:
+        if surrogate:
+            raise TokenizerError(surrogate[0]) from None
+        if not visible:
+            raise NoTrainingText(_no_text(stats)) from None
         raise _training_failure(exc, settings) from exc
-    if stats["documents"] == 0:
-        raise TokenizerError("no training text: every source was empty")
+    if surrogate:
+        raise TokenizerError(surrogate[0])
+    if not visible:
+        raise NoTrainingText(_no_text(stats))
     return model.getvalue(), stats
+
+
+class NoTrainingText(TokenizerError):
+    """The training text was empty or whitespace only: sentencepiece has no sentence to learn from."""
+
+
+def _no_text(stats: dict) -> str:
+    if stats["documents"] == 0:
+        return "no training text: every source was empty; give text to train on"
+    return (f"no training text: the {stats['documents']:,} document(s) hold only whitespace "
+            f"({stats['characters']:,} characters); give text to train on")
 
 
 def settings_dict(settings: TrainSettings) -> dict:

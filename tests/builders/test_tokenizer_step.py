@@ -119,3 +119,12 @@ def test_the_tokenizer_rule_prefers_the_recorded_path_then_a_tokenizer_dir_above
     capsys.readouterr()
     assert main(["inspect", str(tmp_path / "root" / "c")]) == 1
     assert "pass --tokenizer PATH" in capsys.readouterr().err
+
+
+def test_build_names_its_own_flag_when_the_vocabulary_is_too_small_for_the_text(my_data, tmp_path, capsys):
+    assert main(["build", str(my_data), "--out", str(tmp_path / "c" / "mine"), "--train-tokenizer", "262",
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "--train-tokenizer 262 is too small for this text" in err and "raise --train-tokenizer to" in err
+    assert "--vocab-size" not in err and "--character-coverage" not in err
+    assert not (tmp_path / "c" / "tokenizer" / "meta.json").exists()

@@ -220,3 +220,14 @@ def test_chat_output_is_byte_identical_for_any_worker_count(tmp_path, hf_dir, to
     assert outs[0] == outs[1] == outs[2]
     meta = json.loads(outs[0]["meta.json"])
     assert meta["totals"]["train_examples"] + meta["totals"]["val_examples"] == len(rows) - 1
+
+
+@pytest.mark.parametrize("budgets", [["--max-tokens", "0"], ["--max-tokens", "0", "--val-tokens", "0"]])
+def test_an_empty_budget_is_refused_with_builds_own_flags(tmp_path, corpus_dir, bpe_json, capsys, budgets):
+    d, _ = corpus_dir
+    argv = ["build", str(d), "--out", str(tmp_path / "c"), "--tokenizer", str(bpe_json), "--no-progress", *budgets]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--max-tokens 0" in err and "--val-tokens" in err
+    assert "--max-train-tokens" not in err and "--max-val-tokens" not in err
+    assert not (tmp_path / "c").exists()

@@ -25,6 +25,7 @@ def tree(out) -> dict[str, bytes]:
     meta = json.loads(files.pop("meta.json"))
     source = meta.pop("source")
     meta.pop("record_sha256")  # the record's checksum covers the source too
+    source["skipped_inputs"] = [e["path"].rsplit("/", 1)[-1] for e in meta.pop("skipped_inputs", [])]
     files["meta.json"] = json.dumps(meta, sort_keys=True).encode()
     return files, source
 
@@ -55,6 +56,7 @@ def test_s3_prefix_files_and_glob_build_the_local_cache(s3, tmp_path, corpus_dir
     assert got == want
     names = sorted(p.name for p in d.iterdir() if not p.name.startswith("."))
     assert src["files"] == [f"{bucket}/corpus/{n}" for n in names] and len(names) == len(want_src["files"])
+    assert src["skipped_inputs"] == want_src["skipped_inputs"] == [".hidden.jsonl"]  # listed, on both
 
     # every file given by its URL
     local_build(d, names, tmp_path / "local-files", tok)

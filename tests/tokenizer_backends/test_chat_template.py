@@ -110,3 +110,39 @@ def test_rejects_chat_with_a_tokenizer_that_has_neither_template_nor_sentinels(b
     for path in (bpe_json, tiktoken_file):
         with pytest.raises(TokenizerError, match=rf"{path.name}: this tokenizer has no chat template"):
             load_tokenizer(path).render_chat(CONV)
+
+
+# transformers' assistant-mask form: what the model generates is marked, the rest of the template is as usual;
+# this one also numbers each turn by the conversation's length, so rendering a prefix rewrites earlier turns
+GENERATION = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant {{ loop.length }}\n"
+              "{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}{{ '\\n' }}"
+              "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture
+def generation_dir(tmp_path, bpe_json):
+    d = tmp_path / "gen-tok"
+    d.mkdir()
+    (d / "tokenizer.json").write_bytes(bpe_json.read_bytes())
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None,
+                                                         "chat_template": GENERATION}))
+    return d
+
+
+def test_generation_markers_give_the_assistant_mask(generation_dir):
+    tok = load_tokenizer(generation_dir)
+    chat = tok.render_chat(CONV)
+    text = tok.decode(chat.ids, skip_special_tokens=False)
+    assert "<|im_start|>assistant 5\nBlue.<|im_end|>\n" in text and "{%" not in text
+    # exactly the marked text: the newline after <|im_end|> and the numbered header are not trained
+    assert trained_text(tok, chat) == ["Blue.<|im_end|>", "Green <|im_end|> literal.<|im_end|>"]
+    assert tok.render_chat(CONV[:2]).mask == [False] * len(tok.render_chat(CONV[:2]).ids)  # nothing generated
+
+
+def test_an_sft_cache_built_with_generation_markers_stores_their_mask(tmp_path, generation_dir):
+    tok = load_tokenizer(generation_dir)
+    convs = [CONV, CONV[1:3]]
+    build_sft_cache(convs, str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0, num_workers=2)
+    mask = np.fromfile(tmp_path / "sft" / "train_mask.bin", dtype=np.uint8).tolist()
+    assert mask == [int(m) for conv in convs for m in tok.render_chat(conv).mask]
