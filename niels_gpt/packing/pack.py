@@ -9,7 +9,9 @@
    sequence into a preallocated uint8 buffer (`shift_within_sequences`), and hand both to the writer.
 
 No Python list of tokens is ever built; memory beyond the plan (O(n) int64 arrays) is O(pack_size).
-A remote `out` (an fsspec URL) is written locally and uploaded (`remote.write_then_upload`).
+A local `out` is built aside and swapped in whole (niels_gpt/staging.py): a run killed at any moment leaves the
+previous output or none, and the next run cleans what it left and succeeds. A remote `out` (an fsspec URL) is
+written locally and uploaded (`remote.write_then_upload`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.seeds import check_seed
+from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 
 ON_OVERFLOW = ("truncate", "reject")
@@ -142,5 +145,8 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
     message = truncation_warning(plan.truncation, pack_size, f"{cache_dir} ({split})")
     if warn and message is not None:
         warnings.warn(message, stacklevel=2)
-    return write_then_upload(out, lambda local: write_plan(plan, local, progress=progress,
-                                                           extra={"seed": int(seed), "on_overflow": on_overflow}))
+    extra = {"seed": int(seed), "on_overflow": on_overflow}
+    if local is None:
+        return write_then_upload(out, lambda stage: write_plan(plan, stage, progress=progress, extra=extra))
+    with build_aside(local, kind="packed", flag="OUT") as stage:
+        return write_plan(plan, stage, progress=progress, extra=extra)
