@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("convert", help="convert a token corpus between formats (no re-tokenizing)",
                               epilog=formats_help())
     p.add_argument("src", help="token file or directory in any supported format")
-    p.add_argument("dst", help="new output directory (must not exist or be empty)")
+    p.add_argument("dst", help="output directory: new, empty, or an earlier output of convert (replaced whole)")
     p.add_argument("--to", required=True, choices=NAMES, metavar="FORMAT",
                    help="output format, by its name or by the program that reads it (listed below)")
     p.add_argument("--bos-index", action="store_true",

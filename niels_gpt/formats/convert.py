@@ -15,8 +15,10 @@
   checked by `verify`; the peers' readers never open it.
 - `compress="zstd"` (with `to="niels"` only): shards as zstd frames plus a frame index, exactly the
   tokens and shards of the uncompressed output (niels_gpt/formats/zstd_shard.py; meta.json records it).
-- Streaming: memory is one block (BLOCK_TOKENS) plus one document; output is written into
-  `<dst>.tmp-<pid>` and renamed to `<dst>` only when complete (meta/idx files last inside it).
+- Streaming: memory is one block (BLOCK_TOKENS) plus one document. The output is built aside
+  (niels_gpt/staging.py: `<dst>.lock`, `<dst>.tmp-<pid>`, meta/idx files last inside it) and swapped in only
+  when complete: a killed run leaves no `<dst>` or the previous one, and its rerun succeeds. An earlier
+  output of ours of the same kind at `<dst>` (a converted corpus; a token cache for `--to niels`) is replaced.
 
 Cost: one pass of reads and writes plus one Python step per document: 50 M uint16 tokens in
 62.5 k documents take 3.4-5.7 s per target on 2 cores (`convert SRC DST --to T`, see docs/formats.md).
@@ -25,12 +27,10 @@ Cost: one pass of reads and writes plus one Python step per document: 50 M uint1
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import remove_stale_temporaries
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
@@ -54,6 +54,7 @@ from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
 from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.outputs import check_output
+from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
 
 TARGETS = FORMATS
@@ -239,7 +240,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             split: str = "train", max_tokens_per_file: int | None = None,
             shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None,
             not_for_kempnerforge: bool = False, compress: str | None = None) -> dict:
-    """Convert `src` (any format) into a new directory `dst` in format `to`. Returns a summary.
+    """Convert `src` (any format) into directory `dst` in format `to`. Returns a summary.
+
+    `dst` is new, empty, or an earlier output of ours of the same kind, which is replaced whole.
 
     `--to raw` in uint16 refuses to leave a file with an even token count (KempnerForge would read it
     as uint32, see check_kempner_safe) unless `not_for_kempnerforge` says the output is meant for a
@@ -262,14 +265,12 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
         raise ConfigError(f"--compress applies to --to niels (our cache) only, not --to {to}: the peers' readers "
                           "read raw tokens")
     check_compress(compress)
-    dst = check_output(dst, kind="converted", flag="DST", inputs=[src], replace=False)  # only a new output
+    kind = "cache" if to == "niels" else "converted"
+    dst = check_output(dst, kind=kind, flag="DST", inputs=[src])  # before any work
     info = detect_format(src, src_dtype)
     leaves = info.splits or {split: info}
-    remove_stale_temporaries(dst.parent, prefix=dst.name)  # copies that killed runs left beside dst
-    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     summary: dict = {"source": info.format, "to": to, "splits": {}}
-    try:
+    with build_aside(dst, kind=kind, flag="DST") as tmp:
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)
             eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id, eot_id=eot_id)
@@ -311,12 +312,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
             s.pop("stream")
-        if dst.exists():
-            dst.rmdir()
-        os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for s in summary["splits"].values():
         for r in s["records"]:
             for key in ("path", "bos_index", "idx"):
