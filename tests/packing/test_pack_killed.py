@@ -24,7 +24,8 @@ KILLER = textwrap.dedent("""
     owner, name = {"write_bin": (memmap_format.MemmapShardWriter, "write_bin"),
                    "commit": (memmap_format, "commit"),
                    "manifest": (memmap_format, "write_bytes_atomic"),
-                   "rename": (staging.os, "rename")}[where]
+                   "rename": (staging.os, "rename"),
+                   "lock": (staging.json, "dump")}[where]
     real, calls = getattr(owner, name), [0]
     def step(*args, **kwargs):
         if calls[0] == n:
@@ -51,6 +52,7 @@ def cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("over, where, n", [
+    (False, "lock", 0),  # as it takes OUT.lock: the lock must never be left naming no holder
     (False, "write_bin", 5),  # mid-bins: the arrays half filled
     (False, "commit", 2),  # mid-finalize: two arrays renamed into place, three not, no manifest
     (True, "manifest", 0),  # over an older pack: every array written, its manifest not yet
