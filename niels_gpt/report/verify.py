@@ -6,7 +6,9 @@ lists is compared with the disk (size, token count, sha256, SFT offsets); every 
 converted output in a peer format (nanoGPT, KempnerForge, Megatron, raw + metadata.yaml) is opened by
 its format's reader (every header and size) and its ids are checked against the recorded vocabulary.
 A directory holding our token files or packed arrays without meta.json / manifest.json is reported as
-an unfinished build.
+an unfinished build. A cache whose records hold is then opened split by split through the readers' own
+open-time code (`split_shards`, `SFTExampleDataset`): a cache verify passes is one every reader opens, even
+when its meta.json was edited and resealed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, receipt_path
-from niels_gpt.formats.zstd_shard import verify_compressed
+from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -31,6 +33,8 @@ from niels_gpt.meta import (
 )
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.memmap_format import FORMAT_NAME
+from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.readers.shards import split_shards
 from niels_gpt.records import RECORD_SEAL, is_sealed
 from niels_gpt.report.found import (
     PACKED_MANIFEST,
@@ -146,8 +150,38 @@ def _check_cache(cache: Path, meta: dict) -> list[str]:
     found = check_files(cache, meta, hashes=True)
     named = {line.split(": ", 1)[0] for line in found}
     found += [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
-    return (found + _check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
-            + verify_compressed(cache, meta))  # a compressed cache: every frame decompressed against its index
+    found += (_check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
+              + verify_compressed(cache, meta))  # a compressed cache: every frame decompressed against its index
+    return found or _open_problems(cache, meta)
+
+
+def _open_problems(cache: Path, meta: dict) -> list[str]:
+    """What a reader refuses when it opens this cache, though every file matches its record: a meta.json edited
+    and resealed (a `compression` entry removed, say). Run only when nothing above was found, so each problem is
+    named once, by the most specific check."""
+    compressed_files = any(rel.endswith(".bin.zst") for rel in meta["files"])
+    if compressed_files and not is_compressed_meta(meta):
+        return [f"{cache / META_NAME}: lists compressed shards (.bin.zst) but has no `compression` entry, so no "
+                "reader opens them; the meta.json was edited: rebuild or convert the cache again"]
+    try:
+        if is_compressed_meta(meta):
+            frame_tokens_of(meta, cache / META_NAME)
+        if meta["kind"] == "pretrain":
+            for split in sorted({rel.split("/", 1)[0] for rel in meta["files"] if "/" in rel}):
+                split_shards(cache, meta, split)
+        elif meta["kind"] == "sft":
+            eot = meta["special_token_ids"]["eot"]
+            if not isinstance(eot, int):
+                return [f"{cache / META_NAME}: special_token_ids.eot is {eot!r}; an SFT reader pads with the EOT id: "
+                        "rebuild the cache"]
+            for split in ("train", "val"):
+                idx = meta["files"].get(f"{split}_idx.npy")
+                if idx and idx.get("examples", 1):
+                    SFTExampleDataset(str(cache / f"{split}_tokens.bin"), str(cache / f"{split}_idx.npy"), T=1,
+                                      device="cpu", eot_id=eot)
+    except NielsGPTError as exc:
+        return [str(exc)]
+    return []
 
 
 def _unsealed_note(record_path: Path) -> str:
