@@ -1,5 +1,7 @@
 """The figures of each kind of output: pretraining and SFT caches (a root of several too), packed bins
-(memmap or Parquet) and converted outputs, behind `cache_stats(path)`."""
+(memmap or Parquet) and converted outputs, behind `cache_stats(path)`. What a path holds is locate's to say
+(niels_gpt/locate.py), so a missing path, an unfinished build or a text file is the same one line here as in
+every other command."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.masks import assistant_token_mask
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.packing.parquet import PARQUET_SUFFIXES
 from niels_gpt.readers.shards import shard_array
-from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output, megatron_prefix
+from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output
 from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
 
@@ -174,25 +177,28 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         raise ConfigError(f"{path}: --seq-len {seq_len:,} is past any sequence length a model trains at (at most "
                           f"{MAX_SEQ_LEN:,} here); pass the T you train with")
     root = Path(path)
-    if not root.exists() and not megatron_prefix(root):
-        raise StatsError(f"{root}: no such file or directory; pass a cache, a packed directory or a converted output")
-    if (root / META_NAME).is_file():
-        meta = read_meta(str(root))
-        if meta["kind"] == "pretrain":
-            return _pretrain(root, meta, ["train", "val"], progress)
-        if meta["kind"] == "sft":
-            return _sft(root, meta, ["train", "val"], seq_len, progress)
-        raise StatsError(f"{root}: a {meta['kind']} directory, not a token cache; pass a cache built with it")
-    if root.name in ("train", "val") and (root.parent / META_NAME).is_file():
-        meta = read_meta(str(root.parent))
-        if meta["kind"] == "pretrain":
-            return _pretrain(root.parent, meta, [root.name], progress)
-    if (root / PACKED_MANIFEST).is_file():
-        return _packed(root)
-    if root.suffix in PARQUET_SUFFIXES or (root.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in root.iterdir())):
-        return _packed_parquet(root)
-    info = foreign_output(root)
-    if info is None and root.is_dir():
+    found = locate(root)  # the one door: what the path holds, or one line (missing, an unfinished build, ...)
+    if found.kind in ("pretrain", "sft"):
+        meta = read_meta(str(found.root))  # checked: schema and seal
+        if found.kind == "pretrain":
+            return _pretrain(found.root, meta, [found.split] if found.split else ["train", "val"], progress)
+        return _sft(found.root, meta, ["train", "val"], seq_len, progress)
+    if found.kind == "not-built":
+        raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
+                         "nothing to count: build it first")
+    if found.kind == "tokenizer":
+        raise StatsError(f"{root}: a tokenizer directory, not a token cache; pass a cache built with it")
+    if found.kind == "mixture":
+        raise StatsError(f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)")
+    if found.kind == "text-parquet":
+        raise StatsError(f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
+                         "--out cache/NAME --tokenizer TOK`)")
+    if found.kind == "packed":
+        if (root / PACKED_MANIFEST).is_file():
+            return _packed(root)
+        if root.suffix in PARQUET_SUFFIXES or root.is_dir():
+            return _packed_parquet(root)
+    if found.kind == "root":
         caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]
         if caches:
             streams, kinds = [], set()
@@ -203,6 +209,7 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
                     s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
                     streams.append(s)
             return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})
+    info = foreign_output(root) if found.kind in ("foreign", "root", "packed") else None  # a lone .npy: KempnerForge
     if info is not None:
         return _foreign(root, info, progress)
     raise StatsError(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format: not a cache, "
