@@ -64,8 +64,9 @@ def unfinished_tokens(d: Path) -> bool:
             or any(any((d / split).glob("shard_*.bin*")) for split in SPLITS))
 
 
-def _unfinished_message(p: Path) -> str:
-    return (f"{p}: token files but no {META_NAME} (or {MANIFEST_NAME}): an unfinished build (its commit marker was "
+def unfinished_message(p: Path) -> str:
+    """The one line for a directory `unfinished_tokens` finds (locate, verify and stats say it alike)."""
+    return (f"{p}: token files but no {META_NAME} (or {MANIFEST_NAME}): unfinished build (its commit marker was "
             "never written, or was removed), so nothing here is read; build it again into a new directory, or "
             "remove this one and build again")
 
@@ -123,7 +124,7 @@ def locate(path: str | os.PathLike) -> Found:
         info = detect_format(p)
     except FormatError as exc:
         if unfinished_tokens(p) or (p.name in SPLITS and unfinished_tokens(p.parent)):
-            raise IncompleteCacheError(_unfinished_message(p)) from None
+            raise IncompleteCacheError(unfinished_message(p)) from None
         if p.is_dir() and not any(p.iterdir()):
             raise FormatError(f"{p}: an empty directory, not a cache; build one into it with `build SRC... --out "
                               f"{p}`") from None

@@ -22,6 +22,7 @@ from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
+from niels_gpt.locate import unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -112,8 +113,7 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
             return _verify_foreign(root, info)
         if is_packed_parquet(root):
             return _verify_packed_parquet(root)
-    problems = [f"{d}: token files but no {META_NAME} (or {PACKED_MANIFEST}): unfinished build, rebuild it"
-                for d in unfinished_dirs(root)] + interrupted_builds(root)
+    problems = [unfinished_message(d) for d in unfinished_dirs(root)] + interrupted_builds(root)
     seen = []
     for shard in packed:
         seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})" + _unsealed_note(shard / PACKED_MANIFEST))

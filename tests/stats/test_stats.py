@@ -282,7 +282,7 @@ def test_an_unfinished_cache_is_named_unfinished_in_one_line(pretrain, tmp_path)
     shutil.copytree(pretrain, gone)
     (gone / "meta.json").unlink()  # token files, no marker
     for path in (gone, gone / "train"):
-        with pytest.raises(IncompleteCacheError, match=r"token files but no meta\.json .* an unfinished build"):
+        with pytest.raises(IncompleteCacheError, match=r"token files but no meta\.json .*: unfinished build"):
             cache_stats(path)
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()  # a pid that is no longer running: its build died
