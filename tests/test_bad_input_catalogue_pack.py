@@ -1,6 +1,6 @@
 """Bad-input catalogue, writers and readers of finished outputs: a lock left empty by an older version, caches
 whose commit marker is gone (stats says unfinished), a resealed meta.json that no reader opens (verify says so),
-a convert over an output of another kind."""
+a convert over an output of another kind, convert and prepare-data of packed bins."""
 
 from __future__ import annotations
 
@@ -61,6 +61,21 @@ def convert_over_a_packed_directory(w, tmp):
     return ["convert", str(w.pretrain), str(tmp / "p"), "--to", "raw", "--not-for-kempnerforge"]
 
 
+def _packed_with_val(w, tmp):
+    from niels_gpt.packing import pack_sft
+
+    pack_sft(w.sft, tmp / "p", pack_size=128)
+    return tmp / "p"
+
+
+def convert_packed_bins(w, tmp):
+    return ["convert", str(_packed_with_val(w, tmp)), str(tmp / "c"), "--to", "niels"]
+
+
+def prepare_data_of_packed_val_bins(w, tmp):
+    return ["prepare-data", str(_packed_with_val(w, tmp) / "val")]
+
+
 CASES = [
     Case("stats: a cache whose meta.json is gone", stats_cache_without_meta,
          ("/c:", "token files but no meta.json", "unfinished build", "build again"), reads=("pretrain",)),
@@ -75,6 +90,10 @@ CASES = [
          report=True),
     Case("convert: DST holds packed bins", convert_over_a_packed_directory,
          ("DST", "/p:", "packed SFT bins", "not a converted corpus", "choose another DST"), reads=("pretrain",)),
+    Case("convert: SRC is packed SFT bins", convert_packed_bins,
+         ("/p:", "packed SFT bins", "not a token stream", "pass the SFT cache"), out="c"),
+    Case("prepare-data: packed val bins", prepare_data_of_packed_val_bins,
+         ("/p/val:", "packed SFT bins", "not a token stream", "pass the SFT cache")),
 ]
 
 

@@ -114,7 +114,7 @@ def test_verify_validates_packed_sft_directories(caches, tmp_path, capsys):
     packed = caches / "packed" / "s"
     pack_sft(str(caches / "sft/s"), str(packed), pack_size=64, algorithm="ffd")
     assert main(["verify", str(caches)]) == 0
-    assert "4 output(s), 0 problem(s)" in capsys.readouterr().out
+    assert "5 output(s), 0 problem(s)" in capsys.readouterr().out  # the val split packed into packed/s/val too
     mask = np.load(packed / "loss_mask.npy", mmap_mode="r+")
     end = int(np.load(packed / "packed_len.npy")[0]) - 1
     mask[0, end] = 1  # a target across the bin's last sequence boundary

@@ -50,7 +50,7 @@ from niels_gpt.formats.names import NAMES, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
-from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes
+from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
 from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.outputs import check_output
@@ -267,6 +267,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     check_compress(compress)
     kind = "cache" if to == "niels" else "converted"
     dst = check_output(dst, kind=kind, flag="DST", inputs=[src])  # before any work
+    refuse_packed_bins(src, "convert")
     info = detect_format(src, src_dtype)
     leaves = info.splits or {split: info}
     summary: dict = {"source": info.format, "to": to, "splits": {}}

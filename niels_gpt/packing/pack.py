@@ -9,7 +9,9 @@
    sequence into a preallocated uint8 buffer (`shift_within_sequences`), and hand both to the writer.
 
 No Python list of tokens is ever built; memory beyond the plan (O(n) int64 arrays) is O(pack_size).
-A local `out` is built aside and swapped in whole (niels_gpt/staging.py): a run killed at any moment leaves the
+Packing `train` also packs the cache's val split, when it holds examples, into `out/val/` (a memmap_padded_v1
+shard of its own, same pack size, algorithm and overflow policy); the train manifest is written last. A local
+`out` is built aside and swapped in whole (niels_gpt/staging.py): a run killed at any moment leaves the
 previous output or none, and the next run cleans what it left and succeeds. A remote `out` (an fsspec URL) is
 written locally and uploaded (`remote.write_then_upload`).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -42,6 +45,7 @@ from niels_gpt.storage.upload import local_path_of
 ON_OVERFLOW = ("truncate", "reject")
 DEFAULT_ON_OVERFLOW = "truncate"
 INT32_MAX = np.iinfo(np.int32).max
+VAL_DIR = "val"  # the packed val split: a shard of its own inside the train shard's directory
 
 
 @dataclass
@@ -125,11 +129,13 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
 
 def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
              split: str = "train", on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED,
-             progress: bool = False, warn: bool = True) -> dict:
+             progress: bool = False, warn: bool = True, val: bool = True) -> dict:
     """Pack one split of the SFT cache at `cache_dir` into a memmap_padded_v1 shard at `out`.
 
-    `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest, whose
-    `truncation` says what the pack size cut; above 1% lost it warns (`warn=False`: the caller says it).
+    Packing the train split of a cache that holds val examples also packs those into `out/val/` (a shard of its
+    own, same settings; `val=False`: train only). `out` is a local directory or an fsspec URL (written locally,
+    then uploaded). Returns the manifest, whose `truncation` says what the pack size cut (above 1% lost it
+    warns; `warn=False`: the caller says it), plus `val`: the val shard's manifest, or None.
     """
     check_seed(seed)
     local = local_path_of(out)
@@ -146,7 +152,24 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
     if warn and message is not None:
         warnings.warn(message, stacklevel=2)
     extra = {"seed": int(seed), "on_overflow": on_overflow}
+    val_plan = None
+    if split == "train" and val and has_examples(src.meta, "val"):
+        val_plan = plan_packing(open_sft_split(cache_dir, "val"), pack_size=pack_size, algorithm=algorithm,
+                                on_overflow=on_overflow, seed=seed)
+
+    def write(stage):
+        # the val shard first: the train manifest, written last, is the commit marker of the whole output
+        held_out = None if val_plan is None else write_plan(val_plan, stage / VAL_DIR, extra=extra)
+        manifest = write_plan(plan, stage, progress=progress, extra=extra)
+        return {**manifest, "val": held_out}
+
     if local is None:
-        return write_then_upload(out, lambda stage: write_plan(plan, stage, progress=progress, extra=extra))
+        return write_then_upload(out, lambda stage: write(Path(stage)))
     with build_aside(local, kind="packed", flag="OUT") as stage:
-        return write_plan(plan, stage, progress=progress, extra=extra)
+        return write(Path(stage))
+
+
+def has_examples(meta: dict, split: str) -> bool:
+    """Whether an SFT cache's meta.json lists a `split` with at least one example."""
+    rec = meta.get("files", {}).get(f"{split}_idx.npy")
+    return isinstance(rec, dict) and int(rec.get("examples", 1)) > 0

@@ -63,6 +63,16 @@ def _check_special_ids(cache: Path, meta: dict) -> list[str]:
     return []
 
 
+def _packed_val_files(shard: Path) -> set[str]:
+    """pack-sft's packed val split in `val/`: a shard of its own (verified as one), not strays of the train bins."""
+    try:
+        files = json.loads((shard / "val" / PACKED_MANIFEST).read_bytes()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()  # none there, or unreadable: its own check says so
+    names = {rec.get("name") for rec in files.values() if isinstance(rec, dict)} if isinstance(files, dict) else set()
+    return {f"val/{PACKED_MANIFEST}"} | {f"val/{n}" for n in names if isinstance(n, str)}
+
+
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
     """Files inside an output that its metadata does not list: temporaries of a killed run, leftovers."""
     stray = []
@@ -102,6 +112,8 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     caches = find_caches(root) if root.exists() else []
     packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
                                        else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
+    if (root / PACKED_MANIFEST).is_file() and (root / "val" / PACKED_MANIFEST).is_file():
+        packed.append(root / "val")  # pack-sft's packed val split, a shard of its own
     if not caches and not packed and root.is_dir() and receipt_path(root).is_file():
         try:
             info = detect_format(root)
@@ -120,7 +132,8 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         try:
             ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
-            problems += _stray_files(shard, {rec["name"] for rec in ds.manifest["files"].values()}, PACKED_MANIFEST)
+            listed = {rec["name"] for rec in ds.manifest["files"].values()} | _packed_val_files(shard)
+            problems += _stray_files(shard, listed, PACKED_MANIFEST)
         except NielsGPTError as exc:
             problems.append(str(exc))
     for cache in caches:

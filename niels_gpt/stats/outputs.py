@@ -102,7 +102,7 @@ def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> 
     return Stats(str(cache), "sft", streams, {"dataset_name": meta.get("dataset_name")})
 
 
-def _packed(root: Path) -> Stats:
+def _packed(root: Path, name: str = "bins") -> Stats:
     manifest = read_manifest(root)
     pack_size = int(manifest["pack_size"])
     files = manifest["files"]
@@ -117,7 +117,12 @@ def _packed(root: Path) -> Stats:
     last = np.arange(len(starts)) == (offsets[bin_of + 1] - 1) if len(starts) else np.zeros(0, bool)
     seq_lengths = np.where(last, packed_len[bin_of] if len(starts) else 0, nxt) - starts
     trained = int(np.count_nonzero(np.asarray(loss_mask)))
-    return _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size)
+    out = _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size, name)
+    if (root / "val" / "manifest.json").is_file() and name == "bins":  # pack-sft's packed val split
+        val = _packed(root / "val", name="val")
+        out.streams += val.streams
+        out.extra["val"] = {k: val.extra[k] for k in ("bins", "efficiency")}
+    return out
 
 
 def _packed_parquet(root: Path) -> Stats:
@@ -141,13 +146,13 @@ def _packed_parquet(root: Path) -> Stats:
 
 
 def _bins_stats(root: Path, packed_len: np.ndarray, seq_lengths: np.ndarray, per_bin: np.ndarray, trained: int,
-                pack_size: int) -> Stats:
+                pack_size: int, name: str = "bins") -> Stats:
     nb = len(packed_len)
     fill = packed_len / pack_size if nb and pack_size else np.zeros(0)
     counts, edges = np.histogram(fill, bins=20, range=(0.0, 1.0))
     figures, hist = length_figures(seq_lengths)
     tokens = int(packed_len.sum())
-    stream = StreamStats(name="bins", tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
+    stream = StreamStats(name=name, tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
                          trained_tokens=trained, trained_fraction=trained / tokens if tokens else 0.0, **hist)
     extra = {"pack_size": pack_size, "bins": nb, "efficiency": tokens / (nb * pack_size) if nb and pack_size else 1.0,
              "fill_counts": counts.tolist(), "fill_edges": edges.tolist(),
