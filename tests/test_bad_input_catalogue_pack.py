@@ -1,6 +1,6 @@
 """Bad-input catalogue, writers and readers of finished outputs: a lock left empty by an older version, caches
 whose commit marker is gone (stats says unfinished), a resealed meta.json that no reader opens (verify says so),
-a convert over an output of another kind, convert and prepare-data of packed bins."""
+a convert over an output of another kind, convert and prepare-data of packed bins, --on-overflow split of a cache without role sentinels."""
 
 from __future__ import annotations
 
@@ -76,6 +76,13 @@ def prepare_data_of_packed_val_bins(w, tmp):
     return ["prepare-data", str(_packed_with_val(w, tmp) / "val")]
 
 
+def pack_sft_split_a_template_cache(w, tmp):
+    from .packing.test_split_overflow import conversation, template_cache
+
+    return ["pack-sft", str(template_cache(tmp)), str(tmp / "p"), "--pack-size", str(len(conversation(1, 9)) - 1),
+            "--on-overflow", "split"]
+
+
 CASES = [
     Case("stats: a cache whose meta.json is gone", stats_cache_without_meta,
          ("/c:", "token files but no meta.json", "unfinished build", "build again"), reads=("pretrain",)),
@@ -94,6 +101,8 @@ CASES = [
          ("/p:", "packed SFT bins", "not a token stream", "pass the SFT cache"), out="c"),
     Case("prepare-data: packed val bins", prepare_data_of_packed_val_bins,
          ("/p/val:", "packed SFT bins", "not a token stream", "pass the SFT cache")),
+    Case("pack-sft --on-overflow split: a cache without role sentinels", pack_sft_split_a_template_cache,
+         ("/c/meta.json:", "--on-overflow split", "no role sentinel ids", "truncate or reject"), out="p"),
 ]
 
 

@@ -32,7 +32,9 @@ def register(subparsers) -> None:
                    help=f"bin packing algorithm (default {DEFAULT_ALGORITHM})")
     p.add_argument("--split", choices=SPLITS, default="train", help="cache split to pack (default train)")
     p.add_argument("--on-overflow", choices=ON_OVERFLOW, default=DEFAULT_ON_OVERFLOW,
-                   help=f"examples longer than --pack-size: truncate or reject (default {DEFAULT_ON_OVERFLOW})")
+                   help="examples longer than --pack-size: truncate (keep the first pack-size tokens), reject (refuse the "
+                        "run), or split (between whole turns, each piece keeping the system prompt; a turn longer "
+                        f"than the room left is cut) (default {DEFAULT_ON_OVERFLOW})")
     p.add_argument("--no-val", dest="val", action="store_false",
                    help="with --split train: do not pack the cache's val split into OUT/val/ (default: packed "
                         "when the cache holds val examples)")
@@ -50,8 +52,10 @@ def run_pack_sft(args) -> int:
     lost = (f", {t['tokens_lost'] / t['tokens']:.1%} of the tokens and "
             f"{t['trained_targets_lost'] / max(t['trained_targets'], 1):.1%} of the trained targets cut"
             if t["tokens_lost"] else "")
+    pieces = (f", {t['split_examples']} examples split into {t['split_pieces']} pieces of whole turns"
+              if t.get("split_examples") else "")
     print(f"pack-sft: {m['num_bins']} bins, {m['num_sequences']} sequences, {m['num_tokens']} tokens, "
-          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}{lost}")
+          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}{lost}{pieces}")
     v = m.get("val")
     if v is not None:
         print(f"pack-sft: val: {v['num_bins']} bins, {v['num_sequences']} sequences, {v['num_tokens']} tokens, "
