@@ -20,7 +20,7 @@ TARGETS = ["niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron
 
 
 def _kw(target: str) -> dict:
-    """raw uint16 output with even token counts is refused unless it is declared not for KempnerForge."""
+    """raw uint16 output with even token counts gets a note unless it is declared not for KempnerForge."""
     return {"not_for_kempnerforge": True} if target == "raw" else {}
 SOURCES = [(t, False) for t in TARGETS] + [("nanogpt", True), ("nanogpt-legacy", True)]
 
