@@ -4,13 +4,16 @@
     python bench/campaign.py --kills 2 --flips 24 --json out.json   # what tests/test_campaign.py runs
 
 Kills. Each job (build-all pretrain and SFT; `build` inline, on local processes and on Ray (where installed),
-and `build --chat`; `dist-build`; `train-tokenizer SRC...`; pack-sft; convert to every format; the builders fresh
-and over an existing output built with other settings) runs as a subprocess in its own process group, SIGKILLed after a
-seeded random share of its clean run time. Then:
+and `build --chat`; `dist-build`; `train-tokenizer SRC...`; pack-sft; convert to every format, compressed too; the
+writers fresh and over an existing output written with other settings) runs as a subprocess in its own process group
+and is SIGKILLed. Kills alternate between two moments: while it writes (a seeded random share of its clean run's
+writing time, the time it held its output's lock, after that lock appears: a start-up takes most of a small job's time, and a kill there tests
+nothing) and a seeded random share of its whole clean run time (anywhere, start-up included). Then:
   - complete-looking partial outputs: a commit marker (meta.json / manifest.json / niels_receipt.json) over
     files that are neither the old output nor the clean new one (target 0);
   - refused: with no marker, `verify` and the output's reader must fail with a package error;
-  - the job is rerun: its output must be byte-identical to the clean build (target 0 differences);
+  - the job is rerun as it was, with nothing removed by hand: it must succeed, and its output must be
+    byte-identical to the clean build (target 0 differences);
   - temporaries, staging directories and locks left beside or inside the outputs after the rerun (target 0).
 Corruption. On finished outputs of every kind (the tokenizer directory too): single-byte flips (one at a time, restored after), one-byte
 truncations and extensions of every file, and one digit changed in each number of each JSON/YAML file. Per
@@ -63,6 +66,29 @@ def snapshot(path: Path) -> dict[str, bytes] | None:
     if not path.exists():
         return None
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def lock_of(out: Path) -> Path:
+    return out.with_name(out.name + ".lock")  # every writer holds it while it writes (niels_gpt/staging.py)
+
+
+def run_watched(args: list[str], cwd: Path, out: Path) -> tuple[float, float | None]:
+    """Run a job to its end: (seconds it took, seconds its output's lock was held; None if never seen)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    taken = released = None
+    while p.poll() is None:
+        held = lock_of(out).exists()
+        if taken is None and held:
+            taken = time.perf_counter()
+        if taken is not None and released is None and not held:
+            released = time.perf_counter()
+        time.sleep(0.001)
+    err = p.communicate()[1]
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {err[-2000:]}")
+    end = time.perf_counter()
+    return end - t0, None if taken is None else (released or end) - taken
 
 
 def leftovers(root: Path) -> list[str]:
@@ -127,6 +153,11 @@ def jobs(tok: str) -> list[Job]:
         extra = ["--not-for-kempnerforge"] if fmt == "raw" else []
         out.append(Job(f"convert {fmt}", ["convert", "REF/c/pretrain/wikitext", f"conv-{fmt}", "--to", fmt, *extra],
                        f"conv-{fmt}", "converted"))
+    zstd = ["convert", "REF/c/pretrain/wikitext", "conv-zstd", "--to", "niels", "--compress", "zstd"]
+    out += [Job("convert niels zstd", zstd, "conv-zstd", "pretrain"),
+            Job("convert nanogpt over", ["convert", "REF/c/pretrain/wikitext", "conv-over", "--to", "nanogpt"],
+                "conv-over", "converted",
+                before=["convert", "REF/c/pretrain/wikitext", "conv-over", "--to", "nanogpt", "--bos-index"])]
     return out
 
 
@@ -204,7 +235,7 @@ def run_kills(work: Path, tok: str, kills: int, rng: random.Random, only: list[s
               ) -> tuple[list[dict], dict]:
     ref = work / "REF"
     ref.mkdir()
-    rows, clean_time = [], {}
+    rows, clean_time, writing = [], {}, {}
     everything = jobs(tok)
     chosen = [j for j in everything if not only or j.name in only]
     # a chosen job that reads an output in REF (convert, pack-sft) gets the fresh job that writes it built
@@ -217,33 +248,41 @@ def run_kills(work: Path, tok: str, kills: int, rng: random.Random, only: list[s
         if any(a.startswith("REF/") for a in job.args):
             here = Path(tempfile.mkdtemp(dir=work))
             (here / "REF").symlink_to(ref)
-        t0 = time.perf_counter()
-        sh(CLI + job.args, here)
-        clean_time[job.name] = time.perf_counter() - t0
+        clean_time[job.name], writing[job.name] = run_watched(CLI + job.args, here, here / job.output)
         cleans[job.name] = snapshot(here / job.output)
         if here != ref:  # REF also keeps a copy, for the corruption part
             shutil.copytree(here / job.output, ref / job.output, dirs_exist_ok=True)
             shutil.rmtree(here)
+    print("writing time (s, output lock held in the clean run): "
+          + ", ".join(f"{k}: {'-' if v is None else f'{v:.3f}'}" for k, v in writing.items()), flush=True)
     totals = Counter()
     for job in chosen:
         clean = cleans[job.name]
         row = Counter()
-        for _ in range(kills):
+        for k in range(kills):
             case = Path(tempfile.mkdtemp(dir=work))
             (case / "REF").symlink_to(ref)
+            out = case / job.output
             old = None
             if job.before:
                 sh(CLI + job.before, case)
-                old = snapshot(case / job.output)
-            delay = rng.uniform(0.05, 1.1) * clean_time[job.name]
+                old = snapshot(out)
+            held = writing[job.name]
+            while_writing = k % 2 == 0 and held is not None
             p = subprocess.Popen(CLI + job.args, cwd=case, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  start_new_session=True)
-            time.sleep(delay)
+            if while_writing:
+                while p.poll() is None and not lock_of(out).exists():
+                    time.sleep(0.001)
+                time.sleep(rng.uniform(0.0, 0.9) * held)
+            else:
+                time.sleep(rng.uniform(0.05, 1.1) * clean_time[job.name])
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 row["killed"] += 1
+                p.wait()
+                row["killed while writing"] += lock_of(out).exists()  # a kill leaves the lock it held
             p.wait()
-            out = case / job.output
             now = snapshot(out)
             marked = now is not None and any(m in now for m in MARKERS)
             if marked and now != clean and now != old:
@@ -254,15 +293,18 @@ def run_kills(work: Path, tok: str, kills: int, rng: random.Random, only: list[s
                 row["partial outputs"] += 1
             if marked and now == old:
                 row["old output kept"] += 1
-            if job.args[0] == "convert" and out.exists():
-                shutil.rmtree(out)  # convert refuses a non-empty destination (a finished one was compared above)
-            sh(CLI + job.args, case)
+            rerun = sh(CLI + job.args, case, check=False)
             row["reruns"] += 1
+            if rerun.returncode != 0:
+                row["rerun failed"] += 1
+                row.setdefault("rerun errors", []).append(rerun.stderr.strip().splitlines()[-1:])
+                shutil.rmtree(case)
+                continue
             row["rerun differs from clean"] += snapshot(out) != clean
             row["leftovers after rerun"] += len(leftovers(case))
             shutil.rmtree(case)
         rows.append({"job": job.name, **row})
-        totals.update(row)
+        totals.update({k: v for k, v in row.items() if isinstance(v, int)})
     return rows, dict(totals)
 
 

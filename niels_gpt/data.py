@@ -59,6 +59,8 @@ def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = 
     if found.kind in ("pretrain", "sft", "foreign") and (not isinstance(T, int) or isinstance(T, bool) or T < 1):
         raise ConfigError(f"{p}: T={T!r}; pass the window length as a positive int (T=...)")
     split = found.split or split
+    if found.kind in ("pretrain", "sft"):
+        check_split(found.root, found.meta, split)
     if found.kind == "pretrain":
         return IndexedWindowDataset(found.root, T, split=split, **options)
     if found.kind == "sft":
@@ -71,6 +73,26 @@ def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = 
         return MemoryMappedDataset(p, T, split=split, **options)
     raise FormatError(f"{p}: {WHAT[found.kind]}, which holds no tokens to train on; point at a cache, packed bins or "
                       "token files")
+
+
+def splits_of(meta: dict) -> dict[str, int]:
+    """{split: its tokens} of a cache, for the splits it has files of (train and val at most)."""
+    files, totals = meta.get("files") or {}, meta.get("totals") or {}
+    have = [s for s in SPLITS if any(rel.startswith(f"{s}/") or rel == f"{s}_tokens.bin" for rel in files)]
+    return {s: int(totals.get(f"{s}_tokens", 0) or 0) for s in have}
+
+
+def check_split(where, meta: dict, split: str) -> None:
+    """Refuse a split the cache does not have, naming the ones it has and what to do instead."""
+    have = splits_of(meta)
+    if split in have:
+        return
+    listed = ", ".join(f"{s} ({n:,} tokens)" for s, n in have.items()) or "no split with files"
+    held_out = ("pass split='val' for its held-out part" if have.get("val") else
+                "it has no held-out part: rebuild it with --val-tokens N or --val-frac F for a val split")
+    raise ConfigError(f"{where}: no split {split!r}; this cache has {listed} (a cache holds train and val only): "
+                      f"{held_out}; a test set of your own is a cache of its own: build it from its files (`build "
+                      "FILES --out cache/NAME-test --tokenizer TOK`) and open its train split")
 
 
 WHAT = {"tokenizer": "a tokenizer directory", "root": "a root of several outputs (open one of them)",
@@ -92,6 +114,8 @@ def _open_url(url: str, T: int | None, split: str, options: dict):
     if sub and sub not in SPLITS:
         raise FormatError(f"{url}: {sub!r} is not a split of the cache at {rc.url} (expected {' or '.join(SPLITS)})")
     split = sub or split
+    if meta.get("kind") in ("pretrain", "sft"):
+        check_split(rc.url, meta, split)
     if meta.get("kind") == "pretrain":
         return IndexedWindowDataset(rc.url, T, split=split, **options)
     if meta.get("kind") == "sft":

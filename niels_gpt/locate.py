@@ -15,8 +15,9 @@
 | token files of another format (nanoGPT, KempnerForge, Megatron, raw with meta) | `foreign` |
 
 A path that holds none of these is a clear error saying what it is and what to do: missing (with the
-interrupted build's leftovers named, when there are some: niels_gpt.meta.unfinished_build), a text or
-JSONL file (build it first), an empty or unrelated directory.
+interrupted build's leftovers named, when there are some: niels_gpt.meta.unfinished_build), our token files
+without their commit marker (`unfinished_tokens`: a build that never finished, or a marker removed), a text
+or JSONL file (build it first), an empty or unrelated directory.
 """
 
 from __future__ import annotations
@@ -50,6 +51,24 @@ def _json(path: Path) -> dict | None:
     except (OSError, ValueError) as exc:
         raise FormatError(f"{path}: not readable JSON ({exc}); rebuild the output, or restore the file") from None
     return doc if isinstance(doc, dict) else None
+
+
+def unfinished_tokens(d: Path) -> bool:
+    """Whether directory `d` holds token files of ours (an SFT `*_tokens.bin`, pretraining shards under train/ or
+    val/, packed `input_ids.npy`) but no commit marker (meta.json, manifest.json): a build that never finished,
+    or an output whose marker was removed. The one rule behind locate, verify and stats."""
+    d = Path(d)
+    if not d.is_dir() or (d / META_NAME).is_file() or (d / MANIFEST_NAME).is_file():
+        return False
+    return (any(d.glob("*_tokens.bin")) or (d / "input_ids.npy").is_file()
+            or any(any((d / split).glob("shard_*.bin*")) for split in SPLITS))
+
+
+def unfinished_message(p: Path) -> str:
+    """The one line for a directory `unfinished_tokens` finds (locate, verify and stats say it alike)."""
+    return (f"{p}: token files but no {META_NAME} (or {MANIFEST_NAME}): unfinished build (its commit marker was "
+            "never written, or was removed), so nothing here is read; build it again into a new directory, or "
+            "remove this one and build again")
 
 
 def _parquet_columns(path: Path) -> list[str]:
@@ -104,6 +123,8 @@ def locate(path: str | os.PathLike) -> Found:
     try:
         info = detect_format(p)
     except FormatError as exc:
+        if unfinished_tokens(p) or (p.name in SPLITS and unfinished_tokens(p.parent)):
+            raise IncompleteCacheError(unfinished_message(p)) from None
         if p.is_dir() and not any(p.iterdir()):
             raise FormatError(f"{p}: an empty directory, not a cache; build one into it with `build SRC... --out "
                               f"{p}`") from None

@@ -84,7 +84,8 @@ def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
         files = (doc or {}).get("files")
         if not isinstance(files, dict):
             return "packed", None
-        return "packed", {MANIFEST_NAME} | {str(f.get("name", k)) if isinstance(f, dict) else k for k, f in files.items()}
+        listed = {MANIFEST_NAME} | {str(f.get("name", k)) if isinstance(f, dict) else k for k, f in files.items()}
+        return "packed", listed | _packed_val_files(path)
     if receipt.is_file():
         doc = _read_json(receipt)
         files = (doc or {}).get("files")
@@ -92,6 +93,15 @@ def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
     if plan.is_file():
         return "work", None  # its parts are named by task ids: everything under it is the driver's
     return None, None
+
+
+def _packed_val_files(path: Path) -> set[str]:
+    """The files of the packed val split pack-sft writes beside the train bins (`val/`), as its manifest lists them."""
+    doc = _read_json(path / "val" / MANIFEST_NAME) if (path / "val" / MANIFEST_NAME).is_file() else None
+    files = (doc or {}).get("files")
+    if not isinstance(files, dict):
+        return set()
+    return {f"val/{MANIFEST_NAME}"} | {f"val/{f.get('name', k) if isinstance(f, dict) else k}" for k, f in files.items()}
 
 
 def _plus(listed: set[str] | None, name: str) -> set[str] | None:

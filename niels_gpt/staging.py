@@ -1,7 +1,8 @@
 """Builds that never damage what they replace: one lock per output, built aside, swapped in when complete.
 
-- `<out>.lock` beside the output holds {"pid", "host", "since"}, created with O_EXCL: a second build of the
-  same output fails at once naming the holder. A lock whose pid is dead on this host is stale and taken
+- `<out>.lock` beside the output holds {"pid", "host", "since"}, written aside and hard-linked into place (it
+  appears whole or not at all; the link fails if it exists): a second build of the same output fails at once
+  naming the holder. A lock whose pid is dead on this host is stale and taken
   over; one from another host is never guessed dead (the message names the file to remove).
 - The build writes into `<out>.tmp-<pid>` beside the output. Only when it is complete (its meta.json
   written) does it replace the output: `out -> out.old-<pid>`, `tmp -> out`, then the old copy is removed.
@@ -23,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from niels_gpt.atomic import pid_alive, remove_stale_temporaries
+from niels_gpt.atomic import pid_alive, remove_stale_temporaries, tmp_name
 from niels_gpt.errors import ConfigError, OutOfSpaceError, OutputLockedError
 from niels_gpt.outputs import check_output
 
@@ -50,15 +51,21 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
         raise ConfigError(f"{lock.parent}: cannot create this directory ({exc.strerror}); choose a "
                           "writable location") from exc
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    remove_stale_temporaries(lock.parent, prefix=lock.name)  # what a build killed as it took the lock left
     for _ in range(2):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            _create_lock(lock, me)
         except FileExistsError:
             holder = _read(lock)
             if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(lock)  # stale: its builder died on this host
                 continue
+            if not holder:
+                raise OutputLockedError(
+                    f"{out}: {lock} is there but names no build (empty or unreadable: a build killed as it took "
+                    "the lock, by an older version); if no build of this output is running, remove the lock file "
+                    "and rerun") from None
             raise OutputLockedError(
                 f"{out}: another build holds {lock} (pid {holder.get('pid')} on {holder.get('host')} since "
                 f"{holder.get('since')}); wait for it to finish, or if that process is gone (another host, a "
@@ -68,8 +75,6 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
                 raise
             raise ConfigError(f"{lock.parent}: not writable ({exc.strerror}); choose a writable output "
                               "location") from exc
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
         break
     else:  # pragma: no cover - the stale lock came back between our two tries
         raise OutputLockedError(f"{out}: could not take {lock}; rerun")
@@ -79,6 +84,29 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
         if _read(lock).get("pid") == me["pid"]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock)
+
+
+def _create_lock(lock: Path, me: dict) -> None:
+    """Create `lock` holding `me`, or raise FileExistsError. The lock appears with its contents or not at all:
+    written under a temporary name, then hard-linked to its name (a link, like O_EXCL, fails when the name
+    exists), so a kill at any moment never leaves an empty lock that names no holder."""
+    tmp = tmp_name(lock)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(me, f)
+        try:
+            os.link(tmp, lock)
+        except FileExistsError:
+            raise
+        except OSError as exc:  # a file system without hard links: create it in place
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _read(lock: Path) -> dict:

@@ -114,7 +114,7 @@ def test_verify_validates_packed_sft_directories(caches, tmp_path, capsys):
     packed = caches / "packed" / "s"
     pack_sft(str(caches / "sft/s"), str(packed), pack_size=64, algorithm="ffd")
     assert main(["verify", str(caches)]) == 0
-    assert "4 output(s), 0 problem(s)" in capsys.readouterr().out
+    assert "5 output(s), 0 problem(s)" in capsys.readouterr().out  # the val split packed into packed/s/val too
     mask = np.load(packed / "loss_mask.npy", mmap_mode="r+")
     end = int(np.load(packed / "packed_len.npy")[0]) - 1
     mask[0, end] = 1  # a target across the bin's last sequence boundary
@@ -189,3 +189,41 @@ def test_edited_special_ids_are_caught(caches):
     pmeta_file.write_text(json.dumps(pmeta))
     with pytest.raises(CacheError, match=r"document_separator.id 1000 is not special_token_ids.eot"):
         read_meta(str(caches / "pretrain" / "p"))
+
+
+def _resealed(cache, edit) -> None:
+    """Edit meta.json and recompute its own seal, as a tool that rewrites it would."""
+    from niels_gpt.records import sealed_bytes
+
+    meta = json.loads((cache / "meta.json").read_text())
+    edit(meta)
+    (cache / "meta.json").write_bytes(sealed_bytes(meta))
+
+
+def test_verify_refuses_a_resealed_meta_that_the_readers_refuse(caches, tmp_path):
+    """What verify passes every reader opens: an edit that keeps every file's record (and the seal) is still
+    caught when the readers' own open-time checks refuse the cache."""
+    from niels_gpt.cache.sft_dataset import SFTExampleDataset
+    from niels_gpt.formats.convert import convert
+    from niels_gpt.loading.windows import IndexedWindowDataset
+    from niels_gpt.report import verify_path
+
+    z = tmp_path / "z"
+    convert(caches / "pretrain" / "p", z, to="niels", compress="zstd")
+    assert verify_path(str(z)) == ([], 1)
+    _resealed(z, lambda m: m.pop("compression"))
+    with pytest.raises(CacheError):
+        IndexedWindowDataset(str(z), 8)
+    problems, _ = verify_path(str(z))
+    assert len(problems) == 1 and "no `compression` entry" in problems[0]
+
+    from .conftest import write_sft_cache
+
+    sft = write_sft_cache(tmp_path / "sft", [[4, 10, 6, 5, 11, 6]] * 3)  # no tokenizer to compare its ids with
+    assert verify_path(str(sft)) == ([], 1)
+    _resealed(sft, lambda m: m["special_token_ids"].update(asst=None))  # no sentinel and no stored mask
+    with pytest.raises(CacheError, match="no assistant sentinel"):
+        SFTExampleDataset(str(sft / "train_tokens.bin"), str(sft / "train_idx.npy"), T=8, device="cpu",
+                          eot_id=read_meta(str(sft))["special_token_ids"]["eot"])
+    problems, _ = verify_path(str(sft))
+    assert len(problems) == 1 and "no assistant sentinel" in problems[0]

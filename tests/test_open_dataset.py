@@ -3,6 +3,7 @@ that serves it, with the same items as that dataset opened directly."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +103,18 @@ def test_paths_that_hold_no_training_data_are_named(data, tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(NielsGPTError, match="empty"):
         open_dataset(tmp_path / "empty", T=8)
+
+
+def test_a_split_the_library_cannot_make_names_the_splits_there_and_what_to_do(data):
+    """A cache holds train and val: asking for 'test' says which splits it has and how to get a test set, never to
+    'build the cache with a test split' (no command makes one)."""
+    from niels_gpt.errors import ConfigError
+
+    for cache in (data / "pre", data / "sft"):
+        with pytest.raises(ConfigError) as err:
+            open_dataset(cache, T=32, split="test")
+        line = str(err.value)
+        assert "\n" not in line and "no split 'test'" in line, line
+        assert re.search(r"this cache has train \([\d,]+ tokens\), val \([\d,]+ tokens\)", line), line
+        assert "split='val'" in line and "build FILES --out cache/NAME-test" in line, line
+        assert "with a test split" not in line

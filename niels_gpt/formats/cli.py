@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from niels_gpt.args import int_arg
-from niels_gpt.errors import FormatError
 from niels_gpt.formats.convert import convert
-from niels_gpt.formats.detect import detect_format
-from niels_gpt.formats.names import NAMES, READERS, canonical_format, formats_help
+from niels_gpt.formats.names import NAMES, PRESETS, canonical_format, formats_help, reader_of
 from niels_gpt.formats.prepare import print_report, report
 from niels_gpt.formats.zstd_shard import CODECS
 
@@ -28,7 +27,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("convert", help="convert a token corpus between formats (no re-tokenizing)",
                               epilog=formats_help())
     p.add_argument("src", help="token file or directory in any supported format")
-    p.add_argument("dst", help="new output directory (must not exist or be empty)")
+    p.add_argument("dst", help="output directory: new, empty, or an earlier output of convert (replaced whole)")
     p.add_argument("--to", required=True, choices=NAMES, metavar="FORMAT",
                    help="output format, by its name or by the program that reads it (listed below)")
     p.add_argument("--bos-index", action="store_true",
@@ -45,8 +44,8 @@ def register(subparsers) -> None:
                    help=f"niels/raw shard size (default {DEFAULT_SHARD_BYTES})")
     p.add_argument("--split", default="train", help="split name for a source without splits (default train)")
     p.add_argument("--not-for-kempnerforge", action="store_true",
-                   help="raw: write uint16 .bin files with an even token count, which KempnerForge misreads "
-                        "as uint32 (for readers that are told the dtype; KempnerForge wants --to kempner-npy)")
+                   help="raw: no note about uint16 .bin files with an even token count, which KempnerForge misreads "
+                        "as uint32 (the output is for readers told the dtype; KempnerForge wants --to kempner-npy)")
     p.add_argument("--compress", choices=CODECS, default=None,
                    help="--to niels: shards as zstd frames with a frame index (default: uncompressed)")
     p.set_defaults(func=_convert)
@@ -67,38 +66,23 @@ def register(subparsers) -> None:
 
 
 def _convert(args) -> int:
-    to, max_tokens, not_for_kempner = canonical_format(args.to), args.max_tokens_per_file, args.not_for_kempnerforge
-    if args.to == "nanogpt-train-bin":
-        # nanoGPT's train.py maps one headerless uint16 file per split and is told the dtype: one file each,
-        # and KempnerForge's size rule (which an even token count trips) does not apply
-        _check_uint16_for_nanogpt(args)
-        max_tokens, not_for_kempner = max_tokens or NANOGPT_ONE_FILE, True
-    summary = convert(args.src, args.dst, to=to, bos_index=args.bos_index, bos_id=args.bos_id,
+    to = canonical_format(args.to)
+    summary = convert(args.src, args.dst, to=args.to, bos_index=args.bos_index, bos_id=args.bos_id,
                       eot_id=args.eot_id, dtype=args.dtype, src_dtype=args.src_dtype, split=args.split,
-                      max_tokens_per_file=max_tokens, shard_bytes=args.shard_bytes,
-                      not_for_kempnerforge=not_for_kempner, compress=args.compress)
+                      max_tokens_per_file=args.max_tokens_per_file, shard_bytes=args.shard_bytes,
+                      not_for_kempnerforge=args.not_for_kempnerforge or args.to in PRESETS, compress=args.compress)
     for name, s in summary["splits"].items():
         print(f"{name}: {s['tokens']} tokens, {s['documents']} documents, {len(s['records'])} file(s), "
               f"{s['dtype']}, eot={s['eot_id']} bos={s['bos_id']}")
     named = f"{to}, as {args.to}" if to != args.to else to
-    print(f"wrote {args.dst} ({named}, from {summary['source']}); read by {READERS[to]}")
+    print(f"wrote {args.dst} ({named}, from {summary['source']}); read by {reader_of(args.to)}")
     if args.to == "nanogpt-train-bin":
         for name, s in summary["splits"].items():
             (rec,) = s["records"]
             print(f"nanoGPT: link {rec['path']} as <data_dir>/{'val' if name == 'val' else 'train'}.bin")
+    for note in summary["notes"]:
+        print(f"convert: note: {note}", file=sys.stderr)
     return 0
-
-
-NANOGPT_ONE_FILE = 2**62  # tokens per file for nanoGPT's train.bin/val.bin: one file per split
-
-
-def _check_uint16_for_nanogpt(args) -> None:
-    """nanoGPT's train.py maps its files as uint16: refuse ids that would be written wider."""
-    info = detect_format(args.src, args.src_dtype)
-    if (args.dtype or info.dtype.name) != "uint16":
-        raise FormatError(f"{args.src}: {info.dtype.name} tokens, but nanoGPT's train.py reads train.bin/val.bin as "
-                          "uint16: pass --dtype uint16 (refused if an id does not fit), or use --to raw for a reader "
-                          "that is told the dtype")
 
 
 def _prepare(args) -> int:

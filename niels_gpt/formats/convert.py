@@ -15,8 +15,10 @@
   checked by `verify`; the peers' readers never open it.
 - `compress="zstd"` (with `to="niels"` only): shards as zstd frames plus a frame index, exactly the
   tokens and shards of the uncompressed output (niels_gpt/formats/zstd_shard.py; meta.json records it).
-- Streaming: memory is one block (BLOCK_TOKENS) plus one document; output is written into
-  `<dst>.tmp-<pid>` and renamed to `<dst>` only when complete (meta/idx files last inside it).
+- Streaming: memory is one block (BLOCK_TOKENS) plus one document. The output is built aside
+  (niels_gpt/staging.py: `<dst>.lock`, `<dst>.tmp-<pid>`, meta/idx files last inside it) and swapped in only
+  when complete: a killed run leaves no `<dst>` or the previous one, and its rerun succeeds. An earlier
+  output of ours of the same kind at `<dst>` (a converted corpus; a token cache for `--to niels`) is replaced.
 
 Cost: one pass of reads and writes plus one Python step per document: 50 M uint16 tokens in
 62.5 k documents take 3.4-5.7 s per target on 2 cores (`convert SRC DST --to T`, see docs/formats.md).
@@ -25,13 +27,11 @@ Cost: one pass of reads and writes plus one Python step per document: 50 M uint1
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import remove_stale_temporaries
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
     DocStream,
@@ -46,14 +46,15 @@ from niels_gpt.formats.base import (
 )
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format, write_converted_meta
-from niels_gpt.formats.names import NAMES, canonical_format
+from niels_gpt.formats.names import NAMES, ONE_FILE, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
-from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes
+from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
 from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.outputs import check_output
+from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
 
 TARGETS = FORMATS
@@ -201,21 +202,26 @@ def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id)
     return eot, None
 
 
-def check_kempner_safe(records: list[dict], dtype: np.dtype, dst) -> None:
-    """Refuse uint16 raw files that KempnerForge's MemoryMappedDataset would misread.
+def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
+    """What to say of uint16 raw files that KempnerForge's MemoryMappedDataset would misread, or None.
 
     It ignores metadata.yaml and takes uint32 whenever a .bin's size divides by 4, i.e. for every
-    uint16 file with an even token count: 10 tokens (20 bytes) read as 5 garbage ids.
+    uint16 file with an even token count: 10 tokens (20 bytes) read as 5 garbage ids. Readers told the
+    dtype (nanoGPT's train.py, np.memmap) read them right, so the files are written and this is a note.
     """
     if np.dtype(dtype).itemsize != 2:
-        return
+        return None
     even = [r for r in records if r["tokens"] % 2 == 0]
-    if even:
-        raise ConfigError(
-            f"{dst}: --to raw would write uint16 .bin files with an even token count ({Path(even[0]['path']).name}: "
-            f"{even[0]['tokens']} tokens), which KempnerForge's MemoryMappedDataset reads as uint32 (it ignores "
-            "metadata.yaml); for KempnerForge use --to kempner-npy (.npy records its dtype); for a reader "
-            "that is told the dtype (e.g. np.memmap(..., dtype=np.uint16)) pass --not-for-kempnerforge")
+    if not even:
+        return None
+    return (f"{dst}: uint16 .bin files with an even token count ({Path(even[0]['path']).name}: {even[0]['tokens']} "
+            "tokens), which KempnerForge's MemoryMappedDataset reads as uint32 (it ignores metadata.yaml): for "
+            "KempnerForge use --to kempner-npy (.npy records its dtype); readers told the dtype read them right")
+
+
+def file_prefix(to: str, name: str) -> str:
+    """The file name prefix metadata.yaml records: what every token file the target writes starts with."""
+    return name if to in ("nanogpt", "nanogpt-legacy", "megatron") else "shard"
 
 
 def _first(*values):
@@ -239,11 +245,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             split: str = "train", max_tokens_per_file: int | None = None,
             shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None,
             not_for_kempnerforge: bool = False, compress: str | None = None) -> dict:
-    """Convert `src` (any format) into a new directory `dst` in format `to`. Returns a summary.
+    """Convert `src` (any format) into directory `dst` in format `to`. Returns a summary.
 
-    `--to raw` in uint16 refuses to leave a file with an even token count (KempnerForge would read it
-    as uint32, see check_kempner_safe) unless `not_for_kempnerforge` says the output is meant for a
-    reader that takes the dtype from its caller.
+    `dst` is new, empty, or an earlier output of ours of the same kind, which is replaced whole.
+
+    `to` is any name of formats/names.py: an alias writes its format; `nanogpt-train-bin` writes raw as one
+    uint16 file per split (other dtypes refused). `--to raw` in uint16 with an even token count in a file adds a
+    note to `summary["notes"]` (KempnerForge would read it as uint32, see kempnerforge_note) unless
+    `not_for_kempnerforge` says the output is meant for a reader that takes the dtype from its caller.
     """
     for role, where in (("source", src), ("destination", dst)):
         if is_url(where):  # NOTE: Path("s3://b/x") is the local path "s3:/b/x"; never let it get that far
@@ -255,27 +264,33 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
         raise ConfigError(f"--max-tokens-per-file={max_tokens_per_file}: files must hold at least "
                           f"{MIN_SHARD_BYTES // 2} tokens (tiny files only multiply files); leave it unset for "
                           "the format's own default")
-    to = canonical_format(to)  # `automodel`, `modded-nanogpt`, `nanogpt-train-bin`: formats/names.py
+    asked, to = to, canonical_format(to)  # `automodel`, `modded-nanogpt`, `nanogpt-train-bin`: formats/names.py
+    if asked == "nanogpt-train-bin":  # the preset: one file per split, read as uint16 by nanoGPT's train.py
+        max_tokens_per_file, not_for_kempnerforge = max_tokens_per_file or ONE_FILE, True
     if to not in TARGETS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(NAMES)}")
     if compress is not None and to != "niels":
         raise ConfigError(f"--compress applies to --to niels (our cache) only, not --to {to}: the peers' readers "
                           "read raw tokens")
     check_compress(compress)
-    dst = check_output(dst, kind="converted", flag="DST", inputs=[src], replace=False)  # only a new output
+    kind = "cache" if to == "niels" else "converted"
+    dst = check_output(dst, kind=kind, flag="DST", inputs=[src])  # before any work
+    refuse_packed_bins(src, "convert")
     info = detect_format(src, src_dtype)
+    if asked == "nanogpt-train-bin" and (dtype or info.dtype.name) != "uint16":
+        raise FormatError(f"{src}: {info.dtype.name} tokens, but nanoGPT's train.py reads train.bin/val.bin as "
+                          "uint16: pass --dtype uint16 (refused if an id does not fit), or use --to raw for a reader "
+                          "that is told the dtype")
     leaves = info.splits or {split: info}
-    remove_stale_temporaries(dst.parent, prefix=dst.name)  # copies that killed runs left beside dst
-    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    summary: dict = {"source": info.format, "to": to, "splits": {}}
-    try:
+    summary: dict = {"source": info.format, "to": to, "splits": {}, "notes": []}
+    with build_aside(dst, kind=kind, flag="DST") as tmp:
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)
             eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id, eot_id=eot_id)
             out_dtype = _out_dtype(stream, dtype)
             sub = tmp / name if (info.splits or to == "niels") else tmp
-            target = _Target(to, sub, name if info.splits else ("tokens" if to != "niels" else name),
+            target_name = name if info.splits else ("tokens" if to != "niels" else name)
+            target = _Target(to, sub, target_name,
                              stream, dtype=out_dtype, eot=eot, bos=bos, bos_index=bos_index,
                              max_tokens=max_tokens_per_file, shard_bytes=shard_bytes, compress=compress)
             try:
@@ -286,7 +301,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                 target.abort()
                 raise
             if to == "raw" and not not_for_kempnerforge:
-                check_kempner_safe(records, out_dtype, dst)
+                summary["notes"].extend(filter(None, [kempnerforge_note(records, out_dtype, dst)]))
             fr = target.framer
             summary["splits"][name] = {
                 "records": records, "tokens": sum(r["tokens"] for r in records),
@@ -301,6 +316,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                                        eos_token_id=_first(eot_id, stream.eot_id, eot, bos), tokenizer=None,
                                        tokenizer_sha256=stream.tokenizer_sha256,
                                        extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
+                                       file_prefix=file_prefix(to, target_name),
                                        bos_token_id=bos, last_document_open=bool(fr and fr.opened))
         if to == "niels":
             write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
@@ -311,12 +327,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
             s.pop("stream")
-        if dst.exists():
-            dst.rmdir()
-        os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for s in summary["splits"].values():
         for r in s["records"]:
             for key in ("path", "bos_index", "idx"):

@@ -34,6 +34,7 @@ from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
+from niels_gpt.formats.zstd_shard import SUFFIX, is_compressed_meta, open_compressed
 from niels_gpt.meta import META_NAME, TOKEN_DTYPES, read_meta, stray_files_error, write_meta
 
 SHARD_GLOB = "shard_*.bin"
@@ -82,15 +83,18 @@ def _no_guess(path) -> FormatError:
 
 def _niels_leaf(root: Path, meta: dict, split: str, only: list[Path] | None = None) -> FormatInfo:
     dtype = np.dtype(TOKEN_DTYPES[meta["token_dtype"]])
-    files = only if only is not None else sorted((root / split).glob(SHARD_GLOB), key=file_order)
+    compressed = is_compressed_meta(meta)  # shard_NNNNN.bin.zst (formats/zstd_shard.py)
+    glob = SHARD_GLOB + SUFFIX if compressed else SHARD_GLOB
+    files = only if only is not None else sorted((root / split).glob(glob), key=file_order)
     listed = meta.get("files", {})
     tfs = []
     for f in files:
         rel = f"{split}/{f.name}"
-        tf = open_raw(f, dtype)
+        tf = None if compressed else open_raw(f, dtype)
         rec = listed.get(rel)
         if rec is None:
             raise stray_files_error(f.parent, [f.name], root)
+        tf = tf or open_compressed(f, dtype, rec, meta)
         if rec.get("bytes") != f.stat().st_size:
             raise CacheMismatchError(f"{f}: {f.stat().st_size} bytes, {root / META_NAME} says {rec.get('bytes')}: "
                               "truncated or overwritten; rebuild the cache")

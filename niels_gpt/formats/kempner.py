@@ -79,7 +79,7 @@ def check_against_receipt(path: Path) -> None:
 def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int | None,
                    eos_token_id: int | None, tokenizer: str | None, extension: str = "npy",
                    bos_token_id: int | None = None, last_document_open: bool = False,
-                   tokenizer_sha256: str | None = None) -> None:
+                   tokenizer_sha256: str | None = None, file_prefix: str = "shard") -> None:
     def scalar(v):
         # strings are JSON-quoted (valid YAML): an all-digit sha256 must not read back as a number
         return "null" if v is None else json.dumps(v) if isinstance(v, str) else str(v)
@@ -93,7 +93,7 @@ def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int 
         f"  eos_token_id: {scalar(eos_token_id)}\n"
         f"  bos_token_id: {scalar(bos_token_id)}\n"
         f"  last_document_open: {'true' if last_document_open else 'false'}\n"
-        "  file_prefix: shard\n"
+        f"  file_prefix: {file_prefix}\n"
         f"  file_extension: {extension}\n"
     )
     write_bytes_atomic(Path(directory) / METADATA_NAME, text.encode("utf-8"))

@@ -1,37 +1,60 @@
-"""The names `convert --to` takes: each format by its own name and by the name of the program that reads
-it, with that program, for `convert --help`, the docs and `convert(to=...)`.
+"""The names `convert --to` takes, in one table: each format by its own name and by the name of the program
+that reads it, with that program, for `convert --help`, the docs and `convert(to=...)`.
 
 `nanogpt` is NeMo AutoModel's header (magic 278895051), which neither nanoGPT nor modded-nanogpt reads;
 modded-nanogpt reads `nanogpt-legacy` (magic 20240520), and nanoGPT's own train.py reads headerless uint16
-`train.bin`/`val.bin` files, which is `raw`. The aliases say so where a user looks for the program.
+`train.bin`/`val.bin` files, which is `raw` written as one file per split.
+
+An alias is the same thing as its format: `convert(to=alias)` and `convert --to alias` write the bytes that
+the format's own name writes. A name that writes something else is a preset: a format plus fixed settings
+(`nanogpt-train-bin`: raw, one uint16 file per split), listed as such and applied by `convert` itself, so
+the Python call and the command line behave alike.
 """
 
 from __future__ import annotations
 
 from niels_gpt.formats.detect import FORMATS
 
-ALIASES = {"automodel": "nanogpt", "modded-nanogpt": "nanogpt-legacy", "nanogpt-train-bin": "raw"}
 READERS = {
     "niels": "this library (PretrainTokenStreamDataset, open_dataset, every reader here)",
     "nanogpt": "NeMo AutoModel's NanogptDataset (header magic 278895051, .bos.idx sidecars)",
     "nanogpt-legacy": "modded-nanogpt's train_gpt.py (header magic 20240520, uint16)",
     "kempner-npy": "KempnerForge's MemoryMappedDataset (.npy shards + metadata.yaml)",
-    "raw": "nanoGPT's train.py (np.memmap uint16 train.bin/val.bin); any reader told the dtype",
+    "raw": "any reader told the dtype (np.memmap(path, dtype=...)); metadata.yaml records it",
     "megatron": "Megatron-LM's IndexedDataset (--data-path PREFIX)",
 }
-NAMES = (*FORMATS, *ALIASES)
+# name -> (format, what the preset fixes, the program it is named after). An alias fixes nothing.
+TABLE = {
+    **{fmt: (fmt, None, None) for fmt in FORMATS},
+    "automodel": ("nanogpt", None, "NeMo AutoModel"),
+    "modded-nanogpt": ("nanogpt-legacy", None, "modded-nanogpt"),
+    "nanogpt-train-bin": ("raw", "one uint16 file per split", "nanoGPT's train.py (train.bin/val.bin)"),
+}
+ALIASES = {name: fmt for name, (fmt, fixes, _) in TABLE.items() if name != fmt and fixes is None}
+PRESETS = {name: fmt for name, (fmt, fixes, _) in TABLE.items() if fixes is not None}
+NAMES = tuple(TABLE)
+ONE_FILE = 2**62  # tokens per file of a preset that writes one file per split
 
 
 def canonical_format(name: str) -> str:
-    """The format an alias names (`automodel` -> `nanogpt`); a format's own name is itself."""
-    return ALIASES.get(name, name)
+    """The format a name writes (`automodel` -> `nanogpt`, `nanogpt-train-bin` -> `raw`)."""
+    return TABLE[name][0] if name in TABLE else name
+
+
+def reader_of(name: str) -> str:
+    """The program that reads what `name` writes."""
+    fmt, fixes, program = TABLE.get(name, (name, None, None))
+    return program if fixes is not None else READERS[fmt]
 
 
 def formats_help() -> str:
-    """One line per format: its name, its aliases, and the program that reads it."""
+    """One line per format: its name, its aliases, and the program that reads it; then the presets."""
     lines = ["formats (--to) and the programs that read them:"]
     for fmt in FORMATS:
         aliases = [a for a, f in ALIASES.items() if f == fmt]
         name = fmt + (f" (= {', '.join(aliases)})" if aliases else "")
         lines.append(f"  {name:<34} {READERS[fmt]}")
+    for name, fmt in PRESETS.items():
+        _, fixes, program = TABLE[name]
+        lines.append(f"  {name:<34} {fmt}, {fixes}: {program}")
     return "\n".join(lines)

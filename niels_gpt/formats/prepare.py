@@ -26,6 +26,7 @@ from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FormatInfo, detect_format
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.formats.nanogpt_dataset import NanogptDataset
+from niels_gpt.formats.writers import refuse_packed_bins
 
 SAMPLE_TOKENS = 1 << 20  # the id histogram is taken over the first ones
 MIN_SAMPLE = 10_000  # fewer tokens say nothing about the histogram's shape
@@ -152,6 +153,7 @@ def _kwargs(kw: dict) -> str:
 
 def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_scan: bool = True,
            tokenizer: str | None = None) -> dict:
+    refuse_packed_bins(path, "prepare-data")
     info = detect_format(path, dtype)
     known_bos = None if tokenizer is None else tokenizer_bos(tokenizer)
     out = {"path": str(path), "format": info.format, "dtype": dtype_name(info.dtype) if info.dtype.kind == "u"

@@ -277,3 +277,15 @@ class WriterPipeline:
 def check_range(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
     """`check_fits` with a build's fix: the cache's token dtype."""
     check_fits(ids, dtype, where, "build with token_dtype='uint32-le'")
+
+
+def refuse_packed_bins(path, command: str) -> None:
+    """Packed SFT bins (pack-sft's manifest.json, its val/ split, or one of their files) are not a token stream:
+    say so, and name what `command` reads instead."""
+    p = Path(path)
+    for d in (p, p.parent, p.parent.parent):
+        manifest = d / "manifest.json"
+        if manifest.is_file() and b"memmap_padded_v1" in manifest.read_bytes()[:4096]:
+            raise ConfigError(f"{path}: packed SFT bins (pack-sft's output, {manifest}), padded bins with loss masks, "
+                              f"not a token stream; {command} reads token caches and token files: pass the SFT "
+                              "cache they were packed from")

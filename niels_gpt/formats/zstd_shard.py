@@ -40,11 +40,13 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError
+from niels_gpt.formats.base import TokenFile
 from niels_gpt.meta import COMPRESSED_SUFFIX, numpy_dtype
 
 CODEC = "zstd"
@@ -244,6 +246,60 @@ class ZstdShard:
 
     def close(self) -> None:
         self._mm.close()
+
+
+class ShardTokens:
+    """The tokens of one compressed shard as the format readers take a token file's payload: len() and slices
+    decompress only the frames they cover (convert and prepare-data read BLOCK_TOKENS at a time, so memory stays
+    one block); anything else (np.asarray, fancy indexing) decompresses the whole shard."""
+
+    def __init__(self, shard: ZstdShard):
+        self.shard, self.dtype = shard, shard.dtype
+        self.shape, self.ndim, self.size = (shard.tokens,), 1, shard.tokens
+
+    def __len__(self) -> int:
+        return self.shard.tokens
+
+    def __getitem__(self, key):
+        if isinstance(key, slice) and key.step in (None, 1):
+            start, stop, _ = key.indices(self.shard.tokens)
+            return self.shard.read(start, max(start, stop))
+        if isinstance(key, int | np.integer):
+            i = int(key) + (self.shard.tokens if key < 0 else 0)
+            if not 0 <= i < self.shard.tokens:
+                raise IndexError(f"{self.shard.path}: token {key} outside [0, {self.shard.tokens})")
+            return self.shard.read(i, i + 1)[0]
+        return np.asarray(self)[key]
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self.shard.read(0, self.shard.tokens)
+        return whole if dtype is None else whole.astype(dtype)
+
+
+@dataclass(frozen=True)
+class ZstdTokenFile(TokenFile):
+    """A compressed shard of our cache as a TokenFile (formats/detect.py): `open()` gives its ShardTokens, the
+    seek table checked against the shard's meta.json record."""
+
+    frame_tokens: int = FRAME_TOKENS
+    expected_bytes: int = 0
+    frames: int | None = None
+
+    def open(self):
+        if self.count == 0:
+            return np.empty(0, dtype=self.dtype)
+        return ShardTokens(ZstdShard(self.path, self.dtype, tokens=self.count, frame_tokens=self.frame_tokens,
+                                     expected_bytes=self.expected_bytes, frames=self.frames))
+
+
+def open_compressed(path: str | os.PathLike, dtype, rec: dict, meta: dict) -> ZstdTokenFile:
+    """Describe one `.bin.zst` shard of a compressed cache by its meta.json record (tokens, bytes, frames)."""
+    tokens = rec.get("tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise CacheMismatchError(f"{path}: meta.json records tokens={tokens!r} for this compressed shard; rebuild the "
+                                 "cache")
+    return ZstdTokenFile(str(path), np.dtype(dtype), 0, tokens, frame_tokens=frame_tokens_of(meta, path),
+                         expected_bytes=int(rec.get("bytes", -1)), frames=rec.get("frames"))
 
 
 def check_shard(path: Path, rec: dict, dtype, frame_tokens: int) -> str | None:

@@ -1,4 +1,5 @@
-"""`pack-sft`: pack one split of an SFT cache into a memmap_padded_v1 shard.
+"""`pack-sft`: pack one split of an SFT cache into a memmap_padded_v1 shard (the train split: its val split
+too, into OUT/val/, unless --no-val).
 
     python -m niels_gpt.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --pack-size 4096 --algorithm ffd
 
@@ -31,7 +32,12 @@ def register(subparsers) -> None:
                    help=f"bin packing algorithm (default {DEFAULT_ALGORITHM})")
     p.add_argument("--split", choices=SPLITS, default="train", help="cache split to pack (default train)")
     p.add_argument("--on-overflow", choices=ON_OVERFLOW, default=DEFAULT_ON_OVERFLOW,
-                   help=f"examples longer than --pack-size: truncate or reject (default {DEFAULT_ON_OVERFLOW})")
+                   help="examples longer than --pack-size: truncate (keep the first pack-size tokens), reject (refuse the "
+                        "run), or split (between whole turns, each piece keeping the system prompt; a turn longer "
+                        f"than the room left is cut) (default {DEFAULT_ON_OVERFLOW})")
+    p.add_argument("--no-val", dest="val", action="store_false",
+                   help="with --split train: do not pack the cache's val split into OUT/val/ (default: packed "
+                        "when the cache holds val examples)")
     p.add_argument("--seed", type=seed_arg, default=DEFAULT_SEED,
                    help=f"seed of first_fit_shuffle's torch generator (default {DEFAULT_SEED})")
     p.set_defaults(func=run_pack_sft)
@@ -41,13 +47,19 @@ def run_pack_sft(args) -> int:
     print(f"pack-sft: cache={args.cache_dir} split={args.split} out={args.out} pack_size={args.pack_size} "
           f"algorithm={args.algorithm} on_overflow={args.on_overflow} seed={args.seed}")
     m = pack_sft(args.cache_dir, args.out, pack_size=args.pack_size, algorithm=args.algorithm, split=args.split,
-                 on_overflow=args.on_overflow, seed=args.seed, progress=True, warn=False)
+                 on_overflow=args.on_overflow, seed=args.seed, progress=True, warn=False, val=args.val)
     t = m["truncation"]
     lost = (f", {t['tokens_lost'] / t['tokens']:.1%} of the tokens and "
             f"{t['trained_targets_lost'] / max(t['trained_targets'], 1):.1%} of the trained targets cut"
             if t["tokens_lost"] else "")
+    pieces = (f", {t['split_examples']} examples split into {t['split_pieces']} pieces of whole turns"
+              if t.get("split_examples") else "")
     print(f"pack-sft: {m['num_bins']} bins, {m['num_sequences']} sequences, {m['num_tokens']} tokens, "
-          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}{lost}")
+          f"efficiency {m['efficiency']:.4f}, truncated {m['truncated']}{lost}{pieces}")
+    v = m.get("val")
+    if v is not None:
+        print(f"pack-sft: val: {v['num_bins']} bins, {v['num_sequences']} sequences, {v['num_tokens']} tokens, "
+              f"efficiency {v['efficiency']:.4f}, truncated {v['truncated']} (in {args.out}/val)")
     message = truncation_warning(t, args.pack_size, f"{args.cache_dir} ({args.split})")
     if message is not None:
         print(f"pack-sft: warning: {message}", file=sys.stderr)

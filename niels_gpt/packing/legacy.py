@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import MemmapShardWriter, check_starts
+from niels_gpt.staging import build_aside
 
 LEGACY_KEYS = ("input_ids", "loss_mask", "seq_start_id")
 
@@ -73,7 +74,8 @@ class LegacyPackedDataset(Dataset):
 def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:
     """Write any packed dataset (legacy, Parquet, memmap) as a memmap_padded_v1 shard.
 
-    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data.
+    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data, built aside
+    and swapped in whole (niels_gpt/staging.py): only packed bins of ours at `out_dir` are ever replaced.
     """
     n = len(dataset)
     longest, nseq = 0, 0
@@ -84,7 +86,8 @@ def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manif
     pack_size = longest if pack_size is None else int(pack_size)
     if longest > pack_size:
         raise ConfigError(f"convert_to_memmap: a bin holds {longest} tokens, more than pack_size={pack_size}")
-    with MemmapShardWriter(out_dir, n, max(pack_size, 1), nseq) as writer:
+    with build_aside(out_dir, kind="packed", flag="out_dir") as stage, \
+            MemmapShardWriter(stage, n, max(pack_size, 1), nseq) as writer:
         for i in range(n):
             it = dataset[i]
             writer.write_bin(it["input_ids"], it["loss_mask"], it["seq_boundaries"][:-1])

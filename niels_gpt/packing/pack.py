@@ -1,21 +1,27 @@
 """SFT cache -> packed bins on disk (memmap_padded_v1): plan the bins, then stream them out.
 
 1. open one split of the SFT cache (token memmap + int64 offsets); examples longer than pack_size are
-   truncated to their first pack_size tokens and counted, or rejected (`on_overflow`); the share of tokens
-   and trained targets that cuts is measured, and above 1% warned about (`truncation.py`);
+   truncated to their first pack_size tokens and counted, rejected, or split between whole turns, each piece
+   repeating the system prompt (`on_overflow`; `turns.py`); the share of tokens and trained targets that is
+   lost is measured, and above 1% warned about (`truncation.py`);
 2. assign examples to bins (`pack_lengths`: ffd, bfd or first_fit_shuffle);
 3. for each bin, copy its examples' tokens into one preallocated int32 scratch buffer, derive the
    trained mask (`assistant_token_mask`, reset at each sequence start) and shift it within each
    sequence into a preallocated uint8 buffer (`shift_within_sequences`), and hand both to the writer.
 
 No Python list of tokens is ever built; memory beyond the plan (O(n) int64 arrays) is O(pack_size).
-A remote `out` (an fsspec URL) is written locally and uploaded (`remote.write_then_upload`).
+Packing `train` also packs the cache's val split, when it holds examples, into `out/val/` (a memmap_padded_v1
+shard of its own, same pack size, algorithm and overflow policy); the train manifest is written last. A local
+`out` is built aside and swapped in whole (niels_gpt/staging.py): a run killed at any moment leaves the
+previous output or none, and the next run cleans what it left and succeeds. A remote `out` (an fsspec URL) is
+written locally and uploaded (`remote.write_then_upload`).
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -33,12 +39,15 @@ from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
 from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
+from niels_gpt.packing.turns import role_ids, split_example
 from niels_gpt.seeds import check_seed
+from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 
-ON_OVERFLOW = ("truncate", "reject")
+ON_OVERFLOW = ("truncate", "reject", "split")
 DEFAULT_ON_OVERFLOW = "truncate"
 INT32_MAX = np.iinfo(np.int32).max
+VAL_DIR = "val"  # the packed val split: a shard of its own inside the train shard's directory
 
 
 @dataclass
@@ -49,11 +58,14 @@ class PackPlan:
     truncated: int
     skipped_empty: int
     truncation: dict  # what the pack size cuts (niels_gpt/packing/truncation.py)
+    # int64[m, 4]: each packed sequence is tokens[p:p+pn] + tokens[a:a+n] for its row (p, pn, a, n): a prefix
+    # (the system prompt a split conversation repeats; pn = 0 otherwise) and a body
+    segments: np.ndarray | None = None
 
 
 def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
                  on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED) -> PackPlan:
-    """Decide the bins: clip or reject long examples, drop empty ones, run the packing algorithm."""
+    """Decide the bins: clip, split or reject long examples, drop empty ones, run the packing algorithm."""
     if on_overflow not in ON_OVERFLOW:
         raise ConfigError(f"on_overflow must be one of {', '.join(ON_OVERFLOW)}, got {on_overflow!r}")
     lengths = split.lengths
@@ -62,33 +74,82 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
         i = int(over[0])
         raise ConfigError(
             f"{split.cache_dir}/{split.split}_tokens.bin: example {i} has {int(lengths[i])} tokens, more than "
-            f"pack_size={pack_size} ({over.size} such examples); raise --pack-size or pass --on-overflow truncate"
+            f"pack_size={pack_size} ({over.size} such examples); raise --pack-size or pass --on-overflow truncate "
+            "or split"
         )
     keep = np.flatnonzero(lengths > 0)
     clipped = np.minimum(lengths[keep], pack_size)
-    assignment = pack_lengths(clipped, pack_size, algorithm, seed=seed)
-    return PackPlan(split, assignment, keep, int(over.size), int(len(lengths) - len(keep)),
-                    truncation_figures(split, pack_size))
+    starts = split.starts[keep]
+    segments = np.stack([starts, np.zeros_like(starts), starts, clipped], axis=1).astype(np.int64)
+    figures = truncation_figures(split, pack_size)
+    truncated = int(over.size)
+    if on_overflow == "split":
+        if over.size:
+            role_ids(split.meta["special_token_ids"], f"{split.cache_dir}/meta.json")  # refused before any work
+        keep, segments, truncated, figures = _split_long(split, pack_size, keep, segments, figures)
+    assignment = pack_lengths(segments[:, 1] + segments[:, 3], pack_size, algorithm, seed=seed)
+    return PackPlan(split, assignment, keep, truncated, int(len(lengths) - np.count_nonzero(lengths > 0)),
+                    figures, segments)
 
 
-def materialize_bin(split: SFTSplit, example_ids: np.ndarray, lengths: np.ndarray, scratch_ids: np.ndarray,
-                    scratch_mask: np.ndarray, scratch_starts: np.ndarray) -> tuple[int, int]:
+def _split_long(split: SFTSplit, pack_size: int, keep: np.ndarray, segments: np.ndarray, figures: dict):
+    """Replace the rows of examples longer than pack_size by their pieces (niels_gpt/packing/turns.py)."""
+    sys_id, usr_id, roles = role_ids(split.meta["special_token_ids"], f"{split.cache_dir}/meta.json")
+    ids, rows, cut, lost_tokens, lost_targets, repeated, pieces = [], [], 0, 0, 0, 0, 0
+    for k, ex in enumerate(keep.tolist()):
+        a, n = int(split.starts[ex]), int(split.lengths[ex])
+        if n <= pack_size:
+            ids.append(ex)
+            rows.append(segments[k])
+            continue
+        tokens = np.asarray(split.tokens[a:a + n])
+        prefix, kept, lost = split_example(tokens, pack_size, sys_id, usr_id, roles)
+        untrained = [(s, e) for s, e in kept if not np.any(tokens[s:e] == split.asst_id)]
+        kept = [r for r in kept if r not in untrained]  # a piece with no assistant turn trains nothing: dropped
+        lost = sorted(lost + untrained)
+        for s, e in kept:
+            if s == prefix:
+                s = 0  # the first piece runs on from the system prompt: one body
+            pre = prefix if s else 0
+            ids.append(ex)
+            rows.append(np.array([a, pre, a + s, e - s], dtype=np.int64))
+            repeated += pre
+        pieces += len(kept)
+        if lost:
+            cut += 1
+            trained = (np.asarray(split.mask[a:a + n]).astype(bool) if split.mask is not None
+                       else assistant_token_mask(tokens, split.asst_id, split.eot_id))
+            for s, e in lost:
+                lost_tokens += e - s
+                lost_targets += int(np.count_nonzero(trained[s:e]))
+    figures = {**figures, "tokens_lost": lost_tokens, "trained_targets_lost": lost_targets,
+               "split_examples": int(np.count_nonzero(split.lengths > pack_size)), "split_pieces": pieces,
+               "prompt_tokens_repeated": repeated}
+    return np.asarray(ids, dtype=np.int64), np.stack(rows).astype(np.int64), cut, figures
+
+
+def materialize_bin(split: SFTSplit, segments: np.ndarray, scratch_ids: np.ndarray, scratch_mask: np.ndarray,
+                    scratch_starts: np.ndarray) -> tuple[int, int]:
     """Fill the scratch buffers with one bin; return (packed_len, number of sequences).
 
-    `example_ids[k]` is a cache example id and `lengths[k]` its (clipped) length. On return
-    scratch_ids[:packed_len], scratch_mask[:packed_len] and scratch_starts[:nseq] hold the bin.
+    Each row (p, pn, a, n) of `segments` is one packed sequence: tokens[p:p+pn] + tokens[a:a+n] of the cache
+    (PackPlan.segments). On return scratch_ids[:packed_len], scratch_mask[:packed_len] and
+    scratch_starts[:nseq] hold the bin.
     """
     pos = 0
-    tokens, starts = split.tokens, split.starts
-    stored = None if split.mask is None else np.zeros(int(lengths.sum()), dtype=bool)
-    for k, (ex, n) in enumerate(zip(example_ids.tolist(), lengths.tolist(), strict=True)):
-        a = int(starts[ex])
+    tokens = split.tokens
+    total = int(segments[:, 1].sum() + segments[:, 3].sum())
+    stored = None if split.mask is None else np.zeros(total, dtype=bool)
+    for k, (p, pn, a, n) in enumerate(segments.tolist()):
         scratch_starts[k] = pos
-        scratch_ids[pos:pos + n] = tokens[a:a + n]
-        if stored is not None:  # a template-rendered cache: its stored mask, cut like its tokens
-            stored[pos:pos + n] = split.mask[a:a + n]
-        pos += n
-    nseq = len(example_ids)
+        for start, count in ((p, pn), (a, n)):
+            if not count:
+                continue
+            scratch_ids[pos:pos + count] = tokens[start:start + count]
+            if stored is not None:  # a template-rendered cache: its stored mask, cut like its tokens
+                stored[pos:pos + count] = split.mask[start:start + count]
+            pos += count
+    nseq = len(segments)
     trained = (stored if stored is not None
                else assistant_token_mask(scratch_ids[:pos], split.asst_id, split.eot_id, scratch_starts[:nseq]))
     shift_within_sequences(trained, scratch_starts[:nseq], pos, out=scratch_mask[:pos])
@@ -111,8 +172,7 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
     with MemmapShardWriter(out_dir, a.num_bins, ps, len(a.items), pad_id=PAD_ID) as writer:
         for b in bins:
             items = a.bin_items(b)
-            n, nseq = materialize_bin(plan.split, plan.example_ids[items], a.lengths[items],
-                                      scratch_ids, scratch_mask, scratch_starts)
+            n, nseq = materialize_bin(plan.split, plan.segments[items], scratch_ids, scratch_mask, scratch_starts)
             writer.write_bin(scratch_ids[:n], scratch_mask[:n], scratch_starts[:nseq])
         manifest = writer.finalize(
             algorithm=a.algorithm, truncated=plan.truncated, skipped_empty=plan.skipped_empty,
@@ -122,11 +182,13 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
 
 def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
              split: str = "train", on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED,
-             progress: bool = False, warn: bool = True) -> dict:
+             progress: bool = False, warn: bool = True, val: bool = True) -> dict:
     """Pack one split of the SFT cache at `cache_dir` into a memmap_padded_v1 shard at `out`.
 
-    `out` is a local directory or an fsspec URL (written locally, then uploaded). Returns the manifest, whose
-    `truncation` says what the pack size cut; above 1% lost it warns (`warn=False`: the caller says it).
+    Packing the train split of a cache that holds val examples also packs those into `out/val/` (a shard of its
+    own, same settings; `val=False`: train only). `out` is a local directory or an fsspec URL (written locally,
+    then uploaded). Returns the manifest, whose `truncation` says what the pack size cut (above 1% lost it
+    warns; `warn=False`: the caller says it), plus `val`: the val shard's manifest, or None.
     """
     check_seed(seed)
     local = local_path_of(out)
@@ -142,5 +204,25 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
     message = truncation_warning(plan.truncation, pack_size, f"{cache_dir} ({split})")
     if warn and message is not None:
         warnings.warn(message, stacklevel=2)
-    return write_then_upload(out, lambda local: write_plan(plan, local, progress=progress,
-                                                           extra={"seed": int(seed), "on_overflow": on_overflow}))
+    extra = {"seed": int(seed), "on_overflow": on_overflow}
+    val_plan = None
+    if split == "train" and val and has_examples(src.meta, "val"):
+        val_plan = plan_packing(open_sft_split(cache_dir, "val"), pack_size=pack_size, algorithm=algorithm,
+                                on_overflow=on_overflow, seed=seed)
+
+    def write(stage):
+        # the val shard first: the train manifest, written last, is the commit marker of the whole output
+        held_out = None if val_plan is None else write_plan(val_plan, stage / VAL_DIR, extra=extra)
+        manifest = write_plan(plan, stage, progress=progress, extra=extra)
+        return {**manifest, "val": held_out}
+
+    if local is None:
+        return write_then_upload(out, lambda stage: write(Path(stage)))
+    with build_aside(local, kind="packed", flag="OUT") as stage:
+        return write(Path(stage))
+
+
+def has_examples(meta: dict, split: str) -> bool:
+    """Whether an SFT cache's meta.json lists a `split` with at least one example."""
+    rec = meta.get("files", {}).get(f"{split}_idx.npy")
+    return isinstance(rec, dict) and int(rec.get("examples", 1)) > 0

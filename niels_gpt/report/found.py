@@ -11,6 +11,7 @@ from pathlib import Path
 
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.formats.detect import detect_format
+from niels_gpt.locate import unfinished_tokens
 from niels_gpt.meta import META_NAME, staged_output, unfinished_build
 from niels_gpt.packing.factory import PARQUET_SUFFIXES
 from niels_gpt.tokenizer.find import tokenizer_of
@@ -28,21 +29,19 @@ def find_caches(path: Path) -> list[Path]:
 
 
 def unfinished_dirs(path: Path) -> list[Path]:
-    """Directories that hold token files but no meta.json: builds that never committed.
+    """Directories that hold token files of ours but no commit marker (locate's `unfinished_tokens`): builds that
+    never committed.
 
     A directory that a foreign-format reader recognises (a `convert` output: nanoGPT, KempnerForge,
     Megatron, raw with metadata.yaml) is a finished output of its own format, not an unfinished build.
     """
     out = []
     for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
-        if (d / META_NAME).is_file() or (d / PACKED_MANIFEST).is_file():
+        if not unfinished_tokens(d):
             continue
         if (staged := staged_output(d)) is not None and unfinished_build(staged) is not None:
             continue  # an interrupted build of an output that is not there: `interrupted_builds` names it
-        if any(d.glob("*_tokens.bin")) or any((d / "train").glob("shard_*.bin")) or any((d / "val").glob("shard_*.bin")):
-            if foreign_output(d) is None:
-                out.append(d)
-        elif (d / "input_ids.npy").is_file():
+        if (d / "input_ids.npy").is_file() or foreign_output(d) is None:
             out.append(d)
     return out
 

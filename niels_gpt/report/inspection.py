@@ -172,6 +172,9 @@ def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
         for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
             if key in manifest:
                 lines.append(f"  {key}: {manifest[key]}")
+        if (root / "val" / PACKED_MANIFEST).is_file():  # pack-sft's packed val split
+            held_out = read_manifest(root / "val")
+            lines.append(f"  val: {held_out['num_bins']:,} bins, {held_out['num_sequences']:,} sequences in {root / 'val'}")
     if not len(ds):
         return "\n".join(lines)
     item = ds[0]

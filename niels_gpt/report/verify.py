@@ -6,7 +6,9 @@ lists is compared with the disk (size, token count, sha256, SFT offsets); every 
 converted output in a peer format (nanoGPT, KempnerForge, Megatron, raw + metadata.yaml) is opened by
 its format's reader (every header and size) and its ids are checked against the recorded vocabulary.
 A directory holding our token files or packed arrays without meta.json / manifest.json is reported as
-an unfinished build.
+an unfinished build. A cache whose records hold is then opened split by split through the readers' own
+open-time code (`split_shards`, `SFTExampleDataset`): a cache verify passes is one every reader opens, even
+when its meta.json was edited and resealed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, receipt_path
-from niels_gpt.formats.zstd_shard import verify_compressed
+from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
+from niels_gpt.locate import unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -31,6 +34,8 @@ from niels_gpt.meta import (
 )
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.memmap_format import FORMAT_NAME
+from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.readers.shards import split_shards
 from niels_gpt.records import RECORD_SEAL, is_sealed
 from niels_gpt.report.found import (
     PACKED_MANIFEST,
@@ -56,6 +61,16 @@ def _check_special_ids(cache: Path, meta: dict) -> list[str]:
         return [f"{cache / META_NAME}: special_token_ids {ours} but the tokenizer it was built with has {theirs}; "
                 "the meta.json was edited or damaged: rebuild the cache"]
     return []
+
+
+def _packed_val_files(shard: Path) -> set[str]:
+    """pack-sft's packed val split in `val/`: a shard of its own (verified as one), not strays of the train bins."""
+    try:
+        files = json.loads((shard / "val" / PACKED_MANIFEST).read_bytes()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()  # none there, or unreadable: its own check says so
+    names = {rec.get("name") for rec in files.values() if isinstance(rec, dict)} if isinstance(files, dict) else set()
+    return {f"val/{PACKED_MANIFEST}"} | {f"val/{n}" for n in names if isinstance(n, str)}
 
 
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
@@ -97,6 +112,8 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     caches = find_caches(root) if root.exists() else []
     packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
                                        else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
+    if (root / PACKED_MANIFEST).is_file() and (root / "val" / PACKED_MANIFEST).is_file():
+        packed.append(root / "val")  # pack-sft's packed val split, a shard of its own
     if not caches and not packed and root.is_dir() and receipt_path(root).is_file():
         try:
             info = detect_format(root)
@@ -108,15 +125,15 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
             return _verify_foreign(root, info)
         if is_packed_parquet(root):
             return _verify_packed_parquet(root)
-    problems = [f"{d}: token files but no {META_NAME} (or {PACKED_MANIFEST}): unfinished build, rebuild it"
-                for d in unfinished_dirs(root)] + interrupted_builds(root)
+    problems = [unfinished_message(d) for d in unfinished_dirs(root)] + interrupted_builds(root)
     seen = []
     for shard in packed:
         seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})" + _unsealed_note(shard / PACKED_MANIFEST))
         try:
             ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
-            problems += _stray_files(shard, {rec["name"] for rec in ds.manifest["files"].values()}, PACKED_MANIFEST)
+            listed = {rec["name"] for rec in ds.manifest["files"].values()} | _packed_val_files(shard)
+            problems += _stray_files(shard, listed, PACKED_MANIFEST)
         except NielsGPTError as exc:
             problems.append(str(exc))
     for cache in caches:
@@ -146,8 +163,38 @@ def _check_cache(cache: Path, meta: dict) -> list[str]:
     found = check_files(cache, meta, hashes=True)
     named = {line.split(": ", 1)[0] for line in found}
     found += [line for line in _check_counts(cache, meta) if line.split(": ", 1)[0] not in named]
-    return (found + _check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
-            + verify_compressed(cache, meta))  # a compressed cache: every frame decompressed against its index
+    found += (_check_special_ids(cache, meta) + _stray_files(cache, set(meta["files"]))
+              + verify_compressed(cache, meta))  # a compressed cache: every frame decompressed against its index
+    return found or _open_problems(cache, meta)
+
+
+def _open_problems(cache: Path, meta: dict) -> list[str]:
+    """What a reader refuses when it opens this cache, though every file matches its record: a meta.json edited
+    and resealed (a `compression` entry removed, say). Run only when nothing above was found, so each problem is
+    named once, by the most specific check."""
+    compressed_files = any(rel.endswith(".bin.zst") for rel in meta["files"])
+    if compressed_files and not is_compressed_meta(meta):
+        return [f"{cache / META_NAME}: lists compressed shards (.bin.zst) but has no `compression` entry, so no "
+                "reader opens them; the meta.json was edited: rebuild or convert the cache again"]
+    try:
+        if is_compressed_meta(meta):
+            frame_tokens_of(meta, cache / META_NAME)
+        if meta["kind"] == "pretrain":
+            for split in sorted({rel.split("/", 1)[0] for rel in meta["files"] if "/" in rel}):
+                split_shards(cache, meta, split)
+        elif meta["kind"] == "sft":
+            eot = meta["special_token_ids"]["eot"]
+            if not isinstance(eot, int):
+                return [f"{cache / META_NAME}: special_token_ids.eot is {eot!r}; an SFT reader pads with the EOT id: "
+                        "rebuild the cache"]
+            for split in ("train", "val"):
+                idx = meta["files"].get(f"{split}_idx.npy")
+                if idx and idx.get("examples", 1):
+                    SFTExampleDataset(str(cache / f"{split}_tokens.bin"), str(cache / f"{split}_idx.npy"), T=1,
+                                      device="cpu", eot_id=eot)
+    except NielsGPTError as exc:
+        return [str(exc)]
+    return []
 
 
 def _unsealed_note(record_path: Path) -> str:

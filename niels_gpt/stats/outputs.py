@@ -1,5 +1,7 @@
 """The figures of each kind of output: pretraining and SFT caches (a root of several too), packed bins
-(memmap or Parquet) and converted outputs, behind `cache_stats(path)`."""
+(memmap or Parquet) and converted outputs, behind `cache_stats(path)`. What a path holds is locate's to say
+(niels_gpt/locate.py), so a missing path, an unfinished build or a text file is the same one line here as in
+every other command."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.masks import assistant_token_mask
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.packing.parquet import PARQUET_SUFFIXES
 from niels_gpt.readers.shards import shard_array
-from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output, megatron_prefix
+from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output
 from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
 
@@ -99,7 +102,7 @@ def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> 
     return Stats(str(cache), "sft", streams, {"dataset_name": meta.get("dataset_name")})
 
 
-def _packed(root: Path) -> Stats:
+def _packed(root: Path, name: str = "bins") -> Stats:
     manifest = read_manifest(root)
     pack_size = int(manifest["pack_size"])
     files = manifest["files"]
@@ -114,7 +117,12 @@ def _packed(root: Path) -> Stats:
     last = np.arange(len(starts)) == (offsets[bin_of + 1] - 1) if len(starts) else np.zeros(0, bool)
     seq_lengths = np.where(last, packed_len[bin_of] if len(starts) else 0, nxt) - starts
     trained = int(np.count_nonzero(np.asarray(loss_mask)))
-    return _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size)
+    out = _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size, name)
+    if (root / "val" / "manifest.json").is_file() and name == "bins":  # pack-sft's packed val split
+        val = _packed(root / "val", name="val")
+        out.streams += val.streams
+        out.extra["val"] = {k: val.extra[k] for k in ("bins", "efficiency")}
+    return out
 
 
 def _packed_parquet(root: Path) -> Stats:
@@ -138,13 +146,13 @@ def _packed_parquet(root: Path) -> Stats:
 
 
 def _bins_stats(root: Path, packed_len: np.ndarray, seq_lengths: np.ndarray, per_bin: np.ndarray, trained: int,
-                pack_size: int) -> Stats:
+                pack_size: int, name: str = "bins") -> Stats:
     nb = len(packed_len)
     fill = packed_len / pack_size if nb and pack_size else np.zeros(0)
     counts, edges = np.histogram(fill, bins=20, range=(0.0, 1.0))
     figures, hist = length_figures(seq_lengths)
     tokens = int(packed_len.sum())
-    stream = StreamStats(name="bins", tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
+    stream = StreamStats(name=name, tokens=tokens, documents=len(seq_lengths), eot=None, bos=None, lengths=figures,
                          trained_tokens=trained, trained_fraction=trained / tokens if tokens else 0.0, **hist)
     extra = {"pack_size": pack_size, "bins": nb, "efficiency": tokens / (nb * pack_size) if nb and pack_size else 1.0,
              "fill_counts": counts.tolist(), "fill_edges": edges.tolist(),
@@ -174,25 +182,28 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         raise ConfigError(f"{path}: --seq-len {seq_len:,} is past any sequence length a model trains at (at most "
                           f"{MAX_SEQ_LEN:,} here); pass the T you train with")
     root = Path(path)
-    if not root.exists() and not megatron_prefix(root):
-        raise StatsError(f"{root}: no such file or directory; pass a cache, a packed directory or a converted output")
-    if (root / META_NAME).is_file():
-        meta = read_meta(str(root))
-        if meta["kind"] == "pretrain":
-            return _pretrain(root, meta, ["train", "val"], progress)
-        if meta["kind"] == "sft":
-            return _sft(root, meta, ["train", "val"], seq_len, progress)
-        raise StatsError(f"{root}: a {meta['kind']} directory, not a token cache; pass a cache built with it")
-    if root.name in ("train", "val") and (root.parent / META_NAME).is_file():
-        meta = read_meta(str(root.parent))
-        if meta["kind"] == "pretrain":
-            return _pretrain(root.parent, meta, [root.name], progress)
-    if (root / PACKED_MANIFEST).is_file():
-        return _packed(root)
-    if root.suffix in PARQUET_SUFFIXES or (root.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in root.iterdir())):
-        return _packed_parquet(root)
-    info = foreign_output(root)
-    if info is None and root.is_dir():
+    found = locate(root)  # the one door: what the path holds, or one line (missing, an unfinished build, ...)
+    if found.kind in ("pretrain", "sft"):
+        meta = read_meta(str(found.root))  # checked: schema and seal
+        if found.kind == "pretrain":
+            return _pretrain(found.root, meta, [found.split] if found.split else ["train", "val"], progress)
+        return _sft(found.root, meta, ["train", "val"], seq_len, progress)
+    if found.kind == "not-built":
+        raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
+                         "nothing to count: build it first")
+    if found.kind == "tokenizer":
+        raise StatsError(f"{root}: a tokenizer directory, not a token cache; pass a cache built with it")
+    if found.kind == "mixture":
+        raise StatsError(f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)")
+    if found.kind == "text-parquet":
+        raise StatsError(f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
+                         "--out cache/NAME --tokenizer TOK`)")
+    if found.kind == "packed":
+        if (root / PACKED_MANIFEST).is_file():
+            return _packed(root)
+        if root.suffix in PARQUET_SUFFIXES or root.is_dir():
+            return _packed_parquet(root)
+    if found.kind == "root":
         caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]
         if caches:
             streams, kinds = [], set()
@@ -203,6 +214,7 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
                     s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
                     streams.append(s)
             return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})
+    info = foreign_output(root) if found.kind in ("foreign", "root", "packed") else None  # a lone .npy: KempnerForge
     if info is not None:
         return _foreign(root, info, progress)
     raise StatsError(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format: not a cache, "

@@ -32,7 +32,8 @@ def format_stats(stats: Stats) -> str:
     if stats.kind == "packed":
         e = stats.extra
         out += ["", f"bins: {e['bins']:,} of {e['pack_size']:,} tokens; efficiency {e['efficiency']:.4f}; "
-                f"mean sequences per bin {e['sequences_per_bin_mean']:.2f}", "",
+                f"mean sequences per bin {e['sequences_per_bin_mean']:.2f}", *([
+                    f"val (val/): {e['val']['bins']:,} bins; efficiency {e['val']['efficiency']:.4f}"] if "val" in e else []), "",
                 table(["fill", "bins"], [[f"{lo:.2f}-{hi:.2f}", c] for lo, hi, c in
                                          zip(e["fill_edges"][:-1], e["fill_edges"][1:], e["fill_counts"], strict=True)])]
     return "\n".join(out)

@@ -20,7 +20,7 @@ TARGETS = ["niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron
 
 
 def _kw(target: str) -> dict:
-    """raw uint16 output with even token counts is refused unless it is declared not for KempnerForge."""
+    """raw uint16 output with even token counts gets a note unless it is declared not for KempnerForge."""
     return {"not_for_kempnerforge": True} if target == "raw" else {}
 SOURCES = [(t, False) for t in TARGETS] + [("nanogpt", True), ("nanogpt-legacy", True)]
 
@@ -107,7 +107,7 @@ def test_failed_conversion_leaves_nothing(small_cache, tmp_path, cache_maker):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "cache"]
     with pytest.raises(ConfigError, match="is the input .* itself"):
         convert(small_cache, small_cache, to="raw")
-    with pytest.raises(ConfigError, match=r"already holds a token cache \(.*\); this command writes only new outputs"):
+    with pytest.raises(ConfigError, match=r"holds a token cache \(.*\), not a converted corpus .* not replaced by another kind"):
         convert(small_cache, big, to="raw")
     with pytest.raises(ConfigError, match="unknown target format 'parquet'"):
         convert(small_cache, tmp_path / "o", to="parquet")

@@ -22,19 +22,55 @@ def test_convert_help_lists_every_format_with_the_program_that_reads_it():
                     or ln.strip().startswith(f"{fmt} (="))
         assert reader in line, (fmt, line)
     assert "nanogpt (= automodel)" in text and "nanogpt-legacy (= modded-nanogpt)" in text
-    assert "raw (= nanogpt-train-bin)" in text
+    assert "nanogpt-train-bin" in text and "raw, one uint16 file per split" in text
+    assert "raw (=" not in text  # a preset is not listed as an alias
 
 
 @pytest.mark.parametrize("alias", sorted(ALIASES))
-def test_an_alias_writes_its_format(alias, small_cache, tmp_path, read_tokens, capsys):
-    assert main(["convert", str(small_cache), str(tmp_path / alias), "--to", alias, "--max-tokens-per-file", "4096"]
-                if alias != "nanogpt-train-bin" else ["convert", str(small_cache), str(tmp_path / alias), "--to",
-                                                        alias]) == 0
-    out = capsys.readouterr().out
-    assert f"({ALIASES[alias]}, as {alias}, from niels); read by {READERS[ALIASES[alias]]}" in out
+def test_an_alias_writes_the_bytes_of_its_format(alias, small_cache, tmp_path, read_tokens, capsys):
+    fmt = ALIASES[alias]
+    assert main(["convert", str(small_cache), str(tmp_path / alias), "--to", alias]) == 0
+    assert f"({fmt}, as {alias}, from niels); read by {READERS[fmt]}" in capsys.readouterr().out
+    assert main(["convert", str(small_cache), str(tmp_path / fmt), "--to", fmt]) == 0
+    assert _files(tmp_path / alias) == _files(tmp_path / fmt)
     assert read_tokens(tmp_path / alias) == read_tokens(small_cache)
-    direct = convert(small_cache, tmp_path / f"{alias}-py", to=alias, not_for_kempnerforge=True)
-    assert direct["to"] == ALIASES[alias]
+    assert convert(small_cache, tmp_path / f"{alias}-py", to=alias)["to"] == fmt
+
+
+def _files(root) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_raw_converts_an_ordinary_cache_as_its_preset_does(small_cache, tmp_path, read_tokens, capsys):
+    # an ordinary uint16 cache: even token counts, which KempnerForge would misread; raw writes it and says so
+    assert main(["convert", str(small_cache), str(tmp_path / "raw"), "--to", "raw"]) == 0
+    captured = capsys.readouterr()
+    assert "note:" in captured.err and "--to kempner-npy" in captured.err
+    assert read_tokens(tmp_path / "raw") == read_tokens(small_cache)
+    assert main(["convert", str(small_cache), str(tmp_path / "n"), "--to", "nanogpt-train-bin"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    # the Python call applies the preset as the command line does: the same files
+    convert(small_cache, tmp_path / "n-py", to="nanogpt-train-bin")
+    assert _files(tmp_path / "n-py") == _files(tmp_path / "n")
+    assert [p.name for p in sorted((tmp_path / "n-py" / "train").glob("*.bin"))] == ["shard_00000.bin"]
+
+
+@pytest.mark.parametrize("to", ["nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron", "nanogpt-train-bin"])
+@pytest.mark.parametrize("splits", [True, False])
+def test_metadata_yaml_names_the_files_beside_it(to, splits, small_cache, tmp_path):
+    src = small_cache
+    if not splits:
+        convert(small_cache, tmp_path / "flat", to="raw", not_for_kempnerforge=True)
+        src = tmp_path / "flat" / "train"
+    convert(src, tmp_path / "out", to=to, not_for_kempnerforge=True)
+    yamls = sorted((tmp_path / "out").rglob("metadata.yaml"))
+    assert yamls
+    for y in yamls:
+        fields = dict(line.strip().split(": ", 1) for line in y.read_text().splitlines()[1:])
+        named = sorted(p.name for p in y.parent.glob(f"{fields['file_prefix']}*.{fields['file_extension']}"))
+        token_files = sorted(p.name for p in y.parent.iterdir()
+                             if p.suffix in (".bin", ".npy") and not p.name.endswith(".bos.idx"))
+        assert named and named == token_files, (y, fields, token_files)
 
 
 def test_nanogpt_train_bin_is_one_uint16_file_per_split(small_cache, tmp_path, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -267,16 +269,16 @@ def _kempnerforge_reads(path) -> list[int]:
     return np.frombuffer(data, dtype="<u4" if len(data) % 4 == 0 else "<u2").tolist()
 
 
-def test_convert_to_raw_refuses_uint16_files_kempnerforge_would_misread(small_cache, tmp_path, capsys, read_tokens):
-    with pytest.raises(ConfigError, match=r"shard_00000.bin: 10 tokens\), which KempnerForge's "
-                                          r"MemoryMappedDataset reads as uint32.*use --to kempner-npy"):
-        convert(small_cache, tmp_path / "raw", to="raw")
-    assert not (tmp_path / "raw").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
-    assert main(["convert", str(small_cache), str(tmp_path / "raw"), "--to", "raw"]) == 1
+def test_convert_to_raw_notes_uint16_files_kempnerforge_would_misread(small_cache, tmp_path, capsys, read_tokens):
+    summary = convert(small_cache, tmp_path / "raw", to="raw")
+    assert len(summary["notes"]) == 1 and re.search(r"shard_00000.bin: 10 tokens\), which KempnerForge's "
+                                                    r"MemoryMappedDataset reads as uint32.*use --to kempner-npy",
+                                                    summary["notes"][0])
+    assert read_tokens(tmp_path / "raw") == read_tokens(small_cache)  # written: readers told the dtype read it
+    assert main(["convert", str(small_cache), str(tmp_path / "raw"), "--to", "raw"]) == 0
     assert "--to kempner-npy" in capsys.readouterr().err
-    # declared for a reader that is told the dtype: written, and readable with that dtype
-    assert main(["convert", str(small_cache), str(tmp_path / "raw"), "--to", "raw", "--not-for-kempnerforge"]) == 0
-    assert read_tokens(tmp_path / "raw") == read_tokens(small_cache)
+    # declared for a reader that is told the dtype: no note
+    assert convert(small_cache, tmp_path / "raw", to="raw", not_for_kempnerforge=True)["notes"] == []
     # KempnerForge-bound output is .npy: its dtype is in the header, whatever the size
     convert(small_cache, tmp_path / "k", to="kempner-npy")
     for f in sorted((tmp_path / "k").rglob("*.npy")):

@@ -1,12 +1,12 @@
-"""Packed bins check themselves: a rewrite withdraws the old manifest before replacing any array, every array's
-sha256 is recorded and checked by verify, and a corrupt seq_starts is refused on open (not in collate)."""
+"""Packed bins check themselves: a rewrite is built aside and leaves the old pack whole until it is complete,
+every array's sha256 is recorded and checked by verify, and a corrupt seq_starts is refused on open (not in collate)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from niels_gpt.errors import FormatError, IncompleteCacheError
+from niels_gpt.errors import FormatError
 from niels_gpt.packing import PackedMemmapDataset, memmap_format, open_packed, pack_sft
 from niels_gpt.report import verify_path
 
@@ -20,9 +20,10 @@ def sft(tmp_path):
     return write_sft_cache(tmp_path / "sft", rows)
 
 
-def test_a_repack_killed_between_renames_leaves_no_marker(sft, tmp_path, monkeypatch):
+def test_a_repack_killed_between_renames_keeps_the_old_pack_whole(sft, tmp_path, monkeypatch):
     out = tmp_path / "packed"
     pack_sft(str(sft), str(out), pack_size=32, algorithm="bfd")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     calls = []
     real = memmap_format.commit
 
@@ -35,10 +36,11 @@ def test_a_repack_killed_between_renames_leaves_no_marker(sft, tmp_path, monkeyp
     monkeypatch.setattr(memmap_format, "commit", dies_after_two)
     with pytest.raises(KeyboardInterrupt):
         pack_sft(str(sft), str(out), pack_size=32, algorithm="ffd")
-    assert len(calls) == 2  # two arrays of the new packing are in place, three of the old one
-    with pytest.raises(IncompleteCacheError, match="no manifest.json"):
-        open_packed(out)
-    assert verify_path(str(out))[0]
+    assert len(calls) == 2  # two arrays of the new packing were renamed, aside, in its staging directory
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["packed", "sft"]
+    assert verify_path(str(out)) == ([], 1)
+    open_packed(out).validate()
 
 
 def test_every_array_is_checksummed_and_a_changed_token_is_caught(sft, tmp_path):

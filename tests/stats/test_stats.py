@@ -267,3 +267,28 @@ def test_mixture_realised_proportions_are_what_the_sampler_draws(pretrain, tmp_p
     if pytest.importorskip("matplotlib"):
         drawn = plot_stats(st, tmp_path / "png")
         assert np.array_equal(drawn["mixture.png"]["realised"], np.asarray(st.extra["realised_over_steps"]))
+
+
+def test_an_unfinished_cache_is_named_unfinished_in_one_line(pretrain, tmp_path):
+    """stats says what verify and the readers say of a cache that has no commit marker: never 'not a cache'."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from niels_gpt.errors import IncompleteCacheError
+
+    gone = tmp_path / "gone"
+    shutil.copytree(pretrain, gone)
+    (gone / "meta.json").unlink()  # token files, no marker
+    for path in (gone, gone / "train"):
+        with pytest.raises(IncompleteCacheError, match=r"token files but no meta\.json .*: unfinished build"):
+            cache_stats(path)
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a pid that is no longer running: its build died
+    shutil.copytree(gone, tmp_path / f"first.tmp-{p.pid}")  # a first build killed before its swap
+    with pytest.raises(IncompleteCacheError, match=r"first: its build was interrupted before it finished"):
+        cache_stats(tmp_path / "first")
+    shutil.copytree(gone, tmp_path / f"busy.tmp-{os.getpid()}")  # a build still running
+    with pytest.raises(IncompleteCacheError, match=r"busy: a build of it is still running"):
+        cache_stats(tmp_path / "busy")

@@ -1,0 +1,75 @@
+"""`--on-overflow split`: a conversation longer than the pack size becomes several packed sequences, cut
+between whole turns, each keeping the conversation's system prompt.
+
+A turn starts at a role sentinel (`sys`, `usr`, `asst` of the cache's special_token_ids) and runs to the
+next one. A leading system turn is the prefix every piece repeats; the rest is dealt greedily into pieces of at
+most `pack_size - len(prefix)` tokens, cut only before a user turn: the unit is an exchange (a question and
+the answers that follow it), so no piece opens with an answer whose question is elsewhere. An exchange that
+does not fit on its own (a turn longer than the room, say) is cut to the room left, as `truncate` cuts an
+example, and what it loses is counted. A system prompt that leaves no room is not repeated.
+
+Everything here is a pure function of the tokens and the pack size: the same cache packs to the same bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from niels_gpt.errors import ConfigError
+
+
+def role_ids(special: dict, where) -> tuple[int | None, int, tuple[int, ...]]:
+    """(system id or None, user id, every role id) from a cache's special_token_ids; refused without sentinels."""
+    if special.get("asst") is None or special.get("usr") is None:
+        raise ConfigError(f"{where}: --on-overflow split cuts conversations between turns, and this cache records "
+                          "no role sentinel ids (its chat template's rendering has none): pass --on-overflow "
+                          "truncate or reject")
+    roles = tuple(int(special[k]) for k in ("sys", "usr", "asst") if special.get(k) is not None)
+    return (None if special.get("sys") is None else int(special["sys"])), int(special["usr"]), roles
+
+
+def split_example(tokens: np.ndarray, pack_size: int, sys_id: int | None, usr_id: int,
+                  roles: tuple[int, ...]) -> tuple[int, list[tuple[int, int]], list[tuple[int, int]]]:
+    """Cut one conversation (its tokens) into pieces of at most `pack_size` tokens.
+
+    Returns (prefix length, body ranges, lost ranges): every piece is tokens[:prefix] + tokens[a:b] for one
+    (a, b) of the body ranges; the lost ranges are the tokens no piece holds.
+    """
+    n = len(tokens)
+    starts = np.flatnonzero(np.isin(tokens, roles))
+    if n and (not starts.size or starts[0] != 0):
+        starts = np.concatenate([[0], starts])
+    prefix = 0
+    if sys_id is not None and n and tokens[0] == sys_id:
+        prefix = int(starts[1]) if len(starts) > 1 else n
+    if prefix >= pack_size:  # a system prompt that leaves no room: not repeated, cut as a turn
+        prefix = 0
+    user = [int(s) for s in starts if tokens[s] == usr_id and s >= prefix]
+    kept: list[tuple[int, int]] = []
+    lost: list[tuple[int, int]] = []
+    _fill(prefix, n, pack_size - prefix, [user], kept, lost)
+    return prefix, kept, lost
+
+
+def _fill(a: int, b: int, room: int, levels: list[list[int]], kept: list, lost: list) -> None:
+    """Deal tokens [a, b) into ranges of at most `room`, cutting at the first level's points where it can,
+    then at the next level's (when given), and cutting a unit too long for any piece (its tail is lost)."""
+    points = [p for p in levels[0] if a < p < b] if levels else []
+    bounds = [a, *points, b]
+    cur = a
+    for u0, u1 in zip(bounds[:-1], bounds[1:], strict=True):
+        if u1 - cur <= room:
+            continue  # the unit joins the current piece
+        if u0 > cur:
+            kept.append((cur, u0))
+            cur = u0
+        if u1 - u0 <= room:
+            continue  # the unit opens the next piece
+        if len(levels) > 1:
+            _fill(u0, u1, room, levels[1:], kept, lost)
+        else:
+            kept.append((u0, u0 + room))
+            lost.append((u0 + room, u1))
+        cur = u1
+    if cur < b:
+        kept.append((cur, b))

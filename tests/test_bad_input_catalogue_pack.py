@@ -1,0 +1,111 @@
+"""Bad-input catalogue, writers and readers of finished outputs: a lock left empty by an older version, caches
+whose commit marker is gone (stats says unfinished), a resealed meta.json that no reader opens (verify says so),
+a convert over an output of another kind, convert and prepare-data of packed bins, --on-overflow split of a cache without role sentinels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .test_bad_input_catalogue import (  # noqa: F401  (world: the fixture)
+    Case,
+    _copy,
+    check_case,
+    world,
+)
+
+
+def _without_meta(w, tmp):
+    c = _copy(w.pretrain, tmp / "c")
+    (c / "meta.json").unlink()
+    return c
+
+
+def stats_cache_without_meta(w, tmp):
+    return ["stats", str(_without_meta(w, tmp))]
+
+
+def stats_split_of_a_cache_without_meta(w, tmp):
+    return ["stats", str(_without_meta(w, tmp) / "train")]
+
+
+def stats_sft_cache_without_meta(w, tmp):
+    c = _copy(w.sft, tmp / "s")
+    (c / "meta.json").unlink()
+    return ["stats", str(c)]
+
+
+def pack_sft_over_an_empty_lock(w, tmp):
+    tmp.joinpath("p.lock").write_bytes(b"")  # what an older version left when killed as it took the lock
+    return ["pack-sft", str(w.sft), str(tmp / "p"), "--pack-size", "128"]
+
+
+def verify_compressed_cache_without_its_compression_entry(w, tmp):
+    pytest.importorskip("zstandard")
+    from niels_gpt.formats.convert import convert
+    from niels_gpt.records import sealed_bytes
+
+    z = tmp / "z"
+    convert(w.pretrain, z, to="niels", compress="zstd")
+    meta = json.loads((z / "meta.json").read_text())
+    del meta["compression"]
+    (z / "meta.json").write_bytes(sealed_bytes(meta))  # resealed: its own checksum holds
+    return ["verify", str(z)]
+
+
+def convert_over_a_packed_directory(w, tmp):
+    from niels_gpt.packing import pack_sft
+
+    pack_sft(w.sft, tmp / "p", pack_size=128)
+    return ["convert", str(w.pretrain), str(tmp / "p"), "--to", "raw", "--not-for-kempnerforge"]
+
+
+def _packed_with_val(w, tmp):
+    from niels_gpt.packing import pack_sft
+
+    pack_sft(w.sft, tmp / "p", pack_size=128)
+    return tmp / "p"
+
+
+def convert_packed_bins(w, tmp):
+    return ["convert", str(_packed_with_val(w, tmp)), str(tmp / "c"), "--to", "niels"]
+
+
+def prepare_data_of_packed_val_bins(w, tmp):
+    return ["prepare-data", str(_packed_with_val(w, tmp) / "val")]
+
+
+def pack_sft_split_a_template_cache(w, tmp):
+    from .packing.test_split_overflow import conversation, template_cache
+
+    return ["pack-sft", str(template_cache(tmp)), str(tmp / "p"), "--pack-size", str(len(conversation(1, 9)) - 1),
+            "--on-overflow", "split"]
+
+
+CASES = [
+    Case("stats: a cache whose meta.json is gone", stats_cache_without_meta,
+         ("/c:", "token files but no meta.json", "unfinished build", "build again"), reads=("pretrain",)),
+    Case("stats: a split of a cache whose meta.json is gone", stats_split_of_a_cache_without_meta,
+         ("/c/train:", "no meta.json", "unfinished build")),
+    Case("stats: an SFT cache whose meta.json is gone", stats_sft_cache_without_meta,
+         ("/s:", "no meta.json", "unfinished build")),
+    Case("pack-sft: an empty lock beside OUT", pack_sft_over_an_empty_lock,
+         ("p.lock", "names no build", "remove the lock file"), out="p", reads=("sft",)),
+    Case("verify: a compressed cache's compression entry removed and resealed",
+         verify_compressed_cache_without_its_compression_entry, ("meta.json", "no `compression` entry", "rebuild"),
+         report=True),
+    Case("convert: DST holds packed bins", convert_over_a_packed_directory,
+         ("DST", "/p:", "packed SFT bins", "not a converted corpus", "choose another DST"), reads=("pretrain",)),
+    Case("convert: SRC is packed SFT bins", convert_packed_bins,
+         ("/p:", "packed SFT bins", "not a token stream", "pass the SFT cache"), out="c"),
+    Case("prepare-data: packed val bins", prepare_data_of_packed_val_bins,
+         ("/p/val:", "packed SFT bins", "not a token stream", "pass the SFT cache")),
+    Case("pack-sft --on-overflow split: a cache without role sentinels", pack_sft_split_a_template_cache,
+         ("/c/meta.json:", "--on-overflow split", "no role sentinel ids", "truncate or reject"), out="p"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_gets_one_clear_line_and_no_complete_looking_output(case, world, tmp_path, capsys):  # noqa: F811
+    check_case(case, world, tmp_path, capsys)
