@@ -39,6 +39,7 @@ import weakref
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
+from niels_gpt.confine import confined
 from niels_gpt.errors import StorageError
 from niels_gpt.storage.settings import MIRRORS
 
@@ -157,8 +158,25 @@ def pinned(root: Path) -> set[str]:
                 p.unlink()
             continue
         with contextlib.suppress(FileNotFoundError):
-            out.update(line for line in p.read_text().splitlines() if line)
+            out.update(_pin_lines(p, Path(root)))
     return out
+
+
+def _pin_lines(path: Path, root: Path) -> list[str]:
+    """The paths a pin file lists: absolute paths of files inside the mirrors (niels_gpt/confine.py)."""
+    data = path.read_bytes()
+    fix = f"remove {path} (a live process rewrites its own pins)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StorageError(f"{path}: a pin file of the download cache that is not UTF-8 text ({exc.reason} at byte "
+                           f"{exc.start}); it was damaged or written by something else: {fix}") from None
+    base = f"{os.path.abspath(root)}/{MIRRORS}/"
+    lines = [line for line in text.splitlines() if line]
+    for k, line in enumerate(lines, 1):
+        inside = line[len(base):] if line.startswith(base) else line
+        confined(inside, path, f"line {k}", error=StorageError, fix=fix)
+    return lines
 
 
 def reservation(local: Path) -> Path:

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.confine import confined, confined_all
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.meta import record_problem, sha256_file
 from niels_gpt.storage.fs import filesystem, join, longest_wait_s, with_retries
@@ -117,6 +118,8 @@ class RemoteCache:
         `keep`: other files the caller needs now; eviction leaves them alone. `prefetch`: a fetch ahead of
         need, which raises local_cache.NoRoom instead of growing the cache past its bound.
         """
+        if rel not in self.records:  # only names the marker lists (confined when it was read) become paths
+            self.record(rel)
         local = self.local_dir / rel
         try:
             os.utime(local)  # most recently used
@@ -186,12 +189,13 @@ def records_of(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
         raise CacheError(f"{marker}: 'files' is missing or not an object; rebuild and re-upload the cache")
     if marker.endswith("manifest.json"):  # array -> {"name", "bytes", "sha256", ...}
         out = {}
-        for rec in files.values():
+        for key, rec in files.items():
             if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("bytes"), int):
-                out[rec["name"]] = rec
+                out[confined(rec["name"], marker, f"files.{key}.name", parts=1, fix="re-run pack-sft")] = rec
             else:
                 raise CacheError(f"{marker}: a files record {rec!r} has no name and bytes; re-run pack-sft")
         return out
+    confined_all(files, marker, "files", fix="rebuild and re-upload the cache")
     for rel, rec in files.items():
         bad = record_problem(rec)
         if bad is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, NielsGPTError
 from niels_gpt.storage.fs import filesystem, join, with_retries
@@ -181,8 +182,9 @@ def _mirror_tokenizer(url: str) -> Path | None:
         model = str(json.loads(data).get("model_file") or "")
     except (FileNotFoundError, ValueError, AttributeError):
         return None
-    if not model or "/" in model:
+    if not model:
         return None
+    confined(model, f"{url}/meta.json", "model_file", parts=1, fix="retrain the tokenizer and upload it again")
     local = local_cache_dir() / MIRRORS / hashlib.sha256(url.encode()).hexdigest()[:16]
     local.mkdir(parents=True, exist_ok=True)
     fresh = (local / "meta.json").is_file() and (local / "meta.json").read_bytes() == data
