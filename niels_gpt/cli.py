@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -32,6 +33,7 @@ from niels_gpt.report import inspect_json, inspect_path, verify_outputs
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS, Rules
 from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+from niels_gpt.storage.fs import allow_transfers, stop_transfers
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
@@ -292,7 +294,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                      description="niels_gpt token caches: build, inspect, verify, convert, pack")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
-                        help="how long any wait on a store or server may last, retries included "
+                        help="how long a store or server may take to answer, or leave a transfer without a byte "
+                             "(a transfer that keeps moving is never cut); before or after the command "
                              "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_build_all(sub)
@@ -303,6 +306,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         module.register(sub)
     for p in sub.choices.values():
         p.formatter_class = HelpFormatter
+        # NOTE: accepted after the command too (`verify URL --network-timeout 5`), where users put flags
+        p.add_argument("--network-timeout", dest="network_timeout_after", type=float, default=None,
+                       metavar="SECONDS", help="how long a store or server may take to answer, or leave a transfer "
+                       "without a byte (default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     return parser
 
 
@@ -318,11 +325,15 @@ _ONE_LINE_ERRNOS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    allow_transfers()
     try:
-        if args.network_timeout is not None:
-            if not args.network_timeout > 0:
-                raise ConfigError(f"--network-timeout {args.network_timeout:g}: must be a positive number of seconds")
-            configure(timeout_s=args.network_timeout)
+        timeout = getattr(args, "network_timeout_after", None)
+        timeout = args.network_timeout if timeout is None else timeout
+        if timeout is not None:
+            if not (math.isfinite(timeout) and timeout > 0):
+                raise ConfigError(f"--network-timeout {timeout:g}: must be a positive number of seconds (finite: "
+                                  "it bounds a stall, so a slow transfer is never cut), e.g. --network-timeout 120")
+            configure(timeout_s=timeout)
         return int(args.func(args) or 0)
     except NielsGPTError as exc:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
@@ -335,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{exc.strerror or exc}; {_ONE_LINE_ERRNOS[exc.errno]}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        stop_transfers()  # a download on another thread (a prefetcher) ends too, its temporary removed
         print("error: interrupted; finished caches are intact, the unfinished one has no meta.json", file=sys.stderr)
         return 130
 

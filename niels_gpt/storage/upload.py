@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.storage.fs import filesystem, join, with_retries
+from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.urls import is_url
 
 MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
@@ -84,8 +84,8 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
         parent = remote.rsplit("/", 1)[0]
         with contextlib.suppress(Exception):  # object stores have no directories; local ones need them
             fs.makedirs(parent, exist_ok=True)
-        with_retries(lambda rel=rel, remote=remote: fs.put_file(os.fspath(local_dir / rel), remote),
-                     f"uploading {local_dir / rel} to {url}/{rel}")
+        with_retries(lambda rel=rel, remote=remote: bounded_call(fs, "put_file", os.fspath(local_dir / rel), remote),
+                     f"uploading {local_dir / rel} to {url}/{rel}", bounded=True)
         written.append(remote)
     return written
 
