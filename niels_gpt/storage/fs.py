@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import threading
 import time
@@ -166,6 +167,22 @@ def stop_transfers() -> None:
     _stopping.set()
 
 
+_at_exit: list[bool] = []
+
+
+def _stop_at_exit() -> None:
+    """Once per process: stop_transfers() when the interpreter exits (after Ctrl-C), before it joins the
+    threads of thread pools: a prefetcher's download then ends at once instead of holding the exit until it
+    stalls out. NOTE: threading's own exit hook list, the one concurrent.futures joins its threads from; ours
+    is registered later, so it runs first."""
+    if not _at_exit:
+        _at_exit.append(True)
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            with contextlib.suppress(RuntimeError):  # already shutting down
+                register(stop_transfers)
+
+
 def allow_transfers() -> None:
     """Undo stop_transfers(): what a command's start does (in-process callers run several)."""
     _stopping.clear()
@@ -183,10 +200,15 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
     Raises TimeoutError naming the limit; the caller (`with_retries(..., bounded=True)`) names the address.
     """
     limit = network_timeout_s() if timeout_s is None else timeout_s
+    _stop_at_exit()
     moved = _Moved()
     if method in ("get_file", "put_file"):
         kwargs["callback"] = moved
-    if getattr(fs, "async_impl", False) and method not in vars(fs):  # a method replaced on the instance runs as is
+    # NOTE: fsspec puts a sync wrapper of each async method on the instance (its __wrapped__ is the coroutine
+    # function); any other function there was put by a caller (a test's fault injection) and runs as is
+    on_instance = vars(fs).get(method)
+    replaced = on_instance is not None and not hasattr(on_instance, "__wrapped__")
+    if getattr(fs, "async_impl", False) and not replaced:
         import asyncio
 
         ended = threading.Event()

@@ -129,7 +129,7 @@ def _unlisted(rc: RemoteCache, sub: str) -> list[str]:
     fs, base = filesystem(rc.url)
     top = f"{base}/{sub}" if sub else base
     try:
-        found = with_retries(lambda: fs.find(top), f"listing {rc.url}")
+        found = with_retries(lambda: bounded_call(fs, "find", top), f"listing {rc.url}", bounded=True)
     except (FileNotFoundError, NotImplementedError):
         return []
     strip = base.lstrip("/")
