@@ -42,7 +42,7 @@ class Behaving:
 
         class Handler(_QuietHandler):
             def do_GET(self):
-                if not self.path.endswith(".bin"):
+                if not self.path.endswith((".bin", ".parquet")):
                     return super().do_GET()
                 outer.gets += 1
                 data = open(os.path.join(str(directory), self.path.lstrip("/")), "rb").read()
@@ -151,3 +151,25 @@ def test_ctrl_c_during_a_stalled_download_stops_at_once_in_one_line(serve, token
     assert "interrupted" in lines[0] and "Traceback" not in err
     assert server.hung_up.wait(2)  # the transfer was cancelled, its connection closed
     assert not list(downloads.rglob("*.tmp-*"))
+
+
+def test_ctrl_c_during_a_stalled_shard_download_stops_at_once(serve, tmp_path):
+    """`download` (numbered Parquet shards on 4 threads): the first Ctrl-C ends every transfer, none left."""
+    make, cache = serve
+    for i in range(2):
+        (cache / f"shard_{i:05d}.parquet").write_bytes(b"PAR1" + bytes(24_000) + b"PAR1")
+    server = make("stall")
+    out = tmp_path / "shards"
+    proc = subprocess.Popen([sys.executable, "-m", "niels_gpt.cache.cli", "download", "--base-url", server.url,
+                             "--out-dir", str(out), "-n", "2", "--timeout", "60"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while server.gets < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)  # only catches a hang: the stall alone would last 60 s per attempt
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert proc.returncode == 130 and lines[-1].startswith("error: interrupted") and "Traceback" not in err, err
+    assert server.hung_up.wait(2)
+    assert sorted(p.name for p in out.iterdir()) == []  # no temporary, no partial shard
