@@ -4,12 +4,18 @@
   are imported only here, only when a URL is used.
 - A scheme whose backend is not installed names the extra that brings it (`pip install 'niels_gpt[s3]'`);
   an unknown scheme lists the supported ones; `http(s)://` is read-only and refused for writing.
-- `with_retries(fn, what)` retries a storage call on transient errors (connection resets, timeouts,
-  throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart. Each attempt
-  has a time limit (`settings.network_timeout_s()`, 60 s by default): a call that has not returned by
-  then counts as a timed-out attempt, so a server that stops answering ends, after RETRIES attempts,
-  in one StorageError naming the address, never in a hang. An error that retrying cannot help (no
-  credentials, access denied, a full local disk) is one StorageError naming the address at once.
+- `bounded_call(fs, method, ...)`: how mirrors, read-side commands and uploads call a store. The network time limit
+  (`settings.network_timeout_s()`, 30 s by default) bounds connecting (no answer) and a stall (no byte of
+  a transfer for that long), never a transfer that keeps moving. On the async backends (s3, gs, http) the
+  call is a task on fsspec's event loop, cancelled (its connection closed) when it stalls or on Ctrl-C, so
+  no attempt outlives its call. Sync backends (hf, memory, file) run on a helper thread, which a stall
+  cannot cancel.
+- `with_retries(fn, what, bounded=True)` retries transient errors (connection resets, a transfer that
+  breaks off, 5xx, throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart.
+  A stall or no answer ends at once in one StorageError naming the address and the flag that raises the
+  limit, never in a hang. An error that retrying cannot help (no credentials, access denied, a full local
+  disk, a host name that does not resolve) is one StorageError naming the address at once. Without
+  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`; the inputs of `build`).
 """
 
 from __future__ import annotations
