@@ -4,9 +4,9 @@
   are imported only here, only when a URL is used.
 - A scheme whose backend is not installed names the extra that brings it (`pip install 'niels_gpt[s3]'`);
   an unknown scheme lists the supported ones; `http(s)://` is read-only and refused for writing.
-- `bounded_call(fs, method, ...)`: how mirrors, read-side commands and uploads call a store. The network time limit
-  (`settings.network_timeout_s()`, 30 s by default) bounds connecting (no answer) and a stall (no byte of
-  a transfer for that long), never a transfer that keeps moving. On the async backends (s3, gs, http) the
+- `bounded_call(fs, method, ...)`: how mirrors, read-side commands and uploads call a store. The network
+  time limit (`settings.network_timeout_s()`, 30 s by default) bounds connecting (no answer) and a stall
+  (no byte of a transfer for that long), never a transfer that keeps moving. On the async backends (s3, gs, http) the
   call is a task on fsspec's event loop, cancelled (its connection closed) when it stalls or on Ctrl-C, so
   no attempt outlives its call. Sync backends (hf, memory, file) run on a helper thread, which a stall
   cannot cancel.
