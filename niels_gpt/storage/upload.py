@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from niels_gpt.confine import confined_all
 from niels_gpt.errors import ConfigError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.urls import is_url
@@ -119,7 +120,11 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
         if not isinstance(files, dict):
             break
         listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == "manifest.json" else k
-                  for k, v in files.items()} | {marker}
+                  for k, v in files.items()}
+        # NOTE: the names of the output this one replaces are removed after the upload: each stays in the prefix
+        confined_all(sorted(listed), f"{url}/{marker}", "files", error=ConfigError,
+                     fix="remove that output yourself, or choose a new prefix")
+        listed |= {marker}
         stray = [r for r in rels if r not in listed]
         if stray:
             shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")

@@ -115,3 +115,19 @@ def test_a_plan_naming_a_task_file_outside_its_work_directory_is_refused(tmp_pat
         read_plan(plan)
     plan.write_text(json.dumps({"tasks": [{"id": "00000-0123456789ab"}]}))
     assert read_plan(plan)["tasks"][0]["id"] == "00000-0123456789ab"
+
+
+def test_an_output_in_a_store_whose_record_names_a_file_outside_its_prefix_is_not_replaced():
+    import fsspec
+
+    from niels_gpt.errors import ConfigError
+    from niels_gpt.storage import staged_output
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/names-out/other/keep.bin", b"keep")
+    fs.pipe("/names-out/out/meta.json", json.dumps({"files": {"../other/keep.bin": {}}}).encode())
+    with pytest.raises(ConfigError, match=r"memory://names-out/out/meta.json: files '../other/keep.bin' is not a"):
+        with staged_output("memory://names-out/out", guard=True) as stage:
+            (stage / "meta.json").write_text("{}")
+    assert fs.cat_file("/names-out/other/keep.bin") == b"keep"
+    assert fs.cat_file("/names-out/out/meta.json") == json.dumps({"files": {"../other/keep.bin": {}}}).encode()
