@@ -57,7 +57,9 @@ from niels_gpt.storage.settings import MIRRORS, cache_dir_label
 
 LOCKS, PINS, STAMPS = "locks", "pins", "stamps"
 OWN_MARK = ".niels_gpt_download_cache"  # in the root: this directory is a download cache this library made
-OWN_ENTRIES = {OWN_MARK, ".lock", MIRRORS, LOCKS, PINS, STAMPS}  # what a download cache holds at its top
+# what a download cache holds at its top; "core": the CORE evaluation bundle train keeps in the default
+# directory (~/.cache/niels_gpt/core, train/eval_core.py), never touched by eviction
+OWN_ENTRIES = {OWN_MARK, ".lock", MIRRORS, LOCKS, PINS, STAMPS, "core"}
 SOURCES = "sources"  # remote/sources/: temporaries of inputs read from URLs (sources/records.py)
 RESERVED = ".reserved"  # <name>.reserved.tmp-<pid>: room granted to a download in progress
 MARKERS = ("meta.json", "manifest.json")

@@ -56,6 +56,7 @@ def test_a_download_cache_from_before_the_mark_is_still_one(tmp_path):
     (root / "remote" / "0123456789abcdef").mkdir(parents=True)
     (root / "remote" / "sources").mkdir()
     (root / "locks").mkdir()
+    (root / "core").mkdir()  # the CORE evaluation bundle, kept in the default directory
     (root / ".lock").write_bytes(b"")
     claim(root)
     assert (root / OWN_MARK).is_file()
