@@ -75,11 +75,22 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
 
     arrays=True: a tokenizer with `encode_batch_arrays` (tiktoken) gives its uint32 arrays for the short
     texts instead of lists (the same ids without a Python int per token; the cache builder's writer takes
-    either)."""
+    either). The fast encoder (niels_gpt/tokenizer/fast.py) encodes them where it is checked to give the same
+    ids."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
+    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
 
     def batch(short_texts):
+        fast = fast_encoder(tokenizer)
+        if fast is not None and short_texts:
+            fast = check_sample(tokenizer, fast, short_texts)
+        if fast is not None:
+            try:
+                ids = fast.encode_arrays(short_texts)
+                return ids if arrays else [a.tolist() for a in ids]
+            except (ValueError, TypeError, UnicodeError, RuntimeError):  # e.g. lone surrogates: as the reference
+                pass
         return as_arrays(short_texts) if as_arrays else tokenizer.encode_batch(short_texts, num_threads=num_threads)
 
     if all(len(t) <= piece_chars for t in texts):
