@@ -79,6 +79,7 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
     ids."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
+    # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
     from niels_gpt.tokenizer.fast import check_sample, fast_encoder
 
     def batch(short_texts):

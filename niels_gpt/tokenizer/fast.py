@@ -84,8 +84,13 @@ def _version() -> str:
 def _build(gigatoken, tokenizer):
     """A gigatoken Tokenizer for `tokenizer`, or None where it has no such model (or `tokenizer` is a subclass
     of the library's tokenizers, whose encoder may not be its base's)."""
+    # lazy: the backends import their libraries (tiktoken, tokenizers, sentencepiece) only when asked
     from niels_gpt.tokenizer import tiktoken_backend as tb
+
+    # lazy: as above
     from niels_gpt.tokenizer.hf import HFTokenizer
+
+    # lazy: as above
     from niels_gpt.tokenizer.spm import SentencePieceTokenizer
 
     kind = type(tokenizer)
