@@ -113,14 +113,23 @@ def _build(gigatoken, tokenizer):
                 f.write(lines)
             return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
     if kind is HFTokenizer:
-        import json
-        config = json.loads(tokenizer._tok.to_str())
-        # special added tokens are text for our encoder (encode_special_tokens = True): leave them out
-        config["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
-        return gigatoken.Tokenizer.from_json(json.dumps(config))
+        return _without_specials(gigatoken, tokenizer._tok.to_str())
     if kind is SentencePieceTokenizer:
-        return gigatoken.Tokenizer.from_sentencepiece(tokenizer._sp.serialized_model_proto())
+        # NOTE: gigatoken's own converter (what Tokenizer.from_sentencepiece calls), so that the control
+        # pieces can be left out as below
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+        return _without_specials(gigatoken, sentencepiece_to_tokenizer_json(tokenizer._sp.serialized_model_proto()))
     return None
+
+
+def _without_specials(gigatoken, tokenizer_json: str | bytes):
+    """gigatoken's tokenizer of a tokenizer.json without its special added tokens: the library's encoders
+    encode special-token strings in a document as text (HF: encode_special_tokens = True; sentencepiece:
+    control pieces are never matched in text), gigatoken would give their ids."""
+    import json
+    config = json.loads(tokenizer_json)
+    config["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
+    return gigatoken.Tokenizer.from_json(json.dumps(config))
 
 
 class FastEncoder:
