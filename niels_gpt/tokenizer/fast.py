@@ -141,14 +141,11 @@ class FastEncoder:
         self.sampled = False
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
-        if not texts:
-            return []
-        batch = self.giga.encode_batch(list(texts))
-        import awkward as ak
-        layout = ak.to_layout(batch)
-        offsets = np.asarray(layout.offsets.data)
-        content = np.asarray(layout.content.data).astype(np.uint32, copy=False)
-        return [content[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        # NOTE: one `encode` per text, not `encode_batch`: on debian-docs it encodes faster on one thread
+        # (46-91 against 39-72 Mtok/s of encode_batch on 2 cores), the builder's threads run it on every core,
+        # and encode_batch's awkward arrays cost 0.6 s of import at start-up
+        encode = self.giga.encode
+        return [np.asarray(encode(t), dtype=np.uint32) for t in texts]
 
 
 def _mismatch(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> int | None:

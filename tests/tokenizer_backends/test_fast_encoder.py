@@ -113,11 +113,9 @@ class _Wrong:
     def __init__(self, giga, marker: str):
         self.giga, self.marker = giga, marker
 
-    def encode_batch(self, texts):
-        import awkward as ak
-
-        rows = [np.asarray(r) for r in self.giga.encode_batch(texts)]
-        return ak.Array([(r + 1 if self.marker in t else r).tolist() for t, r in zip(texts, rows, strict=True)])
+    def encode(self, text):
+        ids = np.asarray(self.giga.encode(text))
+        return ids + 1 if self.marker in text else ids
 
 
 @pytest.mark.parametrize("marker, where", [("日本", "the built-in check text"), (" the ", "a document of the input")])
