@@ -8,10 +8,10 @@ tokenizers trained here on its first --train-chars (no network needed):
 Figures, tokens/s, best of --repeat:
 1. each backend's own library (the reference encoder: tiktoken's uint32 buffers on one thread and on
    --workers threads, `tokenizers` encode_batch on its pool, sentencepiece on --workers threads) and
-   gigatoken over the same documents (`encode_batch`, its pool on every core);
+   gigatoken over the same documents, one thread (`encode` per document, as the builder calls it);
 2. `python -m niels_gpt build` of a JSON Lines folder holding the same documents, tiktoken tokenizer,
    --executor inline and processes: cache tokens / wall time of the whole process, and the ratio to bare
-   gigatoken; whether the build imported torch;
+   gigatoken on one thread; whether the build imported torch;
 3. start-up: the wall time of `python -m niels_gpt build --help` (imports and the parser).
 """
 
@@ -156,7 +156,7 @@ def main() -> None:
             dt, n = best(lambda f=fast: sum(len(a) for b in batches(docs, 4096) for a in f.encode_arrays(b)),
                          args.repeat)
             bare_fast[kind] = n / dt
-            print(f"{kind:14s} gigatoken ({fast.name}), all cores: {n / dt / 1e6:7.2f} Mtok/s ({n:,} tokens)")
+            print(f"{kind:14s} gigatoken ({fast.name}), one thread: {n / dt / 1e6:7.2f} Mtok/s ({n:,} tokens)")
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
             for w in sorted({1, args.workers}):
                 dt, n = best(lambda t=tok, w=w: reference(t, docs[:args.reference_docs], w), args.repeat)
