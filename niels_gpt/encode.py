@@ -86,12 +86,15 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
         fast = fast_encoder(tokenizer)
         if fast is not None and short_texts:
             fast = check_sample(tokenizer, fast, short_texts)
-        if fast is not None:
-            try:
-                ids = fast.encode_arrays(short_texts)
-                return ids if arrays else [a.tolist() for a in ids]
-            except (ValueError, TypeError, UnicodeError, RuntimeError):  # e.g. lone surrogates: as the reference
-                pass
+        if fast is None:
+            return reference(short_texts)
+        ids = fast.encode_arrays(short_texts)
+        left = [i for i, a in enumerate(ids) if a is None]  # texts gigatoken cannot take (lone surrogates)
+        for i, a in zip(left, reference([short_texts[i] for i in left]) if left else [], strict=True):
+            ids[i] = np.asarray(a, dtype=np.uint32)
+        return ids if arrays else [a.tolist() for a in ids]
+
+    def reference(short_texts):
         return as_arrays(short_texts) if as_arrays else tokenizer.encode_batch(short_texts, num_threads=num_threads)
 
     if all(len(t) <= piece_chars for t in texts):

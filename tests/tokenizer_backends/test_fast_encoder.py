@@ -171,3 +171,14 @@ def test_build_imports_no_torch(tmp_path, tiktoken_file):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
     assert (tmp_path / "c" / "meta.json").is_file()
+
+
+def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_file, capfd):
+    """A lone surrogate (JSON's "\\ud800"): that document alone goes to tiktoken, which replaces it; no warning."""
+    from niels_gpt.encode import encode_documents
+
+    tok = load_tokenizer(tiktoken_file)
+    docs = ["plain text", "a lone \ud800 surrogate", "more text"]
+    got = encode_documents(tok, docs, 1, arrays=True)
+    assert [a.tolist() for a in got] == [a.tolist() for a in tok.encode_batch_arrays(docs)]
+    assert fast_encoder(tok) is not None and capfd.readouterr().err == ""
