@@ -204,6 +204,13 @@ def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEnco
     puts `tokenizer` on the reference encoder for good (returns None)."""
     if fast.sampled:
         return fast
+    with _LOCK:  # the builder's other threads wait for the one check, then follow its verdict
+        if fast.sampled:
+            return tokenizer.__dict__.get("_fast_encoder")
+        return _check_sample(tokenizer, fast, texts)
+
+
+def _check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEncoder | None:
     sample, chars = [], 0
     for t in texts:
         if chars + len(t) > SAMPLE_CHARS and sample:
@@ -211,12 +218,11 @@ def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEnco
         sample.append(t)
         chars += len(t)
     bad = _mismatch(tokenizer, fast, sample)
+    if bad is not None:
+        _warn(tokenizer, f"a document of the input ({sample[bad][:40]!r}...)")
+        tokenizer.__dict__["_fast_encoder"] = None
     fast.sampled = True
-    if bad is None:
-        return fast
-    _warn(tokenizer, f"a document of the input ({sample[bad][:40]!r}...)")
-    tokenizer.__dict__["_fast_encoder"] = None
-    return None
+    return fast if bad is None else None
 
 
 def encoder_record(tokenizer) -> dict:
