@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -24,22 +25,34 @@ from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders import cli as build_cli
 from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
 from niels_gpt.errors import ConfigError, NielsGPTError
-from niels_gpt.formats import cli as formats_cli
-from niels_gpt.loading import cli as loading_cli
-from niels_gpt.locate import locate
-from niels_gpt.packing import cli as packing_cli
-from niels_gpt.report import inspect_json, inspect_path, verify_outputs
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS, Rules
-from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+from niels_gpt.storage.fs import allow_transfers, stop_transfers
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
-from niels_gpt.train import cli as train_cli
 
 # Every subcommand beyond build-all/train-tokenizer/inspect/verify/stats, in --help order: each module's
 # register(sub) adds its parser. An explicit list: a module that fails to import fails the CLI loudly.
-SUBCOMMANDS = (build_cli, formats_cli, packing_cli, loading_cli, train_cli)
+# NOTE: imported when the parser is built, and for `build` only its own: the others import torch (~1.5 s
+# before a build could start).
+SUBCOMMANDS = ("niels_gpt.builders.cli", "niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
+               "niels_gpt.train.cli")
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is not a flag or the global flag's value), else None."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--network-timeout":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+        elif word in ("-h", "--help", "--version"):
+            return None
+    return None
 
 
 def add_build_all(sub) -> None:
@@ -193,6 +206,12 @@ def add_stats(sub) -> None:
 
 
 def _stats(args) -> int:
+    # lazy: these import torch; `build` starts without it
+    from niels_gpt.locate import locate
+
+    # lazy: imports torch
+    from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+
     path, named, _ = read_location(args.path)
     with errors_named(named):
         found = locate(path)  # the one door: a missing path, an unfinished build or a text file said as such
@@ -209,6 +228,12 @@ def _stats(args) -> int:
 
 
 def _inspect(args) -> int:
+    # lazy: imports torch, which `build` starts without
+    from niels_gpt.locate import locate
+
+    # lazy: imports torch
+    from niels_gpt.report import inspect_json, inspect_path
+
     path, named, _ = read_location(args.path, everything=not args.json)
     tokenizer = args.tokenizer
     if tokenizer is None and named is not str and not args.json:
@@ -223,6 +248,9 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
+    # lazy: imports torch, which `build` starts without
+    from niels_gpt.report import verify_outputs
+
     path, named, failed = read_location(args.path, collect=True, fresh=True)  # every byte at the URL, checked
     with errors_named(named):
         problems, checked, seen = verify_outputs(path)
@@ -287,22 +315,33 @@ class HelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None, only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; `only="build"`: with the `build` subcommand alone (what `main` uses to run a build)."""
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="niels_gpt token caches: build, inspect, verify, convert, pack")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
-                        help="how long any wait on a store or server may last, retries included "
+                        help="how long a store or server may take to answer, or leave a transfer without a byte "
+                             "(a transfer that keeps moving is never cut); before or after the command "
                              "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_build_all(sub)
-    add_train_tokenizer(sub)
-    add_inspect_verify(sub)
-    add_stats(sub)
-    for module in SUBCOMMANDS:
-        module.register(sub)
+    if only == "build":
+        build_cli.register(sub)
+    else:
+        import importlib
+
+        add_build_all(sub)
+        add_train_tokenizer(sub)
+        add_inspect_verify(sub)
+        add_stats(sub)
+        for name in SUBCOMMANDS:
+            importlib.import_module(name).register(sub)
     for p in sub.choices.values():
         p.formatter_class = HelpFormatter
+        # NOTE: accepted after the command too (`verify URL --network-timeout 5`), where users put flags
+        p.add_argument("--network-timeout", dest="network_timeout_after", type=float, default=None,
+                       metavar="SECONDS", help="how long a store or server may take to answer, or leave a transfer "
+                       "without a byte (default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     return parser
 
 
@@ -317,12 +356,17 @@ _ONE_LINE_ERRNOS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(only="build" if command_of(words) == "build" else None).parse_args(argv)
+    allow_transfers()
     try:
-        if args.network_timeout is not None:
-            if not args.network_timeout > 0:
-                raise ConfigError(f"--network-timeout {args.network_timeout:g}: must be a positive number of seconds")
-            configure(timeout_s=args.network_timeout)
+        timeout = getattr(args, "network_timeout_after", None)
+        timeout = args.network_timeout if timeout is None else timeout
+        if timeout is not None:
+            if not (math.isfinite(timeout) and timeout > 0):
+                raise ConfigError(f"--network-timeout {timeout:g}: must be a positive number of seconds (finite: "
+                                  "it bounds a stall, so a slow transfer is never cut), e.g. --network-timeout 120")
+            configure(timeout_s=timeout)
         return int(args.func(args) or 0)
     except NielsGPTError as exc:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
@@ -335,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{exc.strerror or exc}; {_ONE_LINE_ERRNOS[exc.errno]}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        stop_transfers()  # a download on another thread (a prefetcher) ends too, its temporary removed
         print("error: interrupted; finished caches are intact, the unfinished one has no meta.json", file=sys.stderr)
         return 130
 

@@ -75,11 +75,26 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
 
     arrays=True: a tokenizer with `encode_batch_arrays` (tiktoken) gives its uint32 arrays for the short
     texts instead of lists (the same ids without a Python int per token; the cache builder's writer takes
-    either)."""
+    either). The fast encoder (niels_gpt/tokenizer/fast.py) encodes them where it is checked to give the same
+    ids."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
+    # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
+    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
 
     def batch(short_texts):
+        fast = fast_encoder(tokenizer)
+        if fast is not None and short_texts:
+            fast = check_sample(tokenizer, fast, short_texts)
+        if fast is None:
+            return reference(short_texts)
+        ids = fast.encode_arrays(short_texts)
+        left = [i for i, a in enumerate(ids) if a is None]  # texts gigatoken cannot take (lone surrogates)
+        for i, a in zip(left, reference([short_texts[i] for i in left]) if left else [], strict=True):
+            ids[i] = np.asarray(a, dtype=np.uint32)
+        return ids if arrays else [a.tolist() for a in ids]
+
+    def reference(short_texts):
         return as_arrays(short_texts) if as_arrays else tokenizer.encode_batch(short_texts, num_threads=num_threads)
 
     if all(len(t) <= piece_chars for t in texts):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
+from niels_gpt.confine import confined_all
 from niels_gpt.constants import META_NAME, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.records import seal_problem, sealed_bytes
@@ -118,6 +119,8 @@ def check_schema(meta: dict, where: str) -> None:
     if missing:
         raise CacheError(f"{where}: missing field(s) {', '.join(missing)}; the cache was written by "
                          "an incompatible version: rebuild it")
+    if isinstance(meta.get("files"), dict):  # every reader joins these names to the cache directory
+        confined_all(meta["files"], where, "files", fix="rebuild the cache")
     if kind != "tokenizer" and meta["token_dtype"] not in TOKEN_DTYPES:
         raise CacheError(f"{where}: token_dtype {meta['token_dtype']!r} is not one of {sorted(TOKEN_DTYPES)}")
     ids, vocab = meta["special_token_ids"], meta.get("vocab_size")

@@ -9,7 +9,8 @@ jemalloc. A tokenizer says so with `encode_in_processes = True`; its workers are
 from the builder before it starts any thread of its own, which inherit the open tokenizer (nothing is
 pickled but the documents going out and the uint32 arrays coming back). That is on Linux; elsewhere (macOS,
 where forking a process that has loaded system frameworks is unsafe, and Windows, which cannot fork), or
-with NIELS_GPT_ENCODE_THREADS=1 in the environment, such a tokenizer gets threads too.
+with NIELS_GPT_ENCODE_THREADS=1 in the environment, or where the fast encoder (niels_gpt/tokenizer/fast.py)
+encodes for it (gigatoken spreads each batch over every core itself), such a tokenizer gets threads too.
 A forked worker dies with the process that forked it (Linux: PR_SET_PDEATHSIG), so a build killed with
 SIGKILL leaves no worker behind, and ignores Ctrl-C, which the builder handles (one message, not a traceback
 per worker).
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from niels_gpt.encode import encode_documents
+from niels_gpt.tokenizer.fast import fast_encoder
 
 THREADS_ENV = "NIELS_GPT_ENCODE_THREADS"  # set to 1: encode on threads whatever the tokenizer prefers
 PR_SET_PDEATHSIG = 1
@@ -66,9 +68,11 @@ def _encode_inherited(docs: list[str]) -> list:
 
 def uses_processes(tokenizer) -> bool:
     """Whether the builder encodes for `tokenizer` on forked processes (see the module docstring)."""
-    return (bool(getattr(tokenizer, "encode_in_processes", False))
-            and sys.platform.startswith("linux")
-            and os.environ.get(THREADS_ENV, "") in ("", "0"))
+    if not (getattr(tokenizer, "encode_in_processes", False) and sys.platform.startswith("linux")
+            and os.environ.get(THREADS_ENV, "") in ("", "0")):
+        return False
+    # the fast encoder spreads each batch over every core itself and releases the GIL: threads
+    return fast_encoder(tokenizer) is None
 
 
 class EncodePool:

@@ -14,13 +14,15 @@ import itertools
 import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-
-import torch
+from typing import TYPE_CHECKING
 
 from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
 from niels_gpt.sources.documents import Skipped
+
+if TYPE_CHECKING:
+    import torch
 
 ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
 
@@ -30,6 +32,7 @@ def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> I
     if not size or size <= 1:
         yield from items
         return
+    import torch  # NOTE: here, not at the top: `build` runs without importing torch (~1.5 s) unless it shuffles
     buf: list = []
     draws: list[int] = []
     for item in items:

@@ -17,6 +17,8 @@ import json
 import os
 from collections.abc import Sequence
 
+from niels_gpt.confine import confined
+from niels_gpt.errors import CacheError
 from niels_gpt.sources.documents import Rules
 from niels_gpt.sources.stream import (  # noqa: F401  (the plan's names, where builders look them up)
     PLAN_VERSION,
@@ -30,6 +32,7 @@ from niels_gpt.sources.stream import (  # noqa: F401  (the plan's names, where b
 )
 
 plan_items = stream_items
+TASK_ID = r"[0-9]{5}-[0-9a-f]{12}"  # <index>-<12 hex>: the name of a task's parts and receipt in the work directory
 
 
 def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: int | None = None,
@@ -52,3 +55,23 @@ def _task_hash(t: Task, plan: Plan) -> str:
     key = {"v": PLAN_VERSION, "pieces": t.pieces, "layout": t.layout, "rules": rules, "chat": plan.chat,
            "tokenizer": plan.tokenizer_sha256, "dtype": plan.token_dtype, "options": plan.tokenizer_options}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def task_id(value, record, field: str = "id") -> str:
+    """A task id read from a record (a plan, a task's receipt), checked before it names a file (niels_gpt/confine.py)."""
+    return confined(value, record, field, parts=1, pattern=TASK_ID, error=CacheError,
+                    fix="remove the work directory's plan.json and parts, then build again")
+
+
+def read_plan(path: str | os.PathLike) -> dict:
+    """A plan.json of a work directory, its task ids checked; CacheError naming the file otherwise."""
+    try:
+        doc = json.loads(open(path, "rb").read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CacheError(f"{path}: not valid JSON ({exc}); remove it and build again") from exc
+    tasks = doc.get("tasks") if isinstance(doc, dict) else None
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
+        raise CacheError(f"{path}: 'tasks' is missing or not a list of objects; remove it and build again")
+    for k, t in enumerate(tasks):
+        task_id(t.get("id"), path, f"tasks[{k}].id")
+    return doc

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
 from niels_gpt.builders.encode_pool import EncodePool
@@ -86,7 +85,10 @@ class Admission:
     def __init__(self, sinks: dict[str, Budgeted], val_frac: float | None, seed: int):
         self.sinks, self.val_frac = sinks, val_frac
         self.order = [sinks["val"], sinks["train"]]
-        self.gen = torch.Generator().manual_seed(val_seed(seed)) if val_frac is not None else None
+        self.gen = None
+        if val_frac is not None:
+            import torch  # NOTE: imported where used: `build` runs without torch unless it draws
+            self.gen = torch.Generator().manual_seed(val_seed(seed))
         self.draws: list[float] = []
 
     def admit(self, doc, job: list) -> int | None:
@@ -98,6 +100,7 @@ class Admission:
         if self.sinks["val"].full and self.sinks["train"].full:
             return None
         if not self.draws:
+            import torch
             self.draws = torch.rand(DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
         sink = self.sinks["val"] if self.draws.pop() < self.val_frac else self.sinks["train"]
         return 0 if sink.full else sink.plan(doc, job)
@@ -119,6 +122,14 @@ def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | 
 
 
 @writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
+def _shuffle_generator(shuffle_buffer: int | None, seed: int):
+    """The shuffle buffer's generator; None with no shuffle (`build` then runs without importing torch)."""
+    if not shuffle_buffer or shuffle_buffer <= 1:
+        return None
+    import torch
+    return torch.Generator().manual_seed(seed)
+
+
 def build_pretrain_cache(
     texts: Iterable[str] | SplitTexts,
     out_dir: str,
@@ -158,6 +169,7 @@ def build_pretrain_cache(
     `tokenizer_path`: recorded in meta.json as where the tokenizer is found again (tokenizer/find.py).
     `compress="zstd"`: shards as zstd frames with a frame index (`shard_*.bin.zst`, formats/zstd_shard.py).
     """
+
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
     check_shard_bytes(shard_bytes)
@@ -187,7 +199,7 @@ def build_pretrain_cache(
             if own_split:
                 for split in ("val", "train"):
                     # one generator per split: reading ahead in val never shifts train's draws
-                    gen = torch.Generator().manual_seed(seed + (split == "train"))
+                    gen = _shuffle_generator(shuffle_buffer, seed + (split == "train"))
                     docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
                     sink = sinks[split]
                     # A batch is read only after a document of the previous one found the split full
@@ -206,7 +218,7 @@ def build_pretrain_cache(
                             break
             else:
                 exhausted = False
-                docs = shuffled(bar.documents(texts), shuffle_buffer, torch.Generator().manual_seed(seed))
+                docs = shuffled(bar.documents(texts), shuffle_buffer, _shuffle_generator(shuffle_buffer, seed))
                 admission = Admission(sinks, val_frac, seed)
                 for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
                     job = []

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.builders.common import (
@@ -73,6 +72,7 @@ class SFTWriter:
 
     def __init__(self, out: Path, dtype: np.dtype, *, stored_mask: bool, val_frac: float, seed: int):
         self.out, self.dtype, self.stored_mask, self.val_frac = out, dtype, stored_mask, val_frac
+        import torch  # NOTE: imported where used: `build` starts without torch (~1.5 s)
         self.gen = torch.Generator().manual_seed(seed)
         self.draws: list[float] = []
         self.files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
@@ -84,6 +84,7 @@ class SFTWriter:
 
     def add(self, ids: np.ndarray, mask: np.ndarray | None) -> None:
         if not self.draws:
+            import torch
             self.draws = torch.rand(SFT_DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
         split = "val" if self.draws.pop() < self.val_frac else "train"
         self.offsets[split].append(self.tokens[split])

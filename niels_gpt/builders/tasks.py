@@ -165,7 +165,7 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
     """Encode `batch`, append its tokens, record its lengths; returns the count of documents encoded."""
     if not batch:
         return encoded
-    docs = encode_documents(tok, batch, num_threads=1)
+    docs = encode_documents(tok, batch, num_threads=1, arrays=True)
     convert.write(docs, len(docs[-1]) + 1, encoded)
     for i, d in zip(where, docs, strict=True):
         lens[i] = len(d) + 1

@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.confine import confined_all
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import disk_problem, file_record
 from niels_gpt.records import seal_problem, sealed_bytes
@@ -86,9 +87,9 @@ def read_receipt(path: str | os.PathLike) -> dict:
     if not ok:
         raise FormatError(f"{path}: not a {FORMAT} version {VERSION} (format, version, output_format and files "
                           "are required); the receipt is corrupt: re-run the command that wrote this output")
+    confined_all(receipt["files"], path, "files", error=FormatError, fix="re-run the command that wrote this output")
     for rel, rec in receipt["files"].items():
-        good = (isinstance(rec, dict) and isinstance(rec.get("bytes"), int) and isinstance(rec.get("sha256"), str)
-                and not Path(rel).is_absolute() and ".." not in Path(rel).parts)
+        good = isinstance(rec, dict) and isinstance(rec.get("bytes"), int) and isinstance(rec.get("sha256"), str)
         if not good:
             raise FormatError(f"{path}: entry {rel!r} needs a relative path, integer bytes and a sha256; "
                               "the receipt is corrupt: re-run the command that wrote this output")

@@ -7,13 +7,17 @@
   its final name is complete, so a re-run skips it;
 - failures (network errors, 5xx, 408/429, a truncated body) retry up to MAX_ATTEMPTS times with
   backoff BACKOFF_S * 2**(attempt-1); other 4xx answers fail at once (retrying cannot help);
-- a tqdm bar counts shards (silent when stderr is not a terminal).
+- a tqdm bar counts shards (silent when stderr is not a terminal);
+- Ctrl-C stops every transfer at once (their sockets are shut down, their temporaries removed), then the
+  interrupt goes on to the caller: no worker keeps the process alive until its socket times out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import time
+import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +50,30 @@ class _Retryable(Exception):
     pass
 
 
+class _Stopped(Exception):
+    """The download was interrupted (Ctrl-C in the caller): the attempt ends without a retry."""
+
+
+_stop = threading.Event()
+_open_sockets: set = set()
+_sockets_lock = threading.Lock()
+
+
+def _socket_of(resp):
+    # NOTE: http.client's response reads from a buffered socket.SocketIO; shutting the socket down is what
+    # wakes a read blocked on a stalled server (closing it from another thread does not)
+    return getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+
+
+def _interrupt() -> None:
+    """End every transfer in progress now: the flag stops new attempts, the shutdown ends blocked reads."""
+    _stop.set()
+    with _sockets_lock:
+        for sock in list(_open_sockets):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
 def _fetch_once(url: str, tmp: Path, timeout_s: float) -> None:
     import http.client
     import urllib.error
@@ -53,9 +81,18 @@ def _fetch_once(url: str, tmp: Path, timeout_s: float) -> None:
 
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp, open(tmp, "wb") as f:
-            expected = resp.headers.get("Content-Length")
-            while block := resp.read(BLOCK):
-                f.write(block)
+            sock = _socket_of(resp)
+            with _sockets_lock:
+                _open_sockets.add(sock)
+            try:
+                expected = resp.headers.get("Content-Length")
+                while not _stop.is_set() and (block := resp.read(BLOCK)):
+                    f.write(block)
+            finally:
+                with _sockets_lock:
+                    _open_sockets.discard(sock)
+            if _stop.is_set():
+                raise _Stopped
             f.flush()
             os.fsync(f.fileno())
     except urllib.error.HTTPError as exc:
@@ -63,6 +100,8 @@ def _fetch_once(url: str, tmp: Path, timeout_s: float) -> None:
             raise _Retryable(f"HTTP {exc.code} {exc.reason}") from exc
         raise  # 4xx: the shard is not there
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        if _stop.is_set():
+            raise _Stopped from exc
         raise _Retryable(str(getattr(exc, "reason", exc))) from exc
     size = tmp.stat().st_size
     if expected is not None and size != int(expected):
@@ -89,17 +128,22 @@ def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max
     error = ""
     for attempt in range(1, max_attempts + 1):
         try:
+            if _stop.is_set():
+                raise _Stopped
             _fetch_once(url, tmp, timeout_s)
             os.replace(tmp, final)
             return ShardResult(index, final, "downloaded", attempt)
+        except _Stopped:
+            tmp.unlink(missing_ok=True)
+            return ShardResult(index, final, "failed", attempt, f"{url}: interrupted")
         except urllib.error.HTTPError as exc:
             tmp.unlink(missing_ok=True)
             return ShardResult(index, final, "failed", attempt, f"{url}: HTTP {exc.code} {exc.reason}")
         except _Retryable as exc:
             tmp.unlink(missing_ok=True)
             error = f"{url}: {exc}"
-            if attempt < max_attempts:
-                time.sleep(backoff_s * 2 ** (attempt - 1))
+            if attempt < max_attempts and _stop.wait(backoff_s * 2 ** (attempt - 1)):
+                return ShardResult(index, final, "failed", attempt, f"{url}: interrupted")
     return ShardResult(index, final, "failed", max_attempts, f"{error} (gave up after {max_attempts} attempts)")
 
 
@@ -120,12 +164,18 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
     out.mkdir(parents=True, exist_ok=True)
     indices = list(indices)
     results = {}
+    _stop.clear()
     with ThreadPoolExecutor(max_workers=max(1, num_workers)) as pool, \
             tqdm(total=len(indices), unit="shard", desc="download", disable=None if progress is None else not progress) as bar:
         futures = [pool.submit(download_shard, base_url, out, i, max_attempts=max_attempts, backoff_s=backoff_s,
                                timeout_s=timeout_s, filename=filename) for i in indices]
-        for fut in as_completed(futures):
-            r = fut.result()
-            results[r.index] = r
-            bar.update(1)
+        try:
+            for fut in as_completed(futures):
+                r = fut.result()
+                results[r.index] = r
+                bar.update(1)
+        except BaseException:  # Ctrl-C: stop the transfers now, not when their sockets time out
+            _interrupt()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return [results[i] for i in indices]

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_bytes_atomic
+from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import CacheMismatchError, ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.meta import file_record
@@ -230,13 +231,9 @@ def read_manifest(shard_dir) -> dict:
 
 
 def _check_file_name(name, manifest_path, array: str) -> None:
-    # NOTE: the manifest names files inside the shard directory only; anything else (a path, '..',
-    # an absolute name) could make a reader open a file outside the shard.
-    ok = (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-          and "\x00" not in name and Path(name).name == name and name.endswith(".npy"))
-    if not ok:
-        raise FormatError(f"{manifest_path}: files.{array}.name {name!r} is not a plain .npy file name in "
-                          "the shard directory; the manifest is corrupt or hostile: re-pack the data")
+    # NOTE: the manifest names files inside the shard directory only (niels_gpt/confine.py)
+    confined(name, manifest_path, f"files.{array}.name", parts=1, pattern=r"[^/]+\.npy", error=FormatError,
+             fix="re-pack the data")
 
 
 def expected_shapes(manifest: dict) -> dict[str, tuple]:

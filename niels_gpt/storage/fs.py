@@ -4,16 +4,24 @@
   are imported only here, only when a URL is used.
 - A scheme whose backend is not installed names the extra that brings it (`pip install 'niels_gpt[s3]'`);
   an unknown scheme lists the supported ones; `http(s)://` is read-only and refused for writing.
-- `with_retries(fn, what)` retries a storage call on transient errors (connection resets, timeouts,
-  throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart. Each attempt
-  has a time limit (`settings.network_timeout_s()`, 60 s by default): a call that has not returned by
-  then counts as a timed-out attempt, so a server that stops answering ends, after RETRIES attempts,
-  in one StorageError naming the address, never in a hang. An error that retrying cannot help (no
-  credentials, access denied, a full local disk) is one StorageError naming the address at once.
+- `bounded_call(fs, method, ...)`: how mirrors, read-side commands and uploads call a store. The network
+  time limit (`settings.network_timeout_s()`, 30 s by default) bounds connecting (no answer) and a stall
+  (no byte of a transfer for that long), never a transfer that keeps moving. On the async backends (s3, gs, http) the
+  call is a task on fsspec's event loop, cancelled (its connection closed) when it stalls or on Ctrl-C, so
+  no attempt outlives its call. Sync backends (hf, memory, file) run on a helper thread, which a stall
+  cannot cancel.
+- `with_retries(fn, what, bounded=True)` retries transient errors (connection resets, a transfer that
+  breaks off, 5xx, throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart.
+  A stall or no answer ends at once in one StorageError naming the address and the flag that raises the
+  limit, never in a hang. An error that retrying cannot help (no credentials, access denied, a full local
+  disk, a host name that does not resolve) is one StorageError naming the address at once. Without
+  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`; the inputs of `build`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import errno
 import threading
 import time
@@ -32,6 +40,8 @@ SCHEMES = {
 READ_ONLY = {"http", "https"}
 RETRIES = 4
 BACKOFF_S = 0.5
+POLL_S = 0.05  # how often a bounded call looks at its progress
+CANCEL_WAIT_S = 5.0  # how long a cancelled transfer may take to close its connection
 
 
 def scheme_of(url: str) -> str:
@@ -56,7 +66,7 @@ def filesystem(url: str, *, write: bool = False):
     try:
         # NOTE: a backend may look for credentials here (gcsfs asks a cloud metadata server, ~16 s when
         # there is no network): bounded like any other wait
-        fs, root = with_deadline(lambda: fsspec.core.url_to_fs(url), network_timeout_s())
+        fs, root = with_deadline(lambda: fsspec.core.url_to_fs(url, **_options(scheme)), network_timeout_s())
     except TimeoutError:
         raise StorageError(f"{url}: the {scheme}:// backend did not start within {network_timeout_s():g} s (it "
                            "looks for credentials and its endpoint first); check the network and the credentials, "
@@ -65,6 +75,16 @@ def filesystem(url: str, *, write: bool = False):
         raise ConfigError(f"{url}: the {scheme}:// backend is not installed ({exc}); pip install "
                           f"'niels_gpt[{extra}]'") from exc
     return fs, root.rstrip("/") or root
+
+
+def _options(scheme: str) -> dict:
+    """Backend options: aiohttp's own five-minute cap on a whole HTTP request would cut a slow transfer that
+    is still moving; `bounded_call` limits connecting and stalls instead."""
+    if scheme not in ("http", "https"):
+        return {}
+    import aiohttp  # lazy: only for http(s) URLs
+
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=network_timeout_s())}}
 
 
 def join(root: str, rel: str) -> str:
@@ -127,15 +147,136 @@ def with_deadline(fn, timeout_s: float, expired=None):
     return box.get("value")
 
 
+class _Moved:
+    """An fsspec callback counting the bytes a transfer moved: what tells a slow transfer from a stalled one."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def relative_update(self, inc=1):
+        self.bytes += inc or 0
+
+    def __getattr__(self, name):  # set_size, branch, call, ...: nothing to do for the other hooks
+        return _ignore
+
+
+def _ignore(*args, **kwargs):
+    return None
+
+
+_stopping = threading.Event()  # set by stop_transfers(): every bounded call still running ends at once
+
+
+def stop_transfers() -> None:
+    """End every transfer of this process now (Ctrl-C): each bounded call, on whichever thread (a prefetcher's
+    too), cancels its attempt and raises, so no download keeps the process alive after it was interrupted."""
+    _stopping.set()
+
+
+_at_exit: list[bool] = []
+
+
+def _stop_at_exit() -> None:
+    """Once per process: stop_transfers() when the interpreter exits (after Ctrl-C), before it joins the
+    threads of thread pools: a prefetcher's download then ends at once instead of holding the exit until it
+    stalls out. NOTE: threading's own exit hook list, the one concurrent.futures joins its threads from; ours
+    is registered later, so it runs first."""
+    if not _at_exit:
+        _at_exit.append(True)
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            with contextlib.suppress(RuntimeError):  # already shutting down
+                register(stop_transfers)
+
+
+def allow_transfers() -> None:
+    """Undo stop_transfers(): what a command's start does (in-process callers run several)."""
+    _stopping.clear()
+
+
+def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwargs):
+    """`fs.<method>(*args, **kwargs)`, ended when nothing has moved for `timeout_s` seconds (default:
+    `network_timeout_s()`): no answer to connect, or no byte of a transfer (`get_file`, `put_file`) for
+    that long. A transfer that keeps moving is never cut, however long it takes.
+
+    On an async backend (s3, gs, http) the call runs as a task on fsspec's event loop and is cancelled
+    (its connection closed) when it stalls or when the caller is interrupted (Ctrl-C): the attempt ends
+    with the call, nothing keeps downloading behind it. A sync backend (hf, memory, file) runs on a
+    helper thread; one that stalls cannot be cancelled and is left to its backend's own time limit.
+    Raises TimeoutError naming the limit; the caller (`with_retries(..., bounded=True)`) names the address.
+    """
+    limit = network_timeout_s() if timeout_s is None else timeout_s
+    _stop_at_exit()
+    moved = _Moved()
+    if method in ("get_file", "put_file"):
+        kwargs["callback"] = moved
+    # NOTE: fsspec puts a sync wrapper of each async method on the instance (its __wrapped__ is the coroutine
+    # function); any other function there was put by a caller (a test's fault injection) and runs as is
+    on_instance = vars(fs).get(method)
+    replaced = on_instance is not None and not hasattr(on_instance, "__wrapped__")
+    if getattr(fs, "async_impl", False) and not replaced:
+        import asyncio
+
+        ended = threading.Event()
+
+        async def run():
+            try:
+                return await getattr(fs, "_" + method)(*args, **kwargs)
+            finally:
+                ended.set()
+
+        fut = asyncio.run_coroutine_threadsafe(run(), fs.loop)
+
+        def stop():
+            fut.cancel()
+            ended.wait(CANCEL_WAIT_S)
+    else:
+        fut = concurrent.futures.Future()
+
+        def work():
+            try:
+                fut.set_result(getattr(fs, method)(*args, **kwargs))
+            except BaseException as exc:  # handed to the caller's thread
+                fut.set_exception(exc)
+
+        threading.Thread(target=work, name="niels-gpt-storage-call", daemon=True).start()
+
+        def stop():
+            pass
+    seen, moved_at = 0, time.monotonic()
+    try:
+        while True:
+            concurrent.futures.wait([fut], timeout=POLL_S)
+            if fut.done():
+                return fut.result()
+            if _stopping.is_set():
+                raise KeyboardInterrupt
+            now = time.monotonic()
+            if moved.bytes != seen:
+                seen, moved_at = moved.bytes, now
+            elif now - moved_at > limit:
+                stop()
+                raise TimeoutError(f"no answer within {limit:g} s" if not seen else
+                                   f"no byte for {limit:g} s after {seen:,} bytes (the transfer stalled)")
+    except BaseException:  # a stall, or Ctrl-C: the attempt ends here, not later on its own
+        if not fut.done():
+            stop()
+        raise
+
+
 def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float | None = None,
-                 timeout_s: float | None = None, started: float | None = None):
+                 timeout_s: float | None = None, started: float | None = None, bounded: bool = False):
     """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist.
 
     Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`), and no attempt starts
     once that much time has passed since the first: a store that does not answer ends in one line within
     about that limit, retries included (`started`: a time.monotonic() the limit counts from instead, e.g.
     before the filesystem was made). A host name that does not resolve is not retried. Retries and
-    backoff default to RETRIES and BACKOFF_S."""
+    backoff default to RETRIES and BACKOFF_S.
+
+    `bounded`: fn bounds itself (`bounded_call`: a limit on a stall, not on the whole call) and runs on the
+    calling thread; its TimeoutError (nothing moved for the limit) ends at once in one StorageError, and
+    any other transient error is retried RETRIES times however long the attempts took."""
     retries = RETRIES if retries is None else retries
     backoff_s = BACKOFF_S if backoff_s is None else backoff_s
     limit = network_timeout_s() if timeout_s is None else timeout_s
@@ -143,6 +284,8 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
     raise_limit = (f"raise the limit with --network-timeout SECONDS or {TIMEOUT_ENV} (now {limit:g} s)")
     for attempt in range(1, retries + 1):
         try:
+            if bounded:
+                return fn()
             left = limit - (time.monotonic() - t0)  # the first attempt gets what the filesystem's start left
             return with_deadline(fn, max(min(limit, 1.0), left) if attempt == 1 else limit)
         except (FileNotFoundError, NotImplementedError, NielsGPTError):
@@ -155,7 +298,9 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
                 raise StorageError(f"{what}: {type(exc).__name__}: {exc}; check the credentials, the endpoint "
                                    "and the local disk, then rerun") from exc
             waited = time.monotonic() - t0
-            if attempt == retries or waited + backoff_s * 2 ** (attempt - 1) >= limit:
+            if bounded and isinstance(exc, TimeoutError):
+                raise StorageError(f"{what}: {exc}; check the endpoint and the network, or {raise_limit}") from exc
+            if attempt == retries or (not bounded and waited + backoff_s * 2 ** (attempt - 1) >= limit):
                 raise StorageError(f"{what}: failed {attempt} time{'s' if attempt > 1 else ''} in {waited:.3g} s, last with "
                                    f"{type(exc).__name__}: {exc}; check the endpoint and the network, or "
                                    f"{raise_limit}") from exc

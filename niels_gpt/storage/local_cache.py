@@ -6,13 +6,23 @@
       locks/<mirror>/<rel>.lock  one per file ever fetched: the process holding it is the one downloading
       pins/<pid>-<n>.txt         files a live process needs kept (batches in flight or prefetched)
 
-- Eviction (`make_room`): least recently used files first (mtime, refreshed on every use), over every
-  mirror, until the new file fits the bound. Never evicted: markers (meta.json, manifest.json), files
-  the caller keeps, files any live process pins. A temporary of a dead process (`.tmp-<pid>`) is removed.
+- The directory is this library's own (`claim`, before anything is written): created when missing and
+  marked (`.niels_gpt_download_cache`); a file, or a non-empty directory that is not a download cache, is
+  refused in one line, so eviction never runs among a user's files.
+- Eviction (`make_room`): least recently used files first (access time, set on every use), over every
+  mirror, until the new file fits the bound. Only files a mirror's marker lists (what `RemoteCache` fetched)
+  are counted and evicted; anything else found under remote/ is left alone. Never evicted: markers
+  (meta.json, manifest.json), files the caller keeps, files any live process pins. A temporary of a dead
+  process (`.tmp-<pid>`) is removed.
 - Room granted is reserved at once: an empty sparse file `<name>.reserved.tmp-<pid>` the size of the
   download (no disk used) counts against the bound until the download is in place, so downloads running
   in parallel (threads, processes) never grant the same room twice; the growing download itself is not
   counted twice.
+- Stamps (`stamps/<mirror>/<sha256(rel)[:24]>.json`): the (size, mtime_ns, sha256) of a mirrored file as
+  last hashed (at its download, or at a process's first use of a copy it did not download). A process
+  checks each copy once before serving it (`copy_problem`): its size always; its sha256 only when the
+  stamp does not match the file, so a host hashes each copy once, and a copy changed on disk is hashed
+  again, found damaged, and fetched again.
 - Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
   on a short background thread: a rename here takes ~4 ms, too long for a training step), and keeps them
   in memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
@@ -32,6 +42,7 @@ import contextlib
 import fcntl
 import hashlib
 import itertools
+import json
 import os
 import threading
 import time
@@ -39,10 +50,17 @@ import weakref
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
-from niels_gpt.errors import StorageError
-from niels_gpt.storage.settings import MIRRORS
+from niels_gpt.confine import confined
+from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.meta import sha256_file
+from niels_gpt.storage.settings import MIRRORS, cache_dir_label
 
-LOCKS, PINS = "locks", "pins"
+LOCKS, PINS, STAMPS = "locks", "pins", "stamps"
+OWN_MARK = ".niels_gpt_download_cache"  # in the root: this directory is a download cache this library made
+# what a download cache holds at its top; "core": the CORE evaluation bundle train keeps in the default
+# directory (~/.cache/niels_gpt/core, train/eval_core.py), never touched by eviction
+OWN_ENTRIES = {OWN_MARK, ".lock", MIRRORS, LOCKS, PINS, STAMPS, "core"}
+SOURCES = "sources"  # remote/sources/: temporaries of inputs read from URLs (sources/records.py)
 RESERVED = ".reserved"  # <name>.reserved.tmp-<pid>: room granted to a download in progress
 MARKERS = ("meta.json", "manifest.json")
 LOCK_POLL_S = 0.02
@@ -53,15 +71,102 @@ class NoRoom(Exception):
     """A prefetch found no room: every file it could evict is pinned or kept (the caller skips it)."""
 
 
+def claim(root: Path) -> None:
+    """Make `root` a download cache of this library, or refuse it before anything is written there.
+
+    A missing or empty directory becomes one (its mark, OWN_MARK, is written); one with the mark is one; a
+    directory laid out as one (OWN_ENTRIES at the top, mirrors named by 16 hex digits) from before the mark
+    existed gets it. Anything else (a file, a user's non-empty directory) is one ConfigError: eviction deletes
+    files in here, so it must hold nothing but what this library fetched."""
+    root = Path(root)
+    label = cache_dir_label()
+    if (root / OWN_MARK).is_file():
+        return
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{label} {root}: a file, not a directory; the download cache is a directory of its own "
+                          "(created when missing): choose another path")
+    root.mkdir(parents=True, exist_ok=True)
+    entries = sorted(e for e in os.listdir(root) if not TMP_SUFFIX.search(e))
+    if entries and not _laid_out_as_ours(root, entries):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(f"{label} {root}: a non-empty directory that is not a download cache of this library (it "
+                          f"holds {shown}); nothing in it is deleted or replaced: choose a new or empty directory "
+                          "for the download cache")
+    write_bytes_atomic(root / OWN_MARK, b"a download cache of niels_gpt: files under remote/ may be evicted\n",
+                       durable=False)
+
+
+def _laid_out_as_ours(root: Path, entries: list[str]) -> bool:
+    if not set(entries) <= OWN_ENTRIES:
+        return False
+    mirrors = root / MIRRORS
+    if not mirrors.is_dir():
+        return not mirrors.exists()
+    return all(e == SOURCES or (len(e) == 16 and all(c in "0123456789abcdef" for c in e))
+               for e in os.listdir(mirrors))
+
+
+def fetched(mirror_dir: Path) -> set[str]:
+    """The relative paths a mirror's marker lists: the only files of that mirror this library fetched (and
+    so the only ones it may evict). Empty when the mirror has no readable marker."""
+    for marker in MARKERS:
+        try:
+            doc = json.loads((Path(mirror_dir) / marker).read_bytes())
+        except (OSError, ValueError):
+            continue
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if not isinstance(files, dict):
+            return set()
+        if marker == "manifest.json":
+            return {str(r.get("name")) for r in files.values() if isinstance(r, dict)}
+        return set(files)
+    return set()
+
+
 def lock_path(root: Path, mirror: str, rel: str) -> Path:
     return root / LOCKS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".lock")
+
+
+def stamp_path(root: Path, mirror: str, rel: str) -> Path:
+    return root / STAMPS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".json")
+
+
+def write_stamp(root: Path, mirror: str, rel: str, local: Path, sha256: str) -> None:
+    """Remember that `local` (as it is now: size, mtime) has this sha256, so later processes skip hashing it."""
+    st = os.stat(local)
+    path = stamp_path(root, mirror, rel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}).encode(),
+                       durable=False)
+
+
+def copy_problem(root: Path, mirror: str, rel: str, rec: dict, local: Path, st: os.stat_result) -> str | None:
+    """What is wrong with a mirrored copy against its record, or None: its size always; its sha256 unless the
+    stamp says this very file (same size and mtime) was hashed already (then the stamp's sha256 is compared)."""
+    if st.st_size != rec["bytes"]:
+        return f"has {st.st_size} bytes, the record says {rec['bytes']}"
+    want = rec.get("sha256")
+    if want is None:
+        return None
+    try:
+        stamp = json.loads(stamp_path(root, mirror, rel).read_bytes())
+        known = stamp["sha256"] if (stamp["size"], stamp["mtime_ns"]) == (st.st_size, st.st_mtime_ns) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        known = None
+    if known is None:
+        known = sha256_file(str(local))
+        if known == want:
+            with contextlib.suppress(OSError):
+                write_stamp(root, mirror, rel, local, known)
+    return None if known == want else f"has sha256 {known[:16]}…, the record says {want[:16]}…"
+
 
 
 @contextlib.contextmanager
 def file_lock(path: Path, *, timeout_s: float, what: str):
     """Hold the flock of `path` (created if missing); StorageError naming `what` after `timeout_s`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
+    with _open_lock(path) as fh:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -76,6 +181,14 @@ def file_lock(path: Path, *, timeout_s: float, what: str):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _open_lock(path: Path):
+    try:
+        return open(path, "a")
+    except IsADirectoryError:
+        raise StorageError(f"{path}: a directory where the download cache keeps a lock file; remove it "
+                           f"(rmdir {path}) and rerun") from None
 
 
 _live_pins: dict[int, frozenset[str]] = {}  # id(Pins) -> its paths, for this process's own evictions
@@ -157,8 +270,25 @@ def pinned(root: Path) -> set[str]:
                 p.unlink()
             continue
         with contextlib.suppress(FileNotFoundError):
-            out.update(line for line in p.read_text().splitlines() if line)
+            out.update(_pin_lines(p, Path(root)))
     return out
+
+
+def _pin_lines(path: Path, root: Path) -> list[str]:
+    """The paths a pin file lists: absolute paths of files inside the mirrors (niels_gpt/confine.py)."""
+    data = path.read_bytes()
+    fix = f"remove {path} (a live process rewrites its own pins)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StorageError(f"{path}: a pin file of the download cache that is not UTF-8 text ({exc.reason} at byte "
+                           f"{exc.start}); it was damaged or written by something else: {fix}") from None
+    base = f"{os.path.abspath(root)}/{MIRRORS}/"
+    lines = [line for line in text.splitlines() if line]
+    for k, line in enumerate(lines, 1):
+        inside = line[len(base):] if line.startswith(base) else line
+        confined(inside, path, f"line {k}", error=StorageError, fix=fix)
+    return lines
 
 
 def reservation(local: Path) -> Path:
@@ -173,13 +303,17 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
     else nothing more is done (the download that needs the file now goes ahead past the bound).
     `reserve` (`reservation(local)`): created, `need` bytes long and sparse, before the lock is released;
     the caller removes it once its download is in place or has failed."""
-    with open(Path(root) / ".lock", "a") as fh:
+    with _open_lock(Path(root) / ".lock") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # held for a directory walk: milliseconds, never a network wait
         keep = set(keep) | pinned(root)
-        files, total = [], 0
-        for d, _, names in os.walk(Path(root) / MIRRORS):
+        files, total, listed = [], 0, {}
+        mirrors = os.path.join(root, MIRRORS)
+        for d, _, names in os.walk(mirrors):
             for name in names:
                 p = os.path.join(d, name)
+                rel = os.path.relpath(p, mirrors).split(os.sep)
+                if rel[0] not in listed:
+                    listed[rel[0]] = fetched(Path(mirrors) / rel[0])
                 m = TMP_SUFFIX.search(name)
                 if m and not pid_alive(int(m.group(1))):
                     with contextlib.suppress(FileNotFoundError):
@@ -191,9 +325,11 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
                     st = os.stat(p)
                 except FileNotFoundError:
                     continue
+                if not m and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
+                    continue  # not a file this library fetched: neither counted nor ever evicted
                 total += st.st_size
                 if not m and name not in MARKERS and p not in keep:
-                    files.append((st.st_mtime_ns, p, st.st_size))
+                    files.append((st.st_atime_ns, p, st.st_size))  # access time: last use
         if strict and total - sum(f[2] for f in files) + need > max_bytes:
             raise NoRoom
         files.sort()

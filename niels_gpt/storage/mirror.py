@@ -7,8 +7,12 @@
   so every reader opens it with its ordinary local code: same memory maps, same batches, same resume.
 - Nothing is downloaded until a reader (or a prefetcher, niels_gpt/loading/prefetch.py) asks for a file.
 - A download goes to `<name>.tmp-<pid>`; only when its size and sha256 equal the marker's record is it
-  renamed into place, so a file under its final name was checked once and is trusted afterwards. A
-  mismatch is fetched once more (a transfer damaged on the way), then refused naming the file's URL.
+  renamed into place (and its stamp written: storage/local_cache.py). A mismatch is fetched once more (a
+  transfer damaged on the way), then refused naming the file's URL.
+- A mirrored copy is checked again before a process first serves it: its size always, its sha256 once per
+  host (the stamp). A copy damaged on the local disk is named in one warning line (and in `healed`),
+  removed and fetched again; `verify` of the URL reports it as a problem it healed.
+- Names: only the names the marker lists become paths, each confined to the mirror (niels_gpt/confine.py).
 - One download per file per host: the file's download lock (storage/local_cache.py) is held while it is
   fetched; every other process or thread asking for it waits, then finds it.
 - Every network call has a time limit and transient errors are retried with backoff (storage/fs.py).
@@ -25,16 +29,29 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.confine import confined, confined_all
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.meta import record_problem, sha256_file
-from niels_gpt.storage.fs import filesystem, join, longest_wait_s, with_retries
-from niels_gpt.storage.local_cache import NoRoom, file_lock, lock_path, make_room, reservation
+from niels_gpt.storage.fs import bounded_call, filesystem, join, longest_wait_s, with_retries
+from niels_gpt.storage.local_cache import (
+    NoRoom,
+    claim,
+    copy_problem,
+    file_lock,
+    lock_path,
+    make_room,
+    reservation,
+    write_stamp,
+)
 from niels_gpt.storage.settings import MAX_BYTES_ENV, MIRRORS, local_cache_dir, max_cache_bytes
 
 DOWNLOADS_PER_MISMATCH = 2  # a checksum mismatch is fetched once more before it is refused
+_trusted: dict[str, tuple[int, int, int]] = {}  # mirrored path -> (size, mtime_ns, inode) checked in this process
 
 
 class RemoteCache:
@@ -48,11 +65,14 @@ class RemoteCache:
         self.local_dir = self.root / MIRRORS / self.mirror
         self.max_bytes = max_cache_bytes()
         self.downloaded = 0  # bytes this process downloaded (and kept) through this object
+        self.healed: list[str] = []  # mirrored copies found damaged and fetched again, one line each
         self._fs, self._fs_pid = None, None
         fs, path = self.fs
+        claim(self.root)  # before any download: a directory that is not a download cache is refused at once
         remote = join(path, marker)
         try:
-            data = with_retries(lambda: fs.cat_file(remote), f"reading {self.url}/{marker}")
+            data = with_retries(lambda: bounded_call(fs, "cat_file", remote), f"reading {self.url}/{marker}",
+                                bounded=True)
         except FileNotFoundError:
             raise IncompleteCacheError(f"no {marker} at {self.url}: the upload was interrupted or never ran "
                                        "(the marker is uploaded last); rebuild or re-upload the cache") from None
@@ -117,13 +137,12 @@ class RemoteCache:
         `keep`: other files the caller needs now; eviction leaves them alone. `prefetch`: a fetch ahead of
         need, which raises local_cache.NoRoom instead of growing the cache past its bound.
         """
+        if rel not in self.records:  # only names the marker lists (confined when it was read) become paths
+            self.record(rel)
         local = self.local_dir / rel
-        try:
-            os.utime(local)  # most recently used
-            return local
-        except FileNotFoundError:
-            pass
         rec = self.record(rel)
+        if self._good_copy(rel, rec, local):
+            return local
         if int(rec["bytes"]) > self.max_bytes:
             raise ConfigError(f"{self.url}: one file needs {int(rec['bytes']):,} bytes but the local cache {self.root} "
                               f"may hold {self.max_bytes:,}; raise --cache-limit (${MAX_BYTES_ENV}) or pass max_bytes "
@@ -131,8 +150,7 @@ class RemoteCache:
         what = f"{self.url}/{rel}"
         with file_lock(lock_path(self.root, self.mirror, rel), timeout_s=longest_wait_s() * DOWNLOADS_PER_MISMATCH,
                        what=what):
-            if local.is_file():  # another process or thread downloaded it while this one waited
-                os.utime(local)
+            if self._good_copy(rel, rec, local):  # another process or thread downloaded it while this one waited
                 return local
             room = reservation(local)
             make_room(self.root, self.max_bytes, int(rec["bytes"]),
@@ -150,6 +168,47 @@ class RemoteCache:
                     room.unlink()
         return local
 
+    def damaged_copy(self, rel: str) -> str | None:
+        """One line when the mirrored copy of `rel` differs from its record (size or sha256, hashed now,
+        whatever its stamp says), else None; verify reports it, then fetches the file again."""
+        local, rec = self.local_dir / rel, self.record(rel)
+        try:
+            size = os.stat(local).st_size
+        except FileNotFoundError:
+            return None
+        digest = sha256_file(str(local)) if size == rec["bytes"] else None
+        if size == rec["bytes"] and rec.get("sha256") in (None, digest):
+            return None
+        what = f"has {size} bytes, the record says {rec['bytes']}" if digest is None else \
+            f"has sha256 {digest[:16]}…, the record says {rec['sha256'][:16]}…"
+        return (f"{self.url}/{rel}: the local copy {local} {what}; it was damaged on this disk and is fetched "
+                "again (healed)")
+
+    def _good_copy(self, rel: str, rec: dict, local: Path) -> bool:
+        """Whether the mirrored copy of `rel` may be served (then it is marked most recently used). Checked
+        once per process: its size always, its sha256 once per host (the stamp remembers it). A bad copy is
+        removed and named in one warning line and in `healed`; the caller fetches it again."""
+        try:
+            st = os.stat(local)
+        except FileNotFoundError:
+            return False
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if _trusted.get(str(local)) != key:
+            problem = copy_problem(self.root, self.mirror, rel, rec, local, st)
+            if problem is not None:
+                line = f"{self.url}/{rel}: the local copy {local} {problem}; it was damaged on this disk: fetching it again"
+                print(f"warning: {line}", file=sys.stderr)
+                self.healed.append(line)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(local)
+                return False
+            _trusted[str(local)] = key
+        # NOTE: the access time is the least-recently-used clock (local_cache.make_room); the modification
+        # time stays what the stamp recorded
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(local, ns=(time.time_ns(), st.st_mtime_ns))
+        return True
+
     def _download(self, rel: str, rec: dict, local: Path, attempt: int) -> None:
         fs, path = self.fs
         remote = join(path, rel)
@@ -157,7 +216,8 @@ class RemoteCache:
         tmp = local.with_name(f"{local.name}.tmp-{os.getpid()}")
         again = "" if attempt == 1 else f" (downloaded {attempt} times)"
         try:
-            with_retries(lambda: fs.get_file(remote, os.fspath(tmp)), f"downloading {self.url}/{rel}")
+            with_retries(lambda: bounded_call(fs, "get_file", remote, os.fspath(tmp)), f"downloading {self.url}/{rel}",
+                         bounded=True)
             digest = sha256_file(str(tmp))  # NOTE: from the page cache the download just filled
             size = tmp.stat().st_size
             if size != rec["bytes"]:
@@ -169,6 +229,7 @@ class RemoteCache:
                                          f"{rec['sha256'][:16]}…{again}; the remote file was damaged or replaced "
                                          "after the build: rebuild and re-upload the cache")
             os.replace(tmp, local)
+            write_stamp(self.root, self.mirror, rel, local, digest)
             self.downloaded += size
         except FileNotFoundError as exc:
             raise CacheError(f"{self.url}/{rel}: listed in {self.marker} but missing remotely; the cache was "
@@ -186,12 +247,13 @@ def records_of(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
         raise CacheError(f"{marker}: 'files' is missing or not an object; rebuild and re-upload the cache")
     if marker.endswith("manifest.json"):  # array -> {"name", "bytes", "sha256", ...}
         out = {}
-        for rec in files.values():
+        for key, rec in files.items():
             if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("bytes"), int):
-                out[rec["name"]] = rec
+                out[confined(rec["name"], marker, f"files.{key}.name", parts=1, fix="re-run pack-sft")] = rec
             else:
                 raise CacheError(f"{marker}: a files record {rec!r} has no name and bytes; re-run pack-sft")
         return out
+    confined_all(files, marker, "files", fix="rebuild and re-upload the cache")
     for rel, rec in files.items():
         bad = record_problem(rec)
         if bad is not None:

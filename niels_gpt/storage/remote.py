@@ -22,9 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, NielsGPTError
-from niels_gpt.storage.fs import filesystem, join, with_retries
+from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
+from niels_gpt.storage.local_cache import claim
 from niels_gpt.storage.mirror import RemoteCache
 from niels_gpt.storage.settings import (  # noqa: F401  (imported from here by older callers)
     CACHE_ENV,
@@ -89,7 +91,8 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
     the next download evicts). A file that fails its check or is missing remotely raises its CacheError
     naming its URL; with `collect` it is one problem line instead (and absent locally), and the others
     are still fetched. `fresh`: download (and check) every file again, even one mirrored already: what
-    verify does, so that it checks the bytes at the URL, not an earlier copy of them.
+    verify does, so that it checks the bytes at the URL, not an earlier copy of them; a mirrored copy that
+    differed from its record is one problem line too (healed by the download).
     """
     url = os.fspath(url).rstrip("/")
     rc, sub = open_marker(url)
@@ -99,6 +102,9 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
         keep = frozenset(rels)
         for rel in rels:
             if fresh:
+                damaged = rc.damaged_copy(rel)
+                if damaged is not None:
+                    problems.append(damaged)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(rc.local_dir / rel)  # a reader's memory map of it stays valid (see fetch)
             try:
@@ -123,7 +129,7 @@ def _unlisted(rc: RemoteCache, sub: str) -> list[str]:
     fs, base = filesystem(rc.url)
     top = f"{base}/{sub}" if sub else base
     try:
-        found = with_retries(lambda: fs.find(top), f"listing {rc.url}")
+        found = with_retries(lambda: bounded_call(fs, "find", top), f"listing {rc.url}", bounded=True)
     except (FileNotFoundError, NotImplementedError):
         return []
     strip = base.lstrip("/")
@@ -177,18 +183,22 @@ def tokenizer_near(url: str, levels: int = 2) -> Path | None:
 def _mirror_tokenizer(url: str) -> Path | None:
     fs, path = filesystem(url)
     try:
-        data = with_retries(lambda: fs.cat_file(join(path, "meta.json")), f"reading {url}/meta.json")
+        data = with_retries(lambda: bounded_call(fs, "cat_file", join(path, "meta.json")), f"reading {url}/meta.json",
+                            bounded=True)
         model = str(json.loads(data).get("model_file") or "")
     except (FileNotFoundError, ValueError, AttributeError):
         return None
-    if not model or "/" in model:
+    if not model:
         return None
+    confined(model, f"{url}/meta.json", "model_file", parts=1, fix="retrain the tokenizer and upload it again")
+    claim(local_cache_dir())
     local = local_cache_dir() / MIRRORS / hashlib.sha256(url.encode()).hexdigest()[:16]
     local.mkdir(parents=True, exist_ok=True)
     fresh = (local / "meta.json").is_file() and (local / "meta.json").read_bytes() == data
     if not fresh or not (local / model).is_file():
         tmp = local / f"{model}.tmp-{os.getpid()}"
-        with_retries(lambda: fs.get_file(join(path, model), os.fspath(tmp)), f"downloading {url}/{model}")
+        with_retries(lambda: bounded_call(fs, "get_file", join(path, model), os.fspath(tmp)),
+                     f"downloading {url}/{model}", bounded=True)
         os.replace(tmp, local / model)
         write_bytes_atomic(local / "meta.json", data)
     return local

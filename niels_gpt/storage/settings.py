@@ -4,7 +4,7 @@
 |---|---|---|---|---|
 | download cache directory | `NIELS_GPT_CACHE` | `--local-cache DIR` | `configure(cache_dir=...)` | `~/.cache/niels_gpt` |
 | its size bound | `NIELS_GPT_CACHE_MAX_BYTES` | `--cache-limit 20GB` | `configure(max_bytes=...)` | 50 GiB |
-| time limit of a network wait | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` (before the command) | `configure(timeout_s=...)` | 30 s |
+| time limit of a network wait (to connect; without a byte) | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` | `configure(timeout_s=...)` | 30 s |
 
 A value set through `configure` (what the flags call) wins over the environment, which wins over the
 default. Sizes are bytes or a size such as `20GB` / `512MiB` (`niels_gpt.args.int_arg`, one rule for
@@ -14,6 +14,7 @@ every flag that takes a size).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -25,7 +26,7 @@ MAX_BYTES_ENV = "NIELS_GPT_CACHE_MAX_BYTES"
 TIMEOUT_ENV = "NIELS_GPT_NETWORK_TIMEOUT_S"
 DEFAULT_CACHE_DIR = "~/.cache/niels_gpt"
 DEFAULT_MAX_BYTES = 50 << 30
-DEFAULT_TIMEOUT_S = 30.0  # a call that has not answered by then, retries included, ends in one line
+DEFAULT_TIMEOUT_S = 30.0  # no answer, or no byte of a transfer, for this long: one line naming the address
 MIRRORS = "remote"  # <cache dir>/remote/<sha256(url)[:16]>/: one mirror per cache URL
 
 _settings: dict = {"cache_dir": None, "max_bytes": None, "timeout_s": None}
@@ -54,14 +55,21 @@ def configure(*, cache_dir: str | os.PathLike | None = None, max_bytes: int | st
     if max_bytes is not None:
         max_bytes = parse_size(max_bytes, "max_bytes")
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or not timeout_s > 0):
-        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+                                  or not (math.isfinite(timeout_s) and timeout_s > 0)):
+        raise ConfigError(f"timeout_s must be a positive, finite number of seconds, got {timeout_s!r}")
     _settings.update(cache_dir=None if cache_dir is None else os.fspath(cache_dir), max_bytes=max_bytes,
                      timeout_s=None if timeout_s is None else float(timeout_s))
 
 
 def local_cache_dir() -> Path:
     return Path(_settings["cache_dir"] or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+def cache_dir_label() -> str:
+    """How the user named the download cache directory: the flag (or configure), the variable, or the default."""
+    if _settings["cache_dir"]:
+        return "--local-cache"
+    return f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else "the download cache"
 
 
 def max_cache_bytes() -> int:
@@ -81,8 +89,8 @@ def network_timeout_s() -> float:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a positive, finite number of seconds, e.g. 120")
     return value
 
 

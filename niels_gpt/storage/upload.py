@@ -29,8 +29,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from niels_gpt.confine import confined_all
 from niels_gpt.errors import ConfigError
-from niels_gpt.storage.fs import filesystem, join, with_retries
+from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.urls import is_url
 
 MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
@@ -76,16 +77,18 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
     markers.sort(key=lambda r: (-r.count("/"), r))
     for rel in markers:  # withdraw what this upload replaces, before any data changes under it
         remote = join(root, rel)
-        if with_retries(lambda remote=remote: fs.exists(remote), f"{url}/{rel}"):
-            with_retries(lambda remote=remote: fs.rm_file(remote), f"removing {url}/{rel}")
+        if with_retries(lambda remote=remote: bounded_call(fs, "exists", remote),
+                        f"{url}/{rel}", bounded=True):
+            with_retries(lambda remote=remote: bounded_call(fs, "rm_file", remote),
+                         f"removing {url}/{rel}", bounded=True)
     written = []
     for rel in data + markers:
         remote = join(root, rel)
         parent = remote.rsplit("/", 1)[0]
         with contextlib.suppress(Exception):  # object stores have no directories; local ones need them
             fs.makedirs(parent, exist_ok=True)
-        with_retries(lambda rel=rel, remote=remote: fs.put_file(os.fspath(local_dir / rel), remote),
-                     f"uploading {local_dir / rel} to {url}/{rel}")
+        with_retries(lambda rel=rel, remote=remote: bounded_call(fs, "put_file", os.fspath(local_dir / rel), remote),
+                     f"uploading {local_dir / rel} to {url}/{rel}", bounded=True)
         written.append(remote)
     return written
 
@@ -97,7 +100,8 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
     remove those the new output no longer has. Listing the prefix is also the first call to the store, so
     missing credentials or an unreachable endpoint end here, before the build."""
     try:
-        found = with_retries(lambda: fs.find(root), f"listing {url} (where the output goes)")
+        found = with_retries(lambda: bounded_call(fs, "find", root),
+                             f"listing {url} (where the output goes)", bounded=True)
     except FileNotFoundError:
         return None
     rels = sorted(f[len(root):].lstrip("/") for f in found if f.startswith(root))
@@ -107,7 +111,8 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
     for marker in MARKERS:
         if marker not in rels:
             continue
-        data = with_retries(lambda marker=marker: fs.cat_file(join(root, marker)), f"reading {url}/{marker}")
+        data = with_retries(lambda marker=marker: bounded_call(fs, "cat_file", join(root, marker)),
+                            f"reading {url}/{marker}", bounded=True)
         try:
             files = json.loads(data).get("files")
         except (ValueError, AttributeError):
@@ -115,7 +120,11 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
         if not isinstance(files, dict):
             break
         listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == "manifest.json" else k
-                  for k, v in files.items()} | {marker}
+                  for k, v in files.items()}
+        # NOTE: the names of the output this one replaces are removed after the upload: each stays in the prefix
+        confined_all(sorted(listed), f"{url}/{marker}", "files", error=ConfigError,
+                     fix="remove that output yourself, or choose a new prefix")
+        listed |= {marker}
         stray = [r for r in rels if r not in listed]
         if stray:
             shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")
@@ -151,7 +160,8 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
         unchanged = {}
         for sub in prefetch:
             remote = join(root, sub)
-            if not with_retries(lambda remote=remote: fs.exists(join(remote, MARKERS[0])), f"{url}/{sub}"):
+            if not with_retries(lambda remote=remote: bounded_call(fs, "exists", join(remote, MARKERS[0])),
+                                f"{url}/{sub}", bounded=True):
                 continue
             with_retries(lambda remote=remote, sub=sub: fs.get(remote + "/", os.fspath(stage / sub) + "/",
                                                               recursive=True), f"downloading {url}/{sub}")
@@ -169,7 +179,8 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
         upload_tree(stage, str(url), fs=fs, skip=frozenset(same))
         for rel in sorted((old or set()) - set(_files(stage))):  # the replaced output's files it no longer has
             with contextlib.suppress(FileNotFoundError):
-                with_retries(lambda rel=rel: fs.rm_file(join(root, rel)), f"removing {url}/{rel}")
+                with_retries(lambda rel=rel: bounded_call(fs, "rm_file", join(root, rel)),
+                             f"removing {url}/{rel}", bounded=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -36,7 +36,9 @@ def build(tok, out: Path, workers: int, docs=None) -> bytes:
 
 
 @FORK
-def test_tiktoken_encodes_on_forked_processes_the_others_on_threads(tokenizer, bpe_json, tiktoken_file):
+def test_tiktoken_encodes_on_forked_processes_the_others_on_threads(tokenizer, bpe_json, tiktoken_file,
+                                                                  monkeypatch):
+    monkeypatch.setenv("NIELS_GPT_ENCODER", "reference")  # tiktoken's own encoder (the fast one runs on threads)
     assert not uses_processes(tokenizer) and not uses_processes(load_tokenizer(bpe_json))
     tok = load_tokenizer(tiktoken_file)
     pool = EncodePool(tok, 2)
@@ -95,7 +97,8 @@ def test_encode_workers_die_with_a_killed_builder(tmp_path, tiktoken_file):
         time.sleep(600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                                 "NIELS_GPT_ENCODER": "reference"})  # tiktoken's own encoder: on processes
     try:
         pids = json.loads(proc.stdout.readline())
         assert len(pids) == 2 and all(process_alive(p) for p in pids)
@@ -127,7 +130,8 @@ def test_ctrl_c_during_a_tiktoken_build_is_one_message_and_no_worker_traceback(t
                              "--tokenizer", str(tiktoken_file), "--workers", "2", "--executor", executor,
                              "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                                 "NIELS_GPT_ENCODER": "reference"})  # tiktoken's own encoder, on worker processes
     deadline = time.monotonic() + 60
     while len(_children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

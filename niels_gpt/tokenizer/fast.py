@@ -1,0 +1,231 @@
+"""The fast encoder: gigatoken behind a tokenizer, used by the cache builder when it gives the very same ids.
+
+    fast = fast_encoder(tokenizer)      # None: the tokenizer's own (reference) encoder is used
+    ids = fast.encode_arrays(texts)     # one uint32 array per text
+
+- Chosen per tokenizer: gigatoken (`pip install gigatoken`, in the `tiktoken` extra) encodes tiktoken
+  encodings and `.tiktoken` files with a known split regex (r50k/GPT-2, cl100k, o200k), byte-level BPE
+  tokenizer.json files and sentencepiece BPE models with byte fallback; everything else (the library's own
+  sentencepiece unigram models, WordPiece, a tokenizer.json with a normalizer gigatoken does not model)
+  stays on the reference encoder.
+- Before it is used it is checked id for id against the reference encoder on `TORTURE` (whitespace runs,
+  digits, contractions, emoji, CJK, combining marks, replacement characters, very long words, the
+  tokenizer's own special-token strings) and, at the first batch a process encodes, on a sample of that
+  batch (`check_sample`). A mismatch puts the tokenizer back on the reference encoder and says so in one
+  warning line; an encoder that cannot be built (not installed, an unsupported model) is the reference
+  encoder with no warning.
+- NIELS_GPT_ENCODER=reference in the environment always uses the reference encoder.
+- meta.json of a cache built with the fast encoder records it (`encoder_record`: {"encoder": "gigatoken
+  0.10.0"}); a cache without the field was encoded by the tokenizer's own library. The ids, and so every
+  shard, are the same either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+ENV = "NIELS_GPT_ENCODER"  # "reference": never use the fast encoder
+SAMPLE_CHARS = 256 << 10  # characters of the first batch checked against the reference encoder
+_LOCK = threading.Lock()
+
+TORTURE = [
+    "", " ", "  ", "\n", "\n\n\n", "\t\t x", "a  b   c    d", "   leading", "trailing   ", " \n \n  \r\n\t",
+    "0", "12", "123", "1234", "12345678901234567890", "3.14159 2,718 1e-9 0x1F -42 +7 1_000_000",
+    "I'm you're he'll we've they'd it's don't I'M YOU'RE HE'LL 'S 'T", "rock 'n' roll o'clock l'été",
+    "emoji 😀👍🏽👨‍👩‍👧‍👦 🇩🇪 ❤️ ✨✨✨", "日本語のテキストと漢字、中文字符。한국어 텍스트", "ไทย العربية עברית हिन्दी",
+    "e\u0301 a\u0300\u0301\u0302 n\u0303 Z\u0351\u0352\u0353 \u00e9 \u212b \ufb01", "\u200b\u200c\u200d\ufeff zero width",
+    "\ufffd\ufffd replacement \ufffd", "lone \ud800 surrogate \udfff", "\x00\x01\x07\x1b[0m control", "\u2028\u2029\u0085 separators",
+    "x" * 3000, "ab" * 1500 + " " + "Z" * 2000, "🙂" * 500, "supercalifragilisticexpialidocious" * 40,
+    "def f(x):\n    return x ** 2  # comment\n\n\n", "<html><body class=\"a\">&amp;&#x27;</body></html>",
+    "Mixed CASE words ALLCAPS camelCase snake_case kebab-case", "!!!??? ... --- ___ *** ### @@@ $$$",
+    "URL https://example.com/a?b=c&d=e#f email a.b@c.de", "     ".join(["indent"] * 20),
+]
+
+
+def _specials(tokenizer) -> list[str]:
+    """Special-token strings of `tokenizer`: text for the encoder, which must encode them as text."""
+    out = ["<|endoftext|>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    enc = getattr(tokenizer, "_enc", None)
+    if enc is not None:
+        out += list(enc._special_tokens)
+    hf = getattr(tokenizer, "_tok", None)
+    if hf is not None:
+        out += [t.content for t in hf.get_added_tokens_decoder().values()]
+    return out
+
+
+def torture_texts(tokenizer) -> list[str]:
+    specials = _specials(tokenizer)
+    return TORTURE + ["".join(specials), " ".join(f"x{s}y" for s in specials)]
+
+
+def _gigatoken():
+    if os.environ.get(ENV, "") == "reference":
+        return None
+    try:
+        import gigatoken
+    except ImportError:
+        return None
+    return gigatoken
+
+
+def _version() -> str:
+    from importlib.metadata import version
+    return version("gigatoken")
+
+
+def _build(gigatoken, tokenizer):
+    """A gigatoken Tokenizer for `tokenizer`, or None where it has no such model (or `tokenizer` is a subclass
+    of the library's tokenizers, whose encoder may not be its base's)."""
+    # lazy: the backends import their libraries (tiktoken, tokenizers, sentencepiece) only when asked
+    from niels_gpt.tokenizer import tiktoken_backend as tb
+
+    # lazy: as above
+    from niels_gpt.tokenizer.hf import HFTokenizer
+
+    # lazy: as above
+    from niels_gpt.tokenizer.spm import SentencePieceTokenizer
+
+    kind = type(tokenizer)
+    if kind is tb.TiktokenTokenizer:
+        enc = tokenizer._enc
+        scheme = {tb.R50K_PATTERN: "gpt2", tb.CL100K_PATTERN: "gpt4", tb.O200K_PATTERN: "o200k"}.get(enc._pat_str)
+        if scheme is None:
+            try:
+                from tiktoken_ext import openai_public as op
+                scheme = {op.r50k_pat_str: "gpt2"}.get(enc._pat_str)
+            except (ImportError, AttributeError):
+                scheme = None
+        if scheme is None:
+            return None
+        lines = b"".join(base64.b64encode(t) + b" %d\n" % r
+                         for t, r in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
+        with tempfile.TemporaryDirectory(prefix="niels-gpt-ranks-") as d:
+            path = os.path.join(d, "ranks.tiktoken")
+            with open(path, "wb") as f:
+                f.write(lines)
+            return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
+    if kind is HFTokenizer:
+        return _without_specials(gigatoken, tokenizer._tok.to_str())
+    if kind is SentencePieceTokenizer:
+        # NOTE: gigatoken's own converter (what Tokenizer.from_sentencepiece calls), so that the control
+        # pieces can be left out as below
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+        return _without_specials(gigatoken, sentencepiece_to_tokenizer_json(tokenizer._sp.serialized_model_proto()))
+    return None
+
+
+def _without_specials(gigatoken, tokenizer_json: str | bytes):
+    """gigatoken's tokenizer of a tokenizer.json without its special added tokens: the library's encoders
+    encode special-token strings in a document as text (HF: encode_special_tokens = True; sentencepiece:
+    control pieces are never matched in text), gigatoken would give their ids."""
+    import json
+    config = json.loads(tokenizer_json)
+    config["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
+    return gigatoken.Tokenizer.from_json(json.dumps(config))
+
+
+class FastEncoder:
+    """gigatoken's encoder for one tokenizer, checked against it."""
+
+    def __init__(self, giga, name: str):
+        self.giga = giga
+        self.name = name
+        self.sampled = False
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # NOTE: one `encode` per text, not `encode_batch`: on debian-docs it encodes faster on one thread
+        # (46-91 against 39-72 Mtok/s of encode_batch on 2 cores), the builder's threads run it on every core,
+        # and encode_batch's awkward arrays cost 0.6 s of import at start-up
+        # A text gigatoken cannot take (a lone surrogate) is None: the caller encodes it with the reference.
+        encode = self.giga.encode
+        out: list = []
+        for t in texts:
+            try:
+                out.append(np.asarray(encode(t), dtype=np.uint32))
+            except (ValueError, TypeError, UnicodeError):
+                out.append(None)
+        return out
+
+
+def _mismatch(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> int | None:
+    """Index of the first text whose ids differ between the encoders (an encoder error counts), else None."""
+    try:
+        got = fast.encode_arrays(texts)
+    except Exception:  # noqa: BLE001 - any failure of the fast encoder is a reason to use the reference
+        return 0
+    for i, (text, ids) in enumerate(zip(texts, got, strict=True)):
+        if ids is not None and ids.tolist() != list(tokenizer.encode(text)):
+            return i
+    return None
+
+
+def _warn(tokenizer, what: str) -> None:
+    name = getattr(tokenizer, "_path", None) or getattr(tokenizer, "model_path", None) or type(tokenizer).__name__
+    print(f"warning: the fast encoder (gigatoken) gives other ids than {name}'s own encoder on {what}; "
+          "encoding with the tokenizer's own library (slower, same cache)", file=sys.stderr)
+
+
+def fast_encoder(tokenizer) -> FastEncoder | None:
+    """The checked fast encoder of `tokenizer` (made once per tokenizer object), or None."""
+    if getattr(tokenizer, "__dict__", None) is None:
+        return None
+    if "_fast_encoder" in tokenizer.__dict__:
+        return tokenizer.__dict__["_fast_encoder"]
+    with _LOCK:
+        if "_fast_encoder" in tokenizer.__dict__:
+            return tokenizer.__dict__["_fast_encoder"]
+        fast = None
+        gigatoken = _gigatoken()
+        if gigatoken is not None:
+            try:
+                giga = _build(gigatoken, tokenizer)
+            except Exception:  # noqa: BLE001 - a model gigatoken cannot load: the reference encoder
+                giga = None
+            if giga is not None:
+                fast = FastEncoder(giga, f"gigatoken {_version()}")
+                bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
+                if bad is not None:
+                    _warn(tokenizer, f"the built-in check text #{bad}")
+                    fast = None
+        tokenizer.__dict__["_fast_encoder"] = fast
+        return fast
+
+
+def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEncoder | None:
+    """At the first batch: the sample (up to SAMPLE_CHARS characters of `texts`) checked id for id; a mismatch
+    puts `tokenizer` on the reference encoder for good (returns None)."""
+    if fast.sampled:
+        return fast
+    with _LOCK:  # the builder's other threads wait for the one check, then follow its verdict
+        if fast.sampled:
+            return tokenizer.__dict__.get("_fast_encoder")
+        return _check_sample(tokenizer, fast, texts)
+
+
+def _check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEncoder | None:
+    sample, chars = [], 0
+    for t in texts:
+        if chars + len(t) > SAMPLE_CHARS and sample:
+            break
+        sample.append(t)
+        chars += len(t)
+    bad = _mismatch(tokenizer, fast, sample)
+    if bad is not None:
+        _warn(tokenizer, f"a document of the input ({sample[bad][:40]!r}...)")
+        tokenizer.__dict__["_fast_encoder"] = None
+    fast.sampled = True
+    return fast if bad is None else None
+
+
+def encoder_record(tokenizer) -> dict:
+    """meta.json's record of the encoder a build with `tokenizer` uses: {} for the reference encoder."""
+    fast = fast_encoder(tokenizer)
+    return {"encoder": fast.name} if fast is not None else {}

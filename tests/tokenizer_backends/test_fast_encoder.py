@@ -1,0 +1,184 @@
+"""The fast encoder (niels_gpt/tokenizer/fast.py): chosen per tokenizer, checked id for id before use, and a
+cache built with it is the reference encoder's cache, shard for shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.tokenizer import fast as fast_module
+from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.tokenizer.fast import ENV, fast_encoder
+
+from ..conftest import REPO, SHARED_DATA, needs_shared, sample_texts
+
+gigatoken = pytest.importorskip("gigatoken")
+pytest.importorskip("tokenizers")
+
+
+def _docs() -> list[str]:
+    docs: list[str] = []
+    for i, text in enumerate(sample_texts()):
+        docs += text.split("\n\n") + (["", "  \n"] if i % 2 else ["\t"])
+    return docs
+
+
+@pytest.fixture(scope="module")
+def gpt2_style_json(tmp_path_factory):
+    """A byte-level BPE tokenizer.json with GPT-2's pre-tokenizer (ByteLevel with its regex)."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(sample_texts(), trainers.BpeTrainer(
+        vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=["<|endoftext|>"]))
+    path = tmp_path_factory.mktemp("gpt2style") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def spm_bpe(tmp_path_factory):
+    """The library's sentencepiece trainer with model_type bpe (byte fallback, as it always trains)."""
+    from niels_gpt.tokenizer import TrainSettings, train_tokenizer
+
+    out = tmp_path_factory.mktemp("spmbpe")
+    return train_tokenizer(sample_texts(), out, settings=TrainSettings(vocab_size=1200, model_type="bpe"))
+
+
+@pytest.fixture
+def kinds(tiktoken_file, gpt2_style_json, spm_bpe):
+    return {"tiktoken": lambda: load_tokenizer(tiktoken_file), "bpe-json": lambda: load_tokenizer(gpt2_style_json),
+            "spm-bpe": lambda: load_tokenizer(spm_bpe.model_path)}
+
+
+def _build(tok, out: Path, workers: int = 1) -> tuple[dict, dict]:
+    build_pretrain_cache(_docs(), str(out), tokenizer=tok, max_train_tokens=30_000, max_val_tokens=1_500,
+                         shard_bytes=16_384, seed=0, shuffle_buffer=None, num_workers=workers, dataset_name="x")
+    shards = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*.bin"))}
+    meta = json.loads((out / "meta.json").read_text())
+    return shards, meta
+
+
+def _without_encoder(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if k not in ("encoder", "record_sha256")}
+
+
+@pytest.mark.parametrize("kind", ["tiktoken", "bpe-json", "spm-bpe"])
+def test_a_cache_built_with_the_fast_encoder_is_the_reference_cache(tmp_path, kinds, kind, monkeypatch, capfd):
+    tok = kinds[kind]()
+    assert fast_encoder(tok) is not None, f"gigatoken should take the {kind} tokenizer"
+    fast = [_build(tok, tmp_path / f"fast{w}", w) for w in (1, 2)]
+    monkeypatch.setenv(ENV, "reference")
+    ref_tok = kinds[kind]()
+    assert fast_encoder(ref_tok) is None
+    ref_shards, ref_meta = _build(ref_tok, tmp_path / "ref")
+    for shards, meta in fast:
+        assert shards == ref_shards and len(shards) > 2
+        assert meta["encoder"] == f"gigatoken {gigatoken.__dict__.get('__version__') or fast_module._version()}"
+        assert _without_encoder(meta) == _without_encoder(ref_meta)
+    assert "encoder" not in ref_meta  # a cache of the reference encoder reads as every older cache does
+    assert "warning" not in capfd.readouterr().err
+
+
+def test_the_librarys_unigram_tokenizer_stays_on_the_reference_encoder(tokenizer, bpe_json):
+    # gigatoken has no unigram model, nor this cl100k-style Split regex with possessive quantifiers
+    assert fast_encoder(tokenizer) is None
+    assert fast_encoder(load_tokenizer(bpe_json)) is None
+    assert fast_module.encoder_record(tokenizer) == {}
+
+
+def test_without_gigatoken_the_reference_encoder_runs_with_no_warning(tiktoken_file, monkeypatch, capfd, tmp_path):
+    monkeypatch.setitem(sys.modules, "gigatoken", None)  # `import gigatoken` raises ImportError
+    tok = load_tokenizer(tiktoken_file)
+    assert fast_encoder(tok) is None
+    _, meta = _build(tok, tmp_path / "c")
+    assert "encoder" not in meta
+    assert capfd.readouterr().err == ""
+
+
+class _Wrong:
+    """gigatoken's encoder for the tokenizer, off by one id on texts containing `marker`."""
+
+    def __init__(self, giga, marker: str):
+        self.giga, self.marker = giga, marker
+
+    def encode(self, text):
+        ids = np.asarray(self.giga.encode(text))
+        return ids + 1 if self.marker in text else ids
+
+
+@pytest.mark.parametrize("marker, where", [("日本", "the built-in check text"), (" the ", "a document of the input")])
+def test_an_encoder_that_differs_is_not_used_and_says_so(tiktoken_file, monkeypatch, capfd, tmp_path, marker, where):
+    real = fast_module._build
+    monkeypatch.setattr(fast_module, "_build", lambda g, tok: _Wrong(real(g, tok), marker))
+    tok = load_tokenizer(tiktoken_file)
+    assert any(marker in t for t in fast_module.torture_texts(tok)) == (marker == "日本")
+    shards, meta = _build(tok, tmp_path / "c")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: the fast encoder (gigatoken) gives other ids") \
+        and where in err[0] and str(tiktoken_file) in err[0], err
+    assert "encoder" not in meta
+    monkeypatch.setenv(ENV, "reference")
+    assert _build(load_tokenizer(tiktoken_file), tmp_path / "ref")[0] == shards
+
+
+@needs_shared
+@pytest.mark.parametrize("kind", ["tiktoken", "bpe-json", "spm-bpe"])
+def test_the_fast_encoder_gives_the_reference_ids_on_real_text(kinds, kind):
+    """About 1.5 MB of each real source's records: id for id, as the build encodes them."""
+    tok = kinds[kind]()
+    fast = fast_encoder(tok)
+    assert fast is not None
+    texts: list[str] = []
+    for path in sorted(SHARED_DATA.rglob("*.jsonl")):
+        size = 0
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                record = json.loads(line)
+                text = record.get("text") if isinstance(record, dict) else None
+                if isinstance(text, str) and text.strip():
+                    texts.append(text[:20_000])
+                    size += len(texts[-1])
+                if size > 1_500_000 // 8:
+                    break
+    for path in sorted(SHARED_DATA.rglob("*.txt"))[:20]:  # tinyshakespeare, wikitext, Gutenberg books
+        texts.append(path.read_text(encoding="utf-8", errors="replace")[:100_000])
+    assert len(texts) > 30
+    got = fast.encode_arrays(texts)
+    for text, ids in zip(texts, got, strict=True):
+        assert ids.tolist() == list(tok.encode(text)), text[:80]
+
+
+def test_build_imports_no_torch(tmp_path, tiktoken_file):
+    src = tmp_path / "docs.txt"
+    src.write_text("\n\n".join(sample_texts()[:2]), encoding="utf-8")
+    code = ("import sys\nimport niels_gpt.builders\nfrom niels_gpt.cli import main\n"
+            f"rc = main(['build', '--out', {str(tmp_path / 'c')!r}, '--tokenizer', {str(tiktoken_file)!r}, "
+            f"'--executor', 'inline', '--no-progress', {str(src)!r}])\n"
+            "assert rc == 0, rc\nassert 'torch' not in sys.modules, 'torch imported'\nprint('ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+    assert (tmp_path / "c" / "meta.json").is_file()
+
+
+def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_file, capfd):
+    """A lone surrogate (JSON's "\\ud800"): that document alone goes to tiktoken, which replaces it; no warning."""
+    from niels_gpt.encode import encode_documents
+
+    tok = load_tokenizer(tiktoken_file)
+    docs = ["plain text", "a lone \ud800 surrogate", "more text"]
+    got = encode_documents(tok, docs, 1, arrays=True)
+    assert [a.tolist() for a in got] == [a.tolist() for a in tok.encode_batch_arrays(docs)]
+    assert fast_encoder(tok) is not None and capfd.readouterr().err == ""
