@@ -12,7 +12,9 @@ no window crosses a shard end.
 
 A URL as `cache_dir` (niels_gpt/storage) reads through a local mirror: meta.json on open, each
 shard downloaded the first time an index reaches it, so a rank or worker fetches only its shards;
-lengths, order, fingerprint and resume state are those of the local cache.
+lengths, order, fingerprint and resume state are those of the local cache. A remote shard is mapped
+only while an item or batch reads it (`readers.mmap.gather_remote`): a shard the download cache's
+bound evicts frees its disk at once, in every worker.
 
 Compressed shards (`shard_*.bin.zst`, niels_gpt/formats/zstd_shard.py) serve the same windows from a
 frame cache (readers/frames.py): an item decompresses only the frames its window reaches.
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,15 +42,10 @@ from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta
 from niels_gpt.readers.frames import FrameCache
-from niels_gpt.readers.mmap import open_tokens, window_view
+from niels_gpt.readers.mmap import gather_remote, open_tokens, window_view
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import open_location
-
-# A remote shard's map is checked against the download cache (touched for LRU, mapped again if it was
-# evicted and fetched anew) at most this often: a batch then costs no system call per shard, and a file
-# evicted in between is still read, unchanged, through the map it had (its disk is freed at the next check).
-RECHECK_S = 1.0
 
 
 def _split_files(cache_dir: Path, split: str, remote=None) -> tuple[dict, list[Path]]:
@@ -143,6 +139,11 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         shard, offset = self.locate(int(index))
         if self.frame_tokens is not None:
             return self._compressed_item(shard, offset)
+        if self.remote is not None:
+            window = gather_remote(self.remote, self.rels, self.dtype, self.bytes, np.array([shard]),
+                                   np.array([offset]), self.T + 1)[0]
+            window = torch.from_numpy(window.astype(np.int64))
+            return {"input_ids": window[:-1], "labels": window[1:]}
         window = torch.from_numpy(self._tokens(shard)[offset:offset + self.T + 1].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
@@ -160,6 +161,8 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
             v = fc.starts(shards, offsets)
             fc.ensure(v)
             windows = window_view(fc.flat, self.T + 1)[v]
+        elif self.remote is not None:
+            windows = gather_remote(self.remote, self.rels, self.dtype, self.bytes, shards, offsets, self.T + 1)
         else:
             windows = np.empty((len(idx), self.T + 1), dtype=self.dtype)
             for k in dict.fromkeys(shards.tolist()):
@@ -178,24 +181,14 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return self._mapped(shard)[2]
 
     def _mapped(self, shard: int) -> tuple:
+        """(None, tokens, windows) of a local shard, mapped once per process."""
         if self._maps is None:
             self._maps = [None] * len(self.paths)
         held = self._maps[shard]
-        if self.remote is None:
-            if held is None:
-                tokens = open_tokens(self.paths[shard], self.dtype, expected_bytes=self.bytes[shard])
-                held = self._maps[shard] = (None, tokens, window_view(tokens, self.T + 1), 0.0)
-            return held
-        now = time.monotonic()
-        if held is not None and now - held[3] < RECHECK_S:
-            return held  # NOTE: an evicted file stays readable through its map; see RECHECK_S
-        path = self.remote.fetch(self.rels[shard])
-        ino = os.stat(path).st_ino
-        if held is None or held[0] != ino:
-            tokens = open_tokens(path, self.dtype, expected_bytes=self.bytes[shard])
-            held = (ino, tokens, window_view(tokens, self.T + 1), now)
-        self._maps[shard] = held[:3] + (now,)
-        return self._maps[shard]
+        if held is None:
+            tokens = open_tokens(self.paths[shard], self.dtype, expected_bytes=self.bytes[shard])
+            held = self._maps[shard] = (None, tokens, window_view(tokens, self.T + 1))
+        return held
 
     def _frame_cache(self) -> FrameCache:
         if self._frames is None:
@@ -211,13 +204,16 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def _zstd_shard(self, k: int) -> ZstdShard:
-        """Shard k's reader (a remote shard fetched first; opened again when it was fetched anew)."""
-        path = self.paths[k] if self.remote is None else self.remote.fetch(self.rels[k])
-        ino = path.stat().st_ino
-        if self._maps[k] is None or self._maps[k][0] != ino:
-            rec = self.records[k]
-            self._maps[k] = (ino, ZstdShard(path, self.dtype, tokens=int(rec["tokens"]), frame_tokens=self.frame_tokens,
-                                            expected_bytes=int(rec["bytes"]), frames=rec.get("frames")))
+        """Shard k's reader. A remote shard is fetched (again, if it was evicted) and opened for the one
+        frame load that asks for it, then let go: no map of an evicted file outlives the batch."""
+        rec = self.records[k]
+        if self.remote is not None:
+            return ZstdShard(self.remote.fetch(self.rels[k]), self.dtype, tokens=int(rec["tokens"]),
+                             frame_tokens=self.frame_tokens, expected_bytes=int(rec["bytes"]), frames=rec.get("frames"))
+        if self._maps[k] is None:
+            self._maps[k] = (None, ZstdShard(self.paths[k], self.dtype, tokens=int(rec["tokens"]),
+                                             frame_tokens=self.frame_tokens, expected_bytes=int(rec["bytes"]),
+                                             frames=rec.get("frames")))
         return self._maps[k][1]
 
     def __getstate__(self):

@@ -26,10 +26,11 @@
   frame cache (readers/frames.py) instead of the mapped shards; only the frames a batch's windows reach
   are decompressed, and batches equal the uncompressed cache's bit for bit.
 - A URL (`s3://bucket/cache/train`, see niels_gpt/storage) reads the cache through a local mirror:
-  each batch's draws are made first, the shards they reach are downloaded (once, checked against
-  meta.json), the generator is rewound and the batch gathered from the mirrored shards, so batches
-  and generator states equal the local cache's. Once every shard of the split is mirrored, the
-  dataset maps them like a local cache (same kernel, same speed).
+  each batch's draws are made first, then the shards they reach are fetched (once, checked against
+  meta.json), each mapped, read and let go (`readers.mmap.gather_remote`), so batches and generator
+  states equal the local cache's and no map holds the disk of a shard the bound evicted. Where the
+  whole split fits the download cache's bound, once every shard is mirrored the generator is rewound
+  and the dataset maps them like a local cache (same kernel, same speed).
 
 Cost (2 cores, warm page cache, 1 thread; `bench/bench_cache_readers.py`): see the figure at
 `get_batch`.
@@ -48,7 +49,14 @@ from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta, unfinished_build
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
-from niels_gpt.readers.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
+from niels_gpt.readers.mmap import (
+    gather_remote,
+    numpy_dtype,
+    open_concatenated,
+    open_tokens,
+    prefetch_windows,
+    window_view,
+)
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import cache_fingerprint
 from niels_gpt.storage.remote import open_location, split_url
@@ -106,8 +114,8 @@ class PretrainTokenStreamDataset:
         self._n_starts = int(self.cum_starts[-1])
         self._views: list[np.ndarray] | None = None
         self._flat: np.ndarray | None = None
-        self._remote_views: dict[int, tuple[int, np.ndarray]] = {}
-        self._seen: set[str] = set()  # shards known to be mirrored (remote caches)
+        self._fits: bool | None = None  # remote: the whole split fits the download cache's bound
+        self._seen: set[str] = set()  # shards known to be mirrored (remote caches whose split fits)
         self._frames: FrameCache | None = None
         self._handles: dict[int, tuple[int, ZstdShard]] = {}
         self._draws: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
@@ -159,7 +167,7 @@ class PretrainTokenStreamDataset:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_views"] = state["_flat"] = state["_frames"] = None  # each process maps the shards itself
-        state["_remote_views"], state["_handles"], state["_draws"] = {}, {}, {}
+        state["_handles"], state["_draws"] = {}, {}
         return state
 
     def sample_starts(self, B: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -233,35 +241,27 @@ class PretrainTokenStreamDataset:
         return to_device_xy(windows, self.device)
 
     def _remote_batch(self, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Fetch the shards this batch reaches; None once every shard is mirrored (then the local path
-        runs, from the same generator state), else the batch gathered shard by shard."""
+        """The batch read shard by shard from the download cache (each shard fetched, mapped, read and let
+        go: `gather_remote`), or None once every shard is mirrored and the whole split fits the cache's
+        bound (then the local path runs, from the same generator state, over one map of the split)."""
         state = generator.get_state()
         shard, local = self.sample_starts(B, generator)
-        needed = {f"{self.split}/{self.shard_names[k]}" for k in np.unique(shard)}
-        paths = {int(k): self.remote.fetch(f"{self.split}/{self.shard_names[k]}", keep=needed)
-                 for k in np.unique(shard)}
         rels = [f"{self.split}/{n}" for n in self.shard_names]
-        # NOTE: one stat per shard not yet seen mirrored, not one per shard per batch
-        self._seen |= needed
-        self._seen |= {r for r, s in zip(rels, self.window_starts, strict=True)
-                       if s > 0 and r not in self._seen and self.remote.has(r)}
-        if all(r in self._seen for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
-            for r in rels:  # shards too short for a window are mapped too, never drawn
-                self.remote.fetch(r, keep=set(rels))
-            self._remote_views = {}
-            generator.set_state(state)
-            return None
-        for k in list(self._remote_views):  # evicted: let the mapping go
-            if k not in paths and not (self.shards_dir / self.shard_names[k]).exists():
-                del self._remote_views[k]
-        out = np.empty((B, self.T + 1), dtype=self.dtype)
-        for k, path in paths.items():
-            ino = path.stat().st_ino
-            if self._remote_views.get(k, (None,))[0] != ino:  # first use, or fetched again after eviction
-                view = open_tokens(path, self.dtype, expected_bytes=self.shard_bytes[k])
-                self._remote_views[k] = (ino, window_view(view, self.T + 1))
-            rows = np.flatnonzero(shard == k)
-            out[rows] = self._remote_views[k][1][local[rows]]
+        if self._fits is None:
+            marker = self.cache_dir / "meta.json"
+            self._fits = sum(self.shard_bytes) + (marker.stat().st_size if marker.is_file() else 0) \
+                <= self.remote.max_bytes
+        if self._fits:
+            # NOTE: one stat per shard not yet seen mirrored, not one per shard per batch
+            self._seen |= {rels[k] for k in np.unique(shard).tolist()}
+            self._seen |= {r for r, s in zip(rels, self.window_starts, strict=True)
+                           if s > 0 and r not in self._seen and self.remote.has(r)}
+            if all(r in self._seen for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
+                for r in rels:  # shards too short for a window are mapped too, never drawn
+                    self.remote.fetch(r, keep=set(rels))
+                generator.set_state(state)
+                return None
+        out = gather_remote(self.remote, rels, self.dtype, self.shard_bytes, shard, local, self.T + 1)
         return to_device_xy(out, self.device)
 
     def _frame_cache(self) -> FrameCache:
@@ -277,19 +277,20 @@ class PretrainTokenStreamDataset:
         return self._frames
 
     def _zstd_shard(self, k: int) -> ZstdShard:
-        """Shard k's reader; a remote shard is fetched (again, if it was evicted) before it is opened."""
+        """Shard k's reader. A remote shard is fetched (again, if it was evicted) and opened for the one
+        frame load that asks for it, then let go: no map of an evicted file outlives the batch."""
         name = self.shard_names[k]
-        path = self.shards_dir / name if self.remote is None else self.remote.fetch(f"{self.split}/{name}")
-        ino = path.stat().st_ino
+        if self.remote is not None:
+            return ZstdShard(self.remote.fetch(f"{self.split}/{name}"), self.dtype, tokens=int(self.shard_tokens[k]),
+                             frame_tokens=self.frame_tokens, expected_bytes=self.shard_bytes[k],
+                             frames=self.shard_frames[k])
         held = self._handles.get(k)
-        if held is None or held[0] != ino:
-            if self.remote is not None:  # let maps of evicted files go: they hold the disk the bound freed
-                self._handles = {j: h for j, h in self._handles.items() if h[1].path.exists()}
+        if held is None:
             if len(self._handles) >= MAX_OPEN_SHARDS:  # let the oldest go
                 del self._handles[next(iter(self._handles))]
-            held = self._handles[k] = (ino, ZstdShard(path, self.dtype, tokens=int(self.shard_tokens[k]),
-                                                      frame_tokens=self.frame_tokens,
-                                                      expected_bytes=self.shard_bytes[k], frames=self.shard_frames[k]))
+            held = self._handles[k] = (None, ZstdShard(self.shards_dir / name, self.dtype,
+                                                       tokens=int(self.shard_tokens[k]), frame_tokens=self.frame_tokens,
+                                                       expected_bytes=self.shard_bytes[k], frames=self.shard_frames[k]))
         return held[1]
 
     def _compressed_batch(self, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor]:
