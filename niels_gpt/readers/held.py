@@ -8,7 +8,11 @@ see it. `held_disk(root)` counts both:
   downloads in progress, not the sparse reservations);
 - the bytes of every deleted file under `root` that this process or one of its descendants
   (DataLoader workers) maps, read from /proc/<pid>/maps, each file counted once however many
-  processes or maps hold it; `pids` adds other processes (ranks started elsewhere).
+  processes or maps hold it; `pids` adds other processes and their descendants (ranks started
+  elsewhere, the process a watcher measures).
+
+`whole=True` counts every file under `root` by its allocated blocks instead of the mirrors' bytes:
+for directories laid out otherwise (other loaders' caches, in the benches).
 
 Linux only (/proc); elsewhere the second part is 0.
 """
@@ -44,7 +48,10 @@ def deleted_mapped(root: str | os.PathLike, pids=None) -> dict[tuple[str, str], 
     prefix = os.path.abspath(root).rstrip("/") + "/"
     me = os.getpid()
     held: dict[tuple[str, str], int] = {}
-    for pid in dict.fromkeys([me, *descendants(me), *(pids or ())]):
+    procs = [me, *descendants(me)]
+    for p in pids or ():
+        procs += [p, *descendants(p)]
+    for pid in dict.fromkeys(procs):
         try:
             with open(f"/proc/{pid}/maps") as f:
                 lines = f.read().splitlines()
@@ -68,6 +75,16 @@ def deleted_mapped(root: str | os.PathLike, pids=None) -> dict[tuple[str, str], 
     return held
 
 
-def held_disk(root: str | os.PathLike, pids=None) -> int:
+def held_disk(root: str | os.PathLike, pids=None, *, whole: bool = False) -> int:
     """Bytes of the download cache at `root`: files in it plus deleted files a process still maps."""
-    return disk_usage(Path(root)) + sum(deleted_mapped(root, pids).values())
+    return (dir_blocks(root) if whole else disk_usage(Path(root))) + sum(deleted_mapped(root, pids).values())
+
+
+def dir_blocks(path: str | os.PathLike) -> int:
+    """Disk used under `path` (allocated blocks: a sparse file counts what it holds, not its size)."""
+    total = 0
+    for d, _, names in os.walk(path):
+        for n in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(d, n)).st_blocks * 512
+    return total

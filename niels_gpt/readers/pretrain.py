@@ -333,6 +333,24 @@ class PretrainTokenStreamDataset:
         return _to_device(x, y, xy, self.device)
 
 
+def rows_xy(tokens: np.ndarray, base: int, rows: np.ndarray, T: int,
+            dtype: np.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU int64 x, y (B, T) of the windows of T+1 tokens starting at token offsets `rows` (int64) of
+    `tokens` (a map from open_concatenated or a frame cache's range; `base`: the address of its token 0):
+    the C kernel's one pass where it is built, else numpy's gather then cast. Byte-identical either way."""
+    native = _native.gather
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if native is None or not dtype.isnative:
+        return to_device_xy(window_view(tokens, T + 1)[rows], _CPU)
+    B = len(rows)
+    x, y, _ = _host_xy(B, T, _CPU)
+    native.gather_xy(base, dtype.itemsize, rows.ctypes.data, B, T, x.data_ptr())  # y follows x
+    return x, y
+
+
+_CPU = torch.device("cpu")
+
+
 def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T+1) token windows -> contiguous int64 x = w[:, :-1], y = w[:, 1:] on `device`."""
     B, W = windows.shape
