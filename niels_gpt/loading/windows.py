@@ -46,6 +46,7 @@ from niels_gpt.constants import TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta
+from niels_gpt.readers.checks import count
 from niels_gpt.readers.frames import FrameCache
 from niels_gpt.readers.mmap import gather_remote, open_concatenated, open_tokens, window_view
 from niels_gpt.readers.pretrain import _CPU, _host_xy, rows_xy, to_device_xy
@@ -99,8 +100,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, cache_dir: str | os.PathLike, T: int, *, split: str = "train"):
-        if T < 1:
-            raise ConfigError(f"T={T}: the window length must be at least 1")
+        T = count("IndexedWindowDataset", "T", T, what="a window length")
         local, self.remote = open_location(cache_dir)
         self.cache_dir, self.T, self.split = local, int(T), split
         meta, self.paths = _split_files(self.cache_dir, split, self.remote)

@@ -48,6 +48,7 @@ from niels_gpt import _native
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta, unfinished_build
+from niels_gpt.readers.checks import count
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
 from niels_gpt.readers.mmap import (
     gather_remote,
@@ -74,8 +75,7 @@ class PretrainTokenStreamDataset:
         must memory-map shards; do not load all tokens into RAM.
         `frame_cache_bytes`: the bound of decompressed frames held for compressed shards (.bin.zst).
         """
-        if not isinstance(T, int) or T < 1:
-            raise ConfigError(f"T must be a positive int, got {T!r}")
+        T = count("PretrainTokenStreamDataset", "T", T, what="a window length")
         self.remote = None
         if is_url(shards_dir):
             parent, split = split_url(shards_dir)
@@ -212,8 +212,8 @@ class PretrainTokenStreamDataset:
         # 0.75-1.2x the machine's limit (numpy's uint16->int64 astype of the 2*B*T tokens x and y hold)
         # and 40-50x / 18-23x nanoGPT's recipe: draw ~2 us, fused gather+cast ~9-10, x/y tensors ~2.
         # numpy path: ~44 and ~38 us (gather ~17, cast to int64 x and y ~20), 0.35-0.45x the limit.
-        if B < 1:
-            raise ConfigError(f"B must be >= 1, got {B}")
+        if type(B) is not int or B < 1:
+            B = count("get_batch", "B", B, what="a batch size")
         if self.frame_tokens is not None:
             return self._compressed_batch(B, generator)
         if self.remote is not None and self._views is None:

@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.meta import check_files, check_sft_offsets, load_checked_npy, raise_on_problems, read_meta
+from niels_gpt.readers.checks import count
 from niels_gpt.readers.mmap import numpy_dtype, open_tokens, window_view
 from niels_gpt.resume import cache_fingerprint
 from niels_gpt.spans import assistant_span_mask  # noqa: F401  (the one span rule; also this module's name for it)
@@ -45,8 +46,7 @@ class SFTExampleDataset(Dataset):
         tokens_path: uint16 tokens concatenated
         idx_path: int64 offsets array
         """
-        if not isinstance(T, int) or T < 1:
-            raise ConfigError(f"T must be a positive int, got {T!r}")
+        T = count("SFTExampleDataset", "T", T, what="a window length")
         self.remote = None
         if is_url(tokens_path) or is_url(idx_path):
             (tok_dir, tok_name), (idx_dir, idx_name) = split_url(tokens_path), split_url(idx_path)
@@ -181,8 +181,8 @@ class SFTExampleDataset(Dataset):
           y: (B,T) int64 (next-token targets)
           y_masked: (B,T) int64 where non-assistant targets are -100 (ignore_index)
         """
-        if B < 1:
-            raise ConfigError(f"B must be >= 1, got {B}")
+        if type(B) is not int or B < 1:
+            B = count("get_batch", "B", B, what="a batch size")
         indices = torch.randint(len(self.offsets), (B,), generator=generator).numpy()
         return self.collate(indices)
 
