@@ -8,9 +8,10 @@
   least PREFETCH_BATCHES batches long and long enough to hold PREFETCH_NEW_SHARDS shards the batch being
   handed out does not read.
 - `plan` pins (storage/local_cache.py) the shards of the batches in flight and of the batches ahead, as
-  far ahead as PREFETCH_SHARE of the download cache's bound allows (the nearest batch always), so no
-  process of the host (rank, DataLoader worker) evicts them before they are read; then it starts the
-  downloads of those not mirrored yet on PREFETCH_REQUESTS background threads, nearest batch first.
+  far ahead as PREFETCH_SHARE of the download cache's bound less the cache's marker (which stays) allows
+  (the nearest batch always), so no process of the host (rank, DataLoader worker) evicts them before
+  they are read; then it starts the downloads of those not mirrored yet on PREFETCH_REQUESTS background
+  threads, nearest batch first.
 - The downloads are the mirror's own (storage/mirror.py): checked, one per file per host (a reader that
   needs a shard being prefetched waits for that download instead of starting another), time-limited.
 - A background download that fails is dropped: the batch that needs the shard fetches it itself and
@@ -42,7 +43,7 @@ class ShardPrefetcher:
 
     def __init__(self, remote, *, requests: int = PREFETCH_REQUESTS, share: float = PREFETCH_SHARE):
         self.remote, self.requests = remote, max(1, int(requests))
-        self.budget = int(remote.max_bytes * share)
+        self.budget = int(_room(remote) * share)
         self.pins = Pins(remote.root)
         self.pinned: list[str] = []
         self.failures = 0  # background downloads that raised (the reader raises them again, by name)
@@ -110,6 +111,15 @@ class ShardPrefetcher:
         self._pool = None
         self.pins.close()
         self._present.clear()
+
+
+def _room(remote) -> int:
+    """The bound less the mirror's marker (never evicted, counted by the bound): what shards can fill."""
+    try:
+        marker = (remote.local_dir / remote.marker).stat().st_size
+    except (AttributeError, OSError):
+        marker = 0
+    return max(0, remote.max_bytes - marker)
 
 
 class RollingPlan:

@@ -131,3 +131,14 @@ def test_eviction_counts_a_download_that_landed_while_it_listed_the_directory(tm
     monkeypatch.setattr(local_cache.os, "walk", lambda top: iter(listing))
     with pytest.raises(local_cache.NoRoom):
         local_cache.make_room(tmp_path, 1500, 1000, set(), strict=True)
+
+
+def test_the_prefetch_budget_leaves_out_the_marker(tmp_path):
+    from types import SimpleNamespace
+
+    from niels_gpt.loading.prefetch import PREFETCH_SHARE, ShardPrefetcher
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "meta.json").write_bytes(b"x" * 60_000)  # 10,000 shards' records: a large marker
+    remote = SimpleNamespace(root=tmp_path, local_dir=tmp_path / "m", marker="meta.json", max_bytes=100_000)
+    assert ShardPrefetcher(remote).budget == int((100_000 - 60_000) * PREFETCH_SHARE)
