@@ -12,9 +12,10 @@ arguments, one shared download cache bounded at --bound of the split's bytes); e
 epoch of IndexedWindowDataset windows (T = --T) with ShardWindowSampler (--k shards at a time) through a
 ResumableDataLoader with --workers workers, each batch followed by a simulated --step-ms training step.
 Printed: time to first batch, wait % of the steps (time inside next(loader) after the first batch), bytes
-the proxy served / token bytes the windows needed, the peak held disk of the download cache (files plus
-deleted files either rank or its workers still map: niels_gpt.readers.held, sampled every 10 ms) against the
-bound, and each rank's peak RSS (its own and its workers' summed).
+the proxy served / token bytes the windows needed, the peak held disk of the download cache (its mirrored
+files' bytes, as the bound counts them, plus deleted files either rank or its workers still map:
+niels_gpt.readers.held, sampled every 10 ms) against the bound, and each rank's peak RSS (its own and its
+workers' summed, sampled every 50 steps).
 
 readers: the same B x T batches through IndexedWindowDataset.__getitems__ + collate_windows (the exact-resume
 reader, random indices) and PretrainTokenStreamDataset.get_batch (random windows) over one local synthetic
@@ -146,25 +147,30 @@ def soak(args) -> None:
             import fsspec
             import s3fs
 
-            from niels_gpt.storage import upload_tree
-
             fsspec.config.conf["s3"] = {"endpoint_url": s3_url, "key": "testing", "secret": "testing"}
             s3fs.S3FileSystem.clear_instance_cache()
-            s3fs.S3FileSystem().mkdir("soak")
+            fs = s3fs.S3FileSystem()
+            fs.mkdir("soak")
             t = time.perf_counter()
-            upload_tree(cache, "s3://soak/c")
+            # NOTE: fsspec's batched put, many files in flight (upload_tree sends one at a time);
+            # the marker last, as upload_tree does
+            for split in ("train", "val"):
+                files = sorted(str(p) for p in (cache / split).iterdir())
+                if files:
+                    fs.put(files, f"s3://soak/c/{split}/")
+            fs.put_file(str(cache / "meta.json"), "s3://soak/c/meta.json")
             print(f"uploaded {args.shards:,} shards ({split_bytes / 1e6:.1f} MB) in {time.perf_counter() - t:.0f} s",
                   flush=True)
             proxy = ProxyProcess(s3_url, args.latency_ms / 1000, args.mbps * 1e6)
             local = work / "download-cache"
-            env = {**os.environ, "NIELS_GPT_S3_ENDPOINT": proxy.url,
+            env = {**os.environ, "LOCAL_WORLD_SIZE": "2",  # as torchrun tells two ranks of one host
                    "FSSPEC_S3": json.dumps({"endpoint_url": proxy.url, "key": "testing", "secret": "testing"})}
             proxy.reset()
             ranks = [subprocess.Popen([sys.executable, __file__, "rank", "--rank", str(r), "--url", "s3://soak/c",
                                        "--download-cache", str(local), "--bound-bytes", str(bound),
                                        *forward(args)], stdout=subprocess.PIPE, text=True, env=env)
                      for r in range(2)]
-            disk = DiskPeak(local, [p.pid for p in ranks])
+            disk = DiskPeak(local, [p.pid for p in ranks], whole=False)
             outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in ranks]
             peak = disk.stop()
             fetched = proxy.bytes

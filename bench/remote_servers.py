@@ -121,9 +121,12 @@ class DiskPeak:
     """The largest disk a directory holds (held_disk: files plus deleted files still mapped by this process
     and its descendants, and `pids` and theirs), sampled every 10 ms by a subprocess of this script."""
 
-    def __init__(self, path: Path, pids=()):
+    def __init__(self, path: Path, pids=(), *, whole: bool = True):
+        """`whole`: every file under `path` by its allocated blocks (any loader's layout); False: a download
+        cache's mirrors by their bytes, as its bound counts them."""
         pids = [os.getpid(), *pids]
-        self.proc = subprocess.Popen([sys.executable, __file__, "watch-disk", str(path), *map(str, pids)],
+        self.proc = subprocess.Popen([sys.executable, __file__, "watch-disk", str(path), str(int(whole)),
+                                      *map(str, pids)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def stop(self) -> int:
@@ -131,15 +134,15 @@ class DiskPeak:
         return int(out.strip())
 
 
-def watch_disk(path: Path, pids: list[int]) -> None:
+def watch_disk(path: Path, whole: bool, pids: list[int]) -> None:
     from niels_gpt.readers.held import held_disk
 
     peak, stop = 0, threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
     while not stop.is_set():
-        peak = max(peak, held_disk(path, pids, whole=True))
+        peak = max(peak, held_disk(path, pids, whole=whole))
         time.sleep(0.01)
-    print(max(peak, held_disk(path, pids, whole=True)), flush=True)
+    print(max(peak, held_disk(path, pids, whole=whole)), flush=True)
 
 
 @contextlib.contextmanager
@@ -169,4 +172,4 @@ if __name__ == "__main__":
         print(proxy.url, flush=True)
         threading.Event().wait()
     elif sys.argv[1] == "watch-disk":
-        watch_disk(Path(sys.argv[2]), [int(p) for p in sys.argv[3:]])
+        watch_disk(Path(sys.argv[2]), sys.argv[3] == "1", [int(p) for p in sys.argv[4:]])
