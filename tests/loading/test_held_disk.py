@@ -142,3 +142,25 @@ def test_the_prefetch_budget_leaves_out_the_marker(tmp_path):
     (tmp_path / "m" / "meta.json").write_bytes(b"x" * 60_000)  # 10,000 shards' records: a large marker
     remote = SimpleNamespace(root=tmp_path, local_dir=tmp_path / "m", marker="meta.json", max_bytes=100_000)
     assert ShardPrefetcher(remote).budget == int((100_000 - 60_000) * PREFETCH_SHARE)
+
+
+def test_ranks_of_one_host_share_the_prefetch_budget(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from niels_gpt.loading.prefetch import ShardPrefetcher, planners
+
+    (tmp_path / "m").mkdir()
+    remote = SimpleNamespace(root=tmp_path, local_dir=tmp_path / "m", marker="meta.json", max_bytes=1000,
+                             size=lambda rel: 100, has=lambda rel: True)
+    ahead = [f"train/shard_{i:05d}.bin" for i in range(10)]
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    alone = ShardPrefetcher(remote)
+    assert len(alone.plan([], ahead)) == 7  # 0.75 of the bound
+    alone.close()
+    (tmp_path / "pins" / f"{os.getppid()}-0.txt").write_text("")  # another live process plans here too
+    assert planners(tmp_path) == 2
+    shared = ShardPrefetcher(remote)
+    assert len(shared.plan([], ahead)) == 3  # half of it each
+    shared.close()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # ranks started together, before any pin file
+    assert planners(tmp_path) == 4
