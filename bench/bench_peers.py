@@ -14,7 +14,9 @@ simulated 30 ms training step (time.sleep), through a DataLoader with --workers 
 - wait % of step: time spent inside next(loader) after the first batch, over the steps' 30 ms;
 - batches/s over the steps after the first (33.3 is the step's own limit);
 - fetched / needed: bytes the proxy served / token bytes of the windows read (uint16: B x 1025 x 2 a batch);
-- peak disk: the largest size of the local cache directory, sampled every 10 ms (and its bound).
+- peak held disk: the largest disk the local cache holds, sampled every 10 ms (and its bound): its files'
+  allocated blocks plus the deleted files under it that the bench or its DataLoader workers still map
+  (niels_gpt.readers.held.held_disk; a directory listing misses those).
 Shuffles: ours ShardWindowSampler (K = --k shards at a time); MDS py1e with shuffle_block_size = K shards
 of samples (its shard-aware shuffle, the same span); litdata shuffle=True (chunk order and items within a
 chunk shuffled). Compressed rows: ours `--compress zstd` (frames), the peers' own zstd (MDS: each shard a
@@ -200,7 +202,7 @@ def main() -> None:
                     f"windows of {T + 1}; {steps} steps of B={B} with a {STEP_S * 1000:.0f} ms step; shards "
                     f"{args.shard_mb:g} MiB; S3 (moto) behind a proxy: {args.latency_ms:g} ms a request, "
                     f"{args.mbps:g} MB/s; {args.workers} DataLoader worker(s)" + (f"; peers skipped: {why}" if why else ""),
-                    ["contender", "first batch s", "wait % of step", "batches/s", "fetched / needed", "peak disk MiB",
+                    ["contender", "first batch s", "wait % of step", "batches/s", "fetched / needed", "peak held disk MiB",
                      "bound MiB"], rows))
 
 

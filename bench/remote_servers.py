@@ -4,7 +4,9 @@
   all response bodies together through at `bandwidth` bytes/s (one token bucket), counting the bytes served;
   `GET /__bytes` and `/__reset` are its own. `ProxyProcess` runs it in a subprocess (`python remote_servers.py
   serve-proxy ...`), so its threads never hold the measured process's GIL.
-- `DiskPeak(dir)`: the largest disk use of a directory (allocated blocks), sampled every 10 ms by a subprocess.
+- `DiskPeak(dir)`: the largest disk a directory holds, sampled every 10 ms by a subprocess: its files' allocated
+  blocks plus the deleted files under it that the measuring process or its descendants (DataLoader workers,
+  ranks) still map (niels_gpt.readers.held.held_disk), which a directory listing cannot see.
 """
 
 from __future__ import annotations
@@ -116,24 +118,31 @@ class ProxyProcess:
 
 
 class DiskPeak:
-    """The largest size of a directory, sampled every 10 ms by a subprocess of this script."""
+    """The largest disk a directory holds (held_disk: files plus deleted files still mapped by this process
+    and its descendants, and `pids` and theirs), sampled every 10 ms by a subprocess of this script."""
 
-    def __init__(self, path: Path):
-        self.proc = subprocess.Popen([sys.executable, __file__, "watch-disk", str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+    def __init__(self, path: Path, pids=(), *, whole: bool = True):
+        """`whole`: every file under `path` by its allocated blocks (any loader's layout); False: a download
+        cache's mirrors by their bytes, as its bound counts them."""
+        pids = [os.getpid(), *pids]
+        self.proc = subprocess.Popen([sys.executable, __file__, "watch-disk", str(path), str(int(whole)),
+                                      *map(str, pids)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def stop(self) -> int:
         out, _ = self.proc.communicate("stop\n", timeout=30)
         return int(out.strip())
 
 
-def watch_disk(path: Path) -> None:
+def watch_disk(path: Path, whole: bool, pids: list[int]) -> None:
+    from niels_gpt.readers.held import held_disk
+
     peak, stop = 0, threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
     while not stop.is_set():
-        peak = max(peak, dir_bytes(path))
+        peak = max(peak, held_disk(path, pids, whole=whole))
         time.sleep(0.01)
-    print(max(peak, dir_bytes(path)), flush=True)
+    print(max(peak, held_disk(path, pids, whole=whole)), flush=True)
 
 
 @contextlib.contextmanager
@@ -157,20 +166,10 @@ def moto_server():
         proc.wait(10)
 
 
-def dir_bytes(path: Path) -> int:
-    """Disk used under `path` (allocated blocks: a sparse file counts what it holds, not its size)."""
-    total = 0
-    for d, _, names in os.walk(path):
-        for n in names:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(os.path.join(d, n)).st_blocks * 512
-    return total
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "serve-proxy":
         proxy = ThrottleProxy(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
         print(proxy.url, flush=True)
         threading.Event().wait()
     elif sys.argv[1] == "watch-disk":
-        watch_disk(Path(sys.argv[2]))
+        watch_disk(Path(sys.argv[2]), sys.argv[3] == "1", [int(p) for p in sys.argv[4:]])

@@ -8,7 +8,8 @@
   least PREFETCH_BATCHES batches long and long enough to hold PREFETCH_NEW_SHARDS shards the batch being
   handed out does not read.
 - `plan` pins (storage/local_cache.py) the shards of the batches in flight and of the batches ahead, as
-  far ahead as PREFETCH_SHARE of the download cache's bound allows (the nearest batch always), so no
+  far ahead as PREFETCH_SHARE of the download cache's bound less the cache's marker (which stays) allows,
+  shared equally by the host's planning processes (ranks; `planners`), the nearest batch always, so no
   process of the host (rank, DataLoader worker) evicts them before they are read; then it starts the
   downloads of those not mirrored yet on PREFETCH_REQUESTS background threads, nearest batch first.
 - The downloads are the mirror's own (storage/mirror.py): checked, one per file per host (a reader that
@@ -22,12 +23,14 @@ Cost per batch: one shard lookup for each batch entering the plan and a count up
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from niels_gpt.storage.local_cache import NoRoom, Pins
+from niels_gpt.atomic import pid_alive
+from niels_gpt.storage.local_cache import PINS, NoRoom, Pins
 
 PREFETCH_BATCHES = 8  # how many batches ahead a sampler plans, at least
 PREFETCH_NEW_SHARDS = 2  # and until its plan holds this many shards the current batch does not read
@@ -42,7 +45,7 @@ class ShardPrefetcher:
 
     def __init__(self, remote, *, requests: int = PREFETCH_REQUESTS, share: float = PREFETCH_SHARE):
         self.remote, self.requests = remote, max(1, int(requests))
-        self.budget = int(remote.max_bytes * share)
+        self.budget = int(_room(remote) * share)  # the host's: each of its planning processes gets a share
         self.pins = Pins(remote.root)
         self.pinned: list[str] = []
         self.failures = 0  # background downloads that raised (the reader raises them again, by name)
@@ -60,12 +63,13 @@ class ShardPrefetcher:
         Returns the pinned files, nearest first."""
         order = list(dict.fromkeys(must))
         total = sum(self.remote.size(r) for r in order)
+        budget = self.budget // planners(self.pins.root)
         seen = set(order)
         for r in ahead:
             if r in seen:
                 continue
             size = self.remote.size(r)
-            if total + size > self.budget:
+            if total + size > budget:
                 break
             order.append(r)
             seen.add(r)
@@ -110,6 +114,31 @@ class ShardPrefetcher:
         self._pool = None
         self.pins.close()
         self._present.clear()
+
+
+def planners(root) -> int:
+    """Processes of this host planning downloads into the cache at `root`: this one, every other live process
+    with a pin file there, and at least $LOCAL_WORLD_SIZE (ranks started together, before their first pins)."""
+    others = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(os.path.join(root, PINS)):
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+                others.add(pid)
+    try:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        local_world = 1
+    return max(1 + len(others), local_world, 1)
+
+
+def _room(remote) -> int:
+    """The bound less the mirror's marker (never evicted, counted by the bound): what shards can fill."""
+    try:
+        marker = (remote.local_dir / remote.marker).stat().st_size
+    except (AttributeError, OSError):
+        marker = 0
+    return max(0, remote.max_bytes - marker)
 
 
 class RollingPlan:

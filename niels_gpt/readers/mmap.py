@@ -179,3 +179,30 @@ def prefetch_windows(base_addr: int, itemsize: int, starts: np.ndarray, width: i
     for addr, length in zip(aligned.tolist(), lengths.tolist(), strict=True):
         _LIBC.madvise(addr, length, mmap.MADV_WILLNEED)
 
+
+
+def strided_windows(tokens: np.ndarray, width: int) -> np.ndarray:
+    """`window_view` without its argument checks (~2 us instead of ~60): for a map read once and let go."""
+    n = len(tokens) - width + 1
+    s = tokens.strides[0]
+    return np.lib.stride_tricks.as_strided(tokens, shape=(max(n, 0), width), strides=(s, s), writeable=False)
+
+
+def gather_remote(remote, rels: list[str], dtype: np.dtype, expected_bytes: list[int], shard: np.ndarray,
+                  starts: np.ndarray, width: int) -> np.ndarray:
+    """(B, width) windows, row i the `width` tokens at `starts[i]` of file `rels[shard[i]]` of a remote cache
+    (storage/mirror.py RemoteCache), each file fetched, mapped, read and let go before the next one.
+
+    No map outlives the call, so a shard the download cache's bound evicts later frees its disk at once.
+    Files already mirrored are read first (a download for this batch could evict them otherwise); while a
+    file downloads, the batch's files not read yet are kept."""
+    out = np.empty((len(shard), width), dtype=dtype)
+    ks = list(dict.fromkeys(np.asarray(shard).tolist()))
+    ks.sort(key=lambda k: not remote.has(rels[k]))
+    unread = {rels[k] for k in ks}
+    for k in ks:
+        path = remote.fetch(rels[k], keep=unread)
+        rows = np.flatnonzero(shard == k)
+        out[rows] = strided_windows(open_tokens(path, dtype, expected_bytes=expected_bytes[k]), width)[starts[rows]]
+        unread.discard(rels[k])
+    return out

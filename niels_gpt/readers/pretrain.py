@@ -26,10 +26,11 @@
   frame cache (readers/frames.py) instead of the mapped shards; only the frames a batch's windows reach
   are decompressed, and batches equal the uncompressed cache's bit for bit.
 - A URL (`s3://bucket/cache/train`, see niels_gpt/storage) reads the cache through a local mirror:
-  each batch's draws are made first, the shards they reach are downloaded (once, checked against
-  meta.json), the generator is rewound and the batch gathered from the mirrored shards, so batches
-  and generator states equal the local cache's. Once every shard of the split is mirrored, the
-  dataset maps them like a local cache (same kernel, same speed).
+  each batch's draws are made first, then the shards they reach are fetched (once, checked against
+  meta.json), each mapped, read and let go (`readers.mmap.gather_remote`), so batches and generator
+  states equal the local cache's and no map holds the disk of a shard the bound evicted. Where the
+  whole split fits the download cache's bound, once every shard is mirrored the generator is rewound
+  and the dataset maps them like a local cache (same kernel, same speed).
 
 Cost (2 cores, warm page cache, 1 thread; `bench/bench_cache_readers.py`): see the figure at
 `get_batch`.
@@ -47,8 +48,16 @@ from niels_gpt import _native
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta, unfinished_build
+from niels_gpt.readers.checks import count
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
-from niels_gpt.readers.mmap import numpy_dtype, open_concatenated, open_tokens, prefetch_windows, window_view
+from niels_gpt.readers.mmap import (
+    gather_remote,
+    numpy_dtype,
+    open_concatenated,
+    open_tokens,
+    prefetch_windows,
+    window_view,
+)
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.resume import cache_fingerprint
 from niels_gpt.storage.remote import open_location, split_url
@@ -66,8 +75,7 @@ class PretrainTokenStreamDataset:
         must memory-map shards; do not load all tokens into RAM.
         `frame_cache_bytes`: the bound of decompressed frames held for compressed shards (.bin.zst).
         """
-        if not isinstance(T, int) or T < 1:
-            raise ConfigError(f"T must be a positive int, got {T!r}")
+        T = count("PretrainTokenStreamDataset", "T", T, what="a window length")
         self.remote = None
         if is_url(shards_dir):
             parent, split = split_url(shards_dir)
@@ -106,8 +114,8 @@ class PretrainTokenStreamDataset:
         self._n_starts = int(self.cum_starts[-1])
         self._views: list[np.ndarray] | None = None
         self._flat: np.ndarray | None = None
-        self._remote_views: dict[int, tuple[int, np.ndarray]] = {}
-        self._seen: set[str] = set()  # shards known to be mirrored (remote caches)
+        self._fits: bool | None = None  # remote: the whole split fits the download cache's bound
+        self._seen: set[str] = set()  # shards known to be mirrored (remote caches whose split fits)
         self._frames: FrameCache | None = None
         self._handles: dict[int, tuple[int, ZstdShard]] = {}
         self._draws: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
@@ -159,7 +167,7 @@ class PretrainTokenStreamDataset:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_views"] = state["_flat"] = state["_frames"] = None  # each process maps the shards itself
-        state["_remote_views"], state["_handles"], state["_draws"] = {}, {}, {}
+        state["_handles"], state["_draws"] = {}, {}
         return state
 
     def sample_starts(self, B: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -204,8 +212,8 @@ class PretrainTokenStreamDataset:
         # 0.75-1.2x the machine's limit (numpy's uint16->int64 astype of the 2*B*T tokens x and y hold)
         # and 40-50x / 18-23x nanoGPT's recipe: draw ~2 us, fused gather+cast ~9-10, x/y tensors ~2.
         # numpy path: ~44 and ~38 us (gather ~17, cast to int64 x and y ~20), 0.35-0.45x the limit.
-        if B < 1:
-            raise ConfigError(f"B must be >= 1, got {B}")
+        if type(B) is not int or B < 1:
+            B = count("get_batch", "B", B, what="a batch size")
         if self.frame_tokens is not None:
             return self._compressed_batch(B, generator)
         if self.remote is not None and self._views is None:
@@ -233,35 +241,27 @@ class PretrainTokenStreamDataset:
         return to_device_xy(windows, self.device)
 
     def _remote_batch(self, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Fetch the shards this batch reaches; None once every shard is mirrored (then the local path
-        runs, from the same generator state), else the batch gathered shard by shard."""
+        """The batch read shard by shard from the download cache (each shard fetched, mapped, read and let
+        go: `gather_remote`), or None once every shard is mirrored and the whole split fits the cache's
+        bound (then the local path runs, from the same generator state, over one map of the split)."""
         state = generator.get_state()
         shard, local = self.sample_starts(B, generator)
-        needed = {f"{self.split}/{self.shard_names[k]}" for k in np.unique(shard)}
-        paths = {int(k): self.remote.fetch(f"{self.split}/{self.shard_names[k]}", keep=needed)
-                 for k in np.unique(shard)}
         rels = [f"{self.split}/{n}" for n in self.shard_names]
-        # NOTE: one stat per shard not yet seen mirrored, not one per shard per batch
-        self._seen |= needed
-        self._seen |= {r for r, s in zip(rels, self.window_starts, strict=True)
-                       if s > 0 and r not in self._seen and self.remote.has(r)}
-        if all(r in self._seen for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
-            for r in rels:  # shards too short for a window are mapped too, never drawn
-                self.remote.fetch(r, keep=set(rels))
-            self._remote_views = {}
-            generator.set_state(state)
-            return None
-        for k in list(self._remote_views):  # evicted: let the mapping go
-            if k not in paths and not (self.shards_dir / self.shard_names[k]).exists():
-                del self._remote_views[k]
-        out = np.empty((B, self.T + 1), dtype=self.dtype)
-        for k, path in paths.items():
-            ino = path.stat().st_ino
-            if self._remote_views.get(k, (None,))[0] != ino:  # first use, or fetched again after eviction
-                view = open_tokens(path, self.dtype, expected_bytes=self.shard_bytes[k])
-                self._remote_views[k] = (ino, window_view(view, self.T + 1))
-            rows = np.flatnonzero(shard == k)
-            out[rows] = self._remote_views[k][1][local[rows]]
+        if self._fits is None:
+            marker = self.cache_dir / "meta.json"
+            self._fits = sum(self.shard_bytes) + (marker.stat().st_size if marker.is_file() else 0) \
+                <= self.remote.max_bytes
+        if self._fits:
+            # NOTE: one stat per shard not yet seen mirrored, not one per shard per batch
+            self._seen |= {rels[k] for k in np.unique(shard).tolist()}
+            self._seen |= {r for r, s in zip(rels, self.window_starts, strict=True)
+                           if s > 0 and r not in self._seen and self.remote.has(r)}
+            if all(r in self._seen for r, s in zip(rels, self.window_starts, strict=True) if s > 0):
+                for r in rels:  # shards too short for a window are mapped too, never drawn
+                    self.remote.fetch(r, keep=set(rels))
+                generator.set_state(state)
+                return None
+        out = gather_remote(self.remote, rels, self.dtype, self.shard_bytes, shard, local, self.T + 1)
         return to_device_xy(out, self.device)
 
     def _frame_cache(self) -> FrameCache:
@@ -277,19 +277,20 @@ class PretrainTokenStreamDataset:
         return self._frames
 
     def _zstd_shard(self, k: int) -> ZstdShard:
-        """Shard k's reader; a remote shard is fetched (again, if it was evicted) before it is opened."""
+        """Shard k's reader. A remote shard is fetched (again, if it was evicted) and opened for the one
+        frame load that asks for it, then let go: no map of an evicted file outlives the batch."""
         name = self.shard_names[k]
-        path = self.shards_dir / name if self.remote is None else self.remote.fetch(f"{self.split}/{name}")
-        ino = path.stat().st_ino
+        if self.remote is not None:
+            return ZstdShard(self.remote.fetch(f"{self.split}/{name}"), self.dtype, tokens=int(self.shard_tokens[k]),
+                             frame_tokens=self.frame_tokens, expected_bytes=self.shard_bytes[k],
+                             frames=self.shard_frames[k])
         held = self._handles.get(k)
-        if held is None or held[0] != ino:
-            if self.remote is not None:  # let maps of evicted files go: they hold the disk the bound freed
-                self._handles = {j: h for j, h in self._handles.items() if h[1].path.exists()}
+        if held is None:
             if len(self._handles) >= MAX_OPEN_SHARDS:  # let the oldest go
                 del self._handles[next(iter(self._handles))]
-            held = self._handles[k] = (ino, ZstdShard(path, self.dtype, tokens=int(self.shard_tokens[k]),
-                                                      frame_tokens=self.frame_tokens,
-                                                      expected_bytes=self.shard_bytes[k], frames=self.shard_frames[k]))
+            held = self._handles[k] = (None, ZstdShard(self.shards_dir / name, self.dtype,
+                                                       tokens=int(self.shard_tokens[k]), frame_tokens=self.frame_tokens,
+                                                       expected_bytes=self.shard_bytes[k], frames=self.shard_frames[k]))
         return held[1]
 
     def _compressed_batch(self, B: int, generator: "torch.Generator") -> tuple[torch.Tensor, torch.Tensor]:
@@ -330,6 +331,24 @@ class PretrainTokenStreamDataset:
         waited = time.perf_counter() - t0
         self._cold = waited > (WARM_GATHER_S if self._cold else COLD_GATHER_S)
         return _to_device(x, y, xy, self.device)
+
+
+def rows_xy(tokens: np.ndarray, base: int, rows: np.ndarray, T: int,
+            dtype: np.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU int64 x, y (B, T) of the windows of T+1 tokens starting at token offsets `rows` (int64) of
+    `tokens` (a map from open_concatenated or a frame cache's range; `base`: the address of its token 0):
+    the C kernel's one pass where it is built, else numpy's gather then cast. Byte-identical either way."""
+    native = _native.gather
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if native is None or not dtype.isnative:
+        return to_device_xy(window_view(tokens, T + 1)[rows], _CPU)
+    B = len(rows)
+    x, y, _ = _host_xy(B, T, _CPU)
+    native.gather_xy(base, dtype.itemsize, rows.ctypes.data, B, T, x.data_ptr())  # y follows x
+    return x, y
+
+
+_CPU = torch.device("cpu")
 
 
 def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

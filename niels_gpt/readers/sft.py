@@ -16,6 +16,7 @@
 - A map-style dataset too: `ds[i]` is example i as (x, y, y_masked), each (T,) int64 on the CPU, padded or
   cropped as above, so `DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)` yields the (B, T)
   batches get_batch draws (workers open their own maps; move batches to the GPU with pin_memory=True).
+  A DataLoader batch is one gather (`__getitems__`), which default_collate passes through as it is.
 - One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
 - URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
   the offsets are downloaded and checked on open, the token file on the first batch.
@@ -32,11 +33,49 @@ from torch.utils.data import Dataset
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.meta import check_files, check_sft_offsets, load_checked_npy, raise_on_problems, read_meta
+from niels_gpt.readers.checks import count
 from niels_gpt.readers.mmap import numpy_dtype, open_tokens, window_view
 from niels_gpt.resume import cache_fingerprint
 from niels_gpt.spans import assistant_span_mask  # noqa: F401  (the one span rule; also this module's name for it)
 from niels_gpt.storage.remote import open_location, split_url
 from niels_gpt.urls import is_url
+
+
+class SFTRow(tuple):
+    """(x, y, y_masked) of row i of an SFTBatch: what ds[i] returns, plus where it came from."""
+
+    def __new__(cls, out: torch.Tensor, i: int):
+        row = super().__new__(cls, (out[0, i], out[1, i], out[2, i]))
+        row.out = out
+        return row
+
+
+class SFTBatch:
+    """The examples of one DataLoader batch, gathered at once: `out` is (3, B, T) int64 (x, y, y_masked);
+    item i is an SFTRow equal to ds[indices[i]]. default_collate hands `out`'s three planes back as the
+    batch, no per-row tensors stacked (`collate_rows`, registered for SFTRow)."""
+
+    def __init__(self, out: torch.Tensor):
+        self.out = out
+
+    def __len__(self) -> int:
+        return self.out.shape[1]
+
+    def __getitem__(self, i: int) -> SFTRow:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"row {i} of a batch of {len(self)}")
+        return SFTRow(self.out, i % len(self))
+
+
+def collate_rows(batch, *, collate_fn_map=None) -> list[torch.Tensor]:
+    """default_collate of SFT rows: [x, y, y_masked] (B, T) each, as it collates any list of 3-tuples;
+    a whole SFTBatch is its planes as they are (no copy)."""
+    if isinstance(batch, SFTBatch):
+        return [batch.out[0], batch.out[1], batch.out[2]]
+    return [torch.stack([row[k] for row in batch]) for k in range(3)]
+
+
+torch.utils.data._utils.collate.default_collate_fn_map[SFTRow] = collate_rows  # torch's documented extension point
 
 
 class SFTExampleDataset(Dataset):
@@ -45,8 +84,7 @@ class SFTExampleDataset(Dataset):
         tokens_path: uint16 tokens concatenated
         idx_path: int64 offsets array
         """
-        if not isinstance(T, int) or T < 1:
-            raise ConfigError(f"T must be a positive int, got {T!r}")
+        T = count("SFTExampleDataset", "T", T, what="a window length")
         self.remote = None
         if is_url(tokens_path) or is_url(idx_path):
             (tok_dir, tok_name), (idx_dir, idx_name) = split_url(tokens_path), split_url(idx_path)
@@ -107,6 +145,17 @@ class SFTExampleDataset(Dataset):
             raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
         out = self._rows_tensor(np.array([int(i) % n]))
         return out[0, 0], out[1, 0], out[2, 0]
+
+    def __getitems__(self, indices) -> SFTBatch:
+        """The examples `indices` in one gather (a DataLoader batch): the same rows as [ds[i] for i in indices],
+        collated by default_collate into the same [x, y, y_masked] without stacking B rows."""
+        idx = np.asarray(indices)
+        n = len(self.offsets)
+        if len(idx) and (idx.dtype.kind not in "iu" or idx.min() < -n or idx.max() >= n):
+            bad = next(i for i in indices if isinstance(i, bool) or not isinstance(i, (int, np.integer))
+                       or not -n <= i < n)
+            self[bad]  # raises what ds[bad] raises
+        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n if len(idx) else idx.astype(np.int64)))
 
     def fingerprint(self) -> str:
         """The identity of this data in resume states (niels_gpt.resume.cache_fingerprint)."""
@@ -181,8 +230,8 @@ class SFTExampleDataset(Dataset):
           y: (B,T) int64 (next-token targets)
           y_masked: (B,T) int64 where non-assistant targets are -100 (ignore_index)
         """
-        if B < 1:
-            raise ConfigError(f"B must be >= 1, got {B}")
+        if type(B) is not int or B < 1:
+            B = count("get_batch", "B", B, what="a batch size")
         indices = torch.randint(len(self.offsets), (B,), generator=generator).numpy()
         return self.collate(indices)
 

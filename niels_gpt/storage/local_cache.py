@@ -265,6 +265,8 @@ def pinned(root: Path) -> set[str]:
         pid = p.name.split("-", 1)[0]
         if TMP_SUFFIX.search(p.name):
             continue  # a pin file being replaced: its final name holds the set until the rename
+        if pid == str(os.getpid()):
+            continue  # this process's own: memory holds its current set, the file may be a set behind
         if not pid.isdigit() or not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
@@ -324,6 +326,7 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
                 try:
                     st = os.stat(p)
                 except FileNotFoundError:
+                    total += _landed(d, name, m)
                     continue
                 if not m and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
                     continue  # not a file this library fetched: neither counted nor ever evicted
@@ -343,6 +346,17 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
             reserve.parent.mkdir(parents=True, exist_ok=True)
             with open(reserve, "wb") as f:
                 f.truncate(need)
+
+
+def _landed(d: str, name: str, m) -> int:
+    """Bytes of the download a reservation `name` (listed, gone by its stat) stood for: it landed between
+    the listing and the stat, after the listing skipped its temporary, so nothing else counts it."""
+    if m is None or not name[:m.start()].endswith(RESERVED):
+        return 0
+    try:
+        return os.stat(os.path.join(d, name[:m.start() - len(RESERVED)])).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def disk_usage(root: Path) -> int:

@@ -41,9 +41,9 @@ def test_uint32_cache_reads_ids_above_uint16(tmp_path):
 def test_pickled_dataset_carries_no_memmap(two_shards):
     ds = IndexedWindowDataset(two_shards, T=3)
     ds[0]
-    assert ds._maps is not None
+    assert ds._cat is not None
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._maps is None and clone[4]["input_ids"].tolist() == [103, 104, 105]
+    assert clone._maps is None and clone._cat is None and clone[4]["input_ids"].tolist() == [103, 104, 105]
 
 
 def test_fingerprint_depends_on_T_and_split(two_shards):
@@ -126,3 +126,32 @@ def test_stream_state_of_another_cache_or_draw_size_is_rejected(built, two_shard
         RankBatchStream(ds, 8, seed=1, rank=0, world_size=1, draw_rows=1).load_state_dict(state)
     with pytest.raises(ConfigError, match="must divide the per-rank batch 4"):
         RankBatchStream(ds, 8, seed=1, rank=0, world_size=2, draw_rows=3)
+
+
+def test_a_batch_over_many_shards_is_one_gather_equal_to_its_items(tmp_path, monkeypatch):
+    from niels_gpt import _native
+
+    if _native.gather is None:
+        pytest.skip(_native.UNAVAILABLE)
+    cache = write_pretrain_cache(tmp_path / "c", {"train": [np.arange(i * 1000, i * 1000 + 50 + 7 * i) % 60000
+                                                            for i in range(6)]},
+                                 dtype="uint32-le", vocab_size=70000)
+    ds = IndexedWindowDataset(cache, T=4)
+    calls, real = [], _native.gather
+
+    class Counting:
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+            return lambda *a: (calls.append(name), fn(*a))[1]
+
+    monkeypatch.setattr(_native, "gather", Counting())
+    indices = [len(ds) - 1, 0, 13, 27, 40, 41, 55, 62, 3]
+    batch = ds.__getitems__(indices)
+    assert calls.count("gather_xy") == 1
+    for row, i in enumerate(indices):
+        assert torch.equal(batch.x[row], ds[i]["input_ids"]) and torch.equal(batch.y[row], ds[i]["labels"])
+    assert batch.x.dtype == torch.int64 and batch.x.is_contiguous() and batch.y.is_contiguous()
+    with pytest.raises(IndexError, match=f"window {len(ds)} out of range"):
+        ds.__getitems__([0, len(ds)])
+    with pytest.raises(IndexError, match="window -1 out of range"):
+        ds.__getitems__(np.array([-1, 0]))
