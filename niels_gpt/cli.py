@@ -27,7 +27,7 @@ from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_toke
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS, Rules
-from niels_gpt.storage.fs import allow_transfers, stop_transfers
+from niels_gpt.storage.fs import allow_transfers, ctrl_c_stops_transfers, stop_transfers
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     args = build_parser(only="build" if command_of(words) == "build" else None).parse_args(argv)
     allow_transfers()
+    restore = ctrl_c_stops_transfers()
     try:
         timeout = getattr(args, "network_timeout_after", None)
         timeout = args.network_timeout if timeout is None else timeout
@@ -382,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_transfers()  # a download on another thread (a prefetcher) ends too, its temporary removed
         print("error: interrupted; finished caches are intact, the unfinished one has no meta.json", file=sys.stderr)
         return 130
+    finally:
+        restore()
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _own_download_cache(tmp):
 def train_pin_file_not_utf8(w, tmp):
     d = _own_download_cache(tmp)
     (d / "pins").mkdir()
-    (d / "pins" / f"{os.getpid()}-999999.txt").write_bytes(b"\xff\xfe/remote/\x80")
+    (d / "pins" / f"{os.getppid()}-999999.txt").write_bytes(b"\xff\xfe/remote/\x80")
     return _train(w, tmp, d)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import signal
 import threading
 import time
 
@@ -171,6 +172,27 @@ def stop_transfers() -> None:
     """End every transfer of this process now (Ctrl-C): each bounded call, on whichever thread (a prefetcher's
     too), cancels its attempt and raises, so no download keeps the process alive after it was interrupted."""
     _stopping.set()
+
+
+def transfers_stopped() -> bool:
+    """Whether stop_transfers() ran: a wait for another thread's download (its lock) ends too."""
+    return _stopping.is_set()
+
+
+def _interrupted(signum, frame):
+    stop_transfers()
+    raise KeyboardInterrupt
+
+
+def ctrl_c_stops_transfers():
+    """From now on Ctrl-C ends every transfer at once (a prefetcher's too, and any wait for one) before
+    KeyboardInterrupt unwinds the main thread, so nothing on the way out waits for a stalled download.
+    Only in the main thread and over Python's default handler; returns the function that undoes it."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, _interrupted)
+    return lambda: signal.signal(signal.SIGINT, previous)
 
 
 _at_exit: list[bool] = []

@@ -53,6 +53,7 @@ from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.confine import confined
 from niels_gpt.errors import ConfigError, StorageError
 from niels_gpt.meta import sha256_file
+from niels_gpt.storage.fs import transfers_stopped
 from niels_gpt.storage.settings import MIRRORS, cache_dir_label
 
 LOCKS, PINS, STAMPS = "locks", "pins", "stamps"
@@ -173,6 +174,8 @@ def file_lock(path: Path, *, timeout_s: float, what: str):
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if transfers_stopped():
+                    raise KeyboardInterrupt from None  # Ctrl-C: the download waited for is ending too
                 if time.monotonic() > deadline:
                     raise StorageError(f"{what}: waited {timeout_s:.0f} s for another process downloading it "
                                        f"(it holds {path}); if that process hangs, stop it and rerun") from None

@@ -117,8 +117,9 @@ def test_eviction_reads_this_process_pins_from_memory_not_its_own_pin_file(tmp_p
 
     (tmp_path / "pins").mkdir()
     (tmp_path / "pins" / f"{os.getpid()}-999.txt").write_text("/old/set\n")  # written a set behind
-    (tmp_path / "pins" / f"{os.getppid()}-1.txt").write_text("/other/process\n")
-    assert pinned(tmp_path) == {"/other/process"}
+    other = f"{tmp_path}/remote/m/other.bin"  # pins name files inside the mirrors (niels_gpt/confine.py)
+    (tmp_path / "pins" / f"{os.getppid()}-1.txt").write_text(f"{other}\n")
+    assert pinned(tmp_path) == {other}
 
 
 def test_eviction_counts_a_download_that_landed_while_it_listed_the_directory(tmp_path, monkeypatch):

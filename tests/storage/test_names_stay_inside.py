@@ -97,7 +97,7 @@ def test_a_receipt_naming_a_file_outside_its_output_is_refused(tmp_path):
 def test_a_pin_file_naming_a_file_outside_the_mirrors_is_refused(tmp_path):
     root = tmp_path / "dl"
     (root / PINS).mkdir(parents=True)
-    pin = root / PINS / f"{os.getpid()}-999.txt"
+    pin = root / PINS / f"{os.getppid()}-999.txt"  # another live process's: its own pins are in memory
     pin.write_text(f"{root}/remote/abc/train/x.bin\n/home/someone/photos/a.jpg\n")
     with pytest.raises(StorageError, match=r"-999.txt: line 2 '/home/someone/photos/a.jpg' is not a plain"):
         pinned(root)
