@@ -121,7 +121,6 @@ def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | 
         raise ConfigError(f"--val-frac must be in (0, 1), got {val_frac}")
 
 
-@writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def _shuffle_generator(shuffle_buffer: int | None, seed: int):
     """The shuffle buffer's generator; None with no shuffle (`build` then runs without importing torch)."""
     if not shuffle_buffer or shuffle_buffer <= 1:
@@ -130,6 +129,7 @@ def _shuffle_generator(shuffle_buffer: int | None, seed: int):
     return torch.Generator().manual_seed(seed)
 
 
+@writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def build_pretrain_cache(
     texts: Iterable[str] | SplitTexts,
     out_dir: str,
@@ -169,7 +169,6 @@ def build_pretrain_cache(
     `tokenizer_path`: recorded in meta.json as where the tokenizer is found again (tokenizer/find.py).
     `compress="zstd"`: shards as zstd frames with a frame index (`shard_*.bin.zst`, formats/zstd_shard.py).
     """
-
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
     check_shard_bytes(shard_bytes)
