@@ -73,7 +73,7 @@ HELP = {
     "core_max_items": "score at most this many items per CORE task (default: all)",
     "log_every": "print a log line every N steps",
     "batch_ramp": "START:END:SAMPLES: the global batch in rows, START -> END in 4 stretches over the first SAMPLES "
-                  "samples, then END (one micro-batch per rank; not with --total-batch-size)",
+                  "samples, then END (one micro-batch per rank; not with --total-batch-size; default: none, a fixed batch)",
     "allow_new_order": "with --resume: go on from the checkpoint's position although the data order changed (the data "
                        "rebuilt, another order); without it such a resume is refused naming what differs",
 }
@@ -103,7 +103,7 @@ def register(sub) -> None:
     s.add_argument("checkpoint", help="a ckpt_<step>.pt written by train")
     s.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
     s.add_argument("--chat", action="store_true", help="render the prompt as a user turn and sample the assistant's")
-    s.add_argument("--system", default=None, help="with --chat: a system prompt, the turn before the user's")
+    s.add_argument("--system", default=None, help="with --chat: a system prompt, the turn before the user's (default: none)")
     s.add_argument("--max-tokens", type=int, default=64, help="tokens to sample at most")
     s.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely token")
     s.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")

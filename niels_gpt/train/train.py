@@ -255,7 +255,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
     elif not data.has_val:
         say(f"{cfg.data}: no val split in this data: val bpb is skipped" + (
-            f" (packed bins: pack the SFT cache's val split into {Path(cfg.data) / 'val'} with pack-sft --split val)"
+            f" (packed bins: pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself when the "
+            "cache has one: pack them again without --no-val)"
             if data.kind == "packed" else ""))
     result = TrainResult(step=start)
     out = Path(cfg.out_dir)

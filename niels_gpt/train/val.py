@@ -4,8 +4,8 @@ The rows: the val split's first `steps` batches of B rows (`--eval-steps`, `--de
 i goes to rank i % world_size, and evaluate_bpb sums nats and bytes over the ranks, so the same weights
 score the same on 1 rank and on 8 (tests/train/test_world_size.py).
 
-Packed SFT bins are one split; their val pack is packed bins of the SFT cache's val split (`pack-sft
-CACHE OUT --split val`) at `<bins>/val`, or at `<dir>/val` beside bins at `<dir>/train`. Its rows are
+Packed SFT bins are one split; their val pack is packed bins of the SFT cache's val split at `<bins>/val`
+(where `pack-sft CACHE OUT` puts it itself), or at `<dir>/val` beside bins at `<dir>/train`. Its rows are
 scored with their document layout (positions restart, no attention across documents), as training
 reads them: each document scores as it would alone.
 """
