@@ -1,7 +1,6 @@
 """python -m niels_gpt COMMAND: the same commands as python -m niels_gpt.cli."""
 
-import sys
-
+from niels_gpt.args import exit_with
 from niels_gpt.cli import main
 
-sys.exit(main())
+exit_with(main())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 _SUFFIXES = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("GB", 2**30), ("MB", 2**20), ("KB", 2**10))
 
@@ -23,3 +25,17 @@ def int_arg(text: str) -> int:
 def optional_int_arg(text: str) -> int | None:
     """`int_arg`, or None for none/off/0."""
     return None if text.lower() in ("none", "off", "0") else int_arg(text)
+
+
+def exit_with(code: int) -> None:
+    """Leave the process with `code`. After Ctrl-C (130) the exit hooks run (producers joined, pins and
+    temporaries removed, output flushed), then the process ends without C++ static destructors: a torch
+    thread pool interrupted inside an operation aborts there ("terminate called without an active
+    exception", SIGABRT) instead of exiting 130."""
+    if code != 130:
+        sys.exit(code)
+    import atexit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)

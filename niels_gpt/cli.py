@@ -20,6 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from niels_gpt import sources
+from niels_gpt.args import exit_with
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders import cli as build_cli
@@ -388,4 +389,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -177,7 +177,7 @@ def start_producer(target, args: tuple, *, stop: threading.Event, q: queue.Queue
 def stop_producer(t: threading.Thread, timeout: float | None = None) -> None:
     """Signal the producer to stop and wait for it, emptying its queue so that a blocked put wakes up."""
     with _lock:
-        stop, q = _running.pop(t, (None, None))
+        stop, q = _running.get(t, (None, None))
     if stop is None:
         return
     stop.set()
@@ -187,6 +187,9 @@ def stop_producer(t: threading.Thread, timeout: float | None = None) -> None:
             q.get_nowait()
         except queue.Empty:
             t.join(POLL_S)
+    if not t.is_alive():  # one still running (a wait cut short by Ctrl-C) stays for the exit hook to join
+        with _lock:
+            _running.pop(t, None)
 
 
 def _stop_all() -> None:
