@@ -32,7 +32,28 @@ _M1, _M2 = 0x5BD1E995, 0x2C1B3C6D  # odd multipliers below 2**31 (murmur-style m
 SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32: 16 MiB at most)
 
 
-class EpochOrder:
+class ChunkedOrder:
+    """Slices of an order computed position by position (`self[positions]`), a chunk at a time; a subclass sets
+    `n` and `_chunk = (0, empty tensor)`."""
+
+    def slice(self, start: int, stop: int) -> torch.Tensor:
+        """order[start:stop]: from a chunk of CHUNK positions computed at once (batches are consecutive
+        slices, and one call on 65,536 positions costs what ~20 calls on 32 do)."""
+        stop = min(stop, self.n)
+        c0, chunk = self._chunk
+        if not c0 <= start <= stop <= c0 + len(chunk):
+            if stop - start > CHUNK:
+                return self[torch.arange(start, stop, dtype=torch.int64)]
+            c0, chunk = start, self[torch.arange(start, min(start + CHUNK, self.n), dtype=torch.int64)]
+            self._chunk = (c0, chunk)
+        return chunk[start - c0:stop - c0]
+
+    def materialise(self) -> torch.Tensor:
+        """The whole order, int64[n] (tests and small datasets; the samplers never call it)."""
+        return self.slice(0, self.n)
+
+
+class EpochOrder(ChunkedOrder):
     """`order[positions] -> indices` (int64 tensors) and `order.slice(start, stop)`; `len(order) == n`."""
 
     def __init__(self, n: int, keys: torch.Tensor | None):
@@ -76,23 +97,6 @@ class EpochOrder:
             x[walking] = y
             walking = walking[y >= self.n]
         return torch.from_numpy(x)
-
-    def slice(self, start: int, stop: int) -> torch.Tensor:
-        """order[start:stop]: from a chunk of CHUNK positions computed at once (batches are consecutive
-        slices, and one call on 65,536 positions costs what ~20 calls on 32 do)."""
-        stop = min(stop, self.n)
-        c0, chunk = self._chunk
-        if not c0 <= start <= stop <= c0 + len(chunk):
-            if stop - start > CHUNK:
-                return self[torch.arange(start, stop, dtype=torch.int64)]
-            c0, chunk = start, self[torch.arange(start, min(start + CHUNK, self.n), dtype=torch.int64)]
-            self._chunk = (c0, chunk)
-        return chunk[start - c0:stop - c0]
-
-    def materialise(self) -> torch.Tensor:
-        """The whole order, int64[n] (tests and small datasets; the samplers never call it)."""
-        return self.slice(0, self.n)
-
 
 class TensorOrder:
     """An order held as a tensor (int32 when n < 2**31: half of int64), with EpochOrder's interface."""

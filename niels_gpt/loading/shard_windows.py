@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.loading.order import CHUNK, MASK31, ROUNDS, EpochOrder, TensorOrder, sliced
+from niels_gpt.loading.order import MASK31, ROUNDS, ChunkedOrder, EpochOrder, TensorOrder, sliced
 from niels_gpt.loading.sampler import SMALL_ORDER, GlobalBatchSampler, mix_seed
 
 SHARDS_AT_ONCE = 8
@@ -95,7 +95,7 @@ def shard_window_order(counts, K: int, seed: int, epoch: int) -> torch.Tensor:
     return out
 
 
-class ShardWindowOrder:
+class ShardWindowOrder(ChunkedOrder):
     """The shard-window order of one epoch, position by position: `order[positions]`, `order.slice(a, b)`."""
 
     def __init__(self, counts, K: int, seed: int, epoch: int):
@@ -151,20 +151,6 @@ class ShardWindowOrder:
             sel = np.flatnonzero(shard == k)
             out[sel] = self.first[k] + self._shard_order(int(k))[torch.from_numpy(out[sel])].numpy()
         return torch.from_numpy(out)
-
-    def slice(self, start: int, stop: int) -> torch.Tensor:
-        """order[start:stop], from a chunk of CHUNK positions computed at once."""
-        stop = min(stop, self.n)
-        c0, chunk = self._chunk
-        if not c0 <= start <= stop <= c0 + len(chunk):
-            if stop - start > CHUNK:
-                return self[torch.arange(start, stop, dtype=torch.int64)]
-            c0, chunk = start, self[torch.arange(start, min(start + CHUNK, self.n), dtype=torch.int64)]
-            self._chunk = (c0, chunk)
-        return chunk[start - c0:stop - c0]
-
-    def materialise(self) -> torch.Tensor:
-        return self.slice(0, self.n)
 
 
 def shard_epoch_order(counts, K: int, seed: int, epoch: int) -> TensorOrder | ShardWindowOrder:
