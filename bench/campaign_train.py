@@ -143,7 +143,9 @@ def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: in
         at = rng.randint(first, steps)
         head, dt = read_until(p, max(at - 1, 0))
         time.sleep(rng.uniform(0.0, 1.0) * dt)
+        lock = out.with_name(out.name + ".lock")
         running = p.poll() is None
+        held = lock.exists()  # the run may be past its loop (a loaded machine reads its log late): lock gone
         if running:
             os.killpg(p.pid, sig) if sig == signal.SIGKILL else p.send_signal(sig)
         log, err = p.communicate()
@@ -154,7 +156,7 @@ def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: in
             row["SIGINT: the step saved"] += bool(re.search(r"saved \S+ckpt_\d+\.pt", err))
         row["complete-looking partial"] += partial_checkpoints(out)
         resumed = any(out.glob("ckpt_*.pt"))
-        lock = out.with_name(out.name + ".lock")
+        row[f"{signal.Signals(sig).name} with the lock held"] += running and held
         row["lock left by the kill"] += lock.exists()  # a SIGKILL's: its holder is dead, so the rerun takes it
         status, log2, err2 = cli(args(out, *(["--resume", "latest"] if resumed else [])))
         row["reruns"] += 1
