@@ -128,6 +128,9 @@ def lock_path(root: Path, mirror: str, rel: str) -> Path:
     return root / LOCKS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".lock")
 
 
+_STAMP_WRITE = threading.Lock()
+
+
 def stamp_path(root: Path, mirror: str, rel: str) -> Path:
     return root / STAMPS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".json")
 
@@ -137,8 +140,9 @@ def write_stamp(root: Path, mirror: str, rel: str, local: Path, sha256: str) -> 
     st = os.stat(local)
     path = stamp_path(root, mirror, rel)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}).encode(),
-                       durable=False)
+    with _STAMP_WRITE:  # NOTE: the temporary name is per process: two threads stamping one file shared it
+        write_bytes_atomic(path, json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                             "sha256": sha256}).encode(), durable=False)
 
 
 def copy_problem(root: Path, mirror: str, rel: str, rec: dict, local: Path, st: os.stat_result) -> str | None:

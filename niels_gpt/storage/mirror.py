@@ -229,14 +229,15 @@ class RemoteCache:
                                          f"{rec['sha256'][:16]}…{again}; the remote file was damaged or replaced "
                                          "after the build: rebuild and re-upload the cache")
             os.replace(tmp, local)
-            write_stamp(self.root, self.mirror, rel, local, digest)
-            self.downloaded += size
         except FileNotFoundError as exc:
             raise CacheError(f"{self.url}/{rel}: listed in {self.marker} but missing remotely; the cache was "
                              "partly deleted: rebuild and re-upload it") from exc
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        self.downloaded += size
+        with contextlib.suppress(FileNotFoundError):  # evicted already: the stamp is only a hint
+            write_stamp(self.root, self.mirror, rel, local, digest)
 
 
 def records_of(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
