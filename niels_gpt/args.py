@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 _SUFFIXES = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("GB", 2**30), ("MB", 2**20), ("KB", 2**10))
 
@@ -39,3 +40,57 @@ def exit_with(code: int) -> None:
     sys.stderr.flush()
     atexit._run_exitfuncs()
     os._exit(code)
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How the user called us: the console script by its name, else the module form."""
+    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
+    if name == "__main__.py" and Path(argv0 or sys.argv[0]).parent.name == "niels_gpt":
+        return "python -m niels_gpt"
+    if name.startswith("niels-gpt"):
+        return name
+    return "python -m niels_gpt.cache.cli" if Path(argv0 or sys.argv[0]).parent.name == "cache" else "python -m niels_gpt.cli"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("niels_gpt")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, except on/off flags and options without one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+            return text
+        if "(default" in text or "; default:" in text:  # the help names its default in its own words
+            return text
+        if isinstance(action.default, int) and not isinstance(action.default, bool) and action.default >= 2**53:
+            return f"{text} (default: all)"  # an "unlimited" sentinel, not a number anyone would type
+        return f"{text} (default: %(default)s)"
+
+    def _fill_text(self, text, width, indent):
+        # NOTE: lines indented by two spaces (a table, such as convert's formats and the programs that read
+        # them) stay as written; the prose around them is filled as before
+        out, prose = [], []
+        for line in [*text.splitlines(), ""]:
+            if line.startswith("  ") or not line.strip():
+                if prose:
+                    out.append(super()._fill_text(" ".join(prose), width, indent))
+                    prose = []
+                if line.strip():
+                    out.append(indent + line)
+            else:
+                prose.append(line)
+        return "\n".join(out)
+
+    def _split_lines(self, text, width):
+        # NOTE: argparse wraps at hyphens too, which cuts values such as CC-MAIN-2024-10 in two.
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)

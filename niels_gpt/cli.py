@@ -20,10 +20,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from niels_gpt import sources
-from niels_gpt.args import exit_with
+from niels_gpt.args import HelpFormatter, exit_with, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.builders import cli as build_cli
 from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.seeds import seed_arg
@@ -33,12 +32,50 @@ from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
 
-# Every subcommand beyond build-all/train-tokenizer/inspect/verify/stats, in --help order: each module's
-# register(sub) adds its parser. An explicit list: a module that fails to import fails the CLI loudly.
-# NOTE: imported when the parser is built, and for `build` only its own: the others import torch (~1.5 s
-# before a build could start).
-SUBCOMMANDS = ("niels_gpt.builders.cli", "niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
-               "niels_gpt.train.cli")
+# Every subcommand in --help order: (name, one-line help, where its parser comes from). A module's
+# register(sub) adds the parsers of its verbs; the others are this module's functions. An explicit table: a
+# module that fails to import fails the CLI loudly.
+# NOTE: `main` builds the parser of the command it runs and only names the others, so a verb that does not
+# need torch (build, convert, download, verify, ...) and --help start without importing it (~1.5 s).
+VERBS = (
+    ("build", "build a cache from your own files, URLs or a dataset id, with any tokenizer, inline, on local "
+              "processes or on Ray", "niels_gpt.builders.cli"),
+    ("build-all", "train the tokenizer and build every cache of the bundled recipe", "add_build_all"),
+    ("train-tokenizer", "train the library's tokenizer on your own files (or build-all's sources)",
+     "add_train_tokenizer"),
+    ("inspect", "show a cache: meta, totals, a decoded window, an SFT example's trained span", "add_inspect_verify"),
+    ("verify", "check every output against its metadata: sizes, counts, sha256, headers", "add_inspect_verify"),
+    ("stats", "figures of a cache, packed directory or converted output: tokens, documents, length percentiles, "
+              "EOT/BOS, SFT trained fraction, packing fill", "add_stats"),
+    ("convert", "convert a token corpus between formats (no re-tokenizing)", "niels_gpt.formats.cli"),
+    ("prepare-data", "validate a token directory and print how to train on it", "niels_gpt.formats.cli"),
+    ("pack-sft", "pack an SFT cache split into memmap_padded_v1 bins", "niels_gpt.packing.cli"),
+    ("download", "download numbered Parquet text shards (parallel, retried, atomic)", "niels_gpt.loading.cli"),
+    ("train", "train the GPT on a cache, mixture, Parquet shards or packed SFT bins", "niels_gpt.train.cli"),
+    ("sample", "print what a checkpoint's model writes after a prompt", "niels_gpt.train.cli"),
+    ("dist-build", "the old name of `build` (kept for one release)", "niels_gpt.builders.cli"),
+)
+HELP = {name: text for name, text, _ in VERBS}
+
+
+class _Named:
+    """The subparsers action as a registrar sees it: each verb's one-line help comes from VERBS."""
+
+    def __init__(self, sub):
+        self.sub = sub
+
+    def add_parser(self, name, **kwargs):
+        kwargs["help"] = HELP[name]
+        return self.sub.add_parser(name, **kwargs)
+
+
+def _register(where: str, sub) -> None:
+    if where.startswith("niels_gpt."):
+        import importlib  # lazy: a command imports only its own module (see VERBS)
+
+        importlib.import_module(where).register(_Named(sub))
+    else:
+        globals()[where](_Named(sub))
 
 
 def command_of(argv: list[str]) -> str | None:
@@ -58,8 +95,7 @@ def command_of(argv: list[str]) -> str | None:
 
 def add_build_all(sub) -> None:
     d = BuildConfig()
-    p = sub.add_parser("build-all", help="train the tokenizer and build every cache",
-                       description="Train (or copy) the tokenizer, then build every pretraining and SFT cache.")
+    p = sub.add_parser("build-all", description="Train (or copy) the tokenizer, then build every pretraining and SFT cache.")
     _add_common_flags(p, d)
     p.add_argument("--only", nargs="+", default=list(ALL), metavar="NAME", help=f"build a subset of: {' '.join(ALL)}")
     p.add_argument("--tokenizer", default=None,
@@ -136,8 +172,7 @@ def run_build_all(args) -> int:
 
 def add_train_tokenizer(sub) -> None:
     d = BuildConfig()
-    p = sub.add_parser("train-tokenizer", help="train the library's tokenizer on your own files (or build-all's sources)",
-                       description="Train the library's sentencepiece tokenizer on SRC (anything `build` reads) into "
+    p = sub.add_parser("train-tokenizer", description="Train the library's sentencepiece tokenizer on SRC (anything `build` reads) into "
                                    "--out; without SRC, build-all's tokenizer step into --cache-dir/tokenizer.")
     p.add_argument("sources", nargs="*", metavar="SRC",
                    help="files, directories, globs, URLs or dataset ids, as `build` takes them (default: build-all's "
@@ -179,22 +214,21 @@ def run_train_tokenizer(args) -> int:
 
 
 def add_inspect_verify(sub) -> None:
-    p = sub.add_parser("inspect", help="show a cache: meta, totals, a decoded window, an SFT example's trained span")
+    p = sub.add_parser("inspect")
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
                    "of a cache or packed directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
     p.add_argument("--window", type=int, default=64, help="tokens to decode")
     p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
     p.set_defaults(func=lambda a: _inspect(a))
-    p = sub.add_parser("verify", help="check every output against its metadata: sizes, counts, sha256, headers")
+    p = sub.add_parser("verify")
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
                    "of a cache or packed directory (every file downloaded and checked)")
     p.set_defaults(func=lambda a: _verify(a))
 
 
 def add_stats(sub) -> None:
-    p = sub.add_parser("stats", help="figures of a cache, packed directory or converted output: tokens, documents, "
-                                     "length percentiles, EOT/BOS, SFT trained fraction, packing fill")
+    p = sub.add_parser("stats")
     p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output; or "
                    "the URL of a cache, split directory or packed directory")
     p.add_argument("--png", default=None, metavar="OUT", help="write PNG figures into this directory (plot extra); default: text tables only")
@@ -266,77 +300,28 @@ def _verify(args) -> int:
     return 1 if problems else 0
 
 
-def program_name(argv0: str | None = None) -> str:
-    """How the user called us: the console script by its name, else the module form."""
-    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
-    if name == "__main__.py" and Path(argv0 or sys.argv[0]).parent.name == "niels_gpt":
-        return "python -m niels_gpt"
-    if name.startswith("niels-gpt"):
-        return name
-    return "python -m niels_gpt.cache.cli" if Path(argv0 or sys.argv[0]).parent.name == "cache" else "python -m niels_gpt.cli"
-
-
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("niels_gpt")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default, except on/off flags and options without one."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "%(default)" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
-            return text
-        return f"{text} (default: %(default)s)"
-
-    def _fill_text(self, text, width, indent):
-        # NOTE: lines indented by two spaces (a table, such as convert's formats and the programs that read
-        # them) stay as written; the prose around them is filled as before
-        out, prose = [], []
-        for line in [*text.splitlines(), ""]:
-            if line.startswith("  ") or not line.strip():
-                if prose:
-                    out.append(super()._fill_text(" ".join(prose), width, indent))
-                    prose = []
-                if line.strip():
-                    out.append(indent + line)
-            else:
-                prose.append(line)
-        return "\n".join(out)
-
-    def _split_lines(self, text, width):
-        # NOTE: argparse wraps at hyphens too, which cuts values such as CC-MAIN-2024-10 in two.
-        import textwrap
-
-        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
-
-
 def build_parser(prog: str | None = None, only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser; `only="build"`: with the `build` subcommand alone (what `main` uses to run a build)."""
+    """The CLI's parser with every command's flags; `only=COMMAND`: with that command's flags alone, the other
+    commands named (what `main` uses: a command imports only what it runs)."""
+    commands = " ".join(name for name, _, _ in VERBS if name != "dist-build")
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
-                                     description="niels_gpt token caches: build, inspect, verify, convert, pack")
+                                     description="Token caches and data loading for training language models. "
+                                                 f"Commands: {commands}. `COMMAND --help` for each one's flags.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
                         help="how long a store or server may take to answer, or leave a transfer without a byte "
                              "(a transfer that keeps moving is never cut); before or after the command "
                              "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    if only == "build":
-        build_cli.register(sub)
-    else:
-        import importlib
-
-        add_build_all(sub)
-        add_train_tokenizer(sub)
-        add_inspect_verify(sub)
-        add_stats(sub)
-        for name in SUBCOMMANDS:
-            importlib.import_module(name).register(sub)
+    wanted = {where for name, _, where in VERBS if only is None or name == only}
+    for name, text, where in VERBS:
+        if name in sub.choices:
+            continue
+        if where in wanted:
+            _register(where, sub)
+            wanted.discard(where)
+        else:
+            sub.add_parser(name, help=text, add_help=False)  # named in --help; its flags are not needed here
     for p in sub.choices.values():
         p.formatter_class = HelpFormatter
         # NOTE: accepted after the command too (`verify URL --network-timeout 5`), where users put flags
@@ -358,7 +343,8 @@ _ONE_LINE_ERRNOS = {
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser(only="build" if command_of(words) == "build" else None).parse_args(argv)
+    command = command_of(words)
+    args = build_parser(only=command if command in HELP else "").parse_args(argv)
     allow_transfers()
     restore = ctrl_c_stops_transfers()
     try:

@@ -82,3 +82,44 @@ def test_one_idea_reads_the_same_in_every_subcommand():
     assert PARSER.parse_args(["pack-sft", "c", "o", "--pack-size", "64"]).pack_size == 64
     with pytest.raises(SystemExit):
         PARSER.parse_args(["convert", "src", "dst", "--to", "niels", "--shard-bytes", "lots"])
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_help_names_each_default_once_and_in_words(name):
+    text = " ".join(SUBCOMMANDS[name].format_help().split())
+    assert "4611686018427387904" not in text, f"{name}: an 'all' sentinel printed as a number"
+    assert "(default: [])" not in text
+    import re
+
+    doubled = re.findall(r"\(default[^()]*(?:\([^()]*\)[^()]*)*\) \(default", text)
+    assert not doubled, f"{name}: a default named twice: {doubled}"
+
+
+def test_top_level_help_lists_every_command():
+    text = " ".join(PARSER.format_help().split())
+    for name in SUBCOMMANDS:
+        if name != "dist-build":
+            assert name in text.split("positional arguments")[0], f"the description does not list {name}"
+
+
+LIGHT_VERBS = ["", "build", "build-all", "train-tokenizer", "inspect", "verify", "stats", "convert", "prepare-data",
+               "download"]
+
+
+@pytest.mark.parametrize("verb", LIGHT_VERBS, ids=[v or "top-level" for v in LIGHT_VERBS])
+def test_help_of_a_command_that_needs_no_torch_does_not_import_it(verb):
+    code = ("import sys\nfrom niels_gpt.cli import main\ntry:\n    main([*sys.argv[1:], '--help'])\n"
+            "except SystemExit:\n    pass\nprint('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, *verb.split()], capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("usage:"), r.stdout + r.stderr
+    assert r.stderr.strip().endswith("no torch"), r.stderr[-500:]
+
+
+def test_a_command_runs_with_only_its_own_parser_built():
+    from niels_gpt.cli import HELP, build_parser
+
+    lean = build_parser("x", only="convert")
+    sub = next(a for a in lean._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(sub) == set(HELP)  # every command is named
+    assert lean.parse_args(["convert", "a", "b", "--to", "niels"]).to == "niels"
+    assert not any(a.option_strings for a in sub["train"]._actions if a.dest != "network_timeout_after")

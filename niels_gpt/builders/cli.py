@@ -129,14 +129,13 @@ def _add_build_args(p, *, legacy: bool) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build", help="build a cache from your own files, URLs or a dataset id, with any tokenizer, "
-                       "inline, on local processes or on Ray",
+    p = sub.add_parser("build",
                        description="Build a pretraining cache (or with --chat an SFT cache) from any mix of local "
                                    "files, directories, globs, URLs and Hugging Face dataset ids, with any tokenizer; "
                                    "byte-identical whichever executor runs it.")
     _add_build_args(p, legacy=False)
     p.set_defaults(func=run_build)
-    p = sub.add_parser("dist-build", help="the old name of `build` (kept for one release)",
+    p = sub.add_parser("dist-build",
                        description="`build` under its old name, for one release: the same flags, plus the old "
                                    "--hf-dataset/--hf-data-files/--hf-split and --executor inprocess.")
     _add_build_args(p, legacy=True)

@@ -16,7 +16,6 @@ import sys
 from niels_gpt.args import int_arg
 from niels_gpt.formats.convert import convert
 from niels_gpt.formats.names import NAMES, PRESETS, canonical_format, formats_help, reader_of
-from niels_gpt.formats.prepare import print_report, report
 from niels_gpt.formats.zstd_shard import CODECS
 
 DEFAULT_SEQ_LEN = 1024
@@ -24,8 +23,7 @@ DEFAULT_SHARD_BYTES = 128 * 1024 * 1024
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("convert", help="convert a token corpus between formats (no re-tokenizing)",
-                              epilog=formats_help())
+    p = subparsers.add_parser("convert", epilog=formats_help())
     p.add_argument("src", help="token file or directory in any supported format")
     p.add_argument("dst", help="output directory: new, empty, or an earlier output of convert (replaced whole)")
     p.add_argument("--to", required=True, choices=NAMES, metavar="FORMAT",
@@ -50,7 +48,7 @@ def register(subparsers) -> None:
                    help="--to niels: shards as zstd frames with a frame index (default: uncompressed)")
     p.set_defaults(func=_convert)
 
-    q = subparsers.add_parser("prepare-data", help="validate a token directory and print how to train on it")
+    q = subparsers.add_parser("prepare-data")
     q.add_argument("dir", help="token file or directory in any supported format")
     q.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"default {DEFAULT_SEQ_LEN}")
     q.add_argument("--dtype", default=None, choices=("uint16", "uint32"), help="dtype of a headerless .bin (default: what meta.json or metadata.yaml records; never guessed)")
@@ -86,6 +84,9 @@ def _convert(args) -> int:
 
 
 def _prepare(args) -> int:
+    # lazy: it imports torch (~1.5 s); convert and every --help start without it
+    from niels_gpt.formats.prepare import print_report, report
+
     rep = report(args.dir, seq_len=args.seq_len, dtype=args.dtype, eot_id=args.eot_id, bos_id=args.bos_id,
                  do_scan=not args.no_scan, tokenizer=args.tokenizer)
     if args.json:

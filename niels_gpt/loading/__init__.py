@@ -8,24 +8,31 @@ mixtures, random-window streams, prefetching from a cache URL, the streaming Par
 Heavy modules (pyarrow) are imported only when the Parquet path is used.
 """
 
-from niels_gpt.loading.bpb import evaluate_bpb, token_bytes
-from niels_gpt.loading.mixture import MixtureConfig, MixtureDataset, MixtureSampler, Phase
-from niels_gpt.loading.parquet import ParquetTokenLoader, list_parquet_files, split_files
-from niels_gpt.loading.sampler import (
-    GlobalBatchSampler,
-    ResumableDataLoader,
-    epoch_order,
-    epoch_permutation,
-    global_batches,
-)
-from niels_gpt.loading.schedule import BatchSchedule, batch_ramp
-from niels_gpt.loading.shard_windows import ShardWindowSampler
-from niels_gpt.loading.stream import RankBatchStream
-from niels_gpt.loading.windows import IndexedWindowDataset
+# NOTE: the names below are imported on first use (PEP 562), not with the package: most of its modules
+# import torch (~1.5 s), and `download` and the CLI's other verbs need none of it.
+_HOMES = {
+    "evaluate_bpb": "bpb", "token_bytes": "bpb",
+    "MixtureConfig": "mixture", "MixtureDataset": "mixture", "MixtureSampler": "mixture", "Phase": "mixture",
+    "ParquetTokenLoader": "parquet", "list_parquet_files": "parquet", "split_files": "parquet",
+    "GlobalBatchSampler": "sampler", "ResumableDataLoader": "sampler", "epoch_order": "sampler",
+    "epoch_permutation": "sampler", "global_batches": "sampler",
+    "BatchSchedule": "schedule", "batch_ramp": "schedule",
+    "ShardWindowSampler": "shard_windows",
+    "RankBatchStream": "stream",
+    "IndexedWindowDataset": "windows",
+}
+__all__ = sorted(_HOMES)
 
-__all__ = [
-    "BatchSchedule", "GlobalBatchSampler", "IndexedWindowDataset", "MixtureConfig", "MixtureDataset", "MixtureSampler",
-    "ParquetTokenLoader", "Phase", "RankBatchStream", "ResumableDataLoader", "ShardWindowSampler", "epoch_order",
-    "batch_ramp", "epoch_permutation",
-    "evaluate_bpb", "global_batches", "list_parquet_files", "split_files", "token_bytes",
-]
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # lazy: see _HOMES
+
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

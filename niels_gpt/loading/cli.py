@@ -15,7 +15,7 @@ NUM_FILES = 8
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("download", help="download numbered Parquet text shards (parallel, retried, atomic)")
+    p = subparsers.add_parser("download")
     p.add_argument("--base-url", default=dl.BASE_URL, help="URL of the folder holding the shards")
     p.add_argument("--out-dir", default=OUT_DIR, help="local folder for the shards")
     p.add_argument("-n", "--num-files", type=int, default=NUM_FILES, help="number of shards")

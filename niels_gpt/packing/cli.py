@@ -22,8 +22,7 @@ from niels_gpt.seeds import seed_arg
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("pack-sft", help="pack an SFT cache split into memmap_padded_v1 bins",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("pack-sft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cache_dir", metavar="CACHE_DIR", help="SFT cache directory (with meta.json)")
     p.add_argument("out", metavar="OUT", help="output shard directory or fsspec URL")
     p.add_argument("--pack-size", "--seq-len", dest="pack_size", type=int, default=DEFAULT_PACK_SIZE,

@@ -82,7 +82,7 @@ CHOICES = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed", "sha
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train the GPT on a cache, mixture, Parquet shards or packed SFT bins")
+    p = sub.add_parser("train")
     p.add_argument("data", help="what to train on (its kind is detected; see --data-kind)")
     for f in fields(TrainConfig):
         if f.name == "data":
@@ -99,7 +99,7 @@ def register(sub) -> None:
         p.add_argument(flag, type=kind, default=default, choices=CHOICES.get(f.name), help=HELP[f.name])
     p.set_defaults(func=run)
 
-    s = sub.add_parser("sample", help="print what a checkpoint's model writes after a prompt")
+    s = sub.add_parser("sample")
     s.add_argument("checkpoint", help="a ckpt_<step>.pt written by train")
     s.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
     s.add_argument("--chat", action="store_true", help="render the prompt as a user turn and sample the assistant's")
