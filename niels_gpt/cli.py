@@ -38,7 +38,7 @@ from niels_gpt.tokenizer.spm import TrainSettings
 # NOTE: imported when the parser is built, and for `build` only its own: the others import torch (~1.5 s
 # before a build could start).
 SUBCOMMANDS = ("niels_gpt.builders.cli", "niels_gpt.formats.cli", "niels_gpt.packing.cli", "niels_gpt.loading.cli",
-               "niels_gpt.train.cli")
+               "niels_gpt.train.cli", "niels_gpt.trace.cli")
 
 
 def command_of(argv: list[str]) -> str | None:
