@@ -135,3 +135,19 @@ def test_a_document_beyond_the_cache_is_refused(tmp_path, pretrain_cache):
     run, _ = _run(tmp_path, pretrain_cache, 2, 1)
     with pytest.raises(ConfigError, match=r"train:100000: .* holds documents train:0..train:\d+"):
         trace_document(run, "train:100000")
+
+
+def test_trace_of_a_batch_ramp_follows_the_schedule(tmp_path, pretrain_cache):
+    run, rows = _run(tmp_path, pretrain_cache, 6, 3, batch_ramp="2:8:24", device_batch_size=8)
+    check_run(run, rows, 6)
+    assert [len(trace_step(run, s)["sequences"]) for s in (1, 6)] == [2, 6]  # 2 rows a step from sample 0, 6 from sample 12
+
+
+def test_trace_of_a_run_on_a_cache_at_a_url(tmp_path, pretrain_cache, download_cache):
+    from ..conftest import http_server
+
+    with http_server(pretrain_cache.parent) as base:
+        url = f"{base}/{pretrain_cache.name}"
+        run, rows = _run(tmp_path, url, 3, 1)
+        check_run(run, rows, 3)
+        assert trace_step(run, 2)["sequences"][0]["documents"][0]["cache"] == url
