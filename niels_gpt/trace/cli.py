@@ -79,7 +79,9 @@ def run_trace(args) -> int:
         from niels_gpt.trace.page import render_page
 
         write_bytes_atomic(Path(args.html), render_page(trace, decode).encode("utf-8"))
-        print(f"wrote {args.html}: {len(trace['sequences'])} sequences", file=sys.stderr)
+        print(f"wrote {args.html}: {len(trace['sequences'])} sequences of step {trace['step']}", file=sys.stderr)
+        if not (args.json or args.text):
+            return 0
     if args.json:
         if decode is not None and args.text:
             for seq in trace["sequences"]:

@@ -12,8 +12,7 @@ cache's inputs (`source.files`); which input a document came from is named only 
 character range) fills more fields of the same dict.
 
 Cost: the first question about a pretraining split reads it once to find its separators (one
-np.flatnonzero a shard: ~1 GB/s from the page cache), then keeps int64[documents] boundaries; an SFT split
-reads its offsets only.
+np.flatnonzero a shard), then keeps int64[documents] boundaries; an SFT split reads its offsets only.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
 from niels_gpt.storage.remote import open_location
+from niels_gpt.urls import is_url
 
 
 class CacheDocuments:
@@ -117,9 +117,20 @@ class CacheDocuments:
 
 
 @functools.lru_cache(maxsize=16)
-def cache_documents(cache: str, split: str) -> CacheDocuments:
-    """The documents of `split` of `cache`, read once per process."""
+def _documents(cache: str, split: str, stamp: tuple) -> CacheDocuments:
     return CacheDocuments(cache, split)
+
+
+def cache_documents(cache: str, split: str) -> CacheDocuments:
+    """The documents of `split` of `cache`, read once per process while its meta.json stays the same file."""
+    stamp: tuple = ()
+    if not is_url(str(cache)):  # a URL's mirror is checked against the remote when it is opened
+        try:
+            st = (Path(cache) / "meta.json").stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            pass
+    return _documents(str(cache), split, stamp)
 
 
 def document_origin(cache: str, split: str, doc_index: int) -> dict:

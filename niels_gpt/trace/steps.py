@@ -8,6 +8,7 @@ checkpoint before N, or step 0). Sequences are listed rank by rank, micro-batch 
 from __future__ import annotations
 
 import functools
+from dataclasses import asdict, is_dataclass
 
 from niels_gpt.errors import ConfigError
 from niels_gpt.trace.replay import Replay
@@ -37,9 +38,7 @@ def replay_of(run: Run, ckpt: Checkpoint) -> Replay:
     return replay
 
 
-def trace_state(replay: Replay, state: dict | None, micro_batches: list[int], ranks: list[int]) -> list[dict]:
-    """The sequences of `micro_batches` (counted from the loader state `state`, {"kind", "loader"} as a
-    checkpoint records it, or None for the start) on `ranks`, each sequence with its documents."""
+def _sequences(replay: Replay, state: dict | None, micro_batches: list[int], ranks: list[int]) -> list[dict]:
     start = replay.start(state)
     out = []
     for rank in ranks:
@@ -47,6 +46,22 @@ def trace_state(replay: Replay, state: dict | None, micro_batches: list[int], ra
             for row, sample in enumerate(replay.samples(start, k, rank)):
                 out.append({"rank": rank, "micro_batch": m, "row": row, **sequence(replay, sample)})
     return out
+
+
+def trace_state(state: dict | None, config, *, world_size: int = 1, micro_batches=(0,), ranks=None,
+                data: str | None = None) -> list[dict]:
+    """The sequences a loader delivers after `state`, with their documents, without running it.
+
+    `state`: a loader state as `TrainData.state_dict()` returns it (and a checkpoint records it per rank), or
+    the sampler's own state dict, or None for the start; `config`: the run's TrainConfig (or its dict);
+    `micro_batches`: which micro-batches after the state (0 = the next one); `ranks`: default all of
+    `world_size`."""
+    cfg = asdict(config) if is_dataclass(config) else dict(config)
+    if state is not None and "loader" not in state:
+        state = {"kind": None, "loader": state}
+    flat = {k: v for k, v in cfg.items() if not isinstance(v, (dict, list))}
+    replay = _replay(str(data or cfg["data"]), tuple(sorted(flat.items())), world_size, cfg.get("vocab_size"))
+    return _sequences(replay, state, list(micro_batches), list(range(world_size)) if ranks is None else list(ranks))
 
 
 def trace_step(run_dir, step: int, *, rank: int | None = None, data: str | None = None) -> dict:
@@ -62,8 +77,8 @@ def trace_step(run_dir, step: int, *, rank: int | None = None, data: str | None 
     first = 0 if before is None else before.step
     accum = ckpt.accum
     micro = [(step - 1 - first) * accum + m for m in range(accum)]
-    sequences = trace_state(replay, None if before is None else before.states[0], micro,
-                            list(range(world)) if rank is None else [rank])
+    sequences = _sequences(replay, None if before is None else before.states[0], micro,
+                           list(range(world)) if rank is None else [rank])
     return {"run": str(run.dir), "step": int(step), "kind": replay.kind, "data": replay.data, "world_size": world,
             "micro_batches": accum, "sequence_len": replay.T,
             "replayed_from": before.path.name if before is not None else "step 0", "sequences": sequences}

@@ -151,3 +151,19 @@ def test_trace_of_a_run_on_a_cache_at_a_url(tmp_path, pretrain_cache, download_c
         run, rows = _run(tmp_path, url, 3, 1)
         check_run(run, rows, 3)
         assert trace_step(run, 2)["sequences"][0]["documents"][0]["cache"] == url
+
+
+def test_trace_state_takes_a_loader_state_and_gives_the_next_batches(tmp_path, pretrain_cache):
+    from niels_gpt.trace import trace_state
+    from niels_gpt.train.data import TrainData
+    from niels_gpt.train.train import load_checkpoint
+
+    run, rows = _run(tmp_path, pretrain_cache, 3, 1)
+    ckpt = load_checkpoint(run / "ckpt_000001.pt")
+    sequences = trace_state(ckpt["loader"][0], ckpt["train_config"], micro_batches=[0, 1])
+    assert [[s["input_ids"] for s in sequences if s["micro_batch"] == m] for m in (0, 1)] == rows[1:3]
+    data = TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu", vocab_size=2004)
+    data.load_state_dict(ckpt["loader"][0])
+    bare = data.source.loader.batch_sampler.state_dict()  # a sampler's own state
+    assert trace_state(bare, ckpt["train_config"]) == [s for s in sequences if s["micro_batch"] == 0]
+    assert [s["input_ids"] for s in trace_state(None, ckpt["train_config"])] == rows[0]
