@@ -10,6 +10,7 @@ one slice of the order wherever the run stands.
 | windows | (shard, start) of a random window | the stream's draws of step k (`RankBatchStream.draw_generators`) |
 | sft | example index | the same draws, an example each row |
 | mixture | (dataset, window) | the mixture sampler's state advanced k batches, its draws of batch k |
+| parquet | the rank's documents in a row | the rank's loader made k batches from its state (trace/parquet.py) |
 
 `Replay.rows(k, rank)` also reads the rows' tokens and masks through the datasets' own readers.
 """
@@ -20,7 +21,6 @@ from types import SimpleNamespace
 
 import torch
 
-from niels_gpt.errors import ConfigError
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.setup import parse_batch_ramp
@@ -55,16 +55,19 @@ class Replay:
         self.T = int(config["sequence_len"])
         ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=config.get("batch_ramp"),
                                                 total_batch_size=config.get("total_batch_size")), world_size)
+        tokenizer = None
+        if config.get("tokenizer"):  # Parquet text shards are tokenized with the run's tokenizer
+            from niels_gpt.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(config["tokenizer"])
         self.opened = [TrainData(data, T=self.T, seed=int(config["seed"]), device="cpu", rank=r,
                                  world_size=world_size, kind=config.get("data_kind", "auto"),
                                  sampling=config.get("sampling", "indexed"), batch_schedule=ramp,
                                  batch_size=ramp.steps[-1][1] // world_size if ramp else int(config["device_batch_size"]),
-                                 shards_at_once=int(config.get("shards_at_once", 8)), vocab_size=vocab_size or 1 << 30)
+                                 shards_at_once=int(config.get("shards_at_once", 8)), vocab_size=vocab_size or 1 << 30,
+                                 tokenizer=tokenizer, packing=config.get("packing", "bestfit"))
                        for r in range(world_size)]
         self.kind = self.opened[0].kind
-        if self.kind == "parquet":
-            raise ConfigError(f"{data}: Parquet text shards are tokenized while training and keep no order to "
-                              "replay; trace reads runs on caches, packed bins and mixtures")
         self.data = data
         self._perms: dict[int, object] = {}
         source = self.opened[0].source
@@ -73,6 +76,9 @@ class Replay:
             self.dataset = source.loader.dataset
         elif self.kind == "mixture":
             self.sampler, self.dataset = source.sampler, source.loader.dataset
+        elif self.kind == "parquet":  # a stream per rank, replayed by its own loader (trace/parquet.py)
+            self.sampler, self.dataset = source.docs, None
+            self.fresh = [d.source.state_now() for d in self.opened]
         else:
             self.sampler, self.dataset = source, source.dataset
 

@@ -7,7 +7,8 @@ SFT example, the packed bin holding it). Then:
   Python step per step (a 100,000-step run of 8-row batches over a 1,000-window cache: ~800 epochs of
   randperm(1,000) and isin);
 - random windows, SFT examples and mixtures draw afresh every step: their lookup replays each micro-batch's
-  draws (a Python loop over the run's micro-batches, ~20-60 us each).
+  draws (a Python loop over the run's micro-batches);
+- Parquet text shards: the rank's loader makes every batch of the run again, tokenizing as the run did.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from niels_gpt.errors import ConfigError
 from niels_gpt.trace.documents import cache_documents
+from niels_gpt.trace.parquet import parquet_hits, parquet_origin
 from niels_gpt.trace.replay import advance
 from niels_gpt.trace.run import Run
 from niels_gpt.trace.sequences import packed_documents
@@ -47,6 +49,12 @@ def _window_ids(ds, cache: str, split: str, doc: int) -> np.ndarray:
 def _targets(replay, dataset: str | None, split: str, doc: int):
     """What marks a sample as holding the document, for this replay's kind."""
     kind = replay.kind
+    if kind == "parquet":
+        rank = int(split[4:]) if split.startswith("rank") and split[4:].isdigit() else -1
+        if not 0 <= rank < replay.world_size:
+            raise ConfigError(f"--document {split}:{doc}: a run on Parquet text shards numbers each rank's documents; "
+                              f"give rankR:INDEX with R from 0 to {replay.world_size - 1} (e.g. rank0:{doc})")
+        return rank, doc
     if split != "train":
         raise ConfigError(f"--document {split}:{doc}: runs train on the train split; give a train:INDEX document")
     if kind in ("indexed", "shards"):
@@ -112,8 +120,17 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
         target = _targets(replay, dataset, split, doc)
         if origin is None:
             origin = _origin(replay, dataset, split, doc)
-        state = replay.start(None if before is None else before.states[0])
         base = 0 if before is None else before.step
+        if replay.kind == "parquet":
+            rank, doc_id = target
+            count = (last_step - base) * ckpt.accum
+            skip = (first_step - 1 - base) * ckpt.accum
+            for k, row in parquet_hits(replay, None if before is None else before.states, count, rank, doc_id):
+                if k >= skip:
+                    seen.append({"step": base + k // ckpt.accum + 1, "rank": rank, "micro_batch": k % ckpt.accum,
+                                 "row": row, "sample": doc_id})
+            continue
+        state = replay.start(None if before is None else before.states[0])
         if replay.kind in ("indexed", "shards", "packed"):
             for step, rank, m, row, sample in _global_hits(replay, (*state, base), first_step, last_step, ckpt.accum,
                                                            np.asarray(target)):
@@ -137,6 +154,8 @@ def _origin(replay, dataset, split: str, doc: int) -> dict:
         b = int(np.searchsorted(offsets, doc, side="right")) - 1
         seq, a, z = next(t for t in packed_documents(replay.dataset, b) if t[0] == doc)
         return {"cache": replay.data, "split": split, "document": doc, "bin": b, "bin_tokens": [a, z]}
+    if replay.kind == "parquet":
+        return parquet_origin(replay.opened[int(split[4:])].source, doc)
     if replay.kind == "mixture":
         d = replay.dataset.names.index(dataset)
         return {"dataset": dataset, **cache_documents(str(replay.opened[0].origins[d]), split).origin(doc)}

@@ -11,6 +11,7 @@ import functools
 from dataclasses import asdict, is_dataclass
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.trace.parquet import parquet_sequences
 from niels_gpt.trace.replay import Replay
 from niels_gpt.trace.run import Checkpoint, Run
 from niels_gpt.trace.sequences import sequence
@@ -38,8 +39,12 @@ def replay_of(run: Run, ckpt: Checkpoint) -> Replay:
     return replay
 
 
-def _sequences(replay: Replay, state: dict | None, micro_batches: list[int], ranks: list[int]) -> list[dict]:
-    start = replay.start(state)
+def _sequences(replay: Replay, states, micro_batches: list[int], ranks: list[int]) -> list[dict]:
+    """`states`: the loader state of every rank (a checkpoint's list, or {rank: state}), or None: the start."""
+    if replay.kind == "parquet":
+        return parquet_sequences(replay, states, micro_batches, ranks)
+    start = replay.start(None if states is None else states[0] if isinstance(states, list) else
+                         next(iter(states.values())))
     out = []
     for rank in ranks:
         for m, k in enumerate(micro_batches):
@@ -61,7 +66,8 @@ def trace_state(state: dict | None, config, *, world_size: int = 1, micro_batche
         state = {"kind": None, "loader": state}
     flat = {k: v for k, v in cfg.items() if not isinstance(v, (dict, list))}
     replay = _replay(str(data or cfg["data"]), tuple(sorted(flat.items())), world_size, cfg.get("vocab_size"))
-    return _sequences(replay, state, list(micro_batches), list(range(world_size)) if ranks is None else list(ranks))
+    ranks = list(range(world_size)) if ranks is None else list(ranks)
+    return _sequences(replay, None if state is None else {r: state for r in ranks}, list(micro_batches), ranks)
 
 
 def trace_step(run_dir, step: int, *, rank: int | None = None, data: str | None = None) -> dict:
@@ -77,7 +83,7 @@ def trace_step(run_dir, step: int, *, rank: int | None = None, data: str | None 
     first = 0 if before is None else before.step
     accum = ckpt.accum
     micro = [(step - 1 - first) * accum + m for m in range(accum)]
-    sequences = _sequences(replay, None if before is None else before.states[0], micro,
+    sequences = _sequences(replay, None if before is None else before.states, micro,
                            list(range(world)) if rank is None else [rank])
     return {"run": str(run.dir), "step": int(step), "kind": replay.kind, "data": replay.data, "world_size": world,
             "micro_batches": accum, "sequence_len": replay.T,

@@ -167,3 +167,32 @@ def test_trace_state_takes_a_loader_state_and_gives_the_next_batches(tmp_path, p
     bare = data.source.loader.batch_sampler.state_dict()  # a sampler's own state
     assert trace_state(bare, ckpt["train_config"]) == [s for s in sequences if s["micro_batch"] == 0]
     assert [s["input_ids"] for s in trace_state(None, ckpt["train_config"])] == rows[0]
+
+
+@pytest.mark.parametrize("packing", ["bestfit", "contiguous"])
+def test_trace_of_parquet_text_shards_names_file_row_group_and_row(tmp_path, tokenizer, packing):
+    import pyarrow.parquet as pq
+
+    from ..conftest import sample_texts
+    from ..loading.conftest import write_parquet
+
+    paras = [p for t in sample_texts() if t.strip() for p in t.split("\n\n") if p.strip()][:60]
+    for i in range(2):
+        write_parquet(tmp_path / "pq" / f"shard_{i:05d}.parquet", paras[i::2], row_group_size=8)
+    run, rows = _run(tmp_path, tmp_path / "pq", 4, 2, tokenizer=str(tokenizer.model_path), packing=packing,
+                     sequence_len=32)
+    traced = [[s["input_ids"] for s in trace_step(run, n)["sequences"]] for n in range(1, 5)]
+    assert traced == rows
+    for seq in trace_step(run, 3)["sequences"]:
+        ids = seq["input_ids"]
+        for doc in seq["documents"]:
+            text = pq.ParquetFile(doc["input"]).read_row_group(doc["row_group"]).column("text")[doc["row"]].as_py()
+            whole = [tokenizer.bos_id, *tokenizer.encode(text)]
+            a, b = doc["sequence_tokens"]
+            part = ids[a:b]
+            assert any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1)), doc
+            if packing == "bestfit":
+                assert part == whole[:len(part)]  # every row places documents from their start
+    doc = trace_step(run, 3)["sequences"][0]["documents"][0]
+    steps = trace_document(run, f"rank0:{doc['document']}")["steps"]
+    assert {"step": 3, "rank": 0, "micro_batch": 0, "row": 0, "sample": doc["document"]} in steps
