@@ -31,13 +31,19 @@ def register(subparsers) -> None:
 
 
 def _decoder(trace: dict, run_dir: str, explicit: str | None):
+    import torch
+
+    # lazy: the tokenizer and the trainer's modules import torch, which building the parser must not
     from niels_gpt.tokenizer import load_tokenizer
+
+    # lazy: as above
     from niels_gpt.train.checkpoint import latest_checkpoint
+
+    # lazy: as above
     from niels_gpt.train.setup import find_tokenizer
 
     if explicit:
         return load_tokenizer(explicit).decode
-    import torch
 
     recorded = torch.load(latest_checkpoint(run_dir), map_location="cpu", weights_only=True, mmap=True).get("tokenizer")
     if recorded and Path(recorded).exists():
@@ -60,6 +66,7 @@ def _describe(doc: dict) -> str:
 
 
 def run_trace(args) -> int:
+    # lazy: imports torch, which building the parser must not
     from niels_gpt.trace import trace_document, trace_step
 
     if args.document is not None:
@@ -76,6 +83,7 @@ def run_trace(args) -> int:
     trace = trace_step(args.run_dir, args.step, rank=args.rank, data=args.data)
     decode = _decoder(trace, args.run_dir, args.tokenizer) if (args.text or args.html) else None
     if args.html:
+        # lazy: as the trace itself
         from niels_gpt.trace.page import render_page
 
         write_bytes_atomic(Path(args.html), render_page(trace, decode).encode("utf-8"))

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from niels_gpt.loading.schedule import BatchSchedule
+from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.setup import parse_batch_ramp
 
@@ -57,8 +58,6 @@ class Replay:
                                                 total_batch_size=config.get("total_batch_size")), world_size)
         tokenizer = None
         if config.get("tokenizer"):  # Parquet text shards are tokenized with the run's tokenizer
-            from niels_gpt.tokenizer import load_tokenizer
-
             tokenizer = load_tokenizer(config["tokenizer"])
         self.opened = [TrainData(data, T=self.T, seed=int(config["seed"]), device="cpu", rank=r,
                                  world_size=world_size, kind=config.get("data_kind", "auto"),
