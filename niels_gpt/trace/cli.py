@@ -18,13 +18,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="which documents were in step N of a run (or which steps saw a document)")
     p.add_argument("run_dir", help="the run directory (train's --out-dir)")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--step", type=int, help="the step to trace (1 = the first, as the step log counts)")
+    what.add_argument("--step", type=int, help="the step to trace (1 = the first, as the step log counts; default: none, give "
+                      "--step or --document)")
     what.add_argument("--document", metavar="ID", help="the steps that saw this document: SPLIT:INDEX (e.g. train:11), "
-                      "DATASET:SPLIT:INDEX in a mixture")
+                      "DATASET:SPLIT:INDEX in a mixture, rankR:INDEX for Parquet shards (default: none)")
     p.add_argument("--rank", type=int, default=None, help="only this rank's sequences (default: every rank)")
     p.add_argument("--text", action="store_true", help="print each document's decoded text")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
-    p.add_argument("--html", metavar="OUT.html", default=None, help="write a page of the step (one self-contained file)")
+    p.add_argument("--html", metavar="OUT.html", default=None, help="write a page of the step (one self-contained file; default: none)")
     p.add_argument("--data", default=None, help="where the run's data is now, if it moved (default: as the run records)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for --text/--html (default: the run's, else the data's)")
     p.set_defaults(func=run_trace)
