@@ -196,3 +196,26 @@ def test_trace_of_parquet_text_shards_names_file_row_group_and_row(tmp_path, tok
     doc = trace_step(run, 3)["sequences"][0]["documents"][0]
     steps = trace_document(run, f"rank0:{doc['document']}")["steps"]
     assert {"step": 3, "rank": 0, "micro_batch": 0, "row": 0, "sample": doc["document"]} in steps
+
+
+def test_a_moved_cache_is_traced_with_data_and_the_cli_prints_each_document(tmp_path, pretrain_cache, capsys):
+    import json
+    import shutil
+
+    from niels_gpt.cli import main
+
+    cache = shutil.copytree(pretrain_cache, tmp_path / "a" / pretrain_cache.name)
+    run, rows = _run(tmp_path, cache, 2, 1)
+    moved = tmp_path / "b" / cache.name  # the fingerprint names the directory, not where it is
+    moved.parent.mkdir()
+    cache.rename(moved)
+    assert main(["trace", str(run), "--step", "2", "--data", str(moved), "--json"]) == 0
+    traced = json.loads(capsys.readouterr().out)
+    assert [s["input_ids"] for s in traced["sequences"]] == rows[1]
+    assert main(["trace", str(run), "--step", "2", "--rank", "0", "--data", str(moved)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    first = traced["sequences"][0]["documents"][0]
+    a, b = first["sequence_tokens"]
+    assert out[0].startswith(f"step 2 of {run}: indexed data {moved}, 1 rank(s) x 1 micro-batch(es)")
+    assert out[2].startswith(f"  [{a}:{b}) train:{first['document']} (tokens {first['cache_tokens'][0]}..")
+    assert sum(line.startswith("rank 0 micro-batch 0 row") for line in out) == 4
