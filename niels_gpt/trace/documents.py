@@ -12,7 +12,8 @@ cache's inputs (`source.files`); which input a document came from is named only 
 character range) fills more fields of the same dict.
 
 Cost: the first question about a pretraining split reads it once to find its separators (one
-np.flatnonzero a shard), then keeps int64[documents] boundaries; an SFT split reads its offsets only.
+np.flatnonzero a shard: 2.9 GB/s from the page cache, `bench/bench_trace.py`), then keeps int64[documents]
+boundaries; an SFT split reads its offsets only.
 """
 
 from __future__ import annotations
