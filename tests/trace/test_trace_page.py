@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -31,11 +32,17 @@ def browser() -> str:
         return found
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("no chromium, and no way to install it here (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    deadline = time.monotonic() + INSTALL_S
     try:
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=INSTALL_S,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        # a fresh image may hold no package lists: update once, then install again
+        for cmd in (["apt-get", "install", "-y", "chromium"], ["apt-get", "update"],
+                    ["apt-get", "install", "-y", "chromium"]):
+            if subprocess.run(cmd, capture_output=True, timeout=max(1.0, deadline - time.monotonic()),
+                              env=env).returncode == 0 and cmd[1] == "install":
+                break
     except subprocess.TimeoutExpired:
-        pytest.skip(f"apt-get install chromium did not finish in {INSTALL_S} s")
+        pytest.skip(f"apt-get could not install chromium within {INSTALL_S} s")
     found = next(filter(None, map(shutil.which, BROWSERS)), None)
     if not found:
         pytest.skip("apt-get could not install chromium (no package source reachable?)")
