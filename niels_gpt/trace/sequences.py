@@ -26,7 +26,8 @@ def _window(cache: str, split: str, start: int, T: int, **extra) -> dict:
             "window": {"cache": cache, "split": split, "cache_tokens": [start, start + T + 1]}}
 
 
-def _split_start(dataset, shard: int, offset: int, cache: str, split: str) -> int:
+def _split_start(cache: str, split: str, shard: int, offset: int) -> int:
+    """A shard's token offset as a position in its split (the shards back to back)."""
     return cache_documents(cache, split).shard_starts[shard] + offset
 
 
@@ -35,18 +36,18 @@ def sequence(replay, sample) -> dict:
     kind, T = replay.kind, replay.T
     if kind in ("indexed", "shards"):
         shard, offset = replay.dataset.locate(int(sample))
-        out = _window(replay.data, "train", _split_start(replay.dataset, shard, offset, replay.data, "train"), T)
+        out = _window(replay.data, "train", _split_start(replay.data, "train", shard, offset), T)
     elif kind == "mixture":
         d, i = sample
         name = replay.dataset.names[d]
         ds = replay.dataset.datasets[d]
         cache = replay.opened[0].origins[d]
         shard, offset = ds.locate(int(i))
-        out = _window(str(cache), ds.split, _split_start(ds, shard, offset, str(cache), ds.split), T, dataset=name)
+        out = _window(str(cache), ds.split, _split_start(str(cache), ds.split, shard, offset), T, dataset=name)
         sample = [name, int(i)]
     elif kind == "windows":
         shard, local = sample
-        out = _window(replay.data, "train", _split_start(replay.dataset, shard, local, replay.data, "train"), T)
+        out = _window(replay.data, "train", _split_start(replay.data, "train", shard, local), T)
         sample = out["window"]["cache_tokens"][0]
     elif kind == "sft":
         out = _example(replay, int(sample))
