@@ -53,6 +53,7 @@ VERBS = (
     ("download", "download numbered Parquet text shards (parallel, retried, atomic)", "niels_gpt.loading.cli"),
     ("train", "train the GPT on a cache, mixture, Parquet shards or packed SFT bins", "niels_gpt.train.cli"),
     ("sample", "print what a checkpoint's model writes after a prompt", "niels_gpt.train.cli"),
+    ("trace", "which documents were in step N of a run (or which steps saw a document)", "niels_gpt.trace.cli"),
     ("dist-build", "the old name of `build` (kept for one release)", "niels_gpt.builders.cli"),
 )
 HELP = {name: text for name, text, _ in VERBS}

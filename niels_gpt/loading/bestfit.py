@@ -40,6 +40,7 @@ class BestFitPacker:
         self.docs_placed = 0
         self.docs_cropped = 0
         self.slots = 0
+        self.on_place: Callable[[int, int, int], None] | None = None  # (doc id, row position, tokens): trace's view
 
     def add(self, doc_id: int, tokens: np.ndarray) -> None:
         self.docs[doc_id] = tokens
@@ -60,13 +61,19 @@ class BestFitPacker:
             i = bisect.bisect_right(self.keys, (remaining, float("inf"))) - 1
             if i >= 0:
                 length = self.keys[i][0]
-                doc = self._take(self.keys[bisect.bisect_left(self.keys, (length, -1))])
+                key = self.keys[bisect.bisect_left(self.keys, (length, -1))]
+                doc = self._take(key)
+                if self.on_place is not None:
+                    self.on_place(key[1], pos, length)
                 row[pos:pos + length] = doc
                 pos += length
                 self.tokens_placed += length
                 self.docs_placed += 1
             else:
-                doc = self._take(self.keys[0])
+                key = self.keys[0]
+                doc = self._take(key)
+                if self.on_place is not None:
+                    self.on_place(key[1], pos, remaining)
                 row[pos:] = doc[:remaining]
                 pos = capacity
                 self.tokens_placed += remaining

@@ -1,0 +1,112 @@
+"""`trace`: which documents were in step N of a run, or which steps saw a document.
+
+    niels-gpt-data trace runs/demo --step 41 [--rank 0] [--text] [--json] [--html step41.html]
+    niels-gpt-data trace runs/demo --document train:11 [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import ConfigError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("trace")
+    p.add_argument("run_dir", help="the run directory (train's --out-dir)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--step", type=int, help="the step to trace (1 = the first, as the step log counts; default: none, give "
+                      "--step or --document)")
+    what.add_argument("--document", metavar="ID", help="the steps that saw this document: SPLIT:INDEX (e.g. train:11), "
+                      "DATASET:SPLIT:INDEX in a mixture, rankR:INDEX for Parquet shards (default: none)")
+    p.add_argument("--rank", type=int, default=None, help="only this rank's sequences (default: every rank)")
+    p.add_argument("--text", action="store_true", help="print each document's decoded text")
+    p.add_argument("--json", action="store_true", help="print the trace as JSON")
+    p.add_argument("--html", metavar="OUT.html", default=None, help="write a page of the step (one self-contained file; default: none)")
+    p.add_argument("--data", default=None, help="where the run's data is now, if it moved (default: as the run records)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer for --text/--html (default: the run's, else the data's)")
+    p.set_defaults(func=run_trace)
+
+
+def _decoder(trace: dict, run_dir: str, explicit: str | None):
+    import torch
+
+    # lazy: the tokenizer and the trainer's modules import torch, which building the parser must not
+    from niels_gpt.tokenizer import load_tokenizer
+
+    # lazy: as above
+    from niels_gpt.train.checkpoint import latest_checkpoint
+
+    # lazy: as above
+    from niels_gpt.train.setup import find_tokenizer
+
+    if explicit:
+        return load_tokenizer(explicit).decode
+
+    recorded = torch.load(latest_checkpoint(run_dir), map_location="cpu", weights_only=True, mmap=True).get("tokenizer")
+    if recorded and Path(recorded).exists():
+        return load_tokenizer(recorded).decode
+    first = trace["sequences"][0]["documents"][0] if trace["sequences"] and trace["sequences"][0]["documents"] else {}
+    for where in (first.get("cache"), first.get("source_cache"), trace["data"]):
+        tok = find_tokenizer(where) if where else None
+        if tok is not None:
+            return tok.decode
+    raise ConfigError(f"{run_dir}: no tokenizer found for --text/--html (the run records none that exists, nor does "
+                      f"its data {trace['data']}); pass --tokenizer")
+
+
+def _describe(doc: dict) -> str:
+    name = f"{doc['dataset']}:" if doc.get("dataset") else ""
+    where = (f"bin {doc['bin']} tokens {doc['bin_tokens'][0]}..{doc['bin_tokens'][1]}" if "bin" in doc
+             else f"tokens {doc['cache_tokens'][0]}..{doc['cache_tokens'][1]}")
+    source = f"input {doc['input']}" if doc.get("input") else doc.get("note", "")
+    return f"{name}{doc['split']}:{doc['document']} ({where} of {doc['cache']}; {source})"
+
+
+def run_trace(args) -> int:
+    # lazy: imports torch, which building the parser must not
+    from niels_gpt.trace import trace_document, trace_step
+
+    if args.document is not None:
+        if args.rank is not None or args.text or args.html:
+            raise ConfigError("--document lists steps: --rank, --text and --html go with --step")
+        found = trace_document(args.run_dir, args.document, data=args.data)
+        if args.json:
+            print(json.dumps(found))
+            return 0
+        print(f"{args.document}: {_describe(found['origin'])}; in {len(found['steps'])} sequence(s) of {args.run_dir}")
+        for h in found["steps"]:
+            print(f"step {h['step']} rank {h['rank']} micro-batch {h['micro_batch']} row {h['row']} (sample {h['sample']})")
+        return 0
+    trace = trace_step(args.run_dir, args.step, rank=args.rank, data=args.data)
+    decode = _decoder(trace, args.run_dir, args.tokenizer) if (args.text or args.html) else None
+    if args.html:
+        # lazy: as the trace itself
+        from niels_gpt.trace.page import render_page
+
+        write_bytes_atomic(Path(args.html), render_page(trace, decode).encode("utf-8"))
+        print(f"wrote {args.html}: {len(trace['sequences'])} sequences of step {trace['step']}", file=sys.stderr)
+        if not (args.json or args.text):
+            return 0
+    if args.json:
+        if decode is not None and args.text:
+            for seq in trace["sequences"]:
+                for doc in seq["documents"]:
+                    a, b = doc["sequence_tokens"]
+                    doc["text"] = decode(seq["input_ids"][a:b])
+        print(json.dumps(trace))
+        return 0
+    print(f"step {trace['step']} of {trace['run']}: {trace['kind']} data {trace['data']}, {trace['world_size']} rank(s) "
+          f"x {trace['micro_batches']} micro-batch(es) of {trace['sequence_len']} tokens a row "
+          f"(replayed from {trace['replayed_from']})")
+    for seq in trace["sequences"]:
+        print(f"rank {seq['rank']} micro-batch {seq['micro_batch']} row {seq['row']} (sample {seq['sample']}):")
+        for doc in seq["documents"]:
+            a, b = doc["sequence_tokens"]
+            print(f"  [{a}:{b}) {_describe(doc)}, {doc['trained_tokens']} of {b - a} trained")
+            if decode is not None and args.text:
+                print("    " + repr(decode(seq["input_ids"][a:b])))
+    return 0

@@ -1,0 +1,140 @@
+"""Where a cache's documents are, and what the cache knows of their origin: `document_origin`.
+
+- a pretraining split is its shards back to back (the order every reader lists them in); its documents are
+  cut at the separator meta.json records (`document_separator`: EOT/EOS after each document, or BOS before
+  it). Document d of split s holds the split's tokens [start, end) (the separator included);
+- an SFT split's example i is document i: tokens offsets[i]..offsets[i+1] of `<split>_tokens.bin`;
+- packed bins hold sequences of their SFT cache; a bin's sequences are its documents (`packed_documents`).
+
+Origin today is what meta.json records: the cache, the split, the document's index and token range, and the
+cache's inputs (`source.files`); which input a document came from is named only where the split has one input.
+`document_origin` is the one place that answers, so a later per-document record (the input, the record, the
+character range) fills more fields of the same dict.
+
+Cost: the first question about a pretraining split reads it once to find its separators (one
+np.flatnonzero a shard: 2.9 GB/s from the page cache, `bench/bench_trace.py`), then keeps int64[documents]
+boundaries; an SFT split reads its offsets only.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from niels_gpt.constants import TOKEN_DTYPES
+from niels_gpt.errors import ConfigError
+from niels_gpt.meta import load_checked_npy, read_meta
+from niels_gpt.readers.shards import shard_array, split_shards
+from niels_gpt.storage.remote import open_location
+from niels_gpt.urls import is_url
+
+
+class CacheDocuments:
+    """The documents of one split of a cache (`cache`: a directory or URL, as the run names it)."""
+
+    def __init__(self, cache: str, split: str):
+        self.cache, self.split = str(cache), split
+        self.local, self.remote = open_location(self.cache)
+        self.meta = read_meta(str(self.local))
+        self.kind = self.meta.get("kind")
+        self.dtype = np.dtype(TOKEN_DTYPES[self.meta["token_dtype"]])
+        if self.kind == "sft":
+            name = f"{split}_idx.npy"
+            if self.remote is not None:
+                self.remote.fetch(name)
+            offsets = np.asarray(load_checked_npy(self.local / name, self.meta["files"].get(name), "offsets"),
+                                 dtype=np.int64)
+            total = int(self.meta["files"][f"{split}_tokens.bin"]["bytes"]) // self.dtype.itemsize
+            self.starts, self.ends = offsets, np.append(offsets[1:], total)
+            self.shard_starts = [0]
+        elif self.kind == "pretrain":
+            self._pretrain_boundaries()
+        else:
+            raise ConfigError(f"{self.cache}: kind {self.kind!r}; documents are traced in pretraining and SFT caches")
+
+    def _shards(self) -> list[tuple[str, dict]]:
+        return split_shards(self.local, self.meta, self.split, remote=self.remote is not None)
+
+    def _shard(self, name: str, rec: dict) -> np.ndarray:
+        rel = f"{self.split}/{name}"
+        path = self.remote.fetch(rel) if self.remote is not None else self.local / rel
+        return shard_array(Path(path), self.meta, rec, self.dtype)
+
+    def _pretrain_boundaries(self) -> None:
+        sep = self.meta.get("document_separator") or {}
+        sep_id = sep.get("id", (self.meta.get("special_token_ids") or {}).get("eot"))
+        after = not str(sep.get("position", "after")).startswith("before")
+        cuts, base, self.shard_starts = [], 0, []
+        for name, rec in self._shards():
+            tokens = self._shard(name, rec)
+            self.shard_starts.append(base)
+            at = np.flatnonzero(np.asarray(tokens) == sep_id).astype(np.int64) + base
+            cuts.append(at + 1 if after else at)
+            base += len(tokens)
+        cut = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
+        edges = np.unique(np.concatenate([[0], cut, [base]]))
+        self.starts, self.ends = edges[:-1], edges[1:]
+        self.total = base
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def overlapping(self, start: int, stop: int) -> np.ndarray:
+        """Indices of the documents holding any of the split's tokens [start, stop)."""
+        first = int(np.searchsorted(self.ends, start, side="right"))
+        last = int(np.searchsorted(self.starts, stop, side="left"))
+        return np.arange(first, max(first, last), dtype=np.int64)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """The split's tokens [start, stop) (tests compare them with what a loader delivered)."""
+        if self.kind == "sft":
+            name = f"{self.split}_tokens.bin"
+            path = self.remote.fetch(name) if self.remote is not None else self.local / name
+            return np.asarray(np.memmap(path, dtype=self.dtype, mode="r")[start:stop], dtype=np.int64)
+        out = []
+        for (name, rec), first in zip(self._shards(), self.shard_starts, strict=True):
+            n = int(rec.get("tokens", rec["bytes"] // self.dtype.itemsize))
+            a, b = max(start, first), min(stop, first + n)
+            if a < b:
+                out.append(np.asarray(self._shard(name, rec)[a - first:b - first], dtype=np.int64))
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def origin(self, index: int) -> dict:
+        if not 0 <= index < len(self):
+            raise ConfigError(f"document {self.split}:{index}: {self.cache} holds documents {self.split}:0.."
+                              f"{self.split}:{len(self) - 1} in its {self.split} split; give one of those")
+        inputs = [str(f) for f in (self.meta.get("source") or {}).get("files") or []]
+        out = {"cache": self.cache, "split": self.split, "document": int(index),
+               "cache_tokens": [int(self.starts[index]), int(self.ends[index])], "inputs": inputs}
+        if len(inputs) == 1:
+            out["input"] = inputs[0]
+        else:
+            out["input"] = None
+            out["note"] = ("meta.json records no inputs" if not inputs else
+                           f"meta.json does not record which of its {len(inputs)} inputs this document came from")
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _documents(cache: str, split: str, stamp: tuple) -> CacheDocuments:
+    return CacheDocuments(cache, split)
+
+
+def cache_documents(cache: str, split: str) -> CacheDocuments:
+    """The documents of `split` of `cache`, read once per process while its meta.json stays the same file."""
+    stamp: tuple = ()
+    if not is_url(str(cache)):  # a URL's mirror is checked against the remote when it is opened
+        try:
+            st = (Path(cache) / "meta.json").stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            pass
+    return _documents(str(cache), split, stamp)
+
+
+def document_origin(cache: str, split: str, doc_index: int) -> dict:
+    """What the cache knows of document `doc_index` of `split`: {cache, split, document, cache_tokens [start,
+    end) in the split, inputs, input (None where meta.json does not say), note}."""
+    return cache_documents(str(cache), split).origin(int(doc_index))

@@ -1,0 +1,70 @@
+"""`trace ... --html OUT.html`: one self-contained page of a traced step (no script, font or style from elsewhere).
+
+Each sequence is a `<section class="sequence">`: its documents one after another as `<span class="doc">`
+(alternating colours, the origin in the hover title), untrained tokens inside `<span class="untrained">`
+(greyed). A side list names every document of the step once (`<li class="origin">`), its origin spelled out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:0;display:flex}
+main{flex:3;padding:1em;overflow:auto}aside{flex:1;padding:1em;background:#f4f4f4;font-size:12px;overflow:auto;
+max-height:100vh}
+.sequence{border:1px solid #ccc;margin:0 0 1em;padding:.5em;white-space:pre-wrap;font-family:monospace;font-size:12px}
+.sequence h2{font:bold 12px system-ui;margin:0 0 .3em}
+.doc{border-left:3px solid #333;padding-left:2px}.d0{background:#e3f0ff}.d1{background:#fff1d6}.d2{background:#e5f7e5}
+.untrained{color:#999}
+"""
+
+
+def _runs(ids: list[int], trained: list[bool]):
+    """Consecutive (ids, trained) pieces of one document's tokens."""
+    start = 0
+    for j in range(1, len(ids) + 1):
+        if j == len(ids) or trained[j] != trained[start]:
+            yield ids[start:j], trained[start]
+            start = j
+
+
+def _name(doc: dict) -> str:
+    where = f"{doc['dataset']}:" if doc.get("dataset") else ""
+    return f"{where}{doc['split']}:{doc['document']}"
+
+
+def _title(doc: dict) -> str:
+    keep = {k: v for k, v in doc.items() if k not in ("trained_tokens",)}
+    return json.dumps(keep, default=str)
+
+
+def render_page(trace: dict, decode) -> str:
+    """The page of `trace` (trace_step's result); decode(ids) -> text."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>step {trace['step']} of "
+             f"{html.escape(trace['run'])}</title><style>{STYLE}</style></head><body><main>",
+             f"<h1>Step {trace['step']} of {html.escape(trace['run'])}</h1><p>{html.escape(trace['kind'])} data "
+             f"{html.escape(str(trace['data']))}, {trace['world_size']} rank(s) x {trace['micro_batches']} "
+             f"micro-batch(es); greyed tokens were not trained</p>"]
+    origins: dict[str, dict] = {}
+    for seq in trace["sequences"]:
+        parts.append(f"<section class='sequence' data-rank='{seq['rank']}' data-micro-batch='{seq['micro_batch']}' "
+                     f"data-row='{seq['row']}'><h2>rank {seq['rank']}, micro-batch {seq['micro_batch']}, row "
+                     f"{seq['row']} (sample {html.escape(json.dumps(seq['sample']))})</h2>")
+        for n, doc in enumerate(seq["documents"]):
+            a, b = doc["sequence_tokens"]
+            origins.setdefault(_name(doc), doc)
+            body = "".join(html.escape(decode(ids)) if ok else f"<span class='untrained'>{html.escape(decode(ids))}</span>"
+                           for ids, ok in _runs(seq["input_ids"][a:b], seq["trained"][a:b]))
+            parts.append(f"<span class='doc d{n % 3}' data-document='{html.escape(_name(doc))}' "
+                         f"title='{html.escape(_title(doc))}'>{body}</span>")
+        parts.append("</section>")
+    parts.append("</main><aside><h2>Documents</h2><ul>")
+    for name, doc in origins.items():
+        source = doc.get("input") or doc.get("note") or ""
+        parts.append(f"<li class='origin' data-document='{html.escape(name)}'><b>{html.escape(name)}</b> tokens "
+                     f"{html.escape(str(doc.get('cache_tokens') or doc.get('bin_tokens')))} of "
+                     f"{html.escape(str(doc['cache']))}<br>{html.escape(str(source))}</li>")
+    parts.append("</ul></aside></body></html>\n")
+    return "".join(parts)

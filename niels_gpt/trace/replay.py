@@ -1,0 +1,139 @@
+"""The samples of one micro-batch of a run, computed from the order, not by running the loader.
+
+The loaders are opened as the trainer opens them (`TrainData`, same settings), then asked only for the
+order: every order is a pure function of the seed and a position, so a micro-batch's sample ids cost
+one slice of the order wherever the run stands.
+
+| kind | sample | micro-batch k of a rank |
+|---|---|---|
+| indexed, shards, packed | window / bin index | the global sampler's position after k global batches (`advance`), this rank's share |
+| windows | (shard, start) of a random window | the stream's draws of step k (`RankBatchStream.draw_generators`) |
+| sft | example index | the same draws, an example each row |
+| mixture | (dataset, window) | the mixture sampler's state advanced k batches, its draws of batch k |
+| parquet | the rank's documents in a row | the rank's loader made k batches from its state (trace/parquet.py) |
+
+`Replay.rows(k, rank)` also reads the rows' tokens and masks through the datasets' own readers.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from niels_gpt.loading.schedule import BatchSchedule
+from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.train.data import TrainData
+from niels_gpt.train.setup import parse_batch_ramp
+
+
+def advance(schedule: BatchSchedule, n: int, position: tuple[int, int, int], k: int) -> tuple[int, int, int]:
+    """The global sampler's (epoch, consumed, total) after k more batches, in O(ramp steps) not O(k).
+
+    Worked example: n=10 samples, G=4 (2 batches an epoch, the tail of 2 dropped), from (0, 4, 4), k=3:
+    1 batch left in epoch 0, then 2 more: epoch 1 + 2 // 2 = 2, consumed 0, total 16."""
+    e, c, t = schedule.position(n, *position)
+    while k and schedule.steps[-1][0] > t:  # on the ramp: a batch at a time
+        e, c, t = schedule.after(n, (e, c, t))
+        k -= 1
+    if k:
+        g = schedule.at(t)
+        per_epoch, left = n // g, (n - c) // g
+        if k < left:
+            c += k * g
+        else:
+            rest = k - left
+            e, c = e + 1 + rest // per_epoch, rest % per_epoch * g
+        t += k * g
+    return e, c, t
+
+
+class Replay:
+    """The loader of one run segment (its settings, `world_size` ranks), asked for micro-batch k."""
+
+    def __init__(self, data: str, config: dict, world_size: int, vocab_size: int | None):
+        self.config, self.world_size = config, world_size
+        self.T = int(config["sequence_len"])
+        ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=config.get("batch_ramp"),
+                                                total_batch_size=config.get("total_batch_size")), world_size)
+        tokenizer = None
+        if config.get("tokenizer"):  # Parquet text shards are tokenized with the run's tokenizer
+            tokenizer = load_tokenizer(config["tokenizer"])
+        self.opened = [TrainData(data, T=self.T, seed=int(config["seed"]), device="cpu", rank=r,
+                                 world_size=world_size, kind=config.get("data_kind", "auto"),
+                                 sampling=config.get("sampling", "indexed"), batch_schedule=ramp,
+                                 batch_size=ramp.steps[-1][1] // world_size if ramp else int(config["device_batch_size"]),
+                                 shards_at_once=int(config.get("shards_at_once", 8)), vocab_size=vocab_size or 1 << 30,
+                                 tokenizer=tokenizer, packing=config.get("packing", "bestfit"))
+                       for r in range(world_size)]
+        self.kind = self.opened[0].kind
+        self.data = data
+        self._perms: dict[int, object] = {}
+        source = self.opened[0].source
+        if self.kind in ("indexed", "shards", "packed"):
+            self.sampler = source.loader.batch_sampler
+            self.dataset = source.loader.dataset
+        elif self.kind == "mixture":
+            self.sampler, self.dataset = source.sampler, source.loader.dataset
+        elif self.kind == "parquet":  # a stream per rank, replayed by its own loader (trace/parquet.py)
+            self.sampler, self.dataset = source.docs, None
+            self.fresh = [d.source.state_now() for d in self.opened]
+        else:
+            self.sampler, self.dataset = source, source.dataset
+
+    def fingerprint(self) -> str:
+        return self.sampler.fingerprint
+
+    # -- the order ---------------------------------------------------------------------------------
+    def start(self, state: dict | None):
+        """The position the replay counts micro-batches from: a checkpoint's loader state, or step 0."""
+        loader = None if state is None else state["loader"]
+        if self.kind in ("indexed", "shards", "packed"):
+            if loader is None:
+                return (0, 0, 0)
+            self.sampler.seed = int(loader["seed"])
+            total = loader.get("samples_total")
+            if total is None:
+                total = int(loader["epoch"]) * self.sampler.usable + int(loader["samples_consumed"])
+            return int(loader["epoch"]), int(loader["samples_consumed"]), int(total)
+        if self.kind == "mixture":
+            s = self.sampler
+            if loader is None:
+                return 0, [0] * len(s.drawn), [0.0] * len(s.carry)
+            s.seed = int(loader["seed"])
+            return int(loader["step"]), list(loader["drawn"]), list(loader["carry"])
+        if loader is not None:
+            self.sampler.seed = int(loader["seed"])
+        return 0 if loader is None else int(loader["step"])
+
+    def _order(self, epoch: int):
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(next(iter(self._perms)))
+            self._perms[epoch] = self.sampler.permutation(epoch)
+        return self._perms[epoch]
+
+    def samples(self, start, k: int, rank: int) -> list:
+        """Rank `rank`'s sample ids of the k-th micro-batch after `start`."""
+        if self.kind in ("indexed", "shards", "packed"):
+            e, c, t = advance(self.sampler.schedule, self.sampler.num_samples, start, k)
+            per = self.sampler.schedule.at(t) // self.world_size
+            return self._order(e).slice(c + rank * per, c + (rank + 1) * per).tolist()
+        if self.kind == "mixture":
+            s = self.sampler
+            step, drawn, carry = start
+            state = {"step": step, "drawn": drawn, "carry": carry}
+            for _ in range(k):
+                state = s.advance_state(state)
+            batch, _, _ = s._draw(state["step"], state["drawn"], state["carry"])
+            return batch[rank * s.batch_size:(rank + 1) * s.batch_size]
+        stream = self.opened[rank].source
+        stream.seed = self.sampler.seed
+        out = []
+        for g in stream.draw_generators(start + k):
+            if self.kind == "sft":
+                out += torch.randint(len(self.dataset.offsets), (stream.draw_rows,), generator=g).tolist()
+            else:
+                shard, local = self.dataset.sample_starts(stream.draw_rows, g)
+                out += list(zip(shard.tolist(), local.tolist(), strict=True))
+        return out
