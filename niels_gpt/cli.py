@@ -15,6 +15,7 @@ import argparse
 import errno
 import json
 import math
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -361,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"error: {reason}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader of our output left (`... | head`): say nothing more, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+        return 141  # 128 + SIGPIPE
     except OSError as exc:
         if exc.errno not in _ONE_LINE_ERRNOS:
             raise  # not a condition of the user's machine we can explain better than the traceback

@@ -123,3 +123,24 @@ def test_a_command_runs_with_only_its_own_parser_built():
     assert set(sub) == set(HELP)  # every command is named
     assert lean.parse_args(["convert", "a", "b", "--to", "niels"]).to == "niels"
     assert not any(a.option_strings for a in sub["train"]._actions if a.dest != "network_timeout_after")
+
+
+def test_output_to_a_reader_that_left_ends_quietly(tmp_path):
+    """`niels-gpt-data ... | head`: the reader leaves, the command stops with 141 and no traceback."""
+    import os
+
+    import numpy as np
+
+    from .conftest import write_pretrain_cache
+
+    cache = write_pretrain_cache(tmp_path / "c", {"train": [np.arange(100) % 50]})
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line is written
+    try:
+        p = subprocess.run([sys.executable, "-m", "niels_gpt.cli", "verify", str(cache)], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr[-800:]
+    assert p.returncode == 141, (p.returncode, p.stderr[-800:])
