@@ -167,7 +167,8 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
     store = work_store(work_url)
     store.put_bytes(f"parts/{t.id}.started", json.dumps(
         {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
-    tmp = tempfile.mkdtemp(prefix=TASK_DIRS)
+    _sweep_dead_tasks()
+    tmp = tempfile.mkdtemp(prefix=f"{TASK_DIRS}{os.getpid()}_")
     try:
         receipt = run_task(task, spec, tokenizer_path, tokenizer_sha256, tmp, tokenizer_options)
         local = parts_dir(tmp)
@@ -177,6 +178,17 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
         return receipt
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sweep_dead_tasks() -> None:
+    """Remove the temporary directories of this node's tasks whose process died (a worker lost mid-task)."""
+    from niels_gpt.atomic import pid_alive
+
+    root = Path(tempfile.gettempdir())
+    for d in root.glob(f"{TASK_DIRS}*_*"):
+        pid = d.name[len(TASK_DIRS):].split("_", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):

@@ -61,6 +61,8 @@ class WorkStore:
 
     def list(self) -> dict[str, int]:
         """rel -> size of every object under the work URL (empty when there is none)."""
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(self.root)  # what other nodes wrote since: never a listing of before
         try:
             found = self._call(f"listing {self.url}", "find", self.root, None, False, True)
         except FileNotFoundError:
@@ -78,6 +80,7 @@ class WorkStore:
 
     def get_bytes(self, rel: str) -> bytes:
         """The object's bytes; FileNotFoundError when there is none."""
+        self._fresh(rel)
         return self._call(f"reading {self.where(rel)}", "cat_file", join(self.root, rel))
 
     def put_bytes(self, rel: str, data: bytes) -> None:
@@ -86,7 +89,14 @@ class WorkStore:
     def put_file(self, local: str | os.PathLike, rel: str) -> None:
         self._write(f"uploading {local} to {self.where(rel)}", "put_file", os.fspath(local), join(self.root, rel))
 
+    def _fresh(self, rel: str) -> None:
+        """Forget the backend's cached listing above `rel` (s3fs answers from it): another node may have
+        written the object since this process listed the prefix."""
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(join(self.root, rel))
+
     def get_file(self, rel: str, local: str | os.PathLike) -> None:
+        self._fresh(rel)
         self._call(f"downloading {self.where(rel)}", "get_file", join(self.root, rel), os.fspath(local))
 
     def remove(self, rel: str) -> None:
