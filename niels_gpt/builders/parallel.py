@@ -19,6 +19,7 @@ import errno
 import json
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,8 @@ from niels_gpt.errors import CacheError, NielsGPTError, OutOfSpaceError
 from niels_gpt.outputs import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
-from niels_gpt.storage.work import OURS, WorkStore, check_work_url, upload_tokenizer
+from niels_gpt.storage.upload import sweep_dead
+from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
@@ -141,6 +143,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         ref = tokenizer_ref(tok)
     else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
         store = work_store(work)
+        sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # local tasks of a killed run of this machine
         created, found = check_work_url(store, target)
         created = created or not found
         store.put_bytes(PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created, "out": target},

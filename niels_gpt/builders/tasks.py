@@ -46,6 +46,7 @@ from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.meta import file_record
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.records import Piece, digest
+from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
@@ -167,7 +168,7 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
     store = work_store(work_url)
     store.put_bytes(f"parts/{t.id}.started", json.dumps(
         {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
-    _sweep_dead_tasks()
+    sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # those of this node's workers lost mid-task
     tmp = tempfile.mkdtemp(prefix=f"{TASK_DIRS}{os.getpid()}_")
     try:
         receipt = run_task(task, spec, tokenizer_path, tokenizer_sha256, tmp, tokenizer_options)
@@ -178,17 +179,6 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
         return receipt
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _sweep_dead_tasks() -> None:
-    """Remove the temporary directories of this node's tasks whose process died (a worker lost mid-task)."""
-    from niels_gpt.atomic import pid_alive
-
-    root = Path(tempfile.gettempdir())
-    for d in root.glob(f"{TASK_DIRS}*_*"):
-        pid = d.name[len(TASK_DIRS):].split("_", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
