@@ -123,7 +123,7 @@ def store(s3, s3_endpoint, monkeypatch):
     fs, bucket = s3
     proxy = StallingProxy(s3_endpoint)
     monkeypatch.setitem(fsspec.config.conf, "s3", {**fsspec.config.conf["s3"], "endpoint_url": proxy.url})
-    monkeypatch.setenv("NIELS_GPT_NETWORK_TIMEOUT_S", "1")
+    monkeypatch.setenv("NIELS_GPT_NETWORK_TIMEOUT_S", "5")  # a stall ends after 5 s
     s3fs.S3FileSystem.clear_instance_cache()
     STORE.update(fs=fs, bucket=bucket[len("s3://"):], proxy=proxy)
     yield STORE
@@ -146,7 +146,7 @@ CASES = [
     Case("build: --work-dir inside an --out URL", work_inside_the_output,
          ("--work-dir", "overlaps --out", "choose separate prefixes")),
     Case("build: the work store stops answering mid-commit", store_stalls_mid_commit,
-         ("reading s3://", "/work/parts/", ".bin", "no answer within 1 s", "--network-timeout"), out="out"),
+         ("reading s3://", "/work/parts/", ".bin", "no answer within 5 s", "--network-timeout"), out="out"),
 ]
 
 
