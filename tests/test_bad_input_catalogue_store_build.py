@@ -1,7 +1,7 @@
 """Bad-input catalogue: a build's work directory in an object store (--work-dir s3://..., moto's S3 server). Each
 case is checked by check_case (one error line naming what, where and how to fix it; nothing complete-looking
 left behind): a work URL in a bucket that does not exist (no write access), a work URL holding someone's objects
-or another build's plan, a scheme that cannot hold one, a work URL overlapping --out, and a store that stops
+or another build's plan, a scheme that cannot hold one, a work URL overlapping --out, a --chat-template file the tasks could not fetch, and a store that stops
 answering mid-commit (a proxy in front of moto that never answers a read of a part)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 from .conftest import sample_texts
 from .test_bad_input_catalogue import Case, check_case, world  # noqa: F401  (world: a fixture)
+from .test_bad_input_catalogue_build3 import _chats, _own_spm
 
 STORE: dict = {}  # the bucket of the running case (the `store` fixture)
 
@@ -59,6 +60,13 @@ def work_inside_the_output(w, tmp):
     b = STORE["bucket"]
     return ["build", str(_corpus(tmp)), "--out", f"s3://{b}/cache", "--tokenizer", str(w.tokenizer), "--work-dir",
             f"s3://{b}/cache/work", "--no-progress"]
+
+
+def chat_template_file_with_a_work_url(w, tmp):
+    (tmp / "chat.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return ["build", str(_chats(tmp)), "--chat", "--out", str(tmp / "out"), "--tokenizer", str(_own_spm(tmp)),
+            "--chat-template", str(tmp / "chat.jinja"), "--executor", "processes", "--workers", "1",
+            "--work-dir", f"s3://{STORE['bucket']}/work", "--no-progress"]
 
 
 def store_stalls_mid_commit(w, tmp):
@@ -145,6 +153,8 @@ CASES = [
          ("foo://bucket/work", "not supported", "s3://"), out="out"),
     Case("build: --work-dir inside an --out URL", work_inside_the_output,
          ("--work-dir", "overlaps --out", "choose separate prefixes")),
+    Case("build: --chat-template file with a --work-dir URL", chat_template_file_with_a_work_url,
+         ("--chat-template", "--work-dir s3://", "tokenizer_config.json", "beside the model"), out="out"),
     Case("build: the work store stops answering mid-commit", store_stalls_mid_commit,
          ("reading s3://", "/work/parts/", ".bin", "no answer within 5 s", "--network-timeout"), out="out"),
 ]

@@ -2,7 +2,8 @@
 
 - the work directory (default `<out>.build/`, beside the output, so that an interrupted rebuild leaves the
   old cache exactly as it was) holds plan.json and each task's parts and receipt; it must be on a
-  filesystem every worker sees. Only what the build wrote in it is removed after a successful commit
+  filesystem every worker sees, or at a URL in an object store (storage/work.py; `<out>.build` beside a URL
+  output by default), checked by the output guard's rule for URLs (`check_work_url`). Only what the build wrote in it is removed after a successful commit
   (unless `keep_parts`), and the directory itself only when a run of this build made it;
 - resuming: the same command again reuses every task whose receipt is valid (tasks.load_receipt) and runs
   only the others;
@@ -31,7 +32,7 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
 from niels_gpt.builders.plan import Plan, check_unchanged
 from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store
-from niels_gpt.errors import CacheError, NielsGPTError, OutOfSpaceError
+from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.outputs import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
@@ -142,6 +143,11 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
         ref = tokenizer_ref(tok)
     else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
+        if plan.tokenizer_options.get("chat_template"):
+            raise ConfigError(f"--chat-template with --work-dir {work}: the tasks fetch the tokenizer from the work "
+                              "URL with the files beside it, not a template file of this machine; put the template "
+                              "in a tokenizer_config.json (its chat_template field) or chat_template.jinja beside the "
+                              "model instead")
         store = work_store(work)
         sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # local tasks of a killed run of this machine
         created, found = check_work_url(store, target)
