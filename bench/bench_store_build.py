@@ -6,7 +6,8 @@ A moto S3 server on 127.0.0.1 (started here) holds the debian-docs corpus (../sh
 CLI run as a user types it (`python -m niels_gpt build ...`, the wall time of the whole command: planning, tasks,
 commit, upload of the cache):
 - inline: `--executor inline` (reads the inputs from the store, uploads the cache);
-- processes x2 through the store: `--executor processes --workers 2 --work-dir s3://.../work`;
+- processes x2 with a local work directory (`--work-dir /tmp/...`), then through the store (`--work-dir
+  s3://.../work`): the difference is the store's round trips (parts uploaded, then read back by the commit);
 - Ray x2 through the store: `--executor ray --ray-address local --workers 2 --work-dir s3://.../work` (a Ray
   cluster started by the command: its start is part of the time).
 Best of --repeat rounds, interleaved; every cache is compared object by object (sha256) with the inline one.
@@ -81,6 +82,8 @@ def main(argv=None) -> int:
                 "debian-docs", "--val-tokens", "50000", "--no-progress"]
         contenders = {
             "inline": ["--executor", "inline"],
+            "processes x2, local work directory": ["--executor", "processes", "--workers", "2", "--work-dir",
+                                                   os.path.join(tempfile.mkdtemp(prefix="bench-store-work-"), "w")],
             "processes x2, s3 work URL": ["--executor", "processes", "--workers", "2"],
             "ray x2 (local cluster), s3 work URL": ["--executor", "ray", "--ray-address", "local", "--workers", "2"],
         }
@@ -90,7 +93,8 @@ def main(argv=None) -> int:
             for i, (name, extra) in enumerate(contenders.items()):
                 out = f"bench/out-{r}-{i}"
                 t0 = time.perf_counter()
-                p = subprocess.run([*base, "--out", f"s3://{out}", "--work-dir", f"s3://{out}.work", *extra],
+                work = [] if "--work-dir" in extra else ["--work-dir", f"s3://{out}.work"]
+                p = subprocess.run([*base, "--out", f"s3://{out}", *work, *extra],
                                    env=env, capture_output=True, text=True)
                 wall = time.perf_counter() - t0
                 if p.returncode:
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
             if not same:
                 return 1
         print(f"{CORPUS.name}: {CORPUS.stat().st_size / 1e6:.1f} MB in {args.objects} objects, "
-              f"{os.cpu_count()} CPUs; best of {args.repeat}")
+              f"{os.cpu_count()} CPUs; best of {args.repeat}; load average now {os.getloadavg()[0]:.1f}")
         print("| contender | wall s | vs inline |")
         print("|---|---|---|")
         for name, s in best.items():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -131,7 +132,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
                  val_budget: int) -> dict:
     """Run the plan's tasks on `executor` and commit them into `out`; returns the summary's facts. `spec` is
     the build's BuildSpec (builders/run.py); `work` its work directory; `workers` None: Ray's CPUs."""
-    target = spec.extra.get("out_url") or str(out)  # the output this work directory is for
+    target = spec.extra.get("out_url") or os.path.abspath(out)  # the output this work directory is for
     if isinstance(work, Path):
         work = check_output(work, kind="work", flag="--work-dir", inputs=spec.sources, others=[("--out", out)])
         # whether a run of ours made the directory (this one, or the interrupted one this run resumes): only

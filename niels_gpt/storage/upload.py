@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
 from niels_gpt.errors import ConfigError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
@@ -191,8 +192,6 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
 def sweep_dead(root: Path, prefix: str) -> None:
     """Remove the directories `<prefix><pid>_*` under `root` whose process is gone (a command killed before its
     own cleanup ran): a staged output or a task's parts nobody will upload."""
-    from niels_gpt.atomic import pid_alive
-
     with contextlib.suppress(OSError):
         for d in root.glob(f"{prefix}*_*"):
             pid = d.name[len(prefix):].split("_", 1)[0]

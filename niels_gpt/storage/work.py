@@ -28,6 +28,7 @@ from pathlib import Path
 
 from niels_gpt.errors import ConfigError, StorageError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
+from niels_gpt.storage.local_cache import claim, file_lock
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir, network_timeout_s
 
 TOKENIZER_DIR = "tokenizer"
@@ -144,8 +145,6 @@ def fetch_tokenizer(url: str, sha256: str) -> Path:
     """The tokenizer model at `url` (`<work>/tokenizer/<sha256>/<model>`, its siblings beside it) as a local
     path in this node's download cache: downloaded once per node (a lock, then a rename), kept for the next
     task; every file checked by the model's sha256 when it is loaded."""
-    from niels_gpt.storage.local_cache import claim, file_lock
-
     model = url.rstrip("/").rsplit("/", 1)[-1]
     folder = url.rstrip("/").rsplit("/", 1)[0]
     root = local_cache_dir()
