@@ -104,13 +104,6 @@ class WorkStore:
         with contextlib.suppress(FileNotFoundError):
             self._call(f"removing {self.where(rel)}", "rm_file", join(self.root, rel))
 
-    def check_writable(self) -> None:
-        """Write and remove a probe object: a bucket that is missing or not writable is refused before any
-        work (its error names the address)."""
-        rel = f"parts/.probe-{os.getpid()}.tmp-{os.getpid()}"
-        self.put_bytes(rel, b"")
-        self.remove(rel)
-
 
 def check_work_url(store: WorkStore, out: str, flag: str = "--work-dir") -> tuple[bool, dict[str, int]]:
     """The output guard for a work URL, before any work: nothing there, or the work files of a build of this
