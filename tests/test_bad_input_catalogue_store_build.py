@@ -1,8 +1,9 @@
 """Bad-input catalogue: a build's work directory in an object store (--work-dir s3://..., moto's S3 server). Each
 case is checked by check_case (one error line naming what, where and how to fix it; nothing complete-looking
 left behind): a work URL in a bucket that does not exist (no write access), a work URL holding someone's objects
-or another build's plan, a scheme that cannot hold one, a work URL overlapping --out, a --chat-template file the tasks could not fetch, and a store that stops
-answering mid-commit (a proxy in front of moto that never answers a read of a part)."""
+or another build's plan, a scheme that cannot hold one (or holds it in this process's memory only), a work URL
+overlapping --out, a --chat-template file the tasks could not fetch, and a store that stops answering
+mid-commit (a proxy in front of moto that never answers a read of a part)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ def work_at_a_read_only_scheme(w, tmp):
 
 def work_at_an_unknown_scheme(w, tmp):
     return _build(w, tmp, "foo://bucket/work")
+
+
+def work_in_memory_for_worker_processes(w, tmp):
+    return _build(w, tmp, "memory://scratch/work")
 
 
 def work_inside_the_output(w, tmp):
@@ -151,6 +156,8 @@ CASES = [
          ("https://example.invalid/work", "read-only"), out="out"),
     Case("build: --work-dir at an unknown scheme", work_at_an_unknown_scheme,
          ("foo://bucket/work", "not supported", "s3://"), out="out"),
+    Case("build: a memory:// --work-dir for worker processes", work_in_memory_for_worker_processes,
+         ("--work-dir memory://scratch/work", "this process alone", "--executor processes", "s3://"), out="out"),
     Case("build: --work-dir inside an --out URL", work_inside_the_output,
          ("--work-dir", "overlaps --out", "choose separate prefixes")),
     Case("build: --chat-template file with a --work-dir URL", chat_template_file_with_a_work_url,

@@ -37,6 +37,7 @@ from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceE
 from niels_gpt.outputs import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
+from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
@@ -144,6 +145,10 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
         ref = tokenizer_ref(tok)
     else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
+        if scheme_of(work) == "memory" and executor != "inprocess":
+            raise ConfigError(f"--work-dir {work}: memory:// lives in this process alone, and the tasks of --executor "
+                              f"{executor} run in other processes: give a local directory, or a URL of a store every "
+                              "worker reaches (s3://, gs://)")
         if plan.tokenizer_options.get("chat_template"):
             raise ConfigError(f"--chat-template with --work-dir {work}: the tasks fetch the tokenizer from the work "
                               "URL with the files beside it, not a template file of this machine; put the template "

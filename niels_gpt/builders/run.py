@@ -42,7 +42,7 @@ from niels_gpt.outputs import check_output
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout, record_hook
-from niels_gpt.storage.fs import filesystem
+from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
@@ -182,8 +182,12 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
         # written into a local staging directory, then uploaded with meta.json last (niels_gpt/storage);
         # the parts of a parallel build stay in the (local or shared) work directory
         # the work directory of a parallel build: --work-dir, else <out>.build beside it in the same store
-        work = spec.work_dir if spec.work_dir is not None else str(spec.out).rstrip("/") + WORK_DIR_SUFFIX
-        _apart(str(spec.out).rstrip("/"), str(work).rstrip("/"))
+        # (memory:// is this process's own: its parts stay in a local directory beside the staged output)
+        work = spec.work_dir
+        if work is None and scheme_of(str(spec.out)) != "memory":
+            work = str(spec.out).rstrip("/") + WORK_DIR_SUFFIX
+        if work is not None and is_url(work):
+            _apart(str(spec.out).rstrip("/"), str(work).rstrip("/"))
         with staged_output(spec.out, guard=True) as local:
             summary = build(replace(spec, out=str(local), work_dir=work,
                                     extra={**spec.extra, "out_url": str(spec.out).rstrip("/")}), log)
