@@ -89,13 +89,29 @@ def _tokenizer(path: str, sha256: str, options: dict | None):
     key = _key(path, options)
     tok = _TOKENIZERS.get(key)
     if tok is None or tok.sha256 != sha256:  # not open yet, or the file changed since (a long-lived worker)
-        # a URL: the copy the driver put in the work URL, fetched once per node into its download cache
-        local = fetch_tokenizer(path, sha256) if is_url(path) else path
-        tok = _TOKENIZERS[key] = load_tokenizer(local, **(options or {}))
+        _TOKENIZERS.pop(key, None)
+        tok = _fetched_tokenizer(path, sha256, options) if is_url(path) else load_tokenizer(path, **(options or {}))
+        _TOKENIZERS[key] = tok
     if tok.sha256 != sha256:
         raise TokenizerError(f"{path} on {socket.gethostname()} has sha256 {tok.sha256[:16]}…, the plan was "
                              f"made with {sha256[:16]}…; give every node the same tokenizer file")
     return tok
+
+
+def _fetched_tokenizer(url: str, sha256: str, options: dict | None):
+    """The copy the driver put in the work URL, fetched once per node into its download cache; a copy that does
+    not load as the tokenizer of that sha256 is removed from the node (fetched again by the next task)."""
+    local = fetch_tokenizer(url, sha256)
+    try:
+        tok = load_tokenizer(local, **(options or {}))
+        if tok.sha256 != sha256:
+            raise TokenizerError(f"{url}: the copy fetched on {socket.gethostname()} has sha256 {tok.sha256[:16]}…, "
+                                 f"not the {sha256[:16]}… it is named by (changed in the store?); remove "
+                                 f"{url.rsplit('/', 1)[0]}/ and run the same command again")
+        return tok
+    except BaseException:
+        shutil.rmtree(local.parent, ignore_errors=True)
+        raise
 
 
 class _Skips:

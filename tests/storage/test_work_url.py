@@ -57,3 +57,16 @@ def test_the_cleanup_deletes_only_the_builds_objects(store):
     store.put_bytes("parts/readme.txt", b"not ours")
     remove_work_url(store)
     assert store.list() == {"parts/readme.txt": 8}
+
+
+def test_a_tokenizer_changed_in_the_store_is_refused_and_not_kept_on_the_node(store, tokenizer, download_cache):
+    from niels_gpt.builders.tasks import _tokenizer
+    from niels_gpt.errors import TokenizerError
+
+    url = upload_tokenizer(store, tokenizer.model_path, tokenizer.sha256, {})
+    fake = "f" * 64  # the folder a tokenizer of another sha256 would have: this model is not it
+    store.put_bytes(f"tokenizer/{fake}/spm.model", store.get_bytes(f"tokenizer/{tokenizer.sha256}/spm.model"))
+    with pytest.raises(TokenizerError, match=rf"spm.model: the copy fetched on .* has sha256 {tokenizer.sha256[:16]}"):
+        _tokenizer(url.replace(tokenizer.sha256, fake), fake, {})
+    assert not list(download_cache.rglob(fake))  # removed from the node: fetched again next time
+    assert _tokenizer(url, tokenizer.sha256, {}).sha256 == tokenizer.sha256
