@@ -12,7 +12,9 @@
 - The work directory of a parallel build (default `<out>.build`, beside the output) holds plan.json and each
   task's parts and receipt; rerunning the same command resumes: a task whose receipt is valid (same id,
   parts of the recorded sizes, inputs that still hash the same) is not run again. It is removed after the
-  commit (only what the build wrote in it) unless `keep_parts`.
+  commit (only what the build wrote in it) unless `keep_parts`. It may be a URL in an object store (`--work-dir
+  s3://...`; by default `<out>.build` beside a URL output): nodes that share no disk then share the plan,
+  parts and receipts there (builders/parallel.py, storage/work.py).
 - A shuffle buffer mixes documents across the whole stream, so no plan can cut it: the build says so and
   runs inline.
 - Before any work: the output and work directory go through the output guard (niels_gpt/outputs.py); before

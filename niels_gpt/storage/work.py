@@ -14,6 +14,11 @@ Every call goes through `with_retries(bounded_call(...))`: a store that stops an
 StorageError naming the object's address and the limit, never a hang. Object stores have no directories
 and no rename: an object appears whole when its upload ends, so the receipt, uploaded last, vouches that
 the parts before it are there (the commit checks each part's sha256 against it as well).
+
+Cost per build: one listing of the work URL and one GET per receipt found (a resume); per task one PUT per
+part, its receipt and `.started`; at the commit one GET per part. Measured against a local work directory
+(`python bench/bench_store_build.py`, docs/scale.md): the parts' upload and read-back, ~1.5 s on 46.7 MB of
+JSONL against moto on 127.0.0.1.
 """
 
 from __future__ import annotations
