@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,10 +52,11 @@ def main(argv=None) -> int:
         return 1
     import s3fs
 
+    scratch = tempfile.mkdtemp(prefix="bench-store-")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {**os.environ, **CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL": endpoint, "PYTHONPATH": str(REPO),
-           "NIELS_GPT_CACHE": tempfile.mkdtemp(prefix="bench-store-cache-")}
+           "NIELS_GPT_CACHE": os.path.join(scratch, "cache")}
     moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
@@ -76,14 +78,14 @@ def main(argv=None) -> int:
 
             from niels_gpt.tokenizer import TrainSettings, train_tokenizer
 
-            tok = train_tokenizer(sample_texts(), tempfile.mkdtemp(prefix="bench-store-tok-"),
+            tok = train_tokenizer(sample_texts(), os.path.join(scratch, "tok"),
                                   settings=TrainSettings(vocab_size=2000)).model_path
         base = [sys.executable, "-m", "niels_gpt", "build", "s3://bench/in/", "--tokenizer", str(tok), "--name",
                 "debian-docs", "--val-tokens", "50000", "--no-progress"]
         contenders = {
             "inline": ["--executor", "inline"],
             "processes x2, local work directory": ["--executor", "processes", "--workers", "2", "--work-dir",
-                                                   os.path.join(tempfile.mkdtemp(prefix="bench-store-work-"), "w")],
+                                                   os.path.join(scratch, "work")],
             "processes x2, s3 work URL": ["--executor", "processes", "--workers", "2"],
             "ray x2 (local cluster), s3 work URL": ["--executor", "ray", "--ray-address", "local", "--workers", "2"],
         }
@@ -117,6 +119,7 @@ def main(argv=None) -> int:
     finally:
         moto.terminate()
         moto.wait(10)
+        shutil.rmtree(scratch, ignore_errors=True)  # this run's own scratch directory
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,6 +156,7 @@ def run(kills: int, seed: int, only: list[str] | None) -> dict:
     finally:
         moto.terminate()
         moto.wait(10)
+        shutil.rmtree(scratch, ignore_errors=True)  # this run's own scratch directory
 
 
 def main(argv=None) -> int:
