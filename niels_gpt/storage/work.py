@@ -17,7 +17,7 @@ the parts before it are there (the commit checks each part's sha256 against it a
 
 Cost per build: one listing of the work URL and one GET per receipt found (a resume); per task one PUT per
 part, its receipt and `.started`; at the commit one GET per part. Measured against a local work directory
-(`python bench/bench_store_build.py`, docs/scale.md): the parts' upload and read-back, ~1.5 s on 46.7 MB of
+(`python bench/bench_store_build.py`, docs/scale.md): the parts' upload and read-back, 0.3-1.5 s on 46.7 MB of
 JSONL against moto on 127.0.0.1.
 """
 
