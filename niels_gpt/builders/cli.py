@@ -119,8 +119,9 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--retries", type=int, default=RETRIES, help="Ray retries of a task whose worker died")
     g.add_argument("--task-bytes", type=_int, default=None,
                    help="input bytes per task (default: the inputs cut into about 64 tasks of 4 MiB to 64 MiB)")
-    g.add_argument("--work-dir", default=None, help="parts and receipts of a parallel build, on a filesystem every "
-                   "worker sees (default: OUT.build, beside OUT)")
+    g.add_argument("--work-dir", default=None, help="parts and receipts of a parallel build: a directory every "
+                   "worker sees, or a URL in an object store (s3://, gs://, ...) for nodes that share only that "
+                   "(default: OUT.build, beside OUT, a URL when OUT is one)")
     g.add_argument("--keep-parts", action="store_true", help="keep the work directory after the commit")
     g.add_argument("--plan-only", action="store_true", help="print the plan's tasks and exit")
     p.add_argument("--name", default=None, help="dataset_name in meta.json (default: the --out directory's name)")

@@ -29,11 +29,12 @@ import numpy as np
 from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.pretrain import Admission, check_budgets, pretrain_meta
-from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir
+from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
 from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.base import document_separator
+from niels_gpt.urls import is_url
 
 
 class _Doc:
@@ -51,12 +52,25 @@ class _Doc:
 def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray]:
     """The task's part files (`names` of bin, mask, lens) as arrays, each file's sha256 checked against the
     receipt."""
+    remote = is_url(work_dir)
     parts = parts_dir(work_dir)
     out = []
     for name in names:
-        path = parts / f"{receipt['id']}{PART_SUFFIX[name]}"
-        data = path.read_bytes()
+        rel = f"parts/{receipt['id']}{PART_SUFFIX[name]}"
+        if remote:  # a work URL (storage/work.py): every read bounded, a stalled store named
+            path = work_store(work_dir).where(rel)
+            try:
+                data = work_store(work_dir).get_bytes(rel)
+            except FileNotFoundError:
+                work_store(work_dir).remove(f"parts/{receipt['id']}.json")
+                raise CacheError(f"{path}: missing, though its receipt is there; the receipt is removed: run the "
+                                 "same command again to redo that task") from None
+        else:
+            path = parts / f"{receipt['id']}{PART_SUFFIX[name]}"
+            data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != receipt["files"][name]["sha256"]:
+            if remote:
+                work_store(work_dir).remove(f"parts/{receipt['id']}.json")
             with contextlib.suppress(FileNotFoundError):
                 (parts / f"{receipt['id']}.json").unlink()  # so that a rerun redoes this task
             raise CacheError(f"{path}: sha256 differs from its receipt (the part was changed or damaged); its "

@@ -9,8 +9,9 @@ plan order. So the cache is the same whichever executor runs, with however many 
   starts in milliseconds instead of re-importing the package; each dies with the driver on Linux);
 - `ray`: `ray.init(address=...)` ("auto" joins the cluster this machine belongs to, "HOST:PORT" a
   given head, "local" starts a private one with `workers` CPUs); one task per CPU, `retries` retries
-  of a task whose worker died. Every node must see the tokenizer path and the work directory at the
-  same paths (a shared filesystem) and have this package installed.
+  of a task whose worker died. Every node must have this package installed, and see the tokenizer path
+  and the work directory at the same paths (a shared filesystem), or the work directory is a URL in an
+  object store (storage/work.py: the tasks fetch the tokenizer and write their parts there).
 """
 
 from __future__ import annotations

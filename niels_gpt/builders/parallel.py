@@ -2,7 +2,8 @@
 
 - the work directory (default `<out>.build/`, beside the output, so that an interrupted rebuild leaves the
   old cache exactly as it was) holds plan.json and each task's parts and receipt; it must be on a
-  filesystem every worker sees. Only what the build wrote in it is removed after a successful commit
+  filesystem every worker sees, or at a URL in an object store (storage/work.py; `<out>.build` beside a URL
+  output by default), checked by the output guard's rule for URLs (`check_work_url`). Only what the build wrote in it is removed after a successful commit
   (unless `keep_parts`), and the directory itself only when a run of this build made it;
 - resuming: the same command again reuses every task whose receipt is valid (tasks.load_receipt) and runs
   only the others;
@@ -17,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +32,14 @@ from niels_gpt.builders.commit_sft import commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
 from niels_gpt.builders.plan import Plan, check_unchanged
-from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task
-from niels_gpt.errors import CacheError, NielsGPTError, OutOfSpaceError
+from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store
+from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.outputs import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
+from niels_gpt.storage.fs import scheme_of
+from niels_gpt.storage.upload import sweep_dead
+from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
@@ -123,19 +129,42 @@ def tokenizer_ref(tok) -> str:
     return str(path.resolve()) if path.exists() else tok.model_path
 
 
-def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: Path, workers: int | None,
+def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: Path | str, workers: int | None,
                  val_budget: int) -> dict:
     """Run the plan's tasks on `executor` and commit them into `out`; returns the summary's facts. `spec` is
     the build's BuildSpec (builders/run.py); `work` its work directory; `workers` None: Ray's CPUs."""
-    work = check_output(work, kind="work", flag="--work-dir", inputs=spec.sources, others=[("--out", out)])
-    # whether a run of ours made the directory (this one, or the interrupted one this run resumes): only
-    # then is it removed at the end; a --work-dir the user made keeps existing
-    created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
-    work.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(work / PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created}, indent=1)
-                                          + "\n").encode())
-    reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
-    ref = tokenizer_ref(tok)
+    target = spec.extra.get("out_url") or os.path.abspath(out)  # the output this work directory is for
+    if isinstance(work, Path):
+        work = check_output(work, kind="work", flag="--work-dir", inputs=spec.sources, others=[("--out", out)])
+        # whether a run of ours made the directory (this one, or the interrupted one this run resumes): only
+        # then is it removed at the end; a --work-dir the user made keeps existing
+        created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
+        work.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(work / PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created,
+                                                          "out": target}, indent=1) + "\n").encode())
+        reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
+        ref = tokenizer_ref(tok)
+    else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
+        if scheme_of(work) == "memory" and executor != "inprocess":
+            raise ConfigError(f"--work-dir {work}: memory:// lives in this process alone, and the tasks of --executor "
+                              f"{executor} run in other processes: give a local directory, or a URL of a store every "
+                              "worker reaches (s3://, gs://)")
+        if plan.tokenizer_options.get("chat_template"):
+            raise ConfigError(f"--chat-template with --work-dir {work}: the tasks fetch the tokenizer from the work "
+                              "URL with the files beside it, not a template file of this machine; put the template "
+                              "in a tokenizer_config.json (its chat_template field) or chat_template.jinja beside the "
+                              "model instead")
+        store = work_store(work)
+        sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # local tasks of a killed run of this machine
+        created, found = check_work_url(store, target)
+        created = created or not found
+        store.put_bytes(PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created, "out": target},
+                                               indent=1) + "\n").encode())
+        ref = tokenizer_ref(tok)
+        if Path(ref).exists():  # a file of the driver's: the tasks fetch it from the store by its sha256
+            ref = upload_tokenizer(store, ref, tok.sha256, found)
+        listing = store.sizes("parts")
+        reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
     keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
     ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries, timeout=spec.extra.get("connect_timeout"))
@@ -164,7 +193,10 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         ex.close()
         bar.close()
     if not spec.keep_parts:
-        remove_work(work, created=created)
+        if isinstance(work, Path):
+            remove_work(work, created=created)
+        else:
+            remove_work_url(work_store(work))
     return summarize(out, executor=where, tasks=len(plan.tasks), ran=counters["ran"], reused=len(reused),
                      task_seconds=counters["task_seconds"], tokenized=counters["tokenized"])
 
@@ -195,3 +227,12 @@ def remove_work(work: Path, *, created: bool) -> None:
     if created:
         with contextlib.suppress(OSError):
             work.rmdir()
+
+
+def remove_work_url(store: WorkStore) -> None:
+    """Delete the objects the build wrote under a work URL (the guard let no other be there): receipts first,
+    so that a removal cut short leaves no receipt without its parts; plan.json last."""
+    found = [k for k in store.list() if OURS.match(k) or (k.startswith("parts/") and ".tmp-" in k)]
+    for rel in sorted(found, key=lambda k: (2 if k == PLAN_NAME else 0 if k.startswith("parts/") and
+                                            k.endswith(".json") else 1, k)):
+        store.remove(rel)

@@ -12,7 +12,9 @@
 - The work directory of a parallel build (default `<out>.build`, beside the output) holds plan.json and each
   task's parts and receipt; rerunning the same command resumes: a task whose receipt is valid (same id,
   parts of the recorded sizes, inputs that still hash the same) is not run again. It is removed after the
-  commit (only what the build wrote in it) unless `keep_parts`.
+  commit (only what the build wrote in it) unless `keep_parts`. It may be a URL in an object store (`--work-dir
+  s3://...`; by default `<out>.build` beside a URL output): nodes that share no disk then share the plan,
+  parts and receipts there (builders/parallel.py, storage/work.py).
 - A shuffle buffer mixes documents across the whole stream, so no plan can cut it: the build says so and
   runs inline.
 - Before any work: the output and work directory go through the output guard (niels_gpt/outputs.py); before
@@ -42,6 +44,7 @@ from niels_gpt.outputs import check_output
 from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout, record_hook
+from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
@@ -162,8 +165,15 @@ def val_budget(spec: BuildSpec) -> int:
     return ALL_TOKENS if spec.val_frac is not None else 0
 
 
-def work_dir_of(spec: BuildSpec, out: Path) -> Path:
-    return Path(spec.work_dir) if spec.work_dir is not None else out.parent / (out.name + WORK_DIR_SUFFIX)
+def work_dir_of(spec: BuildSpec, out: Path) -> Path | str:
+    """The work directory: a local Path, or the URL (str) of a prefix in an object store (storage/work.py)."""
+    if spec.work_dir is None:
+        return out.parent / (out.name + WORK_DIR_SUFFIX)
+    local = local_path_of(spec.work_dir)
+    if local is None:
+        filesystem(str(spec.work_dir), write=True)  # an unknown or read-only scheme: refused here, in one line
+        return str(spec.work_dir).rstrip("/")
+    return Path(local)
 
 
 def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
@@ -173,14 +183,22 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     if is_url(spec.out) and local_path_of(spec.out) is None:
         # written into a local staging directory, then uploaded with meta.json last (niels_gpt/storage);
         # the parts of a parallel build stay in the (local or shared) work directory
+        # the work directory of a parallel build: --work-dir, else <out>.build beside it in the same store
+        # (memory:// is this process's own: its parts stay in a local directory beside the staged output)
+        work = spec.work_dir
+        if work is None and scheme_of(str(spec.out)) != "memory":
+            work = str(spec.out).rstrip("/") + WORK_DIR_SUFFIX
+        if work is not None and is_url(work):
+            _apart(str(spec.out).rstrip("/"), str(work).rstrip("/"))
         with staged_output(spec.out, guard=True) as local:
-            summary = build(replace(spec, out=str(local)), log)
+            summary = build(replace(spec, out=str(local), work_dir=work,
+                                    extra={**spec.extra, "out_url": str(spec.out).rstrip("/")}), log)
         return {**summary, "out": str(spec.out)}
     t0 = time.perf_counter()
     out = Path(local_path_of(spec.out))
     work = work_dir_of(spec, out)
     inputs = spec.sources if spec.source is None else [str(p) for p in spec.source.input_paths()]
-    check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)])
+    check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)] if isinstance(work, Path) else [])
     tok = spec.tokenizer
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
@@ -201,6 +219,14 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
                                val_budget=val_budget(spec))
     wall = time.perf_counter() - t0
     return {**summary, "wall_seconds": wall, "tokens_per_s": summary["tokens"] / max(wall, 1e-9), "out": str(out)}
+
+
+def _apart(out: str, work: str) -> None:
+    """--out and --work-dir URLs must not overlap: the commit would upload the parts, the cleanup delete the cache."""
+    for a, b in ((out, work), (work, out)):
+        if a == b or a.startswith(b + "/"):
+            raise ConfigError(f"--work-dir {work} {'is' if a == b else 'overlaps'} --out {out}; the two outputs of "
+                              f"one command must not overlap: choose separate prefixes, e.g. --work-dir {out}.build")
 
 
 def workers_of(spec: BuildSpec) -> int:

@@ -29,7 +29,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,8 +46,11 @@ from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.meta import file_record
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.records import Piece, digest
+from niels_gpt.storage.upload import sweep_dead
+from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
+from niels_gpt.urls import is_url
 
 # Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
 # it only bounds memory. NOTE: not imported from the builders, which import torch: a Ray worker
@@ -57,6 +62,17 @@ _TOKENIZERS: dict[str, object] = {}
 
 def parts_dir(work_dir: str | os.PathLike) -> Path:
     return Path(work_dir) / "parts"
+
+
+_STORES: dict[tuple[str, int], WorkStore] = {}
+
+
+def work_store(url: str) -> WorkStore:
+    """The work URL's store, made once per process (a forked worker makes its own)."""
+    key = (str(url), os.getpid())
+    if key not in _STORES:
+        _STORES[key] = WorkStore(url)
+    return _STORES[key]
 
 
 def _key(path: str, options: dict | None) -> str:
@@ -73,11 +89,29 @@ def _tokenizer(path: str, sha256: str, options: dict | None):
     key = _key(path, options)
     tok = _TOKENIZERS.get(key)
     if tok is None or tok.sha256 != sha256:  # not open yet, or the file changed since (a long-lived worker)
-        tok = _TOKENIZERS[key] = load_tokenizer(path, **(options or {}))
+        _TOKENIZERS.pop(key, None)
+        tok = _fetched_tokenizer(path, sha256, options) if is_url(path) else load_tokenizer(path, **(options or {}))
+        _TOKENIZERS[key] = tok
     if tok.sha256 != sha256:
         raise TokenizerError(f"{path} on {socket.gethostname()} has sha256 {tok.sha256[:16]}…, the plan was "
                              f"made with {sha256[:16]}…; give every node the same tokenizer file")
     return tok
+
+
+def _fetched_tokenizer(url: str, sha256: str, options: dict | None):
+    """The copy the driver put in the work URL, fetched once per node into its download cache; a copy that does
+    not load as the tokenizer of that sha256 is removed from the node (fetched again by the next task)."""
+    local = fetch_tokenizer(url, sha256)
+    try:
+        tok = load_tokenizer(local, **(options or {}))
+        if tok.sha256 != sha256:
+            raise TokenizerError(f"{url}: the copy fetched on {socket.gethostname()} has sha256 {tok.sha256[:16]}…, "
+                                 f"not the {sha256[:16]}… it is named by (changed in the store?); remove "
+                                 f"{url.rsplit('/', 1)[0]}/ and run the same command again")
+        return tok
+    except BaseException:
+        shutil.rmtree(local.parent, ignore_errors=True)
+        raise
 
 
 class _Skips:
@@ -96,7 +130,11 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
              tokenizer_options: dict | None = None) -> dict:
     """Tokenize (spec["chat"]: render) one task into its part files and return its receipt (also `<id>.json`).
 
-    `spec`: the plan's record rules (`rules`), `chat`, and the signatures of the task's local inputs."""
+    `spec`: the plan's record rules (`rules`), `chat`, and the signatures of the task's local inputs.
+    `work_dir` a URL: the parts are written in a temporary directory of the task's own, uploaded (the
+    receipt last), and the directory removed."""
+    if is_url(work_dir):
+        return _run_task_at_url(task, spec, tokenizer_path, tokenizer_sha256, work_dir, tokenizer_options)
     t0 = time.perf_counter()
     t = Task(**task)
     tok = _tokenizer(tokenizer_path, tokenizer_sha256, tokenizer_options)
@@ -133,6 +171,30 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     write_bytes_atomic(parts / f"{t.id}.json", (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode(),
                        durable=False)
     return receipt
+
+
+def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_url: str,
+                     tokenizer_options: dict | None) -> dict:
+    t = Task(**task)
+    for p in t.pieces:  # an input at a path of the driver's machine that this one does not have
+        if p.get("kind") != "dataset" and not is_url(p["item"]) and not os.path.exists(p["item"]):
+            raise ConfigError(f"{p['item']}: not found on {socket.gethostname()}, where task {t.id} runs: with a "
+                              "--work-dir in an object store every input must be at a URL (s3://, gs://, ...) or at "
+                              "the same path on every node: upload the inputs to the store and build from there")
+    store = work_store(work_url)
+    store.put_bytes(f"parts/{t.id}.started", json.dumps(
+        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
+    sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # those of this node's workers lost mid-task
+    tmp = tempfile.mkdtemp(prefix=f"{TASK_DIRS}{os.getpid()}_")
+    try:
+        receipt = run_task(task, spec, tokenizer_path, tokenizer_sha256, tmp, tokenizer_options)
+        local = parts_dir(tmp)
+        for name in receipt["files"]:
+            store.put_file(local / f"{t.id}{PART_SUFFIX[name]}", f"parts/{t.id}{PART_SUFFIX[name]}")
+        store.put_file(local / f"{t.id}.json", f"parts/{t.id}.json")  # the receipt last: the parts are there
+        return receipt
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
@@ -204,20 +266,29 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
         raise
 
 
-def load_receipt(work_dir: str | os.PathLike, task: Task) -> dict | None:
+def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int] | None = None) -> dict | None:
     """The task's receipt when it is valid for this task (same id and spec, part files of the recorded
-    sizes, inputs that still hash as they did when it ran), else None: such a task runs again."""
-    parts = parts_dir(work_dir)
-    path = parts / f"{task.id}.json"
+    sizes, inputs that still hash as they did when it ran), else None: such a task runs again. A work URL:
+    `listing` (name -> size under parts/, one listing for every task) saves a listing per task."""
+    remote = is_url(work_dir)
+    parts = None if remote else parts_dir(work_dir)
+    if remote and listing is None:
+        listing = work_store(work_dir).sizes("parts")
     try:
-        receipt = json.loads(path.read_text(encoding="utf-8"))
+        if remote:
+            if f"{task.id}.json" not in listing:
+                return None
+            receipt = json.loads(work_store(work_dir).get_bytes(f"parts/{task.id}.json").decode("utf-8"))
+        else:
+            receipt = json.loads((parts / f"{task.id}.json").read_text(encoding="utf-8"))
     except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if not isinstance(receipt, dict) or receipt.get("id") != task.id or receipt.get("task") != task.to_json():
         return None
     for name, rec in (receipt.get("files") or {}).items():
-        f = parts / f"{task.id}{PART_SUFFIX.get(name, '?')}"
-        if not isinstance(rec, dict) or not f.is_file() or f.stat().st_size != rec.get("bytes"):
+        name = f"{task.id}{PART_SUFFIX.get(name, '?')}"
+        size = listing.get(name) if remote else (parts / name).stat().st_size if (parts / name).is_file() else None
+        if not isinstance(rec, dict) or size is None or size != rec.get("bytes"):
             return None
     try:
         if receipt.get("digests") != [digest(Piece(**p)) for p in task.pieces]:

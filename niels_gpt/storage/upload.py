@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
 from niels_gpt.errors import ConfigError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
@@ -36,6 +37,7 @@ from niels_gpt.urls import is_url
 
 MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
 STAGING_ENV = "NIELS_GPT_STAGING"
+STAGE_PREFIX = "niels_gpt_stage_"  # <prefix><pid>_<random>: a staged output of process <pid>
 
 
 def local_path_of(out) -> str | None:
@@ -152,7 +154,9 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
         return
     fs, root = filesystem(str(url), write=True)  # refuse an unknown or read-only scheme before building
     old = check_remote_output(str(url), fs, root) if guard else None
-    base = Path(tempfile.mkdtemp(prefix="niels_gpt_stage_", dir=os.environ.get(STAGING_ENV) or None))
+    staging = os.environ.get(STAGING_ENV) or None
+    sweep_dead(Path(staging or tempfile.gettempdir()), STAGE_PREFIX)
+    base = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}_", dir=staging))
     # the staging directory carries the output's name: builders record it (dataset_name defaults to it)
     stage = base / (str(url).rstrip("/").rsplit("/", 1)[-1] or "out")
     try:
@@ -183,6 +187,16 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
                              f"removing {url}/{rel}", bounded=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def sweep_dead(root: Path, prefix: str) -> None:
+    """Remove the directories `<prefix><pid>_*` under `root` whose process is gone (a command killed before its
+    own cleanup ran): a staged output or a task's parts nobody will upload."""
+    with contextlib.suppress(OSError):
+        for d in root.glob(f"{prefix}*_*"):
+            pid = d.name[len(prefix):].split("_", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)) and d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def writes_to_url(fn):

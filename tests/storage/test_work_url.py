@@ -1,0 +1,72 @@
+"""A build's work directory at a URL (niels_gpt/storage/work.py), on fsspec's memory:// store: the guard's verdicts,
+the tokenizer fetched once per node by its sha256, and the cleanup deleting only the build's own objects."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from niels_gpt.builders.parallel import remove_work_url
+from niels_gpt.errors import ConfigError
+from niels_gpt.storage.work import WorkStore, check_work_url, fetch_tokenizer, upload_tokenizer
+from niels_gpt.tokenizer import load_tokenizer
+
+
+@pytest.fixture
+def store():
+    return WorkStore(f"memory://work-{uuid.uuid4().hex[:8]}/w")
+
+
+def test_the_guard_takes_an_empty_prefix_and_a_resumed_build_of_the_same_output(store):
+    assert check_work_url(store, "s3://b/out") == (True, {})
+    store.put_bytes("plan.json", json.dumps({"tasks": [], "out": "s3://b/out", "work_dir_created": True}).encode())
+    store.put_bytes("parts/00000-0123456789ab.json", b"{}")
+    created, found = check_work_url(store, "s3://b/out")
+    assert created is True and set(found) == {"plan.json", "parts/00000-0123456789ab.json"}
+
+
+def test_the_guard_refuses_someones_objects_and_another_builds_plan(store):
+    store.put_bytes("notes.txt", b"mine")
+    with pytest.raises(ConfigError, match=r"--work-dir memory://.*holds 1 object\(s\) that are not a build's work "
+                                          r"files \(notes.txt\)"):
+        check_work_url(store, "s3://b/out")
+    store.remove("notes.txt")
+    store.put_bytes("plan.json", json.dumps({"tasks": [], "out": "s3://b/other"}).encode())
+    with pytest.raises(ConfigError, match=r"holds the plan of a build of s3://b/other, not of s3://b/out"):
+        check_work_url(store, "s3://b/out")
+
+
+def test_the_tokenizer_is_fetched_once_per_node_by_its_sha256(store, tokenizer, download_cache, monkeypatch):
+    url = upload_tokenizer(store, tokenizer.model_path, tokenizer.sha256, {})
+    assert url.endswith(f"/tokenizer/{tokenizer.sha256}/spm.model")
+    fetched = []
+    real = WorkStore.get_file
+    monkeypatch.setattr(WorkStore, "get_file", lambda self, rel, local: (fetched.append(rel), real(self, rel, local)))
+    first = fetch_tokenizer(url, tokenizer.sha256)
+    assert sorted(fetched) == ["meta.json", "spm.model"]
+    assert fetch_tokenizer(url, tokenizer.sha256) == first and len(fetched) == 2  # the node's copy, not again
+    assert first.is_relative_to(download_cache) and load_tokenizer(first).sha256 == tokenizer.sha256
+
+
+def test_the_cleanup_deletes_only_the_builds_objects(store):
+    for rel in ("plan.json", "parts/00000-0123456789ab.bin", "parts/00000-0123456789ab.json",
+                "parts/00000-0123456789ab.bin.tmp-7", f"tokenizer/{'a' * 64}/spm.model"):
+        store.put_bytes(rel, b"x")
+    store.put_bytes("parts/readme.txt", b"not ours")
+    remove_work_url(store)
+    assert store.list() == {"parts/readme.txt": 8}
+
+
+def test_a_tokenizer_changed_in_the_store_is_refused_and_not_kept_on_the_node(store, tokenizer, download_cache):
+    from niels_gpt.builders.tasks import _tokenizer
+    from niels_gpt.errors import TokenizerError
+
+    url = upload_tokenizer(store, tokenizer.model_path, tokenizer.sha256, {})
+    fake = "f" * 64  # the folder a tokenizer of another sha256 would have: this model is not it
+    store.put_bytes(f"tokenizer/{fake}/spm.model", store.get_bytes(f"tokenizer/{tokenizer.sha256}/spm.model"))
+    with pytest.raises(TokenizerError, match=rf"spm.model: the copy fetched on .* has sha256 {tokenizer.sha256[:16]}"):
+        _tokenizer(url.replace(tokenizer.sha256, fake), fake, {})
+    assert not list(download_cache.rglob(fake))  # removed from the node: fetched again next time
+    assert _tokenizer(url, tokenizer.sha256, {}).sha256 == tokenizer.sha256
