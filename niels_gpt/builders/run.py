@@ -245,7 +245,8 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
                   streaming=plan.streaming, source=reader.described, progress=spec.progress,
                   tokenizer_path=recorded_path(tok, out))
     if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers, **common)
+        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers,
+                        on_bad_record=spec.on_bad_record, **common)
     else:
         build_pretrain_cache(reader, str(out), max_train_tokens=spec.max_tokens, max_val_tokens=val_budget(spec),
             shard_bytes=spec.shard_bytes,

@@ -16,7 +16,7 @@ Layouts (`--format NAME`, detected from the first record of each input when not 
 | `text`      | pretraining        | the text field of each record, or the whole of a text file            |
 | `gutenberg` | pretraining        | a Project Gutenberg book: licence header and footer cut (a text file with `*** START OF`) |
 | `wikitext`  | pretraining        | a raw wikitext dump: whole articles rebuilt from ` = Title = ` rows    |
-| `messages`  | chat               | a list of `{"role", "content"}` in the messages field                  |
+| `messages`  | chat               | a list of `{"role", "content"}` in the messages field (OpenAI's content parts and tools: sources/messages.py) |
 | `columns`   | chat               | one user and one assistant turn from two columns (`--chat-columns`)    |
 | `dolly`     | chat               | `instruction` [+ `context`] -> `response` rows                          |
 | `sharegpt`  | chat               | `conversations: [{"from": human/gpt/system, "value"}]` (or in the messages field) |
@@ -34,6 +34,7 @@ from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
 from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
+from niels_gpt.sources.messages import parse_message
 from niels_gpt.sources.oasst import best_path, check_row, flatten_tree, to_conversation
 from niels_gpt.sources.records import BadRecord, FileText
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
@@ -269,13 +270,7 @@ def _messages(where, record, rules: Rules):
     if not isinstance(msgs, list):
         raise BadRecord("bad_messages", f"{where}: {rules.messages_field!r} is {type(msgs).__name__}, not a list of "
                         "{\"role\", \"content\"} messages")
-    out = []
-    for k, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise BadRecord("bad_messages", f"{where}: message {k} is not {{\"role\": one of {list(ROLES)}, "
-                            f"\"content\": str}} (got {str(m)[:80]})")
-        out.append({"role": m["role"], "content": m["content"]})
-    yield out
+    yield [parse_message(m, k, where) for k, m in enumerate(msgs)]  # OpenAI's content parts and tools too
 
 
 @_guard
