@@ -1,5 +1,5 @@
-"""The bad-input catalogue for chat formats: OpenAI content parts that are not text, and tool turns where the
-tokenizer cannot render them.
+"""The bad-input catalogue for chat formats (OpenAI content parts that are not text, tool turns where the
+tokenizer cannot render them) and the per-input val split.
 
 Each case is held to the catalogue's promises (tests/test_bad_input_catalogue.py: one `error:` line naming the
 file, flag or record, no complete-looking output, every input unchanged).
@@ -58,6 +58,16 @@ def build_chat_tool_calls_that_are_not_a_list(w, tmp):
     return _build(w, tmp, _chats(tmp, bad))
 
 
+def build_val_per_input_without_val_frac(w, tmp):
+    (tmp / "book.txt").write_text("A first paragraph.\n\nA second one.\n")
+    return ["build", str(tmp / "book.txt"), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
+            "--no-progress", "--val-per-input"]
+
+
+def build_chat_val_per_input(w, tmp):
+    return _build(w, tmp, _chats(tmp), "--val-frac", "0.1", "--val-per-input")
+
+
 CASES = [
     Case("build --chat: an image content part", build_chat_an_image_content_part,
          ("chats.jsonl, line 2", "message 0 (user)", "'image_url' content part", "--on-bad-record skip"), out="out"),
@@ -69,6 +79,10 @@ CASES = [
          ("example 1", "tool call or a tool result", "--chat-template FILE", "--on-bad-record skip"), out="out"),
     Case("build --chat: tool_calls that are not a list", build_chat_tool_calls_that_are_not_a_list,
          ("chats.jsonl, line 2", "message 1 (assistant)", "tool_calls is str"), out="out"),
+    Case("build: --val-per-input without --val-frac", build_val_per_input_without_val_frac,
+         ("--val-per-input", "give --val-frac"), out="out"),
+    Case("build --chat: --val-per-input", build_chat_val_per_input,
+         ("--val-per-input", "split by conversation", "drop --val-per-input"), out="out"),
 ]
 
 

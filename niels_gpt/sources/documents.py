@@ -34,6 +34,7 @@ from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
 from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
+from niels_gpt.sources.inputs import val_pieces
 from niels_gpt.sources.messages import parse_message
 from niels_gpt.sources.oasst import best_path, check_row, flatten_tree, to_conversation
 from niels_gpt.sources.records import BadRecord, FileText
@@ -65,6 +66,7 @@ class Rules(NamedTuple):
     on_bad_record: str = "error"
     map: str | None = None  # --map module:function: each document or conversation -> the same kind, or None (drop)
     min_chars: int = 0  # --min-chars N: documents (conversations: their contents) of fewer characters are skipped
+    val_per_input: bool = False  # --val-per-input: documents cut at blank lines into pieces (inputs.val_pieces)
 
 
 def text_rule(value: Any, field: str, where) -> str | Skipped:
@@ -149,7 +151,7 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
     """Documents (str) or conversations (list of messages), and a Skipped per record that is none; then the
     --map hook and the --min-chars filter, where given."""
     out = _LAYOUTS[layout](_checked(records, rules), rules)
-    if rules.map is None and not rules.min_chars:
+    if rules.map is None and not rules.min_chars and not rules.val_per_input:
         yield from out
         return
     hook = record_hook(rules.map) if rules.map else None
@@ -164,6 +166,9 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
                 continue
         if rules.min_chars and _chars(item) < rules.min_chars:
             yield Skipped("below_min_chars")
+            continue
+        if rules.val_per_input and isinstance(item, str):
+            yield from val_pieces(item)
             continue
         yield item
 
