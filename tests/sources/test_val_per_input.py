@@ -72,14 +72,29 @@ def _digest(cache: Path) -> str:
     return hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
 
 
-@pytest.mark.parametrize("executor", ["processes", "inprocess"])
-def test_the_per_input_split_is_the_same_on_every_executor(tmp_path, tokenizer, executor):
+@pytest.fixture
+def local_ray(request):
+    """A one-machine Ray cluster for the `ray` case only."""
+    if request.node.callspec.params["executor"] != "ray":
+        yield None
+        return
+    ray = pytest.importorskip("ray")
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("executor", ["processes", "inprocess", "ray"])
+def test_the_per_input_split_is_the_same_on_every_executor(tmp_path, tokenizer, executor, local_ray):
     from niels_gpt.builders.run import BuildSpec, build
 
     src = _books(tmp_path / "books", n=3, paragraphs=60)
     for name, how in (("inline", "inline"), ("other", executor)):
-        build(BuildSpec(sources=[str(src)], out=str(tmp_path / name), tokenizer=tokenizer.model_path, val_frac=0.3,
-                        seed=7, val_per_input=True, executor=how, workers=2, task_bytes=20_000), log=lambda m: None)
+        summary = build(BuildSpec(sources=[str(src)], out=str(tmp_path / name), tokenizer=tokenizer.model_path, val_frac=0.3,
+                        seed=7, val_per_input=True, executor=how, workers=2, task_bytes=20_000,
+                        **({"ray_address": local_ray} if local_ray else {})), log=lambda m: None)
+    if executor != "inprocess":  # it ran where it was asked to (inprocess names itself inline)
+        assert summary["executor"].startswith(executor)
     assert _digest(tmp_path / "inline") == _digest(tmp_path / "other")
     a, b = read_meta(str(tmp_path / "inline")), read_meta(str(tmp_path / "other"))
     assert a["split_rule"] == b["split_rule"] and a["totals"] == b["totals"] and a["totals"]["val_tokens"] > 0
