@@ -59,6 +59,31 @@ def kill_and_check_workers_end(proc: subprocess.Popen, pids: list[int], message:
     assert left == [], message
 
 
+@contextlib.contextmanager
+def ctrl_c_delivered():
+    """For the block's length SIGINT raises KeyboardInterrupt here and reaches the processes started here.
+
+    A suite run as a background job (`make test &`) inherits SIGINT ignored: Python then installs no
+    KeyboardInterrupt handler, and every process it starts ignores SIGINT too (an ignored signal survives
+    exec; a handled one is reset to the default, and Python then installs its own). Where no handler can be
+    installed (a thread other than the main one) the test is skipped, saying why."""
+    try:
+        before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError as e:
+        pytest.skip(f"SIGINT cannot be handled outside the main thread ({e}): a Ctrl-C test cannot run here")
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
+def sigint_delivered():
+    """A Ctrl-C test's fixture: SIGINT is delivered even where the suite runs with it ignored (see above)."""
+    with ctrl_c_delivered():
+        yield
+
+
 def sample_texts() -> list[str]:
     """Real text from the bundled sample corpus (its books and notes)."""
     files = sorted(SAMPLE_DIR.rglob("*.txt")) + sorted(SAMPLE_DIR.rglob("*.md"))

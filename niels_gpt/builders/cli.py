@@ -101,6 +101,9 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--val-tokens", type=_int, default=None, help="val token budget: the first documents (default: no val)")
     g.add_argument("--val-frac", type=float, default=None,
                    help="share of documents (examples with --chat) in val, drawn from --seed (default: no val)")
+    g.add_argument("--val-per-input", action="store_true",
+                   help="with --val-frac: cut documents at blank lines into pieces of about 4096 characters first, "
+                        "so every long input (a book) gives val its share instead of going to val whole")
     g.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
     g.add_argument("--seed", type=seed_arg, default=SEED, help="seed of the split and the shuffle (torch RNG)")
     g.add_argument("--compress", choices=CODECS, default=None,
@@ -167,7 +170,7 @@ def spec_from_args(args) -> BuildSpec:
                      separator=args.separator, chat_template=args.chat_template, chat=args.chat,
                      layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
-                     map=args.map, min_chars=args.min_chars,
+                     map=args.map, min_chars=args.min_chars, val_per_input=args.val_per_input,
                      hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
                      shuffle_buffer=args.shuffle_buffer, compress=args.compress,

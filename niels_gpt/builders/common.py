@@ -92,6 +92,10 @@ NO_CONVERSATION_ADVICE = {
     "not_text": "the chosen fields are not text: point --chat-columns or --messages-field at text fields",
     "no_assistant_turn": "each conversation needs an assistant turn to train on: check that the assistant's "
                          "role or field is the one the layout reads",
+    "non_text_part": "the messages hold images, audio or files (content parts other than text): remove those parts "
+                     "from the records",
+    "tool_turn": "the conversations hold tool calls or results, which the library's chat format cannot show: use a "
+                 "tokenizer whose chat template renders tools (tokenizer_config.json, or --chat-template FILE)",
 }
 
 

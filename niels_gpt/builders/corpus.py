@@ -25,7 +25,8 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
                  seed: int = SEED, shuffle_buffer: int | None = None, workers: int | None = 1,
                  on_bad_record: str = "error", hf_config: str | None = None, split: str = "train",
                  name: str | None = None, progress: bool | None = False, layout: str | None = None,
-                 executor: str = "inline", task_bytes: int | None = None, compress: str | None = None) -> dict:
+                 executor: str = "inline", task_bytes: int | None = None, compress: str | None = None,
+                 min_chars: int = 0, map: str | None = None, val_per_input: bool = False) -> dict:
     """Build a pretraining (or, with chat=True, SFT) cache at `out` from `sources`; returns its meta.json."""
     extra = {} if task_bytes is None else {"task_bytes": task_bytes}
     build(BuildSpec(sources=list(sources), out=str(out), tokenizer=tokenizer, chat=chat, layout=layout,
@@ -33,5 +34,6 @@ def build_corpus(sources, out: str, *, tokenizer, chat: bool = False, text_field
                     chat_columns=tuple(chat_columns) if chat_columns else None, on_bad_record=on_bad_record,
                     hf_config=hf_config, split=split, max_tokens=max_tokens, val_tokens=val_tokens, val_frac=val_frac,
                     shard_bytes=shard_bytes, seed=seed, shuffle_buffer=shuffle_buffer, executor=executor,
-                    workers=workers, name=name, progress=progress, compress=compress, **extra), log=lambda msg: None)
+                    workers=workers, name=name, progress=progress, compress=compress, min_chars=min_chars, map=map,
+                    val_per_input=val_per_input, **extra), log=lambda msg: None)
     return read_meta(str(out))

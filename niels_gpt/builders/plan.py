@@ -51,7 +51,7 @@ def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: in
 
 
 def _task_hash(t: Task, plan: Plan) -> str:
-    rules = {k: v for k, v in plan.rules._asdict().items() if k not in ("map", "min_chars") or v}  # set: hashed
+    rules = {k: v for k, v in plan.rules._asdict().items() if k not in ("map", "min_chars", "val_per_input") or v}  # set: hashed
     key = {"v": PLAN_VERSION, "pieces": t.pieces, "layout": t.layout, "rules": rules, "chat": plan.chat,
            "tokenizer": plan.tokenizer_sha256, "dtype": plan.token_dtype, "options": plan.tokenizer_options}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]

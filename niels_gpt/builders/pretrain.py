@@ -79,6 +79,15 @@ def split_rule(seed: int, val_frac: float | None, before: bool) -> str:
             "splits are full")
 
 
+def _pieces_rule(chars: int | None) -> str:
+    """--val-per-input's part of the split rule: what a "document" of the by-document draw is."""
+    if not chars:
+        return ""
+    return (f"; with val_per_input, each document is first cut into pieces, each a document of the draw: a cut "
+            f"just after the first blank line (\"\\n\\n\") at or past {chars} characters from the piece's start, "
+            "repeated; a last piece of only whitespace stays with the one before (sources/inputs.py::val_pieces)")
+
+
 class Admission:
     """Where each document of a single stream goes (val, train, or nowhere) and when the stream is done."""
 
@@ -274,7 +283,8 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
     before = separator is not None and separator.position == "before"
     meta.update({
         "kind": "pretrain",
-        "split_rule": "the source's own train/val split" if own_split else split_rule(seed, val_frac, before),
+        "split_rule": "the source's own train/val split" if own_split else split_rule(seed, val_frac, before)
+        + _pieces_rule(source.get("val_per_input") if isinstance(source, dict) else None),
         "shard_bytes": shard_bytes,
         "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
         "document_separator": (separator.describe() if separator is not None

@@ -1,10 +1,21 @@
 """Whether a conversation can be an example, and its rendering: the rules the SFT builder and a chat build's
-tasks share. No torch here: a Ray worker that renders imports only this."""
+tasks share. No torch here: a Ray worker that renders imports only this.
+
+Tool turns (a `tool` message, an assistant's `tool_calls`: sources/messages.py) are rendered by a chat
+template, which writes them as the model's own tooling does; the library's own renderer has no tool turns,
+so a conversation holding one is refused (or, with on_bad_record="skip", skipped as `tool_turn`).
+"""
 
 from __future__ import annotations
 
 from niels_gpt.errors import ConfigError
 from niels_gpt.sources.documents import Skipped
+from niels_gpt.sources.messages import has_tools
+
+NO_TOOL_TURNS = ("the conversation holds a tool call or a tool result, and the library's chat format has no tool "
+                 "turns; use a tokenizer whose chat template renders tools (a tokenizer_config.json with a "
+                 "chat_template, or --chat-template FILE), or pass --on-bad-record skip to skip and count such "
+                 "conversations")
 
 
 def unusable(conv) -> str | None:
@@ -14,17 +25,19 @@ def unusable(conv) -> str | None:
     has_answer = False
     for m in conv:
         if isinstance(m, dict) and m.get("role") == "assistant":
-            has_answer = has_answer or bool(str(m.get("content", "")).strip())
+            has_answer = has_answer or bool(str(m.get("content", "")).strip()) or bool(m.get("tool_calls"))
     return None if has_answer else "no_assistant_turn"
 
 
-def render(tokenizer, conv):
+def render(tokenizer, conv, on_bad_record: str = "error"):
     """One conversation rendered, a Skipped for one that cannot be an example, or the ConfigError to raise."""
     if isinstance(conv, Skipped):
         return conv
     reason = unusable(conv)
     if reason:
         return Skipped(reason)
+    if getattr(tokenizer, "chat_template", None) is None and has_tools(conv):
+        return Skipped("tool_turn") if on_bad_record == "skip" else ConfigError(NO_TOOL_TURNS)
     try:
         chat = tokenizer.render_chat(conv)
     except ConfigError as exc:

@@ -76,6 +76,7 @@ class BuildSpec:
     on_bad_record: str = "error"
     map: str | None = None  # --map module:function, run on every document or conversation
     min_chars: int = 0  # --min-chars N
+    val_per_input: bool = False  # --val-per-input: --val-frac draws pieces of each document (inputs.val_pieces)
     hf_config: str | None = None
     split: str = "train"
     max_tokens: int = ALL_TOKENS
@@ -100,7 +101,7 @@ class BuildSpec:
     @property
     def rules(self) -> Rules:
         return Rules(self.text_field, self.messages_field, tuple(self.chat_columns) if self.chat_columns else None,
-                     self.on_bad_record, self.map, self.min_chars)
+                     self.on_bad_record, self.map, self.min_chars, self.val_per_input)
 
 
 def check_spec(spec: BuildSpec) -> None:
@@ -122,6 +123,10 @@ def check_spec(spec: BuildSpec) -> None:
     if spec.task_bytes is not None and spec.task_bytes < 1:
         raise ConfigError(f"--task-bytes {spec.task_bytes}: must be >= 1")
     check_seed(spec.seed, "--seed")
+    if spec.val_per_input and (spec.chat or spec.val_frac is None):
+        raise ConfigError("--val-per-input cuts documents into pieces for --val-frac to draw from each input; "
+                          + ("an SFT cache (--chat) is split by conversation: drop --val-per-input" if spec.chat else
+                             "give --val-frac F with it"))
     if spec.chat:
         unused = [flag for flag, given in (("--val-tokens", spec.val_tokens is not None),
                                             ("--max-tokens", spec.max_tokens != ALL_TOKENS),
@@ -271,7 +276,8 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
                   streaming=plan.streaming, source=reader.described, progress=spec.progress,
                   tokenizer_path=recorded_path(tok, out))
     if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers, **common)
+        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers,
+                        on_bad_record=spec.on_bad_record, **common)
     else:
         build_pretrain_cache(reader, str(out), max_train_tokens=spec.max_tokens, max_val_tokens=val_budget(spec),
             shard_bytes=spec.shard_bytes,

@@ -53,17 +53,18 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
             f"val when draws[k] < {val_frac!r}, else to train")
 
 
-def rendered(examples: Iterable, tokenizer, workers: int) -> Iterator[tuple[int, object]]:
+def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error"
+             ) -> Iterator[tuple[int, object]]:
     """(index, rendering) in input order; renderings of a run of ENCODE_BATCH_DOCS conversations are made on
     `workers` threads at once (the bytes written do not depend on it)."""
     it = enumerate(examples)
     if workers <= 1:
         for i, conv in it:
-            yield i, render(tokenizer, conv)
+            yield i, render(tokenizer, conv, on_bad_record)
         return
     with ThreadPoolExecutor(workers) as pool:
         while batch := list(itertools.islice(it, ENCODE_BATCH_DOCS)):
-            for (i, _), chat in zip(batch, pool.map(lambda ic: render(tokenizer, ic[1]), batch), strict=True):
+            for (i, _), chat in zip(batch, pool.map(lambda ic: render(tokenizer, ic[1], on_bad_record), batch), strict=True):
                 yield i, chat
 
 
@@ -160,6 +161,7 @@ def build_sft_cache(
     progress: bool | None = False,
     num_workers: int | None = 1,
     tokenizer_path: str | None = None,
+    on_bad_record: str = "error",
 ) -> None:
     """
     writes:
@@ -168,6 +170,8 @@ def build_sft_cache(
       out_dir/meta.json
     where idx is offsets into tokens.bin (int64), offsets-only (length inferred).
     deterministic given seed + identical input stream order.
+    on_bad_record="skip": a conversation the renderer refuses for its records (tool turns without a chat
+    template) is skipped and counted instead of ending the build.
     """
     check_sft_settings(val_frac, seed)
     final = Path(out_dir)
@@ -180,7 +184,7 @@ def build_sft_cache(
                            val_frac=val_frac, seed=seed)
         try:
             shown = progress_bar(examples, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
-            for i, chat in rendered(shown, tokenizer, workers):
+            for i, chat in rendered(shown, tokenizer, workers, on_bad_record):
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1
                     continue

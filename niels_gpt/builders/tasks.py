@@ -149,7 +149,7 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     stream = task_items(t, rules, spec.get("signatures"))
     skips = _Skips()
     if spec.get("chat"):
-        files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips)
+        files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips, rules.on_bad_record)
     else:
         files, lens, extra = _encode_task(t, tok, dtype, parts, stream, skips)
     # what this task read (its inputs were checked unchanged before and after), for a resume to compare against
@@ -236,14 +236,14 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
     return encoded + len(docs)
 
 
-def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
+def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str = "error"):
     stored_mask = not getattr(tok, "library_conventions", True)
     out = HashingFile(parts / f"{t.id}.bin", durable=False)
     mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False) if stored_mask else None
     lens: list[int] = []
     try:
         for k, conv in enumerate(stream):
-            chat = render(tok, conv)
+            chat = render(tok, conv, on_bad_record)
             if isinstance(chat, Skipped):
                 lens.append(skips.code(chat.reason))
                 continue

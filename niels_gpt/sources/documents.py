@@ -16,7 +16,7 @@ Layouts (`--format NAME`, detected from the first record of each input when not 
 | `text`      | pretraining        | the text field of each record, or the whole of a text file            |
 | `gutenberg` | pretraining        | a Project Gutenberg book: licence header and footer cut (a text file with `*** START OF`) |
 | `wikitext`  | pretraining        | a raw wikitext dump: whole articles rebuilt from ` = Title = ` rows    |
-| `messages`  | chat               | a list of `{"role", "content"}` in the messages field                  |
+| `messages`  | chat               | a list of `{"role", "content"}` in the messages field (OpenAI's content parts and tools: sources/messages.py) |
 | `columns`   | chat               | one user and one assistant turn from two columns (`--chat-columns`)    |
 | `dolly`     | chat               | `instruction` [+ `context`] -> `response` rows                          |
 | `sharegpt`  | chat               | `conversations: [{"from": human/gpt/system, "value"}]` (or in the messages field) |
@@ -34,6 +34,8 @@ from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
 from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
+from niels_gpt.sources.inputs import val_pieces
+from niels_gpt.sources.messages import parse_message
 from niels_gpt.sources.oasst import best_path, check_row, flatten_tree, to_conversation
 from niels_gpt.sources.records import BadRecord, FileText
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
@@ -64,6 +66,7 @@ class Rules(NamedTuple):
     on_bad_record: str = "error"
     map: str | None = None  # --map module:function: each document or conversation -> the same kind, or None (drop)
     min_chars: int = 0  # --min-chars N: documents (conversations: their contents) of fewer characters are skipped
+    val_per_input: bool = False  # --val-per-input: documents cut at blank lines into pieces (inputs.val_pieces)
 
 
 def text_rule(value: Any, field: str, where) -> str | Skipped:
@@ -148,7 +151,7 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
     """Documents (str) or conversations (list of messages), and a Skipped per record that is none; then the
     --map hook and the --min-chars filter, where given."""
     out = _LAYOUTS[layout](_checked(records, rules), rules)
-    if rules.map is None and not rules.min_chars:
+    if rules.map is None and not rules.min_chars and not rules.val_per_input:
         yield from out
         return
     hook = record_hook(rules.map) if rules.map else None
@@ -163,6 +166,9 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
                 continue
         if rules.min_chars and _chars(item) < rules.min_chars:
             yield Skipped("below_min_chars")
+            continue
+        if rules.val_per_input and isinstance(item, str):
+            yield from val_pieces(item)
             continue
         yield item
 
@@ -269,13 +275,7 @@ def _messages(where, record, rules: Rules):
     if not isinstance(msgs, list):
         raise BadRecord("bad_messages", f"{where}: {rules.messages_field!r} is {type(msgs).__name__}, not a list of "
                         "{\"role\", \"content\"} messages")
-    out = []
-    for k, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise BadRecord("bad_messages", f"{where}: message {k} is not {{\"role\": one of {list(ROLES)}, "
-                            f"\"content\": str}} (got {str(m)[:80]})")
-        out.append({"role": m["role"], "content": m["content"]})
-    yield out
+    yield [parse_message(m, k, where) for k, m in enumerate(msgs)]  # OpenAI's content parts and tools too
 
 
 @_guard

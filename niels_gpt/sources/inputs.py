@@ -37,6 +37,7 @@ SUFFIXES = WHOLE_FILE + LINES + COLUMNAR
 GLOB_CHARS = "*?["
 UNLISTABLE = ("http", "https")  # fsspec's http "listing" scrapes HTML pages: refused, give file URLs
 EDGE_BYTES = 4096  # bytes hashed at each end of a file for its signature
+VAL_PIECE_CHARS = 4096  # --val-per-input: documents are cut into pieces of at least this many characters
 # --read-as SUFFIX=KIND: the kinds a file of any other suffix can be read as
 READ_AS_KINDS = {"text": ".txt", "jsonl": ".jsonl", "json": ".json", "csv": ".csv", "parquet": ".parquet",
                  "arrow": ".arrow"}
@@ -358,3 +359,22 @@ def changed_while_read(path: str | os.PathLike, before: list) -> SourceError | N
             else "its status (written to)")
     return SourceError(f"{path}: changed while it was read ({what} changed), so the cache would mix old and new "
                        "text; the build is refused: rerun when nothing writes to the input")
+
+
+def val_pieces(text: str, chars: int = VAL_PIECE_CHARS) -> list[str]:
+    """`text` cut just after blank lines into pieces of at least `chars` characters (--val-per-input), so that
+    --val-frac's draw per document sends pieces of every long input to val; joined, the pieces are `text`.
+
+        "a"*5000 + "\n\n" + "b"*10 + "\n\n" + "c"*5000  ->  ["a"*5000 + "\n\n", "b"*10 + "\n\n" + "c"*5000]
+
+    The last piece may be shorter; a last piece of only whitespace stays with the one before it."""
+    out, start = [], 0
+    while (cut := text.find("\n\n", start + chars)) >= 0:
+        out.append(text[start:cut + 2])
+        start = cut + 2
+    rest = text[start:]
+    if out and (not rest or rest.isspace()):
+        out[-1] += rest
+    else:
+        out.append(rest)
+    return out

@@ -34,6 +34,7 @@ from niels_gpt.sources.base import portable
 from niels_gpt.sources.documents import WHOLE_INPUT, Rules, check_layout, detect, items
 from niels_gpt.sources.inputs import (
     PLAIN_TEXT,
+    VAL_PIECE_CHARS,
     WHOLE_FILE,
     RemoteFile,
     changed_while_read,
@@ -111,6 +112,7 @@ class Plan:
                 "on_bad_record": self.rules.on_bad_record, "split_rule": SPLIT_RULE_NONE,
                 **({"map": self.rules.map} if self.rules.map else {}),
                 **({"min_chars": self.rules.min_chars} if self.rules.min_chars else {}),
+                **({"val_per_input": VAL_PIECE_CHARS} if self.rules.val_per_input else {}),
                 **({"skipped_inputs": list(self.left_out)} if self.left_out else {})}
 
     def fingerprint(self) -> str:

@@ -21,6 +21,10 @@ assistant messages, against one encode of the whole conversation.
 A template that marks what the model generates with `{% generation %}...{% endgeneration %}` (transformers'
 assistant-mask templates, what `apply_chat_template(return_assistant_tokens_mask=True)` reads) gives the
 spans itself: the text each block renders is trained, in one render, whatever the template does elsewhere.
+
+Tool turns reach the template as OpenAI's format writes them (`tool_calls` on an assistant message; a
+`tool` message with `tool_call_id`, `name`): the template renders them. A `tool` message is never trained
+(the span rule picks assistant messages only); an assistant's tool calls are, as the text it generates.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import re
 from collections.abc import Sequence
 
 from niels_gpt.errors import ConfigError, TokenizerError
-from niels_gpt.tokenizer.base import Message, RenderedChat, _check_message
+from niels_gpt.tokenizer.base import Message, RenderedChat
 
+TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
+PASSED_KEYS = ("tool_calls", "tool_call_id", "name")  # what a template that knows tools reads beside the content
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # (text rendered so far, spans of generation blocks) of the render in progress in this thread, if it tracks them
 _TRACKED: contextvars.ContextVar = contextvars.ContextVar("generation_spans", default=None)
@@ -110,9 +116,21 @@ def _render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool 
     return "".join(chunks), spans
 
 
+def _checked(message, index: int) -> dict:
+    """The message a template sees: role, content, and the tool keys (PASSED_KEYS) it holds."""
+    if not isinstance(message, dict):
+        raise ConfigError(f"message {index}: expected a dict with 'role' and 'content', got {type(message).__name__}")
+    role, content = message.get("role"), message.get("content")
+    if role not in TEMPLATE_ROLES:
+        raise ConfigError(f"message {index}: unknown role {role!r}; expected one of {list(TEMPLATE_ROLES)}")
+    if not isinstance(content, str):
+        raise ConfigError(f"message {index} ({role}): content must be str, got {type(content).__name__}")
+    return {"role": role, "content": content, **{k: message[k] for k in PASSED_KEYS if k in message}}
+
+
 def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat:
     """Ids and assistant mask of a conversation rendered with the tokenizer's chat template."""
-    checked = [dict(zip(("role", "content"), _check_message(m, i), strict=True)) for i, m in enumerate(messages)]
+    checked = [_checked(m, i) for i, m in enumerate(messages)]
     full, spans = _render(tokenizer, checked)
     if GENERATION_TAG.search(tokenizer.chat_template):
         ids, starts = tokenizer.encode_rendered(full)

@@ -128,7 +128,7 @@ def test_wrong_bytes_are_refused_by_their_checksum_naming_the_file(serve, downlo
     assert not (download_cache / "remote").exists() or not list(download_cache.rglob("shard_00000.bin"))
 
 
-def test_ctrl_c_during_a_stalled_download_stops_at_once_in_one_line(serve, tokenizer, tmp_path):
+def test_ctrl_c_during_a_stalled_download_stops_at_once_in_one_line(serve, tokenizer, tmp_path, sigint_delivered):
     """`train` from a URL whose shards stall: the prefetcher's downloads (on their own threads) end with the
     first Ctrl-C too, instead of holding the exit until the stall limit; no temporary is left."""
     make, _ = serve
@@ -153,7 +153,7 @@ def test_ctrl_c_during_a_stalled_download_stops_at_once_in_one_line(serve, token
     assert not list(downloads.rglob("*.tmp-*"))
 
 
-def test_ctrl_c_during_a_stalled_shard_download_stops_at_once(serve, tmp_path):
+def test_ctrl_c_during_a_stalled_shard_download_stops_at_once(serve, tmp_path, sigint_delivered):
     """`download` (numbered Parquet shards on 4 threads): the first Ctrl-C ends every transfer, none left."""
     make, cache = serve
     for i in range(2):

@@ -123,7 +123,8 @@ def _children(pid: int) -> list[int]:
 
 @FORK
 @pytest.mark.parametrize("executor", ["inline", "processes"])  # encode workers of the one-process build; task workers
-def test_ctrl_c_during_a_tiktoken_build_is_one_message_and_no_worker_traceback(tmp_path, tiktoken_file, executor):
+def test_ctrl_c_during_a_tiktoken_build_is_one_message_and_no_worker_traceback(tmp_path, tiktoken_file, executor,
+                                                                               sigint_delivered):
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts() * 60))
     proc = subprocess.Popen([sys.executable, "-m", "niels_gpt", "build", str(src), "--out", str(tmp_path / "c"),

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import ctrl_c_delivered
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "campaign_train.py"
 
 
@@ -16,9 +18,10 @@ def figures(tmp_path_factory, pretrain_cache):
     spec = importlib.util.spec_from_file_location("campaign_train", BENCH)
     campaign = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(campaign)
-    result = campaign.run_train_campaign(tmp_path_factory.mktemp("campaign-train"), kills=2, flips=24, seed=5,
-                                         cache=pretrain_cache, steps=20, save_every=6,
-                                         first=2)  # inside the loop, its handler installed: what the test is for
+    with ctrl_c_delivered():  # its SIGINT runs stop even in a suite run with SIGINT ignored (a background job)
+        result = campaign.run_train_campaign(tmp_path_factory.mktemp("campaign-train"), kills=2, flips=24, seed=5,
+                                             cache=pretrain_cache, steps=20, save_every=6,
+                                             first=2)  # inside the loop, its handler installed: what the test is for
     campaign.report(result)
     return result
 

@@ -23,6 +23,8 @@ from niels_gpt.train.train import TrainConfig, train
 from .conftest import TINY, VOCAB
 
 TOKEN_BYTES = torch.ones(VOCAB, dtype=torch.int64)
+# SIGINT reaches these tests and their commands even in a suite run with it ignored (a background job)
+pytestmark = pytest.mark.usefixtures("sigint_delivered")
 REPO = Path(__file__).resolve().parents[2]
 
 
