@@ -83,7 +83,7 @@ def _add_tokenizer_flags(p) -> None:
     g = p.add_argument_group("tokenizer training")
     g.add_argument("--vocab-size", type=int, default=t.vocab_size, help="ordinary pieces (4 special tokens come on top)")
     g.add_argument("--model-type", default=t.model_type, choices=["bpe", "unigram"],
-                   help="sentencepiece model type (bpe: byte fallback, trained 15x faster, encoded by the fast encoder)")
+                   help="sentencepiece model type (bpe: byte fallback, trained 4-15x faster, encoded by the fast encoder)")
     g.add_argument("--character-coverage", type=float, default=t.character_coverage,
                    help="share of characters covered by pieces; the rest fall back to bytes")
     g.add_argument("--tokenizer-threads", type=int, default=t.num_threads, help="trainer threads (part of the model's identity)")
