@@ -82,17 +82,13 @@ def _add_tokenizer_flags(p) -> None:
     t = TrainSettings()
     g = p.add_argument_group("tokenizer training")
     g.add_argument("--vocab-size", type=int, default=t.vocab_size, help="ordinary pieces (4 special tokens come on top)")
-    g.add_argument("--model-type", default=t.model_type, choices=["bpe", "unigram"],
-                   help="sentencepiece model type (bpe: byte fallback, trained 4-15x faster, encoded by the fast encoder)")
+    g.add_argument("--model-type", default=t.model_type, choices=["bpe", "unigram"], help="sentencepiece model type")
     g.add_argument("--character-coverage", type=float, default=t.character_coverage,
                    help="share of characters covered by pieces; the rest fall back to bytes")
     g.add_argument("--tokenizer-threads", type=int, default=t.num_threads, help="trainer threads (part of the model's identity)")
     g.add_argument("--tokenizer-max-chars", type=_int, default=t.max_train_chars, help="characters of text to train on")
-    g.add_argument("--max-chars", type=_int, default=t.max_chars,
-                   help="train on a seeded sample of documents from the whole input of about this many characters "
-                        "(default: every document)")
-    g.add_argument("--doc-chars", type=_int, default=t.doc_chars,
-                   help="with --max-chars: characters kept of each sampled document")
+    g.add_argument("--max-chars", type=_int, default=t.max_chars, help="train on a seeded sample of this many characters (default: all)")
+    g.add_argument("--doc-chars", type=_int, default=t.doc_chars, help="with --max-chars: characters kept a document")
     g.add_argument("--max-sentence-length", type=int, default=t.max_sentence_length, help="bytes per training chunk")
     g.add_argument("--no-split-digits", dest="split_digits", action="store_false",
                    help="let a piece span several digits (by default every digit is its own piece)")
@@ -181,8 +177,7 @@ def run_train_tokenizer(args) -> int:
         print(f"tokenizer: {len(tok)} ids, sha256 {tok.sha256[:16]}… -> {args.out}")
         return 0
     if args.read_as:
-        raise ConfigError("--read-as applies to the files of SRC: give train-tokenizer SRC... --out DIR with it (build-all's "
-                          "sources are read as they are)")
+        raise ConfigError("--read-as applies to the files of SRC: give train-tokenizer SRC... --out DIR with it")
     args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)
@@ -329,7 +324,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def build_parser(prog: str | None = None, only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser; `only="build"`: with the `build` subcommand alone (what `main` uses to run a build)."""
+    """The CLI's parser; `only="build"` or "train-tokenizer": with that subcommand alone (what `main` runs it with)."""
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="niels_gpt token caches: build, inspect, verify, convert, pack")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -338,8 +333,8 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
                              "(a transfer that keeps moving is never cut); before or after the command "
                              "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    if only == "build":
-        build_cli.register(sub)
+    if only in ("build", "train-tokenizer"):  # NOTE: the other commands' modules import torch (~1.5 s)
+        (build_cli.register if only == "build" else add_train_tokenizer)(sub)
     else:
         import importlib
 
@@ -370,7 +365,7 @@ _ONE_LINE_ERRNOS = {
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser(only="build" if command_of(words) == "build" else None).parse_args(argv)
+    args = build_parser(only=c if (c := command_of(words)) in ("build", "train-tokenizer") else None).parse_args(argv)
     allow_transfers()
     restore = ctrl_c_stops_transfers()
     try:

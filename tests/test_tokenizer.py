@@ -263,3 +263,20 @@ def test_an_error_of_the_input_reader_comes_out_as_itself_not_as_a_training_fail
 
     with pytest.raises(SourceError, match=r"^data.jsonl, line 9: not valid JSON$"):
         train_tokenizer(texts(), tmp_path, settings=TrainSettings(vocab_size=600))
+
+
+def test_train_tokenizer_imports_no_torch(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    src = tmp_path / "docs.txt"
+    src.write_text("\n\n".join(sample_texts()[:2]), encoding="utf-8")
+    code = ("import sys\nfrom niels_gpt.cli import main\n"
+            f"rc = main(['train-tokenizer', {str(src)!r}, '--out', {str(tmp_path / 'tok')!r}, '--vocab-size', '400', "
+            "'--no-progress'])\nassert rc == 0, rc\nassert 'torch' not in sys.modules, 'torch imported'\nprint('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
