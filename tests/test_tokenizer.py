@@ -205,7 +205,7 @@ def test_the_default_model_is_encoded_by_the_fast_encoder_and_unigram_is_not(tok
     from niels_gpt.tokenizer.fast import fast_encoder
 
     unigram = train_tokenizer(sample_texts(), tmp_path, settings=TrainSettings(vocab_size=1000, model_type="unigram"))
-    assert fast_encoder(tokenizer) is not None and fast_encoder(unigram) is None
+    assert fast_encoder(load_tokenizer(tokenizer.model_path)) is not None and fast_encoder(unigram) is None
 
 
 def test_the_sample_of_max_chars_is_seeded_capped_in_stream_order_and_from_the_whole_input():
