@@ -106,6 +106,9 @@ def _build(gigatoken, tokenizer):
                 scheme = None
         if scheme is None:
             return None
+        path = tokenizer._path
+        if path.lower().endswith(".tiktoken") and os.path.isfile(path):  # the file tiktoken read: not written again
+            return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
         lines = b"".join(base64.b64encode(t) + b" %d\n" % r
                          for t, r in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
         with tempfile.TemporaryDirectory(prefix="niels-gpt-ranks-") as d:
