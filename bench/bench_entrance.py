@@ -1,7 +1,7 @@
 """The entrance of the library against the field, in one run on the same files: tokenizer training, encoding,
 and the start-up of `build`.
 
-    python bench/bench_entrance.py            # ~3 min on 2 cores; needs ../shared/data, no network
+    pip install ".[bench-tokenizers,tiktoken]"; python bench/bench_entrance.py   # ~3 min on 2 cores, no network
 
 On debian-docs (../shared/data/bulk-text/debian-docs.jsonl): the first --train-chars characters of documents
 are the training text, the next --heldout-docs documents the held-out text.
