@@ -35,7 +35,7 @@ from niels_gpt.tokenizer.sample import DOC_CHARS, sample_documents
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
-MODEL_TYPE = "bpe"  # 4-15x faster to train than unigram, and the fast encoder encodes it (docs/performance.md)
+MODEL_TYPE = "bpe"  # 8-13x faster to train than unigram, and the fast encoder encodes it (docs/performance.md)
 CHARACTER_COVERAGE = 0.9995
 NUM_THREADS = 4
 MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
