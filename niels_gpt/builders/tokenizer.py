@@ -8,9 +8,9 @@
   source is remote.
 - Two phases on stderr: reading the text (a bar in characters, with an ETA when the input's size is known),
   then training (sentencepiece takes the whole text first), shown with its elapsed time against an estimate
-  from the characters read: on this project's 2-core VM BPE (the default) trains at about 0.5 s per million
-  characters, unigram at 7-9 s (16,000 pieces; `python bench/bench_entrance.py`), so 52 M characters take
-  about 30 s as BPE and 8 minutes as unigram. `--max-chars N` trains on a seeded sample of N characters of
+  from the characters read: on this project's 2-core VM BPE (the default) trains at 0.2-1.9 s per million
+  characters, unigram at 3-8 s (16,000 pieces; `python bench/bench_entrance.py`), so 52 M characters take
+  10 s to 1.5 minutes as BPE and 3 to 7 minutes as unigram. `--max-chars N` trains on a seeded sample of N characters of
   the whole input instead (niels_gpt/tokenizer/sample.py).
 - The output is built aside and swapped in (niels_gpt/staging.py): only a tokenizer directory of ours is
   ever replaced. meta.json records what it was trained on (the plan's description) and the settings.
