@@ -24,6 +24,7 @@ from niels_gpt import sources
 from niels_gpt.args import HelpFormatter, exit_with, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
+from niels_gpt.builders import cli as build_cli
 from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_tokenizer, format_summary
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.seeds import seed_arg
@@ -120,11 +121,13 @@ def _add_tokenizer_flags(p) -> None:
     t = TrainSettings()
     g = p.add_argument_group("tokenizer training")
     g.add_argument("--vocab-size", type=int, default=t.vocab_size, help="ordinary pieces (4 special tokens come on top)")
-    g.add_argument("--model-type", default=t.model_type, choices=["unigram", "bpe"], help="sentencepiece model type")
+    g.add_argument("--model-type", default=t.model_type, choices=["bpe", "unigram"], help="sentencepiece model type")
     g.add_argument("--character-coverage", type=float, default=t.character_coverage,
                    help="share of characters covered by pieces; the rest fall back to bytes")
     g.add_argument("--tokenizer-threads", type=int, default=t.num_threads, help="trainer threads (part of the model's identity)")
     g.add_argument("--tokenizer-max-chars", type=_int, default=t.max_train_chars, help="characters of text to train on")
+    g.add_argument("--max-chars", type=_int, default=t.max_chars, help="train on a seeded sample of this many characters (default: all)")
+    g.add_argument("--doc-chars", type=_int, default=t.doc_chars, help="with --max-chars: characters kept a document")
     g.add_argument("--max-sentence-length", type=int, default=t.max_sentence_length, help="bytes per training chunk")
     g.add_argument("--no-split-digits", dest="split_digits", action="store_false",
                    help="let a piece span several digits (by default every digit is its own piece)")
@@ -153,7 +156,8 @@ def config_from_args(args):
     settings = TrainSettings(vocab_size=args.vocab_size, model_type=args.model_type,
                              character_coverage=args.character_coverage, num_threads=args.tokenizer_threads,
                              max_train_chars=args.tokenizer_max_chars, seed=args.seed,
-                             max_sentence_length=args.max_sentence_length, split_digits=args.split_digits)
+                             max_sentence_length=args.max_sentence_length, split_digits=args.split_digits,
+                             max_chars=args.max_chars, doc_chars=args.doc_chars)
     names = {f.name for f in fields(BuildConfig)}
     kw = {k: v for k, v in vars(args).items() if k in names}
     kw.update(only=tuple(args.only), tokenizer_settings=settings, progress=None if not args.no_progress else False)
@@ -188,6 +192,7 @@ def add_train_tokenizer(sub) -> None:
     g.add_argument("--messages-field", default="messages", help="with --chat: field holding the messages")
     g.add_argument("--on-bad-record", choices=("error", "skip"), default="error",
                    help="a bad record stops training naming its file and line, or is skipped")
+    build_cli.add_read_as_arg(g)
     _add_common_flags(p, d)
     _add_tokenizer_flags(p)
     _add_source_flags(p, d, budgets=False)
@@ -205,9 +210,12 @@ def run_train_tokenizer(args) -> int:
         settings = config_from_args(args).tokenizer_settings
         rules = Rules(text_field=args.text_field, messages_field=args.messages_field, on_bad_record=args.on_bad_record)
         tok = train_on_sources(args.sources, args.out, settings=settings, rules=rules, chat=args.chat,
-                               layout=args.layout, progress=False if args.no_progress else None)
+                               layout=args.layout, progress=False if args.no_progress else None,
+                               read_as=build_cli.read_as_map(args.read_as))
         print(f"tokenizer: {len(tok)} ids, sha256 {tok.sha256[:16]}… -> {args.out}")
         return 0
+    if args.read_as:
+        raise ConfigError("--read-as applies to the files of SRC: give train-tokenizer SRC... --out DIR with it")
     args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)

@@ -78,35 +78,41 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
     either). The fast encoder (niels_gpt/tokenizer/fast.py) encodes them where it is checked to give the same
     ids."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
-    as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
-    # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
-    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
-
-    def batch(short_texts):
-        fast = fast_encoder(tokenizer)
-        if fast is not None and short_texts:
-            fast = check_sample(tokenizer, fast, short_texts)
-        if fast is None:
-            return reference(short_texts)
-        ids = fast.encode_arrays(short_texts)
-        left = [i for i, a in enumerate(ids) if a is None]  # texts gigatoken cannot take (lone surrogates)
-        for i, a in zip(left, reference([short_texts[i] for i in left]) if left else [], strict=True):
-            ids[i] = np.asarray(a, dtype=np.uint32)
-        return ids if arrays else [a.tolist() for a in ids]
-
-    def reference(short_texts):
-        return as_arrays(short_texts) if as_arrays else tokenizer.encode_batch(short_texts, num_threads=num_threads)
-
     if all(len(t) <= piece_chars for t in texts):
-        return batch(texts)
+        return encode_whole(tokenizer, texts, num_threads, arrays)
     out: list = [None] * len(texts)
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
-    for i, ids in zip(short, batch([texts[i] for i in short]), strict=True):
+    for i, ids in zip(short, encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays),
+                       strict=True):
         out[i] = ids
     for i, text in enumerate(texts):
         if out[i] is None:
             out[i] = encode_long(tokenizer, text, piece_chars)
     return out
+
+
+def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, arrays: bool = True) -> list:
+    """Ids of each text, encoded whole: by the fast encoder where it is checked to give the tokenizer's ids
+    (niels_gpt/tokenizer/fast.py; uint32 arrays), else by the tokenizer's own batch encoder on `num_threads`
+    (lists, or its uint32 arrays where it has `encode_batch_arrays` and `arrays` is set)."""
+    # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
+    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
+
+    as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
+
+    def reference(some):
+        return as_arrays(some) if as_arrays else tokenizer.encode_batch(some, num_threads=num_threads)
+
+    fast = fast_encoder(tokenizer)
+    if fast is not None and texts:
+        fast = check_sample(tokenizer, fast, texts)
+    if fast is None:
+        return reference(texts)
+    ids = fast.encode_arrays(texts)
+    left = [i for i, a in enumerate(ids) if a is None]  # texts gigatoken cannot take (lone surrogates)
+    for i, a in zip(left, reference([texts[i] for i in left]) if left else [], strict=True):
+        ids[i] = np.asarray(a, dtype=np.uint32)
+    return ids if arrays else [a.tolist() for a in ids]
 
 
 def encode_long(tokenizer, text: str, piece_chars: int | None = None) -> np.ndarray:

@@ -58,7 +58,7 @@ def world(tmp_path_factory, tokenizer) -> World:
     sft = root / "cache" / "sft" / "chat"
     build_sft_cache(CONVERSATIONS, str(sft), tokenizer=tokenizer, val_frac=0.1, seed=0)
     other = train_tokenizer(sample_texts()[::-1], root / "other",
-                            settings=TrainSettings(vocab_size=2000, model_type="bpe"))
+                            settings=TrainSettings(vocab_size=2000, model_type="unigram"))  # not the default
     return World(root, Path(tokenizer.model_path), pre, sft, Path(other.model_path))
 
 

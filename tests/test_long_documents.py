@@ -72,7 +72,14 @@ def test_pieces_give_exactly_the_ids_of_the_whole_document(backend, piece_chars,
     assert got.dtype == np.int32 and np.array_equal(got, whole)
 
 
-def test_a_unigram_model_differs_only_in_rare_ties(tokenizer):
+@pytest.fixture(scope="module")
+def unigram(tmp_path_factory):
+    return train_tokenizer(sample_texts(), tmp_path_factory.mktemp("unigram"),
+                           settings=TrainSettings(vocab_size=2000, model_type="unigram"))
+
+
+def test_a_unigram_model_differs_only_in_rare_ties(unigram):
+    tokenizer = unigram
     text = _long_text()
     whole = tokenizer.encode(text)
     got = encode_long(tokenizer, text, 4096).tolist()

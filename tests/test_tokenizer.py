@@ -176,3 +176,107 @@ def test_training_on_whitespace_or_a_lone_surrogate_is_one_clear_error(tmp_path)
         train_tokenizer(["  \n", ""], tmp_path / "a", settings=settings)
     with pytest.raises(TokenizerError, match=r"document 3: a lone surrogate \('\\ud800'\)"):
         train_tokenizer(["fine text", "more", "half \ud800 of it"], tmp_path / "b", settings=settings)
+
+
+@pytest.mark.parametrize("model_type", [None, "bpe", "unigram"])
+def test_train_tokenizer_trains_each_model_type_with_the_same_specials_and_masks(tmp_path, model_type):
+    import json
+
+    from niels_gpt.cli import main
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts()), encoding="utf-8")
+    flag = ["--model-type", model_type] if model_type else []
+    assert main(["train-tokenizer", str(src), "--out", str(tmp_path / "tok"), "--vocab-size", "800",
+                 "--no-progress", *flag]) == 0
+    tok = load_tokenizer(tmp_path / "tok")
+    meta = json.loads((tmp_path / "tok" / "meta.json").read_text())
+    assert meta["settings"]["model_type"] == (model_type or "bpe")  # BPE (byte fallback) is the default
+    assert tok.special_ids == {"sys": 3, "usr": 4, "asst": 5, "eot": 6} and len(tok) == 804
+    conv = [{"role": "user", "content": "What is a tokenizer?"}, {"role": "assistant", "content": "A map, 123."}]
+    ids, mask = tok.render_chat(conv)
+    assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) == "A map, 123."
+    assert ids[-1] == tok.special_ids["eot"] and mask[-1]
+    assert tok.decode(tok.encode("emoji 😀 and CJK 日本")) == "emoji 😀 and CJK 日本"
+
+
+def test_the_default_model_is_encoded_by_the_fast_encoder_and_unigram_is_not(tokenizer, tmp_path):
+    pytest.importorskip("gigatoken")
+    from niels_gpt.tokenizer.fast import fast_encoder
+
+    unigram = train_tokenizer(sample_texts(), tmp_path, settings=TrainSettings(vocab_size=1000, model_type="unigram"))
+    assert fast_encoder(load_tokenizer(tokenizer.model_path)) is not None and fast_encoder(unigram) is None
+
+
+def test_the_sample_of_max_chars_is_seeded_capped_in_stream_order_and_from_the_whole_input():
+    from niels_gpt.tokenizer.sample import sample_documents
+
+    docs = [f"doc{i:04d} " + "x" * (i % 50) * 40 for i in range(2000)]
+    stats: dict = {}
+    a = list(sample_documents(docs, 50_000, doc_chars=300, seed=1, stats=stats))
+    assert a == list(sample_documents(docs, 50_000, doc_chars=300, seed=1))
+    assert a != list(sample_documents(docs, 50_000, doc_chars=300, seed=2))
+    assert 45_000 < sum(map(len, a)) <= 50_000 and all(len(t) <= 300 for t in a)
+    index = [int(t[3:7]) for t in a]
+    assert index == sorted(index) and index[0] < 200 and index[-1] > 1800  # the start, the end and between
+    assert stats == {"sampled_from_documents": 2000, "sampled_documents": len(a), "sampled_characters": sum(map(len, a))}
+    assert list(sample_documents(docs[:3], 10**9, doc_chars=10**9)) == docs[:3]  # a budget past the input: all
+
+
+def test_training_with_max_chars_is_deterministic_and_recorded(tmp_path):
+    import json
+
+    texts = sample_texts() * 3
+    settings = TrainSettings(vocab_size=600, max_chars=60_000, doc_chars=2_000, seed=7)
+    models = [train_tokenizer(texts, tmp_path / name, settings=settings) for name in ("a", "b")]
+    assert open(models[0].model_path, "rb").read() == open(models[1].model_path, "rb").read()
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    assert meta["settings"]["max_chars"] == 60_000 and meta["settings"]["doc_chars"] == 2_000
+    assert 50_000 < meta["training_text"]["sampled_characters"] <= 60_000
+    assert meta["training_text"]["sampled_from_documents"] == len(texts) > meta["training_text"]["sampled_documents"]
+    other = train_tokenizer(texts, tmp_path / "c", settings=TrainSettings(vocab_size=600, max_chars=60_000,
+                                                                          doc_chars=2_000, seed=8))
+    assert open(other.model_path, "rb").read() != open(models[0].model_path, "rb").read()
+
+
+def test_train_tokenizer_reads_files_of_another_suffix_with_read_as(tmp_path):
+    import json
+
+    from niels_gpt.cli import main
+
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "words.dict").write_text("\n\n".join(sample_texts()), encoding="utf-8")
+    assert main(["train-tokenizer", str(d), "--out", str(tmp_path / "tok"), "--vocab-size", "600", "--no-progress",
+                 "--read-as", ".dict=text"]) == 0
+    meta = json.loads((tmp_path / "tok" / "meta.json").read_text())
+    assert any(f.endswith("words.dict") for f in meta["trained_on"]["files"])
+    assert meta["training_text"]["characters"] > 100_000  # the file, read as text (a Gutenberg book: its licence cut)
+
+
+def test_an_error_of_the_input_reader_comes_out_as_itself_not_as_a_training_failure(tmp_path):
+    from niels_gpt.errors import SourceError
+
+    def texts():
+        yield from sample_texts()
+        raise SourceError("data.jsonl, line 9: not valid JSON")
+
+    with pytest.raises(SourceError, match=r"^data.jsonl, line 9: not valid JSON$"):
+        train_tokenizer(texts(), tmp_path, settings=TrainSettings(vocab_size=600))
+
+
+def test_train_tokenizer_imports_no_torch(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    src = tmp_path / "docs.txt"
+    src.write_text("\n\n".join(sample_texts()[:2]), encoding="utf-8")
+    code = ("import sys\nfrom niels_gpt.cli import main\n"
+            f"rc = main(['train-tokenizer', {str(src)!r}, '--out', {str(tmp_path / 'tok')!r}, '--vocab-size', '400', "
+            "'--no-progress'])\nassert rc == 0, rc\nassert 'torch' not in sys.modules, 'torch imported'\nprint('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]

@@ -8,9 +8,10 @@
   source is remote.
 - Two phases on stderr: reading the text (a bar in characters, with an ETA when the input's size is known),
   then training (sentencepiece takes the whole text first), shown with its elapsed time against an estimate
-  from the characters read: unigram training ran at 8.9-9.7 s per million characters on this project's
-  2-core VM (`python bench/bench_tokenizer_training.py`, vocab 16,000 and 4,000), so 55 MB of text (52 M
-  characters) takes about 8 minutes.
+  from the characters read: on this project's 2-core VM BPE (the default) trains at 0.2-1.9 s per million
+  characters, unigram at 3-8 s (16,000 pieces; `python bench/bench_entrance.py`), so 52 M characters take
+  10 s to 1.5 minutes as BPE and 3 to 7 minutes as unigram. `--max-chars N` trains on a seeded sample of N characters of
+  the whole input instead (niels_gpt/tokenizer/sample.py).
 - The output is built aside and swapped in (niels_gpt/staging.py): only a tokenizer directory of ours is
   ever replaced. meta.json records what it was trained on (the plan's description) and the settings.
 """
@@ -34,7 +35,7 @@ from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
 
-SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 3.0}  # training time per million characters (module docstring)
+SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5}  # training time per million characters (module docstring)
 
 
 def texts_of(items: Iterable) -> Iterator[str]:

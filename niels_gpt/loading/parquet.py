@@ -13,15 +13,22 @@
 - state_dict() = position in doc ids (contiguous: doc + token offset; bestfit: buffered doc ids +
   next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
   to the next row group, dropping the rest of the current one and the whole buffer;
-- `prefetch=N`: reading, tokenizing and packing run ahead of the loop in the background (a thread, as
-  every backend's encoder releases the GIL; a worker process for a Python encoder: ahead.py), up
-  to N batches ahead; the state is still the position after the last batch handed out.
+- `prefetch=N` (default 4, as `train --prefetch`): reading, tokenizing and packing run ahead of the loop
+  in the background (a thread, as every backend's encoder releases the GIL; a worker process for a Python
+  encoder: ahead.py), up to N batches ahead; the state is still the position after the last batch handed
+  out. `prefetch=0` does the work in `next()`;
+- the fast encoder (niels_gpt/tokenizer/fast.py) tokenizes where it is checked to give the tokenizer's
+  ids, on the producing thread; otherwise the tokenizer's batch encoder on `tokenizer_threads` threads,
+  by default this process's cores shared by the ranks of its node (LOCAL_WORLD_SIZE, as torchrun sets
+  it): 8 ranks on 16 cores start 2 threads each, not 16.
 
 Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s
 (4.6M tokens/s, 2 cores, bench/bench_loading.py); best-fit tokenizes at 0.65x but crops 63% of
 long documents at T=1024, so it delivers fewer. Resuming re-reads the buffered documents' row groups.
 Running ahead, the loop's wait is a queue hand-off while the producer keeps up with the step
-(`bench/bench_loading.py --section feed`; figures in docs/loading.md).
+(`bench/bench_loading.py --section feed`; figures in docs/loading.md): behind a 30 ms step, B=32, T=1024,
+pinned to one core, the defaults keep the loop fed 99.7% of the time with the fast encoder and 99.8% with
+a unigram model on its own library; in the loop (prefetch=0) 85-96% and 68-74% (bench/bench_parquet_feed.py).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from niels_gpt.encode import encode_whole
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
@@ -44,6 +52,22 @@ TOKENIZER_BATCH_SIZE = 128
 PACKINGS = ("contiguous", "bestfit")
 PARQUET_KIND = "parquet_token_loader"
 OPEN_FILES = 4  # Parquet files a rank keeps open at once
+PREFETCH = 4  # batches made ahead in the background by default (train's --prefetch default)
+
+
+def rank_threads(local_world_size: int | None = None) -> int:
+    """Encode threads of one rank: the cores this process may run on (its affinity), shared by the ranks of
+    its node (`local_world_size`, else $LOCAL_WORLD_SIZE, else 1), at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on macOS and Windows
+        cores = os.cpu_count() or 1
+    if local_world_size is None:
+        try:
+            local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        except ValueError:
+            local_world_size = 1
+    return max(1, cores // max(1, local_world_size))
 
 
 def _read_metadata(path: Path):
@@ -87,7 +111,9 @@ class RankDocuments:
         self.bos = tokenizer.bos_id if bos_id is None else bos_id
         if self.bos is None:
             raise ConfigError(f"tokenizer {tokenizer.model_path} has no BOS token; pass bos_id=")
-        self.batch_size, self.threads = batch_size, threads
+        if threads is not None and threads < 1:
+            raise ConfigError(f"tokenizer_threads={threads}: must be >= 1 (or None: the rank's share of the cores)")
+        self.batch_size, self.threads = batch_size, rank_threads() if threads is None else threads
         self.tokens_encoded = 0  # every token tokenized, including look-ahead and re-reads on resume
         self._pf: OrderedDict[int, object] = OrderedDict()  # the files open now, least recently read first
         groups = []
@@ -143,10 +169,10 @@ class RankDocuments:
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         out = []
-        for ids in self.tokenizer.encode_batch(texts, num_threads=self.threads):
+        for ids in encode_whole(self.tokenizer, texts, self.threads):
             arr = np.empty(len(ids) + 1, dtype=np.int64)
             arr[0] = self.bos
-            arr[1:] = np.asarray(ids, dtype=np.int64)
+            arr[1:] = ids
             out.append(arr)
             self.tokens_encoded += len(arr)
         return out
@@ -184,7 +210,7 @@ class ParquetTokenLoader:
                  world_size: int | None = None, buffer_size: int = BUFFER_SIZE,
                  tokenizer_batch_size: int = TOKENIZER_BATCH_SIZE, tokenizer_threads: int | None = None,
                  text_column: str = TEXT_COLUMN, bos_id: int | None = None, device: str | torch.device = "cpu",
-                 prefetch: int = 0, prefetch_mode: str = "auto"):
+                 prefetch: int = PREFETCH, prefetch_mode: str = "auto"):
         if packing not in PACKINGS:
             raise ConfigError(f"packing {packing!r}: expected one of {PACKINGS}")
         if B < 1 or T < 1 or buffer_size < 1:

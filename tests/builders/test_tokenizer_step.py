@@ -60,7 +60,7 @@ def test_progress_shows_reading_then_training_with_an_estimate(my_data, tmp_path
     with contextlib.redirect_stderr(err):
         train_on_sources([my_data], tmp_path / "tok", settings=TrainSettings(vocab_size=int(VOCAB)), progress=True)
     text = err.getvalue()
-    assert "tokenizer: reading text" in text and "tokenizer: training (unigram, 600 pieces, about" in text
+    assert "tokenizer: reading text" in text and "tokenizer: training (bpe, 600 pieces, about" in text
 
 
 def test_build_train_tokenizer_trains_into_the_output_root_then_reuses_it(my_data, tmp_path, capsys):

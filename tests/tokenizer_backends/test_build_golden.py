@@ -84,7 +84,16 @@ BPE_SHARDS = {  # tokenizer.json and .tiktoken of the same BPE write the same to
     "val/shard_00000.bin": "a8418a6765892ea94108274557aefffe286717f4303fb32d16f23e03cb6927cc",
 }
 GOLDEN = {
-    "sentencepiece": {
+    "sentencepiece": {  # the library's default model, BPE with byte fallback
+        "meta.json": "432135c81373914af14fb208badce282a3f7165229f855d0acfb080c91e81356",
+        "train/shard_00000.bin": "bce50c0f0e3002b58c88915898258bbe22ef499bb190caebac7f2e966517e227",
+        "train/shard_00001.bin": "c8b95b575e2cd830452b7d59da04ee71c68c7669d47342b0ca7274eaa373675c",
+        "train/shard_00002.bin": "e677f3ef578c7312ebacb81eefdb51902289c9a06caa9ff754c7897a2d25d6e3",
+        "train/shard_00003.bin": "7df96212b0d154fe77405e13de91ef3d8f71ed3917e20eff87e41e293eb5c551",
+        "train/shard_00004.bin": "5fd3b85b81870639c3a002a49d0a32757eea80dcbda32459307c530d27b95e96",
+        "val/shard_00000.bin": "645d91a0e4f8a07dc806798bd9e178cdc65bfc18519d77f74e58f7865c5a2a6a",
+    },
+    "sentencepiece-unigram": {  # --model-type unigram, the default before BPE: its shards have not moved
         "meta.json": "b8257392aff709fc3a05f919e09d976f3495fa9eea8ca8502947f277eb0751d0",
         "train/shard_00000.bin": "307252eca0a7146d8831698e6dab69969cdfa44d7afa08839e31a6fa85bd19af",
         "train/shard_00001.bin": "24165f048944d35933f59077faff959731bb1a8ca0f7ec1f877062a173d76d6a",
@@ -98,14 +107,23 @@ GOLDEN = {
 }
 
 
-@pytest.fixture(params=["sentencepiece", "hf-tokenizers", "tiktoken"])
-def backend(request, tokenizer, bpe_json, tiktoken_file, monkeypatch):
+@pytest.fixture(scope="module")
+def unigram(tmp_path_factory):
+    from niels_gpt.tokenizer import TrainSettings, train_tokenizer
+
+    return train_tokenizer(sample_texts(), tmp_path_factory.mktemp("unigram"),
+                           settings=TrainSettings(vocab_size=2000, model_type="unigram"))
+
+
+@pytest.fixture(params=["sentencepiece", "sentencepiece-unigram", "hf-tokenizers", "tiktoken"])
+def backend(request, tokenizer, unigram, bpe_json, tiktoken_file, monkeypatch):
     # the recorded meta.json is the reference encoder's (no `encoder` field); the fast encoder's caches are held
     # to these shards in test_fast_encoder.py
     monkeypatch.setenv("NIELS_GPT_ENCODER", "reference")
     if request.param == "tiktoken":
         pytest.importorskip("tiktoken")
-    return request.param, {"sentencepiece": tokenizer, "hf-tokenizers": load_tokenizer(bpe_json),
+    return request.param, {"sentencepiece": tokenizer, "sentencepiece-unigram": unigram,
+                           "hf-tokenizers": load_tokenizer(bpe_json),
                            "tiktoken": load_tokenizer(tiktoken_file)}[request.param]
 
 

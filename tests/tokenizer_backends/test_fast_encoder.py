@@ -91,11 +91,16 @@ def test_a_cache_built_with_the_fast_encoder_is_the_reference_cache(tmp_path, ki
     assert "warning" not in capfd.readouterr().err
 
 
-def test_the_librarys_unigram_tokenizer_stays_on_the_reference_encoder(tokenizer, bpe_json):
+def test_the_librarys_unigram_tokenizer_stays_on_the_reference_encoder(tmp_path, tokenizer, bpe_json):
     # gigatoken has no unigram model, nor this cl100k-style Split regex with possessive quantifiers
-    assert fast_encoder(tokenizer) is None
+    from niels_gpt.tokenizer import TrainSettings, train_tokenizer
+
+    unigram = train_tokenizer(sample_texts(), tmp_path, settings=TrainSettings(vocab_size=1000, model_type="unigram"))
+    assert fast_encoder(unigram) is None
     assert fast_encoder(load_tokenizer(bpe_json)) is None
-    assert fast_module.encoder_record(tokenizer) == {}
+    assert fast_module.encoder_record(unigram) == {}
+    default = load_tokenizer(tokenizer.model_path)  # a fresh object: the session's may have met NIELS_GPT_ENCODER
+    assert fast_module.encoder_record(default) == {"encoder": f"gigatoken {fast_module._version()}"}
 
 
 def test_without_gigatoken_the_reference_encoder_runs_with_no_warning(tiktoken_file, monkeypatch, capfd, tmp_path):

@@ -1,0 +1,40 @@
+"""The training text of `--max-chars N`: a deterministic sample of documents from the whole input, each cut to
+its first `--doc-chars` characters (nanochat trains its tokenizer on 2 B characters with a 10,000-character cap
+per document, so that a few huge documents do not dominate the counts).
+
+Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample is
+the documents of the smallest keys whose capped texts fit in N characters (a heap of at most N characters,
+popped at its largest key whenever it is over), given back in stream order. Same input, N, cap and seed: the
+same sample; every part of the input has the same chance, whatever its position, and nothing but the sample
+is held in memory.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable, Iterator
+
+DOC_CHARS = 10_000  # characters kept of each document when sampling (nanochat's doc_cap)
+
+
+def sample_documents(texts: Iterable[str], max_chars: int, doc_chars: int = DOC_CHARS, seed: int = 0,
+                     stats: dict | None = None) -> Iterator[str]:
+    """The sample (module docstring) of `texts`; `stats` gets the documents read and kept."""
+    rng = random.Random(seed)
+    heap: list[tuple[float, int, str]] = []  # (-key, index, text): heap[0] is the largest key
+    total = read = 0
+    for i, text in enumerate(texts):
+        read += 1
+        key = rng.random()
+        text = text[:doc_chars]
+        if total + len(text) > max_chars and heap and -heap[0][0] < key:
+            continue  # it would be the first to go
+        heapq.heappush(heap, (-key, i, text))
+        total += len(text)
+        while total > max_chars and heap:
+            total -= len(heapq.heappop(heap)[2])
+    if stats is not None:
+        stats.update(sampled_from_documents=read, sampled_documents=len(heap), sampled_characters=total)
+    for _, _, text in sorted(heap, key=lambda e: e[1]):
+        yield text

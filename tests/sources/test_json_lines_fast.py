@@ -1,0 +1,92 @@
+"""JSON Lines parsed by msgspec give exactly what `json` gives: the same records, the same errors, line by line."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from niels_gpt.sources import lines
+from niels_gpt.sources.records_base import BadRecord
+
+pytest.importorskip("msgspec")
+
+TRICKY = [
+    b'{"text": "plain"}', b'{"text": "esc \\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\u20ac"}',
+    b'{"text": "pair \\ud83d\\ude00"}', b'{"text": "lone \\ud800"}', b'{"text": "low first \\udfff\\ud800"}',
+    b'{"\\ud800": "lone in a key"}', b'{"text": "lowercase \\uDBFF\\uDFFF"}', b'{"a": NaN}', b'{"a": Infinity}',
+    b'{"a": -Infinity}', b'{"a": 1e400}', b'{"a": -1e400}', b'{"a": 1e-400}', b'{"a": -0.0}', b'{"a": -0}',
+    b'{"a": 123456789012345678901234567890}', b'{"a": 18446744073709551615}', b'{"a": 18446744073709551616}',
+    b'{"a": -9223372036854775808}', b'{"a": -9223372036854775809}', b'{"a": 12345678901234567890.5}',
+    b'{"a": 1.7976931348623157e308}', b'{"a": 2.2250738585072011e-308}', b'{"a": 5e-324}', b'{"a": 0.1}',
+    b'{"a": 1E5}', b'{"a": 01}', b'{"a": [1,]}', b'{"a": 1,}', b'{"a": 1, "b": 2, "a": 3}', b'{"a": {"a": 1, "a": {}}}',
+    b'[1, 2]', b'"text"', b'3', b'null', b'{"a": 1}{"b": 2}', b'{"a": 1} x', b'{"a": "x\ty"}', b'{"a": "\x7f\xc2\x80"}',
+    b'{"a": "\\u0000"}', b'{"a": "\xed\xa0\x80"}', b'{"a": "\xff"}', b'{"a": "\xc3"}', b'{"a": 1}\x0c', b' \t{"a": 1}\r\n',
+    b'{"a": 1e}', b'{"a": .5}', b'{"a": tru}', b'{a: 1}', b"{'a': 1}", b'{"a": "\xe2\x80\xa8\xe2\x80\xa9"}',
+    b'{"a": [' * 200 + b']' * 200 + b'}', b'{"a": ' + b'[' * 5000 + b']' * 5000 + b'}', b'\x00',
+    b'{"text": "' + "ünïcödé 日本 😀".encode() * 50 + b'"}',
+]
+
+
+def _both(raw: bytes, monkeypatch) -> tuple:
+    out = []
+    for fast in (lines._fast_loads, None):
+        monkeypatch.setattr(lines, "_fast_loads", fast)
+        try:
+            got = lines._parse(raw + b"\n", "f.jsonl, line 7", 100)
+        except RecursionError:
+            got = "RecursionError"
+        out.append((got.reason, str(got)) if isinstance(got, BadRecord) else got)
+    return tuple(out)
+
+
+def test_the_fast_parser_is_in_use_where_msgspec_is_installed():
+    assert lines._fast_loads is not None
+
+
+@pytest.mark.parametrize("raw", TRICKY, ids=range(len(TRICKY)))
+def test_fast_path_gives_the_records_and_errors_of_json(raw, monkeypatch):
+    fast, reference = _both(raw, monkeypatch)
+    assert repr(fast) == repr(reference)  # repr: nan == nan, -0.0 against 0.0, int against float
+
+
+def test_fast_path_equals_json_on_random_numbers_and_strings(monkeypatch):
+    rng = random.Random(0)
+    alphabet = ["a", " ", "\\n", "\\\"", "\\u00e9", "é", "日", "😀", "\\ud83d\\ude00", "\\\\", "\t"]
+    for _ in range(3000):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 25))).lstrip("0") or "0"
+        number = rng.choice([digits, "-" + digits, f"{digits}.{rng.randint(0, 10**rng.randint(1, 20))}",
+                             f"{digits}e{rng.randint(-330, 330)}", repr(rng.uniform(-1e300, 1e300)),
+                             repr(rng.random() * 10 ** rng.randint(-320, 300))])
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        raw = f'{{"n": {number}, "text": "{text}", "k": [{number}, {{"x": "{text}"}}]}}'.encode()
+        fast, reference = _both(raw, monkeypatch)
+        assert repr(fast) == repr(reference), raw
+
+
+def test_floats_are_the_same_float(monkeypatch):
+    rng = random.Random(1)
+    for _ in range(2000):
+        x = rng.uniform(-1, 1) * 10 ** rng.randint(-300, 300)
+        for s in (repr(x), f"{x:.17g}", f"{x:.25e}"):
+            fast, reference = _both(f'{{"x": {s}}}'.encode(), monkeypatch)
+            assert fast == reference and (math.copysign(1, fast["x"]) == math.copysign(1, reference["x"]))
+
+
+def test_a_byte_range_reads_the_same_records_either_way(tmp_path, monkeypatch):
+    path = tmp_path / "tricky.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n\n".join(TRICKY[:-3]) + b"\n  \n")
+    piece = SimpleNamespace(item=str(path), start=0, stop=path.stat().st_size, kind=".jsonl")
+    runs = []
+    for fast in (lines._fast_loads, None):
+        monkeypatch.setattr(lines, "_fast_loads", fast)
+        runs.append([(str(w), (r.reason, str(r)) if isinstance(r, BadRecord) else r)
+                     for w, r in lines.json_lines(piece, None)])
+    assert repr(runs[0]) == repr(runs[1])
+    assert len(runs[0]) == len(TRICKY) - 3
+    assert runs[0][0] == (f"{path}, line 1", {"text": "plain"})
+    assert str(runs[0][3][0]) == f"{path}, line 7"  # blank lines counted, the BOM dropped
+    assert runs[0][3][1][0] == "invalid_text" and json.loads(TRICKY[0]) == runs[0][0][1]
