@@ -49,10 +49,10 @@ def reader_of(name: str) -> str:
 
 def formats_help() -> str:
     """One line per format: its name, its aliases, and the program that reads it; then the presets."""
-    lines = ["formats (--to) and the programs that read them:"]
+    lines = ["formats (--to) and the programs that read them (a format named after its reader first):"]
     for fmt in FORMATS:
         aliases = [a for a, f in ALIASES.items() if f == fmt]
-        name = fmt + (f" (= {', '.join(aliases)})" if aliases else "")
+        name = f"{aliases[0]} (= {', '.join([fmt, *aliases[1:]])})" if aliases else fmt
         lines.append(f"  {name:<34} {READERS[fmt]}")
     for name, fmt in PRESETS.items():
         _, fixes, program = TABLE[name]
