@@ -267,7 +267,7 @@ def sample_device_cuda_on_a_cpu_only_torch(w, tmp):
 
 CASES = [
     Case("train: --out-dir holds another run", out_dir_holds_another_run,
-         ("--out-dir", "holds a run on", "seed 0", "checkpoints at steps 1, 2", "--resume latest", "--overwrite")),
+         ("--out-dir", "holds a run on", "seed 42", "checkpoints at steps 1, 2", "--resume latest", "--overwrite")),
     Case("train: --out-dir holds a user's files", out_dir_holds_user_files,
          ("holds files this trainer did not write", "notes.txt")),
     Case("train: --out-dir inside the data", out_dir_inside_the_data, ("--out-dir", "inside the data directory"),
@@ -307,7 +307,7 @@ CASES = [
     Case("train: --attention dense", attention_unknown, ("--attention", "invalid choice"), status=2),
     Case("train: --peak-tflops 0", peak_tflops_zero, ("--peak-tflops 0", "must be > 0")),
     Case("train: --prefetch -1", prefetch_negative, ("--prefetch -1", ">= 0")),
-    Case("train: --sequence-len 0", sequence_len_zero, ("--sequence-len 0", ">= 1")),
+    Case("train: --sequence-len 0", sequence_len_zero, ("--seq-len 0", ">= 1")),
     Case("train: --steps 0", steps_zero, ("steps 0", ">= 1")),
     Case("train: --total-batch-size not a multiple", total_batch_not_a_multiple,
          ("total_batch_size 100", "not a multiple")),

@@ -74,7 +74,7 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
         i = int(over[0])
         raise ConfigError(
             f"{split.cache_dir}/{split.split}_tokens.bin: example {i} has {int(lengths[i])} tokens, more than "
-            f"pack_size={pack_size} ({over.size} such examples); raise --pack-size or pass --on-overflow truncate "
+            f"pack_size={pack_size} ({over.size} such examples); raise --seq-len or pass --on-overflow truncate "
             "or split"
         )
     keep = np.flatnonzero(lengths > 0)

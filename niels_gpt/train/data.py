@@ -300,7 +300,7 @@ class TrainData:
         pack_size = int(getattr(ds, "pack_size", 0) or self.T)
         if pack_size != self.T:
             raise ConfigError(f"{self.path}: bins of pack_size {pack_size} for a context of T={self.T}: "
-                              f"train packed bins with --sequence-len {pack_size}")
+                              f"train packed bins with --seq-len {pack_size}")
         if self.vocab_size is None and self.tokenizer is not None:
             self.vocab_size = len(self.tokenizer)
         recorded = getattr(ds, "manifest", {}).get("source", {})

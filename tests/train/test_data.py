@@ -49,7 +49,7 @@ def test_paths_that_hold_no_training_data_are_refused(tmp_path, pretrain_cache, 
         detect_kind(pretrain_cache, "shuffled")
     with pytest.raises(ConfigError, match="pass --tokenizer"):
         TrainData(tmp_path / "odd", T=8, batch_size=2, seed=0, device="cpu", kind="parquet")
-    with pytest.raises(ConfigError, match="train packed bins with --sequence-len"):
+    with pytest.raises(ConfigError, match="train packed bins with --seq-len"):
         TrainData(packed_dir, T=8, batch_size=2, seed=0, device="cpu")
 
 
