@@ -14,10 +14,10 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME, read_meta
 from niels_gpt.packing.factory import open_packed
-from niels_gpt.packing.masks import assistant_token_mask
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.shards import shard_array
 from niels_gpt.report import find_caches
+from niels_gpt.spans import assistant_token_mask
 from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
 
