@@ -21,7 +21,7 @@ import numpy as np
 from bench_cache_common import table
 from real_tokens import real_cache
 
-from niels_gpt.loading.sampler import epoch_permutation
+from niels_gpt.loading.order import epoch_permutation
 from niels_gpt.loading.shard_windows import shard_window_order
 from niels_gpt.loading.windows import IndexedWindowDataset
 

@@ -94,3 +94,10 @@ class HelpFormatter(argparse.HelpFormatter):
         import textwrap
 
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+
+def hidden_alias(parser, old: str, primary: argparse.Action) -> None:
+    """Accept `old`, an earlier spelling of `primary`'s flag, without showing it in --help: one name per idea
+    in the help, every older command line still parses."""
+    parser.add_argument(old, dest=primary.dest, type=primary.type, choices=primary.choices, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)

@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from niels_gpt import sources
-from niels_gpt.args import HelpFormatter, exit_with, package_version, program_name
+from niels_gpt.args import HelpFormatter, exit_with, hidden_alias, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders import cli as build_cli
@@ -143,9 +143,12 @@ def _add_source_flags(p, d, *, budgets: bool) -> None:
             option.add_to(g, getattr(d, option.field))
     if budgets:
         g = p.add_argument_group("budgets and shards")
-        g.add_argument("--max-train-tokens", type=_int, default=d.max_train_tokens, help="fineweb_edu's train token budget")
-        g.add_argument("--max-val-tokens", type=_int, default=None,
-                       help="fineweb_edu's val token budget (default: 5_000_000, or 4096 with --sample)")
+        train = g.add_argument("--max-tokens", dest="max_train_tokens", type=_int, default=d.max_train_tokens,
+                               help="fineweb_edu's train token budget")
+        val = g.add_argument("--val-tokens", dest="max_val_tokens", type=_int, default=None,
+                             help="fineweb_edu's val token budget (default: 5_000_000, or 4096 with --sample)")
+        hidden_alias(g, "--max-train-tokens", train)
+        hidden_alias(g, "--max-val-tokens", val)
         g.add_argument("--shard-bytes", type=_int, default=d.shard_bytes, help="shard size target (never exceeded)")
         g.add_argument("--shuffle-buffer", type=_optional_int, default=d.shuffle_buffer,
                        help="torch-RNG document shuffle buffer (0 or none: off; default of build-all: %(default)s)")

@@ -28,16 +28,16 @@ first use or ahead of it (docs/storage.md). Peers' token files are read from loc
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from niels_gpt.constants import MANIFEST_NAME, SPLITS
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME
+from niels_gpt.packing.dataset import PackedMemmapDataset
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.storage.remote import open_marker
@@ -45,34 +45,41 @@ from niels_gpt.urls import is_url
 
 
 def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = "train", **options):
-    """The dataset for whatever `path` holds (see the module's table; niels_gpt.locate decides what it is).
-    `T` is the window (sequence) length; packed bins have theirs fixed at packing and take none. `options`
-    go to the dataset."""
+    """The dataset for whatever `path` holds (see the module's table; niels_gpt.locate decides what it is, from
+    the mirrored marker for a URL). `T` is the window (sequence) length; packed bins have theirs fixed at packing
+    and take none. `options` go to the dataset."""
     if is_url(path) and not os.fspath(path).startswith("file://"):
-        return _open_url(os.fspath(path), T, split, options)
-    p = Path(os.fspath(path).removeprefix("file://"))
-    found = locate(p)
+        rc, sub = open_marker(os.fspath(path))
+        if sub and sub not in SPLITS:
+            raise FormatError(f"{path}: {sub!r} is not a split of the cache at {rc.url} (expected "
+                              f"{' or '.join(SPLITS)})")
+        found = locate(rc.local_dir)  # the marker mirrored beside the download cache says what the URL holds
+        found.split, where = sub or None, rc.url
+    else:
+        where = Path(os.fspath(path).removeprefix("file://"))
+        found = locate(where)
+        where = where if found.kind in ("packed", "foreign") else found.root
     if found.kind == "packed":
         if T is not None:
-            raise ConfigError(f"{p}: packed bins have the length they were packed with; leave T out")
-        return open_packed(p, **options)
+            raise ConfigError(f"{path}: packed bins have the length they were packed with; leave T out")
+        return PackedMemmapDataset(where) if is_url(where) else open_packed(where, **options)
     if found.kind in ("pretrain", "sft", "foreign") and (not isinstance(T, int) or isinstance(T, bool) or T < 1):
-        raise ConfigError(f"{p}: T={T!r}; pass the window length as a positive int (T=...)")
+        raise ConfigError(f"{path}: T={T!r}; pass the window length as a positive int (T=...)")
     split = found.split or split
     if found.kind in ("pretrain", "sft"):
-        check_split(found.root, found.meta, split)
+        check_split(where, found.meta, split)
     if found.kind == "pretrain":
-        return IndexedWindowDataset(found.root, T, split=split, **options)
+        return IndexedWindowDataset(where, T, split=split, **options)
     if found.kind == "sft":
         eot = (found.meta.get("special_token_ids") or {}).get("eot")
         if eot is None:
-            raise FormatError(f"{found.root / META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
-        return SFTExampleDataset(str(found.root / f"{split}_tokens.bin"), str(found.root / f"{split}_idx.npy"), T=T,
+            raise FormatError(f"{where}/{META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
+        return SFTExampleDataset(f"{where}/{split}_tokens.bin", f"{where}/{split}_idx.npy", T=T,
                                  device=options.pop("device", "cpu"), eot_id=int(eot), **options)
     if found.kind == "foreign":
-        return MemoryMappedDataset(p, T, split=split, **options)
-    raise FormatError(f"{p}: {WHAT[found.kind]}, which holds no tokens to train on; point at a cache, packed bins or "
-                      "token files")
+        return MemoryMappedDataset(where, T, split=split, **options)
+    raise FormatError(f"{path}: {WHAT[found.kind]}, which holds no tokens to train on; point at a cache, packed bins "
+                      "or token files")
 
 
 def splits_of(meta: dict) -> dict[str, int]:
@@ -100,29 +107,3 @@ WHAT = {"tokenizer": "a tokenizer directory", "root": "a root of several outputs
         "text-parquet": "Parquet text shards (tokenized while training: ParquetTokenLoader)",
         "not-built": "a cache that was not built (its meta.json says why)"}
 
-
-def _open_url(url: str, T: int | None, split: str, options: dict):
-    """open_dataset of a cache, split directory or packed directory at a URL (its marker decides)."""
-    rc, sub = open_marker(url)
-    if rc.marker == MANIFEST_NAME:
-        if T is not None:
-            raise ConfigError(f"{url}: packed bins have the length they were packed with; leave T out")
-        return open_packed(url, **options)
-    if not isinstance(T, int) or isinstance(T, bool) or T < 1:
-        raise ConfigError(f"{url}: T={T!r}; pass the window length as a positive int (T=...)")
-    meta = json.loads((rc.local_dir / META_NAME).read_text(encoding="utf-8"))
-    if sub and sub not in SPLITS:
-        raise FormatError(f"{url}: {sub!r} is not a split of the cache at {rc.url} (expected {' or '.join(SPLITS)})")
-    split = sub or split
-    if meta.get("kind") in ("pretrain", "sft"):
-        check_split(rc.url, meta, split)
-    if meta.get("kind") == "pretrain":
-        return IndexedWindowDataset(rc.url, T, split=split, **options)
-    if meta.get("kind") == "sft":
-        eot = (meta.get("special_token_ids") or {}).get("eot")
-        if eot is None:
-            raise FormatError(f"{rc.url}/{META_NAME}: no special_token_ids.eot; rebuild the SFT cache")
-        return SFTExampleDataset(f"{rc.url}/{split}_tokens.bin", f"{rc.url}/{split}_idx.npy", T=T,
-                                 device=options.pop("device", "cpu"), eot_id=int(eot), **options)
-    raise FormatError(f"{rc.url}/{META_NAME}: kind {meta.get('kind')!r} holds no tokens to train on (a tokenizer?); "
-                      "point at a cache, packed bins or token files")

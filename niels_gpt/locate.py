@@ -7,12 +7,12 @@
 |--------------------------------------------------------------|------------------|
 | our cache's meta.json (kind pretrain or sft), or a split dir  | `pretrain`, `sft` |
 | a cache whose meta.json says "built": false (build-all's placeholder) | `not-built` |
-| packed bins: manifest.json, Megatron-Bridge Parquet (`input_ids`), a legacy `.npy` | `packed` |
+| packed bins: manifest.json, Megatron-Bridge Parquet (`input_ids`), a legacy pickled `.npy` | `packed` (`layout` memmap, parquet, npy) |
 | Parquet text shards (a `text` column)                         | `text-parquet`   |
 | a mixture file (`.toml`, or `.json` holding `datasets`)       | `mixture`        |
 | a tokenizer directory (meta.json of kind tokenizer)           | `tokenizer`      |
 | a directory holding several outputs of ours (a build-all root) | `root`          |
-| token files of another format (nanoGPT, KempnerForge, Megatron, raw with meta) | `foreign` |
+| token files of another format (nanoGPT, KempnerForge, Megatron, raw with meta) | `foreign` (`info`: its FormatInfo) |
 
 A path that holds none of these is a clear error saying what it is and what to do: missing (with the
 interrupted build's leftovers named, when there are some: niels_gpt.meta.unfinished_build), our token files
@@ -26,6 +26,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from niels_gpt.constants import MANIFEST_NAME, META_NAME, SPLITS
 from niels_gpt.errors import FormatError, IncompleteCacheError
@@ -33,6 +34,7 @@ from niels_gpt.formats.detect import detect_format
 from niels_gpt.meta import unfinished_build
 
 PARQUET = (".parquet", ".pq")
+PACKED_LAYOUTS = ("memmap", "parquet", "npy")  # manifest.json directory, Megatron-Bridge Parquet, legacy pickle
 TEXT_INPUTS = (".txt", ".md", ".raw", ".jsonl", ".json", ".gz", ".zst", ".csv", ".arrow")
 
 
@@ -43,6 +45,8 @@ class Found:
     root: Path  # the output's own directory (where its record lives)
     split: str | None = None  # a split directory was given
     meta: dict = field(default_factory=dict)
+    layout: str | None = None  # packed bins: one of PACKED_LAYOUTS
+    info: Any = None  # foreign: the FormatInfo of niels_gpt.formats.detect (its files, dtype, splits)
 
 
 def _json(path: Path) -> dict | None:
@@ -80,10 +84,15 @@ def _parquet_columns(path: Path) -> list[str]:
         raise FormatError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
 
 
+def present(p: Path) -> bool:
+    """Whether `p` is there: a file, a directory, or a Megatron prefix (`p.bin` beside `p.idx`)."""
+    return p.exists() or Path(str(p) + ".bin").exists()
+
+
 def locate(path: str | os.PathLike) -> Found:
     """What `path` holds (the module's table), or a FormatError / IncompleteCacheError saying what to do."""
     p = Path(path)
-    if not p.exists() and not Path(str(p) + ".bin").exists():
+    if not present(p):
         why = unfinished_build(p)
         if why is not None:
             raise IncompleteCacheError(why)
@@ -92,7 +101,7 @@ def locate(path: str | os.PathLike) -> Found:
     if p.is_file():
         return _file(p)
     if p.is_dir() and (p / MANIFEST_NAME).is_file():
-        return Found("packed", p, p)
+        return Found("packed", p, p, layout="memmap")
     for root, split in ((p, None), (p.parent, p.name)):
         if split is not None and split not in SPLITS:
             continue
@@ -108,7 +117,7 @@ def locate(path: str | os.PathLike) -> Found:
         if parquets:
             names = _parquet_columns(parquets[0])
             if "input_ids" in names:
-                return Found("packed", p, p)
+                return Found("packed", p, p, layout="parquet")
             if "text" in names:
                 return Found("text-parquet", p, p)
             raise FormatError(f"{parquets[0]}: columns {names}: neither a 'text' column (text shards) nor "
@@ -131,7 +140,21 @@ def locate(path: str | os.PathLike) -> Found:
         raise FormatError(f"{p}: no meta.json, manifest.json, Parquet shards or token files of a known format here, "
                           "so not a cache, packed bins or a converted output; point at one (a cache is built with "
                           f"`build SRC... --out DIR`)") from exc
-    return Found("foreign", p, p, None, {"format": info.format})
+    return Found("foreign", p, p, None, {"format": info.format}, info=info)
+
+
+def _pickled_npy(p: Path) -> bool:
+    """Whether a .npy file holds Python objects (the legacy packed bins) rather than an array of token ids."""
+    import numpy as np  # lazy: only for a .npy file
+
+    try:
+        with open(p, "rb") as f:
+            fmt = np.lib.format
+            read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+            dtype = read(f)[2]
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{p}: not a readable .npy file ({exc}); point at packed bins or token files") from None
+    return dtype.hasobject
 
 
 def _file(p: Path) -> Found:
@@ -143,10 +166,12 @@ def _file(p: Path) -> Found:
             return Found("mixture", p, p.parent)
         if doc.get("kind") in ("pretrain", "sft", "tokenizer"):
             return locate(p.parent)
-    if p.suffix in PARQUET or (p.suffix == ".npy" and not p.name.endswith("_idx.npy")):
-        return Found("packed", p, p.parent)
+    if p.suffix in PARQUET:
+        return Found("packed", p, p.parent, layout="parquet")
+    if p.suffix == ".npy" and not p.name.endswith("_idx.npy") and _pickled_npy(p):
+        return Found("packed", p, p.parent, layout="npy")
     if p.suffix in TEXT_INPUTS or p.name.endswith(TEXT_INPUTS):
         raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
                           "cache/NAME --tokenizer TOK`), then point at cache/NAME")
     info = detect_format(p)
-    return Found("foreign", p, p.parent, None, {"format": info.format})
+    return Found("foreign", p, p.parent, None, {"format": info.format}, info=info)

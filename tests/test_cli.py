@@ -78,7 +78,7 @@ def test_unknown_only_name_is_rejected(tmp_path, capsys):
 def test_every_contract_constant_is_a_flag_with_its_default_in_help():
     sub = build_parser()._subparsers._group_actions[0].choices["build-all"]
     text = sub.format_help()
-    for flag, default in (("--max-train-tokens", "200000000"), ("--shard-bytes", "134217728"),
+    for flag, default in (("--max-tokens", "200000000"), ("--shard-bytes", "134217728"),
                           ("--fineweb-config", "CC-MAIN-2024-10"), ("--fineweb-buffer-size", "10000"),
                           ("--val-frac", "0.1"), ("--seed", "42"), ("--vocab-size", "16000"),
                           ("--fineweb-dataset", "HuggingFaceFW/fineweb-edu")):
@@ -86,5 +86,5 @@ def test_every_contract_constant_is_a_flag_with_its_default_in_help():
 
 
 def test_byte_size_flags_accept_units():
-    args = build_parser().parse_args(["build-all", "--shard-bytes", "64MB", "--max-train-tokens", "1_000"])
+    args = build_parser().parse_args(["build-all", "--shard-bytes", "64MB", "--max-tokens", "1_000"])
     assert args.shard_bytes == 64 * 2**20 and args.max_train_tokens == 1000

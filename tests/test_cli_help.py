@@ -13,7 +13,9 @@ SUBCOMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubPars
 
 
 def options(name):
-    return [a for a in SUBCOMMANDS[name]._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    """The flags --help shows (an older spelling is parsed but not shown)."""
+    return [a for a in SUBCOMMANDS[name]._actions if a.option_strings and not isinstance(a, argparse._HelpAction)
+            and a.help != argparse.SUPPRESS]
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
@@ -43,7 +45,7 @@ def test_on_off_flags_do_not_print_a_backwards_default():
 def test_train_tokenizer_takes_only_its_own_flags():
     flags = {s for a in options("train-tokenizer") for s in a.option_strings}
     assert {"--vocab-size", "--cache-dir", "--seed", "--sample", "--gutenberg-dir"} <= flags
-    for build_only in ("--only", "--tokenizer", "--max-train-tokens", "--max-val-tokens", "--shard-bytes",
+    for build_only in ("--only", "--tokenizer", "--max-tokens", "--val-tokens", "--max-train-tokens", "--shard-bytes",
                        "--shuffle-buffer", "--val-frac", "--workers"):
         assert build_only not in flags
     with pytest.raises(SystemExit):
@@ -144,3 +146,37 @@ def test_output_to_a_reader_that_left_ends_quietly(tmp_path):
         os.close(w)
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr[-800:]
     assert p.returncode == 141, (p.returncode, p.stderr[-800:])
+
+
+OLD_SPELLINGS = {"--sequence-len": "--seq-len", "--pack-size": "--seq-len", "--num-workers": "--workers",
+                 "--max-train-tokens": "--max-tokens", "--max-val-tokens": "--val-tokens"}
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_no_subcommand_shows_two_spellings_of_one_idea(name):
+    import re
+
+    shown = set(re.findall(r"--[a-z][a-z0-9-]*", SUBCOMMANDS[name].format_help()))
+    old = {flag: OLD_SPELLINGS[flag] for flag in shown & set(OLD_SPELLINGS)}
+    assert not old, f"{name} --help shows older spellings (use the one name): {old}"
+
+
+@pytest.mark.parametrize(("argv", "old", "new", "dest"), [
+    (["train", "d"], "--sequence-len", "--seq-len", "sequence_len"),
+    (["train", "d"], "--num-workers", "--workers", "num_workers"),
+    (["pack-sft", "c", "o"], "--pack-size", "--seq-len", "pack_size"),
+    (["download"], "--num-workers", "--workers", "num_workers"),
+    (["build-all"], "--max-train-tokens", "--max-tokens", "max_train_tokens"),
+    (["build-all"], "--max-val-tokens", "--val-tokens", "max_val_tokens"),
+])
+def test_older_spellings_still_parse_as_the_one_name(argv, old, new, dest):
+    default = getattr(PARSER.parse_args(argv), dest)
+    assert getattr(PARSER.parse_args([*argv, new, "77"]), dest) == 77 != default
+    assert getattr(PARSER.parse_args([*argv, old, "77"]), dest) == 77
+    assert new in SUBCOMMANDS[argv[0]].format_help()
+
+
+def test_every_seed_defaults_to_42():
+    for argv in (["train", "d"], ["pack-sft", "c", "o"], ["sample", "ckpt.pt", "--prompt", "x"], ["build-all"],
+                 ["train-tokenizer"], ["build", "src", "--out", "o", "--tokenizer", "t"]):
+        assert PARSER.parse_args(argv).seed == 42, argv

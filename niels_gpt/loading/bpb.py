@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from niels_gpt.constants import IGNORE_INDEX  # noqa: F401  (re-exported under its old name)
 from niels_gpt.errors import ConfigError
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from niels_gpt.args import hidden_alias
 from niels_gpt.loading import download as dl
 
 OUT_DIR = "data/parquet"
@@ -20,8 +21,9 @@ def register(subparsers) -> None:
     p.add_argument("--out-dir", default=OUT_DIR, help="local folder for the shards")
     p.add_argument("-n", "--num-files", type=int, default=NUM_FILES, help="number of shards")
     p.add_argument("--first", type=int, default=0, help="index of the first shard")
-    p.add_argument("-w", "--workers", "--num-workers", dest="num_workers", type=int, default=dl.NUM_WORKERS,
-                   help="parallel downloads (--num-workers: the older spelling)")
+    workers = p.add_argument("-w", "--workers", dest="num_workers", type=int, default=dl.NUM_WORKERS,
+                             help="parallel downloads")
+    hidden_alias(p, "--num-workers", workers)
     p.add_argument("--max-attempts", type=int, default=dl.MAX_ATTEMPTS, help="tries per shard")
     p.add_argument("--backoff", type=float, default=dl.BACKOFF_S, help="seconds before the 2nd try, doubling after")
     p.add_argument("--timeout", type=float, default=dl.TIMEOUT_S, help="socket timeout in seconds")

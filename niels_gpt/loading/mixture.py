@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.loading.order import EpochOrder
-from niels_gpt.loading.sampler import epoch_order, mix_seed
+from niels_gpt.loading.order import EpochOrder, epoch_order, mix_seed
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.resume import (
     ORDER_PEEK,

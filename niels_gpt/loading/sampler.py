@@ -39,16 +39,10 @@ from torch.utils.data import DataLoader
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.ahead import assembled_ahead
-from niels_gpt.loading.order import (  # noqa: F401 (the order's functions are imported from here too)
-    SMALL_ORDER,
+from niels_gpt.loading.order import (
     EpochOrder,
     TensorOrder,
     epoch_order,
-    epoch_permutation,
-    global_batches,
-    mix_seed,
-    rank_slice,
-    worker_batches,
 )
 from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
 from niels_gpt.loading.schedule import BatchSchedule

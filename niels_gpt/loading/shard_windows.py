@@ -48,8 +48,17 @@ import numpy as np
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.loading.order import MASK31, ROUNDS, ChunkedOrder, EpochOrder, TensorOrder, sliced
-from niels_gpt.loading.sampler import SMALL_ORDER, GlobalBatchSampler, mix_seed
+from niels_gpt.loading.order import (
+    MASK31,
+    ROUNDS,
+    SMALL_ORDER,
+    ChunkedOrder,
+    EpochOrder,
+    TensorOrder,
+    mix_seed,
+    sliced,
+)
+from niels_gpt.loading.sampler import GlobalBatchSampler
 
 SHARDS_AT_ONCE = 8
 SHARD_WINDOW_KIND = "shard_window_sampler"

@@ -21,8 +21,8 @@ its rows. State is the step counter, so resuming is exact and costs nothing.
 from __future__ import annotations
 
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.loading.order import mix_seed
 from niels_gpt.loading.prefetch import DrawPlan
-from niels_gpt.loading.sampler import mix_seed
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.resume import (
     ORDER_PEEK,

@@ -14,10 +14,11 @@ from niels_gpt.packing.algorithms import ALGORITHMS, BinAssignment, pack_lengths
 from niels_gpt.packing.dataset import PackedMemmapDataset, collate_packed
 from niels_gpt.packing.factory import PackedMultiShardDataset, open_packed
 from niels_gpt.packing.legacy import LegacyPackedDataset, convert_legacy_to_memmap, convert_to_memmap
-from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
+from niels_gpt.packing.masks import shift_within_sequences
 from niels_gpt.packing.memmap_format import FORMAT_NAME, MemmapShardWriter, read_manifest
 from niels_gpt.packing.pack import pack_sft
 from niels_gpt.packing.parquet import PackedParquetDataset, write_packed_parquet
+from niels_gpt.spans import assistant_token_mask
 
 __all__ = [
     "ALGORITHMS", "BinAssignment", "pack_lengths", "PackedMemmapDataset", "PackedMultiShardDataset",

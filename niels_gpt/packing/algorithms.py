@@ -35,12 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
 
 ALGORITHMS = ("ffd", "bfd", "first_fit_shuffle")
 DEFAULT_ALGORITHM = "ffd"
 DEFAULT_PACK_SIZE = 4096
-DEFAULT_SEED = 0
+DEFAULT_SEED = SEED
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`pack-sft`: pack one split of an SFT cache into a memmap_padded_v1 shard (the train split: its val split
 too, into OUT/val/, unless --no-val).
 
-    python -m niels_gpt.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --pack-size 4096 --algorithm ffd
+    python -m niels_gpt.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --seq-len 4096 --algorithm ffd
 
 Registered into the package CLI by `register(subparsers)`; prints the resolved settings first and a
 summary (bins, packing efficiency, truncated count, the share of tokens and trained targets truncation cut)
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from niels_gpt.args import hidden_alias
 from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
 from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW, pack_sft
 from niels_gpt.packing.source import SPLITS
@@ -25,13 +26,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("pack-sft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cache_dir", metavar="CACHE_DIR", help="SFT cache directory (with meta.json)")
     p.add_argument("out", metavar="OUT", help="output shard directory or fsspec URL")
-    p.add_argument("--pack-size", "--seq-len", dest="pack_size", type=int, default=DEFAULT_PACK_SIZE,
-                   help=f"tokens per bin, the training sequence length (default {DEFAULT_PACK_SIZE})")
+    seq_len = p.add_argument("--seq-len", dest="pack_size", type=int, default=DEFAULT_PACK_SIZE,
+                             help=f"tokens per bin, the training sequence length (default {DEFAULT_PACK_SIZE})")
+    hidden_alias(p, "--pack-size", seq_len)
     p.add_argument("--algorithm", choices=ALGORITHMS, default=DEFAULT_ALGORITHM,
                    help=f"bin packing algorithm (default {DEFAULT_ALGORITHM})")
     p.add_argument("--split", choices=SPLITS, default="train", help="cache split to pack (default train)")
     p.add_argument("--on-overflow", choices=ON_OVERFLOW, default=DEFAULT_ON_OVERFLOW,
-                   help="examples longer than --pack-size: truncate (keep the first pack-size tokens), reject (refuse the "
+                   help="examples longer than --seq-len: truncate (keep the first seq-len tokens), reject (refuse the "
                         "run), or split (between whole turns, each piece keeping the system prompt; a turn longer "
                         f"than the room left is cut) (default {DEFAULT_ON_OVERFLOW})")
     p.add_argument("--no-val", dest="val", action="store_false",
@@ -43,7 +45,7 @@ def register(subparsers) -> None:
 
 
 def run_pack_sft(args) -> int:
-    print(f"pack-sft: cache={args.cache_dir} split={args.split} out={args.out} pack_size={args.pack_size} "
+    print(f"pack-sft: cache={args.cache_dir} split={args.split} out={args.out} seq_len={args.pack_size} "
           f"algorithm={args.algorithm} on_overflow={args.on_overflow} seed={args.seed}")
     m = pack_sft(args.cache_dir, args.out, pack_size=args.pack_size, algorithm=args.algorithm, split=args.split,
                  on_overflow=args.on_overflow, seed=args.seed, progress=True, warn=False, val=args.val)

@@ -1,25 +1,24 @@
-"""Open packed SFT data in whichever format it is stored, by looking at the path.
+"""Open packed SFT data in whichever layout it is stored (niels_gpt.locate says which).
 
 | path                                   | dataset                                          |
 |----------------------------------------|--------------------------------------------------|
 | directory with manifest.json           | PackedMemmapDataset (memmap_padded_v1)          |
 | .parquet / .pq file, or a directory of them (no manifest) | PackedParquetDataset (Megatron-Bridge) |
-| .npy file                              | LegacyPackedDataset, only with allow_pickle=True |
+| .npy file of Python objects (pickle)   | LegacyPackedDataset, only with allow_pickle=True |
 | list of any of these                   | PackedMultiShardDataset                          |
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from torch.utils.data import Dataset
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import FormatError
+from niels_gpt.locate import locate
 from niels_gpt.packing.dataset import PackedMemmapDataset, _normalise
 from niels_gpt.packing.legacy import LegacyPackedDataset
-from niels_gpt.packing.memmap_format import MANIFEST_NAME, read_manifest
-from niels_gpt.packing.parquet import PARQUET_SUFFIXES, PackedParquetDataset
+from niels_gpt.packing.parquet import PackedParquetDataset
 from niels_gpt.resume import dataset_fingerprint, fingerprint
 
 
@@ -27,19 +26,16 @@ def open_packed(path, *, allow_pickle: bool = False):
     """Return a map-style dataset of packed bins for `path` (see the table above)."""
     if isinstance(path, (list, tuple)):
         return PackedMultiShardDataset([open_packed(p, allow_pickle=allow_pickle) for p in path])
-    p = Path(path)
-    if p.is_dir():
-        if (p / MANIFEST_NAME).is_file():
-            return PackedMemmapDataset(p)
-        if any(c.suffix in PARQUET_SUFFIXES for c in p.iterdir()):
-            return PackedParquetDataset(p)
-        read_manifest(p)  # raises: names the missing manifest and the fix
-    if p.suffix in PARQUET_SUFFIXES:
-        return PackedParquetDataset(p)
-    if p.suffix == ".npy":
-        return LegacyPackedDataset(p, allow_pickle=allow_pickle)
-    raise FormatError(f"{path}: not a packed SFT dataset (expected a directory with {MANIFEST_NAME}, a "
-                      ".parquet/.pq file or directory, or a legacy .npy)")
+    found = locate(path)
+    if found.kind != "packed":
+        raise FormatError(f"{path}: holds {found.kind} data, not packed SFT bins (expected a directory with "
+                          f"{MANIFEST_NAME}, a .parquet/.pq file or directory of them, or a legacy .npy); pack an SFT "
+                          "cache first (`pack-sft CACHE OUT --seq-len N`)")
+    if found.layout == "memmap":
+        return PackedMemmapDataset(found.path)
+    if found.layout == "parquet":
+        return PackedParquetDataset(found.path)
+    return LegacyPackedDataset(found.path, allow_pickle=allow_pickle)
 
 
 class PackedMultiShardDataset(Dataset):

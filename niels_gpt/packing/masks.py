@@ -2,7 +2,7 @@
 
 The SFT cache stores no mask (unless a chat template rendered it). A token is a trained target iff it
 lies in an assistant span: after an assistant sentinel, up to and including the next EOT. That rule is
-`niels_gpt.spans.assistant_token_mask` (re-exported here), applied to a whole packed bin with the span
+`niels_gpt.spans.assistant_token_mask`, applied to a whole packed bin with the span
 state reset at every sequence start, so a sequence cut inside an assistant turn never opens a span in
 the sequence after it.
 
@@ -21,8 +21,6 @@ Cost: O(len) numpy work per call, allocation O(len); used per bin it is O(pack_s
 from __future__ import annotations
 
 import numpy as np
-
-from niels_gpt.spans import assistant_token_mask  # noqa: F401  (the one span rule, re-exported)
 
 LOSS_MASK_CONVENTION = "shift_left_within_sequence"
 LOSS_MASK_CONVENTION_TEXT = (

@@ -34,13 +34,14 @@ from niels_gpt.packing.algorithms import (
     BinAssignment,
     pack_lengths,
 )
-from niels_gpt.packing.masks import assistant_token_mask, shift_within_sequences
+from niels_gpt.packing.masks import shift_within_sequences
 from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
 from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.packing.turns import role_ids, split_example
 from niels_gpt.seeds import check_seed
+from niels_gpt.spans import assistant_token_mask
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 
@@ -74,7 +75,7 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
         i = int(over[0])
         raise ConfigError(
             f"{split.cache_dir}/{split.split}_tokens.bin: example {i} has {int(lengths[i])} tokens, more than "
-            f"pack_size={pack_size} ({over.size} such examples); raise --pack-size or pass --on-overflow truncate "
+            f"pack_size={pack_size} ({over.size} such examples); raise --seq-len or pass --on-overflow truncate "
             "or split"
         )
     keep = np.flatnonzero(lengths > 0)

@@ -47,12 +47,11 @@ import torch
 from niels_gpt import _native
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
-from niels_gpt.meta import read_meta, unfinished_build
+from niels_gpt.meta import numpy_dtype, read_meta, unfinished_build
 from niels_gpt.readers.checks import count
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
 from niels_gpt.readers.mmap import (
     gather_remote,
-    numpy_dtype,
     open_concatenated,
     open_tokens,
     prefetch_windows,

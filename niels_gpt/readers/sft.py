@@ -32,11 +32,18 @@ from torch.utils.data import Dataset
 
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.meta import check_files, check_sft_offsets, load_checked_npy, raise_on_problems, read_meta
+from niels_gpt.meta import (
+    check_files,
+    check_sft_offsets,
+    load_checked_npy,
+    numpy_dtype,
+    raise_on_problems,
+    read_meta,
+)
 from niels_gpt.readers.checks import count
-from niels_gpt.readers.mmap import numpy_dtype, open_tokens, window_view
+from niels_gpt.readers.mmap import open_tokens, window_view
 from niels_gpt.resume import cache_fingerprint
-from niels_gpt.spans import assistant_span_mask  # noqa: F401  (the one span rule; also this module's name for it)
+from niels_gpt.spans import assistant_span_mask
 from niels_gpt.storage.remote import open_location, split_url
 from niels_gpt.urls import is_url
 

@@ -1,8 +1,5 @@
-"""What a path holds: caches and tokenizer directories (meta.json), packed directories (manifest.json),
-packed Parquet, converted outputs in a peer format, unfinished builds, and the tokenizer a cache names.
-
-verify, inspect and stats all find their outputs through these few functions, so a directory is the
-same thing to each of them.
+"""The outputs at or below a path (caches and tokenizer directories, unfinished and interrupted builds) and the
+tokenizer a cache names. What one path holds is niels_gpt.locate's to say; verify, inspect and stats ask it.
 """
 
 from __future__ import annotations
@@ -10,13 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from niels_gpt.errors import NielsGPTError, TokenizerError
-from niels_gpt.formats.detect import detect_format
-from niels_gpt.locate import unfinished_tokens
+from niels_gpt.locate import locate, unfinished_tokens
 from niels_gpt.meta import META_NAME, staged_output, unfinished_build
-from niels_gpt.packing.factory import PARQUET_SUFFIXES
 from niels_gpt.tokenizer.find import tokenizer_of
-
-PACKED_MANIFEST = "manifest.json"
 
 
 def find_caches(path: Path) -> list[Path]:
@@ -25,7 +18,6 @@ def find_caches(path: Path) -> list[Path]:
     if (path / META_NAME).is_file():
         return [path]
     return sorted(p.parent for p in path.rglob(META_NAME))
-
 
 
 def unfinished_dirs(path: Path) -> list[Path]:
@@ -41,7 +33,7 @@ def unfinished_dirs(path: Path) -> list[Path]:
             continue
         if (staged := staged_output(d)) is not None and unfinished_build(staged) is not None:
             continue  # an interrupted build of an output that is not there: `interrupted_builds` names it
-        if (d / "input_ids.npy").is_file() or foreign_output(d) is None:
+        if (d / "input_ids.npy").is_file() or not _foreign(d):
             out.append(d)
     return out
 
@@ -55,29 +47,12 @@ def interrupted_builds(path: Path) -> list[str]:
     return [msg for out in sorted(outs) if (msg := unfinished_build(out)) is not None]
 
 
-def foreign_output(path: Path):
-    """The FormatInfo of `path` when it is a token output in a peer format (no meta.json of ours), else None."""
-    path = Path(path)
-    if (path / META_NAME).is_file() or (path / PACKED_MANIFEST).is_file():
-        return None
+def _foreign(path: Path) -> bool:
+    """Whether locate finds a token output in a peer format at `path`."""
     try:
-        info = detect_format(path)
+        return locate(path).kind == "foreign"
     except NielsGPTError:
-        return None
-    return None if info.format == "niels" else info
-
-
-def is_packed_parquet(path: Path) -> bool:
-    path = Path(path)
-    if path.is_file():
-        return path.suffix in PARQUET_SUFFIXES
-    return path.is_dir() and any(c.suffix in PARQUET_SUFFIXES for c in path.iterdir())
-
-
-
-def megatron_prefix(path: Path) -> bool:
-    return Path(str(path) + ".bin").is_file() and Path(str(path) + ".idx").is_file()
-
+        return False
 
 
 def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):

@@ -9,19 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.formats.receipt import read_receipt, receipt_path
+from niels_gpt.locate import Found, locate
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
-from niels_gpt.report.found import (
-    PACKED_MANIFEST,
-    find_caches,
-    find_tokenizer,
-    foreign_output,
-    is_packed_parquet,
-)
+from niels_gpt.report.found import find_caches, find_tokenizer
 from niels_gpt.tables import table
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
@@ -89,12 +85,12 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
     if not caches:
-        if (root / PACKED_MANIFEST).is_file() or is_packed_parquet(root):
-            return _inspect_packed(root, tokenizer, window)
-        info = foreign_output(root)
-        if info is not None:
-            return _inspect_foreign(root, info, tokenizer, window)
-        read_meta(str(root))  # raises the "unfinished build" error
+        found = locate(root)  # the one door: raises for a missing path, an unfinished build, a text file
+        if found.kind == "packed":
+            return _inspect_packed(found, tokenizer, window)
+        if found.kind == "foreign":
+            return _inspect_foreign(root, found.info, tokenizer, window)
+        read_meta(str(root))  # raises the "not a cache" error naming the path
     if len(caches) > 1 or caches[0] != root:
         lines = [f"{len(caches)} cache(s) under {root}:"]
         for c in caches:
@@ -164,15 +160,16 @@ def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> st
     return "\n".join(lines + ["", head, show_tokens(tok, ids)])
 
 
-def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
+def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
+    root = found.path
     ds = open_packed(root)
     lines = [f"packed SFT bins {root} ({type(ds).__name__})", f"  bins: {len(ds):,}"]
-    if (root / PACKED_MANIFEST).is_file():
+    if found.layout == "memmap":
         manifest = read_manifest(root)
         for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
             if key in manifest:
                 lines.append(f"  {key}: {manifest[key]}")
-        if (root / "val" / PACKED_MANIFEST).is_file():  # pack-sft's packed val split
+        if (root / "val" / MANIFEST_NAME).is_file():  # pack-sft's packed val split
             held_out = read_manifest(root / "val")
             lines.append(f"  val: {held_out['num_bins']:,} bins, {held_out['num_sequences']:,} sequences in {root / 'val'}")
     if not len(ds):
@@ -184,7 +181,7 @@ def _inspect_packed(root: Path, tokenizer: str | None, window: int) -> str:
     if tokenizer is None:
         return "\n".join(lines + ["", f"{head} ids; pass --tokenizer PATH to decode", " ".join(map(str, ids.tolist()))])
     tok = load_tokenizer(tokenizer)
-    if (root / PACKED_MANIFEST).is_file():
+    if found.layout == "memmap":
         check_tokenizer_matches(tok, (read_manifest(root).get("source") or {}).get("tokenizer_sha256"), root)
     trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
     return "\n".join(lines + ["", head + f" trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}",

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import NielsGPTError
-from niels_gpt.formats.detect import detect_format
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
-from niels_gpt.locate import unfinished_message
+from niels_gpt.locate import locate, present, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -37,16 +37,7 @@ from niels_gpt.packing.memmap_format import FORMAT_NAME
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.records import RECORD_SEAL, is_sealed
-from niels_gpt.report.found import (
-    PACKED_MANIFEST,
-    find_caches,
-    find_tokenizer,
-    foreign_output,
-    interrupted_builds,
-    is_packed_parquet,
-    megatron_prefix,
-    unfinished_dirs,
-)
+from niels_gpt.report.found import find_caches, find_tokenizer, interrupted_builds, unfinished_dirs
 
 
 def _check_special_ids(cache: Path, meta: dict) -> list[str]:
@@ -66,11 +57,11 @@ def _check_special_ids(cache: Path, meta: dict) -> list[str]:
 def _packed_val_files(shard: Path) -> set[str]:
     """pack-sft's packed val split in `val/`: a shard of its own (verified as one), not strays of the train bins."""
     try:
-        files = json.loads((shard / "val" / PACKED_MANIFEST).read_bytes()).get("files")
+        files = json.loads((shard / "val" / MANIFEST_NAME).read_bytes()).get("files")
     except (OSError, ValueError, AttributeError):
         return set()  # none there, or unreadable: its own check says so
     names = {rec.get("name") for rec in files.values() if isinstance(rec, dict)} if isinstance(files, dict) else set()
-    return {f"val/{PACKED_MANIFEST}"} | {f"val/{n}" for n in names if isinstance(n, str)}
+    return {f"val/{MANIFEST_NAME}"} | {f"val/{n}" for n in names if isinstance(n, str)}
 
 
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
@@ -107,33 +98,33 @@ def verify_path(path: str) -> tuple[list[str], int]:
 def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     """verify_path, plus one line per output checked naming what it is."""
     root = Path(path)
-    if not root.exists() and not megatron_prefix(root):
+    if not present(root):
         return interrupted_builds(root) or [f"{root}: no such file or directory"], 0, []
     caches = find_caches(root) if root.exists() else []
-    packed = sorted(p.parent for p in ([root / PACKED_MANIFEST] if (root / PACKED_MANIFEST).is_file()
-                                       else root.rglob(PACKED_MANIFEST) if root.is_dir() else []))
-    if (root / PACKED_MANIFEST).is_file() and (root / "val" / PACKED_MANIFEST).is_file():
+    packed = sorted(p.parent for p in ([root / MANIFEST_NAME] if (root / MANIFEST_NAME).is_file()
+                                       else root.rglob(MANIFEST_NAME) if root.is_dir() else []))
+    if (root / MANIFEST_NAME).is_file() and (root / "val" / MANIFEST_NAME).is_file():
         packed.append(root / "val")  # pack-sft's packed val split, a shard of its own
-    if not caches and not packed and root.is_dir() and receipt_path(root).is_file():
-        try:
-            info = detect_format(root)
-        except NielsGPTError as exc:  # a converted output its reader refuses: say why, and what changed
-            return [str(exc), *check_receipt(receipt_path(root))[1]], 1, []
     if not caches and not packed:
-        info = foreign_output(root)
-        if info is not None:
-            return _verify_foreign(root, info)
-        if is_packed_parquet(root):
+        try:
+            found = locate(root)  # the one door; what it refuses is said below (unfinished builds, nothing found)
+        except NielsGPTError as exc:
+            if root.is_dir() and receipt_path(root).is_file():  # a converted output its reader refuses: say why
+                return [str(exc.__cause__ or exc), *check_receipt(receipt_path(root))[1]], 1, []
+            found = None
+        if found is not None and found.kind == "foreign":
+            return _verify_foreign(root, found.info)
+        if found is not None and found.layout == "parquet":
             return _verify_packed_parquet(root)
     problems = [unfinished_message(d) for d in unfinished_dirs(root)] + interrupted_builds(root)
     seen = []
     for shard in packed:
-        seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})" + _unsealed_note(shard / PACKED_MANIFEST))
+        seen.append(f"{shard}: packed SFT bins ({FORMAT_NAME})" + _unsealed_note(shard / MANIFEST_NAME))
         try:
             ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
             listed = {rec["name"] for rec in ds.manifest["files"].values()} | _packed_val_files(shard)
-            problems += _stray_files(shard, listed, PACKED_MANIFEST)
+            problems += _stray_files(shard, listed, MANIFEST_NAME)
         except NielsGPTError as exc:
             problems.append(str(exc))
     for cache in caches:
@@ -148,7 +139,7 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         seal = meta_seal_problem(cache / META_NAME, (cache / META_NAME).read_bytes(), meta)
         problems += found or ([seal] if seal else [])
     if not caches and not packed and not problems:
-        problems.append(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format found: "
+        problems.append(f"{root}: no {META_NAME}, {MANIFEST_NAME} or token files of a known format found: "
                         "not a cache, a packed directory or a converted output")
     return problems, len(caches) + len(packed), seen
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.locate import locate
 from niels_gpt.meta import META_NAME, read_meta
 from niels_gpt.packing.factory import open_packed
-from niels_gpt.packing.masks import assistant_token_mask
 from niels_gpt.packing.memmap_format import read_manifest
-from niels_gpt.packing.parquet import PARQUET_SUFFIXES
 from niels_gpt.readers.shards import shard_array
-from niels_gpt.report import PACKED_MANIFEST, find_caches, foreign_output
+from niels_gpt.report import find_caches
+from niels_gpt.spans import assistant_token_mask
 from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
 
@@ -118,7 +118,7 @@ def _packed(root: Path, name: str = "bins") -> Stats:
     seq_lengths = np.where(last, packed_len[bin_of] if len(starts) else 0, nxt) - starts
     trained = int(np.count_nonzero(np.asarray(loss_mask)))
     out = _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size, name)
-    if (root / "val" / "manifest.json").is_file() and name == "bins":  # pack-sft's packed val split
+    if (root / "val" / MANIFEST_NAME).is_file() and name == "bins":  # pack-sft's packed val split
         val = _packed(root / "val", name="val")
         out.streams += val.streams
         out.extra["val"] = {k: val.extra[k] for k in ("bins", "efficiency")}
@@ -199,24 +199,23 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         raise StatsError(f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
                          "--out cache/NAME --tokenizer TOK`)")
     if found.kind == "packed":
-        if (root / PACKED_MANIFEST).is_file():
-            return _packed(root)
-        if root.suffix in PARQUET_SUFFIXES or root.is_dir():
-            return _packed_parquet(root)
-    if found.kind == "root":
-        caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]
-        if caches:
-            streams, kinds = [], set()
-            for c in caches:
-                one = cache_stats(c, seq_len=seq_len, progress=progress)
-                kinds.add(one.kind)
-                for s in one.streams:
-                    s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
-                    streams.append(s)
-            return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})
-    info = foreign_output(root) if found.kind in ("foreign", "root", "packed") else None  # a lone .npy: KempnerForge
-    if info is not None:
-        return _foreign(root, info, progress)
-    raise StatsError(f"{root}: no {META_NAME}, {PACKED_MANIFEST} or token files of a known format: not a cache, "
-                     "a packed directory or a converted output; pass one (see `niels-gpt-data inspect`)")
-
+        if found.layout == "memmap":
+            return _packed(found.path)
+        if found.layout == "parquet":
+            return _packed_parquet(found.path)
+        raise StatsError(f"{root}: legacy pickled packed bins; convert them once (convert_legacy_to_memmap), then "
+                         "count the converted directory")
+    if found.kind == "foreign":
+        return _foreign(root, found.info, progress)
+    caches = [c for c in find_caches(root) if read_meta(str(c))["kind"] in ("pretrain", "sft")]
+    if not caches:  # a root of packed directories or tokenizers only
+        raise StatsError(f"{root}: no cache of tokens below it (pretrain or sft {META_NAME}); pass a cache, a "
+                         f"packed directory ({MANIFEST_NAME}) or a converted output (see `niels-gpt-data inspect`)")
+    streams, kinds = [], set()
+    for c in caches:
+        one = cache_stats(c, seq_len=seq_len, progress=progress)
+        kinds.add(one.kind)
+        for s in one.streams:
+            s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
+            streams.append(s)
+    return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})

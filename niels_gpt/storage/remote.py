@@ -28,15 +28,7 @@ from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, Niel
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.storage.local_cache import claim
 from niels_gpt.storage.mirror import RemoteCache
-from niels_gpt.storage.settings import (  # noqa: F401  (imported from here by older callers)
-    CACHE_ENV,
-    DEFAULT_MAX_BYTES,
-    MAX_BYTES_ENV,
-    MIRRORS,
-    configure,
-    local_cache_dir,
-    max_cache_bytes,
-)
+from niels_gpt.storage.settings import MIRRORS, local_cache_dir
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.urls import is_url
 

@@ -2,7 +2,7 @@
 
     python -m niels_gpt.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
     torchrun --nproc_per_node 8 -m niels_gpt.cli train cache/pretrain/fineweb_edu --depth 20 \
-        --sequence-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
+        --seq-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
     python -m niels_gpt.cli train packed/sft --init-from runs/base/ckpt_000100.pt --out-dir runs/sft
     python -m niels_gpt.cli sample runs/sft/ckpt_000050.pt --prompt "What is a cache?" --chat
 
@@ -16,8 +16,9 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 
+from niels_gpt.args import hidden_alias
 from niels_gpt.train.checkpoint import latest_checkpoint
-from niels_gpt.train.config import TrainConfig
+from niels_gpt.train.config import OLD_FLAGS, TrainConfig, flag_of
 from niels_gpt.train.data import KINDS
 from niels_gpt.train.interrupt import EXIT_INTERRUPTED, resume_command
 
@@ -51,7 +52,7 @@ HELP = {
     "keep_last": "keep the newest N checkpoints of this run, removing its older ones as it saves (default: keep all)",
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
     "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
-    "init_from": "start a new run from this checkpoint's weights (its shape; data kind, --sequence-len and "
+    "init_from": "start a new run from this checkpoint's weights (its shape; data kind, --seq-len and "
                  "optimizer state may differ): pretrain, then SFT (default: none, fresh weights)",
     "overwrite": "--out-dir holds another run: replace it (its files go when this run saves its first checkpoint)",
     "n_embd": "model width (default: 64 x depth)",
@@ -87,7 +88,7 @@ def register(sub) -> None:
     for f in fields(TrainConfig):
         if f.name == "data":
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         default = None if f.default is MISSING else f.default
         if f.name == "compile":
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=HELP[f.name])
@@ -96,7 +97,10 @@ def register(sub) -> None:
             p.add_argument(flag, action="store_true", help=HELP[f.name])
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-        p.add_argument(flag, type=kind, default=default, choices=CHOICES.get(f.name), help=HELP[f.name])
+        action = p.add_argument(flag, dest=f.name, type=kind, default=default, choices=CHOICES.get(f.name),
+                                help=HELP[f.name])
+        if f.name in OLD_FLAGS:
+            hidden_alias(p, OLD_FLAGS[f.name], action)
     p.set_defaults(func=run)
 
     s = sub.add_parser("sample")
@@ -107,7 +111,7 @@ def register(sub) -> None:
     s.add_argument("--max-tokens", type=int, default=64, help="tokens to sample at most")
     s.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely token")
     s.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sampling (torch RNG)")
+    s.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of the sampling (torch RNG)")
     s.add_argument("--tokenizer", default=None, help="tokenizer dir/file (default: the one the run recorded)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     s.set_defaults(func=run_sample)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from niels_gpt.constants import SEED
+
 
 @dataclass(kw_only=True)
 class TrainConfig:
@@ -43,7 +45,7 @@ class TrainConfig:
     final_lr_frac: float = 0.0
     grad_clip: float = 1.0
     # runtime
-    seed: int = 0
+    seed: int = SEED
     device: str = "auto"
     num_workers: int = 0
     compile: bool | None = None  # None: on for CUDA, off for CPU
@@ -61,3 +63,13 @@ class TrainConfig:
     init_from: str | None = None  # a checkpoint whose weights start this (new) run
     overwrite: bool = False  # --out-dir holds another run: replace it (at this run's first checkpoint)
     log_every: int = 1
+
+
+# the command line's name of a field where it is not the field's own: one name per idea across the commands
+FLAGS = {"sequence_len": "--seq-len", "num_workers": "--workers"}
+OLD_FLAGS = {"sequence_len": "--sequence-len", "num_workers": "--num-workers"}  # still parsed, not shown
+
+
+def flag_of(name: str) -> str:
+    """The `train` flag of TrainConfig field `name`."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))

@@ -46,8 +46,6 @@ from niels_gpt.meta import read_meta
 from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
-from niels_gpt.report import unfinished_dirs
-from niels_gpt.sources.corpus import kind_of
 from niels_gpt.storage.remote import open_location
 from niels_gpt.train.pin import check_pins, pin
 from niels_gpt.train.val import find_val_pack, val_batches
@@ -64,26 +62,9 @@ MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
 def detect_kind(path, sampling: str = "indexed") -> str:
     """The loader kind for `path` (see the module table); ConfigError names what was found."""
     p = Path(path)
-    if p.is_file() and p.suffix not in (".toml", ".json", ".parquet", ".pq", ".npy"):
-        kind = kind_of(p)
-        what = f"a {kind} text file" if kind else "a file"
-        raise ConfigError(f"{p}: {what}, not a cache: train reads token caches; build one from it first with "
-                          f"`python -m niels_gpt.cli build {p} --out cache/{p.name.split('.')[0]} --tokenizer TOK`, "
-                          "then train on that directory")
-    if not p.exists():
-        staged = sorted(p.parent.glob(f"{p.name}.tmp-*")) if p.parent.is_dir() else []
-        if staged:
-            raise ConfigError(f"{p}: not built yet: an unfinished build left {staged[0].name} beside it (the build "
-                              "was interrupted); run the same build command again to finish it, then train")
-        raise ConfigError(f"{p}: no such file or directory to train on; pass a cache directory, a mixture "
-                          ".toml/.json, a directory of Parquet shards or packed SFT bins")
     try:
         found = locate(p)  # one door: the decision stats, inspect, verify and open_dataset make
     except (FormatError, CacheError) as exc:
-        if p.is_dir() and p in unfinished_dirs(p):
-            raise ConfigError(f"{p}: an unfinished build: token files but no meta.json, which a build writes last "
-                              "(it was interrupted); run the same build command (build, build-all, dist-build or "
-                              "pack-sft) again to finish it, then train") from None
         raise ConfigError(str(exc)) from None
     if found.kind == "pretrain" and found.split is None:
         if sampling not in ("random", "indexed", "shards"):
@@ -319,7 +300,7 @@ class TrainData:
         pack_size = int(getattr(ds, "pack_size", 0) or self.T)
         if pack_size != self.T:
             raise ConfigError(f"{self.path}: bins of pack_size {pack_size} for a context of T={self.T}: "
-                              f"train packed bins with --sequence-len {pack_size}")
+                              f"train packed bins with --seq-len {pack_size}")
         if self.vocab_size is None and self.tokenizer is not None:
             self.vocab_size = len(self.tokenizer)
         recorded = getattr(ds, "manifest", {}).get("source", {})

@@ -41,7 +41,7 @@ def demo_training(root: Path, seed: int, *, steps: int = STEPS, sft_steps: int =
           f"val bpb {first.val_bpb[-1][1]:.3f} at step {first.step} -> {second.val_bpb[-1][1]:.3f} at step {second.step}")
 
     packed = root / "packed" / "dolly15k"
-    print(f"\n-- SFT: pack-sft {root / 'sft' / 'dolly15k'} {packed} --pack-size {SFT_T}, then train --init-from "
+    print(f"\n-- SFT: pack-sft {root / 'sft' / 'dolly15k'} {packed} --seq-len {SFT_T}, then train --init-from "
           f"{second.checkpoint}")
     pack_sft(root / "sft" / "dolly15k", packed, pack_size=SFT_T, on_overflow="truncate")
     sft = train(TrainConfig(data=str(packed), out_dir=str(runs / "demo-sft"), init_from=second.checkpoint,

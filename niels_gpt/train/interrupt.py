@@ -20,6 +20,8 @@ from dataclasses import MISSING, fields
 import torch
 import torch.distributed as dist
 
+from niels_gpt.train.config import flag_of
+
 EXIT_INTERRUPTED = 130
 # flags whose value never belongs on the resume command line: resuming replaces them
 NOT_REPEATED = ("resume", "init_from", "overwrite")
@@ -75,7 +77,7 @@ def resume_command(cfg, checkpoint: str, world: int) -> str:
         value, default = getattr(cfg, f.name), (None if f.default is MISSING else f.default)
         if value == default:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         if isinstance(value, bool):
             args.append(flag if value else "--no-" + f.name.replace("_", "-"))
         else:

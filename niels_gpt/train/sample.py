@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
 from niels_gpt.seeds import check_seed
 from niels_gpt.tokenizer import load_tokenizer
@@ -111,7 +112,7 @@ def generate(model: GPT, ids: list[int], *, max_tokens: int, temperature: float,
 
 
 def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, temperature: float = 0.8,
-           top_k: int | None = 50, seed: int = 0, tokenizer: str | None = None, device: str = "auto",
+           top_k: int | None = 50, seed: int = SEED, tokenizer: str | None = None, device: str = "auto",
            system: str | None = None) -> str:
     """The text the model at `path` writes after `prompt`."""
     if max_tokens < 1:

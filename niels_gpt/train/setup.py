@@ -23,6 +23,7 @@ from niels_gpt.storage.remote import open_location, tokenizer_near
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 from niels_gpt.tokenizer.find import tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
+from niels_gpt.train.config import flag_of
 from niels_gpt.train.model import GPTConfig
 from niels_gpt.train.pin import what_differs
 from niels_gpt.urls import is_url, refuse_url
@@ -146,7 +147,7 @@ def init_config(cfg, recorded: dict, vocab_size: int, source: str) -> GPTConfig:
     for flag, key in flags.items():
         given = getattr(cfg, flag)
         if given is not None and given != recorded[key]:
-            raise ConfigError(f"--{flag.replace('_', '-')} {given}: the --init-from checkpoint {source} has "
+            raise ConfigError(f"{flag_of(flag)} {given}: the --init-from checkpoint {source} has "
                               f"{key} = {recorded[key]}; a run started from its weights keeps its shape: drop the flag")
     if vocab_size != recorded["vocab_size"]:
         raise ConfigError(f"--init-from {source}: its model has {recorded['vocab_size']} embedding rows, the data "
@@ -192,8 +193,8 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
                if n in recorded and now[n] != then[n] and not idle.get(n, False)]
     if not changed:
         return
-    flags = ", ".join(f"--{n.replace('_', '-')} {new} (the run has {old})" for n, new, old in changed)
-    again = " ".join(f"--{n.replace('_', '-')} {old}" for n, _, old in changed)
+    flags = ", ".join(f"{flag_of(n)} {new} (the run has {old})" for n, new, old in changed)
+    again = " ".join(f"{flag_of(n)} {old}" for n, _, old in changed)
     raise StateError(f"--resume {source}: {flags}: a resumed run goes on with the settings it started with (its "
                      f"optimizer state, data order and schedule are theirs): resume with {again}, or start a new "
                      f"run from its weights with --init-from {source} and another --out-dir")
@@ -288,4 +289,4 @@ def check_config(cfg) -> None:
         raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
     for name in ("sequence_len", "device_batch_size"):
         if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 1")
+            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 1")

@@ -42,7 +42,7 @@ def find_val_pack(bins: Path, *, T: int, tokenizer_sha256: str | None) -> Path |
         sha = sha if isinstance(sha, str) and sha.strip("0") else None
         if size != T:
             raise ConfigError(f"{cand}: the val pack of {bins} has pack_size {size}, the train bins {T}: pack the val "
-                              f"split again with --pack-size {T}")
+                              f"split again with --seq-len {T}")
         if sha and tokenizer_sha256 and sha != tokenizer_sha256:
             raise ConfigError(f"{cand}: the val pack of {bins} was made with another tokenizer (sha256 {sha[:12]}...) "
                               f"than the train bins ({tokenizer_sha256[:12]}...): pack the val split of the same "

@@ -8,14 +8,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.loading.sampler import (
-    GlobalBatchSampler,
-    ResumableDataLoader,
-    epoch_permutation,
-    global_batches,
-    rank_slice,
-    worker_batches,
-)
+from niels_gpt.loading.order import epoch_permutation, global_batches, rank_slice, worker_batches
+from niels_gpt.loading.sampler import GlobalBatchSampler, ResumableDataLoader
 from niels_gpt.loading.stream import RankBatchStream
 from niels_gpt.resume import fingerprint
 

@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from niels_gpt.loading.order import CHUNK, EpochOrder
-from niels_gpt.loading.sampler import (
-    SMALL_ORDER,
-    GlobalBatchSampler,
-    epoch_order,
-    epoch_permutation,
-    mix_seed,
-)
+from niels_gpt.loading.order import CHUNK, SMALL_ORDER, EpochOrder, epoch_order, epoch_permutation, mix_seed
+from niels_gpt.loading.sampler import GlobalBatchSampler
 from niels_gpt.resume import fingerprint
 
 WINDOWS = 48_800_000

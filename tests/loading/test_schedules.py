@@ -9,7 +9,8 @@ from torch.utils.data import Dataset
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading import MixtureDataset, MixtureSampler, Phase, ResumableDataLoader
-from niels_gpt.loading.sampler import GlobalBatchSampler, epoch_permutation
+from niels_gpt.loading.order import epoch_permutation
+from niels_gpt.loading.sampler import GlobalBatchSampler
 from niels_gpt.loading.schedule import BatchSchedule, batch_ramp
 from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.resume import fingerprint

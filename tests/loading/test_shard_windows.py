@@ -131,7 +131,7 @@ def test_indexed_windows_of_a_real_cache_are_read_k_shards_at_a_time(tmp_path):
 
 def reference_order(counts, K, seed, epoch):
     """The order written as one expression over all N windows (what shard_window_order computes in chunks)."""
-    from niels_gpt.loading.sampler import mix_seed
+    from niels_gpt.loading.order import mix_seed
 
     counts = torch.as_tensor(counts, dtype=torch.int64)
     S = len(counts)

@@ -168,8 +168,12 @@ def test_legacy_rejects_bad_rows(tmp_path):
 
 def test_factory_rejects_unknown_paths(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(IncompleteCacheError, match="no manifest.json in"):
+    with pytest.raises(FormatError, match="empty: an empty directory"):
         open_packed(tmp_path / "empty")
     (tmp_path / "x.txt").write_text("x")
-    with pytest.raises(FormatError, match="x.txt: not a packed SFT dataset"):
+    with pytest.raises(FormatError, match="x.txt: a text file, not a token cache"):
         open_packed(tmp_path / "x.txt")
+    (tmp_path / "half").mkdir()
+    np.save(tmp_path / "half" / "input_ids.npy", np.zeros(4, np.int32))
+    with pytest.raises(IncompleteCacheError, match="half: token files but no meta.json"):
+        open_packed(tmp_path / "half")

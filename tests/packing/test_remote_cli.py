@@ -59,7 +59,7 @@ def test_cli_packs_and_prints_a_summary(tmp_path, cache, capsys):
     out = capsys.readouterr().out
     m = PackedMemmapDataset(tmp_path / "p").manifest
     assert rc == 0
-    assert "pack_size=128 algorithm=bfd on_overflow=truncate seed=0" in out
+    assert "seq_len=128 algorithm=bfd on_overflow=truncate seed=42" in out
     assert (f"pack-sft: {m['num_bins']} bins, 40 sequences, {m['num_tokens']} tokens, "
             f"efficiency {m['efficiency']:.4f}, truncated 0") in out
 

@@ -21,16 +21,16 @@ SHORT = [4, 11, 5, 30, 6]  # 5 tokens, trained at 3..4
 
 def test_the_share_of_tokens_and_trained_targets_cut_is_reported_and_warned(tmp_path, capsys):
     sft = write_sft_cache(tmp_path / "sft", [LONG, SHORT] * 3)
-    with pytest.warns(UserWarning, match=r"--pack-size 8 truncates examples and drops 18.8% of the tokens \(9 of 48\) "
-                                         r"and 30.0% of the trained targets \(9 of 30\); --pack-size 64 keeps 99%"):
+    with pytest.warns(UserWarning, match=r"--seq-len 8 truncates examples and drops 18.8% of the tokens \(9 of 48\) "
+                                         r"and 30.0% of the trained targets \(9 of 30\); --seq-len 64 keeps 99%"):
         m = pack_sft(sft, tmp_path / "p", pack_size=8)
     assert m["truncation"] == {"tokens": 48, "tokens_lost": 9, "trained_targets": 30, "trained_targets_lost": 9,
                                "pack_size_keeping_99pct": 64}
     assert json.loads((tmp_path / "p" / "manifest.json").read_text())["truncation"] == m["truncation"]
-    assert main(["pack-sft", str(sft), str(tmp_path / "q"), "--pack-size", "8"]) == 0
+    assert main(["pack-sft", str(sft), str(tmp_path / "q"), "--seq-len", "8"]) == 0
     out, err = capsys.readouterr()
     assert "truncated 3, 18.8% of the tokens and 30.0% of the trained targets cut" in out
-    assert err.strip().splitlines()[-1].startswith("pack-sft: warning: ") and "--pack-size 64 keeps 99%" in err
+    assert err.strip().splitlines()[-1].startswith("pack-sft: warning: ") and "--seq-len 64 keeps 99%" in err
 
 
 def test_nothing_cut_means_no_warning(tmp_path, capsys):

@@ -29,7 +29,7 @@ def test_kind_follows_what_the_path_holds(tmp_path, pretrain_cache, sft_cache, p
 
 
 def test_paths_that_hold_no_training_data_are_refused(tmp_path, pretrain_cache, packed_dir):
-    with pytest.raises(ConfigError, match="no such file or directory to train on"):
+    with pytest.raises(ConfigError, match="no such file or directory; check the path"):
         detect_kind(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="an empty directory, not a cache"):
@@ -49,7 +49,7 @@ def test_paths_that_hold_no_training_data_are_refused(tmp_path, pretrain_cache, 
         detect_kind(pretrain_cache, "shuffled")
     with pytest.raises(ConfigError, match="pass --tokenizer"):
         TrainData(tmp_path / "odd", T=8, batch_size=2, seed=0, device="cpu", kind="parquet")
-    with pytest.raises(ConfigError, match="train packed bins with --sequence-len"):
+    with pytest.raises(ConfigError, match="train packed bins with --seq-len"):
         TrainData(packed_dir, T=8, batch_size=2, seed=0, device="cpu")
 
 
@@ -83,7 +83,7 @@ def test_train_subcommand_runs_and_the_loss_falls(tmp_path, capsys):
 def test_train_subcommand_reports_bad_data_in_one_line(tmp_path, capsys):
     assert cli(["train", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "no such file or directory to train on" in err and "\n" not in err
+    assert err.startswith("error: ") and "no such file or directory; check the path" in err and "\n" not in err
 
 
 def test_a_tokenizer_found_near_the_data_must_be_the_one_it_was_built_with(tmp_path, tokenizer, capsys):

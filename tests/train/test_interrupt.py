@@ -50,7 +50,7 @@ def test_sigterm_mid_run_saves_that_step_and_the_resumed_run_matches_a_straight_
     cfg = dict(data=str(pretrain_cache), steps=6, **TINY)
     straight = train(TrainConfig(**cfg, out_dir=str(tmp_path / "straight")), token_bytes=TOKEN_BYTES,
                      log=lambda *a: None)
-    data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu"), {3: [signal.SIGTERM]})
+    data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=TrainConfig.seed, device="cpu"), {3: [signal.SIGTERM]})
     before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or the handler another library installed (ray.init does)
     first = train(TrainConfig(**cfg, out_dir=str(tmp_path / "run")), token_bytes=TOKEN_BYTES, log=lambda *a: None,
                   data=data)
@@ -78,7 +78,7 @@ def _cli(*args: str) -> subprocess.Popen:
 def test_ctrl_c_in_the_cli_saves_prints_the_command_and_running_it_finishes_the_run(tmp_path, pretrain_cache,
                                                                                     capsys):
     args = ["train", str(pretrain_cache), "--out-dir", str(tmp_path / "run"), "--depth", "1", "--n-embd", "32",
-            "--sequence-len", "16", "--device-batch-size", "4", "--steps", "400", "--eval-steps", "1"]
+            "--seq-len", "16", "--device-batch-size", "4", "--steps", "400", "--eval-steps", "1"]
     p = _cli(*args)
     for line in p.stdout:  # the loop is running once a step is logged
         if line.startswith("step 00002/"):
@@ -118,7 +118,7 @@ def test_ctrl_c_before_the_first_step_gets_trains_own_message(tmp_path, pretrain
 
 def test_a_second_ctrl_c_stops_inside_the_step_and_writes_nothing(tmp_path, pretrain_cache):
     # step 1 has two micro-batches: it fetches batches 2 and 3; a Ctrl-C at each
-    data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu"),
+    data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=TrainConfig.seed, device="cpu"),
                     {2: [signal.SIGINT], 3: [signal.SIGINT]})
     cfg = TrainConfig(data=str(pretrain_cache), out_dir=str(tmp_path / "run"), steps=6, total_batch_size=2 * 4 * 16,
                       **TINY)

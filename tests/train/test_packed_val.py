@@ -79,5 +79,5 @@ def test_a_val_pack_of_another_pack_size_is_named(sft_cache, tmp_path):
     bins = pack(sft_cache, tmp_path / "chat" / "train", val=False)
     pack(sft_cache, tmp_path / "chat" / "val", split="val", pack_size=2 * T)
     with pytest.raises(ConfigError, match=r"chat/val: the val pack of .*chat/train has pack_size 64, the train bins "
-                                          r"32: pack the val split again with --pack-size 32"):
+                                          r"32: pack the val split again with --seq-len 32"):
         TrainData(bins, T=T, batch_size=2, seed=0, device="cpu")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
+from niels_gpt.train.config import flag_of
 from niels_gpt.train.train import TrainConfig, latest_checkpoint, load_checkpoint, train
 
 from ..conftest import SPECIALS, sample_texts
@@ -104,7 +105,7 @@ def test_total_batch_must_be_a_multiple_of_a_micro_batch(tmp_path, pretrain_cach
 
 def test_two_accumulated_micro_batches_equal_one_batch_of_both(tmp_path, pretrain_cache):
     """Indexed windows: micro-batches of 4 in sampler order are the halves of the batch of 8."""
-    kw = {"sampling": "indexed", "grad_clip": 0.0}
+    kw = {"sampling": "indexed", "grad_clip": 0.0, "seed": 0}  # the weights the tolerances below were set on
     big = run(pretrain_cache, tmp_path / "big", device_batch_size=8, **kw)
     accum = run(pretrain_cache, tmp_path / "accum", device_batch_size=4, total_batch_size=8 * 16, **kw)
     assert [a + b for a, b in zip(accum.rows[::2], accum.rows[1::2], strict=True)] == big.rows
@@ -115,14 +116,14 @@ def test_two_accumulated_micro_batches_equal_one_batch_of_both(tmp_path, pretrai
         torch.testing.assert_close(p, q, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("flag,value,old", [("seed", 7, 0), ("matrix_lr", 0.5, 0.02), ("device_batch_size", 2, 4),
+@pytest.mark.parametrize("flag,value,old", [("seed", 7, 42), ("matrix_lr", 0.5, 0.02), ("device_batch_size", 2, 4),
                                             ("optimizer", "adamw", "muon"), ("sampling", "random", "indexed")])
 def test_resume_refuses_a_changed_setting_naming_the_flag_and_both_values(tmp_path, pretrain_cache, flag, value, old):
     """It would run on with the run's own settings (the optimizer state holds the learning rates, the loader
     state the data order) while the new checkpoint and run.json recorded the new ones."""
     first = run(pretrain_cache, tmp_path / "run", stop_at=1)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
-    dashed = "--" + flag.replace("_", "-")
+    dashed = flag_of(flag)
     with pytest.raises(StateError, match=rf"--resume .*ckpt_000001.pt: {dashed} {value} \(the run has {old}\): a "
                                          rf"resumed run goes on with the settings it started with .* resume with "
                                          rf"{dashed} {old}, or start a new run from its weights with --init-from"):

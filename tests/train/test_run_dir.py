@@ -37,7 +37,7 @@ def test_another_runs_directory_is_refused_and_named_unless_resumed_or_overwritt
     out = tmp_path / "run"
     run(pretrain_cache, out)
     before = snapshot(out)
-    with pytest.raises(OutputRefused, match=r"holds a run on .*web \(1 layers x 32, seed 0, 2 steps\), checkpoints "
+    with pytest.raises(OutputRefused, match=r"holds a run on .*web \(1 layers x 32, seed 42, 2 steps\), checkpoints "
                                             r"at steps 1, 2; continue that run with --resume latest, replace it "
                                             r"with --overwrite"):
         run(pretrain_cache, out, seed=1)
