@@ -116,9 +116,9 @@ def jobs(tok: str) -> list[Job]:
         Job("sft fresh", ["build-all", "--cache-dir", "c", "--only", "oasst1", *common], "c/sft/oasst1", "sft"),
         Job("sft over", ["build-all", "--cache-dir", "c", "--only", "oasst1", *common], "c/sft/oasst1", "sft",
             before=["build-all", "--cache-dir", "c", "--only", "oasst1", *common, "--val-frac", "0.5"]),
-        Job("pack-sft fresh", ["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024"], "packed", "packed"),
-        Job("pack-sft over", ["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024"], "packed", "packed",
-            before=["pack-sft", "REF/c/sft/oasst1", "packed", "--pack-size", "1024", "--algorithm", "bfd"]),
+        Job("pack-sft fresh", ["pack-sft", "REF/c/sft/oasst1", "packed", "--seq-len", "1024"], "packed", "packed"),
+        Job("pack-sft over", ["pack-sft", "REF/c/sft/oasst1", "packed", "--seq-len", "1024"], "packed", "packed",
+            before=["pack-sft", "REF/c/sft/oasst1", "packed", "--seq-len", "1024", "--algorithm", "bfd"]),
     ]
     from niels_gpt.sources import SAMPLE_DIR
 

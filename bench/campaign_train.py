@@ -45,7 +45,7 @@ from niels_gpt.errors import NielsGPTError
 
 PY = sys.executable
 STEPS, SAVE_EVERY = 60, 7
-MODEL = ["--depth", "1", "--n-embd", "32", "--sequence-len", "32", "--device-batch-size", "4", "--eval-steps", "1",
+MODEL = ["--depth", "1", "--n-embd", "32", "--seq-len", "32", "--device-batch-size", "4", "--eval-steps", "1",
          "--log-every", "1"]
 LOSS = re.compile(r"^step (\d+)/\d+ \| loss (\S+) \|", re.M)
 

@@ -159,12 +159,12 @@ def gzip_truncated(w, tmp):
 
 
 def budgets_zero(w, tmp):
-    return _fineweb(w, tmp, _jsonl(tmp / "in" / "ok.jsonl", _good_rows()), "--max-train-tokens", "0",
-                    "--max-val-tokens", "0")
+    return _fineweb(w, tmp, _jsonl(tmp / "in" / "ok.jsonl", _good_rows()), "--max-tokens", "0",
+                    "--val-tokens", "0")
 
 
 def negative_budget(w, tmp):
-    return _fineweb(w, tmp, _jsonl(tmp / "in" / "ok.jsonl", _good_rows()), "--max-train-tokens", "-5")
+    return _fineweb(w, tmp, _jsonl(tmp / "in" / "ok.jsonl", _good_rows()), "--max-tokens", "-5")
 
 
 def tiny_shard_bytes(w, tmp):
@@ -398,8 +398,8 @@ CASES = [
     Case("only empty documents", only_empty_documents, ("blank.jsonl", "empty"), out="out/pretrain"),
     Case("JSON array instead of JSONL objects", json_array_not_jsonl, ("array.jsonl",), out="out/pretrain"),
     Case("truncated gzip", gzip_truncated, ("cut.jsonl.gz",), out="out/pretrain"),
-    Case("budgets 0/0", budgets_zero, ("both 0", "--max-train-tokens"), out="out/pretrain"),
-    Case("negative budget", negative_budget, ("max_train_tokens", ">= 0"), out="out/pretrain"),
+    Case("budgets 0/0", budgets_zero, ("both 0", "--max-tokens"), out="out/pretrain"),
+    Case("negative budget", negative_budget, ("--max-tokens -5", ">= 0"), out="out/pretrain"),
     Case("shard size below the minimum", tiny_shard_bytes, ("shard",), out="out/pretrain"),
     Case("seed above torch's range", seed_above_torch_range, ("--seed", "2**63"), status=2),
     Case("negative seed", seed_negative, ("--seed",), status=2),

@@ -256,9 +256,9 @@ def check_config(cfg: BuildConfig) -> None:
     """Every flag of a build-all run, and each cache's recipe, checked before anything is built."""
     check_seed(cfg.seed)
     check_shard_bytes(cfg.shard_bytes, "--shard-bytes")
-    for flag, value in (("--max-train-tokens", cfg.max_train_tokens), ("--max-val-tokens", cfg.max_val_tokens)):
+    for flag, value in (("--max-tokens", cfg.max_train_tokens), ("--val-tokens", cfg.max_val_tokens)):
         if value is not None and value < 0:
-            raise ConfigError(f"{flag} {value}: {flag[2:].replace('-', '_')} must be >= 0")
+            raise ConfigError(f"{flag} {value}: a token budget must be >= 0 (leave it out: all)")
     if not 0.0 <= cfg.val_frac < 1.0:
         raise ConfigError(f"--val-frac {cfg.val_frac}: val_frac must be in [0, 1) (the SFT caches' val share)")
     unknown = sorted(set(cfg.only) - set(ALL))
@@ -273,7 +273,7 @@ def check_config(cfg: BuildConfig) -> None:
     for name in PRETRAIN + SFT:
         spec = recipe(name, cfg, None) if name in cfg.only else None
         if spec is not None and not spec.chat and spec.max_tokens == 0 and spec.val_tokens == 0:
-            raise ConfigError(f"--max-train-tokens 0 and --max-val-tokens 0 (both 0): the {name} cache would be empty; give "
+            raise ConfigError(f"--max-tokens 0 and --val-tokens 0 (both 0): the {name} cache would be empty; give "
                               "either a positive budget (or leave them out)")
         if spec is not None:
             check_spec(spec)
