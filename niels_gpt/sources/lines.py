@@ -155,7 +155,7 @@ class _LineNumbers:
 class _Where:
     """`<file>, line N`, formatted only if used (a byte range counts lines from the file's start lazily)."""
 
-    __slots__ = ("numbers", "k", "item")
+    __slots__ = ("numbers", "k", "item", "offset")
 
     def __init__(self, item: str, numbers, k: int):
         self.item, self.numbers, self.k = item, numbers, k
@@ -236,6 +236,7 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
             if not raw.strip():
                 continue
             where = _Where(piece.item, numbers, k)
+            where.offset = start  # the line's byte offset in the (decompressed) file: a document's origin
             yield where, _parse(raw, where, start if ranged else None)
     except NotCompressed as e:
         raise _not_compressed(piece.item, e) from None
