@@ -42,7 +42,7 @@ from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
 
-PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
+PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
 
 
 class Progress:
