@@ -5,8 +5,10 @@ by meta.json's `origins`:
 
 | file                | contents                                                                      |
 |---------------------|-------------------------------------------------------------------------------|
-| `<split>_origins.npy` | int64 [documents, 4]: input, record, char_start, char_end of document i of    |
-|                     | the split, in the split's order (sources/origins.py says what each field is)  |
+| `<split>_origins.npy` | one row per document of the split, in order: a structured array of fields  |
+|                     | input, record, char_start, char_end (sources/origins.py says what each is),   |
+|                     | each the narrowest little-endian signed int that holds the cache's values;   |
+|                     | no char fields where no document has a range (an SFT cache)                  |
 | `origins.json`      | the inputs: index -> path or URL as meta.json's `source.files` names it, its  |
 |                     | sha256 (a dataset: its id, config, split; a URL: the store's version), its kind |
 |                     | and what its `record` counts                                                  |
@@ -29,8 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import CacheError
 from niels_gpt.meta import file_record
 from niels_gpt.sources.base import portable
+from niels_gpt.sources.records import Piece, digest
 
 COLUMNS = ["input", "record", "char_start", "char_end"]
 TABLE = "origins.json"
@@ -55,8 +59,6 @@ def _sha256(path: str) -> str:
 def input_table(inputs: list[str], kinds: list[str], config: str | None = None, split: str = "train") -> list[dict]:
     """One entry per input of the plan: its name (as meta.json's source.files), what identifies its bytes, and
     what an origin's `record` counts in it."""
-    from niels_gpt.sources.records import Piece, digest
-
     out = []
     for name, kind in zip(inputs, kinds or [""] * len(inputs), strict=True):
         if kind == "dataset":
@@ -109,11 +111,15 @@ class OriginLog:
     def write(self, out: Path, documents: dict[str, int]) -> dict:
         """Write the origin files into `out`; their meta.json `files` records."""
         records = {}
+        rows = {s: np.frombuffer(self.rows[s], dtype=np.int64).reshape(-1, 4) for s in ("train", "val")}
+        dtype = compact_dtype(np.concatenate([rows["train"], rows["val"]]))
         for s in ("train", "val"):
-            arr = np.frombuffer(self.rows[s], dtype=np.int64).reshape(-1, 4).astype("<i8")
-            if len(arr) != documents[s]:
-                from niels_gpt.errors import CacheError
-                raise CacheError(f"{out}: {len(arr)} origins for {documents[s]} {s} documents; report this bug")
+            if len(rows[s]) != documents[s]:
+                raise CacheError(f"{out}: {len(rows[s])} origins for {documents[s]} {s} documents; report this bug")
+            arr = np.zeros(len(rows[s]), dtype=dtype)
+            for k, name in enumerate(COLUMNS):
+                if name in dtype.names:
+                    arr[name] = rows[s][:, k]
             buf = io.BytesIO()
             np.save(buf, arr, allow_pickle=False)
             data = buf.getvalue()
@@ -123,6 +129,29 @@ class OriginLog:
         write_bytes_atomic(out / TABLE, data)
         records[TABLE] = file_record(out / TABLE, None, data=data)
         return records
+
+
+def compact_dtype(rows: np.ndarray) -> np.dtype:
+    """The narrowest structured dtype that holds `rows` (int64 [n, 4]); the char fields left out where every
+    document has none (-1)."""
+    fields = []
+    for k, name in enumerate(COLUMNS):
+        col = rows[:, k]
+        if k >= 2 and (col == -1).all():
+            continue
+        lo, hi = (int(col.min()), int(col.max())) if len(col) else (0, 0)
+        width = next(t for t in ("<i1", "<i2", "<i4", "<i8") if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+        fields.append((name, width))
+    return np.dtype(fields)
+
+
+def as_rows(arr: np.ndarray) -> np.ndarray:
+    """int64 [n, 4] rows of an origins array as written (a field left out: -1)."""
+    out = np.full((len(arr), 4), -1, dtype=np.int64)
+    for k, name in enumerate(COLUMNS):
+        if arr.dtype.names and name in arr.dtype.names:
+            out[:, k] = arr[name]
+    return out
 
 
 def origins_meta() -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.records_base import FileText
 
 UNKNOWN = -1
@@ -66,7 +67,6 @@ def _text_of(record, rules) -> str | None:
         value = record.get(rules.text_field)
         if isinstance(value, str):
             if value.startswith("\ufeff") or "\r" in value:
-                from niels_gpt.sources.base import normalise_text
                 value = normalise_text(value)
             return value
     return None

@@ -20,12 +20,15 @@ boundaries; an SFT split reads its offsets only.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.builders.origins import as_rows
 from niels_gpt.constants import TOKEN_DTYPES
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import CacheMismatchError, ConfigError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
 from niels_gpt.storage.remote import open_location
@@ -154,17 +157,12 @@ def document_origin(cache: str, split: str, doc_index: int) -> dict:
 
 def read_origins(local: Path, meta: dict, split: str, remote=None) -> tuple[np.ndarray, list[dict]]:
     """A split's origins and the inputs table, each checked against meta.json's sha256."""
-    import hashlib
-    import json
-
-    from niels_gpt.errors import CacheMismatchError
-
     names = meta["origins"]
     rel, table = names["files"][split], names["inputs"]
     if remote is not None:
         remote.fetch(rel)
         remote.fetch(table)
-    rows = np.asarray(load_checked_npy(local / rel, meta["files"].get(rel), "origins"), dtype=np.int64).reshape(-1, 4)
+    rows = as_rows(load_checked_npy(local / rel, meta["files"].get(rel), "origins"))
     data = (local / table).read_bytes()
     if hashlib.sha256(data).hexdigest() != (meta["files"].get(table) or {}).get("sha256"):
         raise CacheMismatchError(f"{local / table}: sha256 differs from meta.json (the origins table changed after "

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from niels_gpt.builders import dist_build
+from niels_gpt.builders.origins import as_rows
 from niels_gpt.cache.cli import main
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError
@@ -104,7 +105,7 @@ def test_each_origin_points_at_the_text_of_its_document(built, tokenizer, split)
     inputs, caches = built
     cache = caches["inline"]
     table = json.loads((cache / "origins.json").read_text())["inputs"]
-    rows = np.load(cache / f"{split}_origins.npy")
+    rows = as_rows(np.load(cache / f"{split}_origins.npy"))
     docs = _documents(cache, split, np.dtype(tokenizer.token_dtype))
     assert len(rows) == len(docs) > 0
     cut = json.loads((cache / "meta.json").read_text())["cuts"][split]
@@ -129,7 +130,7 @@ def test_gutenberg_and_crlf_ranges_are_of_the_normalised_text(built):
     _, caches = built
     cache = caches["inline"]
     table = json.loads((cache / "origins.json").read_text())["inputs"]
-    rows = np.load(cache / "train_origins.npy").tolist()
+    rows = as_rows(np.load(cache / "train_origins.npy")).tolist()
     by_name = {Path(table[i]["path"]).name: (record, a, b) for i, record, a, b in rows}
     text = GUTENBERG.format(n=3).replace("\r\n", "\n")
     _, a, b = by_name["d.txt"]
@@ -143,7 +144,7 @@ def test_val_per_input_pieces_are_runs_of_their_record(tmp_path, tokenizer):
     caches = [_build([src], tmp_path / ex / "c", tokenizer, ex, "--val-frac", "0.3", "--val-per-input")
               for ex in ("inline", "processes")]
     assert _tree(caches[0]) == _tree(caches[1])
-    rows = np.concatenate([np.load(caches[0] / f"{s}_origins.npy") for s in ("train", "val")])
+    rows = np.concatenate([as_rows(np.load(caches[0] / f"{s}_origins.npy")) for s in ("train", "val")])
     spans = sorted((a, b) for _, _, a, b in rows.tolist())
     assert len(spans) > 2 and spans[0][0] == 0 and spans[-1][1] == len(src.read_text())
     assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))  # the pieces tile the file
@@ -188,7 +189,7 @@ def test_chat_examples_name_their_records(tmp_path, tokenizer):
         meta = json.loads((cache / "meta.json").read_text())
         seen = set()
         for split in ("train", "val"):
-            rows = np.load(cache / f"{split}_origins.npy")
+            rows = as_rows(np.load(cache / f"{split}_origins.npy"))
             offsets = np.load(cache / f"{split}_idx.npy")
             assert len(rows) == len(offsets) == meta["totals"][f"{split}_examples"]
             tokens = np.fromfile(cache / f"{split}_tokens.bin", dtype=np.dtype(tokenizer.token_dtype))
@@ -229,7 +230,7 @@ def test_verify_catches_a_damaged_origins_file(built, tmp_path):
 def test_trace_names_the_input_and_record_and_finds_the_document_back(built):
     inputs, caches = built
     cache = str(caches["inline"])
-    rows = np.load(Path(cache) / "train_origins.npy").tolist()
+    rows = as_rows(np.load(Path(cache) / "train_origins.npy")).tolist()
     d = next(k for k, r in enumerate(rows) if r[0] == 0 and r[1] > 0)  # a JSON Lines record past line 1
     origin = document_origin(cache, "train", d)
     line = Path(inputs[0]).read_bytes()[:rows[d][1]].count(b"\n") + 1
