@@ -242,3 +242,33 @@ def test_trace_names_the_input_and_record_and_finds_the_document_back(built):
     assert find_document(cache, "c.parquet", rows[par][1]) == ("train", par)
     with pytest.raises(Exception, match="no document of"):
         find_document(cache, "a.jsonl", 6)  # the blank line
+
+
+def test_packed_bins_know_their_examples(tmp_path, tokenizer):
+    src = tmp_path / "m.jsonl"
+    src.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"question {i} " + "q " * (i % 9)},
+                                                      {"role": "assistant", "content": "answer " * (1 + i % 13)}]})
+                             for i in range(60)) + "\n", encoding="utf-8")
+    cache, out = tmp_path / "sft", tmp_path / "packed"
+    assert main(["build", str(src), "--chat", "--out", str(cache), "--tokenizer", tokenizer.model_path,
+                 "--no-progress", "--val-frac", "0.2"]) == 0
+    assert main(["pack-sft", str(cache), str(out), "--pack-size", "96"]) == 0
+    for shard, split in ((out, "train"), (out / "val", "val")):
+        manifest = json.loads((shard / "manifest.json").read_text())
+        assert manifest["examples"]["split"] == split
+        examples = np.load(shard / "examples.npy")
+        offsets, starts = np.load(shard / "seq_offsets.npy"), np.load(shard / "seq_starts.npy")
+        ids, plen = np.load(shard / "input_ids.npy"), np.load(shard / "packed_len.npy")
+        idx = np.load(cache / f"{split}_idx.npy")
+        tokens = np.fromfile(cache / f"{split}_tokens.bin", dtype=np.dtype(tokenizer.token_dtype))
+        ends = np.r_[idx[1:], len(tokens)]
+        assert sorted(examples.tolist()) == list(range(len(idx)))  # every example once (none over 96 tokens)
+        for b in range(len(plen)):
+            cut = np.r_[starts[offsets[b]:offsets[b + 1]], plen[b]]
+            for j, e in enumerate(examples[offsets[b]:offsets[b + 1]].tolist()):
+                assert ids[b, cut[j]:cut[j + 1]].tolist() == tokens[idx[e]:ends[e]].tolist()
+    assert main(["verify", str(out)]) == 0
+    data = bytearray((out / "examples.npy").read_bytes())
+    data[-1] ^= 1
+    (out / "examples.npy").write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 1
