@@ -125,7 +125,8 @@ class OriginLog:
             data = buf.getvalue()
             write_bytes_atomic(out / split_file(s), data)
             records[split_file(s)] = {**file_record(out / split_file(s), None, data=data), "documents": len(arr)}
-        data = (json.dumps({"columns": COLUMNS, "inputs": self.table}, indent=1, sort_keys=True) + "\n").encode()
+        data = (json.dumps({"columns": COLUMNS, "inputs": self.table}, sort_keys=True, separators=(",", ":"))
+                + "\n").encode()
         write_bytes_atomic(out / TABLE, data)
         records[TABLE] = file_record(out / TABLE, None, data=data)
         return records
