@@ -272,3 +272,25 @@ def test_packed_bins_know_their_examples(tmp_path, tokenizer):
     data[-1] ^= 1
     (out / "examples.npy").write_bytes(bytes(data))
     assert main(["verify", str(out)]) == 1
+
+
+@pytest.mark.parametrize("to", ["niels", "nanogpt", "kempner-npy", "megatron"])
+def test_convert_carries_the_origins(built, tmp_path, to):
+    _, caches = built
+    src = caches["inline"]
+    out = tmp_path / to
+    assert main(["convert", str(src), str(out), "--to", to]) == 0
+    for split in ("train", "val"):
+        want = (src / f"{split}_origins.npy").read_bytes()
+        if to == "niels":  # our own format: origins listed in meta.json, as in the cache converted
+            meta = json.loads((out / "meta.json").read_text())
+            assert meta["origins"]["files"][split] == f"{split}_origins.npy"
+            assert (out / f"{split}_origins.npy").read_bytes() == want
+            assert document_origin(str(out), split, 0)["where"] == document_origin(str(src), split, 0)["where"]
+        else:  # a sidecar beside the split's files, listed in the output's receipt
+            assert (out / split / "origins" / "origins.npy").read_bytes() == want
+            assert (out / split / "origins" / "origins.json").read_bytes() == (src / "origins.json").read_bytes()
+            receipt = json.loads((out / "niels_receipt.json").read_text())
+            assert f"{split}/origins/origins.npy" in receipt["files"]
+    assert main(["verify", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
