@@ -2,11 +2,12 @@
 
 Each corpus is built by the one-process builder from its plan's stream twice over, alternately: with origins
 (the stream as `build` reads it, `<split>_origins.npy` + `origins.json` written) and without (the same items
-as a plain iterator: no origins). Prints, per corpus, the origin files' share of the cache's bytes and the
-build time with origins against without: CPU seconds of the process and wall seconds, the least of --repeat
-builds each (one encode worker; CPU time is the steadier figure on a shared machine).
+as a plain iterator: no origins). Prints, per corpus, the origins' share of the cache's bytes (their files and
+what they add to meta.json) and the build time with origins against without: CPU seconds of the process and
+wall seconds, the least of --repeat builds each (one encode worker; CPU time is the steadier figure on a
+shared machine).
 
-    PYTHONPATH=. python bench/bench_origins.py [--work /tmp/bench-origins] [--repeat 3]
+    PYTHONPATH=. python bench/bench_origins.py [--work /tmp/bench-origins] [--repeat 5]
 
 The tokenizer is bench/real_tokens.py's (a 16,000-id sentencepiece model of the shared corpora, trained once
 per --work directory).
@@ -73,9 +74,12 @@ def main() -> None:
             for origins in (False, True):
                 w, c = build_once(plan, tok, work / name, chat, origins)
                 wall[origins], cpu[origins] = min(wall[origins], w), min(cpu[origins], c)
+                if not origins:
+                    plain_meta = (work / name / "meta.json").stat().st_size
         out = work / name  # the last build: with origins
         total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-        extra = sum((out / f).stat().st_size for f in ORIGIN_FILES)
+        # the origin files, and what they add to meta.json (their records and its `origins`)
+        extra = sum((out / f).stat().st_size for f in ORIGIN_FILES) + (out / "meta.json").stat().st_size - plain_meta
         docs = sum(len(np.load(out / f)) for f in ORIGIN_FILES[:2])
         print(f"{name:<14} {docs:>6} {total:>12,} {extra:>12,} {100 * extra / total:>7.2f}% "
               f"{cpu[False]:>13.3f} {cpu[True]:>6.3f} {100 * (cpu[True] / cpu[False] - 1):>+6.2f}% "

@@ -156,10 +156,5 @@ def as_rows(arr: np.ndarray) -> np.ndarray:
 
 
 def origins_meta() -> dict:
-    """meta.json's `origins`: where they are and what they hold."""
-    return {"files": {"train": split_file("train"), "val": split_file("val")}, "inputs": TABLE, "columns": COLUMNS,
-            "record": "per input, origins.json says what it counts (sources/origins.py)",
-            "char_range": "[char_start, char_end) of the record's text after the text rules (BOM dropped, CRLF as "
-                          "LF; a whole file: its text); -1 where the document is not a run of it (a conversation, "
-                          "a --map hook's output, a wikitext article's end)",
-            "cut": "a document cut by a budget keeps its whole document's origin (see cuts)"}
+    """meta.json's `origins`: where they are (what each field is: sources/origins.py, docs/trace.md)."""
+    return {"files": {"train": split_file("train"), "val": split_file("val")}, "inputs": TABLE, "columns": COLUMNS}
