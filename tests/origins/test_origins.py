@@ -102,8 +102,18 @@ def test_every_executor_writes_the_same_origins(built):
 
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_each_origin_points_at_the_text_of_its_document(built, tokenizer, split):
-    inputs, caches = built
-    cache = caches["inline"]
+    _check_origins(built[1]["inline"], tokenizer, split, {".jsonl", ".txt", ".parquet", ".raw"})
+
+
+def test_a_shuffled_build_keeps_each_documents_origin(built, tokenizer, tmp_path):
+    inputs, _ = built
+    cache = _build(inputs, tmp_path / "c", tokenizer, "inline", "--shuffle-buffer", "16", "--val-tokens", "300")
+    for split in ("train", "val"):
+        _check_origins(cache, tokenizer, split, None)
+
+
+def _check_origins(cache: Path, tokenizer, split: str, kinds_wanted) -> None:
+    """Each document of `split` is the encoding of the text its origin names."""
     table = json.loads((cache / "origins.json").read_text())["inputs"]
     rows = as_rows(np.load(cache / f"{split}_origins.npy"))
     docs = _documents(cache, split, np.dtype(tokenizer.token_dtype))
@@ -122,8 +132,8 @@ def test_each_origin_points_at_the_text_of_its_document(built, tokenizer, split)
             assert list(ids) == list(want)[:len(ids)]
         else:
             assert list(ids) == list(want), (entry, record)
-    if split == "train":
-        assert kinds == {".jsonl", ".txt", ".parquet", ".raw"}
+    if split == "train" and kinds_wanted:
+        assert kinds == kinds_wanted
 
 
 def test_gutenberg_and_crlf_ranges_are_of_the_normalised_text(built):
