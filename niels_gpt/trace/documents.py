@@ -28,7 +28,7 @@ import numpy as np
 
 from niels_gpt.builders.origins import as_rows
 from niels_gpt.constants import TOKEN_DTYPES
-from niels_gpt.errors import CacheMismatchError, ConfigError
+from niels_gpt.errors import CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
 from niels_gpt.storage.remote import open_location
@@ -253,3 +253,29 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
             return split, int(hit[0])
     raise ConfigError(f"--document {input_name}:{record}: no document of {cache} came from that record (it was "
                       "skipped, empty, or past the token budgets); check meta.json's skipped counts")
+
+
+def packed_origin(bins: str, dataset, seq: int | None) -> dict:
+    """What pack-sft's examples.npy says of packed sequence `seq`: {example, and the origin of that example in the
+    bins' SFT cache where it records origins}; {} where the bins (packed before examples.npy) or the cache say
+    nothing. A note left by the caller is replaced."""
+    manifest = getattr(dataset, "manifest", None) or {}
+    rec, source = manifest.get("examples"), manifest.get("source") or {}
+    if seq is None or not isinstance(rec, dict) or rec.get("name") != "examples.npy" or is_url(str(bins)):
+        return {}
+    examples = _examples(str(Path(bins) / "examples.npy"), rec.get("sha256"))
+    example = int(examples[seq])
+    out = {"example": example, "note": f"example {source.get('split', 'train')}:{example} of {source.get('cache_dir')}"}
+    try:
+        found = document_origin(str(source["cache_dir"]), str(source.get("split", "train")), example)
+    except (KeyError, OSError, NielsGPTError):
+        return out  # the SFT cache is not at hand here: the example's number is what the bins know
+    out.update({k: found[k] for k in ("input", "input_sha256", "record", "where", "chars") if k in found})
+    if "where" in out:
+        out.pop("note")
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _examples(path: str, sha256: str | None) -> np.ndarray:
+    return np.asarray(load_checked_npy(path, {"sha256": sha256}, "packed examples"), dtype=np.int64)
