@@ -37,8 +37,8 @@ def parse_origin(text: str) -> tuple[str, int] | None:
     """"data/a.jsonl:17" -> ("data/a.jsonl", 17): a document named by its origin (an input and its record: a
     JSON Lines line, a Parquet row); None for SPLIT:INDEX and DATASET:SPLIT:INDEX."""
     head, sep, tail = str(text).rpartition(":")
-    if not sep or not tail.isdigit() or not head or head.rpartition(":")[2] in ("train", "val") or head in ("train", "val"):
-        return None
+    if not sep or not tail.isdigit() or head.rpartition(":")[2] in ("train", "val") or not ("." in head or "/" in head):
+        return None  # SPLIT:INDEX, DATASET:SPLIT:INDEX, rankR:INDEX: an input is named by its path (a.jsonl, data/x)
     return head, int(tail)
 
 
