@@ -304,3 +304,30 @@ def test_convert_carries_the_origins(built, tmp_path, to):
             assert f"{split}/origins/origins.npy" in receipt["files"]
     assert main(["verify", str(out)]) == 0
     assert main(["inspect", str(out)]) == 0
+
+
+def test_records_of_csv_arrow_json_arrays_and_compressed_lines(tmp_path, tokenizer):
+    import gzip
+
+    texts = [f"record number {i} " + "y " * (i % 5) for i in range(12)]
+    (tmp_path / "a.csv").write_text("text\n" + "\n".join(texts) + "\n", encoding="utf-8")
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("text", pa.string())])) as w:
+        for k in range(0, 12, 5):
+            w.write_table(pa.table({"text": texts[k:k + 5]}))
+    (tmp_path / "c.json").write_text(json.dumps([{"text": t} for t in texts], indent=1), encoding="utf-8")
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(("\n".join(json.dumps({"text": t}) for t in texts)
+                                                         + "\n").encode()))
+    inputs = [tmp_path / n for n in ("a.csv", "b.arrow", "c.json", "d.jsonl.gz")]
+    cache = _build(inputs, tmp_path / "c", tokenizer, "inline", "--val-tokens", "0")
+    table = json.loads((cache / "origins.json").read_text())["inputs"]
+    rows = as_rows(np.load(cache / "train_origins.npy")).tolist()
+    assert len(rows) == 48
+    records = {}
+    for i, record, a, b in rows:
+        records.setdefault(Path(table[i]["path"]).name, []).append(record)
+        assert (a, b) == (0, len(texts[len(records[Path(table[i]["path"]).name]) - 1]))
+    assert records["a.csv"] == list(range(2, 14))  # the line of each row (the header is line 1)
+    assert records["b.arrow"] == list(range(12))  # the row, counted over the record batches
+    assert records["c.json"] == list(range(1, 13))  # the element of the array, from 1
+    data = gzip.decompress((tmp_path / "d.jsonl.gz").read_bytes())
+    assert records["d.jsonl.gz"] == [0] + [k + 1 for k in range(len(data) - 1) if data[k:k + 1] == b"\n"]
