@@ -74,6 +74,7 @@ def _describe(doc: dict) -> str:
 def run_trace(args) -> int:
     # lazy: imports torch, which building the parser must not
     from niels_gpt.trace import trace_document, trace_step
+    from niels_gpt.trace.documents import record_text
 
     if args.document is not None:
         if args.rank is not None or args.text or args.html:
@@ -114,4 +115,9 @@ def run_trace(args) -> int:
             print(f"  [{a}:{b}) {_describe(doc)}, {doc['trained_tokens']} of {b - a} trained")
             if decode is not None and args.text:
                 print("    " + repr(decode(seq["input_ids"][a:b])))
+                if doc.get("chars") and "bin" not in doc:  # the record's text of the document, read again
+                    text = record_text(doc["cache"], doc["split"], doc["document"])
+                    if text is not None:
+                        print(f"    record {doc['where']}, characters {doc['chars'][0]}..{doc['chars'][1]}: "
+                              f"{text[:200]!r}{' ...' if len(text) > 200 else ''}")
     return 0

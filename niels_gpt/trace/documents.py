@@ -279,3 +279,31 @@ def packed_origin(bins: str, dataset, seq: int | None) -> dict:
 @functools.lru_cache(maxsize=8)
 def _examples(path: str, sha256: str | None) -> np.ndarray:
     return np.asarray(load_checked_npy(path, {"sha256": sha256}, "packed examples"), dtype=np.int64)
+
+
+def record_text(cache: str, split: str, index: int) -> str | None:
+    """The text of document `index` read again from its record (its character range of the record's text, after
+    the text rules), where the cache records origins and the input is a local file at hand; None otherwise."""
+    import pyarrow.parquet as pq  # lazy: only `trace --text` on a Parquet input reads one
+
+    origin = document_origin(cache, split, index)
+    chars, path = origin.get("chars"), origin.get("input")
+    if not chars or path is None or "://" in path or path.endswith((".gz", ".zst")) or not Path(path).is_file():
+        return None
+    field = (cache_documents(cache, split).meta.get("source") or {}).get("text_field") or "text"
+    counts = origin["where"]
+    try:
+        if ", line " in counts and path.endswith((".jsonl", ".json")):
+            with open(path, "rb") as f:
+                f.seek(origin["record"])
+                text = json.loads(f.readline())[field]
+        elif ", row " in counts and path.endswith(".parquet"):
+            text = pq.read_table(path, columns=[field]).column(field)[origin["record"]].as_py()
+        elif counts == path:
+            text = Path(path).read_bytes().decode("utf-8")
+        else:
+            return None
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    return text[chars[0]:chars[1]]

@@ -331,3 +331,29 @@ def test_records_of_csv_arrow_json_arrays_and_compressed_lines(tmp_path, tokeniz
     assert records["c.json"] == list(range(1, 13))  # the element of the array, from 1
     data = gzip.decompress((tmp_path / "d.jsonl.gz").read_bytes())
     assert records["d.jsonl.gz"] == [0] + [k + 1 for k in range(len(data) - 1) if data[k:k + 1] == b"\n"]
+
+
+def test_trace_prints_each_documents_input_record_and_record_text(built, tmp_path, tokenizer, capsys):
+    from niels_gpt.trace.documents import record_text
+    from niels_gpt.train.train import TrainConfig, train
+
+    inputs, caches = built
+    cache = str(caches["inline"])
+    rows = as_rows(np.load(Path(cache) / "train_origins.npy")).tolist()
+    for i, want in ((0, None), (1, "a text file\nwith CRLF lines\n"), (2, None)):
+        d = next(k for k, r in enumerate(rows) if r[0] == i)
+        text = record_text(cache, "train", d)
+        assert text == (want if want is not None else _record_text(
+            json.loads((Path(cache) / "origins.json").read_text())["inputs"][i], rows[d][1]))
+    run = tmp_path / "run"
+    train(TrainConfig(data=cache, out_dir=str(run), depth=1, n_embd=32, n_head=2, sequence_len=16,
+                      device_batch_size=2, steps=2, eval_steps=1, log_every=0), log=lambda *a: None)
+    capsys.readouterr()
+    assert main(["trace", str(run), "--step", "1", "--text"]) == 0
+    out = capsys.readouterr().out
+    assert "; from " in out and ", characters " in out and "    record " in out
+    first = json.loads(main(["trace", str(run), "--step", "1", "--json"]) == 0 and capsys.readouterr().out)
+    doc = next(d for q in first["sequences"] for d in q["documents"] if d["input"].endswith((".jsonl", ".parquet")))
+    name, record = Path(doc["input"]).name, int(doc["where"].rsplit(" ", 1)[1])  # a JSON Lines line, a Parquet row
+    assert main(["trace", str(run), "--document", f"{name}:{record}"]) == 0
+    assert f"{doc['split']}:{doc['document']}" in capsys.readouterr().out
