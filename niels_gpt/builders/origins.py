@@ -34,14 +34,13 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import CacheError
 from niels_gpt.meta import file_record
 from niels_gpt.sources.base import portable
-from niels_gpt.sources.records import Piece, digest
+from niels_gpt.sources.records import Piece, _opens_a_document, digest
 
 COLUMNS = ["input", "record", "char_start", "char_end"]
 TABLE = "origins.json"
 SHARD_SHIFT = 40
 RECORD_KIND = {".parquet": "row of the file", ".arrow": "row of the file", ".csv": "line",
-               "dataset": "shard << 40 | row of the shard", ".jsonl": "byte offset of the line",
-               ".json": "byte offset of the line (a JSON array: its element, from 1)"}
+               "dataset": "shard << 40 | row of the shard", ".jsonl": "byte offset of the line"}
 
 
 def split_file(split: str) -> str:
@@ -67,9 +66,11 @@ def input_table(inputs: list[str], kinds: list[str], config: str | None = None, 
             ident = digest(Piece(item=name, kind=kind))
         else:
             ident = _sha256(name)
-        record = RECORD_KIND.get(kind, "line" if "jsonl" in kind or "json" in kind else "0: the whole file")
-        if "jsonl" in kind or kind.startswith(".json."):
+        record = RECORD_KIND.get(kind, "0: the whole file")
+        if "jsonl" in kind or kind.startswith(".json"):
             record = RECORD_KIND[".jsonl"]
+        if kind == ".json" and "://" not in name and _opens_a_document(Path(name)):
+            record = "element of the array, from 1"
         out.append({"path": portable(name), "sha256": ident, "kind": kind, "record": record})
     return out
 

@@ -329,6 +329,8 @@ def test_records_of_csv_arrow_json_arrays_and_compressed_lines(tmp_path, tokeniz
     assert records["a.csv"] == list(range(2, 14))  # the line of each row (the header is line 1)
     assert records["b.arrow"] == list(range(12))  # the row, counted over the record batches
     assert records["c.json"] == list(range(1, 13))  # the element of the array, from 1
+    c = next(k for k, r in enumerate(rows) if table[r[0]]["path"].endswith("c.json") and r[1] == 4)
+    assert document_origin(str(cache), "train", c)["where"].endswith("c.json, element 4")
     data = gzip.decompress((tmp_path / "d.jsonl.gz").read_bytes())
     assert records["d.jsonl.gz"] == [0] + [k + 1 for k in range(len(data) - 1) if data[k:k + 1] == b"\n"]
 
