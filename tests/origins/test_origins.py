@@ -3,6 +3,7 @@ executor writes the same bytes; verify and the readers check them; trace shows t
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -359,3 +360,6 @@ def test_trace_prints_each_documents_input_record_and_record_text(built, tmp_pat
     name, record = Path(doc["input"]).name, int(doc["where"].rsplit(" ", 1)[1])  # a JSON Lines line, a Parquet row
     assert main(["trace", str(run), "--document", f"{name}:{record}"]) == 0
     assert f"{doc['split']}:{doc['document']}" in capsys.readouterr().out
+    assert main(["trace", str(run), "--step", "1", "--html", str(tmp_path / "step1.html")]) == 0
+    page = (tmp_path / "step1.html").read_text(encoding="utf-8")
+    assert page.count(html.escape(doc["where"])) >= 2  # in the hover title and in the side list
