@@ -85,7 +85,7 @@ def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
         if not isinstance(files, dict):
             return "packed", None
         listed = {MANIFEST_NAME} | {str(f.get("name", k)) if isinstance(f, dict) else k for k, f in files.items()}
-        return "packed", listed | _packed_val_files(path)
+        return "packed", listed | _packed_val_files(path) | _examples(doc)
     if receipt.is_file():
         doc = _read_json(receipt)
         files = (doc or {}).get("files")
@@ -101,7 +101,14 @@ def _packed_val_files(path: Path) -> set[str]:
     files = (doc or {}).get("files")
     if not isinstance(files, dict):
         return set()
-    return {f"val/{MANIFEST_NAME}"} | {f"val/{f.get('name', k) if isinstance(f, dict) else k}" for k, f in files.items()}
+    return ({f"val/{MANIFEST_NAME}"} | {f"val/{f.get('name', k) if isinstance(f, dict) else k}" for k, f in files.items()}
+            | {f"val/{n}" for n in _examples(doc)})
+
+
+def _examples(manifest: dict) -> set[str]:
+    """pack-sft's examples.npy (each packed sequence's cache example) where a manifest lists it."""
+    rec = (manifest or {}).get("examples")
+    return {"examples.npy"} if isinstance(rec, dict) and rec.get("name") == "examples.npy" else set()
 
 
 def _plus(listed: set[str] | None, name: str) -> set[str] | None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
+from niels_gpt.builders.origins import InputIndex, OriginLog, input_table
 from niels_gpt.builders.pretrain import Admission, check_budgets, pretrain_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
@@ -40,10 +41,10 @@ from niels_gpt.urls import is_url
 class _Doc:
     """A document as Budgeted.plan sees it: len() is its content tokens (without its separator)."""
 
-    __slots__ = ("part", "start", "n")
+    __slots__ = ("part", "start", "n", "origin")
 
-    def __init__(self, part: np.ndarray, start: int, n: int):
-        self.part, self.start, self.n = part, start, n
+    def __init__(self, part: np.ndarray, start: int, n: int, origin=None):
+        self.part, self.start, self.n, self.origin = part, start, n, origin
 
     def __len__(self) -> int:
         return self.n - 1
@@ -75,7 +76,7 @@ def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray
                 (parts / f"{receipt['id']}.json").unlink()  # so that a rerun redoes this task
             raise CacheError(f"{path}: sha256 differs from its receipt (the part was changed or damaged); its "
                              "receipt is removed: run the same command again to redo that task")
-        if name == "lens":
+        if name in ("lens", "origins"):
             out.append(np.load(io.BytesIO(data), allow_pickle=False))
         else:
             out.append(np.frombuffer(data, dtype=np.dtype(receipt["token_dtype"]) if name == "bin" else np.uint8))
@@ -87,19 +88,27 @@ def skip_reason(receipt: dict, n: int) -> str:
     return (receipt.get("skip_reasons") or ["empty_document"])[-n]
 
 
-def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None]) -> Iterator[_Doc | str]:
+def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None],
+               index: InputIndex | None = None) -> Iterator[_Doc | str]:
     """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
-    after each part, before the next receipt is asked for (which may wait for its task)."""
+    after each part, before the next receipt is asked for (which may wait for its task). `index`: each _Doc
+    carries its origin (builders/origins.py)."""
     for k, receipt in enumerate(receipts):
         if k:
             between()
-        tokens, lens = load_part(work_dir, receipt)
+        if index is None:
+            tokens, lens = load_part(work_dir, receipt)
+            rows = None
+        else:
+            tokens, lens, found = load_part(work_dir, receipt, ("bin", "lens", "origins"))
+            pieces = receipt["task"]["pieces"]
+            rows = iter([index.row(pieces, o) for o in found.tolist()])
         start = 0
         for n in lens.tolist():
             if n <= 0:
                 yield skip_reason(receipt, n)
             else:
-                yield _Doc(tokens, start, n)
+                yield _Doc(tokens, start, n, None if rows is None else next(rows))
                 start += n
 
 
@@ -144,14 +153,16 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
            streaming: bool = False, source: dict | Callable[[], dict] | None = None,
            on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
-           val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None) -> dict:
+           val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None,
+           plan=None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
 
     `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
     name is the recorded dataset name, as for the one-process builder). `source`, `compress`: as
     build_pretrain_cache's.
 
-    Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest).
+    Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest). `plan`: the
+    build's plan, whose inputs the documents' origins name (builders/origins.py); None writes no origins.
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, final or out_dir)
     out = Path(out_dir)
@@ -165,6 +176,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
     sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
              for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     exhausted = False
+    log = OriginLog(None) if plan is not None else None
     try:
         admission = Admission(sinks, val_frac, seed)
 
@@ -174,7 +186,8 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
             for w in writers.values():
                 w.sync()
 
-        for batch in _batches(_documents(work_dir, receipts, between)):
+        index = InputIndex(plan.inputs) if plan is not None else None
+        for batch in _batches(_documents(work_dir, receipts, between, index)):
             reasons = Counter(d for d in batch if isinstance(d, str))
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
             skipped.update(reasons)
@@ -188,6 +201,8 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 if n is None:
                     stop = True
                     break
+                if log is not None:
+                    log.note({"val": sinks["val"].documents, "train": sinks["train"].documents}, d.origin)
                 added += n
             _write(job, eot, dtype, separator.position == "before")
             if on_tokens is not None:
@@ -197,6 +212,9 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
         else:
             exhausted = True
         records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
+        if log is not None:
+            log.table = input_table(plan.inputs, plan.kinds, plan.config, plan.split)
+            records.update(log.write(out, {s: sinks[s].documents for s in ("train", "val")}))
     except BaseException:
         for w in writers.values():
             w.abort()
@@ -208,6 +226,6 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                          dataset_config=dataset_config, streaming=streaming, source=source, own_split=False,
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
                          budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
-                         tokenizer_path=tokenizer_path)
+                         tokenizer_path=tokenizer_path, origins=log is not None)
     write_meta(str(out), meta)
     return meta

@@ -18,6 +18,7 @@ import numpy as np
 
 from niels_gpt.builders.commit import load_part, skip_reason
 from niels_gpt.builders.common import start_build
+from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.sft import SFTWriter, check_sft_settings, sft_meta
 from niels_gpt.meta import write_meta
 
@@ -25,19 +26,22 @@ from niels_gpt.meta import write_meta
 def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_frac: float, seed: int,
                dataset_name: str | None = None, dataset_config: str | None = None, streaming: bool = False,
                source: dict | Callable[[], dict] | None = None, final: str | os.PathLike | None = None,
-               tokenizer_path: str | None = None) -> dict:
-    """Write the SFT cache at `out_dir` from the parts of `receipts` (in plan order); returns meta."""
+               tokenizer_path: str | None = None, plan=None) -> dict:
+    """Write the SFT cache at `out_dir` from the parts of `receipts` (in plan order); returns meta. `plan`: the
+    build's plan, whose inputs the examples' origins name (builders/origins.py); None writes no origins."""
     check_sft_settings(val_frac, seed)
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
     stored_mask = not getattr(tokenizer, "library_conventions", True)
     start_build(out, [])
     skipped: Counter = Counter()
-    writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed)
+    writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
+    index = InputIndex(plan.inputs) if plan is not None else None
     try:
         for receipt in receipts:
             names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
-            arrays = load_part(work_dir, receipt, names)
+            arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
+            rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()]) if index else None
             tokens, lens = arrays[0], arrays[-1]
             mask = arrays[1] if stored_mask else None
             start = 0
@@ -45,8 +49,11 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
                 if n <= 0:
                     skipped[skip_reason(receipt, n)] += 1
                     continue
-                writer.add(tokens[start:start + n], None if mask is None else mask[start:start + n])
+                writer.add(tokens[start:start + n], None if mask is None else mask[start:start + n],
+                           None if rows is None else next(rows))
                 start += n
+        if plan is not None:
+            writer.log.table = input_table(plan.inputs, plan.kinds, plan.config, plan.split)
         records = writer.close()
     except BaseException:
         writer.abort()

@@ -42,7 +42,7 @@ from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
 
-PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)$")  # tasks.py's part names
+PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
 
 
 class Progress:
@@ -184,10 +184,11 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
     try:
         with build_aside(out) as stage:
             if spec.chat:
-                commit_sft(work, receipts, stage, val_frac=spec.val_frac or 0.0, **common)
+                commit_sft(work, receipts, stage, val_frac=spec.val_frac or 0.0, plan=plan, **common)
             else:
                 commit(work, receipts, stage, max_train_tokens=spec.max_tokens, max_val_tokens=val_budget,
-                       shard_bytes=spec.shard_bytes, val_frac=spec.val_frac, compress=spec.compress, **common)
+                       shard_bytes=spec.shard_bytes, val_frac=spec.val_frac, compress=spec.compress, plan=plan,
+                       **common)
     finally:
         ex.cancel()
         ex.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +29,7 @@ import numpy as np
 from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
 from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads, _encoded_batches, shuffled
+from niels_gpt.builders.origins import OriginLog, origins_meta
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import (
     SHARD_PATTERN,
@@ -195,6 +196,8 @@ def build_pretrain_cache(
         sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
+        # origins: a planned stream's (builders/run.py) documents know their input and record
+        log = OriginLog(None) if not own_split and hasattr(texts, "with_origins") else None
         # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
         pool = EncodePool(tokenizer, workers) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
@@ -226,7 +229,12 @@ def build_pretrain_cache(
                             break
             else:
                 exhausted = False
-                docs = shuffled(bar.documents(texts), shuffle_buffer, _shuffle_generator(shuffle_buffer, seed))
+                if log is not None:  # (item, origin) pairs: shuffled as pairs, origins queued in stream order
+                    fifo: deque = deque()
+                    docs = bar.documents(_unpaired(shuffled(texts.with_origins(), shuffle_buffer,
+                                                            _shuffle_generator(shuffle_buffer, seed)), fifo))
+                else:
+                    docs = shuffled(bar.documents(texts), shuffle_buffer, _shuffle_generator(shuffle_buffer, seed))
                 admission = Admission(sinks, val_frac, seed)
                 for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
                     job = []
@@ -236,6 +244,9 @@ def build_pretrain_cache(
                         if added is None:
                             stop = True
                             break
+                        if log is not None:
+                            log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
+                                     fifo.popleft())
                         bar.add_tokens(added)
                     pipe.submit(job)
                     if stop:
@@ -244,6 +255,9 @@ def build_pretrain_cache(
                     exhausted = True
             pipe.close()
             records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
+            if log is not None:
+                log.table = texts.origin_table()
+                records.update(log.write(out, {s: sinks[s].documents for s in ("train", "val")}))
         except BaseException:
             failed = True
             with contextlib.suppress(BaseException):
@@ -262,14 +276,24 @@ def build_pretrain_cache(
                              streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
                              skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
                              budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
-                             tokenizer_path=tokenizer_path)
+                             tokenizer_path=tokenizer_path, origins=log is not None)
         write_meta(str(out), meta)
+
+
+def _unpaired(pairs, fifo: deque):
+    """The items of (item, origin) pairs; the origin of each document the builder encodes (a non-empty
+    str: encoding._read_batches's test) queued in `fifo`, in order."""
+    for item, origin in pairs:
+        if isinstance(item, str) and item and not item.isspace():
+            fifo.append(origin)
+        yield item
 
 
 def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
                   dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
                   exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
-                  separator=None, val_frac: float | None = None, tokenizer_path: str | None = None) -> dict:
+                  separator=None, val_frac: float | None = None, tokenizer_path: str | None = None,
+                  origins: bool = False) -> dict:
     """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
     parallel build's commit write the same one)."""
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
@@ -298,6 +322,8 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
                   "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS,
                   **({"val_frac": val_frac} if val_frac is not None else {})},
     })
+    if origins:  # <split>_origins.npy + origins.json (builders/origins.py)
+        meta["origins"] = origins_meta()
     if writers["train"].compress:  # shard_NNNNN.bin.zst: frames and their index (formats/zstd_shard.py)
         meta["shard_pattern"] += SUFFIX
         meta["compression"] = compression_meta(writers["train"].frame_tokens)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
+from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.parallel import run_parallel
 from niels_gpt.builders.plan import Plan, check_unchanged, make_plan, task_items
 from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
@@ -261,6 +262,18 @@ class _Reader:
         for t in self.plan.tasks:
             self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
             yield from task_items(t, self.plan.rules, self.plan.signatures)
+
+    def with_origins(self):
+        """(item, origin) pairs: the origin a row of the cache's origins (builders/origins.py), None for a
+        Skipped."""
+        index = InputIndex(self.plan.inputs)
+        for t in self.plan.tasks:
+            self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
+            for item, origin in task_items(t, self.plan.rules, self.plan.signatures, origins=True):
+                yield item, None if origin is None else index.row(t.pieces, origin)
+
+    def origin_table(self) -> list[dict]:
+        return input_table(self.plan.inputs, self.plan.kinds, self.plan.config, self.plan.split)
 
     def described(self) -> dict:
         """meta.json's `source`, once the builder has read what it needed: first, every input it read

@@ -12,7 +12,7 @@ renderings its tasks made, so both write the same bytes.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +28,7 @@ from niels_gpt.builders.common import (
     start_build,
 )
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
+from niels_gpt.builders.origins import OriginLog, origins_meta
 from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusable: its old home)
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
@@ -71,8 +72,10 @@ def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "
 class SFTWriter:
     """Draws each usable example's split and appends it: tokens, mask (a chat template's), offset."""
 
-    def __init__(self, out: Path, dtype: np.dtype, *, stored_mask: bool, val_frac: float, seed: int):
+    def __init__(self, out: Path, dtype: np.dtype, *, stored_mask: bool, val_frac: float, seed: int,
+                 origins: bool = False):
         self.out, self.dtype, self.stored_mask, self.val_frac = out, dtype, stored_mask, val_frac
+        self.log = OriginLog(None) if origins else None  # each example's origin (builders/origins.py)
         import torch  # NOTE: imported where used: `build` starts without torch (~1.5 s)
         self.gen = torch.Generator().manual_seed(seed)
         self.draws: list[float] = []
@@ -83,12 +86,14 @@ class SFTWriter:
         self.offsets: dict[str, list[int]] = {"train": [], "val": []}
         self.tokens = {"train": 0, "val": 0}
 
-    def add(self, ids: np.ndarray, mask: np.ndarray | None) -> None:
+    def add(self, ids: np.ndarray, mask: np.ndarray | None, origin=None) -> None:
         if not self.draws:
             import torch
             self.draws = torch.rand(SFT_DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
         split = "val" if self.draws.pop() < self.val_frac else "train"
         self.offsets[split].append(self.tokens[split])
+        if self.log is not None:
+            self.log.add(split, origin)
         self.files[split].write(ids.astype(self.dtype, copy=False))
         if self.stored_mask:
             self.files[f"{split}_mask"].write(mask.astype(np.uint8, copy=False))
@@ -107,6 +112,8 @@ class SFTWriter:
                     np.save(f, np.asarray(self.offsets[s], dtype="<i8"), allow_pickle=False)
             records[f"{s}_idx.npy"] = {"bytes": idx_path.stat().st_size, "sha256": sha256_file(str(idx_path)),
                                        "examples": len(self.offsets[s])}
+        if self.log is not None:
+            records.update(self.log.write(self.out, {s: len(self.offsets[s]) for s in ("train", "val")}))
         return records
 
     def abort(self) -> None:
@@ -134,6 +141,8 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
         "skipped": all_skipped(skipped, meta["source"]),
         "build": {"val_frac": val_frac, "seed": seed},
     })
+    if writer.log is not None:  # <split>_origins.npy + origins.json (builders/origins.py)
+        meta["origins"] = origins_meta()
     if writer.stored_mask:
         meta["assistant_mask"] = {"file": "{split}_mask.bin", "dtype": "uint8", "meaning": "1 = trained target"}
     return meta
@@ -180,11 +189,15 @@ def build_sft_cache(
         start_build(out, [])
         workers = _encode_threads(num_workers)
         skipped: Counter = Counter()
+        located = hasattr(examples, "with_origins")  # a planned stream (builders/run.py): origins known
         writer = SFTWriter(out, dtype, stored_mask=not getattr(tokenizer, "library_conventions", True),
-                           val_frac=val_frac, seed=seed)
+                           val_frac=val_frac, seed=seed, origins=located)
+        fifo: deque = deque()
         try:
-            shown = progress_bar(examples, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
+            stream = _unpaired(examples.with_origins(), fifo) if located else examples
+            shown = progress_bar(stream, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
             for i, chat in rendered(shown, tokenizer, workers, on_bad_record):
+                origin = fifo.popleft() if located else None
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1
                     continue
@@ -192,7 +205,9 @@ def build_sft_cache(
                     raise ConfigError(f"{dataset_name or final.name} example {i}: {chat}") from chat
                 ids = np.asarray(chat.ids, dtype=np.int64)
                 check_range(ids, dtype, f"example {i}")
-                writer.add(ids, np.asarray(chat.mask, dtype=np.uint8) if writer.stored_mask else None)
+                writer.add(ids, np.asarray(chat.mask, dtype=np.uint8) if writer.stored_mask else None, origin)
+            if located:
+                writer.log.table = examples.origin_table()
             records = writer.close()
         except BaseException:
             writer.abort()
@@ -203,3 +218,10 @@ def build_sft_cache(
                         skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
                         streaming=streaming, source=source, tokenizer_path=tokenizer_path)
         write_meta(str(out), meta)
+
+
+def _unpaired(pairs, fifo: deque):
+    """The items of (item, origin) pairs, each origin queued in `fifo` (None for a Skipped)."""
+    for item, origin in pairs:
+        fifo.append(origin)
+        yield item

@@ -13,6 +13,8 @@ power loss is caught there, never copied into a cache):
 | `<id>.mask.bin` | chat with a tokenizer's own template: uint8 per token, 1 = trained target          |
 | `<id>.lens.npy` | int64 per item of the task, in order: > 0 its tokens (with the separator); <= 0    |
 |                 | skipped, for the reason `skip_reasons[-n]` of the receipt (0 = empty_document)     |
+| `<id>.origins.npy` | int64 [documents, 4] per document (chat: usable example) of the task, in order:   |
+|                 | its origin (sources/origins.py; the input column the piece's index in the task)    |
 | `<id>.json`     | the receipt: the task, items, tokens, skip reasons, the sha256 (`digests`) of what |
 |                 | it read, bytes + sha256 of each part, the separator, seconds, host and pid         |
 | `<id>.started`  | host, pid and time, written when the task starts (who is working on what)          |
@@ -146,21 +148,18 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
         durable=False)
     rules = Rules(**{**spec["rules"], "chat_columns": tuple(spec["rules"]["chat_columns"])
                      if spec["rules"].get("chat_columns") else None})
-    stream = task_items(t, rules, spec.get("signatures"))
+    stream = task_items(t, rules, spec.get("signatures"), origins=True)
     skips = _Skips()
+    origins: list[int] = []
     if spec.get("chat"):
-        files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips, rules.on_bad_record)
+        files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips, rules.on_bad_record, origins)
     else:
-        files, lens, extra = _encode_task(t, tok, dtype, parts, stream, skips)
+        files, lens, extra = _encode_task(t, tok, dtype, parts, stream, skips, origins)
+    files["origins"] = _write_npy(parts / f"{t.id}.origins.npy", np.asarray(origins, dtype="<i8").reshape(-1, 4))
     # what this task read (its inputs were checked unchanged before and after), for a resume to compare against
     digests = [digest(Piece(**p)) for p in t.pieces]
-    lens_path = parts / f"{t.id}.lens.npy"
     arr = np.asarray(lens, dtype="<i8")
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    lens_bytes = buf.getvalue()
-    write_bytes_atomic(lens_path, lens_bytes, durable=False)
-    files["lens"] = file_record(lens_path, None, data=lens_bytes)
+    files["lens"] = _write_npy(parts / f"{t.id}.lens.npy", arr)
     tokens = int(arr[arr > 0].sum())
     if files["bin"]["bytes"] != tokens * dtype.itemsize:
         raise CacheError(f"task {t.id}: wrote {files['bin']['bytes']} bytes for {tokens} tokens; report this bug")
@@ -171,6 +170,14 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     write_bytes_atomic(parts / f"{t.id}.json", (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode(),
                        durable=False)
     return receipt
+
+
+def _write_npy(path: Path, arr: np.ndarray) -> dict:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    data = buf.getvalue()
+    write_bytes_atomic(path, data, durable=False)
+    return file_record(path, None, data=data)
 
 
 def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_url: str,
@@ -197,7 +204,7 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
+def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origins: list):
     sep = document_separator(tok)
     out = HashingFile(parts / f"{t.id}.bin", durable=False)
     # The builder's converter, unbudgeted: the same separators, casts and range check as a local build.
@@ -207,11 +214,12 @@ def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips):
     where: list[int] = []  # index in lens of each document of batch
     encoded = 0  # documents encoded so far (Budgeted.write numbers documents by it)
     try:
-        for item in stream:
+        for item, origin in stream:
             if isinstance(item, str) and item and not item.isspace():  # the builder's emptiness test
                 batch.append(item)
                 where.append(len(lens))
                 lens.append(0)
+                origins.extend(origin)
             else:
                 lens.append(skips.code(item.reason if isinstance(item, Skipped) else EMPTY))
             if len(batch) == ENCODE_DOCS:
@@ -236,13 +244,14 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
     return encoded + len(docs)
 
 
-def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str = "error"):
+def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str = "error",
+                 origins: list | None = None):
     stored_mask = not getattr(tok, "library_conventions", True)
     out = HashingFile(parts / f"{t.id}.bin", durable=False)
     mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False) if stored_mask else None
     lens: list[int] = []
     try:
-        for k, conv in enumerate(stream):
+        for k, (conv, origin) in enumerate(stream):
             chat = render(tok, conv, on_bad_record)
             if isinstance(chat, Skipped):
                 lens.append(skips.code(chat.reason))
@@ -255,6 +264,8 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
             if mask is not None:
                 mask.write(np.asarray(chat.mask, dtype=np.uint8))
             lens.append(len(ids))
+            if origins is not None:
+                origins.extend(origin)
         files = {"bin": out.close()}
         if mask is not None:
             files["mask"] = mask.close()
@@ -285,6 +296,8 @@ def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int
         return None
     if not isinstance(receipt, dict) or receipt.get("id") != task.id or receipt.get("task") != task.to_json():
         return None
+    if "origins" not in (receipt.get("files") or {}):
+        return None  # made before tasks wrote their documents' origins: run again
     for name, rec in (receipt.get("files") or {}).items():
         name = f"{task.id}{PART_SUFFIX.get(name, '?')}"
         size = listing.get(name) if remote else (parts / name).stat().st_size if (parts / name).is_file() else None
@@ -298,4 +311,4 @@ def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int
     return receipt
 
 
-PART_SUFFIX = {"bin": ".bin", "mask": ".mask.bin", "lens": ".lens.npy"}
+PART_SUFFIX = {"bin": ".bin", "mask": ".mask.bin", "lens": ".lens.npy", "origins": ".origins.npy"}

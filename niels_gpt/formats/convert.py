@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
@@ -52,7 +53,7 @@ from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
-from niels_gpt.meta import read_meta, write_meta
+from niels_gpt.meta import file_record, read_meta, write_meta
 from niels_gpt.outputs import check_output
 from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
@@ -202,6 +203,47 @@ def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id)
     return eot, None
 
 
+ORIGINS_DIR = "origins"  # beside a converted split's files: origins.npy + origins.json of its documents
+
+
+def _source_origins(src, info: FormatInfo, summary: dict) -> dict[str, tuple[bytes, bytes]]:
+    """split -> (the bytes of its origins array, of the inputs table) when the source is one of our caches that
+    records origins (builders/origins.py) and every document came through whole; else {} (with a note when a
+    split's documents differ in number from its origins)."""
+    meta = info.meta if info.format == "niels" else None
+    if not meta or "origins" not in meta or not info.splits:
+        return {}
+    root = Path(src)
+    out = {}
+    for name, split in summary["splits"].items():
+        rel = meta["origins"]["files"].get(name)
+        if rel is None or not (root / rel).is_file():
+            continue
+        rows = (root / rel).read_bytes()
+        n = len(np.load(root / rel, allow_pickle=False))
+        if n != split["documents"]:
+            summary["notes"].append(f"{root / rel}: {n} origins for {split['documents']} documents converted; "
+                                    "the origins are left out of this split")
+            continue
+        out[name] = (rows, (root / meta["origins"]["inputs"]).read_bytes())
+    return out
+
+
+def _carry_origins(tmp: Path, origins: dict, described: dict) -> None:
+    """A `--to niels` output keeps the source's origins as a cache of ours does: listed in meta.json."""
+    meta = read_meta(str(tmp))
+    files = {}
+    for name, (rows, table) in origins.items():
+        rel = described["files"][name]
+        write_bytes_atomic(tmp / rel, rows)
+        meta["files"][rel] = {**file_record(tmp / rel, None, data=rows), "documents": len(np.load(tmp / rel))}
+        files[name] = rel
+        write_bytes_atomic(tmp / described["inputs"], table)
+        meta["files"][described["inputs"]] = file_record(tmp / described["inputs"], None, data=table)
+    meta["origins"] = {**described, "files": files}
+    write_meta(str(tmp), meta)
+
+
 def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
     """What to say of uint16 raw files that KempnerForge's MemoryMappedDataset would misread, or None.
 
@@ -318,12 +360,20 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                                        extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
                                        file_prefix=file_prefix(to, target_name),
                                        bos_token_id=bos, last_document_open=bool(fr and fr.opened))
+        origins = _source_origins(src, info, summary)
         if to == "niels":
             write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
                                  dataset_name=dataset_name or dst.name)
             if compress:
                 _record_compression(tmp, summary)
+            if origins:
+                _carry_origins(tmp, origins, info.meta["origins"])
         else:
+            for name, (rows, table) in origins.items():  # a sidecar beside the split's files, in the receipt
+                side = (tmp / name if info.splits else tmp) / ORIGINS_DIR
+                side.mkdir(parents=True, exist_ok=True)
+                write_bytes_atomic(side / "origins.npy", rows)
+                write_bytes_atomic(side / "origins.json", table)
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
             s.pop("stream")

@@ -19,13 +19,16 @@ written locally and uploaded (`remote.write_then_upload`).
 
 from __future__ import annotations
 
+import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import ConfigError
+from niels_gpt.meta import file_record
 from niels_gpt.outputs import check_output
 from niels_gpt.packing.algorithms import (
     DEFAULT_ALGORITHM,
@@ -48,6 +51,7 @@ from niels_gpt.storage.upload import local_path_of
 ON_OVERFLOW = ("truncate", "reject", "split")
 DEFAULT_ON_OVERFLOW = "truncate"
 INT32_MAX = np.iinfo(np.int32).max
+EXAMPLES_NAME = "examples.npy"  # beside the bins: the cache example of each packed sequence (write_examples)
 VAL_DIR = "val"  # the packed val split: a shard of its own inside the train shard's directory
 
 
@@ -177,8 +181,24 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
             writer.write_bin(scratch_ids[:n], scratch_mask[:n], scratch_starts[:nseq])
         manifest = writer.finalize(
             algorithm=a.algorithm, truncated=plan.truncated, skipped_empty=plan.skipped_empty,
-            truncation=plan.truncation, source=plan.split.provenance(), **(extra or {}))
+            truncation=plan.truncation, source=plan.split.provenance(), examples=write_examples(plan, out_dir),
+            **(extra or {}))
     return manifest
+
+
+def write_examples(plan: PackPlan, out_dir) -> dict:
+    """`examples.npy` beside the bins: the SFT cache example of each packed sequence, bin by bin (seq_offsets
+    cut it into bins), so each bin knows its examples and, through the cache's `<split>_origins.npy`, where
+    they came from. Returns the manifest's record of it."""
+    ids = np.asarray(plan.example_ids, dtype="<i8")[plan.assignment.items]
+    buf = io.BytesIO()
+    np.save(buf, ids, allow_pickle=False)
+    data = buf.getvalue()
+    write_bytes_atomic(Path(out_dir) / EXAMPLES_NAME, data)
+    return {"name": EXAMPLES_NAME, "dtype": "int64", "shape": [len(ids)], **file_record(None, None, data=data),
+            "split": plan.split.split,
+            "meaning": "the SFT cache's example index of each packed sequence, in bin order; bin b holds "
+                       "sequences seq_offsets[b]..seq_offsets[b+1]"}
 
 
 def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,

@@ -26,6 +26,7 @@ from niels_gpt.locate import locate, present, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
+    disk_problem,
     meta_seal_problem,
     read_meta,
     record_problem,
@@ -61,7 +62,16 @@ def _packed_val_files(shard: Path) -> set[str]:
     except (OSError, ValueError, AttributeError):
         return set()  # none there, or unreadable: its own check says so
     names = {rec.get("name") for rec in files.values() if isinstance(rec, dict)} if isinstance(files, dict) else set()
-    return {f"val/{MANIFEST_NAME}"} | {f"val/{n}" for n in names if isinstance(n, str)}
+    return {f"val/{MANIFEST_NAME}"} | {f"val/{n}" for n in names if isinstance(n, str)} | _examples_file(shard / "val", "val/")
+
+
+def _examples_file(shard: Path, prefix: str = "") -> set[str]:
+    """pack-sft's examples.npy (each packed sequence's cache example) where the shard's manifest lists it."""
+    try:
+        rec = json.loads((shard / MANIFEST_NAME).read_bytes()).get("examples")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {prefix + rec["name"]} if isinstance(rec, dict) and rec.get("name") == "examples.npy" else set()
 
 
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
@@ -124,6 +134,10 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
             ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
             listed = {rec["name"] for rec in ds.manifest["files"].values()} | _packed_val_files(shard)
+            examples = ds.manifest.get("examples")  # pack-sft's examples.npy, checked as the manifest records it
+            if isinstance(examples, dict) and record_problem(examples) is None and _examples_file(shard):
+                listed |= _examples_file(shard)
+                problems += [p for p in [disk_problem(shard / examples["name"], examples, MANIFEST_NAME)] if p]
             problems += _stray_files(shard, listed, MANIFEST_NAME)
         except NielsGPTError as exc:
             problems.append(str(exc))

@@ -146,7 +146,8 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
         raw = data[pos:end]
         if raw and not raw.isspace():  # bytes.isspace: what `not raw.strip()` tests, without a copy
             where = _Where(item, numbers, k)
-            yield where, _parse(raw, where, piece.start + start)
+            where.offset = piece.start + start  # the line's byte offset in the file: a document's origin
+            yield where, _parse(raw, where, where.offset)
         start, pos, k = end, end, k + 1
 
 
@@ -174,7 +175,7 @@ class _LineNumbers:
 class _Where:
     """`<file>, line N`, formatted only if used (a byte range counts lines from the file's start lazily)."""
 
-    __slots__ = ("numbers", "k", "item")
+    __slots__ = ("numbers", "k", "item", "offset")
 
     def __init__(self, item: str, numbers, k: int):
         self.item, self.numbers, self.k = item, numbers, k
@@ -248,12 +249,16 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
                 yield from document_records(piece.item, b"".join(head) + b"".join(lines))
                 return
             lines = itertools.chain(head, lines)
+        offset = 0
         for k, raw in enumerate(lines):
+            start = offset
+            offset += len(raw)
             if k == 0 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
             if not raw.strip():
                 continue
             where = _Where(piece.item, None, k)
+            where.offset = start  # the line's byte offset in the (decompressed) file: a document's origin
             yield where, _parse(raw, where, None)
     except NotCompressed as e:
         raise _not_compressed(piece.item, e) from None

@@ -42,6 +42,7 @@ from niels_gpt.sources.inputs import (
     kind_of,
     signature,
 )
+from niels_gpt.sources.origins import Reading, located
 from niels_gpt.sources.records import BadRecord, FileText, Piece, item_of, pieces, records
 
 PLAN_VERSION = 2
@@ -250,26 +251,36 @@ def _first_record(piece: Piece):
 # Reading a task's items
 
 
-def task_items(task: Task, rules: Rules, signatures: dict | None = None) -> Iterator:
+def task_items(task: Task, rules: Rules, signatures: dict | None = None, origins: bool = False) -> Iterator:
     """The task's documents or conversations in order, with a Skipped per record that is neither. A local
-    input whose signature differs from the plan's, before or after it is read, is refused."""
+    input whose signature differs from the plan's, before or after it is read, is refused. `origins`: each
+    item comes as (item, origin): origin None for a Skipped, else (k, record, char_start, char_end), k the
+    index of its piece in the task (sources/origins.py)."""
     signatures = signatures or {}
     pieces = [Piece(**p) for p in task.pieces]
+    at = Reading()
 
     def recs():
-        for piece in pieces:
+        for k, piece in enumerate(pieces):
             before = signatures.get(piece.item)
             if before is not None:
                 problem = changed_while_read(piece.item, before)
                 if problem is not None:
                     raise problem
-            yield from records(piece, _columns(task.layout, rules))
+            if origins:
+                for where, record in records(piece, _columns(task.layout, rules)):
+                    at.read(k, where, record)
+                    yield where, record
+            else:
+                yield from records(piece, _columns(task.layout, rules))
             if before is not None:
                 problem = changed_while_read(piece.item, before)
                 if problem is not None:
                     raise problem
+        at.exhausted = True
 
-    yield from items(recs(), task.layout, rules)
+    out = items(recs(), task.layout, rules)
+    yield from located(out, at, task.layout, rules) if origins else out
 
 
 def _columns(layout: str, rules: Rules) -> list[str] | None:

@@ -39,7 +39,7 @@ from niels_gpt.storage.settings import MIRRORS, local_cache_dir, network_timeout
 TOKENIZER_DIR = "tokenizer"
 TASK_DIRS = "niels_gpt_task_"  # the prefix of a task's own temporary directory on a worker
 # what a work URL may hold: our plan, parts and receipts (and temporaries), the tokenizer we uploaded
-OURS = re.compile(r"^(plan\.json|parts/\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|json|started)"
+OURS = re.compile(r"^(plan\.json|parts/\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)"
                   r"|tokenizer/[0-9a-f]{64}/[^/]+)$")
 # the files beside a tokenizer model that loading it may read (its record, its chat template)
 TOKENIZER_SIBLINGS = ("meta.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")

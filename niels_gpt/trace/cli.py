@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     what.add_argument("--step", type=int, help="the step to trace (1 = the first, as the step log counts; default: none, give "
                       "--step or --document)")
     what.add_argument("--document", metavar="ID", help="the steps that saw this document: SPLIT:INDEX (e.g. train:11), "
-                      "DATASET:SPLIT:INDEX in a mixture, rankR:INDEX for Parquet shards (default: none)")
+                      "DATASET:SPLIT:INDEX in a mixture, rankR:INDEX for Parquet shards, or the document's origin INPUT:RECORD "
+                      "(e.g. data/a.jsonl:17: line 17 of that input; a row of a Parquet file) (default: none)")
     p.add_argument("--rank", type=int, default=None, help="only this rank's sequences (default: every rank)")
     p.add_argument("--text", action="store_true", help="print each document's decoded text")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
@@ -63,12 +64,17 @@ def _describe(doc: dict) -> str:
     where = (f"bin {doc['bin']} tokens {doc['bin_tokens'][0]}..{doc['bin_tokens'][1]}" if "bin" in doc
              else f"tokens {doc['cache_tokens'][0]}..{doc['cache_tokens'][1]}")
     source = f"input {doc['input']}" if doc.get("input") else doc.get("note", "")
+    if doc.get("where"):  # the cache records each document's origin (builders/origins.py)
+        chars = doc.get("chars")
+        source = f"from {doc['where']}" + (f", characters {chars[0]}..{chars[1] if chars[1] is not None else ''}"
+                                            if chars else "")
     return f"{name}{doc['split']}:{doc['document']} ({where} of {doc['cache']}; {source})"
 
 
 def run_trace(args) -> int:
     # lazy: imports torch, which building the parser must not
     from niels_gpt.trace import trace_document, trace_step
+    from niels_gpt.trace.documents import record_text
 
     if args.document is not None:
         if args.rank is not None or args.text or args.html:
@@ -109,4 +115,9 @@ def run_trace(args) -> int:
             print(f"  [{a}:{b}) {_describe(doc)}, {doc['trained_tokens']} of {b - a} trained")
             if decode is not None and args.text:
                 print("    " + repr(decode(seq["input_ids"][a:b])))
+                if doc.get("chars") and "bin" not in doc:  # the record's text of the document, read again
+                    text = record_text(doc["cache"], doc["split"], doc["document"])
+                    if text is not None:
+                        print(f"    record {doc['where']}, characters {doc['chars'][0]}..{doc['chars'][1]}: "
+                              f"{text[:200]!r}{' ...' if len(text) > 200 else ''}")
     return 0

@@ -6,10 +6,11 @@
 - an SFT split's example i is document i: tokens offsets[i]..offsets[i+1] of `<split>_tokens.bin`;
 - packed bins hold sequences of their SFT cache; a bin's sequences are its documents (`packed_documents`).
 
-Origin today is what meta.json records: the cache, the split, the document's index and token range, and the
-cache's inputs (`source.files`); which input a document came from is named only where the split has one input.
-`document_origin` is the one place that answers, so a later per-document record (the input, the record, the
-character range) fills more fields of the same dict.
+Origin: the cache, the split, the document's index and token range, and the cache's inputs (`source.files`);
+where the cache has origins (`<split>_origins.npy` + `origins.json`, builders/origins.py) also the document's
+input (path or URL, its sha256), record (`where`: "a.jsonl, line 17", "b.parquet, row 4") and character range
+in the record's text. A cache built before origins existed names the input only where the split has one.
+`document_origin` is the one place that answers; `find_document` the reverse (INPUT:RECORD -> the document).
 
 Cost: the first question about a pretraining split reads it once to find its separators (one
 np.flatnonzero a shard: 2.9 GB/s from the page cache, `bench/bench_trace.py`), then keeps int64[documents]
@@ -19,12 +20,15 @@ boundaries; an SFT split reads its offsets only.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.builders.origins import as_rows
 from niels_gpt.constants import TOKEN_DTYPES
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
 from niels_gpt.storage.remote import open_location
@@ -101,6 +105,14 @@ class CacheDocuments:
                 out.append(np.asarray(self._shard(name, rec)[a - first:b - first], dtype=np.int64))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
+    def origins(self) -> tuple[np.ndarray, list[dict]] | None:
+        """The split's origins (int64 [documents, 4]) and the inputs table, or None for a cache without them."""
+        if "origins" not in self.meta:
+            return None
+        if getattr(self, "_origins", None) is None:
+            self._origins = read_origins(self.local, self.meta, self.split, self.remote)
+        return self._origins
+
     def origin(self, index: int) -> dict:
         if not 0 <= index < len(self):
             raise ConfigError(f"document {self.split}:{index}: {self.cache} holds documents {self.split}:0.."
@@ -108,7 +120,10 @@ class CacheDocuments:
         inputs = [str(f) for f in (self.meta.get("source") or {}).get("files") or []]
         out = {"cache": self.cache, "split": self.split, "document": int(index),
                "cache_tokens": [int(self.starts[index]), int(self.ends[index])], "inputs": inputs}
-        if len(inputs) == 1:
+        found = self.origins()
+        if found is not None and index < len(found[0]):
+            out.update(origin_fields(found[0][index], found[1]))
+        elif len(inputs) == 1:
             out["input"] = inputs[0]
         else:
             out["input"] = None
@@ -138,3 +153,157 @@ def document_origin(cache: str, split: str, doc_index: int) -> dict:
     """What the cache knows of document `doc_index` of `split`: {cache, split, document, cache_tokens [start,
     end) in the split, inputs, input (None where meta.json does not say), note}."""
     return cache_documents(str(cache), split).origin(int(doc_index))
+
+
+def read_origins(local: Path, meta: dict, split: str, remote=None) -> tuple[np.ndarray, list[dict]]:
+    """A split's origins and the inputs table, each checked against meta.json's sha256."""
+    names = meta["origins"]
+    rel, table = names["files"][split], names["inputs"]
+    if remote is not None:
+        remote.fetch(rel)
+        remote.fetch(table)
+    rows = as_rows(load_checked_npy(local / rel, meta["files"].get(rel), "origins"))
+    data = (local / table).read_bytes()
+    if hashlib.sha256(data).hexdigest() != (meta["files"].get(table) or {}).get("sha256"):
+        raise CacheMismatchError(f"{local / table}: sha256 differs from meta.json (the origins table changed after "
+                                 "the build); rebuild the cache")
+    doc = json.loads(data.decode("utf-8"))
+    return rows, doc["inputs"]
+
+
+def origin_fields(row, inputs: list[dict]) -> dict:
+    """The fields one origin row adds: input, input_sha256, record, where, chars."""
+    i, record, a, b = (int(x) for x in row)
+    entry = inputs[i]
+    out = {"input": entry["path"], "input_sha256": entry["sha256"], "record": record,
+           "where": record_where(entry, record)}
+    if a >= 0:
+        out["chars"] = [a, b if b >= 0 else None]
+    return out
+
+
+def record_where(entry: dict, record: int) -> str:
+    """"a.jsonl, line 17" (a JSON Lines byte offset, turned into its line where the file is at hand),
+    "b.parquet, row 4", or the file itself."""
+    path, counts = entry["path"], entry.get("record", "")
+    if counts.startswith("byte offset"):
+        line = line_of(path, record)
+        return f"{path}, line {line}" if line is not None else f"{path}, byte {record}"
+    if counts.startswith("0:"):
+        return path
+    if counts.startswith("shard"):
+        return f"{path}, shard {record >> 40}, row {record & ((1 << 40) - 1)}"
+    return f"{path}, {counts.split(' ')[0]} {record}"
+
+
+def line_of(path: str, offset: int) -> int | None:
+    """The 1-based line starting at byte `offset` of a local, uncompressed file; None otherwise."""
+    if "://" in path or path.endswith((".gz", ".zst")):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(offset).count(b"\n") + 1
+    except OSError:
+        return None
+
+
+def line_offset(path: str, line: int) -> int | None:
+    """The byte offset of 1-based `line` of a local, uncompressed file; None where it cannot be read."""
+    if "://" in path or path.endswith((".gz", ".zst")) or line < 1:
+        return None
+    try:
+        with open(path, "rb") as f:
+            pos, seen = 0, 1
+            for raw in f:
+                if seen == line:
+                    return pos
+                pos += len(raw)
+                seen += 1
+    except OSError:
+        return None
+    return None
+
+
+def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
+    """(split, index) of the document whose origin is `input_name` (its path as origins.json names it, or the
+    end of it) and `record` (a JSON Lines line, a row, a record); ConfigError naming what was searched."""
+    first = cache_documents(str(cache), "train")
+    if first.origins() is None:
+        raise ConfigError(f"--document {input_name}:{record}: {cache} records no origins (built before they existed); "
+                          "rebuild it, or give SPLIT:INDEX")
+    inputs = first.origins()[1]
+    matches = [i for i, e in enumerate(inputs) if e["path"] == input_name or e["path"].endswith("/" + input_name.lstrip("./"))]
+    if len(matches) != 1:
+        listed = ", ".join(e["path"] for e in inputs[:5]) + (" ..." if len(inputs) > 5 else "")
+        what = "no input" if not matches else f"{len(matches)} inputs"
+        raise ConfigError(f"--document {input_name}:{record}: {what} of {cache} named {input_name!r} (its inputs: "
+                          f"{listed}); give the input's path as origins.json names it")
+    i = matches[0]
+    entry = inputs[i]
+    want = record
+    if entry.get("record", "").startswith("byte offset"):
+        want = line_offset(entry["path"], record)
+        if want is None:
+            raise ConfigError(f"--document {input_name}:{record}: {entry['path']} has no line {record} here (or "
+                              "cannot be read here); give a line of that file, or SPLIT:INDEX")
+    for split in ("train", "val"):
+        rows = cache_documents(str(cache), split).origins()[0]
+        hit = np.flatnonzero((rows[:, 0] == i) & (rows[:, 1] == want))
+        if len(hit):
+            return split, int(hit[0])
+    raise ConfigError(f"--document {input_name}:{record}: no document of {cache} came from that record (it was "
+                      "skipped, empty, or past the token budgets); check meta.json's skipped counts")
+
+
+def packed_origin(bins: str, dataset, seq: int | None) -> dict:
+    """What pack-sft's examples.npy says of packed sequence `seq`: {example, and the origin of that example in the
+    bins' SFT cache where it records origins}; {} where the bins (packed before examples.npy) or the cache say
+    nothing. A note left by the caller is replaced."""
+    manifest = getattr(dataset, "manifest", None) or {}
+    rec, source = manifest.get("examples"), manifest.get("source") or {}
+    if seq is None or not isinstance(rec, dict) or rec.get("name") != "examples.npy" or is_url(str(bins)):
+        return {}
+    examples = _examples(str(Path(bins) / "examples.npy"), rec.get("sha256"))
+    example = int(examples[seq])
+    out = {"example": example, "note": f"example {source.get('split', 'train')}:{example} of {source.get('cache_dir')}"}
+    try:
+        found = document_origin(str(source["cache_dir"]), str(source.get("split", "train")), example)
+    except (KeyError, OSError, NielsGPTError):
+        return out  # the SFT cache is not at hand here: the example's number is what the bins know
+    out.update({k: found[k] for k in ("input", "input_sha256", "record", "where", "chars") if k in found})
+    if "where" in out:
+        out.pop("note")
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _examples(path: str, sha256: str | None) -> np.ndarray:
+    return np.asarray(load_checked_npy(path, {"sha256": sha256}, "packed examples"), dtype=np.int64)
+
+
+def record_text(cache: str, split: str, index: int) -> str | None:
+    """The text of document `index` read again from its record (its character range of the record's text, after
+    the text rules), where the cache records origins and the input is a local file at hand; None otherwise."""
+    import pyarrow.parquet as pq  # lazy: only `trace --text` on a Parquet input reads one
+
+    origin = document_origin(cache, split, index)
+    chars, path = origin.get("chars"), origin.get("input")
+    if not chars or path is None or "://" in path or path.endswith((".gz", ".zst")) or not Path(path).is_file():
+        return None
+    field = (cache_documents(cache, split).meta.get("source") or {}).get("text_field") or "text"
+    counts = origin["where"]
+    try:
+        if ", line " in counts and path.endswith((".jsonl", ".json")):
+            with open(path, "rb") as f:
+                f.seek(origin["record"])
+                text = json.loads(f.readline())[field]
+        elif ", row " in counts and path.endswith(".parquet"):
+            text = pq.read_table(path, columns=[field]).column(field)[origin["record"]].as_py()
+        elif counts == path:
+            text = Path(path).read_bytes().decode("utf-8")
+        else:
+            return None
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    return text[chars[0]:chars[1]]

@@ -62,7 +62,7 @@ def render_page(trace: dict, decode) -> str:
         parts.append("</section>")
     parts.append("</main><aside><h2>Documents</h2><ul>")
     for name, doc in origins.items():
-        source = doc.get("input") or doc.get("note") or ""
+        source = doc.get("where") or doc.get("input") or doc.get("note") or ""  # where: input and record
         parts.append(f"<li class='origin' data-document='{html.escape(name)}'><b>{html.escape(name)}</b> tokens "
                      f"{html.escape(str(doc.get('cache_tokens') or doc.get('bin_tokens')))} of "
                      f"{html.escape(str(doc['cache']))}<br>{html.escape(str(source))}</li>")

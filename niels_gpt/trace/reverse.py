@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.trace.documents import cache_documents
+from niels_gpt.trace.documents import cache_documents, find_document
 from niels_gpt.trace.parquet import parquet_hits, parquet_origin
 from niels_gpt.trace.replay import advance
 from niels_gpt.trace.run import Run
@@ -31,6 +31,15 @@ def parse_document(text: str) -> tuple[str | None, str, int]:
         raise ConfigError(f"--document {text}: expected SPLIT:INDEX (e.g. train:12), or DATASET:SPLIT:INDEX in a "
                           "mixture; the index is the document's number in the cache's split")
     return (parts[0] if len(parts) == 3 else None), parts[-2], int(parts[-1])
+
+
+def parse_origin(text: str) -> tuple[str, int] | None:
+    """"data/a.jsonl:17" -> ("data/a.jsonl", 17): a document named by its origin (an input and its record: a
+    JSON Lines line, a Parquet row); None for SPLIT:INDEX and DATASET:SPLIT:INDEX."""
+    head, sep, tail = str(text).rpartition(":")
+    if not sep or not tail.isdigit() or head.rpartition(":")[2] in ("train", "val") or not ("." in head or "/" in head):
+        return None  # SPLIT:INDEX, DATASET:SPLIT:INDEX, rankR:INDEX: an input is named by its path (a.jsonl, data/x)
+    return head, int(tail)
 
 
 def _window_ids(ds, cache: str, split: str, doc: int) -> np.ndarray:
@@ -112,11 +121,18 @@ def _global_hits(replay, start, first_step: int, last_step: int, accum: int, ids
 
 def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
     """The steps of the run in `run_dir` whose sequences held `document` ("train:12", "web:train:12")."""
-    dataset, split, doc = parse_document(document)
+    by_origin = parse_origin(document)
+    dataset, split, doc = (None, None, None) if by_origin is not None else parse_document(document)
     run = Run(run_dir, data=data)
     seen, origin = [], None
     for first_step, last_step, ckpt, before in run.segments():
         replay = replay_of(run, ckpt)
+        if split is None:  # INPUT:RECORD: the document of the run's cache that came from it
+            if replay.kind in ("mixture", "parquet", "packed"):
+                raise ConfigError(f"--document {document}: a run on {replay.kind} data names documents by "
+                                  "SPLIT:INDEX (DATASET:SPLIT:INDEX in a mixture); INPUT:RECORD is looked up in a "
+                                  "pretraining or SFT cache's origins")
+            split, doc = find_document(replay.data, *by_origin)
         target = _targets(replay, dataset, split, doc)
         if origin is None:
             origin = _origin(replay, dataset, split, doc)

@@ -12,7 +12,7 @@ import numpy as np
 
 from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.packing import collate_packed
-from niels_gpt.trace.documents import cache_documents, document_origin
+from niels_gpt.trace.documents import cache_documents, document_origin, packed_origin
 
 
 def _window(cache: str, split: str, start: int, T: int, **extra) -> dict:
@@ -85,5 +85,6 @@ def _bin(replay, b: int) -> dict:
         documents.append({"cache": replay.data, "split": "train", "document": seq, "bin": b, "sequence": j,
                           "bin_tokens": [a, b2], "source_cache": source, "input": None,
                           "note": "the bins do not record which example of their SFT cache this sequence is",
+                          **packed_origin(replay.data, ds, seq),
                           "sequence_tokens": [a, b2], "trained_tokens": int(sum(trained[a:b2]))})
     return {"input_ids": batch["input_ids"][0].tolist(), "trained": trained, "documents": documents}

@@ -70,13 +70,34 @@ def corpus(tmp_path_factory, real_docs) -> dict:
 
 @pytest.fixture(scope="session")
 def build_reference(tokenizer):
-    def build(docs, out: Path, *, source: dict, streaming: bool = False, **settings) -> Path:
-        # as `build` records it: where the tokenizer is found again (not in a tokenizer/ directory above)
-        build_pretrain_cache(iter(docs), str(out), tokenizer=tokenizer, shuffle_buffer=settings.pop("shuffle_buffer", None),
+    def build(docs, out: Path, *, source: dict, streaming: bool = False, plan=None, **settings) -> Path:
+        # as `build` records it: where the tokenizer is found again (not in a tokenizer/ directory above);
+        # `plan`: the documents are that plan's stream, and carry its origins (builders/origins.py)
+        build_pretrain_cache(iter(docs) if plan is None else _Planned(docs, plan), str(out), tokenizer=tokenizer, shuffle_buffer=settings.pop("shuffle_buffer", None),
                              source=source, streaming=streaming, tokenizer_path=recorded_path(tokenizer, out),
                              **settings)
         return out
     return build
+
+
+class _Planned:
+    """`docs`, checked item by item against the plan's stream, with that stream's origins."""
+
+    def __init__(self, docs, plan):
+        from niels_gpt.builders.run import _Reader
+        self.docs, self.reader = docs, _Reader(plan)
+
+    def __iter__(self):
+        return iter(self.docs)
+
+    def with_origins(self):
+        for doc, (item, origin) in zip(self.docs, self.reader.with_origins(), strict=True):
+            real = isinstance(doc, str) and doc.strip()  # an empty one may be a Skipped in the plan's stream
+            assert doc == item if real else not (isinstance(item, str) and item.strip()), (doc, item)
+            yield doc, origin
+
+    def origin_table(self):
+        return self.reader.origin_table()
 
 
 def _tree(path: Path) -> dict[str, bytes]:

@@ -41,7 +41,7 @@ def test_in_process_and_processes_write_the_local_builders_bytes(corpus, tokeniz
     kw = settings(*budgets)
     plan = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
     assert len(plan.tasks) >= 8  # the 256-document runs of the builder cross task boundaries
-    ref = tree(build_reference(corpus["docs"], tmp_path / "ref", source=plan.describe(), **kw))
+    ref = tree(build_reference(corpus["docs"], tmp_path / "ref", source=plan.describe(), plan=plan, **kw))
     assert "train/shard_00000.bin" in ref
     for executor, task_bytes in (("inprocess", 40_000), ("processes", 40_000), ("processes", 1 << 30)):
         out = tmp_path / f"{executor}-{task_bytes}"
@@ -109,8 +109,8 @@ def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, bui
     for name, (mtime, data) in receipts.items():  # reused receipts were not rewritten
         assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
     docs = corpus["docs"] + ["fine", "also fine", "twelve"]
-    ref = build_reference(docs, tmp_path / "ref", source=make_plan(corpus["paths"] + [bad], tokenizer=tokenizer).describe(),
-                          **kw)
+    whole = make_plan(corpus["paths"] + [bad], tokenizer=tokenizer)
+    ref = build_reference(docs, tmp_path / "ref", source=whole.describe(), plan=whole, **kw)
     assert tree(out) == tree(ref)
 
 
@@ -141,7 +141,7 @@ def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinish
         assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
     n_jsonl = corpus["per_path"][0]  # the reference stream: a.jsonl, big.txt, b.parquet, the .txt files
     docs = corpus["docs"][:n_jsonl] + [big.read_text(encoding="utf-8")] + corpus["docs"][n_jsonl:]
-    ref = build_reference(docs, tmp_path / "ref", source=plan.describe(), **kw)
+    ref = build_reference(docs, tmp_path / "ref", source=plan.describe(), plan=plan, **kw)
     assert tree(out) == tree(ref)
 
 
@@ -171,7 +171,7 @@ def test_shuffle_buffer_says_it_cannot_be_planned_and_builds_on_one_process(corp
     assert "cannot be cut into independent tasks; building inline, in this process" in said[0]
     assert s["executor"].startswith("inline")
     plan = make_plan(corpus["paths"], tokenizer=tokenizer)
-    ref = build_reference(corpus["docs"], tmp_path / "ref", source=plan.describe(), shuffle_buffer=64, **kw)
+    ref = build_reference(corpus["docs"], tmp_path / "ref", source=plan.describe(), shuffle_buffer=64, plan=plan, **kw)
     assert tree(tmp_path / "out") == tree(ref)
 
 

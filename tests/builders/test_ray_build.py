@@ -27,7 +27,7 @@ def local_caches(corpus, tokenizer, build_reference, tree, tmp_path_factory) -> 
     """The reference, in-process and local-process caches, built before Ray starts (the pool forks)."""
     root = tmp_path_factory.mktemp("dist-local")
     plan = make_plan(corpus["paths"], tokenizer=tokenizer)
-    out = {"reference": tree(build_reference(corpus["docs"], root / "ref", source=plan.describe(), **KW))}
+    out = {"reference": tree(build_reference(corpus["docs"], root / "ref", source=plan.describe(), plan=plan, **KW))}
     for executor in ("inprocess", "processes"):
         dist_build(corpus["paths"], root / executor, tokenizer=tokenizer.model_path, executor=executor, workers=2,
                    task_bytes=40_000, **KW)
@@ -128,7 +128,8 @@ def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinishe
         assert (parts / name).stat().st_mtime_ns == mtime and (parts / name).read_bytes() == data
     docs = corpus["docs"][:len(corpus["docs"]) - 3]  # the reference stream: jsonl, parquet, big.txt, the .txt files
     docs += [big.read_text(encoding="utf-8")] + corpus["docs"][-3:]
-    ref = build_reference(docs, tmp_path / "ref", source=make_plan(inputs, tokenizer=tokenizer).describe(), **KW)
+    whole = make_plan(inputs, tokenizer=tokenizer)
+    ref = build_reference(docs, tmp_path / "ref", source=whole.describe(), plan=whole, **KW)
     assert tree(out) == tree(ref)
 
 

@@ -25,6 +25,8 @@ def tree(out) -> dict[str, bytes]:
     meta = json.loads(files.pop("meta.json"))
     source = meta.pop("source")
     meta.pop("record_sha256")  # the record's checksum covers the source too
+    files.pop("origins.json", None)  # the inputs of the origins: their paths, and a URL's version for a sha256
+    meta.get("files", {}).pop("origins.json", None)
     source["skipped_inputs"] = [e["path"].rsplit("/", 1)[-1] for e in meta.pop("skipped_inputs", [])]
     files["meta.json"] = json.dumps(meta, sort_keys=True).encode()
     return files, source

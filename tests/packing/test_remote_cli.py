@@ -11,7 +11,7 @@ from niels_gpt.packing.remote import upload_dir
 from ..conftest import write_sft_cache
 from .helpers import chats
 
-NAMES = ["input_ids.npy", "loss_mask.npy", "packed_len.npy", "seq_offsets.npy", "seq_starts.npy"]
+NAMES = ["examples.npy", "input_ids.npy", "loss_mask.npy", "packed_len.npy", "seq_offsets.npy", "seq_starts.npy"]
 
 
 @pytest.fixture

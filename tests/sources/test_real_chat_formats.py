@@ -32,7 +32,9 @@ def _write(path: Path, rows) -> Path:
 
 
 def _cache_bytes(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name != "meta.json"}
+    # the origins name each example's input and record: other files, other origins
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())
+            if p.name != "meta.json" and not p.name.endswith(("origins.npy", "origins.json"))}
 
 
 def test_oasst_as_sharegpt_and_as_openai_parts_builds_the_cache_of_the_export(tmp_path, tokenizer):

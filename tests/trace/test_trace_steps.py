@@ -35,8 +35,12 @@ def check_documents(seq: dict) -> None:
     assert seq["documents"], seq
     for doc in seq["documents"]:
         a, b = doc["sequence_tokens"]
-        if "bin" in doc:
-            continue  # a packed bin's sequences are the bin's own tokens (checked against the rows)
+        if "bin" in doc:  # a packed bin's sequences are the bin's own tokens (checked against the rows)
+            if "example" in doc:  # pack-sft's examples.npy: the SFT cache example it holds (its first tokens)
+                docs = cache_documents(doc["source_cache"], "train")
+                e0 = int(docs.starts[doc["example"]])
+                np.testing.assert_array_equal(docs.tokens(e0, e0 + b - a), ids[a:b])
+            continue
         docs = cache_documents(doc["cache"], doc["split"])
         d0, d1 = doc["cache_tokens"]
         start = seq["window"]["cache_tokens"][0] if "window" in seq else d0
@@ -78,6 +82,7 @@ def test_trace_of_packed_bins_lists_each_bins_sequences(tmp_path, packed_dir):
     check_run(run, rows, 3)
     seq = trace_step(run, 1)["sequences"][0]
     assert [d["sequence_tokens"][0] for d in seq["documents"]][0] == 0 and len(seq["documents"]) >= 2
+    assert all("example" in d for d in seq["documents"])
 
 
 def test_trace_of_a_mixture_follows_its_phases(tmp_path, mixture_file):
