@@ -167,7 +167,7 @@ def test_trace_state_takes_a_loader_state_and_gives_the_next_batches(tmp_path, p
     ckpt = load_checkpoint(run / "ckpt_000001.pt")
     sequences = trace_state(ckpt["loader"][0], ckpt["train_config"], micro_batches=[0, 1])
     assert [[s["input_ids"] for s in sequences if s["micro_batch"] == m] for m in (0, 1)] == rows[1:3]
-    data = TrainData(pretrain_cache, T=16, batch_size=4, seed=0, device="cpu", vocab_size=2004)
+    data = TrainData(pretrain_cache, T=16, batch_size=4, seed=ckpt["train_config"]["seed"], device="cpu", vocab_size=2004)
     data.load_state_dict(ckpt["loader"][0])
     bare = data.source.loader.batch_sampler.state_dict()  # a sampler's own state
     assert trace_state(bare, ckpt["train_config"]) == [s for s in sequences if s["micro_batch"] == 0]
