@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -304,6 +305,30 @@ def reservation(local: Path) -> Path:
     return local.with_name(f"{local.name}{RESERVED}.tmp-{os.getpid()}")
 
 
+_IN_FLIGHT: set[Path] = set()  # this process's reservations and download temporaries, until released
+
+
+def hold(path: Path) -> Path:
+    """Note a temporary of a download in progress (its reservation, its partial file) for `release`."""
+    _IN_FLIGHT.add(path)
+    return path
+
+
+def release(path: Path) -> None:
+    """Remove a reservation or a download's temporary once the download is in place or has failed."""
+    _IN_FLIGHT.discard(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+@atexit.register
+def _release_all() -> None:
+    # NOTE: a Ctrl-C'd process leaves while a prefetch thread is still inside its download: what it holds would
+    # stay until another process's eviction found this pid dead
+    for path in list(_IN_FLIGHT):
+        release(path)
+
+
 def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False,
               reserve: Path | None = None) -> None:
     """Evict least recently used files under `root`/remote until `need` more bytes fit in `max_bytes`.
@@ -351,6 +376,7 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
             total -= size
         if reserve is not None:
             reserve.parent.mkdir(parents=True, exist_ok=True)
+            hold(reserve)
             with open(reserve, "wb") as f:
                 f.truncate(need)
 

@@ -43,8 +43,10 @@ from niels_gpt.storage.local_cache import (
     claim,
     copy_problem,
     file_lock,
+    hold,
     lock_path,
     make_room,
+    release,
     reservation,
     write_stamp,
 )
@@ -164,8 +166,7 @@ class RemoteCache:
                         if attempt == DOWNLOADS_PER_MISMATCH:
                             raise
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    room.unlink()
+                release(room)
         return local
 
     def damaged_copy(self, rel: str) -> str | None:
@@ -213,7 +214,7 @@ class RemoteCache:
         fs, path = self.fs
         remote = join(path, rel)
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f"{local.name}.tmp-{os.getpid()}")
+        tmp = hold(local.with_name(f"{local.name}.tmp-{os.getpid()}"))
         again = "" if attempt == 1 else f" (downloaded {attempt} times)"
         try:
             with_retries(lambda: bounded_call(fs, "get_file", remote, os.fspath(tmp)), f"downloading {self.url}/{rel}",
@@ -233,8 +234,7 @@ class RemoteCache:
             raise CacheError(f"{self.url}/{rel}: listed in {self.marker} but missing remotely; the cache was "
                              "partly deleted: rebuild and re-upload it") from exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            release(tmp)
         self.downloaded += size
         with contextlib.suppress(FileNotFoundError):  # evicted already: the stamp is only a hint
             write_stamp(self.root, self.mirror, rel, local, digest)
@@ -253,6 +253,9 @@ def records_of(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
                 out[confined(rec["name"], marker, f"files.{key}.name", parts=1, fix="re-run pack-sft")] = rec
             else:
                 raise CacheError(f"{marker}: a files record {rec!r} has no name and bytes; re-run pack-sft")
+        examples = doc.get("examples")  # pack-sft's examples.npy: each packed sequence's cache example
+        if isinstance(examples, dict) and isinstance(examples.get("name"), str) and isinstance(examples.get("bytes"), int):
+            out[confined(examples["name"], marker, "examples.name", parts=1, fix="re-run pack-sft")] = examples
         return out
     confined_all(files, marker, "files", fix="rebuild and re-upload the cache")
     for rel, rec in files.items():

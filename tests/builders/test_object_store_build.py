@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,12 +73,17 @@ def cluster(tmp_path_factory):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     node_env = {**env, "NODE_ROOT": str(node), "TMPDIR": str(node / "tmp"), "NIELS_GPT_CACHE": str(node / "cache"),
                 **({"HIDDEN_ROOT": str(driver)} if hide else {})}
+    # NOTE: a session directory of its own (short: Ray's socket paths must fit 107 bytes): two clusters started
+    # at once on one machine (another test file's, on the other test process) raced on /tmp/ray's links
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     ray_cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address", "127.0.0.1",
-               "--port", str(ray_port), "--num-cpus", "2", "--include-dashboard", "false", "--block"]
+               "--port", str(ray_port), "--num-cpus", "2", "--include-dashboard", "false", "--temp-dir", ray_tmp,
+               "--block"]
     if hide:  # the node in a mount namespace of its own, where the driver's directory is an empty tmpfs
         ray_cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                    f"mount -t tmpfs none {driver} && exec " + " ".join(ray_cmd)]
-    head = subprocess.Popen(ray_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=node_env, cwd=node)
+    head_log = open(node / "ray-head.log", "wb")  # noqa: SIM115 (the head's output, for a failure's message)
+    head = subprocess.Popen(ray_cmd, stdout=head_log, stderr=subprocess.STDOUT, env=node_env, cwd=node)
     try:
         import s3fs
 
@@ -111,7 +117,8 @@ def cluster(tmp_path_factory):
                     break
             except subprocess.TimeoutExpired:
                 pass
-            assert time.monotonic() < deadline and head.poll() is None, f"the Ray head at {address} did not start"
+            assert time.monotonic() < deadline and head.poll() is None, (
+                f"the Ray head at {address} did not start:\n" + (node / "ray-head.log").read_text(errors="replace")[-3000:])
             time.sleep(1)
         yield {"fs": fs, "env": env, "driver": driver, "hidden": hide, "node": node, "tok": str(Path(tok.model_path).parent),
                "address": address}
@@ -122,6 +129,8 @@ def cluster(tmp_path_factory):
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        head_log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _build(c, srcs, out, *extra, check=True, **popen) -> subprocess.CompletedProcess | subprocess.Popen:
