@@ -68,7 +68,7 @@ def build_max_tokens_zero(w, tmp):
 
 def build_all_both_budgets_zero(w, tmp):
     return ["build-all", "--cache-dir", str(tmp / "out"), "--sample", "--only", "tokenizer", "fineweb_edu",
-            "--tokenizer", str(w.tokenizer), "--max-train-tokens", "0", "--max-val-tokens", "0", "--no-progress"]
+            "--tokenizer", str(w.tokenizer), "--max-tokens", "0", "--val-tokens", "0", "--no-progress"]
 
 
 def build_a_json_export_cut_short(w, tmp):
@@ -271,7 +271,7 @@ CASES = [
     Case("build: --max-tokens 0 and no val split", build_max_tokens_zero, ("--max-tokens 0", "--val-tokens"),
          out="out"),
     Case("build-all: both budgets 0, refused before the tokenizer", build_all_both_budgets_zero,
-         ("--max-train-tokens 0", "--max-val-tokens 0", "fineweb_edu"), out="out"),
+         ("--max-tokens 0", "--val-tokens 0", "fineweb_edu"), out="out"),
     Case("build: a pretty-printed .json export cut short", build_a_json_export_cut_short,
          ("export.json", "not valid json"), out="out"),
     Case("build: a Gutenberg book cut before its END line", build_a_gutenberg_book_cut_before_its_end,

@@ -309,24 +309,18 @@ _IN_FLIGHT: set[Path] = set()  # this process's reservations and download tempor
 
 
 def hold(path: Path) -> Path:
-    """Note a temporary of a download in progress (its reservation, its partial file) for `release`."""
+    """Note a download's temporary (its reservation, its partial file); `release` removes it."""
     _IN_FLIGHT.add(path)
     return path
 
 
 def release(path: Path) -> None:
-    """Remove a reservation or a download's temporary once the download is in place or has failed."""
     _IN_FLIGHT.discard(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
 
 
-@atexit.register
-def _release_all() -> None:
-    # NOTE: a Ctrl-C'd process leaves while a prefetch thread is still inside its download: what it holds would
-    # stay until another process's eviction found this pid dead
-    for path in list(_IN_FLIGHT):
-        release(path)
+atexit.register(lambda: [release(p) for p in list(_IN_FLIGHT)])  # NOTE: Ctrl-C leaves mid-download
 
 
 def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False,

@@ -179,8 +179,8 @@ def _warn(tokenizer, what: str) -> None:
 
 def fast_encoder(tokenizer) -> FastEncoder | None:
     """The checked fast encoder of `tokenizer` (made once per tokenizer object), or None."""
-    if getattr(tokenizer, "__dict__", None) is None:
-        return None
+    if getattr(tokenizer, "__dict__", None) is None or os.environ.get(ENV, "") == "reference":
+        return None  # NOTE: asked every time, so the setting holds for a tokenizer that made its fast encoder
     if "_fast_encoder" in tokenizer.__dict__:
         return tokenizer.__dict__["_fast_encoder"]
     with _LOCK:

@@ -187,3 +187,15 @@ def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_f
     got = encode_documents(tok, docs, 1, arrays=True)
     assert [a.tolist() for a in got] == [a.tolist() for a in tok.encode_batch_arrays(docs)]
     assert fast_encoder(tok) is not None and capfd.readouterr().err == ""
+
+
+def test_the_reference_setting_holds_for_a_tokenizer_that_made_its_fast_encoder(spm_bpe, monkeypatch):
+    """NIELS_GPT_ENCODER=reference is asked on every use: a tokenizer object that made its fast encoder earlier
+    (another build in the same process) builds with the reference encoder once it is set."""
+    from niels_gpt.tokenizer.fast import encoder_record
+
+    tok = load_tokenizer(spm_bpe.model_path)  # the library's default kind, which the fast encoder takes
+    monkeypatch.delenv(ENV, raising=False)
+    assert fast_encoder(tok) is not None and encoder_record(tok)
+    monkeypatch.setenv(ENV, "reference")
+    assert fast_encoder(tok) is None and encoder_record(tok) == {}
