@@ -88,6 +88,8 @@ def test_a_whole_epoch_stays_within_the_bound(built, download_cache, reader, com
         loader = ResumableDataLoader(remote, s, num_workers=workers)
         for a, b in zip(loader, ResumableDataLoader(local, sampler(local)), strict=True):
             assert torch.equal(a["labels"], b["labels"])
+            if s.prefetcher is not None:
+                s.prefetcher.wait()  # measured between batches, the downloads started so far ended (as above)
             assert held_disk(download_cache) <= bound, steps
             steps += 1
         s.prefetcher.close()
