@@ -97,8 +97,8 @@ def test_native_path_uses_the_kernel(cache, monkeypatch):
 def test_native_batches_while_prefetching_cold_windows(cache, monkeypatch):
     out, shards = cache
     ds = PretrainTokenStreamDataset(str(out / "train"), T=100, device="cpu")
-    ds._open()
-    ds._cold = True  # the path taken after a gather that waited on the disk
+    ds.core.open()
+    ds.core.cold = True  # the path taken after a gather that waited on the disk
     x, y = _batch(ds, 8, 5)
     ex, ey = _expected(ds, shards, 8, 5)
     assert torch.equal(x, ex) and torch.equal(y, ey)

@@ -116,6 +116,6 @@ def test_cold_cache_prefetch_does_not_change_batches(tmp_path):
     plain.get_batch(B=1, generator=torch.Generator())  # map the shards
     prefetching.get_batch(B=1, generator=torch.Generator())
     for _ in range(20):
-        prefetching._cold = True  # as after a gather that waited on the disk: MADV_WILLNEED every window
+        prefetching.core.cold = True  # as after a gather that waited on the disk: MADV_WILLNEED every window
         a, b = plain.get_batch(B=16, generator=g1), prefetching.get_batch(B=16, generator=g2)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

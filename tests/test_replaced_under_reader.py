@@ -33,7 +33,7 @@ def test_pretrain_shard_replaced_by_a_shorter_one_is_refused(tmp_path, monkeypat
     if not use_native:
         monkeypatch.setattr(_native, "gather", None)
     if not concatenated:
-        monkeypatch.setattr("niels_gpt.readers.pretrain.open_concatenated", lambda *a, **k: None)
+        monkeypatch.setattr("niels_gpt.readers.windows_core.open_concatenated", lambda *a, **k: None)
     rng = np.random.default_rng(0)
     cache = write_pretrain_cache(tmp_path / "c", {"train": [rng.integers(0, 2000, 50_000), rng.integers(0, 2000, 9_000)],
                                                   "val": [rng.integers(0, 2000, 100)]})

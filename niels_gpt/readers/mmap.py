@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError
-from niels_gpt.meta import numpy_dtype  # noqa: F401  (niels_gpt.cache.mmap, the contract's path, reads it here)
 
 ADVICE = {
     "random": getattr(mmap, "MADV_RANDOM", None),

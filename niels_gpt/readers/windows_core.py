@@ -1,0 +1,290 @@
+"""One split of a pretraining cache as one range of tokens: what both window readers sample from.
+
+The random-window reader (readers/pretrain.py) and the indexed windows (loading/windows.py) differ
+only in where windows start: every token (stride 1, drawn at random) or every T-th token (stride T,
+in index order). Window i (numbered across the split's shards) is T+1 tokens of one shard, never
+across its end; shard k with n_k tokens holds (n_k - 1 - T) // stride + 1 windows when n_k > T.
+
+    Worked example: shards of 10 and 7 tokens, T=3. stride 1: 7 and 4 windows, cum [0, 7, 11];
+    window 8 -> shard 1, tokens [1:5]. stride 3: 3 and 2 windows, cum [0, 3, 5]; window 4 ->
+    shard 1, tokens [3:7].
+
+Below the sampler everything is here, once:
+- Local raw shards are mapped back to back into one address range (`open_concatenated`, MADV_RANDOM),
+  shard k from token first[k]; where that is unavailable, one map per shard (a gather per shard).
+- Compressed shards (`shard_*.bin.zst`) are a frame cache (readers/frames.py) laid out the same way,
+  shard k from frame_base[k] * F: only the frames a batch's windows reach are decompressed.
+- A remote cache (niels_gpt/storage) reads each batch's shards through the local mirror, each fetched,
+  mapped, read and let go (`gather_remote`): no map outlives the batch, so a shard the download cache's
+  bound evicts frees its disk at once. Where the whole split fits the bound, once every shard is
+  mirrored the split is mapped like a local one (same draws, same batches, the local speed).
+- A batch: the windows' rows of the range computed in place (C kernel `draws_to_rows`), then ONE
+  fused gather and cast into int64 x and y (`gather_xy`); numpy's gather then cast where the kernel
+  is not built. Byte-identical either way; no Python loop per row or per shard.
+- Cold page cache: MADV_RANDOM stops the kernel reading ~128 KiB around every touched page, but a
+  batch's rows still fault in one after another. When a gather takes longer than COLD_GATHER_S (it
+  waited on the disk), the next batches first ask for all their windows at once (MADV_WILLNEED,
+  `prefetch_windows`) until one finds everything cached (faster than WARM_GATHER_S).
+- Maps are made lazily in each process and never pickled (DataLoader workers get paths).
+
+Cost: see `PretrainTokenStreamDataset.get_batch` (bench/bench_cache_readers.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from niels_gpt import _native
+from niels_gpt.constants import META_NAME
+from niels_gpt.errors import CacheError
+from niels_gpt.formats.zstd_shard import ZstdShard
+from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
+from niels_gpt.readers.mmap import (
+    gather_remote,
+    open_concatenated,
+    open_tokens,
+    prefetch_windows,
+    strided_windows,
+)
+
+COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
+WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
+MAX_OPEN_SHARDS = 64  # local compressed shards held open at once (each a map of its file)
+_MAPS = {"range", "flat", "base", "first", "_shift", "_kernel", "frames", "views", "_handles"}  # per process
+
+
+class WindowCore:
+    """The windows of T+1 tokens at `stride` of the shards `shards` ([(file name, meta.json record)], in
+    order) of `directory` (`<cache>/<split>`; a remote cache's local mirror of it, with `remote`)."""
+
+    def __init__(self, directory: Path, shards: list[tuple[str, dict]], dtype: np.dtype, T: int, stride: int, *,
+                 remote=None, frame_tokens: int | None = None, frame_cache_bytes: int = FRAME_CACHE_BYTES):
+        self.directory, self.T, self.stride, self.remote = Path(directory), int(T), int(stride), remote
+        self.dtype = np.dtype(dtype)
+        self.frame_tokens, self.frame_cache_bytes = frame_tokens, frame_cache_bytes
+        self.names = [name for name, _ in shards]
+        self.rels = [f"{self.directory.name}/{name}" for name in self.names]  # as meta.json and a remote name them
+        self.paths = [self.directory / name for name in self.names]
+        self.bytes = [int(rec["bytes"]) for _, rec in shards]  # mapped only at these sizes
+        self.frames_of = [rec.get("frames") for _, rec in shards]
+        self.tokens = np.array([rec["tokens"] if "tokens" in rec else rec["bytes"] // self.dtype.itemsize
+                                for _, rec in shards], dtype=np.int64)
+        self.counts = np.where(self.tokens > T, (self.tokens - 1 - T) // self.stride + 1, 0)
+        self.cum = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        self.n = int(self.cum[-1])
+        self.cold = False
+        self._fits: bool | None = None  # remote: the whole split fits the download cache's bound
+        self._seen: set[str] = set()  # shards known to be mirrored (remote splits that fit)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop every map (a new process maps the shards itself)."""
+        self.range: np.ndarray | None = None  # the split's tokens in one range: mapped back to back, or frames
+        self.flat: np.ndarray | None = None  # every window of that range (a strided view)
+        self.base = self.first = self._shift = self._kernel = None  # its address, where each shard starts
+        self.frames: FrameCache | None = None
+        self.views: list | None = None  # one window view per shard, where one range is not available
+        self._handles: dict[int, ZstdShard] = {}
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in _MAPS}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._forget()
+
+    def locate(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Windows `i` (global numbers) -> (shard, token offset of the window in that shard)."""
+        shard = np.searchsorted(self.cum, i, side="right") - 1
+        return shard, (i - self.cum[shard]) * self.stride
+
+    def files(self, shard) -> list[str]:
+        """The files (relative to the cache) of shards `shard`, in first-use order: what a prefetcher fetches."""
+        return [self.rels[k] for k in dict.fromkeys(np.asarray(shard).tolist())]
+
+    def open(self) -> None:
+        """Map the local shards (once per process): one range where the platform allows, else one map each."""
+        if self.range is not None or self.views is not None:
+            return
+        try:
+            cat = open_concatenated(self.paths, self.dtype, expected_bytes=self.bytes)
+        except FileNotFoundError as exc:  # checked on open, gone now: a rebuild swapped the cache in between
+            raise CacheError(f"{self.directory}: a shard vanished after the cache was opened ({exc.filename}); "
+                             "a rebuild replaced it: open the dataset again") from exc
+        if cat is None:
+            self.views = [None] * len(self.paths)
+        else:
+            self._use_range(*cat)
+
+    def _use_range(self, tokens: np.ndarray, first: np.ndarray) -> None:
+        """Read windows from `tokens`, where shard k starts at token first[k]."""
+        self.range, self.base, self.first = tokens, tokens.ctypes.data, np.asarray(first, dtype=np.int64)
+        self.flat = strided_windows(tokens, self.T + 1)
+        # window i of shard k starts at row i*stride + shift[k]; the kernel takes addresses of arrays that
+        # live as long as the range (NOTE: taken once: ndarray.ctypes builds an object per call, ~1 us)
+        self._shift = np.ascontiguousarray(self.first - self.cum[:-1] * self.stride, dtype=np.int64)
+        cum = np.ascontiguousarray(self.cum * self.stride, dtype=np.int64)
+        self._kernel = (cum, cum.ctypes.data, len(self._shift), self._shift.ctypes.data)
+
+    def _frame_cache(self) -> FrameCache:
+        if self.frames is None:
+            self.frames = FrameCache(self.tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard,
+                                     max_bytes=self.frame_cache_bytes)
+            self._use_range(self.frames.flat, self.frames.frame_base[:-1] * self.frame_tokens)
+        return self.frames
+
+    def _zstd_shard(self, k: int) -> ZstdShard:
+        """Shard k's reader. A remote shard is fetched (again, if it was evicted) and opened for the one
+        frame load that asks for it, then let go: no map of an evicted file outlives the batch."""
+        if self.remote is not None:
+            return self._open_zstd(k, self.remote.fetch(self.rels[k]))
+        if k not in self._handles:
+            if len(self._handles) >= MAX_OPEN_SHARDS:  # let the oldest go
+                del self._handles[next(iter(self._handles))]
+            self._handles[k] = self._open_zstd(k, self.paths[k])
+        return self._handles[k]
+
+    def _open_zstd(self, k: int, path: Path) -> ZstdShard:
+        return ZstdShard(path, self.dtype, tokens=int(self.tokens[k]), frame_tokens=self.frame_tokens,
+                         expected_bytes=self.bytes[k], frames=self.frames_of[k])
+
+    def _one_range(self, shard: np.ndarray) -> bool:
+        """Whether one range serves the windows of `shard` (mapping it when it can): a compressed split, a
+        local one where open_concatenated works, a remote one mirrored whole (see _mirrored_whole)."""
+        if self.range is not None:
+            return True
+        if self.frame_tokens is not None:
+            self._frame_cache()
+            return True
+        if self.remote is not None and not self._mirrored_whole(shard):
+            return False
+        self.open()
+        return self.range is not None
+
+    def _mirrored_whole(self, shard: np.ndarray) -> bool:
+        """A remote split that fits the download cache's bound, every shard of it mirrored (or drawn now):
+        fetched whole, so it can be mapped like a local one."""
+        if self._fits is None:
+            marker = self.directory.parent / META_NAME
+            self._fits = sum(self.bytes) + (marker.stat().st_size if marker.is_file() else 0) <= self.remote.max_bytes
+        if not self._fits:
+            return False
+        drawable = [r for r, c in zip(self.rels, self.counts, strict=True) if c > 0]
+        # NOTE: one stat per shard not yet seen mirrored, not one per shard per batch
+        self._seen |= {self.rels[k] for k in np.unique(shard).tolist()}
+        self._seen |= {r for r in drawable if r not in self._seen and self.remote.has(r)}
+        if not all(r in self._seen for r in drawable):
+            return False
+        for r in self.rels:  # shards too short for a window are mapped too, never drawn
+            self.remote.fetch(r, keep=set(self.rels))
+        return True
+
+    def gather(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """(B, T+1) windows in the token dtype, row j the T+1 tokens at `local[j]` of shard `shard[j]`."""
+        shard, local = np.asarray(shard), np.asarray(local)
+        if not self._one_range(shard):
+            return self._gather_apart(shard, local)
+        rows = self.first[shard] + local
+        if self.frames is not None:
+            self.frames.ensure(rows)
+        return self.flat[rows]
+
+    def _gather_apart(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """`gather` without one range: remote shards one by one, or one local map per shard."""
+        if self.remote is not None:
+            return gather_remote(self.remote, self.rels, self.dtype, self.bytes, shard, local, self.T + 1)
+        out = np.empty((len(shard), self.T + 1), dtype=self.dtype)
+        for k in dict.fromkeys(shard.tolist()):
+            rows = np.flatnonzero(shard == k)
+            out[rows] = self._view(k)[local[rows]]
+        return out
+
+    def window(self, shard: int, local: int) -> np.ndarray:
+        """The T+1 tokens at `local` of shard `shard` (valid until the next read: copy it at once)."""
+        if not self._one_range(np.array([shard])):
+            return self._gather_apart(np.array([shard]), np.array([local]))[0]
+        row = int(self.first[shard]) + local
+        if self.frames is not None:
+            self.frames.ensure(np.array([row], dtype=np.int64))
+        return self.range[row:row + self.T + 1]
+
+    def shard(self, k: int) -> np.ndarray:
+        """Every token of local raw shard k, mapped."""
+        return open_tokens(self.paths[k], self.dtype, expected_bytes=self.bytes[k])
+
+    def _view(self, k: int) -> np.ndarray:
+        """Every window of local shard k (a view; built once per process)."""
+        if self.views[k] is None:
+            self.views[k] = strided_windows(self.shard(k), self.T + 1)
+        return self.views[k]
+
+    def batch(self, i: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y (B, T) int64 on `device` of windows `i` (a contiguous int64 CPU tensor, overwritten: it
+        becomes the windows' rows of the range)."""
+        v = i.numpy()
+        if self.range is None:
+            shard, local = self.locate(v)
+            if not self._one_range(shard):
+                return to_device_xy(self._gather_apart(shard, local), device)
+        B, T = len(v), self.T
+        native = _native.gather if self.dtype.isnative else None
+        cum, cum_addr, K, shift_addr = self._kernel
+        if self.stride > 1:
+            v *= self.stride
+        if native is not None and K > 1:
+            native.draws_to_rows(i.data_ptr(), B, cum_addr, K, shift_addr)  # in place: v += shift[shard of v]
+        elif K > 1:
+            v += self._shift[np.searchsorted(cum, v, side="right") - 1]
+        if self.frames is not None:
+            self.frames.ensure(v)
+        elif self.cold:
+            prefetch_windows(self.base, self.dtype.itemsize, v, T + 1)
+        t0 = time.perf_counter()
+        if native is not None:
+            x, y, xy = _host_xy(B, T, device)
+            native.gather_xy(self.base, self.dtype.itemsize, i.data_ptr(), B, T, x.data_ptr())  # y follows x
+        else:
+            # NOTE: touching the first token of every window before the gather lets the B cache/TLB
+            # misses overlap instead of stalling one memcpy each (32x1024: ~5 us less a batch).
+            self.flat[v, 0]
+            windows = self.flat[v]
+        if self.frames is None:
+            waited = time.perf_counter() - t0
+            self.cold = waited > (WARM_GATHER_S if self.cold else COLD_GATHER_S)
+        return _to_device(x, y, xy, device) if native is not None else to_device_xy(windows, device)
+
+
+def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) token windows -> contiguous int64 x = w[:, :-1], y = w[:, 1:] on `device`."""
+    B, W = windows.shape
+    x, y, xy = _host_xy(B, W - 1, device)
+    # NOTE: numpy's copyto beat torch's copy_ here once the call overheads are counted (44 vs 48 us a batch).
+    np.copyto(x.numpy(), windows[:, :-1], casting="unsafe")
+    np.copyto(y.numpy(), windows[:, 1:], casting="unsafe")
+    return _to_device(x, y, xy, device)
+
+
+def _host_xy(B: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Uninitialised int64 (B, T) host tensors x and y, the two halves of one (2, B, T) buffer (y's
+    first element right after x's last), and that buffer when it still has to go to `device`."""
+    if device.type == "cpu":
+        # NOTE: a numpy buffer, not torch.empty: torch's allocator hands back fresh pages for 512 KiB
+        # each batch (~10 us of page faults at 32x1024). Two from_numpy views cost ~1.8 us, one
+        # from_numpy and xy[0], xy[1] ~4 us.
+        buf = np.empty((2, B, T), dtype=np.int64)
+        return torch.from_numpy(buf[0]), torch.from_numpy(buf[1]), None
+    # pinned when bound for CUDA (torch caches pinned blocks), so the copy can be non_blocking
+    xy = torch.empty((2, B, T), dtype=torch.int64, pin_memory=device.type == "cuda")
+    return xy[0], xy[1], xy
+
+
+def _to_device(x: torch.Tensor, y: torch.Tensor, xy: torch.Tensor | None,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if xy is None:
+        return x, y
+    xy = xy.to(device, non_blocking=device.type == "cuda")
+    return xy[0], xy[1]
