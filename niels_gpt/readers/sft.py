@@ -138,7 +138,8 @@ class SFTExampleDataset(Dataset):
                              f"{self.num_tokens} tokens (one mask byte each); rebuild the cache")
         self._mask: np.ndarray | None = None
         self._tokens: np.ndarray | None = None
-        self._rows: np.ndarray | None = None
+        self._rows: np.ndarray | None = None  # every window of T+1 tokens (None: the file is shorter)
+        self._mask_rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -170,7 +171,7 @@ class SFTExampleDataset(Dataset):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_tokens"] = state["_rows"] = state["_mask"] = None
+        state["_tokens"] = state["_rows"] = state["_mask"] = state["_mask_rows"] = None
         return state
 
     def _open(self) -> np.ndarray:
@@ -179,9 +180,14 @@ class SFTExampleDataset(Dataset):
                 self.remote.fetch(self.tokens_path.name)
             self._tokens = open_tokens(self.tokens_path, self.dtype,
                                        expected_bytes=self.num_tokens * self.dtype.itemsize)
-            W = self.T + 1
-            self._rows = window_view(self._tokens, W) if len(self._tokens) >= W else None
+            self._rows = _window_rows(self._tokens, self.T + 1)
         return self._tokens
+
+    def _open_mask(self) -> np.ndarray:
+        if self._mask is None:
+            self._mask = open_tokens(self.mask_path, np.uint8, expected_bytes=self.num_tokens)
+            self._mask_rows = _window_rows(self._mask, self.T + 1)
+        return self._mask
 
     def example(self, i: int) -> np.ndarray:
         """The full token ids of example i (a view of the memory map)."""
@@ -191,9 +197,7 @@ class SFTExampleDataset(Dataset):
         """Bool per token of example i: whether it is a trained target (stored mask, else the span rule)."""
         if self.mask_path is None:
             return assistant_span_mask(np.asarray(self.example(i)), self.asst_id, self.eot_id)
-        if self._mask is None:
-            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
-        return self._mask[self.offsets[i]:self.ends[i]].astype(bool)
+        return self._open_mask()[self.offsets[i]:self.ends[i]].astype(bool)
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """(len(indices), T+1) int64: examples truncated or EOT-padded; padding marked by -1 first."""
@@ -208,26 +212,10 @@ class SFTExampleDataset(Dataset):
         Past an example's end a row holds whatever follows it (the next example, or nothing in
         particular at the end of the file); callers overwrite those places.
         """
-        tokens = self._open()
         starts = self.offsets[indices]
         lengths = np.minimum(self.ends[indices] - starts, self.T + 1)
         valid = np.arange(self.T + 1)[None, :] < lengths[:, None]
-        n, W = len(tokens), self.T + 1
-        if self._rows is not None:
-            # NOTE: rows of a sliding-window view (a memcpy each) instead of an index array of
-            # B*(T+1) positions: 16x1024 rows 59 -> ~17 us (bench/bench_cache_readers.py). An
-            # example starting within T+1 tokens of the end of the file is read from the last
-            # window and shifted into place.
-            last = n - W
-            w = self._rows[np.minimum(starts, last)]
-            for i in np.flatnonzero(starts > last):
-                k = int(lengths[i])
-                w[i, :k] = tokens[starts[i]:starts[i] + k]
-        else:
-            w = np.empty((len(indices), W), dtype=tokens.dtype)
-            for i, (s0, k) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
-                w[i, :k] = tokens[s0:s0 + k]
-        return w, valid
+        return _gather_rows(self._open(), self._rows, starts, lengths, self.T + 1), valid
 
     def get_batch(self, *, B: int, generator: "torch.Generator"
                   ) -> tuple["torch.LongTensor", "torch.LongTensor", "torch.LongTensor"]:
@@ -272,14 +260,34 @@ class SFTExampleDataset(Dataset):
         np.copyto(buf[2], buf[1], where=trained[:, 1:])
         return out
 
-
     def _stored_mask(self, indices: np.ndarray) -> np.ndarray:
-        """(len(indices), T+1) bool: the stored mask of each example's first T+1 tokens."""
-        if self._mask is None:
-            self._mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
-        out = np.zeros((len(indices), self.T + 1), dtype=bool)
-        for r, i in enumerate(indices.tolist()):
-            s0 = int(self.offsets[i])
-            k = min(int(self.ends[i]) - s0, self.T + 1)
-            out[r, :k] = self._mask[s0:s0 + k]
+        """(len(indices), T+1) bool: the stored mask of each example's first T+1 tokens (past its end: anything)."""
+        starts = self.offsets[indices]
+        lengths = np.minimum(self.ends[indices] - starts, self.T + 1)
+        return _gather_rows(self._open_mask(), self._mask_rows, starts, lengths, self.T + 1) != 0
+
+
+def _window_rows(a: np.ndarray, width: int) -> np.ndarray | None:
+    """Every window of `width` items of `a` (a view), or None when `a` is shorter than one."""
+    return window_view(a, width) if len(a) >= width else None
+
+
+def _gather_rows(a: np.ndarray, rows: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,
+                 W: int) -> np.ndarray:
+    """(len(starts), W) items of `a` from each start, `lengths` of them its own (`rows`: `a`'s windows of W).
+
+    Past a row's own items it holds whatever follows in `a`, or nothing in particular at its end."""
+    if rows is None:
+        out = np.empty((len(starts), W), dtype=a.dtype)
+        for i, (s0, k) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+            out[i, :k] = a[s0:s0 + k]
         return out
+    # NOTE: rows of a sliding-window view (a memcpy each) instead of an index array of B*(T+1)
+    # positions: 16x1024 rows 59 -> ~17 us (bench/bench_cache_readers.py). A row starting within
+    # T+1 items of the end of `a` is read from the last window and shifted into place.
+    last = len(a) - W
+    out = rows[np.minimum(starts, last)]
+    for i in np.flatnonzero(starts > last):
+        k = int(lengths[i])
+        out[i, :k] = a[starts[i]:starts[i] + k]
+    return out

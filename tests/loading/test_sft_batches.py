@@ -3,11 +3,14 @@ the same [x, y, y_masked] as collating the items one by one, without stacking B 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from niels_gpt.meta import file_record, write_meta
 from niels_gpt.readers.sft import SFTExampleDataset
 
 from ..conftest import write_sft_cache
@@ -43,3 +46,51 @@ def test_a_batch_of_bad_indices_is_refused_as_an_item_would_be(ds):
     with pytest.raises(TypeError, match="indices are integers"):
         ds.__getitems__([0, 1.5])
     assert torch.equal(default_collate(ds.__getitems__([-1, 0]))[0][0], ds[22][0])
+
+
+def _counting_getitems(monkeypatch) -> list[list[int]]:
+    """Record the index lists DataLoader hands SFTExampleDataset.__getitems__ (in this process)."""
+    calls, real = [], SFTExampleDataset.__getitems__
+    monkeypatch.setattr(SFTExampleDataset, "__getitems__", lambda self, idx: (calls.append(list(idx)), real(self, idx))[1])
+    return calls
+
+
+def test_a_loader_with_batch_size_asks_for_each_batch_at_once_and_equals_the_items(ds, monkeypatch):
+    calls = _counting_getitems(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    batches = list(DataLoader(ds, batch_size=4, shuffle=True, generator=g))
+    assert [len(c) for c in calls] == [4] * 5 + [3] and sorted(sum(calls, [])) == list(range(23))
+    for batch, indices in zip(batches, calls, strict=True):
+        expected = default_collate([ds[i] for i in indices])  # the per-item path, collated row by row
+        assert len(batch) == 3
+        for got, want in zip(batch, expected, strict=True):
+            assert got.dtype == torch.int64 and got.shape == (len(indices), 6) and torch.equal(got, want)
+
+
+def test_a_stored_mask_batch_equals_its_items(tmp_path):
+    """A cache rendered by a chat template: its mask is read from train_mask.bin, a batch at once as the
+    tokens are, including examples that end within T+1 tokens of the end of the file."""
+    cache = write_sft_cache(tmp_path / "c", EXAMPLES)
+    meta = json.loads((cache / "meta.json").read_text())
+    meta["special_token_ids"]["asst"] = None
+    n = sum(len(e) for e in EXAMPLES)
+    mask = np.random.default_rng(0).integers(0, 2, n).astype(np.uint8)  # unlike any span rule: a wrong row shows
+    mask.tofile(cache / "train_mask.bin")
+    meta["files"]["train_mask.bin"] = file_record(cache / "train_mask.bin", None)
+    write_meta(str(cache), meta)
+    T = 10  # the last example (8 tokens) starts within T+1 tokens of the end of the file
+    ds = SFTExampleDataset(str(cache / "train_tokens.bin"), str(cache / "train_idx.npy"), T=T, device="cpu",
+                           eot_id=6)
+    indices = [22, 0, 21, 5, 22, 13]
+    batch = default_collate(ds.__getitems__(indices))
+    items = default_collate([ds[i] for i in indices])
+    for got, want in zip(batch, items, strict=True):
+        assert torch.equal(got, want)
+    starts = np.concatenate([[0], np.cumsum([len(e) for e in EXAMPLES])])
+    for row, i in enumerate(indices):
+        k = min(len(EXAMPLES[i]), T + 1) - 1  # targets of the example's own tokens
+        own = mask[starts[i] + 1:starts[i] + 1 + k].astype(bool)
+        assert batch[0][row, :k].tolist() == EXAMPLES[i][:k]
+        y = batch[1][row, :k].numpy()
+        assert batch[2][row, :k].tolist() == np.where(own, y, -100).tolist()
+        assert (batch[2][row, k:] == -100).all()
