@@ -121,7 +121,7 @@ def bench_pretrain(cache: Path, B: int, T: int, batches: int) -> list[list]:
     # Steady state of a long run: every page of the readers that map the shards once is already
     # mapped (a first pass of random batches would take minutes to get there). The nanoGPT recipe
     # maps afresh every batch by design, and pays its page faults each time.
-    ds._open()
+    ds.core.open()
     int(ds._flat[::PAGE_TOKENS, 0].sum())
     for d in kds.data:
         int(d[::PAGE_TOKENS].sum())

@@ -40,7 +40,7 @@ def main() -> None:
         vocab = 1 << 16
         corpus = np.zeros(vocab, dtype=np.float64)
         for k in range(len(ds.paths)):
-            corpus += np.bincount(ds._tokens(k), minlength=vocab)
+            corpus += np.bincount(ds.core.shard(k), minlength=vocab)
         corpus = (corpus + 1e-9) / corpus.sum()
 
         def kl(order) -> tuple[float, float]:

@@ -94,7 +94,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         frame_tokens = frame_tokens_of(meta, self.cache_dir / META_NAME) if is_compressed_meta(meta) else None
         self.core = WindowCore(self.cache_dir / split, shards, TOKEN_DTYPES[meta["token_dtype"]], self.T, self.T,
                                remote=self.remote, frame_tokens=frame_tokens)
-        self.paths = self.core.paths
+        self.paths, self.dtype = self.core.paths, self.core.dtype
         self.cumulative = self.core.cum.tolist()
         if self.cumulative[-1] == 0:
             raise ConfigError(f"{self.cache_dir}/{split}: no shard holds T+1={T + 1} tokens; lower T")
