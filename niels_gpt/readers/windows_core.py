@@ -48,7 +48,7 @@ from niels_gpt.readers.mmap import (
     open_concatenated,
     open_tokens,
     prefetch_windows,
-    strided_windows,
+    window_view,
 )
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
@@ -123,7 +123,7 @@ class WindowCore:
     def _use_range(self, tokens: np.ndarray, first: np.ndarray) -> None:
         """Read windows from `tokens`, where shard k starts at token first[k]."""
         self.range, self.base, self.first = tokens, tokens.ctypes.data, np.asarray(first, dtype=np.int64)
-        self.flat = strided_windows(tokens, self.T + 1)
+        self.flat = window_view(tokens, self.T + 1)
         # window i of shard k starts at row i*stride + shift[k]; the kernel takes addresses of arrays that
         # live as long as the range (NOTE: taken once: ndarray.ctypes builds an object per call, ~1 us)
         self._shift = np.ascontiguousarray(self.first - self.cum[:-1] * self.stride, dtype=np.int64)
@@ -219,7 +219,7 @@ class WindowCore:
     def _view(self, k: int) -> np.ndarray:
         """Every window of local shard k (a view; built once per process)."""
         if self.views[k] is None:
-            self.views[k] = strided_windows(self.shard(k), self.T + 1)
+            self.views[k] = window_view(self.shard(k), self.T + 1)
         return self.views[k]
 
     def batch(self, i: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
