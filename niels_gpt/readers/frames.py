@@ -52,12 +52,7 @@ class FrameCache:
         flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_NORESERVE", 0)
         self._mm = mmap.mmap(-1, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.flat = np.frombuffer(self._mm, dtype=self.dtype)
-        self.base = self.flat.ctypes.data
         self._release = self.frame_bytes % mmap.PAGESIZE == 0 and hasattr(mmap, "MADV_DONTNEED")
-
-    def starts(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
-        """Where windows (shard k, start `local`) begin in the reserved range (int64 token offsets)."""
-        return self.frame_base[shard] * self.F + local
 
     def ensure(self, v: np.ndarray) -> None:
         """Make the frames of the windows starting at `v` (int64 offsets in the range) resident."""
@@ -115,8 +110,3 @@ class FrameCache:
         for j in range(1, self.span + 1):
             ok &= self.resident[np.minimum(aff + j, end)]
         self.ready[aff] = ok
-
-    def window(self, v: int) -> np.ndarray:
-        """One window of T+1 tokens starting at offset v (a copy)."""
-        self.ensure(np.array([v], dtype=np.int64))
-        return self.flat[v:v + self.T + 1].copy()
