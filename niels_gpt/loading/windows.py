@@ -39,9 +39,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from niels_gpt.constants import META_NAME, TOKEN_DTYPES
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta
 from niels_gpt.readers.checks import count
 from niels_gpt.readers.shards import split_shards
@@ -91,9 +90,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         if not shards:
             raise CacheError(f"{self.cache_dir}: {META_NAME} lists no {split}/*.bin shards; "
                              f"the {split} split is empty: build the cache with a {split} split")
-        frame_tokens = frame_tokens_of(meta, self.cache_dir / META_NAME) if is_compressed_meta(meta) else None
-        self.core = WindowCore(self.cache_dir / split, shards, TOKEN_DTYPES[meta["token_dtype"]], self.T, self.T,
-                               remote=self.remote, frame_tokens=frame_tokens)
+        self.core = WindowCore(self.cache_dir / split, meta, shards, self.T, self.T, remote=self.remote)
         self.paths, self.dtype = self.core.paths, self.core.dtype
         self.cumulative = self.core.cum.tolist()
         if self.cumulative[-1] == 0:

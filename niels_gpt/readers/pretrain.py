@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta
-from niels_gpt.meta import numpy_dtype, read_meta, unfinished_build
+from niels_gpt.meta import read_meta, unfinished_build
 from niels_gpt.readers.checks import count
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES
 from niels_gpt.readers.shards import split_shards
@@ -66,16 +65,13 @@ class PretrainTokenStreamDataset:
         if self.meta.get("kind") != "pretrain" or not self.meta.get("built", True):
             raise CacheError(f"{self.cache_dir}: not a built pretraining cache (kind={self.meta.get('kind')!r}, "
                              f"built={self.meta.get('built')!r})")
-        self.dtype = numpy_dtype(self.meta["token_dtype"])
         shards = split_shards(self.cache_dir, self.meta, self.split, remote=self.remote is not None)
-        self.shard_names = [name for name, _ in shards]
-        if not self.shard_names:
+        if not shards:
             raise CacheError(f"{self.shards_dir}: the {self.split} split of this cache is empty "
                              f"(totals: {self.meta['totals']})")
-        frame_tokens = frame_tokens_of(self.meta, self.cache_dir / "meta.json") if is_compressed_meta(self.meta) \
-            else None
-        self.core = WindowCore(self.shards_dir, shards, self.dtype, T, 1, remote=self.remote,
-                               frame_tokens=frame_tokens, frame_cache_bytes=frame_cache_bytes)
+        self.core = WindowCore(self.shards_dir, self.meta, shards, T, 1, remote=self.remote,
+                               frame_cache_bytes=frame_cache_bytes)
+        self.shard_names, self.dtype = self.core.names, self.core.dtype
         if self.core.n == 0:
             raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {self.shards_dir} "
                               f"(largest has {int(self.core.tokens.max())} tokens): use a smaller T")

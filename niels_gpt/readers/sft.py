@@ -199,13 +199,6 @@ class SFTExampleDataset(Dataset):
             return assistant_span_mask(np.asarray(self.example(i)), self.asst_id, self.eot_id)
         return self._open_mask()[self.offsets[i]:self.ends[i]].astype(bool)
 
-    def rows(self, indices: np.ndarray) -> np.ndarray:
-        """(len(indices), T+1) int64: examples truncated or EOT-padded; padding marked by -1 first."""
-        w, valid = self._windows(np.asarray(indices))
-        seqs = w.astype(np.int64)
-        seqs[~valid] = -1
-        return seqs
-
     def _windows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(T+1 tokens from each example's start in the token dtype, bool mask of its own tokens).
 

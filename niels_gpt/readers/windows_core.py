@@ -41,7 +41,8 @@ import torch
 from niels_gpt import _native
 from niels_gpt.constants import META_NAME
 from niels_gpt.errors import CacheError
-from niels_gpt.formats.zstd_shard import ZstdShard
+from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
+from niels_gpt.meta import numpy_dtype
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
 from niels_gpt.readers.mmap import (
     gather_remote,
@@ -58,14 +59,17 @@ _MAPS = {"range", "flat", "base", "first", "_shift", "_kernel", "frames", "views
 
 
 class WindowCore:
-    """The windows of T+1 tokens at `stride` of the shards `shards` ([(file name, meta.json record)], in
-    order) of `directory` (`<cache>/<split>`; a remote cache's local mirror of it, with `remote`)."""
+    """The windows of T+1 tokens at `stride` of the shards `shards` ([(file name, its record)], in order,
+    from `split_shards`) of `directory` (`<cache>/<split>`; a remote cache's local mirror of it, with
+    `remote`), whose cache's meta.json is `meta`."""
 
-    def __init__(self, directory: Path, shards: list[tuple[str, dict]], dtype: np.dtype, T: int, stride: int, *,
-                 remote=None, frame_tokens: int | None = None, frame_cache_bytes: int = FRAME_CACHE_BYTES):
+    def __init__(self, directory: Path, meta: dict, shards: list[tuple[str, dict]], T: int, stride: int, *,
+                 remote=None, frame_cache_bytes: int = FRAME_CACHE_BYTES):
         self.directory, self.T, self.stride, self.remote = Path(directory), int(T), int(stride), remote
-        self.dtype = np.dtype(dtype)
-        self.frame_tokens, self.frame_cache_bytes = frame_tokens, frame_cache_bytes
+        self.dtype = numpy_dtype(meta["token_dtype"])
+        self.frame_tokens = frame_tokens_of(meta, self.directory.parent / META_NAME) if is_compressed_meta(meta) \
+            else None
+        self.frame_cache_bytes = frame_cache_bytes
         self.names = [name for name, _ in shards]
         self.rels = [f"{self.directory.name}/{name}" for name in self.names]  # as meta.json and a remote name them
         self.paths = [self.directory / name for name in self.names]
