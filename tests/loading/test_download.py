@@ -82,7 +82,8 @@ def test_gives_up_after_max_attempts_and_keeps_nothing(server, tmp_path):
     url, _ = server
     Handler.faults = {"shard_00000.parquet": ["503"] * 3}
     [r] = download_shards(url, tmp_path / "local", [0], max_attempts=3, backoff_s=0.01, timeout_s=5)
-    assert r.status == "failed" and r.attempts == 3 and "HTTP 503" in r.error and "gave up after 3" in r.error
+    assert r.status == "failed" and r.attempts == 3 and "HTTP 503" in r.error and "failed 3 times" in r.error
+    assert f"{url}/shard_00000.parquet" in r.error
     assert not list((tmp_path / "local").iterdir())
 
 
@@ -108,3 +109,5 @@ def test_cli_download_exit_codes(server, tmp_path, capsys):
     assert "2 downloaded, 0 already complete, 0 failed" in capsys.readouterr().err
     assert main(args + ["-n", "1", "--first", "7", "--max-attempts", "1"]) == 1
     assert "HTTP 404" in capsys.readouterr().err
+    # --timeout is the earlier spelling of the one network time limit, --network-timeout
+    assert main(args[:-2] + ["-n", "1", "--network-timeout", "5"]) == 0
