@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from niels_gpt.args import hidden_alias
+from niels_gpt.errors import StorageError
 from niels_gpt.loading import download as dl
 from niels_gpt.storage.settings import network_timeout_s
 
@@ -43,9 +44,13 @@ def run_download(args) -> int:
     results = dl.download_shards(args.base_url, args.out_dir, indices, num_workers=args.num_workers,
                                  max_attempts=args.max_attempts, backoff_s=args.backoff, filename=args.filename)
     counts = {s: sum(r.status == s for r in results) for s in ("downloaded", "skipped", "failed")}
-    for r in results:
-        if r.status == "failed":
-            print(f"failed: {r.error}", file=sys.stderr)
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed[1:]:
+        print(f"failed: {r.error}", file=sys.stderr)
     print(f"download: {counts['downloaded']} downloaded, {counts['skipped']} already complete, "
           f"{counts['failed']} failed -> {args.out_dir}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    if failed:
+        more = f" ({len(failed) - 1} more above)" if len(failed) > 1 else ""
+        raise StorageError(f"{failed[0].error}{more}; the complete shards are kept: the same command fetches "
+                           "the rest")
+    return 0
