@@ -1,4 +1,6 @@
-"""fsspec filesystems for cache URLs, with one clear error per thing that can be missing.
+"""fsspec filesystems for URLs, with one clear error per thing that can be missing, and the one retry and
+time-limit path of every network wait (caches at URLs, uploads, work directories, input files at URLs,
+`download`'s shards).
 
 - `filesystem(url, write=...)` -> (fs, root path without the scheme). fsspec and the scheme's backend
   are imported only here, only when a URL is used.
@@ -15,7 +17,9 @@
   A stall or no answer ends at once in one StorageError naming the address and the flag that raises the
   limit, never in a hang. An error that retrying cannot help (no credentials, access denied, a full local
   disk, a host name that does not resolve) is one StorageError naming the address at once. Without
-  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`; the inputs of `build`).
+  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`): for calls that move no bytes
+  (listing, opening, asking a file's size), where a whole-call limit is a stall limit. A file at an http(s)
+  URL read as a stream gets the same stall limit from its client (`_options`: no byte for the limit).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Where the download cache of remote caches lives, how large it may grow, how long a network wait may last.
+"""Where the download cache of remote caches lives, how large it may grow, how long a network wait may last
+(every one: caches and input files at URLs, uploads, `download`'s shards).
 
 | setting | environment | CLI flag (train) | Python | default |
 |---|---|---|---|---|
