@@ -3,6 +3,7 @@
 import http.server
 import threading
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,23 @@ def test_cli_download_exit_codes(server, tmp_path, capsys):
     assert "HTTP 404" in capsys.readouterr().err
     # --timeout is the earlier spelling of the one network time limit, --network-timeout
     assert main(args[:-2] + ["-n", "1", "--network-timeout", "5"]) == 0
+
+
+def test_hub_urls_are_fetched_through_huggingface_hub(tmp_path, monkeypatch):
+    from huggingface_hub import HfFileSystem
+
+    from niels_gpt.loading.download import BASE_URL
+
+    asked = []
+
+    def get_file(self, rpath, lpath, callback=None, **kwargs):  # the hub's answer, without the network
+        asked.append(rpath)
+        (tmp_path / "got").write_bytes(b"PAR1" + bytes(100) + b"PAR1")
+        Path(lpath).write_bytes((tmp_path / "got").read_bytes())
+        callback.relative_update(108)
+
+    monkeypatch.setattr(HfFileSystem, "get_file", get_file)
+    results = download_shards(BASE_URL, tmp_path / "local", [3], backoff_s=0.01, progress=False)
+    assert [(r.status, r.attempts) for r in results] == [("downloaded", 1)]
+    assert asked == ["datasets/karpathy/fineweb-edu-100b-shuffle@main/shard_00003.parquet"]
+    assert (tmp_path / "local" / "shard_00003.parquet").stat().st_size == 108
