@@ -159,3 +159,29 @@ def test_hub_urls_are_read_through_huggingface_hub_and_other_urls_as_they_are():
     assert hub_path("http://127.0.0.1:8000/data/shard_00000.parquet") is None
     assert hub_path("https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle") is None  # not a file
     assert hub_path("s3://bucket/resolve/main/x.parquet") is None
+
+
+def test_ctrl_c_ends_every_download_at_once_and_leaves_no_temporary(serve, tmp_path, sigint_delivered):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    make, _ = serve
+    server = make("stall")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    proc = subprocess.Popen([sys.executable, "-m", "niels_gpt", "--network-timeout", "60", "download", "--base-url",
+                             server.url, "--out-dir", str(out), "-n", "1"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while server.gets == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.gets == 1, proc.stderr.read() if proc.poll() is not None else "no request"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 10  # not the 60 s a stall would take
+    assert server.hung_up.wait(3)  # its connection was closed
+    assert not list(out.iterdir())
