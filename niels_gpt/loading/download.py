@@ -39,6 +39,7 @@ MAX_ATTEMPTS = 5
 BACKOFF_S = 2.0
 PARQUET_MAGIC = b"PAR1"
 HUB_HOSTS = ("huggingface.co", "hf.co")
+HUB_READ = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,19 @@ def hub_path(url: str) -> str | None:
     return f"hf://{'/'.join(repo)}@{rest[0]}" + "".join(f"/{w}" for w in rest[1:])
 
 
+def _source(url: str):
+    """(filesystem, path) of a shard's URL: a hub file as one streamed GET through huggingface_hub, read (and
+    its moving bytes counted, so a slow transfer is told from a stall) a MiB at a time; else its fsspec backend."""
+    hub = hub_path(url)
+    if hub is None:
+        return filesystem(url)
+    from huggingface_hub import HfFileSystem  # lazy: only for hub URLs
+
+    fs = HfFileSystem(block_size=0)  # streamed; fsspec keeps one instance per arguments: this one is download's
+    fs.blocksize = HUB_READ  # what get_file reads, and reports as moved, at a time
+    return fs, hub.removeprefix("hf://")
+
+
 def _check_parquet(path: Path) -> None:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -98,7 +112,7 @@ def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max
     def attempt() -> None:
         nonlocal attempts
         attempts += 1
-        fs, path = filesystem(hub_path(url) or url)
+        fs, path = _source(url)
         try:
             bounded_call(fs, "get_file", path, os.fspath(tmp), timeout_s=limit)
             _check_parquet(tmp)
@@ -135,7 +149,7 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out-dir {out}: a file, not a directory; choose a directory for the shards")
-    filesystem(hub_path(base_url) or base_url)  # an unknown scheme or a missing backend: one line, before any thread
+    _source(f"{base_url.rstrip('/')}/{filename.format(index=0)}")  # an unknown scheme, a missing backend: one line
     # NOTE: download only adds files: a shard already there (complete or a user's) is kept, never replaced
     out.mkdir(parents=True, exist_ok=True)
     indices = list(indices)

@@ -123,6 +123,8 @@ def test_hub_urls_are_fetched_through_huggingface_hub(tmp_path, monkeypatch):
 
     def get_file(self, rpath, lpath, callback=None, **kwargs):  # the hub's answer, without the network
         asked.append(rpath)
+        # one streamed GET, read and counted a MiB at a time: a slow transfer is told from a stall
+        assert (self.block_size, self.blocksize) == (0, 1 << 20)
         (tmp_path / "got").write_bytes(b"PAR1" + bytes(100) + b"PAR1")
         Path(lpath).write_bytes((tmp_path / "got").read_bytes())
         callback.relative_update(108)
