@@ -68,6 +68,7 @@ class Misbehaving:
 @pytest.fixture
 def serve(tmp_path, monkeypatch, download_cache, real_docs):
     monkeypatch.setattr(storage_fs, "BACKOFF_S", 0.01)
+    storage_fs.filesystem("http://127.0.0.1/")  # the http backend imported under the default limit, not 0.5 s
     configure(timeout_s=LIMIT_S)
     root = tmp_path / "served"
     write_parquet(root / SHARD, real_docs[:40], 8)
