@@ -1,29 +1,35 @@
 """Fetch numbered Parquet text shards from a base URL: parallel, retried, atomic, resumable.
 
 - shard i is `<base_url>/shard_{i:05d}.parquet` (nanochat's fineweb-edu-100b-shuffle layout);
-- N worker threads (downloads wait on the network, not the GIL), one shard each at a time;
-- each attempt streams to `<name>.tmp-<pid>` in 1 MiB blocks, checks the byte count against
-  Content-Length and the Parquet magic "PAR1" at both ends, then renames into place: a shard under
-  its final name is complete, so a re-run skips it;
-- failures (network errors, 5xx, 408/429, a truncated body) retry up to MAX_ATTEMPTS times with
-  backoff BACKOFF_S * 2**(attempt-1); other 4xx answers fail at once (retrying cannot help);
+- a Hugging Face Hub URL (`https://huggingface.co/datasets/OWNER/NAME/resolve/REVISION`, the default) is
+  read through `huggingface_hub` (its `hf://` filesystem: the hub's endpoint, token and revisions); any
+  other `http(s)://` base URL, or an `s3://`, `gs://`, `hf://` one, through its fsspec backend;
+- every transfer goes through the storage layer's one retry and time-limit path (`storage.fs`:
+  `with_retries(bounded_call(...))`): transient failures (connection errors, 5xx, 408/429, a body cut
+  short, bytes that are not a Parquet file) are retried up to `max_attempts` times, `backoff_s * 2**k`
+  seconds apart; a missing shard (404) or a refusal fails at once; a server that does not answer, or
+  a transfer without a byte for the network time limit (`--network-timeout`, 30 s), ends in one line
+  naming the address; a slow transfer that keeps moving is never cut;
+- N worker threads (downloads wait on the network, not the GIL), one shard each at a time; each attempt
+  writes `<name>.tmp-<pid>`, checks the Parquet magic "PAR1" at both ends and renames into place: a shard
+  under its final name is complete, so a re-run skips it;
 - a tqdm bar counts shards (silent when stderr is not a terminal);
-- Ctrl-C stops every transfer at once (their sockets are shut down, their temporaries removed), then the
-  interrupt goes on to the caller: no worker keeps the process alive until its socket times out.
+- Ctrl-C ends every transfer at once (their connections closed, their temporaries removed), then the
+  interrupt goes on to the caller.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from niels_gpt.atomic import tmp_name
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.storage.fs import allow_transfers, bounded_call, filesystem, stop_transfers, with_retries
+from niels_gpt.storage.settings import network_timeout_s
 from niels_gpt.urls import refuse_url
 
 BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
@@ -31,10 +37,9 @@ FILENAME = "shard_{index:05d}.parquet"
 NUM_WORKERS = 4
 MAX_ATTEMPTS = 5
 BACKOFF_S = 2.0
-TIMEOUT_S = 30.0
-BLOCK = 1 << 20
 PARQUET_MAGIC = b"PAR1"
-RETRY_STATUS = {408, 429}
+HUB_HOSTS = ("huggingface.co", "hf.co")
+HUB_READ = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -46,109 +51,93 @@ class ShardResult:
     error: str = ""
 
 
-class _Retryable(Exception):
-    pass
+class NotParquet(ConnectionError):
+    """What arrived is not a whole Parquet file (an error page, a body cut short): worth another try."""
 
 
-class _Stopped(Exception):
-    """The download was interrupted (Ctrl-C in the caller): the attempt ends without a retry."""
+def hub_path(url: str) -> str | None:
+    """The `hf://` path of a Hugging Face Hub file URL (`.../resolve/REVISION/PATH`), None for any other URL."""
+    from huggingface_hub import constants  # lazy: only to learn the hub's endpoint
+
+    parts = urlsplit(url)
+    hosts = {*HUB_HOSTS, urlsplit(constants.ENDPOINT).hostname}
+    words = parts.path.strip("/").split("/")
+    if parts.scheme not in ("http", "https") or parts.hostname not in hosts or "resolve" not in words:
+        return None
+    at = words.index("resolve")
+    repo, rest = words[:at], words[at + 1:]
+    if len(repo) not in (2, 3) or (len(repo) == 3 and repo[0] not in ("datasets", "spaces")) or not rest:
+        return None
+    return f"hf://{'/'.join(repo)}@{rest[0]}" + "".join(f"/{w}" for w in rest[1:])
 
 
-_stop = threading.Event()
-_open_sockets: set = set()
-_sockets_lock = threading.Lock()
+def _source(url: str):
+    """(filesystem, path) of a shard's URL: a hub file as one streamed GET through huggingface_hub, read (and
+    its moving bytes counted, so a slow transfer is told from a stall) a MiB at a time; else its fsspec backend."""
+    hub = hub_path(url)
+    if hub is None:
+        return filesystem(url)
+    from huggingface_hub import HfFileSystem  # lazy: only for hub URLs
+
+    fs = HfFileSystem(block_size=0)  # streamed; fsspec keeps one instance per arguments: this one is download's
+    fs.blocksize = HUB_READ  # what get_file reads, and reports as moved, at a time
+    return fs, hub.removeprefix("hf://")
 
 
-def _socket_of(resp):
-    # NOTE: http.client's response reads from a buffered socket.SocketIO; shutting the socket down is what
-    # wakes a read blocked on a stalled server (closing it from another thread does not)
-    return getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
-
-
-def _interrupt() -> None:
-    """End every transfer in progress now: the flag stops new attempts, the shutdown ends blocked reads."""
-    _stop.set()
-    with _sockets_lock:
-        for sock in list(_open_sockets):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-
-def _fetch_once(url: str, tmp: Path, timeout_s: float) -> None:
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp, open(tmp, "wb") as f:
-            sock = _socket_of(resp)
-            with _sockets_lock:
-                _open_sockets.add(sock)
-            try:
-                expected = resp.headers.get("Content-Length")
-                while not _stop.is_set() and (block := resp.read(BLOCK)):
-                    f.write(block)
-            finally:
-                with _sockets_lock:
-                    _open_sockets.discard(sock)
-            if _stop.is_set():
-                raise _Stopped
-            f.flush()
-            os.fsync(f.fileno())
-    except urllib.error.HTTPError as exc:
-        if exc.code >= 500 or exc.code in RETRY_STATUS:
-            raise _Retryable(f"HTTP {exc.code} {exc.reason}") from exc
-        raise  # 4xx: the shard is not there
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        if _stop.is_set():
-            raise _Stopped from exc
-        raise _Retryable(str(getattr(exc, "reason", exc))) from exc
-    size = tmp.stat().st_size
-    if expected is not None and size != int(expected):
-        raise _Retryable(f"got {size} bytes, Content-Length says {expected} (truncated transfer)")
-    with open(tmp, "rb") as f:
+def _check_parquet(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
         head = f.read(4)
         f.seek(max(size - 4, 0))
         tail = f.read(4)
     if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
-        raise _Retryable(f"{size} bytes that are not a Parquet file (no PAR1 magic at both ends)")
+        raise NotParquet(f"{size} bytes that are not a Parquet file (no PAR1 magic at both ends)")
 
 
 def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max_attempts: int = MAX_ATTEMPTS,
-                   backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S, filename: str = FILENAME) -> ShardResult:
-    """Download one shard unless it is already complete; never raises for a failed transfer."""
-    import urllib.error
+                   backoff_s: float = BACKOFF_S, timeout_s: float | None = None,
+                   filename: str = FILENAME) -> ShardResult:
+    """Download one shard unless it is already complete; never raises for a failed transfer.
 
+    timeout_s: the network time limit (None: `--network-timeout` / $NIELS_GPT_NETWORK_TIMEOUT_S, 30 s)."""
     name = filename.format(index=index)
     final = Path(out_dir) / name
     if final.is_file():
         return ShardResult(index, final, "skipped")
     tmp = tmp_name(final)  # <name>.tmp-<pid>: ours, never a user's file of the same name
     url = f"{base_url.rstrip('/')}/{name}"
-    error = ""
-    for attempt in range(1, max_attempts + 1):
+    limit = network_timeout_s() if timeout_s is None else timeout_s
+    attempts = 0
+
+    def attempt() -> None:
+        nonlocal attempts
+        attempts += 1
+        fs, path = _source(url)
         try:
-            if _stop.is_set():
-                raise _Stopped
-            _fetch_once(url, tmp, timeout_s)
-            os.replace(tmp, final)
-            return ShardResult(index, final, "downloaded", attempt)
-        except _Stopped:
+            bounded_call(fs, "get_file", path, os.fspath(tmp), timeout_s=limit)
+            _check_parquet(tmp)
+        except BaseException:
             tmp.unlink(missing_ok=True)
-            return ShardResult(index, final, "failed", attempt, f"{url}: interrupted")
-        except urllib.error.HTTPError as exc:
-            tmp.unlink(missing_ok=True)
-            return ShardResult(index, final, "failed", attempt, f"{url}: HTTP {exc.code} {exc.reason}")
-        except _Retryable as exc:
-            tmp.unlink(missing_ok=True)
-            error = f"{url}: {exc}"
-            if attempt < max_attempts and _stop.wait(backoff_s * 2 ** (attempt - 1)):
-                return ShardResult(index, final, "failed", attempt, f"{url}: interrupted")
-    return ShardResult(index, final, "failed", max_attempts, f"{error} (gave up after {max_attempts} attempts)")
+            raise
+
+    try:
+        with_retries(attempt, f"downloading {url}", retries=max_attempts, backoff_s=backoff_s, timeout_s=limit,
+                     bounded=True)
+        os.replace(tmp, final)
+        return ShardResult(index, final, "downloaded", attempts)
+    except FileNotFoundError:
+        return ShardResult(index, final, "failed", attempts, f"{url}: HTTP 404, no such shard at this address; "
+                                                             "check --base-url, --first and -n")
+    except StorageError as exc:
+        return ShardResult(index, final, "failed", attempts, str(exc))
+    except KeyboardInterrupt:  # stop_transfers(): Ctrl-C in the caller
+        return ShardResult(index, final, "failed", attempts, f"{url}: interrupted")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_workers: int = NUM_WORKERS,
-                    max_attempts: int = MAX_ATTEMPTS, backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S,
+                    max_attempts: int = MAX_ATTEMPTS, backoff_s: float = BACKOFF_S, timeout_s: float | None = None,
                     filename: str = FILENAME, progress: bool | None = None) -> list[ShardResult]:
     """Download shards `indices` into out_dir with `num_workers` threads; results in index order.
 
@@ -160,11 +149,12 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out-dir {out}: a file, not a directory; choose a directory for the shards")
+    _source(f"{base_url.rstrip('/')}/{filename.format(index=0)}")  # an unknown scheme, a missing backend: one line
     # NOTE: download only adds files: a shard already there (complete or a user's) is kept, never replaced
     out.mkdir(parents=True, exist_ok=True)
     indices = list(indices)
     results = {}
-    _stop.clear()
+    allow_transfers()
     with ThreadPoolExecutor(max_workers=max(1, num_workers)) as pool, \
             tqdm(total=len(indices), unit="shard", desc="download", disable=None if progress is None else not progress) as bar:
         futures = [pool.submit(download_shard, base_url, out, i, max_attempts=max_attempts, backoff_s=backoff_s,
@@ -174,8 +164,8 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
                 r = fut.result()
                 results[r.index] = r
                 bar.update(1)
-        except BaseException:  # Ctrl-C: stop the transfers now, not when their sockets time out
-            _interrupt()
+        except BaseException:  # Ctrl-C: the transfers end now, their connections closed, not when they stall out
+            stop_transfers()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     return [results[i] for i in indices]

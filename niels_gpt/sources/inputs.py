@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from niels_gpt.errors import SourceError
 from niels_gpt.sources.base import files_under
 from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
+from niels_gpt.storage.settings import network_timeout_s
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.urls import is_url
 
@@ -130,11 +131,12 @@ def _sized(info: dict) -> int | None:
     return size if isinstance(size, int) and size >= 0 else None
 
 
-def ask(fn, url: str, what: str, started: float | None = None):
+def ask(fn, url: str, what: str, started: float | None = None, *, bounded: bool = False):
     """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError.
-    `started`: when the wait began (before the filesystem was made), so the two share one time limit."""
+    `started`: when the wait began (before the filesystem was made), so the two share one time limit;
+    `bounded`: fn is a `bounded_call` (a transfer: limited by its stalls, never by its length)."""
     try:
-        return with_retries(fn, f"{what} {url}", started=started)
+        return with_retries(fn, f"{what} {url}", started=started, bounded=bounded)
     except FileNotFoundError:
         unreachable = _unreachable(url)
         if unreachable:
@@ -158,7 +160,7 @@ def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
     if not host:
         return None
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        with socket.create_connection((host, port), timeout=min(timeout_s, network_timeout_s())):
             return None
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from niels_gpt.errors import SourceError
+from niels_gpt.errors import NielsGPTError, SourceError, StorageError
 from niels_gpt.sources.base import (
     decode_utf8,
     invalid_utf8_error,
@@ -55,8 +55,9 @@ from niels_gpt.sources.inputs import (
 )
 from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
 from niels_gpt.sources.records_base import BadRecord, FileText  # noqa: F401  (the record kinds, named here too)
-from niels_gpt.storage.fs import filesystem, scheme_of
+from niels_gpt.storage.fs import bounded_call, described, filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
+from niels_gpt.storage.settings import network_timeout_s
 
 READ_BLOCK = 1 << 20
 
@@ -239,7 +240,34 @@ def _open_binary(piece: Piece):
     fs, path = filesystem(piece.item)
     streamed = {"block_size": 0} if scheme_of(piece.item) in UNLISTABLE else {}  # http: one GET, no ranges
     raw = ask(lambda: fs.open(path, "rb", **streamed), piece.item, "opening")
-    return io.BufferedReader(raw, buffer_size=READ_BLOCK)  # fsspec's readline seeks: lines come from here
+    return io.BufferedReader(_Guarded(raw, piece.item), buffer_size=READ_BLOCK)  # fsspec's readline seeks
+
+
+class _Guarded(io.RawIOBase):
+    """A stream of a file at a URL whose failed read is one StorageError naming the URL. A read that waits
+    without a byte for the network time limit fails (the backends' own read limit, storage.fs._options)."""
+
+    def __init__(self, raw, url: str):
+        self.raw, self.url = raw, url
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        try:
+            data = self.raw.read(len(buf))
+        except NielsGPTError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a stall, a reset, a body cut short: the user's one line
+            raise StorageError(f"reading {self.url}: {described(exc)}; check the server and the network, or raise "
+                               f"the limit with --network-timeout SECONDS (now {network_timeout_s():g} s)") from exc
+        buf[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.raw.close()
+        super().close()
 
 
 def _remote(piece: Piece) -> bool:
@@ -258,7 +286,7 @@ def _local_copy(piece: Piece) -> Iterator[Path]:
            / f"{hashlib.sha256(piece.item.encode()).hexdigest()[:16]}-{name}.tmp-{os.getpid()}")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
-        ask(lambda: fs.get_file(path, os.fspath(tmp)), piece.item, "downloading")
+        ask(lambda: bounded_call(fs, "get_file", path, os.fspath(tmp)), piece.item, "downloading", bounded=True)
         yield tmp
     finally:
         with contextlib.suppress(FileNotFoundError):

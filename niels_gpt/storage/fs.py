@@ -1,4 +1,6 @@
-"""fsspec filesystems for cache URLs, with one clear error per thing that can be missing.
+"""fsspec filesystems for URLs, with one clear error per thing that can be missing, and the one retry and
+time-limit path of every network wait (caches at URLs, uploads, work directories, input files at URLs,
+`download`'s shards).
 
 - `filesystem(url, write=...)` -> (fs, root path without the scheme). fsspec and the scheme's backend
   are imported only here, only when a URL is used.
@@ -15,7 +17,9 @@
   A stall or no answer ends at once in one StorageError naming the address and the flag that raises the
   limit, never in a hang. An error that retrying cannot help (no credentials, access denied, a full local
   disk, a host name that does not resolve) is one StorageError naming the address at once. Without
-  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`; the inputs of `build`).
+  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`): for calls that move no bytes
+  (listing, opening, asking a file's size), where a whole-call limit is a stall limit. A file at an http(s)
+  URL read as a stream gets the same stall limit from its client (`_options`: no byte for the limit).
 """
 
 from __future__ import annotations
@@ -80,12 +84,15 @@ def filesystem(url: str, *, write: bool = False):
 
 def _options(scheme: str) -> dict:
     """Backend options: aiohttp's own five-minute cap on a whole HTTP request would cut a slow transfer that
-    is still moving; `bounded_call` limits connecting and stalls instead."""
+    is still moving; the limits are on connecting and on a stall instead (`sock_read`: no byte for the
+    network time limit, which is what ends a stalled read of a file opened as a stream; `bounded_call`
+    watches the other calls itself)."""
     if scheme not in ("http", "https"):
         return {}
     import aiohttp  # lazy: only for http(s) URLs
 
-    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=network_timeout_s())}}
+    limit = network_timeout_s()
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=limit, sock_read=limit)}}
 
 
 def join(root: str, rel: str) -> str:
@@ -120,6 +127,18 @@ def _transient(exc: BaseException) -> bool:
         return True
     name = type(exc).__name__
     return any(k in name for k in ("Timeout", "Connection", "Throttl", "ClientPayload", "ServerDisconnected"))
+
+
+def described(exc: BaseException) -> str:
+    """An error as a user reads it: `HTTP 503 Service Unavailable` for a server's answer, else `Type: text`."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and not isinstance(status, bool) and status >= 400:
+        return f"HTTP {status} {getattr(exc, 'message', '') or ''}".rstrip()
+    if isinstance(exc, TimeoutError):  # bounded_call's own says how long and after how many bytes
+        text = str(exc)
+        return text if text.startswith(("no answer", "no byte")) else \
+            "no answer, or no byte of the transfer, within the time limit (the transfer stalled)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def with_deadline(fn, timeout_s: float, expired=None):
@@ -272,7 +291,7 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
             if fut.done():
                 return fut.result()
             if _stopping.is_set():
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt from None
             now = time.monotonic()
             if moved.bytes != seen:
                 seen, moved_at = moved.bytes, now
@@ -317,16 +336,17 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
                 raise StorageError(f"{what}: the host's name does not resolve ({type(exc).__name__}: {exc}); no "
                                    "network, or a wrong endpoint: check both, then rerun") from exc
             if not _transient(exc):  # no credentials, access denied, a full local disk: retrying cannot help
-                raise StorageError(f"{what}: {type(exc).__name__}: {exc}; check the credentials, the endpoint "
+                raise StorageError(f"{what}: {described(exc)}; check the credentials, the endpoint "
                                    "and the local disk, then rerun") from exc
             waited = time.monotonic() - t0
             if bounded and isinstance(exc, TimeoutError):
-                raise StorageError(f"{what}: {exc}; check the endpoint and the network, or {raise_limit}") from exc
+                raise StorageError(f"{what}: {described(exc)}; check the endpoint and the network, or {raise_limit}") from exc
             if attempt == retries or (not bounded and waited + backoff_s * 2 ** (attempt - 1) >= limit):
                 raise StorageError(f"{what}: failed {attempt} time{'s' if attempt > 1 else ''} in {waited:.3g} s, last with "
-                                   f"{type(exc).__name__}: {exc}; check the endpoint and the network, or "
+                                   f"{described(exc)}; check the endpoint and the network, or "
                                    f"{raise_limit}") from exc
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+            if _stopping.wait(backoff_s * 2 ** (attempt - 1)):  # Ctrl-C ends the backoff too
+                raise KeyboardInterrupt from None
     raise AssertionError("unreachable")
 
 

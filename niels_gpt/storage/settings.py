@@ -1,10 +1,11 @@
-"""Where the download cache of remote caches lives, how large it may grow, how long a network wait may last.
+"""Where the download cache of remote caches lives, how large it may grow, how long a network wait may last
+(every one: caches and input files at URLs, uploads, `download`'s shards).
 
 | setting | environment | CLI flag (train) | Python | default |
 |---|---|---|---|---|
 | download cache directory | `NIELS_GPT_CACHE` | `--local-cache DIR` | `configure(cache_dir=...)` | `~/.cache/niels_gpt` |
 | its size bound | `NIELS_GPT_CACHE_MAX_BYTES` | `--cache-limit 20GB` | `configure(max_bytes=...)` | 50 GiB |
-| time limit of a network wait (to connect; without a byte) | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` | `configure(timeout_s=...)` | 30 s |
+| time limit of a network wait (to connect; without a byte) | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` (every command) | `configure(timeout_s=...)` | 30 s |
 
 A value set through `configure` (what the flags call) wins over the environment, which wins over the
 default. Sizes are bytes or a size such as `20GB` / `512MiB` (`niels_gpt.args.int_arg`, one rule for

@@ -88,7 +88,7 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
         remote = join(root, rel)
         parent = remote.rsplit("/", 1)[0]
         with contextlib.suppress(Exception):  # object stores have no directories; local ones need them
-            fs.makedirs(parent, exist_ok=True)
+            bounded_call(fs, "makedirs", parent, exist_ok=True)
         with_retries(lambda rel=rel, remote=remote: bounded_call(fs, "put_file", os.fspath(local_dir / rel), remote),
                      f"uploading {local_dir / rel} to {url}/{rel}", bounded=True)
         written.append(remote)
@@ -167,8 +167,7 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
             if not with_retries(lambda remote=remote: bounded_call(fs, "exists", join(remote, MARKERS[0])),
                                 f"{url}/{sub}", bounded=True):
                 continue
-            with_retries(lambda remote=remote, sub=sub: fs.get(remote + "/", os.fspath(stage / sub) + "/",
-                                                              recursive=True), f"downloading {url}/{sub}")
+            _download_tree(fs, remote, stage / sub, f"{url}/{sub}")
             for rel in _files(stage):
                 if rel.startswith(sub + "/"):
                     st = (stage / rel).stat()
@@ -187,6 +186,17 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
                              f"removing {url}/{rel}", bounded=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _download_tree(fs, remote: str, local: Path, url: str) -> None:
+    """The files under `remote` into `local`, each one transfer limited by its stalls, never by its length."""
+    found = with_retries(lambda: bounded_call(fs, "find", remote), f"listing {url}", bounded=True)
+    for path in found:
+        rel = path[len(remote):].lstrip("/") if path.startswith(remote) else path.rsplit("/", 1)[-1]
+        dest = local / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with_retries(lambda path=path, dest=dest: bounded_call(fs, "get_file", path, os.fspath(dest)),
+                     f"downloading {url}/{rel}", bounded=True)
 
 
 def sweep_dead(root: Path, prefix: str) -> None:

@@ -5,7 +5,7 @@
 | a pretraining cache (meta.json kind pretrain) | `indexed`  | IndexedWindowDataset + GlobalBatchSampler + ResumableDataLoader |
 |   same, with `sampling="random"`              | `windows`  | PretrainTokenStreamDataset + RankBatchStream        |
 |   same, with `sampling="shards"`              | `shards`   | IndexedWindowDataset + ShardWindowSampler + ResumableDataLoader |
-| a mixture file (.toml / .json)                | `mixture`  | MixtureConfig.build + DataLoader (state per delivered batch) |
+| a mixture file (.toml / .json)                | `mixture`  | MixtureConfig.build + ResumableDataLoader |
 | Parquet text shards (a `text` column)         | `parquet`  | ParquetTokenLoader (last shard is val)              |
 | an SFT cache (meta.json kind sft)             | `sft`      | SFTExampleDataset + RankBatchStream (labels = y_masked) |
 | packed SFT bins (manifest.json / packed Parquet) | `packed` | open_packed + GlobalBatchSampler + ResumableDataLoader(collate_packed) |
@@ -25,7 +25,6 @@ read from the mirrored meta.json, its shards fetched ahead of the batches that n
 from __future__ import annotations
 
 import functools
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -107,57 +106,8 @@ def to_model_batch(raw, device: torch.device) -> dict[str, torch.Tensor]:
     return out
 
 
-class TrackedLoader:
-    """A DataLoader over a stateful batch sampler; state = the sampler's state after each delivered batch.
-
-    The sampler runs in the main process even when workers fetch, and batches are delivered in
-    sampler order, so the k-th delivered batch is the k-th index list; the sampler state recorded
-    right after yielding it is the exact resume point, however far the workers prefetch.
-    """
-
-    def __init__(self, dataset, sampler, **loader_kwargs):
-        self.sampler = sampler
-        self._states: deque[dict] = deque()
-        self._state = sampler.state_dict()
-        self.loader = torch.utils.data.DataLoader(dataset, batch_sampler=self._recording(), **loader_kwargs)
-        self._it = None
-
-    def _recording(self):
-        outer = self
-
-        class _Recorder:
-            def __iter__(self):
-                for indices in outer.sampler:
-                    outer._states.append(outer.sampler.state_dict())
-                    yield indices
-
-            def __len__(self):  # infinite sampler; DataLoader only asks for len() when it is used
-                raise TypeError("infinite")
-
-        return _Recorder()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._it is None:
-            self._it = iter(self.loader)
-        batch = next(self._it)
-        self._state = self._states.popleft()
-        return batch
-
-    def state_dict(self) -> dict:
-        return self._state
-
-    def load_state_dict(self, state: dict, **order) -> None:
-        self.sampler.load_state_dict(state, **order)
-        self._state = self.sampler.state_dict()
-        self._states.clear()
-        self._it = None
-
-
 class EpochLoop:
-    """A ResumableDataLoader iterated forever, epoch after epoch."""
+    """A ResumableDataLoader iterated forever, epoch after epoch (a mixture's sampler has no end: one epoch)."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -181,6 +131,11 @@ class EpochLoop:
     def load_state_dict(self, state: dict, **order) -> None:
         self._it = None
         self.loader.load_state_dict(state, **order)
+
+    def close(self) -> None:
+        """End the iteration in progress (its workers, its assembling thread); the state stays the delivered one."""
+        self._it = None
+        self.loader.close()
 
 
 class TrainData:
@@ -272,9 +227,7 @@ class TrainData:
                               "mix caches built with one tokenizer")
         self.vocab_size = self.vocab_size or vocab.pop()
         self.origins = [Path(d) for d in cfg.datasets.values()]
-        # TODO(mixture-resume): ResumableDataLoader takes only a GlobalBatchSampler today; TrackedLoader
-        # records the mixture sampler's state per delivered batch instead.
-        self.source = TrackedLoader(mix, sampler, **self._loader_kwargs())
+        self.source = EpochLoop(ResumableDataLoader(mix, sampler, **self._loader_kwargs()))
         self._val = self._windows_val([Path(d) for d in cfg.datasets.values()])
 
     def _open_parquet(self):
@@ -347,7 +300,7 @@ class TrainData:
             target.end_after(batches)
 
     def close(self) -> None:
-        """Stop a loader's background work (the Parquet loader's prefetching)."""
+        """Stop a loader's background work (the Parquet loader's prefetching, a DataLoader's workers or thread)."""
         getattr(self.source, "close", lambda: None)()
 
     def load_state_dict(self, state: dict, allow_new_order: bool = False) -> None:

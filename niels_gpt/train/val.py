@@ -67,7 +67,10 @@ def val_batches(what: str, arg, *, T: int, B: int, rank: int, world_size: int, s
     if what == "parquet_val":
         loader = ParquetTokenLoader(split_files(arg, "val"), tokenizer, B, T, packing="contiguous", rank=0,
                                     world_size=1)
-        batches = [next(loader) for _ in range(steps)]
+        try:
+            batches = [next(loader) for _ in range(steps)]
+        finally:  # its producer thread and open files end here, not when the loader is collected
+            loader.close()
         return [batches[i] for i in mine]
     if what == "packed_val":
         ds = open_packed(arg)

@@ -3,6 +3,7 @@
 import http.server
 import threading
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,8 @@ def test_gives_up_after_max_attempts_and_keeps_nothing(server, tmp_path):
     url, _ = server
     Handler.faults = {"shard_00000.parquet": ["503"] * 3}
     [r] = download_shards(url, tmp_path / "local", [0], max_attempts=3, backoff_s=0.01, timeout_s=5)
-    assert r.status == "failed" and r.attempts == 3 and "HTTP 503" in r.error and "gave up after 3" in r.error
+    assert r.status == "failed" and r.attempts == 3 and "HTTP 503" in r.error and "failed 3 times" in r.error
+    assert f"{url}/shard_00000.parquet" in r.error
     assert not list((tmp_path / "local").iterdir())
 
 
@@ -108,3 +110,27 @@ def test_cli_download_exit_codes(server, tmp_path, capsys):
     assert "2 downloaded, 0 already complete, 0 failed" in capsys.readouterr().err
     assert main(args + ["-n", "1", "--first", "7", "--max-attempts", "1"]) == 1
     assert "HTTP 404" in capsys.readouterr().err
+    # --timeout is the earlier spelling of the one network time limit, --network-timeout
+    assert main(args[:-2] + ["-n", "1", "--network-timeout", "5"]) == 0
+
+
+def test_hub_urls_are_fetched_through_huggingface_hub(tmp_path, monkeypatch):
+    from huggingface_hub import HfFileSystem
+
+    from niels_gpt.loading.download import BASE_URL
+
+    asked = []
+
+    def get_file(self, rpath, lpath, callback=None, **kwargs):  # the hub's answer, without the network
+        asked.append(rpath)
+        # one streamed GET, read and counted a MiB at a time: a slow transfer is told from a stall
+        assert (self.block_size, self.blocksize) == (0, 1 << 20)
+        (tmp_path / "got").write_bytes(b"PAR1" + bytes(100) + b"PAR1")
+        Path(lpath).write_bytes((tmp_path / "got").read_bytes())
+        callback.relative_update(108)
+
+    monkeypatch.setattr(HfFileSystem, "get_file", get_file)
+    results = download_shards(BASE_URL, tmp_path / "local", [3], backoff_s=0.01, progress=False)
+    assert [(r.status, r.attempts) for r in results] == [("downloaded", 1)]
+    assert asked == ["datasets/karpathy/fineweb-edu-100b-shuffle@main/shard_00003.parquet"]
+    assert (tmp_path / "local" / "shard_00003.parquet").stat().st_size == 108

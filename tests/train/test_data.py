@@ -132,3 +132,35 @@ def test_the_loader_hears_where_the_run_ends(pretrain_cache):
     next(windows)
     windows.end_after(7)
     assert windows.source.plan_end == 1 + 7
+
+
+def test_a_mixture_resumes_at_the_batch_delivered_whatever_was_made_ahead(mixture_file):
+    import threading
+
+    straight = TrainData(mixture_file, T=16, batch_size=4, seed=0, device="cpu")
+    want = [next(straight)["input_ids"] for _ in range(5)]
+    straight.close()
+    run = TrainData(mixture_file, T=16, batch_size=4, seed=0, device="cpu")
+    for _ in range(2):
+        next(run)  # the loader assembles batches ahead on a thread; its state is the second batch's
+    state = json.loads(json.dumps(run.state_dict()))
+    run.close()
+    assert not [t for t in threading.enumerate() if t.name == "batch-prefetch"]
+    resumed = TrainData(mixture_file, T=16, batch_size=4, seed=0, device="cpu")
+    resumed.load_state_dict(state)
+    assert all(torch.equal(next(resumed)["input_ids"], w) for w in want[2:])
+    resumed.close()
+
+
+def test_parquet_val_batches_leave_no_producer_running(tmp_path, tokenizer, real_docs):
+    import threading
+
+    for i in range(2):
+        write_parquet(tmp_path / "text" / f"shard_{i:05d}.parquet", real_docs[i * 10:(i + 1) * 10], row_group_size=4)
+    data = TrainData(tmp_path / "text", T=16, batch_size=2, seed=0, device="cpu", tokenizer=tokenizer, prefetch=0)
+    before = {t for t in threading.enumerate() if t.name == "batch-prefetch"}
+    batches = data.val_batches(2)
+    assert len(batches) == 2 and batches[0][0].shape == (2, 16)
+    assert {t for t in threading.enumerate() if t.name == "batch-prefetch"} <= before  # the val loader's has ended
+    assert data.val_batches(2)[1][0].equal(batches[1][0])  # the same rows every call
+    data.close()
