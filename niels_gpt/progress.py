@@ -124,15 +124,35 @@ class Lines:
             self._say()
 
 
+class Off(Lines):
+    """A bar that is off: it counts and says nothing (and costs no tqdm import: ~15-30 ms of start-up)."""
+
+    disable = True  # as tqdm's disabled bar says
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def refresh(self) -> None:
+        pass
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
+
+
 def progress_bar(iterable=None, *, progress: bool | None, **kw):
-    """A tqdm bar on a terminal (or when asked for), Lines in a log, a disabled bar when off."""
+    """A tqdm bar on a terminal (or when asked for), Lines in a log, a silent Off when off."""
     how = mode(progress)
     if how == "lines":
         return Lines(iterable, **kw)
+    if how == "off":
+        return Off(iterable, **kw)
     from tqdm.auto import tqdm
 
     kw.pop("rate", None)
-    return tqdm(iterable, disable=how == "off", file=sys.stderr, **kw)
+    return tqdm(iterable, file=sys.stderr, **kw)
 
 
 def text_input_bytes(files: Sequence[str | os.PathLike]) -> int | None:
