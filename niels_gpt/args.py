@@ -61,19 +61,6 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-class VersionAction(argparse.Action):
-    """--version, with the version looked up only when asked for (importlib.metadata costs ~30 ms of every
-    command's start-up)."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
-                 help="show program's version number and exit"):
-        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser._print_message(f"{parser.prog} {package_version()}\n", sys.stdout)
-        parser.exit()
-
-
 class HelpFormatter(argparse.HelpFormatter):
     """Every option's help ends with its default, except on/off flags and options without one."""
 

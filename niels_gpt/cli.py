@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from niels_gpt import sources
-from niels_gpt.args import HelpFormatter, VersionAction, exit_with, hidden_alias, program_name
+from niels_gpt.args import HelpFormatter, exit_with, hidden_alias, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders import cli as build_cli
@@ -320,7 +320,7 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="Token caches and data loading for training language models. "
                                                  f"Commands: {commands}. `COMMAND --help` for each one's flags.")
-    parser.add_argument("--version", action=VersionAction)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
                         help="how long a store or server may take to answer, or leave a transfer without a byte "
                              "(a transfer that keeps moving is never cut); before or after the command "
