@@ -177,10 +177,13 @@ class BuildProgress:
                                 unit_scale=True, desc=desc, progress=progress)
 
     def documents(self, texts: Iterable[str]) -> Iterator[str]:
-        """Pass `texts` through, counting their bytes when the bar runs on bytes."""
+        """`texts`, their bytes counted when the bar runs on bytes (else passed on as they are: no layer per
+        document)."""
         if not self.by_bytes:
-            yield from texts
-            return
+            return iter(texts)
+        return self._counted(texts)
+
+    def _counted(self, texts: Iterable[str]) -> Iterator[str]:
         for t in texts:
             if isinstance(t, str):  # a Skipped record of the stream has no text
                 self.bar.update(len(t.encode("utf-8", "surrogatepass")))
