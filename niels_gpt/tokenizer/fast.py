@@ -82,9 +82,9 @@ def _version() -> str:
     installed distribution: ~30 ms of a build's start-up)."""
     import gigatoken
 
-    site = os.path.dirname(os.path.dirname(os.path.abspath(gigatoken.__file__)))
+    where = getattr(gigatoken, "__file__", None)
     try:
-        names = os.listdir(site)
+        names = os.listdir(os.path.dirname(os.path.dirname(os.path.abspath(where)))) if where else []
     except OSError:
         names = []
     for name in names:
