@@ -12,9 +12,10 @@ are the training text, the next --heldout-docs documents the held-out text.
    - bare: rustbpe 0.1 (nanochat's trainer, GPT-4 split), sentencepiece BPE and unigram with the library's
      settings (sentencepiece's own trainer, in this process), HF tokenizers' BpeTrainer (GPT-2 byte level);
    and each one's time as a multiple of bare rustbpe's.
-2. Encoding the whole corpus (bench/bench_fast_encoder.py): tokens/s of bare gigatoken on one thread, of each
-   tokenizer's own library (tiktoken, HF tokenizers, sentencepiece; one thread and --workers), and of `build`
-   (--executor inline and processes, a .tiktoken tokenizer), against bare gigatoken;
+2. Encoding the whole corpus (bench/bench_fast_encoder.py): tokens/s of bare gigatoken on one thread (warm:
+   the best of two passes of one encoder; once: a fresh encoder, as a build encodes), of each tokenizer's own
+   library (tiktoken, HF tokenizers, sentencepiece; one thread and --workers), and of `build` (--executor
+   inline and processes, a .tiktoken tokenizer), against bare gigatoken, in wall time and per CPU-second;
 3. start-up: `build`'s whole process against its own wall time from its first task (both from 2.).
 """
 

@@ -8,10 +8,14 @@ tokenizers trained here on its first --train-chars (no network needed):
 Figures, tokens/s, best of --repeat:
 1. each backend's own library (the reference encoder: tiktoken's uint32 buffers on one thread and on
    --workers threads, `tokenizers` encode_batch on its pool, sentencepiece on --workers threads) and
-   gigatoken over the same documents, one thread (`encode` per document, as the builder calls it);
+   gigatoken over the same documents, one thread (`encode` per document, as the builder calls it): warm,
+   the best of --repeat passes of one encoder (from the second pass its pretoken cache holds the text's
+   words), and once, a fresh encoder per pass (what a build does: it encodes each document once);
 2. `python -m niels_gpt build` of a JSON Lines folder holding the same documents, tiktoken tokenizer,
    --executor inline and processes: cache tokens / wall time of the whole process, and the ratio to bare
-   gigatoken on one thread; whether the build imported torch;
+   gigatoken on one thread, warm and once; its CPU time (workers included) and tokens per CPU-second against
+   bare gigatoken's once (on a shared machine the CPU figures move less than the wall times); whether the
+   build imported torch;
 3. start-up: the wall time of `python -m niels_gpt build --help` (imports and the parser).
 """
 
@@ -22,6 +26,7 @@ import base64
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -113,20 +118,22 @@ def _env() -> dict:
     return {**env, "PYTHONPATH": str(ROOT)}
 
 
-def build(tiktoken_file: Path, folder: Path, out: Path, executor: str, workers: int) -> tuple[float, int, bool, float]:
+def build(tiktoken_file: Path, folder: Path, out: Path, executor: str,
+          workers: int) -> tuple[float, int, bool, float, float]:
     code = ("import sys, time\nt0 = time.perf_counter()\nfrom niels_gpt.cli import main\n"
             f"rc = main(['build', '--out', {str(out)!r}, '--tokenizer', {str(tiktoken_file)!r}, '--executor', "
             f"{executor!r}, '--workers', '{workers}', '--no-progress', {str(folder)!r}])\n"
             "print('TORCH', 'torch' in sys.modules)\nsys.exit(rc)\n")
-    t0 = time.perf_counter()
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
-    wall = time.perf_counter() - t0
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime  # the process and its workers
     if proc.returncode:
         raise SystemExit(proc.stderr)
     meta = json.loads((out / "meta.json").read_text())
     tokens = meta["totals"]["train_tokens"] + meta["totals"]["val_tokens"]
     work = float(re.search(r"([0-9.]+) s wall", proc.stdout).group(1))  # the build's own figure: after start-up
-    return wall, tokens, "TORCH True" in proc.stdout, work
+    return wall, tokens, "TORCH True" in proc.stdout, work, cpu
 
 
 def main() -> None:
@@ -151,7 +158,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fast-") as tmp:
         tmp = Path(tmp)
         paths = train(docs, args.train_chars, args.vocab, tmp)
-        bare_fast = {}
+        bare_fast, bare_once, bare_cpu = {}, {}, {}
         for kind, path in paths.items():
             tok = load_tokenizer(path)
             fast = fast_encoder(tok)
@@ -161,7 +168,18 @@ def main() -> None:
             dt, n = best(lambda f=fast: sum(len(a) for b in batches(docs, 4096) for a in f.encode_arrays(b)),
                          args.repeat)
             bare_fast[kind] = n / dt
-            print(f"{kind:14s} gigatoken ({fast.name}), one thread: {n / dt / 1e6:7.2f} Mtok/s ({n:,} tokens)")
+            print(f"{kind:14s} gigatoken ({fast.name}), one thread, warm: {n / dt / 1e6:7.2f} Mtok/s ({n:,} tokens)")
+            once, cpus = [], []
+            for _ in range(args.repeat):  # a fresh encoder each time: every word met for the first time
+                f = fast_encoder(load_tokenizer(path))
+                c0 = time.process_time()
+                once.append(best(lambda f=f: sum(len(a) for b in batches(docs, 4096) for a in f.encode_arrays(b)), 1))
+                cpus.append(time.process_time() - c0)
+            dt, n = min(once)
+            bare_once[kind] = n / dt
+            bare_cpu[kind] = n / min(cpus)
+            print(f"{kind:14s} gigatoken ({fast.name}), one thread, once: {n / dt / 1e6:7.2f} Mtok/s, "
+                  f"{n / min(cpus) / 1e6:7.2f} Mtok per CPU-second")
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
             for w in sorted({1, args.workers}):
                 dt, n = best(lambda t=tok, w=w: reference(t, docs[:args.reference_docs], w), args.repeat)
@@ -175,13 +193,17 @@ def main() -> None:
             runs = []
             for i in range(args.repeat):
                 runs.append(build(paths["tiktoken"], folder, tmp / f"c-{executor}-{i}", executor, args.workers))
-            wall, tokens, torch, work = min(runs)
+            wall, tokens, torch, work, _ = min(runs)
+            cpu = min(r[4] for r in runs)
             for what, dt in (("whole process", wall), ("its own wall time", work)):
                 rate = tokens / dt
                 print(f"build --executor {executor:9s} (tiktoken, {what}): {rate / 1e6:7.2f} Mtok/s, {dt:.2f} s, "
-                      f"{rate / bare_fast['tiktoken']:.2f}x bare gigatoken")
+                      f"{rate / bare_fast['tiktoken']:.2f}x bare gigatoken warm, "
+                      f"{rate / bare_once['tiktoken']:.2f}x once")
             print(f"build --executor {executor:9s}: torch imported: {torch}; start-up before its first task "
-                  f"{wall - work:.2f} s")
+                  f"{wall - work:.2f} s; {cpu:.2f} s of CPU for the whole process (workers included): "
+                  f"{tokens / cpu / 1e6:.2f} Mtok per CPU-second, {tokens / cpu / bare_cpu['tiktoken']:.2f}x bare "
+                  "gigatoken's once")
         helps = []
         for _ in range(3):
             t0 = time.perf_counter()

@@ -124,15 +124,35 @@ class Lines:
             self._say()
 
 
+class Off(Lines):
+    """A bar that is off: it counts and says nothing (and costs no tqdm import: ~15-30 ms of start-up)."""
+
+    disable = True  # as tqdm's disabled bar says
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def refresh(self) -> None:
+        pass
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
+
+
 def progress_bar(iterable=None, *, progress: bool | None, **kw):
-    """A tqdm bar on a terminal (or when asked for), Lines in a log, a disabled bar when off."""
+    """A tqdm bar on a terminal (or when asked for), Lines in a log, a silent Off when off."""
     how = mode(progress)
     if how == "lines":
         return Lines(iterable, **kw)
+    if how == "off":
+        return Off(iterable, **kw)
     from tqdm.auto import tqdm
 
     kw.pop("rate", None)
-    return tqdm(iterable, disable=how == "off", file=sys.stderr, **kw)
+    return tqdm(iterable, file=sys.stderr, **kw)
 
 
 def text_input_bytes(files: Sequence[str | os.PathLike]) -> int | None:
@@ -157,10 +177,13 @@ class BuildProgress:
                                 unit_scale=True, desc=desc, progress=progress)
 
     def documents(self, texts: Iterable[str]) -> Iterator[str]:
-        """Pass `texts` through, counting their bytes when the bar runs on bytes."""
+        """`texts`, their bytes counted when the bar runs on bytes (else passed on as they are: no layer per
+        document)."""
         if not self.by_bytes:
-            yield from texts
-            return
+            return iter(texts)
+        return self._counted(texts)
+
+    def _counted(self, texts: Iterable[str]) -> Iterator[str]:
         for t in texts:
             if isinstance(t, str):  # a Skipped record of the stream has no text
                 self.bar.update(len(t.encode("utf-8", "surrogatepass")))

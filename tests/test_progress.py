@@ -154,3 +154,14 @@ def test_build_and_train_tokenizer_print_progress_lines_into_a_log(tmp_path, mon
     captured = capsys.readouterr()
     assert "pretrain c: " in captured.err and "B/s" in captured.err and "ETA" in captured.err
     assert "executor inline: 1 task(s), 1 ran, 0 reused" in captured.out  # not "0 ran" for the task it ran
+
+
+def test_a_bar_that_is_off_passes_items_through_and_imports_no_tqdm():
+
+    code = ("import sys\nfrom niels_gpt.progress import BuildProgress, progress_bar\n"
+            "bar = progress_bar(range(3), progress=False, desc='x')\nassert list(bar) == [0, 1, 2] and bar.disable\n"
+            "bar.update(5); bar.set_postfix_str('y'); bar.refresh(); bar.close()\n"
+            "b = BuildProgress('x', progress=False, input_bytes=10)\nassert list(b.documents(['a'])) == ['a']\n"
+            "b.add_tokens(3); b.close(finished=True)\nprint('tqdm' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -51,3 +51,22 @@ def test_an_array_id_out_of_range_names_its_document(tmp_path):
     docs = [np.array([1, 2], dtype=np.uint32), np.array([3, 70000], dtype=np.uint32)]
     with pytest.raises(CacheError, match="train document 1: token id 70000"):
         written(tmp_path, "bad", docs, 3)
+
+
+@pytest.mark.parametrize("position", ["after", "before"])
+def test_a_separator_inside_an_array_document_is_refused_naming_it(tmp_path, position):
+    docs = [np.array([1, 2], dtype=np.uint32), np.array([3, 7, 4], dtype=np.uint32)]
+    with pytest.raises(Exception, match="train document 1: the document separator \\(id 7\\) occurs inside"):
+        written(tmp_path, "sep", docs, 4, position)
+
+
+def test_a_negative_id_in_a_signed_array_names_its_document(tmp_path):
+    docs = [np.array([1, 2], dtype=np.int32), np.array([3], dtype=np.int32), np.array([-1, 4], dtype=np.int32)]
+    with pytest.raises(CacheError, match="train document 2"):
+        written(tmp_path, "neg", docs, 3)
+
+
+def test_uint32_arrays_into_a_uint32_cache_keep_every_id(tmp_path):
+    docs = [np.array([70000, 2**32 - 1], dtype=np.uint32), np.array([5], dtype=np.uint32)]
+    got = np.frombuffer(written(tmp_path, "wide", docs, 2, dtype="<u4"), dtype="<u4")
+    assert got.tolist() == [70000, 2**32 - 1, 7, 5, 7]

@@ -26,6 +26,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,13 +62,44 @@ PUBLISHED = {
 }
 
 
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")  # what base64.b64decode(validate=True) accepts
+
+
 def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
     """The ranks of a .tiktoken file's bytes, as tiktoken's `load_tiktoken_bpe` reads them.
 
     NOTE: not `load_tiktoken_bpe(path)` itself: it goes through tiktoken's download cache, which keys
     local paths too (sha1 of the path string), so it copied every file into the cache directory and
     then served the first version of a path after the file was replaced.
+    One tight pass accepts a well-formed file (0.01 s for 16,000 ranks, 0.1 s for o200k's 200,000); anything
+    it does not accept is read again line by line (`_checked_ranks`), which names the line at fault.
     """
+    ranks: dict[bytes, int] = {}
+    valid, decode = _BASE64.fullmatch, binascii.a2b_base64
+    for line in data.splitlines():
+        if not line:
+            continue
+        fields = line.split()
+        if len(fields) != 2 or valid(fields[0]) is None:
+            return _checked_ranks(data, path)
+        try:
+            token, rank = decode(fields[0]), int(fields[1])
+        except (ValueError, binascii.Error):
+            return _checked_ranks(data, path)
+        if not token or rank < 0 or token in ranks:
+            return _checked_ranks(data, path)
+        ranks[token] = rank
+    if len(set(ranks.values())) != len(ranks) or (ranks and not _all_bytes(ranks)):
+        return _checked_ranks(data, path)
+    return ranks
+
+
+def _all_bytes(ranks: dict[bytes, int]) -> bool:
+    return all(bytes([b]) in ranks for b in range(256))
+
+
+def _checked_ranks(data: bytes, path: Path) -> dict[bytes, int]:
+    """`parse_ranks`, line by line: the error names the line (and what) at fault."""
     ranks: dict[bytes, int] = {}
     lines_of: dict[bytes, int] = {}  # token -> the line that gave it its rank
     ranked: dict[int, int] = {}  # rank -> the line that gave it

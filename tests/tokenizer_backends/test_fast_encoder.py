@@ -199,3 +199,9 @@ def test_the_reference_setting_holds_for_a_tokenizer_that_made_its_fast_encoder(
     assert fast_encoder(tok) is not None and encoder_record(tok)
     monkeypatch.setenv(ENV, "reference")
     assert fast_encoder(tok) is None and encoder_record(tok) == {}
+
+
+def test_the_recorded_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    assert fast_module._version() == version("gigatoken")
