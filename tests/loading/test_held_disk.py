@@ -204,3 +204,17 @@ def test_a_read_waits_for_downloads_in_progress_instead_of_passing_the_bound(ser
     assert max(held) <= BOUND, held
     assert rc.has(rels[6]) and not rc.has(rels[5])  # landed, then evicted for the read
     assert all(rc.has(r) for r in rels[:5])  # pinned: kept
+
+
+def test_a_wait_for_room_held_by_a_download_that_never_lands_ends_in_one_line(tmp_path):
+    from niels_gpt.errors import StorageError
+    from niels_gpt.storage.local_cache import make_room
+
+    d = tmp_path / "remote" / "m"
+    d.mkdir(parents=True)
+    with open(d / f"a.bin.reserved.tmp-{os.getpid()}", "wb") as f:  # a live download's room, never released
+        f.truncate(1000)
+    with pytest.raises(StorageError, match=r"^https://h/c/b\.bin: waited 0 s for room in the download cache .*"
+                                           r"other downloads in progress hold 1,000 of its 1,500 bytes"):
+        make_room(tmp_path, 1500, 1000, set(), wait_s=0.05, what="https://h/c/b.bin")
+    make_room(tmp_path, 1500, 1000, set())  # no wait asked: it goes ahead, as before
