@@ -218,3 +218,31 @@ def test_a_wait_for_room_held_by_a_download_that_never_lands_ends_in_one_line(tm
                                            r"other downloads in progress hold 1,000 of its 1,500 bytes"):
         make_room(tmp_path, 1500, 1000, set(), wait_s=0.05, what="https://h/c/b.bin")
     make_room(tmp_path, 1500, 1000, set())  # no wait asked: it goes ahead, as before
+
+
+def test_a_queued_prefetch_whose_shard_left_the_plan_never_downloads(tmp_path, monkeypatch):
+    """Its room would be taken from the shards still planned (and a read waits for it to land)."""
+    import threading
+    from types import SimpleNamespace
+
+    from niels_gpt.loading.prefetch import ShardPrefetcher
+
+    (tmp_path / "m").mkdir()
+    gate, started, fetched = threading.Event(), threading.Event(), []
+
+    def fetch(rel, prefetch=False):
+        fetched.append(rel)
+        started.set()
+        gate.wait(30)
+
+    remote = SimpleNamespace(root=tmp_path, local_dir=tmp_path / "m", marker="meta.json", max_bytes=1000,
+                             size=lambda rel: 100, has=lambda rel: False, fetch=fetch)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    p = ShardPrefetcher(remote, requests=1)
+    p.plan(["a"], ["b", "c"])  # one download at a time: b and c queued behind a
+    assert started.wait(30)
+    p.plan(["d"], [])  # the plan moved on
+    gate.set()
+    p.wait()
+    p.close()
+    assert fetched == ["a", "d"]
