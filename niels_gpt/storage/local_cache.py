@@ -18,12 +18,13 @@
   download (no disk used) counts against the bound until the download is in place, so downloads running
   in parallel (threads, processes) never grant the same room twice; the growing download itself is not
   counted twice.
-- The bound: the mirrors' files (markers included) plus the reservations of downloads in progress never
-  exceed `max_bytes` once room is granted, so the disk held (files, partial downloads, and evicted files a
-  reader still maps only while a batch reads a pinned shard: readers/held.py) stays within it at every
-  moment. A download that needs its file now, finding the room taken by other downloads in progress,
-  waits for them to land and evicts again (they are evictable then, unless pinned); only the pinned and
-  kept files alone leaving no room (a batch that by itself needs more than the bound) let it go past.
+- The bound (what readers/held.py measures: files, partial downloads, evicted files still mapped): the
+  mirrors' files (markers included) plus the reservations of downloads in progress stay within `max_bytes`
+  from the moment room is granted, and readers map a shard only while a batch that pins it reads it, so
+  the disk held stays within the bound at every moment. A download that needs its file now, finding the
+  room taken by other downloads in progress, waits for them to land and evicts again (they are evictable
+  then, unless pinned); only the pinned and kept files alone leaving no room (a batch that by itself needs
+  more than the bound) let it go past.
 - Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
   on a short background thread: a rename here takes ~4 ms, too long for a training step), and keeps them
   in memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
@@ -291,8 +292,8 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
     `keep` and every pinned path stay. When they leave no room: with `strict` (a prefetch) NoRoom at once.
     Else, while other downloads in progress (their reservations) take part of the room, it waits for them
     with the lock released (each lands, and is evictable unless pinned) and evicts again; after `wait_s`
-    it raises StorageError naming `what` (`wait_s` 0: no wait). Only when `keep` and the pinned files alone leave no room does it
-    go ahead past the bound (a batch that by itself needs more than the bound).
+    it raises StorageError naming `what` (`wait_s` 0: no wait). Only when `keep` and the pinned files alone
+    leave no room does it go ahead past the bound (a batch that by itself needs more than the bound).
     `reserve` (`reservation(local)`): created, `need` bytes long and sparse, before the lock is released;
     the caller removes it once its download is in place or has failed."""
     deadline = time.monotonic() + wait_s
