@@ -4,7 +4,8 @@
     python bench/campaign.py --kills 2 --flips 24 --json out.json   # what tests/test_campaign.py runs
 
 Kills. Each job (build-all pretrain and SFT; `build` inline, on local processes and on Ray (where installed),
-and `build --chat`; `dist-build`; `train-tokenizer SRC...`; pack-sft; convert to every format, compressed too; the
+and `build --chat`; `dist-build`; `train-tokenizer SRC...`, whole and sampled (`--max-chars`, `--doc-chars`,
+`--read-as`); pack-sft; convert to every format, compressed too; the
 writers fresh and over an existing output written with other settings) runs as a subprocess in its own process group
 and is SIGKILLed. Kills alternate between two moments: while it writes (a seeded random share of its clean run's
 writing time, the time it held its output's lock, after that lock appears: a start-up takes most of a small job's time, and a kill there tests
@@ -133,6 +134,10 @@ def jobs(tok: str) -> list[Job]:
     tok_sources = ["train-tokenizer", str(SAMPLE_DIR / "roam"), str(SAMPLE_DIR / "gutenberg"), "--out", "tk",
                    "--no-progress"]
     train_tok = [*tok_sources, "--vocab-size", "800", "--tokenizer-max-chars", "400000"]
+    # a seeded sample of documents cut to --doc-chars, wikitext's *.raw files read as text
+    sampled = ["train-tokenizer", str(SAMPLE_DIR / "wikitext"), str(SAMPLE_DIR / "gutenberg"), str(SAMPLE_DIR / "roam"),
+               "--out", "tk-sampled", "--no-progress", "--read-as", ".raw=text"]
+    train_sampled = [*sampled, "--vocab-size", "800", "--max-chars", "400000", "--doc-chars", "3000"]
     for executor, extra in (("inline", ["--workers", "2"]), ("processes", ["--workers", "2"]),
                             ("ray", ["--workers", "2", "--ray-address", "local"])):
         if executor == "ray" and importlib.util.find_spec("ray") is None:
@@ -148,6 +153,9 @@ def jobs(tok: str) -> list[Job]:
         Job("train-tokenizer fresh", train_tok, "tk", "tokenizer"),
         Job("train-tokenizer over", train_tok, "tk", "tokenizer",
             before=[*tok_sources, "--vocab-size", "700", "--tokenizer-max-chars", "300000"]),
+        Job("train-tokenizer sampled fresh", train_sampled, "tk-sampled", "tokenizer"),
+        Job("train-tokenizer sampled over", train_sampled, "tk-sampled", "tokenizer",
+            before=[*sampled, "--vocab-size", "700", "--max-chars", "300000", "--doc-chars", "1000"]),
     ]
     for fmt in FORMATS:
         extra = ["--not-for-kempnerforge"] if fmt == "raw" else []

@@ -16,6 +16,7 @@
   needs a shard being prefetched waits for that download instead of starting another), time-limited.
 - A background download that fails is dropped: the batch that needs the shard fetches it itself and
   raises the error that names it. One that finds no room (everything else pinned) waits for the next plan.
+  One still queued when its shard leaves the plan is cancelled (one in progress lands, evictable).
 
 Cost per batch: one shard lookup for each batch entering the plan and a count update; the prefetcher
 (and the pin file) hear of the plan only when its shards change.
@@ -77,6 +78,9 @@ class ShardPrefetcher:
         base = f"{self.remote.local_dir}/"
         self.pins.set(base + r for r in order)
         self._present &= seen
+        for r, f in self._pending.items():
+            if r not in seen:
+                f.cancel()  # queued for a plan that moved on: its room goes to the shards still planned
         self._pending = {r: f for r, f in self._pending.items() if not f.done()}
         for r in order:
             if r in self._present or r in self._pending:

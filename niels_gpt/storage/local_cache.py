@@ -18,11 +18,13 @@
   download (no disk used) counts against the bound until the download is in place, so downloads running
   in parallel (threads, processes) never grant the same room twice; the growing download itself is not
   counted twice.
-- Stamps (`stamps/<mirror>/<sha256(rel)[:24]>.json`): the (size, mtime_ns, sha256) of a mirrored file as
-  last hashed (at its download, or at a process's first use of a copy it did not download). A process
-  checks each copy once before serving it (`copy_problem`): its size always; its sha256 only when the
-  stamp does not match the file, so a host hashes each copy once, and a copy changed on disk is hashed
-  again, found damaged, and fetched again.
+- The bound (what readers/held.py measures: files, partial downloads, evicted files still mapped): the
+  mirrors' files (markers included) plus the reservations of downloads in progress stay within `max_bytes`
+  from the moment room is granted, and readers map a shard only while a batch that pins it reads it, so
+  the disk held stays within the bound at every moment. A download that needs its file now, finding the
+  room taken by other downloads in progress, waits for them to land and evicts again (they are evictable
+  then, unless pinned); only the pinned and kept files alone leaving no room (a batch that by itself needs
+  more than the bound) let it go past.
 - Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
   on a short background thread: a rename here takes ~4 ms, too long for a training step), and keeps them
   in memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
@@ -53,7 +55,6 @@ from pathlib import Path
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.confine import confined
 from niels_gpt.errors import ConfigError, StorageError
-from niels_gpt.meta import sha256_file
 from niels_gpt.storage.fs import transfers_stopped
 from niels_gpt.storage.settings import MIRRORS, cache_dir_label
 
@@ -127,45 +128,6 @@ def fetched(mirror_dir: Path) -> set[str]:
 
 def lock_path(root: Path, mirror: str, rel: str) -> Path:
     return root / LOCKS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".lock")
-
-
-_STAMP_WRITE = threading.Lock()
-
-
-def stamp_path(root: Path, mirror: str, rel: str) -> Path:
-    return root / STAMPS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".json")
-
-
-def write_stamp(root: Path, mirror: str, rel: str, local: Path, sha256: str) -> None:
-    """Remember that `local` (as it is now: size, mtime) has this sha256, so later processes skip hashing it."""
-    st = os.stat(local)
-    path = stamp_path(root, mirror, rel)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _STAMP_WRITE:  # NOTE: the temporary name is per process: two threads stamping one file shared it
-        write_bytes_atomic(path, json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                             "sha256": sha256}).encode(), durable=False)
-
-
-def copy_problem(root: Path, mirror: str, rel: str, rec: dict, local: Path, st: os.stat_result) -> str | None:
-    """What is wrong with a mirrored copy against its record, or None: its size always; its sha256 unless the
-    stamp says this very file (same size and mtime) was hashed already (then the stamp's sha256 is compared)."""
-    if st.st_size != rec["bytes"]:
-        return f"has {st.st_size} bytes, the record says {rec['bytes']}"
-    want = rec.get("sha256")
-    if want is None:
-        return None
-    try:
-        stamp = json.loads(stamp_path(root, mirror, rel).read_bytes())
-        known = stamp["sha256"] if (stamp["size"], stamp["mtime_ns"]) == (st.st_size, st.st_mtime_ns) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        known = None
-    if known is None:
-        known = sha256_file(str(local))
-        if known == want:
-            with contextlib.suppress(OSError):
-                write_stamp(root, mirror, rel, local, known)
-    return None if known == want else f"has sha256 {known[:16]}…, the record says {want[:16]}…"
-
 
 
 @contextlib.contextmanager
@@ -324,55 +286,77 @@ atexit.register(lambda: [release(p) for p in list(_IN_FLIGHT)])  # NOTE: Ctrl-C 
 
 
 def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False,
-              reserve: Path | None = None) -> None:
+              reserve: Path | None = None, wait_s: float = 0.0, what: str = "") -> None:
     """Evict least recently used files under `root`/remote until `need` more bytes fit in `max_bytes`.
 
-    `keep` and every pinned path stay. When they alone leave no room: with `strict` (a prefetch) NoRoom,
-    else nothing more is done (the download that needs the file now goes ahead past the bound).
+    `keep` and every pinned path stay. When they leave no room: with `strict` (a prefetch) NoRoom at once.
+    Else, while other downloads in progress (their reservations) take part of the room, it waits for them
+    with the lock released (each lands, and is evictable unless pinned) and evicts again; after `wait_s`
+    it raises StorageError naming `what` (`wait_s` 0: no wait). Only when `keep` and the pinned files alone
+    leave no room does it go ahead past the bound (a batch that by itself needs more than the bound).
     `reserve` (`reservation(local)`): created, `need` bytes long and sparse, before the lock is released;
     the caller removes it once its download is in place or has failed."""
-    with _open_lock(Path(root) / ".lock") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)  # held for a directory walk: milliseconds, never a network wait
-        keep = set(keep) | pinned(root)
-        files, total, listed = [], 0, {}
-        mirrors = os.path.join(root, MIRRORS)
-        for d, _, names in os.walk(mirrors):
-            for name in names:
-                p = os.path.join(d, name)
-                rel = os.path.relpath(p, mirrors).split(os.sep)
-                if rel[0] not in listed:
-                    listed[rel[0]] = fetched(Path(mirrors) / rel[0])
-                m = TMP_SUFFIX.search(name)
-                if m and not pid_alive(int(m.group(1))):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)  # a killed download, or its reservation
-                    continue
-                if m and not name[:m.start()].endswith(RESERVED):
-                    continue  # a download in progress: its reservation counts for it
-                try:
-                    st = os.stat(p)
-                except FileNotFoundError:
-                    total += _landed(d, name, m)
-                    continue
-                if not m and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
-                    continue  # not a file this library fetched: neither counted nor ever evicted
-                total += st.st_size
-                if not m and name not in MARKERS and p not in keep:
-                    files.append((st.st_atime_ns, p, st.st_size))  # access time: last use
-        if strict and total - sum(f[2] for f in files) + need > max_bytes:
-            raise NoRoom
-        files.sort()
-        for _, p, size in files:
-            if total + need <= max_bytes:
-                break
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
-            total -= size
-        if reserve is not None:
-            reserve.parent.mkdir(parents=True, exist_ok=True)
-            hold(reserve)
-            with open(reserve, "wb") as f:
-                f.truncate(need)
+    deadline = time.monotonic() + wait_s
+    while True:
+        with _open_lock(Path(root) / ".lock") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)  # held for a directory walk: milliseconds, never a network wait
+            total, reserved, files = _holdings(root, set(keep) | pinned(root))
+            if strict and total - sum(f[2] for f in files) + need > max_bytes:
+                raise NoRoom
+            files.sort()
+            for _, p, size in files:
+                if total + need <= max_bytes:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+                total -= size
+            if total + need <= max_bytes or not reserved or wait_s <= 0:
+                if reserve is not None:
+                    reserve.parent.mkdir(parents=True, exist_ok=True)
+                    hold(reserve)
+                    with open(reserve, "wb") as f:
+                        f.truncate(need)
+                return
+        if transfers_stopped():
+            raise KeyboardInterrupt  # Ctrl-C: the downloads waited for are ending too
+        if time.monotonic() > deadline:
+            raise StorageError(f"{what}: waited {wait_s:.0f} s for room in the download cache {root} (other downloads "
+                               f"in progress hold {reserved:,} of its {max_bytes:,} bytes); if another process "
+                               "hangs, stop it and rerun, or raise --cache-limit")
+        time.sleep(LOCK_POLL_S)
+
+
+def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str, int]]]:
+    """(bytes the bound counts, of which reserved by downloads in progress, [(atime, path, bytes)] of the
+    files eviction may remove) under `root`/remote; temporaries of dead processes are removed."""
+    files, total, reserved, listed = [], 0, 0, {}
+    mirrors = os.path.join(root, MIRRORS)
+    for d, _, names in os.walk(mirrors):
+        for name in names:
+            p = os.path.join(d, name)
+            rel = os.path.relpath(p, mirrors).split(os.sep)
+            if rel[0] not in listed:
+                listed[rel[0]] = fetched(Path(mirrors) / rel[0])
+            m = TMP_SUFFIX.search(name)
+            if m and not pid_alive(int(m.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)  # a killed download, or its reservation
+                continue
+            if m and not name[:m.start()].endswith(RESERVED):
+                continue  # a download in progress: its reservation counts for it
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                total += _landed(d, name, m)
+                continue
+            if not m and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
+                continue  # not a file this library fetched: neither counted nor ever evicted
+            total += st.st_size
+            if m:
+                reserved += st.st_size
+            elif name not in MARKERS and p not in keep:
+                files.append((st.st_atime_ns, p, st.st_size))  # access time: last use
+    return total, reserved, files
 
 
 def _landed(d: str, name: str, m) -> int:

@@ -7,11 +7,15 @@
   so every reader opens it with its ordinary local code: same memory maps, same batches, same resume.
 - Nothing is downloaded until a reader (or a prefetcher, niels_gpt/loading/prefetch.py) asks for a file.
 - A download goes to `<name>.tmp-<pid>`; only when its size and sha256 equal the marker's record is it
-  renamed into place (and its stamp written: storage/local_cache.py). A mismatch is fetched once more (a
-  transfer damaged on the way), then refused naming the file's URL.
-- A mirrored copy is checked again before a process first serves it: its size always, its sha256 once per
-  host (the stamp). A copy damaged on the local disk is named in one warning line (and in `healed`),
-  removed and fetched again; `verify` of the URL reports it as a problem it healed.
+  renamed into place (and its stamp written). A mismatch is fetched once more (a transfer damaged on the
+  way), then refused naming the file's URL.
+- Stamps (`<download cache>/stamps/<mirror>/<sha256(rel)[:24]>.json`): the (size, mtime_ns, sha256) of a
+  mirrored file as last hashed (at its download, or at a process's first use of a copy it did not
+  download). A process checks each copy once before serving it (`copy_problem`): its size always; its
+  sha256 only when the stamp does not match the file, so a host hashes each copy once, and a copy
+  changed on disk is hashed again, found damaged, and fetched again. A copy damaged on the local disk is
+  named in one warning line (and in `healed`), removed and fetched again; `verify` of the URL reports it
+  as a problem it healed.
 - Names: only the names the marker lists become paths, each confined to the mirror (niels_gpt/confine.py).
 - One download per file per host: the file's download lock (storage/local_cache.py) is held while it is
   fetched; every other process or thread asking for it waits, then finds it.
@@ -19,8 +23,9 @@
 - The marker is read from the URL at every open; when it changed (the cache was rebuilt), mirrored
   files whose sha256 changed are deleted before the new marker replaces the old one.
 - Size bound: before a download, least recently used files of every mirror are evicted until the new
-  file fits; files the caller keeps and files pinned by any live process are never evicted. A memory
-  map of an evicted file stays valid (POSIX keeps unlinked files alive while mapped).
+  file fits; files the caller keeps and files pinned by any live process are never evicted; a download
+  that finds the room taken by other downloads in progress waits for them to land (storage/local_cache.py
+  `make_room`). A memory map of an evicted file stays valid (POSIX keeps unlinked files alive while mapped).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,18 +45,55 @@ from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, Incomp
 from niels_gpt.meta import record_problem, sha256_file
 from niels_gpt.storage.fs import bounded_call, filesystem, join, longest_wait_s, with_retries
 from niels_gpt.storage.local_cache import (
+    STAMPS,
     NoRoom,
     claim,
-    copy_problem,
     file_lock,
     hold,
     lock_path,
     make_room,
     release,
     reservation,
-    write_stamp,
 )
 from niels_gpt.storage.settings import MAX_BYTES_ENV, MIRRORS, local_cache_dir, max_cache_bytes
+
+_STAMP_WRITE = threading.Lock()
+
+
+def stamp_path(root: Path, mirror: str, rel: str) -> Path:
+    return root / STAMPS / mirror / (hashlib.sha256(rel.encode()).hexdigest()[:24] + ".json")
+
+
+def write_stamp(root: Path, mirror: str, rel: str, local: Path, sha256: str) -> None:
+    """Remember that `local` (as it is now: size, mtime) has this sha256, so later processes skip hashing it."""
+    st = os.stat(local)
+    path = stamp_path(root, mirror, rel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _STAMP_WRITE:  # NOTE: the temporary name is per process: two threads stamping one file shared it
+        write_bytes_atomic(path, json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                             "sha256": sha256}).encode(), durable=False)
+
+
+def copy_problem(root: Path, mirror: str, rel: str, rec: dict, local: Path, st: os.stat_result) -> str | None:
+    """What is wrong with a mirrored copy against its record, or None: its size always; its sha256 unless the
+    stamp says this very file (same size and mtime) was hashed already (then the stamp's sha256 is compared)."""
+    if st.st_size != rec["bytes"]:
+        return f"has {st.st_size} bytes, the record says {rec['bytes']}"
+    want = rec.get("sha256")
+    if want is None:
+        return None
+    try:
+        stamp = json.loads(stamp_path(root, mirror, rel).read_bytes())
+        known = stamp["sha256"] if (stamp["size"], stamp["mtime_ns"]) == (st.st_size, st.st_mtime_ns) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        known = None
+    if known is None:
+        known = sha256_file(str(local))
+        if known == want:
+            with contextlib.suppress(OSError):
+                write_stamp(root, mirror, rel, local, known)
+    return None if known == want else f"has sha256 {known[:16]}…, the record says {want[:16]}…"
+
 
 DOWNLOADS_PER_MISMATCH = 2  # a checksum mismatch is fetched once more before it is refused
 _trusted: dict[str, tuple[int, int, int]] = {}  # mirrored path -> (size, mtime_ns, inode) checked in this process
@@ -156,7 +199,8 @@ class RemoteCache:
                 return local
             room = reservation(local)
             make_room(self.root, self.max_bytes, int(rec["bytes"]),
-                      {str(self.local_dir / r) for r in keep} | {str(local)}, strict=prefetch, reserve=room)
+                      {str(self.local_dir / r) for r in keep} | {str(local)}, strict=prefetch, reserve=room,
+                      wait_s=longest_wait_s() * DOWNLOADS_PER_MISMATCH, what=what)
             try:
                 for attempt in range(1, DOWNLOADS_PER_MISMATCH + 1):
                     try:

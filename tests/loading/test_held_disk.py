@@ -72,7 +72,6 @@ def test_random_windows_through_a_stream_stay_within_the_bound(served, download_
                             rank=0, world_size=1)
     for _ in range(60):
         assert torch.equal(next(remote)[0], next(local)[0])
-        remote._plan.rolling.prefetcher.wait()
         assert held_disk(download_cache) <= BOUND
     remote._plan.rolling.prefetcher.close()
 
@@ -102,7 +101,6 @@ def test_indexed_windows_from_a_url_let_evicted_shards_go(served, download_cache
     n = 0
     for a, b in zip(ResumableDataLoader(remote, s), ResumableDataLoader(local, make(local)), strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"])
-        s.prefetcher.wait()
         assert held_disk(download_cache) <= BOUND
         n += 1
     assert n == len(local) // 4
@@ -165,3 +163,86 @@ def test_ranks_of_one_host_share_the_prefetch_budget(tmp_path, monkeypatch):
     shared.close()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # ranks started together, before any pin file
     assert planners(tmp_path) == 4
+
+
+def test_a_read_waits_for_downloads_in_progress_instead_of_passing_the_bound(served, download_cache, monkeypatch):
+    """Five shards pinned and a sixth downloading slowly (its reservation) fill the bound; a read that needs
+    a seventh now waits for that download to land, evicts it (not pinned), and never holds seven."""
+    import threading
+
+    from niels_gpt.storage import mirror
+    from niels_gpt.storage.local_cache import Pins
+
+    cache, url, BOUND = served
+    configure(cache_dir=download_cache, max_bytes=BOUND)
+    rc = mirror.RemoteCache(url)
+    rels = [f"train/shard_{i:05d}.bin" for i in range(7)]
+    pins = Pins(rc.root)
+    pins.set(rc.fetch(r) for r in rels[:5])
+    gate, slow_started = threading.Event(), threading.Event()
+    download = mirror.RemoteCache._download
+
+    def slow(self, rel, *args):
+        if rel == rels[5]:
+            slow_started.set()
+            gate.wait(30)  # a transfer in progress, its room reserved
+        download(self, rel, *args)
+        held.append(held_disk(download_cache))  # the moment a download lands: the most the disk holds
+
+    held: list[int] = []
+    monkeypatch.setattr(mirror.RemoteCache, "_download", slow)
+    prefetch = threading.Thread(target=rc.fetch, args=(rels[5],), kwargs={"prefetch": True})
+    prefetch.start()
+    assert slow_started.wait(30)
+    read = threading.Thread(target=rc.fetch, args=(rels[6],))
+    read.start()
+    read.join(0.5)  # it waits for the room the slow download holds (it went past the bound before)
+    gate.set()
+    prefetch.join(30)
+    read.join(30)
+    pins.close()
+    assert max(held) <= BOUND, held
+    assert rc.has(rels[6]) and not rc.has(rels[5])  # landed, then evicted for the read
+    assert all(rc.has(r) for r in rels[:5])  # pinned: kept
+
+
+def test_a_wait_for_room_held_by_a_download_that_never_lands_ends_in_one_line(tmp_path):
+    from niels_gpt.errors import StorageError
+    from niels_gpt.storage.local_cache import make_room
+
+    d = tmp_path / "remote" / "m"
+    d.mkdir(parents=True)
+    with open(d / f"a.bin.reserved.tmp-{os.getpid()}", "wb") as f:  # a live download's room, never released
+        f.truncate(1000)
+    with pytest.raises(StorageError, match=r"^https://h/c/b\.bin: waited 0 s for room in the download cache .*"
+                                           r"other downloads in progress hold 1,000 of its 1,500 bytes"):
+        make_room(tmp_path, 1500, 1000, set(), wait_s=0.05, what="https://h/c/b.bin")
+    make_room(tmp_path, 1500, 1000, set())  # no wait asked: it goes ahead, as before
+
+
+def test_a_queued_prefetch_whose_shard_left_the_plan_never_downloads(tmp_path, monkeypatch):
+    """Its room would be taken from the shards still planned (and a read waits for it to land)."""
+    import threading
+    from types import SimpleNamespace
+
+    from niels_gpt.loading.prefetch import ShardPrefetcher
+
+    (tmp_path / "m").mkdir()
+    gate, started, fetched = threading.Event(), threading.Event(), []
+
+    def fetch(rel, prefetch=False):
+        fetched.append(rel)
+        started.set()
+        gate.wait(30)
+
+    remote = SimpleNamespace(root=tmp_path, local_dir=tmp_path / "m", marker="meta.json", max_bytes=1000,
+                             size=lambda rel: 100, has=lambda rel: False, fetch=fetch)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    p = ShardPrefetcher(remote, requests=1)
+    p.plan(["a"], ["b", "c"])  # one download at a time: b and c queued behind a
+    assert started.wait(30)
+    p.plan(["d"], [])  # the plan moved on
+    gate.set()
+    p.wait()
+    p.close()
+    assert fetched == ["a", "d"]

@@ -1,15 +1,20 @@
 """Scale tier: whole epochs through a bounded download cache, for every window reader, raw and compressed, with
 and without DataLoader workers; and a cache of 10,000 small shards read through a bounded cache.
 
-At every step the disk the download cache holds (held_disk: its files plus the deleted files any process of
-the test, workers included, still maps) stays within the bound, and the batches equal the local cache's.
-Sizes are chosen to be cheap: shards of a few KB, windows of 32-64 tokens.
+At every step, and at every moment a download lands (the most the disk can hold), the disk the download cache
+holds (held_disk: its files plus the deleted files any process of the test, workers included, still maps)
+stays within the bound, and the batches equal the local cache's. The background downloads are slowed so the
+training loop outruns them, as it does on a slow link: downloads of shards the plan left are still landing
+while the reader fetches what it needs now. Sizes are chosen to be cheap: shards of a few KB, windows of
+32-64 tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,11 +27,12 @@ from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.loading.stream import RankBatchStream
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.readers.held import held_disk
-from niels_gpt.storage import configure
+from niels_gpt.storage import configure, mirror
 
 from ..conftest import CREDENTIALS, http_server, sample_texts, write_pretrain_cache
 
 T, B = 64, 4
+SLOW_S = 0.02  # each background download waits this long with its room reserved
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +59,34 @@ CASES = [("random", c, 0) for c in ("raw", "zstd")] + \
     [(r, c, w) for r in ("global", "shard_windows") for c in ("raw", "zstd") for w in (0, 2)]
 
 
+def _watch_landings(monkeypatch, download_cache, bound: int) -> list[tuple[str, int]]:
+    """Slow the background downloads and measure held disk each time any download lands (DataLoader workers
+    raise at once: their list does not reach the test)."""
+    over: list[tuple[str, int]] = []
+    download = mirror.RemoteCache._download
+
+    def watched(self, rel, *args):
+        if threading.current_thread().name.startswith("niels-gpt-prefetch"):
+            time.sleep(SLOW_S)
+        download(self, rel, *args)
+        held = held_disk(download_cache)
+        if held > bound:
+            over.append((rel, held))
+            assert held <= bound, f"{rel} landed: held {held} > {bound}"
+
+    monkeypatch.setattr(mirror.RemoteCache, "_download", watched)
+    return over
+
+
 @pytest.mark.parametrize("reader,compress,workers", CASES, ids=[f"{r}-{c}-{w}w" for r, c, w in CASES])
-def test_a_whole_epoch_stays_within_the_bound(built, download_cache, reader, compress, workers):
+def test_a_whole_epoch_stays_within_the_bound(built, download_cache, monkeypatch, reader, compress, workers):
     root, url = built
     cache = root / compress
     # what the batches being read need at once: a batch reaches up to B shards, and with workers the
     # global sampler pins the 2 x prefetch_factor batches the workers hold too
     bound = _bound(cache, (2 * 2 + 2) * B if reader == "global" and workers else 2 * B)
     configure(cache_dir=download_cache, max_bytes=bound)
+    over = _watch_landings(monkeypatch, download_cache, bound)
     steps = 0
     if reader == "random":
         remote = RankBatchStream(PretrainTokenStreamDataset(f"{url}/{compress}/train", T=T, device="cpu"), B,
@@ -71,10 +97,9 @@ def test_a_whole_epoch_stays_within_the_bound(built, download_cache, reader, com
         remote.end_after(epoch)
         for _ in range(epoch):
             assert torch.equal(next(remote)[1], next(local)[1])
-            remote._plan.rolling.prefetcher.wait()
             assert held_disk(download_cache) <= bound, steps
             steps += 1
-        remote._plan.rolling.prefetcher.close()
+        prefetcher = remote._plan.rolling.prefetcher
     else:
         remote, local = IndexedWindowDataset(f"{url}/{compress}", T), IndexedWindowDataset(cache, T)
 
@@ -88,12 +113,13 @@ def test_a_whole_epoch_stays_within_the_bound(built, download_cache, reader, com
         loader = ResumableDataLoader(remote, s, num_workers=workers)
         for a, b in zip(loader, ResumableDataLoader(local, sampler(local)), strict=True):
             assert torch.equal(a["labels"], b["labels"])
-            if s.prefetcher is not None:
-                s.prefetcher.wait()  # measured between batches, the downloads started so far ended (as above)
             assert held_disk(download_cache) <= bound, steps
             steps += 1
-        s.prefetcher.close()
         assert steps == len(local) // B
+        prefetcher = s.prefetcher
+    prefetcher.wait()  # the downloads still landing after the last batch count too
+    prefetcher.close()
+    assert not over and prefetcher.failures == 0
     assert steps >= 50
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from niels_gpt.cache.cli import main
-from niels_gpt.storage import RemoteCache, local_cache, mirror
+from niels_gpt.storage import RemoteCache, mirror
 
 from ..conftest import write_pretrain_cache
 
@@ -55,7 +55,7 @@ def test_each_copy_is_hashed_once_per_host(tmp_path, counting_server, monkeypatc
     def no_hashing(path):
         raise AssertionError(f"hashed {path} again")
 
-    monkeypatch.setattr(local_cache, "sha256_file", no_hashing)
+    monkeypatch.setattr(mirror, "sha256_file", no_hashing)
     assert RemoteCache(server.url).fetch(REL).is_file()
     assert server.shard_gets() == {"shard_00000.bin": 1}
 
