@@ -56,7 +56,6 @@ VERBS = (
     ("train", "train the GPT on a cache, mixture, Parquet shards or packed SFT bins", "niels_gpt.train.cli"),
     ("sample", "print what a checkpoint's model writes after a prompt", "niels_gpt.train.cli"),
     ("trace", "which documents were in step N of a run (or which steps saw a document)", "niels_gpt.trace.cli"),
-    ("dist-build", "the old name of `build` (kept for one release)", "niels_gpt.builders.cli"),
 )
 HELP = {name: text for name, text, _ in VERBS}
 
@@ -316,7 +315,7 @@ def _verify(args) -> int:
 def build_parser(prog: str | None = None, only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser with every command's flags; `only=COMMAND`: with that command's flags alone, the other
     commands named (what `main` uses: a command imports only what it runs)."""
-    commands = " ".join(name for name, _, _ in VERBS if name != "dist-build")
+    commands = " ".join(name for name, _, _ in VERBS)
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="Token caches and data loading for training language models. "
                                                  f"Commands: {commands}. `COMMAND --help` for each one's flags.")
