@@ -78,8 +78,8 @@ def input_table(inputs: list[str], kinds: list[str], config: str | None = None, 
 class InputIndex:
     """Task piece -> the plan's input index (and a dataset shard's number in the record)."""
 
-    def __init__(self, inputs: list[str]):
-        self.index = {name: i for i, name in enumerate(inputs)}
+    def __init__(self, inputs: list[str], offset: int = 0):
+        self.index = {name: offset + i for i, name in enumerate(inputs)}
 
     def row(self, pieces: list[dict], origin) -> tuple[int, int, int, int]:
         k, record, a, b = (int(x) for x in origin)

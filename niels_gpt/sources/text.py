@@ -40,7 +40,6 @@ from niels_gpt.sources.base import (
     open_stream,
     rel_files,
 )
-from niels_gpt.sources.options import Option, SourceConfig
 
 FINEWEB_DATASET_ID = "HuggingFaceFW/fineweb-edu"
 FINEWEB_CONFIG = "CC-MAIN-2024-10"
@@ -228,17 +227,3 @@ def local_text(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
             builder_for(p, "local_text")
             out.append(p)
     return LocalText(out, text_field)
-
-
-FINEWEB = SourceConfig(
-    "fineweb_edu", "pretrain", "fineweb_edu (streamed)",
-    options=(Option("fineweb_dataset", "HuggingFaceFW/fineweb-edu", "Hugging Face dataset id"),
-             Option("fineweb_config", "CC-MAIN-2024-10", "dataset config (a Common Crawl dump)"),
-             Option("fineweb_split", "train", "dataset split to stream"),
-             Option("fineweb_buffer_size", 10_000, "buffer of the datasets .shuffle call", type=int),
-             Option("fineweb_data_files", None, "local parquet/jsonl files of the same schema (default: stream the hub)",
-                    nargs="+")),
-    make=lambda v, seed: fineweb_edu(dataset_id=v["fineweb_dataset"], config=v["fineweb_config"],
-                                     split=v["fineweb_split"], seed=seed, buffer_size=v["fineweb_buffer_size"],
-                                     data_files=v["fineweb_data_files"]),
-    local=("fineweb_data_files",))

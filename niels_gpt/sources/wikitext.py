@@ -35,7 +35,6 @@ from niels_gpt.sources.base import (
     open_stream,
     rel_files,
 )
-from niels_gpt.sources.options import Option, SourceConfig
 
 WIKITEXT_DATASET_ID = "Salesforce/wikitext"
 WIKITEXT_CONFIG = "wikitext-103-raw-v1"
@@ -146,17 +145,3 @@ def wikitext(*, dataset_id: str = WIKITEXT_DATASET_ID, config: str | None = WIKI
             builder_for(path, "wikitext")
             files[split] = path
     return WikiText(dataset_id=dataset_id, config=config, data_files=files)
-
-
-def _from_options(v, seed: int) -> WikiText:
-    files = {k: v[f] for k, f in (("train", "wikitext_train_file"), ("validation", "wikitext_val_file")) if v[f]}
-    return wikitext(dataset_id=v["wikitext_dataset"], config=v["wikitext_config"], data_files=files or None)
-
-
-WIKITEXT = SourceConfig(
-    "wikitext", "pretrain", "wikitext",
-    options=(Option("wikitext_dataset", "Salesforce/wikitext", "Hugging Face dataset id"),
-             Option("wikitext_config", "wikitext-103-raw-v1", "dataset config"),
-             Option("wikitext_train_file", None, "local raw train file (default: the hub)"),
-             Option("wikitext_val_file", None, "local raw validation file (default: the hub)")),
-    make=_from_options, local=("wikitext_train_file", "wikitext_val_file"))
