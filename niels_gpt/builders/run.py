@@ -337,9 +337,13 @@ def _inline_split(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path)
                          progress=spec.progress, tokenizer_path=recorded_path(tok, out),
                          max_train_tokens=ALL_TOKENS, max_val_tokens=ALL_TOKENS, shard_bytes=spec.shard_bytes,
                          shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, compress=spec.compress,
-                         input_bytes=plan.input_bytes() + (val.input_bytes() if val is not None else 0))
+                         input_bytes=_total(plan.input_bytes(), val.input_bytes() if val is not None else 0))
     return summarize(out, executor="inline", tasks=len(plan.tasks) + (len(val.tasks) if val else 0),
                      ran=len(plan.tasks) + (len(val.tasks) if val else 0), reused=0)
+
+
+def _total(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
 
 
 def format_summary(s: dict) -> str:
