@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.builders.plan import make_plan, task_items
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.cli import main as cli
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
@@ -26,6 +26,7 @@ from niels_gpt.report import show_tokens
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import Skipped
 from niels_gpt.sources.named import NAMED, inputs
+from niels_gpt.sources.stream import task_items
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.train.demo_run import demo_training
 

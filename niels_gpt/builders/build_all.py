@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from niels_gpt.atomic import atomic_path
-from niels_gpt.builders.plan import make_plan, task_items
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS, SHARD_BYTES
 from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build, check_spec
 from niels_gpt.builders.sft import VAL_FRAC
@@ -33,6 +33,7 @@ from niels_gpt.outputs import check_overlap
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules
 from niels_gpt.sources.named import NAMED, OPTIONS, inputs, values_of
+from niels_gpt.sources.stream import task_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer

@@ -34,7 +34,7 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.parallel import run_parallel
-from niels_gpt.builders.plan import Plan, check_unchanged, make_plan, task_items
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
 from niels_gpt.builders.sft import build_sft_cache
 from niels_gpt.constants import SEED
@@ -45,6 +45,7 @@ from niels_gpt.outputs import check_output
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout
 from niels_gpt.sources.hooks import record_hook
+from niels_gpt.sources.stream import Plan, check_unchanged, task_items
 from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer

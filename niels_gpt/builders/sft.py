@@ -29,7 +29,7 @@ from niels_gpt.builders.common import (
 )
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
 from niels_gpt.builders.origins import OriginLog, origins_meta
-from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusable: its old home)
+from niels_gpt.builders.rendering import render
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import sha256_file, write_meta

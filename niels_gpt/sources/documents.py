@@ -32,7 +32,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
 from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
 from niels_gpt.sources.hooks import chars, mapped, record_hook
@@ -40,7 +39,8 @@ from niels_gpt.sources.inputs import val_pieces
 from niels_gpt.sources.messages import parse_message
 from niels_gpt.sources.oasst import check_row, flatten_tree
 from niels_gpt.sources.oasst_trees import best_path, count_left_out, to_conversation
-from niels_gpt.sources.records import BadRecord, FileText
+from niels_gpt.sources.records_base import BadRecord, FileText
+from niels_gpt.sources.text_io import normalise_text
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")

@@ -20,16 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    ChatSource,
-    as_paths,
-    assistant,
-    builder_for_all,
-    iter_rows,
-    open_stream,
-    rel_files,
-    user,
-)
+from niels_gpt.sources.base import ChatSource, assistant, rel_files, user
+from niels_gpt.sources.hub import builder_for_all, iter_rows, open_stream
+from niels_gpt.sources.text_io import as_paths
 from niels_gpt.tokenizer.base import Message
 
 DOLLY_DATASET_ID = "databricks/databricks-dolly-15k"

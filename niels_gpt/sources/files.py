@@ -22,19 +22,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import SourceError
 from niels_gpt.sources.base import (
     FILE_SPLIT_RULE,
-    SEED,
     VAL_FRAC,
     TextSource,
     check_val_frac,
-    files_under,
-    list_files,
     portable,
-    read_text_file,
     split_by_file,
 )
+from niels_gpt.sources.text_io import files_under, list_files, read_text_file
 
 GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF\b.*$", re.MULTILINE | re.IGNORECASE)
 GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF\b", re.MULTILINE | re.IGNORECASE)

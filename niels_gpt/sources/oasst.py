@@ -28,15 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    ChatSource,
-    as_paths,
-    builder_for_all,
-    invalid_utf8_error,
-    iter_rows,
-    open_stream,
-    rel_files,
-)
+from niels_gpt.sources.base import ChatSource, rel_files
+from niels_gpt.sources.hub import builder_for_all, iter_rows, open_stream
 from niels_gpt.sources.oasst_trees import (
     ROLE_MAP,
     SELECTION_RULE,
@@ -45,6 +38,7 @@ from niels_gpt.sources.oasst_trees import (
     count_left_out,
     to_conversation,
 )
+from niels_gpt.sources.text_io import as_paths, invalid_utf8_error
 from niels_gpt.tokenizer.base import Message
 
 OASST_DATASET_ID = "OpenAssistant/oasst1"

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.records_base import FileText
+from niels_gpt.sources.text_io import normalise_text
 from niels_gpt.sources.wikitext import is_article_heading
 
 UNKNOWN = -1

@@ -24,22 +24,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    BUILDERS,
-    SEED,
-    TextSource,
-    as_paths,
-    builder_for,
-    builder_for_all,
-    check_field,
-    files_under,
-    iter_jsonl,
-    iter_rows,
-    normalise_text,
-    open_stream,
-    rel_files,
-)
+from niels_gpt.sources.base import TextSource, check_field, rel_files
+from niels_gpt.sources.hub import BUILDERS, builder_for, builder_for_all, iter_jsonl, iter_rows, open_stream
+from niels_gpt.sources.text_io import as_paths, files_under, normalise_text
 
 FINEWEB_DATASET_ID = "HuggingFaceFW/fineweb-edu"
 FINEWEB_CONFIG = "CC-MAIN-2024-10"

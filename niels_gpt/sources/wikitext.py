@@ -26,15 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.sources.base import (
-    TextSource,
-    as_paths,
-    builder_for,
-    check_field,
-    iter_rows,
-    open_stream,
-    rel_files,
-)
+from niels_gpt.sources.base import TextSource, check_field, rel_files
+from niels_gpt.sources.hub import builder_for, iter_rows, open_stream
+from niels_gpt.sources.text_io import as_paths
 
 WIKITEXT_DATASET_ID = "Salesforce/wikitext"
 WIKITEXT_CONFIG = "wikitext-103-raw-v1"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.cache.build_cache import Skipped, build_pretrain_cache
+from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.sources.documents import Skipped
 from niels_gpt.tokenizer.find import recorded_path
 
 from ..tokenizer_backends.conftest import bpe_json, hf_dir  # noqa: F401  (shared fixtures)

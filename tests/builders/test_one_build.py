@@ -139,8 +139,8 @@ def test_the_librarys_layouts_are_reachable_from_build(tokenizer, tmp_path):
     """A Gutenberg book loses its licence text, a raw wikitext dump becomes articles, dolly rows and oasst trees
     (both export shapes) become conversations, detected from the records or named with --format."""
     from niels_gpt.sources import wikitext
-    from niels_gpt.sources.base import read_text_file
     from niels_gpt.sources.files import gutenberg_books
+    from niels_gpt.sources.text_io import read_text_file
 
     book = SAMPLE_DIR / "gutenberg"
     _build(book, tmp_path / "pg", tokenizer.model_path, "--executor", "inline")
