@@ -126,7 +126,7 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
              tokenizer_path: str | None = None) -> dict:
     """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
     if not writer.offsets["train"] and not writer.offsets["val"]:
-        raise ConfigError(no_conversation_message(final, all_skipped(skipped, source)))
+        raise ConfigError(no_conversation_message(final, all_skipped(skipped, source), source))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
     meta.update({

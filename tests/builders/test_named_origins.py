@@ -121,6 +121,7 @@ def test_a_hub_dataset_shard_is_an_origins_input_with_its_shard_and_row(tokenize
     build(BuildSpec(sources=["someone/dolly"], out=str(out), tokenizer=tokenizer.model_path, chat=True, layout="dolly",
                     val_frac=0.2, executor="inline"), log=lambda msg: None)
     assert opened and all(item == "someone/dolly" and split == "train" for item, split in opened)
+    assert read_meta(str(out))["streaming"] is True  # a dataset id is streamed
     table = json.loads((out / "origins.json").read_text())
     assert table["inputs"] == [{"kind": "dataset", "path": "someone/dolly", "record": "shard << 40 | row of the shard",
                                 "sha256": "dataset:someone/dolly:None:train"}]
