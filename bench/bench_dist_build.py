@@ -37,7 +37,8 @@ from pathlib import Path
 
 from bench_cache_common import table
 
-from niels_gpt.builders import dist_build, make_plan
+from niels_gpt.builders.plan import make_plan
+from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "bulk-text" / "debian-docs.jsonl"
@@ -45,8 +46,7 @@ TRAIN_CHARS = 5_000_000
 VOCAB = 16_000
 REPEAT = 2
 COPIES = 16
-SETTINGS = {"max_train_tokens": 10**12, "max_val_tokens": 0, "shard_bytes": 128 << 20, "seed": 0,
-            "dataset_name": "debian-docs"}
+SETTINGS = {"max_tokens": 10**12, "val_tokens": 0, "shard_bytes": 128 << 20, "seed": 0, "name": "debian-docs"}
 RAY_HELPER = """
 import sys, ray
 ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -60,7 +60,7 @@ ray.shutdown()
 RAY_DRIVER = """
 import json, sys, time
 import ray
-from niels_gpt.builders import dist_build
+from niels_gpt.builders.run import BuildSpec, build
 args = json.loads(sys.argv[1])
 # the throwaway job: a new cluster starts a worker per CPU for the first job that comes; take them here
 ray.init(address=args["address"], log_to_driver=False, configure_logging=False)
@@ -74,8 +74,9 @@ for line in sys.stdin:
     if not req["warm"] and ray.is_initialized():
         ray.shutdown()
     t0 = time.perf_counter()
-    s = dist_build(args["inputs"], req["out"], tokenizer=args["tokenizer"], executor="ray", workers=req["workers"],
-                   ray_address=args["address"], task_bytes=args["task_bytes"], log=lambda m: None, **args["settings"])
+    s = build(BuildSpec(sources=args["inputs"], out=req["out"], tokenizer=args["tokenizer"], executor="ray",
+                        workers=req["workers"], ray_address=args["address"], task_bytes=args["task_bytes"],
+                        **args["settings"]), log=lambda m: None)
     print(json.dumps({"seconds": time.perf_counter() - t0, "summary": s}), flush=True)
 """
 
@@ -175,13 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ray: local cluster at {ray_address} (2 CPUs)")
 
     def reference(out):
-        return dist_build(inputs, out, tokenizer=tok.model_path, executor="inline", workers=1,
-                          task_bytes=args.task_bytes, log=lambda m: None, **SETTINGS)
+        return build(BuildSpec(sources=[str(p) for p in inputs], out=str(out), tokenizer=tok.model_path,
+                               executor="inline", workers=1, task_bytes=args.task_bytes, **SETTINGS), log=lambda m: None)
 
     def dist(executor, workers):
         def run(out, keep_parts=False):
-            return dist_build(inputs, out, keep_parts=keep_parts, tokenizer=tok.model_path, executor=executor,
-                              workers=workers, task_bytes=args.task_bytes, log=lambda m: None, **SETTINGS)
+            return build(BuildSpec(sources=[str(p) for p in inputs], out=str(out), keep_parts=keep_parts,
+                                   tokenizer=tok.model_path, executor=executor, workers=workers,
+                                   task_bytes=args.task_bytes, **SETTINGS), log=lambda m: None)
         return run
 
     driver = None

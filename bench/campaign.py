@@ -4,7 +4,7 @@
     python bench/campaign.py --kills 2 --flips 24 --json out.json   # what tests/test_campaign.py runs
 
 Kills. Each job (build-all pretrain and SFT; `build` inline, on local processes and on Ray (where installed),
-and `build --chat`; `dist-build`; `train-tokenizer SRC...`, whole and sampled (`--max-chars`, `--doc-chars`,
+and `build --chat`; `train-tokenizer SRC...`, whole and sampled (`--max-chars`, `--doc-chars`,
 `--read-as`); pack-sft; convert to every format, compressed too; the
 writers fresh and over an existing output written with other settings) runs as a subprocess in its own process group
 and is SIGKILLed. Kills alternate between two moments: while it writes (a seeded random share of its clean run's
@@ -126,8 +126,6 @@ def jobs(tok: str) -> list[Job]:
     corpus = [str(SAMPLE_DIR / "fineweb_edu"), str(SAMPLE_DIR / "gutenberg")]
     base = ["build", *corpus, "--out", "b", "--tokenizer", tok, "--val-tokens", "4096", "--no-progress",
             "--task-bytes", "65536"]
-    dist = ["dist-build", *corpus, "--out", "d", "--tokenizer", tok, "--val-tokens", "4096", "--workers", "2",
-            "--task-bytes", "65536", "--no-progress"]
     chats = ["build", str(SAMPLE_DIR / "oasst1" / "oasst1-trees.jsonl"), str(SAMPLE_DIR / "dolly15k"), "--chat",
              "--out", "s", "--tokenizer", tok, "--val-frac", "0.2", "--no-progress", "--executor", "processes",
              "--workers", "2", "--task-bytes", "16384"]
@@ -148,8 +146,6 @@ def jobs(tok: str) -> list[Job]:
     out += [
         Job("build chat fresh", chats, "s", "sft"),
         Job("build chat over", chats, "s", "sft", before=[*chats, "--val-frac", "0.5"]),
-        Job("dist-build fresh", dist, "d", "pretrain"),
-        Job("dist-build over", dist, "d", "pretrain", before=[*dist, "--shard-bytes", "64KB"]),
         Job("train-tokenizer fresh", train_tok, "tk", "tokenizer"),
         Job("train-tokenizer over", train_tok, "tk", "tokenizer",
             before=[*tok_sources, "--vocab-size", "700", "--tokenizer-max-chars", "300000"]),

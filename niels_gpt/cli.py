@@ -20,7 +20,6 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from niels_gpt import sources
 from niels_gpt.args import HelpFormatter, exit_with, hidden_alias, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
@@ -29,6 +28,7 @@ from niels_gpt.builders.build_all import ALL, BuildConfig, build_all, build_toke
 from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS, Rules
+from niels_gpt.sources.named import NAMED, OPTIONS
 from niels_gpt.storage.fs import allow_transfers, ctrl_c_stops_transfers, stop_transfers
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
@@ -56,7 +56,6 @@ VERBS = (
     ("train", "train the GPT on a cache, mixture, Parquet shards or packed SFT bins", "niels_gpt.train.cli"),
     ("sample", "print what a checkpoint's model writes after a prompt", "niels_gpt.train.cli"),
     ("trace", "which documents were in step N of a run (or which steps saw a document)", "niels_gpt.trace.cli"),
-    ("dist-build", "the old name of `build` (kept for one release)", "niels_gpt.builders.cli"),
 )
 HELP = {name: text for name, text, _ in VERBS}
 
@@ -136,11 +135,11 @@ def _add_tokenizer_flags(p) -> None:
 
 
 def _add_source_flags(p, d, *, budgets: bool) -> None:
-    """Each source's own options (its module's SourceConfig), then build-all's budgets."""
-    for config in sources.CONFIGS.values():
-        g = p.add_argument_group(config.title)
-        for option in config.options:
-            option.add_to(g, getattr(d, option.field))
+    """Each named source's options (sources/named.py), then build-all's budgets."""
+    for named in NAMED.values():
+        g = p.add_argument_group(named.title)
+        for option in named.options:
+            option.add_to(g)
     if budgets:
         g = p.add_argument_group("budgets and shards")
         train = g.add_argument("--max-tokens", dest="max_train_tokens", type=_int, default=d.max_train_tokens,
@@ -163,7 +162,8 @@ def config_from_args(args):
                              max_chars=args.max_chars, doc_chars=args.doc_chars)
     names = {f.name for f in fields(BuildConfig)}
     kw = {k: v for k, v in vars(args).items() if k in names}
-    kw.update(only=tuple(args.only), tokenizer_settings=settings, progress=None if not args.no_progress else False)
+    kw.update(only=tuple(args.only), tokenizer_settings=settings, progress=None if not args.no_progress else False,
+              options={name: getattr(args, name) for name in OPTIONS})
     return BuildConfig(**kw)
 
 
@@ -316,7 +316,7 @@ def _verify(args) -> int:
 def build_parser(prog: str | None = None, only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser with every command's flags; `only=COMMAND`: with that command's flags alone, the other
     commands named (what `main` uses: a command imports only what it runs)."""
-    commands = " ".join(name for name, _, _ in VERBS if name != "dist-build")
+    commands = " ".join(name for name, _, _ in VERBS)
     parser = argparse.ArgumentParser(prog=prog or program_name(), formatter_class=HelpFormatter,
                                      description="Token caches and data loading for training language models. "
                                                  f"Commands: {commands}. `COMMAND --help` for each one's flags.")

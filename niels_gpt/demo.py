@@ -12,33 +12,43 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.cli import main as cli
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.report import show_tokens
 from niels_gpt.seeds import seed_arg
-from niels_gpt.sources import sample_sources
+from niels_gpt.sources.documents import Skipped
+from niels_gpt.sources.named import NAMED, inputs
+from niels_gpt.sources.stream import task_items
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.train.demo_run import demo_training
 
 
 def source_table(seed: int) -> str:
     lines = [f"{'source':<12} {'kind':<5} {'split':<6} {'records':>8} {'characters':>11}  skipped"]
-    for name, src in sample_sources(seed=seed).items():
-        if hasattr(src, "iter_conversations"):
-            convs = list(src.iter_conversations())
-            chars = sum(len(m["content"]) for c in convs for m in c)
-            lines.append(f"{name:<12} {'chat':<5} {'all':<6} {len(convs):>8} {chars:>11,}  {dict(src.skipped) or '-'}")
-            continue
-        for split in (("train", "val") if src.own_split else (None,)):
-            docs = list(src.iter_texts(split))
-            lines.append(f"{name:<12} {'text':<5} {split or 'stream':<6} {len(docs):>8} "
-                         f"{sum(map(len, docs)):>11,}  {dict(src.skipped) or '-'}")
+    for name in NAMED:
+        fields = inputs(name, {}, seed, sample=True)
+        chat = fields.get("chat", False)
+        splits = [("train", fields["sources"], fields.get("split", "train"))]
+        if fields.get("val_sources") is not None:
+            splits.append(("val", fields["val_sources"], fields.get("val_split") or fields.get("split", "train")))
+        for split, srcs, hub_split in splits:
+            plan = make_plan(srcs, tokenizer=None, chat=chat, layout=fields["layout"], config=fields.get("hf_config"),
+                             split=hub_split)
+            items = [item for t in plan.tasks for item in task_items(t, plan.rules, plan.signatures)]
+            kept = [item for item in items if isinstance(item, (str, list))]
+            skipped = dict(Counter(item.reason for item in items if isinstance(item, Skipped)))
+            chars = sum(len(m["content"]) for c in kept for m in c) if chat else sum(map(len, kept))
+            label = "all" if chat else split if len(splits) > 1 else "stream"
+            lines.append(f"{name:<12} {'chat' if chat else 'text':<5} {label:<6} {len(kept):>8} {chars:>11,}  "
+                         f"{skipped or '-'}")
     return "\n".join(lines)
 
 
@@ -58,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return rc
 
     tok = load_tokenizer(root / "tokenizer")
-    conv = next(iter(sample_sources(seed=args.seed)["dolly15k"].iter_conversations()))
+    plan = make_plan(inputs("dolly15k", {}, args.seed, sample=True)["sources"], tokenizer=None, chat=True, layout="dolly")
+    conv = next(item for item in task_items(plan.tasks[0], plan.rules) if isinstance(item, list))
     ids, mask = tok.render_chat(conv)
     print(f"\n== 3. a rendered dolly15k conversation: {len(ids)} ids, {sum(mask)} trained (inside ⟦ ⟧)\n")
     print(show_tokens(tok, ids, mask))

@@ -373,15 +373,15 @@ def prepare_data_yaml_not_utf8(w, tmp):
     return ["prepare-data", str(d)]
 
 
-def dist_build_missing_input(w, tmp):
-    return ["dist-build", str(tmp / "nowhere.jsonl"), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
-            "--workers", "1", "--executor", "inprocess", "--no-progress"]
+def build_on_processes_missing_input(w, tmp):
+    return ["build", str(tmp / "nowhere.jsonl"), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
+            "--workers", "1", "--executor", "processes", "--no-progress"]
 
 
-def dist_build_bad_line(w, tmp):
+def build_on_processes_bad_line(w, tmp):
     data = _jsonl(tmp / "in" / "bad.jsonl", [*_good_rows(4), "{oops"])
-    return ["dist-build", str(data), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
-            "--workers", "1", "--executor", "inprocess", "--no-progress"]
+    return ["build", str(data), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
+            "--workers", "1", "--executor", "processes", "--no-progress"]
 
 
 def train_on_not_a_cache(w, tmp):
@@ -438,8 +438,8 @@ CASES = [
     Case("convert: shard size below the minimum", convert_tiny_shards, ("shard",), out="dst", reads=("pretrain",)),
     Case("convert: unknown format", convert_unknown_format, ("--to",), status=2),
     Case("prepare-data: metadata.yaml not UTF-8", prepare_data_yaml_not_utf8, ("metadata.yaml", "utf-8")),
-    Case("dist-build: missing input", dist_build_missing_input, ("nowhere.jsonl",), out="out"),
-    Case("dist-build: malformed JSONL line", dist_build_bad_line, ("bad.jsonl", "line 5", "fix or remove"), out="out"),
+    Case("build on processes: missing input", build_on_processes_missing_input, ("nowhere.jsonl",), out="out"),
+    Case("build on processes: malformed JSONL line", build_on_processes_bad_line, ("bad.jsonl", "line 5", "fix or remove"), out="out"),
     Case("train: not a cache", train_on_not_a_cache, ("empty",), out="run"),
 ]
 

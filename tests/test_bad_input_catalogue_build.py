@@ -1,4 +1,4 @@
-"""The bad-input catalogue, part two: `build` (every executor), `dist-build`, `train-tokenizer` and the output guard.
+"""The bad-input catalogue, part two: `build` (every executor), `train-tokenizer` and the output guard.
 
 Each case is held to the catalogue's promises (tests/test_bad_input_catalogue.py: one `error:` line naming the
 file, flag or record, no complete-looking output, every input unchanged) and, where a user's files sit where the
@@ -170,19 +170,14 @@ def build_text_files_with_chat(w, tmp):
     return _build(w, tmp, "--chat", src=tmp / "notes.txt")
 
 
-def dist_build_work_dir_of_a_user(w, tmp):
-    return ["dist-build", str(_data(tmp)), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
+def build_work_dir_of_a_user(w, tmp):
+    return ["build", str(_data(tmp)), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
             "--work-dir", str(_users_dir(tmp, "work")), "--executor", "processes", "--no-progress"]
 
 
-def dist_build_work_dir_inside_out(w, tmp):
-    return ["dist-build", str(_data(tmp)), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
+def build_work_dir_inside_out(w, tmp):
+    return ["build", str(_data(tmp)), "--out", str(tmp / "out"), "--tokenizer", str(w.tokenizer),
             "--work-dir", str(tmp / "out" / "work"), "--no-progress"]
-
-
-def dist_build_sources_and_hf_dataset(w, tmp):
-    return ["dist-build", str(_data(tmp)), "--hf-dataset", "someone/corpus", "--out", str(tmp / "out"),
-            "--tokenizer", str(w.tokenizer), "--no-progress"]
 
 
 def train_tokenizer_sources_without_out(w, tmp):
@@ -287,10 +282,9 @@ CASES = [
          out="out"),
     Case("build: chat records without --chat", build_chat_records_without_chat, ("chats.jsonl", "--chat"), out="out"),
     Case("build: text files with --chat", build_text_files_with_chat, ("notes.txt", "not a conversation"), out="out"),
-    Case("dist-build: a work directory of the user's", dist_build_work_dir_of_a_user, ("--work-dir", "thesis.tex"),
+    Case("build: a work directory of the user's", build_work_dir_of_a_user, ("--work-dir", "thesis.tex"),
          out="out"),
-    Case("dist-build: work directory inside the output", dist_build_work_dir_inside_out, ("must not overlap",)),
-    Case("dist-build: sources and --hf-dataset", dist_build_sources_and_hf_dataset, ("--hf-dataset", "not both")),
+    Case("build: work directory inside the output", build_work_dir_inside_out, ("must not overlap",)),
     Case("train-tokenizer: sources without --out", train_tokenizer_sources_without_out, ("--out",)),
     Case("train-tokenizer: --vocab-size 0", train_tokenizer_vocab_zero, ("--vocab-size 0", "at least 260"), out="out"),
     Case("train-tokenizer: into a directory of the user's", train_tokenizer_into_a_users_directory,

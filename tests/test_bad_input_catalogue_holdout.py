@@ -113,10 +113,10 @@ def inspect_interrupted_first_build(w, tmp):
 
 
 CASES = [
-    Case("oasst lone surrogate in a reply", oasst_lone_surrogate, ("s.jsonl", "line 2", "q-a", "surrogate"),
+    Case("oasst lone surrogate in a reply", oasst_lone_surrogate, ("s.jsonl", "line 2", "surrogate"),
          out="out/sft"),
     Case("oasst tree without an assistant reply", oasst_no_assistant_reply,
-         ("u.jsonl", "no usable conversation", "no_assistant_turn", "nobody answered"), out="out/sft"),
+         ("u.jsonl", "no usable conversation", "no_assistant_turn", "needs an assistant turn"), out="out/sft"),
     Case("gutenberg: a second START before the first END", gutenberg_start_inside_a_book,
          ("x.txt", "line 3", "second '*** START OF'"), out="out/pretrain"),
     Case("convert: a .bos.idx that disagrees with its shard", convert_sidecar_disagrees,

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from niels_gpt.cache.build_cache import SplitTexts, build_pretrain_cache, shuffled
+from niels_gpt.builders.encoding import shuffled
+from niels_gpt.builders.pretrain import SplitTexts
+from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.errors import CacheError, ConfigError
 

@@ -51,7 +51,7 @@ def test_sft_cache_is_byte_identical_for_same_input_and_seed(tmp_path, tokenizer
 
 
 def test_own_split_with_shuffle_is_identical_for_1_and_2_workers(tmp_path, tokenizer):
-    from niels_gpt.cache.build_cache import SplitTexts
+    from niels_gpt.builders.pretrain import SplitTexts
 
     digests = []
     for workers in (1, 2):

@@ -29,7 +29,8 @@ def test_build_all_builds_every_cache_of_the_contract(sample_cache):
     for sub in ("sft/dolly15k", "sft/oasst1"):
         meta = read_meta(str(sample_cache / sub))
         assert meta["totals"]["train_examples"] > meta["totals"]["val_examples"] > 0
-    assert read_meta(str(sample_cache / "pretrain/fineweb_edu"))["streaming"] is True
+    web = read_meta(str(sample_cache / "pretrain/fineweb_edu"))  # the sample's local file: read, not streamed
+    assert web["streaming"] is False and web["build"]["shuffle_buffer"] == 10_000  # the contract's buffer, torch RNG
     assert read_meta(str(sample_cache / "pretrain/fineweb_edu"))["totals"]["val_tokens"] == 4096
     tok = read_meta(str(sample_cache / "tokenizer"))
     assert tok["vocab_size"] == 16_004

@@ -85,25 +85,23 @@ def test_build_into_the_input_directory_is_refused(tmp_path, tokenizer, capsys):
     assert sorted(p.name for p in data.iterdir()) == ["part-000.jsonl"]
 
 
-@pytest.mark.parametrize("command", ["build", "dist-build"])
-def test_an_output_directory_holding_a_users_file_is_refused(tmp_path, tokenizer, capsys, command):
+def test_an_output_directory_holding_a_users_file_is_refused(tmp_path, tokenizer, capsys):
     data = _data(tmp_path / "data")
     out = tmp_path / "out"
     out.mkdir()
     (out / "thesis.tex").write_text("years of work\n")
-    extra = ["--workers", "1", "--executor", "inprocess"] if command == "dist-build" else []
-    _refused([command, str(data), "--out", str(out), "--tokenizer", tokenizer.model_path, "--no-progress", *extra],
+    _refused(["build", str(data), "--out", str(out), "--tokenizer", tokenizer.model_path, "--no-progress"],
              capsys, str(out), "thesis.tex")
     assert _tree(out) == {"thesis.tex": b"years of work\n"}
     assert not (tmp_path / "out.build").exists()
 
 
-def test_dist_build_never_deletes_a_work_dir_it_did_not_make(tmp_path, tokenizer, capsys):
+def test_build_never_deletes_a_work_dir_it_did_not_make(tmp_path, tokenizer, capsys):
     data = _data(tmp_path / "data")
     work = tmp_path / "work"
     work.mkdir()
     (work / "todo.txt").write_text("mine\n")
-    argv = ["dist-build", str(data), "--out", str(tmp_path / "out"), "--tokenizer", tokenizer.model_path,
+    argv = ["build", str(data), "--out", str(tmp_path / "out"), "--tokenizer", tokenizer.model_path,
             "--workers", "1", "--executor", "processes", "--no-progress", "--val-tokens", "0"]
     _refused([*argv, "--work-dir", str(work)], capsys, "--work-dir", "todo.txt")
     assert _tree(work) == {"todo.txt": b"mine\n"}
@@ -117,11 +115,11 @@ def test_dist_build_never_deletes_a_work_dir_it_did_not_make(tmp_path, tokenizer
     assert not (tmp_path / "out2.build").exists() and (tmp_path / "out2" / "meta.json").is_file()
 
 
-def test_dist_build_work_dir_inside_the_output_is_refused(tmp_path, tokenizer, capsys):
+def test_build_work_dir_inside_the_output_is_refused(tmp_path, tokenizer, capsys):
     data = _data(tmp_path / "data")
     out = tmp_path / "out"
-    _refused(["dist-build", str(data), "--out", str(out), "--tokenizer", tokenizer.model_path, "--workers", "1",
-              "--executor", "inprocess", "--no-progress", "--work-dir", str(out / "work")], capsys,
+    _refused(["build", str(data), "--out", str(out), "--tokenizer", tokenizer.model_path, "--workers", "1",
+              "--executor", "processes", "--no-progress", "--work-dir", str(out / "work")], capsys,
              "must not overlap")
     assert not out.exists()
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from niels_gpt.cache.build_cache import SplitTexts, build_pretrain_cache, build_sft_cache
+from niels_gpt.builders.pretrain import SplitTexts
+from niels_gpt.cache.build_cache import build_pretrain_cache, build_sft_cache
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.cache.sft_dataset import SFTExampleDataset, assistant_span_mask

@@ -6,13 +6,13 @@ import json
 from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
-from niels_gpt.sources import local_text
+from niels_gpt.sources.corpus import corpus
 
 
 def test_source_skips_reach_meta_json(tmp_path, tokenizer):
     f = tmp_path / "docs.jsonl"
     f.write_text('{"text": "kept one"}\n{"text": null}\n{"text": "   "}\n{"text": "kept two"}\n')
-    src = local_text(f)
+    src = corpus([f])
     build_pretrain_cache(src.iter_texts(), str(tmp_path / "c"), tokenizer=tokenizer, max_train_tokens=10**6,
                          max_val_tokens=0, shard_bytes=1 << 20, seed=0, shuffle_buffer=None, source=src.describe)
     meta = read_meta(str(tmp_path / "c"))

@@ -23,12 +23,12 @@ def test_commands_that_write_local_files_refuse_a_url(args, flag, tmp_path, monk
     assert not (tmp_path / "s3:").exists()
 
 
-def test_dist_build_refuses_a_url_it_cannot_write_before_building(tmp_path, monkeypatch, capsys, tokenizer):
+def test_build_refuses_a_url_it_cannot_write_before_building(tmp_path, monkeypatch, capsys, tokenizer):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
-    assert main(["dist-build", "a.jsonl", "--out", "nosuch://bucket/out", "--tokenizer", tokenizer.model_path]) == 1
+    assert main(["build", "a.jsonl", "--out", "nosuch://bucket/out", "--tokenizer", tokenizer.model_path]) == 1
     assert "the URL scheme 'nosuch' is not supported" in capsys.readouterr().err
-    assert main(["dist-build", "a.jsonl", "--out", "http://h/out", "--tokenizer", tokenizer.model_path]) == 1
+    assert main(["build", "a.jsonl", "--out", "http://h/out", "--tokenizer", tokenizer.model_path]) == 1
     assert "http:// is read-only" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]  # nothing built, nothing at a URL-like path
 

@@ -12,7 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from niels_gpt.sources import fineweb_edu, gutenberg, local_text, oasst1, wikitext
+from niels_gpt.sources import fineweb_edu, gutenberg, oasst1, wikitext
+from niels_gpt.sources.corpus import corpus
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -45,7 +46,7 @@ def main() -> None:
             lambda: wikitext(data_files={"validation": wiki}).iter_texts("val"), wiki.stat().st_size)
     measure("oasst1 (nested, 100 trees)", lambda: oasst1(trees_jsonl=trees).iter_conversations(),
             trees.stat().st_size)
-    measure("local_text (debian-docs.jsonl)", lambda: local_text(bulk).iter_texts(), bulk.stat().st_size)
+    measure("corpus (debian-docs.jsonl)", lambda: corpus([bulk]).iter_texts(), bulk.stat().st_size)
     measure("fineweb_edu seed=None (debian-docs.jsonl)",
             lambda: fineweb_edu(data_files=bulk, seed=None).iter_texts(), bulk.stat().st_size)
     measure("fineweb_edu seed=42 buffer 10k (debian-docs.jsonl)",

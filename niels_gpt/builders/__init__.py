@@ -12,9 +12,8 @@ docs/scale.md has the plan for 100B tokens.
 
 import importlib
 
-__all__ = ["BuildSpec", "Plan", "Task", "build", "dist_build", "format_summary", "make_plan", "plan_items"]
-_HOME = {"Plan": "plan", "Task": "plan", "make_plan": "plan", "plan_items": "plan", "build": "run",
-         "BuildSpec": "run", "format_summary": "run", "dist_build": "dist"}
+__all__ = ["BuildSpec", "build", "format_summary", "make_plan"]
+_HOME = {"make_plan": "plan", "build": "run", "BuildSpec": "run", "format_summary": "run"}
 
 
 def __getattr__(name: str):

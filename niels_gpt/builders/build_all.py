@@ -1,13 +1,12 @@
-"""build-all: tokenizer, then every pretraining and SFT cache of the contract, in one run: a recipe over `build`.
+"""build-all: tokenizer, then every pretraining and SFT cache of the contract, in one run: a list of `build`s.
 
 Order: tokenizer (trained on the pretraining sources, or copied from --tokenizer), then pretrain
-fineweb_edu (streamed), roam, wikitext, gutenberg, then SFT dolly15k and oasst1. Each cache is one `build`
-(`recipe(name)`: the source its module makes from its options, its output under --cache-dir and its
-budgets), run by the same driver as the command (builders/run.py), inline: the sources with their own
-train/val split are cached whole in their splits. Each cache commits on its own (meta.json last), so a
-failure part-way leaves every finished cache usable and no unfinished one that looks complete.
-`sample=True` points every source at the bundled sample corpus (offline). `--only tokenizer NAME...` trains
-the tokenizer on those sources alone.
+fineweb_edu (streamed), roam, wikitext, gutenberg, then SFT dolly15k and oasst1. Each cache is one `BuildSpec`
+(`recipe(name)`: what its named source reads (sources/named.py), its output under --cache-dir and its budgets),
+run by `build` (builders/run.py) over the one input layer, inline: the sources with their own train/val split
+are cached whole in their splits. Each cache commits on its own (meta.json last), so a failure part-way leaves
+every finished cache usable and no unfinished one that looks complete. `sample=True` points every source at
+the bundled sample corpus (offline). `--only tokenizer NAME...` trains the tokenizer on those sources alone.
 """
 
 from __future__ import annotations
@@ -20,10 +19,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from niels_gpt import sources
 from niels_gpt.atomic import atomic_path
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS, SHARD_BYTES
 from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build, check_spec
 from niels_gpt.builders.sft import VAL_FRAC
@@ -33,21 +31,25 @@ from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.outputs import check_overlap
 from niels_gpt.seeds import check_seed
+from niels_gpt.sources.documents import Rules
+from niels_gpt.sources.named import NAMED, OPTIONS, inputs, values_of
+from niels_gpt.sources.stream import task_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.tokenizer.spm import check_train_settings
 from niels_gpt.urls import is_url, refuse_url
 
-PRETRAIN = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "pretrain")
-SFT = tuple(name for name, c in sources.CONFIGS.items() if c.kind == "sft")
+PRETRAIN = tuple(name for name, n in NAMED.items() if n.kind == "pretrain")
+SFT = tuple(name for name, n in NAMED.items() if n.kind == "sft")
 ALL = ("tokenizer",) + PRETRAIN + SFT
 SAMPLE_MAX_VAL_TOKENS = 4096  # fineweb_edu's val budget on the sample corpus (a few pages, not all of it)
 
 
 @dataclass(kw_only=True)
-class _Settings:
-    """What every build-all run has, whatever its sources: output, seed, tokenizer, budgets."""
+class BuildConfig:
+    """A build-all run: output, seed, tokenizer, budgets, and each named source's options (sources/named.py:
+    `options={"<source>_dir": "notes/"}`; an option left out has its default)."""
 
     cache_dir: str = "cache"
     seed: int = SEED
@@ -63,32 +65,12 @@ class _Settings:
     shuffle_buffer: int | None = None
     val_frac: float = VAL_FRAC  # SFT caches' val share
     progress: bool | None = None
+    options: dict = field(default_factory=dict)
 
     def resolved_max_val_tokens(self) -> int:
         if self.max_val_tokens is not None:
             return self.max_val_tokens
         return SAMPLE_MAX_VAL_TOKENS if self.sample else MAX_VAL_TOKENS
-
-
-# The settings above plus each source's own options (its module's SourceConfig), as one flat config:
-# BuildConfig(cache_dir=..., <any source option>=...). Adding a source adds no field here.
-BuildConfig = dataclasses.make_dataclass(
-    "BuildConfig", [(o.field, Any, field(default=o.default)) for c in sources.CONFIGS.values() for o in c.options],
-    bases=(_Settings,), kw_only=True)
-BuildConfig.__module__ = __name__  # pickles and reprs as niels_gpt.builders.build_all.BuildConfig
-BuildConfig.__doc__ = "A build-all run: the shared settings and every source's options (niels_gpt.sources.CONFIGS)."
-
-
-def make_source(name: str, cfg: BuildConfig):
-    """The configured source for `name` (None for a source with nothing to read, e.g. gutenberg without a
-    directory). With `sample`, a source not pointed at local data reads the bundled sample corpus."""
-    config = sources.CONFIGS.get(name)
-    if config is None:
-        raise ConfigError(f"unknown source {name!r}; expected one of {ALL}")
-    values = config.values(cfg)
-    if cfg.sample and not config.has_local_data(values):
-        return sources.sample_sources(seed=cfg.seed)[name]
-    return config.make(values, cfg.seed)
 
 
 def trained_on_sources(cfg: BuildConfig) -> tuple[str, ...]:
@@ -98,22 +80,31 @@ def trained_on_sources(cfg: BuildConfig) -> tuple[str, ...]:
     return named if "tokenizer" in cfg.only and named else PRETRAIN + SFT
 
 
+def _texts(fields: dict) -> Iterator[str]:
+    """The documents of a named source's train inputs, or every message of its conversations."""
+    chat = fields.get("chat", False)
+    plan = make_plan(fields["sources"], tokenizer=None, rules=Rules(), chat=chat, layout=fields["layout"],
+                     config=fields.get("hf_config"), split=fields.get("split", "train"))
+    for t in plan.tasks:
+        for item in task_items(t, plan.rules, plan.signatures):
+            if isinstance(item, str):
+                yield item
+            elif isinstance(item, list):
+                yield from (m["content"] for m in item)
+
+
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
-    """Training text for the tokenizer: the documents of every pretraining source and the messages of
-    every SFT source (the tokenizer encodes both), interleaved source by source."""
+    """Training text for the tokenizer: the documents of every pretraining source (the train split of those
+    with their own) and the messages of every SFT source (the tokenizer encodes both), interleaved source by
+    source; read as `build` reads them."""
     streams = []
-    named = trained_on_sources(cfg)
-    for name in named:
+    for name in trained_on_sources(cfg):
         try:
-            src = make_source(name, cfg)
+            fields = inputs(name, cfg.options, cfg.seed, cfg.sample)
         except ConfigError:
             continue  # a source that is not configured simply does not contribute
-        if src is None:
-            continue
-        if name in SFT:
-            streams.append(m["content"] for conv in src.iter_conversations() for m in conv)
-        else:
-            streams.append(src.iter_texts("train") if src.own_split else src.iter_texts())
+        if fields is not None:
+            streams.append(_texts(fields))
     for group in itertools.zip_longest(*streams):
         yield from (t for t in group if t is not None)
 
@@ -173,21 +164,21 @@ def refuse_orphaning(cfg: BuildConfig, sha256: str) -> None:
 
 
 def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
-    """The `build` that makes build-all's cache `name`: its source (the module that owns its options makes
-    it), its output under --cache-dir and the budgets build-all gives it; None for a source with nothing to
-    read (gutenberg without a directory)."""
-    src = make_source(name, cfg)
-    if src is None:
+    """The `build` that makes build-all's cache `name`: what its named source reads, its output under --cache-dir
+    and the budgets build-all gives it; None for a source with nothing to read (gutenberg without a directory)."""
+    fields = inputs(name, cfg.options, cfg.seed, cfg.sample)
+    if fields is None:
         return None
     sft = name in SFT
-    own = getattr(src, "own_split", False)  # cached whole in its own splits: no budgets
-    return BuildSpec(sources=[], source=src, out=str(Path(cfg.cache_dir) / ("sft" if sft else "pretrain") / name),
-                     tokenizer=tokenizer, chat=sft, name=name, seed=cfg.seed, workers=cfg.workers,
+    own = fields.get("val_sources") is not None  # cached whole in its own splits: no budgets
+    shuffle = None if sft else cfg.shuffle_buffer or fields.pop("shuffle_buffer", None)
+    fields.pop("shuffle_buffer", None)
+    return BuildSpec(**fields, out=str(Path(cfg.cache_dir) / ("sft" if sft else "pretrain") / name),
+                     tokenizer=tokenizer, name=name, seed=cfg.seed, workers=cfg.workers, executor="inline",
                      progress=cfg.progress, shard_bytes=SHARD_BYTES if sft else cfg.shard_bytes,
-                     shuffle_buffer=None if sft else cfg.shuffle_buffer,
-                     val_frac=cfg.val_frac if sft else None,
+                     shuffle_buffer=shuffle, val_frac=cfg.val_frac if sft else None,
                      max_tokens=ALL_TOKENS if sft or own else cfg.max_train_tokens,
-                     val_tokens=None if sft else ALL_TOKENS if own else cfg.resolved_max_val_tokens())
+                     val_tokens=None if sft or own else cfg.resolved_max_val_tokens())
 
 
 def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
@@ -197,7 +188,7 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
         build(spec, log=lambda msg: None)
         return _summary(name, out)
     out = Path(cfg.cache_dir) / "pretrain" / name  # a placeholder, not a failure: "built": false says why
-    flags = " or ".join(o.flag for o in sources.CONFIGS[name].options if o.field in sources.CONFIGS[name].local)
+    flags = " or ".join(OPTIONS[f].flag for f in NAMED[name].local)
     with build_aside(out) as stage:
         for split in ("train", "val"):
             (stage / split).mkdir()
@@ -230,10 +221,9 @@ def local_inputs(cfg: BuildConfig) -> list[str]:
                 add(v)
 
     for name in cfg.only:
-        config = sources.CONFIGS.get(name)
-        if config is not None:
-            values = config.values(cfg)
-            for field_name in config.local:
+        if name in NAMED:
+            values = values_of(name, cfg.options, False)
+            for field_name in NAMED[name].local:
                 add(values[field_name])
     return found
 

@@ -6,9 +6,7 @@
     niels-gpt-data build chats.jsonl --chat --out cache/mine-sft --tokenizer my-tokenizer/
     niels-gpt-data build corpus/ --out /shared/cache/big --tokenizer /shared/tok --executor ray --ray-address auto
 
-`dist-build` is the same command under its old name, kept for one release: its flags are build's, plus
-`--hf-dataset/--hf-data-files/--hf-split` (a dataset id or its files as sources) and `--executor inprocess`
-(= inline). The default executor is `auto`: local processes when the plan has several tasks, else inline.
+The default executor is `auto`: local processes when the plan has several tasks, else inline.
 """
 
 from __future__ import annotations
@@ -58,8 +56,8 @@ def read_as_map(values: list[str]) -> dict[str, str]:
     return out
 
 
-def _add_build_args(p, *, legacy: bool) -> None:
-    p.add_argument("sources", nargs="*" if legacy else "+", metavar="SRC",
+def _add_build_args(p) -> None:
+    p.add_argument("sources", nargs="+", metavar="SRC",
                    help="files (.txt .md .raw .jsonl .json(.gz/.zst) .parquet .csv .arrow), directories, globs, URLs "
                         "of files, prefixes or globs (s3://, gs://, hf://, http(s)://, memory://, file://), or a "
                         "dataset id (owner/name)")
@@ -112,7 +110,7 @@ def _add_build_args(p, *, legacy: bool) -> None:
     g.add_argument("--shuffle-buffer", type=_optional_int, default=None,
                    help="torch-RNG document shuffle buffer (default: off); it cannot be planned, so the build runs inline")
     g = p.add_argument_group("where it runs")
-    g.add_argument("--executor", choices=EXECUTORS + (("inprocess",) if legacy else ()), default="auto",
+    g.add_argument("--executor", choices=EXECUTORS, default="auto",
                    help="auto: local processes when the plan has several tasks, else inline; the cache is the same")
     g.add_argument("--workers", type=int, default=0,
                    help="worker processes / Ray tasks at once, or inline encode workers; 0: one per core")
@@ -137,30 +135,12 @@ def register(sub) -> None:
                        description="Build a pretraining cache (or with --chat an SFT cache) from any mix of local "
                                    "files, directories, globs, URLs and Hugging Face dataset ids, with any tokenizer; "
                                    "byte-identical whichever executor runs it.")
-    _add_build_args(p, legacy=False)
-    p.set_defaults(func=run_build)
-    p = sub.add_parser("dist-build",
-                       description="`build` under its old name, for one release: the same flags, plus the old "
-                                   "--hf-dataset/--hf-data-files/--hf-split and --executor inprocess.")
-    _add_build_args(p, legacy=True)
-    g = p.add_argument_group("the old way to name a datasets stream")
-    g.add_argument("--hf-dataset", default=None, help="a dataset id (owner/name), or json/parquet/text with "
-                   "--hf-data-files (default: the SRC files)")
-    g.add_argument("--hf-split", default=None, help="= --split (default: --split)")
-    g.add_argument("--hf-data-files", nargs="+", default=None, help="files of a packaged builder: read as sources "
-                   "(default: none)")
+    _add_build_args(p)
     p.set_defaults(func=run_build)
 
 
 def spec_from_args(args) -> BuildSpec:
     sources = list(args.sources)
-    if getattr(args, "hf_dataset", None) is not None:
-        if sources:
-            raise ConfigError("pass either SRC files or --hf-dataset, not both")
-        sources = list(args.hf_data_files) if args.hf_data_files else [args.hf_dataset]
-    if not sources:
-        raise ConfigError("no sources given: pass files, directories, globs, URLs or dataset ids")
-    split = getattr(args, "hf_split", None) or args.split
     columns = None
     if args.chat_columns is not None:
         columns = tuple(c.strip() for c in args.chat_columns.split(","))
@@ -171,10 +151,10 @@ def spec_from_args(args) -> BuildSpec:
                      layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
                      map=args.map, min_chars=args.min_chars, val_per_input=args.val_per_input,
-                     hf_config=args.hf_config, split=split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
+                     hf_config=args.hf_config, split=args.split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
                      shuffle_buffer=args.shuffle_buffer, compress=args.compress,
-                     executor="inline" if args.executor == "inprocess" else args.executor,
+                     executor=args.executor,
                      workers=None if args.workers == 0 else args.workers, ray_address=args.ray_address,
                      retries=args.retries, task_bytes=args.task_bytes, name=args.name, work_dir=args.work_dir,
                      keep_parts=args.keep_parts, progress=False if args.no_progress else None,

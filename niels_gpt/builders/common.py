@@ -99,10 +99,12 @@ NO_CONVERSATION_ADVICE = {
 }
 
 
-def no_conversation_message(final, skipped: dict) -> str:
-    """One line for an SFT build in which no conversation was usable: what was skipped, and what to do."""
+def no_conversation_message(final, skipped: dict, source: dict | None = None) -> str:
+    """One line for an SFT build in which no conversation was usable: its inputs, what was skipped, what to do."""
     counted = ", ".join(f"{reason} {n:,}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])) or "none"
     top = max(skipped, key=skipped.get) if skipped else None
     advice = NO_CONVERSATION_ADVICE.get(top, "fix the records (meta.json's skipped counts name each reason), or "
                                               "name their layout with --format")
-    return f"no usable conversation for {final}: every record was skipped (by reason: {counted}); {advice}"
+    files = (source or {}).get("files") or []
+    read = f" from {', '.join(map(str, files[:3]))}{' and more' if len(files) > 3 else ''}" if files else ""
+    return f"no usable conversation for {final}{read}: every record was skipped (by reason: {counted}); {advice}"

@@ -7,8 +7,8 @@ by meta.json's `origins`:
 |---------------------|-------------------------------------------------------------------------------|
 | `<split>_origins.npy` | one row per document of the split, in order: a structured array of fields  |
 |                     | input, record, char_start, char_end (sources/origins.py says what each is),   |
-|                     | each the narrowest little-endian signed int that holds the cache's values;   |
-|                     | no char fields where no document has a range (an SFT cache)                  |
+|                     | each the narrowest little-endian int (unsigned where none is negative) that   |
+|                     | holds the cache's values; no char fields where no document has a range (SFT) |
 | `origins.json`      | the inputs: index -> path or URL as meta.json's `source.files` names it, its  |
 |                     | sha256 (a dataset: its id, config, split; a URL: the store's version), its kind |
 |                     | and what its `record` counts                                                  |
@@ -78,8 +78,8 @@ def input_table(inputs: list[str], kinds: list[str], config: str | None = None, 
 class InputIndex:
     """Task piece -> the plan's input index (and a dataset shard's number in the record)."""
 
-    def __init__(self, inputs: list[str]):
-        self.index = {name: i for i, name in enumerate(inputs)}
+    def __init__(self, inputs: list[str], offset: int = 0):
+        self.index = {name: offset + i for i, name in enumerate(inputs)}
 
     def row(self, pieces: list[dict], origin) -> tuple[int, int, int, int]:
         k, record, a, b = (int(x) for x in origin)
@@ -134,16 +134,16 @@ class OriginLog:
 
 
 def compact_dtype(rows: np.ndarray) -> np.dtype:
-    """The narrowest structured dtype that holds `rows` (int64 [n, 4]); the char fields left out where every
-    document has none (-1)."""
+    """The narrowest structured dtype that holds `rows` (int64 [n, 4]): each field the narrowest little-endian int
+    of its values, unsigned where none is negative; the char fields left out where every document has none (-1)."""
     fields = []
     for k, name in enumerate(COLUMNS):
         col = rows[:, k]
         if k >= 2 and (col == -1).all():
             continue
         lo, hi = (int(col.min()), int(col.max())) if len(col) else (0, 0)
-        width = next(t for t in ("<i1", "<i2", "<i4", "<i8") if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
-        fields.append((name, width))
+        kinds = ("<u1", "<u2", "<u4", "<u8") if lo >= 0 else ("<i1", "<i2", "<i4", "<i8")
+        fields.append((name, next(t for t in kinds if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)))
     return np.dtype(fields)
 
 

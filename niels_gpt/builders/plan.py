@@ -20,18 +20,8 @@ from collections.abc import Sequence
 from niels_gpt.confine import confined
 from niels_gpt.errors import CacheError
 from niels_gpt.sources.documents import Rules
-from niels_gpt.sources.stream import (  # noqa: F401  (the plan's names, where builders look them up)
-    PLAN_VERSION,
-    TASK_BYTES,
-    Plan,
-    Task,
-    check_unchanged,
-    plan_reading,
-    stream_items,
-    task_items,
-)
+from niels_gpt.sources.stream import PLAN_VERSION, Plan, Task, plan_reading
 
-plan_items = stream_items
 TASK_ID = r"[0-9]{5}-[0-9a-f]{12}"  # <index>-<12 hex>: the name of a task's parts and receipt in the work directory
 
 

@@ -197,7 +197,7 @@ def build_pretrain_cache(
                  for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
         # origins: a planned stream's (builders/run.py) documents know their input and record
-        log = OriginLog(None) if not own_split and hasattr(texts, "with_origins") else None
+        log = OriginLog(None) if hasattr(texts.train if own_split else texts, "with_origins") else None
         # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
         pool = EncodePool(tokenizer, workers) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
@@ -211,7 +211,12 @@ def build_pretrain_cache(
                 for split in ("val", "train"):
                     # one generator per split: reading ahead in val never shifts train's draws
                     gen = _shuffle_generator(shuffle_buffer, seed + (split == "train"))
-                    docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
+                    if log is not None:
+                        fifo = deque()
+                        docs = bar.documents(_unpaired(shuffled(getattr(texts, split).with_origins(), shuffle_buffer,
+                                                                gen), fifo))
+                    else:
+                        docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
                     sink = sinks[split]
                     # A batch is read only after a document of the previous one found the split full
                     # (not merely when it became full): the stream is read, and the shuffle's RNG
@@ -224,6 +229,9 @@ def build_pretrain_cache(
                                 stop = True
                                 break
                             bar.add_tokens(sink.plan(ids, job))
+                            if log is not None:
+                                log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
+                                         fifo.popleft())
                         pipe.submit(job)
                         if stop:
                             break
@@ -256,7 +264,7 @@ def build_pretrain_cache(
             pipe.close()
             records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
             if log is not None:
-                log.table = texts.origin_table()
+                log.table = (texts.train.origin_table() + texts.val.origin_table()) if own_split else texts.origin_table()
                 records.update(log.write(out, {s: sinks[s].documents for s in ("train", "val")}))
         except BaseException:
             failed = True

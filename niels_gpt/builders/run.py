@@ -34,7 +34,7 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.parallel import run_parallel
-from niels_gpt.builders.plan import Plan, check_unchanged, make_plan, task_items
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
 from niels_gpt.builders.sft import build_sft_cache
 from niels_gpt.constants import SEED
@@ -42,9 +42,10 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.outputs import check_output
-from niels_gpt.progress import text_input_bytes
 from niels_gpt.seeds import check_seed
-from niels_gpt.sources.documents import Rules, check_layout, record_hook
+from niels_gpt.sources.documents import Rules, check_layout
+from niels_gpt.sources.hooks import record_hook
+from niels_gpt.sources.stream import Plan, check_unchanged, task_items
 from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.upload import local_path_of, staged_output
 from niels_gpt.tokenizer import load_tokenizer
@@ -96,7 +97,10 @@ class BuildSpec:
     work_dir: str | None = None
     keep_parts: bool = False
     progress: bool | None = False
-    source: object = None  # a prepared source (build-all's recipe: its own splits, hub streams): read inline
+    # a cache split by its inputs (build-all's wikitext, roam, gutenberg): `sources` are train, these val, each
+    # whole (no budgets), read at `val_split` where they are dataset ids; [] an empty val split
+    val_sources: list | None = None
+    val_split: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -128,6 +132,13 @@ def check_spec(spec: BuildSpec) -> None:
         raise ConfigError("--val-per-input cuts documents into pieces for --val-frac to draw from each input; "
                           + ("an SFT cache (--chat) is split by conversation: drop --val-per-input" if spec.chat else
                              "give --val-frac F with it"))
+    if spec.val_sources is not None:
+        given = [flag for flag, on in (("--chat", spec.chat), ("--val-tokens", spec.val_tokens is not None),
+                                       ("--val-frac", spec.val_frac is not None),
+                                       ("--max-tokens", spec.max_tokens != ALL_TOKENS)) if on]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: a cache whose val split is its own inputs (val_sources) is built "
+                              "whole from them; leave these out")
     if spec.chat:
         unused = [flag for flag, given in (("--val-tokens", spec.val_tokens is not None),
                                             ("--max-tokens", spec.max_tokens != ALL_TOKENS),
@@ -203,21 +214,22 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     t0 = time.perf_counter()
     out = Path(local_path_of(spec.out))
     work = work_dir_of(spec, out)
-    inputs = spec.sources if spec.source is None else [str(p) for p in spec.source.input_paths()]
+    inputs = [*spec.sources, *(spec.val_sources or [])]
     check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)] if isinstance(work, Path) else [])
     tok = spec.tokenizer
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
     if spec.chat:
         check_renders_chats(tok)
-    if spec.source is not None:
-        summary = _inline_source(spec, tok, out)
-        wall = time.perf_counter() - t0
-        return {**summary, "wall_seconds": wall, "tokens_per_s": summary["tokens"] / max(wall, 1e-9), "out": str(out)}
     plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
                      layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
     executor = choose_executor(spec, plan, log)
-    if executor == "inline":
+    if spec.val_sources is not None:
+        val = make_plan(spec.val_sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules,
+                        layout=spec.layout, config=spec.hf_config, split=spec.val_split or spec.split,
+                        read_as=spec.read_as) if spec.val_sources else None
+        summary = _inline_split(spec, plan, val, tok, out)
+    elif executor == "inline":
         summary = _inline(spec, plan, tok, out)
     else:
         summary = run_parallel(spec, plan, tok, out, executor=executor, log=log, work=work,
@@ -252,32 +264,40 @@ def choose_executor(spec: BuildSpec, plan: Plan, log) -> str:
 
 
 class _Reader:
-    """The plan's items in order, for the inline builders; remembers which local inputs it opened."""
+    """The plan's items in order, for the inline builders; remembers which local inputs it opened. `offset`:
+    where its inputs start in the cache's input table (a val split's plan after train's); no plan: no items."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan | None, offset: int = 0):
         self.plan = plan
+        self.offset = offset
         self.read: list[str] = []
 
     def __iter__(self):
-        for t in self.plan.tasks:
+        for t in self.plan.tasks if self.plan is not None else ():
             self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
             yield from task_items(t, self.plan.rules, self.plan.signatures)
 
     def with_origins(self):
         """(item, origin) pairs: the origin a row of the cache's origins (builders/origins.py), None for a
         Skipped."""
-        index = InputIndex(self.plan.inputs)
+        if self.plan is None:
+            return
+        index = InputIndex(self.plan.inputs, self.offset)
         for t in self.plan.tasks:
             self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
             for item, origin in task_items(t, self.plan.rules, self.plan.signatures, origins=True):
                 yield item, None if origin is None else index.row(t.pieces, origin)
 
     def origin_table(self) -> list[dict]:
+        if self.plan is None:
+            return []
         return input_table(self.plan.inputs, self.plan.kinds, self.plan.config, self.plan.split)
 
     def described(self) -> dict:
         """meta.json's `source`, once the builder has read what it needed: first, every input it read
         must be as it was when the build planned it."""
+        if self.plan is None:
+            return {}
         check_unchanged(self.plan, sorted(set(self.read)))
         return self.plan.describe()
 
@@ -300,24 +320,31 @@ def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
                      tasks=len(plan.tasks), ran=len(plan.tasks), reused=0)
 
 
-def _inline_source(spec: BuildSpec, tok, out: Path) -> dict:
-    """A prepared source (build-all's recipe) in this process: a source with its own train/val split is
-    cached whole in its splits; any other is one stream split by the budgets, as a planned build's is."""
-    src = spec.source
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
-                  dataset_config=src.dataset_config, streaming=src.streaming, source=src.describe,
-                  progress=spec.progress, tokenizer_path=recorded_path(tok, out))
-    if spec.chat:
-        build_sft_cache(src.iter_conversations(), str(out), val_frac=spec.val_frac or 0.0,
-                        num_workers=spec.workers, **common)
-    else:
-        own = getattr(src, "own_split", False)
-        texts = SplitTexts(train=src.iter_texts("train"), val=src.iter_texts("val")) if own else src.iter_texts()
-        build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if own else spec.max_tokens,
-                             max_val_tokens=ALL_TOKENS if own else val_budget(spec), shard_bytes=spec.shard_bytes,
-                             shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers,
-                             input_bytes=text_input_bytes(src.input_paths()), compress=spec.compress, **common)
-    return summarize(out, executor="inline", tasks=1, ran=1, reused=0)
+def _inline_split(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> dict:
+    """A cache split by its inputs: the train plan's documents all go to train, the val plan's to val."""
+    readers = SplitTexts(train=_Reader(plan), val=_Reader(val) if val is not None else _Reader(None, offset=0))
+    readers.val.offset = len(plan.inputs)
+
+    def described() -> dict:
+        about = readers.train.described()
+        return {**about, "split_rule": spec.extra.get("split_rule", "the sources are train, val_sources val"),
+                "val_files": readers.val.described().get("files", []),
+                **({"val_split": spec.val_split} if spec.val_split else {}),
+                **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
+                   if spec.extra.get("skipped_inputs") else {})}
+
+    build_pretrain_cache(readers, str(out), tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                         dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
+                         progress=spec.progress, tokenizer_path=recorded_path(tok, out),
+                         max_train_tokens=ALL_TOKENS, max_val_tokens=ALL_TOKENS, shard_bytes=spec.shard_bytes,
+                         shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, compress=spec.compress,
+                         input_bytes=_total(plan.input_bytes(), val.input_bytes() if val is not None else 0))
+    return summarize(out, executor="inline", tasks=len(plan.tasks) + (len(val.tasks) if val else 0),
+                     ran=len(plan.tasks) + (len(val.tasks) if val else 0), reused=0)
+
+
+def _total(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
 
 
 def format_summary(s: dict) -> str:

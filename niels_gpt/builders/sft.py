@@ -29,7 +29,7 @@ from niels_gpt.builders.common import (
 )
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
 from niels_gpt.builders.origins import OriginLog, origins_meta
-from niels_gpt.builders.rendering import render, unusable  # noqa: F401  (unusable: its old home)
+from niels_gpt.builders.rendering import render
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import sha256_file, write_meta
@@ -126,7 +126,7 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
              tokenizer_path: str | None = None) -> dict:
     """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
     if not writer.offsets["train"] and not writer.offsets["val"]:
-        raise ConfigError(no_conversation_message(final, all_skipped(skipped, source)))
+        raise ConfigError(no_conversation_message(final, all_skipped(skipped, source), source))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
     meta.update({

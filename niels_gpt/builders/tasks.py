@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.builders.plan import Task, task_items
 from niels_gpt.builders.rendering import render
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, ConfigError, TokenizerError
@@ -48,6 +47,7 @@ from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.meta import file_record
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.records import Piece, digest
+from niels_gpt.sources.stream import Task, task_items
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer

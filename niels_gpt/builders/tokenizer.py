@@ -24,12 +24,14 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from niels_gpt.builders.plan import check_unchanged, make_plan, plan_items
+from niels_gpt.builders.plan import make_plan
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
 from niels_gpt.outputs import OutputRefused, check_output
 from niels_gpt.progress import mode, progress_bar
 from niels_gpt.sources.documents import Rules
+from niels_gpt.sources.stream import check_unchanged
+from niels_gpt.sources.stream import stream_items as plan_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer

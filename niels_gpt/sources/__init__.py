@@ -11,7 +11,6 @@
 | wikitext    | hub rows (or raw/parquet files)         | dataset's train / validation     |
 | roam        | directory of .md, one doc per file      | seeded permutation of file names |
 | gutenberg   | directory of PG .txt, licence cut off   | seeded permutation of file names |
-| local_text  | .txt / .jsonl / .parquet via datasets   | none                             |
 | dolly15k    | hub (or jsonl/parquet)                  | none (SFT builder splits)        |
 | oasst1      | hub flat rows, local rows, nested JSONL | none (SFT builder splits)        |
 
@@ -22,18 +21,14 @@ Every skipped record is counted in `source.skipped` and reported by `source.desc
 from __future__ import annotations
 
 from niels_gpt.sources.base import SAMPLE_DIR, ChatSource, TextSource, split_by_file
-from niels_gpt.sources.dolly import DOLLY, dolly15k
-from niels_gpt.sources.files import GUTENBERG, ROAM, gutenberg, roam, strip_gutenberg
-from niels_gpt.sources.oasst import OASST, oasst1
-from niels_gpt.sources.options import Option, SourceConfig
-from niels_gpt.sources.text import FINEWEB, fineweb_edu, local_text
-from niels_gpt.sources.wikitext import WIKITEXT, rebuild_articles, wikitext
-
-# build-all's sources, in build order; each module owns its config (sources/options.py)
-CONFIGS: dict[str, SourceConfig] = {c.name: c for c in (FINEWEB, ROAM, WIKITEXT, GUTENBERG, DOLLY, OASST)}
+from niels_gpt.sources.dolly import dolly15k
+from niels_gpt.sources.files import gutenberg, roam, strip_gutenberg
+from niels_gpt.sources.oasst import oasst1
+from niels_gpt.sources.text import fineweb_edu
+from niels_gpt.sources.wikitext import rebuild_articles, wikitext
 
 __all__ = [
-    "CONFIGS", "Option", "SourceConfig", "SAMPLE_DIR", "ChatSource", "TextSource", "dolly15k", "fineweb_edu", "gutenberg", "local_text",
+    "SAMPLE_DIR", "ChatSource", "TextSource", "dolly15k", "fineweb_edu", "gutenberg",
     "oasst1", "rebuild_articles", "roam", "sample_sources", "split_by_file", "strip_gutenberg",
     "wikitext",
 ]

@@ -18,32 +18,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from niels_gpt.constants import (
-    SEED,  # noqa: F401  (re-exported under its old name)
-    SPLITS,
-)
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.hub import (  # noqa: F401  (re-exported: every source imports them from here)
-    BUILDERS,
-    TEXT_SUFFIXES,
-    builder_for,
-    builder_for_all,
-    iter_jsonl,
-    iter_rows,
-    open_stream,
-)
-from niels_gpt.sources.text_io import (  # noqa: F401  (re-exported: every source imports them from here)
-    as_paths,
-    decode_utf8,
-    encoding_hint,
-    files_under,
-    first_invalid_utf8,
-    invalid_utf8_error,
-    list_files,
-    normalise_text,
-    read_bytes,
-    read_text_file,
-)
 from niels_gpt.tokenizer.base import Message
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"

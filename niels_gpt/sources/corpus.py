@@ -19,15 +19,6 @@ from typing import Any
 from niels_gpt.errors import ConfigError
 from niels_gpt.sources.base import ChatSource, TextSource
 from niels_gpt.sources.documents import Rules, Skipped
-from niels_gpt.sources.inputs import (  # noqa: F401  (their old home)
-    SUFFIXES,
-    WHOLE_FILE,
-    RemoteFile,
-    expand,
-    is_hf_id,
-    kind_of,
-)
-from niels_gpt.sources.records import BadRecord  # noqa: F401  (its old home)
 from niels_gpt.sources.stream import Plan, plan_reading, stream_items
 
 TEXT_FIELD = "text"

@@ -26,18 +26,21 @@ Layouts (`--format NAME`, detected from the first record of each input when not 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
 from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
+from niels_gpt.sources.hooks import chars, mapped, record_hook
 from niels_gpt.sources.inputs import val_pieces
 from niels_gpt.sources.messages import parse_message
-from niels_gpt.sources.oasst import best_path, check_row, flatten_tree, to_conversation
-from niels_gpt.sources.records import BadRecord, FileText
+from niels_gpt.sources.oasst import check_row, flatten_tree
+from niels_gpt.sources.oasst_trees import best_path, count_left_out, to_conversation
+from niels_gpt.sources.records_base import BadRecord, FileText
+from niels_gpt.sources.text_io import normalise_text
 from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
@@ -48,7 +51,7 @@ SHAREGPT_FIELD = "conversations"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "system": "system"}  # ShareGPT's "from" -> our role
 ALPACA_PROMPT = "{instruction}\n\n{input}"  # the user turn when `input` is not empty
-WHOLE_INPUT = ("oasst-rows",)  # layouts whose records group across the whole input: one task reads it all
+WHOLE_INPUT = ("oasst-rows", "wikitext")  # layouts whose records group across the whole input: one task reads it all
 
 
 class Skipped(NamedTuple):
@@ -160,52 +163,17 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
             yield item
             continue
         if hook is not None:
-            item = _mapped(hook, item, rules.map)
+            item = mapped(hook, item, rules.map)
             if item is None:
                 yield Skipped("dropped_by_map")
                 continue
-        if rules.min_chars and _chars(item) < rules.min_chars:
+        if rules.min_chars and chars(item) < rules.min_chars:
             yield Skipped("below_min_chars")
             continue
         if rules.val_per_input and isinstance(item, str):
             yield from val_pieces(item)
             continue
         yield item
-
-
-def record_hook(spec: str):
-    """The function `module:function` names (--map), imported here, so every executor's workers run it."""
-    import importlib
-
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ConfigError(f"--map {spec}: give MODULE:FUNCTION, e.g. --map my_filters:clean")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        raise ConfigError(f"--map {spec}: cannot import {module!r} ({exc}); put it on PYTHONPATH (every worker "
-                          "imports it too)") from None
-    except AttributeError:
-        raise ConfigError(f"--map {spec}: module {module!r} has no {name!r}; check the function's name") from None
-    if not callable(fn):
-        raise ConfigError(f"--map {spec}: {module}.{name} is not a function")
-    return fn
-
-
-def _mapped(hook, item, spec: str):
-    out = hook(item)
-    if out is None or isinstance(out, str) == isinstance(item, str) and (
-            isinstance(out, str) or (isinstance(out, list) and all(isinstance(m, dict) for m in out))):
-        return out
-    want = "text (str)" if isinstance(item, str) else "a list of {\"role\", \"content\"} messages"
-    raise SourceError(f"--map {spec}: returned {type(out).__name__} ({out!r:.60}); it must return {want}, or None "
-                      "to drop the record")
-
-
-def _chars(item) -> int:
-    if isinstance(item, str):
-        return len(item)
-    return sum(len(m.get("content") or "") for m in item if isinstance(m, dict))
 
 
 def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:
@@ -264,22 +232,43 @@ def _text(records, rules: Rules):
 def _gutenberg(where, record, rules: Rules):
     if not isinstance(record, FileText):
         raise SourceError(f"{where}: --format gutenberg reads whole text files (.txt), not records")
-    as_text = "To read it anyway as plain text, licence included, pass --format text (or add the missing line)"
+    as_text = ("To read it anyway as plain text, licence included, pass --format text (`build FILE --format text`), "
+               "or add the missing line")
     for book in gutenberg_books(record.text, str(where), as_text=as_text):  # several books: one document each
         yield text_rule(book, "text", where)
 
 
 def _wikitext(records, rules: Rules):
+    """Whole articles of a raw wikitext file, or of an input's line rows (the hub's: one row per line, the
+    text field), rebuilt across all of that input's rows."""
+    records = iter(records)
     for where, record in records:
         if isinstance(record, Skipped):
             yield record
             continue
-        if not isinstance(record, FileText):
-            raise SourceError(f"{where}: --format wikitext reads raw wikitext files (.raw, .txt), not records")
+        if isinstance(record, FileText):
+            lines = record.text.split("\n")
+        elif isinstance(record, dict):
+            lines = _wikitext_rows(itertools.chain([(where, record)], records), rules)
+        else:
+            raise SourceError(f"{where}: --format wikitext reads raw wikitext files (.raw, .txt) or rows of lines "
+                              f"(a {rules.text_field!r} field each), not {type(record).__name__}")
         skipped: Counter = Counter()
-        yield from rebuild_articles(record.text.split("\n"), skipped)
+        yield from rebuild_articles(lines, skipped)
         for reason, n in sorted(skipped.items()):
             yield from [Skipped(reason)] * n
+
+
+def _wikitext_rows(records, rules: Rules) -> Iterator[str]:
+    for where, record in records:
+        if isinstance(record, BadRecord):
+            raise SourceError(f"{record} (a wikitext article is rebuilt from every line row: fix the row)")
+        if not isinstance(record, dict):
+            raise SourceError(f"{where}: a wikitext input holds line rows or one raw file, not both")
+        value = _field(record, rules.text_field, where, "wikitext rows hold one line each in the text field")
+        if value is not None and not isinstance(value, str):
+            raise SourceError(f"{where}: field {rules.text_field!r} is {type(value).__name__}, not text")
+        yield value or ""
 
 
 @_guard
@@ -368,6 +357,7 @@ def _best(rows: list[dict]) -> Iterator[Any]:
     path = best_path(rows, skipped)
     conv = None if path is None else to_conversation(path, skipped)
     if conv is not None:
+        count_left_out(rows, path, skipped)  # every message of the tree not in its conversation, by reason
         yield conv
     for reason, n in sorted(skipped.items()):
         yield from [Skipped(reason)] * n

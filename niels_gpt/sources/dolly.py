@@ -20,17 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    ChatSource,
-    as_paths,
-    assistant,
-    builder_for_all,
-    iter_rows,
-    open_stream,
-    rel_files,
-    user,
-)
-from niels_gpt.sources.options import Option, SourceConfig
+from niels_gpt.sources.base import ChatSource, assistant, rel_files, user
+from niels_gpt.sources.hub import builder_for_all, iter_rows, open_stream
+from niels_gpt.sources.text_io import as_paths
 from niels_gpt.tokenizer.base import Message
 
 DOLLY_DATASET_ID = "databricks/databricks-dolly-15k"
@@ -99,11 +91,3 @@ def dolly15k(*, dataset_id: str = DOLLY_DATASET_ID,
     if files is not None:
         builder_for_all(files, "dolly15k")
     return Dolly15k(dataset_id=dataset_id, data_files=files, context_template=context_template)
-
-
-DOLLY = SourceConfig(
-    "dolly15k", "sft", "dolly15k",
-    options=(Option("dolly_dataset", "databricks/databricks-dolly-15k", "Hugging Face dataset id"),
-             Option("dolly_data_files", None, "local jsonl/parquet files (default: the hub)", nargs="+")),
-    make=lambda v, seed: dolly15k(dataset_id=v["dolly_dataset"], data_files=v["dolly_data_files"]),
-    local=("dolly_data_files",))

@@ -22,20 +22,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from niels_gpt.errors import ConfigError, SourceError
+from niels_gpt.constants import SEED
+from niels_gpt.errors import SourceError
 from niels_gpt.sources.base import (
     FILE_SPLIT_RULE,
-    SEED,
     VAL_FRAC,
     TextSource,
     check_val_frac,
-    files_under,
-    list_files,
     portable,
-    read_text_file,
     split_by_file,
 )
-from niels_gpt.sources.options import Option, SourceConfig
+from niels_gpt.sources.text_io import files_under, list_files, read_text_file
 
 GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF\b.*$", re.MULTILINE | re.IGNORECASE)
 GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF\b", re.MULTILINE | re.IGNORECASE)
@@ -173,25 +170,3 @@ def roam(directory: str | os.PathLike, *, val_frac: float = VAL_FRAC, seed: int 
 def gutenberg(directory: str | os.PathLike, *, val_frac: float = VAL_FRAC, seed: int = SEED) -> Gutenberg:
     """Project Gutenberg .txt books: licence header/footer cut, split by book (seeded)."""
     return Gutenberg(directory, val_frac=val_frac, seed=seed)
-
-
-def _roam_from_options(v, seed: int) -> Roam:
-    if not v["roam_dir"]:
-        raise ConfigError("roam needs its export directory: pass --roam-dir DIR (or leave roam out "
-                          "with --only, or use --sample)")
-    return roam(v["roam_dir"], val_frac=v["roam_val_frac"], seed=seed)
-
-
-ROAM = SourceConfig(
-    "roam", "pretrain", "roam",
-    options=(Option("roam_dir", None, "Roam Research markdown export (default: not built)"),
-             Option("roam_val_frac", 0.1, "share of notes in val (seeded)", type=float)),
-    make=_roam_from_options, local=("roam_dir",))
-
-GUTENBERG = SourceConfig(
-    "gutenberg", "pretrain", "gutenberg",
-    options=(Option("gutenberg_dir", None, "Project Gutenberg .txt books (default: not built)"),
-             Option("gutenberg_val_frac", 0.1, "share of books in val (seeded)", type=float)),
-    make=lambda v, seed: (gutenberg(v["gutenberg_dir"], val_frac=v["gutenberg_val_frac"], seed=seed)
-                          if v["gutenberg_dir"] else None),
-    local=("gutenberg_dir",))

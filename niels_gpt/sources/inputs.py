@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from niels_gpt.errors import SourceError
-from niels_gpt.sources.base import files_under
+from niels_gpt.sources.text_io import files_under
 from niels_gpt.storage.fs import filesystem, scheme_of, with_retries
 from niels_gpt.storage.settings import network_timeout_s
 from niels_gpt.storage.upload import local_path_of

@@ -23,6 +23,7 @@ from typing import Any
 
 from niels_gpt.errors import SourceError
 from niels_gpt.sources.records_base import BadRecord
+from niels_gpt.sources.text_io import bytes_hint
 
 BOM = b"\xef\xbb\xbf"
 READ_BLOCK = 1 << 20
@@ -292,7 +293,7 @@ def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
     except UnicodeDecodeError as e:
         at = f" (byte {offset + e.start} of the file)" if offset is not None else ""
         return BadRecord("invalid_utf8", f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line{at}); "
-                         "re-encode the file as UTF-8")
+                         + bytes_hint(raw[e.start:e.start + 4]))
     try:
         record = json.loads(line)
     except ValueError as e:

@@ -28,15 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    ChatSource,
-    as_paths,
-    builder_for_all,
-    invalid_utf8_error,
-    iter_rows,
-    open_stream,
-    rel_files,
-)
+from niels_gpt.sources.base import ChatSource, rel_files
+from niels_gpt.sources.hub import builder_for_all, iter_rows, open_stream
 from niels_gpt.sources.oasst_trees import (
     ROLE_MAP,
     SELECTION_RULE,
@@ -45,7 +38,7 @@ from niels_gpt.sources.oasst_trees import (
     count_left_out,
     to_conversation,
 )
-from niels_gpt.sources.options import Option, SourceConfig
+from niels_gpt.sources.text_io import as_paths, invalid_utf8_error
 from niels_gpt.tokenizer.base import Message
 
 OASST_DATASET_ID = "OpenAssistant/oasst1"
@@ -267,14 +260,3 @@ def holds_nested_trees(path: Path) -> bool:
     except (OSError, ValueError):
         return False  # the flat reader names the unreadable file or line
     return isinstance(record, dict) and ("replies" in record or isinstance(record.get("prompt"), dict))
-
-
-OASST = SourceConfig(
-    "oasst1", "sft", "oasst1",
-    options=(Option("oasst_dataset", "OpenAssistant/oasst1", "Hugging Face dataset id"),
-             Option("oasst_data_files", None, "local flat-row files (default: the hub)", nargs="+"),
-             Option("oasst_trees_jsonl", None,
-                    "nested-tree JSONL export (default: flat rows from --oasst-data-files or the hub)")),
-    make=lambda v, seed: oasst1(dataset_id=v["oasst_dataset"], data_files=v["oasst_data_files"],
-                                trees_jsonl=v["oasst_trees_jsonl"]),
-    local=("oasst_data_files", "oasst_trees_jsonl"))

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from niels_gpt.sources.base import normalise_text
 from niels_gpt.sources.records_base import FileText
+from niels_gpt.sources.text_io import normalise_text
+from niels_gpt.sources.wikitext import is_article_heading
 
 UNKNOWN = -1
 
@@ -45,19 +46,23 @@ def record_position(where: Any) -> int:
 class Reading:
     """The record a task's layout read last (and, for OpenAssistant flat rows, the first row of each tree)."""
 
-    __slots__ = ("k", "where", "record", "group", "previous", "tree", "exhausted")
+    __slots__ = ("k", "where", "record", "group", "previous", "tree", "exhausted", "headings")
 
     def __init__(self):
         self.k, self.where, self.record = 0, None, None
-        self.group = self.previous = (0, None)
+        self.group = self.previous = (0, None, None)
         self.tree = None
         self.exhausted = False
+        self.headings = None  # wikitext line rows: the text field, whose article headings start groups
 
     def read(self, k: int, where, record) -> None:
         self.k, self.where, self.record = k, where, record
-        if isinstance(record, dict) and "message_tree_id" in record and record.get("message_tree_id") != self.tree:
-            self.tree = record.get("message_tree_id")
-            self.previous, self.group = self.group, (k, where)
+        if isinstance(record, dict):
+            if "message_tree_id" in record and record.get("message_tree_id") != self.tree:
+                self.tree = record.get("message_tree_id")
+                self.previous, self.group = self.group, (k, where, record)
+            elif self.headings is not None and is_article_heading(record.get(self.headings) or ""):
+                self.previous, self.group = self.group, (k, where, record)
 
 
 def _text_of(record, rules) -> str | None:
@@ -84,13 +89,20 @@ def _find(text: str, item: str, end: int) -> int:
 def located(out, at: Reading, layout: str, rules) -> Iterator[tuple[Any, tuple | None]]:
     """(item, origin) for each item of a layout's output `out` while `at` follows the records it reads."""
     last_where, end = None, 0
+    if layout == "wikitext":
+        at.headings = rules.text_field
     for item in out:
         if not isinstance(item, (str, list)):  # a Skipped
             yield item, None
             continue
         if layout == "oasst-rows":  # a tree is yielded once the next tree's first row (or the end) is read
-            k, where = at.group if at.exhausted else at.previous
+            k, where, _ = at.group if at.exhausted else at.previous
             yield item, (k, record_position(where), UNKNOWN, UNKNOWN)
+            continue
+        if layout == "wikitext" and isinstance(at.record, dict):  # line rows: the article's heading row
+            k, where, row = at.group if at.exhausted else at.previous
+            first = item.split("\n", 1)[0]
+            yield item, (k, record_position(where), (row.get(rules.text_field) or "").find(first), UNKNOWN)
             continue
         k, where = at.k, at.where
         if not isinstance(item, str):

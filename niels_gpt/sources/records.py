@@ -34,14 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import NielsGPTError, SourceError, StorageError
-from niels_gpt.sources.base import (
-    decode_utf8,
-    invalid_utf8_error,
-    iter_rows,
-    normalise_text,
-    open_stream,
-    read_text_file,
-)
+from niels_gpt.sources.hub import iter_rows, open_stream
 from niels_gpt.sources.inputs import (
     COLUMNAR,
     COMPRESSED_TEXT,
@@ -55,6 +48,7 @@ from niels_gpt.sources.inputs import (
 )
 from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
 from niels_gpt.sources.records_base import BadRecord, FileText  # noqa: F401  (the record kinds, named here too)
+from niels_gpt.sources.text_io import decode_utf8, invalid_utf8_error, normalise_text, read_text_file
 from niels_gpt.storage.fs import bounded_call, described, filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 from niels_gpt.storage.settings import network_timeout_s

@@ -1,4 +1,4 @@
-"""fineweb-edu (streamed from the hub, or local files of its schema) and plain local text files.
+"""fineweb-edu (streamed from the hub, or local files of its schema).
 
 fineweb_edu is the contract's call, verbatim:
     load_dataset("HuggingFaceFW/fineweb-edu", name="CC-MAIN-2024-10", split="train", streaming=True)
@@ -8,9 +8,6 @@ code runs on `load_dataset("parquet"|"json", data_files=...)`: that is how it is
 Nothing is materialised: the stream holds one shuffle buffer (10,000 rows, ~50 MB of fineweb text).
 The order is the stream's order after the seeded buffer shuffle; it is as stable as the upstream
 stream ("best effort" determinism, recorded as streaming=true in meta.json).
-
-local_text reads .txt (one document per file), .jsonl (one document per line, `text` field) and
-.parquet (`text` column) through `datasets` as well; a directory stands for its files of those kinds.
 
 Cost (tools/measure_sources.py, 2 cores): 57 MB/s from local JSONL, 45 MB/s with the 10k buffer
 shuffle. datasets 5.x sleeps 5 s at the end of a buffer-shuffled Parquet stream (its workaround
@@ -24,23 +21,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    BUILDERS,
-    SEED,
-    TextSource,
-    as_paths,
-    builder_for,
-    builder_for_all,
-    check_field,
-    files_under,
-    iter_jsonl,
-    iter_rows,
-    normalise_text,
-    open_stream,
-    rel_files,
-)
-from niels_gpt.sources.options import Option, SourceConfig
+from niels_gpt.sources.base import TextSource, check_field, rel_files
+from niels_gpt.sources.hub import builder_for_all, iter_rows, open_stream
+from niels_gpt.sources.text_io import as_paths
 
 FINEWEB_DATASET_ID = "HuggingFaceFW/fineweb-edu"
 FINEWEB_CONFIG = "CC-MAIN-2024-10"
@@ -129,116 +114,3 @@ def fineweb_edu(*, dataset_id: str = FINEWEB_DATASET_ID, config: str | None = FI
         builder_for_all(files, "fineweb_edu")
     return FineWebEdu(dataset_id=dataset_id, config=config, split=split, streaming=streaming, seed=seed,
                       buffer_size=buffer_size, data_files=files, text_field=text_field)
-
-
-class LocalText(TextSource):
-    name = "local_text"
-    own_split = False
-    streaming = True
-    split_rule = "none: files in the given order; the pretrain cache builder splits by token budget"
-
-    def __init__(self, paths: list[Path], text_field: str):
-        super().__init__()
-        self.paths = paths
-        self.text_field = text_field
-
-    def files(self) -> list[str]:
-        return rel_files(self.paths)
-
-    def _iter_split(self, split: str | None) -> Iterator[str]:
-        # Runs of .txt files go through one load_dataset call (~0.25 s each): row i is file i.
-        # .jsonl/.parquet files get one call each so an error names its file and record.
-        i = 0
-        while i < len(self.paths):
-            p = self.paths[i]
-            if builder_for(p, "local_text") == "text":
-                j = i
-                while j < len(self.paths) and builder_for(self.paths[j], "local_text") == "text":
-                    j += 1
-                yield from self._iter_txt(self.paths[i:j])
-                i = j
-            elif p.suffix.lower() == ".jsonl":
-                yield from self._iter_jsonl(p)
-                i += 1
-            else:
-                yield from self._iter_records(p)
-                i += 1
-
-    def _iter_txt(self, paths: list[Path]) -> Iterator[str]:
-        what = f"local_text files {rel_files(paths)}"
-        ds = open_stream("text", what, data_files=[str(p) for p in paths], split="train",
-                         sample_by="document")
-        for _, row in iter_rows(ds, what, paths):
-            text = normalise_text(row["text"])
-            if is_empty(text):
-                self.skipped["empty_document"] += 1
-                continue
-            yield text
-
-    def _iter_jsonl(self, path: Path) -> Iterator[str]:
-        # Read here, not through `datasets`: its JSON reader unifies the schema, so a record without the
-        # field would come back as null and could not be told from an explicit null.
-        for n, record in iter_jsonl(path):
-            if self.text_field not in record:
-                raise SourceError(f"{path}, line {n}: no {self.text_field!r} field (fields: {sorted(record)}); "
-                                  "pass the right field name (text_field=...) or fix the record (an explicit "
-                                  "\"\" or null counts as an empty document)")
-            text = record[self.text_field]
-            if text is None:
-                self.skipped["null_text"] += 1
-                continue
-            if not isinstance(text, str):
-                raise SourceError(f"{path}, line {n}: field {self.text_field!r} is {type(text).__name__}, "
-                                  "not text; point text_field at a string field")
-            if is_empty(text):
-                self.skipped["empty_document"] += 1
-                continue
-            yield text
-
-    def _iter_records(self, path: Path) -> Iterator[str]:
-        what = f"{path}"
-        ds = open_stream(builder_for(path, "local_text"), what, data_files=[str(path)], split="train")
-        for i, row in iter_rows(ds, what, [path]):
-            text = check_field(row, self.text_field, f"{path}, record {i}")
-            if is_empty(text):
-                self.skipped["empty_document"] += 1
-                continue
-            if not isinstance(text, str):
-                raise SourceError(f"{path}, record {i}: field {self.text_field!r} is "
-                                  f"{type(text).__name__}, not text; point text_field at a string field")
-            yield text
-
-    def _describe_extra(self) -> dict[str, Any]:
-        return {"text_field": self.text_field}
-
-
-def local_text(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
-               text_field: str = TEXT_FIELD) -> LocalText:
-    """Documents from local files: .txt/.raw (whole file, BOM dropped, CRLF -> LF), .jsonl/.json
-    (`text_field` of each line), .parquet (`text_field` column). A directory stands for its files of
-    those kinds, sorted by relative path. Empty documents are skipped and counted."""
-    out: list[Path] = []
-    for p in as_paths(paths, "local_text"):
-        if p.is_dir():
-            found = files_under(p, lambda f: f.suffix.lower() in BUILDERS)
-            if not found:
-                raise SourceError(f"{p}: no {sorted(BUILDERS)} files in this directory (local_text)")
-            out.extend(found)
-        else:
-            builder_for(p, "local_text")
-            out.append(p)
-    return LocalText(out, text_field)
-
-
-FINEWEB = SourceConfig(
-    "fineweb_edu", "pretrain", "fineweb_edu (streamed)",
-    options=(Option("fineweb_dataset", "HuggingFaceFW/fineweb-edu", "Hugging Face dataset id"),
-             Option("fineweb_config", "CC-MAIN-2024-10", "dataset config (a Common Crawl dump)"),
-             Option("fineweb_split", "train", "dataset split to stream"),
-             Option("fineweb_buffer_size", 10_000, "buffer of the datasets .shuffle call", type=int),
-             Option("fineweb_data_files", None, "local parquet/jsonl files of the same schema (default: stream the hub)",
-                    nargs="+")),
-    make=lambda v, seed: fineweb_edu(dataset_id=v["fineweb_dataset"], config=v["fineweb_config"],
-                                     split=v["fineweb_split"], seed=seed, buffer_size=v["fineweb_buffer_size"],
-                                     data_files=v["fineweb_data_files"]),
-    local=("fineweb_data_files",))

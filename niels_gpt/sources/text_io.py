@@ -85,6 +85,11 @@ def encoding_hint(path: Path | str, offset: int) -> str:
             bad = f.read(4)
     except OSError:
         bad = b""
+    return bytes_hint(bad)
+
+
+def bytes_hint(bad: bytes) -> str:
+    """What the bytes a UTF-8 decode stopped at look like, and how to re-encode them (`encoding_hint`)."""
     if not bad:
         return "re-encode the file as UTF-8"
     shown = " ".join(f"0x{b:02x}" for b in bad[:4])

@@ -26,16 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.sources.base import (
-    TextSource,
-    as_paths,
-    builder_for,
-    check_field,
-    iter_rows,
-    open_stream,
-    rel_files,
-)
-from niels_gpt.sources.options import Option, SourceConfig
+from niels_gpt.sources.base import TextSource, check_field, rel_files
+from niels_gpt.sources.hub import builder_for, iter_rows, open_stream
+from niels_gpt.sources.text_io import as_paths
 
 WIKITEXT_DATASET_ID = "Salesforce/wikitext"
 WIKITEXT_CONFIG = "wikitext-103-raw-v1"
@@ -146,17 +139,3 @@ def wikitext(*, dataset_id: str = WIKITEXT_DATASET_ID, config: str | None = WIKI
             builder_for(path, "wikitext")
             files[split] = path
     return WikiText(dataset_id=dataset_id, config=config, data_files=files)
-
-
-def _from_options(v, seed: int) -> WikiText:
-    files = {k: v[f] for k, f in (("train", "wikitext_train_file"), ("validation", "wikitext_val_file")) if v[f]}
-    return wikitext(dataset_id=v["wikitext_dataset"], config=v["wikitext_config"], data_files=files or None)
-
-
-WIKITEXT = SourceConfig(
-    "wikitext", "pretrain", "wikitext",
-    options=(Option("wikitext_dataset", "Salesforce/wikitext", "Hugging Face dataset id"),
-             Option("wikitext_config", "wikitext-103-raw-v1", "dataset config"),
-             Option("wikitext_train_file", None, "local raw train file (default: the hub)"),
-             Option("wikitext_val_file", None, "local raw validation file (default: the hub)")),
-    make=_from_options, local=("wikitext_train_file", "wikitext_val_file"))

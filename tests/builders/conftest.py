@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.cache.build_cache import Skipped, build_pretrain_cache
+from niels_gpt.cache.build_cache import build_pretrain_cache
+from niels_gpt.sources.documents import Skipped
 from niels_gpt.tokenizer.find import recorded_path
 
 from ..tokenizer_backends.conftest import bpe_json, hf_dir  # noqa: F401  (shared fixtures)
@@ -70,12 +71,13 @@ def corpus(tmp_path_factory, real_docs) -> dict:
 
 @pytest.fixture(scope="session")
 def build_reference(tokenizer):
-    def build(docs, out: Path, *, source: dict, streaming: bool = False, plan=None, **settings) -> Path:
-        # as `build` records it: where the tokenizer is found again (not in a tokenizer/ directory above);
+    def build(docs, out: Path, *, source: dict, streaming: bool = False, plan=None, max_tokens, val_tokens, name,
+              **settings) -> Path:
+        # `build`'s settings (BuildSpec names) as build_pretrain_cache takes them; as `build` records it: where the tokenizer is found again (not in a tokenizer/ directory above);
         # `plan`: the documents are that plan's stream, and carry its origins (builders/origins.py)
         build_pretrain_cache(iter(docs) if plan is None else _Planned(docs, plan), str(out), tokenizer=tokenizer, shuffle_buffer=settings.pop("shuffle_buffer", None),
                              source=source, streaming=streaming, tokenizer_path=recorded_path(tokenizer, out),
-                             **settings)
+                             max_train_tokens=max_tokens, max_val_tokens=val_tokens, dataset_name=name, **settings)
         return out
     return build
 

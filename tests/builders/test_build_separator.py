@@ -6,12 +6,18 @@ import json
 
 import pytest
 
-from niels_gpt.builders import dist_build, make_plan
+from niels_gpt.builders.plan import make_plan
+from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.tokenizer import load_tokenizer
 
 from ..tokenizer_backends.conftest import bpe_json  # noqa: F401  (shared fixture)
+
+
+def run_build(inputs, out, log=None, **kw):
+    """`build` over these inputs (each a path or URL) into `out`."""
+    return build(BuildSpec(sources=[str(p) for p in inputs], out=str(out), **kw), log)
 
 pytest.importorskip("tokenizers")
 
@@ -57,12 +63,12 @@ def _comparable(tree: dict[str, bytes]) -> dict[str, object]:
     return {**out, "meta.json": meta}
 
 
-@pytest.mark.parametrize("executor", ["inprocess", "processes"])
+@pytest.mark.parametrize("executor", ["inline", "processes"])
 @pytest.mark.parametrize("option", list(OPTIONS))
-def test_dist_build_writes_builds_bytes_for_each_separator(jsonl, bpe_json, built, tree, tmp_path, executor,  # noqa: F811
+def test_build_writes_builds_bytes_for_each_separator(jsonl, bpe_json, built, tree, tmp_path, executor,  # noqa: F811
                                                            option):
     out = tmp_path / "mine"
-    assert main(["dist-build", str(jsonl), "--out", str(out), "--tokenizer", str(bpe_json), *OPTIONS[option], *BUDGETS,
+    assert main(["build", str(jsonl), "--out", str(out), "--tokenizer", str(bpe_json), *OPTIONS[option], *BUDGETS,
                  "--executor", executor, "--workers", "2", "--task-bytes", "20000", "--no-progress"]) == 0
     ref = built / option
     assert _comparable(tree(out)) == _comparable(tree(ref))
@@ -76,23 +82,23 @@ def test_dist_build_writes_builds_bytes_for_each_separator(jsonl, bpe_json, buil
 
 
 def test_each_option_set_has_its_own_task_ids_and_receipts(jsonl, bpe_json, built, tree, tmp_path):  # noqa: F811
-    kw = {"max_train_tokens": 40_003, "max_val_tokens": 3001, "shard_bytes": 16_384, "seed": 7,
-          "dataset_name": "mine", "executor": "inprocess", "task_bytes": 20_000, "keep_parts": True}
+    kw = {"max_tokens": 40_003, "val_tokens": 3001, "shard_bytes": 16_384, "seed": 7,
+          "name": "mine", "executor": "inprocess", "task_bytes": 20_000, "keep_parts": True}
     ids = {}
     for name, opts in OPTIONS.items():
         tok = load_tokenizer(bpe_json, **_conventions(opts))
         ids[name] = [t.id for t in make_plan([jsonl], tokenizer=tok, task_bytes=20_000).tasks]
     assert len({tuple(v) for v in ids.values()}) == 3 and not set(ids["eos"]) & set(ids["bos"])
     out = tmp_path / "mine"
-    first = dist_build([jsonl], out, tokenizer=bpe_json, eos="<|im_start|>", **kw)
+    first = run_build([jsonl], out, tokenizer=bpe_json, eos="<|im_start|>", **kw)
     assert first["reused"] == 0 and first["ran"] == len(ids["eos"])
     # the same work directory, another separator: no receipt of the EOS build passes for a BOS task
-    s = dist_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
+    s = run_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
     assert s["reused"] == 0 and s["ran"] == len(ids["bos"])
     assert _comparable(tree(out)) == _comparable(tree(built / "bos"))
     plan = json.loads((out.parent / (out.name + ".build") / "plan.json").read_text())
     assert plan["tokenizer_options"] == {"bos": "<|im_start|>", "separator": "bos"}
     # and the same settings again reuse every receipt
-    s = dist_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
+    s = run_build([jsonl], out, tokenizer=bpe_json, bos="<|im_start|>", separator="bos", **kw)
     assert s["reused"] == len(ids["bos"]) and s["ran"] == 0
     assert _comparable(tree(out)) == _comparable(tree(built / "bos"))

@@ -1,6 +1,6 @@
 """One `build` for every executor over one input layer: an odd folder gives byte-identical caches inline, on one
 local process and on two (Ray: tests/builders/test_ray_build.py), for pretraining and chat; the written text
-rules (docs/own-data.md); the library's layouts reachable from `build`; `dist-build` is `build`."""
+rules (docs/own-data.md); the library's layouts reachable from `build`; `dist-build` is gone."""
 
 from __future__ import annotations
 
@@ -124,22 +124,23 @@ def test_chat_builds_are_byte_identical_for_every_executor(chat_folder, tokenize
     assert meta["totals"]["train_examples"] + meta["totals"]["val_examples"] == 199
 
 
-def test_dist_build_is_build_under_its_old_name(odd_folder, tokenizer, tmp_path):
-    """The folder that made the two verbs disagree (.md and .jsonl.gz left out, a BOM kept, a null counted as
-    empty, 5,000,000 tokens of val by default): one verb now, and the same cache."""
+def test_build_makes_no_val_split_unless_asked_and_dist_build_is_gone(odd_folder, tokenizer, tmp_path, capsys):
+    """The folder that made two verbs disagree (.md and .jsonl.gz left out, a BOM kept, a null counted as empty):
+    one verb now, with no val split unless asked; the old verb's name is an unknown command."""
     a = _build(odd_folder, tmp_path / "build", tokenizer.model_path)
-    assert main(["dist-build", str(odd_folder), "--out", str(tmp_path / "dist"), "--tokenizer", tokenizer.model_path,
-                 "--name", "same", "--no-progress"]) == 0
-    assert _tree(tmp_path / "dist") == a
-    assert json.loads(a["meta.json"])["totals"]["val_tokens"] == 0  # no val split unless asked
+    assert json.loads(a["meta.json"])["totals"]["val_tokens"] == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["dist-build", str(odd_folder), "--out", str(tmp_path / "dist"), "--tokenizer", tokenizer.model_path])
+    assert exc.value.code == 2 and "invalid choice: 'dist-build'" in capsys.readouterr().err
+    assert not (tmp_path / "dist").exists()
 
 
 def test_the_librarys_layouts_are_reachable_from_build(tokenizer, tmp_path):
     """A Gutenberg book loses its licence text, a raw wikitext dump becomes articles, dolly rows and oasst trees
     (both export shapes) become conversations, detected from the records or named with --format."""
     from niels_gpt.sources import wikitext
-    from niels_gpt.sources.base import read_text_file
     from niels_gpt.sources.files import gutenberg_books
+    from niels_gpt.sources.text_io import read_text_file
 
     book = SAMPLE_DIR / "gutenberg"
     _build(book, tmp_path / "pg", tokenizer.model_path, "--executor", "inline")

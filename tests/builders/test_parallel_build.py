@@ -12,14 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.builders import dist_build, make_plan
-from niels_gpt.builders.run import ALL_TOKENS
+from niels_gpt.builders.plan import make_plan
+from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.errors import CacheError, ConfigError, SourceError, TokenizerError
 from niels_gpt.sources.records import Piece
 
 from ..conftest import kill_and_check_workers_end, process_alive
+
+
+def run_build(inputs, out, log=None, **kw):
+    """`build` over these inputs (each a path or URL) into `out`."""
+    return build(BuildSpec(sources=[str(p) for p in inputs], out=str(out), **kw), log)
 
 SPEC = {"rules": {"text_field": "text", "messages_field": "messages", "chat_columns": None, "on_bad_record": "error"},
         "chat": False}  # a pretraining task's spec (builders/parallel.py makes it from the plan)
@@ -31,8 +36,8 @@ SETTINGS = [  # (train budget, val budget, shard bytes): every token; budgets me
 
 
 def settings(train, val, shard):
-    return {"max_train_tokens": train, "max_val_tokens": val, "shard_bytes": shard, "seed": 7,
-            "dataset_name": "mine"}
+    return {"max_tokens": train, "val_tokens": val, "shard_bytes": shard, "seed": 7,
+            "name": "mine"}
 
 
 @pytest.mark.parametrize("budgets", SETTINGS, ids=["all", "cut", "noval"])
@@ -45,7 +50,7 @@ def test_in_process_and_processes_write_the_local_builders_bytes(corpus, tokeniz
     assert "train/shard_00000.bin" in ref
     for executor, task_bytes in (("inprocess", 40_000), ("processes", 40_000), ("processes", 1 << 30)):
         out = tmp_path / f"{executor}-{task_bytes}"
-        summary = dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor=executor, workers=2,
+        summary = run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor=executor, workers=2,
                              task_bytes=task_bytes, **kw)
         assert tree(out) == ref, (executor, task_bytes)
         assert not (out.parent / (out.name + ".build")).exists()  # parts are removed after the commit
@@ -55,7 +60,7 @@ def test_in_process_and_processes_write_the_local_builders_bytes(corpus, tokeniz
 
 
 def test_budget_met_early_runs_only_the_tasks_it_needs(corpus, tokenizer, tmp_path):
-    s = dist_build(corpus["paths"], tmp_path / "c", tokenizer=tokenizer.model_path, executor="inprocess",
+    s = run_build(corpus["paths"], tmp_path / "c", tokenizer=tokenizer.model_path, executor="inprocess",
                    task_bytes=20_000, **settings(2_000, 500, 1 << 20))
     # the builder reads whole runs of 256 documents (~130 kB here): the commit needs those tasks, no more
     assert s["tasks"] > 20 and s["ran"] <= 8
@@ -95,7 +100,7 @@ def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, bui
     bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": 12}\n', encoding="utf-8")
     out = tmp_path / "out"
     with pytest.raises(SourceError, match=r"z-bad\.jsonl, line 3: field 'text' is int.*run the same command"):
-        dist_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+        run_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                    task_bytes=40_000, **kw)
     assert not (out / "meta.json").exists()
     parts = out.parent / (out.name + ".build") / "parts"
@@ -103,7 +108,7 @@ def test_resume_reruns_only_tasks_without_a_valid_receipt(corpus, tokenizer, bui
     plan = make_plan(corpus["paths"] + [bad], tokenizer=tokenizer, task_bytes=40_000)
     assert len(receipts) == len(plan.tasks) - 1  # every task but the bad one finished
     bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": "twelve"}\n', encoding="utf-8")
-    s = dist_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+    s = run_build(corpus["paths"] + [bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                    task_bytes=40_000, keep_parts=True, **kw)
     assert (s["ran"], s["reused"]) == (1, len(plan.tasks) - 1)
     for name, (mtime, data) in receipts.items():  # reused receipts were not rewritten
@@ -126,7 +131,7 @@ def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinish
     out = tmp_path / "out"
     parts = out.parent / (out.name + ".build") / "parts"
     pid, failure = kill_when_started(
-        lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+        lambda: run_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                            task_bytes=40_000, **kw),
         parts / f"{victim.id}.started")
     assert failure and isinstance(failure[0], CacheError), failure
@@ -134,7 +139,7 @@ def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinish
     assert not (parts / f"{victim.id}.json").exists() and list(parts.glob(f"{victim.id}.bin.tmp-{pid}"))
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
     assert 0 < len(before) < len(plan.tasks)
-    s = dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2, task_bytes=40_000,
+    s = run_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2, task_bytes=40_000,
                    keep_parts=True, **kw)
     assert s["reused"] == len(before) and s["ran"] == len(plan.tasks) - len(before)
     for name, (mtime, data) in before.items():
@@ -148,7 +153,7 @@ def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinish
 def test_a_damaged_part_fails_the_commit_and_is_redone(corpus, tokenizer, tree, tmp_path):
     kw = settings(ALL_TOKENS, 5_000, 20_000)
     out = tmp_path / "out"
-    dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
+    run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
                keep_parts=True, **kw)
     good = tree(out)
     part = sorted((out.parent / (out.name + ".build") / "parts").glob("*.bin"))[3]
@@ -156,9 +161,9 @@ def test_a_damaged_part_fails_the_commit_and_is_redone(corpus, tokenizer, tree, 
     data[10] ^= 1
     part.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=r"sha256 differs from its receipt.*run the same command again"):
-        dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
+        run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
                    keep_parts=True, **kw)
-    s = dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
+    s = run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
     assert s["ran"] == 1 and tree(out) == good
 
 
@@ -166,7 +171,7 @@ def test_shuffle_buffer_says_it_cannot_be_planned_and_builds_on_one_process(corp
                                                                             tree, tmp_path):
     kw = settings(ALL_TOKENS, 5_000, 20_000)
     said = []
-    s = dist_build(corpus["paths"], tmp_path / "out", tokenizer=tokenizer.model_path, executor="processes",
+    s = run_build(corpus["paths"], tmp_path / "out", tokenizer=tokenizer.model_path, executor="processes",
                    shuffle_buffer=64, log=said.append, **kw)
     assert "cannot be cut into independent tasks; building inline, in this process" in said[0]
     assert s["executor"].startswith("inline")
@@ -190,8 +195,8 @@ def test_dataset_shards_are_tasks_and_match_the_whole_stream(corpus, tokenizer, 
     assert [(p["kind"], p["start"], p["stop"]) for t in plan.tasks for p in t.pieces] == [("dataset", 0, 2),
                                                                                           ("dataset", 1, 2)]
     kw = settings(ALL_TOKENS, 5_000, 20_000)
-    dist_build(["someone/corpus"], tmp_path / "ref", tokenizer=tokenizer.model_path, executor="inline", **kw)
-    dist_build(["someone/corpus"], tmp_path / "out", tokenizer=tokenizer.model_path, executor="processes", workers=2,
+    run_build(["someone/corpus"], tmp_path / "ref", tokenizer=tokenizer.model_path, executor="inline", **kw)
+    run_build(["someone/corpus"], tmp_path / "out", tokenizer=tokenizer.model_path, executor="processes", workers=2,
                **kw)
     assert tree(tmp_path / "out") == tree(tmp_path / "ref")
     meta = read_meta(str(tmp_path / "out"))
@@ -199,9 +204,9 @@ def test_dataset_shards_are_tasks_and_match_the_whole_stream(corpus, tokenizer, 
         json.loads(line)["text"] is None for line in open(files[0]) if line.strip())
 
 
-def test_cli_dist_build_and_plan_only(corpus, tokenizer, tmp_path, capsys):
+def test_cli_build_and_plan_only(corpus, tokenizer, tmp_path, capsys):
     out = tmp_path / "cli"
-    args = ["dist-build", *map(str, corpus["paths"]), "--out", str(out), "--tokenizer", tokenizer.model_path,
+    args = ["build", *map(str, corpus["paths"]), "--out", str(out), "--tokenizer", tokenizer.model_path,
             "--val-tokens", "5000", "--shard-bytes", "20KB", "--workers", "2", "--task-bytes", "40000",
             "--no-progress"]
     assert main(args + ["--plan-only"]) == 0
@@ -246,7 +251,7 @@ def test_the_default_task_size_cuts_the_inputs_into_about_64_tasks(tokenizer, tm
 def test_bad_inputs_fail_with_the_record_named(tokenizer, tmp_path, make, match, error):
     path = make(tmp_path)
     with pytest.raises(error, match=match):
-        dist_build([path], tmp_path / "out", tokenizer=tokenizer.model_path, executor="inprocess",
+        run_build([path], tmp_path / "out", tokenizer=tokenizer.model_path, executor="inprocess",
                    **settings(ALL_TOKENS, 10, 1 << 20))
 
 
@@ -257,18 +262,18 @@ def test_a_failed_rebuild_leaves_the_old_cache_exactly_as_it_was(corpus, tokeniz
 
     out = tmp_path / "out"
     kw = settings(ALL_TOKENS, 5_000, 20_000)
-    dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", **kw)
+    run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", **kw)
     old = tree(out)
     bad = tmp_path / "zz-bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": oops}\n')
     with pytest.raises(SourceError, match=r"zz-bad\.jsonl, line 2"):
-        dist_build([*corpus["paths"], bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
+        run_build([*corpus["paths"], bad], out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                    task_bytes=40_000, **kw)
     assert tree(out) == old and verify_path(str(out)) == ([], 1)
     work = tmp_path / "out.build"
     assert (work / "plan.json").is_file() and list((work / "parts").glob("*.json"))
     bad.write_text('{"text": "fine"}\n{"text": "also fine"}\n')
-    summary = dist_build([*corpus["paths"], bad], out, tokenizer=tokenizer.model_path, executor="inprocess",
+    summary = run_build([*corpus["paths"], bad], out, tokenizer=tokenizer.model_path, executor="inprocess",
                          task_bytes=40_000, **kw)
     assert summary["reused"] > 0 and not work.exists() and verify_path(str(out)) == ([], 1)
 
@@ -283,7 +288,7 @@ def test_bad_parquet_inputs_are_named(tokenizer, tmp_path):
     pq.write_table(pa.table({"text": ["fine", "x"], "n": [1, 2]}).set_column(0, "text", pa.array([1, 2])),
                    tmp_path / "ints.parquet")
     with pytest.raises(SourceError, match=r"ints\.parquet, row 0: field 'text' is int, not text"):
-        dist_build([tmp_path / "ints.parquet"], tmp_path / "out", tokenizer=tokenizer.model_path,
+        run_build([tmp_path / "ints.parquet"], tmp_path / "out", tokenizer=tokenizer.model_path,
                    executor="inprocess", **settings(ALL_TOKENS, 10, 1 << 20))
     (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(SourceError, match=r"junk\.parquet: not a readable Parquet file"):
@@ -293,18 +298,18 @@ def test_bad_parquet_inputs_are_named(tokenizer, tmp_path):
 def test_rejects_bad_settings(corpus, tokenizer, tmp_path):
     kw = settings(ALL_TOKENS, 10, 1 << 20)
     with pytest.raises(ConfigError, match="--executor 'threads': use one of auto, inline, processes, ray"):
-        dist_build(corpus["paths"], tmp_path / "o", tokenizer=tokenizer.model_path, executor="threads", **kw)
+        run_build(corpus["paths"], tmp_path / "o", tokenizer=tokenizer.model_path, executor="threads", **kw)
     with pytest.raises(ConfigError, match="no sources given"):
-        dist_build([], tmp_path / "o", tokenizer=tokenizer.model_path, **kw)
+        run_build([], tmp_path / "o", tokenizer=tokenizer.model_path, **kw)
     with pytest.raises(ConfigError, match="task_bytes must be >= 1"):
         make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=0)
     with pytest.raises(ConfigError, match="--val-tokens -1: must be >= 0"):
-        dist_build(corpus["paths"], tmp_path / "o", tokenizer=tokenizer.model_path, executor="inprocess",
-                   **{**kw, "max_val_tokens": -1})
+        run_build(corpus["paths"], tmp_path / "o", tokenizer=tokenizer.model_path, executor="inprocess",
+                   **{**kw, "val_tokens": -1})
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": ""}\n')
     with pytest.raises(ConfigError, match=r"no tokens for .*skipped: \{'empty_document': 1\}"):
-        dist_build([empty], tmp_path / "o", tokenizer=tokenizer.model_path, executor="inprocess", **kw)
+        run_build([empty], tmp_path / "o", tokenizer=tokenizer.model_path, executor="inprocess", **kw)
 
 
 def test_a_worker_with_another_tokenizer_file_is_refused(corpus, tokenizer, tmp_path):
@@ -330,12 +335,12 @@ def test_a_long_lived_worker_reopens_a_tokenizer_file_that_changed_since_it_open
 def test_a_failed_rebuild_leaves_the_finished_cache_as_it_was(corpus, tokenizer, tree, tmp_path):
     out = tmp_path / "c"
     kw = settings(20_000, 2_000, 1 << 20)
-    dist_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
+    run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
     before = tree(out)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": 5}\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"bad\.jsonl, line 2"):
-        dist_build([bad, *corpus["paths"]], out, tokenizer=tokenizer.model_path, executor="inprocess",
+        run_build([bad, *corpus["paths"]], out, tokenizer=tokenizer.model_path, executor="inprocess",
                    task_bytes=40_000, **kw)
     assert tree(out) == before  # the commit ran into a staging directory that was never swapped in
     assert not list(tmp_path.glob("c.tmp-*")) and not list(tmp_path.glob("c.old-*"))
@@ -345,9 +350,9 @@ def test_a_url_output_is_uploaded_byte_identical_with_meta_json_last(corpus, tok
     fsspec = pytest.importorskip("fsspec")
     kw = settings(20_000, 2_000, 1 << 20)
     local = tmp_path / "mine"
-    dist_build(corpus["paths"], local, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
+    run_build(corpus["paths"], local, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
     url = "memory://dist-build-test/mine"
-    summary = dist_build(corpus["paths"], url, tokenizer=tokenizer.model_path, executor="inprocess",
+    summary = run_build(corpus["paths"], url, tokenizer=tokenizer.model_path, executor="inprocess",
                          work_dir=tmp_path / "work", task_bytes=40_000, **kw)
     assert summary["out"] == url
     fs = fsspec.filesystem("memory")

@@ -12,14 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.builders import dist_build, make_plan
 from niels_gpt.builders.cli import ALL_TOKENS
+from niels_gpt.builders.plan import make_plan
+from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.errors import CacheError, SourceError
+
+
+def run_build(inputs, out, log=None, **kw):
+    """`build` over these inputs (each a path or URL) into `out`."""
+    return build(BuildSpec(sources=[str(p) for p in inputs], out=str(out), **kw), log)
 
 pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[2]
-KW = {"max_train_tokens": ALL_TOKENS, "max_val_tokens": 5_000, "shard_bytes": 20_000, "seed": 7,
-      "dataset_name": "mine"}
+KW = {"max_tokens": ALL_TOKENS, "val_tokens": 5_000, "shard_bytes": 20_000, "seed": 7,
+      "name": "mine"}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,7 @@ def local_caches(corpus, tokenizer, build_reference, tree, tmp_path_factory) -> 
     plan = make_plan(corpus["paths"], tokenizer=tokenizer)
     out = {"reference": tree(build_reference(corpus["docs"], root / "ref", source=plan.describe(), plan=plan, **KW))}
     for executor in ("inprocess", "processes"):
-        dist_build(corpus["paths"], root / executor, tokenizer=tokenizer.model_path, executor=executor, workers=2,
+        run_build(corpus["paths"], root / executor, tokenizer=tokenizer.model_path, executor=executor, workers=2,
                    task_bytes=40_000, **KW)
         out[executor] = tree(root / executor)
     return out
@@ -50,7 +56,7 @@ def test_in_process_local_processes_and_ray_write_identical_caches(local_caches,
     assert local_caches["inprocess"] == local_caches["reference"]
     assert local_caches["processes"] == local_caches["reference"]
     for task_bytes in (40_000, 7_000):
-        s = dist_build(corpus["paths"], tmp_path / str(task_bytes), tokenizer=tokenizer.model_path, executor="ray",
+        s = run_build(corpus["paths"], tmp_path / str(task_bytes), tokenizer=tokenizer.model_path, executor="ray",
                        workers=2, task_bytes=task_bytes, **KW)
         assert s["executor"] == "ray (2 workers, 1 node)" and s["ran"] == s["tasks"] > 8
         assert tree(tmp_path / str(task_bytes)) == local_caches["reference"]
@@ -59,7 +65,7 @@ def test_in_process_local_processes_and_ray_write_identical_caches(local_caches,
 def test_workers_caps_the_ray_tasks_running_at_once(ray_cluster, corpus, tokenizer, tmp_path):
     import json
 
-    s = dist_build(corpus["paths"], tmp_path / "one", tokenizer=tokenizer.model_path, executor="ray", workers=1,
+    s = run_build(corpus["paths"], tmp_path / "one", tokenizer=tokenizer.model_path, executor="ray", workers=1,
                    task_bytes=20_000, keep_parts=True, **KW)
     parts = tmp_path / "one.build" / "parts"
     spans = sorted((json.loads(p.with_suffix(".started").read_text())["time"], json.loads(p.read_text())["finished"])
@@ -74,7 +80,7 @@ def test_relative_paths_reach_ray_workers_as_absolute_ones(ray_cluster, local_ca
 
     shutil.copytree(Path(tokenizer.model_path).parent, tmp_path / "tok")
     monkeypatch.chdir(tmp_path)
-    dist_build(corpus["paths"], "rel-out", tokenizer="tok", executor="ray", workers=2, task_bytes=40_000, **KW)
+    run_build(corpus["paths"], "rel-out", tokenizer="tok", executor="ray", workers=2, task_bytes=40_000, **KW)
     got, want = tree(tmp_path / "rel-out"), local_caches["reference"]
     assert {k: v for k, v in got.items() if k != "meta.json"} == {k: v for k, v in want.items() if k != "meta.json"}
     metas = [json.loads(m["meta.json"]) for m in (got, want)]
@@ -87,7 +93,7 @@ def test_relative_paths_reach_ray_workers_as_absolute_ones(ray_cluster, local_ca
 
 def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpus, tokenizer, tree, tmp_path):
     out = tmp_path / "cli"
-    cmd = [sys.executable, "-m", "niels_gpt.cache.cli", "dist-build", *map(str, corpus["paths"]), "--out", str(out),
+    cmd = [sys.executable, "-m", "niels_gpt.cache.cli", "build", *map(str, corpus["paths"]), "--out", str(out),
            "--tokenizer", tokenizer.model_path, "--val-tokens", "5000", "--shard-bytes", "20000", "--seed", "7",
            "--name", "mine", "--task-bytes", "40000", "--executor", "ray", "--ray-address", ray_cluster,
            "--no-progress"]
@@ -111,7 +117,7 @@ def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinishe
     out = tmp_path / "out"
     parts = out.parent / (out.name + ".build") / "parts"
     pid, failure = kill_when_started(
-        lambda: dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2,
+        lambda: run_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2,
                            task_bytes=40_000, retries=0, **KW),
         parts / f"{victim.id}.started")
     assert failure and isinstance(failure[0], CacheError), failure
@@ -121,7 +127,7 @@ def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinishe
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts.glob("*.json")}
     assert 0 < len(before) < len(plan.tasks)
 
-    s = dist_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2, task_bytes=40_000,
+    s = run_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2, task_bytes=40_000,
                    keep_parts=True, **KW)
     assert s["reused"] == len(before) and s["ran"] == len(plan.tasks) - len(before)
     for name, (mtime, data) in before.items():
@@ -138,6 +144,6 @@ def test_a_bad_record_on_a_ray_worker_fails_the_build_with_the_record_named(ray_
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"txt": "typo"}\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"bad\.jsonl, line 2: no 'text' field \(fields: \['txt'\]\)"):
-        dist_build(corpus["paths"] + [bad], tmp_path / "out", tokenizer=tokenizer.model_path, executor="ray",
+        run_build(corpus["paths"] + [bad], tmp_path / "out", tokenizer=tokenizer.model_path, executor="ray",
                    workers=2, task_bytes=40_000, **KW)
     assert not (tmp_path / "out" / "meta.json").exists()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from niels_gpt.builders.corpus import build_corpus
+from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.cache.meta import read_meta
 from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
@@ -17,6 +17,13 @@ from niels_gpt.errors import SourceError
 from niels_gpt.tokenizer import load_tokenizer
 
 from .conftest import docs
+
+
+def build_meta(sources, out, **kw):
+    """`build` (inline, one encode worker unless given) into `out`; returns the cache's meta.json."""
+    build(BuildSpec(sources=list(sources), out=str(out), **{"executor": "inline", "workers": 1, **kw}),
+          log=lambda msg: None)
+    return read_meta(str(out))
 
 pytest.importorskip("tokenizers")
 
@@ -54,14 +61,14 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path, corpus_dir, tik
 def test_globs_and_files_mix_in_the_order_given(tmp_path, corpus_dir, bpe_json):
     d, order = corpus_dir
     tok = load_tokenizer(bpe_json)
-    build_corpus([d / "g.md", str(d / "*.jsonl")], str(tmp_path / "c"), tokenizer=tok)
+    build_meta([d / "g.md", str(d / "*.jsonl")], str(tmp_path / "c"), tokenizer=tok)
     assert shard_tokens(tmp_path / "c") == [i for t in order[13:14] + order[:3] for i in tok.encode(t) + [tok.separator.id]]
 
 
 def test_val_frac_splits_by_document_deterministically(tmp_path, corpus_dir, bpe_json):
     d, order = corpus_dir
     tok = load_tokenizer(bpe_json)
-    metas = [build_corpus([d], str(tmp_path / n), tokenizer=tok, val_frac=0.3, seed=7, name="x") for n in "ab"]
+    metas = [build_meta([d], str(tmp_path / n), tokenizer=tok, val_frac=0.3, seed=7, name="x") for n in "ab"]
     assert (tmp_path / "a" / "val" / "shard_00000.bin").read_bytes() == (tmp_path / "b" / "val" / "shard_00000.bin").read_bytes()
     t = metas[0]["totals"]
     assert t["train_documents"] + t["val_documents"] == len(order) and t["val_documents"] > 0
@@ -76,11 +83,11 @@ def test_bad_record_is_named_by_file_and_line(tmp_path, bpe_json):
     (tmp_path / "in" / "a.jsonl").write_text(json.dumps({"text": "fine"}) + "\n\n{broken\n" + json.dumps({"body": "x"}) + "\n")
     tok = load_tokenizer(bpe_json)
     with pytest.raises(SourceError, match=r"a.jsonl, line 3: not valid JSON .*--on-bad-record skip"):
-        build_corpus([tmp_path / "in"], str(tmp_path / "c"), tokenizer=tok)
+        build_meta([tmp_path / "in"], str(tmp_path / "c"), tokenizer=tok)
     assert not (tmp_path / "c" / "meta.json").exists()
     rc = main(["build", str(tmp_path / "in"), "--out", str(tmp_path / "c"), "--tokenizer", str(bpe_json)])
     assert rc == 1
-    meta = build_corpus([tmp_path / "in"], str(tmp_path / "c"), tokenizer=tok, on_bad_record="skip")
+    meta = build_meta([tmp_path / "in"], str(tmp_path / "c"), tokenizer=tok, on_bad_record="skip")
     assert nonzero(meta["skipped"]) == {"invalid_json": 1, "missing_field": 1}
 
 
@@ -88,14 +95,14 @@ def test_missing_field_and_non_text_are_named(tmp_path, bpe_json):
     tok = load_tokenizer(bpe_json)
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
     with pytest.raises(SourceError, match=r"a.jsonl, line 1: no 'text' field \(fields: \['body'\]\); pass --text-field"):
-        build_corpus([tmp_path / "a.jsonl"], str(tmp_path / "c"), tokenizer=tok)
+        build_meta([tmp_path / "a.jsonl"], str(tmp_path / "c"), tokenizer=tok)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": ["ok", None], "n": [1, 2]}), tmp_path / "b.parquet")
     with pytest.raises(SourceError, match=r"b.parquet, row 0: field 'n' is int, not text"):
-        build_corpus([tmp_path / "b.parquet"], str(tmp_path / "c"), tokenizer=tok, text_field="n")
-    meta = build_corpus([tmp_path / "b.parquet"], str(tmp_path / "c"), tokenizer=tok)
+        build_meta([tmp_path / "b.parquet"], str(tmp_path / "c"), tokenizer=tok, text_field="n")
+    meta = build_meta([tmp_path / "b.parquet"], str(tmp_path / "c"), tokenizer=tok)
     assert nonzero(meta["skipped"]) == {"null_text": 1}
 
 
@@ -103,11 +110,11 @@ def test_unknown_sources_are_refused_by_name(tmp_path, bpe_json):
     tok = load_tokenizer(bpe_json)
     (tmp_path / "x.docx").write_text("?")
     with pytest.raises(SourceError, match=r"x.docx: unknown file kind"):
-        build_corpus([tmp_path / "x.docx"], str(tmp_path / "c"), tokenizer=tok)
+        build_meta([tmp_path / "x.docx"], str(tmp_path / "c"), tokenizer=tok)
     with pytest.raises(SourceError, match=r"nothing-here.jsonl: no such file or directory"):
-        build_corpus([str(tmp_path / "nothing-here.jsonl")], str(tmp_path / "c"), tokenizer=tok)
+        build_meta([str(tmp_path / "nothing-here.jsonl")], str(tmp_path / "c"), tokenizer=tok)
     with pytest.raises(SourceError, match=r"\*.parquet: this glob matches no file"):
-        build_corpus([str(tmp_path / "*.parquet")], str(tmp_path / "c"), tokenizer=tok)
+        build_meta([str(tmp_path / "*.parquet")], str(tmp_path / "c"), tokenizer=tok)
 
 
 def test_chat_messages_build_an_sft_cache_with_the_template_mask(tmp_path, hf_dir):
@@ -118,7 +125,7 @@ def test_chat_messages_build_an_sft_cache_with_the_template_mask(tmp_path, hf_di
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows)
                                          + json.dumps({"messages": [{"role": "bot", "content": "x"}]}) + "\n")
     with pytest.raises(SourceError, match=r"chat.jsonl, line 4: message 0 is not"):
-        build_corpus([tmp_path / "chat.jsonl"], str(tmp_path / "s"), tokenizer=tok, chat=True)
+        build_meta([tmp_path / "chat.jsonl"], str(tmp_path / "s"), tokenizer=tok, chat=True)
     rc = main(["build", str(tmp_path / "chat.jsonl"), "--chat", "--out", str(tmp_path / "s"), "--tokenizer",
                str(hf_dir), "--on-bad-record", "skip", "--no-progress"])
     assert rc == 0
@@ -136,7 +143,7 @@ def test_pretraining_flags_are_refused_with_chat(tmp_path, hf_dir):
 
     (tmp_path / "c.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match=r"--val-tokens, --shuffle-buffer apply to pretraining caches"):
-        build_corpus([tmp_path / "c.jsonl"], str(tmp_path / "s"), tokenizer=load_tokenizer(hf_dir), chat=True,
+        build_meta([tmp_path / "c.jsonl"], str(tmp_path / "s"), tokenizer=load_tokenizer(hf_dir), chat=True,
                      val_tokens=10, shuffle_buffer=100)
 
 
@@ -146,11 +153,11 @@ def test_chat_columns_make_one_user_and_one_assistant_turn(tmp_path, hf_dir):
     tok = load_tokenizer(hf_dir)
     with open(tmp_path / "qa.csv", "w", newline="") as f:
         csv.writer(f).writerows([["question", "answer"], ["What is 2+2?", "Four."], ["Capital of France?", "Paris."]])
-    meta = build_corpus([tmp_path / "qa.csv"], str(tmp_path / "s"), tokenizer=tok, chat=True,
+    meta = build_meta([tmp_path / "qa.csv"], str(tmp_path / "s"), tokenizer=tok, chat=True,
                         chat_columns=["question", "answer"])
     assert meta["totals"]["train_examples"] == 2
     with pytest.raises(SourceError, match=r"qa.csv, line 2: column 'prompt' is missing"):
-        build_corpus([tmp_path / "qa.csv"], str(tmp_path / "s2"), tokenizer=tok, chat=True,
+        build_meta([tmp_path / "qa.csv"], str(tmp_path / "s2"), tokenizer=tok, chat=True,
                      chat_columns=["prompt", "answer"])
 
 
@@ -184,14 +191,14 @@ def test_a_dataset_id_is_streamed_with_its_config_and_split(tmp_path, monkeypatc
 
     monkeypatch.setattr(base, "open_stream", open_stream)
     tok = load_tokenizer(bpe_json)
-    meta = build_corpus(["someone/corpus"], str(tmp_path / "c"), tokenizer=tok, text_field="content",
+    meta = build_meta(["someone/corpus"], str(tmp_path / "c"), tokenizer=tok, text_field="content",
                         hf_config="en", split="validation")
     assert calls and all(c == ("someone/corpus", True, {"name": "en", "split": "validation"}) for c in calls)
     assert shard_tokens(tmp_path / "c") == [i for t in texts for i in tok.encode(t) + [tok.separator.id]]
     assert meta["dataset_config"] == "en" and meta["streaming"] is True
     pq.write_table(pa.table({"content": [1]}), tmp_path / "hub.parquet")
     with pytest.raises(SourceError, match=r"someone/corpus, record 0: field 'content' is int, not text"):
-        build_corpus(["someone/corpus"], str(tmp_path / "c2"), tokenizer=tok, text_field="content")
+        build_meta(["someone/corpus"], str(tmp_path / "c2"), tokenizer=tok, text_field="content")
 
 
 def test_progress_eta_is_sized_by_input_bytes_where_they_match_the_text(corpus_dir):

@@ -12,12 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from niels_gpt.builders import dist_build
 from niels_gpt.builders.origins import as_rows
+from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError
 from niels_gpt.trace.documents import document_origin, find_document
+
+
+def run_build(inputs, out, log=None, **kw):
+    """`build` over these inputs (each a path or URL) into `out`."""
+    return build(BuildSpec(sources=[str(p) for p in inputs], out=str(out), **kw), log)
 
 GUTENBERG = ("The Project Gutenberg eBook of A Small Book\n\nLicence words here.\n\n"
              "*** START OF THE PROJECT GUTENBERG EBOOK A SMALL BOOK ***\n\n"
@@ -45,9 +50,9 @@ def _inputs(root: Path) -> list[Path]:
 
 def _build(inputs, out: Path, tok, executor: str, *extra: str) -> Path:
     if executor == "inprocess":  # the Python door only: every task in this process, through parts and the commit
-        dist_build(inputs, out, tokenizer=tok.model_path, executor="inprocess", workers=2, task_bytes=2000,
-                   max_train_tokens=100_000, max_val_tokens=int(extra[1]), shard_bytes=1 << 20, seed=1,
-                   dataset_name="same")
+        run_build(inputs, out, tokenizer=tok.model_path, executor="inprocess", workers=2, task_bytes=2000,
+                   max_tokens=100_000, val_tokens=int(extra[1]), shard_bytes=1 << 20, seed=1,
+                   name="same")
         return out
     args = ["build", *map(str, inputs), "--out", str(out), "--tokenizer", tok.model_path, "--name", "same",
             "--no-progress", "--executor", executor, "--task-bytes", "2000", "--seed", "1", "--shard-bytes",

@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import (
-    check_val_frac,
-    decode_utf8,
-    first_invalid_utf8,
-    list_files,
-    normalise_text,
-    split_by_file,
-    val_count,
-)
+from niels_gpt.sources.base import check_val_frac, split_by_file, val_count
+from niels_gpt.sources.text_io import decode_utf8, first_invalid_utf8, list_files, normalise_text
 
 
 def test_val_count_rounds_half_up_keeps_one_val_and_one_train():

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.sources import dolly15k, fineweb_edu, gutenberg, local_text, oasst1, wikitext
+from niels_gpt.sources import dolly15k, fineweb_edu, gutenberg, oasst1, wikitext
+from niels_gpt.sources.corpus import corpus
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 pytestmark = [pytest.mark.real_data,
@@ -46,5 +47,5 @@ def test_dolly_web_and_plain_text():
     web = sorted((DATA / "web-cc-sample").glob("*.jsonl"))
     docs = list(fineweb_edu(data_files=web, seed=None).iter_texts())
     assert len(docs) == 20 and len(docs[0]) == 435
-    (shakespeare,) = list(local_text(DATA / "tinyshakespeare" / "input.txt").iter_texts())
+    (shakespeare,) = list(corpus([DATA / "tinyshakespeare" / "input.txt"]).iter_texts())
     assert len(shakespeare) == 1_115_394 and shakespeare.startswith("First Citizen:\n")

@@ -1,13 +1,12 @@
-"""fineweb_edu (hub call shape, local jsonl/parquet through the same code) and local_text."""
+"""fineweb_edu (hub call shape, local jsonl/parquet through the same code) and plain text through the input layer."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources import fineweb_edu, local_text
+from niels_gpt.sources import fineweb_edu
+from niels_gpt.sources.corpus import corpus
 
 DOCS = [f"document number {i}: " + "word " * i for i in range(12)]
 
@@ -139,76 +138,33 @@ def test_an_empty_local_jsonl_is_named_as_empty_not_blamed_on_the_network(tmp_pa
     assert "network" not in str(info.value)
 
 
-def test_local_text_txt_one_document_per_file(tmp_path):
+def test_plain_text_reads_through_the_one_input_layer(tmp_path, write_jsonl, write_parquet):
+    """What a build reads, in Python (sources/corpus.py): a text file is one document (BOM and CRLF normalised),
+    JSON Lines and Parquet give their text field, in the order given; blank and null texts are counted apart."""
     (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbfsecond\r\nfile\r\n")
     (tmp_path / "a.txt").write_text("first file\n")
     (tmp_path / "c.txt").write_text("  \n")
-    src = local_text(tmp_path)
-    assert list(src.iter_texts()) == ["first file\n", "second\nfile\n"]
-    assert src.skipped == {"empty_document": 1}
-    assert src.files() == [str(tmp_path / n) for n in ("a.txt", "b.txt", "c.txt")]
-
-
-def test_local_text_jsonl_and_parquet_in_given_order(tmp_path, write_jsonl, write_parquet):
+    src = corpus([tmp_path])
+    assert list(src.iter_texts()) == ["first file\n", "second\nfile\n"] and src.skipped == {"empty_document": 1}
     j = write_jsonl(tmp_path / "x.jsonl", [{"text": "j0"}, {"text": "j1"}, {"text": None}])
     p = write_parquet(tmp_path / "y.parquet", [{"text": "p0", "n": 1}, {"text": "p1", "n": 2}])
-    t = tmp_path / "z.txt"
-    t.write_text("t0")
-    src = local_text([p, t, j])
-    assert list(src.iter_texts()) == ["p0", "p1", "t0", "j0", "j1"]
-    assert src.skipped == {"null_text": 1}
-    assert list(local_text(j, text_field="text").iter_texts()) == ["j0", "j1"]
-    assert json.loads(json.dumps(src.describe()))["name"] == "local_text"
-
-
-def test_local_text_rejections(tmp_path, write_jsonl):
-    with pytest.raises(SourceError, match=r"nothing.txt: no such file or directory \(local_text\)"):
-        local_text(tmp_path / "nothing.txt")
-    (tmp_path / "notes.csv").write_text("x")
-    with pytest.raises(ConfigError, match=r"notes.csv: unsupported file type '.csv' for local_text"):
-        local_text(tmp_path / "notes.csv")
-    with pytest.raises(SourceError, match=r"no \[.*'.parquet'.*\] files in this directory \(local_text\)"):
-        local_text(tmp_path)
-    bad = tmp_path / "bad.txt"
-    bad.write_bytes(b"line one\nline \xff two")
-    ok = tmp_path / "ok.txt"
-    ok.write_text("fine")
-    with pytest.raises(SourceError, match=r"bad.txt: invalid UTF-8 at byte 14, line 2"):
-        list(local_text([ok, bad]).iter_texts())
-    n = write_jsonl(tmp_path / "n.jsonl", [{"text": "a"}, {"text": 5}])
-    with pytest.raises(SourceError, match=r"n.jsonl, line 2: field 'text' is int, not text"):
-        list(local_text(n).iter_texts())
-    with pytest.raises(SourceError, match=r"n.jsonl, line 1: no 'body' field"):
-        list(local_text(n, text_field="body").iter_texts())
-
-
-def test_local_jsonl_record_missing_the_field_is_an_error_naming_file_and_line(tmp_path):
-    f = tmp_path / "some.jsonl"
-    f.write_text('{"text": "one"}\n{"text": ""}\n\n{"body": "no text here"}\n{"text": "four"}\n')
-    src = local_text(f)
-    with pytest.raises(SourceError, match=r"some.jsonl, line 4: no 'text' field \(fields: \['body'\]\)"):
-        list(src.iter_texts())
-
-
-def test_local_jsonl_null_and_empty_text_are_skipped_and_counted_apart(tmp_path):
-    f = tmp_path / "n.jsonl"
-    f.write_text('{"text": null}\n{"text": "  "}\n{"text": "kept"}\n')
-    src = local_text(f)
-    assert list(src.iter_texts()) == ["kept"]
-    assert src.skipped == {"null_text": 1, "empty_document": 1}
+    src = corpus([p, tmp_path / "a.txt", j])
+    assert list(src.iter_texts()) == ["p0", "p1", "first file\n", "j0", "j1"] and src.skipped == {"null_text": 1}
 
 
 @pytest.mark.parametrize("content, message", [
     (b'{"text": "a"}\n{oops\n', r"mal.jsonl, line 2: not valid JSON"),
     (b'{"text": "a"}\n["text"]\n', r"mal.jsonl, line 2: a JSON list, not an object"),
     (b'{"text": "a"}\n{"text": "x\\ud800y"}\n', r"mal.jsonl, line 2: a lone surrogate escape"),
-    (b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"mal.jsonl: invalid UTF-8 at byte 27, line 2: .*0xe9 is 'é' in both cp1252 and latin-1"),
+    (b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"mal.jsonl, line 2: not UTF-8 .*byte 27 of the file.*0xe9 is 'é' in both cp1252 and latin-1"),
+    (b'{"text": "a"}\n{"body": "b"}\n', r"mal.jsonl, line 2: no 'text' field \(fields: \['body'\]\)"),
+    (b'{"text": "a"}\n{"text": 5}\n', r"mal.jsonl, line 2: field 'text' is int, not text"),
 ])
-def test_local_jsonl_bad_lines_are_named_by_line(tmp_path, content, message):
+def test_bad_json_lines_are_named_by_line(tmp_path, content, message):
     f = tmp_path / "mal.jsonl"
     f.write_bytes(content)
     with pytest.raises(SourceError, match=message):
-        list(local_text(f).iter_texts())
+        list(corpus([f]).iter_texts())
 
 
 def test_invalid_utf8_hint_names_the_bytes_and_the_likely_encoding(tmp_path):
@@ -216,4 +172,4 @@ def test_invalid_utf8_hint_names_the_bytes_and_the_likely_encoding(tmp_path):
     f.write_bytes(b"He said \x93hi\x94.")
     with pytest.raises(SourceError, match=r"byte 8, line 1.*the bytes are 0x93 0x68 0x69 0x94; 0x93 is '\u201c' in "
                                           r"cp1252.*most likely cp1252: `iconv -f cp1252 -t utf-8`"):
-        list(local_text(f).iter_texts())
+        list(corpus([f]).iter_texts())
