@@ -31,11 +31,11 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.confine import confined_all
+from niels_gpt.constants import RECEIPT_NAME
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import disk_problem, file_record
 from niels_gpt.records import seal_problem, sealed_bytes
 
-RECEIPT_NAME = "niels_receipt.json"
 SUFFIX = "." + RECEIPT_NAME
 FORMAT = "niels_receipt"
 VERSION = 1

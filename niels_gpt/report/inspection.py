@@ -11,7 +11,8 @@ import numpy as np
 
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.formats.receipt import read_receipt, receipt_path
-from niels_gpt.locate import Found, locate
+from niels_gpt.locate import locate
+from niels_gpt.markers import Found
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import open_packed
 from niels_gpt.packing.memmap_format import read_manifest

@@ -22,7 +22,8 @@ from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
-from niels_gpt.locate import locate, present, unfinished_message
+from niels_gpt.locate import locate
+from niels_gpt.markers import EXAMPLES_NAME, packed_files, present, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -53,25 +54,6 @@ def _check_special_ids(cache: Path, meta: dict) -> list[str]:
         return [f"{cache / META_NAME}: special_token_ids {ours} but the tokenizer it was built with has {theirs}; "
                 "the meta.json was edited or damaged: rebuild the cache"]
     return []
-
-
-def _packed_val_files(shard: Path) -> set[str]:
-    """pack-sft's packed val split in `val/`: a shard of its own (verified as one), not strays of the train bins."""
-    try:
-        files = json.loads((shard / "val" / MANIFEST_NAME).read_bytes()).get("files")
-    except (OSError, ValueError, AttributeError):
-        return set()  # none there, or unreadable: its own check says so
-    names = {rec.get("name") for rec in files.values() if isinstance(rec, dict)} if isinstance(files, dict) else set()
-    return {f"val/{MANIFEST_NAME}"} | {f"val/{n}" for n in names if isinstance(n, str)} | _examples_file(shard / "val", "val/")
-
-
-def _examples_file(shard: Path, prefix: str = "") -> set[str]:
-    """pack-sft's examples.npy (each packed sequence's cache example) where the shard's manifest lists it."""
-    try:
-        rec = json.loads((shard / MANIFEST_NAME).read_bytes()).get("examples")
-    except (OSError, ValueError, AttributeError):
-        return set()
-    return {prefix + rec["name"]} if isinstance(rec, dict) and rec.get("name") == "examples.npy" else set()
 
 
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
@@ -133,11 +115,12 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         try:
             ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
-            listed = {rec["name"] for rec in ds.manifest["files"].values()} | _packed_val_files(shard)
+            listed = packed_files(shard) or set()
             examples = ds.manifest.get("examples")  # pack-sft's examples.npy, checked as the manifest records it
-            if isinstance(examples, dict) and record_problem(examples) is None and _examples_file(shard):
-                listed |= _examples_file(shard)
-                problems += [p for p in [disk_problem(shard / examples["name"], examples, MANIFEST_NAME)] if p]
+            if EXAMPLES_NAME in listed and record_problem(examples) is None:
+                problems += [p for p in [disk_problem(shard / EXAMPLES_NAME, examples, MANIFEST_NAME)] if p]
+            elif EXAMPLES_NAME in listed:
+                listed.discard(EXAMPLES_NAME)  # a damaged record: the file is named a stray below
             problems += _stray_files(shard, listed, MANIFEST_NAME)
         except NielsGPTError as exc:
             problems.append(str(exc))
