@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from niels_gpt.constants import MANIFEST_NAME, MARKERS, META_NAME, SPLITS
+from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MARKERS, META_NAME, SPLITS
 from niels_gpt.errors import FormatError
-
-EXAMPLES_NAME = "examples.npy"  # pack-sft's: each packed sequence's cache example, where its manifest lists it
 
 
 @dataclass

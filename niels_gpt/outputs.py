@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX
-from niels_gpt.constants import MARKERS, META_NAME, RECEIPT_NAME
+from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.markers import by_marker, outputs_below, packed_files
 
@@ -78,7 +78,7 @@ def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
     if found is not None and found.kind == "packed":
         return "packed", packed_files(path)
     if found is not None and found.kind == "tokenizer":
-        model = found.meta.get("model_file") or "spm.model"
+        model = found.meta.get("model_file") or MODEL_NAME
         return "tokenizer", {META_NAME, str(model), "spm.vocab", "tokenizer_config.json", "special_tokens_map.json"}
     if found is not None:  # a cache, built or build-all's placeholder
         files = found.meta.get("files")

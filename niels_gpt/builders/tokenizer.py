@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from niels_gpt.builders.plan import check_unchanged, make_plan, plan_items
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
 from niels_gpt.outputs import OutputRefused, check_output
@@ -138,7 +139,7 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
                           "byte pieces and 3 control pieces, plus one piece per character); 4,000 to 64,000 are usual")
     settings = TrainSettings(vocab_size=vocab_size, seed=spec.seed)
     check_train_settings(settings)
-    if (where / "meta.json").is_file():
+    if (where / META_NAME).is_file():
         meta = read_meta(str(where))
         plan = make_plan(spec.sources, tokenizer=None, rules=spec.rules, chat=spec.chat, layout=spec.layout,
                          config=spec.hf_config, split=spec.split, read_as=spec.read_as)

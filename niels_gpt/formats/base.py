@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from niels_gpt.constants import PEER_TOKEN_DTYPES
+from niels_gpt.constants import PEER_TOKEN_DTYPES, token_dtype_for
 from niels_gpt.errors import ConfigError, FormatError, TokenRangeError
 
 BLOCK_TOKENS = 1 << 22  # tokens per read block when streaming (8 MiB of uint16)
@@ -53,7 +53,7 @@ def dtype_name(dtype: np.dtype) -> str:
 def dtype_for_vocab(vocab_size: int | None, fallback: np.dtype) -> np.dtype:
     if vocab_size is None:
         return fallback
-    return PEER_TOKEN_DTYPES["uint16"] if vocab_size <= 65536 else PEER_TOKEN_DTYPES["uint32"]
+    return token_dtype_for(vocab_size)
 
 
 @dataclass(frozen=True)

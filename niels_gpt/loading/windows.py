@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from niels_gpt import _native
-from niels_gpt.constants import TOKEN_DTYPES
+from niels_gpt.constants import META_NAME, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import read_meta
@@ -121,7 +121,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         self._rows: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.rels = [f"{split}/{p.name}" for p in self.paths]  # as meta.json and the remote name them
         self.records = [meta["files"][r] for r in self.rels]
-        self.frame_tokens = frame_tokens_of(meta, self.cache_dir / "meta.json") if is_compressed_meta(meta) else None
+        self.frame_tokens = frame_tokens_of(meta, self.cache_dir / META_NAME) if is_compressed_meta(meta) else None
         self._frames: FrameCache | None = None
 
     def fingerprint(self) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import EXAMPLES_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import file_record
 from niels_gpt.outputs import check_output
@@ -51,7 +52,6 @@ from niels_gpt.storage.upload import local_path_of
 ON_OVERFLOW = ("truncate", "reject", "split")
 DEFAULT_ON_OVERFLOW = "truncate"
 INT32_MAX = np.iinfo(np.int32).max
-EXAMPLES_NAME = "examples.npy"  # beside the bins: the cache example of each packed sequence (write_examples)
 VAL_DIR = "val"  # the packed val split: a shard of its own inside the train shard's directory
 
 

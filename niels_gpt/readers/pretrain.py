@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from niels_gpt import _native
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import numpy_dtype, read_meta, unfinished_build
@@ -101,7 +102,7 @@ class PretrainTokenStreamDataset:
         self.shard_tokens = np.array([listed[n]["tokens"] for n in self.shard_names], dtype=np.int64)
         self.shard_bytes = [int(listed[n]["bytes"]) for n in self.shard_names]  # mapped only at these sizes
         self.shard_frames = [listed[n].get("frames") for n in self.shard_names]
-        self.frame_tokens = frame_tokens_of(self.meta, self.cache_dir / "meta.json") if is_compressed_meta(self.meta) \
+        self.frame_tokens = frame_tokens_of(self.meta, self.cache_dir / META_NAME) if is_compressed_meta(self.meta) \
             else None
         self.frame_cache_bytes = frame_cache_bytes
         starts = np.maximum(self.shard_tokens - T, 0)
@@ -247,7 +248,7 @@ class PretrainTokenStreamDataset:
         shard, local = self.sample_starts(B, generator)
         rels = [f"{self.split}/{n}" for n in self.shard_names]
         if self._fits is None:
-            marker = self.cache_dir / "meta.json"
+            marker = self.cache_dir / META_NAME
             self._fits = sum(self.shard_bytes) + (marker.stat().st_size if marker.is_file() else 0) \
                 <= self.remote.max_bytes
         if self._fits:

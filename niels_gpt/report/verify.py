@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MODEL_NAME
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
 from niels_gpt.locate import locate
-from niels_gpt.markers import EXAMPLES_NAME, packed_files, present, unfinished_message
+from niels_gpt.markers import packed_files, present, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -71,7 +71,7 @@ def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> 
 
 
 def _check_tokenizer(directory: Path, meta: dict) -> list[str]:
-    model = directory / str(meta.get("model_file", "spm.model"))
+    model = directory / str(meta.get("model_file", MODEL_NAME))
     if not model.is_file():
         return [f"{model}: missing (its meta.json records the model's sha256)"]
     digest = sha256_file(str(model))
@@ -145,7 +145,7 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
 def _check_cache(cache: Path, meta: dict) -> list[str]:
     """Every file a cache's (or tokenizer's) meta.json lists against the disk, and nothing unlisted."""
     if meta["kind"] == "tokenizer":
-        return _check_tokenizer(cache, meta) + _stray_files(cache, {str(meta.get("model_file", "spm.model"))})
+        return _check_tokenizer(cache, meta) + _stray_files(cache, {str(meta.get("model_file", MODEL_NAME))})
     if meta.get("built") is False:
         return []
     found = check_files(cache, meta, hashes=True)

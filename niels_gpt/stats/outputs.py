@@ -12,7 +12,7 @@ import numpy as np
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.locate import locate
-from niels_gpt.meta import META_NAME, read_meta
+from niels_gpt.meta import META_NAME, numpy_dtype, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.shards import shard_array
@@ -29,12 +29,8 @@ def _bos_id(meta: dict) -> int | None:
     return None
 
 
-def _dtype(meta: dict) -> np.dtype:
-    return np.dtype("<u4" if str(meta.get("token_dtype", "uint16-le")).startswith("uint32") else "<u2")
-
-
 def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
-    dtype = _dtype(meta)
+    dtype = numpy_dtype(meta["token_dtype"])
     sep = meta.get("document_separator") or {}
     separator = "bos" if sep.get("token") == "bos" else "eot"
     position = str(sep.get("position", "after"))
@@ -67,7 +63,7 @@ def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
 
 
 def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> Stats:
-    dtype = _dtype(meta)
+    dtype = numpy_dtype(meta["token_dtype"])
     specials = meta.get("special_token_ids") or {}
     eot_id, asst_id = specials.get("eot"), specials.get("asst")
     streams = []

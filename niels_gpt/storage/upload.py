@@ -31,11 +31,11 @@ from pathlib import Path
 
 from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
+from niels_gpt.constants import MANIFEST_NAME, MARKERS
 from niels_gpt.errors import ConfigError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.urls import is_url
 
-MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
 STAGING_ENV = "NIELS_GPT_STAGING"
 STAGE_PREFIX = "niels_gpt_stage_"  # <prefix><pid>_<random>: a staged output of process <pid>
 
@@ -121,7 +121,7 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
             files = None
         if not isinstance(files, dict):
             break
-        listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == "manifest.json" else k
+        listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == MANIFEST_NAME else k
                   for k, v in files.items()}
         # NOTE: the names of the output this one replaces are removed after the upload: each stays in the prefix
         confined_all(sorted(listed), f"{url}/{marker}", "files", error=ConfigError,
