@@ -1,5 +1,5 @@
 """What a directory's commit marker says it holds: the first half of niels_gpt.locate, and all of what the
-output guard (niels_gpt/outputs.py) needs, so that the guard, which formats/convert.py calls, stays below the
+output guard (niels_gpt/output_guard.py) needs, so that the guard, which formats/convert.py calls, stays below the
 format readers.
 
 A commit marker is the file an output's writer writes last (constants.MARKERS): meta.json of a cache or a

@@ -11,7 +11,7 @@ from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.locate import locate
 from niels_gpt.packing import open_packed
 from niels_gpt.packing.legacy import LegacyPackedDataset, LegacyPickleWarning
-from niels_gpt.stats import cache_stats
+from niels_gpt.report import cache_stats
 from niels_gpt.train.data import detect_kind
 
 

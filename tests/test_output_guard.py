@@ -1,4 +1,4 @@
-"""The output guard (niels_gpt/outputs.py): what a command may replace, decided in one place."""
+"""The output guard (niels_gpt/output_guard.py): what a command may replace, decided in one place."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.outputs import OutputRefused, check_output
+from niels_gpt.output_guard import OutputRefused, check_output
 
 
 def _cache(d: Path, kind: str = "pretrain", extra: dict | None = None) -> Path:

@@ -31,7 +31,7 @@ from niels_gpt.constants import META_NAME, SEED
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.meta import read_meta, write_meta
-from niels_gpt.outputs import check_overlap
+from niels_gpt.output_guard import check_overlap
 from niels_gpt.seeds import check_seed
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output

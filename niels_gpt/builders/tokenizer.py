@@ -28,7 +28,7 @@ from niels_gpt.builders.plan import check_unchanged, make_plan, plan_items
 from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
-from niels_gpt.outputs import OutputRefused, check_output
+from niels_gpt.output_guard import OutputRefused, check_output
 from niels_gpt.progress import mode, progress_bar
 from niels_gpt.sources.documents import Rules
 from niels_gpt.staging import build_aside

@@ -30,7 +30,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import EXAMPLES_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import file_record
-from niels_gpt.outputs import check_output
+from niels_gpt.output_guard import check_output
 from niels_gpt.packing.algorithms import (
     DEFAULT_ALGORITHM,
     DEFAULT_PACK_SIZE,
@@ -40,10 +40,10 @@ from niels_gpt.packing.algorithms import (
 )
 from niels_gpt.packing.masks import shift_within_sequences
 from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
-from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.packing.turns import role_ids, split_example
+from niels_gpt.packing.upload import write_then_upload
 from niels_gpt.seeds import check_seed
 from niels_gpt.spans import assistant_token_mask
 from niels_gpt.staging import build_aside

@@ -19,7 +19,7 @@ from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.report.found import find_caches, find_tokenizer
-from niels_gpt.tables import table
+from niels_gpt.report.render import table
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"

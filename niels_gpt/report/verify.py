@@ -38,8 +38,8 @@ from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.memmap_format import FORMAT_NAME
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.readers.shards import split_shards
-from niels_gpt.records import RECORD_SEAL, is_sealed
 from niels_gpt.report.found import find_caches, find_tokenizer, interrupted_builds, unfinished_dirs
+from niels_gpt.seals import RECORD_SEAL, is_sealed
 
 
 def _check_special_ids(cache: Path, meta: dict) -> list[str]:

@@ -96,7 +96,7 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
 
 
 def check_remote_output(url: str, fs, root: str) -> set[str] | None:
-    """The output guard (niels_gpt/outputs.py) for a prefix in a store, before any work: nothing there, or an
+    """The output guard (niels_gpt/output_guard.py) for a prefix in a store, before any work: nothing there, or an
     output of ours whose record lists every object under the prefix; anything else is refused in one line.
     Returns the files the existing output's record lists (None when there is none), so that the upload can
     remove those the new output no longer has. Listing the prefix is also the first call to the store, so

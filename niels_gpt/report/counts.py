@@ -16,9 +16,16 @@ from niels_gpt.meta import META_NAME, numpy_dtype, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.shards import shard_array
-from niels_gpt.report import find_caches
+from niels_gpt.report.figures import (
+    Stats,
+    StatsError,
+    StreamStats,
+    length_figures,
+    progress_bar,
+    stream_stats,
+)
+from niels_gpt.report.found import find_caches
 from niels_gpt.spans import assistant_token_mask
-from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
 
 def _bos_id(meta: dict) -> int | None:
