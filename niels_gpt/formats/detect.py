@@ -28,14 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import SPLITS
+from niels_gpt.constants import META_NAME, SPLITS, TOKEN_DTYPES
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
 from niels_gpt.formats.zstd_shard import SUFFIX, is_compressed_meta, open_compressed
-from niels_gpt.meta import META_NAME, TOKEN_DTYPES, read_meta, stray_files_error, write_meta
+from niels_gpt.meta import read_meta, stray_files_error, write_meta
 
 SHARD_GLOB = "shard_*.bin"
 EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.locate import locate
-from niels_gpt.meta import META_NAME, numpy_dtype, read_meta
+from niels_gpt.meta import numpy_dtype, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.shards import shard_array

@@ -6,9 +6,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing.dataset import PackedMemmapDataset
-from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, MemmapShardWriter, read_manifest
+from niels_gpt.packing.memmap_format import ARRAYS, MemmapShardWriter, read_manifest
 from niels_gpt.seals import sealed_bytes
 
 BINS = [
