@@ -77,7 +77,10 @@ def inspect_json(path: str) -> str:
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
     if not caches:
-        read_meta(str(root))  # raises the "not a cache" error naming the path
+        found = locate(root)  # the one door: a missing path, an unfinished build, a text file
+        if found.split is None:
+            read_meta(str(root))  # packed bins or a peer's files: no meta.json of ours to show
+        caches = [found.root]
     out = {str(c): {k: v for k, v in read_meta(str(c)).items() if k != "files"} for c in caches}
     return json.dumps(out, indent=2, sort_keys=True)
 
@@ -91,6 +94,8 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
             return _inspect_packed(found, tokenizer, window)
         if found.kind == "foreign":
             return _inspect_foreign(root, found.info, tokenizer, window)
+        if found.split is not None:  # a split directory: the cache it belongs to
+            return inspect_path(str(found.root), tokenizer=tokenizer, window=window)
         read_meta(str(root))  # raises the "not a cache" error naming the path
     if len(caches) > 1 or caches[0] != root:
         lines = [f"{len(caches)} cache(s) under {root}:"]

@@ -92,6 +92,9 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     root = Path(path)
     if not present(root):
         return interrupted_builds(root) or [f"{root}: no such file or directory"], 0, []
+    split = _split_of(root)
+    if split is not None:  # a split directory is checked as the cache it belongs to
+        return verify_outputs(str(split.root))
     caches = find_caches(root) if root.exists() else []
     packed = sorted(p.parent for p in ([root / MANIFEST_NAME] if (root / MANIFEST_NAME).is_file()
                                        else root.rglob(MANIFEST_NAME) if root.is_dir() else []))
@@ -140,6 +143,15 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
                         "not a cache, a packed directory or a converted output")
     return problems, len(caches) + len(packed), seen
 
+
+
+def _split_of(root: Path):
+    """locate's answer for a split directory of a cache (`cache/train`), else None."""
+    try:
+        found = locate(root)
+    except NielsGPTError:
+        return None
+    return found if found.split is not None else None
 
 
 def _check_cache(cache: Path, meta: dict) -> list[str]:
