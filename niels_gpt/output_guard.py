@@ -27,7 +27,6 @@ driver). Cost: one directory walk of an existing output (its file names only), n
 from __future__ import annotations
 
 import errno
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,10 +34,9 @@ from pathlib import Path
 from niels_gpt.atomic import TMP_SUFFIX
 from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
 from niels_gpt.errors import ConfigError, FormatError
-from niels_gpt.markers import by_marker, outputs_below, packed_files
+from niels_gpt.markers import by_marker, outputs_below, packed_files, read_json
 
 PLAN_NAME = "plan.json"  # a dist-build work directory's marker (builders/dist.py)
-LOCK_SUFFIX = ".lock"
 
 # kind -> what its marker is and says. A cache is a pretraining or SFT cache (meta.json "kind").
 KINDS = {
@@ -48,19 +46,10 @@ KINDS = {
     "converted": "a converted corpus (niels_receipt.json)",
     "work": "a dist-build work directory (plan.json and parts/)",
 }
-WALK_LIMIT = 100_000  # entries looked at in a directory without a marker before it is called a root
 
 
 class OutputRefused(ConfigError):
     """An output path this command may not write: not ours, another kind, or overlapping an input."""
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
@@ -71,6 +60,7 @@ def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
         return "work", None  # its parts are named by task ids: everything under it is the driver's
     try:
         found = by_marker(path)
+        receipt = read_json(path / RECEIPT_NAME) if (path / RECEIPT_NAME).is_file() else None
     except FormatError:
         return "unreadable", None
     if found is not None and found.split is not None:
@@ -86,7 +76,7 @@ def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
     if (path / META_NAME).is_file():
         return "unreadable", None  # a meta.json of no kind of ours
     if (path / RECEIPT_NAME).is_file():
-        files = (_read_json(path / RECEIPT_NAME) or {}).get("files")
+        files = (receipt or {}).get("files")
         return "converted", {RECEIPT_NAME, *files} if isinstance(files, dict) else None
     return None, None
 

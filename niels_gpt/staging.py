@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from niels_gpt.atomic import pid_alive, remove_stale_temporaries, tmp_name
+from niels_gpt.atomic import fsync_file, pid_alive, remove_stale_temporaries, tmp_name
 from niels_gpt.errors import ConfigError, OutOfSpaceError, OutputLockedError
 from niels_gpt.output_guard import check_output
 
@@ -216,16 +216,6 @@ def swap_in(stage: Path, out: Path) -> None:
     if out.exists():
         os.rename(out, old)
     os.rename(stage, out)
-    _fsync_dir(out.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
+        fsync_file(out.parent)
+    shutil.rmtree(old, ignore_errors=True)

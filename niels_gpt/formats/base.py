@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from niels_gpt.constants import PEER_TOKEN_DTYPES, token_dtype_for
+from niels_gpt.constants import PEER_TOKEN_DTYPES
 from niels_gpt.errors import ConfigError, FormatError, TokenRangeError
 
 BLOCK_TOKENS = 1 << 22  # tokens per read block when streaming (8 MiB of uint16)
@@ -48,12 +48,6 @@ def parse_dtype(value) -> np.dtype:
 
 def dtype_name(dtype: np.dtype) -> str:
     return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
-
-
-def dtype_for_vocab(vocab_size: int | None, fallback: np.dtype) -> np.dtype:
-    if vocab_size is None:
-        return fallback
-    return token_dtype_for(vocab_size)
 
 
 @dataclass(frozen=True)
