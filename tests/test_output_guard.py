@@ -36,6 +36,8 @@ def test_an_output_of_ours_of_the_same_kind_is_replaced(tmp_path):
     (lambda d: d.write_text("a file"), ("a file, not a directory",)),
     (lambda d: (_cache(d), (d / "train" / "mine.txt").write_text("keep")), ("train/mine.txt", "does not list")),
     (lambda d: (d.mkdir(), (d / "meta.json").write_text("{broken")), ("not a readable record",)),
+    (lambda d: (d.mkdir(), (d / "niels_receipt.json").write_text("{broken")),
+     ("its niels_receipt.json is not a readable record",)),
     (lambda d: _cache(d / "pretrain" / "wiki") and _cache(d / "sft" / "chat", "sft"), ("root holding several outputs",)),
     (lambda d: (d.mkdir(), (d / "meta.json").write_text(json.dumps({"kind": "tokenizer"}))), ("tokenizer directory",)),
 ])
