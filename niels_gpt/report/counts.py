@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME, META_NAME
+from niels_gpt.constants import MANIFEST_NAME, META_NAME, SPLITS
 from niels_gpt.errors import ConfigError
 from niels_gpt.locate import locate
 from niels_gpt.meta import numpy_dtype, read_meta
@@ -189,8 +189,8 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
     if found.kind in ("pretrain", "sft"):
         meta = read_meta(str(found.root))  # checked: schema and seal
         if found.kind == "pretrain":
-            return _pretrain(found.root, meta, [found.split] if found.split else ["train", "val"], progress)
-        return _sft(found.root, meta, ["train", "val"], seq_len, progress)
+            return _pretrain(found.root, meta, [found.split] if found.split else list(SPLITS), progress)
+        return _sft(found.root, meta, list(SPLITS), seq_len, progress)
     if found.kind == "not-built":
         raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
                          "nothing to count: build it first")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import MANIFEST_NAME, SPLITS
 from niels_gpt.formats.receipt import read_receipt, receipt_path
 from niels_gpt.locate import locate
 from niels_gpt.markers import Found
@@ -65,7 +65,7 @@ def totals_table(rows: list[list]) -> str:
     """meta.json totals of one or more caches as a table: one row per cache and split."""
     out = []
     for name, kind, totals in rows:
-        for split in ("train", "val"):
+        for split in SPLITS:
             if f"{split}_tokens" in totals:
                 out.append([f"{name}/{split}" if name != "." else split, kind, totals[f"{split}_tokens"],
                             totals.get(f"{split}_examples", "-") if kind == "sft" else "-"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MODEL_NAME
+from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MODEL_NAME, SPLITS
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
@@ -187,7 +187,7 @@ def _open_problems(cache: Path, meta: dict) -> list[str]:
             if not isinstance(eot, int):
                 return [f"{cache / META_NAME}: special_token_ids.eot is {eot!r}; an SFT reader pads with the EOT id: "
                         "rebuild the cache"]
-            for split in ("train", "val"):
+            for split in SPLITS:
                 idx = meta["files"].get(f"{split}_idx.npy")
                 if idx and idx.get("examples", 1):
                     SFTExampleDataset(str(cache / f"{split}_tokens.bin"), str(cache / f"{split}_idx.npy"), T=1,

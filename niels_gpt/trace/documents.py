@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.builders.origins import as_rows
-from niels_gpt.constants import EXAMPLES_NAME, META_NAME, TOKEN_DTYPES
+from niels_gpt.constants import EXAMPLES_NAME, META_NAME, SPLITS, TOKEN_DTYPES
 from niels_gpt.errors import CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
@@ -246,7 +246,7 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
         if want is None:
             raise ConfigError(f"--document {input_name}:{record}: {entry['path']} has no line {record} here (or "
                               "cannot be read here); give a line of that file, or SPLIT:INDEX")
-    for split in ("train", "val"):
+    for split in SPLITS:
         rows = cache_documents(str(cache), split).origins()[0]
         hit = np.flatnonzero((rows[:, 0] == i) & (rows[:, 1] == want))
         if len(hit):

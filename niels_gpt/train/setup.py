@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from niels_gpt.constants import META_NAME, MODEL_NAME
+from niels_gpt.constants import META_NAME, MODEL_NAME, SPLITS
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
@@ -107,7 +107,7 @@ def check_data_url(url: str) -> None:
         return
     except NielsGPTError as exc:
         head, _, split = url.rstrip("/").rpartition("/")
-        if split not in ("train", "val"):
+        if split not in SPLITS:
             raise
         try:
             open_location(head)
