@@ -39,8 +39,6 @@ from niels_gpt.markers import (
 )
 from niels_gpt.meta import unfinished_build
 
-TEXT_INPUTS = (".txt", ".md", ".raw", ".jsonl", ".json", ".gz", ".zst", ".csv", ".arrow")
-
 
 def _parquet_columns(path: Path) -> list[str]:
     import pyarrow.parquet as pq  # lazy: pyarrow only for a Parquet directory
@@ -123,8 +121,5 @@ def _file(p: Path) -> Found:
         return Found("packed", p, p.parent, layout="parquet")
     if p.suffix == ".npy" and not p.name.endswith("_idx.npy") and _pickled_npy(p):
         return Found("packed", p, p.parent, layout="npy")
-    if p.suffix in TEXT_INPUTS or p.name.endswith(TEXT_INPUTS):
-        raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
-                          "cache/NAME --tokenizer TOK`), then point at cache/NAME")
-    info = detect_format(p)
+    info = detect_format(p)  # a text file is refused there, saying to build it first
     return Found("foreign", p, p.parent, None, {"format": info.format}, info=info)

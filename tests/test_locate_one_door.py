@@ -79,3 +79,19 @@ def test_a_split_directory_is_its_cache_to_verify_inspect_and_stats(tmp_path):
         inspect_path(str(cache / "train"), window=8)
     assert str(cache) in inspect_json(str(cache / "train"))
     assert cache_stats(cache / "train").streams[0].name == "train"
+
+
+def test_a_text_file_is_a_text_file_to_convert_and_prepare_data_too(tmp_path):
+    # wiki.train.raw: locate said "a text file: build it first"; convert and prepare-data, which open token
+    # files with detect_format, said "a headerless .bin does not record its dtype". detect_format says it now.
+    from niels_gpt.errors import FormatError
+    from niels_gpt.formats.convert import convert
+    from niels_gpt.formats.prepare import report
+
+    text = tmp_path / "wiki.train.raw"
+    text.write_text(" = Valkyria Chronicles = \n" * 20)
+    for call in (lambda: locate(text), lambda: convert(text, tmp_path / "out", to="nanogpt"),
+                 lambda: report(str(text), seq_len=8), lambda: cache_stats(text)):
+        with pytest.raises(FormatError, match=r"a text file, not a token cache: build one from it first"):
+            call()
+    assert not (tmp_path / "out").exists()

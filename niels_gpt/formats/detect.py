@@ -40,6 +40,7 @@ from niels_gpt.meta import read_meta, stray_files_error, write_meta
 SHARD_GLOB = "shard_*.bin"
 EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)
 FORMATS = ("niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron")
+TEXT_INPUTS = (".txt", ".md", ".raw", ".jsonl", ".json", ".gz", ".zst", ".csv", ".arrow")  # what `build` reads
 
 
 @dataclass
@@ -285,6 +286,9 @@ def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = 
                           eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size)
     if p.suffix == ".bin" and (p.parent.parent / META_NAME).is_file() and p.parent.name in SPLITS:
         return _niels(p, p.parent.parent, only=[p])
+    if p.name.endswith(TEXT_INPUTS) and not p.name.endswith(".bin.zst"):
+        raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
+                          "cache/NAME --tokenizer TOK`), then point at cache/NAME")
     return _foreign_files([p], p.parent, dtype)
 
 
