@@ -18,6 +18,9 @@ A path that holds none of these is a clear error saying what it is and what to d
 interrupted build's leftovers named, when there are some: niels_gpt.meta.unfinished_build), our token files
 without their commit marker (`unfinished_tokens`: a build that never finished, or a marker removed), a text
 or JSONL file (build it first), an empty or unrelated directory.
+
+What a commit marker says (the first rows) is niels_gpt/markers.py's `by_marker`, which the output guard
+(niels_gpt/output_guard.py) reads too; token files of a peer's format and text files are detect_format's.
 """
 
 from __future__ import annotations
