@@ -258,7 +258,7 @@ def _stats(args) -> int:
     from niels_gpt.locate import locate
 
     # lazy: imports torch
-    from niels_gpt.stats import cache_stats, format_stats, mixture_stats, plot_stats
+    from niels_gpt.report import cache_stats, format_stats, mixture_stats, plot_stats
 
     path, named, _ = read_location(args.path)
     with errors_named(named):

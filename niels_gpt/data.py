@@ -31,12 +31,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from niels_gpt.constants import SPLITS
+from niels_gpt.constants import META_NAME, SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.locate import locate
-from niels_gpt.meta import META_NAME
 from niels_gpt.packing.dataset import PackedMemmapDataset
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.readers.sft import SFTExampleDataset

@@ -21,7 +21,7 @@ from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.confine import confined_all
 from niels_gpt.constants import META_NAME, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
-from niels_gpt.records import seal_problem, sealed_bytes
+from niels_gpt.seals import seal_problem, sealed_bytes
 from niels_gpt.staging import OLD_INFIX
 
 FORMAT_VERSION = 1
@@ -65,7 +65,7 @@ def meta_path(path: str | os.PathLike) -> Path:
 
 
 def write_meta(path: str, meta: dict) -> None:
-    """Write meta.json atomically (temporary file, fsync, rename), sealed (niels_gpt/records.py). Keys
+    """Write meta.json atomically (temporary file, fsync, rename), sealed (niels_gpt/seals.py). Keys
     sorted: byte-stable output."""
     write_bytes_atomic(meta_path(path), sealed_bytes(meta))
 
@@ -99,7 +99,7 @@ def read_meta(path: str, *, check_seal: bool = True) -> dict:
 
 
 def meta_seal_problem(mp: Path, data: bytes, meta: dict) -> str | None:
-    """What is wrong with a meta.json against its own seal (niels_gpt/records.py), or None."""
+    """What is wrong with a meta.json against its own seal (niels_gpt/seals.py), or None."""
     fix = ("rebuild the cache" if meta.get("kind") != "tokenizer" else "retrain the tokenizer (train-tokenizer)") + \
         f" or put the original {META_NAME} back"
     return seal_problem(mp, data, meta, fix)

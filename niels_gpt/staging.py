@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from niels_gpt.atomic import pid_alive, remove_stale_temporaries, tmp_name
+from niels_gpt.atomic import fsync_file, pid_alive, remove_stale_temporaries, tmp_name
 from niels_gpt.errors import ConfigError, OutOfSpaceError, OutputLockedError
-from niels_gpt.outputs import check_output
+from niels_gpt.output_guard import check_output
 
 OLD_INFIX = ".old-"
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -135,7 +135,7 @@ def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str =
                 flag: str = "output") -> Iterator[Path]:
     """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds.
 
-    Only an output of `kind` that this library made is ever replaced (niels_gpt/outputs.py: anything else
+    Only an output of `kind` that this library made is ever replaced (niels_gpt/output_guard.py: anything else
     is refused before the block runs, and again, under the lock, just before the swap). `needs`, where the
     builder can bound its output (token budgets x token size), goes into the error that a full disk raises."""
     out = check_output(out, kind=kind, flag=flag)  # symlinks followed: the link keeps pointing at the output
@@ -216,16 +216,6 @@ def swap_in(stage: Path, out: Path) -> None:
     if out.exists():
         os.rename(out, old)
     os.rename(stage, out)
-    _fsync_dir(out.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
+        fsync_file(out.parent)
+    shutil.rmtree(old, ignore_errors=True)

@@ -44,7 +44,7 @@ def pack_sft_over_an_empty_lock(w, tmp):
 def verify_compressed_cache_without_its_compression_entry(w, tmp):
     pytest.importorskip("zstandard")
     from niels_gpt.formats.convert import convert
-    from niels_gpt.records import sealed_bytes
+    from niels_gpt.seals import sealed_bytes
 
     z = tmp / "z"
     convert(w.pretrain, z, to="niels", compress="zstd")

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from niels_gpt.data import open_dataset
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.locate import locate
 from niels_gpt.packing import open_packed
 from niels_gpt.packing.legacy import LegacyPackedDataset, LegacyPickleWarning
-from niels_gpt.stats import cache_stats
+from niels_gpt.report import cache_stats
 from niels_gpt.train.data import detect_kind
 
 
@@ -62,3 +62,36 @@ def test_packed_bins_at_a_url_open_like_the_local_ones(s3, tmp_path):
     assert np.array_equal(np.asarray(remote[1]["input_ids"]), np.asarray(local[1]["input_ids"]))
     with pytest.raises(ConfigError, match="packed bins have the length they were packed with"):
         open_dataset(f"{bucket}/packed", T=32)
+
+
+def test_a_split_directory_is_its_cache_to_verify_inspect_and_stats(tmp_path):
+    # cache/train: locate and stats said "the train split of a pretrain cache"; verify said "no meta.json ...
+    # found: not a cache" and inspect "no meta.json: the build was interrupted". All say the cache now.
+    from niels_gpt.report import inspect_json, inspect_path, verify_outputs
+
+    from .conftest import write_pretrain_cache
+
+    cache = write_pretrain_cache(tmp_path / "c", {"train": [np.arange(1, 200)], "val": [np.arange(1, 50)]})
+    assert locate(cache / "train").split == "train"
+    problems, checked, seen = verify_outputs(str(cache / "train"))
+    assert (problems, checked) == ([], 1) and seen[0].startswith(f"{cache}: pretrain cache")
+    with pytest.raises(TokenizerError, match="no tokenizer with sha256"):  # it reached the cache's own step
+        inspect_path(str(cache / "train"), window=8)
+    assert str(cache) in inspect_json(str(cache / "train"))
+    assert cache_stats(cache / "train").streams[0].name == "train"
+
+
+def test_a_text_file_is_a_text_file_to_convert_and_prepare_data_too(tmp_path):
+    # wiki.train.raw: locate said "a text file: build it first"; convert and prepare-data, which open token
+    # files with detect_format, said "a headerless .bin does not record its dtype". detect_format says it now.
+    from niels_gpt.errors import FormatError
+    from niels_gpt.formats.convert import convert
+    from niels_gpt.formats.prepare import report
+
+    text = tmp_path / "wiki.train.raw"
+    text.write_text(" = Valkyria Chronicles = \n" * 20)
+    for call in (lambda: locate(text), lambda: convert(text, tmp_path / "out", to="nanogpt"),
+                 lambda: report(str(text), seq_len=8), lambda: cache_stats(text)):
+        with pytest.raises(FormatError, match=r"a text file, not a token cache: build one from it first"):
+            call()
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""Long documents are encoded in bounded pieces (niels_gpt/encode.py, #10 item 12).
+"""Long documents are encoded in bounded pieces (niels_gpt/long_documents.py, #10 item 12).
 
 The pieces are cut before a single space between two non-space characters. For byte-level BPE (the
 regex pre-tokenizers of GPT-2 style tokenizers) and sentencepiece BPE the ids are exactly those of the
@@ -13,7 +13,7 @@ import pytest
 
 from niels_gpt import encode
 from niels_gpt.cache.build_cache import build_pretrain_cache
-from niels_gpt.encode import encode_documents, encode_long, split_points
+from niels_gpt.long_documents import encode_documents, encode_long, split_points
 from niels_gpt.tokenizer import TrainSettings, train_tokenizer
 
 from .conftest import SHARED_DATA, sample_texts

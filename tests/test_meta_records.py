@@ -11,8 +11,8 @@ from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.errors import CacheError
 from niels_gpt.loading import IndexedWindowDataset
-from niels_gpt.records import sealed_bytes
 from niels_gpt.report import verify_path
+from niels_gpt.seals import sealed_bytes
 
 from .conftest import write_pretrain_cache, write_sft_cache
 

@@ -193,7 +193,7 @@ def test_edited_special_ids_are_caught(caches):
 
 def _resealed(cache, edit) -> None:
     """Edit meta.json and recompute its own seal, as a tool that rewrites it would."""
-    from niels_gpt.records import sealed_bytes
+    from niels_gpt.seals import sealed_bytes
 
     meta = json.loads((cache / "meta.json").read_text())
     edit(meta)

@@ -1,4 +1,4 @@
-"""The output guard (niels_gpt/outputs.py): what a command may replace, decided in one place."""
+"""The output guard (niels_gpt/output_guard.py): what a command may replace, decided in one place."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from niels_gpt.outputs import OutputRefused, check_output
+from niels_gpt.output_guard import OutputRefused, check_output
 
 
 def _cache(d: Path, kind: str = "pretrain", extra: dict | None = None) -> Path:
@@ -36,6 +36,8 @@ def test_an_output_of_ours_of_the_same_kind_is_replaced(tmp_path):
     (lambda d: d.write_text("a file"), ("a file, not a directory",)),
     (lambda d: (_cache(d), (d / "train" / "mine.txt").write_text("keep")), ("train/mine.txt", "does not list")),
     (lambda d: (d.mkdir(), (d / "meta.json").write_text("{broken")), ("not a readable record",)),
+    (lambda d: (d.mkdir(), (d / "niels_receipt.json").write_text("{broken")),
+     ("its niels_receipt.json is not a readable record",)),
     (lambda d: _cache(d / "pretrain" / "wiki") and _cache(d / "sft" / "chat", "sft"), ("root holding several outputs",)),
     (lambda d: (d.mkdir(), (d / "meta.json").write_text(json.dumps({"kind": "tokenizer"}))), ("tokenizer directory",)),
 ])
@@ -112,3 +114,37 @@ def test_replace_false_refuses_even_an_output_of_ours(tmp_path):
     c = _cache(tmp_path / "c")
     with pytest.raises(OutputRefused, match="only new outputs"):
         check_output(c, kind="cache", replace=False)
+
+
+def test_a_split_directory_of_a_cache_is_refused_as_part_of_that_cache(tmp_path):
+    """cache/train: locate says "the train split of a pretrain cache"; the guard, which once called it a
+    directory that is not ours, now says the same and names the cache to give instead."""
+    c = _cache(tmp_path / "c")
+    with pytest.raises(OutputRefused, match=r"the train split of the cache .*c \(its meta.json"):
+        check_output(c / "train", kind="cache")
+    assert (c / "train" / "shard_00000.bin").is_file()
+
+
+def test_a_directory_with_both_markers_is_what_locate_says(tmp_path):
+    """A directory holding manifest.json and meta.json: locate calls it packed bins (the manifest is read
+    first), and so does the guard, which once read meta.json first and called it a cache."""
+    from niels_gpt.locate import locate
+
+    c = _cache(tmp_path / "c")
+    (c / "manifest.json").write_text(json.dumps({"files": {}}))
+    assert locate(c).kind == "packed"
+    with pytest.raises(OutputRefused, match="packed SFT bins"):
+        check_output(c, kind="cache")
+
+
+def test_a_root_is_named_alike_by_locate_and_the_guard(tmp_path):
+    """A directory whose only output of ours is a converted one two levels down: locate calls it a root, and
+    the guard refuses it as one, naming the output below."""
+    from niels_gpt.locate import locate
+
+    conv = tmp_path / "runs" / "a" / "conv"
+    conv.mkdir(parents=True)
+    (conv / "niels_receipt.json").write_text("{}")
+    assert locate(tmp_path / "runs").kind == "root"
+    with pytest.raises(OutputRefused, match=r"root holding several outputs \(a/conv/\)"):
+        check_output(tmp_path / "runs", kind="cache")

@@ -1,4 +1,4 @@
-"""Every record an output carries checks itself (niels_gpt/records.py): `verify` catches every single change to
+"""Every record an output carries checks itself (niels_gpt/seals.py): `verify` catches every single change to
 a cache's or a tokenizer's meta.json, a packed manifest.json and a convert receipt, the fields no reader uses
 included; readers refuse a changed record on open; a record written before records carried a seal still
 opens, and `verify` says that its unread fields are not checked."""
@@ -20,8 +20,8 @@ from niels_gpt.meta import read_meta
 from niels_gpt.packing import PackedMemmapDataset
 from niels_gpt.packing.pack import pack_sft
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
-from niels_gpt.records import RECORD_SEAL, written_form
 from niels_gpt.report import verify_outputs, verify_path
+from niels_gpt.seals import RECORD_SEAL, written_form
 
 from .conftest import write_pretrain_cache, write_sft_cache
 

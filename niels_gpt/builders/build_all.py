@@ -25,11 +25,11 @@ from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS, SHARD_BYTES
 from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build, check_spec
 from niels_gpt.builders.sft import VAL_FRAC
-from niels_gpt.constants import SEED
+from niels_gpt.constants import META_NAME, SEED
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.meta import read_meta, write_meta
-from niels_gpt.outputs import check_overlap
+from niels_gpt.output_guard import check_overlap
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules
 from niels_gpt.sources.named import NAMED, OPTIONS, inputs, values_of
@@ -258,7 +258,7 @@ def check_config(cfg: BuildConfig) -> None:
         raise ConfigError(f"--workers {cfg.workers}: must be >= 1 (leave it out: one per core)")
     if cfg.shuffle_buffer is not None and cfg.shuffle_buffer < 0:
         raise ConfigError(f"--shuffle-buffer {cfg.shuffle_buffer}: must be >= 0 (0 or none: off)")
-    if not cfg.tokenizer and ("tokenizer" in cfg.only or not (Path(cfg.cache_dir) / "tokenizer" / "meta.json").is_file()):
+    if not cfg.tokenizer and ("tokenizer" in cfg.only or not (Path(cfg.cache_dir) / "tokenizer" / META_NAME).is_file()):
         check_train_settings(cfg.tokenizer_settings)
     for name in PRETRAIN + SFT:
         spec = recipe(name, cfg, None) if name in cfg.only else None
@@ -283,7 +283,7 @@ def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     check_config(cfg)
     rows = []
     tok_dir = Path(cfg.cache_dir) / "tokenizer"
-    if cfg.tokenizer or "tokenizer" in cfg.only or not (tok_dir / "meta.json").is_file():
+    if cfg.tokenizer or "tokenizer" in cfg.only or not (tok_dir / META_NAME).is_file():
         t0 = time.perf_counter()
         rows.append({**build_tokenizer(cfg), "seconds": time.perf_counter() - t0})
         log(f"tokenizer: {rows[-1]['vocab_size']} ids -> {tok_dir}")

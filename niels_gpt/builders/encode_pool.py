@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
-from niels_gpt.encode import encode_documents
+from niels_gpt.long_documents import encode_documents
 from niels_gpt.tokenizer.fast import fast_encoder
 
 THREADS_ENV = "NIELS_GPT_ENCODE_THREADS"  # set to 1: encode on threads whatever the tokenizer prefers

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from niels_gpt.builders.encode_pool import EncodePool
-from niels_gpt.encode import encode_documents
 from niels_gpt.errors import ConfigError
+from niels_gpt.long_documents import encode_documents
 from niels_gpt.sources.documents import Skipped
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
 from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store
 from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
-from niels_gpt.outputs import PLAN_NAME, check_output
+from niels_gpt.output_guard import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
 from niels_gpt.sources.stream import Plan, check_unchanged
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes

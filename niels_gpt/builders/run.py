@@ -17,7 +17,7 @@
   parts and receipts there (builders/parallel.py, storage/work.py).
 - A shuffle buffer mixes documents across the whole stream, so no plan can cut it: the build says so and
   runs inline.
-- Before any work: the output and work directory go through the output guard (niels_gpt/outputs.py); before
+- Before any work: the output and work directory go through the output guard (niels_gpt/output_guard.py); before
   the commit marker is written: every local input read must be as it was when planned.
 """
 
@@ -41,7 +41,7 @@ from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.formats.zstd_shard import CODECS
-from niels_gpt.outputs import check_output
+from niels_gpt.output_guard import check_output
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout
 from niels_gpt.sources.hooks import record_hook

@@ -41,9 +41,9 @@ import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.builders.rendering import render
-from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
+from niels_gpt.long_documents import encode_documents
 from niels_gpt.meta import file_record
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.records import Piece, digest

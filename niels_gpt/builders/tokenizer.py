@@ -25,9 +25,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from niels_gpt.builders.plan import make_plan
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import read_meta
-from niels_gpt.outputs import OutputRefused, check_output
+from niels_gpt.output_guard import OutputRefused, check_output
 from niels_gpt.progress import mode, progress_bar
 from niels_gpt.sources.documents import Rules
 from niels_gpt.sources.stream import check_unchanged
@@ -140,7 +141,7 @@ def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) 
                           "byte pieces and 3 control pieces, plus one piece per character); 4,000 to 64,000 are usual")
     settings = TrainSettings(vocab_size=vocab_size, seed=spec.seed)
     check_train_settings(settings)
-    if (where / "meta.json").is_file():
+    if (where / META_NAME).is_file():
         meta = read_meta(str(where))
         plan = make_plan(spec.sources, tokenizer=None, rules=spec.rules, chat=spec.chat, layout=spec.layout,
                          config=spec.hf_config, split=spec.split, read_as=spec.read_as)

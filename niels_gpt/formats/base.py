@@ -50,12 +50,6 @@ def dtype_name(dtype: np.dtype) -> str:
     return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
 
 
-def dtype_for_vocab(vocab_size: int | None, fallback: np.dtype) -> np.dtype:
-    if vocab_size is None:
-        return fallback
-    return PEER_TOKEN_DTYPES["uint16"] if vocab_size <= 65536 else PEER_TOKEN_DTYPES["uint32"]
-
-
 @dataclass(frozen=True)
 class TokenFile:
     """The token payload of one file: `count` tokens of `dtype` starting at byte `offset`."""

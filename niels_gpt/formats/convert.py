@@ -54,7 +54,7 @@ from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
 from niels_gpt.meta import file_record, read_meta, write_meta
-from niels_gpt.outputs import check_output
+from niels_gpt.output_guard import check_output
 from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
 

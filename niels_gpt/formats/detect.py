@@ -28,18 +28,19 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import SPLITS
+from niels_gpt.constants import META_NAME, SPLITS, TOKEN_DTYPES
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
 from niels_gpt.formats.zstd_shard import SUFFIX, is_compressed_meta, open_compressed
-from niels_gpt.meta import META_NAME, TOKEN_DTYPES, read_meta, stray_files_error, write_meta
+from niels_gpt.meta import read_meta, stray_files_error, write_meta
 
 SHARD_GLOB = "shard_*.bin"
 EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)
 FORMATS = ("niels", "nanogpt", "nanogpt-legacy", "kempner-npy", "raw", "megatron")
+TEXT_INPUTS = (".txt", ".md", ".raw", ".jsonl", ".json", ".gz", ".zst", ".csv", ".arrow")  # what `build` reads
 
 
 @dataclass
@@ -285,6 +286,9 @@ def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = 
                           eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size)
     if p.suffix == ".bin" and (p.parent.parent / META_NAME).is_file() and p.parent.name in SPLITS:
         return _niels(p, p.parent.parent, only=[p])
+    if p.name.endswith(TEXT_INPUTS) and not p.name.endswith(".bin.zst"):
+        raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
+                          "cache/NAME --tokenizer TOK`), then point at cache/NAME")
     return _foreign_files([p], p.parent, dtype)
 
 

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import RECEIPT_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import file_order
 
@@ -62,7 +63,7 @@ def check_against_receipt(path: Path) -> None:
     import hashlib
 
     for root in (path.parent, path.parent.parent):
-        receipt = root / "niels_receipt.json"
+        receipt = root / RECEIPT_NAME
         if not receipt.is_file():
             continue
         try:

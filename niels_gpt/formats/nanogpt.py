@@ -28,13 +28,12 @@ sidecar is written after its `.bin`, also atomically; a sidecar is validated on 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from niels_gpt.errors import ConfigError, FormatError
-from niels_gpt.formats.base import TokenFile, check_payload_size, file_order
+from niels_gpt.formats.base import TokenFile, check_payload_size
 from niels_gpt.formats.bos_index import write_bos_index
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.meta import sha256_file
@@ -163,8 +162,3 @@ class NanogptSink(RawSink):
 
 def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{index:06d}.bin"
-
-
-def list_shards(directory: str | os.PathLike) -> list[Path]:
-    """Sorted `*.bin` files of a directory that carry a nanoGPT magic."""
-    return sorted((p for p in Path(directory).glob("*.bin") if is_nanogpt(p)), key=file_order)

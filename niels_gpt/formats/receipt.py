@@ -7,7 +7,7 @@ Layout (JSON, UTF-8, keys sorted):
      "output_format": "kempner-npy",                  # what the files are (detect_format's name)
      "files": {"train/shard_00000.npy": {"bytes": 1152, "sha256": "9f2c..."}, ...},
      "tokenizer_sha256": "c9ce...",                   # only when known: the tokenizer that made the ids
-     "record_sha256": "5e1a..."}                      # the receipt's own checksum (niels_gpt/records.py)
+     "record_sha256": "5e1a..."}                      # the receipt's own checksum (niels_gpt/seals.py)
 
 - A directory output carries `<dir>/niels_receipt.json`, listing every file below it by its path
   relative to the directory (token files, `metadata.yaml`, `.idx`, `.bos.idx`): the ids in
@@ -31,11 +31,11 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.confine import confined_all
+from niels_gpt.constants import RECEIPT_NAME
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import disk_problem, file_record
-from niels_gpt.records import seal_problem, sealed_bytes
+from niels_gpt.seals import seal_problem, sealed_bytes
 
-RECEIPT_NAME = "niels_receipt.json"
 SUFFIX = "." + RECEIPT_NAME
 FORMAT = "niels_receipt"
 VERSION = 1

@@ -20,6 +20,7 @@ import numpy as np
 
 from niels_gpt import _native
 from niels_gpt.atomic import commit, tmp_name
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.base import check_fits
 from niels_gpt.formats.zstd_shard import FRAME_TOKENS, SUFFIX, FrameEncoder, check_compress
@@ -288,7 +289,7 @@ def refuse_packed_bins(path, command: str) -> None:
     say so, and name what `command` reads instead."""
     p = Path(path)
     for d in (p, p.parent, p.parent.parent):
-        manifest = d / "manifest.json"
+        manifest = d / MANIFEST_NAME
         if manifest.is_file() and b"memmap_padded_v1" in manifest.read_bytes()[:4096]:
             raise ConfigError(f"{path}: packed SFT bins (pack-sft's output, {manifest}), padded bins with loss masks, "
                               f"not a token stream; {command} reads token caches and token files: pass the SFT "

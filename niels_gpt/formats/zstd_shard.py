@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError
 from niels_gpt.formats.base import TokenFile
 from niels_gpt.meta import COMPRESSED_SUFFIX, numpy_dtype
@@ -326,7 +327,7 @@ def verify_compressed(cache: Path, meta: dict) -> list[str]:
     if not is_compressed_meta(meta):
         return []
     try:
-        F = frame_tokens_of(meta, cache / "meta.json")
+        F = frame_tokens_of(meta, cache / META_NAME)
     except CacheError as exc:
         return [str(exc)]
     dtype = numpy_dtype(meta.get("token_dtype"))

@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.encode import encode_whole
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
+from niels_gpt.long_documents import encode_whole
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
 TEXT_COLUMN = "text"

@@ -15,9 +15,9 @@ import argparse
 import sys
 
 from niels_gpt.args import hidden_alias
+from niels_gpt.constants import SPLITS
 from niels_gpt.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_PACK_SIZE, DEFAULT_SEED
 from niels_gpt.packing.pack import DEFAULT_ON_OVERFLOW, ON_OVERFLOW, pack_sft
-from niels_gpt.packing.source import SPLITS
 from niels_gpt.packing.truncation import truncation_warning
 from niels_gpt.seeds import seed_arg
 

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from niels_gpt.constants import IGNORE_INDEX
+from niels_gpt.constants import IGNORE_INDEX, MANIFEST_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, check_headers, check_starts, read_manifest
+from niels_gpt.packing.memmap_format import ARRAYS, check_headers, check_starts, read_manifest
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import RemoteCache
 from niels_gpt.urls import is_url

@@ -20,7 +20,7 @@ manifest.json: `format` "memmap_padded_v1", `version` 1, `num_bins`, `pack_size`
 `num_tokens`, `pad_id`, `files` {array -> {"name", "dtype", "shape"}} (names are plain file names in the
 shard directory), `algorithm`, `efficiency`, `truncated`, `loss_mask_convention` (+ `_text`), `source`
 (the SFT cache it came from, with the sha256 of its token file), and `record_sha256`, the manifest's own
-checksum (niels_gpt/records.py), checked on every open.
+checksum (niels_gpt/seals.py), checked on every open.
 
 Writing: every array is preallocated with `np.lib.format.open_memmap` under a temporary name, filled bin
 by bin, flushed, fsynced and renamed; the manifest comes last. Memory is O(pack_size) per bin written
@@ -42,7 +42,7 @@ from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import CacheMismatchError, ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.meta import file_record
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
-from niels_gpt.records import seal_problem, sealed_bytes
+from niels_gpt.seals import seal_problem, sealed_bytes
 
 FORMAT_NAME = "memmap_padded_v1"
 FORMAT_VERSION = 1
@@ -187,7 +187,7 @@ def check_starts(starts: np.ndarray, length: int, where: str) -> None:
 
 
 def read_manifest(shard_dir) -> dict:
-    """Read and check manifest.json of a memmap_padded_v1 shard, then its seal (niels_gpt/records.py; a
+    """Read and check manifest.json of a memmap_padded_v1 shard, then its seal (niels_gpt/seals.py; a
     manifest written without one reads as before); raise with the field and the fix."""
     shard_dir = Path(shard_dir)
     path = shard_dir / MANIFEST_NAME

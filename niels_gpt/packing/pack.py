@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import EXAMPLES_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import file_record
-from niels_gpt.outputs import check_output
+from niels_gpt.output_guard import check_output
 from niels_gpt.packing.algorithms import (
     DEFAULT_ALGORITHM,
     DEFAULT_PACK_SIZE,
@@ -39,10 +40,10 @@ from niels_gpt.packing.algorithms import (
 )
 from niels_gpt.packing.masks import shift_within_sequences
 from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
-from niels_gpt.packing.remote import write_then_upload
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.packing.turns import role_ids, split_example
+from niels_gpt.packing.upload import write_then_upload
 from niels_gpt.seeds import check_seed
 from niels_gpt.spans import assistant_token_mask
 from niels_gpt.staging import build_aside
@@ -51,7 +52,6 @@ from niels_gpt.storage.upload import local_path_of
 ON_OVERFLOW = ("truncate", "reject", "split")
 DEFAULT_ON_OVERFLOW = "truncate"
 INT32_MAX = np.iinfo(np.int32).max
-EXAMPLES_NAME = "examples.npy"  # beside the bins: the cache example of each packed sequence (write_examples)
 VAL_DIR = "val"  # the packed val split: a shard of its own inside the train shard's directory
 
 

@@ -24,8 +24,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from niels_gpt.atomic import atomic_path
+from niels_gpt.constants import PARQUET_SUFFIXES
 from niels_gpt.errors import FormatError
-from niels_gpt.locate import PARQUET
 from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import check_starts
 from niels_gpt.resume import fingerprint
@@ -68,7 +68,7 @@ def parquet_files(path) -> list[Path]:
     """A .parquet/.pq file, or the sorted .parquet/.pq files of a directory."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in PARQUET and p.is_file())
+        files = sorted(p for p in path.iterdir() if p.suffix in PARQUET_SUFFIXES and p.is_file())
         if not files:
             raise FormatError(f"{path}: no .parquet or .pq files (and no manifest.json)")
         return files

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import SPLITS
+from niels_gpt.constants import META_NAME, SPLITS
 from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.meta import (
     TOKEN_DTYPES,
@@ -93,4 +93,4 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     asst = None if special.get("asst") is None else int(special["asst"])
     return SFTSplit(cache_dir, split, tokens, starts, ends - starts, asst, int(special["eot"]),
                     meta, tok_rec.get("sha256") or sha256_file(str(tok_path)),
-                    sha256_file(str(cache_dir / "meta.json")), mask)
+                    sha256_file(str(cache_dir / META_NAME)), mask)

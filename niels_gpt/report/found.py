@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import NielsGPTError, TokenizerError
-from niels_gpt.locate import locate, unfinished_tokens
-from niels_gpt.meta import META_NAME, staged_output, unfinished_build
+from niels_gpt.locate import locate
+from niels_gpt.markers import unfinished_tokens
+from niels_gpt.meta import staged_output, unfinished_build
 from niels_gpt.tokenizer.find import tokenizer_of
 
 

@@ -9,16 +9,17 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import MANIFEST_NAME, SPLITS
 from niels_gpt.formats.receipt import read_receipt, receipt_path
-from niels_gpt.locate import Found, locate
+from niels_gpt.locate import locate
+from niels_gpt.markers import Found
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.report.found import find_caches, find_tokenizer
-from niels_gpt.tables import table
+from niels_gpt.report.render import table
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
@@ -64,7 +65,7 @@ def totals_table(rows: list[list]) -> str:
     """meta.json totals of one or more caches as a table: one row per cache and split."""
     out = []
     for name, kind, totals in rows:
-        for split in ("train", "val"):
+        for split in SPLITS:
             if f"{split}_tokens" in totals:
                 out.append([f"{name}/{split}" if name != "." else split, kind, totals[f"{split}_tokens"],
                             totals.get(f"{split}_examples", "-") if kind == "sft" else "-"])
@@ -76,7 +77,10 @@ def inspect_json(path: str) -> str:
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
     if not caches:
-        read_meta(str(root))  # raises the "not a cache" error naming the path
+        found = locate(root)  # the one door: a missing path, an unfinished build, a text file
+        if found.split is None:
+            read_meta(str(root))  # packed bins or a peer's files: no meta.json of ours to show
+        caches = [found.root]
     out = {str(c): {k: v for k, v in read_meta(str(c)).items() if k != "files"} for c in caches}
     return json.dumps(out, indent=2, sort_keys=True)
 
@@ -90,6 +94,8 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
             return _inspect_packed(found, tokenizer, window)
         if found.kind == "foreign":
             return _inspect_foreign(root, found.info, tokenizer, window)
+        if found.split is not None:  # a split directory: the cache it belongs to
+            return inspect_path(str(found.root), tokenizer=tokenizer, window=window)
         read_meta(str(root))  # raises the "not a cache" error naming the path
     if len(caches) > 1 or caches[0] != root:
         lines = [f"{len(caches)} cache(s) under {root}:"]

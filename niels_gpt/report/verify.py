@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MODEL_NAME, SPLITS
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
-from niels_gpt.locate import locate, present, unfinished_message
+from niels_gpt.locate import locate
+from niels_gpt.markers import packed_files, present, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -37,8 +38,8 @@ from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.memmap_format import FORMAT_NAME
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.readers.shards import split_shards
-from niels_gpt.records import RECORD_SEAL, is_sealed
 from niels_gpt.report.found import find_caches, find_tokenizer, interrupted_builds, unfinished_dirs
+from niels_gpt.seals import RECORD_SEAL, is_sealed
 
 
 def _check_special_ids(cache: Path, meta: dict) -> list[str]:
@@ -53,25 +54,6 @@ def _check_special_ids(cache: Path, meta: dict) -> list[str]:
         return [f"{cache / META_NAME}: special_token_ids {ours} but the tokenizer it was built with has {theirs}; "
                 "the meta.json was edited or damaged: rebuild the cache"]
     return []
-
-
-def _packed_val_files(shard: Path) -> set[str]:
-    """pack-sft's packed val split in `val/`: a shard of its own (verified as one), not strays of the train bins."""
-    try:
-        files = json.loads((shard / "val" / MANIFEST_NAME).read_bytes()).get("files")
-    except (OSError, ValueError, AttributeError):
-        return set()  # none there, or unreadable: its own check says so
-    names = {rec.get("name") for rec in files.values() if isinstance(rec, dict)} if isinstance(files, dict) else set()
-    return {f"val/{MANIFEST_NAME}"} | {f"val/{n}" for n in names if isinstance(n, str)} | _examples_file(shard / "val", "val/")
-
-
-def _examples_file(shard: Path, prefix: str = "") -> set[str]:
-    """pack-sft's examples.npy (each packed sequence's cache example) where the shard's manifest lists it."""
-    try:
-        rec = json.loads((shard / MANIFEST_NAME).read_bytes()).get("examples")
-    except (OSError, ValueError, AttributeError):
-        return set()
-    return {prefix + rec["name"]} if isinstance(rec, dict) and rec.get("name") == "examples.npy" else set()
 
 
 def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> list[str]:
@@ -89,7 +71,7 @@ def _stray_files(directory: Path, listed: set[str], marker: str = META_NAME) -> 
 
 
 def _check_tokenizer(directory: Path, meta: dict) -> list[str]:
-    model = directory / str(meta.get("model_file", "spm.model"))
+    model = directory / str(meta.get("model_file", MODEL_NAME))
     if not model.is_file():
         return [f"{model}: missing (its meta.json records the model's sha256)"]
     digest = sha256_file(str(model))
@@ -110,6 +92,9 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     root = Path(path)
     if not present(root):
         return interrupted_builds(root) or [f"{root}: no such file or directory"], 0, []
+    split = _split_of(root)
+    if split is not None:  # a split directory is checked as the cache it belongs to
+        return verify_outputs(str(split.root))
     caches = find_caches(root) if root.exists() else []
     packed = sorted(p.parent for p in ([root / MANIFEST_NAME] if (root / MANIFEST_NAME).is_file()
                                        else root.rglob(MANIFEST_NAME) if root.is_dir() else []))
@@ -133,11 +118,12 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         try:
             ds = PackedMemmapDataset(shard)  # its manifest's seal is checked on open
             ds.validate()
-            listed = {rec["name"] for rec in ds.manifest["files"].values()} | _packed_val_files(shard)
+            listed = packed_files(shard) or set()
             examples = ds.manifest.get("examples")  # pack-sft's examples.npy, checked as the manifest records it
-            if isinstance(examples, dict) and record_problem(examples) is None and _examples_file(shard):
-                listed |= _examples_file(shard)
-                problems += [p for p in [disk_problem(shard / examples["name"], examples, MANIFEST_NAME)] if p]
+            if EXAMPLES_NAME in listed and record_problem(examples) is None:
+                problems += [p for p in [disk_problem(shard / EXAMPLES_NAME, examples, MANIFEST_NAME)] if p]
+            elif EXAMPLES_NAME in listed:
+                listed.discard(EXAMPLES_NAME)  # a damaged record: the file is named a stray below
             problems += _stray_files(shard, listed, MANIFEST_NAME)
         except NielsGPTError as exc:
             problems.append(str(exc))
@@ -159,10 +145,19 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
 
 
 
+def _split_of(root: Path):
+    """locate's answer for a split directory of a cache (`cache/train`), else None."""
+    try:
+        found = locate(root)
+    except NielsGPTError:
+        return None
+    return found if found.split is not None else None
+
+
 def _check_cache(cache: Path, meta: dict) -> list[str]:
     """Every file a cache's (or tokenizer's) meta.json lists against the disk, and nothing unlisted."""
     if meta["kind"] == "tokenizer":
-        return _check_tokenizer(cache, meta) + _stray_files(cache, {str(meta.get("model_file", "spm.model"))})
+        return _check_tokenizer(cache, meta) + _stray_files(cache, {str(meta.get("model_file", MODEL_NAME))})
     if meta.get("built") is False:
         return []
     found = check_files(cache, meta, hashes=True)
@@ -192,7 +187,7 @@ def _open_problems(cache: Path, meta: dict) -> list[str]:
             if not isinstance(eot, int):
                 return [f"{cache / META_NAME}: special_token_ids.eot is {eot!r}; an SFT reader pads with the EOT id: "
                         "rebuild the cache"]
-            for split in ("train", "val"):
+            for split in SPLITS:
                 idx = meta["files"].get(f"{split}_idx.npy")
                 if idx and idx.get("examples", 1):
                     SFTExampleDataset(str(cache / f"{split}_tokens.bin"), str(cache / f"{split}_idx.npy"), T=1,

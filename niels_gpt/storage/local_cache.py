@@ -54,6 +54,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.confine import confined
+from niels_gpt.constants import MANIFEST_NAME, MARKERS
 from niels_gpt.errors import ConfigError, StorageError
 from niels_gpt.storage.fs import transfers_stopped
 from niels_gpt.storage.settings import MIRRORS, cache_dir_label
@@ -65,7 +66,6 @@ OWN_MARK = ".niels_gpt_download_cache"  # in the root: this directory is a downl
 OWN_ENTRIES = {OWN_MARK, ".lock", MIRRORS, LOCKS, PINS, STAMPS, "core"}
 SOURCES = "sources"  # remote/sources/: temporaries of inputs read from URLs (sources/records.py)
 RESERVED = ".reserved"  # <name>.reserved.tmp-<pid>: room granted to a download in progress
-MARKERS = ("meta.json", "manifest.json")
 LOCK_POLL_S = 0.02
 _pin_ids = itertools.count()
 
@@ -120,7 +120,7 @@ def fetched(mirror_dir: Path) -> set[str]:
         files = doc.get("files") if isinstance(doc, dict) else None
         if not isinstance(files, dict):
             return set()
-        if marker == "manifest.json":
+        if marker == MANIFEST_NAME:
             return {str(r.get("name")) for r in files.values() if isinstance(r, dict)}
         return set(files)
     return set()

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.confine import confined, confined_all
+from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.meta import record_problem, sha256_file
 from niels_gpt.storage.fs import bounded_call, filesystem, join, longest_wait_s, with_retries
@@ -102,7 +103,7 @@ _trusted: dict[str, tuple[int, int, int]] = {}  # mirrored path -> (size, mtime_
 class RemoteCache:
     """One cache directory at a URL, mirrored file by file on demand. Pickles as its URL and paths."""
 
-    def __init__(self, url: str, *, marker: str = "meta.json"):
+    def __init__(self, url: str, *, marker: str = META_NAME):
         self.url = str(url).rstrip("/")
         self.marker = marker
         self.root = Path(os.path.abspath(local_cache_dir()))
@@ -290,7 +291,7 @@ def records_of(doc: dict, marker: str, where: str = "") -> dict[str, dict]:
     files = doc.get("files")
     if not isinstance(files, dict):
         raise CacheError(f"{marker}: 'files' is missing or not an object; rebuild and re-upload the cache")
-    if marker.endswith("manifest.json"):  # array -> {"name", "bytes", "sha256", ...}
+    if marker.endswith(MANIFEST_NAME):  # array -> {"name", "bytes", "sha256", ...}
         out = {}
         for key, rec in files.items():
             if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("bytes"), int):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.confine import confined
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, NielsGPTError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.storage.local_cache import claim
@@ -175,7 +175,7 @@ def tokenizer_near(url: str, levels: int = 2) -> Path | None:
 def _mirror_tokenizer(url: str) -> Path | None:
     fs, path = filesystem(url)
     try:
-        data = with_retries(lambda: bounded_call(fs, "cat_file", join(path, "meta.json")), f"reading {url}/meta.json",
+        data = with_retries(lambda: bounded_call(fs, "cat_file", join(path, META_NAME)), f"reading {url}/meta.json",
                             bounded=True)
         model = str(json.loads(data).get("model_file") or "")
     except (FileNotFoundError, ValueError, AttributeError):
@@ -186,11 +186,11 @@ def _mirror_tokenizer(url: str) -> Path | None:
     claim(local_cache_dir())
     local = local_cache_dir() / MIRRORS / hashlib.sha256(url.encode()).hexdigest()[:16]
     local.mkdir(parents=True, exist_ok=True)
-    fresh = (local / "meta.json").is_file() and (local / "meta.json").read_bytes() == data
+    fresh = (local / META_NAME).is_file() and (local / META_NAME).read_bytes() == data
     if not fresh or not (local / model).is_file():
         tmp = local / f"{model}.tmp-{os.getpid()}"
         with_retries(lambda: bounded_call(fs, "get_file", join(path, model), os.fspath(tmp)),
                      f"downloading {url}/{model}", bounded=True)
         os.replace(tmp, local / model)
-        write_bytes_atomic(local / "meta.json", data)
+        write_bytes_atomic(local / META_NAME, data)
     return local

@@ -31,11 +31,11 @@ from pathlib import Path
 
 from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
+from niels_gpt.constants import MANIFEST_NAME, MARKERS
 from niels_gpt.errors import ConfigError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.urls import is_url
 
-MARKERS = ("meta.json", "manifest.json", "niels_receipt.json")
 STAGING_ENV = "NIELS_GPT_STAGING"
 STAGE_PREFIX = "niels_gpt_stage_"  # <prefix><pid>_<random>: a staged output of process <pid>
 
@@ -96,7 +96,7 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
 
 
 def check_remote_output(url: str, fs, root: str) -> set[str] | None:
-    """The output guard (niels_gpt/outputs.py) for a prefix in a store, before any work: nothing there, or an
+    """The output guard (niels_gpt/output_guard.py) for a prefix in a store, before any work: nothing there, or an
     output of ours whose record lists every object under the prefix; anything else is refused in one line.
     Returns the files the existing output's record lists (None when there is none), so that the upload can
     remove those the new output no longer has. Listing the prefix is also the first call to the store, so
@@ -121,7 +121,7 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
             files = None
         if not isinstance(files, dict):
             break
-        listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == "manifest.json" else k
+        listed = {str(v.get("name", k)) if isinstance(v, dict) and marker == MANIFEST_NAME else k
                   for k, v in files.items()}
         # NOTE: the names of the output this one replaces are removed after the upload: each stays in the prefix
         confined_all(sorted(listed), f"{url}/{marker}", "files", error=ConfigError,

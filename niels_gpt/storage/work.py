@@ -31,6 +31,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError, StorageError
 from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
 from niels_gpt.storage.local_cache import claim, file_lock
@@ -42,7 +43,7 @@ TASK_DIRS = "niels_gpt_task_"  # the prefix of a task's own temporary directory 
 OURS = re.compile(r"^(plan\.json|parts/\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)"
                   r"|tokenizer/[0-9a-f]{64}/[^/]+)$")
 # the files beside a tokenizer model that loading it may read (its record, its chat template)
-TOKENIZER_SIBLINGS = ("meta.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TOKENIZER_SIBLINGS = (META_NAME, "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
 class WorkStore:

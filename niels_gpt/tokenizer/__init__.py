@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from niels_gpt.atomic import remove_stale_temporaries, write_bytes_atomic
+from niels_gpt.constants import META_NAME, MODEL_NAME
 from niels_gpt.errors import TokenizerError
 from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.base import (
@@ -41,8 +42,6 @@ from niels_gpt.tokenizer.special import (
 )
 from niels_gpt.tokenizer.spm import SentencePieceTokenizer, TrainSettings, settings_dict, train_sentencepiece
 from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer, is_tiktoken_spec
-
-MODEL_NAME = "spm.model"
 
 __all__ = [
     "ASST_TOKEN", "EOT_TOKEN", "MODEL_NAME", "Message", "ROLES", "RenderedChat", "SEPARATOR_CHOICES",
@@ -77,7 +76,7 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
         if is_hub_id(str(path)):
             return load_tokenizer(hub_tokenizer_dir(str(path)), **options)
     if p.is_dir():
-        if (p / MODEL_NAME).is_file() and not (p / "meta.json").is_file():
+        if (p / MODEL_NAME).is_file() and not (p / META_NAME).is_file():
             raise TokenizerError(f"{p}: {MODEL_NAME} without meta.json: an interrupted train-tokenizer (it withdraws "
                                  f"meta.json first)? re-run it, or pass {p / MODEL_NAME} to use the file as it is")
         for name in (MODEL_NAME, "tokenizer.json"):
@@ -138,7 +137,7 @@ def check_recorded_sha256(tok: Tokenizer, path: Path) -> None:
     """Refuse a model file whose sha256 is not the one its directory's meta.json records."""
     import json
 
-    meta_file = path.parent / "meta.json"
+    meta_file = path.parent / META_NAME
     if not meta_file.is_file():
         return
     try:
@@ -161,7 +160,7 @@ def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
-    stale = out / "meta.json"
+    stale = out / META_NAME
     if stale.exists():
         stale.unlink()  # the directory is not a finished tokenizer until the new meta lands
     model, stats = train_sentencepiece(texts, settings)

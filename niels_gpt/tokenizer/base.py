@@ -19,11 +19,10 @@ from typing import Literal, NamedTuple, TypedDict
 
 import numpy as np
 
+from niels_gpt.constants import token_dtype_for
 from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.spans import assistant_token_mask
 from niels_gpt.tokenizer.special import ROLE_TO_SPECIAL, SPECIAL_TOKENS
-
-UINT16_LIMIT = 65536
 
 
 class Message(TypedDict):
@@ -57,11 +56,6 @@ class RenderedChat(NamedTuple):
 
     ids: list[int]
     mask: list[bool]
-
-
-def token_dtype_for(vocab_size: int) -> np.dtype:
-    """Little-endian uint16 when every id fits, else uint32 (see DESIGN: decisions taken)."""
-    return np.dtype("<u2") if vocab_size <= UINT16_LIMIT else np.dtype("<u4")
 
 
 class Tokenizer(ABC):

@@ -234,7 +234,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The ids of `encode` for each text as a uint32 array, read from tiktoken's own buffer: no Python
-        int per token (what the cache builder asks for; niels_gpt.encode.encode_documents)."""
+        int per token (what the cache builder asks for; niels_gpt.long_documents.encode_documents)."""
         core = self._enc._core_bpe
         if not hasattr(core, "encode_to_tiktoken_buffer"):  # an older tiktoken
             return [np.array(self.encode(t), dtype=np.uint32) for t in texts]

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.builders.origins import as_rows
-from niels_gpt.constants import TOKEN_DTYPES
+from niels_gpt.constants import EXAMPLES_NAME, META_NAME, SPLITS, TOKEN_DTYPES
 from niels_gpt.errors import CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
@@ -142,7 +142,7 @@ def cache_documents(cache: str, split: str) -> CacheDocuments:
     stamp: tuple = ()
     if not is_url(str(cache)):  # a URL's mirror is checked against the remote when it is opened
         try:
-            st = (Path(cache) / "meta.json").stat()
+            st = (Path(cache) / META_NAME).stat()
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         except OSError:
             pass
@@ -246,7 +246,7 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
         if want is None:
             raise ConfigError(f"--document {input_name}:{record}: {entry['path']} has no line {record} here (or "
                               "cannot be read here); give a line of that file, or SPLIT:INDEX")
-    for split in ("train", "val"):
+    for split in SPLITS:
         rows = cache_documents(str(cache), split).origins()[0]
         hit = np.flatnonzero((rows[:, 0] == i) & (rows[:, 1] == want))
         if len(hit):
@@ -261,9 +261,9 @@ def packed_origin(bins: str, dataset, seq: int | None) -> dict:
     nothing. A note left by the caller is replaced."""
     manifest = getattr(dataset, "manifest", None) or {}
     rec, source = manifest.get("examples"), manifest.get("source") or {}
-    if seq is None or not isinstance(rec, dict) or rec.get("name") != "examples.npy" or is_url(str(bins)):
+    if seq is None or not isinstance(rec, dict) or rec.get("name") != EXAMPLES_NAME or is_url(str(bins)):
         return {}
-    examples = _examples(str(Path(bins) / "examples.npy"), rec.get("sha256"))
+    examples = _examples(str(Path(bins) / EXAMPLES_NAME), rec.get("sha256"))
     example = int(examples[seq])
     out = {"example": example, "note": f"example {source.get('split', 'train')}:{example} of {source.get('cache_dir')}"}
     try:

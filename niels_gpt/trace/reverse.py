@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError
 from niels_gpt.trace.documents import cache_documents, find_document
 from niels_gpt.trace.parquet import parquet_hits, parquet_origin
@@ -37,7 +38,7 @@ def parse_origin(text: str) -> tuple[str, int] | None:
     """"data/a.jsonl:17" -> ("data/a.jsonl", 17): a document named by its origin (an input and its record: a
     JSON Lines line, a Parquet row); None for SPLIT:INDEX and DATASET:SPLIT:INDEX."""
     head, sep, tail = str(text).rpartition(":")
-    if not sep or not tail.isdigit() or head.rpartition(":")[2] in ("train", "val") or not ("." in head or "/" in head):
+    if not sep or not tail.isdigit() or head.rpartition(":")[2] in SPLITS or not ("." in head or "/" in head):
         return None  # SPLIT:INDEX, DATASET:SPLIT:INDEX, rankR:INDEX: an input is named by its path (a.jsonl, data/x)
     return head, int(tail)
 

@@ -20,7 +20,7 @@ decides before any work:
 |                                                 | its first checkpoint (a run killed before keeps it)|
 | a run's checkpoints, neither                    | refused, naming the run                            |
 | anything else (a user's files, a directory)     | refused, even with --overwrite                     |
-| the data, inside it, or above it                | refused (niels_gpt.outputs.check_overlap)          |
+| the data, inside it, or above it                | refused (niels_gpt.output_guard.check_overlap)          |
 | a run directory another train is writing        | refused, naming its pid (`run_lock`)               |
 
 `--keep-last N` prunes as the run saves: its newest N checkpoints stay, older ones that run.json records
@@ -45,7 +45,7 @@ import torch
 
 from niels_gpt.atomic import TMP_SUFFIX, atomic_path, remove_stale_temporaries, write_bytes_atomic
 from niels_gpt.errors import OutputLockedError, StateError
-from niels_gpt.outputs import OutputRefused, check_overlap
+from niels_gpt.output_guard import OutputRefused, check_overlap
 from niels_gpt.staging import lock_path, output_lock
 
 CHECKPOINT_VERSION = 2  # 2: a sha256 of the payload; 1 (no digest) still loads, unverified

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import CacheError, ConfigError, FormatError
 from niels_gpt.loading import (
     GlobalBatchSampler,
@@ -260,7 +261,7 @@ class TrainData:
         sha = recorded.get("tokenizer_sha256")
         self.tokenizer_sha256 = sha if isinstance(sha, str) and sha.strip("0") else None  # zeros: not recorded
         source = Path(str(recorded.get("cache_dir", "")))
-        if (source / "meta.json").is_file():  # the SFT cache the bins came from
+        if (source / META_NAME).is_file():  # the SFT cache the bins came from
             self.vocab_size = self.vocab_size or int(self._meta(source)["vocab_size"])
             self.origins.append(source)
         val = find_val_pack(self.path, T=self.T, tokenizer_sha256=self.tokenizer_sha256)

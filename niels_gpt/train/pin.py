@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import CacheError
 from niels_gpt.resume import fingerprint
 
@@ -20,7 +21,7 @@ from niels_gpt.resume import fingerprint
 def content_id(cache: Path) -> str | None:
     """The identity of a cache's content from its meta.json; None where there is none to read."""
     try:
-        meta = json.loads((Path(cache) / "meta.json").read_text("utf-8"))
+        meta = json.loads((Path(cache) / META_NAME).read_text("utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict):
@@ -49,7 +50,7 @@ def summary(caches) -> list[dict]:
     out = []
     for c in caches:
         try:
-            meta = json.loads((Path(c) / "meta.json").read_text("utf-8"))
+            meta = json.loads((Path(c) / META_NAME).read_text("utf-8"))
         except (OSError, ValueError):
             continue
         files = meta.get("files") if isinstance(meta, dict) else None

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from niels_gpt.constants import META_NAME, MODEL_NAME, SPLITS
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
@@ -83,13 +84,13 @@ def find_tokenizer(data_path: str | os.PathLike):
             return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
     for parent in [p.resolve(), *p.resolve().parents][:4]:
         cand = parent / "tokenizer"
-        if (cand / "spm.model").is_file() or (cand / "tokenizer.json").is_file():
+        if (cand / MODEL_NAME).is_file() or (cand / "tokenizer.json").is_file():
             return load_tokenizer(cand)
     return None
 
 
 def recorded_tokenizer_sha(where: Path) -> str | None:
-    meta = Path(where) / "meta.json"
+    meta = Path(where) / META_NAME
     if not meta.is_file():
         return None
     try:
@@ -106,7 +107,7 @@ def check_data_url(url: str) -> None:
         return
     except NielsGPTError as exc:
         head, _, split = url.rstrip("/").rpartition("/")
-        if split not in ("train", "val"):
+        if split not in SPLITS:
             raise
         try:
             open_location(head)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading import token_bytes as tokenizer_bytes
-from niels_gpt.outputs import check_overlap
+from niels_gpt.output_guard import check_overlap
 from niels_gpt.storage.settings import apply_cache_args
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.train.attention import resolve as resolve_attention

@@ -10,7 +10,7 @@ from niels_gpt.cache.pretrain_dataset import PretrainTokenStreamDataset
 from niels_gpt.formats.base import file_order
 from niels_gpt.formats.kempner import list_token_files
 from niels_gpt.loading import IndexedWindowDataset
-from niels_gpt.records import sealed_bytes
+from niels_gpt.seals import sealed_bytes
 
 from ..conftest import write_pretrain_cache
 

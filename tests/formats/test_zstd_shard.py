@@ -20,8 +20,8 @@ from niels_gpt.formats.convert import convert
 from niels_gpt.formats.writers import ShardWriter
 from niels_gpt.formats.zstd_shard import FRAME_TOKENS, ZstdShard
 from niels_gpt.loading.windows import IndexedWindowDataset
-from niels_gpt.records import sealed_bytes
 from niels_gpt.report import verify_path
+from niels_gpt.seals import sealed_bytes
 
 pytest.importorskip("zstandard")
 

@@ -15,8 +15,8 @@ import pytest
 from niels_gpt.builders.origins import as_rows
 from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
-from niels_gpt.encode import encode_documents
 from niels_gpt.errors import CacheError
+from niels_gpt.long_documents import encode_documents
 from niels_gpt.trace.documents import document_origin, find_document
 
 

@@ -6,10 +6,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing.dataset import PackedMemmapDataset
-from niels_gpt.packing.memmap_format import ARRAYS, MANIFEST_NAME, MemmapShardWriter, read_manifest
-from niels_gpt.records import sealed_bytes
+from niels_gpt.packing.memmap_format import ARRAYS, MemmapShardWriter, read_manifest
+from niels_gpt.seals import sealed_bytes
 
 BINS = [
     (np.array([1, 2, 3]), np.array([0, 1, 0]), np.array([0])),

@@ -5,8 +5,8 @@ import json
 
 from niels_gpt.cli import main
 from niels_gpt.packing import open_packed, pack_sft
+from niels_gpt.report import cache_stats
 from niels_gpt.report.verify import verify_path
-from niels_gpt.stats import cache_stats
 
 from ..conftest import write_sft_cache
 from .helpers import chats

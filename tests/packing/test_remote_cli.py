@@ -6,7 +6,7 @@ import pytest
 from niels_gpt.cache.cli import main
 from niels_gpt.errors import ConfigError
 from niels_gpt.packing import PackedMemmapDataset, pack_sft
-from niels_gpt.packing.remote import upload_dir
+from niels_gpt.packing.upload import upload_dir
 
 from ..conftest import write_sft_cache
 from .helpers import chats

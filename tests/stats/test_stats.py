@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from niels_gpt.cache.cli import main
-from niels_gpt.stats import cache_stats, format_stats, plot_stats
+from niels_gpt.report import cache_stats, format_stats, plot_stats
 from tests.conftest import SPECIALS, write_pretrain_cache, write_sft_cache
 
 EOT, ASST, USR = SPECIALS["eot"], SPECIALS["asst"], SPECIALS["usr"]
@@ -245,7 +245,7 @@ def test_mixture_realised_proportions_are_what_the_sampler_draws(pretrain, tmp_p
     from collections import Counter
 
     from niels_gpt.loading.mixture import MixtureConfig
-    from niels_gpt.stats import mixture_stats
+    from niels_gpt.report import mixture_stats
 
     cfg = tmp_path / "mix.json"
     cfg.write_text(json.dumps({"datasets": {"a": str(pretrain), "b": str(pretrain)}, "seed": 3,

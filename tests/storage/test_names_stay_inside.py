@@ -16,7 +16,7 @@ from niels_gpt.confine import name_problem
 from niels_gpt.errors import CacheError, FormatError, StorageError
 from niels_gpt.formats.receipt import RECEIPT_NAME, read_receipt, write_receipt
 from niels_gpt.meta import file_record, write_meta
-from niels_gpt.records import sealed_bytes
+from niels_gpt.seals import sealed_bytes
 from niels_gpt.storage import upload_tree
 from niels_gpt.storage.local_cache import PINS, pinned
 from niels_gpt.storage.mirror import records_of

@@ -16,8 +16,8 @@ import pytest
 
 from niels_gpt.builders.encode_pool import THREADS_ENV, EncodePool, uses_processes
 from niels_gpt.cache.build_cache import build_pretrain_cache
-from niels_gpt.encode import encode_documents
 from niels_gpt.errors import TokenizerError
+from niels_gpt.long_documents import encode_documents
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer
 

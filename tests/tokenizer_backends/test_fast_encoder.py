@@ -180,7 +180,7 @@ def test_build_imports_no_torch(tmp_path, tiktoken_file):
 
 def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_file, capfd):
     """A lone surrogate (JSON's "\\ud800"): that document alone goes to tiktoken, which replaces it; no warning."""
-    from niels_gpt.encode import encode_documents
+    from niels_gpt.long_documents import encode_documents
 
     tok = load_tokenizer(tiktoken_file)
     docs = ["plain text", "a lone \ud800 surrogate", "more text"]

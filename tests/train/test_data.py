@@ -11,7 +11,7 @@ import torch
 
 from niels_gpt.cache.cli import main as cli
 from niels_gpt.errors import ConfigError
-from niels_gpt.records import sealed_bytes
+from niels_gpt.seals import sealed_bytes
 from niels_gpt.train.data import TrainData, detect_kind, to_model_batch
 
 from ..conftest import write_pretrain_cache

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
-from niels_gpt.outputs import OutputRefused
+from niels_gpt.output_guard import OutputRefused
 from niels_gpt.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,

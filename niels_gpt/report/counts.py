@@ -9,16 +9,23 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.constants import MANIFEST_NAME
+from niels_gpt.constants import MANIFEST_NAME, META_NAME, SPLITS
 from niels_gpt.errors import ConfigError
 from niels_gpt.locate import locate
-from niels_gpt.meta import META_NAME, read_meta
+from niels_gpt.meta import numpy_dtype, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.shards import shard_array
-from niels_gpt.report import find_caches
+from niels_gpt.report.figures import (
+    Stats,
+    StatsError,
+    StreamStats,
+    length_figures,
+    progress_bar,
+    stream_stats,
+)
+from niels_gpt.report.found import find_caches
 from niels_gpt.spans import assistant_token_mask
-from niels_gpt.stats.figures import Stats, StatsError, StreamStats, length_figures, progress_bar, stream_stats
 
 
 def _bos_id(meta: dict) -> int | None:
@@ -29,12 +36,8 @@ def _bos_id(meta: dict) -> int | None:
     return None
 
 
-def _dtype(meta: dict) -> np.dtype:
-    return np.dtype("<u4" if str(meta.get("token_dtype", "uint16-le")).startswith("uint32") else "<u2")
-
-
 def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
-    dtype = _dtype(meta)
+    dtype = numpy_dtype(meta["token_dtype"])
     sep = meta.get("document_separator") or {}
     separator = "bos" if sep.get("token") == "bos" else "eot"
     position = str(sep.get("position", "after"))
@@ -67,7 +70,7 @@ def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
 
 
 def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> Stats:
-    dtype = _dtype(meta)
+    dtype = numpy_dtype(meta["token_dtype"])
     specials = meta.get("special_token_ids") or {}
     eot_id, asst_id = specials.get("eot"), specials.get("asst")
     streams = []
@@ -186,8 +189,8 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
     if found.kind in ("pretrain", "sft"):
         meta = read_meta(str(found.root))  # checked: schema and seal
         if found.kind == "pretrain":
-            return _pretrain(found.root, meta, [found.split] if found.split else ["train", "val"], progress)
-        return _sft(found.root, meta, ["train", "val"], seq_len, progress)
+            return _pretrain(found.root, meta, [found.split] if found.split else list(SPLITS), progress)
+        return _sft(found.root, meta, list(SPLITS), seq_len, progress)
     if found.kind == "not-built":
         raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
                          "nothing to count: build it first")

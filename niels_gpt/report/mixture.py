@@ -8,7 +8,7 @@ import numpy as np
 
 from niels_gpt.errors import ConfigError
 from niels_gpt.loading.mixture import MixtureConfig, normalised, quota_step
-from niels_gpt.stats.figures import Stats, StreamStats
+from niels_gpt.report.figures import Stats, StreamStats
 
 
 def mixture_stats(path: str | Path, *, steps: int = 1000, global_batch_size: int = 64) -> Stats:

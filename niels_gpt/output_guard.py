@@ -27,18 +27,16 @@ driver). Cost: one directory walk of an existing output (its file names only), n
 from __future__ import annotations
 
 import errno
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX
-from niels_gpt.constants import MANIFEST_NAME, META_NAME
-from niels_gpt.errors import ConfigError
+from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
+from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.markers import by_marker, outputs_below, packed_files, read_json
 
-RECEIPT_NAME = "niels_receipt.json"  # convert's commit marker for the peers' formats (formats/receipt.py)
 PLAN_NAME = "plan.json"  # a dist-build work directory's marker (builders/dist.py)
-LOCK_SUFFIX = ".lock"
 
 # kind -> what its marker is and says. A cache is a pretraining or SFT cache (meta.json "kind").
 KINDS = {
@@ -48,81 +46,39 @@ KINDS = {
     "converted": "a converted corpus (niels_receipt.json)",
     "work": "a dist-build work directory (plan.json and parts/)",
 }
-WALK_LIMIT = 100_000  # entries looked at in a directory without a marker before it is called a root
 
 
 class OutputRefused(ConfigError):
     """An output path this command may not write: not ours, another kind, or overlapping an input."""
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
-    """(kind, the relative paths its marker lists) of an output of ours at `path`; (None, None) when no
-    marker of ours is there; (kind, None) when a marker is there but cannot be read."""
-    meta_file, manifest, receipt, plan = (path / n for n in (META_NAME, MANIFEST_NAME, RECEIPT_NAME, PLAN_NAME))
-    if meta_file.is_file():
-        meta = _read_json(meta_file)
-        if meta is None:
-            return "unreadable", None
-        kind = meta.get("kind")
-        files = meta.get("files")
-        if kind in ("pretrain", "sft"):
-            return "cache", _plus(set(files) if isinstance(files, dict) else None, META_NAME)
-        if kind == "tokenizer":
-            model = meta.get("model_file") or "spm.model"
-            return "tokenizer", {META_NAME, str(model), "spm.vocab", "tokenizer_config.json", "special_tokens_map.json"}
-        return "unreadable", None
-    if manifest.is_file():
-        doc = _read_json(manifest)
-        files = (doc or {}).get("files")
-        if not isinstance(files, dict):
-            return "packed", None
-        listed = {MANIFEST_NAME} | {str(f.get("name", k)) if isinstance(f, dict) else k for k, f in files.items()}
-        return "packed", listed | _packed_val_files(path) | _examples(doc)
-    if receipt.is_file():
-        doc = _read_json(receipt)
-        files = (doc or {}).get("files")
-        return "converted", _plus(set(files) if isinstance(files, dict) else None, RECEIPT_NAME)
-    if plan.is_file():
+    """(kind, the relative paths its marker lists) of an output of ours at `path` (a key of KINDS, by the marker
+    niels_gpt.locate reads too); (None, None) when no output of ours is there; ("unreadable", None) when a
+    marker is there but cannot be read; ("split", None) for a split directory of a cache."""
+    if (path / PLAN_NAME).is_file():
         return "work", None  # its parts are named by task ids: everything under it is the driver's
+    try:
+        found = by_marker(path)
+        receipt = read_json(path / RECEIPT_NAME) if (path / RECEIPT_NAME).is_file() else None
+    except FormatError:
+        return "unreadable", None
+    if found is not None and found.split is not None:
+        return "split", None
+    if found is not None and found.kind == "packed":
+        return "packed", packed_files(path)
+    if found is not None and found.kind == "tokenizer":
+        model = found.meta.get("model_file") or MODEL_NAME
+        return "tokenizer", {META_NAME, str(model), "spm.vocab", "tokenizer_config.json", "special_tokens_map.json"}
+    if found is not None:  # a cache, built or build-all's placeholder
+        files = found.meta.get("files")
+        return "cache", {META_NAME, *files} if isinstance(files, dict) else None
+    if (path / META_NAME).is_file():
+        return "unreadable", None  # a meta.json of no kind of ours
+    if (path / RECEIPT_NAME).is_file():
+        files = (receipt or {}).get("files")
+        return "converted", {RECEIPT_NAME, *files} if isinstance(files, dict) else None
     return None, None
-
-
-def _packed_val_files(path: Path) -> set[str]:
-    """The files of the packed val split pack-sft writes beside the train bins (`val/`), as its manifest lists them."""
-    doc = _read_json(path / "val" / MANIFEST_NAME) if (path / "val" / MANIFEST_NAME).is_file() else None
-    files = (doc or {}).get("files")
-    if not isinstance(files, dict):
-        return set()
-    return ({f"val/{MANIFEST_NAME}"} | {f"val/{f.get('name', k) if isinstance(f, dict) else k}" for k, f in files.items()}
-            | {f"val/{n}" for n in _examples(doc)})
-
-
-def _examples(manifest: dict) -> set[str]:
-    """pack-sft's examples.npy (each packed sequence's cache example) where a manifest lists it."""
-    rec = (manifest or {}).get("examples")
-    return {"examples.npy"} if isinstance(rec, dict) and rec.get("name") == "examples.npy" else set()
-
-
-def _plus(listed: set[str] | None, name: str) -> set[str] | None:
-    return None if listed is None else listed | {name}
-
-
-def _ours_below(path: Path) -> list[str]:
-    """Outputs of ours under `path` (a build-all root holds several), named relative to it; few levels."""
-    found = []
-    for depth_glob in ("*", "*/*", "*/*/*"):
-        for marker in (META_NAME, MANIFEST_NAME, RECEIPT_NAME):
-            for m in path.glob(f"{depth_glob}/{marker}"):
-                found.append(m.parent.relative_to(path).as_posix() + "/")
-    return sorted(set(found))
 
 
 def _unlisted(path: Path, listed: set[str]) -> list[str]:
@@ -234,7 +190,7 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     found, listed = what_is_there(real)
     fix = f"move what you want to keep out of it, or choose a new {flag} directory"
     if found is None:
-        below = _ours_below(real)
+        below = outputs_below(real)
         if below:
             shown = ", ".join(below[:4]) + (", ..." if len(below) > 4 else "")
             raise OutputRefused(f"{flag} {out}: a root holding several outputs ({shown}), not one output; a "
@@ -244,8 +200,14 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
         raise OutputRefused(f"{flag} {out}: a non-empty directory that is not an output of this library (it "
                             f"holds {shown}); nothing in it is deleted or replaced: {fix}")
     if found == "unreadable":
-        raise OutputRefused(f"{flag} {out}: its {META_NAME} is not a readable record of this library, so "
+        marker = next((m for m in MARKERS if (real / m).is_file()), META_NAME)
+        raise OutputRefused(f"{flag} {out}: its {marker} is not a readable record of this library, so "
                             f"what the directory holds is unknown and it is not replaced: {fix}")
+    if found == "split":
+        raise OutputRefused(f"{flag} {out}: the {real.name} split of the cache {Path(out).parent} (its "
+                            f"{META_NAME} lists these files), not an output of its own; a command replaces a "
+                            f"whole output only: give {flag} {Path(out).parent} to replace the cache, or a new "
+                            "directory")
     if not replace:
         raise OutputRefused(f"{flag} {out}: already holds {KINDS[found]}; this command writes only new "
                             f"outputs: choose a new {flag} directory (or remove that one yourself)")

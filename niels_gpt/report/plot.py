@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.stats.figures import Stats, StreamStats
+from niels_gpt.report.figures import Stats, StreamStats
 
 
 def _sources(stats: Stats) -> dict[str, list[tuple[str, StreamStats]]]:
