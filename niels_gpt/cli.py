@@ -199,8 +199,7 @@ def add_train_tokenizer(sub) -> None:
     _add_common_flags(p, d)
     _add_tokenizer_flags(p)
     p.add_argument("--trainer", choices=("sentencepiece", "rustbpe"), default="sentencepiece",
-                   help="with SRC: sentencepiece (the library's model), or rustbpe: a byte-level BPE written as a "
-                        ".tiktoken tokenizer, several times faster to train (the rustbpe package)")
+                   help="with SRC: sentencepiece, or rustbpe (a byte-level BPE as a .tiktoken tokenizer, faster to train)")
     _add_source_flags(p, d, budgets=False)
     p.set_defaults(func=run_train_tokenizer)
 

@@ -85,7 +85,7 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
         for name in (MODEL_NAME, "tokenizer.json", RANKS_NAME):
             if (p / name).is_file():
                 return load_tokenizer(p / name, **options)
-        raise TokenizerError(f"{p}: no {MODEL_NAME}, tokenizer.json or {RANKS_NAME} in this directory; "
+        raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json (or {RANKS_NAME}) in this directory; "
                              "train one with `train-tokenizer` or point --tokenizer at the model file")
     if chat_template is not None and p.suffix in (".json", ".tiktoken"):
         raise TokenizerError(f"{p}: --chat-template applies to sentencepiece models; a tokenizer.json takes its "

@@ -22,10 +22,13 @@ import base64
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import NielsGPTError, TokenizerError
+from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.sample import sample_documents
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 from niels_gpt.tokenizer.spm import NoTrainingText, TrainSettings
+from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN, TiktokenTokenizer
 
 RANKS_NAME = "tokenizer.tiktoken"
 TRAINERS = ("sentencepiece", "rustbpe")
@@ -54,9 +57,6 @@ def check_rustbpe_settings(settings: TrainSettings, flag: str = "--vocab-size") 
 
 def train_rustbpe(texts: Iterable[str], settings: TrainSettings) -> tuple[bytes, str, dict]:
     """(the .tiktoken file's bytes, the split pattern, stats) of a BPE trained on `texts`."""
-    # lazy: the split pattern lives beside the tiktoken loader, which imports tiktoken only when a tokenizer loads
-    from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN
-
     check_rustbpe_settings(settings)
     rustbpe = _rustbpe()
     stats = {"documents": 0, "characters": 0, "truncated_at_max_train_chars": False}
@@ -107,11 +107,6 @@ def special_token_ids(ranks: int) -> dict[str, int]:
 
 def train_rustbpe_tokenizer(texts: Iterable[str], out: Path, *, settings: TrainSettings, trained_on: object):
     """Train, write out/tokenizer.tiktoken then out/meta.json (the commit marker); returns the tokenizer."""
-    # lazy: the package's loader imports this module's caller
-    from niels_gpt.atomic import write_bytes_atomic
-    from niels_gpt.meta import write_meta
-    from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer
-
     data, pattern, stats = train_rustbpe(texts, settings)
     write_bytes_atomic(out / RANKS_NAME, data)
     record = {"pattern": pattern, "special_tokens": special_token_ids(stats["merges"] + BYTES)}
