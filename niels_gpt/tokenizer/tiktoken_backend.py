@@ -19,7 +19,8 @@
 - Any other keeps its own conventions: `<|endoftext|>` (or the --eos given) ends every document.
   Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template, so
   chat data needs another tokenizer.
-- sha256: of the `.tiktoken` file, or for a name (and a published or trained file) of its ranks, regex and special
+- sha256: of the `.tiktoken` file (a trained one's regex and special tokens are in meta.json, under its
+  record_sha256), or for a name (and a published file) of its ranks, regex and special
   tokens, so two machines with the same encoding record the same value. Pickles as its name or path.
 """
 
@@ -222,7 +223,7 @@ class TiktokenTokenizer(Tokenizer):
                                               special_tokens=specials)
             except Exception as exc:
                 raise TokenizerError(f"{p}: tiktoken refused these ranks: {exc}") from exc
-            self._sha256 = encoding_sha256(self._enc) if published is not None or record is not None else file_sha256
+            self._sha256 = encoding_sha256(self._enc) if published is not None else file_sha256
         else:
             try:
                 self._enc = tiktoken.get_encoding(text)

@@ -51,6 +51,7 @@ def test_the_tokenizer_is_the_librarys_with_four_chat_tokens_after_the_ranks(tra
     ids = tok.encode(text)
     assert tok.decode(ids) == text and max(ids) < VOCAB  # a typed sentinel stays text
     assert fast_encoder(tok) is not None  # gigatoken, after its id-for-id check
+    assert main(["verify", str(trained / "tok")]) == 0  # the file's sha256 is the one meta.json records
 
 
 def test_a_second_run_writes_the_same_bytes_and_max_chars_samples(trained, tmp_path):
