@@ -1,5 +1,5 @@
 """The bad-input catalogue of `train-tokenizer --trainer rustbpe`: a vocabulary smaller than the 256 single bytes,
-a model type rustbpe does not train, the flag without SRC, text no UTF-8 can hold, and rustbpe not installed.
+a model type or setting of sentencepiece's, the flag without SRC, text no UTF-8 can hold, and rustbpe not installed.
 
 Each case is held to the catalogue's promises (tests/test_bad_input_catalogue.py: one `error:` line naming the
 file, flag or record, no complete-looking output, every input unchanged).
@@ -40,6 +40,10 @@ def unigram_with_rustbpe(w, tmp):
     return _train(tmp, "--model-type", "unigram")
 
 
+def a_sentencepiece_setting(w, tmp):
+    return _train(tmp, "--character-coverage", "0.99")
+
+
 def trainer_without_sources(w, tmp):
     return ["train-tokenizer", "--cache-dir", str(tmp / "out"), "--sample", "--trainer", "rustbpe", "--no-progress"]
 
@@ -69,6 +73,8 @@ CASES = [
          ("--vocab-size 200", "256", "at least"), out="out"),
     Case("train-tokenizer --trainer rustbpe: --model-type unigram", unigram_with_rustbpe,
          ("--model-type unigram", "--trainer rustbpe", "bpe"), out="out"),
+    Case("train-tokenizer --trainer rustbpe: a sentencepiece setting", a_sentencepiece_setting,
+         ("--character-coverage", "sentencepiece", "--trainer rustbpe"), out="out"),
     Case("train-tokenizer --trainer rustbpe without SRC", trainer_without_sources, ("--trainer rustbpe", "SRC"),
          out="out"),
     Case("train-tokenizer: --trainer of no known kind", trainer_unknown, ("--trainer", "wordpiece"), status=2,

@@ -53,6 +53,13 @@ def check_rustbpe_settings(settings: TrainSettings, flag: str = "--vocab-size") 
     if settings.model_type != "bpe":
         raise TokenizerError(f"--model-type {settings.model_type} with --trainer rustbpe: rustbpe trains byte-level "
                              "BPE only; leave --model-type out, or use --trainer sentencepiece")
+    default = TrainSettings()
+    for flag, field in (("--character-coverage", "character_coverage"), ("--tokenizer-threads", "num_threads"),
+                        ("--max-sentence-length", "max_sentence_length"), ("--no-split-digits", "split_digits")):
+        if getattr(settings, field) != getattr(default, field):
+            raise TokenizerError(f"{flag} is a sentencepiece setting: --trainer rustbpe has no such setting (it "
+                                 "splits text with the GPT-4 pattern, on every core); leave it out, or use "
+                                 "--trainer sentencepiece")
 
 
 def train_rustbpe(texts: Iterable[str], settings: TrainSettings) -> tuple[bytes, str, dict]:

@@ -106,3 +106,20 @@ def test_ranks_without_meta_are_an_interrupted_training(trained, tmp_path):
     (tmp_path / "tok" / "meta.json").unlink()
     with pytest.raises(TokenizerError, match="tokenizer.tiktoken without meta.json"):
         load_tokenizer(tmp_path / "tok")
+
+
+def test_progress_names_the_rustbpe_trainer(trained, tmp_path):
+    import contextlib
+    import io
+
+    from niels_gpt.builders.tokenizer import train_on_sources
+    from niels_gpt.tokenizer import TrainSettings
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        train_on_sources([trained / "data"], tmp_path / "tok", settings=TrainSettings(vocab_size=VOCAB),
+                         progress=True, trainer="rustbpe")
+    text = err.getvalue()
+    assert "tokenizer: reading text" in text and f"tokenizer: training (rustbpe, {VOCAB} pieces, about" in text
+    assert (tmp_path / "tok" / "tokenizer.tiktoken").read_bytes() == \
+        (trained / "tok" / "tokenizer.tiktoken").read_bytes()
