@@ -1,6 +1,6 @@
 """Tokenizers: sentencepiece (trained here), Hugging Face `tokenizers` and tiktoken, one interface.
 
-    tok = load_tokenizer("cache/tokenizer")          # dir with spm.model, or a .model/.json file
+    tok = load_tokenizer("cache/tokenizer")          # dir with spm.model (or tokenizer.tiktoken), or a .model/.json file
     tok = load_tokenizer("hf_dir")                   # tokenizer.json (+ tokenizer_config.json)
     tok = load_tokenizer("cl100k_base")              # or "ranks.tiktoken"
     ids = tok.encode("hello")                        # literal special strings stay text
@@ -8,7 +8,8 @@
     chat.ids, chat.mask                              # mask: the assistant's trained tokens
     tok.separator                                    # the document separator: Separator(token, id, position)
 
-What `path` is picks the backend: a directory (spm.model, else tokenizer.json), a `.model` file
+What `path` is picks the backend: a directory (spm.model, else tokenizer.json, else the tokenizer.tiktoken of
+`train-tokenizer --trainer rustbpe`), a `.model` file
 (sentencepiece), a `.json` file (Hugging Face), a `.tiktoken` file or a tiktoken encoding name.
 A tokenizer other than the library's keeps its own conventions (niels_gpt.tokenizer.base).
 """
