@@ -198,8 +198,7 @@ def add_train_tokenizer(sub) -> None:
     build_cli.add_read_as_arg(g)
     _add_common_flags(p, d)
     _add_tokenizer_flags(p)
-    p.add_argument("--trainer", choices=("sentencepiece", "rustbpe"), default="sentencepiece",
-                   help="with SRC: sentencepiece, or rustbpe (a byte-level BPE as a .tiktoken tokenizer, faster to train)")
+    p.add_argument("--trainer", choices=("sentencepiece", "rustbpe"), default="sentencepiece", help="with SRC")
     _add_source_flags(p, d, budgets=False)
     p.set_defaults(func=run_train_tokenizer)
 
@@ -219,11 +218,9 @@ def run_train_tokenizer(args) -> int:
                                read_as=build_cli.read_as_map(args.read_as), trainer=args.trainer)
         print(f"tokenizer: {len(tok)} ids, sha256 {tok.sha256[:16]}… -> {args.out}")
         return 0
-    if args.read_as:
-        raise ConfigError("--read-as applies to the files of SRC: give train-tokenizer SRC... --out DIR with it")
-    if args.trainer != "sentencepiece":
-        raise ConfigError(f"--trainer {args.trainer} applies to train-tokenizer SRC... --out DIR; build-all's "
-                          "tokenizer step trains the library's sentencepiece model")
+    if args.read_as or args.trainer != "sentencepiece":
+        raise ConfigError(f"{'--read-as' if args.read_as else f'--trainer {args.trainer}'} applies to the files of "
+                          "SRC: give train-tokenizer SRC... --out DIR with it")
     args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)
