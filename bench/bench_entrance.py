@@ -8,10 +8,12 @@ are the training text, the next --heldout-docs documents the held-out text.
 1. Training a --vocab tokenizer: wall time and bytes per token of the held-out text, for
    - ours: `python -m niels_gpt train-tokenizer` on a JSON Lines file of the training documents (the whole
      process: start-up, reading, training, writing), the default (sentencepiece BPE, byte fallback), with
-     --max-chars (a seeded sample of a third of the characters, 10,000 a document) and --model-type unigram;
+     --max-chars (a seeded sample of a third of the characters, 10,000 a document), --model-type unigram and
+     --trainer rustbpe (rustbpe's BPE behind the command, written as a .tiktoken tokenizer);
    - bare: rustbpe 0.1 (nanochat's trainer, GPT-4 split), sentencepiece BPE and unigram with the library's
      settings (sentencepiece's own trainer, in this process), HF tokenizers' BpeTrainer (GPT-2 byte level);
-   and each one's time as a multiple of bare rustbpe's.
+   and each one's time as a multiple of bare rustbpe's; then ours with --trainer rustbpe against bare rustbpe
+   (start-up included) and its bytes per token against the default's.
 2. Encoding the whole corpus (bench/bench_fast_encoder.py): tokens/s of bare gigatoken on one thread (warm:
    the best of two passes of one encoder; once: a fresh encoder, as a build encodes), of each tokenizer's own
    library (tiktoken, HF tokenizers, sentencepiece; one thread and --workers), and of `build` (--executor
@@ -114,7 +116,8 @@ def training(train: list[str], held: list[str], vocab: int, work: Path) -> list[
     third = sum(map(len, train)) // 3
     for label, extra in (("ours: train-tokenizer (default: bpe)", ()),
                          (f"ours: train-tokenizer --max-chars {third:,}", ("--max-chars", str(third))),
-                         ("ours: train-tokenizer --model-type unigram", ("--model-type", "unigram"))):
+                         ("ours: train-tokenizer --model-type unigram", ("--model-type", "unigram")),
+                         ("ours: train-tokenizer --trainer rustbpe", ("--trainer", "rustbpe"))):
         dt, tok = ours(train_file, work / f"tok-{len(rows)}", vocab, *extra)
         rows.append((label + " (whole process)", dt, bytes_per_token(lambda h, tok=tok: tok.encode_batch(h), held)))
     return rows
@@ -136,6 +139,9 @@ def main() -> None:
     base = rows[0][1]
     for label, dt, bpt in rows:
         print(f"  {label:<62} {dt:7.2f} s {dt / base:6.2f}x {bpt:6.3f} bytes/token")
+    ours_rust, default = rows[-1], rows[-4]
+    print(f"  --trainer rustbpe: {ours_rust[1] / base:.2f}x bare rustbpe's time (start-up included); held-out "
+          f"{ours_rust[2]:.3f} bytes/token against the default's {default[2]:.3f} ({ours_rust[2] / default[2]:.3f}x)")
     if not args.skip_encode:
         print("\n2.-3. encoding (bench/bench_fast_encoder.py, all of debian-docs)", flush=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

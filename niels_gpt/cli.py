@@ -198,6 +198,7 @@ def add_train_tokenizer(sub) -> None:
     build_cli.add_read_as_arg(g)
     _add_common_flags(p, d)
     _add_tokenizer_flags(p)
+    p.add_argument("--trainer", choices=("sentencepiece", "rustbpe"), default="sentencepiece", help="with SRC")
     _add_source_flags(p, d, budgets=False)
     p.set_defaults(func=run_train_tokenizer)
 
@@ -214,11 +215,12 @@ def run_train_tokenizer(args) -> int:
         rules = Rules(text_field=args.text_field, messages_field=args.messages_field, on_bad_record=args.on_bad_record)
         tok = train_on_sources(args.sources, args.out, settings=settings, rules=rules, chat=args.chat,
                                layout=args.layout, progress=False if args.no_progress else None,
-                               read_as=build_cli.read_as_map(args.read_as))
+                               read_as=build_cli.read_as_map(args.read_as), trainer=args.trainer)
         print(f"tokenizer: {len(tok)} ids, sha256 {tok.sha256[:16]}… -> {args.out}")
         return 0
-    if args.read_as:
-        raise ConfigError("--read-as applies to the files of SRC: give train-tokenizer SRC... --out DIR with it")
+    if args.read_as or args.trainer != "sentencepiece":
+        raise ConfigError(f"{'--read-as' if args.read_as else f'--trainer {args.trainer}'} applies to the files of "
+                          "SRC: give train-tokenizer SRC... --out DIR with it")
     args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)

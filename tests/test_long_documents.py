@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from niels_gpt import encode
+from niels_gpt import long_documents
 from niels_gpt.cache.build_cache import build_pretrain_cache
 from niels_gpt.long_documents import encode_documents, encode_long, split_points
 from niels_gpt.tokenizer import TrainSettings, train_tokenizer
@@ -114,7 +114,7 @@ def test_a_cache_with_a_long_document_is_byte_identical_to_encoding_it_whole(byt
         return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
     whole = build(tmp_path / "a" / "cache")  # 60,000 characters: one piece
-    monkeypatch.setattr(encode, "LONG_DOCUMENT_CHARS", 7000)
+    monkeypatch.setattr(long_documents, "LONG_DOCUMENT_CHARS", 7000)
     pieces = build(tmp_path / "b" / "cache")
     assert sorted(pieces) == sorted(whole)
     for name in whole:

@@ -7,7 +7,7 @@
   layout: Gutenberg books lose their licence text, chats give their messages' text), offline unless a
   source is remote.
 - Two phases on stderr: reading the text (a bar in characters, with an ETA when the input's size is known),
-  then training (sentencepiece takes the whole text first), shown with its elapsed time against an estimate
+  then training (sentencepiece, and rustbpe with `--trainer rustbpe`, take the whole text first), shown with its elapsed time against an estimate
   from the characters read: on this project's 2-core VM BPE (the default) trains at 0.2-1.9 s per million
   characters, unigram at 3-8 s (16,000 pieces; `python bench/bench_entrance.py`), so 52 M characters take
   10 s to 1.5 minutes as BPE and 3 to 7 minutes as unigram. `--max-chars N` trains on a seeded sample of N characters of
@@ -36,9 +36,10 @@ from niels_gpt.sources.stream import stream_items as plan_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
+from niels_gpt.tokenizer.bpe import check_rustbpe_settings
 from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
 
-SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5}  # training time per million characters (module docstring)
+SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5, "rustbpe": 0.15}  # training time per million characters (module docstring)
 
 
 def texts_of(items: Iterable) -> Iterator[str]:
@@ -53,8 +54,10 @@ def texts_of(items: Iterable) -> Iterator[str]:
 class _Phases:
     """Reading, then training: a bar each on a terminal, a line every so often in a log (niels_gpt/progress.py)."""
 
-    def __init__(self, settings: TrainSettings, total_chars: int | None, progress: bool | None):
+    def __init__(self, settings: TrainSettings, total_chars: int | None, progress: bool | None,
+                 trainer: str = "sentencepiece"):
         self.settings, self.progress = settings, progress
+        self.kind = "rustbpe" if trainer == "rustbpe" else settings.model_type
         self.enabled = mode(progress) != "off"
         self.limit = settings.max_train_chars
         total = min(total_chars, self.limit) if total_chars else None
@@ -80,9 +83,9 @@ class _Phases:
         self.bar.close()
         if not self.enabled:
             return
-        rate = SECONDS_PER_MCHAR.get(self.settings.model_type, 9.0)
+        rate = SECONDS_PER_MCHAR.get(self.kind, 9.0)
         estimate = max(1, round(min(self.chars, self.limit) / 1e6 * rate))
-        bar = progress_bar(total=estimate, unit="s", desc=f"tokenizer: training ({self.settings.model_type}, "
+        bar = progress_bar(total=estimate, unit="s", desc=f"tokenizer: training ({self.kind}, "
                            f"{self.settings.vocab_size:,} pieces, about {estimate} s)", progress=self.progress,
                            bar_format="{desc}: {n:.0f}/{total:.0f} s {bar}", rate=False)
         bar.refresh()  # in a log: that training began, at once when lines are due at every update
@@ -101,10 +104,14 @@ class _Phases:
 
 def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | None = None, chat: bool = False,
                      layout: str | None = None, config: str | None = None, split: str = "train",
-                     progress: bool | None = None, flag: str = "--out", read_as: dict[str, str] | None = None):
-    """Train the library's sentencepiece tokenizer on `sources` into the directory `out`; returns it. `flag`:
-    how a refusal of `out` names it."""
-    check_train_settings(settings)
+                     progress: bool | None = None, flag: str = "--out", read_as: dict[str, str] | None = None,
+                     trainer: str = "sentencepiece"):
+    """Train the library's tokenizer (sentencepiece, or rustbpe's BPE: niels_gpt.tokenizer.bpe) on `sources` into
+    the directory `out`; returns it. `flag`: how a refusal of `out` names it."""
+    if trainer == "rustbpe":
+        check_rustbpe_settings(settings)
+    else:
+        check_train_settings(settings)
     if local_path_of(out) is None:
         raise ConfigError(f"--out {out}: a tokenizer is written to a local directory; upload it afterwards if needed")
     out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources, flag=flag)
@@ -113,11 +120,11 @@ def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | No
     trained_on = {**plan.describe(), "rule": "every document (every message with --chat), in order, up to "
                   f"max_train_chars={settings.max_train_chars:,}"}
     total = sum(sig[0] for sig in plan.signatures.values()) if len(plan.signatures) == len(plan.inputs) else None
-    phases = _Phases(settings, total, progress)
+    phases = _Phases(settings, total, progress, trainer)
     try:
         with build_aside(out, kind="tokenizer", flag=flag) as stage:
             train_tokenizer(phases.texts(texts_of(plan_items(plan, check_at_end=False))), stage, settings=settings,
-                            trained_on=trained_on)
+                            trained_on=trained_on, trainer=trainer)
             check_unchanged(plan)
     except NoTrainingText:
         named = ", ".join(plan.inputs[:3]) + (f" and {len(plan.inputs) - 3} more" if len(plan.inputs) > 3 else "")

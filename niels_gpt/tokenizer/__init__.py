@@ -1,6 +1,6 @@
 """Tokenizers: sentencepiece (trained here), Hugging Face `tokenizers` and tiktoken, one interface.
 
-    tok = load_tokenizer("cache/tokenizer")          # dir with spm.model, or a .model/.json file
+    tok = load_tokenizer("cache/tokenizer")          # dir with spm.model (or tokenizer.tiktoken), or a .model/.json file
     tok = load_tokenizer("hf_dir")                   # tokenizer.json (+ tokenizer_config.json)
     tok = load_tokenizer("cl100k_base")              # or "ranks.tiktoken"
     ids = tok.encode("hello")                        # literal special strings stay text
@@ -8,7 +8,8 @@
     chat.ids, chat.mask                              # mask: the assistant's trained tokens
     tok.separator                                    # the document separator: Separator(token, id, position)
 
-What `path` is picks the backend: a directory (spm.model, else tokenizer.json), a `.model` file
+What `path` is picks the backend: a directory (spm.model, else tokenizer.json, else the tokenizer.tiktoken of
+`train-tokenizer --trainer rustbpe`), a `.model` file
 (sentencepiece), a `.json` file (Hugging Face), a `.tiktoken` file or a tiktoken encoding name.
 A tokenizer other than the library's keeps its own conventions (niels_gpt.tokenizer.base).
 """
@@ -31,6 +32,7 @@ from niels_gpt.tokenizer.base import (
     Tokenizer,
     token_dtype_for,
 )
+from niels_gpt.tokenizer.bpe import RANKS_NAME, TRAINERS, train_rustbpe_tokenizer
 from niels_gpt.tokenizer.hf import HFTokenizer
 from niels_gpt.tokenizer.special import (
     ASST_TOKEN,
@@ -76,13 +78,14 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
         if is_hub_id(str(path)):
             return load_tokenizer(hub_tokenizer_dir(str(path)), **options)
     if p.is_dir():
-        if (p / MODEL_NAME).is_file() and not (p / META_NAME).is_file():
-            raise TokenizerError(f"{p}: {MODEL_NAME} without meta.json: an interrupted train-tokenizer (it withdraws "
-                                 f"meta.json first)? re-run it, or pass {p / MODEL_NAME} to use the file as it is")
-        for name in (MODEL_NAME, "tokenizer.json"):
+        for name in (MODEL_NAME, RANKS_NAME):
+            if (p / name).is_file() and not (p / META_NAME).is_file():
+                raise TokenizerError(f"{p}: {name} without meta.json: an interrupted train-tokenizer (it withdraws "
+                                     f"meta.json first)? re-run it, or pass {p / name} to use the file as it is")
+        for name in (MODEL_NAME, "tokenizer.json", RANKS_NAME):
             if (p / name).is_file():
                 return load_tokenizer(p / name, **options)
-        raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json in this directory; "
+        raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json (or {RANKS_NAME}) in this directory; "
                              "train one with `train-tokenizer` or point --tokenizer at the model file")
     if chat_template is not None and p.suffix in (".json", ".tiktoken"):
         raise TokenizerError(f"{p}: --chat-template applies to sentencepiece models; a tokenizer.json takes its "
@@ -153,16 +156,21 @@ def check_recorded_sha256(tok: Tokenizer, path: Path) -> None:
                              "the original back")
 
 
-def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *,
-                    settings: TrainSettings | None = None, trained_on: object = None) -> SentencePieceTokenizer:
-    """Train on `texts`, write out_dir/spm.model then out_dir/meta.json (the commit marker)."""
+def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *, settings: TrainSettings | None = None,
+                    trained_on: object = None, trainer: str = "sentencepiece") -> Tokenizer:
+    """Train on `texts`, write out_dir/spm.model then out_dir/meta.json (the commit marker); with
+    trainer="rustbpe", out_dir/tokenizer.tiktoken then meta.json (niels_gpt.tokenizer.bpe)."""
     settings = settings or TrainSettings()
+    if trainer not in TRAINERS:
+        raise TokenizerError(f"--trainer {trainer!r}: must be one of {', '.join(TRAINERS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
     stale = out / META_NAME
     if stale.exists():
         stale.unlink()  # the directory is not a finished tokenizer until the new meta lands
+    if trainer == "rustbpe":
+        return train_rustbpe_tokenizer(texts, out, settings=settings, trained_on=trained_on)
     model, stats = train_sentencepiece(texts, settings)
     write_bytes_atomic(out / MODEL_NAME, model)
     tok = SentencePieceTokenizer(out / MODEL_NAME)

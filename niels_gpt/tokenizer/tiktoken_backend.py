@@ -13,10 +13,14 @@
   100256 after its last rank) and the name's sha256, so a cache built from the file offline is the cache
   built from the name. Any other file gets the regex of `pattern_for` (o200k's when the file name says
   o200k, else cl100k's) and one special token, `<|endoftext|>`, right after the last rank.
-- The tokenizer keeps its own conventions: `<|endoftext|>` (or the --eos given) ends every document.
+- A `.tiktoken` file trained here (`train-tokenizer --trainer rustbpe`, niels_gpt.tokenizer.bpe) takes its
+  regex and the library's four special tokens from the meta.json beside it: it is the library's tokenizer
+  (our EOT ends every document, chats are rendered with our sentinels).
+- Any other keeps its own conventions: `<|endoftext|>` (or the --eos given) ends every document.
   Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template, so
   chat data needs another tokenizer.
-- sha256: of the `.tiktoken` file, or for a name (and a published file) of its ranks, regex and special
+- sha256: of the `.tiktoken` file (a trained one's regex and special tokens are in meta.json, under its
+  record_sha256), or for a name (and a published file) of its ranks, regex and special
   tokens, so two machines with the same encoding record the same value. Pickles as its name or path.
 """
 
@@ -34,6 +38,7 @@ import numpy as np
 
 from niels_gpt.errors import TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
+from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 ENDOFTEXT = "<|endoftext|>"
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
@@ -144,6 +149,27 @@ def encoding_sha256(enc) -> str:
     return h.hexdigest()
 
 
+def recorded_encoding(path: Path) -> dict | None:
+    """The split pattern and special tokens that the meta.json beside a trained `.tiktoken` file records
+    ({"pattern": str, "special_tokens": {text: id}}), or None."""
+    import json
+
+    try:
+        meta = json.loads((path.parent / "meta.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("kind") != "tokenizer" or meta.get("model_file") != path.name:
+        return None
+    record = meta.get("tiktoken")
+    if not isinstance(record, dict) or not isinstance(record.get("pattern"), str) or \
+            not isinstance(record.get("special_tokens"), dict) or \
+            not all(isinstance(v, int) for v in record["special_tokens"].values()):
+        raise TokenizerError(f"{path.parent / 'meta.json'}: its `tiktoken` record (the split pattern and special "
+                             "tokens of this tokenizer) is missing or damaged; retrain it (train-tokenizer "
+                             "--trainer rustbpe)")
+    return record
+
+
 def pattern_for(path: Path) -> str:
     return O200K_PATTERN if "o200k" in path.name else CL100K_PATTERN
 
@@ -168,7 +194,7 @@ class TiktokenTokenizer(Tokenizer):
     encode_in_processes = True
 
     def __init__(self, path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
-                 separator: str | None = None):
+                 separator: str | None = None, record: dict | None = None):
         try:
             import tiktoken
         except ImportError as exc:  # pragma: no cover - the tiktoken extra is not installed
@@ -185,8 +211,11 @@ class TiktokenTokenizer(Tokenizer):
                 raise TokenizerError(f"{p}: no ranks in this .tiktoken file")
             file_sha256 = hashlib.sha256(data).hexdigest()
             published = PUBLISHED.get(file_sha256)
+            record = record if record is not None else recorded_encoding(p)
             if published is not None:  # the encoding of that name, offline
                 name, pattern, specials = published
+            elif record is not None:  # trained here (niels_gpt.tokenizer.bpe): its pattern and special tokens
+                name, pattern, specials = p.stem, record["pattern"], dict(record["special_tokens"])
             else:
                 name, pattern, specials = p.stem, pattern_for(p), {ENDOFTEXT: max(ranks.values()) + 1}
             try:
@@ -212,6 +241,8 @@ class TiktokenTokenizer(Tokenizer):
         self._special_set = set(self._enc._special_tokens.values())
         eot = self._enc._special_tokens.get(ENDOFTEXT)
         self._special = {"sys": None, "usr": None, "asst": None, "eot": eot}
+        if all(t in self._enc._special_tokens for t in SPECIAL_TOKENS.values()):  # the library's four chat tokens
+            self._special = {k: self._enc._special_tokens[t] for k, t in SPECIAL_TOKENS.items()}
         self._byte_lengths: np.ndarray | None = None
         self._apply_options(eos, bos, separator)
 
