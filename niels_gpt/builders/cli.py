@@ -108,7 +108,8 @@ def _add_build_args(p) -> None:
                    help="store shards as zstd frames with a frame index (shard_*.bin.zst; readers decompress only "
                         "the frames a window needs; default: uncompressed)")
     g.add_argument("--shuffle-buffer", type=_optional_int, default=None,
-                   help="torch-RNG document shuffle buffer (default: off); it cannot be planned, so the build runs inline")
+                   help="document shuffle buffer (default: off): a dataset id is datasets' shuffle(seed, buffer_size), "
+                        "other inputs the builder's torch-RNG buffer; it cannot be planned, so the build runs inline")
     g = p.add_argument_group("where it runs")
     g.add_argument("--executor", choices=EXECUTORS, default="auto",
                    help="auto: local processes when the plan has several tasks, else inline; the cache is the same")

@@ -16,7 +16,8 @@
   s3://...`; by default `<out>.build` beside a URL output): nodes that share no disk then share the plan,
   parts and receipts there (builders/parallel.py, storage/work.py).
 - A shuffle buffer mixes documents across the whole stream, so no plan can cut it: the build says so and
-  runs inline.
+  runs inline. A dataset id is shuffled by `datasets` (`.shuffle(seed, buffer_size)`, builders/plan.py; meta.json's
+  `source.shuffle`), with no torch buffer on top; other inputs by the builder's seeded torch buffer.
 - Before any work: the output and work directory go through the output guard (niels_gpt/output_guard.py); before
   the commit marker is written: every local input read must be as it was when planned.
 """
@@ -34,7 +35,7 @@ from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.parallel import run_parallel
-from niels_gpt.builders.plan import make_plan
+from niels_gpt.builders.plan import make_plan, shuffled_by_datasets, shuffled_datasets, shuffled_record
 from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
 from niels_gpt.builders.sft import build_sft_cache
 from niels_gpt.constants import SEED
@@ -45,6 +46,7 @@ from niels_gpt.output_guard import check_output
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout
 from niels_gpt.sources.hooks import record_hook
+from niels_gpt.sources.records import hub_shuffle
 from niels_gpt.sources.stream import Plan, check_unchanged, task_items
 from niels_gpt.storage.fs import filesystem, scheme_of
 from niels_gpt.storage.upload import local_path_of, staged_output
@@ -221,13 +223,17 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
         tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
     if spec.chat:
         check_renders_chats(tok)
+    shuffle = (spec.seed, spec.shuffle_buffer) if spec.shuffle_buffer and spec.shuffle_buffer > 1 else None
     plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                     layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
+                     layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as,
+                     shuffle=shuffle)
+    val = make_plan(spec.val_sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules,
+                    layout=spec.layout, config=spec.hf_config, split=spec.val_split or spec.split,
+                    read_as=spec.read_as, shuffle=shuffle) if spec.val_sources else None
     executor = choose_executor(spec, plan, log)
+    if shuffled_by_datasets(spec.shuffle_buffer, plan, val):
+        spec = replace(spec, shuffle_buffer=None)  # datasets shuffled the stream: no torch buffer on top
     if spec.val_sources is not None:
-        val = make_plan(spec.val_sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules,
-                        layout=spec.layout, config=spec.hf_config, split=spec.val_split or spec.split,
-                        read_as=spec.read_as) if spec.val_sources else None
         summary = _inline_split(spec, plan, val, tok, out)
     elif executor == "inline":
         summary = _inline(spec, plan, tok, out)
@@ -291,7 +297,12 @@ class _Reader:
     def origin_table(self) -> list[dict]:
         if self.plan is None:
             return []
-        return input_table(self.plan.inputs, self.plan.kinds, self.plan.config, self.plan.split)
+        table = input_table(self.plan.inputs, self.plan.kinds, self.plan.config, self.plan.split)
+        shuffled = {p["item"]: p for p in shuffled_datasets(self.plan)}
+        for name, entry in zip(self.plan.inputs, table, strict=True):
+            if name in shuffled:  # one piece, the whole stream: the record is the row's place in it
+                entry["record"] = shuffled_record(shuffled[name])
+        return table
 
     def described(self) -> dict:
         """meta.json's `source`, once the builder has read what it needed: first, every input it read
@@ -299,7 +310,9 @@ class _Reader:
         if self.plan is None:
             return {}
         check_unchanged(self.plan, sorted(set(self.read)))
-        return self.plan.describe()
+        shuffled = shuffled_datasets(self.plan)
+        return {**self.plan.describe(), **({"shuffle": hub_shuffle(shuffled[0]["shuffle_seed"],
+                                                                    shuffled[0]["shuffle_buffer"])} if shuffled else {})}
 
 
 def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:

@@ -13,8 +13,11 @@ Each `Option` is a flag of build-all and train-tokenizer (`--roam-dir` for `roam
 options that point at the user's own files, which take the place of the bundled sample with --sample.
 `inputs(name, values, seed, sample)` says what `build` reads for one of them: the fields of its `BuildSpec`
 (builders/build_all.py makes the rest), or None for a source with nothing to read (gutenberg without a
-directory). fineweb_edu's stream is shuffled by the builder's seeded torch buffer of `fineweb_buffer_size`
-documents; a split by file is `base.FILE_SPLIT_RULE`.
+directory). fineweb_edu is shuffled with `fineweb_buffer_size` (10,000) and build-all's seed: from the hub as the
+contract says, `load_dataset(id, name=config, split=split, streaming=True).shuffle(seed=seed, buffer_size=N)`
+read in order as one stream (builders/plan.py; meta.json's `source.shuffle`); from local files
+(`--fineweb-data-files`, the bundled sample with --sample) by the builder's seeded torch buffer of N documents.
+A split by file is `base.FILE_SPLIT_RULE`.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ NAMED: dict[str, Named] = {n.name: n for n in (
         Option("fineweb_dataset", "HuggingFaceFW/fineweb-edu", "Hugging Face dataset id"),
         Option("fineweb_config", "CC-MAIN-2024-10", "dataset config (a Common Crawl dump)"),
         Option("fineweb_split", "train", "dataset split to stream"),
-        Option("fineweb_buffer_size", 10_000, "documents in the seeded shuffle buffer (torch RNG)", type=int),
+        Option("fineweb_buffer_size", 10_000, "documents in the seeded shuffle buffer: datasets' shuffle(seed, "
+               "buffer_size) of the hub stream; the builder's torch buffer for local files", type=int),
         Option("fineweb_data_files", None, "local parquet/jsonl files of the same schema (default: stream the hub)",
                nargs="+")),
         local=("fineweb_data_files",), sample={"fineweb_data_files": ["fineweb_edu/web-cc-sample.parquet"]}),

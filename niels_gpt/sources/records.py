@@ -11,6 +11,7 @@
 | `.csv`                             | one row (header names fields) | the file                             |
 | a file at a URL                    | as its kind                   | the file                             |
 | a dataset id (owner/name)          | one row of the stream         | one shard (`IterableDataset.shard`)   |
+| a dataset id, shuffled             | a row of the shuffled stream  | the whole stream (`.shuffle`)         |
 
 - Bytes are UTF-8, strictly: a bad byte in a line is a `BadRecord("invalid_utf8")` naming the file, line
   and byte; in a whole text file a SourceError. A UTF-8 BOM opening a JSON Lines file is dropped (editors
@@ -18,7 +19,12 @@
   `BadRecord` naming the file and line (the caller decides: fail, or skip and count by reason).
 - A compressed file that ends early is an error naming it: gzip says so itself; zstd frames are checked
   one by one here (zstandard's stream reader returns what it has and stops silently).
-- Where is a record: `"<file>, line N"` (lines), `"<file>, row N"` (columnar), `"<id>, record N"`.
+- Where is a record: `"<file>, line N"` (lines), `"<file>, row N"` (columnar), `"<id>, record N"` (N: the row
+  of the shard, or of the whole stream; of a shuffled stream: the row's position in the stream as shuffled).
+- A shuffled dataset id (`shuffle_seed`, `shuffle_buffer` set, builders/plan.py makes it) is read as
+  `load_dataset(id, streaming=True).shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)`, in order, as one
+  piece: `datasets`' shuffle mixes rows across shards (and orders the shards by the seed), so no cut of it
+  into shards gives the same stream.
 Cost: one read of each input byte; a JSON Lines range is read in one call (task_bytes of memory).
 """
 
@@ -59,7 +65,8 @@ READ_BLOCK = 1 << 20
 @dataclass(frozen=True, kw_only=True)
 class Piece:
     """A run of one input's records: see the module's table. `stop` -1: the whole input. JSON-able, so a
-    task can carry it to a worker; `config`/`split` only for a dataset id."""
+    task can carry it to a worker; `config`/`split`/`shuffle_*` only for a dataset id (the shuffle's fields
+    are left out of the JSON when unset, so a plan's task ids do not change with them)."""
 
     item: str
     kind: str
@@ -67,8 +74,12 @@ class Piece:
     stop: int = -1
     config: str | None = None
     split: str | None = None
+    shuffle_seed: int | None = None
+    shuffle_buffer: int | None = None
 
     def where(self) -> str:
+        if self.shuffled:
+            return f"{self.item} shuffled (seed {self.shuffle_seed}, buffer {self.shuffle_buffer})"
         if self.stop < 0:
             return self.item
         unit = {".jsonl": "bytes", ".json": "bytes", ".parquet": "row groups", ".arrow": "record batches"}.get(self.kind)
@@ -76,8 +87,23 @@ class Piece:
             return f"{self.item} shard {self.start} of {self.stop}"
         return f"{self.item} {unit} {self.start}-{self.stop}"
 
+    @property
+    def shuffled(self) -> bool:
+        return self.shuffle_buffer is not None
+
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for key in ("shuffle_seed", "shuffle_buffer"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+
+def hub_shuffle(seed: int, buffer_size: int) -> dict:
+    """meta.json's record of a shuffled dataset stream: who shuffled it, with what."""
+    return {"by": "datasets", "seed": seed, "buffer_size": buffer_size,
+            "call": f"load_dataset(..., streaming=True).shuffle(seed={seed}, buffer_size={buffer_size}), "
+                    "read in order"}
 
 
 def item_of(item: Path | RemoteFile | ReadAs | str) -> tuple[str, str, bool]:
@@ -206,7 +232,9 @@ def records(piece: Piece, columns: list[str] | None = None) -> Iterator[tuple[st
     if kind == "dataset":
         what = f"{piece.item} (config {piece.config}, split {piece.split})"
         ds = open_stream(piece.item, what, streaming=True, name=piece.config, split=piece.split)
-        if piece.stop >= 0:
+        if piece.shuffled:
+            ds = ds.shuffle(seed=piece.shuffle_seed, buffer_size=piece.shuffle_buffer)
+        elif piece.stop >= 0:
             ds = ds.shard(num_shards=piece.stop, index=piece.start)
         name = piece.item if piece.stop <= 1 else piece.where()  # "owner/name shard 3 of 8" when sharded
         for i, row in iter_rows(ds, what):
@@ -345,7 +373,8 @@ def digest(piece: Piece) -> str:
     range, those bytes), the store's own version of a file at a URL (ETag, checksum or modification time,
     and size), the id, config and split of a dataset shard."""
     if piece.kind == "dataset":
-        return f"dataset:{piece.item}:{piece.config}:{piece.split}:{piece.start}/{piece.stop}"
+        shuffled = f":shuffle({piece.shuffle_seed},{piece.shuffle_buffer})" if piece.shuffled else ""
+        return f"dataset:{piece.item}:{piece.config}:{piece.split}:{piece.start}/{piece.stop}{shuffled}"
     if _remote(piece):
         fs, path = filesystem(piece.item)
         info = ask(lambda: fs.info(path), piece.item, "reading")
