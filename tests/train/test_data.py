@@ -137,6 +137,7 @@ def test_the_loader_hears_where_the_run_ends(pretrain_cache):
 def test_a_mixture_resumes_at_the_batch_delivered_whatever_was_made_ahead(mixture_file):
     import threading
 
+    earlier = set(threading.enumerate())  # threads of other tests in this process are not this run's
     straight = TrainData(mixture_file, T=16, batch_size=4, seed=0, device="cpu")
     want = [next(straight)["input_ids"] for _ in range(5)]
     straight.close()
@@ -145,7 +146,7 @@ def test_a_mixture_resumes_at_the_batch_delivered_whatever_was_made_ahead(mixtur
         next(run)  # the loader assembles batches ahead on a thread; its state is the second batch's
     state = json.loads(json.dumps(run.state_dict()))
     run.close()
-    assert not [t for t in threading.enumerate() if t.name == "batch-prefetch"]
+    assert not [t for t in set(threading.enumerate()) - earlier if t.name == "batch-prefetch"]
     resumed = TrainData(mixture_file, T=16, batch_size=4, seed=0, device="cpu")
     resumed.load_state_dict(state)
     assert all(torch.equal(next(resumed)["input_ids"], w) for w in want[2:])
