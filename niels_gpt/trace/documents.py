@@ -7,7 +7,7 @@
 - packed bins hold sequences of their SFT cache; a bin's sequences are its documents (`packed_documents`).
 
 Origin: the cache, the split, the document's index and token range, and the cache's inputs (`source.files`);
-where the cache has origins (`<split>_origins.npy` + `origins.json`, builders/origins.py) also the document's
+where the cache has origins (`origins.npy` + `origins.json`, builders/origins.py) also the document's
 input (path or URL, its sha256), record (`where`: "a.jsonl, line 17", "b.parquet, row 4") and character range
 in the record's text. A cache built before origins existed names the input only where the split has one.
 `document_origin` is the one place that answers; `find_document` the reverse (INPUT:RECORD -> the document).
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.origins import as_rows
 from niels_gpt.constants import EXAMPLES_NAME, META_NAME, SPLITS, TOKEN_DTYPES
-from niels_gpt.errors import CacheMismatchError, ConfigError, NielsGPTError
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
+from niels_gpt.sources.origins import read_table, split_rows
 from niels_gpt.storage.remote import open_location
 from niels_gpt.urls import is_url
 
@@ -156,19 +156,23 @@ def document_origin(cache: str, split: str, doc_index: int) -> dict:
 
 
 def read_origins(local: Path, meta: dict, split: str, remote=None) -> tuple[np.ndarray, list[dict]]:
-    """A split's origins and the inputs table, each checked against meta.json's sha256."""
+    """A split's origins (int64 [documents, 4]) and the inputs table, each file checked against meta.json's
+    sha256 (builders/origins.py: one origins.npy, train's rows then val's, and origins.json)."""
     names = meta["origins"]
-    rel, table = names["files"][split], names["inputs"]
+    rel, table = names["file"], names["inputs"]
     if remote is not None:
         remote.fetch(rel)
         remote.fetch(table)
-    rows = as_rows(load_checked_npy(local / rel, meta["files"].get(rel), "origins"))
+    arr = load_checked_npy(local / rel, meta["files"].get(rel), "origins")
     data = (local / table).read_bytes()
     if hashlib.sha256(data).hexdigest() != (meta["files"].get(table) or {}).get("sha256"):
         raise CacheMismatchError(f"{local / table}: sha256 differs from meta.json (the origins table changed after "
                                  "the build); rebuild the cache")
-    doc = json.loads(data.decode("utf-8"))
-    return rows, doc["inputs"]
+    doc = read_table(data, str(local / table))
+    if sum(doc["splits"].values()) != len(arr):
+        raise CacheError(f"{local / rel}: {len(arr)} origins, {table} counts {sum(doc['splits'].values())}; "
+                         "rebuild the cache")
+    return split_rows(arr, doc, split), doc["inputs"]
 
 
 def origin_fields(row, inputs: list[dict]) -> dict:
