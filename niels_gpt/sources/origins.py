@@ -5,7 +5,8 @@ An origin is four integers (what a cache stores per document, builders/origins.p
 | field        | what                                                                                        |
 |--------------|---------------------------------------------------------------------------------------------|
 | `input`      | the input (the index of its piece in the task here; of the plan's inputs in a cache)        |
-| `record`     | JSON Lines: the byte offset of the record's line in the (decompressed) file; Parquet and     |
+| `record`     | JSON Lines: the byte offset of the record's line in the (decompressed) file (a cache: its  |
+|              | line where the file is local and uncompressed, `as_lines`); Parquet and                      |
 |              | Arrow: the row in the file (counted over every row group or record batch); CSV: the line;   |
 |              | a dataset shard: the row in the shard; a `.json` array: the element (from 1); a text file: 0 |
 | `char_start` | the document's first character in the record's text after the text rules (BOM dropped,     |
