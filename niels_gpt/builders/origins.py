@@ -14,17 +14,12 @@ by meta.json's `origins` ({"file": "origins.npy", "inputs": "origins.json"}):
 |                | one value for every document (a field in neither is -1: none has one, e.g. a chat     |
 |                | example's char range); `inputs`: index -> {path or URL as meta.json's `source.files`  |
 |                | names it, sha256 (a dataset: its id, config, split; a URL: the store's version),      |
-|                | kind, `record` where it differs from `records`[kind], and for a JSON Lines input      |
-|                | stored by line `lines`: [[line, byte offset], ...] every 256 records or 1 MiB};       |
-|                | `records`: kind -> what an origin's `record` counts in an input of that kind          |
-
-A JSON Lines record is read as its line's byte offset and stored as its line (1-based) where the input is a
-local, uncompressed file: the last step of the build counts the file's lines once (sources/origins.py
-`as_lines`); a compressed file or one at a URL keeps the byte offset (its `record` says so).
+|                | kind, and `record` where it differs from `records`[kind]}; `records`: kind -> what an  |
+|                | origin's `record` counts in an input of that kind                                     |
 
 Cost: one .npy header (128 bytes) and the inputs table are the fixed part, then a document costs only the
-fields that vary (a JSON Lines line: 1-4 bytes; one input and whole records: nothing else); the measured share
-of each corpus's cache is in docs/trace.md.
+fields that vary (a JSON Lines record's byte offset: 2-4 bytes; one input and whole records: nothing else); the
+measured share of each corpus's cache is in docs/trace.md.
 
 Every executor writes the same bytes: the one-process builders note each admitted document's origin as they
 admit it, the commit of a parallel build notes the origins its tasks wrote beside their tokens

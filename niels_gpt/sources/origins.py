@@ -5,8 +5,7 @@ An origin is four integers (what a cache stores per document, builders/origins.p
 | field        | what                                                                                        |
 |--------------|---------------------------------------------------------------------------------------------|
 | `input`      | the input (the index of its piece in the task here; of the plan's inputs in a cache)        |
-| `record`     | JSON Lines: the byte offset of the record's line in the (decompressed) file (a cache: its  |
-|              | line where the file is local and uncompressed, `as_lines`); Parquet and                      |
+| `record`     | JSON Lines: the byte offset of the record's line in the (decompressed) file; Parquet and     |
 |              | Arrow: the row in the file (counted over every row group or record batch); CSV: the line;   |
 |              | a dataset shard: the row in the shard; a `.json` array: the element (from 1); a text file: 0 |
 | `char_start` | the document's first character in the record's text after the text rules (BOM dropped,     |
@@ -34,7 +33,6 @@ import numpy as np
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import CacheError
 from niels_gpt.meta import file_record
-from niels_gpt.sources.base import SAMPLE_DIR, SAMPLE_PREFIX
 from niels_gpt.sources.records_base import FileText
 from niels_gpt.sources.text_io import normalise_text
 from niels_gpt.sources.wikitext import is_article_heading
@@ -154,90 +152,9 @@ def _counts(kind: str) -> str:
     return RECORD_KIND.get(kind, "0: the whole file")
 
 
-BYTE_OFFSET, LINE = RECORD_KIND[".jsonl"], "line"
-LINE_INDEX_RECORDS, LINE_INDEX_BYTES = 256, 1 << 20  # a `lines` pair at least every 256 records or 1 MiB
-
-
-def local_input(path: str) -> Path | None:
-    """The file an origins input names, where it is a local, uncompressed file at hand (a bundled sample file
-    named "sample:<path>" is the package's); None otherwise."""
-    if path.startswith(SAMPLE_PREFIX):
-        found = SAMPLE_DIR / path[len(SAMPLE_PREFIX):]
-    elif "://" in path:
-        return None
-    else:
-        found = Path(path)
-    return found if found.is_file() and not found.name.endswith((".gz", ".zst")) else None
-
-
-def _offsets_to_lines(path: Path, offsets: np.ndarray) -> np.ndarray:
-    """The 1-based line of each of the sorted, distinct line-start byte `offsets` of the file: one read of the
-    file up to the last offset, counting newlines (bytes.count: memchr speed)."""
-    out = np.empty(len(offsets), dtype=np.int64)
-    pos, line = 0, 1
-    with open(path, "rb") as f:
-        for k, off in enumerate(offsets.tolist()):
-            while pos < off:
-                chunk = f.read(min(off - pos, 1 << 24))
-                if not chunk:
-                    raise CacheError(f"{path}: shorter than the byte offset {off} a record was read at: it changed "
-                                     "during the build; build again")
-                line += chunk.count(b"\n")
-                pos += len(chunk)
-            out[k] = line
-    return out
-
-
-def as_lines(rows: np.ndarray, table: list[dict]) -> list[dict]:
-    """JSON Lines records as lines: each local, uncompressed input whose `record` is the line's byte offset gets
-    its rows' records (in place) as 1-based lines, and in its entry `lines`: [line, byte offset] of its first
-    record line and then at least every LINE_INDEX_RECORDS records or LINE_INDEX_BYTES bytes (how trace finds a
-    line without reading the file from its start). The new table; other entries as they were."""
-    out = []
-    for i, entry in enumerate(table):
-        path = local_input(entry["path"]) if entry.get("record") == BYTE_OFFSET else None
-        at = np.flatnonzero(rows[:, 0] == i) if path is not None else ()
-        if not len(at):
-            out.append(entry)
-            continue
-        offsets = np.unique(rows[at, 1])
-        lines = _offsets_to_lines(path, offsets)
-        rows[at, 1] = lines[np.searchsorted(offsets, rows[at, 1])]
-        index, last = [], None
-        for k, (line, off) in enumerate(zip(lines.tolist(), offsets.tolist(), strict=True)):
-            if last is None or k - last[0] >= LINE_INDEX_RECORDS or off - last[1] >= LINE_INDEX_BYTES:
-                index.append([line, off])
-                last = (k, off)
-        out.append({**entry, "record": LINE, "lines": index})
-    return out
-
-
-def line_start(entry: dict, line: int) -> int | None:
-    """The byte offset of 1-based `line` of an input whose records are lines (its `lines` index), or of the
-    record itself where it is a byte offset; None where the file is not at hand or has no such line."""
-    if entry.get("record") == BYTE_OFFSET:
-        return line
-    path = local_input(entry["path"])
-    pairs = [p for p in entry.get("lines") or [] if p[0] <= line]
-    if path is None or line < 1:
-        return None
-    seen, pos = pairs[-1] if pairs else (1, 0)
-    with open(path, "rb") as f:
-        f.seek(pos)
-        while seen < line:
-            raw = f.readline()
-            if not raw:
-                return None
-            seen, pos = seen + 1, pos + len(raw)
-        return pos if f.read(1) else None
-
-
 def table_bytes(inputs: list[dict], constant: dict, splits: dict[str, int]) -> bytes:
-    """origins.json: what each input's `record` counts said once per kind (`records`: the first input's of that
-    kind), and in an input's entry only where it differs."""
-    records: dict[str, str] = {}
-    for e in inputs:
-        records.setdefault(e["kind"], e["record"])
+    """origins.json: each input's `record` said once per kind (`records`), where it is that kind's."""
+    records = {e["kind"]: _counts(e["kind"]) for e in inputs}
     entries = [{k: v for k, v in e.items() if k != "record" or v != records[e["kind"]]} for e in inputs]
     doc = {"constant": constant, "inputs": entries, "records": records, "splits": splits}
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
@@ -283,12 +200,11 @@ class OriginLog:
             if len(rows[s]) != documents[s]:
                 raise CacheError(f"{out}: {len(rows[s])} origins for {documents[s]} {s} documents; report this bug")
         both = np.concatenate([rows["train"], rows["val"]])
-        table = as_lines(both, self.table)
         constant = constants(both)
         data = npy_bytes(both, compact_dtype(both, constant))
         write_bytes_atomic(out / FILE, data)
         records = {FILE: {**file_record(out / FILE, None, data=data), "documents": len(both)}}
-        data = table_bytes(table, constant, {s: len(rows[s]) for s in ("train", "val")})
+        data = table_bytes(self.table, constant, {s: len(rows[s]) for s in ("train", "val")})
         write_bytes_atomic(out / TABLE, data)
         records[TABLE] = file_record(out / TABLE, None, data=data)
         return records

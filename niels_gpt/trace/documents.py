@@ -30,9 +30,9 @@ from niels_gpt.constants import EXAMPLES_NAME, META_NAME, SPLITS, TOKEN_DTYPES
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
-from niels_gpt.sources.origins import LINE, line_start, local_input, read_table, split_rows
+from niels_gpt.sources.origins import read_table, split_rows
 from niels_gpt.storage.remote import open_location
-from niels_gpt.trace.messages import OASST_LAYOUTS, conversation_ids
+from niels_gpt.trace.messages import OASST_LAYOUTS, conversation_ids, local_input
 from niels_gpt.urls import is_url
 
 
@@ -131,7 +131,7 @@ class CacheDocuments:
             out.update(origin_fields(found[0][index], found[1]))
             layout = self._layout(int(found[0][index][0]), len(found[1]))
             if layout in OASST_LAYOUTS:  # an oasst example: its tree and message ids, read from its record
-                out.update(conversation_ids(found[1][int(found[0][index][0])], out["record"], layout) or {})
+                out.update(conversation_ids(out["input"], out["record"], layout) or {})
         elif len(inputs) == 1:
             out["input"] = inputs[0]
         else:
@@ -256,13 +256,11 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
     i = matches[0]
     entry = inputs[i]
     want = record
-    counts = entry.get("record", "")
-    if counts.startswith("byte offset") or (counts == LINE and local_input(entry["path"]) is not None):
-        at = line_offset(entry["path"], record) if counts.startswith("byte offset") else line_start(entry, record)
-        if at is None:
+    if entry.get("record", "").startswith("byte offset"):
+        want = line_offset(entry["path"], record)
+        if want is None:
             raise ConfigError(f"--document {input_name}:{record}: {entry['path']} has no line {record} here (or "
                               "cannot be read here); give a line of that file, or SPLIT:INDEX")
-        want = at if counts.startswith("byte offset") else record
     for split in SPLITS:
         rows = cache_documents(str(cache), split).origins()[0]
         hit = np.flatnonzero((rows[:, 0] == i) & (rows[:, 1] == want))
@@ -309,14 +307,12 @@ def record_text(cache: str, split: str, index: int) -> str | None:
     path = local_input(name) if name is not None else None
     if not chars or path is None:
         return None
-    documents = cache_documents(cache, split)
-    field = (documents.meta.get("source") or {}).get("text_field") or "text"
+    field = (cache_documents(cache, split).meta.get("source") or {}).get("text_field") or "text"
     counts = origin["where"]
     try:
         if ", line " in counts and path.suffix in (".jsonl", ".json"):
-            entry = next(e for e in documents.origins()[1] if e["path"] == name)
             with open(path, "rb") as f:
-                f.seek(line_start(entry, origin["record"]))
+                f.seek(origin["record"])
                 text = json.loads(f.readline())[field]
         elif ", row " in counts and path.suffix == ".parquet":
             text = pq.read_table(path, columns=[field]).column(field)[origin["record"]].as_py()
@@ -324,7 +320,7 @@ def record_text(cache: str, split: str, index: int) -> str | None:
             text = path.read_bytes().decode("utf-8")
         else:
             return None
-    except (OSError, ValueError, KeyError, IndexError, TypeError, StopIteration):
+    except (OSError, ValueError, KeyError, IndexError):
         return None
     text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     return text[chars[0]:chars[1]]

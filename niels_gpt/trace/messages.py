@@ -5,8 +5,7 @@ its 16-byte ids. `conversation_ids` reads that tree from the input and selects t
 rule the build used (sources/oasst_trees.py: `best_path`, then a trailing prompter message dropped), so trace
 names the tree and every message of the example, in order (the last one is the leaf).
 
-- a tree export (layout `oasst`): the record is its line: one line read (from origins.json's `lines` index)
-  and parsed;
+- a tree export (layout `oasst`): the record is the line's byte offset: one line read and parsed;
 - flat rows (layout `oasst-rows`): a JSON Lines file's rows from the record's line on, a Parquet file's rows
   from the record's row on, while they belong to the first row's tree (a Parquet file is read once per process);
 - an input not at hand here (a URL, a dataset of the hub, a compressed file): no ids, the record says where.
@@ -20,11 +19,23 @@ from collections import Counter
 from pathlib import Path
 
 from niels_gpt.errors import NielsGPTError
+from niels_gpt.sources.base import SAMPLE_DIR, SAMPLE_PREFIX
 from niels_gpt.sources.oasst import flatten_tree
 from niels_gpt.sources.oasst_trees import best_path
-from niels_gpt.sources.origins import line_start, local_input
 
 OASST_LAYOUTS = ("oasst", "oasst-rows")
+
+
+def local_input(path: str) -> Path | None:
+    """The file an origins input names, where it is a local, uncompressed file at hand (a bundled sample file
+    named "sample:<path>" is the package's); None otherwise."""
+    if path.startswith(SAMPLE_PREFIX):
+        found = SAMPLE_DIR / path[len(SAMPLE_PREFIX):]
+    elif "://" in path:
+        return None
+    else:
+        found = Path(path)
+    return found if found.is_file() and not found.name.endswith((".gz", ".zst")) else None
 
 
 def _json_rows(path: Path, offset: int):
@@ -62,18 +73,14 @@ def _tree_rows(path: Path, record: int, layout: str) -> list[dict]:
     return tree
 
 
-def conversation_ids(entry: dict, record: int, layout: str) -> dict | None:
-    """{"message_tree_id", "message_ids"} of the oasst example whose origin is `record` of the input `entry`
-    (origins.json's) read with `layout`; None where the input is not at hand here or the record is no tree the
-    build would read."""
-    found = local_input(entry["path"])
+def conversation_ids(path: str, record: int, layout: str) -> dict | None:
+    """{"message_tree_id", "message_ids"} of the oasst example whose origin is `record` of input `path` read with
+    `layout`; None where the input is not at hand here or the record is no tree the build would read."""
+    found = local_input(path)
     if layout not in OASST_LAYOUTS or found is None:
         return None
     try:
-        at = record if found.suffix == ".parquet" else line_start(entry, record)
-        if at is None:
-            return None
-        rows = _tree_rows(found, at, layout)
+        rows = _tree_rows(found, record, layout)
         chosen = best_path(rows, Counter())
     except (OSError, ValueError, KeyError, TypeError, StopIteration, NielsGPTError):
         return None

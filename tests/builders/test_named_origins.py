@@ -77,10 +77,10 @@ def test_dolly_and_oasst_examples_trace_back_to_their_line_and_tree(demo, tokeni
         idx = np.load(cache / f"{split}_idx.npy")
         assert len(rows) == len(idx) > 0
         path = _input(table["inputs"][0])
-        assert table["inputs"][0]["record"] == "line"
-        lines = open(path, "rb").read().split(b"\n")
-        for i, (_, line, _, _) in enumerate(rows.tolist()):
-            record = json.loads(lines[line - 1])  # a JSON Lines record is its line
+        for i, (_, offset, _, _) in enumerate(rows.tolist()):
+            with open(path, "rb") as f:
+                f.seek(offset)
+                record = json.loads(f.readline())
             text = tokenizer.decode(tokens[_span(idx, i, tokens)].tolist())
             assert record["response"].strip()[:40] in text
     # oasst1: a conversation's record is its tree's first row; that row names the tree (message_tree_id)
