@@ -1,7 +1,7 @@
 """What origins cost: bytes of the cache and build time, on the shared real corpora.
 
 Each corpus is built by the one-process builder from its plan's stream twice over, alternately: with origins
-(the stream as `build` reads it, `<split>_origins.npy` + `origins.json` written) and without (the same items
+(the stream as `build` reads it, `origins.npy` + `origins.json` written) and without (the same items
 as a plain iterator: no origins). Prints, per corpus, the origins' share of the cache's bytes (their files and
 what they add to meta.json) and the build time with origins against without: CPU seconds of the process and
 wall seconds, the least of --repeat builds each (one encode worker; CPU time is the steadier figure on a
