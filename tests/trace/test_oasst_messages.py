@@ -67,11 +67,12 @@ def test_a_pretraining_or_dolly_document_has_no_message_ids(tokenizer, tmp_path)
     assert origin["where"].endswith("line 1") and "message_ids" not in origin
 
 
-def test_trace_prints_the_tree_and_messages_of_each_oasst_example(caches, tmp_path, capsys):
+@pytest.mark.parametrize("name", ["rows", "trees"])
+def test_trace_prints_the_tree_and_messages_of_each_oasst_example(caches, tmp_path, capsys, name):
     from niels_gpt.train.train import TrainConfig, train
 
     run = tmp_path / "run"
-    train(TrainConfig(data=str(caches / "trees"), out_dir=str(run), depth=1, n_embd=32, n_head=2, sequence_len=64,
+    train(TrainConfig(data=str(caches / name), out_dir=str(run), depth=1, n_embd=32, n_head=2, sequence_len=64,
                       device_batch_size=2, steps=1, eval_steps=1, log_every=0), log=lambda *a: None)
     capsys.readouterr()
     assert main(["trace", str(run), "--step", "1", "--json"]) == 0
