@@ -1,7 +1,7 @@
 """What origins cost: bytes of the cache and build time, on the shared real corpora.
 
 Each corpus is built by the one-process builder from its plan's stream twice over, alternately: with origins
-(the stream as `build` reads it, `<split>_origins.npy` + `origins.json` written) and without (the same items
+(the stream as `build` reads it, `origins.npy` + `origins.json` written) and without (the same items
 as a plain iterator: no origins). Prints, per corpus, the origins' share of the cache's bytes (their files and
 what they add to meta.json) and the build time with origins against without: CPU seconds of the process and
 wall seconds, the least of --repeat builds each (one encode worker; CPU time is the steadier figure on a
@@ -38,7 +38,7 @@ CORPORA = {  # name -> (inputs under ../shared/data, chat)
     "oasst1": (["oasst1/oasst_pre_release.en_100_tree.jsonl"], True),
     "dolly": (["dolly-15k/databricks-dolly-15k.first34.jsonl"], True),
 }
-ORIGIN_FILES = ("train_origins.npy", "val_origins.npy", "origins.json")
+ORIGIN_FILES = ("origins.npy", "origins.json")
 
 
 def build_once(plan, tok, out: Path, chat: bool, origins: bool) -> tuple[float, float]:
@@ -80,7 +80,7 @@ def main() -> None:
         total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
         # the origin files, and what they add to meta.json (their records and its `origins`)
         extra = sum((out / f).stat().st_size for f in ORIGIN_FILES) + (out / "meta.json").stat().st_size - plain_meta
-        docs = sum(len(np.load(out / f)) for f in ORIGIN_FILES[:2])
+        docs = len(np.load(out / ORIGIN_FILES[0]))
         print(f"{name:<14} {docs:>6} {total:>12,} {extra:>12,} {100 * extra / total:>7.2f}% "
               f"{cpu[False]:>13.3f} {cpu[True]:>6.3f} {100 * (cpu[True] / cpu[False] - 1):>+6.2f}% "
               f"{wall[False]:>14.3f} {wall[True]:>6.3f} {100 * (wall[True] / wall[False] - 1):>+6.2f}%")

@@ -55,7 +55,7 @@ def cache_without_origins(w, tmp):
 
 def origins_changed_after_the_build(w, tmp):
     run, cache = _run(w, tmp)
-    path = cache / "train_origins.npy"
+    path = cache / "origins.npy"
     data = bytearray(path.read_bytes())
     data[-2] ^= 0x01
     path.write_bytes(bytes(data))
@@ -72,7 +72,7 @@ CASES = [
     Case("origins: --document INPUT:RECORD on a cache built before origins", cache_without_origins,
          ("notes.jsonl:3", "records no origins", "split:index")),
     Case("origins: an origins file changed after the build", origins_changed_after_the_build,
-         ("train_origins.npy", "sha256 differs from meta.json", "rebuild the cache")),
+         ("origins.npy", "sha256 differs from meta.json", "rebuild the cache")),
 ]
 
 

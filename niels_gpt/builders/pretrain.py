@@ -330,7 +330,7 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
                   "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS,
                   **({"val_frac": val_frac} if val_frac is not None else {})},
     })
-    if origins:  # <split>_origins.npy + origins.json (builders/origins.py)
+    if origins:  # origins.npy + origins.json (builders/origins.py)
         meta["origins"] = origins_meta()
     if writers["train"].compress:  # shard_NNNNN.bin.zst: frames and their index (formats/zstd_shard.py)
         meta["shard_pattern"] += SUFFIX

@@ -141,7 +141,7 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
         "skipped": all_skipped(skipped, meta["source"]),
         "build": {"val_frac": val_frac, "seed": seed},
     })
-    if writer.log is not None:  # <split>_origins.npy + origins.json (builders/origins.py)
+    if writer.log is not None:  # origins.npy + origins.json (builders/origins.py)
         meta["origins"] = origins_meta()
     if writer.stored_mask:
         meta["assistant_mask"] = {"file": "{split}_mask.bin", "dtype": "uint8", "meaning": "1 = trained target"}

@@ -53,8 +53,9 @@ from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
-from niels_gpt.meta import file_record, read_meta, write_meta
+from niels_gpt.meta import read_meta, write_meta
 from niels_gpt.output_guard import check_output
+from niels_gpt.sources.origins import origins_meta, split_origins, write_joined
 from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
 
@@ -216,31 +217,23 @@ def _source_origins(src, info: FormatInfo, summary: dict) -> dict[str, tuple[byt
     root = Path(src)
     out = {}
     for name, split in summary["splits"].items():
-        rel = meta["origins"]["files"].get(name)
-        if rel is None or not (root / rel).is_file():
+        found = split_origins(root, meta, name)
+        if found is None:
             continue
-        rows = (root / rel).read_bytes()
-        n = len(np.load(root / rel, allow_pickle=False))
+        rows, table, n = found
         if n != split["documents"]:
-            summary["notes"].append(f"{root / rel}: {n} origins for {split['documents']} documents converted; "
-                                    "the origins are left out of this split")
+            summary["notes"].append(f"{root / meta['origins']['file']}: {n} {name} origins for {split['documents']} "
+                                    "documents converted; the origins are left out of this split")
             continue
-        out[name] = (rows, (root / meta["origins"]["inputs"]).read_bytes())
+        out[name] = (rows, table)
     return out
 
 
-def _carry_origins(tmp: Path, origins: dict, described: dict) -> None:
+def _carry_origins(tmp: Path, origins: dict) -> None:
     """A `--to niels` output keeps the source's origins as a cache of ours does: listed in meta.json."""
     meta = read_meta(str(tmp))
-    files = {}
-    for name, (rows, table) in origins.items():
-        rel = described["files"][name]
-        write_bytes_atomic(tmp / rel, rows)
-        meta["files"][rel] = {**file_record(tmp / rel, None, data=rows), "documents": len(np.load(tmp / rel))}
-        files[name] = rel
-        write_bytes_atomic(tmp / described["inputs"], table)
-        meta["files"][described["inputs"]] = file_record(tmp / described["inputs"], None, data=table)
-    meta["origins"] = {**described, "files": files}
+    meta["files"].update(write_joined(tmp, origins))
+    meta["origins"] = origins_meta()
     write_meta(str(tmp), meta)
 
 
@@ -367,7 +360,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             if compress:
                 _record_compression(tmp, summary)
             if origins:
-                _carry_origins(tmp, origins, info.meta["origins"])
+                _carry_origins(tmp, origins)
         else:
             for name, (rows, table) in origins.items():  # a sidecar beside the split's files, in the receipt
                 side = (tmp / name if info.splits else tmp) / ORIGINS_DIR

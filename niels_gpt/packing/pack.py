@@ -188,7 +188,7 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
 
 def write_examples(plan: PackPlan, out_dir) -> dict:
     """`examples.npy` beside the bins: the SFT cache example of each packed sequence, bin by bin (seq_offsets
-    cut it into bins), so each bin knows its examples and, through the cache's `<split>_origins.npy`, where
+    cut it into bins), so each bin knows its examples and, through the cache's `origins.npy`, where
     they came from. Returns the manifest's record of it."""
     ids = np.asarray(plan.example_ids, dtype="<i8")[plan.assignment.items]
     buf = io.BytesIO()

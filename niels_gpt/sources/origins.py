@@ -21,14 +21,28 @@ the position it starts from (bench/bench_origins.py).
 
 from __future__ import annotations
 
+import io
+import json
+from array import array
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.errors import CacheError
+from niels_gpt.meta import file_record
 from niels_gpt.sources.records_base import FileText
 from niels_gpt.sources.text_io import normalise_text
 from niels_gpt.sources.wikitext import is_article_heading
 
 UNKNOWN = -1
+COLUMNS = ["input", "record", "char_start", "char_end"]
+FILE = "origins.npy"
+TABLE = "origins.json"
+RECORD_KIND = {".parquet": "row of the file", ".arrow": "row of the file", ".csv": "line",
+               "dataset": "shard << 40 | row of the shard", ".jsonl": "byte offset of the line"}
 
 
 def record_position(where: Any) -> int:
@@ -126,3 +140,162 @@ def located(out, at: Reading, layout: str, rules) -> Iterator[tuple[Any, tuple |
             continue
         end = start + len(item)
         yield item, (k, record_position(where), start, end)
+
+
+# The origin files of a cache (the layout: builders/origins.py)
+
+
+def _counts(kind: str) -> str:
+    """What an origin's `record` counts in an input of `kind` (a `.json` array: see input_table)."""
+    if "jsonl" in kind or kind.startswith(".json"):
+        return RECORD_KIND[".jsonl"]
+    return RECORD_KIND.get(kind, "0: the whole file")
+
+
+def table_bytes(inputs: list[dict], constant: dict, splits: dict[str, int]) -> bytes:
+    """origins.json: each input's `record` said once per kind (`records`), where it is that kind's."""
+    records = {e["kind"]: _counts(e["kind"]) for e in inputs}
+    entries = [{k: v for k, v in e.items() if k != "record" or v != records[e["kind"]]} for e in inputs]
+    doc = {"constant": constant, "inputs": entries, "records": records, "splits": splits}
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def read_table(data: bytes, where: str) -> dict:
+    """origins.json as written by table_bytes, each input with its `record` again; CacheError naming `where`."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        records = doc["records"]
+        doc["inputs"] = [{**e, "record": e.get("record", records.get(e["kind"], ""))} for e in doc["inputs"]]
+        splits = {s: int(n) for s, n in doc["splits"].items()}
+        constant = {k: int(v) for k, v in doc["constant"].items() if k in COLUMNS}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CacheError(f"{where}: not an origins table ({type(exc).__name__}: {exc}); rebuild the cache") from exc
+    return {**doc, "splits": splits, "constant": constant}
+
+
+class OriginLog:
+    """The origins of the documents admitted to each split, in order."""
+
+    def __init__(self, table: list[dict] | None):
+        self.table = table
+        self.rows = {"train": array("q"), "val": array("q")}
+        self.seen = {"train": 0, "val": 0}
+
+    def note(self, counts: dict[str, int], row) -> None:
+        """After one document was offered: `counts` are the splits' document counts now; the split whose
+        count grew admitted it."""
+        for s in ("val", "train"):
+            if counts[s] != self.seen[s]:
+                self.seen[s] = counts[s]
+                self.rows[s].extend(row)
+
+    def add(self, split: str, row) -> None:
+        self.seen[split] += 1
+        self.rows[split].extend(row)
+
+    def write(self, out: Path, documents: dict[str, int]) -> dict:
+        """Write the origin files into `out`; their meta.json `files` records."""
+        rows = {s: np.frombuffer(self.rows[s], dtype=np.int64).reshape(-1, 4) for s in ("train", "val")}
+        for s in ("train", "val"):
+            if len(rows[s]) != documents[s]:
+                raise CacheError(f"{out}: {len(rows[s])} origins for {documents[s]} {s} documents; report this bug")
+        both = np.concatenate([rows["train"], rows["val"]])
+        constant = constants(both)
+        data = npy_bytes(both, compact_dtype(both, constant))
+        write_bytes_atomic(out / FILE, data)
+        records = {FILE: {**file_record(out / FILE, None, data=data), "documents": len(both)}}
+        data = table_bytes(self.table, constant, {s: len(rows[s]) for s in ("train", "val")})
+        write_bytes_atomic(out / TABLE, data)
+        records[TABLE] = file_record(out / TABLE, None, data=data)
+        return records
+
+
+def constants(rows: np.ndarray) -> dict[str, int]:
+    """The fields of `rows` (int64 [n, 4]) that hold one value other than -1 (none) over every row (none where
+    there are no rows); a field -1 over every row is left out of both the array and the constants."""
+    if not len(rows):
+        return {}
+    return {name: int(rows[0, k]) for k, name in enumerate(COLUMNS)
+            if rows[0, k] != UNKNOWN and (rows[:, k] == rows[0, k]).all()}
+
+
+def compact_dtype(rows: np.ndarray, constant: dict | None = None) -> np.dtype:
+    """The narrowest structured dtype that holds `rows` (int64 [n, 4]): each field the narrowest little-endian int
+    of its values, unsigned where none is negative; the char fields left out where every document has none (-1),
+    and the fields of `constant` left out."""
+    fields = []
+    for k, name in enumerate(COLUMNS):
+        col = rows[:, k]
+        if (k >= 2 and (col == -1).all()) or name in (constant or {}):
+            continue
+        lo, hi = (int(col.min()), int(col.max())) if len(col) else (0, 0)
+        kinds = ("<u1", "<u2", "<u4", "<u8") if lo >= 0 else ("<i1", "<i2", "<i4", "<i8")
+        fields.append((name, next(t for t in kinds if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)))
+    return np.dtype(fields)
+
+
+def npy_bytes(rows: np.ndarray, dtype: np.dtype) -> bytes:
+    """`rows` (int64 [n, 4]) as a .npy of the structured `dtype` (its fields only)."""
+    arr = np.zeros(len(rows), dtype=dtype)
+    for k, name in enumerate(COLUMNS):
+        if dtype.names and name in dtype.names:
+            arr[name] = rows[:, k]
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def as_rows(arr: np.ndarray, constant: dict | None = None) -> np.ndarray:
+    """int64 [n, 4] rows of an origins array as written (a field left out: its value in `constant`, else -1)."""
+    out = np.full((len(arr), 4), -1, dtype=np.int64)
+    for k, name in enumerate(COLUMNS):
+        if arr.dtype.names and name in arr.dtype.names:
+            out[:, k] = arr[name]
+        elif name in (constant or {}):
+            out[:, k] = constant[name]
+    return out
+
+
+def split_rows(arr: np.ndarray, table: dict, split: str) -> np.ndarray:
+    """The int64 [n, 4] rows of `split` out of origins.npy's array and origins.json (read_table)."""
+    splits = table["splits"]
+    first = 0 if split == "train" else splits.get("train", 0)
+    return as_rows(arr[first:first + splits.get(split, 0)], table["constant"])
+
+
+def split_npy(arr: np.ndarray, table: dict, split: str) -> bytes:
+    """One split's origins as a .npy of its own (every field, the cache's constants written out): the sidecar
+    a converted split carries."""
+    rows = split_rows(arr, table, split)
+    return npy_bytes(rows, compact_dtype(rows))
+
+
+def split_origins(root: Path, meta: dict, split: str) -> tuple[bytes, bytes, int] | None:
+    """A split's origins on their own (a converted split's sidecar): its .npy, its origins.json (`splits`
+    naming that split only) and its document count; None where the cache (`root`, `meta`) has none."""
+    names = meta.get("origins") or {}
+    rel, table = names.get("file"), names.get("inputs")
+    if rel is None or table is None or not (root / rel).is_file() or not (root / table).is_file():
+        return None
+    doc = read_table((root / table).read_bytes(), str(root / table))
+    rows = split_rows(np.load(root / rel, allow_pickle=False), doc, split)
+    return npy_bytes(rows, compact_dtype(rows)), table_bytes(doc["inputs"], {}, {split: len(rows)}), len(rows)
+
+
+def write_joined(out: Path, parts: dict[str, tuple[bytes, bytes]]) -> dict:
+    """Split sidecars (split_origins) joined again into one cache's origin files in `out`; their meta.json
+    `files` records (meta.json's `origins`: origins_meta())."""
+    log, counts = OriginLog(None), {}
+    for split in ("train", "val"):
+        if split in parts:
+            rows, table = parts[split]
+            log.table = read_table(table, str(out / TABLE))["inputs"]
+            for row in as_rows(np.load(io.BytesIO(rows), allow_pickle=False)).tolist():
+                log.add(split, row)
+        counts[split] = log.seen[split]
+    return log.write(out, counts)
+
+
+def origins_meta() -> dict:
+    """meta.json's `origins`: where they are (what each field is: sources/origins.py, docs/trace.md)."""
+    return {"file": FILE, "inputs": TABLE}

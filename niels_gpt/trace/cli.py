@@ -68,6 +68,8 @@ def _describe(doc: dict) -> str:
         chars = doc.get("chars")
         source = f"from {doc['where']}" + (f", characters {chars[0]}..{chars[1] if chars[1] is not None else ''}"
                                             if chars else "")
+    if doc.get("message_ids"):  # an oasst example: its tree and its messages, the last one the leaf
+        source += f", tree {doc['message_tree_id']}, messages {' '.join(doc['message_ids'])}"
     return f"{name}{doc['split']}:{doc['document']} ({where} of {doc['cache']}; {source})"
 
 

@@ -7,7 +7,7 @@
 - packed bins hold sequences of their SFT cache; a bin's sequences are its documents (`packed_documents`).
 
 Origin: the cache, the split, the document's index and token range, and the cache's inputs (`source.files`);
-where the cache has origins (`<split>_origins.npy` + `origins.json`, builders/origins.py) also the document's
+where the cache has origins (`origins.npy` + `origins.json`, builders/origins.py) also the document's
 input (path or URL, its sha256), record (`where`: "a.jsonl, line 17", "b.parquet, row 4") and character range
 in the record's text. A cache built before origins existed names the input only where the split has one.
 `document_origin` is the one place that answers; `find_document` the reverse (INPUT:RECORD -> the document).
@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.origins import as_rows
 from niels_gpt.constants import EXAMPLES_NAME, META_NAME, SPLITS, TOKEN_DTYPES
-from niels_gpt.errors import CacheMismatchError, ConfigError, NielsGPTError
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, NielsGPTError
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
+from niels_gpt.sources.origins import read_table, split_rows
 from niels_gpt.storage.remote import open_location
+from niels_gpt.trace.messages import OASST_LAYOUTS, conversation_ids, local_input
 from niels_gpt.urls import is_url
 
 
@@ -113,6 +114,11 @@ class CacheDocuments:
             self._origins = read_origins(self.local, self.meta, self.split, self.remote)
         return self._origins
 
+    def _layout(self, i: int, inputs: int) -> str | None:
+        """The layout input `i` was read with (meta.json's source.layouts: one per input, or one for all)."""
+        layouts = (self.meta.get("source") or {}).get("layouts") or []
+        return layouts[i] if len(layouts) == inputs else layouts[0] if len(layouts) == 1 else None
+
     def origin(self, index: int) -> dict:
         if not 0 <= index < len(self):
             raise ConfigError(f"document {self.split}:{index}: {self.cache} holds documents {self.split}:0.."
@@ -123,6 +129,9 @@ class CacheDocuments:
         found = self.origins()
         if found is not None and index < len(found[0]):
             out.update(origin_fields(found[0][index], found[1]))
+            layout = self._layout(int(found[0][index][0]), len(found[1]))
+            if layout in OASST_LAYOUTS:  # an oasst example: its tree and message ids, read from its record
+                out.update(conversation_ids(out["input"], out["record"], layout) or {})
         elif len(inputs) == 1:
             out["input"] = inputs[0]
         else:
@@ -156,19 +165,23 @@ def document_origin(cache: str, split: str, doc_index: int) -> dict:
 
 
 def read_origins(local: Path, meta: dict, split: str, remote=None) -> tuple[np.ndarray, list[dict]]:
-    """A split's origins and the inputs table, each checked against meta.json's sha256."""
+    """A split's origins (int64 [documents, 4]) and the inputs table, each file checked against meta.json's
+    sha256 (builders/origins.py: one origins.npy, train's rows then val's, and origins.json)."""
     names = meta["origins"]
-    rel, table = names["files"][split], names["inputs"]
+    rel, table = names["file"], names["inputs"]
     if remote is not None:
         remote.fetch(rel)
         remote.fetch(table)
-    rows = as_rows(load_checked_npy(local / rel, meta["files"].get(rel), "origins"))
+    arr = load_checked_npy(local / rel, meta["files"].get(rel), "origins")
     data = (local / table).read_bytes()
     if hashlib.sha256(data).hexdigest() != (meta["files"].get(table) or {}).get("sha256"):
         raise CacheMismatchError(f"{local / table}: sha256 differs from meta.json (the origins table changed after "
                                  "the build); rebuild the cache")
-    doc = json.loads(data.decode("utf-8"))
-    return rows, doc["inputs"]
+    doc = read_table(data, str(local / table))
+    if sum(doc["splits"].values()) != len(arr):
+        raise CacheError(f"{local / rel}: {len(arr)} origins, {table} counts {sum(doc['splits'].values())}; "
+                         "rebuild the cache")
+    return split_rows(arr, doc, split), doc["inputs"]
 
 
 def origin_fields(row, inputs: list[dict]) -> dict:
@@ -198,10 +211,11 @@ def record_where(entry: dict, record: int) -> str:
 
 def line_of(path: str, offset: int) -> int | None:
     """The 1-based line starting at byte `offset` of a local, uncompressed file; None otherwise."""
-    if "://" in path or path.endswith((".gz", ".zst")):
+    found = local_input(path)
+    if found is None:
         return None
     try:
-        with open(path, "rb") as f:
+        with open(found, "rb") as f:
             return f.read(offset).count(b"\n") + 1
     except OSError:
         return None
@@ -209,10 +223,11 @@ def line_of(path: str, offset: int) -> int | None:
 
 def line_offset(path: str, line: int) -> int | None:
     """The byte offset of 1-based `line` of a local, uncompressed file; None where it cannot be read."""
-    if "://" in path or path.endswith((".gz", ".zst")) or line < 1:
+    found = local_input(path)
+    if found is None or line < 1:
         return None
     try:
-        with open(path, "rb") as f:
+        with open(found, "rb") as f:
             pos, seen = 0, 1
             for raw in f:
                 if seen == line:
@@ -270,7 +285,8 @@ def packed_origin(bins: str, dataset, seq: int | None) -> dict:
         found = document_origin(str(source["cache_dir"]), str(source.get("split", "train")), example)
     except (KeyError, OSError, NielsGPTError):
         return out  # the SFT cache is not at hand here: the example's number is what the bins know
-    out.update({k: found[k] for k in ("input", "input_sha256", "record", "where", "chars") if k in found})
+    out.update({k: found[k] for k in ("input", "input_sha256", "record", "where", "chars", "message_tree_id",
+                                      "message_ids") if k in found})
     if "where" in out:
         out.pop("note")
     return out
@@ -287,20 +303,21 @@ def record_text(cache: str, split: str, index: int) -> str | None:
     import pyarrow.parquet as pq  # lazy: only `trace --text` on a Parquet input reads one
 
     origin = document_origin(cache, split, index)
-    chars, path = origin.get("chars"), origin.get("input")
-    if not chars or path is None or "://" in path or path.endswith((".gz", ".zst")) or not Path(path).is_file():
+    chars, name = origin.get("chars"), origin.get("input")
+    path = local_input(name) if name is not None else None
+    if not chars or path is None:
         return None
     field = (cache_documents(cache, split).meta.get("source") or {}).get("text_field") or "text"
     counts = origin["where"]
     try:
-        if ", line " in counts and path.endswith((".jsonl", ".json")):
+        if ", line " in counts and path.suffix in (".jsonl", ".json"):
             with open(path, "rb") as f:
                 f.seek(origin["record"])
                 text = json.loads(f.readline())[field]
-        elif ", row " in counts and path.endswith(".parquet"):
+        elif ", row " in counts and path.suffix == ".parquet":
             text = pq.read_table(path, columns=[field]).column(field)[origin["record"]].as_py()
-        elif counts == path:
-            text = Path(path).read_bytes().decode("utf-8")
+        elif counts == name:
+            text = path.read_bytes().decode("utf-8")
         else:
             return None
     except (OSError, ValueError, KeyError, IndexError):

@@ -74,7 +74,7 @@ class Replay:
             self.sampler = source.loader.batch_sampler
             self.dataset = source.loader.dataset
         elif self.kind == "mixture":
-            self.sampler, self.dataset = source.sampler, source.loader.dataset
+            self.sampler, self.dataset = source.loader.batch_sampler, source.loader.dataset
         elif self.kind == "parquet":  # a stream per rank, replayed by its own loader (trace/parquet.py)
             self.sampler, self.dataset = source.docs, None
             self.fresh = [d.source.state_now() for d in self.opened]

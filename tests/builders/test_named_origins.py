@@ -5,19 +5,21 @@ dataset id's shard and row; the hub's wikitext line rows give the raw file's art
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from niels_gpt.builders.origins import SHARD_SHIFT, as_rows
+from niels_gpt.builders.origins import SHARD_SHIFT
 from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.meta import read_meta
 from niels_gpt.sources import SAMPLE_DIR
+from niels_gpt.sources.origins import read_table
 from niels_gpt.sources.text_io import normalise_text
 from niels_gpt.sources.wikitext import normalise_line
-from niels_gpt.trace.documents import cache_documents
+from niels_gpt.trace.documents import cache_documents, read_origins
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +41,8 @@ def _span(idx, i, tokens) -> slice:
 
 
 def _origins(cache, split):
-    rows = as_rows(np.load(cache / f"{split}_origins.npy"))
-    table = json.loads((cache / "origins.json").read_text())
-    return rows, table
+    rows, inputs = read_origins(Path(cache), read_meta(str(cache)), split)
+    return rows, {"inputs": inputs}
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
@@ -122,7 +123,7 @@ def test_a_hub_dataset_shard_is_an_origins_input_with_its_shard_and_row(tokenize
                     val_frac=0.2, executor="inline"), log=lambda msg: None)
     assert opened and all(item == "someone/dolly" and split == "train" for item, split in opened)
     assert read_meta(str(out))["streaming"] is True  # a dataset id is streamed
-    table = json.loads((out / "origins.json").read_text())
+    table = read_table((out / "origins.json").read_bytes(), "origins.json")
     assert table["inputs"] == [{"kind": "dataset", "path": "someone/dolly", "record": "shard << 40 | row of the shard",
                                 "sha256": "dataset:someone/dolly:None:train"}]
     seen = []
@@ -178,10 +179,22 @@ def test_wikitext_from_the_hub_rows_is_the_raw_files_articles(tokenizer, tmp_pat
 
 
 def test_origins_fields_are_the_narrowest_ints_unsigned_where_nothing_is_negative():
-    from niels_gpt.builders.origins import compact_dtype
+    from niels_gpt.sources.origins import compact_dtype
 
     rows = np.array([[0, 200, -1, -1], [255, 40_000, -1, -1]], dtype=np.int64)
     assert compact_dtype(rows).descr == [("input", "|u1"), ("record", "<u2")]  # 1 + 2 bytes a row, not 2 + 4
     rows = np.array([[0, 0, -1, 70_000], [1, 5_000_000_000, 3, 80_000]], dtype=np.int64)
     assert compact_dtype(rows).descr == [("input", "|u1"), ("record", "<u8"), ("char_start", "|i1"),
                                          ("char_end", "<u4")]
+
+
+def test_a_field_the_same_for_every_document_is_kept_once_in_the_table_not_in_each_row():
+    from niels_gpt.sources.origins import as_rows, compact_dtype, constants
+
+    rows = np.array([[0, 865, -1, -1], [0, 1300, -1, -1], [0, 2643, -1, -1]], dtype=np.int64)
+    same = constants(rows)
+    assert same == {"input": 0}  # one input; no char range (-1) is neither stored nor a constant
+    assert compact_dtype(rows, same).descr == [("record", "<u2")]  # 2 bytes a row, not 3
+    arr = np.zeros(3, compact_dtype(rows, same))
+    arr["record"] = rows[:, 1]
+    assert as_rows(arr, same).tolist() == rows.tolist()

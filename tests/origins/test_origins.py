@@ -12,12 +12,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from niels_gpt.builders.origins import as_rows
 from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.errors import CacheError
 from niels_gpt.long_documents import encode_documents
-from niels_gpt.trace.documents import document_origin, find_document
+from niels_gpt.meta import read_meta
+from niels_gpt.sources.origins import read_table, split_rows
+from niels_gpt.trace.documents import document_origin, find_document, read_origins
+
+
+def _rows(cache, split: str) -> np.ndarray:
+    """A split's origins (int64 [documents, 4]), read as trace reads them."""
+    return read_origins(Path(cache), read_meta(str(cache)), split)[0]
+
+
+def _table(cache) -> list[dict]:
+    return read_origins(Path(cache), read_meta(str(cache)), "train")[1]
 
 
 def run_build(inputs, out, log=None, **kw):
@@ -98,12 +108,12 @@ def built(tmp_path_factory, tokenizer):
 def test_every_executor_writes_the_same_origins(built):
     _, caches = built
     ref = _tree(caches["inline"])
-    assert {"train_origins.npy", "val_origins.npy", "origins.json"} <= set(ref)
+    assert {"origins.npy", "origins.json"} <= set(ref)
     for ex in ("processes", "inprocess"):
         assert _tree(caches[ex]) == ref, ex
     meta = json.loads(ref["meta.json"])
-    assert meta["origins"]["files"] == {"train": "train_origins.npy", "val": "val_origins.npy"}
-    assert {"train_origins.npy", "val_origins.npy", "origins.json"} <= set(meta["files"])
+    assert meta["origins"] == {"file": "origins.npy", "inputs": "origins.json"}
+    assert {"origins.npy", "origins.json"} <= set(meta["files"])
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
@@ -120,8 +130,8 @@ def test_a_shuffled_build_keeps_each_documents_origin(built, tokenizer, tmp_path
 
 def _check_origins(cache: Path, tokenizer, split: str, kinds_wanted) -> None:
     """Each document of `split` is the encoding of the text its origin names."""
-    table = json.loads((cache / "origins.json").read_text())["inputs"]
-    rows = as_rows(np.load(cache / f"{split}_origins.npy"))
+    table = _table(cache)
+    rows = _rows(cache, split)
     docs = _documents(cache, split, np.dtype(tokenizer.token_dtype))
     assert len(rows) == len(docs) > 0
     cut = json.loads((cache / "meta.json").read_text())["cuts"][split]
@@ -145,8 +155,8 @@ def _check_origins(cache: Path, tokenizer, split: str, kinds_wanted) -> None:
 def test_gutenberg_and_crlf_ranges_are_of_the_normalised_text(built):
     _, caches = built
     cache = caches["inline"]
-    table = json.loads((cache / "origins.json").read_text())["inputs"]
-    rows = as_rows(np.load(cache / "train_origins.npy")).tolist()
+    table = _table(cache)
+    rows = _rows(cache, "train").tolist()
     by_name = {Path(table[i]["path"]).name: (record, a, b) for i, record, a, b in rows}
     text = GUTENBERG.format(n=3).replace("\r\n", "\n")
     _, a, b = by_name["d.txt"]
@@ -160,7 +170,7 @@ def test_val_per_input_pieces_are_runs_of_their_record(tmp_path, tokenizer):
     caches = [_build([src], tmp_path / ex / "c", tokenizer, ex, "--val-frac", "0.3", "--val-per-input")
               for ex in ("inline", "processes")]
     assert _tree(caches[0]) == _tree(caches[1])
-    rows = np.concatenate([as_rows(np.load(caches[0] / f"{s}_origins.npy")) for s in ("train", "val")])
+    rows = np.concatenate([_rows(caches[0], s) for s in ("train", "val")])
     spans = sorted((a, b) for _, _, a, b in rows.tolist())
     assert len(spans) > 2 and spans[0][0] == 0 and spans[-1][1] == len(src.read_text())
     assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))  # the pieces tile the file
@@ -201,11 +211,11 @@ def test_chat_examples_name_their_records(tmp_path, tokenizer):
     assert _tree(caches[0]) == _tree(caches[1])
     for name in ("messages", "rows"):
         cache = caches[0] / name
-        table = json.loads((cache / "origins.json").read_text())["inputs"]
+        table = _table(cache)
         meta = json.loads((cache / "meta.json").read_text())
         seen = set()
         for split in ("train", "val"):
-            rows = as_rows(np.load(cache / f"{split}_origins.npy"))
+            rows = _rows(cache, split)
             offsets = np.load(cache / f"{split}_idx.npy")
             assert len(rows) == len(offsets) == meta["totals"][f"{split}_examples"]
             tokens = np.fromfile(cache / f"{split}_tokens.bin", dtype=np.dtype(tokenizer.token_dtype))
@@ -234,19 +244,19 @@ def test_verify_catches_a_damaged_origins_file(built, tmp_path):
     cache = tmp_path / "c"
     shutil.copytree(caches["inline"], cache)
     assert main(["verify", str(cache)]) == 0
-    path = cache / "train_origins.npy"
+    path = cache / "origins.npy"
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
     path.write_bytes(bytes(data))
     assert main(["verify", str(cache)]) == 1
-    with pytest.raises(CacheError, match="train_origins.npy"):
+    with pytest.raises(CacheError, match="origins.npy"):
         document_origin(str(cache), "train", 0)
 
 
 def test_trace_names_the_input_and_record_and_finds_the_document_back(built):
     inputs, caches = built
     cache = str(caches["inline"])
-    rows = as_rows(np.load(Path(cache) / "train_origins.npy")).tolist()
+    rows = _rows(Path(cache), "train").tolist()
     d = next(k for k, r in enumerate(rows) if r[0] == 0 and r[1] > 0)  # a JSON Lines record past line 1
     origin = document_origin(cache, "train", d)
     line = Path(inputs[0]).read_bytes()[:rows[d][1]].count(b"\n") + 1
@@ -296,16 +306,19 @@ def test_convert_carries_the_origins(built, tmp_path, to):
     src = caches["inline"]
     out = tmp_path / to
     assert main(["convert", str(src), str(out), "--to", to]) == 0
+    if to == "niels":  # our own format: origins listed in meta.json, the same files as the cache converted
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["origins"] == {"file": "origins.npy", "inputs": "origins.json"}
+        assert all((out / f).read_bytes() == (src / f).read_bytes() for f in ("origins.npy", "origins.json"))
     for split in ("train", "val"):
-        want = (src / f"{split}_origins.npy").read_bytes()
-        if to == "niels":  # our own format: origins listed in meta.json, as in the cache converted
-            meta = json.loads((out / "meta.json").read_text())
-            assert meta["origins"]["files"][split] == f"{split}_origins.npy"
-            assert (out / f"{split}_origins.npy").read_bytes() == want
+        want = _rows(src, split)
+        if to == "niels":
             assert document_origin(str(out), split, 0)["where"] == document_origin(str(src), split, 0)["where"]
-        else:  # a sidecar beside the split's files, listed in the output's receipt
-            assert (out / split / "origins" / "origins.npy").read_bytes() == want
-            assert (out / split / "origins" / "origins.json").read_bytes() == (src / "origins.json").read_bytes()
+        else:  # a sidecar beside the split's files (its rows only, every field), listed in the output's receipt
+            side = out / split / "origins"
+            table = read_table((side / "origins.json").read_bytes(), "sidecar")
+            assert table["splits"] == {split: len(want)} and table["inputs"] == _table(src)
+            assert split_rows(np.load(side / "origins.npy"), table, split).tolist() == want.tolist()
             receipt = json.loads((out / "niels_receipt.json").read_text())
             assert f"{split}/origins/origins.npy" in receipt["files"]
     assert main(["verify", str(out)]) == 0
@@ -325,8 +338,8 @@ def test_records_of_csv_arrow_json_arrays_and_compressed_lines(tmp_path, tokeniz
                                                          + "\n").encode()))
     inputs = [tmp_path / n for n in ("a.csv", "b.arrow", "c.json", "d.jsonl.gz")]
     cache = _build(inputs, tmp_path / "c", tokenizer, "inline", "--val-tokens", "0")
-    table = json.loads((cache / "origins.json").read_text())["inputs"]
-    rows = as_rows(np.load(cache / "train_origins.npy")).tolist()
+    table = _table(cache)
+    rows = _rows(cache, "train").tolist()
     assert len(rows) == 48
     records = {}
     for i, record, a, b in rows:
@@ -347,12 +360,12 @@ def test_trace_prints_each_documents_input_record_and_record_text(built, tmp_pat
 
     inputs, caches = built
     cache = str(caches["inline"])
-    rows = as_rows(np.load(Path(cache) / "train_origins.npy")).tolist()
+    rows = _rows(Path(cache), "train").tolist()
     for i, want in ((0, None), (1, "a text file\nwith CRLF lines\n"), (2, None)):
         d = next(k for k, r in enumerate(rows) if r[0] == i)
         text = record_text(cache, "train", d)
         assert text == (want if want is not None else _record_text(
-            json.loads((Path(cache) / "origins.json").read_text())["inputs"][i], rows[d][1]))
+            _table(cache)[i], rows[d][1]))
     run = tmp_path / "run"
     train(TrainConfig(data=cache, out_dir=str(run), depth=1, n_embd=32, n_head=2, sequence_len=16,
                       device_batch_size=2, steps=2, eval_steps=1, log_every=0), log=lambda *a: None)
