@@ -28,12 +28,13 @@ import numpy as np
 
 from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
-from niels_gpt.builders.origins import InputIndex, OriginLog, input_table
+from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.pretrain import Admission, check_budgets, pretrain_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
 from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta
+from niels_gpt.sources.origins import OriginLog
 from niels_gpt.tokenizer.base import document_separator
 from niels_gpt.urls import is_url
 

@@ -34,7 +34,7 @@ import hashlib
 from pathlib import Path
 
 from niels_gpt.sources.base import portable
-from niels_gpt.sources.origins import OriginLog, _counts, origins_meta
+from niels_gpt.sources.origins import _counts
 from niels_gpt.sources.records import Piece, _opens_a_document, digest
 
 SHARD_SHIFT = 40
@@ -80,4 +80,3 @@ class InputIndex:
         return self.index[piece["item"]], record, a, b
 
 
-__all__ = ["InputIndex", "OriginLog", "SHARD_SHIFT", "input_table", "origins_meta"]

@@ -29,7 +29,6 @@ import numpy as np
 from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
 from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads, _encoded_batches, shuffled
-from niels_gpt.builders.origins import OriginLog, origins_meta
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import (
     SHARD_PATTERN,
@@ -43,6 +42,7 @@ from niels_gpt.formats.zstd_shard import SUFFIX, compression_meta
 from niels_gpt.meta import write_meta
 from niels_gpt.progress import BuildProgress
 from niels_gpt.seeds import check_seed
+from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import document_separator

@@ -28,7 +28,6 @@ from niels_gpt.builders.common import (
     start_build,
 )
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
-from niels_gpt.builders.origins import OriginLog, origins_meta
 from niels_gpt.builders.rendering import render
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
@@ -36,6 +35,7 @@ from niels_gpt.meta import sha256_file, write_meta
 from niels_gpt.progress import progress_bar
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Skipped
+from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import Message

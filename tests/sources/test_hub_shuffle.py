@@ -14,12 +14,12 @@ import datasets
 import numpy as np
 import pytest
 
-from niels_gpt.builders.origins import as_rows
 from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.meta import read_meta
 from niels_gpt.sources import records
+from niels_gpt.sources.origins import read_table, split_rows
 from niels_gpt.sources.records import Piece
 
 SEED, BUFFER = 7, 8
@@ -99,7 +99,7 @@ def test_a_dataset_id_is_read_in_the_order_of_datasets_shuffle_and_built_twice_t
     assert table["inputs"][0]["record"] == ("row of the stream as shuffled by datasets, from 0: load_dataset("
                                             "'someone/web', name='cfg', split='train', streaming=True)"
                                             f".shuffle(seed={SEED}, buffer_size={BUFFER})")
-    rows = as_rows(np.load(caches[0] / "train_origins.npy"))
+    rows = _rows(caches[0], "train")
     assert rows[:, 0].tolist() == [0] * 60 and rows[:, 1].tolist() == list(range(60))
 
 
@@ -123,8 +123,8 @@ def test_build_all_fineweb_edu_from_the_hub_is_datasets_shuffle_in_order(hub, to
                  "--val-tokens", "300", "--no-progress"]) == 0
     cache = root / "pretrain" / "fineweb_edu"
     expected = _expected(files)
-    val = as_rows(np.load(cache / "val_origins.npy"))[:, 1].tolist()
-    train = as_rows(np.load(cache / "train_origins.npy"))[:, 1].tolist()
+    val = _rows(cache, "val")[:, 1].tolist()
+    train = _rows(cache, "train")[:, 1].tolist()
     assert val + train == list(range(60)) and 0 < len(val) < 60
     assert _tokens(cache, "train", tokenizer) == _stream_tokens(expected[len(val):], tokenizer)
     first = _stream_tokens(expected[:1], tokenizer)
@@ -158,3 +158,9 @@ def test_an_unshuffled_dataset_id_is_still_read_shard_by_shard(hub, tokenizer):
                                                     "config": None, "split": "train", "shuffle_seed": SEED,
                                                     "shuffle_buffer": BUFFER}]]
     assert Piece(**shuffled.tasks[0].pieces[0]).where() == f"someone/web shuffled (seed {SEED}, buffer {BUFFER})"
+
+
+def _rows(cache, split):
+    """The int64 [n, 4] origin rows of one split (input, record, char_start, char_end)."""
+    table = read_table((cache / "origins.json").read_bytes(), str(cache / "origins.json"))
+    return split_rows(np.load(cache / "origins.npy"), table, split)
