@@ -150,8 +150,8 @@ def _add_source_flags(p, d, *, budgets: bool) -> None:
         hidden_alias(g, "--max-val-tokens", val)
         g.add_argument("--shard-bytes", type=_int, default=d.shard_bytes, help="shard size target (never exceeded)")
         g.add_argument("--shuffle-buffer", type=_optional_int, default=d.shuffle_buffer,
-                       help="seeded document shuffle buffer of the pretraining caches (0 or none: off, and fineweb_edu "
-                            "keeps --fineweb-buffer-size)")
+                       help="seeded document shuffle buffer of the pretraining caches (default: off, and fineweb_edu "
+                            "keeps its own buffer; 0 or none: off)")
         g.add_argument("--val-frac", type=float, default=d.val_frac, help="fraction of SFT examples in val (seeded)")
 
 
