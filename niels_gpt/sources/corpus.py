@@ -3,6 +3,7 @@
     src = corpus(["data/", "extra/*.jsonl.zst", "notes.md", "s3://bucket/more/*.parquet"], text_field="text")
     src.iter_texts()                      # documents, in the order of the sources as given
     chats = corpus(["sft.jsonl"], chat=True).iter_conversations()
+    books = corpus(["books/"], layout="gutenberg")        # a layout by name; build-all's sources are these
 
 It reads through the same layers as `build` (sources/inputs.py expands the names, sources/records.py reads
 every kind, sources/documents.py applies the text rules and layouts, sources/stream.py orders the pieces), so
