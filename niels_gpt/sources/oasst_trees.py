@@ -30,9 +30,6 @@ from niels_gpt.errors import SourceError
 from niels_gpt.tokenizer.base import Message
 
 ROLE_MAP = {"prompter": "user", "assistant": "assistant"}
-SELECTION_RULE = ("root, then at each level the non-deleted, non-empty child with the smallest rank "
-                  "(unranked after ranked; ties -> smallest message_id); prompter->user; a trailing user "
-                  "turn dropped; paths without an assistant turn skipped")
 
 
 def _rank_key(row: dict) -> tuple:
