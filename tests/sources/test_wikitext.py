@@ -107,7 +107,7 @@ def test_hub_path_calls_dataset_id_config_and_hub_split_name(monkeypatch, tmp_pa
 def test_wikitext_rejections(tmp_path):
     with pytest.raises(ConfigError, match="--wikitext-val-file without --wikitext-train-file"):
         inputs("wikitext", {"wikitext_val_file": str(tmp_path / "v.raw")}, seed=42)
-    with pytest.raises(SourceError, match=r"missing.raw"):
+    with pytest.raises(SourceError, match=r"missing.raw: no such file or directory"):
         list(wikitext([tmp_path / "missing.raw"]).iter_texts())
     bad = tmp_path / "bad.raw"
     bad.write_bytes(b" = T = \n ok \n caf\xe9 \n")
