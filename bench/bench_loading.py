@@ -248,10 +248,12 @@ class NanochatTokenizer:
 def feed_corpora() -> dict[str, list[str]]:
     """The documents of section 4: what bench_train.py trains its Parquet loader on (the sample corpus,
     cut into paragraphs), and whole wikitext-2 articles (longer documents: best-fit crops half of them)."""
-    from niels_gpt.sources import sample_sources
+    from niels_gpt.sources.corpus import corpus
+    from niels_gpt.sources.named import NAMED, inputs
 
-    texts = [t for src in sample_sources(seed=42).values() if hasattr(src, "iter_texts")
-             for split in (("train", "val") if src.own_split else (None,)) for t in src.iter_texts(split)]
+    specs = [inputs(n, {}, seed=42, sample=True) for n, named in NAMED.items() if named.kind == "pretrain"]
+    texts = [t for s in specs for key in ("sources", "val_sources") if s.get(key)
+             for t in corpus(s[key], layout=s["layout"]).iter_texts()]
     out = {"sample-corpus paragraphs": [p for t in texts for p in t.split("\n\n") if p.strip()]}
     if DATA.is_dir():
         out["wikitext-2 articles"] = wikitext_articles()

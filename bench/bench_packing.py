@@ -126,13 +126,10 @@ def corpus_texts(limit_chars: int = 6_000_000) -> list[str]:
 
 
 def real_caches(work: Path, tok) -> dict[str, Path]:
-    from niels_gpt.sources.dolly import dolly15k
-    from niels_gpt.sources.oasst import oasst1
+    from niels_gpt.sources.corpus import corpus
 
-    convs = {
-        "dolly": list(dolly15k(data_files=sorted((DATA / "dolly-15k").glob("*.jsonl"))).iter_conversations()),
-        "oasst": list(oasst1(trees_jsonl=sorted((DATA / "oasst1").glob("*.jsonl"))).iter_conversations()),
-    }
+    convs = {name: list(corpus(sorted((DATA / folder).glob("*.jsonl")), layout=layout, chat=True).iter_conversations())
+             for name, folder, layout in (("dolly", "dolly-15k", "dolly"), ("oasst", "oasst1", "oasst"))}
     out = {}
     for name, cs in convs.items():
         build_sft_cache(cs, str(work / name), tokenizer=tok, val_frac=0.0, seed=0, dataset_name=name)

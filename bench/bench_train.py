@@ -146,10 +146,12 @@ def prepare(root: Path, work: Path, T: int, seed: int) -> dict:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from niels_gpt.sources import sample_sources
+        from niels_gpt.sources.corpus import corpus
+        from niels_gpt.sources.named import NAMED, inputs
 
-        texts = [t for src in sample_sources(seed=seed).values() if hasattr(src, "iter_texts")
-                 for split in (("train", "val") if src.own_split else (None,)) for t in src.iter_texts(split)]
+        specs = [inputs(n, {}, seed=seed, sample=True) for n, named in NAMED.items() if named.kind == "pretrain"]
+        texts = [t for s in specs for key in ("sources", "val_sources") if s.get(key)
+                 for t in corpus(s[key], layout=s["layout"]).iter_texts()]
         paras = [p for t in texts for p in t.split("\n\n") if p.strip()]
         pq_dir.mkdir()
         for i in range(3):

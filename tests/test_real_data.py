@@ -16,15 +16,28 @@ from .conftest import SHARED_DATA, needs_shared
 pytestmark = [needs_shared, pytest.mark.real_data]
 
 
+class Books:
+    """build-all's gutenberg source on a directory: its seeded split by file, each split read by the input layer."""
+
+    def __init__(self, directory):
+        from niels_gpt.sources.named import inputs
+
+        self.spec = inputs("gutenberg", {"gutenberg_dir": str(directory)}, seed=42)
+
+    def iter_texts(self, split):
+        from niels_gpt.sources.corpus import corpus
+
+        return corpus(self.spec["sources" if split == "train" else "val_sources"], layout="gutenberg").iter_texts()
+
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    from niels_gpt import sources
+    from niels_gpt.sources.corpus import corpus
 
-    books = sources.gutenberg(SHARED_DATA / "gutenberg", seed=42)
-    wiki = sources.wikitext(data_files={"train": SHARED_DATA / "wikitext/wikitext-2-raw.wiki.valid.raw",
-                                        "validation": SHARED_DATA / "wikitext/wikitext-2-raw.wiki.valid.raw"})
+    books = Books(SHARED_DATA / "gutenberg")
+    wiki = corpus([SHARED_DATA / "wikitext/wikitext-2-raw.wiki.valid.raw"], layout="wikitext")
     root = tmp_path_factory.mktemp("real")
-    train_text = list(wiki.iter_texts("train")) + [t[:200_000] for t in books.iter_texts("train")]
+    train_text = list(wiki.iter_texts()) + [t[:200_000] for t in books.iter_texts("train")]
     tok = train_tokenizer(train_text, root / "tokenizer", settings=TrainSettings(vocab_size=8000))
     return {"root": root, "tok": tok, "books": books, "wiki": wiki}
 
@@ -57,10 +70,11 @@ def test_random_windows_decode_to_text_of_the_books(real):
 
 
 def test_oasst_trees_build_an_sft_cache_with_exact_spans(real):
-    from niels_gpt import sources
+    from niels_gpt.sources.corpus import corpus
 
     tok = real["tok"]
-    convs = list(sources.oasst1(trees_jsonl=SHARED_DATA / "oasst1" / "oasst_pre_release.en_100_tree.jsonl").iter_conversations())
+    trees = SHARED_DATA / "oasst1" / "oasst_pre_release.en_100_tree.jsonl"
+    convs = list(corpus([trees], layout="oasst", chat=True).iter_conversations())
     out = real["root"] / "oasst1"
     build_sft_cache(convs, str(out), tokenizer=tok, val_frac=0.1, seed=42)
     meta = read_meta(str(out))

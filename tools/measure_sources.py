@@ -1,9 +1,9 @@
-"""Read throughput of each source on the real corpora in ../shared/data (the figures in docs/sources.md).
+"""Read throughput of each layout of the input layer on the real corpora in ../shared/data (docs/sources.md).
 
     python tools/measure_sources.py [--data ../shared/data]
 
-Each source is read twice in one process; the second pass is reported, so the one-off cost of
-importing `datasets` and resolving its builders (~1-4 s, printed separately) is not counted.
+Each input is read twice in one process; the second pass is reported (the first, with its one-off imports, is
+printed beside it).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import time
 from pathlib import Path
 
-from niels_gpt.sources import fineweb_edu, gutenberg, oasst1, wikitext
 from niels_gpt.sources.corpus import corpus
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -40,18 +39,12 @@ def main() -> None:
     wiki = d / "wikitext" / "wikitext-2-raw.wiki.valid.raw"
     trees = d / "oasst1" / "oasst_pre_release.en_100_tree.jsonl"
     bulk = d / "bulk-text" / "debian-docs.jsonl"
-    measure("gutenberg (10 books)", lambda: gutenberg(d / "gutenberg").iter_texts(),
+    measure("gutenberg (10 books)", lambda: corpus(books, layout="gutenberg").iter_texts(),
             sum(p.stat().st_size for p in books))
-    measure("wikitext (wikitext-2 valid, text builder)",
-            lambda: wikitext(data_files={"validation": wiki}).iter_texts("val"), wiki.stat().st_size)
-    measure("oasst1 (nested, 100 trees)", lambda: oasst1(trees_jsonl=trees).iter_conversations(),
+    measure("wikitext (wikitext-2 valid)", lambda: corpus([wiki], layout="wikitext").iter_texts(), wiki.stat().st_size)
+    measure("oasst1 (nested, 100 trees)", lambda: corpus([trees], layout="oasst", chat=True).iter_conversations(),
             trees.stat().st_size)
-    measure("corpus (debian-docs.jsonl)", lambda: corpus([bulk]).iter_texts(), bulk.stat().st_size)
-    measure("fineweb_edu seed=None (debian-docs.jsonl)",
-            lambda: fineweb_edu(data_files=bulk, seed=None).iter_texts(), bulk.stat().st_size)
-    measure("fineweb_edu seed=42 buffer 10k (debian-docs.jsonl)",
-            lambda: fineweb_edu(data_files=bulk).iter_texts(), bulk.stat().st_size)
-
+    measure("text (debian-docs.jsonl)", lambda: corpus([bulk]).iter_texts(), bulk.stat().st_size)
 
 if __name__ == "__main__":
     main()

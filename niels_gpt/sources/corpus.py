@@ -3,6 +3,7 @@
     src = corpus(["data/", "extra/*.jsonl.zst", "notes.md", "s3://bucket/more/*.parquet"], text_field="text")
     src.iter_texts()                      # documents, in the order of the sources as given
     chats = corpus(["sft.jsonl"], chat=True).iter_conversations()
+    books = corpus(["books/"], layout="gutenberg")        # a layout by name; build-all's sources are these
 
 It reads through the same layers as `build` (sources/inputs.py expands the names, sources/records.py reads
 every kind, sources/documents.py applies the text rules and layouts, sources/stream.py orders the pieces), so
@@ -12,12 +13,13 @@ in `skipped` and reported by `describe()`. Nothing is materialised: one piece is
 
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.sources.base import ChatSource, TextSource
+from niels_gpt.sources.base import portable
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.stream import Plan, plan_reading, stream_items
 
@@ -26,7 +28,7 @@ MESSAGES_FIELD = "messages"
 ON_BAD_RECORD = ("error", "skip")
 
 
-class Corpus(TextSource, ChatSource):
+class Corpus:
     """Documents (or conversations) from a mix of local files, URLs and dataset ids."""
 
     name = "corpus"
@@ -35,8 +37,8 @@ class Corpus(TextSource, ChatSource):
     split_rule = "none: the sources in the order given; the builder splits"
 
     def __init__(self, plan: Plan):
-        super().__init__()
         self.plan = plan
+        self.skipped: collections.Counter[str] = collections.Counter()  # by reason, over every read of it
         ids = [i for i, lay in zip(plan.inputs, plan.layouts, strict=True) if lay == "dataset"]
         self.dataset_id = ids[0] if ids else None
         self.dataset_config = plan.config if self.dataset_id else None
@@ -54,7 +56,11 @@ class Corpus(TextSource, ChatSource):
             else:
                 yield item
 
-    def _iter_split(self, split: str | None) -> Iterator[str]:
+    def iter_texts(self, split: str | None = None) -> Iterator[str]:
+        """The documents, in the order of the sources as given (the builder splits them: split must be None)."""
+        if split is not None:
+            raise ConfigError(f"corpus: split={split!r}, but a corpus has no train/val split of its own (the cache "
+                              "builder splits it); call iter_texts() with split=None")
         if self.plan.chat:
             raise ConfigError("this corpus was opened with chat=True: read it with iter_conversations()")
         yield from self._items()
@@ -64,8 +70,15 @@ class Corpus(TextSource, ChatSource):
             raise ConfigError("this corpus holds documents: open it with corpus(..., chat=True) for conversations")
         yield from self._items()
 
-    def _describe_extra(self) -> dict[str, Any]:
-        return self.plan.describe()
+    def describe(self) -> dict[str, Any]:
+        """JSON-able facts for meta.json: what was read, how, and what was skipped by reason."""
+        return {"name": self.name, "dataset_id": self.dataset_id, "dataset_config": self.dataset_config,
+                "files": [portable(f) for f in self.files()], "streaming": self.streaming,
+                "split_rule": self.split_rule, "skipped": dict(sorted(self.skipped.items())),
+                **self.plan.describe(), "own_split": self.own_split}
+
+    def __repr__(self) -> str:
+        return f"<Corpus files={len(self.files())}>"
 
 
 def corpus(sources: Sequence[str | os.PathLike], *, text_field: str = TEXT_FIELD,

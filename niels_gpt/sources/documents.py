@@ -32,16 +32,19 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.dolly import CONTEXT_TEMPLATE, Dolly15k
-from niels_gpt.sources.files import GUTENBERG_START, gutenberg_books
 from niels_gpt.sources.hooks import chars, mapped, record_hook
 from niels_gpt.sources.inputs import val_pieces
+from niels_gpt.sources.layouts import (
+    GUTENBERG_START,
+    dolly_conversation,
+    gutenberg_books,
+    is_article_heading,
+    rebuild_articles,
+)
 from niels_gpt.sources.messages import parse_message
-from niels_gpt.sources.oasst import check_row, flatten_tree
-from niels_gpt.sources.oasst_trees import best_path, count_left_out, to_conversation
+from niels_gpt.sources.oasst_trees import best_path, check_row, count_left_out, flatten_tree, to_conversation
 from niels_gpt.sources.records_base import BadRecord, FileText
 from niels_gpt.sources.text_io import normalise_text
-from niels_gpt.sources.wikitext import is_article_heading, rebuild_articles
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
 CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst", "sharegpt", "alpaca")
@@ -331,14 +334,9 @@ def _columns(where, record, rules: Rules):
 
 
 def _dolly(records, rules: Rules):
-    reader = Dolly15k(dataset_id="", data_files=None, context_template=CONTEXT_TEMPLATE)
     for where, record in records:
-        if isinstance(record, Skipped):
-            yield record
-            continue
-        before = Counter(reader.skipped)
-        conv = reader.conversation(record, str(where))
-        yield conv if conv is not None else Skipped(next(iter(reader.skipped - before)))
+        conv = record if isinstance(record, Skipped) else dolly_conversation(record, str(where))
+        yield Skipped(conv) if isinstance(conv, str) else conv
 
 
 def _oasst_trees(records, rules: Rules):

@@ -29,7 +29,7 @@ from typing import Any
 
 from niels_gpt.errors import ConfigError
 from niels_gpt.sources.base import FILE_SPLIT_RULE, SAMPLE_DIR, portable, split_by_file
-from niels_gpt.sources.oasst import holds_nested_trees
+from niels_gpt.sources.oasst_trees import holds_nested_trees
 from niels_gpt.sources.text_io import files_under, list_files, read_bytes
 
 READ_AS_TEXT = "to read it, build it with `build FILE --format text` (or --read-as SUFFIX=text)"

@@ -13,19 +13,23 @@ Selection, per tree:
   conversation every other message left out is counted once by why: "empty_message", "trailing_user_turn",
   "unselected_message" (a branch the rank rule did not follow), "cycle_message" (its parents loop),
   "below_orphan_message", "other_root_message". So there, conversation + counted messages = the tree's rows.
+Rows are checked (`check_row`): the fields a row needs, a known role, text that is valid Unicode (a lone
+surrogate escape such as `\\ud800`, which JSON allows and no tokenizer can encode, is an error naming the record
+and the message). The nested export (one tree per line: the release's `{"message_tree_id", "prompt": {...,
+"replies": [...]}}` or the pre-release bare root message) is flattened to the same rows (`flatten_tree`).
 Cost: O(messages) per tree, one tree in memory at a time.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from niels_gpt.errors import SourceError
 from niels_gpt.tokenizer.base import Message
 
 ROLE_MAP = {"prompter": "user", "assistant": "assistant"}
-SELECTION_RULE = ("root, then at each level the non-deleted, non-empty child with the smallest rank "
-                  "(unranked after ranked; ties -> smallest message_id); prompter->user; a trailing user "
-                  "turn dropped; paths without an assistant turn skipped")
 
 
 def _rank_key(row: dict) -> tuple:
@@ -147,3 +151,86 @@ def _unreachable(row: dict, by_id: dict) -> str:
             return "cycle_message"
         seen.add(parent)
         row = by_id[parent]
+
+
+def _check_unicode(row: dict, record: str) -> None:
+    """Refuse a lone surrogate escape in a message's text, naming the record: JSON allows `\\ud800`, no
+    UTF-8 text (and no tokenizer) can hold it."""
+    text = row["text"]
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise SourceError(f"{record}: message {row['message_id']} holds a lone surrogate escape "
+                              f"({e.object[e.start:e.end]!r} at character {e.start}) that no UTF-8 text can hold; "
+                              "fix the escape in this record or remove the message") from e
+
+
+def check_row(row: dict, record: str) -> None:
+    for field in ("message_id", "message_tree_id", "role", "text"):
+        if field not in row or (row[field] is None and field != "text"):
+            nested = "replies" in row or "prompt" in row
+            hint = ("; this row holds a nested tree: pass the file as --oasst-trees-jsonl (or --format oasst)"
+                    if nested else "")
+            raise SourceError(f"{record}: no {field!r} (fields: {sorted(row)}); oasst1 rows need "
+                              f"message_id, parent_id, message_tree_id, role, text{hint}")
+    if row["text"] is not None and not isinstance(row["text"], str):
+        raise SourceError(f"{record}: message {row['message_id']} has a {type(row['text']).__name__} 'text' "
+                          f"({str(row['text'])[:40]!r}); oasst1 message text must be a string (or null)")
+    if row["role"] not in ROLE_MAP:
+        raise SourceError(f"{record}: unknown role {row['role']!r} in message {row['message_id']}; "
+                          f"oasst1 roles are {sorted(ROLE_MAP)}")
+    _check_unicode(row, record)
+
+
+def _shape(obj) -> str:
+    """A short description of what a line holds, for refusals."""
+    if not isinstance(obj, dict):
+        return f"a JSON {type(obj).__name__}"
+    keys = sorted(obj)
+    return "an object with keys " + ", ".join(map(repr, keys[:8])) + (", ..." if len(keys) > 8 else "")
+
+
+def flatten_tree(tree: dict, record: str) -> list[dict]:
+    """Rows (as in the flat release) from one nested-export tree; parent_id comes from the nesting.
+
+    Two shapes: the release's `{"message_tree_id", "prompt": root, ...}` and the pre-release bare root
+    message `{"message_id", "role", "text", "replies"}` (whose tree id is its own message_id).
+    """
+    if isinstance(tree, dict) and isinstance(tree.get("prompt"), dict) and "message_tree_id" in tree:
+        root, tree_id = tree["prompt"], tree["message_tree_id"]
+    elif isinstance(tree, dict) and "message_id" in tree and "role" in tree and "prompt" not in tree:
+        root, tree_id = tree, tree["message_id"]
+    else:
+        raise SourceError(f"{record}: not an oasst1 tree: found {_shape(tree)}; expected the nested export "
+                          "({'message_tree_id', 'prompt': {...}}) or a root message ({'message_id', 'role', "
+                          "'text', 'replies': [...]}); for flat hub rows use --oasst-data-files instead")
+    rows, stack = [], [(root, None)]
+    while stack:
+        msg, parent = stack.pop()
+        if not isinstance(msg, dict):
+            raise SourceError(f"{record}: a reply of message {parent} is {_shape(msg)}, not a message object")
+        replies = msg.get("replies") or []
+        if not isinstance(replies, list):
+            raise SourceError(f"{record}: message {msg.get('message_id')} has 'replies' of type "
+                              f"{type(replies).__name__}; it must be a list of messages")
+        row = {k: v for k, v in msg.items() if k != "replies"}
+        row["parent_id"] = parent
+        row["message_tree_id"] = tree_id
+        rows.append(row)
+        stack.extend((r, msg.get("message_id")) for r in reversed(replies))
+    return rows
+
+
+def holds_nested_trees(path: Path) -> bool:
+    """Whether a .jsonl/.json file's first record is a nested oasst1 tree (a root message with its
+    replies, or the release's {"message_tree_id", "prompt"} object), not a flat message row."""
+    if path.suffix.lower() not in (".jsonl", ".json"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        record = json.loads(first)
+    except (OSError, ValueError):
+        return False  # the flat reader names the unreadable file or line
+    return isinstance(record, dict) and ("replies" in record or isinstance(record.get("prompt"), dict))

@@ -226,6 +226,12 @@ def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
     where, record = _first_record(first)
     if record is None:
         return named or ("messages" if chat else "text")
+    # --format oasst: trees or flat rows; a record of any other shape gets the tree reader's refusal naming it
+    if named == "oasst" and isinstance(record, dict):
+        try:
+            return "oasst-rows" if detect(where, record, chat=True, rules=rules) == "oasst-rows" else named
+        except SourceError:
+            return named
     found = named if named == "text" else detect(where, record, chat=chat, rules=rules)
     if found == "text" and rules.on_bad_record == "error":
         if isinstance(record, BadRecord):

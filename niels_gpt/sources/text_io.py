@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from niels_gpt.errors import ConfigError, SourceError
-
-
-def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[Path]:
-    """One path or several -> list of existing paths (SourceError for a missing one)."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    out = [Path(p) for p in paths]
-    if not out:
-        raise ConfigError(f"{what}: no files given; pass at least one path")
-    for p in out:
-        if not p.exists():
-            raise SourceError(f"{p}: no such file or directory ({what}); check the path")
-    return out
+from niels_gpt.errors import SourceError
 
 
 def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Path]:
@@ -107,28 +94,6 @@ def bytes_hint(bad: bytes) -> str:
         return (f"the bytes are {shown}; 0x{first:02x} is {char!r} in both cp1252 and latin-1 (ISO-8859-1): "
                 "re-encode with `iconv -f cp1252 -t utf-8` (or -f latin1; they agree on this byte)")
     return f"the bytes are {shown}; re-encode the file as UTF-8"
-
-
-def first_invalid_utf8(path: Path) -> tuple[int, int] | None:
-    """(byte offset, line) of the first invalid UTF-8 byte of a file, or None. Reads in 1 MiB chunks."""
-    base, line, carry = 0, 1, b""  # carry: an incomplete sequence cut by the chunk boundary
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 20)
-            data = carry + chunk
-            try:
-                data.decode("utf-8")
-                good = len(data)
-            except UnicodeDecodeError as e:
-                if chunk and e.end == len(data) and e.reason == "unexpected end of data":
-                    good = e.start
-                else:
-                    return base + e.start, line + data.count(b"\n", 0, e.start)
-            if not chunk:
-                return None
-            line += data.count(b"\n", 0, good)
-            base += good
-            carry = data[good:]
 
 
 def normalise_text(text: str) -> str:

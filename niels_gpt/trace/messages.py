@@ -20,8 +20,7 @@ from pathlib import Path
 
 from niels_gpt.errors import NielsGPTError
 from niels_gpt.sources.base import SAMPLE_DIR, SAMPLE_PREFIX
-from niels_gpt.sources.oasst import flatten_tree
-from niels_gpt.sources.oasst_trees import best_path
+from niels_gpt.sources.oasst_trees import best_path, flatten_tree
 
 OASST_LAYOUTS = ("oasst", "oasst-rows")
 

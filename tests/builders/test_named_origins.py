@@ -16,9 +16,9 @@ from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.cache.cli import main
 from niels_gpt.meta import read_meta
 from niels_gpt.sources import SAMPLE_DIR
+from niels_gpt.sources.layouts import normalise_line
 from niels_gpt.sources.origins import read_table
 from niels_gpt.sources.text_io import normalise_text
-from niels_gpt.sources.wikitext import normalise_line
 from niels_gpt.trace.documents import cache_documents, read_origins
 
 

@@ -4,6 +4,7 @@ rules (docs/own-data.md); the library's layouts reachable from `build`; `dist-bu
 
 from __future__ import annotations
 
+import collections
 import csv
 import gzip
 import json
@@ -138,8 +139,7 @@ def test_build_makes_no_val_split_unless_asked_and_dist_build_is_gone(odd_folder
 def test_the_librarys_layouts_are_reachable_from_build(tokenizer, tmp_path):
     """A Gutenberg book loses its licence text, a raw wikitext dump becomes articles, dolly rows and oasst trees
     (both export shapes) become conversations, detected from the records or named with --format."""
-    from niels_gpt.sources import wikitext
-    from niels_gpt.sources.files import gutenberg_books
+    from niels_gpt.sources.layouts import gutenberg_books, rebuild_articles
     from niels_gpt.sources.text_io import read_text_file
 
     book = SAMPLE_DIR / "gutenberg"
@@ -151,7 +151,7 @@ def test_the_librarys_layouts_are_reachable_from_build(tokenizer, tmp_path):
     assert meta["totals"]["train_tokens"] == expected
     raw = SAMPLE_DIR / "wikitext" / "wiki.valid.raw"
     _build(raw, tmp_path / "wiki", tokenizer.model_path, "--executor", "inline")
-    articles = list(wikitext(data_files={"train": raw, "validation": raw}).iter_texts("val"))
+    articles = list(rebuild_articles(read_text_file(raw).split("\n"), collections.Counter()))
     assert read_meta(str(tmp_path / "wiki"))["totals"]["train_documents"] == len(articles)
     dolly = SAMPLE_DIR / "dolly15k" / "databricks-dolly-15k.first34.jsonl"
     _build(dolly, tmp_path / "dolly", tokenizer.model_path, "--chat", "--executor", "inline")

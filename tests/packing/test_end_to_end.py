@@ -61,10 +61,10 @@ def test_text_to_cache_to_pack_to_decoded_answers(tmp_path, tokenizer):
 @needs_shared
 @pytest.mark.real_data
 def test_real_dolly_packs_every_answer(tmp_path, tokenizer):
-    from niels_gpt.sources.dolly import dolly15k
+    from niels_gpt.sources.corpus import corpus
 
     files = sorted(Path(SHARED_DATA, "dolly-15k").glob("*.jsonl"))
-    convs = list(dolly15k(data_files=files).iter_conversations())
+    convs = list(corpus(files, layout="dolly", chat=True).iter_conversations())
     build_sft_cache(convs, str(tmp_path / "sft"), tokenizer=tokenizer, val_frac=0.0, seed=0)
     m = pack_sft(tmp_path / "sft", tmp_path / "packed", pack_size=4096, algorithm="ffd")
     ds = open_packed(tmp_path / "packed")

@@ -109,9 +109,10 @@ def test_a_cache_without_role_sentinels_is_refused(tmp_path):
 @pytest.mark.real_data
 def test_real_oasst1_at_512_split_loses_less_than_truncate(tmp_path, tokenizer):
     from niels_gpt.cache.build_cache import build_sft_cache
-    from niels_gpt.sources.oasst import oasst1
+    from niels_gpt.sources.corpus import corpus
 
-    convs = list(oasst1(trees_jsonl=SHARED_DATA / "oasst1" / "oasst_pre_release.en_100_tree.jsonl").iter_conversations())
+    trees = SHARED_DATA / "oasst1" / "oasst_pre_release.en_100_tree.jsonl"
+    convs = list(corpus([trees], layout="oasst", chat=True).iter_conversations())
     build_sft_cache(convs, str(tmp_path / "sft"), tokenizer=tokenizer, val_frac=0.0, seed=0)
     cut = pack_sft(tmp_path / "sft", tmp_path / "t", pack_size=512, warn=False)
     split = pack_sft(tmp_path / "sft", tmp_path / "s", pack_size=512, on_overflow="split", warn=False)

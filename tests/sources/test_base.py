@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.base import check_val_frac, split_by_file, val_count
-from niels_gpt.sources.text_io import decode_utf8, first_invalid_utf8, list_files, normalise_text
+from niels_gpt.errors import SourceError
+from niels_gpt.sources.base import split_by_file, val_count
+from niels_gpt.sources.text_io import decode_utf8, list_files, normalise_text
 
 
 def test_val_count_rounds_half_up_keeps_one_val_and_one_train():
@@ -27,29 +27,10 @@ def test_split_by_file_is_a_seeded_torch_permutation():
     assert split_by_file(names, 0.1, seed=43)["val"] != split["val"]
 
 
-def test_check_val_frac_rejects_one_and_negative():
-    check_val_frac(0.0, "x")
-    with pytest.raises(ConfigError, match=r"x: val_frac=1.0 is outside \[0, 1\)"):
-        check_val_frac(1.0, "x")
-    with pytest.raises(ConfigError, match="val_frac=-0.1"):
-        check_val_frac(-0.1, "x")
-
-
 def test_decode_utf8_names_file_byte_offset_and_line(tmp_path):
     p = tmp_path / "f.txt"
     with pytest.raises(SourceError, match=r"f.txt: invalid UTF-8 at byte 8, line 3 \(record 7\)"):
         decode_utf8(b"ab\ncd\nxy\xffz", p, record="record 7")
-
-
-def test_first_invalid_utf8_across_chunk_boundary(tmp_path):
-    p = tmp_path / "big.txt"
-    # a 2-byte character split by the 1 MiB read boundary is fine; the bad byte after it is found
-    p.write_bytes(b"x" * ((1 << 20) - 1) + "é".encode() + b"\n\n\xfe")
-    assert first_invalid_utf8(p) == ((1 << 20) + 3, 3)
-    p.write_bytes(b"ok\n" + "é".encode() * 10)
-    assert first_invalid_utf8(p) is None
-    p.write_bytes(b"cut\xc3")  # truncated sequence at end of file
-    assert first_invalid_utf8(p) == (3, 1)
 
 
 def test_normalise_text_drops_bom_and_crlf():

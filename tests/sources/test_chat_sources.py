@@ -1,4 +1,5 @@
-"""dolly15k and oasst1: conversation layout, best-path selection, skips and rejections."""
+"""dolly15k and oasst1 through the input layer (layouts dolly, oasst): conversation layout, best-path selection,
+skips and rejections."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import json
 import pytest
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources import dolly15k, oasst1
-from niels_gpt.sources.oasst import best_path
+from niels_gpt.sources.corpus import corpus
+from niels_gpt.sources.named import inputs
+from niels_gpt.sources.oasst_trees import best_path
 
 DOLLY = [
     {"instruction": "When did X start?", "context": "X started in 2000.", "response": "In 2000.",
@@ -17,6 +19,30 @@ DOLLY = [
     {"instruction": "Say nothing", "context": "", "response": "   ", "category": "open_qa"},
     {"instruction": "", "context": "ctx", "response": "r", "category": "open_qa"},
 ]
+
+
+def dolly15k(*files, **kw):
+    return corpus(list(files), layout="dolly", chat=True, **kw)
+
+
+def oasst1(*files, layout="oasst", **kw):
+    return corpus(list(files), layout=layout, chat=True, **kw)
+
+
+def hub(monkeypatch, tmp_path, parts):
+    """`datasets.load_dataset` answered, per split, by a local JSON Lines file read through `datasets`."""
+    import datasets
+
+    real, calls = datasets.load_dataset, []
+    for split, rows in parts.items():
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def fake(path, **kw):
+        calls.append((path, kw))
+        return real("json", data_files=[str(tmp_path / f"{kw['split']}.jsonl")], split="train", streaming=True)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    return calls
 
 
 def u(text):
@@ -28,7 +54,7 @@ def a(text):
 
 
 def test_dolly_layout_with_and_without_context(tmp_path, write_jsonl):
-    src = dolly15k(data_files=write_jsonl(tmp_path / "d.jsonl", DOLLY))
+    src = dolly15k(write_jsonl(tmp_path / "d.jsonl", DOLLY))
     assert list(src.iter_conversations()) == [
         [u("When did X start?\n\nContext:\nX started in 2000."), a("In 2000.")],
         [u("Name a fish."), a("Tope.")],
@@ -37,27 +63,19 @@ def test_dolly_layout_with_and_without_context(tmp_path, write_jsonl):
     assert json.loads(json.dumps(src.describe()))["skipped"] == {"empty_user_turn": 1, "no_assistant_turn": 1}
 
 
-def test_dolly_context_template_override(tmp_path, write_jsonl):
-    src = dolly15k(data_files=write_jsonl(tmp_path / "d.jsonl", DOLLY[:1]),
-                   context_template="{context}\n\n{instruction}")
-    assert next(iter(src.iter_conversations()))[0] == u("X started in 2000.\n\nWhen did X start?")
-    with pytest.raises(ConfigError, match=r"context_template '\{instruction\}' lacks \{context\}"):
-        dolly15k(context_template="{instruction}")
-
-
-def test_dolly_hub_path(monkeypatch):
-    import datasets
-
-    calls = []
-    monkeypatch.setattr(datasets, "load_dataset", lambda p, **kw: calls.append((p, kw)) or DOLLY[1:2])
-    assert list(dolly15k().iter_conversations()) == [[u("Name a fish."), a("Tope.")]]
-    assert calls == [("databricks/databricks-dolly-15k", {"streaming": True, "split": "train"})]
+def test_dolly_hub_path(monkeypatch, tmp_path):
+    calls = hub(monkeypatch, tmp_path, {"train": DOLLY[1:2]})
+    spec = inputs("dolly15k", {}, seed=42)
+    assert (spec["sources"], spec["layout"], spec["chat"]) == (["databricks/databricks-dolly-15k"], "dolly", True)
+    assert list(dolly15k(*spec["sources"]).iter_conversations()) == [[u("Name a fish."), a("Tope.")]]
+    assert calls and all(c == ("databricks/databricks-dolly-15k", {"streaming": True, "name": None, "split": "train"})
+                         for c in calls)
 
 
 def test_dolly_rejects_record_without_response_field(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "q", "context": "", "answer": "x"}])
-    with pytest.raises(SourceError, match=r"d.jsonl'\], record 0: field 'response' is missing or not text"):
-        list(dolly15k(data_files=f).iter_conversations())
+    with pytest.raises(SourceError, match=r"d.jsonl, line 1: field 'response' is missing or not text"):
+        list(dolly15k(f).iter_conversations())
 
 
 # --- oasst1 ------------------------------------------------------------------------------------
@@ -113,16 +131,15 @@ def flat(trees):
 
 
 def test_oasst_nested_trees_follow_best_ranked_replies(tmp_path, write_jsonl):
-    src = oasst1(trees_jsonl=write_jsonl(tmp_path / "t.jsonl", nested([TREE1, TREE2, TREE3, TREE4])))
+    src = oasst1(write_jsonl(tmp_path / "t.jsonl", nested([TREE1, TREE2, TREE3, TREE4])))
     assert list(src.iter_conversations()) == EXPECTED
     assert src.skipped == EXPECTED_SKIPPED
-    assert src.describe()["layout"] == "nested-tree JSONL" and src.streaming is False
 
 
 def test_oasst_flat_rows_give_the_same_conversations(tmp_path, write_parquet, write_jsonl):
     rows = flat([TREE1, TREE2, TREE3, TREE4])
     for f in (write_parquet(tmp_path / "r.parquet", rows), write_jsonl(tmp_path / "r.jsonl", rows)):
-        src = oasst1(data_files=f)
+        src = oasst1(f)
         assert list(src.iter_conversations()) == EXPECTED
         assert src.skipped == EXPECTED_SKIPPED
 
@@ -136,70 +153,64 @@ def test_oasst_nan_rank_counts_as_unranked():
     assert [r["message_id"] for r in best_path(rows, __import__("collections").Counter())] == ["r4", "z"]
 
 
-def test_oasst_orphans_missing_root_and_langs_are_counted(tmp_path, write_jsonl):
+def test_oasst_orphans_and_missing_root_are_counted(tmp_path, write_jsonl):
     rows = flat([TREE4]) + [{"message_id": "o", "parent_id": "nowhere", "message_tree_id": "r4",
                              "role": "assistant", "text": "orphan", "rank": 0.0, "deleted": False, "lang": "en"}]
     rows += [{"message_id": "q", "parent_id": "missing", "message_tree_id": "t9", "role": "assistant",
               "text": "x", "rank": 0.0, "deleted": False, "lang": "en"}]
-    src = oasst1(data_files=write_jsonl(tmp_path / "r.jsonl", rows))
+    src = oasst1(write_jsonl(tmp_path / "r.jsonl", rows))
     assert list(src.iter_conversations()) == [[u("Hi"), a("Hello!")]]
     assert src.skipped == {"orphan_message": 2, "no_root": 1, "empty_message": 1, "trailing_user_turn": 1}
-    de = oasst1(data_files=tmp_path / "r.jsonl", langs=["de"])
-    with pytest.raises(SourceError, match=r"no usable conversation in 2 tree\(s\), skipped: 2 lang \(trees whose "
-                                          r"first prompt is in none of the languages asked for\)"):
-        list(de.iter_conversations())
-    assert de.skipped == {"lang": 2}
 
 
-def test_oasst_hub_path_reads_train_then_validation(monkeypatch):
-    import datasets
-
-    calls = []
-    parts = {"train": flat([TREE4]), "validation": flat([TREE1])}
-    monkeypatch.setattr(datasets, "load_dataset", lambda p, **kw: calls.append((p, kw)) or parts[kw["split"]])
-    assert list(oasst1().iter_conversations()) == [EXPECTED[1], EXPECTED[0]]
-    assert calls == [("OpenAssistant/oasst1", {"streaming": True, "split": "train"}),
-                     ("OpenAssistant/oasst1", {"streaming": True, "split": "validation"})]
+def test_oasst_hub_path_reads_train_then_validation(monkeypatch, tmp_path):
+    calls = hub(monkeypatch, tmp_path, {"train+validation": flat([TREE4]) + flat([TREE1])})
+    spec = inputs("oasst1", {}, seed=42)
+    assert (spec["sources"], spec["layout"], spec["split"]) == (["OpenAssistant/oasst1"], "oasst", "train+validation")
+    assert list(oasst1(*spec["sources"], split=spec["split"]).iter_conversations()) == [EXPECTED[1], EXPECTED[0]]
+    assert calls and all(c == ("OpenAssistant/oasst1", {"streaming": True, "name": None, "split": "train+validation"})
+                         for c in calls)
 
 
 def test_oasst_rejections(tmp_path, write_jsonl):
     rows = flat([TREE4])
     bad_role = [dict(rows[0], role="moderator")] + rows[1:]
-    with pytest.raises(SourceError, match=r"r.jsonl'\], record 0: unknown role 'moderator' in message r4"):
-        list(oasst1(data_files=write_jsonl(tmp_path / "r.jsonl", bad_role)).iter_conversations())
+    with pytest.raises(SourceError, match=r"r.jsonl, line 1: unknown role 'moderator' in message r4"):
+        list(oasst1(write_jsonl(tmp_path / "r.jsonl", bad_role)).iter_conversations())
     split_tree = rows[:1] + flat([TREE2]) + rows[1:]
-    with pytest.raises(SourceError, match=r"record 3: rows of tree r4 are not contiguous"):
-        list(oasst1(data_files=write_jsonl(tmp_path / "s.jsonl", split_tree)).iter_conversations())
+    with pytest.raises(SourceError, match=r"s.jsonl, line 4: rows of tree r4 are not contiguous"):
+        list(oasst1(write_jsonl(tmp_path / "s.jsonl", split_tree)).iter_conversations())
     no_id = [{k: v for k, v in rows[0].items() if k != "message_tree_id"}]
-    with pytest.raises(SourceError, match=r"record 0: no 'message_tree_id'"):
-        list(oasst1(data_files=write_jsonl(tmp_path / "n.jsonl", no_id)).iter_conversations())
-    with pytest.raises(ConfigError, match="pass data_files .* or trees_jsonl .*, not both"):
-        oasst1(data_files=tmp_path / "r.jsonl", trees_jsonl=tmp_path / "r.jsonl")
-    with pytest.raises(SourceError, match=r"gone.jsonl: no such file or directory \(oasst1 trees_jsonl\)"):
-        oasst1(trees_jsonl=tmp_path / "gone.jsonl")
+    with pytest.raises(SourceError, match=r"n.jsonl, line 1: no 'message_tree_id'"):
+        list(oasst1(write_jsonl(tmp_path / "n.jsonl", no_id + rows[1:])).iter_conversations())
+    with pytest.raises(ConfigError, match="pass --oasst-data-files .* or --oasst-trees-jsonl .*, not both"):
+        inputs("oasst1", {"oasst_data_files": [str(tmp_path / "r.jsonl")], "oasst_trees_jsonl": str(tmp_path / "r.jsonl")},
+               seed=42)
+    with pytest.raises(SourceError, match=r"gone.jsonl: no such file or directory"):
+        list(oasst1(tmp_path / "gone.jsonl").iter_conversations())
 
 
 def test_oasst_nested_rejections_name_line_and_byte(tmp_path):
     good = json.dumps(nested([TREE4])[0])
     f = tmp_path / "t.jsonl"
     f.write_text(good + "\n{not json\n")
-    with pytest.raises(SourceError, match=r"t.jsonl, line 2: invalid JSON"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+    with pytest.raises(SourceError, match=r"t.jsonl, line 2: not valid JSON"):
+        list(oasst1(f).iter_conversations())
     f.write_bytes(good.encode() + b"\n" + b'{"x": "\xff"}\n')
-    with pytest.raises(SourceError, match=rf"t.jsonl: invalid UTF-8 at byte {len(good) + 8}, line 2"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+    with pytest.raises(SourceError, match=rf"t.jsonl, line 2: not UTF-8 .*\(byte {len(good) + 8} of the file\)"):
+        list(oasst1(f).iter_conversations())
     f.write_text('{"message_tree_id": "t", "messages": []}\n')
     with pytest.raises(SourceError, match=r"t.jsonl, line 1: not an oasst1 tree"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+        list(oasst1(f).iter_conversations())
     f.write_text(json.dumps(nested([msg("r", "system", "x")])[0]) + "\n")
     with pytest.raises(SourceError, match=r"t.jsonl, line 1: unknown role 'system' in message r"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+        list(oasst1(f).iter_conversations())
 
 
 def test_oasst_pre_release_bare_root_lines_give_the_same_conversations(tmp_path, write_jsonl):
     # the pre-release export: each line is the root message itself, its replies nested under it
     bare = [TREE1, TREE2, TREE3, TREE4]
-    src = oasst1(trees_jsonl=write_jsonl(tmp_path / "bare.jsonl", bare))
+    src = oasst1(write_jsonl(tmp_path / "bare.jsonl", bare))
     assert list(src.iter_conversations()) == EXPECTED
     assert src.skipped == EXPECTED_SKIPPED
 
@@ -208,16 +219,16 @@ def test_oasst_refusals_name_the_shape_found(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "t.jsonl", [{"conversation": [], "id": 3}])
     with pytest.raises(SourceError, match=r"t.jsonl, line 1: not an oasst1 tree: found an object with keys "
                                           r"'conversation', 'id'; expected the nested export"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+        list(oasst1(f).iter_conversations())
     f = write_jsonl(tmp_path / "t.jsonl", [[1, 2]])
-    with pytest.raises(SourceError, match=r"line 1: not an oasst1 tree: found a JSON list"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+    with pytest.raises(SourceError, match=r"line 1: a JSON list, not an object"):
+        list(oasst1(f).iter_conversations())
     f = write_jsonl(tmp_path / "t.jsonl", [{**TREE4, "replies": {"a": 1}}])
     with pytest.raises(SourceError, match=r"line 1: message r4 has 'replies' of type dict; it must be a list"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+        list(oasst1(f).iter_conversations())
     f = write_jsonl(tmp_path / "t.jsonl", [{**TREE4, "replies": ["just text"]}])
     with pytest.raises(SourceError, match=r"line 1: a reply of message r4 is a JSON str, not a message object"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+        list(oasst1(f).iter_conversations())
     # (a nested tree handed to the flat-rows path is read as trees: test_oasst_accounting.py)
 
 
@@ -229,4 +240,4 @@ def test_oasst_non_string_text_anywhere_in_a_tree_is_one_clear_error(tmp_path, w
     f = write_jsonl(tmp_path / "t.jsonl", nested([tree]))
     with pytest.raises(SourceError, match=rf"line 1: message deep has a {type(text).__name__} 'text' .*must be a "
                                           "string"):
-        list(oasst1(trees_jsonl=f).iter_conversations())
+        list(oasst1(f).iter_conversations())

@@ -1,4 +1,5 @@
-"""roam and gutenberg: one document per file, split by a seeded permutation of the sorted names."""
+"""roam and gutenberg through the input layer: one document per file (a book per book), the files split by a
+seeded permutation of the sorted names (build-all's table, sources/named.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import pytest
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources import gutenberg, roam, strip_gutenberg
+from niels_gpt.sources.corpus import corpus
+from niels_gpt.sources.layouts import gutenberg_books
+from niels_gpt.sources.named import inputs
 
 NOTES = {
     "Alpha.md": "- alpha block\n    - nested\n",
@@ -23,6 +26,39 @@ def make_notes(root):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(text.encode("utf-8"))
     return root
+
+
+class Split:
+    """A directory source as build-all reads it: its split by file, each split read lazily by the layer."""
+
+    def __init__(self, name, directory, *, val_frac=0.1, seed=42):
+        self.directory = directory
+        self.spec = inputs(name, {f"{name}_dir": str(directory), f"{name}_val_frac": val_frac}, seed=seed)
+        self.layout = self.spec["layout"]
+        self.skipped = {}
+
+    def split_files(self, split):
+        return [os.path.relpath(p, self.directory) for p in self.spec["sources" if split == "train" else "val_sources"]]
+
+    def files(self):
+        return sorted(self.split_files("train") + self.split_files("val"))
+
+    def iter_texts(self, split=None):
+        for s in ["train", "val"] if split is None else [split]:
+            paths = self.spec["sources" if s == "train" else "val_sources"]
+            if paths:
+                src = corpus(paths, layout=self.layout)
+                yield from src.iter_texts()
+                for k, n in src.skipped.items():
+                    self.skipped[k] = self.skipped.get(k, 0) + n
+
+
+def roam(directory, **kw):
+    return Split("roam", directory, **kw)
+
+
+def gutenberg(directory, **kw):
+    return Split("gutenberg", directory, **kw)
 
 
 def book(title: str, body: str, *, start="*** START OF THIS PROJECT GUTENBERG EBOOK {t} ***",
@@ -43,7 +79,7 @@ def test_roam_one_document_per_note_split_by_seeded_file_list(tmp_path):
                                              "- echo #tag\n"]
     assert src.skipped == {"empty_document": 1}
     assert list(src.iter_texts("val")) == ["- [[Alpha]] links here\n"]
-    assert src.describe()["val_files"] == ["Charlie.md"]
+    assert src.spec["extra"]["skipped_inputs"] == []
 
 
 def test_roam_split_is_deterministic_and_seed_dependent(tmp_path):
@@ -64,7 +100,7 @@ def test_roam_rejections(tmp_path):
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(SourceError, match=r"no \.md files in this directory \(roam\)"):
         roam(tmp_path)
-    with pytest.raises(ConfigError, match=r"roam: val_frac=1.5 is outside \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"--roam-val-frac 1.5: must be in \[0, 1\)"):
         roam(make_notes(tmp_path), val_frac=1.5)
 
 
@@ -105,9 +141,9 @@ def test_gutenberg_strips_licence_bom_and_crlf(tmp_path):
 
 def test_gutenberg_rejects_files_without_markers(tmp_path):
     with pytest.raises(SourceError, match=r"book.txt: no '\*\*\* START OF \.\.\.' line"):
-        strip_gutenberg("Just a text.\n", "book.txt")
+        gutenberg_books("Just a text.\n", "book.txt")
     with pytest.raises(SourceError, match=r"book.txt: a '\*\*\* START OF' line but no '\*\*\* END OF"):
-        strip_gutenberg("*** START OF X ***\nbody\n", "book.txt")
+        gutenberg_books("*** START OF X ***\nbody\n", "book.txt")
     (tmp_path / "plain.txt").write_text("no markers here")
     with pytest.raises(SourceError, match=r"plain.txt: no '\*\*\* START OF"):
         list(gutenberg(tmp_path).iter_texts())
@@ -129,8 +165,7 @@ def test_a_file_of_two_books_gives_two_documents(tmp_path):
     (tmp_path / "one.txt").write_bytes(book("C", "Third."))
     src = gutenberg(tmp_path, val_frac=0)
     assert list(src.iter_texts()) == ["Third.", "First book's text.", "CHAPTER I\n\nSecond book's text."]
-    with pytest.raises(SourceError, match=r"two.txt: holds 2 books .*use niels_gpt.sources.files.gutenberg_books"):
-        strip_gutenberg(two.decode("utf-8"), "two.txt")
+    assert len(gutenberg_books(two.decode("utf-8"), "two.txt")) == 2
 
 
 def test_a_second_start_before_the_first_end_is_refused_naming_the_lines(tmp_path):

@@ -21,9 +21,9 @@ SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt"}
 
 
 def _best_paths() -> list[list[dict]]:
-    from niels_gpt.sources import oasst1
+    from niels_gpt.sources.corpus import corpus
 
-    return list(oasst1(trees_jsonl=TREES).iter_conversations())
+    return list(corpus([TREES], layout="oasst", chat=True).iter_conversations())
 
 
 def _write(path: Path, rows) -> Path:

@@ -1,12 +1,14 @@
-"""fineweb_edu (hub call shape, local jsonl/parquet through the same code) and plain text through the input layer."""
+"""fineweb_edu (the hub call, local jsonl/parquet) and plain text, through the input layer."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources import fineweb_edu
 from niels_gpt.sources.corpus import corpus
+from niels_gpt.sources.named import inputs
 
 DOCS = [f"document number {i}: " + "word " * i for i in range(12)]
 
@@ -15,42 +17,35 @@ def rows():
     return [{"text": t, "id": f"<urn:{i}>", "url": f"http://x/{i}"} for i, t in enumerate(DOCS)]
 
 
-class FakeStream:
-    """Stands in for the hub's IterableDataset and records the calls made on it."""
-
-    calls: list = []
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def shuffle(self, **kw):
-        FakeStream.calls.append(("shuffle", kw))
-        return FakeStream(list(reversed(self.rows)))
-
-    def __iter__(self):
-        return iter(self.rows)
-
-
-def test_fineweb_hub_path_is_the_contracts_call(monkeypatch):
+def hub(monkeypatch, tmp_path, rows):
+    """Every `datasets.load_dataset` call answered with `rows` (a local JSON Lines file read by `datasets`, as the
+    hub's stream is); returns the calls made."""
     import datasets
 
-    def fake_load_dataset(path, **kw):
-        FakeStream.calls.append(("load_dataset", path, kw))
-        return FakeStream([{"text": "a"}, {"text": "  "}, {"text": None}, {"text": "b"}])
+    f = tmp_path / "hub-rows.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    real, calls = datasets.load_dataset, []
 
-    FakeStream.calls = []
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    src = fineweb_edu()
-    assert list(src.iter_texts()) == ["b", "a"]
-    assert FakeStream.calls == [
-        ("load_dataset", "HuggingFaceFW/fineweb-edu", {"streaming": True, "name": "CC-MAIN-2024-10",
-                                                       "split": "train"}),
-        ("shuffle", {"seed": 42, "buffer_size": 10_000}),
-    ]
-    assert src.skipped == {"empty_document": 2}
+    def fake(path, **kw):
+        calls.append((path, kw))
+        return real("json", data_files=[str(f)], split="train", streaming=True)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    return calls
+
+
+def test_fineweb_hub_path_is_the_contracts_call(monkeypatch, tmp_path):
+    calls = hub(monkeypatch, tmp_path, [{"text": "a"}, {"text": "  "}, {"text": None}, {"text": "b"}])
+    spec = inputs("fineweb_edu", {}, seed=42)
+    assert (spec["sources"], spec["hf_config"], spec["split"], spec["shuffle_buffer"], spec["layout"]) == (
+        ["HuggingFaceFW/fineweb-edu"], "CC-MAIN-2024-10", "train", 10_000, "text")
+    src = corpus(spec["sources"], hf_config=spec["hf_config"], split=spec["split"])
+    assert list(src.iter_texts()) == ["a", "b"]  # in order: build() adds the seeded shuffle (tests/sources/test_hub_shuffle.py)
+    assert calls and all(c == ("HuggingFaceFW/fineweb-edu", {"streaming": True, "name": "CC-MAIN-2024-10",
+                                                              "split": "train"}) for c in calls)
+    assert src.skipped == {"empty_document": 1, "null_text": 1}
     d = src.describe()
-    assert (d["dataset_id"], d["dataset_config"], d["streaming"], d["seed"]) == (
-        "HuggingFaceFW/fineweb-edu", "CC-MAIN-2024-10", True, 42)
+    assert (d["dataset_id"], d["dataset_config"], d["streaming"]) == ("HuggingFaceFW/fineweb-edu", "CC-MAIN-2024-10", True)
 
 
 def test_fineweb_hub_failure_is_a_source_error(monkeypatch):
@@ -61,81 +56,35 @@ def test_fineweb_hub_failure_is_a_source_error(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(SourceError, match=r"cannot open 'HuggingFaceFW/fineweb-edu' .*ConnectionError: hub "
-                                          r"unreachable; .*pass local data_files"):
-        list(fineweb_edu().iter_texts())
+                                          r"unreachable; check the dataset id/config and network"):
+        list(corpus(["HuggingFaceFW/fineweb-edu"], hf_config="CC-MAIN-2024-10").iter_texts())
 
 
-def test_fineweb_local_jsonl_in_file_order_without_shuffle(tmp_path, write_jsonl):
+def test_fineweb_local_jsonl_in_file_order(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "a.jsonl", rows()[:7] + [{"text": "", "id": "e"}])
     g = write_jsonl(tmp_path / "b.jsonl", rows()[7:])
-    src = fineweb_edu(data_files=[f, g], seed=None)
+    spec = inputs("fineweb_edu", {"fineweb_data_files": [str(f), str(g)]}, seed=42)
+    assert (spec["sources"], spec["hf_config"], spec["shuffle_buffer"]) == ([str(f), str(g)], None, 10_000)
+    src = corpus(spec["sources"])
     assert list(src.iter_texts()) == DOCS
     assert src.skipped == {"empty_document": 1}
     assert src.describe()["files"] == [str(f), str(g)]
     assert src.describe()["dataset_id"] is None
 
 
-def test_fineweb_local_shuffle_is_seeded_and_complete(tmp_path, write_jsonl):
-    f = write_jsonl(tmp_path / "a.jsonl", rows())
-    a = list(fineweb_edu(data_files=f).iter_texts())
-    assert a == list(fineweb_edu(data_files=f, seed=42).iter_texts())
-    assert sorted(a) == sorted(DOCS) and a != DOCS
-    assert list(fineweb_edu(data_files=f, seed=7).iter_texts()) != a
-
-
 def test_fineweb_text_field_override_and_missing_field(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "a.jsonl", [{"body": "x"}, {"body": "y"}])
-    assert list(fineweb_edu(data_files=f, seed=None, text_field="body").iter_texts()) == ["x", "y"]
-    with pytest.raises(SourceError, match=r"a.jsonl'\], record 0: no 'text' field \(fields: \['body'\]\)"):
-        list(fineweb_edu(data_files=f, seed=None).iter_texts())
+    assert list(corpus([f], text_field="body").iter_texts()) == ["x", "y"]
+    with pytest.raises(SourceError, match=r"a.jsonl, line 1: no 'text' field \(fields: \['body'\]\)"):
+        list(corpus([f]).iter_texts())
 
 
 def test_fineweb_rejects_bad_arguments(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "a.jsonl", rows())
-    (tmp_path / "b.csv").write_text("text\nx\n")
-    with pytest.raises(SourceError, match=r"missing.parquet: no such file or directory \(fineweb_edu data_files\)"):
-        fineweb_edu(data_files=tmp_path / "missing.parquet")
-    with pytest.raises(ConfigError, match=r"b.csv: unsupported file type '.csv' for fineweb_edu"):
-        fineweb_edu(data_files=tmp_path / "b.csv")
-    (tmp_path / "c.parquet").write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"data_files mix file types \(\['json', 'parquet'\]\)"):
-        fineweb_edu(data_files=[f, tmp_path / "c.parquet"])
-    with pytest.raises(ConfigError, match="buffer_size=0 must be >= 1"):
-        fineweb_edu(data_files=f, buffer_size=0)
-    with pytest.raises(ConfigError, match="fineweb_edu has no train/val split of its own"):
-        list(fineweb_edu(data_files=f).iter_texts("train"))
-    with pytest.raises(ConfigError, match="unknown split 'test'"):
-        list(fineweb_edu(data_files=f).iter_texts("test"))
-
-
-def test_fineweb_invalid_utf8_names_file_and_byte(tmp_path):
-    f = tmp_path / "bad.jsonl"
-    f.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
-    with pytest.raises(SourceError, match=r"bad.jsonl: invalid UTF-8 at byte 30, line 2"):
-        list(fineweb_edu(data_files=f, seed=None).iter_texts())
-
-
-def test_fineweb_malformed_json_names_the_files(tmp_path):
-    f = tmp_path / "mal.jsonl"
-    f.write_text('{"text": "a"}\n{oops\n')
-    # datasets reports the block (record 0); the file is re-read to name the line that is bad
-    with pytest.raises(SourceError, match=r"mal.jsonl, line 2: not valid JSON"):
-        list(fineweb_edu(data_files=f, seed=None).iter_texts())
-
-
-def test_fineweb_lone_surrogate_names_file_and_line(tmp_path):
-    f = tmp_path / "sur.jsonl"
-    f.write_text('{"text": "fine doc"}\n{"text": "bad \\ud800 here"}\n')
-    with pytest.raises(SourceError, match=r"sur.jsonl, line 2: a lone surrogate escape \('\\ud800'\)"):
-        list(fineweb_edu(data_files=f, seed=None).iter_texts())
-
-
-def test_an_empty_local_jsonl_is_named_as_empty_not_blamed_on_the_network(tmp_path):
-    f = tmp_path / "empty.jsonl"
-    f.write_text("")
-    with pytest.raises(SourceError, match=r"empty.jsonl: the file is empty \(fineweb_edu") as info:
-        list(fineweb_edu(data_files=f, seed=None).iter_texts())
-    assert "network" not in str(info.value)
+    with pytest.raises(ConfigError, match="--fineweb-buffer-size 0: must be >= 1"):
+        inputs("fineweb_edu", {"fineweb_buffer_size": 0}, seed=42)
+    with pytest.raises(ConfigError, match="a corpus has no train/val split of its own"):
+        list(corpus([f]).iter_texts("train"))
 
 
 def test_plain_text_reads_through_the_one_input_layer(tmp_path, write_jsonl, write_parquet):

@@ -1,0 +1,137 @@
+"""The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext and dolly.
+
+sources/documents.py applies them record by record; oasst's rules live in sources/oasst_trees.py.
+
+gutenberg: every book in a text file is one document (a file usually holds one; a file that holds several,
+each with its own `*** START OF` / `*** END OF` pair, gives one document per book). The licence header (up to
+and including the `*** START OF ...` line) and footer (from the `*** END OF ...` line, and the "End of the
+Project Gutenberg EBook of ..." line just before it) are cut off and the body is stripped of surrounding
+whitespace. Credit lines such as "Produced by ..." stay (light touch). A file without both markers, or with a
+second START before the first END, is an error naming the line: it is not a Gutenberg book, or its licence
+text was cut some other way.
+
+wikitext (raw variant; the hub's has one row per line of the original files): an article starts at a
+top-level heading row ` = Title = ` (one "=" on each side; ` = = Sub = = ` is a section heading inside the
+article) and runs to the row before the next one. Light normalisation only: each line is stripped of
+surrounding whitespace (the raw files pad every line with one space), blank lines are dropped, lines are
+joined with "\\n", and the tokeniser's number markers are undone: " @-@ " -> "-", " @,@ " -> ",",
+" @.@ " -> ".". Spaces around punctuation (`word , word`) stay: that is the raw variant's text. Rows before
+the first heading are skipped ("before_first_heading"); a heading with no body is an empty document
+("empty_document"). One article in memory at a time (the longest wikitext-103 article is ~100 KB).
+
+dolly: each record `{"instruction", "context", "response", "category"}` becomes
+`[{"role": "user", "content": <instruction> or CONTEXT_TEMPLATE}, {"role": "assistant", "content": <response>}]`;
+the context block is added only when the context is non-empty after stripping (about 30% of the records).
+Instruction, context and response are stripped of surrounding whitespace, nothing else. An empty response is
+skipped ("no_assistant_turn"), an empty instruction ("empty_user_turn").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from niels_gpt.errors import SourceError
+
+GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF\b.*$", re.MULTILINE | re.IGNORECASE)
+GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF\b", re.MULTILINE | re.IGNORECASE)
+# "End of the Project Gutenberg EBook of <title>, by <author>", often wrapped over two lines, just
+# before the END marker: licence boilerplate too. Looked for only in the body's last TAIL_CHARS.
+GUTENBERG_END_LINE = re.compile(r"^End of (the )?Project Gutenberg", re.MULTILINE | re.IGNORECASE)
+TAIL_CHARS = 400
+READ_AS_TEXT = ("To read it anyway as plain text, licence included, build it with `build FILE --format text`, or "
+                "add the missing line")
+WIKITEXT_MARKERS = {" @-@ ": "-", " @,@ ": ",", " @.@ ": "."}
+CONTEXT_TEMPLATE = "{instruction}\n\nContext:\n{context}"
+DOLLY_FIELDS = ("instruction", "context", "response")
+
+
+def gutenberg_books(text: str, path: Path | str = "<text>", *, as_text: str = READ_AS_TEXT) -> list[str]:
+    """Every book of a Project Gutenberg file: the text between each `*** START OF` line and the
+    `*** END OF` line after it, licence lines cut, whitespace-stripped. `as_text`: how the refusal of a
+    file cut before its END line says to read it anyway."""
+    books, pos = [], 0
+    while (start := GUTENBERG_START.search(text, pos)) is not None:
+        end = GUTENBERG_END.search(text, start.end())
+        if end is None:
+            raise SourceError(f"{path}: a '*** START OF' line but no '*** END OF ...' line after it (the START is "
+                              f"line {_line(text, start.start())}), so the licence footer cannot be cut off; is the "
+                              f"file truncated? {as_text}")
+        second = GUTENBERG_START.search(text, start.end(), end.start())
+        if second is not None:
+            raise SourceError(f"{path}: a second '*** START OF' line (line {_line(text, second.start())}) before "
+                              f"the first book's '*** END OF' line (line {_line(text, end.start())}); each book "
+                              "needs its own START/END pair: fix the markers or split the file into one book each")
+        body = text[start.end():end.start()].rstrip()
+        ends = list(GUTENBERG_END_LINE.finditer(body, max(len(body) - TAIL_CHARS, 0)))
+        if ends:
+            body = body[:ends[-1].start()]
+        books.append(body.strip())
+        pos = end.end()
+    if not books:
+        raise SourceError(f"{path}: no '*** START OF ...' line, so the Project Gutenberg licence header "
+                          "cannot be cut off; remove this file from the gutenberg directory or cut the "
+                          "header by hand")
+    return books
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def is_article_heading(line: str) -> bool:
+    """` = Title = ` but not ` = = Section = = `."""
+    s = line.strip()
+    return len(s) > 4 and s.startswith("= ") and s.endswith(" =") and not s.startswith("= =")
+
+
+def normalise_line(line: str) -> str:
+    for marker, plain in WIKITEXT_MARKERS.items():
+        if marker in line:
+            line = line.replace(marker, plain)
+    return line.strip()
+
+
+def rebuild_articles(lines: Iterable[str], skipped) -> Iterator[str]:
+    """Whole articles from wikitext line rows (see the module docstring for the rules); `skipped` a Counter."""
+    current: list[str] | None = None
+    for raw in lines:
+        if is_article_heading(raw):
+            if current is not None:
+                yield from _emit(current, skipped)
+            current = [normalise_line(raw)]
+            continue
+        line = normalise_line(raw)
+        if not line:
+            continue
+        if current is None:
+            skipped["before_first_heading"] += 1
+            continue
+        current.append(line)
+    if current is not None:
+        yield from _emit(current, skipped)
+
+
+def _emit(lines: list[str], skipped) -> Iterator[str]:
+    if len(lines) == 1:
+        skipped["empty_document"] += 1
+        return
+    yield "\n".join(lines)
+
+
+def dolly_conversation(row: dict, record: str) -> list[dict] | str:
+    """The two-turn conversation of one dolly record, or the reason it is skipped."""
+    values = {}
+    for field in DOLLY_FIELDS:
+        v = row.get(field)
+        if field not in row or not (v is None or isinstance(v, str)):
+            raise SourceError(f"{record}: field {field!r} is missing or not text (fields: "
+                              f"{sorted(row)}); dolly records need {DOLLY_FIELDS}")
+        values[field] = (v or "").strip()
+    if not values["response"]:
+        return "no_assistant_turn"
+    if not values["instruction"]:
+        return "empty_user_turn"
+    prompt = CONTEXT_TEMPLATE.format(**values) if values["context"] else values["instruction"]
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": values["response"]}]
