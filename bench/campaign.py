@@ -407,15 +407,37 @@ def _is_payload(kind: str, f: Path) -> bool:
 
 # --- races ----------------------------------------------------------------------------------------------
 
+def _two_builds(args: list[str], cwd: Path, lock: Path, tries: int = 5) -> tuple[list[int], list[str]]:
+    """Two builds of one output that overlap for certain: the second starts while the first holds the output's
+    lock, the first stopped (SIGSTOP) so that it cannot finish and release it meanwhile, then resumed."""
+    for _ in range(tries):
+        a = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while a.poll() is None and not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        held = False
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGSTOP)
+            held = lock.exists()  # still held now that the first build is stopped
+        try:
+            if held:
+                b = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                err_b = b.communicate()[1]
+        finally:
+            if a.poll() is None:
+                os.kill(a.pid, signal.SIGCONT)
+        err_a = a.communicate()[1]
+        if held:
+            return [a.returncode, b.returncode], [err_a, err_b]
+    raise RuntimeError(f"races: the first build never held {lock} while running, in {tries} tries")
+
+
 def run_races(work: Path, tok: str) -> dict:
     d = work / "race"
     d.mkdir()
     args = CLI + ["build-all", "--cache-dir", "c", "--only", "wikitext", "--sample", "--tokenizer", tok,
                   "--no-progress", "--replace-tokenizer"]
-    a = subprocess.Popen(args, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    b = subprocess.Popen(args, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    errs = [a.communicate()[1], b.communicate()[1]]
-    codes = [a.returncode, b.returncode]
+    codes, errs = _two_builds(args, d, d / "c/pretrain/wikitext.lock")
     out = {"two builds: exit codes": sorted(codes),
            "two builds: refused with a lock message": sum("another build holds" in e for e in errs),
            "two builds: final cache verifies": not verify_fails(d / "c/pretrain/wikitext")}
