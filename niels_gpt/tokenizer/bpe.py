@@ -19,13 +19,13 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.meta import write_meta
-from niels_gpt.tokenizer.sample import sample_documents
+from niels_gpt.tokenizer.sample import TrainingTexts
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 from niels_gpt.tokenizer.spm import NoTrainingText, TrainSettings
 from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN, TiktokenTokenizer
@@ -67,24 +67,11 @@ def train_rustbpe(texts: Iterable[str], settings: TrainSettings) -> tuple[bytes,
     check_rustbpe_settings(settings)
     rustbpe = _rustbpe()
     stats = {"documents": 0, "characters": 0, "truncated_at_max_train_chars": False}
-    visible = False
-
-    def counted() -> Iterator[str]:
-        nonlocal visible
-        sample = texts if settings.max_chars is None else sample_documents(
-            texts, settings.max_chars, settings.doc_chars, settings.seed, stats)
-        for text in sample:
-            if stats["characters"] >= settings.max_train_chars:
-                stats["truncated_at_max_train_chars"] = True
-                return
-            stats["documents"] += 1
-            stats["characters"] += len(text)
-            visible = visible or (text != "" and not text.isspace())
-            yield text
+    read = TrainingTexts(texts, settings, stats)
 
     trainer = rustbpe.Tokenizer()
     try:
-        trainer.train_from_iterator(counted(), settings.vocab_size, pattern=CL100K_PATTERN)
+        trainer.train_from_iterator(read, settings.vocab_size, pattern=CL100K_PATTERN)
     except UnicodeEncodeError as exc:
         raise TokenizerError(
             f"training text, near document {stats['documents']:,}: a lone surrogate "
@@ -96,7 +83,7 @@ def train_rustbpe(texts: Iterable[str], settings: TrainSettings) -> tuple[bytes,
         if isinstance(exc, (KeyboardInterrupt, SystemExit)) or type(exc).__name__ != "PanicException":
             raise
         raise TokenizerError(f"rustbpe training failed: {exc}") from None
-    if not visible:
+    if not read.visible:
         if stats["documents"] == 0:
             raise NoTrainingText("no training text: every source was empty; give text to train on")
         raise NoTrainingText(f"no training text: the {stats['documents']:,} document(s) hold only whitespace "

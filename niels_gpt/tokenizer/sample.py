@@ -38,3 +38,26 @@ def sample_documents(texts: Iterable[str], max_chars: int, doc_chars: int = DOC_
         stats.update(sampled_from_documents=read, sampled_documents=len(heap), sampled_characters=total)
     for _, _, text in sorted(heap, key=lambda e: e[1]):
         yield text
+
+
+class TrainingTexts:
+    """The texts a trainer reads, either trainer: the `--max-chars` sample when one is asked for, stopped once
+    `max_train_chars` characters were read, counted into `stats` (documents, characters,
+    truncated_at_max_train_chars). `visible`: whether any text held a character that is not whitespace (with
+    none, a trainer has nothing to learn). Iterated once."""
+
+    def __init__(self, texts: Iterable[str], settings, stats: dict):
+        self.texts, self.settings, self.stats, self.visible = texts, settings, stats, False
+
+    def __iter__(self) -> Iterator[str]:
+        s, stats = self.settings, self.stats
+        sample = self.texts if s.max_chars is None else sample_documents(self.texts, s.max_chars, s.doc_chars,
+                                                                         s.seed, stats)
+        for text in sample:
+            if stats["characters"] >= s.max_train_chars:
+                stats["truncated_at_max_train_chars"] = True
+                return
+            stats["documents"] += 1
+            stats["characters"] += len(text)
+            self.visible = self.visible or (text != "" and not text.isspace())
+            yield text

@@ -31,7 +31,7 @@ import numpy as np
 from niels_gpt.constants import SEED
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
-from niels_gpt.tokenizer.sample import DOC_CHARS, sample_documents
+from niels_gpt.tokenizer.sample import DOC_CHARS, TrainingTexts
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
@@ -316,26 +316,13 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     check_train_settings(settings)
 
     stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
-    visible = False  # any character that is not whitespace: sentencepiece drops blank sentences
-
-    def counted() -> Iterator[str]:
-        nonlocal visible
-        sample = texts if settings.max_chars is None else sample_documents(
-            texts, settings.max_chars, settings.doc_chars, settings.seed, stats)
-        for text in sample:
-            if stats["characters"] >= settings.max_train_chars:
-                stats["truncated_at_max_train_chars"] = True
-                return
-            stats["documents"] += 1
-            stats["characters"] += len(text)
-            visible = visible or not text.isspace() and text != ""
-            yield text
+    read = TrainingTexts(texts, settings, stats)  # .visible: sentencepiece drops blank sentences
 
     failure: list[Exception] = []  # a lone surrogate, or an error of the input's reader
 
     def chunks() -> Iterator[str]:
         try:
-            for chunk in iter_training_chunks(counted(), settings.max_sentence_length):
+            for chunk in iter_training_chunks(read, settings.max_sentence_length):
                 stats["chunks"] += 1
                 yield chunk
         except UnicodeEncodeError as exc:  # raised inside sentencepiece it would come back as its INTERNAL error
@@ -373,12 +360,12 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     except RuntimeError as exc:
         if failure:
             raise failure[0] from None
-        if not visible:
+        if not read.visible:
             raise NoTrainingText(_no_text(stats)) from None
         raise _training_failure(exc, settings) from exc
     if failure:
         raise failure[0]
-    if not visible:
+    if not read.visible:
         raise NoTrainingText(_no_text(stats))
     return model.getvalue(), stats
 
