@@ -36,7 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.constants import META_NAME
 from niels_gpt.errors import TokenizerError
+from niels_gpt.seals import RECORD_SEAL, is_sealed, seal_problem
 from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
@@ -154,17 +156,30 @@ def recorded_encoding(path: Path) -> dict | None:
     ({"pattern": str, "special_tokens": {text: id}}), or None."""
     import json
 
+    meta_path = path.parent / META_NAME
     try:
-        meta = json.loads((path.parent / "meta.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
+        data = meta_path.read_bytes()
+    except FileNotFoundError:
+        return None  # a .tiktoken file of its own, not one the library trained
+    except OSError as exc:
+        raise TokenizerError(f"{meta_path}: cannot read it ({exc.strerror or exc}); check its permissions") from None
+    try:
+        meta = json.loads(data)
+    except ValueError:
+        raise TokenizerError(f"{meta_path}: not valid JSON (damaged after it was written); retrain the tokenizer "
+                             "(train-tokenizer --trainer rustbpe)") from None
     if not isinstance(meta, dict) or meta.get("kind") != "tokenizer" or meta.get("model_file") != path.name:
         return None
+    fix = "retrain it (train-tokenizer --trainer rustbpe); `verify` names what changed"
+    problem = seal_problem(meta_path, data, meta, fix) if is_sealed(meta) else \
+        f"{meta_path}: it carries no {RECORD_SEAL} (every trained tokenizer's record does): {fix}"
+    if problem:  # its pattern and special tokens decide every id: an edited record is not used
+        raise TokenizerError(problem)
     record = meta.get("tiktoken")
     if not isinstance(record, dict) or not isinstance(record.get("pattern"), str) or \
             not isinstance(record.get("special_tokens"), dict) or \
             not all(isinstance(v, int) for v in record["special_tokens"].values()):
-        raise TokenizerError(f"{path.parent / 'meta.json'}: its `tiktoken` record (the split pattern and special "
+        raise TokenizerError(f"{meta_path}: its `tiktoken` record (the split pattern and special "
                              "tokens of this tokenizer) is missing or damaged; retrain it (train-tokenizer "
                              "--trainer rustbpe)")
     return record

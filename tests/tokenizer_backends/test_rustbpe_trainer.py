@@ -108,6 +108,26 @@ def test_ranks_without_meta_are_an_interrupted_training(trained, tmp_path):
         load_tokenizer(tmp_path / "tok")
 
 
+def test_an_edited_record_is_refused_on_open_not_used(trained, tmp_path):
+    """The split pattern and special ids in meta.json decide every id: an edit that keeps the JSON valid (a special
+    id moved) is refused when the tokenizer is opened, naming the file, as is a record stripped of its seal."""
+    shutil.copytree(trained / "tok", tmp_path / "tok")
+    meta_path = tmp_path / "tok" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    eot = SPECIAL_TOKENS["eot"]
+    meta["tiktoken"]["special_tokens"][eot] += 1
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    with pytest.raises(TokenizerError, match=r"meta\.json: its fields do not hash to its record_sha256"):
+        load_tokenizer(tmp_path / "tok")
+    del meta["record_sha256"]
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    with pytest.raises(TokenizerError, match=r"meta\.json: it carries no record_sha256"):
+        load_tokenizer(tmp_path / "tok")
+    meta_path.write_bytes((trained / "tok" / "meta.json").read_bytes() + b"}")  # no longer JSON
+    with pytest.raises(TokenizerError, match=r"meta\.json: not valid JSON"):
+        load_tokenizer(tmp_path / "tok")
+
+
 def test_progress_names_the_rustbpe_trainer(trained, tmp_path):
     import contextlib
     import io
