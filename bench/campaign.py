@@ -4,8 +4,8 @@
     python bench/campaign.py --kills 2 --flips 24 --json out.json   # what tests/test_campaign.py runs
 
 Kills. Each job (build-all pretrain and SFT; `build` inline, on local processes and on Ray (where installed),
-and `build --chat`; `train-tokenizer SRC...`, whole and sampled (`--max-chars`, `--doc-chars`,
-`--read-as`); pack-sft; convert to every format, compressed too; the
+and `build --chat`; `train-tokenizer SRC...`, whole, sampled (`--max-chars`, `--doc-chars`,
+`--read-as`) and with `--trainer rustbpe`; pack-sft; convert to every format, compressed too; the
 writers fresh and over an existing output written with other settings) runs as a subprocess in its own process group
 and is SIGKILLed. Kills alternate between two moments: while it writes (a seeded random share of its clean run's
 writing time, the time it held its output's lock, after that lock appears: a start-up takes most of a small job's time, and a kill there tests
@@ -136,6 +136,9 @@ def jobs(tok: str) -> list[Job]:
     sampled = ["train-tokenizer", str(SAMPLE_DIR / "wikitext"), str(SAMPLE_DIR / "gutenberg"), str(SAMPLE_DIR / "roam"),
                "--out", "tk-sampled", "--no-progress", "--read-as", ".raw=text"]
     train_sampled = [*sampled, "--vocab-size", "800", "--max-chars", "400000", "--doc-chars", "3000"]
+    rust_sources = ["train-tokenizer", str(SAMPLE_DIR / "roam"), str(SAMPLE_DIR / "gutenberg"), "--out", "tk-rustbpe",
+                    "--no-progress", "--trainer", "rustbpe"]
+    train_rust = [*rust_sources, "--vocab-size", "800"]
     for executor, extra in (("inline", ["--workers", "2"]), ("processes", ["--workers", "2"]),
                             ("ray", ["--workers", "2", "--ray-address", "local"])):
         if executor == "ray" and importlib.util.find_spec("ray") is None:
@@ -152,6 +155,9 @@ def jobs(tok: str) -> list[Job]:
         Job("train-tokenizer sampled fresh", train_sampled, "tk-sampled", "tokenizer"),
         Job("train-tokenizer sampled over", train_sampled, "tk-sampled", "tokenizer",
             before=[*sampled, "--vocab-size", "700", "--max-chars", "300000", "--doc-chars", "1000"]),
+        Job("train-tokenizer rustbpe fresh", train_rust, "tk-rustbpe", "tokenizer"),
+        Job("train-tokenizer rustbpe over", train_rust, "tk-rustbpe", "tokenizer",
+            before=[*rust_sources, "--vocab-size", "700"]),
     ]
     for fmt in FORMATS:
         extra = ["--not-for-kempnerforge"] if fmt == "raw" else []
@@ -321,7 +327,8 @@ def outputs(ref: Path) -> dict[str, tuple[str, Path]]:
         found[f"convert {fmt}"] = ("pretrain" if fmt == "niels" else "converted", ref / f"conv-{fmt}")
     found["tokenizer"] = ("tokenizer", ref / "tokenizer")
     found.update({"build cache": ("pretrain", ref / "b"), "build chat cache": ("sft", ref / "s"),
-                  "trained tokenizer": ("tokenizer", ref / "tk")})
+                  "trained tokenizer": ("tokenizer", ref / "tk"),
+                  "rustbpe tokenizer": ("tokenizer", ref / "tk-rustbpe")})
     return found
 
 

@@ -20,7 +20,8 @@ def figures(tmp_path_factory):
     r = subprocess.run([sys.executable, str(REPO / "bench" / "campaign.py"), "--kills", "1", "--flips", "4",
                         "--seed", "3", "--only", "pretrain over", "sft fresh", "pack-sft over", "convert nanogpt over",
                         "convert megatron", "build processes over", "train-tokenizer fresh",
-                        "train-tokenizer sampled over", "--json", str(out)], capture_output=True, text=True, timeout=900)
+                        "train-tokenizer sampled over", "train-tokenizer rustbpe over", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     print(r.stdout)
     return json.loads(out.read_text())
@@ -28,7 +29,7 @@ def figures(tmp_path_factory):
 
 def test_kills_leave_nothing_complete_looking_and_reruns_are_byte_identical(figures):
     t = figures["kill_totals"]
-    assert t["reruns"] == len(figures["kills"]) == 8  # one kill of each job: the full run is bench/campaign.py
+    assert t["reruns"] == len(figures["kills"]) == 9  # one kill of each job: the full run is bench/campaign.py
     assert t.get("rerun failed", 0) == 0, [r.get("rerun errors") for r in figures["kills"]]  # nothing cleaned by hand
     assert t.get("complete-looking partial", 0) == 0
     assert t.get("rerun differs from clean", 0) == 0
