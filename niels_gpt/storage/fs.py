@@ -1,25 +1,13 @@
-"""fsspec filesystems for URLs, with one clear error per thing that can be missing, and the one retry and
-time-limit path of every network wait (caches at URLs, uploads, work directories, input files at URLs,
-`download`'s shards).
+"""fsspec filesystems for URLs, and the one retry and time-limit path of every network wait.
 
-- `filesystem(url, write=...)` -> (fs, root path without the scheme). fsspec and the scheme's backend
-  are imported only here, only when a URL is used.
-- A scheme whose backend is not installed names the extra that brings it (`pip install 'niels_gpt[s3]'`);
-  an unknown scheme lists the supported ones; `http(s)://` is read-only and refused for writing.
-- `bounded_call(fs, method, ...)`: how mirrors, read-side commands and uploads call a store. The network
-  time limit (`settings.network_timeout_s()`, 30 s by default) bounds connecting (no answer) and a stall
-  (no byte of a transfer for that long), never a transfer that keeps moving. On the async backends (s3, gs, http) the
-  call is a task on fsspec's event loop, cancelled (its connection closed) when it stalls or on Ctrl-C, so
-  no attempt outlives its call. Sync backends (hf, memory, file) run on a helper thread, which a stall
-  cannot cancel.
-- `with_retries(fn, what, bounded=True)` retries transient errors (connection resets, a transfer that
-  breaks off, 5xx, throttling) with exponential backoff: RETRIES attempts, BACKOFF_S * 2**k seconds apart.
-  A stall or no answer ends at once in one StorageError naming the address and the flag that raises the
-  limit, never in a hang. An error that retrying cannot help (no credentials, access denied, a full local
-  disk, a host name that does not resolve) is one StorageError naming the address at once. Without
-  `bounded`, fn runs on a helper thread limited as a whole (`with_deadline`): for calls that move no bytes
-  (listing, opening, asking a file's size), where a whole-call limit is a stall limit. A file at an http(s)
-  URL read as a stream gets the same stall limit from its client (`_options`: no byte for the limit).
+- `filesystem(url, write=...)` -> (fs, root path); a missing backend names the extra that installs it,
+  an unknown scheme lists the supported ones, `http(s)://` is refused for writing.
+- `bounded_call(fs, method, ...)`: ended when nothing moved for the network time limit (no answer, or no
+  byte of a transfer); a transfer that keeps moving is never cut. Async backends (s3, gs, http) are
+  cancelled on a stall or Ctrl-C; sync ones (hf, memory, file) run on a helper thread.
+- `with_retries(fn, what)`: transient errors retried with exponential backoff (RETRIES, BACKOFF_S); a
+  stall, an unresolved host or an error retrying cannot help is one StorageError naming the address.
+- `call(fs, what, method, ...)`: the two together, how every store call of the package is made.
 """
 
 from __future__ import annotations
@@ -83,10 +71,8 @@ def filesystem(url: str, *, write: bool = False):
 
 
 def _options(scheme: str) -> dict:
-    """Backend options: aiohttp's own five-minute cap on a whole HTTP request would cut a slow transfer that
-    is still moving; the limits are on connecting and on a stall instead (`sock_read`: no byte for the
-    network time limit, which is what ends a stalled read of a file opened as a stream; `bounded_call`
-    watches the other calls itself)."""
+    """NOTE: aiohttp's five-minute cap on a whole request would cut a slow transfer still moving; limit
+    connecting and a stall instead (`sock_read` is what ends a stalled read of a file opened as a stream)."""
     if scheme not in ("http", "https"):
         return {}
     import aiohttp  # lazy: only for http(s) URLs
@@ -100,8 +86,6 @@ def join(root: str, rel: str) -> str:
 
 
 LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
-
-
 NO_NAME = ("Name or service not known", "nodename nor servname", "Temporary failure in name resolution",
            "No address associated with hostname", "getaddrinfo failed")
 
@@ -142,13 +126,10 @@ def described(exc: BaseException) -> str:
 
 
 def with_deadline(fn, timeout_s: float, expired=None):
-    """fn() on a helper thread, or TimeoutError (or `expired()`, an exception to raise instead) when it has
-    not returned within `timeout_s`.
+    """fn() on a helper thread, or TimeoutError (or `expired()`) when it has not returned within `timeout_s`.
 
-    NOTE: fsspec's backends take their time limits in backend-specific options (aiohttp, botocore), and
-    a stalled body read slips past some of them; a thread is the one limit that covers every scheme.
-    A call that times out keeps its daemon thread until the backend gives up; its result is dropped.
-    """
+    NOTE: a stalled body read slips past some backends' own limits; a thread covers every scheme. A call
+    that times out keeps its daemon thread until the backend gives up; its result is dropped."""
     box: dict = {}
 
     def run():
@@ -188,8 +169,7 @@ _stopping = threading.Event()  # set by stop_transfers(): every bounded call sti
 
 
 def stop_transfers() -> None:
-    """End every transfer of this process now (Ctrl-C): each bounded call, on whichever thread (a prefetcher's
-    too), cancels its attempt and raises, so no download keeps the process alive after it was interrupted."""
+    """End every transfer of this process now (Ctrl-C): each bounded call, on any thread, cancels and raises."""
     _stopping.set()
 
 
@@ -204,9 +184,8 @@ def _interrupted(signum, frame):
 
 
 def ctrl_c_stops_transfers():
-    """From now on Ctrl-C ends every transfer at once (a prefetcher's too, and any wait for one) before
-    KeyboardInterrupt unwinds the main thread, so nothing on the way out waits for a stalled download.
-    Only in the main thread and over Python's default handler; returns the function that undoes it."""
+    """Ctrl-C calls stop_transfers() before KeyboardInterrupt unwinds (main thread, default handler only);
+    returns the function that undoes it."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return lambda: None
@@ -218,10 +197,8 @@ _at_exit: list[bool] = []
 
 
 def _stop_at_exit() -> None:
-    """Once per process: stop_transfers() when the interpreter exits (after Ctrl-C), before it joins the
-    threads of thread pools: a prefetcher's download then ends at once instead of holding the exit until it
-    stalls out. NOTE: threading's own exit hook list, the one concurrent.futures joins its threads from; ours
-    is registered later, so it runs first."""
+    """Once per process: stop_transfers() at interpreter exit, before thread pools are joined.
+    NOTE: threading's own exit hooks, which concurrent.futures joins from; ours is registered later, so runs first."""
     if not _at_exit:
         _at_exit.append(True)
         register = getattr(threading, "_register_atexit", None)
@@ -236,16 +213,8 @@ def allow_transfers() -> None:
 
 
 def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwargs):
-    """`fs.<method>(*args, **kwargs)`, ended when nothing has moved for `timeout_s` seconds (default:
-    `network_timeout_s()`): no answer to connect, or no byte of a transfer (`get_file`, `put_file`) for
-    that long. A transfer that keeps moving is never cut, however long it takes.
-
-    On an async backend (s3, gs, http) the call runs as a task on fsspec's event loop and is cancelled
-    (its connection closed) when it stalls or when the caller is interrupted (Ctrl-C): the attempt ends
-    with the call, nothing keeps downloading behind it. A sync backend (hf, memory, file) runs on a
-    helper thread; one that stalls cannot be cancelled and is left to its backend's own time limit.
-    Raises TimeoutError naming the limit; the caller (`with_retries(..., bounded=True)`) names the address.
-    """
+    """`fs.<method>(*args, **kwargs)`, ended by TimeoutError when nothing has moved for `timeout_s` seconds
+    (default `network_timeout_s()`; see the module docstring)."""
     limit = network_timeout_s() if timeout_s is None else timeout_s
     _stop_at_exit()
     moved = _Moved()
@@ -255,6 +224,7 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
     # function); any other function there was put by a caller (a test's fault injection) and runs as is
     on_instance = vars(fs).get(method)
     replaced = on_instance is not None and not hasattr(on_instance, "__wrapped__")
+    ended = None  # an async attempt's end, which a stall or Ctrl-C waits for after cancelling it
     if getattr(fs, "async_impl", False) and not replaced:
         import asyncio
 
@@ -267,10 +237,6 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
                 ended.set()
 
         fut = asyncio.run_coroutine_threadsafe(run(), fs.loop)
-
-        def stop():
-            fut.cancel()
-            ended.wait(CANCEL_WAIT_S)
     else:
         fut = concurrent.futures.Future()
 
@@ -281,9 +247,6 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
                 fut.set_exception(exc)
 
         threading.Thread(target=work, name="niels-gpt-storage-call", daemon=True).start()
-
-        def stop():
-            pass
     seen, moved_at = 0, time.monotonic()
     try:
         while True:
@@ -296,12 +259,12 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
             if moved.bytes != seen:
                 seen, moved_at = moved.bytes, now
             elif now - moved_at > limit:
-                stop()
                 raise TimeoutError(f"no answer within {limit:g} s" if not seen else
                                    f"no byte for {limit:g} s after {seen:,} bytes (the transfer stalled)")
     except BaseException:  # a stall, or Ctrl-C: the attempt ends here, not later on its own
-        if not fut.done():
-            stop()
+        if not fut.done() and ended is not None:
+            fut.cancel()
+            ended.wait(CANCEL_WAIT_S)
         raise
 
 
@@ -309,15 +272,9 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
                  timeout_s: float | None = None, started: float | None = None, bounded: bool = False):
     """Call fn(); retry transient storage errors; raise StorageError naming `what` when they persist.
 
-    Each attempt is limited to `timeout_s` seconds (default: `network_timeout_s()`), and no attempt starts
-    once that much time has passed since the first: a store that does not answer ends in one line within
-    about that limit, retries included (`started`: a time.monotonic() the limit counts from instead, e.g.
-    before the filesystem was made). A host name that does not resolve is not retried. Retries and
-    backoff default to RETRIES and BACKOFF_S.
-
-    `bounded`: fn bounds itself (`bounded_call`: a limit on a stall, not on the whole call) and runs on the
-    calling thread; its TimeoutError (nothing moved for the limit) ends at once in one StorageError, and
-    any other transient error is retried RETRIES times however long the attempts took."""
+    Unbounded: fn runs under `with_deadline`, and no attempt starts once `timeout_s` (default
+    `network_timeout_s()`) has passed since `started` (default: now). `bounded`: fn is a `bounded_call`
+    on this thread; its TimeoutError ends at once, other transient errors are retried `retries` times."""
     retries = RETRIES if retries is None else retries
     backoff_s = BACKOFF_S if backoff_s is None else backoff_s
     limit = network_timeout_s() if timeout_s is None else timeout_s
@@ -348,6 +305,11 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
             if _stopping.wait(backoff_s * 2 ** (attempt - 1)):  # Ctrl-C ends the backoff too
                 raise KeyboardInterrupt from None
     raise AssertionError("unreachable")
+
+
+def call(fs, what: str, method: str, *args, **kwargs):
+    """`fs.<method>(*args, **kwargs)` bounded by its stalls and retried; errors name `what`."""
+    return with_retries(lambda: bounded_call(fs, method, *args, **kwargs), what, bounded=True)
 
 
 def longest_wait_s() -> float:

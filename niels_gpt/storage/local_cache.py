@@ -6,36 +6,16 @@
       locks/<mirror>/<rel>.lock  one per file ever fetched: the process holding it is the one downloading
       pins/<pid>-<n>.txt         files a live process needs kept (batches in flight or prefetched)
 
-- The directory is this library's own (`claim`, before anything is written): created when missing and
-  marked (`.niels_gpt_download_cache`); a file, or a non-empty directory that is not a download cache, is
-  refused in one line, so eviction never runs among a user's files.
-- Eviction (`make_room`): least recently used files first (access time, set on every use), over every
-  mirror, until the new file fits the bound. Only files a mirror's marker lists (what `RemoteCache` fetched)
-  are counted and evicted; anything else found under remote/ is left alone. Never evicted: markers
-  (meta.json, manifest.json), files the caller keeps, files any live process pins. A temporary of a dead
-  process (`.tmp-<pid>`) is removed.
-- Room granted is reserved at once: an empty sparse file `<name>.reserved.tmp-<pid>` the size of the
-  download (no disk used) counts against the bound until the download is in place, so downloads running
-  in parallel (threads, processes) never grant the same room twice; the growing download itself is not
-  counted twice.
-- The bound (what readers/held.py measures: files, partial downloads, evicted files still mapped): the
-  mirrors' files (markers included) plus the reservations of downloads in progress stay within `max_bytes`
-  from the moment room is granted, and readers map a shard only while a batch that pins it reads it, so
-  the disk held stays within the bound at every moment. A download that needs its file now, finding the
-  room taken by other downloads in progress, waits for them to land and evicts again (they are evictable
-  then, unless pinned); only the pinned and kept files alone leaving no room (a batch that by itself needs
-  more than the bound) let it go past.
-- Pins (`Pins`): a process writes the absolute paths it needs kept to its own pin file (atomic rename,
-  on a short background thread: a rename here takes ~4 ms, too long for a training step), and keeps them
-  in memory too; eviction reads every pin file (dropping those of dead processes) and this process's own
-  pins from memory. A closed or collected Pins drops both. A prefetcher pins the shards of the
-  batches in flight and of those it fetched ahead, so no other process (rank, DataLoader worker) evicts
-  them in between.
-- Download locks (`file_lock`): a process takes the file's flock before downloading it and checks again
-  whether it is there; a second process (or thread) asking for the same file waits on that flock, then
-  finds the file: one download per file per host. The wait is limited (`timeout_s`) and ends in one
-  line naming the address and the lock. Lock files stay (empty): unlinking a lock file while another
-  process waits on it would let a third take a fresh lock beside it.
+- `claim`: the directory is this library's own (marked `.niels_gpt_download_cache`) or refused, so
+  eviction never runs among a user's files.
+- `make_room`: least recently used (atime) files a mirror's marker lists are evicted until the new file
+  fits; markers, kept and pinned files never are. Room granted is reserved at once by a sparse
+  `<name>.reserved.tmp-<pid>` file, so parallel downloads never grant the same room twice; the mirrors
+  plus the reservations stay within `max_bytes` (what readers/held.py measures).
+- `Pins`: a process publishes the paths it needs kept in its own pin file (written on a short thread: a
+  rename takes ~4 ms, too long for a training step); files of dead processes are dropped.
+- `file_lock`: one download per file per host; lock files stay, since unlinking one while another process
+  waits on it would let a third take a fresh lock beside it.
 """
 
 from __future__ import annotations
@@ -75,12 +55,8 @@ class NoRoom(Exception):
 
 
 def claim(root: Path) -> None:
-    """Make `root` a download cache of this library, or refuse it before anything is written there.
-
-    A missing or empty directory becomes one (its mark, OWN_MARK, is written); one with the mark is one; a
-    directory laid out as one (OWN_ENTRIES at the top, mirrors named by 16 hex digits) from before the mark
-    existed gets it. Anything else (a file, a user's non-empty directory) is one ConfigError: eviction deletes
-    files in here, so it must hold nothing but what this library fetched."""
+    """Make `root` a download cache of this library (missing, empty, marked, or laid out as one), or refuse
+    it with a ConfigError before anything is written there."""
     root = Path(root)
     label = cache_dir_label()
     if (root / OWN_MARK).is_file():
@@ -110,8 +86,7 @@ def _laid_out_as_ours(root: Path, entries: list[str]) -> bool:
 
 
 def fetched(mirror_dir: Path) -> set[str]:
-    """The relative paths a mirror's marker lists: the only files of that mirror this library fetched (and
-    so the only ones it may evict). Empty when the mirror has no readable marker."""
+    """The relative paths a mirror's marker lists: the only files of it eviction may remove (empty: none)."""
     for marker in MARKERS:
         try:
             doc = json.loads((Path(mirror_dir) / marker).read_bytes())
@@ -165,9 +140,8 @@ _live_pins: dict[int, frozenset[str]] = {}  # id(Pins) -> its paths, for this pr
 
 
 class Pins:
-    """The files this process needs kept, published for every process's eviction. Pickles as nothing.
-
-    Dropped (memory and file) on close() or when the object is collected: an abandoned plan pins nothing."""
+    """The files this process needs kept, published for every process's eviction; dropped on close() or
+    when collected. Pickles as nothing."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -287,15 +261,12 @@ atexit.register(lambda: [release(p) for p in list(_IN_FLIGHT)])  # NOTE: Ctrl-C 
 
 def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: bool = False,
               reserve: Path | None = None, wait_s: float = 0.0, what: str = "") -> None:
-    """Evict least recently used files under `root`/remote until `need` more bytes fit in `max_bytes`.
+    """Evict least recently used files under `root`/remote (not `keep`, not pinned) until `need` more bytes
+    fit in `max_bytes`, then create `reserve` (sparse, `need` bytes; the caller releases it).
 
-    `keep` and every pinned path stay. When they leave no room: with `strict` (a prefetch) NoRoom at once.
-    Else, while other downloads in progress (their reservations) take part of the room, it waits for them
-    with the lock released (each lands, and is evictable unless pinned) and evicts again; after `wait_s`
-    it raises StorageError naming `what` (`wait_s` 0: no wait). Only when `keep` and the pinned files alone
-    leave no room does it go ahead past the bound (a batch that by itself needs more than the bound).
-    `reserve` (`reservation(local)`): created, `need` bytes long and sparse, before the lock is released;
-    the caller removes it once its download is in place or has failed."""
+    No room: `strict` (a prefetch) raises NoRoom; else it waits up to `wait_s` for downloads in progress
+    to land (StorageError naming `what` after), and only when kept and pinned files alone fill the bound
+    does it go past it."""
     deadline = time.monotonic() + wait_s
     while True:
         with _open_lock(Path(root) / ".lock") as fh:
@@ -327,8 +298,8 @@ def make_room(root: Path, max_bytes: int, need: int, keep: set[str], *, strict: 
 
 
 def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str, int]]]:
-    """(bytes the bound counts, of which reserved by downloads in progress, [(atime, path, bytes)] of the
-    files eviction may remove) under `root`/remote; temporaries of dead processes are removed."""
+    """(bytes the bound counts, of which reserved, [(atime, path, bytes)] eviction may remove) under
+    `root`/remote; temporaries of dead processes are removed."""
     files, total, reserved, listed = [], 0, 0, {}
     mirrors = os.path.join(root, MIRRORS)
     for d, _, names in os.walk(mirrors):
@@ -360,8 +331,8 @@ def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str
 
 
 def _landed(d: str, name: str, m) -> int:
-    """Bytes of the download a reservation `name` (listed, gone by its stat) stood for: it landed between
-    the listing and the stat, after the listing skipped its temporary, so nothing else counts it."""
+    """Bytes of the download a vanished reservation `name` stood for: it landed after the listing skipped
+    its temporary, so nothing else counts it."""
     if m is None or not name[:m.start()].endswith(RESERVED):
         return 0
     try:
@@ -371,8 +342,7 @@ def _landed(d: str, name: str, m) -> int:
 
 
 def disk_usage(root: Path) -> int:
-    """Bytes of every file under `root`/remote (mirrors, downloads in progress; not the sparse
-    reservations, which hold no disk): what the bound covers."""
+    """Bytes of every file under `root`/remote but the sparse reservations: what the bound covers."""
     total = 0
     for d, _, names in os.walk(Path(root) / MIRRORS):
         for name in names:

@@ -3,29 +3,15 @@
     rc = RemoteCache("s3://bucket/caches/wikitext")   # fetches meta.json (the commit marker) only
     path = rc.fetch("train/shard_00000.bin")          # downloads on first use, then a local path
 
-- The mirror is `<download cache>/remote/<sha256(url)[:16]>/`, laid out exactly like the remote cache,
-  so every reader opens it with its ordinary local code: same memory maps, same batches, same resume.
-- Nothing is downloaded until a reader (or a prefetcher, niels_gpt/loading/prefetch.py) asks for a file.
-- A download goes to `<name>.tmp-<pid>`; only when its size and sha256 equal the marker's record is it
-  renamed into place (and its stamp written). A mismatch is fetched once more (a transfer damaged on the
-  way), then refused naming the file's URL.
-- Stamps (`<download cache>/stamps/<mirror>/<sha256(rel)[:24]>.json`): the (size, mtime_ns, sha256) of a
-  mirrored file as last hashed (at its download, or at a process's first use of a copy it did not
-  download). A process checks each copy once before serving it (`copy_problem`): its size always; its
-  sha256 only when the stamp does not match the file, so a host hashes each copy once, and a copy
-  changed on disk is hashed again, found damaged, and fetched again. A copy damaged on the local disk is
-  named in one warning line (and in `healed`), removed and fetched again; `verify` of the URL reports it
-  as a problem it healed.
-- Names: only the names the marker lists become paths, each confined to the mirror (niels_gpt/confine.py).
-- One download per file per host: the file's download lock (storage/local_cache.py) is held while it is
-  fetched; every other process or thread asking for it waits, then finds it.
-- Every network call has a time limit and transient errors are retried with backoff (storage/fs.py).
-- The marker is read from the URL at every open; when it changed (the cache was rebuilt), mirrored
-  files whose sha256 changed are deleted before the new marker replaces the old one.
-- Size bound: before a download, least recently used files of every mirror are evicted until the new
-  file fits; files the caller keeps and files pinned by any live process are never evicted; a download
-  that finds the room taken by other downloads in progress waits for them to land (storage/local_cache.py
-  `make_room`). A memory map of an evicted file stays valid (POSIX keeps unlinked files alive while mapped).
+- The mirror `<download cache>/remote/<sha256(url)[:16]>/` is laid out like the remote cache, so readers
+  open it with their ordinary local code. Only names the marker lists become paths (niels_gpt/confine.py).
+- A download goes to `<name>.tmp-<pid>` and is renamed into place only when its size and sha256 match
+  the marker; a mismatch is fetched once more, then refused naming the URL.
+- Stamps (`stamps/<mirror>/<sha256(rel)[:24]>.json`): (size, mtime_ns, sha256) of a copy as last hashed,
+  so a host hashes each copy once; a copy damaged on disk is named in a warning, removed and fetched again.
+- The marker is read at every open; when it changed, mirrored files whose sha256 changed are deleted.
+- One download per file per host, and the size bound: storage/local_cache.py. A memory map of an evicted
+  file stays valid (POSIX keeps unlinked files alive while mapped).
 """
 
 from __future__ import annotations
@@ -44,7 +30,7 @@ from niels_gpt.confine import confined, confined_all
 from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.meta import record_problem, sha256_file
-from niels_gpt.storage.fs import bounded_call, filesystem, join, longest_wait_s, with_retries
+from niels_gpt.storage.fs import call, filesystem, join, longest_wait_s
 from niels_gpt.storage.local_cache import (
     STAMPS,
     NoRoom,
@@ -66,7 +52,7 @@ def stamp_path(root: Path, mirror: str, rel: str) -> Path:
 
 
 def write_stamp(root: Path, mirror: str, rel: str, local: Path, sha256: str) -> None:
-    """Remember that `local` (as it is now: size, mtime) has this sha256, so later processes skip hashing it."""
+    """Remember that `local` (as it is now: size, mtime) has this sha256."""
     st = os.stat(local)
     path = stamp_path(root, mirror, rel)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,19 +61,19 @@ def write_stamp(root: Path, mirror: str, rel: str, local: Path, sha256: str) -> 
                                              "sha256": sha256}).encode(), durable=False)
 
 
-def copy_problem(root: Path, mirror: str, rel: str, rec: dict, local: Path, st: os.stat_result) -> str | None:
-    """What is wrong with a mirrored copy against its record, or None: its size always; its sha256 unless the
-    stamp says this very file (same size and mtime) was hashed already (then the stamp's sha256 is compared)."""
+def copy_problem(root: Path, mirror: str, rel: str, rec: dict, local: Path, st: os.stat_result, *,
+                 stamped: bool = True) -> str | None:
+    """What is wrong with a mirrored copy against its record, or None: its size, and its sha256 (the stamp's
+    when it matches this file's size and mtime)."""
     if st.st_size != rec["bytes"]:
         return f"has {st.st_size} bytes, the record says {rec['bytes']}"
     want = rec.get("sha256")
     if want is None:
         return None
-    try:
-        stamp = json.loads(stamp_path(root, mirror, rel).read_bytes())
+    known = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        stamp = json.loads(stamp_path(root, mirror, rel).read_bytes()) if stamped else {}
         known = stamp["sha256"] if (stamp["size"], stamp["mtime_ns"]) == (st.st_size, st.st_mtime_ns) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        known = None
     if known is None:
         known = sha256_file(str(local))
         if known == want:
@@ -117,8 +103,7 @@ class RemoteCache:
         claim(self.root)  # before any download: a directory that is not a download cache is refused at once
         remote = join(path, marker)
         try:
-            data = with_retries(lambda: bounded_call(fs, "cat_file", remote), f"reading {self.url}/{marker}",
-                                bounded=True)
+            data = call(fs, f"reading {self.url}/{marker}", "cat_file", remote)
         except FileNotFoundError:
             raise IncompleteCacheError(f"no {marker} at {self.url}: the upload was interrupted or never ran "
                                        "(the marker is uploaded last); rebuild or re-upload the cache") from None
@@ -178,15 +163,10 @@ class RemoteCache:
         return rec
 
     def fetch(self, rel: str, *, keep: frozenset[str] | set[str] = frozenset(), prefetch: bool = False) -> Path:
-        """Local path of `rel`, downloaded and checked first if it is not mirrored yet.
-
-        `keep`: other files the caller needs now; eviction leaves them alone. `prefetch`: a fetch ahead of
-        need, which raises local_cache.NoRoom instead of growing the cache past its bound.
-        """
-        if rel not in self.records:  # only names the marker lists (confined when it was read) become paths
-            self.record(rel)
+        """Local path of `rel`, downloaded and checked first if it is not mirrored yet. `keep`: other files
+        eviction leaves alone; `prefetch`: raise local_cache.NoRoom rather than pass the bound."""
+        rec = self.record(rel)  # only names the marker lists (confined when it was read) become paths
         local = self.local_dir / rel
-        rec = self.record(rel)
         if self._good_copy(rel, rec, local):
             return local
         if int(rec["bytes"]) > self.max_bytes:
@@ -215,25 +195,20 @@ class RemoteCache:
         return local
 
     def damaged_copy(self, rel: str) -> str | None:
-        """One line when the mirrored copy of `rel` differs from its record (size or sha256, hashed now,
-        whatever its stamp says), else None; verify reports it, then fetches the file again."""
-        local, rec = self.local_dir / rel, self.record(rel)
+        """One line when the mirrored copy of `rel` differs from its record (hashed now, whatever its stamp
+        says), else None; verify reports it, then fetches the file again."""
+        local = self.local_dir / rel
         try:
-            size = os.stat(local).st_size
+            st = os.stat(local)
         except FileNotFoundError:
             return None
-        digest = sha256_file(str(local)) if size == rec["bytes"] else None
-        if size == rec["bytes"] and rec.get("sha256") in (None, digest):
-            return None
-        what = f"has {size} bytes, the record says {rec['bytes']}" if digest is None else \
-            f"has sha256 {digest[:16]}…, the record says {rec['sha256'][:16]}…"
-        return (f"{self.url}/{rel}: the local copy {local} {what}; it was damaged on this disk and is fetched "
-                "again (healed)")
+        problem = copy_problem(self.root, self.mirror, rel, self.record(rel), local, st, stamped=False)
+        return None if problem is None else \
+            f"{self.url}/{rel}: the local copy {local} {problem}; it was damaged on this disk and is fetched again (healed)"
 
     def _good_copy(self, rel: str, rec: dict, local: Path) -> bool:
-        """Whether the mirrored copy of `rel` may be served (then it is marked most recently used). Checked
-        once per process: its size always, its sha256 once per host (the stamp remembers it). A bad copy is
-        removed and named in one warning line and in `healed`; the caller fetches it again."""
+        """Whether the mirrored copy may be served (then marked most recently used), checked once per process
+        (`copy_problem`); a bad copy is removed and named in a warning and in `healed`."""
         try:
             st = os.stat(local)
         except FileNotFoundError:
@@ -249,8 +224,7 @@ class RemoteCache:
                     os.unlink(local)
                 return False
             _trusted[str(local)] = key
-        # NOTE: the access time is the least-recently-used clock (local_cache.make_room); the modification
-        # time stays what the stamp recorded
+        # NOTE: the access time is eviction's LRU clock; the modification time stays what the stamp recorded
         with contextlib.suppress(FileNotFoundError):
             os.utime(local, ns=(time.time_ns(), st.st_mtime_ns))
         return True
@@ -262,8 +236,7 @@ class RemoteCache:
         tmp = hold(local.with_name(f"{local.name}.tmp-{os.getpid()}"))
         again = "" if attempt == 1 else f" (downloaded {attempt} times)"
         try:
-            with_retries(lambda: bounded_call(fs, "get_file", remote, os.fspath(tmp)), f"downloading {self.url}/{rel}",
-                         bounded=True)
+            call(fs, f"downloading {self.url}/{rel}", "get_file", remote, os.fspath(tmp))
             digest = sha256_file(str(tmp))  # NOTE: from the page cache the download just filled
             size = tmp.stat().st_size
             if size != rec["bytes"]:

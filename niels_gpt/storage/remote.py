@@ -1,15 +1,7 @@
-"""Opening caches at URLs for the readers and the read-side commands.
+"""Opening caches at URLs for the readers and the read-side commands (inspect, verify, stats).
 
-- `open_location(path)`: (local directory, RemoteCache or None) for a cache given as a path or a URL;
-  the readers open the local directory (the mirror, for a URL) with their ordinary code.
-- `split_url("s3://b/cache/train")` -> ("s3://b/cache", "train").
-- `mirror_for_reading(url)` serves inspect, verify and stats: it mirrors a whole cache, packed directory
-  or split directory, checked file by file, so that their local code reads it; each file that fails its
-  download check is one problem line naming its URL.
-- `tokenizer_near(url)`: the mirrored tokenizer beside a cache at a URL (build-all's layout).
-
-The mirror itself (download, checks, eviction, sharing between processes) is storage/mirror.py and
-storage/local_cache.py; the settings are storage/settings.py.
+The readers open the local directory `open_location` gives (a URL's mirror) with their ordinary code;
+the mirror itself is storage/mirror.py and storage/local_cache.py.
 """
 
 from __future__ import annotations
@@ -25,22 +17,19 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, NielsGPTError
-from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
+from niels_gpt.storage.fs import call, filesystem, join
 from niels_gpt.storage.local_cache import claim
 from niels_gpt.storage.mirror import RemoteCache
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir
 from niels_gpt.storage.upload import local_path_of
-from niels_gpt.urls import is_url
 
 
 def open_location(path) -> tuple[Path, RemoteCache | None]:
     """(local directory, RemoteCache or None) for a cache directory given as a path or a URL."""
-    path = os.fspath(path)
-    if not is_url(path):
-        return Path(path), None
-    if path.startswith("file://"):
-        return Path(path[len("file://"):]), None
-    rc = RemoteCache(path)
+    local = local_path_of(path)
+    if local is not None:
+        return Path(local), None
+    rc = RemoteCache(os.fspath(path))
     return rc.local_dir, rc
 
 
@@ -75,17 +64,13 @@ def open_marker(url: str) -> tuple[RemoteCache, str]:
 
 def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = False,
                        fresh: bool = False) -> tuple[Path, Callable[[str], str], list[str]]:
-    """(local path, a function that names mirrored paths in a text by their URL, download problems).
+    """(local path, a function naming mirrored paths by their URL, problems) for a cache, packed directory
+    or split directory at `url`.
 
-    `url`: a cache (meta.json), a packed directory (manifest.json) or a split directory of a cache. With
-    `everything`, each file its marker lists (under the split, for a split) is downloaded and checked (size and sha256) unless it is
-    mirrored already, and kept from eviction during this call (the local cache may pass its bound until
-    the next download evicts). A file that fails its check or is missing remotely raises its CacheError
-    naming its URL; with `collect` it is one problem line instead (and absent locally), and the others
-    are still fetched. `fresh`: download (and check) every file again, even one mirrored already: what
-    verify does, so that it checks the bytes at the URL, not an earlier copy of them; a mirrored copy that
-    differed from its record is one problem line too (healed by the download).
-    """
+    `everything`: every file its marker lists (under the split) is fetched and checked, kept from eviction
+    during this call. `collect`: a file that fails its check is a problem line, not a CacheError. `fresh`:
+    every file downloaded again (what verify does: it checks the bytes at the URL); a damaged mirrored
+    copy is a problem line too."""
     url = os.fspath(url).rstrip("/")
     rc, sub = open_marker(url)
     problems = []
@@ -116,12 +101,11 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
 
 
 def _unlisted(rc: RemoteCache, sub: str) -> list[str]:
-    """Files at the URL (under `sub`) that its marker does not list, as verify reports them in a local
-    output; a store that cannot list (http) has none to report."""
+    """Problem lines for the files at the URL (under `sub`) its marker does not list (none for http)."""
     fs, base = filesystem(rc.url)
     top = f"{base}/{sub}" if sub else base
     try:
-        found = with_retries(lambda: bounded_call(fs, "find", top), f"listing {rc.url}", bounded=True)
+        found = call(fs, f"listing {rc.url}", "find", top)
     except (FileNotFoundError, NotImplementedError):
         return []
     strip = base.lstrip("/")
@@ -148,8 +132,7 @@ def errors_named(named: Callable[[str], str]):
 
 
 def read_location(path, **kw) -> tuple[str, Callable[[str], str], list[str]]:
-    """For a read-side command: (local path, naming function, problems). A cache URL is mirrored
-    (`mirror_for_reading(url, **kw)`), a file:// URL is the path it names, a local path is itself."""
+    """For a read-side command: (local path, naming function, problems); a URL through mirror_for_reading."""
     local = local_path_of(path)
     if local is not None:
         return local, str, []
@@ -158,9 +141,8 @@ def read_location(path, **kw) -> tuple[str, Callable[[str], str], list[str]]:
 
 
 def tokenizer_near(url: str, levels: int = 2) -> Path | None:
-    """The local mirror of the `tokenizer` directory next to the cache at `url` or above it (build-all's
-    layout), when there is one: what inspect decodes with when no --tokenizer is given. The tokenizer's own
-    meta.json lists no files; readers compare the model's sha256 with the cache's record."""
+    """The local mirror of the `tokenizer` directory beside the cache at `url` or up to `levels` above it
+    (build-all's layout), or None: what inspect decodes with when no --tokenizer is given."""
     parent = os.fspath(url).rstrip("/")
     for _ in range(levels + 1):
         local = _mirror_tokenizer(f"{parent}/tokenizer")
@@ -175,8 +157,7 @@ def tokenizer_near(url: str, levels: int = 2) -> Path | None:
 def _mirror_tokenizer(url: str) -> Path | None:
     fs, path = filesystem(url)
     try:
-        data = with_retries(lambda: bounded_call(fs, "cat_file", join(path, META_NAME)), f"reading {url}/meta.json",
-                            bounded=True)
+        data = call(fs, f"reading {url}/meta.json", "cat_file", join(path, META_NAME))
         model = str(json.loads(data).get("model_file") or "")
     except (FileNotFoundError, ValueError, AttributeError):
         return None
@@ -189,8 +170,7 @@ def _mirror_tokenizer(url: str) -> Path | None:
     fresh = (local / META_NAME).is_file() and (local / META_NAME).read_bytes() == data
     if not fresh or not (local / model).is_file():
         tmp = local / f"{model}.tmp-{os.getpid()}"
-        with_retries(lambda: bounded_call(fs, "get_file", join(path, model), os.fspath(tmp)),
-                     f"downloading {url}/{model}", bounded=True)
+        call(fs, f"downloading {url}/{model}", "get_file", join(path, model), os.fspath(tmp))
         os.replace(tmp, local / model)
         write_bytes_atomic(local / META_NAME, data)
     return local

@@ -7,9 +7,8 @@
 | its size bound | `NIELS_GPT_CACHE_MAX_BYTES` | `--cache-limit 20GB` | `configure(max_bytes=...)` | 50 GiB |
 | time limit of a network wait (to connect; without a byte) | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` (every command) | `configure(timeout_s=...)` | 30 s |
 
-A value set through `configure` (what the flags call) wins over the environment, which wins over the
-default. Sizes are bytes or a size such as `20GB` / `512MiB` (`niels_gpt.args.int_arg`, one rule for
-every flag that takes a size).
+`configure` (what the flags call) wins over the environment, which wins over the default. Sizes are
+bytes or a size such as `20GB` (`niels_gpt.args.int_arg`).
 """
 
 from __future__ import annotations
@@ -95,18 +94,8 @@ def network_timeout_s() -> float:
     return value
 
 
-def add_cache_args(p) -> None:
-    """--local-cache and --cache-limit, for a command that reads caches at URLs."""
-    p.add_argument("--local-cache", default=None, metavar="DIR",
-                   help=f"download cache for a cache at a URL (default: ${CACHE_ENV} or {DEFAULT_CACHE_DIR})")
-    p.add_argument("--cache-limit", default=None, metavar="SIZE",
-                   help=f"size bound of the download cache, e.g. 20GB (default: ${MAX_BYTES_ENV} or "
-                        f"{DEFAULT_MAX_BYTES >> 30}GiB)")
-
-
 def apply_cache_args(local_cache, cache_limit) -> None:
-    """configure() from --local-cache / --cache-limit values when either was given (None: leave both);
-    the time limit set before (--network-timeout) stays."""
+    """configure() from --local-cache / --cache-limit when either was given; --network-timeout's value stays."""
     if local_cache is not None or cache_limit is not None:
         configure(cache_dir=local_cache,
                   max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"),

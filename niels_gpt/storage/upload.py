@@ -1,20 +1,12 @@
 """Writing a cache to a URL: build it locally, upload every file, the commit markers last.
 
     with staged_output("s3://bucket/caches/wikitext") as local:   # a fresh local directory
-        build_something(local)                                    # the ordinary local build
-    # on success: uploaded; on an exception: nothing uploaded, the staging directory removed
+        build_something(local)                                    # uploaded on success; else nothing
 
-- Memory maps and the build-aside swap need a local POSIX directory, so a remote output is built in a
-  temporary staging directory (under $NIELS_GPT_STAGING, else the system's temporary directory), then
-  uploaded with `upload_tree`.
-- `upload_tree` first withdraws the markers already at the destination (meta.json, manifest.json,
-  niels_receipt.json) that this upload will replace, then copies every data file, then the markers.
-  A reader that sees a marker sees every file it lists; an upload killed at any moment leaves no
-  marker for the new data (and an old cache that was being replaced reads as incomplete, never as a
-  mix of old and new files).
-- Each file is retried on transient errors (`fs.with_retries`).
-- `file://` and plain paths are written in place, with no staging and no copy.
-
+- A remote output is built in a staging directory ($NIELS_GPT_STAGING, else the system's temporary one):
+  memory maps and the build-aside swap need a local POSIX directory. `file://` and paths are written in place.
+- `upload_tree` withdraws the markers it will replace, copies every data file, then the markers: a reader
+  that sees a marker sees every file it lists, and an upload killed at any moment leaves no marker.
 Cost: one local copy of the output and one upload of every byte.
 """
 
@@ -33,7 +25,7 @@ from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
 from niels_gpt.constants import MANIFEST_NAME, MARKERS
 from niels_gpt.errors import ConfigError
-from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
+from niels_gpt.storage.fs import bounded_call, call, filesystem, join
 from niels_gpt.urls import is_url
 
 STAGING_ENV = "NIELS_GPT_STAGING"
@@ -63,10 +55,8 @@ def _files(local_dir: Path) -> list[str]:
 
 
 def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozenset()) -> list[str]:
-    """Copy the files under `local_dir` to `url` (sub-directories kept), commit markers last.
-
-    `skip`: relative paths that are already at `url` unchanged. Returns the remote paths written.
-    """
+    """Copy the files under `local_dir` to `url`, commit markers last, except `skip` (there unchanged);
+    returns the remote paths written."""
     if fs is None:
         fs, root = filesystem(url, write=True)
     else:
@@ -79,31 +69,25 @@ def upload_tree(local_dir, url: str, *, fs=None, skip: frozenset[str] = frozense
     markers.sort(key=lambda r: (-r.count("/"), r))
     for rel in markers:  # withdraw what this upload replaces, before any data changes under it
         remote = join(root, rel)
-        if with_retries(lambda remote=remote: bounded_call(fs, "exists", remote),
-                        f"{url}/{rel}", bounded=True):
-            with_retries(lambda remote=remote: bounded_call(fs, "rm_file", remote),
-                         f"removing {url}/{rel}", bounded=True)
+        if call(fs, f"{url}/{rel}", "exists", remote):
+            call(fs, f"removing {url}/{rel}", "rm_file", remote)
     written = []
     for rel in data + markers:
         remote = join(root, rel)
         parent = remote.rsplit("/", 1)[0]
         with contextlib.suppress(Exception):  # object stores have no directories; local ones need them
             bounded_call(fs, "makedirs", parent, exist_ok=True)
-        with_retries(lambda rel=rel, remote=remote: bounded_call(fs, "put_file", os.fspath(local_dir / rel), remote),
-                     f"uploading {local_dir / rel} to {url}/{rel}", bounded=True)
+        call(fs, f"uploading {local_dir / rel} to {url}/{rel}", "put_file", os.fspath(local_dir / rel), remote)
         written.append(remote)
     return written
 
 
 def check_remote_output(url: str, fs, root: str) -> set[str] | None:
-    """The output guard (niels_gpt/output_guard.py) for a prefix in a store, before any work: nothing there, or an
-    output of ours whose record lists every object under the prefix; anything else is refused in one line.
-    Returns the files the existing output's record lists (None when there is none), so that the upload can
-    remove those the new output no longer has. Listing the prefix is also the first call to the store, so
-    missing credentials or an unreachable endpoint end here, before the build."""
+    """The output guard (output_guard.py) for a prefix in a store: nothing there, or an output of ours whose
+    record lists every object there (returned, so the upload removes those the new one lacks; None: none).
+    The first call to the store, so bad credentials or endpoints end here, before the build."""
     try:
-        found = with_retries(lambda: bounded_call(fs, "find", root),
-                             f"listing {url} (where the output goes)", bounded=True)
+        found = call(fs, f"listing {url} (where the output goes)", "find", root)
     except FileNotFoundError:
         return None
     rels = sorted(f[len(root):].lstrip("/") for f in found if f.startswith(root))
@@ -113,8 +97,7 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
     for marker in MARKERS:
         if marker not in rels:
             continue
-        data = with_retries(lambda marker=marker: bounded_call(fs, "cat_file", join(root, marker)),
-                            f"reading {url}/{marker}", bounded=True)
+        data = call(fs, f"reading {url}/{marker}", "cat_file", join(root, marker))
         try:
             files = json.loads(data).get("files")
         except (ValueError, AttributeError):
@@ -140,14 +123,11 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
 
 @contextlib.contextmanager
 def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -> Iterator[Path]:
-    """Yield a local directory to build into; upload it to `url` when the block succeeds.
+    """Yield a local directory to build into; upload it to `url` when the block succeeds (module docstring).
 
-    A local path or file:// URL is yielded as is. `prefetch`: sub-directories of `url` to download into
-    the staging directory first when they exist there (the tokenizer a build reuses); they are uploaded
-    again only if the build changed them. `guard`: `url` is one output (not a root of several): what is
-    there is checked first (`check_remote_output`), and files of the output it replaces that the new one
-    does not have are removed after the upload.
-    """
+    `prefetch`: sub-directories of `url` downloaded first when there (the tokenizer a build reuses),
+    uploaded again only if changed. `guard`: `url` is one output: `check_remote_output` first, and the
+    replaced output's files the new one lacks are removed after the upload."""
     local = local_path_of(url)
     if local is not None:
         yield Path(local)
@@ -164,8 +144,7 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
         unchanged = {}
         for sub in prefetch:
             remote = join(root, sub)
-            if not with_retries(lambda remote=remote: bounded_call(fs, "exists", join(remote, MARKERS[0])),
-                                f"{url}/{sub}", bounded=True):
+            if not call(fs, f"{url}/{sub}", "exists", join(remote, MARKERS[0])):
                 continue
             _download_tree(fs, remote, stage / sub, f"{url}/{sub}")
             for rel in _files(stage):
@@ -182,26 +161,22 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
         upload_tree(stage, str(url), fs=fs, skip=frozenset(same))
         for rel in sorted((old or set()) - set(_files(stage))):  # the replaced output's files it no longer has
             with contextlib.suppress(FileNotFoundError):
-                with_retries(lambda rel=rel: bounded_call(fs, "rm_file", join(root, rel)),
-                             f"removing {url}/{rel}", bounded=True)
+                call(fs, f"removing {url}/{rel}", "rm_file", join(root, rel))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def _download_tree(fs, remote: str, local: Path, url: str) -> None:
-    """The files under `remote` into `local`, each one transfer limited by its stalls, never by its length."""
-    found = with_retries(lambda: bounded_call(fs, "find", remote), f"listing {url}", bounded=True)
+    found = call(fs, f"listing {url}", "find", remote)
     for path in found:
         rel = path[len(remote):].lstrip("/") if path.startswith(remote) else path.rsplit("/", 1)[-1]
         dest = local / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with_retries(lambda path=path, dest=dest: bounded_call(fs, "get_file", path, os.fspath(dest)),
-                     f"downloading {url}/{rel}", bounded=True)
+        call(fs, f"downloading {url}/{rel}", "get_file", path, os.fspath(dest))
 
 
 def sweep_dead(root: Path, prefix: str) -> None:
-    """Remove the directories `<prefix><pid>_*` under `root` whose process is gone (a command killed before its
-    own cleanup ran): a staged output or a task's parts nobody will upload."""
+    """Remove the directories `<prefix><pid>_*` under `root` whose process is gone (killed before its cleanup)."""
     with contextlib.suppress(OSError):
         for d in root.glob(f"{prefix}*_*"):
             pid = d.name[len(prefix):].split("_", 1)[0]

@@ -1,24 +1,12 @@
 """A build's work directory in an object store (s3://, gs://, ...): plan, parts and receipts at a URL.
 
-    store = WorkStore("s3://bucket/caches/mine.build")
-    store.put_bytes("parts/00003-0123456789ab.json", receipt)
-    store.sizes("parts")  -> {"00003-0123456789ab.json": 1234, ...}
-
-Layout (the same names as a local work directory, builders/tasks.py):
-
     <work>/plan.json                        the driver's plan (with the output it builds)
     <work>/parts/<id>.bin|.mask.bin|...     each task's parts, then its receipt <id>.json, last
     <work>/tokenizer/<sha256>/<files>       the tokenizer the tasks fetch, once per node (`fetch_tokenizer`)
 
-Every call goes through `with_retries(bounded_call(...))`: a store that stops answering ends in one
-StorageError naming the object's address and the limit, never a hang. Object stores have no directories
-and no rename: an object appears whole when its upload ends, so the receipt, uploaded last, vouches that
-the parts before it are there (the commit checks each part's sha256 against it as well).
-
-Cost per build: one listing of the work URL and one GET per receipt found (a resume); per task one PUT per
-part, its receipt and `.started`; at the commit one GET per part. Measured against a local work directory
-(`python bench/bench_store_build.py`, docs/scale.md): the parts' upload and read-back, 0.3-1.5 s on 46.7 MB of
-JSONL against moto on 127.0.0.1.
+The same names as a local work directory (builders/tasks.py). Object stores have no rename: an object
+appears whole when its upload ends, so the receipt, uploaded last, vouches for the parts before it.
+Cost: `python bench/bench_store_build.py` (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -33,7 +21,7 @@ from pathlib import Path
 
 from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError, StorageError
-from niels_gpt.storage.fs import bounded_call, filesystem, join, with_retries
+from niels_gpt.storage.fs import call, filesystem, join
 from niels_gpt.storage.local_cache import claim, file_lock
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir, network_timeout_s
 
@@ -56,12 +44,9 @@ class WorkStore:
     def where(self, rel: str) -> str:
         return f"{self.url}/{rel}" if rel else self.url
 
-    def _call(self, what: str, method: str, *args):
-        return with_retries(lambda: bounded_call(self.fs, method, *args), what, bounded=True)
-
     def _write(self, what: str, method: str, *args):
         try:
-            return self._call(what, method, *args)
+            return call(self.fs, what, method, *args)
         except FileNotFoundError as exc:  # an object store's answer to a bucket that does not exist
             raise StorageError(f"{what}: the bucket or container does not exist ({exc}); create it, or give "
                                "--work-dir a prefix in one you can write") from None
@@ -71,7 +56,7 @@ class WorkStore:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(self.root)  # what other nodes wrote since: never a listing of before
         try:
-            found = self._call(f"listing {self.url}", "find", self.root, None, False, True)
+            found = call(self.fs, f"listing {self.url}", "find", self.root, None, False, True)
         except FileNotFoundError:
             return {}
         out = {}
@@ -88,7 +73,7 @@ class WorkStore:
     def get_bytes(self, rel: str) -> bytes:
         """The object's bytes; FileNotFoundError when there is none."""
         self._fresh(rel)
-        return self._call(f"reading {self.where(rel)}", "cat_file", join(self.root, rel))
+        return call(self.fs, f"reading {self.where(rel)}", "cat_file", join(self.root, rel))
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         self._write(f"writing {self.where(rel)}", "pipe_file", join(self.root, rel), data)
@@ -104,18 +89,16 @@ class WorkStore:
 
     def get_file(self, rel: str, local: str | os.PathLike) -> None:
         self._fresh(rel)
-        self._call(f"downloading {self.where(rel)}", "get_file", join(self.root, rel), os.fspath(local))
+        call(self.fs, f"downloading {self.where(rel)}", "get_file", join(self.root, rel), os.fspath(local))
 
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self._call(f"removing {self.where(rel)}", "rm_file", join(self.root, rel))
+            call(self.fs, f"removing {self.where(rel)}", "rm_file", join(self.root, rel))
 
 
 def check_work_url(store: WorkStore, out: str, flag: str = "--work-dir") -> tuple[bool, dict[str, int]]:
-    """The output guard for a work URL, before any work: nothing there, or the work files of a build of this
-    same output (plan.json naming it, parts, receipts, our tokenizer). Anything else is refused in one line:
-    someone's objects, or the plan of a build of another output. Returns (whether a run of this build made
-    the prefix, the objects there)."""
+    """The output guard for a work URL: nothing there, or the work files of a build of this same output
+    (anything else is refused). Returns (whether a run of this build made the prefix, the objects there)."""
     found = store.list()
     if not found:
         return True, found
@@ -141,9 +124,8 @@ def check_work_url(store: WorkStore, out: str, flag: str = "--work-dir") -> tupl
 
 
 def fetch_tokenizer(url: str, sha256: str) -> Path:
-    """The tokenizer model at `url` (`<work>/tokenizer/<sha256>/<model>`, its siblings beside it) as a local
-    path in this node's download cache: downloaded once per node (a lock, then a rename), kept for the next
-    task; every file checked by the model's sha256 when it is loaded."""
+    """The tokenizer model at `url` (and its siblings) as a local path in this node's download cache,
+    downloaded once per node (a lock, then a rename)."""
     model = url.rstrip("/").rsplit("/", 1)[-1]
     folder = url.rstrip("/").rsplit("/", 1)[0]
     root = local_cache_dir()
@@ -159,7 +141,7 @@ def fetch_tokenizer(url: str, sha256: str) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{sha256[:16]}.", suffix=f".tmp-{os.getpid()}", dir=final.parent))
         try:
-            for name in _names(store):
+            for name in sorted(k for k in store.list() if "/" not in k):
                 store.get_file(name, tmp / name)
             shutil.rmtree(final, ignore_errors=True)  # a folder without its model: an older fetch cut short
             tmp.rename(final)
@@ -168,13 +150,8 @@ def fetch_tokenizer(url: str, sha256: str) -> Path:
     return final / model
 
 
-def _names(store: WorkStore) -> list[str]:
-    return sorted(k for k in store.list() if "/" not in k)
-
-
 def upload_tokenizer(store: WorkStore, model_path: str, sha256: str, found: dict[str, int]) -> str:
-    """Upload the tokenizer model (and the files beside it that loading reads) to `<work>/tokenizer/<sha256>/`
-    unless it is there already; returns the model's URL for the tasks."""
+    """Upload the tokenizer model and its siblings to `<work>/tokenizer/<sha256>/` unless there; its URL."""
     model = Path(model_path)
     rel = f"{TOKENIZER_DIR}/{sha256}"
     names = [model.name] + [n for n in TOKENIZER_SIBLINGS if (model.parent / n).is_file() and n != model.name]
