@@ -235,9 +235,7 @@ def _text(records, rules: Rules):
 def _gutenberg(where, record, rules: Rules):
     if not isinstance(record, FileText):
         raise SourceError(f"{where}: --format gutenberg reads whole text files (.txt), not records")
-    as_text = ("To read it anyway as plain text, licence included, pass --format text (`build FILE --format text`), "
-               "or add the missing line")
-    for book in gutenberg_books(record.text, str(where), as_text=as_text):  # several books: one document each
+    for book in gutenberg_books(record.text, str(where)):  # several books: one document each
         yield text_rule(book, "text", where)
 
 

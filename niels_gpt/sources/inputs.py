@@ -1,15 +1,12 @@
 """What a user names as input: files, directories, globs, URLs and Hugging Face dataset ids, expanded in order.
 
-- Local: a file of a known kind (sources/records.py: `SUFFIXES`); a directory stands for its files of those
-  kinds (recursively, sorted by relative path, dot-files and dot-directories out); a glob for its matches,
-  sorted. `file://` is a local path.
-- A URL (`s3://`, `gs://`, `hf://`, `http(s)://`, `memory://`; niels_gpt.storage.fs) is read through
-  fsspec: a file URL is one file; on a scheme that can list (not http) a prefix stands for its files like
-  a directory and a URL with `*?[` for its matches like a glob, in the same sorted order as local paths.
+- A file of a known kind (`SUFFIXES`); a directory stands for its files of those kinds (recursively, sorted
+  by relative path, dot-files out); a glob for its matches, sorted. `file://` is a local path.
+- A URL (niels_gpt.storage.fs) is read through fsspec; on a scheme that can list (not http) a prefix and a
+  glob stand for their files like a local directory and glob.
 - Anything else that does not exist locally and looks like `owner/name` is a Hugging Face dataset id.
-- `signature(path)`: size, mtime, ctime, inode and the sha256 of the first and last 4 KiB of a local file,
-  taken when a build plans and again when it has read the file: a file rewritten meanwhile is refused
-  (an edit changes its ctime even when its size and mtime are put back).
+- `signature(path)` is taken when a build plans and again when it has read the file: a file rewritten
+  meanwhile is refused (an edit changes its ctime even when its size and mtime are put back).
 """
 
 from __future__ import annotations
@@ -132,9 +129,7 @@ def _sized(info: dict) -> int | None:
 
 
 def ask(fn, url: str, what: str, started: float | None = None, *, bounded: bool = False):
-    """A storage call about `url`, retried on transient errors; a missing or forbidden object is a SourceError.
-    `started`: when the wait began (before the filesystem was made), so the two share one time limit;
-    `bounded`: fn is a `bounded_call` (a transfer: limited by its stalls, never by its length)."""
+    """A storage call about `url` (storage.fs.with_retries); a missing or forbidden object is a SourceError."""
     try:
         return with_retries(fn, f"{what} {url}", started=started, bounded=bounded)
     except FileNotFoundError:
@@ -148,8 +143,8 @@ def ask(fn, url: str, what: str, started: float | None = None, *, bounded: bool 
 
 
 def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
-    """Why an http(s) URL's server cannot be reached, or None: fsspec's http backend reports a refused
-    connection as a missing file, which sends the user looking for a typo instead of a server that is down."""
+    """Why an http(s) URL's server cannot be reached, or None.
+    NOTE: fsspec's http backend reports a refused connection as a missing file."""
     import socket
     from urllib.parse import urlsplit
 
@@ -168,14 +163,6 @@ def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
                 "and that the server runs")
 
 
-def _remote_left_out(f: RemoteFile, rel: PurePosixPath, left_out: list[dict] | None) -> None:
-    if any(part.startswith(".") for part in rel.parts):
-        _leave_out(left_out, f.url, "a hidden file (its name starts with a dot); give its URL to read it")
-    else:
-        suffix = _suffix(f.name)
-        _leave_out(left_out, f.url, f"unknown file kind {suffix!r}; known: {', '.join(SUFFIXES)}")
-
-
 def expand_url(url: str, left_out: list[dict] | None = None) -> list[RemoteFile]:
     """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted; the
     files of a prefix or glob that are not read are appended to `left_out`."""
@@ -185,43 +172,39 @@ def expand_url(url: str, left_out: list[dict] | None = None) -> list[RemoteFile]
     head, _, rest = url.partition("://")
     parts = rest.split("/")
     first_glob = next((k for k, part in enumerate(parts) if any(c in part for c in GLOB_CHARS)), None)
-    if scheme in UNLISTABLE:
-        first_glob = None  # "?" starts a query string, not a pattern
-    if first_glob is not None:
+    if first_glob is not None and scheme not in UNLISTABLE:  # on http, "?" starts a query string
         base_url = f"{head}://" + "/".join(parts[:first_glob])
         base = fs._strip_protocol(base_url).rstrip("/")
-        matches = ask(lambda: fs.glob(path, detail=True), url, "listing", started)
-        found = []
-        for p, info in matches.items():
-            rel = p[len(base):].lstrip("/") if p.startswith(base) else p
-            f = RemoteFile(f"{base_url.rstrip('/')}/{rel}", _sized(info))
-            if info.get("type") != "directory" and not f.name.startswith(".") and kind_of(f):
-                found.append((PurePosixPath(rel), f))
-            elif info.get("type") != "directory":
-                _remote_left_out(f, PurePosixPath(f.name), left_out)
-        if not found:
-            raise SourceError(f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
-        return [f for _, f in sorted(found, key=lambda pf: pf[0])]
-    info = ask(lambda: fs.info(path), url, "reading", started)
-    if info.get("type") == "directory":
+        listed = ask(lambda: fs.glob(path, detail=True), url, "listing", started)
+        empty = f"{url}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})"
+    else:
+        info = ask(lambda: fs.info(path), url, "reading", started)
+        if info.get("type") != "directory":
+            if kind_of(RemoteFile(url)) is None:
+                raise SourceError(f"{url}: unknown file kind; known: {', '.join(SUFFIXES)}")
+            return [RemoteFile(url, _sized(info))]
         if scheme in UNLISTABLE:
             raise SourceError(f"{url}: {scheme}:// cannot list a directory; give the URL of each file")
+        base_url, base, first_glob = url, path, None
         listed = ask(lambda: fs.find(path, detail=True), url, "listing")
-        found = []
-        for p, finfo in listed.items():
-            rel = PurePosixPath(p[len(path):].lstrip("/"))
-            f = RemoteFile(f"{url.rstrip('/')}/{rel.as_posix()}", _sized(finfo))
-            if finfo.get("type") != "directory" and kind_of(f) and not any(s.startswith(".") for s in rel.parts):
-                found.append((rel.as_posix(), f))
-            elif finfo.get("type") != "directory":
-                _remote_left_out(f, rel, left_out)
-        if not found:
-            raise SourceError(f"{url}: no files of a known kind under this URL (known: {', '.join(SUFFIXES)})")
-        return [f for _, f in sorted(found, key=lambda pf: pf[0])]
-    f = RemoteFile(url, _sized(info))
-    if kind_of(f) is None:
-        raise SourceError(f"{url}: unknown file kind; known: {', '.join(SUFFIXES)}")
-    return [f]
+        empty = f"{url}: no files of a known kind under this URL (known: {', '.join(SUFFIXES)})"
+    found = []
+    for p, finfo in listed.items():
+        if finfo.get("type") == "directory":
+            continue
+        rel = PurePosixPath(p[len(base):].lstrip("/") if p.startswith(base) else p)
+        f = RemoteFile(f"{base_url.rstrip('/')}/{rel.as_posix()}", _sized(finfo))
+        named = rel if first_glob is None else PurePosixPath(rel.name)  # a glob's hidden matches: their own name
+        if kind_of(f) and not any(s.startswith(".") for s in named.parts):
+            # NOTE: a prefix's files in relative-path order, like a local directory's; a glob's like a local glob's
+            found.append((rel.as_posix() if first_glob is None else rel, f))
+        elif any(s.startswith(".") for s in named.parts):
+            _leave_out(left_out, f.url, "a hidden file (its name starts with a dot); give its URL to read it")
+        else:
+            _leave_out(left_out, f.url, f"unknown file kind {_suffix(f.name)!r}; known: {', '.join(SUFFIXES)}")
+    if not found:
+        raise SourceError(empty)
+    return [f for _, f in sorted(found, key=lambda pf: pf[0])]
 
 
 def _local(p: Path) -> bool:
@@ -233,9 +216,8 @@ def _local(p: Path) -> bool:
 
 def files_of(directory: Path, read_as: dict[str, str], as_text: bool, left_out: list[dict] | None
              ) -> list[Path | ReadAs]:
-    """The files under `directory` a build reads (known kinds, and those --read-as or --format text name),
-    sorted by relative path; every other file is appended to `left_out` as {"path", "reason"}: hidden files
-    and directories (one entry each) and files of an unknown kind."""
+    """The files under `directory` a build reads, sorted by relative path; the others (hidden files and
+    directories, one entry each; unknown kinds) are appended to `left_out` as {"path", "reason"}."""
     hidden: set[str] = set()
     found: list[Path | ReadAs] = []
     for f in files_under(directory, lambda f: True, hidden=True):
@@ -264,9 +246,9 @@ def _leave_out(left_out: list[dict] | None, path: Path | str, reason: str) -> No
 
 def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None = None, as_text: bool = False,
            left_out: list[dict] | None = None) -> list[Path | RemoteFile | ReadAs | str]:
-    """Local files (directories and globs expanded, sorted), files at URLs and dataset ids, in the order given.
-    `read_as` (--read-as: suffix -> kind) and `as_text` (--format text) read files of other suffixes; the files
-    of a directory or glob that are not read are appended to `left_out` (path and reason)."""
+    """Local files (directories and globs expanded), files at URLs and dataset ids, in the order given.
+    `read_as` (--read-as) and `as_text` (--format text) read files of other suffixes; the files of a
+    directory or glob that are not read are appended to `left_out`."""
     read_as = check_read_as(read_as)
     out: list[Path | RemoteFile | ReadAs | str] = []
     for spec in specs:
@@ -364,12 +346,12 @@ def changed_while_read(path: str | os.PathLike, before: list) -> SourceError | N
 
 
 def val_pieces(text: str, chars: int = VAL_PIECE_CHARS) -> list[str]:
-    """`text` cut just after blank lines into pieces of at least `chars` characters (--val-per-input), so that
-    --val-frac's draw per document sends pieces of every long input to val; joined, the pieces are `text`.
+    """`text` cut just after blank lines into pieces of at least `chars` characters (--val-per-input), so
+    --val-frac's draw sends pieces of every long input to val; joined, the pieces are `text`:
 
         "a"*5000 + "\n\n" + "b"*10 + "\n\n" + "c"*5000  ->  ["a"*5000 + "\n\n", "b"*10 + "\n\n" + "c"*5000]
 
-    The last piece may be shorter; a last piece of only whitespace stays with the one before it."""
+    A last piece of only whitespace stays with the one before it."""
     out, start = [], 0
     while (cut := text.find("\n\n", start + chars)) >= 0:
         out.append(text[start:cut + 2])

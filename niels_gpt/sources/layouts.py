@@ -1,29 +1,16 @@
-"""The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext and dolly.
+"""The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext and dolly
+(sources/documents.py applies them; oasst's are sources/oasst_trees.py).
 
-sources/documents.py applies them record by record; oasst's rules live in sources/oasst_trees.py.
-
-gutenberg: every book in a text file is one document (a file usually holds one; a file that holds several,
-each with its own `*** START OF` / `*** END OF` pair, gives one document per book). The licence header (up to
-and including the `*** START OF ...` line) and footer (from the `*** END OF ...` line, and the "End of the
-Project Gutenberg EBook of ..." line just before it) are cut off and the body is stripped of surrounding
-whitespace. Credit lines such as "Produced by ..." stay (light touch). A file without both markers, or with a
-second START before the first END, is an error naming the line: it is not a Gutenberg book, or its licence
-text was cut some other way.
-
-wikitext (raw variant; the hub's has one row per line of the original files): an article starts at a
-top-level heading row ` = Title = ` (one "=" on each side; ` = = Sub = = ` is a section heading inside the
-article) and runs to the row before the next one. Light normalisation only: each line is stripped of
-surrounding whitespace (the raw files pad every line with one space), blank lines are dropped, lines are
-joined with "\\n", and the tokeniser's number markers are undone: " @-@ " -> "-", " @,@ " -> ",",
-" @.@ " -> ".". Spaces around punctuation (`word , word`) stay: that is the raw variant's text. Rows before
-the first heading are skipped ("before_first_heading"); a heading with no body is an empty document
-("empty_document"). One article in memory at a time (the longest wikitext-103 article is ~100 KB).
-
-dolly: each record `{"instruction", "context", "response", "category"}` becomes
-`[{"role": "user", "content": <instruction> or CONTEXT_TEMPLATE}, {"role": "assistant", "content": <response>}]`;
-the context block is added only when the context is non-empty after stripping (about 30% of the records).
-Instruction, context and response are stripped of surrounding whitespace, nothing else. An empty response is
-skipped ("no_assistant_turn"), an empty instruction ("empty_user_turn").
+- gutenberg: each `*** START OF` / `*** END OF` pair in a file is one book; the licence header, the footer
+  and the "End of the Project Gutenberg EBook of ..." line before it are cut, the body stripped. A file
+  without both markers, or with a second START before the first END, is an error naming the line.
+- wikitext (raw; the hub's has one row per line): an article runs from a ` = Title = ` row (not
+  ` = = Section = = `) to the row before the next one. Lines are stripped, blank ones dropped, joined with
+  "\n", and the number markers undone (" @-@ " -> "-", " @,@ " -> ",", " @.@ " -> "."); rows before the
+  first heading are skipped ("before_first_heading"), a heading with no body is "empty_document".
+- dolly: `{"instruction", "context", "response"}` -> a user turn (the instruction, CONTEXT_TEMPLATE when the
+  context is not empty) and an assistant turn, each stripped; an empty response is skipped
+  ("no_assistant_turn"), an empty instruction ("empty_user_turn").
 """
 
 from __future__ import annotations
@@ -40,24 +27,22 @@ GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF\b", re.MULTILINE | re.IGNORECASE)
 # before the END marker: licence boilerplate too. Looked for only in the body's last TAIL_CHARS.
 GUTENBERG_END_LINE = re.compile(r"^End of (the )?Project Gutenberg", re.MULTILINE | re.IGNORECASE)
 TAIL_CHARS = 400
-READ_AS_TEXT = ("To read it anyway as plain text, licence included, build it with `build FILE --format text`, or "
-                "add the missing line")
+READ_AS_TEXT = ("To read it anyway as plain text, licence included, pass --format text (`build FILE --format text`), "
+                "or add the missing line")
 WIKITEXT_MARKERS = {" @-@ ": "-", " @,@ ": ",", " @.@ ": "."}
 CONTEXT_TEMPLATE = "{instruction}\n\nContext:\n{context}"
 DOLLY_FIELDS = ("instruction", "context", "response")
 
 
-def gutenberg_books(text: str, path: Path | str = "<text>", *, as_text: str = READ_AS_TEXT) -> list[str]:
-    """Every book of a Project Gutenberg file: the text between each `*** START OF` line and the
-    `*** END OF` line after it, licence lines cut, whitespace-stripped. `as_text`: how the refusal of a
-    file cut before its END line says to read it anyway."""
+def gutenberg_books(text: str, path: Path | str = "<text>") -> list[str]:
+    """Every book of a Project Gutenberg file (module docstring)."""
     books, pos = [], 0
     while (start := GUTENBERG_START.search(text, pos)) is not None:
         end = GUTENBERG_END.search(text, start.end())
         if end is None:
             raise SourceError(f"{path}: a '*** START OF' line but no '*** END OF ...' line after it (the START is "
                               f"line {_line(text, start.start())}), so the licence footer cannot be cut off; is the "
-                              f"file truncated? {as_text}")
+                              f"file truncated? {READ_AS_TEXT}")
         second = GUTENBERG_START.search(text, start.end(), end.start())
         if second is not None:
             raise SourceError(f"{path}: a second '*** START OF' line (line {_line(text, second.start())}) before "
@@ -88,8 +73,7 @@ def is_article_heading(line: str) -> bool:
 
 def normalise_line(line: str) -> str:
     for marker, plain in WIKITEXT_MARKERS.items():
-        if marker in line:
-            line = line.replace(marker, plain)
+        line = line.replace(marker, plain)
     return line.strip()
 
 

@@ -9,15 +9,11 @@
 | dolly15k    | sft      | databricks/databricks-dolly-15k, -, train             | dolly      | by example (--val-frac)   |
 | oasst1      | sft      | OpenAssistant/oasst1, -, train+validation             | oasst      | by example (--val-frac)   |
 
-Each `Option` is a flag of build-all and train-tokenizer (`--roam-dir` for `roam_dir`); `local` names the
-options that point at the user's own files, which take the place of the bundled sample with --sample.
-`inputs(name, values, seed, sample)` says what `build` reads for one of them: the fields of its `BuildSpec`
-(builders/build_all.py makes the rest), or None for a source with nothing to read (gutenberg without a
-directory). fineweb_edu is shuffled with `fineweb_buffer_size` (10,000) and build-all's seed: from the hub as the
-contract says, `load_dataset(id, name=config, split=split, streaming=True).shuffle(seed=seed, buffer_size=N)`
-read in order as one stream (builders/plan.py; meta.json's `source.shuffle`); from local files
-(`--fineweb-data-files`, the bundled sample with --sample) by the builder's seeded torch buffer of N documents.
-A split by file is `base.FILE_SPLIT_RULE`.
+Each `Option` is a flag of build-all and train-tokenizer (`--roam-dir` for `roam_dir`); `local` names those
+pointing at the user's own files, which replace the bundled sample with --sample. `inputs(...)` gives the
+`BuildSpec` fields `build` reads for one source. fineweb_edu from the hub is `load_dataset(...,
+streaming=True).shuffle(seed, buffer_size)` read in order (builders/plan.py); from local files, the builder's
+seeded buffer. A split by file is `base.FILE_SPLIT_RULE`.
 """
 
 from __future__ import annotations
@@ -48,12 +44,8 @@ class Option:
         return "--" + self.field.replace("_", "-")
 
     def add_to(self, group) -> None:
-        kwargs: dict[str, Any] = {"default": self.default, "help": self.help}
-        if self.type is not None:
-            kwargs["type"] = self.type
-        if self.nargs is not None:
-            kwargs["nargs"] = self.nargs
-        group.add_argument(self.flag, **kwargs)
+        extra = {k: v for k, v in (("type", self.type), ("nargs", self.nargs)) if v is not None}
+        group.add_argument(self.flag, default=self.default, help=self.help, **extra)
 
 
 @dataclass(frozen=True)
@@ -67,7 +59,7 @@ class Named:
     sample: dict  # option values that point it at the bundled sample corpus
 
 
-def _files(name: str, suffix: str) -> tuple[Option, Option]:
+def _files(name: str) -> tuple[Option, Option]:
     what = "notes" if name == "roam" else "books"
     return (Option(f"{name}_dir", None, f"{'Roam Research markdown export' if name == 'roam' else 'Project Gutenberg .txt books'} "
                                         "(default: not built)"),
@@ -84,7 +76,7 @@ NAMED: dict[str, Named] = {n.name: n for n in (
         Option("fineweb_data_files", None, "local parquet/jsonl files of the same schema (default: stream the hub)",
                nargs="+")),
         local=("fineweb_data_files",), sample={"fineweb_data_files": ["fineweb_edu/web-cc-sample.parquet"]}),
-    Named("roam", "pretrain", "roam", "text", options=_files("roam", ".md"), local=("roam_dir",),
+    Named("roam", "pretrain", "roam", "text", options=_files("roam"), local=("roam_dir",),
           sample={"roam_dir": "roam"}),
     Named("wikitext", "pretrain", "wikitext", "wikitext", options=(
         Option("wikitext_dataset", "Salesforce/wikitext", "Hugging Face dataset id"),
@@ -93,7 +85,7 @@ NAMED: dict[str, Named] = {n.name: n for n in (
         Option("wikitext_val_file", None, "local raw validation file (default: the hub)")),
         local=("wikitext_train_file", "wikitext_val_file"),
         sample={"wikitext_train_file": "wikitext/wiki.train.raw", "wikitext_val_file": "wikitext/wiki.valid.raw"}),
-    Named("gutenberg", "pretrain", "gutenberg", "gutenberg", options=_files("gutenberg", ".txt"),
+    Named("gutenberg", "pretrain", "gutenberg", "gutenberg", options=_files("gutenberg"),
           local=("gutenberg_dir",), sample={"gutenberg_dir": "gutenberg"}),
     Named("dolly15k", "sft", "dolly15k", "dolly", options=(
         Option("dolly_dataset", "databricks/databricks-dolly-15k", "Hugging Face dataset id"),
@@ -110,8 +102,7 @@ OPTIONS = {o.field: o for n in NAMED.values() for o in n.options}
 
 
 def values_of(name: str, options: dict, sample: bool) -> dict:
-    """A source's option values: the given ones over the defaults; with `sample`, the bundled sample corpus
-    for a source not pointed at local data."""
+    """A source's option values over the defaults; with `sample`, the bundled sample unless given local data."""
     named = NAMED[name]
     values = {o.field: options.get(o.field, o.default) for o in named.options}
     if sample and not any(values[f] is not None for f in named.local):
@@ -121,8 +112,7 @@ def values_of(name: str, options: dict, sample: bool) -> dict:
 
 
 def inputs(name: str, options: dict, seed: int, sample: bool = False) -> dict | None:
-    """What `build` reads for the named source: BuildSpec fields (sources, layout, hf_config, split, val_sources,
-    val_split, shuffle_buffer, extra), or None when it has nothing to read."""
+    """What `build` reads for the named source: BuildSpec fields, or None when it has nothing to read."""
     if name not in NAMED:
         raise ConfigError(f"unknown source {name!r}; expected one of {', '.join(NAMED)}")
     v = values_of(name, options, sample)

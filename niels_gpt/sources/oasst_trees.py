@@ -1,22 +1,12 @@
 """One oasst1 tree -> one conversation: the selection rule, and the account of every message left out.
 
-Selection, per tree:
-- start at the root (the row with no parent_id); at each level keep the children that are not
-  deleted and whose text is not empty, and follow the best one: smallest `rank` (0 is best); children
-  without a rank come after ranked ones; ties (equal rank, or no ranks) go to the smallest
-  `message_id`, which is stable across exports. Stop at a leaf.
-- roles: prompter -> user, assistant -> assistant; any other role is an error. A trailing user turn
-  (nothing answered it) is dropped; a path with no assistant turn is skipped ("no_assistant_turn").
-- counted skips (`SKIP_REASONS` says each one's meaning): a skipped tree is counted once by its reason
-  ("deleted_root", "empty_root", "no_root", "lang", "no_assistant_turn"); deleted rows ("deleted_message") and
-  rows whose parent is not in their tree ("orphan_message") are counted in every tree; in a tree that gives a
-  conversation every other message left out is counted once by why: "empty_message", "trailing_user_turn",
-  "unselected_message" (a branch the rank rule did not follow), "cycle_message" (its parents loop),
-  "below_orphan_message", "other_root_message". So there, conversation + counted messages = the tree's rows.
-Rows are checked (`check_row`): the fields a row needs, a known role, text that is valid Unicode (a lone
-surrogate escape such as `\\ud800`, which JSON allows and no tokenizer can encode, is an error naming the record
-and the message). The nested export (one tree per line: the release's `{"message_tree_id", "prompt": {...,
-"replies": [...]}}` or the pre-release bare root message) is flattened to the same rows (`flatten_tree`).
+- From the root (no parent_id), follow at each level the best child that is not deleted and not empty:
+  smallest `rank` (unranked after ranked), ties to the smallest `message_id`; stop at a leaf.
+- prompter -> user, assistant -> assistant; a trailing user turn is dropped, a path with no assistant
+  turn is skipped. Every message left out is counted once by reason (`SKIP_REASONS`), so in a tree that
+  gives a conversation, conversation + counted messages = the tree's rows.
+- `check_row` refuses a row without its fields, an unknown role, or a lone surrogate escape (`\\ud800`,
+  which JSON allows and no tokenizer can encode); `flatten_tree` reads the nested export to the same rows.
 Cost: O(messages) per tree, one tree in memory at a time.
 """
 
@@ -153,19 +143,6 @@ def _unreachable(row: dict, by_id: dict) -> str:
         row = by_id[parent]
 
 
-def _check_unicode(row: dict, record: str) -> None:
-    """Refuse a lone surrogate escape in a message's text, naming the record: JSON allows `\\ud800`, no
-    UTF-8 text (and no tokenizer) can hold it."""
-    text = row["text"]
-    if isinstance(text, str) and not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise SourceError(f"{record}: message {row['message_id']} holds a lone surrogate escape "
-                              f"({e.object[e.start:e.end]!r} at character {e.start}) that no UTF-8 text can hold; "
-                              "fix the escape in this record or remove the message") from e
-
-
 def check_row(row: dict, record: str) -> None:
     for field in ("message_id", "message_tree_id", "role", "text"):
         if field not in row or (row[field] is None and field != "text"):
@@ -180,7 +157,14 @@ def check_row(row: dict, record: str) -> None:
     if row["role"] not in ROLE_MAP:
         raise SourceError(f"{record}: unknown role {row['role']!r} in message {row['message_id']}; "
                           f"oasst1 roles are {sorted(ROLE_MAP)}")
-    _check_unicode(row, record)
+    text = row["text"]
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise SourceError(f"{record}: message {row['message_id']} holds a lone surrogate escape "
+                              f"({e.object[e.start:e.end]!r} at character {e.start}) that no UTF-8 text can hold; "
+                              "fix the escape in this record or remove the message") from e
 
 
 def _shape(obj) -> str:
@@ -192,11 +176,8 @@ def _shape(obj) -> str:
 
 
 def flatten_tree(tree: dict, record: str) -> list[dict]:
-    """Rows (as in the flat release) from one nested-export tree; parent_id comes from the nesting.
-
-    Two shapes: the release's `{"message_tree_id", "prompt": root, ...}` and the pre-release bare root
-    message `{"message_id", "role", "text", "replies"}` (whose tree id is its own message_id).
-    """
+    """Flat rows from one nested-export tree: the release's `{"message_tree_id", "prompt": root}` or the
+    pre-release bare root message (its tree id is its own message_id)."""
     if isinstance(tree, dict) and isinstance(tree.get("prompt"), dict) and "message_tree_id" in tree:
         root, tree_id = tree["prompt"], tree["message_tree_id"]
     elif isinstance(tree, dict) and "message_id" in tree and "role" in tree and "prompt" not in tree:
@@ -223,8 +204,7 @@ def flatten_tree(tree: dict, record: str) -> list[dict]:
 
 
 def holds_nested_trees(path: Path) -> bool:
-    """Whether a .jsonl/.json file's first record is a nested oasst1 tree (a root message with its
-    replies, or the release's {"message_tree_id", "prompt"} object), not a flat message row."""
+    """Whether a .jsonl/.json file's first record is a nested oasst1 tree, not a flat message row."""
     if path.suffix.lower() not in (".jsonl", ".json"):
         return False
     try:

@@ -13,18 +13,11 @@
 | a dataset id (owner/name)          | one row of the stream         | one shard (`IterableDataset.shard`)   |
 | a dataset id, shuffled             | a row of the shuffled stream  | the whole stream (`.shuffle`)         |
 
-- Bytes are UTF-8, strictly: a bad byte in a line is a `BadRecord("invalid_utf8")` naming the file, line
-  and byte; in a whole text file a SourceError. A UTF-8 BOM opening a JSON Lines file is dropped (editors
-  on Windows write one); a line that is not JSON, not an object, or holds a lone surrogate escape is a
-  `BadRecord` naming the file and line (the caller decides: fail, or skip and count by reason).
-- A compressed file that ends early is an error naming it: gzip says so itself; zstd frames are checked
-  one by one here (zstandard's stream reader returns what it has and stops silently).
-- Where is a record: `"<file>, line N"` (lines), `"<file>, row N"` (columnar), `"<id>, record N"` (N: the row
-  of the shard, or of the whole stream; of a shuffled stream: the row's position in the stream as shuffled).
-- A shuffled dataset id (`shuffle_seed`, `shuffle_buffer` set, builders/plan.py makes it) is read as
-  `load_dataset(id, streaming=True).shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)`, in order, as one
-  piece: `datasets`' shuffle mixes rows across shards (and orders the shards by the seed), so no cut of it
-  into shards gives the same stream.
+- Bytes are strict UTF-8: a bad line is a `BadRecord` naming file, line and byte (the caller fails, or skips
+  and counts by reason); in a whole text file a SourceError. A compressed file that ends early is an error.
+- Where is a record: `"<file>, line N"`, `"<file>, row N"` (columnar), `"<id>, record N"` (a dataset).
+- A shuffled dataset id is `load_dataset(id, streaming=True).shuffle(seed, buffer_size)` read as one piece:
+  the shuffle mixes rows across shards, so no cut into shards gives the same stream.
 Cost: one read of each input byte; a JSON Lines range is read in one call (task_bytes of memory).
 """
 
@@ -64,9 +57,8 @@ READ_BLOCK = 1 << 20
 
 @dataclass(frozen=True, kw_only=True)
 class Piece:
-    """A run of one input's records: see the module's table. `stop` -1: the whole input. JSON-able, so a
-    task can carry it to a worker; `config`/`split`/`shuffle_*` only for a dataset id (the shuffle's fields
-    are left out of the JSON when unset, so a plan's task ids do not change with them)."""
+    """A run of one input's records (module table); `stop` -1: the whole input. JSON-able for a worker;
+    `config`/`split`/`shuffle_*` only for a dataset id (unset shuffle fields stay out of the JSON)."""
 
     item: str
     kind: str
@@ -197,13 +189,7 @@ def _parquet_runs(path: Path, task_bytes: int) -> list[tuple[int, int]]:
         meta = pq.ParquetFile(path).metadata
     except Exception as e:  # noqa: BLE001 (pyarrow raises several kinds for a file that is not Parquet)
         raise SourceError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); check the file") from e
-    runs, start, acc = [], 0, 0
-    for g in range(meta.num_row_groups):
-        acc += meta.row_group(g).total_byte_size
-        if acc >= task_bytes or g == meta.num_row_groups - 1:
-            runs.append((start, g + 1))
-            start, acc = g + 1, 0
-    return runs or [(0, 0)]
+    return _runs([meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)], task_bytes)
 
 
 def _arrow_runs(path: Path, task_bytes: int) -> list[tuple[int, int]] | None:
@@ -214,12 +200,17 @@ def _arrow_runs(path: Path, task_bytes: int) -> list[tuple[int, int]] | None:
         reader = pa.ipc.open_file(path)
     except (pa.ArrowInvalid, OSError):
         return None
+    return _runs([reader.get_batch(b).nbytes for b in range(reader.num_record_batches)], task_bytes)
+
+
+def _runs(sizes: list[int], task_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) runs of consecutive blocks, each closed once it holds task_bytes (or at the end)."""
     runs, start, acc = [], 0, 0
-    for b in range(reader.num_record_batches):
-        acc += reader.get_batch(b).nbytes
-        if acc >= task_bytes or b == reader.num_record_batches - 1:
-            runs.append((start, b + 1))
-            start, acc = b + 1, 0
+    for k, size in enumerate(sizes):
+        acc += size
+        if acc >= task_bytes or k == len(sizes) - 1:
+            runs.append((start, k + 1))
+            start, acc = k + 1, 0
     return runs or [(0, 0)]
 
 
@@ -266,8 +257,7 @@ def _open_binary(piece: Piece):
 
 
 class _Guarded(io.RawIOBase):
-    """A stream of a file at a URL whose failed read is one StorageError naming the URL. A read that waits
-    without a byte for the network time limit fails (the backends' own read limit, storage.fs._options)."""
+    """A stream of a file at a URL whose failed read (a stall too: storage.fs._options) is one StorageError."""
 
     def __init__(self, raw, url: str):
         self.raw, self.url = raw, url
@@ -369,9 +359,8 @@ def _arrow_rows(piece: Piece, local: Path, columns: list[str] | None) -> Iterato
 
 
 def digest(piece: Piece) -> str:
-    """What the content of a piece is, for receipts: the sha256 of a local file's bytes (of a JSON Lines
-    range, those bytes), the store's own version of a file at a URL (ETag, checksum or modification time,
-    and size), the id, config and split of a dataset shard."""
+    """What the content of a piece is, for receipts: the sha256 of a local file's bytes (or its range), a
+    URL's version (ETag, checksum or mtime) and size, a dataset shard's id, config and split."""
     if piece.kind == "dataset":
         shuffled = f":shuffle({piece.shuffle_seed},{piece.shuffle_buffer})" if piece.shuffled else ""
         return f"dataset:{piece.item}:{piece.config}:{piece.split}:{piece.start}/{piece.stop}{shuffled}"
