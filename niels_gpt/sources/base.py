@@ -16,10 +16,6 @@ SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 SAMPLE_PREFIX = "sample:"  # how describe() names bundled files, so meta.json is the same on every clone
 
 
-# ---------------------------------------------------------------------------------------------
-# Seeded split by file list
-
-
 def val_count(n: int, val_frac: float) -> int:
     """Files that go to val: round-half-up(val_frac * n), at least 1 when n >= 2, never all of them."""
     if n < 2 or val_frac == 0:
@@ -28,17 +24,11 @@ def val_count(n: int, val_frac: float) -> int:
 
 
 def split_by_file(names: Sequence[str], val_frac: float, seed: int) -> dict[str, list[int]]:
-    """Indices into the sorted `names` for train and val.
-
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)); the first
-    val_count(n, val_frac) entries of perm are val. Both lists come back in sorted-name order,
-    so a document's split depends only on (sorted names, val_frac, seed).
-    """
+    """Indices into the sorted `names` for train and val, each in sorted-name order (FILE_SPLIT_RULE)."""
     import torch
 
     n = len(names)
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n, generator=g).tolist()
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     val = sorted(perm[: val_count(n, val_frac)])
     val_set = set(val)
     return {"train": [i for i in range(n) if i not in val_set], "val": val}

@@ -5,10 +5,8 @@
     chats = corpus(["sft.jsonl"], chat=True).iter_conversations()
     books = corpus(["books/"], layout="gutenberg")        # a layout by name; build-all's sources are these
 
-It reads through the same layers as `build` (sources/inputs.py expands the names, sources/records.py reads
-every kind, sources/documents.py applies the text rules and layouts, sources/stream.py orders the pieces), so
-a corpus read here yields exactly the documents a build of it holds. Skipped records are counted by reason
-in `skipped` and reported by `describe()`. Nothing is materialised: one piece is read at a time.
+It reads through the same layers as `build`, so it yields exactly the documents a build of it holds, one
+piece at a time; skipped records are counted by reason in `skipped` and reported by `describe()`.
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ from niels_gpt.sources.base import portable
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.stream import Plan, plan_reading, stream_items
 
-TEXT_FIELD = "text"
-MESSAGES_FIELD = "messages"
 ON_BAD_RECORD = ("error", "skip")
 
 
@@ -81,8 +77,8 @@ class Corpus:
         return f"<Corpus files={len(self.files())}>"
 
 
-def corpus(sources: Sequence[str | os.PathLike], *, text_field: str = TEXT_FIELD,
-           messages_field: str = MESSAGES_FIELD, chat_columns: Sequence[str] | None = None,
+def corpus(sources: Sequence[str | os.PathLike], *, text_field: str = "text",
+           messages_field: str = "messages", chat_columns: Sequence[str] | None = None,
            on_bad_record: str = "error", hf_config: str | None = None, split: str = "train", chat: bool = False,
            layout: str | None = None) -> Corpus:
     """A corpus over `sources` (files, directories, globs, URLs, dataset ids); see the module docstring."""

@@ -1,27 +1,12 @@
 """From records to documents and conversations: the one set of text rules, and the layouts the library knows.
 
-The text rules (docs/own-data.md, "What a document is"), the same for every input kind and executor:
-- a document's text is its record's text field (a whole text file: the file);
-- a leading UTF-8 BOM is dropped, CRLF and CR become LF; nothing else is changed;
-- a null text is skipped and counted as `null_text`; an empty or whitespace-only one as `empty_document`;
-- a field that is missing or not text is a bad record (`missing_field`, `not_text`): an error naming the
-  record, or with on_bad_record="skip" skipped and counted, like any other bad record.
-A skipped record stays in the stream as `Skipped(reason)`, so the builder counts it exactly where it was
-read: the counts in meta.json are the same whichever executor read the stream.
-
-Layouts (`--format NAME`, detected from the first record of each input when not named):
-
-| layout      | pretraining / chat | what it reads                                                         |
-|-------------|--------------------|-----------------------------------------------------------------------|
-| `text`      | pretraining        | the text field of each record, or the whole of a text file            |
-| `gutenberg` | pretraining        | a Project Gutenberg book: licence header and footer cut (a text file with `*** START OF`) |
-| `wikitext`  | pretraining        | a raw wikitext dump: whole articles rebuilt from ` = Title = ` rows    |
-| `messages`  | chat               | a list of `{"role", "content"}` in the messages field (OpenAI's content parts and tools: sources/messages.py) |
-| `columns`   | chat               | one user and one assistant turn from two columns (`--chat-columns`)    |
-| `dolly`     | chat               | `instruction` [+ `context`] -> `response` rows                          |
-| `sharegpt`  | chat               | `conversations: [{"from": human/gpt/system, "value"}]` (or in the messages field) |
-| `alpaca`    | chat               | `instruction` [+ `input`] -> `output` rows                              |
-| `oasst`     | chat               | OpenAssistant trees (the nested export, one tree per line) or flat message rows (`message_id`, `parent_id`): the best-ranked path of each tree |
+- The text rules (docs/own-data.md, "What a document is"): a record's text field (a text file: the file),
+  BOM dropped and CRLF/CR -> LF; null text is `null_text`, blank is `empty_document`; a missing or non-text
+  field is a bad record (an error naming it, or with on_bad_record="skip" skipped and counted).
+- The layouts (`--format NAME`, else `detect`ed from each input's first record): docs/own-data.md, "Layouts
+  the library knows"; their rules are sources/layouts.py, sources/oasst_trees.py and sources/messages.py.
+A skipped record stays in the stream as `Skipped(reason)`, so the builder counts it where it was read: the
+counts in meta.json are the same whichever executor read the stream.
 """
 
 from __future__ import annotations

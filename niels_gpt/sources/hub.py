@@ -1,9 +1,5 @@
-"""`datasets` streams with their failures named: what was opened and which record.
-
-A dataset id of the hub is read through `datasets.load_dataset(id, name=config, split=split, streaming=True)`
-(sources/records.py cuts it into pieces by shard); a failure to open it, or to read past a record, is a
-`SourceError` naming the dataset, its options and the record.
-"""
+"""`datasets` streams (`load_dataset(id, name=config, split=split, streaming=True)`) whose failure to open,
+or to read past a record, is a SourceError naming the dataset, its options and the record."""
 
 from __future__ import annotations
 

@@ -265,13 +265,6 @@ def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None
         except OSError as exc:  # ELOOP: a symlink that points back at itself
             raise SourceError(f"{p}: cannot be followed ({exc.strerror}); a symlink loop? point at the files "
                               "themselves") from None
-        if p.is_symlink() and not p.exists():
-            try:
-                p.resolve(strict=True)
-            except RuntimeError:
-                raise SourceError(f"{p}: a symlink that loops back on itself; point at the files themselves") from None
-            except OSError:
-                pass
         if is_dir:
             mine: list[dict] = []
             found = files_of(p, read_as, as_text, mine)
@@ -307,11 +300,11 @@ def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None
             out.extend(found)
             if left_out is not None:
                 left_out.extend(mine)
-        elif is_hf_id(text):
-            out.append(text)
         elif p.is_symlink():
             raise SourceError(f"{p}: a symlink to nothing (its target is missing, or it loops back on itself); "
                               "point at the files themselves")
+        elif is_hf_id(text):
+            out.append(text)
         else:
             raise SourceError(f"{text}: no such file or directory, and not a Hugging Face dataset id (owner/name)")
     return out

@@ -1,16 +1,6 @@
 """The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext and dolly
-(sources/documents.py applies them; oasst's are sources/oasst_trees.py).
-
-- gutenberg: each `*** START OF` / `*** END OF` pair in a file is one book; the licence header, the footer
-  and the "End of the Project Gutenberg EBook of ..." line before it are cut, the body stripped. A file
-  without both markers, or with a second START before the first END, is an error naming the line.
-- wikitext (raw; the hub's has one row per line): an article runs from a ` = Title = ` row (not
-  ` = = Section = = `) to the row before the next one. Lines are stripped, blank ones dropped, joined with
-  "\n", and the number markers undone (" @-@ " -> "-", " @,@ " -> ",", " @.@ " -> "."); rows before the
-  first heading are skipped ("before_first_heading"), a heading with no body is "empty_document".
-- dolly: `{"instruction", "context", "response"}` -> a user turn (the instruction, CONTEXT_TEMPLATE when the
-  context is not empty) and an assistant turn, each stripped; an empty response is skipped
-  ("no_assistant_turn"), an empty instruction ("empty_user_turn").
+(docs/sources.md, "Normalisation"; oasst's are sources/oasst_trees.py). One wikitext article in memory at
+a time; a Gutenberg file or a dolly record that breaks its rule is an error naming the line or record.
 """
 
 from __future__ import annotations

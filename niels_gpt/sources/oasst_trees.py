@@ -1,13 +1,7 @@
-"""One oasst1 tree -> one conversation: the selection rule, and the account of every message left out.
-
-- From the root (no parent_id), follow at each level the best child that is not deleted and not empty:
-  smallest `rank` (unranked after ranked), ties to the smallest `message_id`; stop at a leaf.
-- prompter -> user, assistant -> assistant; a trailing user turn is dropped, a path with no assistant
-  turn is skipped. Every message left out is counted once by reason (`SKIP_REASONS`), so in a tree that
-  gives a conversation, conversation + counted messages = the tree's rows.
-- `check_row` refuses a row without its fields, an unknown role, or a lone surrogate escape (`\\ud800`,
-  which JSON allows and no tokenizer can encode); `flatten_tree` reads the nested export to the same rows.
-Cost: O(messages) per tree, one tree in memory at a time.
+"""One oasst1 tree -> one conversation: the selection rule (docs/sources.md, "Normalisation"), and every
+message left out counted once by reason (`SKIP_REASONS`), so that in a tree that gives a conversation,
+conversation + counted messages = the tree's rows. `check_row` refuses a lone surrogate escape (`\\ud800`:
+JSON allows it, no tokenizer can encode it). Cost: O(messages) per tree, one tree in memory at a time.
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ RECORD_KIND = {".parquet": "row of the file", ".arrow": "row of the file", ".csv
 
 
 def record_position(where: Any) -> int:
-    """The record's position (module table) from its `where`: a JSON Lines line carries its byte offset;
-    others end in ", row N", ", line N" or ", record N"; a whole file is 0."""
+    """The record's position (module table) from its `where`: a JSON Lines line's offset, the N of
+    ", row N", ", line N" or ", record N", else 0 (a whole file)."""
     offset = getattr(where, "offset", None)
     if offset is not None:
         return int(offset)
@@ -211,8 +211,7 @@ class OriginLog:
 
 
 def constants(rows: np.ndarray) -> dict[str, int]:
-    """The fields of `rows` (int64 [n, 4]) that hold one value other than -1 (none) over every row (none where
-    there are no rows); a field -1 over every row is left out of both the array and the constants."""
+    """The fields of `rows` (int64 [n, 4]) that hold one value other than -1 over every row."""
     if not len(rows):
         return {}
     return {name: int(rows[0, k]) for k, name in enumerate(COLUMNS)
@@ -220,9 +219,8 @@ def constants(rows: np.ndarray) -> dict[str, int]:
 
 
 def compact_dtype(rows: np.ndarray, constant: dict | None = None) -> np.dtype:
-    """The narrowest structured dtype that holds `rows` (int64 [n, 4]): each field the narrowest little-endian int
-    of its values, unsigned where none is negative; the char fields left out where every document has none (-1),
-    and the fields of `constant` left out."""
+    """The narrowest structured little-endian dtype that holds `rows` (int64 [n, 4]), unsigned where no value
+    is negative; char fields -1 everywhere and the fields of `constant` left out."""
     fields = []
     for k, name in enumerate(COLUMNS):
         col = rows[:, k]
@@ -263,16 +261,8 @@ def split_rows(arr: np.ndarray, table: dict, split: str) -> np.ndarray:
     return as_rows(arr[first:first + splits.get(split, 0)], table["constant"])
 
 
-def split_npy(arr: np.ndarray, table: dict, split: str) -> bytes:
-    """One split's origins as a .npy of its own (every field, the cache's constants written out): the sidecar
-    a converted split carries."""
-    rows = split_rows(arr, table, split)
-    return npy_bytes(rows, compact_dtype(rows))
-
-
 def split_origins(root: Path, meta: dict, split: str) -> tuple[bytes, bytes, int] | None:
-    """A split's origins on their own (a converted split's sidecar): its .npy, its origins.json (`splits`
-    naming that split only) and its document count; None where the cache (`root`, `meta`) has none."""
+    """A split's origins on their own (a converted split's sidecar): (.npy, origins.json, documents), or None."""
     names = meta.get("origins") or {}
     rel, table = names.get("file"), names.get("inputs")
     if rel is None or table is None or not (root / rel).is_file() or not (root / table).is_file():
@@ -283,8 +273,7 @@ def split_origins(root: Path, meta: dict, split: str) -> tuple[bytes, bytes, int
 
 
 def write_joined(out: Path, parts: dict[str, tuple[bytes, bytes]]) -> dict:
-    """Split sidecars (split_origins) joined again into one cache's origin files in `out`; their meta.json
-    `files` records (meta.json's `origins`: origins_meta())."""
+    """Split sidecars (split_origins) joined again into one cache's origin files in `out`; their `files` records."""
     log, counts = OriginLog(None), {}
     for split in ("train", "val"):
         if split in parts:

@@ -60,23 +60,18 @@ def invalid_utf8_error(path: Path | str, offset: int, *, line: int | None = None
                        record: str | None = None, reason: str = "invalid byte") -> SourceError:
     where = f"byte {offset}" + (f", line {line}" if line is not None else "")
     rec = f" ({record})" if record else ""
-    return SourceError(f"{path}: invalid UTF-8 at {where}{rec}: {reason}; {encoding_hint(path, offset)}")
-
-
-def encoding_hint(path: Path | str, offset: int) -> str:
-    """What the bytes at `offset` look like and how to re-encode: 0x80-0x9f are printable only in cp1252
-    (latin-1 has control codes there), 0xa0-0xff read the same in both."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             bad = f.read(4)
     except OSError:
         bad = b""
-    return bytes_hint(bad)
+    return SourceError(f"{path}: invalid UTF-8 at {where}{rec}: {reason}; {bytes_hint(bad)}")
 
 
 def bytes_hint(bad: bytes) -> str:
-    """What the bytes a UTF-8 decode stopped at look like, and how to re-encode them (`encoding_hint`)."""
+    """What the bytes a UTF-8 decode stopped at look like, and how to re-encode them: 0x80-0x9f are printable
+    only in cp1252 (latin-1 has control codes there), 0xa0-0xff read the same in both."""
     if not bad:
         return "re-encode the file as UTF-8"
     shown = " ".join(f"0x{b:02x}" for b in bad[:4])
