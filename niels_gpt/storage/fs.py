@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import signal
 import threading
 import time
@@ -148,23 +149,6 @@ def with_deadline(fn, timeout_s: float, expired=None):
     return box.get("value")
 
 
-class _Moved:
-    """An fsspec callback counting the bytes a transfer moved: what tells a slow transfer from a stalled one."""
-
-    def __init__(self):
-        self.bytes = 0
-
-    def relative_update(self, inc=1):
-        self.bytes += inc or 0
-
-    def __getattr__(self, name):  # set_size, branch, call, ...: nothing to do for the other hooks
-        return _ignore
-
-
-def _ignore(*args, **kwargs):
-    return None
-
-
 _stopping = threading.Event()  # set by stop_transfers(): every bounded call still running ends at once
 
 
@@ -193,18 +177,14 @@ def ctrl_c_stops_transfers():
     return lambda: signal.signal(signal.SIGINT, previous)
 
 
-_at_exit: list[bool] = []
-
-
+@functools.cache
 def _stop_at_exit() -> None:
     """Once per process: stop_transfers() at interpreter exit, before thread pools are joined.
     NOTE: threading's own exit hooks, which concurrent.futures joins from; ours is registered later, so runs first."""
-    if not _at_exit:
-        _at_exit.append(True)
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            with contextlib.suppress(RuntimeError):  # already shutting down
-                register(stop_transfers)
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):  # already shutting down
+            register(stop_transfers)
 
 
 def allow_transfers() -> None:
@@ -216,8 +196,10 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
     """`fs.<method>(*args, **kwargs)`, ended by TimeoutError when nothing has moved for `timeout_s` seconds
     (default `network_timeout_s()`; see the module docstring)."""
     limit = network_timeout_s() if timeout_s is None else timeout_s
+    from fsspec.callbacks import Callback  # its `value` counts the bytes moved: slow, or stalled?
+
     _stop_at_exit()
-    moved = _Moved()
+    moved = Callback()
     if method in ("get_file", "put_file"):
         kwargs["callback"] = moved
     # NOTE: fsspec puts a sync wrapper of each async method on the instance (its __wrapped__ is the coroutine
@@ -256,8 +238,8 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
             if _stopping.is_set():
                 raise KeyboardInterrupt from None
             now = time.monotonic()
-            if moved.bytes != seen:
-                seen, moved_at = moved.bytes, now
+            if moved.value != seen:
+                seen, moved_at = moved.value, now
             elif now - moved_at > limit:
                 raise TimeoutError(f"no answer within {limit:g} s" if not seen else
                                    f"no byte for {limit:g} s after {seen:,} bytes (the transfer stalled)")

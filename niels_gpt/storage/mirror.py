@@ -96,7 +96,6 @@ class RemoteCache:
         self.mirror = hashlib.sha256(self.url.encode()).hexdigest()[:16]
         self.local_dir = self.root / MIRRORS / self.mirror
         self.max_bytes = max_cache_bytes()
-        self.downloaded = 0  # bytes this process downloaded (and kept) through this object
         self.healed: list[str] = []  # mirrored copies found damaged and fetched again, one line each
         self._fs, self._fs_pid = None, None
         fs, path = self.fs
@@ -253,7 +252,6 @@ class RemoteCache:
                              "partly deleted: rebuild and re-upload it") from exc
         finally:
             release(tmp)
-        self.downloaded += size
         with contextlib.suppress(FileNotFoundError):  # evicted already: the stamp is only a hint
             write_stamp(self.root, self.mirror, rel, local, digest)
 
