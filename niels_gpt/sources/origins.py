@@ -109,37 +109,27 @@ def located(out, at: Reading, layout: str, rules) -> Iterator[tuple[Any, tuple |
         if not isinstance(item, (str, list)):  # a Skipped
             yield item, None
             continue
-        if layout == "oasst-rows":  # a tree is yielded once the next tree's first row (or the end) is read
-            k, where, _ = at.group if at.exhausted else at.previous
-            yield item, (k, record_position(where), UNKNOWN, UNKNOWN)
-            continue
-        if layout == "wikitext" and isinstance(at.record, dict):  # line rows: the article's heading row
+        # oasst-rows: a tree is yielded once the next tree's first row (or the end) is read; wikitext line
+        # rows: an article once the next heading row is; its origin is that group's first row
+        if layout == "oasst-rows" or (layout == "wikitext" and isinstance(at.record, dict)):
             k, where, row = at.group if at.exhausted else at.previous
+            start = UNKNOWN if layout == "oasst-rows" else (row.get(rules.text_field) or "").find(item.split("\n", 1)[0])
+            yield item, (k, record_position(where), start, UNKNOWN)
+            continue
+        if at.where is not last_where:
+            last_where, end = at.where, 0
+        text = _text_of(at.record, rules) if isinstance(item, str) else None
+        start = stop = UNKNOWN
+        if text is not None and layout == "wikitext":  # an article of a raw file: where its heading is
             first = item.split("\n", 1)[0]
-            yield item, (k, record_position(where), (row.get(rules.text_field) or "").find(first), UNKNOWN)
-            continue
-        k, where = at.k, at.where
-        if not isinstance(item, str):
-            yield item, (k, record_position(where), UNKNOWN, UNKNOWN)
-            continue
-        if where is not last_where:
-            last_where, end = where, 0
-        text = _text_of(at.record, rules)
-        start = UNKNOWN
-        if text is not None:
-            if layout == "wikitext":
-                first = item.split("\n", 1)[0]
-                start = text.find(first, end)
-                if start >= 0:
-                    end = start + len(first)
-                yield item, (k, record_position(where), start, UNKNOWN)
-                continue
+            start = text.find(first, end)
+            if start >= 0:
+                end = start + len(first)
+        elif text is not None:
             start = 0 if text is item else _find(text, item, end)
-        if start < 0:
-            yield item, (k, record_position(where), UNKNOWN, UNKNOWN)
-            continue
-        end = start + len(item)
-        yield item, (k, record_position(where), start, end)
+            if start >= 0:
+                end = stop = start + len(item)
+        yield item, (at.k, record_position(at.where), start, stop)
 
 
 # The origin files of a cache (the layout: builders/origins.py)
