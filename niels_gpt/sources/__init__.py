@@ -3,11 +3,9 @@
     from niels_gpt.sources import SAMPLE_DIR
     from niels_gpt.sources.corpus import corpus
     docs = corpus([SAMPLE_DIR / "wikitext" / "wiki.train.raw"], layout="wikitext").iter_texts()
-    chats = corpus([SAMPLE_DIR / "dolly15k"], layout="dolly", chat=True).iter_conversations()
 
-inputs.py expands the names, records.py reads every kind (lines.py: JSON Lines), documents.py applies the
-text rules and the layouts (layouts.py: gutenberg, wikitext, dolly; oasst_trees.py: oasst), stream.py orders
-the pieces, and named.py is build-all's table of named sources over it. Nothing heavy is imported here.
+inputs.py expands the names, records.py reads every kind, documents.py applies the text rules and layouts,
+stream.py orders the pieces, named.py is build-all's table of named sources. Nothing heavy is imported here.
 """
 
 from __future__ import annotations

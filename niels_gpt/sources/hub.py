@@ -23,23 +23,18 @@ def open_stream(path_or_id: str, what: str, *, streaming: bool = True, **kwargs:
 
 def iter_rows(ds, what: str) -> Iterator[tuple[int, dict]]:
     """(record index, row) from a datasets stream, read errors turned into SourceError naming the record."""
-    it = iter(ds)
     i = 0
-    while True:
-        try:
-            row = next(it)
-        except StopIteration:
-            return
-        except UnicodeDecodeError as e:
-            raise SourceError(f"{what}: invalid UTF-8 near record {i}: {e}; re-encode the input as "
-                              "UTF-8") from e
-        except SourceError:
-            raise
-        except Exception as e:
-            raise SourceError(f"{what}: could not read past record {i}: {type(e).__name__}: {e}; "
-                              "check that the dataset is valid and of the expected schema") from e
-        yield i, row
-        i += 1
+    try:
+        for row in ds:
+            yield i, row
+            i += 1
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{what}: invalid UTF-8 near record {i}: {e}; re-encode the input as UTF-8") from e
+    except SourceError:
+        raise
+    except Exception as e:
+        raise SourceError(f"{what}: could not read past record {i}: {type(e).__name__}: {e}; "
+                          "check that the dataset is valid and of the expected schema") from e
 
 
 def _kwargs_text(kwargs: dict) -> str:

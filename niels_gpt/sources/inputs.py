@@ -285,7 +285,7 @@ def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None
                 raise SourceError(f"{p}: unknown file kind; known: {', '.join(SUFFIXES)}; "
                                   + HOW_TO_READ.format(suffix=_suffix(p.name) or "SUFFIX"))
         elif any(c in text for c in GLOB_CHARS):
-            found, mine = [], []
+            found = []
             for f in sorted(Path(f) for f in globlib.glob(text, recursive=True)):
                 if _local(f):
                     found.append(f)
@@ -294,12 +294,10 @@ def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None
                 elif (kind := read_as_kind(f.name, read_as, as_text)) is not None:
                     found.append(ReadAs(f, kind))
                 else:
-                    _leave_out(mine, f, left_out_reason(f.name))
+                    _leave_out(left_out, f, left_out_reason(f.name))
             if not found:
                 raise SourceError(f"{text}: this glob matches no file of a known kind ({', '.join(SUFFIXES)})")
             out.extend(found)
-            if left_out is not None:
-                left_out.extend(mine)
         elif p.is_symlink():
             raise SourceError(f"{p}: a symlink to nothing (its target is missing, or it loops back on itself); "
                               "point at the files themselves")

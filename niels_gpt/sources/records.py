@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import NielsGPTError, SourceError, StorageError
+from niels_gpt.meta import sha256_file
 from niels_gpt.sources.hub import iter_rows, open_stream
 from niels_gpt.sources.inputs import (
     COLUMNAR,
@@ -370,16 +371,8 @@ def digest(piece: Piece) -> str:
         version = next((str(info[k]) for k in ("ETag", "etag", "md5Hash", "crc32c", "LastModified", "mtime",
                                                 "last_modified") if info.get(k)), "")
         return f"remote:{info.get('size')}:{version}"
-    h = hashlib.sha256()
-    with open(piece.item, "rb") as f:
-        ranged = piece.stop >= 0 and piece.kind in (".jsonl", ".json")
-        if ranged:
+    if piece.stop >= 0 and piece.kind in (".jsonl", ".json"):  # a range: read in one call, as its task does
+        with open(piece.item, "rb") as f:
             f.seek(piece.start)
-        left = piece.stop - piece.start if ranged else -1
-        while left != 0:
-            block = f.read(READ_BLOCK if left < 0 else min(READ_BLOCK, left))
-            if not block:
-                break
-            h.update(block)
-            left = left - len(block) if left > 0 else left
-    return "sha256:" + h.hexdigest()
+            return "sha256:" + hashlib.sha256(f.read(piece.stop - piece.start)).hexdigest()
+    return "sha256:" + sha256_file(piece.item)
