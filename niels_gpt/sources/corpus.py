@@ -27,11 +27,6 @@ ON_BAD_RECORD = ("error", "skip")
 class Corpus:
     """Documents (or conversations) from a mix of local files, URLs and dataset ids."""
 
-    name = "corpus"
-    own_split = False
-    streaming = True
-    split_rule = "none: the sources in the order given; the builder splits"
-
     def __init__(self, plan: Plan):
         self.plan = plan
         self.skipped: collections.Counter[str] = collections.Counter()  # by reason, over every read of it
@@ -68,10 +63,10 @@ class Corpus:
 
     def describe(self) -> dict[str, Any]:
         """JSON-able facts for meta.json: what was read, how, and what was skipped by reason."""
-        return {"name": self.name, "dataset_id": self.dataset_id, "dataset_config": self.dataset_config,
-                "files": [portable(f) for f in self.files()], "streaming": self.streaming,
-                "split_rule": self.split_rule, "skipped": dict(sorted(self.skipped.items())),
-                **self.plan.describe(), "own_split": self.own_split}
+        return {"name": "corpus", "dataset_id": self.dataset_id, "dataset_config": self.dataset_config,
+                "files": [portable(f) for f in self.files()], "streaming": True,
+                "split_rule": "none: the sources in the order given; the builder splits",
+                "skipped": dict(sorted(self.skipped.items())), **self.plan.describe(), "own_split": False}
 
     def __repr__(self) -> str:
         return f"<Corpus files={len(self.files())}>"

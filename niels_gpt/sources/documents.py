@@ -167,10 +167,7 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
 def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:
     """Records with bad ones raised (on_bad_record="error") or turned into Skipped (on "skip")."""
     for where, record in records:
-        if isinstance(record, BadRecord):
-            yield where, _bad(record, rules)
-        else:
-            yield where, record
+        yield where, _bad(record, rules) if isinstance(record, BadRecord) else record
 
 
 def _bad(exc: BadRecord, rules: Rules) -> Skipped:
