@@ -131,22 +131,24 @@ def with_deadline(fn, timeout_s: float, expired=None):
 
     NOTE: a stalled body read slips past some backends' own limits; a thread covers every scheme. A call
     that times out keeps its daemon thread until the backend gives up; its result is dropped."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
-
-    t = threading.Thread(target=run, name="niels-gpt-storage-call", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
+    fut = _on_thread(fn)
+    if not concurrent.futures.wait([fut], timeout=timeout_s).done:
         raise expired() if expired is not None else TimeoutError(f"no answer within {timeout_s:.3g} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    return fut.result()
+
+
+def _on_thread(fn) -> concurrent.futures.Future:
+    """fn() on a daemon thread; its result or exception in the Future."""
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work():
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # handed to the caller's thread
+            fut.set_exception(exc)
+
+    threading.Thread(target=work, name="niels-gpt-storage-call", daemon=True).start()
+    return fut
 
 
 _stopping = threading.Event()  # set by stop_transfers(): every bounded call still running ends at once
@@ -220,15 +222,7 @@ def bounded_call(fs, method: str, *args, timeout_s: float | None = None, **kwarg
 
         fut = asyncio.run_coroutine_threadsafe(run(), fs.loop)
     else:
-        fut = concurrent.futures.Future()
-
-        def work():
-            try:
-                fut.set_result(getattr(fs, method)(*args, **kwargs))
-            except BaseException as exc:  # handed to the caller's thread
-                fut.set_exception(exc)
-
-        threading.Thread(target=work, name="niels-gpt-storage-call", daemon=True).start()
+        fut = _on_thread(lambda: getattr(fs, method)(*args, **kwargs))
     seen, moved_at = 0, time.monotonic()
     try:
         while True:

@@ -207,10 +207,10 @@ def pinned(root: Path) -> set[str]:
         return out
     for p in d.iterdir():
         pid = p.name.split("-", 1)[0]
-        if TMP_SUFFIX.search(p.name):
-            continue  # a pin file being replaced: its final name holds the set until the rename
-        if pid == str(os.getpid()):
-            continue  # this process's own: memory holds its current set, the file may be a set behind
+        # a pin file being replaced (its final name holds the set until the rename), or this process's own
+        # (memory holds its current set; the file may be a set behind)
+        if TMP_SUFFIX.search(p.name) or pid == str(os.getpid()):
+            continue
         if not pid.isdigit() or not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
@@ -222,10 +222,9 @@ def pinned(root: Path) -> set[str]:
 
 def _pin_lines(path: Path, root: Path) -> list[str]:
     """The paths a pin file lists: absolute paths of files inside the mirrors (niels_gpt/confine.py)."""
-    data = path.read_bytes()
     fix = f"remove {path} (a live process rewrites its own pins)"
     try:
-        text = data.decode("utf-8")
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise StorageError(f"{path}: a pin file of the download cache that is not UTF-8 text ({exc.reason} at byte "
                            f"{exc.start}); it was damaged or written by something else: {fix}") from None
