@@ -1,16 +1,7 @@
-"""One chat message of a `messages` record, read the way OpenAI's chat format writes it.
-
-| a message holds                                    | becomes                                                  |
-|----------------------------------------------------|----------------------------------------------------------|
-| `{"role", "content": str}`                         | itself (role: system, user, assistant or tool)           |
-| `"content": [{"type": "text", "text"}, ...]`       | its text parts joined with PART_JOIN (`"\\n"`, as vLLM joins them) |
-| a part of another type (`image_url`, `input_audio`, `file`, ...) | a bad record, `non_text_part`, naming the message and the type |
-| `"content": null` beside `"tool_calls"` (assistant) | content `""`, its `tool_calls` kept                      |
-| `{"role": "tool", "content", "tool_call_id"?, "name"?}` | itself: a tool's result                              |
-
-`tool_calls` and the tool role reach the tokenizer's chat template as written (templates that know tools
-render them); the library's own renderer has no tool turns and refuses such conversations
-(builders/rendering.py). Any other key of a message is dropped.
+"""One chat message of a `messages` record, read the way OpenAI's chat format writes it (docs/own-data.md):
+text content parts joined with PART_JOIN (as vLLM joins them), a part of another type a bad record
+(`non_text_part`), an assistant's `tool_calls` and the tool role kept for the chat template (the library's
+own renderer refuses them: builders/rendering.py); any other key of a message is dropped.
 """
 
 from __future__ import annotations

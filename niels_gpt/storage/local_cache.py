@@ -1,4 +1,5 @@
-"""The download cache shared by the processes of one host: its size bound, its pins and its download locks.
+"""The download cache shared by the processes of one host: its size bound, its pins and its download locks
+(docs/storage.md, "Reading").
 
     <cache dir>/
       .lock                      eviction runs under this flock, one process at a time
@@ -6,16 +7,11 @@
       locks/<mirror>/<rel>.lock  one per file ever fetched: the process holding it is the one downloading
       pins/<pid>-<n>.txt         files a live process needs kept (batches in flight or prefetched)
 
-- `claim`: the directory is this library's own (marked `.niels_gpt_download_cache`) or refused, so
-  eviction never runs among a user's files.
-- `make_room`: least recently used (atime) files a mirror's marker lists are evicted until the new file
-  fits; markers, kept and pinned files never are. Room granted is reserved at once by a sparse
-  `<name>.reserved.tmp-<pid>` file, so parallel downloads never grant the same room twice; the mirrors
-  plus the reservations stay within `max_bytes` (what readers/held.py measures).
-- `Pins`: a process publishes the paths it needs kept in its own pin file (written on a short thread: a
-  rename takes ~4 ms, too long for a training step); files of dead processes are dropped.
-- `file_lock`: one download per file per host; lock files stay, since unlinking one while another process
-  waits on it would let a third take a fresh lock beside it.
+Only files a mirror's marker lists are counted and evicted, so eviction never runs among a user's files
+(`claim` refuses a directory that is not ours). Room granted to a download is reserved at once by a sparse
+`<name>.reserved.tmp-<pid>`, so parallel downloads never grant the same room twice. Pin files are written on
+a short thread (a rename takes ~4 ms, too long for a training step). Lock files stay: unlinking one while
+another process waits on it would let a third take a fresh lock beside it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
-"""One cache at a URL, mirrored file by file into the host's download cache, each file checked once.
+"""One cache at a URL, mirrored file by file into the host's download cache, each file checked once
+(docs/storage.md, "Reading").
 
     rc = RemoteCache("s3://bucket/caches/wikitext")   # fetches meta.json (the commit marker) only
     path = rc.fetch("train/shard_00000.bin")          # downloads on first use, then a local path
 
-- The mirror `<download cache>/remote/<sha256(url)[:16]>/` is laid out like the remote cache, so readers
-  open it with their ordinary local code. Only names the marker lists become paths (niels_gpt/confine.py).
-- A download goes to `<name>.tmp-<pid>` and is renamed into place only when its size and sha256 match
-  the marker; a mismatch is fetched once more, then refused naming the URL.
-- Stamps (`stamps/<mirror>/<sha256(rel)[:24]>.json`): (size, mtime_ns, sha256) of a copy as last hashed,
-  so a host hashes each copy once; a copy damaged on disk is named in a warning, removed and fetched again.
-- The marker is read at every open; when it changed, mirrored files whose sha256 changed are deleted.
-- One download per file per host, and the size bound: storage/local_cache.py. A memory map of an evicted
-  file stays valid (POSIX keeps unlinked files alive while mapped).
+The mirror `<download cache>/remote/<sha256(url)[:16]>/` is laid out like the remote cache, so readers open
+it with their ordinary code. A download is renamed into place only when its size and sha256 match the
+marker (a mismatch is fetched once more, then refused). A stamp (`stamps/<mirror>/<sha256(rel)[:24]>.json`:
+size, mtime_ns, sha256) lets a host hash each copy once; a copy damaged on disk is fetched again.
 """
 
 from __future__ import annotations
