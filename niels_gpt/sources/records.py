@@ -133,14 +133,9 @@ def pieces(item: Path | RemoteFile | str, task_bytes: int, *, config: str | None
     path = Path(name)
     if kind == ".json" and _opens_a_document(path):
         return [Piece(item=name, kind=kind)]  # one JSON document: read whole
-    if kind in (".jsonl", ".json"):
-        return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in _line_ranges(path, task_bytes)]
-    if kind == ".parquet":
-        return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in _parquet_runs(path, task_bytes)]
-    if kind == ".arrow":
-        runs = _arrow_runs(path, task_bytes)
-        return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in runs] if runs else [Piece(item=name, kind=kind)]
-    return [Piece(item=name, kind=kind)]
+    cut = {".jsonl": _line_ranges, ".json": _line_ranges, ".parquet": _parquet_runs, ".arrow": _arrow_runs}.get(kind)
+    runs = cut(path, task_bytes) if cut else None  # None: read whole (an Arrow stream too)
+    return [Piece(item=name, kind=kind, start=a, stop=b) for a, b in runs] if runs else [Piece(item=name, kind=kind)]
 
 
 def _opens_a_document(path: Path) -> bool:
