@@ -144,26 +144,25 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
         unchanged = {}
         for sub in prefetch:
             remote = join(root, sub)
-            if not call(fs, f"{url}/{sub}", "exists", join(remote, MARKERS[0])):
-                continue
-            _download_tree(fs, remote, stage / sub, f"{url}/{sub}")
-            for rel in _files(stage):
-                if rel.startswith(sub + "/"):
-                    st = (stage / rel).stat()
-                    unchanged[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if call(fs, f"{url}/{sub}", "exists", join(remote, MARKERS[0])):
+                _download_tree(fs, remote, stage / sub, f"{url}/{sub}")
+                unchanged.update({rel: _signature(stage / rel) for rel in _files(stage) if rel.startswith(sub + "/")})
         yield stage
-        same = set()
-        for rel, sig in unchanged.items():
-            with contextlib.suppress(OSError):
-                st = (stage / rel).stat()
-                if (st.st_size, st.st_mtime_ns, st.st_ino) == sig:
-                    same.add(rel)
-        upload_tree(stage, str(url), fs=fs, skip=frozenset(same))
+        same = frozenset(rel for rel, before in unchanged.items() if _signature(stage / rel) == before)
+        upload_tree(stage, str(url), fs=fs, skip=same)
         for rel in sorted((old or set()) - set(_files(stage))):  # the replaced output's files it no longer has
             with contextlib.suppress(FileNotFoundError):
                 call(fs, f"removing {url}/{rel}", "rm_file", join(root, rel))
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """What tells a prefetched file the build left alone from one it rewrote; None: it is gone."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns, st.st_ino
+    return None
 
 
 def _download_tree(fs, remote: str, local: Path, url: str) -> None:

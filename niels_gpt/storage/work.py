@@ -59,11 +59,8 @@ class WorkStore:
             found = call(self.fs, f"listing {self.url}", "find", self.root, None, False, True)
         except FileNotFoundError:
             return {}
-        out = {}
-        for name, info in (found or {}).items():
-            if name.startswith(self.root + "/"):
-                out[name[len(self.root) + 1:]] = int(info.get("size") or 0)
-        return out
+        top = self.root + "/"
+        return {name[len(top):]: int(info.get("size") or 0) for name, info in (found or {}).items() if name.startswith(top)}
 
     def sizes(self, sub: str) -> dict[str, int]:
         """name -> size of the objects directly under `sub`."""
