@@ -210,9 +210,6 @@ def _runs(sizes: list[int], task_bytes: int) -> list[tuple[int, int]]:
     return runs or [(0, 0)]
 
 
-# ---------------------------------------------------------------------------------------------- reading
-
-
 def records(piece: Piece, columns: list[str] | None = None) -> Iterator[tuple[str, Any]]:
     """(where, FileText | dict | BadRecord) for every record of `piece`, in order."""
     kind = piece.kind
