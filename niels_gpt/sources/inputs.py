@@ -195,10 +195,11 @@ def expand_url(url: str, left_out: list[dict] | None = None) -> list[RemoteFile]
         rel = PurePosixPath(p[len(base):].lstrip("/") if p.startswith(base) else p)
         f = RemoteFile(f"{base_url.rstrip('/')}/{rel.as_posix()}", _sized(finfo))
         named = rel if first_glob is None else PurePosixPath(rel.name)  # a glob's hidden matches: their own name
-        if kind_of(f) and not any(s.startswith(".") for s in named.parts):
+        hidden = any(s.startswith(".") for s in named.parts)
+        if kind_of(f) and not hidden:
             # NOTE: a prefix's files in relative-path order, like a local directory's; a glob's like a local glob's
             found.append((rel.as_posix() if first_glob is None else rel, f))
-        elif any(s.startswith(".") for s in named.parts):
+        elif hidden:
             _leave_out(left_out, f.url, "a hidden file (its name starts with a dot); give its URL to read it")
         else:
             _leave_out(left_out, f.url, f"unknown file kind {_suffix(f.name)!r}; known: {', '.join(SUFFIXES)}")
