@@ -313,7 +313,9 @@ def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str
             try:
                 st = os.stat(p)
             except FileNotFoundError:
-                total += _landed(d, name, m)
+                if m:  # a reservation whose download landed after the listing skipped its temporary: count it
+                    with contextlib.suppress(FileNotFoundError):
+                        total += os.stat(os.path.join(d, name[:m.start() - len(RESERVED)])).st_size
                 continue
             if not m and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
                 continue  # not a file this library fetched: neither counted nor ever evicted
@@ -323,17 +325,6 @@ def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str
             elif name not in MARKERS and p not in keep:
                 files.append((st.st_atime_ns, p, st.st_size))  # access time: last use
     return total, reserved, files
-
-
-def _landed(d: str, name: str, m) -> int:
-    """Bytes of the download a vanished reservation `name` stood for: it landed after the listing skipped
-    its temporary, so nothing else counts it."""
-    if m is None or not name[:m.start()].endswith(RESERVED):
-        return 0
-    try:
-        return os.stat(os.path.join(d, name[:m.start() - len(RESERVED)])).st_size
-    except FileNotFoundError:
-        return 0
 
 
 def disk_usage(root: Path) -> int:
