@@ -98,6 +98,8 @@ class Processes(Executor):
         # leaves Ctrl-C to the driver
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
                                         initializer=worker_init, initargs=(os.getpid(),))
+        if method == "fork":  # every worker forked now, before the driver starts a thread of its own
+            self.pool.submit(int)
         self.futures: dict = {}
         self.running = False
 

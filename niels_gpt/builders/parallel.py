@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,11 +36,13 @@ from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, ru
 from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.output_guard import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
+from niels_gpt.sources.lines import file_sha256
 from niels_gpt.sources.stream import Plan, check_unchanged
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
+from niels_gpt.tokenizer.fast import fast_encoder
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
@@ -167,6 +170,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
     keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
+    fast_encoder(tok)  # made and checked once here (meta.json records it), not once per forked worker
     ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries, timeout=spec.extra.get("connect_timeout"))
     where = ex.describe()
     log(f"build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {where}; work directory "
@@ -179,6 +183,9 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         return plan.describe()
 
     receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
+    # meta.json's sha256 of each local input, hashed while the workers run instead of after the last task
+    hashing = threading.Thread(target=_hash_inputs, args=(plan,), name="input-sha256", daemon=True)
+    hashing.start()
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
                   streaming=plan.streaming, source=described, final=out, tokenizer_path=recorded_path(tok, out))
     try:
@@ -193,6 +200,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         ex.cancel()
         ex.close()
         bar.close()
+        hashing.join()
     if not spec.keep_parts:
         if isinstance(work, Path):
             remove_work(work, created=created)
@@ -200,6 +208,13 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
             remove_work_url(work_store(work))
     return summarize(out, executor=where, tasks=len(plan.tasks), ran=counters["ran"], reused=len(reused),
                      task_seconds=counters["task_seconds"], tokenized=counters["tokenized"])
+
+
+def _hash_inputs(plan: Plan) -> None:
+    for name, kind in zip(plan.inputs, plan.kinds or [""] * len(plan.inputs), strict=True):
+        if kind != "dataset" and "://" not in name:
+            with contextlib.suppress(OSError):  # the commit meets the error again and names it
+                file_sha256(name)
 
 
 def _previous_plan(work: Path) -> dict:

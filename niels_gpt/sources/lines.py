@@ -9,6 +9,9 @@
   for every line it accepts (integers of any size included); a line it refuses (NaN, Infinity, a lone
   surrogate escape, a number past float range, bad UTF-8, not JSON) is parsed again by `json`, whose record
   or error stands. Without msgspec every line goes through `json`.
+- `file_sha256(path)`, what a build records of each input, is hashed from the bytes the ranges read, when one
+  process reads a file's ranges in order from its start (a one-process build): not read a second time at the
+  end of the build (debian-docs: 0.03 s of CPU, 0.05-0.1 s of a build's wall time on 2 cores).
 Cost: a byte range is read in one call (task_bytes of memory); a whole file is streamed in 1 MiB blocks.
 Reading + parsing (CPU, 2 cores): debian-docs (47 MB) 0.06 s with msgspec, 0.15 s with json; its 316,610
 paragraphs as lines 1.05 us a line, 2.38 with json (python bench/bench_parse.py).
@@ -16,8 +19,11 @@ paragraphs as lines 1.05 us a line, 2.38 with json (python bench/bench_parse.py)
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,12 +138,57 @@ class _Prefixed:
         return out + (self.raw.read(n - len(out)) if len(out) < n else b"")
 
 
+_HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>") of a file read or hashed whole
+_RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
+_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _key(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
+    """Extend `path`'s running sha256 by a range read at `start` if it follows what was hashed (ranges read out
+    of order, as a pool's tasks read them, stop it); at the file's end the digest is kept for `file_sha256`."""
+    with _LOCKS.setdefault(path, threading.Lock()):
+        done, h, was = _RUNNING.pop(path, None) or (0, None, None)
+        if start == 0:
+            done, h, was = 0, hashlib.sha256(), _key(st)
+        if h is None or done != start or was != _key(st):
+            return
+        h.update(data)
+        if start + len(data) >= st.st_size:
+            _HASHED[path] = (was, "sha256:" + h.hexdigest())
+        else:
+            _RUNNING[path] = (start + len(data), h, was)
+
+
+def file_sha256(path: str) -> str:
+    """"sha256:<hex>" of a local file, as read in order by `_range_records` or hashed earlier in this process (a
+    parallel build hashes its inputs on a thread while its tasks run) if unchanged since (size, mtime, ctime,
+    inode), else read and hashed now."""
+    with _LOCKS.setdefault(path, threading.Lock()):  # a second caller waits for the digest being made
+        key = _key(os.stat(path))
+        if _HASHED.get(path, (None,))[0] != key:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while block := f.read(READ_BLOCK):
+                    h.update(block)
+            _HASHED[path] = (key, "sha256:" + h.hexdigest())
+        return _HASHED[path][1]
+
+
+if hasattr(os, "register_at_fork"):  # a worker forked while a file was hashed gets locks of its own
+    os.register_at_fork(after_in_child=_LOCKS.clear)
+
+
 def _range_records(piece) -> Iterator[tuple[Any, Any]]:
     """(where, record or BadRecord) per non-blank line of a byte range of a plain file: the hot loop of a build
     over JSON Lines, kept to one slice, one blank test and one parse a line (bench/bench_parse.py)."""
     with open(piece.item, "rb") as f:
         f.seek(piece.start)
         data = f.read(piece.stop - piece.start)
+        _hash_read(piece.item, piece.start, data, os.fstat(f.fileno()))
     numbers, item, find, size = _LineNumbers(piece), piece.item, data.find, len(data)
     pos = len(BOM) if piece.start == 0 and data.startswith(BOM) else 0
     start, k = 0, 0  # the offset of a line counts its BOM, as a line's byte numbers in errors always have
