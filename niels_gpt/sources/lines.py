@@ -140,7 +140,7 @@ class _Prefixed:
 
 _HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>") of a file read or hashed whole
 _RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
-_LOCKS: dict[str, threading.Lock] = {}
+_LOCK = threading.Lock()
 
 
 def _key(st: os.stat_result) -> tuple:
@@ -150,7 +150,7 @@ def _key(st: os.stat_result) -> tuple:
 def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
     """Extend `path`'s running sha256 by a range read at `start` if it follows what was hashed (ranges read out
     of order, as a pool's tasks read them, stop it); at the file's end the digest is kept for `file_sha256`."""
-    with _LOCKS.setdefault(path, threading.Lock()):
+    with _LOCK:
         done, h, was = _RUNNING.pop(path, None) or (0, None, None)
         if start == 0:
             done, h, was = 0, hashlib.sha256(), _key(st)
@@ -167,7 +167,7 @@ def file_sha256(path: str) -> str:
     """"sha256:<hex>" of a local file, as read in order by `_range_records` or hashed earlier in this process (a
     parallel build hashes its inputs on a thread while its tasks run) if unchanged since (size, mtime, ctime,
     inode), else read and hashed now."""
-    with _LOCKS.setdefault(path, threading.Lock()):  # a second caller waits for the digest being made
+    with _LOCK:  # a second caller waits for the digest being made instead of making it again
         key = _key(os.stat(path))
         if _HASHED.get(path, (None,))[0] != key:
             h = hashlib.sha256()
@@ -178,8 +178,13 @@ def file_sha256(path: str) -> str:
         return _HASHED[path][1]
 
 
-if hasattr(os, "register_at_fork"):  # a worker forked while a file was hashed gets locks of its own
-    os.register_at_fork(after_in_child=_LOCKS.clear)
+def _new_lock() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # a process forked while a file was hashed gets a lock no thread holds
+    os.register_at_fork(after_in_child=_new_lock)
 
 
 def _range_records(piece) -> Iterator[tuple[Any, Any]]:
