@@ -61,6 +61,7 @@ def corpus(name: str) -> dict[str, list[str]]:
             files[folder] = [p.read_text(encoding="utf-8") for p in sorted((SHARED / folder).iterdir())]
     return {f"{k}-{i}": v for i in range(int(copies or 1)) for k, v in files.items()}
 
+
 def train(docs: list[str], train_chars: int, vocab: int, out: Path) -> dict[str, Path]:
     import tokenizers
     from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -100,12 +101,14 @@ def train(docs: list[str], train_chars: int, vocab: int, out: Path) -> dict[str,
 
 
 
-def best(fn, repeat: int) -> tuple[float, int, float]:
-    """(wall seconds, tokens, CPU seconds) of fn(), the least wall time of `repeat` runs."""
+def best(fn, repeat: int, setup=lambda: None) -> tuple[float, int, float]:
+    """(wall seconds, tokens, CPU seconds) of fn(setup()), the least wall time of `repeat` runs; setup() (a
+    fresh encoder) runs before the clocks start."""
     out = []
     for _ in range(repeat):
+        arg = setup()
         t0, c0 = time.perf_counter(), time.process_time()
-        tokens = fn()
+        tokens = fn(arg)
         out.append((time.perf_counter() - t0, tokens, time.process_time() - c0))
     return min(out)
 
@@ -123,10 +126,9 @@ def reference(tok, docs: list[str], workers: int) -> int:
         return sum(len(ids) for out in pool.map(encode, parts) for ids in out)
 
 
-def bare(make, docs: list[str], threads: int, how: str) -> int:
-    """Tokens of `docs` encoded by the gigatoken Tokenizer make() gives: `encode` per document on `threads`
-    threads sharing it, or its `encode_batch` (rayon, every core) 256 documents a call."""
-    giga = make()
+def bare(giga, docs: list[str], threads: int, how: str) -> int:
+    """Tokens of `docs` encoded by the gigatoken Tokenizer `giga`: `encode` per document on `threads` threads
+    sharing it, or its `encode_batch` (rayon, every core) 256 documents a call."""
     if how == "encode_batch":
         import awkward  # imported before the clock starts by main()
         return sum(int(awkward.count(giga.encode_batch(b, parallel=True))) for b in batches(docs))
@@ -172,11 +174,11 @@ def encoders(paths: dict, docs: list[str], args) -> None:
             print(f"{kind}: no fast encoder for this tokenizer")
             continue
         for label, make in (("warm", lambda f=fast: f.giga), ("once", lambda p=path: fast_encoder(load_tokenizer(p)).giga)):
-            dt, n, cpu = best(lambda m=make: bare(m, docs, 1, "encode"), args.repeat)
+            dt, n, cpu = best(lambda g: bare(g, docs, 1, "encode"), args.repeat, make)
             print(f"{kind:14s} gigatoken ({fast.name}), one thread, {label}: {n / dt / 1e6:7.2f} Mtok/s, "
                   f"{n / cpu / 1e6:7.2f} Mtok per CPU-second ({n:,} tokens)")
         for w in sorted({1, args.workers}):
-            dt, n, _ = best(lambda t=tok, w=w: reference(t, docs[:args.reference_docs], w), args.repeat)
+            dt, n, _ = best(lambda _, t=tok, w=w: reference(t, docs[:args.reference_docs], w), args.repeat)
             print(f"{kind:14s} its own library, {w} thread(s): {n / dt / 1e6:7.2f} Mtok/s")
 
 
@@ -201,7 +203,7 @@ def builds(name: str, tiktoken_file: Path, tmp: Path, args) -> None:
     rates, cpu_once = {}, None
     for threads, how in ((1, "encode"), (args.workers, "encode"), (args.workers, "encode_batch")):
         for label, make in (("warm", lambda: warm), ("once", fresh)):
-            dt, n, cpu = best(lambda m=make, t=threads, h=how: bare(m, docs, t, h), args.repeat)
+            dt, n, cpu = best(lambda g, t=threads, h=how: bare(g, docs, t, h), args.repeat, make)
             key = f"{threads} thread{'s' * (threads > 1)} {how} {label}"
             rates[key] = n / dt
             cpu_once = n / cpu if key == "1 thread encode once" else cpu_once

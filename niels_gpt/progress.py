@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
-TEXT_SUFFIXES = (".txt", ".md", ".raw", ".jsonl", ".json")
 PROGRESS_EVERY_S = 30.0  # outside a terminal: one progress line every this many seconds
 EVERY_ENV = "NIELS_GPT_PROGRESS_EVERY"
 
@@ -31,9 +30,7 @@ def _isatty(stream) -> bool:
 
 def should_show(progress: bool | None, stream=None) -> bool:
     """Whether a bar is shown: asked for, or by default on a terminal (see `mode` for the lines of a log)."""
-    if progress is not None:
-        return bool(progress)
-    return _isatty(sys.stderr if stream is None else stream)
+    return mode(progress, stream) == "bar"
 
 
 def mode(progress: bool | None, stream=None) -> str:
@@ -153,17 +150,6 @@ def progress_bar(iterable=None, *, progress: bool | None, **kw):
 
     kw.pop("rate", None)
     return tqdm(iterable, file=sys.stderr, **kw)
-
-
-def text_input_bytes(files: Sequence[str | os.PathLike]) -> int | None:
-    """Bytes of the input when every file is uncompressed text whose size tracks its documents' bytes."""
-    files = list(files)
-    if not files or any(os.path.splitext(str(f))[1].lower() not in TEXT_SUFFIXES for f in files):
-        return None
-    try:
-        return sum(os.path.getsize(f) for f in files)
-    except OSError:
-        return None
 
 
 class BuildProgress:

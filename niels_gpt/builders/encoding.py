@@ -48,7 +48,6 @@ def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> I
         yield buf[j]
 
 
-
 def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Iterator[tuple[list[str], Counter]]:
     """(non-empty documents, records skipped by reason) per batch of `batch_docs` items of the stream.
 
@@ -117,27 +116,19 @@ def _pieces(docs: list[str], n: int) -> list[list[str]]:
     return out
 
 
-def _encode_pieces(pool: EncodePool, docs: list[str], n: int) -> list:
-    return [pool.encode(piece) for piece in _pieces(docs, n)]
-
-
-def _joined(futures: list) -> list:
-    if len(futures) == 1:
-        return futures[0].result()
-    return [ids for future in futures for ids in future.result()]
-
-
 def _in_order(pool: EncodePool, batches, workers: int):
     window = 2 * workers
     pending: deque = deque()
     for kept, n in batches:
-        pending.append((_encode_pieces(pool, kept, window), n))
+        pending.append(([pool.encode(piece) for piece in _pieces(kept, window)], n))
         if len(pending) >= window:
-            futures, n_done = pending.popleft()
-            yield _joined(futures), n_done
+            yield _joined(*pending.popleft())
     while pending:
-        futures, n_done = pending.popleft()
-        yield _joined(futures), n_done
+        yield _joined(*pending.popleft())
+
+
+def _joined(futures: list, n):
+    return [ids for future in futures for ids in future.result()], n
 
 
 def _encode_threads(num_workers: int | None) -> int:

@@ -98,17 +98,12 @@ def _build(gigatoken, tokenizer):
     """A gigatoken Tokenizer for `tokenizer`, or None where it has no such model (or `tokenizer` is a subclass
     of the library's tokenizers, whose encoder may not be its base's)."""
     # lazy: the backends import their libraries (tiktoken, tokenizers, sentencepiece) only when asked
-    from niels_gpt.tokenizer import tiktoken_backend as tb
-
-    # lazy: as above
-    from niels_gpt.tokenizer.hf import HFTokenizer
-
-    # lazy: as above
-    from niels_gpt.tokenizer.spm import SentencePieceTokenizer
+    from niels_gpt.tokenizer import hf, spm, tiktoken_backend
 
     kind = type(tokenizer)
-    if kind is tb.TiktokenTokenizer:
+    if kind is tiktoken_backend.TiktokenTokenizer:
         enc = tokenizer._enc
+        tb = tiktoken_backend
         scheme = {tb.R50K_PATTERN: "gpt2", tb.CL100K_PATTERN: "gpt4", tb.O200K_PATTERN: "o200k"}.get(enc._pat_str)
         if scheme is None:
             try:
@@ -128,9 +123,9 @@ def _build(gigatoken, tokenizer):
             with open(path, "wb") as f:
                 f.write(lines)
             return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
-    if kind is HFTokenizer:
+    if kind is hf.HFTokenizer:
         return _without_specials(gigatoken, tokenizer._tok.to_str())
-    if kind is SentencePieceTokenizer:
+    if kind is spm.SentencePieceTokenizer:
         # NOTE: gigatoken's own converter (what Tokenizer.from_sentencepiece calls), so that the control
         # pieces can be left out as below
         from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
