@@ -184,7 +184,8 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
 
     receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
     # meta.json's sha256 of each local input, hashed while the workers run instead of after the last task
-    hashing = threading.Thread(target=_hash_inputs, args=(plan,), name="input-sha256", daemon=True)
+    stop = threading.Event()  # set when the build ends: a failed one does not wait for the rest to be hashed
+    hashing = threading.Thread(target=_hash_inputs, args=(plan, stop), name="input-sha256", daemon=True)
     hashing.start()
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
                   streaming=plan.streaming, source=described, final=out, tokenizer_path=recorded_path(tok, out))
@@ -200,6 +201,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         ex.cancel()
         ex.close()
         bar.close()
+        stop.set()
         hashing.join()
     if not spec.keep_parts:
         if isinstance(work, Path):
@@ -210,11 +212,11 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
                      task_seconds=counters["task_seconds"], tokenized=counters["tokenized"])
 
 
-def _hash_inputs(plan: Plan) -> None:
+def _hash_inputs(plan: Plan, stop: threading.Event) -> None:
     for name, kind in zip(plan.inputs, plan.kinds or [""] * len(plan.inputs), strict=True):
-        if kind != "dataset" and "://" not in name:
+        if kind != "dataset" and "://" not in name and not stop.is_set():
             with contextlib.suppress(OSError):  # the commit meets the error again and names it
-                file_sha256(name)
+                file_sha256(name, stop)
 
 
 def _previous_plan(work: Path) -> dict:

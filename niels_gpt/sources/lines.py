@@ -163,10 +163,10 @@ def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
             _RUNNING[path] = (start + len(data), h, was)
 
 
-def file_sha256(path: str) -> str:
+def file_sha256(path: str, stop: threading.Event | None = None) -> str | None:
     """"sha256:<hex>" of a local file, as read in order by `_range_records` or hashed earlier in this process (a
     parallel build hashes its inputs on a thread while its tasks run) if unchanged since (size, mtime, ctime,
-    inode), else read and hashed now."""
+    inode), else read and hashed now; None if `stop` is set meanwhile."""
     with _LOCK:  # a second caller waits for the digest being made instead of making it again
         key = _key(os.stat(path))
         if _HASHED.get(path, (None,))[0] != key:
@@ -174,6 +174,8 @@ def file_sha256(path: str) -> str:
             with open(path, "rb") as f:
                 while block := f.read(READ_BLOCK):
                     h.update(block)
+                    if stop is not None and stop.is_set():
+                        return None
             _HASHED[path] = (key, "sha256:" + h.hexdigest())
         return _HASHED[path][1]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -114,4 +115,7 @@ def test_file_sha256_comes_from_ranges_read_in_order_and_follows_a_rewrite(tmp_p
     monkeypatch.undo()
     path.write_bytes(data.replace(b"document 7", b"document X"))
     os.utime(path, ns=(1, 1))
+    stopped = threading.Event()
+    stopped.set()
+    assert lines.file_sha256(str(path), stopped) is None  # a build that ended stops hashing its inputs
     assert lines.file_sha256(str(path)) == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
