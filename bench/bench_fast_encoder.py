@@ -37,26 +37,17 @@ SHARED = ROOT.parent / "shared" / "data"
 DATA = SHARED / "bulk-text" / "debian-docs.jsonl"
 
 
-def read_docs(n: int | None, path: Path = DATA, field: str = "text") -> list[str]:
-    out = []
+def read_docs(path: Path = DATA) -> list[str]:
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            text = json.loads(line).get(field)
-            if isinstance(text, str) and text.strip():
-                out.append(text)
-            if n and len(out) >= n:
-                break
-    return out
+        return [t for line in f if isinstance(t := json.loads(line).get("text"), str) and t.strip()]
 
 
 def corpus(name: str) -> dict[str, list[str]]:
     """JSON Lines file name -> its documents."""
     base, copies = re.fullmatch(r"(.*?)(?:-x(\d+))?", name).groups()
-    if base == "debian-docs":
-        files = {"debian-docs": read_docs(None)}
-    else:
-        files = {"debian-docs": read_docs(None), "web": [d for p in sorted((SHARED / "web-cc-sample").glob("*.jsonl"))
-                                                         for d in read_docs(None, p)]}
+    files = {"debian-docs": read_docs()}
+    if base != "debian-docs":
+        files["web"] = [d for p in sorted((SHARED / "web-cc-sample").glob("*.jsonl")) for d in read_docs(p)]
         for folder in ("gutenberg", "wikitext", "tinyshakespeare"):
             files[folder] = [p.read_text(encoding="utf-8") for p in sorted((SHARED / folder).iterdir())]
     return {f"{k}-{i}": v for i in range(int(copies or 1)) for k, v in files.items()}
@@ -236,7 +227,7 @@ def main() -> None:
     import awkward  # noqa: F401 - gigatoken's encode_batch returns its arrays: imported before any clock
     import gigatoken  # noqa: F401 - the fast encoder must be installed for this bench
 
-    docs = read_docs(None)
+    docs = read_docs()
     print(f"debian-docs: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} M characters; "
           f"{os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="bench-fast-") as tmp:

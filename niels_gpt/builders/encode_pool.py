@@ -1,22 +1,15 @@
 """Where the cache builder's encode workers run: threads, or forked processes for an encoder that does not
 scale on threads.
 
-Every backend's encoder releases the GIL, so threads are the default: they share the tokenizer and start
-at once. tiktoken's encoder does not scale on threads: two threads in one process encode 1.2-1.4x the rate
-of one, two processes 1.9x (cl100k_base on debian-docs, both on a 2-core EPYC VM and on two pinned cores
-of a Xeon; bench/bench_tokenizers.py), with one Encoding or one per thread, and with glibc's malloc or
-jemalloc. A tokenizer says so with `encode_in_processes = True`; its workers are then processes forked
-from the builder before it starts any thread of its own, which inherit the open tokenizer (nothing is
-pickled but the documents going out and the uint32 arrays coming back). That is on Linux; elsewhere (macOS,
-where forking a process that has loaded system frameworks is unsafe, and Windows, which cannot fork), or
-with NIELS_GPT_ENCODE_THREADS=1 in the environment, or where the fast encoder (niels_gpt/tokenizer/fast.py)
-encodes for it (gigatoken spreads each batch over every core itself), such a tokenizer gets threads too.
-A forked worker dies with the process that forked it (Linux: PR_SET_PDEATHSIG), so a build killed with
-SIGKILL leaves no worker behind, and ignores Ctrl-C, which the builder handles (one message, not a traceback
-per worker).
-
-The ids are the same either way: every document is encoded alone by `encode_documents`, and the
-caller joins the runs in order.
+Every backend's encoder releases the GIL, so threads are the default: they share the tokenizer and start at
+once. tiktoken's own encoder does not scale on threads (two threads encode 1.2-1.4x one's rate, two processes
+1.9x; cl100k_base on debian-docs, bench/bench_tokenizers.py), so a tokenizer says `encode_in_processes = True`
+and its workers are processes forked from the builder before it starts any thread, inheriting the open
+tokenizer (only the documents and the uint32 arrays are pickled). Threads all the same: off Linux (macOS
+cannot fork safely, Windows not at all), with NIELS_GPT_ENCODE_THREADS=1, or where the fast encoder
+(niels_gpt/tokenizer/fast.py) encodes for it. A forked worker dies with its parent (Linux: PR_SET_PDEATHSIG)
+and leaves Ctrl-C to it (one message, not a traceback per worker). The ids are the same either way: every
+document is encoded alone by `encode_documents`, and the caller joins the runs in order.
 """
 
 from __future__ import annotations

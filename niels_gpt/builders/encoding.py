@@ -73,19 +73,12 @@ def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Itera
 
 def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
-    """Encoded documents, batch by batch, in stream order.
-
-    One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
-    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a worker of
-    `pool` (a thread: the encoders release the GIL; a forked process for tiktoken, niels_gpt/builders/
-    encode_pool.py), at most `2 * workers` batches in flight, results joined in order.
-    Every document is encoded alone whatever the cut, so the ids do not depend on it.
-    NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
-    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.56x the bare
-    1-thread rate); runs of a batch keep both busy to the end (1.67x; bench/bench_tokenizers.py). Empty
-    documents are counted when their batch is consumed, not when it is read, so meta.json does not depend
-    on how far ahead the workers have read.
-    """
+    """Encoded documents, batch by batch, in stream order (the module docstring): one worker encodes on this
+    thread; more cut each batch into `2 * workers` runs of about equal characters (`_pieces`), one call each
+    on `pool`, `2 * workers` batches in flight. NOTE: runs, not whole batches, keep both cores busy to the
+    last batch (a 256-document batch of debian-docs is ~2 M characters; bench/bench_tokenizers.py). Empty
+    documents are counted when their batch is consumed, so meta.json does not depend on how far ahead the
+    workers have read."""
     batches = _read_batches(texts)
     if pool is None:
         encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)

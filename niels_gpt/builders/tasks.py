@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.rendering import render
 from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
@@ -54,10 +55,6 @@ from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
 from niels_gpt.urls import is_url
 
-# Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
-# it only bounds memory. NOTE: not imported from the builders, which import torch: a Ray worker
-# importing this module would pay ~1.5 s for a library it never uses.
-ENCODE_DOCS = 256
 EMPTY = "empty_document"  # skip reason 0
 _TOKENIZERS: dict[str, object] = {}
 
@@ -222,7 +219,7 @@ def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origin
                 origins.extend(origin)
             else:
                 lens.append(skips.code(item.reason if isinstance(item, Skipped) else EMPTY))
-            if len(batch) == ENCODE_DOCS:
+            if len(batch) == ENCODE_BATCH_DOCS:  # the ids do not depend on it: it bounds memory
                 encoded = _flush(tok, convert, batch, where, lens, encoded)
         _flush(tok, convert, batch, where, lens, encoded)
         return {"bin": out.close()}, lens, {"separator": sep.describe()}
