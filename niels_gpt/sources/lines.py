@@ -195,7 +195,7 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
     with open(piece.item, "rb") as f:
         f.seek(piece.start)
         data = f.read(piece.stop - piece.start)
-        _hash_read(piece.item, piece.start, data, os.fstat(f.fileno()))
+        st = os.fstat(f.fileno())
     numbers, item, find, size = _LineNumbers(piece), piece.item, data.find, len(data)
     pos = len(BOM) if piece.start == 0 and data.startswith(BOM) else 0
     start, k = 0, 0  # the offset of a line counts its BOM, as a line's byte numbers in errors always have
@@ -208,6 +208,7 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
             where.offset = piece.start + start  # the line's byte offset in the file: a document's origin
             yield where, _parse(raw, where, where.offset)
         start, pos, k = end, end, k + 1
+    _hash_read(piece.item, piece.start, data, st)  # a range read to its end (planning reads one record)
 
 
 class _LineNumbers:
