@@ -9,9 +9,9 @@
   for every line it accepts (integers of any size included); a line it refuses (NaN, Infinity, a lone
   surrogate escape, a number past float range, bad UTF-8, not JSON) is parsed again by `json`, whose record
   or error stands. Without msgspec every line goes through `json`.
-- `file_sha256(path)`, what a build records of each input, is hashed from the bytes the ranges read, when one
-  process reads a file's ranges in order from its start (a one-process build): not read a second time at the
-  end of the build (debian-docs: 0.03 s of CPU, 0.05-0.1 s of a build's wall time on 2 cores).
+- `file_sha256(path)`, what a build records of each input, is hashed from the bytes the ranges read when one
+  process reads a file's ranges in order from its start (an inline build), instead of the file being read and
+  hashed again after the last task (debian-docs: 0.03-0.05 s of CPU; docs/performance.md).
 Cost: a byte range is read in one call (task_bytes of memory); a whole file is streamed in 1 MiB blocks.
 Reading + parsing (CPU, 2 cores): debian-docs (47 MB) 0.06 s with msgspec, 0.15 s with json; its 316,610
 paragraphs as lines 1.05 us a line, 2.38 with json (python bench/bench_parse.py).
