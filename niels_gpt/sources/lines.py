@@ -1,20 +1,13 @@
 """JSON Lines, the one way: byte ranges of a plain file, or whole files (gzip, zstd, at a URL), line by line.
 
-- A UTF-8 BOM opening the file is dropped (editors on Windows write one); blank lines are no records.
-- Each line is strict UTF-8 and one JSON object; anything else is a `BadRecord` naming the file and line (a
-  byte range counts its line numbers from the file's start only when an error needs one).
-- A compressed file that ends early is an error naming it: gzip says so itself; zstd frames are decoded one
-  by one here (zstandard's stream reader returns what it has and stops silently at a cut frame).
-- A line is parsed by msgspec where it is installed (the `tiktoken` extra), which gives what `json` gives
-  for every line it accepts (integers of any size included); a line it refuses (NaN, Infinity, a lone
-  surrogate escape, a number past float range, bad UTF-8, not JSON) is parsed again by `json`, whose record
-  or error stands. Without msgspec every line goes through `json`.
-- `file_sha256(path)`, what a build records of each input, is hashed from the bytes the ranges read when one
-  process reads a file's ranges in order from its start (an inline build), instead of the file being read and
-  hashed again after the last task (debian-docs: 0.03-0.05 s of CPU; docs/performance.md).
-Cost: a byte range is read in one call (task_bytes of memory); a whole file is streamed in 1 MiB blocks.
-Reading + parsing (CPU, 2 cores): debian-docs (47 MB) 0.06 s with msgspec, 0.15 s with json; its 316,610
-paragraphs as lines 1.05 us a line, 2.38 with json (python bench/bench_parse.py).
+- A leading UTF-8 BOM is dropped; blank lines are no records; each line is strict UTF-8 and one JSON object,
+  anything else is a `BadRecord` naming the file and line (counted from the file's start only when needed).
+- A compressed file that ends early is an error naming it (zstd frames are decoded one by one here, since
+  zstandard's stream reader stops silently at a cut frame).
+- msgspec parses a line where installed; a line it refuses is parsed again by `json`, whose record or error
+  stands, so the records are what `json` gives.
+- `file_sha256` is hashed from the bytes the ranges read when one process reads a file's ranges in order.
+Cost: a byte range is read in one call (task_bytes of memory); figures in docs/performance.md.
 """
 
 from __future__ import annotations
