@@ -1,12 +1,9 @@
 """Progress for long builds, on stderr: a bar on a terminal, a line every so often in a log.
 
-- `progress=None` (the CLI's default): a bar when stderr is a terminal; in a log file, a pipe or CI one
-  line every PROGRESS_EVERY_S seconds (30; the NIELS_GPT_PROGRESS_EVERY environment variable sets it) with
-  the amount done, its rate and, when the total is known, the ETA; `True`: always a bar, `False`: nothing.
-- When the size of the input is known (local text files), the bar counts the UTF-8 bytes of the
-  documents consumed against it, so the rate is bytes/s and the ETA is real; tokens and tokens/s
-  ride beside it. A token budget is never the bar's total: the input may end long before it.
-- When the size is unknown (a hub stream, Parquet), the bar counts tokens with their rate and no total.
+- `progress=None` (the CLI's default): a bar on a terminal, else one line every PROGRESS_EVERY_S seconds
+  (NIELS_GPT_PROGRESS_EVERY sets it) with the amount, rate and ETA; `True`: always a bar, `False`: nothing.
+- With the input's size known (local text files) the bar counts the UTF-8 bytes of the documents read, so the
+  ETA is real (a token budget is never the total: the input may end first); else it counts tokens.
 Cost: nothing when the bar is off; one UTF-8 encode per document when it is on.
 """
 
@@ -64,8 +61,8 @@ def _clock(seconds: float) -> str:
 
 
 class Lines:
-    """What a bar says, as one line every `every` seconds (for a log file or CI). It speaks tqdm's part that
-    the builders use: update, n, total, set_postfix_str, refresh, close, and iteration over `iterable`."""
+    """What a bar says, as one line every `every` seconds (for a log), through the part of tqdm's interface
+    the builders use."""
 
     def __init__(self, iterable=None, *, desc: str = "", total: float | None = None, unit: str = "it",
                  initial: float = 0, every: float | None = None, stream=None, clock=time.monotonic, rate: bool = True,
@@ -122,20 +119,11 @@ class Lines:
 
 
 class Off(Lines):
-    """A bar that is off: it counts and says nothing (and costs no tqdm import: ~15-30 ms of start-up)."""
+    """A bar that is off: it counts and says nothing (and costs no tqdm import)."""
 
     disable = True  # as tqdm's disabled bar says
 
-    def __iter__(self):
-        return iter(self.iterable)
-
     def refresh(self) -> None:
-        pass
-
-    def update(self, n: float = 1) -> None:
-        self.n += n
-
-    def close(self) -> None:
         pass
 
 
@@ -163,8 +151,7 @@ class BuildProgress:
                                 unit_scale=True, desc=desc, progress=progress)
 
     def documents(self, texts: Iterable[str]) -> Iterator[str]:
-        """`texts`, their bytes counted when the bar runs on bytes (else passed on as they are: no layer per
-        document)."""
+        """`texts`, their bytes counted when the bar runs on bytes (else no layer per document)."""
         if not self.by_bytes:
             return iter(texts)
         return self._counted(texts)

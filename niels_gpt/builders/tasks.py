@@ -1,9 +1,7 @@
 """One task of a plan: tokenize (or render) its items into part files, then write its receipt.
 
-Files of task `<id>` in the work directory's `parts/` (written under temporary names, renamed when
-complete, the receipt last, so a receipt means the parts are whole; none of them is fsynced: the commit
-reads every part it uses and checks its size and sha256 against the receipt, so a part lost or torn by a
-power loss is caught there, never copied into a cache):
+Files of task `<id>` in the work directory's `parts/`, renamed into place when complete, the receipt last (not
+fsynced: the commit checks every part's size and sha256 against the receipt):
 
 | file            | contents                                                                           |
 |-----------------|------------------------------------------------------------------------------------|
@@ -19,11 +17,8 @@ power loss is caught there, never copied into a cache):
 |                 | it read, bytes + sha256 of each part, the separator, seconds, host and pid         |
 | `<id>.started`  | host, pid and time, written when the task starts (who is working on what)          |
 
-The ids are made exactly as the one-process builder makes them: `encode_documents` (one thread) and the
-builder's converter (`writers.Budgeted.write`: separators, the range check naming the document, the
-separator-in-text check), or `tokenizer.render_chat` and the builder's `render` rules for chats. A task
-needs only paths: the tokenizer is opened by its path, with the plan's conventions, in the worker (once per
-process) and checked against the plan's sha256.
+The ids are made as the one-process builder makes them (`encode_documents`, `writers.Budgeted.write`; `render`
+for chats). A task needs only paths: the worker opens the tokenizer once per process and checks its sha256.
 """
 
 from __future__ import annotations
@@ -79,8 +74,7 @@ def _key(path: str, options: dict | None) -> str:
 
 
 def keep_tokenizer(path: str, tokenizer, options: dict | None = None) -> None:
-    """Let tasks in this process, and in worker processes forked from it, use `tokenizer` (opened from
-    `path` with `options`) instead of opening it again: a forked pool's workers then start at once."""
+    """Let tasks in this process, and in workers forked from it, use `tokenizer` instead of opening `path`."""
     _TOKENIZERS[_key(path, options)] = tokenizer
 
 
@@ -98,8 +92,8 @@ def _tokenizer(path: str, sha256: str, options: dict | None):
 
 
 def _fetched_tokenizer(url: str, sha256: str, options: dict | None):
-    """The copy the driver put in the work URL, fetched once per node into its download cache; a copy that does
-    not load as the tokenizer of that sha256 is removed from the node (fetched again by the next task)."""
+    """The copy the driver put in the work URL, fetched once per node; a copy that does not load as the
+    tokenizer of that sha256 is removed (fetched again by the next task)."""
     local = fetch_tokenizer(url, sha256)
     try:
         tok = load_tokenizer(local, **(options or {}))
@@ -128,10 +122,8 @@ class _Skips:
 def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_dir: str,
              tokenizer_options: dict | None = None) -> dict:
     """Tokenize (spec["chat"]: render) one task into its part files and return its receipt (also `<id>.json`).
-
-    `spec`: the plan's record rules (`rules`), `chat`, and the signatures of the task's local inputs.
-    `work_dir` a URL: the parts are written in a temporary directory of the task's own, uploaded (the
-    receipt last), and the directory removed."""
+    `spec`: the plan's `rules`, `chat`, and the signatures of the task's local inputs. At a URL `work_dir` the
+    parts are written in a temporary directory, then uploaded (the receipt last)."""
     if is_url(work_dir):
         return _run_task_at_url(task, spec, tokenizer_path, tokenizer_sha256, work_dir, tokenizer_options)
     t0 = time.perf_counter()
@@ -140,9 +132,7 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     dtype = np.dtype(tok.token_dtype)
     parts = parts_dir(work_dir)
     parts.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(parts / f"{t.id}.started", json.dumps(
-        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode(),
-        durable=False)
+    write_bytes_atomic(parts / f"{t.id}.started", _started(t), durable=False)
     rules = Rules(**{**spec["rules"], "chat_columns": tuple(spec["rules"]["chat_columns"])
                      if spec["rules"].get("chat_columns") else None})
     stream = task_items(t, rules, spec.get("signatures"), origins=True)
@@ -169,6 +159,10 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     return receipt
 
 
+def _started(t: Task) -> bytes:
+    return json.dumps({"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode()
+
+
 def _write_npy(path: Path, arr: np.ndarray) -> dict:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -186,8 +180,7 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
                               "--work-dir in an object store every input must be at a URL (s3://, gs://, ...) or at "
                               "the same path on every node: upload the inputs to the store and build from there")
     store = work_store(work_url)
-    store.put_bytes(f"parts/{t.id}.started", json.dumps(
-        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
+    store.put_bytes(f"parts/{t.id}.started", _started(t))
     sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # those of this node's workers lost mid-task
     tmp = tempfile.mkdtemp(prefix=f"{TASK_DIRS}{os.getpid()}_")
     try:
@@ -275,9 +268,8 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
 
 
 def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int] | None = None) -> dict | None:
-    """The task's receipt when it is valid for this task (same id and spec, part files of the recorded
-    sizes, inputs that still hash as they did when it ran), else None: such a task runs again. A work URL:
-    `listing` (name -> size under parts/, one listing for every task) saves a listing per task."""
+    """The task's receipt when valid (same id and spec, parts of the recorded sizes, inputs that hash as when
+    it ran), else None: the task runs again. `listing`: name -> size under a work URL's parts/."""
     remote = is_url(work_dir)
     parts = None if remote else parts_dir(work_dir)
     if remote and listing is None:
