@@ -1,11 +1,6 @@
-"""The encode pipeline of the one-process builder: documents in batches, encoded on this thread or on a pool
-of workers, results in stream order.
-
-- `shuffled`: the optional torch-RNG shuffle buffer (O(size) memory);
-- `_read_batches`: ENCODE_BATCH_DOCS items at a time, skipped records counted by reason where they stand;
-- `_encoded_batches`: with several workers each batch is cut into runs of about equal characters encoded by
-  one call each on a worker (threads: every backend's encoder releases the GIL; forked processes for tiktoken,
-  builders/encode_pool.py); every document is encoded alone, so the ids do not depend on the cut.
+"""The one-process builder's encode pipeline: documents in batches, encoded on this thread or on a pool of
+workers (builders/encode_pool.py), results in stream order. Each batch is cut into runs of about equal
+characters, one call each on a worker; every document is encoded alone, so the ids do not depend on the cut.
 """
 
 from __future__ import annotations
@@ -49,11 +44,8 @@ def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> I
 
 
 def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Iterator[tuple[list[str], Counter]]:
-    """(non-empty documents, records skipped by reason) per batch of `batch_docs` items of the stream.
-
-    An item is a document (str) or a `Skipped(reason)` left in the stream by its source (a null text, a bad
-    record skipped); an empty or whitespace-only document is skipped as `empty_document`. Counting skips
-    per batch taken, at their place in the stream, makes the counts the same for every executor."""
+    """(non-empty documents, records skipped by reason) per batch of `batch_docs` items (str or Skipped) of the
+    stream; an empty or whitespace-only document is skipped as `empty_document`."""
     it = iter(texts)
     while batch := list(itertools.islice(it, batch_docs)):
         kept = []
@@ -73,12 +65,10 @@ def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Itera
 
 def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
-    """Encoded documents, batch by batch, in stream order (the module docstring): one worker encodes on this
-    thread; more cut each batch into `2 * workers` runs of about equal characters (`_pieces`), one call each
-    on `pool`, `2 * workers` batches in flight. NOTE: runs, not whole batches, keep both cores busy to the
-    last batch (a 256-document batch of debian-docs is ~2 M characters; bench/bench_tokenizers.py). Empty
-    documents are counted when their batch is consumed, so meta.json does not depend on how far ahead the
-    workers have read."""
+    """Encoded documents, batch by batch, in stream order: on this thread without `pool`, else each batch cut
+    into `2 * workers` runs (`_pieces`), `2 * workers` batches in flight. NOTE: runs, not whole batches, keep
+    every core busy to the last batch. Skips are counted as their batch is consumed, so meta.json does not
+    depend on how far ahead the workers have read."""
     batches = _read_batches(texts)
     if pool is None:
         encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)

@@ -12,6 +12,7 @@ Cost: a byte range is read in one call (task_bytes of memory); figures in docs/p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ READ_BLOCK = 1 << 20
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame opens with these four bytes
 GZIP_MAGIC = b"\x1f\x8b"
 
-try:  # NOTE: msgspec is one small compiled module (a few ms to import), so not deferred to first use
+try:  # NOTE: msgspec is small (a few ms to import), so not deferred to first use
     from msgspec.json import Decoder as _Decoder
     _fast_loads = _Decoder().decode
 except ImportError:
@@ -44,14 +45,10 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
         raise SourceError("reading .zst needs the `zstandard` package: pip install 'niels_gpt[corpus]'") from exc
     dctx = zstandard.ZstdDecompressor()
     dobj, fed = dctx.decompressobj(), False
-    first = True
-    while True:
-        chunk = raw.read(READ_BLOCK)
-        if not chunk:
-            break
-        if first and not chunk.startswith(ZSTD_MAGIC[:len(chunk)]):
-            raise NotCompressed("zstd", chunk)
-        first = False
+    chunk = raw.read(READ_BLOCK)
+    if chunk and not chunk.startswith(ZSTD_MAGIC[:len(chunk)]):
+        raise NotCompressed("zstd", chunk)
+    while chunk:
         while chunk:
             try:
                 out = dobj.decompress(chunk)
@@ -63,6 +60,7 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
             chunk = dobj.unused_data if dobj.eof else b""
             if dobj.eof:
                 dobj, fed = dctx.decompressobj(), False
+        chunk = raw.read(READ_BLOCK)
     if fed:
         raise EOFError("the last zstd frame ends before its end mark")
 
@@ -75,7 +73,7 @@ class NotCompressed(ValueError):
         self.codec, self.head = codec, head
 
 
-def _not_compressed(item: str, e: NotCompressed, kind: str = "plain JSON Lines") -> SourceError:
+def _not_compressed(item: str, e: NotCompressed, kind: str) -> SourceError:
     suffix = ".zst" if e.codec == "zstd" else ".gz"
     what = "plain text" if _looks_like_text(e.head) else "some other data"
     return SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
@@ -131,7 +129,7 @@ class _Prefixed:
         return out + (self.raw.read(n - len(out)) if len(out) < n else b"")
 
 
-_HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>") of a file read or hashed whole
+_HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>")
 _RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
 _LOCK = threading.Lock()
 
@@ -142,7 +140,7 @@ def _key(st: os.stat_result) -> tuple:
 
 def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
     """Extend `path`'s running sha256 by a range read at `start` if it follows what was hashed (ranges read out
-    of order, as a pool's tasks read them, stop it); at the file's end the digest is kept for `file_sha256`."""
+    of order stop it); at the file's end the digest is kept for `file_sha256`."""
     with _LOCK:
         done, h, was = _RUNNING.pop(path, None) or (0, None, None)
         if start == 0:
@@ -157,8 +155,7 @@ def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
 
 
 def file_sha256(path: str, stop: threading.Event | None = None) -> str | None:
-    """"sha256:<hex>" of a local file, as read in order by `_range_records` or hashed earlier in this process (a
-    parallel build hashes its inputs on a thread while its tasks run) if unchanged since (size, mtime, ctime,
+    """"sha256:<hex>" of a local file: as hashed earlier in this process if unchanged since (size, mtime, ctime,
     inode), else read and hashed now; None if `stop` is set meanwhile."""
     with _LOCK:  # a second caller waits for the digest being made instead of making it again
         key = _key(os.stat(path))
@@ -183,8 +180,8 @@ if hasattr(os, "register_at_fork"):  # a process forked while a file was hashed 
 
 
 def _range_records(piece) -> Iterator[tuple[Any, Any]]:
-    """(where, record or BadRecord) per non-blank line of a byte range of a plain file: the hot loop of a build
-    over JSON Lines, kept to one slice, one blank test and one parse a line (bench/bench_parse.py)."""
+    """(where, record or BadRecord) per non-blank line of a byte range of a plain file: a build's hot loop, kept
+    to one slice, one blank test and one parse a line (bench/bench_parse.py)."""
     with open(piece.item, "rb") as f:
         f.seek(piece.start)
         data = f.read(piece.stop - piece.start)
@@ -245,15 +242,14 @@ def named_json(name: str) -> bool:
 
 
 def opens_a_document(first_line: bytes) -> bool:
-    """Whether a `.json` file's first non-blank line opens one JSON document rather than a line of JSON Lines:
-    an array (`[` ...), or an object spread over lines (`{` alone on its line, as pretty printers write it)."""
+    """Whether a `.json` file's first non-blank line opens one JSON document (`[...`, or `{` alone on its line)."""
     first = first_line.removeprefix(BOM).strip()
     return first.startswith(b"[") or first == b"{"
 
 
 def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
-    """The records of a `.json` file holding one document: an array of records, or an object holding one array
-    of records (`{"data": [...]}`), or else that object as one record. Read whole: the file's size in memory."""
+    """The records of a `.json` file holding one document: an array of records, an object holding one array of
+    records (`{"data": [...]}`), or else that object as one record. Read whole."""
     try:
         text = data.removeprefix(BOM).decode("utf-8")
         doc = json.loads(text)
@@ -284,10 +280,9 @@ def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
 
 def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
     """(where, record or BadRecord) per non-blank line of a JSON Lines piece (a byte range, or a whole file
-    opened with `open_binary`: compressed, or at a URL); a whole `.json` file that opens a document (an array,
-    a pretty-printed object) is read as that document's records."""
+    opened with `open_binary`); a whole `.json` file that opens a document is read as its records."""
     ranged = piece.stop >= 0 and "://" not in piece.item and piece.kind in (".jsonl", ".json")
-    try:
+    with _decompressing(piece.item, "plain JSON Lines"):
         if ranged:
             yield from _range_records(piece)
             return
@@ -313,21 +308,22 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
             where = _Where(piece.item, None, k)
             where.offset = start  # the line's byte offset in the (decompressed) file: a document's origin
             yield where, _parse(raw, where, None)
-    except NotCompressed as e:
-        raise _not_compressed(piece.item, e) from None
-    except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
-        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
-                          "recompress it or remove it from the inputs") from e
 
 
 def decompressed(piece, open_binary) -> bytes:
     """The whole decompressed contents of a `.gz` / `.zst` file (a compressed text file), errors as json_lines'."""
-    try:
+    with _decompressing(piece.item, "plain text"):
         return b"".join(_lines_of(piece, open_binary))
+
+
+@contextlib.contextmanager
+def _decompressing(item: str, kind: str):
+    try:
+        yield
     except NotCompressed as e:
-        raise _not_compressed(piece.item, e, "plain text") from None
+        raise _not_compressed(item, e, kind) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
-        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
+        raise SourceError(f"{item}: cannot decompress ({e}); the file is truncated or damaged: "
                           "recompress it or remove it from the inputs") from e
 
 
