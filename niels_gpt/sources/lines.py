@@ -13,6 +13,7 @@ Cost: a byte range is read in one call (task_bytes of memory); figures in docs/p
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -96,10 +97,10 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
         if name.endswith(".gz"):
             import gzip
 
-            head = raw.read(2)
-            if head != GZIP_MAGIC[:len(head)]:
-                raise NotCompressed("gzip", head + raw.read(254))
-            yield from gzip.GzipFile(fileobj=_Prefixed(head, raw))
+            head = raw.peek(256)[:256]  # a buffered reader, local or remote (records._open_binary)
+            if head[:2] != GZIP_MAGIC[:len(head[:2])]:
+                raise NotCompressed("gzip", head)
+            yield from gzip.GzipFile(fileobj=raw)
         elif name.endswith(".zst"):
             tail = b""
             for block in _zstd_blocks(raw):
@@ -111,22 +112,6 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
                 yield tail
         else:
             yield from raw
-
-
-class _Prefixed:
-    """A binary stream with its first bytes (already read to check a magic number) put back in front."""
-
-    def __init__(self, head: bytes, raw):
-        self.head, self.raw = head, raw
-
-    def read(self, n: int = -1) -> bytes:
-        if not self.head:
-            return self.raw.read(n)
-        if n is None or n < 0:
-            out, self.head = self.head + self.raw.read(), b""
-            return out
-        out, self.head = self.head[:n], self.head[n:]
-        return out + (self.raw.read(n - len(out)) if len(out) < n else b"")
 
 
 _HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>")
@@ -186,7 +171,7 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
         f.seek(piece.start)
         data = f.read(piece.stop - piece.start)
         st = os.fstat(f.fileno())
-    numbers, item, find, size = _LineNumbers(piece), piece.item, data.find, len(data)
+    item, find, size = piece.item, data.find, len(data)
     pos = len(BOM) if piece.start == 0 and data.startswith(BOM) else 0
     start, k = 0, 0  # the offset of a line counts its BOM, as a line's byte numbers in errors always have
     while pos < size:
@@ -194,44 +179,34 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
         end = size if end < 0 else end + 1
         raw = data[pos:end]
         if raw and not raw.isspace():  # bytes.isspace: what `not raw.strip()` tests, without a copy
-            where = _Where(item, numbers, k)
+            where = _Where(item, piece.start, k)
             where.offset = piece.start + start  # the line's byte offset in the file: a document's origin
             yield where, _parse(raw, where, where.offset)
         start, pos, k = end, end, k + 1
     _hash_read(piece.item, piece.start, data, st)  # a range read to its end (planning reads one record)
 
 
-class _LineNumbers:
-    """Line numbers of a byte range, counted from the file's start only when an error needs one."""
-
-    def __init__(self, piece):
-        self.piece, self.base = piece, None
-
-    def line(self, k: int) -> int:
-        if self.base is None:
-            self.base = 1
-            if self.piece.start > 0:
-                with open(self.piece.item, "rb") as f:
-                    remaining = self.piece.start
-                    while remaining > 0:
-                        chunk = f.read(min(remaining, 1 << 24))
-                        if not chunk:
-                            break
-                        self.base += chunk.count(b"\n")
-                        remaining -= len(chunk)
-        return self.base + k
+@functools.lru_cache(maxsize=64)
+def _line_at(path: str, start: int) -> int:
+    """The number of the line that byte `start` of `path` begins: counted only when an error needs it."""
+    n = 1
+    with open(path, "rb") as f:
+        while start > 0 and (chunk := f.read(min(start, 1 << 24))):
+            n += chunk.count(b"\n")
+            start -= len(chunk)
+    return n
 
 
 class _Where:
-    """`<file>, line N`, formatted only if used (a byte range counts lines from the file's start lazily)."""
+    """`<file>, line N`, formatted only if used. `start`: of the byte range the line is in (None: a whole file)."""
 
-    __slots__ = ("numbers", "k", "item", "offset")
+    __slots__ = ("item", "start", "k", "offset")
 
-    def __init__(self, item: str, numbers, k: int):
-        self.item, self.numbers, self.k = item, numbers, k
+    def __init__(self, item: str, start: int | None, k: int):
+        self.item, self.start, self.k = item, start, k
 
     def __str__(self) -> str:
-        n = self.numbers.line(self.k) if self.numbers is not None else self.k + 1
+        n = self.k + (_line_at(self.item, self.start) if self.start is not None else 1)
         return f"{self.item}, line {n}"
 
 

@@ -58,18 +58,6 @@ def torture_texts(tokenizer) -> list[str]:
 
 
 def _version() -> str:
-    """gigatoken's version, from its dist-info directory beside the package (importlib.metadata scans every
-    installed distribution: ~30 ms of a build's start-up)."""
-    import gigatoken
-
-    where = getattr(gigatoken, "__file__", None)
-    try:
-        names = os.listdir(os.path.dirname(os.path.dirname(os.path.abspath(where)))) if where else []
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith("gigatoken-") and name.endswith(".dist-info"):
-            return name[len("gigatoken-"):-len(".dist-info")]
     from importlib.metadata import version
     return version("gigatoken")
 
