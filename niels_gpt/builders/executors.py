@@ -73,12 +73,11 @@ class InProcess(Executor):
 class Processes(Executor):
     name = "processes"
 
-    def __init__(self, workers: int | None = None, start_method: str | None = None):
+    def __init__(self, workers: int | None = None):
         self.workers = workers or os.cpu_count() or 1
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
-        methods = multiprocessing.get_all_start_methods()
-        method = start_method or ("fork" if "fork" in methods else "spawn")
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
                                         initializer=worker_init, initargs=(os.getpid(),))
         if method == "fork":  # every worker forked now, before the driver starts a thread of its own

@@ -234,8 +234,7 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
     return encoded + len(docs)
 
 
-def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str = "error",
-                 origins: list | None = None):
+def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str, origins: list):
     stored_mask = not getattr(tok, "library_conventions", True)
     out = HashingFile(parts / f"{t.id}.bin", durable=False)
     mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False) if stored_mask else None
@@ -254,8 +253,7 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
             if mask is not None:
                 mask.write(np.asarray(chat.mask, dtype=np.uint8))
             lens.append(len(ids))
-            if origins is not None:
-                origins.extend(origin)
+            origins.extend(origin)
         files = {"bin": out.close()}
         if mask is not None:
             files["mask"] = mask.close()

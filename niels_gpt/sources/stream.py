@@ -33,7 +33,6 @@ from niels_gpt.sources.inputs import (
     RemoteFile,
     changed_while_read,
     expand,
-    kind_of,
     signature,
 )
 from niels_gpt.sources.origins import Reading, located
@@ -87,7 +86,7 @@ class Plan:
 
     def input_bytes(self) -> int | None:
         """Total input bytes for a progress bar's ETA, when every input is an uncompressed text file of known size."""
-        if any(kind not in PLAIN_TEXT + (".jsonl", ".json") for kind in self.kinds or map(kind_of, self.inputs)):
+        if any(kind not in PLAIN_TEXT + (".jsonl", ".json") for kind in self.kinds):
             return None
         if len(self.sizes) != len(self.inputs):
             return None

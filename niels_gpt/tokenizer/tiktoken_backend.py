@@ -16,10 +16,10 @@
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,9 +56,12 @@ PUBLISHED = {
 }
 
 
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+
+
 def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
     """The ranks of a .tiktoken file's bytes, as tiktoken's `load_tiktoken_bpe` reads them; an error names the
-    line at fault (0.1 s for o200k's 200,000 ranks).
+    line at fault.
 
     NOTE: not `load_tiktoken_bpe(path)` itself: its download cache keys local paths too (sha1 of the path), so
     it copied every file into the cache and served the first version of a path after the file was replaced.
@@ -72,7 +75,9 @@ def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
             continue
         try:
             token_text, rank_text = line.split()
-            token, rank = base64.b64decode(token_text, validate=True), int(rank_text)
+            if _BASE64.fullmatch(token_text) is None:  # what base64.b64decode(validate=True) refuses
+                raise binascii.Error("not base64")
+            token, rank = binascii.a2b_base64(token_text), int(rank_text)
         except (ValueError, binascii.Error) as exc:
             raise TokenizerError(f"{path}: not a .tiktoken file (base64 token, space, rank per line): line "
                                  f"{number}: {line[:60]!r} ({exc})") from exc
