@@ -18,13 +18,6 @@ PROGRESS_EVERY_S = 30.0  # outside a terminal: one progress line every this many
 EVERY_ENV = "NIELS_GPT_PROGRESS_EVERY"
 
 
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def should_show(progress: bool | None, stream=None) -> bool:
     """Whether a bar is shown: asked for, or by default on a terminal (see `mode` for the lines of a log)."""
     return mode(progress, stream) == "bar"
@@ -32,11 +25,12 @@ def should_show(progress: bool | None, stream=None) -> bool:
 
 def mode(progress: bool | None, stream=None) -> str:
     """"bar" (a tqdm bar), "lines" (a line every few seconds, for a log) or "off"."""
-    if progress is False:
-        return "off"
-    if progress is True:
-        return "bar"
-    return "bar" if _isatty(sys.stderr if stream is None else stream) else "lines"
+    if progress is not None:
+        return "bar" if progress else "off"
+    try:
+        return "bar" if (sys.stderr if stream is None else stream).isatty() else "lines"
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return "lines"
 
 
 def every_s() -> float:

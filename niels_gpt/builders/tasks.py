@@ -202,7 +202,6 @@ def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origin
     lens: list[int] = []
     batch: list[str] = []
     where: list[int] = []  # index in lens of each document of batch
-    encoded = 0  # documents encoded so far (Budgeted.write numbers documents by it)
     try:
         for item, origin in stream:
             if isinstance(item, str) and item and not item.isspace():  # the builder's emptiness test
@@ -213,25 +212,25 @@ def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origin
             else:
                 lens.append(skips.code(item.reason if isinstance(item, Skipped) else EMPTY))
             if len(batch) == ENCODE_BATCH_DOCS:  # the ids do not depend on it: it bounds memory
-                encoded = _flush(tok, convert, batch, where, lens, encoded)
-        _flush(tok, convert, batch, where, lens, encoded)
+                _flush(tok, convert, batch, where, lens)
+        _flush(tok, convert, batch, where, lens)
         return {"bin": out.close()}, lens, {"separator": sep.describe()}
     except BaseException:
         out.abort()
         raise
 
 
-def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: list[int], encoded: int) -> int:
-    """Encode `batch`, append its tokens, record its lengths; returns the count of documents encoded."""
+def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: list[int]) -> None:
+    """Encode `batch`, append its tokens, record its lengths (`convert.documents` numbers them in errors)."""
     if not batch:
-        return encoded
+        return
     docs = encode_documents(tok, batch, num_threads=1, arrays=True)
-    convert.write(docs, len(docs[-1]) + 1, encoded)
+    convert.write(docs, len(docs[-1]) + 1, convert.documents)
+    convert.documents += len(docs)
     for i, d in zip(where, docs, strict=True):
         lens[i] = len(d) + 1
     batch.clear()
     where.clear()
-    return encoded + len(docs)
 
 
 def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str, origins: list):

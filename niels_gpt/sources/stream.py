@@ -86,9 +86,7 @@ class Plan:
 
     def input_bytes(self) -> int | None:
         """Total input bytes for a progress bar's ETA, when every input is an uncompressed text file of known size."""
-        if any(kind not in PLAIN_TEXT + (".jsonl", ".json") for kind in self.kinds):
-            return None
-        if len(self.sizes) != len(self.inputs):
+        if len(self.sizes) != len(self.inputs) or any(k not in PLAIN_TEXT + (".jsonl", ".json") for k in self.kinds):
             return None
         return sum(self.sizes.values())
 
