@@ -183,8 +183,7 @@ class Ray(Executor):
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 out.append((key, None, cause if isinstance(cause, Exception) else e))
-            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-                    ray.exceptions.TaskCancelledError, ray.exceptions.RayError) as e:
+            except ray.exceptions.RayError as e:  # a dead worker or node, a cancelled task
                 out.append((key, None, WorkerDied(f"{type(e).__name__}: {str(e).splitlines()[0]}")))
         return out
 

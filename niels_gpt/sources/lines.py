@@ -187,8 +187,8 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _line_at(path: str, start: int) -> int:
-    """The number of the line that byte `start` of `path` begins: counted only when an error needs it."""
+def _line_at(path: str, start: int, key: tuple) -> int:
+    """The number of the line that byte `start` of `path` (as of its `_key`) begins: counted when an error needs it."""
     n = 1
     with open(path, "rb") as f:
         while start > 0 and (chunk := f.read(min(start, 1 << 24))):
@@ -206,7 +206,7 @@ class _Where:
         self.item, self.start, self.k = item, start, k
 
     def __str__(self) -> str:
-        n = self.k + (_line_at(self.item, self.start) if self.start is not None else 1)
+        n = self.k + (_line_at(self.item, self.start, _key(os.stat(self.item))) if self.start is not None else 1)
         return f"{self.item}, line {n}"
 
 
