@@ -132,15 +132,18 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
     """Run the plan's tasks on `executor` and commit them into `out` (`spec`: builders/run.py's BuildSpec);
     returns the summary's facts."""
     target = spec.extra.get("out_url") or os.path.abspath(out)  # the output this work directory is for
+    ref = tokenizer_ref(tok)
+
+    def plan_json(created: bool) -> bytes:
+        return (json.dumps({**plan.to_json(), "work_dir_created": created, "out": target}, indent=1) + "\n").encode()
+
     if isinstance(work, Path):
         work = check_output(work, kind="work", flag="--work-dir", inputs=spec.sources, others=[("--out", out)])
         # removed at the end only if a run of ours (this one, or the one it resumes) made it
         created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
         work.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(work / PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created,
-                                                          "out": target}, indent=1) + "\n").encode())
+        write_bytes_atomic(work / PLAN_NAME, plan_json(created))
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
-        ref = tokenizer_ref(tok)
     else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
         if scheme_of(work) == "memory" and executor != "inprocess":
             raise ConfigError(f"--work-dir {work}: memory:// lives in this process alone, and the tasks of --executor "
@@ -155,9 +158,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # local tasks of a killed run of this machine
         created, found = check_work_url(store, target)
         created = created or not found
-        store.put_bytes(PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created, "out": target},
-                                               indent=1) + "\n").encode())
-        ref = tokenizer_ref(tok)
+        store.put_bytes(PLAN_NAME, plan_json(created))
         if Path(ref).exists():  # a file of the driver's: the tasks fetch it from the store by its sha256
             ref = upload_tokenizer(store, ref, tok.sha256, found)
         listing = store.sizes("parts")
