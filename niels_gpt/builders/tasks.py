@@ -23,6 +23,7 @@ for chats). A task needs only paths: the worker opens the tokenizer once per pro
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -58,15 +59,14 @@ def parts_dir(work_dir: str | os.PathLike) -> Path:
     return Path(work_dir) / "parts"
 
 
-_STORES: dict[tuple[str, int], WorkStore] = {}
-
-
 def work_store(url: str) -> WorkStore:
     """The work URL's store, made once per process (a forked worker makes its own)."""
-    key = (str(url), os.getpid())
-    if key not in _STORES:
-        _STORES[key] = WorkStore(url)
-    return _STORES[key]
+    return _store(str(url), os.getpid())
+
+
+@functools.cache
+def _store(url: str, pid: int) -> WorkStore:
+    return WorkStore(url)
 
 
 def _key(path: str, options: dict | None) -> str:

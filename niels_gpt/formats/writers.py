@@ -99,12 +99,11 @@ class ShardWriter:
 
     def _roll(self) -> None:
         self._close_current()
-        name = SHARD_PATTERN.format(len(self.records)) + (SUFFIX if self.compress else "")
-        self.records[name] = {}
-        self.current = HashingFile(self.dir / name)
+        self._name = SHARD_PATTERN.format(len(self.records)) + (SUFFIX if self.compress else "")
+        self.records[self._name] = {}
+        self.current = HashingFile(self.dir / self._name)
         if self.compress:
             self.current = FrameEncoder(self.current, self.dtype, self.frame_tokens)
-        self._name = name
         self.room = self.capacity
 
     def _close_current(self) -> None:

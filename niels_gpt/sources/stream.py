@@ -262,13 +262,9 @@ def task_items(task: Task, rules: Rules, signatures: dict | None = None, origins
 
 
 def _columns(layout: str, rules: Rules) -> list[str] | None:
-    if layout == "text":
-        return [rules.text_field]
-    if layout == "messages":
-        return [rules.messages_field]
-    if layout == "columns":
-        return list(rules.chat_columns or ())
-    return None
+    """The columns a layout reads (of Parquet and Arrow inputs); None: every column."""
+    return {"text": [rules.text_field], "messages": [rules.messages_field],
+            "columns": list(rules.chat_columns or ())}.get(layout)
 
 
 def stream_items(plan: Plan, check_at_end: bool = True) -> Iterator:
