@@ -163,16 +163,17 @@ class BuildProgress:
         if not self.by_bytes:
             self.bar.update(n)
             return
-        now = time.monotonic()
-        if now - self._last > 0.5:
-            self._last = now
-            rate = self.tokens / max(now - self._start, 1e-9)
-            self.bar.set_postfix_str(f"{self.tokens:,} tok, {rate / 1e6:.2f} Mtok/s", refresh=False)
+        if time.monotonic() - self._last > 0.5:
+            self._tokens_note()
+
+    def _tokens_note(self) -> None:
+        self._last = now = time.monotonic()
+        rate = self.tokens / max(now - self._start, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens:,} tok, {rate / 1e6:.2f} Mtok/s", refresh=False)
 
     def close(self, *, finished: bool = False) -> None:
         if self.by_bytes:
-            rate = self.tokens / max(time.monotonic() - self._start, 1e-9)
-            self.bar.set_postfix_str(f"{self.tokens:,} tok, {rate / 1e6:.2f} Mtok/s", refresh=False)
-        if self.by_bytes and finished and self.bar.total and self.bar.n < self.bar.total:
-            self.bar.update(self.bar.total - self.bar.n)  # JSON/markup overhead: the text is smaller than the files
+            self._tokens_note()
+            if finished and self.bar.total and self.bar.n < self.bar.total:
+                self.bar.update(self.bar.total - self.bar.n)  # JSON/markup overhead: the text is smaller
         self.bar.close()
