@@ -14,10 +14,7 @@ are the training text, the next --heldout-docs documents the held-out text.
      settings (sentencepiece's own trainer, in this process), HF tokenizers' BpeTrainer (GPT-2 byte level);
    and each one's time as a multiple of bare rustbpe's; then ours with --trainer rustbpe against bare rustbpe
    (start-up included) and its bytes per token against the default's.
-2. Encoding the whole corpus (bench/bench_fast_encoder.py): tokens/s of bare gigatoken on one thread (warm:
-   the best of two passes of one encoder; once: a fresh encoder, as a build encodes), of each tokenizer's own
-   library (tiktoken, HF tokenizers, sentencepiece; one thread and --workers), and of `build` (--executor
-   inline and processes, a .tiktoken tokenizer), against bare gigatoken, in wall time and per CPU-second;
+2. Encoding, and `build` against the bare fast encoder: bench/bench_fast_encoder.py (its docstring says what);
 3. start-up: `build`'s whole process against its own wall time from its first task (both from 2.).
 """
 
@@ -143,7 +140,7 @@ def main() -> None:
     print(f"  --trainer rustbpe: {ours_rust[1] / base:.2f}x bare rustbpe's time (start-up included); held-out "
           f"{ours_rust[2]:.3f} bytes/token against the default's {default[2]:.3f} ({ours_rust[2] / default[2]:.3f}x)")
     if not args.skip_encode:
-        print("\n2.-3. encoding (bench/bench_fast_encoder.py, all of debian-docs)", flush=True)
+        print("\n2.-3. encoding (bench/bench_fast_encoder.py: debian-docs, then every text file of ../shared/data)", flush=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fast_encoder.py"), "--repeat", "2"], check=True,
                        env={**env, "PYTHONPATH": str(ROOT)})

@@ -1,21 +1,18 @@
 """The fast encoder against the field, and `build` against the bare fast encoder, in one run on the same text.
 
-On debian-docs (../shared/data/bulk-text/debian-docs.jsonl, "text" field, --docs documents), with
-tokenizers trained here on its first --train-chars (no network needed):
-- tiktoken: a --vocab byte-level BPE with cl100k's split regex, written as a .tiktoken file;
-- hf-tokenizers: a --vocab byte-level BPE with GPT-2's pre-tokenizer, as tokenizer.json;
-- sentencepiece: the library's trainer with model_type bpe (byte fallback), --vocab pieces.
-Figures, tokens/s, best of --repeat:
-1. each backend's own library (the reference encoder: tiktoken's uint32 buffers on one thread and on
-   --workers threads, `tokenizers` encode_batch on its pool, sentencepiece on --workers threads) and
-   gigatoken over the same documents, one thread (`encode` per document, as the builder calls it): warm,
-   the best of --repeat passes of one encoder (from the second pass its pretoken cache holds the text's
-   words), and once, a fresh encoder per pass (what a build does: it encodes each document once);
-2. `python -m niels_gpt build` of a JSON Lines folder holding the same documents, tiktoken tokenizer,
-   --executor inline and processes: cache tokens / wall time of the whole process, and the ratio to bare
-   gigatoken on one thread, warm and once; its CPU time (workers included) and tokens per CPU-second against
-   bare gigatoken's once (on a shared machine the CPU figures move less than the wall times); whether the
-   build imported torch;
+Tokenizers are trained on debian-docs' first --train-chars (../shared/data/bulk-text/debian-docs.jsonl; no
+network): tiktoken (a --vocab byte-level BPE with cl100k's split regex, a .tiktoken file), hf-tokenizers (GPT-2
+byte level, tokenizer.json) and sentencepiece (the library's trainer, BPE). Figures, tokens/s, best of --repeat:
+1. debian-docs, each backend: gigatoken one thread (`encode` per document, as the builder calls it), warm (one
+   encoder, from its second pass its pretoken cache holds the text's words) and once (a fresh encoder per pass:
+   a build encodes each document once), and each tokenizer's own library on one thread and on --workers threads;
+2. per --corpora (debian-docs; all-text: every text file of ../shared/data, debian-docs, the Gutenberg books,
+   wikitext, tinyshakespeare and the web sample, each as a JSON Lines file; `xN`: N copies), tiktoken tokenizer:
+   bare gigatoken on one thread and on --workers (`encode` per document on a thread pool sharing one encoder,
+   and gigatoken's own `encode_batch` on its rayon pool), warm and once; then `python -m niels_gpt build` of
+   the folder, --executor inline and processes: tokens/s from its first task (the build's own wall time) and
+   for the whole process, each as a ratio to every bare figure, its CPU time (workers included) and tokens
+   per CPU-second against bare gigatoken's once on one thread, whether it imported torch;
 3. start-up: the wall time of `python -m niels_gpt build --help` (imports and the parser).
 """
 
@@ -36,19 +33,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data" / "bulk-text" / "debian-docs.jsonl"
+SHARED = ROOT.parent / "shared" / "data"
+DATA = SHARED / "bulk-text" / "debian-docs.jsonl"
 
 
-def read_docs(n: int | None) -> list[str]:
-    out = []
-    with open(DATA, encoding="utf-8") as f:
-        for line in f:
-            text = json.loads(line).get("text")
-            if isinstance(text, str) and text.strip():
-                out.append(text)
-            if n and len(out) >= n:
-                break
-    return out
+def read_docs(path: Path = DATA) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [t for line in f if isinstance(t := json.loads(line).get("text"), str) and t.strip()]
+
+
+def corpus(name: str) -> dict[str, list[str]]:
+    """JSON Lines file name -> its documents."""
+    base, copies = re.fullmatch(r"(.*?)(?:-x(\d+))?", name).groups()
+    files = {"debian-docs": read_docs()}
+    if base != "debian-docs":
+        files["web"] = [d for p in sorted((SHARED / "web-cc-sample").glob("*.jsonl")) for d in read_docs(p)]
+        for folder in ("gutenberg", "wikitext", "tinyshakespeare"):
+            files[folder] = [p.read_text(encoding="utf-8") for p in sorted((SHARED / folder).iterdir())]
+    return {f"{k}-{i}": v for i in range(int(copies or 1)) for k, v in files.items()}
 
 
 def train(docs: list[str], train_chars: int, vocab: int, out: Path) -> dict[str, Path]:
@@ -89,14 +91,17 @@ def train(docs: list[str], train_chars: int, vocab: int, out: Path) -> dict[str,
     return {"tiktoken": tt, "hf-tokenizers": paths["gpt2-bpe"], "sentencepiece": Path(spm.model_path)}
 
 
-def best(fn, repeat: int) -> tuple[float, int]:
-    out = None
+
+def best(fn, repeat: int, setup=lambda: None) -> tuple[float, int, float]:
+    """(wall seconds, tokens, CPU seconds) of fn(setup()), the least wall time of `repeat` runs; setup() (a
+    fresh encoder) runs before the clocks start."""
+    out = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        tokens = fn()
-        dt = time.perf_counter() - t0
-        out = min(out or (dt, tokens), (dt, tokens))
-    return out
+        arg = setup()
+        t0, c0 = time.perf_counter(), time.process_time()
+        tokens = fn(arg)
+        out.append((time.perf_counter() - t0, tokens, time.process_time() - c0))
+    return min(out)
 
 
 def batches(docs: list[str], n: int = 256):
@@ -112,15 +117,27 @@ def reference(tok, docs: list[str], workers: int) -> int:
         return sum(len(ids) for out in pool.map(encode, parts) for ids in out)
 
 
+def bare(giga, docs: list[str], threads: int, how: str) -> int:
+    """Tokens of `docs` encoded by the gigatoken Tokenizer `giga`: `encode` per document on `threads` threads
+    sharing it, or its `encode_batch` (rayon, every core) 256 documents a call."""
+    if how == "encode_batch":
+        import awkward  # imported before the clock starts by main()
+        return sum(int(awkward.count(giga.encode_batch(b, parallel=True))) for b in batches(docs))
+    if threads == 1:
+        return sum(len(giga.encode(d)) for d in docs)
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(len(ids) for ids in pool.map(giga.encode, docs, chunksize=16))
+
+
 def _env() -> dict:
     """This checkout on the path, and compiled modules cached as a user's installation has them."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     return {**env, "PYTHONPATH": str(ROOT)}
 
 
-def build(tiktoken_file: Path, folder: Path, out: Path, executor: str,
-          workers: int) -> tuple[float, int, bool, float, float]:
-    code = ("import sys, time\nt0 = time.perf_counter()\nfrom niels_gpt.cli import main\n"
+def build(tiktoken_file: Path, folder: Path, out: Path, executor: str, workers: int) -> tuple:
+    """(whole-process wall, tokens, torch imported, the build's own wall time, CPU with its workers)."""
+    code = ("import sys, time\nfrom niels_gpt.cli import main\n"
             f"rc = main(['build', '--out', {str(out)!r}, '--tokenizer', {str(tiktoken_file)!r}, '--executor', "
             f"{executor!r}, '--workers', '{workers}', '--no-progress', {str(folder)!r}])\n"
             "print('TORCH', 'torch' in sys.modules)\nsys.exit(rc)\n")
@@ -136,81 +153,97 @@ def build(tiktoken_file: Path, folder: Path, out: Path, executor: str,
     return wall, tokens, "TORCH True" in proc.stdout, work, cpu
 
 
+def encoders(paths: dict, docs: list[str], args) -> None:
+    from niels_gpt.tokenizer import load_tokenizer
+    from niels_gpt.tokenizer.fast import fast_encoder
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    for kind, path in paths.items():
+        tok = load_tokenizer(path)
+        fast = fast_encoder(tok)
+        if fast is None:
+            print(f"{kind}: no fast encoder for this tokenizer")
+            continue
+        for label, make in (("warm", lambda f=fast: f.giga), ("once", lambda p=path: fast_encoder(load_tokenizer(p)).giga)):
+            dt, n, cpu = best(lambda g: bare(g, docs, 1, "encode"), args.repeat, make)
+            print(f"{kind:14s} gigatoken ({fast.name}), one thread, {label}: {n / dt / 1e6:7.2f} Mtok/s, "
+                  f"{n / cpu / 1e6:7.2f} Mtok per CPU-second ({n:,} tokens)")
+        for w in sorted({1, args.workers}):
+            dt, n, _ = best(lambda _, t=tok, w=w: reference(t, docs[:args.reference_docs], w), args.repeat)
+            print(f"{kind:14s} its own library, {w} thread(s): {n / dt / 1e6:7.2f} Mtok/s")
+
+
+def builds(name: str, tiktoken_file: Path, tmp: Path, args) -> None:
+    import gigatoken
+
+    files = corpus(name)
+    folder = tmp / name
+    folder.mkdir()
+    for stem, docs in files.items():
+        with open(folder / f"{stem}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    docs = [d for stem in sorted(files) for d in files[stem]]  # the order the build reads the folder in
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    print(f"\n{name}: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} M characters, {size / 1e6:.1f} MB "
+          "of JSON Lines")
+
+    def fresh():
+        return gigatoken.Tokenizer.from_tiktoken(str(tiktoken_file), pretokenizer="gpt4", special_tokens={})
+
+    warm = fresh()
+    rates, cpu_once = {}, None
+    for threads, how in ((1, "encode"), (args.workers, "encode"), (args.workers, "encode_batch")):
+        for label, make in (("warm", lambda: warm), ("once", fresh)):
+            dt, n, cpu = best(lambda g, t=threads, h=how: bare(g, docs, t, h), args.repeat, make)
+            key = f"{threads} thread{'s' * (threads > 1)} {how} {label}"
+            rates[key] = n / dt
+            cpu_once = n / cpu if key == "1 thread encode once" else cpu_once
+            print(f"bare gigatoken, {key}: {n / dt / 1e6:7.2f} Mtok/s, {n / cpu / 1e6:7.2f} Mtok per CPU-second")
+    for executor in ("inline", "processes"):
+        runs = [build(tiktoken_file, folder, tmp / f"c-{name}-{executor}-{i}", executor, args.workers)
+                for i in range(args.repeat)]
+        wall, tokens, torch, work, _ = min(runs)
+        cpu = min(r[4] for r in runs)
+        for what, dt in (("from its first task", work), ("whole process", wall)):
+            ratios = ", ".join(f"{tokens / dt / r:.2f}x {k}" for k, r in rates.items())
+            print(f"build --executor {executor:9s} {what}: {tokens / dt / 1e6:7.2f} Mtok/s ({dt:.2f} s); {ratios}")
+        print(f"build --executor {executor:9s}: start-up before its first task {wall - work:.2f} s; torch imported: "
+              f"{torch}; {cpu:.2f} s of CPU (workers included), {tokens / cpu / 1e6:.2f} Mtok per CPU-second, "
+              f"{tokens / cpu / cpu_once:.2f}x bare one thread once")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=None, help="documents of debian-docs (default: all)")
+    ap.add_argument("--corpora", default="debian-docs,all-text", help="comma-separated; all-text-x4: 4 copies")
     ap.add_argument("--train-chars", type=int, default=3_000_000)
     ap.add_argument("--vocab", type=int, default=16_000)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--reference-docs", type=int, default=800,
-                    help="documents the (slower) reference encoders encode, the first of --docs")
+                    help="debian-docs documents the (slower) reference encoders encode")
+    ap.add_argument("--skip-encoders", action="store_true", help="only step 2 and 3")
     args = ap.parse_args()
 
+    import awkward  # noqa: F401 - gigatoken's encode_batch returns its arrays: imported before any clock
     import gigatoken  # noqa: F401 - the fast encoder must be installed for this bench
 
-    from niels_gpt.tokenizer import load_tokenizer
-    from niels_gpt.tokenizer.fast import fast_encoder
-
-    docs = read_docs(args.docs)
-    chars = sum(map(len, docs))
-    print(f"debian-docs: {len(docs):,} documents, {chars / 1e6:.1f} M characters; {os.cpu_count()} cores")
+    docs = read_docs()
+    print(f"debian-docs: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} M characters; "
+          f"{os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="bench-fast-") as tmp:
         tmp = Path(tmp)
         paths = train(docs, args.train_chars, args.vocab, tmp)
-        bare_fast, bare_once, bare_cpu = {}, {}, {}
-        for kind, path in paths.items():
-            tok = load_tokenizer(path)
-            fast = fast_encoder(tok)
-            if fast is None:
-                print(f"{kind}: no fast encoder for this tokenizer")
-                continue
-            dt, n = best(lambda f=fast: sum(len(a) for b in batches(docs, 4096) for a in f.encode_arrays(b)),
-                         args.repeat)
-            bare_fast[kind] = n / dt
-            print(f"{kind:14s} gigatoken ({fast.name}), one thread, warm: {n / dt / 1e6:7.2f} Mtok/s ({n:,} tokens)")
-            once, cpus = [], []
-            for _ in range(args.repeat):  # a fresh encoder each time: every word met for the first time
-                f = fast_encoder(load_tokenizer(path))
-                c0 = time.process_time()
-                once.append(best(lambda f=f: sum(len(a) for b in batches(docs, 4096) for a in f.encode_arrays(b)), 1))
-                cpus.append(time.process_time() - c0)
-            dt, n = min(once)
-            bare_once[kind] = n / dt
-            bare_cpu[kind] = n / min(cpus)
-            print(f"{kind:14s} gigatoken ({fast.name}), one thread, once: {n / dt / 1e6:7.2f} Mtok/s, "
-                  f"{n / min(cpus) / 1e6:7.2f} Mtok per CPU-second")
-            os.environ["TOKENIZERS_PARALLELISM"] = "true"
-            for w in sorted({1, args.workers}):
-                dt, n = best(lambda t=tok, w=w: reference(t, docs[:args.reference_docs], w), args.repeat)
-                print(f"{kind:14s} its own library, {w} thread(s): {n / dt / 1e6:7.2f} Mtok/s")
-        folder = tmp / "jsonl"
-        folder.mkdir()
-        with open(folder / "docs.jsonl", "w", encoding="utf-8") as f:
-            for d in docs:
-                f.write(json.dumps({"text": d}) + "\n")
-        for executor in ("inline", "processes"):
-            runs = []
-            for i in range(args.repeat):
-                runs.append(build(paths["tiktoken"], folder, tmp / f"c-{executor}-{i}", executor, args.workers))
-            wall, tokens, torch, work, _ = min(runs)
-            cpu = min(r[4] for r in runs)
-            for what, dt in (("whole process", wall), ("its own wall time", work)):
-                rate = tokens / dt
-                print(f"build --executor {executor:9s} (tiktoken, {what}): {rate / 1e6:7.2f} Mtok/s, {dt:.2f} s, "
-                      f"{rate / bare_fast['tiktoken']:.2f}x bare gigatoken warm, "
-                      f"{rate / bare_once['tiktoken']:.2f}x once")
-            print(f"build --executor {executor:9s}: torch imported: {torch}; start-up before its first task "
-                  f"{wall - work:.2f} s; {cpu:.2f} s of CPU for the whole process (workers included): "
-                  f"{tokens / cpu / 1e6:.2f} Mtok per CPU-second, {tokens / cpu / bare_cpu['tiktoken']:.2f}x bare "
-                  "gigatoken's once")
-        helps = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "niels_gpt", "build", "--help"], capture_output=True, check=True,
-                           env=_env())
-            helps.append(time.perf_counter() - t0)
-        print(f"start-up: `python -m niels_gpt build --help` {min(helps):.2f} s (best of 3)")
+        if not args.skip_encoders:
+            encoders(paths, docs, args)
+        for name in args.corpora.split(","):
+            builds(name, paths["tiktoken"], tmp, args)
+    helps = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "niels_gpt", "build", "--help"], capture_output=True, check=True,
+                       env=_env())
+        helps.append(time.perf_counter() - t0)
+    print(f"\nstart-up: `python -m niels_gpt build --help` {min(helps):.2f} s (best of 3)")
 
 
 if __name__ == "__main__":

@@ -19,25 +19,7 @@ against a 2-core encoder. The library reads TOKENIZERS_PARALLELISM at each call,
 backends: encode_batch releases the GIL), "true" for the bare 2-thread figure (the Rayon pool on 2 cores)
 and for one more HF contender, "build, 1 worker, Rayon pool", the library's default configuration.
 
-Figures (10 M chars, 1,320 documents), from
-    PYTHONPATH=. .venv/bin/python bench/bench_tokenizers.py --repeat 4   # and --repeat 5
-on a 2-core VM whose second core other developers' jobs took for minutes at a time: each run is best of
-4-5 with contenders interleaved, the library before and after the build rework run alternately in separate
-processes with this script. Only runs where the bare spm encoder got >= 1.7x on 2 threads are quoted as
-quiet; x = against the same run's bare 1-thread encoder (1 worker / 2 workers):
-- before (quiet run): spm 0.95x / 1.56x; HF (Rayon off) 0.99x / 1.49x, HF build on its Rayon pool 1.70x;
-  tiktoken 0.93x / 0.69x (bare tiktoken on 2 threads 1.30x).
-- after (sub-batches on every worker, tiktoken's uint32 arrays, HF encode_batch_fast), quiet run:
-  spm 0.93x / 1.67x (bare 2 threads 1.73x: the build is 0.96x of it); HF 0.99x / 1.91x, on its Rayon pool
-  1.83x; tiktoken 1.01x / 1.39x (bare 2 threads 1.17x). Noisy runs of the same code, 1 worker: spm
-  0.87-0.96x, HF 0.73-1.05x, tiktoken 0.87-1.10x; 2 workers there follow the core that was left (0.6-1.3x).
-- unmet: spm 2 workers 1.67x < 1.7x (its own 2-thread encoder reaches 1.73x, and the main thread's reading
-  and the writer's conversion, hash and write need some of the 2 cores); tiktoken 2 workers 1.39x (two
-  threads encoding with tiktoken at once cost ~40% more CPU per token than one, with one CoreBPE or two,
-  lists or buffers: a ceiling of ~1.4x on 2 cores); tiktoken >= 3x the sentencepiece build: its bare encoder
-  runs at 0.55-0.84x sentencepiece's tokens/s on this text with these 16k vocabularies (not the ~4x
-  assumed), so the builds stand at 0.6-1.05x of each other.
-
+Figures (10 M chars, 1,320 documents; the earlier runs and the sentencepiece-era figures are in the changelog).
 With cl100k_base (the file taken from tiktoken's cache; this VM has no route to tiktoken's download host),
 after the builder's tiktoken workers became forked processes (niels_gpt/builders/encode_pool.py), the same VM:
     TIKTOKEN_CACHE_DIR=... PYTHONPATH=. .venv/bin/python bench/bench_tokenizers.py --repeat 4

@@ -1,12 +1,9 @@
 """Progress for long builds, on stderr: a bar on a terminal, a line every so often in a log.
 
-- `progress=None` (the CLI's default): a bar when stderr is a terminal; in a log file, a pipe or CI one
-  line every PROGRESS_EVERY_S seconds (30; the NIELS_GPT_PROGRESS_EVERY environment variable sets it) with
-  the amount done, its rate and, when the total is known, the ETA; `True`: always a bar, `False`: nothing.
-- When the size of the input is known (local text files), the bar counts the UTF-8 bytes of the
-  documents consumed against it, so the rate is bytes/s and the ETA is real; tokens and tokens/s
-  ride beside it. A token budget is never the bar's total: the input may end long before it.
-- When the size is unknown (a hub stream, Parquet), the bar counts tokens with their rate and no total.
+- `progress=None` (the CLI's default): a bar on a terminal, else one line every PROGRESS_EVERY_S seconds
+  (NIELS_GPT_PROGRESS_EVERY sets it) with the amount, rate and ETA; `True`: always a bar, `False`: nothing.
+- With the input's size known (local text files) the bar counts the UTF-8 bytes of the documents read, so the
+  ETA is real (a token budget is never the total: the input may end first); else it counts tokens.
 Cost: nothing when the bar is off; one UTF-8 encode per document when it is on.
 """
 
@@ -15,34 +12,25 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
-TEXT_SUFFIXES = (".txt", ".md", ".raw", ".jsonl", ".json")
 PROGRESS_EVERY_S = 30.0  # outside a terminal: one progress line every this many seconds
 EVERY_ENV = "NIELS_GPT_PROGRESS_EVERY"
 
 
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def should_show(progress: bool | None, stream=None) -> bool:
     """Whether a bar is shown: asked for, or by default on a terminal (see `mode` for the lines of a log)."""
-    if progress is not None:
-        return bool(progress)
-    return _isatty(sys.stderr if stream is None else stream)
+    return mode(progress, stream) == "bar"
 
 
 def mode(progress: bool | None, stream=None) -> str:
     """"bar" (a tqdm bar), "lines" (a line every few seconds, for a log) or "off"."""
-    if progress is False:
-        return "off"
-    if progress is True:
-        return "bar"
-    return "bar" if _isatty(sys.stderr if stream is None else stream) else "lines"
+    if progress is not None:
+        return "bar" if progress else "off"
+    try:
+        return "bar" if (sys.stderr if stream is None else stream).isatty() else "lines"
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return "lines"
 
 
 def every_s() -> float:
@@ -67,8 +55,8 @@ def _clock(seconds: float) -> str:
 
 
 class Lines:
-    """What a bar says, as one line every `every` seconds (for a log file or CI). It speaks tqdm's part that
-    the builders use: update, n, total, set_postfix_str, refresh, close, and iteration over `iterable`."""
+    """What a bar says, as one line every `every` seconds (for a log), through the part of tqdm's interface
+    the builders use."""
 
     def __init__(self, iterable=None, *, desc: str = "", total: float | None = None, unit: str = "it",
                  initial: float = 0, every: float | None = None, stream=None, clock=time.monotonic, rate: bool = True,
@@ -125,20 +113,11 @@ class Lines:
 
 
 class Off(Lines):
-    """A bar that is off: it counts and says nothing (and costs no tqdm import: ~15-30 ms of start-up)."""
+    """A bar that is off: it counts and says nothing (and costs no tqdm import)."""
 
     disable = True  # as tqdm's disabled bar says
 
-    def __iter__(self):
-        return iter(self.iterable)
-
     def refresh(self) -> None:
-        pass
-
-    def update(self, n: float = 1) -> None:
-        self.n += n
-
-    def close(self) -> None:
         pass
 
 
@@ -155,17 +134,6 @@ def progress_bar(iterable=None, *, progress: bool | None, **kw):
     return tqdm(iterable, file=sys.stderr, **kw)
 
 
-def text_input_bytes(files: Sequence[str | os.PathLike]) -> int | None:
-    """Bytes of the input when every file is uncompressed text whose size tracks its documents' bytes."""
-    files = list(files)
-    if not files or any(os.path.splitext(str(f))[1].lower() not in TEXT_SUFFIXES for f in files):
-        return None
-    try:
-        return sum(os.path.getsize(f) for f in files)
-    except OSError:
-        return None
-
-
 class BuildProgress:
     def __init__(self, desc: str, *, progress: bool | None, input_bytes: int | None = None, unit: str = "tok"):
         self.enabled = mode(progress) != "off"
@@ -177,8 +145,7 @@ class BuildProgress:
                                 unit_scale=True, desc=desc, progress=progress)
 
     def documents(self, texts: Iterable[str]) -> Iterator[str]:
-        """`texts`, their bytes counted when the bar runs on bytes (else passed on as they are: no layer per
-        document)."""
+        """`texts`, their bytes counted when the bar runs on bytes (else no layer per document)."""
         if not self.by_bytes:
             return iter(texts)
         return self._counted(texts)
@@ -196,16 +163,17 @@ class BuildProgress:
         if not self.by_bytes:
             self.bar.update(n)
             return
-        now = time.monotonic()
-        if now - self._last > 0.5:
-            self._last = now
-            rate = self.tokens / max(now - self._start, 1e-9)
-            self.bar.set_postfix_str(f"{self.tokens:,} tok, {rate / 1e6:.2f} Mtok/s", refresh=False)
+        if time.monotonic() - self._last > 0.5:
+            self._tokens_note()
+
+    def _tokens_note(self) -> None:
+        self._last = now = time.monotonic()
+        rate = self.tokens / max(now - self._start, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens:,} tok, {rate / 1e6:.2f} Mtok/s", refresh=False)
 
     def close(self, *, finished: bool = False) -> None:
         if self.by_bytes:
-            rate = self.tokens / max(time.monotonic() - self._start, 1e-9)
-            self.bar.set_postfix_str(f"{self.tokens:,} tok, {rate / 1e6:.2f} Mtok/s", refresh=False)
-        if self.by_bytes and finished and self.bar.total and self.bar.n < self.bar.total:
-            self.bar.update(self.bar.total - self.bar.n)  # JSON/markup overhead: the text is smaller than the files
+            self._tokens_note()
+            if finished and self.bar.total and self.bar.n < self.bar.total:
+                self.bar.update(self.bar.total - self.bar.n)  # JSON/markup overhead: the text is smaller
         self.bar.close()

@@ -12,7 +12,7 @@ import termios
 from pathlib import Path
 
 from niels_gpt.cache.build_cache import build_pretrain_cache
-from niels_gpt.progress import should_show, text_input_bytes
+from niels_gpt.progress import should_show
 
 SAMPLE = Path(__file__).resolve().parents[1] / "niels_gpt" / "sources" / "sample"
 
@@ -26,15 +26,6 @@ def test_bars_show_on_a_terminal_only_unless_forced():
     assert should_show(None, FakeTTY()) is True
     assert should_show(None, io.StringIO()) is False
     assert should_show(True, io.StringIO()) is True and should_show(False, FakeTTY()) is False
-
-
-def test_input_size_is_known_for_local_text_files_only(tmp_path):
-    (tmp_path / "a.jsonl").write_text("x" * 10)
-    (tmp_path / "b.txt").write_text("y" * 5)
-    (tmp_path / "c.parquet").write_bytes(b"PAR1")
-    assert text_input_bytes([tmp_path / "a.jsonl", tmp_path / "b.txt"]) == 15
-    assert text_input_bytes([tmp_path / "a.jsonl", tmp_path / "c.parquet"]) is None  # compressed: no ETA
-    assert text_input_bytes([]) is None
 
 
 def test_the_bars_total_is_the_input_never_the_budget(tmp_path, tokenizer, capsys):

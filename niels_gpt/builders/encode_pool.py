@@ -1,22 +1,11 @@
-"""Where the cache builder's encode workers run: threads, or forked processes for an encoder that does not
-scale on threads.
+"""Where the cache builder's encode workers run: threads, or forked processes for tiktoken's own encoder.
 
-Every backend's encoder releases the GIL, so threads are the default: they share the tokenizer and start
-at once. tiktoken's encoder does not scale on threads: two threads in one process encode 1.2-1.4x the rate
-of one, two processes 1.9x (cl100k_base on debian-docs, both on a 2-core EPYC VM and on two pinned cores
-of a Xeon; bench/bench_tokenizers.py), with one Encoding or one per thread, and with glibc's malloc or
-jemalloc. A tokenizer says so with `encode_in_processes = True`; its workers are then processes forked
-from the builder before it starts any thread of its own, which inherit the open tokenizer (nothing is
-pickled but the documents going out and the uint32 arrays coming back). That is on Linux; elsewhere (macOS,
-where forking a process that has loaded system frameworks is unsafe, and Windows, which cannot fork), or
-with NIELS_GPT_ENCODE_THREADS=1 in the environment, or where the fast encoder (niels_gpt/tokenizer/fast.py)
-encodes for it (gigatoken spreads each batch over every core itself), such a tokenizer gets threads too.
-A forked worker dies with the process that forked it (Linux: PR_SET_PDEATHSIG), so a build killed with
-SIGKILL leaves no worker behind, and ignores Ctrl-C, which the builder handles (one message, not a traceback
-per worker).
-
-The ids are the same either way: every document is encoded alone by `encode_documents`, and the
-caller joins the runs in order.
+Every backend's encoder releases the GIL, so threads are the default (they share the tokenizer). tiktoken's
+own encoder does not scale on threads (two threads 1.2-1.4x one's rate, two processes 1.9x; docs/performance.md),
+so a tokenizer with `encode_in_processes = True` gets workers forked before the builder starts any thread,
+inheriting the open tokenizer. Threads all the same off Linux, with NIELS_GPT_ENCODE_THREADS=1, or where the
+fast encoder (niels_gpt/tokenizer/fast.py) encodes. The ids are the same either way: every document is encoded
+alone by `encode_documents`, and the caller joins the runs in order.
 """
 
 from __future__ import annotations
@@ -38,8 +27,9 @@ PR_SET_PDEATHSIG = 1
 _TOKENIZER = None  # a forked worker's tokenizer, inherited from the builder (never pickled)
 
 
-def die_with_parent(parent: int) -> None:
-    """Ask the kernel to end this process when `parent` ends (Linux), and end now if it already has."""
+def worker_init(parent: int) -> None:
+    """A worker process's start: it dies with `parent` (Linux) and leaves Ctrl-C to it (one message, not a
+    traceback per worker)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -47,12 +37,6 @@ def die_with_parent(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
-
-
-def worker_init(parent: int) -> None:
-    """A worker process's start: it dies with `parent`, and leaves Ctrl-C to it (the parent stops the pool
-    and reports the interrupt once, instead of every worker printing a KeyboardInterrupt traceback)."""
-    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -85,9 +69,7 @@ class EncodePool:
         if self.processes:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                             initializer=_adopt, initargs=(tokenizer, os.getpid()))
-            # A fork context forks every worker at the first submit, on this thread and before the pool's
-            # own manager thread starts: do it now, while the builder has no thread of its own (its writer
-            # and progress threads start after this)
+            # NOTE: every worker is forked at the first submit: now, before the builder starts any thread
             self.pool.submit(int)
         else:
             self.pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode")

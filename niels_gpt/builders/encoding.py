@@ -1,11 +1,6 @@
-"""The encode pipeline of the one-process builder: documents in batches, encoded on this thread or on a pool
-of workers, results in stream order.
-
-- `shuffled`: the optional torch-RNG shuffle buffer (O(size) memory);
-- `_read_batches`: ENCODE_BATCH_DOCS items at a time, skipped records counted by reason where they stand;
-- `_encoded_batches`: with several workers each batch is cut into runs of about equal characters encoded by
-  one call each on a worker (threads: every backend's encoder releases the GIL; forked processes for tiktoken,
-  builders/encode_pool.py); every document is encoded alone, so the ids do not depend on the cut.
+"""The one-process builder's encode pipeline: documents in batches, encoded on this thread or on a pool of
+workers (builders/encode_pool.py), results in stream order. Each batch is cut into runs of about equal
+characters, one call each on a worker; every document is encoded alone, so the ids do not depend on the cut.
 """
 
 from __future__ import annotations
@@ -48,13 +43,9 @@ def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> I
         yield buf[j]
 
 
-
 def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Iterator[tuple[list[str], Counter]]:
-    """(non-empty documents, records skipped by reason) per batch of `batch_docs` items of the stream.
-
-    An item is a document (str) or a `Skipped(reason)` left in the stream by its source (a null text, a bad
-    record skipped); an empty or whitespace-only document is skipped as `empty_document`. Counting skips
-    per batch taken, at their place in the stream, makes the counts the same for every executor."""
+    """(non-empty documents, records skipped by reason) per batch of `batch_docs` items (str or Skipped) of the
+    stream; an empty or whitespace-only document is skipped as `empty_document`."""
     it = iter(texts)
     while batch := list(itertools.islice(it, batch_docs)):
         kept = []
@@ -74,19 +65,10 @@ def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Itera
 
 def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
-    """Encoded documents, batch by batch, in stream order.
-
-    One worker encodes on this thread. More workers: each batch is cut into `2 * workers` runs of
-    consecutive documents of about equal characters (`_pieces`), each run encoded by one call on a worker of
-    `pool` (a thread: the encoders release the GIL; a forked process for tiktoken, niels_gpt/builders/
-    encode_pool.py), at most `2 * workers` batches in flight, results joined in order.
-    Every document is encoded alone whatever the cut, so the ids do not depend on it.
-    NOTE: on debian-docs a 256-document batch is ~2 M characters, so a 10 M-character build is only ~5
-    batches: with a whole batch per thread the last round left a core idle (spm 2 workers 1.56x the bare
-    1-thread rate); runs of a batch keep both busy to the end (1.67x; bench/bench_tokenizers.py). Empty
-    documents are counted when their batch is consumed, not when it is read, so meta.json does not depend
-    on how far ahead the workers have read.
-    """
+    """Encoded documents, batch by batch, in stream order: on this thread without `pool`, else each batch cut
+    into `2 * workers` runs (`_pieces`), `2 * workers` batches in flight. NOTE: runs, not whole batches, keep
+    every core busy to the last batch. Skips are counted as their batch is consumed, so meta.json does not
+    depend on how far ahead the workers have read."""
     batches = _read_batches(texts)
     if pool is None:
         encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)
@@ -117,27 +99,19 @@ def _pieces(docs: list[str], n: int) -> list[list[str]]:
     return out
 
 
-def _encode_pieces(pool: EncodePool, docs: list[str], n: int) -> list:
-    return [pool.encode(piece) for piece in _pieces(docs, n)]
-
-
-def _joined(futures: list) -> list:
-    if len(futures) == 1:
-        return futures[0].result()
-    return [ids for future in futures for ids in future.result()]
-
-
 def _in_order(pool: EncodePool, batches, workers: int):
     window = 2 * workers
     pending: deque = deque()
     for kept, n in batches:
-        pending.append((_encode_pieces(pool, kept, window), n))
+        pending.append(([pool.encode(piece) for piece in _pieces(kept, window)], n))
         if len(pending) >= window:
-            futures, n_done = pending.popleft()
-            yield _joined(futures), n_done
+            yield _joined(*pending.popleft())
     while pending:
-        futures, n_done = pending.popleft()
-        yield _joined(futures), n_done
+        yield _joined(*pending.popleft())
+
+
+def _joined(futures: list, n):
+    return [ids for future in futures for ids in future.result()], n
 
 
 def _encode_threads(num_workers: int | None) -> int:

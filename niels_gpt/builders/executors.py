@@ -1,26 +1,20 @@
 """Where tasks run: this process, local processes, or a Ray cluster. None of them decides any byte.
 
-Each executor takes tasks (`tasks.run_task` and its arguments: plain JSON-able values and paths) and
-reports each one's receipt or error as it finishes, in any order; the driver (`dist.py`) commits in
-plan order. So the cache is the same whichever executor runs, with however many workers.
-
-- `inprocess`: one task after another in the calling process (no parallelism; the reference path);
-- `processes`: a pool of `workers` local processes (fork where the platform has it, so a worker
-  starts in milliseconds instead of re-importing the package; each dies with the driver on Linux);
-- `ray`: `ray.init(address=...)` ("auto" joins the cluster this machine belongs to, "HOST:PORT" a
-  given head, "local" starts a private one with `workers` CPUs); one task per CPU, `retries` retries
-  of a task whose worker died. Every node must have this package installed, and see the tokenizer path
-  and the work directory at the same paths (a shared filesystem), or the work directory is a URL in an
-  object store (storage/work.py: the tasks fetch the tokenizer and write their parts there).
+An executor takes tasks (`tasks.run_task` and JSON-able arguments) and reports each one's receipt or error as
+it ends, in any order; the driver commits in plan order, so the cache is the same on every executor.
+- `inprocess`: one task after another in this process (the reference path, for tests);
+- `processes`: a pool of local processes (forked where possible; each dies with the driver on Linux);
+- `ray`: `ray.init(address=...)` ("auto", "HOST:PORT", or "local" for a private cluster of `workers` CPUs);
+  `retries` retries of a task whose worker died. Every node needs this package, and the tokenizer and work
+  directory at the same paths, or a work directory at a URL (storage/work.py).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 from niels_gpt.builders.encode_pool import worker_init
 from niels_gpt.errors import ConfigError
@@ -29,36 +23,27 @@ from niels_gpt.storage.fs import with_deadline
 EXECUTORS = ("inline", "processes", "ray")  # and "inprocess": the task path without a pool (tests)
 RAY_ADDRESS = "auto"
 RETRIES = 2
-CANCEL_WAIT_S = 60
-CONNECT_TIMEOUT_S = 30.0  # joining a Ray cluster (--connect-timeout)  # how long a failed or finished build waits for its cancelled Ray tasks to end
+CANCEL_WAIT_S = 60  # how long a failed or finished build waits for its cancelled Ray tasks to end
+CONNECT_TIMEOUT_S = 30.0  # joining a Ray cluster (--connect-timeout)
 
 
 class WorkerDied(Exception):
     """A task's process ended without a result (killed, out of memory, node lost)."""
 
 
-class Executor(ABC):
+class Executor:
+    """submit(key, fn, *args) starts fn(*args); wait() blocks until at least one task ends and gives (key,
+    result, error) for each that did; cancel() drops every task not yet finished."""
+
     name = "abstract"
     workers = 1
 
     @property
     def window(self) -> int:
-        """Tasks to keep submitted at once."""
-        return 2 * self.workers  # a pool of `workers` processes: one queued behind each running task
+        """Tasks to keep submitted at once: one queued behind each running task."""
+        return 2 * self.workers
 
-    @abstractmethod
-    def submit(self, key: int, fn: Callable, *args) -> None:
-        """Start fn(*args) for `key`."""
-
-    @abstractmethod
-    def wait(self) -> list[tuple[int, object, BaseException | None]]:
-        """Block until at least one submitted task ends; (key, result, error) for each that ended."""
-
-    @abstractmethod
-    def cancel(self) -> None:
-        """Drop every task not yet finished."""
-
-    def close(self) -> None:  # noqa: B027 (most executors hold nothing to release)
+    def close(self) -> None:
         return None
 
     def describe(self) -> str:
@@ -88,23 +73,19 @@ class InProcess(Executor):
 class Processes(Executor):
     name = "processes"
 
-    def __init__(self, workers: int | None = None, start_method: str | None = None):
+    def __init__(self, workers: int | None = None):
         self.workers = workers or os.cpu_count() or 1
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
-        methods = multiprocessing.get_all_start_methods()
-        method = start_method or ("fork" if "fork" in methods else "spawn")
-        # a worker dies with this process (Linux), so a driver killed with SIGKILL leaves none behind, and
-        # leaves Ctrl-C to the driver
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
                                         initializer=worker_init, initargs=(os.getpid(),))
+        if method == "fork":  # every worker forked now, before the driver starts a thread of its own
+            self.pool.submit(int)
         self.futures: dict = {}
         self.running = False
 
     def submit(self, key, fn, *args):
-        from concurrent.futures import Future
-        from concurrent.futures.process import BrokenProcessPool
-
         try:
             future = self.pool.submit(fn, *args)
         except BrokenProcessPool as e:  # a worker died before this task could be queued: report it as failed
@@ -120,8 +101,6 @@ class Processes(Executor):
             try:
                 out.append((key, f.result(), None))
             except Exception as e:
-                from concurrent.futures.process import BrokenProcessPool
-
                 if isinstance(e, BrokenProcessPool):
                     e = WorkerDied(f"a worker process died ({e})")
                 out.append((key, None, e))
@@ -134,8 +113,7 @@ class Processes(Executor):
         self.futures.clear()
 
     def close(self):
-        # A task still running may write into the work directory: wait for it. With none left (every
-        # task done or cancelled), the idle workers are reaped in the background, not on this thread.
+        # a task still running may write into the work directory: wait for it; idle workers exit in the background
         self.pool.shutdown(wait=self.running or bool(self.futures), cancel_futures=True)
 
 
@@ -165,8 +143,9 @@ class Ray(Executor):
                 if address == "local":  # a cluster of our own, started here: nothing to wait on but ourselves
                     ray.init(**kwargs)
                 else:  # NOTE: a thread only to bound the wait; a local cluster must start on the main thread
-                    _within(timeout, lambda: ray.init(**kwargs), f"joining the Ray cluster at {address!r}",
-                            f"{fix}; raise the limit with --connect-timeout")
+                    what = f"joining the Ray cluster at {address!r}"
+                    with_deadline(lambda: ray.init(**kwargs), timeout, expired=lambda: ConfigError(
+                        f"{what}: no answer within {timeout:g} s; {fix}; raise the limit with --connect-timeout"))
             except (ConnectionError, RuntimeError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); {fix}; "
@@ -174,19 +153,17 @@ class Ray(Executor):
                                   "RAY_AUTH_MODE=token and its token (~/.ray/auth_token or RAY_AUTH_TOKEN) on this "
                                   "machine") from e
             self.started = True
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.cpus = cpus
-        self.workers = workers or cpus
+        self.cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = workers or self.cpus
         self.retries = retries
         self.refs: dict = {}
         self._remote: dict = {}
 
     @property
     def window(self) -> int:
-        # NOTE: Ray runs every submitted task as soon as a CPU is free anywhere in the cluster. With
-        # `workers` below the cluster's CPUs, the number submitted is the number running: `workers` caps
-        # it. With a worker per CPU (the default), the CPUs cap it, so one more task per worker waits in
-        # Ray's queue and starts the moment a task ends, instead of after a round trip to this driver.
+        # NOTE: Ray runs a submitted task as soon as a CPU is free: with fewer workers than CPUs, `workers` caps
+        # what runs; with a worker per CPU, one more task per worker waits in Ray's queue, to start the moment
+        # a task ends instead of after a round trip to this driver
         return 2 * self.workers if self.workers >= self.cpus else self.workers
 
     def submit(self, key, fn, *args):
@@ -206,8 +183,7 @@ class Ray(Executor):
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 out.append((key, None, cause if isinstance(cause, Exception) else e))
-            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-                    ray.exceptions.TaskCancelledError, ray.exceptions.RayError) as e:
+            except ray.exceptions.RayError as e:  # a dead worker or node, a cancelled task
                 out.append((key, None, WorkerDied(f"{type(e).__name__}: {str(e).splitlines()[0]}")))
         return out
 
@@ -246,12 +222,6 @@ def _reachable(address: str, timeout: float, fix: str) -> None:
                           f"and the network, or raise --connect-timeout; {fix}") from None
     except OSError as e:
         raise ConfigError(f"cannot reach the Ray cluster at {address} ({e.strerror or e}); {fix}") from None
-
-
-def _within(timeout: float, fn, what: str, fix: str):
-    """fn() given `timeout` seconds (storage's with_deadline): a call that hangs (a cluster that never answers)
-    ends in one line naming `what` instead of blocking the build forever."""
-    return with_deadline(fn, timeout, expired=lambda: ConfigError(f"{what}: no answer within {timeout:g} s; {fix}"))
 
 
 def make_executor(name: str, *, workers: int | None = None, ray_address: str = RAY_ADDRESS,

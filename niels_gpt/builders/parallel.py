@@ -1,16 +1,13 @@
 """A build's tasks on local processes or Ray, committed in plan order; resumed from receipts.
 
-- the work directory (default `<out>.build/`, beside the output, so that an interrupted rebuild leaves the
-  old cache exactly as it was) holds plan.json and each task's parts and receipt; it must be on a
-  filesystem every worker sees, or at a URL in an object store (storage/work.py; `<out>.build` beside a URL
-  output by default), checked by the output guard's rule for URLs (`check_work_url`). Only what the build wrote in it is removed after a successful commit
-  (unless `keep_parts`), and the directory itself only when a run of this build made it;
-- resuming: the same command again reuses every task whose receipt is valid (tasks.load_receipt) and runs
-  only the others;
-- the commit runs while tasks finish, taking their parts in plan order; once both budgets are met it stops
-  and the tasks still queued are dropped;
-- a task that fails (a bad record, a dead worker) fails the build when the commit reaches it: the error
-  names the task, its input range and the record; finished tasks keep their receipts for the rerun.
+- The work directory (default `<out>.build/`, so an interrupted rebuild leaves the old cache as it was) holds
+  plan.json and each task's parts and receipt, on a filesystem every worker sees or at a URL (storage/work.py).
+  After a successful commit only what the build wrote is removed (unless `keep_parts`), the directory itself
+  only when a run of this build made it.
+- Resuming: the same command again reuses every task with a valid receipt (tasks.load_receipt).
+- The commit takes parts in plan order while tasks finish; once both budgets are met, queued tasks are dropped.
+- A failed task fails the build when the commit reaches it, naming the task, its input range and the record;
+  finished tasks keep their receipts for the rerun.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,19 +33,20 @@ from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, ru
 from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.output_guard import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
+from niels_gpt.sources.lines import file_sha256
 from niels_gpt.sources.stream import Plan, check_unchanged
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
+from niels_gpt.tokenizer.fast import fast_encoder
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
 
 
 class Progress:
-    """Tasks done and tokens/s across every worker: a bar on a terminal, a line every so often in a log
-    (niels_gpt/progress.py), nothing with `enabled` False."""
+    """Tasks done and tokens/s across every worker (niels_gpt/progress.py)."""
 
     def __init__(self, total_tasks: int, reused: int, enabled: bool | None):
         self.t0 = time.perf_counter()
@@ -110,7 +109,7 @@ def ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple,
 
 
 def disk_full(error: OSError, t, hint: str) -> OutOfSpaceError:
-    """One line for a task that filled the disk (or a quota) writing its parts: the file, what is free there."""
+    """One line for a task that filled the disk (or a quota): the file, what is free there."""
     path = Path(error.filename) if getattr(error, "filename", None) else None
     free = ""
     if path is not None:
@@ -123,27 +122,28 @@ def disk_full(error: OSError, t, hint: str) -> OutOfSpaceError:
 
 
 def tokenizer_ref(tok) -> str:
-    """How a task names the tokenizer to open: an absolute path for a file or directory (a Ray worker runs
-    in a directory of Ray's choosing), else the name itself (a tiktoken encoding such as cl100k_base)."""
+    """An absolute path for a file or directory (a Ray worker runs elsewhere), else the name (cl100k_base)."""
     path = Path(tok.model_path)
     return str(path.resolve()) if path.exists() else tok.model_path
 
 
 def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: Path | str, workers: int | None,
                  val_budget: int) -> dict:
-    """Run the plan's tasks on `executor` and commit them into `out`; returns the summary's facts. `spec` is
-    the build's BuildSpec (builders/run.py); `work` its work directory; `workers` None: Ray's CPUs."""
+    """Run the plan's tasks on `executor` and commit them into `out` (`spec`: builders/run.py's BuildSpec);
+    returns the summary's facts."""
     target = spec.extra.get("out_url") or os.path.abspath(out)  # the output this work directory is for
+    ref = tokenizer_ref(tok)
+
+    def plan_json(created: bool) -> bytes:
+        return (json.dumps({**plan.to_json(), "work_dir_created": created, "out": target}, indent=1) + "\n").encode()
+
     if isinstance(work, Path):
         work = check_output(work, kind="work", flag="--work-dir", inputs=spec.sources, others=[("--out", out)])
-        # whether a run of ours made the directory (this one, or the interrupted one this run resumes): only
-        # then is it removed at the end; a --work-dir the user made keeps existing
+        # removed at the end only if a run of ours (this one, or the one it resumes) made it
         created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
         work.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(work / PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created,
-                                                          "out": target}, indent=1) + "\n").encode())
+        write_bytes_atomic(work / PLAN_NAME, plan_json(created))
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
-        ref = tokenizer_ref(tok)
     else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
         if scheme_of(work) == "memory" and executor != "inprocess":
             raise ConfigError(f"--work-dir {work}: memory:// lives in this process alone, and the tasks of --executor "
@@ -158,16 +158,16 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # local tasks of a killed run of this machine
         created, found = check_work_url(store, target)
         created = created or not found
-        store.put_bytes(PLAN_NAME, (json.dumps({**plan.to_json(), "work_dir_created": created, "out": target},
-                                               indent=1) + "\n").encode())
-        ref = tokenizer_ref(tok)
+        store.put_bytes(PLAN_NAME, plan_json(created))
         if Path(ref).exists():  # a file of the driver's: the tasks fetch it from the store by its sha256
             ref = upload_tokenizer(store, ref, tok.sha256, found)
         listing = store.sizes("parts")
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
     keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
-    ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries, timeout=spec.extra.get("connect_timeout"))
+    fast_encoder(tok)  # made and checked once here (meta.json records it), not once per forked worker
+    ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries,
+                       timeout=spec.extra.get("connect_timeout"))
     where = ex.describe()
     log(f"build: {len(plan.tasks)} tasks ({len(reused)} with a valid receipt, reused) on {where}; work directory "
         f"{work}")
@@ -179,6 +179,10 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         return plan.describe()
 
     receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
+    # meta.json's sha256 of each local input, hashed while the workers run instead of after the last task
+    stop = threading.Event()  # set when the build ends: a failed one does not wait for the rest to be hashed
+    hashing = threading.Thread(target=_hash_inputs, args=(plan, stop), name="input-sha256", daemon=True)
+    hashing.start()
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
                   streaming=plan.streaming, source=described, final=out, tokenizer_path=recorded_path(tok, out))
     try:
@@ -193,6 +197,8 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         ex.cancel()
         ex.close()
         bar.close()
+        stop.set()
+        hashing.join()
     if not spec.keep_parts:
         if isinstance(work, Path):
             remove_work(work, created=created)
@@ -200,6 +206,13 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
             remove_work_url(work_store(work))
     return summarize(out, executor=where, tasks=len(plan.tasks), ran=counters["ran"], reused=len(reused),
                      task_seconds=counters["task_seconds"], tokenized=counters["tokenized"])
+
+
+def _hash_inputs(plan: Plan, stop: threading.Event) -> None:
+    for name, kind in zip(plan.inputs, plan.kinds or [""] * len(plan.inputs), strict=True):
+        if kind != "dataset" and "://" not in name and not stop.is_set():
+            with contextlib.suppress(OSError):  # the commit meets the error again and names it
+                file_sha256(name, stop)
 
 
 def _previous_plan(work: Path) -> dict:
@@ -211,8 +224,7 @@ def _previous_plan(work: Path) -> dict:
 
 
 def remove_work(work: Path, *, created: bool) -> None:
-    """Delete what the driver wrote in the work directory (plan.json, the tasks' parts and receipts, the
-    temporaries of killed tasks), then the directories themselves if a run of ours created them and they are
+    """Delete what the build wrote in `work`, then the directories if a run of ours created them and they are
     empty: a --work-dir the user gave keeps everything else it holds."""
     parts = parts_dir(work)
     if parts.is_dir():
@@ -231,8 +243,8 @@ def remove_work(work: Path, *, created: bool) -> None:
 
 
 def remove_work_url(store: WorkStore) -> None:
-    """Delete the objects the build wrote under a work URL (the guard let no other be there): receipts first,
-    so that a removal cut short leaves no receipt without its parts; plan.json last."""
+    """Delete the objects the build wrote under a work URL: receipts first (a removal cut short leaves no
+    receipt without its parts), plan.json last."""
     found = [k for k in store.list() if OURS.match(k) or (k.startswith("parts/") and ".tmp-" in k)]
     for rel in sorted(found, key=lambda k: (2 if k == PLAN_NAME else 0 if k.startswith("parts/") and
                                             k.endswith(".json") else 1, k)):

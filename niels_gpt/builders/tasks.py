@@ -1,9 +1,7 @@
 """One task of a plan: tokenize (or render) its items into part files, then write its receipt.
 
-Files of task `<id>` in the work directory's `parts/` (written under temporary names, renamed when
-complete, the receipt last, so a receipt means the parts are whole; none of them is fsynced: the commit
-reads every part it uses and checks its size and sha256 against the receipt, so a part lost or torn by a
-power loss is caught there, never copied into a cache):
+Files of task `<id>` in the work directory's `parts/`, renamed into place when complete, the receipt last (not
+fsynced: the commit checks every part's size and sha256 against the receipt):
 
 | file            | contents                                                                           |
 |-----------------|------------------------------------------------------------------------------------|
@@ -19,15 +17,13 @@ power loss is caught there, never copied into a cache):
 |                 | it read, bytes + sha256 of each part, the separator, seconds, host and pid         |
 | `<id>.started`  | host, pid and time, written when the task starts (who is working on what)          |
 
-The ids are made exactly as the one-process builder makes them: `encode_documents` (one thread) and the
-builder's converter (`writers.Budgeted.write`: separators, the range check naming the document, the
-separator-in-text check), or `tokenizer.render_chat` and the builder's `render` rules for chats. A task
-needs only paths: the tokenizer is opened by its path, with the plan's conventions, in the worker (once per
-process) and checked against the plan's sha256.
+The ids are made as the one-process builder makes them (`encode_documents`, `writers.Budgeted.write`; `render`
+for chats). A task needs only paths: the worker opens the tokenizer once per process and checks its sha256.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -40,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.rendering import render
 from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
@@ -54,10 +51,6 @@ from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
 from niels_gpt.urls import is_url
 
-# Documents per encode_batch call. The ids do not depend on it (each document is encoded on its own);
-# it only bounds memory. NOTE: not imported from the builders, which import torch: a Ray worker
-# importing this module would pay ~1.5 s for a library it never uses.
-ENCODE_DOCS = 256
 EMPTY = "empty_document"  # skip reason 0
 _TOKENIZERS: dict[str, object] = {}
 
@@ -66,15 +59,14 @@ def parts_dir(work_dir: str | os.PathLike) -> Path:
     return Path(work_dir) / "parts"
 
 
-_STORES: dict[tuple[str, int], WorkStore] = {}
-
-
 def work_store(url: str) -> WorkStore:
     """The work URL's store, made once per process (a forked worker makes its own)."""
-    key = (str(url), os.getpid())
-    if key not in _STORES:
-        _STORES[key] = WorkStore(url)
-    return _STORES[key]
+    return _store(str(url), os.getpid())
+
+
+@functools.cache
+def _store(url: str, pid: int) -> WorkStore:
+    return WorkStore(url)
 
 
 def _key(path: str, options: dict | None) -> str:
@@ -82,8 +74,7 @@ def _key(path: str, options: dict | None) -> str:
 
 
 def keep_tokenizer(path: str, tokenizer, options: dict | None = None) -> None:
-    """Let tasks in this process, and in worker processes forked from it, use `tokenizer` (opened from
-    `path` with `options`) instead of opening it again: a forked pool's workers then start at once."""
+    """Let tasks in this process, and in workers forked from it, use `tokenizer` instead of opening `path`."""
     _TOKENIZERS[_key(path, options)] = tokenizer
 
 
@@ -101,8 +92,8 @@ def _tokenizer(path: str, sha256: str, options: dict | None):
 
 
 def _fetched_tokenizer(url: str, sha256: str, options: dict | None):
-    """The copy the driver put in the work URL, fetched once per node into its download cache; a copy that does
-    not load as the tokenizer of that sha256 is removed from the node (fetched again by the next task)."""
+    """The copy the driver put in the work URL, fetched once per node; a copy that does not load as the
+    tokenizer of that sha256 is removed (fetched again by the next task)."""
     local = fetch_tokenizer(url, sha256)
     try:
         tok = load_tokenizer(local, **(options or {}))
@@ -131,10 +122,8 @@ class _Skips:
 def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_dir: str,
              tokenizer_options: dict | None = None) -> dict:
     """Tokenize (spec["chat"]: render) one task into its part files and return its receipt (also `<id>.json`).
-
-    `spec`: the plan's record rules (`rules`), `chat`, and the signatures of the task's local inputs.
-    `work_dir` a URL: the parts are written in a temporary directory of the task's own, uploaded (the
-    receipt last), and the directory removed."""
+    `spec`: the plan's `rules`, `chat`, and the signatures of the task's local inputs. At a URL `work_dir` the
+    parts are written in a temporary directory, then uploaded (the receipt last)."""
     if is_url(work_dir):
         return _run_task_at_url(task, spec, tokenizer_path, tokenizer_sha256, work_dir, tokenizer_options)
     t0 = time.perf_counter()
@@ -143,9 +132,7 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     dtype = np.dtype(tok.token_dtype)
     parts = parts_dir(work_dir)
     parts.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(parts / f"{t.id}.started", json.dumps(
-        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode(),
-        durable=False)
+    write_bytes_atomic(parts / f"{t.id}.started", _started(t), durable=False)
     rules = Rules(**{**spec["rules"], "chat_columns": tuple(spec["rules"]["chat_columns"])
                      if spec["rules"].get("chat_columns") else None})
     stream = task_items(t, rules, spec.get("signatures"), origins=True)
@@ -172,6 +159,10 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     return receipt
 
 
+def _started(t: Task) -> bytes:
+    return json.dumps({"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode()
+
+
 def _write_npy(path: Path, arr: np.ndarray) -> dict:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -189,8 +180,7 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
                               "--work-dir in an object store every input must be at a URL (s3://, gs://, ...) or at "
                               "the same path on every node: upload the inputs to the store and build from there")
     store = work_store(work_url)
-    store.put_bytes(f"parts/{t.id}.started", json.dumps(
-        {"task": t.id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode())
+    store.put_bytes(f"parts/{t.id}.started", _started(t))
     sweep_dead(Path(tempfile.gettempdir()), TASK_DIRS)  # those of this node's workers lost mid-task
     tmp = tempfile.mkdtemp(prefix=f"{TASK_DIRS}{os.getpid()}_")
     try:
@@ -212,7 +202,6 @@ def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origin
     lens: list[int] = []
     batch: list[str] = []
     where: list[int] = []  # index in lens of each document of batch
-    encoded = 0  # documents encoded so far (Budgeted.write numbers documents by it)
     try:
         for item, origin in stream:
             if isinstance(item, str) and item and not item.isspace():  # the builder's emptiness test
@@ -222,30 +211,29 @@ def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origin
                 origins.extend(origin)
             else:
                 lens.append(skips.code(item.reason if isinstance(item, Skipped) else EMPTY))
-            if len(batch) == ENCODE_DOCS:
-                encoded = _flush(tok, convert, batch, where, lens, encoded)
-        _flush(tok, convert, batch, where, lens, encoded)
+            if len(batch) == ENCODE_BATCH_DOCS:  # the ids do not depend on it: it bounds memory
+                _flush(tok, convert, batch, where, lens)
+        _flush(tok, convert, batch, where, lens)
         return {"bin": out.close()}, lens, {"separator": sep.describe()}
     except BaseException:
         out.abort()
         raise
 
 
-def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: list[int], encoded: int) -> int:
-    """Encode `batch`, append its tokens, record its lengths; returns the count of documents encoded."""
+def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: list[int]) -> None:
+    """Encode `batch`, append its tokens, record its lengths (`convert.documents` numbers them in errors)."""
     if not batch:
-        return encoded
+        return
     docs = encode_documents(tok, batch, num_threads=1, arrays=True)
-    convert.write(docs, len(docs[-1]) + 1, encoded)
+    convert.write(docs, len(docs[-1]) + 1, convert.documents)
+    convert.documents += len(docs)
     for i, d in zip(where, docs, strict=True):
         lens[i] = len(d) + 1
     batch.clear()
     where.clear()
-    return encoded + len(docs)
 
 
-def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str = "error",
-                 origins: list | None = None):
+def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str, origins: list):
     stored_mask = not getattr(tok, "library_conventions", True)
     out = HashingFile(parts / f"{t.id}.bin", durable=False)
     mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False) if stored_mask else None
@@ -264,8 +252,7 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
             if mask is not None:
                 mask.write(np.asarray(chat.mask, dtype=np.uint8))
             lens.append(len(ids))
-            if origins is not None:
-                origins.extend(origin)
+            origins.extend(origin)
         files = {"bin": out.close()}
         if mask is not None:
             files["mask"] = mask.close()
@@ -278,9 +265,8 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
 
 
 def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int] | None = None) -> dict | None:
-    """The task's receipt when it is valid for this task (same id and spec, part files of the recorded
-    sizes, inputs that still hash as they did when it ran), else None: such a task runs again. A work URL:
-    `listing` (name -> size under parts/, one listing for every task) saves a listing per task."""
+    """The task's receipt when valid (same id and spec, parts of the recorded sizes, inputs that hash as when
+    it ran), else None: the task runs again. `listing`: name -> size under a work URL's parts/."""
     remote = is_url(work_dir)
     parts = None if remote else parts_dir(work_dir)
     if remote and listing is None:

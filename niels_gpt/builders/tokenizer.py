@@ -3,17 +3,11 @@
     niels-gpt-data train-tokenizer my-data/ --out tok --vocab-size 4000
     niels-gpt-data build my-data/ --out cache/mine --train-tokenizer 4000    # into cache/tokenizer, then the cache
 
-- The sources are read through the same plan as `build` (files, directories, globs, URLs, dataset ids; every
-  layout: Gutenberg books lose their licence text, chats give their messages' text), offline unless a
-  source is remote.
-- Two phases on stderr: reading the text (a bar in characters, with an ETA when the input's size is known),
-  then training (sentencepiece, and rustbpe with `--trainer rustbpe`, take the whole text first), shown with its elapsed time against an estimate
-  from the characters read: on this project's 2-core VM BPE (the default) trains at 0.2-1.9 s per million
-  characters, unigram at 3-8 s (16,000 pieces; `python bench/bench_entrance.py`), so 52 M characters take
-  10 s to 1.5 minutes as BPE and 3 to 7 minutes as unigram. `--max-chars N` trains on a seeded sample of N characters of
-  the whole input instead (niels_gpt/tokenizer/sample.py).
-- The output is built aside and swapped in (niels_gpt/staging.py): only a tokenizer directory of ours is
-  ever replaced. meta.json records what it was trained on (the plan's description) and the settings.
+- The sources are read through the same plan as `build` (every layout; chats give their messages' text).
+- Two phases on stderr: reading (characters, with an ETA when the input's size is known), then training, shown
+  against an estimate from SECONDS_PER_MCHAR (`python bench/bench_entrance.py`). `--max-chars N` trains on a
+  seeded sample of N characters (niels_gpt/tokenizer/sample.py).
+- The output is built aside and swapped in (niels_gpt/staging.py); meta.json records the plan's description.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
 from niels_gpt.tokenizer.bpe import check_rustbpe_settings
 from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
 
-SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5, "rustbpe": 0.15}  # training time per million characters (module docstring)
+SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5, "rustbpe": 0.15}  # training time per million characters
 
 
 def texts_of(items: Iterable) -> Iterator[str]:
@@ -52,7 +46,7 @@ def texts_of(items: Iterable) -> Iterator[str]:
 
 
 class _Phases:
-    """Reading, then training: a bar each on a terminal, a line every so often in a log (niels_gpt/progress.py)."""
+    """Reading, then training: a bar each (niels_gpt/progress.py)."""
 
     def __init__(self, settings: TrainSettings, total_chars: int | None, progress: bool | None,
                  trainer: str = "sentencepiece"):
@@ -88,7 +82,7 @@ class _Phases:
         bar = progress_bar(total=estimate, unit="s", desc=f"tokenizer: training ({self.kind}, "
                            f"{self.settings.vocab_size:,} pieces, about {estimate} s)", progress=self.progress,
                            bar_format="{desc}: {n:.0f}/{total:.0f} s {bar}", rate=False)
-        bar.refresh()  # in a log: that training began, at once when lines are due at every update
+        bar.refresh()
         t0 = time.monotonic()
         while not self.trained.wait(0.5):
             bar.n = min(time.monotonic() - t0, bar.total * 0.99)
@@ -106,8 +100,8 @@ def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | No
                      layout: str | None = None, config: str | None = None, split: str = "train",
                      progress: bool | None = None, flag: str = "--out", read_as: dict[str, str] | None = None,
                      trainer: str = "sentencepiece"):
-    """Train the library's tokenizer (sentencepiece, or rustbpe's BPE: niels_gpt.tokenizer.bpe) on `sources` into
-    the directory `out`; returns it. `flag`: how a refusal of `out` names it."""
+    """Train the library's tokenizer on `sources` into the directory `out`; returns it. `flag`: how a refusal of
+    `out` names it."""
     if trainer == "rustbpe":
         check_rustbpe_settings(settings)
     else:
@@ -137,8 +131,8 @@ def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | No
 
 
 def tokenizer_for_build(spec, vocab_size: int, *, progress: bool | None = None) -> str:
-    """`build --train-tokenizer VOCAB`: the tokenizer at <out's parent>/tokenizer, trained on the build's sources
-    (or the one already there when it was trained on the same sources with the same settings)."""
+    """`build --train-tokenizer VOCAB`: <out's parent>/tokenizer, trained on the build's sources (or reused when
+    it was trained on the same sources with the same settings)."""
     if local_path_of(spec.out) is None:
         raise ConfigError(f"--train-tokenizer with --out {spec.out}: train the tokenizer locally first "
                           "(train-tokenizer SRC... --out DIR), then build with --tokenizer DIR")

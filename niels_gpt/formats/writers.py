@@ -1,16 +1,13 @@
-"""Streaming writers behind the cache builders: hashed files committed by rename, shards that roll
-over at a byte target, per-split token budgets, and a writer thread that overlaps encoding.
+"""Streaming writers behind the cache builders: hashed files committed by rename, shards that roll over at a
+byte target, per-split token budgets, and a writer thread that overlaps encoding.
 
-A file is written under a temporary name, hashed as it is written (no second read for sha256), and
-renamed into place when complete (`niels_gpt.atomic`). A shard is opened only when a token arrives,
-so no empty shard exists; a shard never exceeds its byte target. With `compress="zstd"` a shard is
-`shard_NNNNN.bin.zst`, independent zstd frames plus a frame index (niels_gpt/formats/zstd_shard.py),
-holding exactly the tokens the uncompressed shard would: the byte target counts uncompressed tokens.
+A file is hashed as it is written and renamed into place when complete (`niels_gpt.atomic`). A shard is opened
+only when a token arrives (no empty shard) and never exceeds its byte target, which counts uncompressed tokens
+also with `compress="zstd"` (`shard_NNNNN.bin.zst`, niels_gpt/formats/zstd_shard.py).
 """
 
 from __future__ import annotations
 
-import array
 import contextlib
 import hashlib
 import os
@@ -102,12 +99,11 @@ class ShardWriter:
 
     def _roll(self) -> None:
         self._close_current()
-        name = SHARD_PATTERN.format(len(self.records)) + (SUFFIX if self.compress else "")
-        self.records[name] = {}
-        self.current = HashingFile(self.dir / name)
+        self._name = SHARD_PATTERN.format(len(self.records)) + (SUFFIX if self.compress else "")
+        self.records[self._name] = {}
+        self.current = HashingFile(self.dir / self._name)
         if self.compress:
             self.current = FrameEncoder(self.current, self.dtype, self.frame_tokens)
-        self._name = name
         self.room = self.capacity
 
     def _close_current(self) -> None:
@@ -131,10 +127,8 @@ class ShardWriter:
 class Budgeted:
     """Feeds EOT-terminated documents into one split's shards until its token budget is met.
 
-    `plan` runs on the calling thread and only counts: it decides from the encoded lengths which
-    documents (and which cut) go in, so the decision to read on never waits for a write. `write`
-    turns a planned batch into tokens, range-checks and writes them; it runs on the writer thread.
-    """
+    `plan` (calling thread) only counts, so the decision to read on never waits for a write; `write` (writer
+    thread) turns a planned batch into tokens, range-checks and writes them."""
 
     def __init__(self, writer: ShardWriter, budget: int, eot: int, dtype: np.dtype, name: str,
                  position: str = "after"):
@@ -142,7 +136,6 @@ class Budgeted:
         # document then keeps its BOS and its first room - 1 content tokens
         self.writer, self.budget, self.eot, self.dtype, self.name = writer, budget, eot, dtype, name
         self.before = position == "before"
-        self._typecode = next(c for c in "HIL" if array.array(c).itemsize == dtype.itemsize)
         self.documents = 0
         self.planned = 0
         self.cut: dict | None = None
@@ -168,67 +161,22 @@ class Budgeted:
         self.planned += keep
         return keep
 
-    def write(self, docs: list[list[int]], keep_last: int, first_doc: int) -> None:
+    def write(self, docs: list, keep_last: int, first_doc: int) -> None:
+        """Write a planned batch: each document with its separator, the last one cut to `keep_last` tokens."""
         native = _native.gather  # read per call: None where the C kernel is not built (or switched off)
-        if self.before or any(isinstance(d, np.ndarray) for d in docs):  # a long document (encode.py), or BOS-first
-            self._write_arrays(docs, keep_last, first_doc)
-            return
-        if native is not None and isinstance(docs, list):
-            try:  # C: ~3 ns a token under the GIL, against ~13 below (see ids_to_tokens in gather.c)
+        if native is not None and not self.before and all(isinstance(d, list) for d in docs):
+            try:  # C: ~3 ns a token under the GIL (see ids_to_tokens in gather.c)
                 buf = native.ids_to_tokens(docs, self.eot, self.dtype.itemsize, keep_last)
             except (OverflowError, TypeError):
-                pass  # the Python path below finds the document and raises the package's error
+                pass  # the numpy path below finds the document and raises the package's error
             else:
                 arr = np.frombuffer(buf, dtype=self.dtype.newbyteorder("="))
-                self._check_separators(arr, docs, first_doc)
+                if np.count_nonzero(arr == self.eot) != len(docs):
+                    self._refuse_separator_inside(docs, first_doc)
                 self.writer.write(arr.astype(self.dtype, copy=False))
                 return
-        lengths = [len(d) + 1 for d in docs]
-        flat: list[int] = []
-        for d in docs:
-            flat += d
-            flat.append(self.eot)
-        if keep_last < lengths[-1]:  # the cut document keeps keep_last - 1 tokens and its EOT
-            del flat[len(flat) - lengths[-1] + keep_last:]
-            flat[-1] = self.eot
-        # NOTE: array.array converts the ints at C speed and refuses any id outside the unsigned
-        # range of its typecode, which is the uint16/uint32 range check: 7.8 ns a token against 18
-        # for np.fromiter into int64 + max/min + astype. This runs under the GIL while the encode
-        # threads build their result lists, so it bounds how well 2 workers scale.
-        try:
-            arr = np.frombuffer(array.array(self._typecode, flat), dtype=self.dtype.newbyteorder("="))
-        except OverflowError:
-            wide = np.array(flat, dtype=object).astype(np.int64)  # find the document, then raise
-            limit = np.iinfo(self.dtype).max
-            ends = np.cumsum(lengths)
-            first_bad = int(np.flatnonzero((wide > limit) | (wide < 0))[0])
-            d = int(np.searchsorted(ends, first_bad, side="right"))
-            check_range(wide[ends[d] - lengths[d]:ends[d]], self.dtype, f"{self.name} document {first_doc + d}")
-            raise
-        self._check_separators(arr, docs, first_doc)
-        self.writer.write(arr.astype(self.dtype, copy=False))  # no copy on little-endian machines
-
-    def _check_separators(self, out: np.ndarray, docs: list, first_doc: int) -> None:
-        """Every document holds exactly one separator (the one written with it): a separator id inside a
-        document's own tokens (an --eos that is an ordinary piece of text) would make two documents of one,
-        so it is refused, naming the document. One vectorised count per batch (~0.3 ns a token)."""
-        if np.count_nonzero(out == self.eot) != len(docs):
-            self._refuse_separator_inside(docs, first_doc)
-
-    def _refuse_separator_inside(self, docs: list, first_doc: int) -> None:
-        for j, d in enumerate(docs):
-            if np.any(np.asarray(d) == self.eot):
-                raise ConfigError(
-                    f"{self.name} document {first_doc + j}: the document separator (id {self.eot}) occurs inside its "
-                    "text, so documents could not be told apart; the token given to --eos/--bos is an ordinary "
-                    "piece of text: choose a special token the text never produces (the tokenizer's own EOS or BOS)")
-
-
-    def _write_arrays(self, docs: list, keep_last: int, first_doc: int) -> None:
-        """`write` for batches holding arrays (the fast encoder's, tiktoken's, a long document's) or BOS-first:
-        the same bytes as the list path, in a few whole-batch numpy calls and no numpy call per document (they
-        would wait for the GIL behind the encode threads): the documents and their separators joined by one
-        concatenate, one range check, one count of the separators, one cast."""
+        # NOTE: whole-batch numpy calls, none per document (they would wait for the GIL behind the encode
+        # threads): one concatenate, one range check, one count of the separators, one cast
         arrays = [d if isinstance(d, np.ndarray) else np.asarray(d, dtype=np.int64) for d in docs]
         if not arrays:
             return
@@ -247,14 +195,20 @@ class Budgeted:
             self._refuse_separator_inside(arrays, first_doc)
         self.writer.write(flat.astype(self.dtype, copy=False))
 
+    def _refuse_separator_inside(self, docs: list, first_doc: int) -> None:
+        """A separator id inside a document's own tokens (an --eos that is ordinary text) would make two
+        documents of one: refused, naming the document."""
+        for j, d in enumerate(docs):
+            if np.any(np.asarray(d) == self.eot):
+                raise ConfigError(
+                    f"{self.name} document {first_doc + j}: the document separator (id {self.eot}) occurs inside its "
+                    "text, so documents could not be told apart; the token given to --eos/--bos is an ordinary "
+                    "piece of text: choose a special token the text never produces (the tokenizer's own EOS or BOS)")
+
 
 class WriterPipeline:
-    """Writes planned batches on one background thread while the caller encodes the next batch.
-
-    sentencepiece releases the GIL while it encodes, so the Python-side work of a batch (EOTs,
-    np.fromiter, range check, sha256, write) overlaps with encoding the next one. At most one batch
-    is in flight; `submit` and `close` re-raise the writer's error.
-    """
+    """Writes planned batches on one background thread while the caller encodes the next (the encoders release
+    the GIL). At most one batch is in flight; `submit` and `close` re-raise the writer's error."""
 
     def __init__(self):
         from concurrent.futures import ThreadPoolExecutor

@@ -1,23 +1,24 @@
 """JSON Lines, the one way: byte ranges of a plain file, or whole files (gzip, zstd, at a URL), line by line.
 
-- A UTF-8 BOM opening the file is dropped (editors on Windows write one); blank lines are no records.
-- Each line is strict UTF-8 and one JSON object; anything else is a `BadRecord` naming the file and line (a
-  byte range counts its line numbers from the file's start only when an error needs one).
-- A compressed file that ends early is an error naming it: gzip says so itself; zstd frames are decoded one
-  by one here (zstandard's stream reader returns what it has and stops silently at a cut frame).
-- A line is parsed by msgspec where it is installed (the `tiktoken` extra), which gives what `json` gives
-  for every line it accepts (integers of any size included); a line it refuses (NaN, Infinity, a lone
-  surrogate escape, a number past float range, bad UTF-8, not JSON) is parsed again by `json`, whose record
-  or error stands. Without msgspec every line goes through `json`.
-Cost: a byte range is read in one call (task_bytes of memory); a whole file is streamed in 1 MiB blocks.
-Reading + parsing (CPU, 2 cores): debian-docs (47 MB) 0.06 s with msgspec, 0.15 s with json; its 316,610
-paragraphs as lines 1.05 us a line, 2.38 with json (python bench/bench_parse.py).
+- A leading UTF-8 BOM is dropped; blank lines are no records; each line is strict UTF-8 and one JSON object,
+  anything else is a `BadRecord` naming the file and line (counted from the file's start only when needed).
+- A compressed file that ends early is an error naming it (zstd frames are decoded one by one here, since
+  zstandard's stream reader stops silently at a cut frame).
+- msgspec parses a line where installed; a line it refuses is parsed again by `json`, whose record or error
+  stands, so the records are what `json` gives.
+- `file_sha256` is hashed from the bytes the ranges read when one process reads a file's ranges in order.
+Cost: a byte range is read in one call (task_bytes of memory); figures in docs/performance.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import itertools
 import json
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +31,7 @@ READ_BLOCK = 1 << 20
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame opens with these four bytes
 GZIP_MAGIC = b"\x1f\x8b"
 
-try:  # NOTE: msgspec is one small compiled module (a few ms to import), so not deferred to first use
+try:  # NOTE: msgspec is small (a few ms to import), so not deferred to first use
     from msgspec.json import Decoder as _Decoder
     _fast_loads = _Decoder().decode
 except ImportError:
@@ -45,14 +46,10 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
         raise SourceError("reading .zst needs the `zstandard` package: pip install 'niels_gpt[corpus]'") from exc
     dctx = zstandard.ZstdDecompressor()
     dobj, fed = dctx.decompressobj(), False
-    first = True
-    while True:
-        chunk = raw.read(READ_BLOCK)
-        if not chunk:
-            break
-        if first and not chunk.startswith(ZSTD_MAGIC[:len(chunk)]):
-            raise NotCompressed("zstd", chunk)
-        first = False
+    chunk = raw.read(READ_BLOCK)
+    if chunk and not chunk.startswith(ZSTD_MAGIC[:len(chunk)]):
+        raise NotCompressed("zstd", chunk)
+    while chunk:
         while chunk:
             try:
                 out = dobj.decompress(chunk)
@@ -64,6 +61,7 @@ def _zstd_blocks(raw) -> Iterator[bytes]:
             chunk = dobj.unused_data if dobj.eof else b""
             if dobj.eof:
                 dobj, fed = dctx.decompressobj(), False
+        chunk = raw.read(READ_BLOCK)
     if fed:
         raise EOFError("the last zstd frame ends before its end mark")
 
@@ -76,7 +74,7 @@ class NotCompressed(ValueError):
         self.codec, self.head = codec, head
 
 
-def _not_compressed(item: str, e: NotCompressed, kind: str = "plain JSON Lines") -> SourceError:
+def _not_compressed(item: str, e: NotCompressed, kind: str) -> SourceError:
     suffix = ".zst" if e.codec == "zstd" else ".gz"
     what = "plain text" if _looks_like_text(e.head) else "some other data"
     return SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
@@ -99,10 +97,10 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
         if name.endswith(".gz"):
             import gzip
 
-            head = raw.read(2)
-            if head != GZIP_MAGIC[:len(head)]:
-                raise NotCompressed("gzip", head + raw.read(254))
-            yield from gzip.GzipFile(fileobj=_Prefixed(head, raw))
+            head = raw.peek(256)[:256]  # a buffered reader, local or remote (records._open_binary)
+            if head[:2] != GZIP_MAGIC[:len(head[:2])]:
+                raise NotCompressed("gzip", head)
+            yield from gzip.GzipFile(fileobj=raw)
         elif name.endswith(".zst"):
             tail = b""
             for block in _zstd_blocks(raw):
@@ -116,29 +114,64 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
             yield from raw
 
 
-class _Prefixed:
-    """A binary stream with its first bytes (already read to check a magic number) put back in front."""
+_HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>")
+_RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
+_LOCK = threading.Lock()
 
-    def __init__(self, head: bytes, raw):
-        self.head, self.raw = head, raw
 
-    def read(self, n: int = -1) -> bytes:
-        if not self.head:
-            return self.raw.read(n)
-        if n is None or n < 0:
-            out, self.head = self.head + self.raw.read(), b""
-            return out
-        out, self.head = self.head[:n], self.head[n:]
-        return out + (self.raw.read(n - len(out)) if len(out) < n else b"")
+def _key(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
+    """Extend `path`'s running sha256 by a range read at `start` if it follows what was hashed (ranges read out
+    of order stop it); at the file's end the digest is kept for `file_sha256`."""
+    with _LOCK:
+        done, h, was = _RUNNING.pop(path, None) or (0, None, None)
+        if start == 0:
+            done, h, was = 0, hashlib.sha256(), _key(st)
+        if h is None or done != start or was != _key(st):
+            return
+        h.update(data)
+        if start + len(data) >= st.st_size:
+            _HASHED[path] = (was, "sha256:" + h.hexdigest())
+        else:
+            _RUNNING[path] = (start + len(data), h, was)
+
+
+def file_sha256(path: str, stop: threading.Event | None = None) -> str | None:
+    """"sha256:<hex>" of a local file: as hashed earlier in this process if unchanged since (size, mtime, ctime,
+    inode), else read and hashed now; None if `stop` is set meanwhile."""
+    with _LOCK:  # a second caller waits for the digest being made instead of making it again
+        key = _key(os.stat(path))
+        if _HASHED.get(path, (None,))[0] != key:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while block := f.read(READ_BLOCK):
+                    h.update(block)
+                    if stop is not None and stop.is_set():
+                        return None
+            _HASHED[path] = (key, "sha256:" + h.hexdigest())
+        return _HASHED[path][1]
+
+
+def _new_lock() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # a process forked while a file was hashed gets a lock no thread holds
+    os.register_at_fork(after_in_child=_new_lock)
 
 
 def _range_records(piece) -> Iterator[tuple[Any, Any]]:
-    """(where, record or BadRecord) per non-blank line of a byte range of a plain file: the hot loop of a build
-    over JSON Lines, kept to one slice, one blank test and one parse a line (bench/bench_parse.py)."""
+    """(where, record or BadRecord) per non-blank line of a byte range of a plain file: a build's hot loop, kept
+    to one slice, one blank test and one parse a line (bench/bench_parse.py)."""
     with open(piece.item, "rb") as f:
         f.seek(piece.start)
         data = f.read(piece.stop - piece.start)
-    numbers, item, find, size = _LineNumbers(piece), piece.item, data.find, len(data)
+        st = os.fstat(f.fileno())
+    item, find, size = piece.item, data.find, len(data)
     pos = len(BOM) if piece.start == 0 and data.startswith(BOM) else 0
     start, k = 0, 0  # the offset of a line counts its BOM, as a line's byte numbers in errors always have
     while pos < size:
@@ -146,43 +179,34 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
         end = size if end < 0 else end + 1
         raw = data[pos:end]
         if raw and not raw.isspace():  # bytes.isspace: what `not raw.strip()` tests, without a copy
-            where = _Where(item, numbers, k)
+            where = _Where(item, piece.start, k)
             where.offset = piece.start + start  # the line's byte offset in the file: a document's origin
             yield where, _parse(raw, where, where.offset)
         start, pos, k = end, end, k + 1
+    _hash_read(piece.item, piece.start, data, st)  # a range read to its end (planning reads one record)
 
 
-class _LineNumbers:
-    """Line numbers of a byte range, counted from the file's start only when an error needs one."""
-
-    def __init__(self, piece):
-        self.piece, self.base = piece, None
-
-    def line(self, k: int) -> int:
-        if self.base is None:
-            self.base = 1
-            if self.piece.start > 0:
-                with open(self.piece.item, "rb") as f:
-                    remaining = self.piece.start
-                    while remaining > 0:
-                        chunk = f.read(min(remaining, 1 << 24))
-                        if not chunk:
-                            break
-                        self.base += chunk.count(b"\n")
-                        remaining -= len(chunk)
-        return self.base + k
+@functools.lru_cache(maxsize=64)
+def _line_at(path: str, start: int, key: tuple) -> int:
+    """The number of the line that byte `start` of `path` (as of its `_key`) begins: counted when an error needs it."""
+    n = 1
+    with open(path, "rb") as f:
+        while start > 0 and (chunk := f.read(min(start, 1 << 24))):
+            n += chunk.count(b"\n")
+            start -= len(chunk)
+    return n
 
 
 class _Where:
-    """`<file>, line N`, formatted only if used (a byte range counts lines from the file's start lazily)."""
+    """`<file>, line N`, formatted only if used. `start`: of the byte range the line is in (None: a whole file)."""
 
-    __slots__ = ("numbers", "k", "item", "offset")
+    __slots__ = ("item", "start", "k", "offset")
 
-    def __init__(self, item: str, numbers, k: int):
-        self.item, self.numbers, self.k = item, numbers, k
+    def __init__(self, item: str, start: int | None, k: int):
+        self.item, self.start, self.k = item, start, k
 
     def __str__(self) -> str:
-        n = self.numbers.line(self.k) if self.numbers is not None else self.k + 1
+        n = self.k + (_line_at(self.item, self.start, _key(os.stat(self.item))) if self.start is not None else 1)
         return f"{self.item}, line {n}"
 
 
@@ -193,15 +217,14 @@ def named_json(name: str) -> bool:
 
 
 def opens_a_document(first_line: bytes) -> bool:
-    """Whether a `.json` file's first non-blank line opens one JSON document rather than a line of JSON Lines:
-    an array (`[` ...), or an object spread over lines (`{` alone on its line, as pretty printers write it)."""
+    """Whether a `.json` file's first non-blank line opens one JSON document (`[...`, or `{` alone on its line)."""
     first = first_line.removeprefix(BOM).strip()
     return first.startswith(b"[") or first == b"{"
 
 
 def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
-    """The records of a `.json` file holding one document: an array of records, or an object holding one array
-    of records (`{"data": [...]}`), or else that object as one record. Read whole: the file's size in memory."""
+    """The records of a `.json` file holding one document: an array of records, an object holding one array of
+    records (`{"data": [...]}`), or else that object as one record. Read whole."""
     try:
         text = data.removeprefix(BOM).decode("utf-8")
         doc = json.loads(text)
@@ -232,10 +255,9 @@ def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:
 
 def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
     """(where, record or BadRecord) per non-blank line of a JSON Lines piece (a byte range, or a whole file
-    opened with `open_binary`: compressed, or at a URL); a whole `.json` file that opens a document (an array,
-    a pretty-printed object) is read as that document's records."""
+    opened with `open_binary`); a whole `.json` file that opens a document is read as its records."""
     ranged = piece.stop >= 0 and "://" not in piece.item and piece.kind in (".jsonl", ".json")
-    try:
+    with _decompressing(piece.item, "plain JSON Lines"):
         if ranged:
             yield from _range_records(piece)
             return
@@ -261,21 +283,22 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
             where = _Where(piece.item, None, k)
             where.offset = start  # the line's byte offset in the (decompressed) file: a document's origin
             yield where, _parse(raw, where, None)
-    except NotCompressed as e:
-        raise _not_compressed(piece.item, e) from None
-    except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
-        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
-                          "recompress it or remove it from the inputs") from e
 
 
 def decompressed(piece, open_binary) -> bytes:
     """The whole decompressed contents of a `.gz` / `.zst` file (a compressed text file), errors as json_lines'."""
-    try:
+    with _decompressing(piece.item, "plain text"):
         return b"".join(_lines_of(piece, open_binary))
+
+
+@contextlib.contextmanager
+def _decompressing(item: str, kind: str):
+    try:
+        yield
     except NotCompressed as e:
-        raise _not_compressed(piece.item, e, "plain text") from None
+        raise _not_compressed(item, e, kind) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
-        raise SourceError(f"{piece.item}: cannot decompress ({e}); the file is truncated or damaged: "
+        raise SourceError(f"{item}: cannot decompress ({e}); the file is truncated or damaged: "
                           "recompress it or remove it from the inputs") from e
 
 

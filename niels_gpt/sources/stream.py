@@ -3,20 +3,14 @@
     plan = plan_reading(["data/", "s3://bucket/more/*.parquet"])
     for item in stream_items(plan): ...   # str documents (or conversations) and Skipped(reason), in order
 
-- The inputs are expanded (sources/inputs.py) and cut into pieces by the one record-reader layer
-  (sources/records.py): byte ranges of JSON Lines files, runs of Parquet row groups and Arrow batches, a
-  dataset's shards, whole files otherwise. A task is one piece, or a run of small whole text files of about
-  `task_bytes`, or every piece of an input whose records group across it (oasst flat rows).
-- Each input's layout (sources/documents.py) is named with --format or detected from its first record.
-- The items of task 0, then task 1, ... are the stream, whoever reads it: a build reads them in order in
-  one process or has each task tokenized elsewhere and commits the parts in plan order (builders/plan.py
-  gives each task its id), so a cache does not depend on where its tasks ran; a tokenizer trains on the same
-  stream.
-- `signatures`: size, mtime, ctime, inode and edge hashes of every local input, taken when planning; a task
-  checks them before and after it reads, the driver once more before the commit: an input rewritten while
-  the build reads it is refused, never mixed into the cache.
-Planning reads only file metadata, a few bytes at each cut, Parquet and Arrow footers, and each input's first
-record.
+- The inputs (sources/inputs.py) are cut into pieces by the record-reader layer (sources/records.py); a task is
+  one piece, a run of small whole text files of about `task_bytes`, or every piece of an input whose records
+  group across pieces (oasst flat rows). Each input's layout is named (--format) or detected from its first record.
+- The items of task 0, then task 1, ... are the stream, wherever each task runs, so a cache does not depend on
+  where its tasks ran; a tokenizer trains on the same stream.
+- `signatures` of every local input are taken when planning and checked before and after a task reads it and
+  before the commit: an input rewritten while the build reads it is refused, never mixed into the cache.
+Planning reads only metadata, a few bytes at each cut, Parquet/Arrow footers and each input's first record.
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ from niels_gpt.sources.inputs import (
     RemoteFile,
     changed_while_read,
     expand,
-    kind_of,
     signature,
 )
 from niels_gpt.sources.origins import Reading, located
@@ -48,8 +41,7 @@ from niels_gpt.sources.records_base import BadRecord, FileText
 
 PLAN_VERSION = 2
 TASK_BYTES = 64 * 1024 * 1024  # the most input bytes a task covers by default (~15 M tokens of English)
-MIN_TASK_BYTES = 4 * 1024 * 1024  # the least, by default (~1 M tokens: ~0.3 s of one core, so a task's
-# fixed costs, its files and its scheduling, stay below 1%)
+MIN_TASK_BYTES = 4 * 1024 * 1024  # the least (~0.3 s of one core: a task's fixed costs stay below 1%)
 TASKS_WANTED = 64  # by default the inputs are cut into about this many tasks (see auto_task_bytes)
 SNIFF_BYTES = 1 << 16  # of a whole text file, to detect its layout (a Gutenberg header, a wikitext heading)
 SPLIT_RULE_NONE = "none: the inputs in the order given; the builder splits"
@@ -93,17 +85,13 @@ class Plan:
     left_out: list = field(default_factory=list)  # {"path", "reason"} of each file under a source not read
 
     def input_bytes(self) -> int | None:
-        """Total bytes of the input, for a progress bar's ETA: only when every input is an uncompressed text
-        file of known size (a bar counts the UTF-8 bytes of the documents read)."""
-        if any(kind not in PLAIN_TEXT + (".jsonl", ".json") for kind in self.kinds or map(kind_of, self.inputs)):
-            return None
-        if len(self.sizes) != len(self.inputs):
+        """Total input bytes for a progress bar's ETA, when every input is an uncompressed text file of known size."""
+        if len(self.sizes) != len(self.inputs) or any(k not in PLAIN_TEXT + (".jsonl", ".json") for k in self.kinds):
             return None
         return sum(self.sizes.values())
 
     def describe(self) -> dict:
-        """meta.json's `source`: what was read and how (the inputs, not the tasks, so the same inputs cut
-        into tasks of another size describe the same cache)."""
+        """meta.json's `source`: the inputs and how they were read (not the tasks: their size changes nothing)."""
         ids = [i for i, lay in zip(self.inputs, self.layouts, strict=True) if lay == "dataset"]
         return {"name": "corpus", "files": [portable(p) for p in self.inputs],
                 "layouts": sorted(set(self.layouts)), "dataset_id": ids[0] if ids else None,
@@ -129,12 +117,9 @@ class Plan:
 
 
 def auto_task_bytes(total_bytes: int) -> int:
-    """The default task size for `total_bytes` of input: about TASKS_WANTED tasks, within [MIN_TASK_BYTES,
-    TASK_BYTES]. Many tasks keep every worker of a pool (up to ~32) busy to the end and let the commit start
-    after the first small task instead of after a 64 MiB one: 185 MB of JSON Lines make 48 tasks of 4 MiB, not
-    4 of 46 MB (two workers sharing 4 tasks of unequal time left one idle for up to a quarter of the build; see
-    docs/scale.md, "One build verb"). The size depends on the inputs alone, never on the executor or the workers: the plan and its task ids, and so a resume, are the
-    same however the build is run."""
+    """About TASKS_WANTED tasks, within [MIN_TASK_BYTES, TASK_BYTES]: many tasks keep every worker busy to the
+    end and let the commit start early (docs/scale.md, "One build verb"). It depends on the inputs alone, so
+    the plan and its task ids, and a resume, are the same however the build is run."""
     return max(MIN_TASK_BYTES, min(TASK_BYTES, -(-total_bytes // TASKS_WANTED)))
 
 
@@ -154,8 +139,7 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
               rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
               split: str = "train", read_as: dict[str, str] | None = None) -> Plan:
     """Cut `sources` (files, directories, globs, URLs, dataset ids) into tasks of about `task_bytes` input bytes
-    (None: auto_task_bytes of the inputs' total); see the module docstring. `read_as`: suffix -> kind for files
-    of other suffixes (--read-as); with layout "text" every file of an unknown suffix is read as text."""
+    (None: auto_task_bytes). `read_as`: suffix -> kind (--read-as); layout "text" reads unknown suffixes as text."""
     if task_bytes is not None and task_bytes < 1:
         raise ConfigError(f"task_bytes must be >= 1, got {task_bytes}")
     if not sources:
@@ -219,8 +203,7 @@ def plan_reading(sources: Sequence[str | os.PathLike], *, task_bytes: int | None
 
 
 def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
-    """The input's layout: named, or detected from its first record; a first record that the layout cannot
-    read fails the plan (before any work) unless bad records are skipped."""
+    """Named, or detected from the first record, which fails the plan if unreadable (unless bad records skip)."""
     if named not in (None, "oasst", "text"):
         return named
     where, record = _first_record(first)
@@ -254,36 +237,24 @@ def _first_record(piece: Piece):
         return piece.item, None
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading a task's items
-
-
 def task_items(task: Task, rules: Rules, signatures: dict | None = None, origins: bool = False) -> Iterator:
-    """The task's documents or conversations in order, with a Skipped per record that is neither. A local
-    input whose signature differs from the plan's, before or after it is read, is refused. `origins`: each
-    item comes as (item, origin): origin None for a Skipped, else (k, record, char_start, char_end), k the
-    index of its piece in the task (sources/origins.py)."""
+    """The task's documents or conversations in order, a Skipped per record that is neither; a local input whose
+    signature changed is refused. `origins`: (item, origin) pairs, origin None for a Skipped, else (k, record,
+    char_start, char_end), k the piece's index in the task (sources/origins.py)."""
     signatures = signatures or {}
     pieces = [Piece(**p) for p in task.pieces]
     at = Reading()
 
     def recs():
         for k, piece in enumerate(pieces):
-            before = signatures.get(piece.item)
-            if before is not None:
-                problem = changed_while_read(piece.item, before)
-                if problem is not None:
-                    raise problem
+            _check(piece.item, signatures.get(piece.item))
             if origins:
                 for where, record in records(piece, _columns(task.layout, rules)):
                     at.read(k, where, record)
                     yield where, record
             else:
                 yield from records(piece, _columns(task.layout, rules))
-            if before is not None:
-                problem = changed_while_read(piece.item, before)
-                if problem is not None:
-                    raise problem
+            _check(piece.item, signatures.get(piece.item))
         at.exhausted = True
 
     out = items(recs(), task.layout, rules)
@@ -291,13 +262,9 @@ def task_items(task: Task, rules: Rules, signatures: dict | None = None, origins
 
 
 def _columns(layout: str, rules: Rules) -> list[str] | None:
-    if layout == "text":
-        return [rules.text_field]
-    if layout == "messages":
-        return [rules.messages_field]
-    if layout == "columns":
-        return list(rules.chat_columns or ())
-    return None
+    """The columns a layout reads (of Parquet and Arrow inputs); None: every column."""
+    return {"text": [rules.text_field], "messages": [rules.messages_field],
+            "columns": list(rules.chat_columns or ())}.get(layout)
 
 
 def stream_items(plan: Plan, check_at_end: bool = True) -> Iterator:
@@ -311,6 +278,10 @@ def stream_items(plan: Plan, check_at_end: bool = True) -> Iterator:
 def check_unchanged(plan: Plan, read: Sequence[str] | None = None) -> None:
     """Refuse the build if a local input (of those `read`, default all) changed since it was planned."""
     for path in read if read is not None else plan.signatures:
-        problem = changed_while_read(path, plan.signatures[path])
-        if problem is not None:
-            raise problem
+        _check(path, plan.signatures[path])
+
+
+def _check(path: str, before) -> None:
+    problem = changed_while_read(path, before) if before is not None else None
+    if problem is not None:
+        raise problem

@@ -3,21 +3,12 @@
     fast = fast_encoder(tokenizer)      # None: the tokenizer's own (reference) encoder is used
     ids = fast.encode_arrays(texts)     # one uint32 array per text
 
-- Chosen per tokenizer: gigatoken (`pip install gigatoken`, in the `tiktoken` extra) encodes tiktoken
-  encodings and `.tiktoken` files with a known split regex (r50k/GPT-2, cl100k, o200k), byte-level BPE
-  tokenizer.json files and sentencepiece BPE models with byte fallback; everything else (the library's own
-  sentencepiece unigram models, WordPiece, a tokenizer.json with a normalizer gigatoken does not model)
-  stays on the reference encoder.
-- Before it is used it is checked id for id against the reference encoder on `TORTURE` (whitespace runs,
-  digits, contractions, emoji, CJK, combining marks, replacement characters, very long words, the
-  tokenizer's own special-token strings) and, at the first batch a process encodes, on a sample of that
-  batch (`check_sample`). A mismatch puts the tokenizer back on the reference encoder and says so in one
-  warning line; an encoder that cannot be built (not installed, an unsupported model) is the reference
-  encoder with no warning.
-- NIELS_GPT_ENCODER=reference in the environment always uses the reference encoder.
-- meta.json of a cache built with the fast encoder records it (`encoder_record`: {"encoder": "gigatoken
-  0.10.0"}); a cache without the field was encoded by the tokenizer's own library. The ids, and so every
-  shard, are the same either way.
+- gigatoken (in the `tiktoken` extra) encodes tiktoken encodings with a known split regex (r50k, cl100k, o200k),
+  byte-level BPE tokenizer.json files and sentencepiece BPE models; anything else stays on the reference.
+- It is checked id for id against the reference on `TORTURE` plus the tokenizer's special-token strings, and
+  on a sample of the first batch a process encodes (`check_sample`): a mismatch puts the tokenizer back on the
+  reference encoder with one warning line. NIELS_GPT_ENCODER=reference always uses the reference.
+- meta.json records it (`encoder_record`: {"encoder": "gigatoken 0.10.0"}); the ids are the same either way.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 ENV = "NIELS_GPT_ENCODER"  # "reference": never use the fast encoder
-SAMPLE_CHARS = 64 << 10  # characters of the first batch checked against the reference encoder: the check is
-# a fixed cost per process (0.03 s of CPU for tiktoken at this size, 0.11 s at 256 Ki)
+SAMPLE_CHARS = 64 << 10  # characters of the first batch checked: 0.03 s of CPU a process for tiktoken
 _LOCK = threading.Lock()
 
 TORTURE = [
@@ -67,29 +57,7 @@ def torture_texts(tokenizer) -> list[str]:
     return TORTURE + ["".join(specials), " ".join(f"x{s}y" for s in specials)]
 
 
-def _gigatoken():
-    if os.environ.get(ENV, "") == "reference":
-        return None
-    try:
-        import gigatoken
-    except ImportError:
-        return None
-    return gigatoken
-
-
 def _version() -> str:
-    """gigatoken's version, from its dist-info directory beside the package (importlib.metadata scans every
-    installed distribution: ~30 ms of a build's start-up)."""
-    import gigatoken
-
-    where = getattr(gigatoken, "__file__", None)
-    try:
-        names = os.listdir(os.path.dirname(os.path.dirname(os.path.abspath(where)))) if where else []
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith("gigatoken-") and name.endswith(".dist-info"):
-            return name[len("gigatoken-"):-len(".dist-info")]
     from importlib.metadata import version
     return version("gigatoken")
 
@@ -98,17 +66,12 @@ def _build(gigatoken, tokenizer):
     """A gigatoken Tokenizer for `tokenizer`, or None where it has no such model (or `tokenizer` is a subclass
     of the library's tokenizers, whose encoder may not be its base's)."""
     # lazy: the backends import their libraries (tiktoken, tokenizers, sentencepiece) only when asked
-    from niels_gpt.tokenizer import tiktoken_backend as tb
-
-    # lazy: as above
-    from niels_gpt.tokenizer.hf import HFTokenizer
-
-    # lazy: as above
-    from niels_gpt.tokenizer.spm import SentencePieceTokenizer
+    from niels_gpt.tokenizer import hf, spm, tiktoken_backend
 
     kind = type(tokenizer)
-    if kind is tb.TiktokenTokenizer:
+    if kind is tiktoken_backend.TiktokenTokenizer:
         enc = tokenizer._enc
+        tb = tiktoken_backend
         scheme = {tb.R50K_PATTERN: "gpt2", tb.CL100K_PATTERN: "gpt4", tb.O200K_PATTERN: "o200k"}.get(enc._pat_str)
         if scheme is None:
             try:
@@ -128,9 +91,9 @@ def _build(gigatoken, tokenizer):
             with open(path, "wb") as f:
                 f.write(lines)
             return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
-    if kind is HFTokenizer:
+    if kind is hf.HFTokenizer:
         return _without_specials(gigatoken, tokenizer._tok.to_str())
-    if kind is SentencePieceTokenizer:
+    if kind is spm.SentencePieceTokenizer:
         # NOTE: gigatoken's own converter (what Tokenizer.from_sentencepiece calls), so that the control
         # pieces can be left out as below
         from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
@@ -157,9 +120,8 @@ class FastEncoder:
         self.sampled = False
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
-        # NOTE: one `encode` per text, not `encode_batch`: on debian-docs it encodes faster on one thread
-        # (46-91 against 39-72 Mtok/s of encode_batch on 2 cores), the builder's threads run it on every core,
-        # and encode_batch's awkward arrays cost 0.6 s of import at start-up
+        # NOTE: one `encode` per text, not `encode_batch`: faster on one thread (the builder's threads use
+        # every core), and encode_batch's awkward arrays cost 0.6 s of import (docs/performance.md).
         # A text gigatoken cannot take (a lone surrogate) is None: the caller encodes it with the reference.
         encode = self.giga.encode
         out: list = []
@@ -199,7 +161,10 @@ def fast_encoder(tokenizer) -> FastEncoder | None:
         if "_fast_encoder" in tokenizer.__dict__:
             return tokenizer.__dict__["_fast_encoder"]
         fast = None
-        gigatoken = _gigatoken()
+        try:
+            import gigatoken
+        except ImportError:
+            gigatoken = None
         if gigatoken is not None:
             try:
                 giga = _build(gigatoken, tokenizer)
@@ -223,24 +188,20 @@ def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEnco
     with _LOCK:  # the builder's other threads wait for the one check, then follow its verdict
         if fast.sampled:
             return tokenizer.__dict__.get("_fast_encoder")
-        return _check_sample(tokenizer, fast, texts)
-
-
-def _check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEncoder | None:
-    sample, chars = [], 0
-    for t in texts:
-        if chars + len(t) > SAMPLE_CHARS:  # the document's start: both encoders are given the same text
-            if chars < SAMPLE_CHARS:
-                sample.append(t[:SAMPLE_CHARS - chars])
-            break
-        sample.append(t)
-        chars += len(t)
-    bad = _mismatch(tokenizer, fast, sample)
-    if bad is not None:
-        _warn(tokenizer, f"a document of the input ({sample[bad][:40]!r}...)")
-        tokenizer.__dict__["_fast_encoder"] = None
-    fast.sampled = True
-    return fast if bad is None else None
+        sample, chars = [], 0
+        for t in texts:
+            if chars + len(t) > SAMPLE_CHARS:  # the document's start: both encoders are given the same text
+                if chars < SAMPLE_CHARS:
+                    sample.append(t[:SAMPLE_CHARS - chars])
+                break
+            sample.append(t)
+            chars += len(t)
+        bad = _mismatch(tokenizer, fast, sample)
+        if bad is not None:
+            _warn(tokenizer, f"a document of the input ({sample[bad][:40]!r}...)")
+            tokenizer.__dict__["_fast_encoder"] = None
+        fast.sampled = True
+        return fast if bad is None else None
 
 
 def encoder_record(tokenizer) -> dict:

@@ -3,30 +3,19 @@
     tok = TiktokenTokenizer("cl100k_base")          # needs the encoding's file in tiktoken's cache
     tok = TiktokenTokenizer("my_ranks.tiktoken")    # base64 token, space, rank: one per line
 
-- A name is opened with `tiktoken.get_encoding`, which reads the file from its cache
-  (TIKTOKEN_CACHE_DIR, else a tiktoken-cache directory under the system's temporary directory) and
-  only downloads it when it is missing there; with no network a missing file is an error naming the
-  cache directory to fill.
-- A `.tiktoken` file that is one of OpenAI's published encodings (r50k_base, p50k_base, cl100k_base,
-  o200k_base: recognised by the sha256 tiktoken itself checks them against, `PUBLISHED`) is that encoding,
-  exactly as the name gives it: its regex, its special tokens (cl100k's `<|endoftext|>` is 100257, not the
-  100256 after its last rank) and the name's sha256, so a cache built from the file offline is the cache
-  built from the name. Any other file gets the regex of `pattern_for` (o200k's when the file name says
-  o200k, else cl100k's) and one special token, `<|endoftext|>`, right after the last rank.
-- A `.tiktoken` file trained here (`train-tokenizer --trainer rustbpe`, niels_gpt.tokenizer.bpe) takes its
-  regex and the library's four special tokens from the meta.json beside it: it is the library's tokenizer
-  (our EOT ends every document, chats are rendered with our sentinels).
-- Any other keeps its own conventions: `<|endoftext|>` (or the --eos given) ends every document.
-  Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template, so
-  chat data needs another tokenizer.
-- sha256: of the `.tiktoken` file (a trained one's regex and special tokens are in meta.json, under its
-  record_sha256), or for a name (and a published file) of its ranks, regex and special
-  tokens, so two machines with the same encoding record the same value. Pickles as its name or path.
+- A name is opened with `tiktoken.get_encoding` (its cache, TIKTOKEN_CACHE_DIR; a download only when missing).
+- A `.tiktoken` file that is one of OpenAI's published encodings (recognised by its sha256, `PUBLISHED`) is
+  that encoding exactly as the name gives it (regex, special tokens, sha256), so a cache built from the file
+  offline is the cache built from the name. A file trained here (`train-tokenizer --trainer rustbpe`) takes its
+  regex and the library's special tokens from the meta.json beside it. Any other file gets `pattern_for`'s
+  regex and one special token, `<|endoftext|>`, after the last rank.
+- Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template.
+- sha256: of the `.tiktoken` file, or for a name (and a published file) of its ranks, regex and special
+  tokens, so two machines with the same encoding record the same value.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import os
@@ -53,9 +42,7 @@ O200K_PATTERN = "|".join([
 
 R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
-# sha256 of a published .tiktoken file (the hash tiktoken_ext.openai_public checks downloads against) ->
-# (the encoding it is, its regex, its special tokens), as tiktoken's constructors define them
-# (tests/tokenizer_backends/test_backends.py holds this table to tiktoken's own definitions)
+# sha256 of a published .tiktoken file (as tiktoken_ext.openai_public checks it) -> (name, regex, special tokens)
 PUBLISHED = {
     "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930":
         ("r50k_base", R50K_PATTERN, {ENDOFTEXT: 50256}),
@@ -69,69 +56,42 @@ PUBLISHED = {
 }
 
 
-_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")  # what base64.b64decode(validate=True) accepts
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 
 
 def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
-    """The ranks of a .tiktoken file's bytes, as tiktoken's `load_tiktoken_bpe` reads them.
+    """The ranks of a .tiktoken file's bytes, as tiktoken's `load_tiktoken_bpe` reads them; an error names the
+    line at fault.
 
-    NOTE: not `load_tiktoken_bpe(path)` itself: it goes through tiktoken's download cache, which keys
-    local paths too (sha1 of the path string), so it copied every file into the cache directory and
-    then served the first version of a path after the file was replaced.
-    One tight pass accepts a well-formed file (0.01 s for 16,000 ranks, 0.1 s for o200k's 200,000); anything
-    it does not accept is read again line by line (`_checked_ranks`), which names the line at fault.
+    NOTE: not `load_tiktoken_bpe(path)` itself: its download cache keys local paths too (sha1 of the path), so
+    it copied every file into the cache and served the first version of a path after the file was replaced.
+    NOTE: tiktoken's encoder panics (a Rust panic, at encode time) on a rank given twice and on a missing single
+    byte: both are refused here, before any text is encoded.
     """
     ranks: dict[bytes, int] = {}
-    valid, decode = _BASE64.fullmatch, binascii.a2b_base64
-    for line in data.splitlines():
-        if not line:
-            continue
-        fields = line.split()
-        if len(fields) != 2 or valid(fields[0]) is None:
-            return _checked_ranks(data, path)
-        try:
-            token, rank = decode(fields[0]), int(fields[1])
-        except (ValueError, binascii.Error):
-            return _checked_ranks(data, path)
-        if not token or rank < 0 or token in ranks:
-            return _checked_ranks(data, path)
-        ranks[token] = rank
-    if len(set(ranks.values())) != len(ranks) or (ranks and not _all_bytes(ranks)):
-        return _checked_ranks(data, path)
-    return ranks
-
-
-def _all_bytes(ranks: dict[bytes, int]) -> bool:
-    return all(bytes([b]) in ranks for b in range(256))
-
-
-def _checked_ranks(data: bytes, path: Path) -> dict[bytes, int]:
-    """`parse_ranks`, line by line: the error names the line (and what) at fault."""
-    ranks: dict[bytes, int] = {}
-    lines_of: dict[bytes, int] = {}  # token -> the line that gave it its rank
     ranked: dict[int, int] = {}  # rank -> the line that gave it
     for number, line in enumerate(data.splitlines(), 1):
         if not line:
             continue
         try:
             token_text, rank_text = line.split()
-            token, rank = base64.b64decode(token_text, validate=True), int(rank_text)
+            if _BASE64.fullmatch(token_text) is None:  # what base64.b64decode(validate=True) refuses
+                raise binascii.Error("not base64")
+            token, rank = binascii.a2b_base64(token_text), int(rank_text)
         except (ValueError, binascii.Error) as exc:
             raise TokenizerError(f"{path}: not a .tiktoken file (base64 token, space, rank per line): line "
                                  f"{number}: {line[:60]!r} ({exc})") from exc
-        # NOTE: tiktoken's encoder panics (a Rust panic, at encode time) on a rank given twice and on a
-        # missing single byte; checked here, named by line, before any text is encoded.
         where = f"{path}: line {number}"
         if not token or rank < 0:
             raise TokenizerError(f"{where}: {'an empty token' if not token else f'rank {rank} below 0'}; "
                                  "every line must rank a non-empty token from 0 up")
-        if token in lines_of:
-            raise TokenizerError(f"{where}: token {token!r} was already ranked on line {lines_of[token]}; each token "
-                                 "must appear once: the file is damaged or not a .tiktoken file")
+        if token in ranks:
+            raise TokenizerError(f"{where}: token {token!r} was already ranked on line {ranked[ranks[token]]}; each "
+                                 "token must appear once: the file is damaged or not a .tiktoken file")
         if rank in ranked:
             raise TokenizerError(f"{where}: rank {rank} was already given on line {ranked[rank]}; each rank must "
                                  "appear once: the file is damaged or not a .tiktoken file")
-        ranks[token], lines_of[token], ranked[rank] = rank, number, number
+        ranks[token], ranked[rank] = rank, number
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if ranks and missing:
         shown = ", ".join(f"0x{b:02x}" for b in missing[:6]) + (", ..." if len(missing) > 6 else "")

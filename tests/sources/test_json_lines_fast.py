@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -90,3 +91,31 @@ def test_a_byte_range_reads_the_same_records_either_way(tmp_path, monkeypatch):
     assert runs[0][0] == (f"{path}, line 1", {"text": "plain"})
     assert str(runs[0][3][0]) == f"{path}, line 7"  # blank lines counted, the BOM dropped
     assert runs[0][3][1][0] == "invalid_text" and json.loads(TRICKY[0]) == runs[0][0][1]
+
+
+def _read(path, ranges) -> int:
+    from niels_gpt.sources.records import Piece
+    return sum(1 for a, b in ranges for _ in lines._range_records(Piece(item=str(path), kind=".jsonl", start=a, stop=b)))
+
+
+def test_file_sha256_comes_from_ranges_read_in_order_and_follows_a_rewrite(tmp_path, monkeypatch):
+    import hashlib
+    import os
+    path = tmp_path / "d.jsonl"
+    data = b"".join(b'{"text": "document %d"}\n' % i for i in range(50))
+    path.write_bytes(data)
+    cut = data.index(b"\n", 300) + 1
+    assert _read(path, [(cut, len(data)), (0, cut)]) == 50  # out of order: nothing kept
+    assert str(path) not in lines._HASHED
+    assert _read(path, [(0, cut), (cut, len(data))]) == 50
+    want = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert lines._HASHED[str(path)][1] == want
+    monkeypatch.setattr(lines.hashlib, "sha256", None)  # kept: not read and hashed again
+    assert lines.file_sha256(str(path)) == want
+    monkeypatch.undo()
+    path.write_bytes(data.replace(b"document 7", b"document X"))
+    os.utime(path, ns=(1, 1))
+    stopped = threading.Event()
+    stopped.set()
+    assert lines.file_sha256(str(path), stopped) is None  # a build that ended stops hashing its inputs
+    assert lines.file_sha256(str(path)) == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
