@@ -67,9 +67,8 @@ def progress_bar(total: int, desc: str, progress: bool | None):
 
 
 def length_figures(lengths: np.ndarray) -> tuple[dict, dict]:
-    """(percentiles, mean, min, max; the histogram as StreamStats fields). The bins are log-spaced when the
-    lengths span a factor of WIDE or more, so a corpus of whole books beside short notes shows both; each
-    bin also holds the tokens its documents contribute."""
+    """(percentiles, mean, min, max; the histogram as StreamStats fields, log-spaced bins where the lengths
+    span a factor of WIDE, and the tokens each bin's documents hold)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return {}, {}
@@ -107,19 +106,10 @@ def _scan(arrays: list[np.ndarray], sep_id: int | None, bos_id: int | None, desc
     return total, pos, n_sep, n_bos
 
 
-def _doc_lengths(total: int, pos: np.ndarray, before: bool) -> np.ndarray:
-    """Document lengths from separator positions: a separator closes (after) or opens (before) a document."""
-    if before:
-        bounds = np.concatenate([[0], pos, [total]])
-    else:
-        bounds = np.concatenate([[0], pos + 1, [total]])
-    lengths = np.diff(bounds)
-    return lengths[lengths > 0]
-
-
 def stream_stats(name: str, arrays: list[np.ndarray], *, eot_id: int | None, bos_id: int | None,
-                 separator: str = "eot", position: str = "after", progress: bool | None = None) -> StreamStats:
-    """Figures of one token stream made of `arrays` end to end, documents split at the separator."""
+                 separator: str = "eot", progress: bool | None = None) -> StreamStats:
+    """Figures of one token stream made of `arrays` end to end: documents end at each EOT, or start at each BOS
+    (separator="bos")."""
     sep_id = eot_id if separator == "eot" else bos_id
     total, pos, n_sep, n_bos = _scan(arrays, sep_id, bos_id, f"stats {name}", progress)
     if separator == "eot":
@@ -128,8 +118,8 @@ def stream_stats(name: str, arrays: list[np.ndarray], *, eot_id: int | None, bos
         n_eot = None if eot_id is None else sum(int(np.count_nonzero(np.asarray(a) == eot_id)) for a in arrays)
     docs, figures, hist = None, {}, {}
     if sep_id is not None:
-        lengths = _doc_lengths(total, pos, before="before" in position)
+        bounds = np.diff(np.concatenate([[0], pos if separator == "bos" else pos + 1, [total]]))
+        lengths = bounds[bounds > 0]
         docs = len(lengths)
         figures, hist = length_figures(lengths)
     return StreamStats(name=name, tokens=total, documents=docs, eot=n_eot, bos=n_bos, lengths=figures, **hist)
-
