@@ -1,19 +1,10 @@
 """SentencePiece backend: training from any text iterator, and loading.
 
-Training settings are module constants, each a flag of `train-tokenizer`. The model has
-VOCAB_SIZE ordinary pieces (unk, <s>, </s>, the 256 byte pieces and the learned pieces) plus the
-four special tokens as control symbols, so len(tokenizer) == VOCAB_SIZE + 4 == 16,004 by default.
-
-Choices and why:
-- identity normalisation, no whitespace collapsing: decode(encode(text)) == text for any text,
-  code and indentation included (spm's default NFKC + whitespace collapsing is lossy).
-- no dummy prefix: sentencepiece would otherwise prepend a space to every encoded text, so the byte
-  count of the ids would exceed the text's by one (bits-per-byte needs them equal).
-- byte fallback: no input is ever <unk>; unseen characters become their UTF-8 bytes.
-- control symbols for the specials: literal "<|ngpt_asst_...|>" typed by a user stays plain text.
-- the trained model depends on NUM_THREADS (the trainer splits work by thread count), so it is a
-  recorded setting with a fixed default, not the machine's core count. Same corpus and settings ->
-  byte-identical spm.model.
+The model has VOCAB_SIZE ordinary pieces (unk, <s>, </s>, 256 byte pieces, the learned ones) plus the four
+special tokens as control symbols (a user who types one gets plain text), 16,004 ids by default. Identity
+normalisation and no dummy prefix, so decode(encode(text)) == text and the ids' bytes are the text's (bits per
+byte needs them equal); byte fallback, so nothing is <unk>. The model depends on NUM_THREADS, so it is a
+recorded setting with a fixed default: same corpus and settings, byte-identical spm.model.
 """
 
 from __future__ import annotations
@@ -23,7 +14,7 @@ import io
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +22,7 @@ import numpy as np
 from niels_gpt.constants import SEED
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
-from niels_gpt.tokenizer.sample import DOC_CHARS, TrainingTexts
+from niels_gpt.tokenizer.sample import DOC_CHARS, NoTrainingText, TrainingTexts  # noqa: F401 (NoTrainingText)
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
@@ -67,13 +58,10 @@ class SentencePieceTokenizer(Tokenizer):
 
         path = Path(model_path)
         if not path.is_file():
-            raise TokenizerError(
-                f"no sentencepiece model at {path}: train one with "
-                "`python -m niels_gpt.cli train-tokenizer` or pass --tokenizer PATH"
-            )
+            raise TokenizerError(f"no sentencepiece model at {path}: train one with "
+                                 "`python -m niels_gpt.cli train-tokenizer` or pass --tokenizer PATH")
         data = path.read_bytes()
-        self._path = str(path)
-        self._sha256 = hashlib.sha256(data).hexdigest()
+        self._path, self._sha256 = str(path), hashlib.sha256(data).hexdigest()
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.LoadFromSerializedProto(data)
@@ -91,8 +79,7 @@ class SentencePieceTokenizer(Tokenizer):
             eos_id = self._sp.eos_id()
             self._special = {"sys": None, "usr": None, "asst": None, "eot": eos_id if eos_id >= 0 else None}
         self._byte_lengths: np.ndarray | None = None
-        self._template_path = None if chat_template is None else Path(chat_template)
-        self._template = self._read_template(path)
+        self._template = self._read_template(path, chat_template)
         self._apply_options(eos, bos, separator)
         if chat_template is not None:
             self._options = {**self._options, "chat_template": str(chat_template)}
@@ -101,20 +88,21 @@ class SentencePieceTokenizer(Tokenizer):
         tid = self._sp.piece_to_id(piece)
         return None if tid == self._sp.unk_id() or not self._sp.is_control(tid) else tid
 
-    def _read_template(self, path: Path) -> str | None:
+    def _read_template(self, path: Path, chat_template) -> str | None:
         """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
         the model; none for the library's tokenizer, which renders chats with its sentinels."""
-        if self._template_path is not None:
-            if all(v is not None for v in self._special.values()):
+        ours = all(v is not None for v in self._special.values())
+        if chat_template is not None:
+            if ours:
                 raise TokenizerError(f"{path}: the library's tokenizer renders chats with its own sentinels; "
                                      "--chat-template applies to other tokenizers only: leave it out")
             try:
-                return self._template_path.read_text("utf-8")
+                return Path(chat_template).read_text("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                raise TokenizerError(f"{self._template_path}: cannot read this chat template "
+                raise TokenizerError(f"{chat_template}: cannot read this chat template "
                                      f"({getattr(exc, 'strerror', None) or exc}); --chat-template takes a jinja2 "
                                      "template file") from None
-        if all(v is not None for v in self._special.values()):
+        if ours:
             return None
         # lazy: the transformers-directory reader is needed only by models of their own conventions
         from niels_gpt.tokenizer.hf import read_config
@@ -147,20 +135,15 @@ class SentencePieceTokenizer(Tokenizer):
         run = text[a:b]
         if not run:
             return
-        chars = [0] * (len(run.encode("utf-8")) + 1)  # byte offset -> character offset within the run
-        k = 0
-        for c, ch in enumerate(run):
-            n = len(ch.encode("utf-8"))
-            chars[k:k + n] = [c] * n
-            k += n
-        chars[k] = len(run)
+        # byte offset -> character offset within the run
+        chars = [c for c, ch in enumerate(run) for _ in ch.encode("utf-8")] + [len(run)]
         try:  # sentencepiece 0.2.1+; before it, the immutable proto
             pieces = self._sp.encode(run, return_type="proto").pieces
         except (TypeError, ValueError):
             pieces = self._sp.encode(run, out_type="immutable_proto").pieces
         for piece in pieces:
             ids.append(piece.id)
-            starts.append(a + chars[min(piece.begin, k)])
+            starts.append(a + chars[min(piece.begin, len(chars) - 1)])
 
     def describe(self) -> dict:
         out = super().describe()
@@ -297,8 +280,6 @@ class VocabSizeError(TokenizerError):
 
 def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerError:
     """sentencepiece's own message, turned into what to change."""
-    import re
-
     text = str(exc)
     small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", text)
     if small:
@@ -326,9 +307,7 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
                 stats["chunks"] += 1
                 yield chunk
         except UnicodeEncodeError as exc:  # raised inside sentencepiece it would come back as its INTERNAL error
-            failure.append(TokenizerError(
-                f"training text, document {stats['documents']:,}: a lone surrogate ({exc.object[exc.start:exc.end]!r}) "
-                "that no UTF-8 text can hold; fix the text (e.g. text.encode('utf-8', 'replace').decode() replaces it)"))
+            failure.append(read.surrogate(exc))
         except NielsGPTError as exc:  # a bad record of the input: its own message, not sentencepiece's INTERNAL
             failure.append(exc)
 
@@ -358,28 +337,9 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
             minloglevel=2,
         )
     except RuntimeError as exc:
-        if failure:
-            raise failure[0] from None
-        if not read.visible:
-            raise NoTrainingText(_no_text(stats)) from None
+        if failure or not read.visible:
+            raise (failure[0] if failure else read.nothing_visible()) from None
         raise _training_failure(exc, settings) from exc
-    if failure:
-        raise failure[0]
-    if not read.visible:
-        raise NoTrainingText(_no_text(stats))
+    if failure or not read.visible:
+        raise failure[0] if failure else read.nothing_visible()
     return model.getvalue(), stats
-
-
-class NoTrainingText(TokenizerError):
-    """The training text was empty or whitespace only: sentencepiece has no sentence to learn from."""
-
-
-def _no_text(stats: dict) -> str:
-    if stats["documents"] == 0:
-        return "no training text: every source was empty; give text to train on"
-    return (f"no training text: the {stats['documents']:,} document(s) hold only whitespace "
-            f"({stats['characters']:,} characters); give text to train on")
-
-
-def settings_dict(settings: TrainSettings) -> dict:
-    return asdict(settings)
