@@ -1,26 +1,12 @@
 """Hugging Face `tokenizers` backend: any tokenizer.json, or a `transformers` tokenizer directory.
 
-    tok = HFTokenizer("tokenizer.json")        # or load_tokenizer("dir/with/tokenizer.json")
-
-Two kinds of tokenizer.json:
-- one carrying the four special tokens of niels_gpt.tokenizer.special as *special added tokens*
-  (`add_special_tokens_to(tokenizer)` puts them there before saving) follows the library's conventions:
-  our EOT ends every document, chats use our sentinels;
-- any other keeps its own: the `eos_token` of a `tokenizer_config.json` beside it (else the first of
-  EOS_CANDIDATES it has) ends every document, `bos_token` (else BOS_CANDIDATES) is its BOS, and its
-  `chat_template` (from tokenizer_config.json or chat_template.jinja) renders chats. A directory laid out
-  by `transformers` (`save_pretrained`, a hub snapshot) is exactly that.
-
-By default `tokenizers` splits input text on added tokens, so a user who types "<|ngpt_eot_...|>" would get
-the real EOT id; we set `encode_special_tokens = True`, which makes the encoder treat special
-tokens in text as ordinary text, and encode with `add_special_tokens=False` so no post-processor
-template inserts BOS/EOS behind our back. Only chat rendering emits special ids (a chat template's output
-is encoded with special tokens parsed, since the template writes them as text).
-
-len(tok) is the highest id + 1 (added tokens included): every id it can emit. token dtype follows
-from it (uint32 above 65,536 ids). token_byte_lengths() decodes each id on its own (byte-level
-BPE tokens through the GPT-2 byte table, so partial UTF-8 counts right); specials count 0.
-Pickles as its path.
+A tokenizer.json carrying the library's four special tokens as special added tokens (`add_special_tokens_to`)
+follows the library's conventions; any other keeps its own: the `eos_token` of a tokenizer_config.json beside it
+(else the first of EOS_CANDIDATES it has) ends every document, `bos_token` (else BOS_CANDIDATES) is its BOS,
+and its `chat_template` (tokenizer_config.json or chat_template.jinja) renders chats.
+Text is encoded with `encode_special_tokens = True` (a typed "<|ngpt_eot_...|>" stays text) and
+`add_special_tokens=False` (no post-processor BOS/EOS); only chat rendering emits special ids.
+len(tok) is the highest id + 1, added tokens included.
 """
 
 from __future__ import annotations
@@ -118,22 +104,18 @@ class HFTokenizer(Tokenizer):
         added = {t.content: t for t in self._tok.get_added_tokens_decoder().values()}
         self._config, config_bytes = read_config(p.parent)
         self._config_sha256 = hashlib.sha256(config_bytes).hexdigest() if config_bytes else None
-        ours = [text for text in SPECIAL_TOKENS.values() if self._tok.token_to_id(text) is not None]
-        self._special = {}
-        for name, text in SPECIAL_TOKENS.items():
-            tid = self._tok.token_to_id(text)
-            if not ours:  # a tokenizer of its own: its EOS separates documents
-                self._special[name] = None
-                continue
-            if tid is None or text not in added or not added[text].special:
-                raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added token, but "
-                                     "others of the library's four are there; add all four with "
-                                     "niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
-            self._special[name] = tid
-        if not ours:
+        if not any(self._tok.token_to_id(text) is not None for text in SPECIAL_TOKENS.values()):
+            # a tokenizer of its own: its EOS separates documents
+            self._special = {name: None for name in SPECIAL_TOKENS}
             self._special["eot"] = self._configured("eos_token", EOS_CANDIDATES)
-        self._specials = {t for t in added.values() if t.special}
-        self._special_ids = {self._tok.token_to_id(t.content) for t in self._specials}
+        else:
+            for text in SPECIAL_TOKENS.values():
+                if text not in added or not added[text].special:
+                    raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added token, but "
+                                         "others of the library's four are there; add all four with "
+                                         "niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
+            self._special = {name: self._tok.token_to_id(text) for name, text in SPECIAL_TOKENS.items()}
+        self._special_ids = {self._tok.token_to_id(t.content) for t in added.values() if t.special}
         self._len = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
         self._byte_lengths: np.ndarray | None = None
         self._apply_options(eos, bos, separator)
@@ -187,11 +169,9 @@ class HFTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
-        # NOTE: the Rust side releases the GIL and spreads a batch over its own Rayon pool (one thread per
-        # core, shared by every caller; TOKENIZERS_PARALLELISM=false or RAYON_NUM_THREADS set before the
-        # first batch limits it), so num_threads has no effect here. encode_batch_fast (where the installed
-        # tokenizers has it) skips the character offsets, which we never read: the same ids for ~23% less
-        # CPU on debian-docs (16k byte-level BPE, tokenizers 0.23, one thread, best of 4).
+        # NOTE: the Rust side spreads a batch over its own Rayon pool (RAYON_NUM_THREADS limits it), so
+        # num_threads has no effect here. encode_batch_fast (where installed) skips the character offsets we
+        # never read: the same ids for ~23% less CPU (debian-docs, 16k byte-level BPE, one thread).
         encode = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
@@ -214,11 +194,10 @@ class HFTokenizer(Tokenizer):
     def token_byte_lengths(self) -> np.ndarray:
         if self._byte_lengths is None:
             out = np.zeros(self._len, dtype=np.int32)
-            special_ids = self._special_ids
             table = _byte_decoder() if self._is_byte_level() else None
             for i in range(self._len):
                 piece = self._tok.id_to_token(i)
-                if piece is None or i in special_ids:
+                if piece is None or i in self._special_ids:
                     continue
                 if table is not None and all(ch in table for ch in piece):
                     out[i] = len(piece)
