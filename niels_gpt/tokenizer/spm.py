@@ -119,31 +119,24 @@ class SentencePieceTokenizer(Tokenizer):
         ids, and each id's start offset in `text` (characters)."""
         controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
                            if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
-        pattern = re.compile("|".join(map(re.escape, controls))) if controls else None
+        parts = re.split(f"({'|'.join(map(re.escape, controls))})", text) if controls else [text]
         ids: list[int] = []
         starts: list[int] = []
         pos = 0
-        for m in (pattern.finditer(text) if pattern else ()):
-            self._encode_run(text, pos, m.start(), ids, starts)
-            ids.append(self._sp.piece_to_id(m.group()))
-            starts.append(m.start())
-            pos = m.end()
-        self._encode_run(text, pos, len(text), ids, starts)
+        for k, part in enumerate(parts):  # text, control piece, text, ...
+            if k % 2:
+                ids.append(self._sp.piece_to_id(part))
+                starts.append(pos)
+            elif part:
+                chars = [c for c, ch in enumerate(part) for _ in ch.encode("utf-8")] + [len(part)]  # byte -> char
+                try:  # sentencepiece 0.2.1+; before it, the immutable proto
+                    pieces = self._sp.encode(part, return_type="proto").pieces
+                except (TypeError, ValueError):
+                    pieces = self._sp.encode(part, out_type="immutable_proto").pieces
+                ids += [piece.id for piece in pieces]
+                starts += [pos + chars[min(piece.begin, len(chars) - 1)] for piece in pieces]
+            pos += len(part)
         return ids, starts
-
-    def _encode_run(self, text: str, a: int, b: int, ids: list[int], starts: list[int]) -> None:
-        run = text[a:b]
-        if not run:
-            return
-        # byte offset -> character offset within the run
-        chars = [c for c, ch in enumerate(run) for _ in ch.encode("utf-8")] + [len(run)]
-        try:  # sentencepiece 0.2.1+; before it, the immutable proto
-            pieces = self._sp.encode(run, return_type="proto").pieces
-        except (TypeError, ValueError):
-            pieces = self._sp.encode(run, out_type="immutable_proto").pieces
-        for piece in pieces:
-            ids.append(piece.id)
-            starts.append(a + chars[min(piece.begin, len(chars) - 1)])
 
     def describe(self) -> dict:
         out = super().describe()
@@ -204,10 +197,8 @@ class SentencePieceTokenizer(Tokenizer):
 
 
 def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LENGTH) -> Iterator[str]:
-    """Cut documents into paragraph chunks the trainer accepts (at most max_bytes UTF-8 bytes).
-
-    Newlines stay inside chunks, so "\\n" is learned as a piece instead of falling back to a byte.
-    """
+    """Cut documents into paragraph chunks of at most max_bytes UTF-8 bytes, newlines kept inside chunks (so
+    "\\n" is learned as a piece instead of falling back to a byte)."""
     for text in texts:
         for para in text.split("\n\n"):
             if not para.strip():
@@ -256,13 +247,12 @@ def check_train_settings(settings: TrainSettings) -> None:
 
 
 class VocabSizeError(TokenizerError):
-    """The vocabulary size does not fit the text: too small for its characters, or more than it can fill.
-    `for_flag` says it again for the flag that set the size (train-tokenizer's --vocab-size, build's
-    --train-tokenizer)."""
+    """The vocabulary size does not fit the text (too small for its characters, or more than it can fill);
+    `for_flag` says it again for the flag that set the size."""
 
     def __init__(self, settings: TrainSettings, *, need: int | None = None, most: int | None = None,
                  flag: str = "--vocab-size", coverage_flag: str | None = "--character-coverage"):
-        self.settings, self.need, self.most, self.flag, self.coverage_flag = settings, need, most, flag, coverage_flag
+        self.settings, self.need, self.most = settings, need, most
         v = settings.vocab_size
         if need is not None:
             lower = f", or lower {coverage_flag}" if coverage_flag else ""
@@ -295,10 +285,8 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     import sentencepiece as spm
 
     check_train_settings(settings)
-
     stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
     read = TrainingTexts(texts, settings, stats)  # .visible: sentencepiece drops blank sentences
-
     failure: list[Exception] = []  # a lone surrogate, or an error of the input's reader
 
     def chunks() -> Iterator[str]:
@@ -315,26 +303,15 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     spm.set_random_generator_seed(settings.seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=chunks(),
-            model_writer=model,
-            vocab_size=settings.vocab_size + len(SPECIAL_TOKENS),
-            model_type=settings.model_type,
-            character_coverage=settings.character_coverage,
-            num_threads=settings.num_threads,
-            max_sentence_length=settings.max_sentence_length,
-            split_digits=settings.split_digits,
-            byte_fallback=True,
-            control_symbols=list(SPECIAL_TOKENS.values()),
-            unk_id=0,
-            bos_id=1,
-            eos_id=2,
-            pad_id=-1,
-            input_sentence_size=0,
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
-            allow_whitespace_only_pieces=True,
+            sentence_iterator=chunks(), model_writer=model, minloglevel=2, input_sentence_size=0,
+            vocab_size=settings.vocab_size + len(SPECIAL_TOKENS), model_type=settings.model_type,
+            character_coverage=settings.character_coverage, num_threads=settings.num_threads,
+            max_sentence_length=settings.max_sentence_length, split_digits=settings.split_digits,
+            byte_fallback=True, control_symbols=list(SPECIAL_TOKENS.values()),
+            unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            # lossless: decode(encode(text)) == text, and no space prepended to every text
+            normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
             add_dummy_prefix=False,
-            minloglevel=2,
         )
     except RuntimeError as exc:
         if failure or not read.visible:
