@@ -197,14 +197,11 @@ def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
     problems = []
     leaves = list(info.splits.values()) if info.splits else [info]
     for leaf in leaves:
-        vocab = leaf.vocab_size
-        for tf in leaf.token_files:
-            if vocab is None or tf.count == 0:
-                continue
-            top = int(tf.open().max())
-            if top >= vocab:
-                problems.append(f"{tf.path}: token id {top} >= vocab_size {vocab} recorded in its metadata: "
-                                "the file or its metadata is corrupt; re-run convert")
+        for tf in leaf.token_files if leaf.vocab_size is not None else []:
+            top = int(tf.open().max()) if tf.count else -1
+            if top >= leaf.vocab_size:
+                problems.append(f"{tf.path}: token id {top} >= vocab_size {leaf.vocab_size} recorded in its "
+                                "metadata: the file or its metadata is corrupt; re-run convert")
     kind = f"{info.format} ({info.dtype.name}, {info.num_tokens:,} tokens in {len(info.files)} file(s))"
     note = "" if any(leaf.vocab_size for leaf in leaves) else "; no vocab_size recorded, ids not range-checked"
     receipt = receipt_path(root) if root.exists() else None
@@ -232,19 +229,17 @@ def _check_counts(cache: Path, meta: dict) -> list[str]:
     out = []
     for rel, rec in sorted(meta["files"].items()):
         path = cache / rel
-        if record_problem(rec) is not None or not path.is_file() or path.stat().st_size != rec["bytes"]:
-            continue  # already reported by check_files
-        if rel.endswith("_idx.npy"):
-            try:
-                idx = np.load(path, allow_pickle=False)
-            except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
-                out.append(f"{path}: unreadable offsets ({type(exc).__name__}: {exc})")
-                continue
-            if len(idx) != rec.get("examples", len(idx)):
-                out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
-            tokens = meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens")
-            problem = sft_offsets_problem(idx, tokens)
-            if problem is not None:
-                out.append(f"{path}: {problem}")
+        if (not rel.endswith("_idx.npy") or record_problem(rec) is not None or not path.is_file()
+                or path.stat().st_size != rec["bytes"]):
+            continue
+        try:
+            idx = np.load(path, allow_pickle=False)
+        except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+            out.append(f"{path}: unreadable offsets ({type(exc).__name__}: {exc})")
+            continue
+        if len(idx) != rec.get("examples", len(idx)):
+            out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
+        problem = sft_offsets_problem(idx, meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens"))
+        if problem is not None:
+            out.append(f"{path}: {problem}")
     return out
-
