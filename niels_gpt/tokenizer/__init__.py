@@ -41,16 +41,10 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
     `chat_template`: a jinja2 file for a sentencepiece model of its own conventions (Llama, Mistral).
     A model whose directory's meta.json records another sha256 is refused (a changed byte changes most ids)."""
     options = {"eos": eos, "bos": bos, "separator": separator}
-    if chat_template is not None:
-        options["chat_template"] = chat_template
     p = Path(path)
-    if not p.exists():
-        if is_tiktoken_spec(path):
-            if chat_template is not None:
-                raise TokenizerError(f"{path}: --chat-template applies to sentencepiece models, not tiktoken encodings")
-            return TiktokenTokenizer(path, **options)
-        if is_hub_id(str(path)):
-            return load_tokenizer(hub_tokenizer_dir(str(path)), **options)
+    spec = not p.exists() and is_tiktoken_spec(path)  # a tiktoken encoding name
+    if not p.exists() and not spec and is_hub_id(str(path)):
+        return load_tokenizer(hub_tokenizer_dir(str(path)), **options, chat_template=chat_template)
     if p.is_dir():
         for name in (MODEL_NAME, RANKS_NAME):
             if (p / name).is_file() and not (p / META_NAME).is_file():
@@ -58,18 +52,20 @@ def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos
                                      f"meta.json first)? re-run it, or pass {p / name} to use the file as it is")
         for name in (MODEL_NAME, "tokenizer.json", RANKS_NAME):
             if (p / name).is_file():
-                return load_tokenizer(p / name, **options)
+                return load_tokenizer(p / name, **options, chat_template=chat_template)
         raise TokenizerError(f"{p}: no {MODEL_NAME} or tokenizer.json (or {RANKS_NAME}) in this directory; "
                              "train one with `train-tokenizer` or point --tokenizer at the model file")
-    if chat_template is not None and p.suffix in (".json", ".tiktoken"):
+    if chat_template is not None and (spec or p.suffix in (".json", ".tiktoken")):
         raise TokenizerError(f"{p}: --chat-template applies to sentencepiece models; a tokenizer.json takes its "
                              "template from the tokenizer_config.json beside it (its chat_template field)")
+    if spec:
+        return TiktokenTokenizer(path, **options)
     if p.suffix == ".json":
         tok = HFTokenizer(p, **options)
     elif p.suffix == ".tiktoken":
         tok = TiktokenTokenizer(p, **options)
     else:
-        tok = SentencePieceTokenizer(p, **options)
+        tok = SentencePieceTokenizer(p, **options, chat_template=chat_template)
     check_recorded_sha256(tok, p)
     return tok
 
