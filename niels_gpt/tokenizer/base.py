@@ -216,22 +216,14 @@ class Tokenizer(ABC):
         eot = special["eot"]
         for i, message in enumerate(messages):
             role, content = check_message(message, i)
-            ids.append(special[ROLE_TO_SPECIAL[role]])
-            ids.extend(self.encode(content))
-            ids.append(eot)
+            ids += [special[ROLE_TO_SPECIAL[role]], *self.encode(content), eot]
         mask = assistant_token_mask(np.asarray(ids, dtype=np.int64), special["asst"], eot).tolist()
         return RenderedChat(ids, mask)
 
     def describe(self) -> dict:
         """What meta.json records about the tokenizer of a cache."""
-        out = {
-            "backend": self.backend,
-            "sha256": self.sha256,
-            "vocab_size": len(self),
-            "special_token_ids": dict(self.special_ids),
-            "special_tokens": dict(SPECIAL_TOKENS),
-            "bos_id": self.bos_id,
-        }
+        out = {"backend": self.backend, "sha256": self.sha256, "vocab_size": len(self),
+               "special_token_ids": dict(self.special_ids), "special_tokens": dict(SPECIAL_TOKENS), "bos_id": self.bos_id}
         if not self.library_conventions or self._options:
             out["special_tokens"] = {k: self.id_to_piece(v) for k, v in self.special_ids.items() if v is not None}
             out["conventions"] = "own" if not self.library_conventions else "niels_gpt"

@@ -12,6 +12,7 @@ len(tok) is the highest id + 1, added tokens included.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,17 +29,8 @@ CONFIG_NAME = "tokenizer_config.json"
 TEMPLATE_NAME = "chat_template.jinja"
 
 
-def _token_text(value) -> str | None:
-    """A tokenizer_config.json token entry: a string or an AddedToken dict {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
 def read_config(directory: Path) -> tuple[dict, bytes]:
     """tokenizer_config.json of a transformers tokenizer directory ({} when there is none) and its bytes."""
-    import json
-
     path = directory / CONFIG_NAME
     if not path.is_file():
         return {}, b""
@@ -122,18 +114,14 @@ class HFTokenizer(Tokenizer):
 
     def _configured(self, key: str, candidates: tuple[str, ...]) -> int | None:
         """The id of tokenizer_config.json's `key` token, else of the first candidate in the vocabulary."""
-        text = _token_text(self._config.get(key))
-        if text is not None:
-            tid = self._tok.token_to_id(text)
-            if tid is None:
+        text = self._config.get(key)
+        text = text.get("content") if isinstance(text, dict) else text  # a string or an AddedToken dict
+        if isinstance(text, str):
+            if (tid := self._tok.token_to_id(text)) is None:
                 raise TokenizerError(f"{Path(self._path).parent / CONFIG_NAME}: {key} {text!r} is not in "
                                      f"{self._path}; fix the config or pass --{key.split('_')[0]}")
             return tid
-        for text in candidates:
-            tid = self._tok.token_to_id(text)
-            if tid is not None:
-                return tid
-        return None
+        return next((tid for t in candidates if (tid := self._tok.token_to_id(t)) is not None), None)
 
     @property
     def chat_template(self) -> str | None:
@@ -185,8 +173,6 @@ class HFTokenizer(Tokenizer):
         return piece
 
     def _is_byte_level(self) -> bool:
-        import json
-
         model = json.loads(self._tok.to_str())
         kinds = {(model.get("decoder") or {}).get("type"), (model.get("pre_tokenizer") or {}).get("type")}
         return "ByteLevel" in kinds
