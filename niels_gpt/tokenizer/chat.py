@@ -49,11 +49,9 @@ def _generation_extension():
 
         def _track(self, caller):
             text = caller()
-            tracked = _TRACKED.get()
-            if tracked is not None:
-                chunks, spans = tracked
-                start = sum(map(len, chunks))  # every chunk before this block was already emitted
-                spans.append((start, start + len(text)))
+            if (tracked := _TRACKED.get()) is not None:
+                start = sum(map(len, tracked[0]))  # every chunk before this block was already emitted
+                tracked[1].append((start, start + len(text)))
             return text
 
     return Generation
@@ -87,16 +85,14 @@ def _render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool 
     """The template's text and the character spans of its `{% generation %}` blocks (none without them)."""
     from jinja2.exceptions import TemplateError
 
-    def text(tid):
-        return None if tid is None else tokenizer.id_to_piece(tid)
-
+    bos, eos = ("" if t is None else tokenizer.id_to_piece(t) for t in (tokenizer.bos_id, tokenizer.special_ids.get("eot")))
     chunks: list[str] = []
     spans: list[tuple[int, int]] = []
     token = _TRACKED.set((chunks, spans))
     try:
         for chunk in _compile(tokenizer.chat_template).generate(
                 messages=list(messages), add_generation_prompt=add_generation_prompt,
-                bos_token=text(tokenizer.bos_id) or "", eos_token=text(tokenizer.special_ids.get("eot")) or ""):
+                bos_token=bos, eos_token=eos):
             chunks.append(chunk)
     except TemplateError as exc:
         raise ConfigError(f"the chat template of {tokenizer.model_path} refused this conversation: {exc}") from exc
