@@ -56,12 +56,12 @@ def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
     return int(np.count_nonzero(~keeps))
 
 
-def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> Stats:
+def _sft(cache: Path, meta: dict, seq_len: int, progress) -> Stats:
     dtype = numpy_dtype(meta["token_dtype"])
     specials = meta.get("special_token_ids") or {}
     eot_id, asst_id = specials.get("eot"), specials.get("asst")
     streams = []
-    for split in splits:
+    for split in SPLITS:
         tok_path = cache / f"{split}_tokens.bin"
         if f"{split}_tokens.bin" not in meta["files"]:
             continue
@@ -168,7 +168,7 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         meta = read_meta(str(found.root))  # checked: schema and seal
         if found.kind == "pretrain":
             return _pretrain(found.root, meta, [found.split] if found.split else list(SPLITS), progress)
-        return _sft(found.root, meta, list(SPLITS), seq_len, progress)
+        return _sft(found.root, meta, seq_len, progress)
     if found.kind == "not-built":
         raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
                          "nothing to count: build it first")

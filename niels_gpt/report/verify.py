@@ -94,10 +94,8 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     if found is not None and found.split is not None:  # a split directory is checked as the cache it belongs to
         return verify_outputs(str(found.root))
     caches = find_caches(root) if root.exists() else []
-    packed = sorted(p.parent for p in ([root / MANIFEST_NAME] if (root / MANIFEST_NAME).is_file()
-                                       else root.rglob(MANIFEST_NAME) if root.is_dir() else []))
-    if (root / MANIFEST_NAME).is_file() and (root / "val" / MANIFEST_NAME).is_file():
-        packed.append(root / "val")  # pack-sft's packed val split, a shard of its own
+    # packed bins (pack-sft's packed val split in val/ is a shard of its own)
+    packed = sorted(p.parent for p in root.rglob(MANIFEST_NAME)) if root.is_dir() else []
     if not caches and not packed:
         if refused is not None and root.is_dir() and receipt_path(root).is_file():  # a converted output refused
             return [str(refused.__cause__ or refused), *check_receipt(receipt_path(root))[1]], 1, []

@@ -12,7 +12,6 @@ A tokenizer other than the library's keeps its own conventions (niels_gpt.tokeni
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict
@@ -20,7 +19,8 @@ from pathlib import Path
 
 from niels_gpt.atomic import remove_stale_temporaries, write_bytes_atomic
 from niels_gpt.constants import META_NAME, MODEL_NAME
-from niels_gpt.errors import TokenizerError
+from niels_gpt.errors import FormatError, TokenizerError
+from niels_gpt.markers import read_json
 from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.base import SEPARATOR_CHOICES, Tokenizer
 from niels_gpt.tokenizer.bpe import RANKS_NAME, TRAINERS, train_rustbpe
@@ -106,13 +106,11 @@ def check_tokenizer_matches(tok: Tokenizer, recorded: str | None, what) -> None:
 def check_recorded_sha256(tok: Tokenizer, path: Path) -> None:
     """Refuse a model file whose sha256 is not the one its directory's meta.json records."""
     meta_file = path.parent / META_NAME
-    if not meta_file.is_file():
-        return
     try:
-        meta = json.loads(meta_file.read_text("utf-8"))
-    except (OSError, ValueError):
+        meta = read_json(meta_file) if meta_file.is_file() else None
+    except FormatError:
         return  # not our tokenizer meta; verify reports a damaged one
-    if not isinstance(meta, dict) or meta.get("kind") != "tokenizer" or meta.get("model_file", path.name) != path.name:
+    if not meta or meta.get("kind") != "tokenizer" or meta.get("model_file", path.name) != path.name:
         return
     recorded = meta.get("tokenizer_sha256")
     if recorded and recorded != tok.sha256:

@@ -10,12 +10,12 @@ None when nothing matches (no decoded text, no bits per byte).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import NielsGPTError
+from niels_gpt.errors import FormatError, NielsGPTError
+from niels_gpt.markers import read_json
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 LEVELS = 3
@@ -25,10 +25,10 @@ def _meta_of(path: Path) -> tuple[Path, dict] | None:
     """(directory, meta) of the cache `path` is or is a split of."""
     for d in (path, path.parent):
         try:
-            meta = json.loads((d / META_NAME).read_text("utf-8"))
-        except (OSError, ValueError):
+            meta = read_json(d / META_NAME)
+        except FormatError:
             continue
-        if isinstance(meta, dict) and meta.get("kind") in ("pretrain", "sft"):
+        if meta is not None and meta.get("kind") in ("pretrain", "sft"):
             return d, meta
     return None
 
