@@ -169,16 +169,15 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         if found.kind == "pretrain":
             return _pretrain(found.root, meta, [found.split] if found.split else list(SPLITS), progress)
         return _sft(found.root, meta, seq_len, progress)
-    if found.kind == "not-built":
-        raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
-                         "nothing to count: build it first")
-    if found.kind == "tokenizer":
-        raise StatsError(f"{root}: a tokenizer directory, not a token cache; pass a cache built with it")
-    if found.kind == "mixture":
-        raise StatsError(f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)")
-    if found.kind == "text-parquet":
-        raise StatsError(f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
-                         "--out cache/NAME --tokenizer TOK`)")
+    refused = {
+        "not-built": f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
+                     "nothing to count: build it first",
+        "tokenizer": f"{root}: a tokenizer directory, not a token cache; pass a cache built with it",
+        "mixture": f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)",
+        "text-parquet": f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
+                        "--out cache/NAME --tokenizer TOK`)"}
+    if found.kind in refused:
+        raise StatsError(refused[found.kind])
     if found.kind == "packed":
         if found.layout == "memmap":
             return _packed(found.path)
@@ -198,5 +197,5 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         kinds.add(one.kind)
         for s in one.streams:
             s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
-            streams.append(s)
+        streams += one.streams
     return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})

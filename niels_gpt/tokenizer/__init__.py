@@ -137,16 +137,8 @@ def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *, setting
         write_bytes_atomic(out / MODEL_NAME, model)
         tok = SentencePieceTokenizer(out / MODEL_NAME)
         fields = {"settings": asdict(settings), "training_text": stats}
-    write_meta(str(out), {
-        "kind": "tokenizer",
-        "format_version": 1,
-        "model_file": Path(tok.model_path).name,
-        "tokenizer_sha256": tok.sha256,
-        "vocab_size": len(tok),
-        "special_token_ids": dict(tok.special_ids),
-        "special_tokens": dict(SPECIAL_TOKENS),
-        "bos_id": tok.bos_id,
-        "trained_on": trained_on,
-        **fields,
-    })
+    write_meta(str(out), {"kind": "tokenizer", "format_version": 1, "model_file": Path(tok.model_path).name,
+                          "tokenizer_sha256": tok.sha256, "vocab_size": len(tok), "bos_id": tok.bos_id,
+                          "special_token_ids": dict(tok.special_ids), "special_tokens": dict(SPECIAL_TOKENS),
+                          "trained_on": trained_on, **fields})
     return tok
