@@ -8,17 +8,16 @@ A cache whose records hold is then opened by the readers' own open-time code, so
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MODEL_NAME, SPLITS
-from niels_gpt.errors import NielsGPTError
+from niels_gpt.errors import FormatError, NielsGPTError
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
 from niels_gpt.locate import locate
-from niels_gpt.markers import packed_files, present, unfinished_message
+from niels_gpt.markers import packed_files, present, read_json, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -153,8 +152,7 @@ def _check_cache(cache: Path, meta: dict) -> list[str]:
 def _open_problems(cache: Path, meta: dict) -> list[str]:
     """What a reader refuses on open though every file matches its record (a meta.json edited and resealed);
     run only when nothing more specific was found."""
-    compressed_files = any(rel.endswith(".bin.zst") for rel in meta["files"])
-    if compressed_files and not is_compressed_meta(meta):
+    if any(rel.endswith(".bin.zst") for rel in meta["files"]) and not is_compressed_meta(meta):
         return [f"{cache / META_NAME}: lists compressed shards (.bin.zst) but has no `compression` entry, so no "
                 "reader opens them; the meta.json was edited: rebuild or convert the cache again"]
     try:
@@ -181,10 +179,10 @@ def _open_problems(cache: Path, meta: dict) -> list[str]:
 def _unsealed_note(record_path: Path) -> str:
     """What verify says of a record written before records carried their own checksum."""
     try:
-        record = json.loads(record_path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError):
+        record = read_json(record_path)
+    except FormatError:
         return ""  # unreadable: its reader's error says so
-    if not isinstance(record, dict) or is_sealed(record):
+    if record is None or is_sealed(record):
         return ""
     return (f" (its {record_path.name} has no {RECORD_SEAL}: written by an older version, so fields no reader "
             "uses are not checked; rebuild it to add one)")
@@ -202,10 +200,9 @@ def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
                                 "metadata: the file or its metadata is corrupt; re-run convert")
     kind = f"{info.format} ({info.dtype.name}, {info.num_tokens:,} tokens in {len(info.files)} file(s))"
     note = "" if any(leaf.vocab_size for leaf in leaves) else "; no vocab_size recorded, ids not range-checked"
-    receipt = receipt_path(root) if root.exists() else None
-    if receipt is not None and receipt.is_file():
-        _, found = check_receipt(receipt)
-        problems += found
+    receipt = receipt_path(root)
+    if root.exists() and receipt.is_file():
+        problems += check_receipt(receipt)[1]
         note += f"; every file's sha256 checked against {receipt.name}" + _unsealed_note(receipt)
     else:
         note += "; no receipt (not written by convert): no checksums to compare"
