@@ -43,13 +43,12 @@ def read_config(directory: Path) -> tuple[dict, bytes]:
         raise TokenizerError(f"{path}: expected a JSON object, got {type(config).__name__}")
     template = config.get("chat_template")
     if isinstance(template, list):  # transformers' named templates: [{"name": "default", "template": ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        config["chat_template"] = named.get("default")
-    if config.get("chat_template") is None and (directory / TEMPLATE_NAME).is_file():
-        config["chat_template"] = (directory / TEMPLATE_NAME).read_text("utf-8")
-    if config.get("chat_template") is not None and not isinstance(config["chat_template"], str):
-        raise TokenizerError(f"{path}: chat_template must be a string, got {type(config['chat_template']).__name__}")
-    return config, data
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
+    if template is None and (directory / TEMPLATE_NAME).is_file():
+        template = (directory / TEMPLATE_NAME).read_text("utf-8")
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"{path}: chat_template must be a string, got {type(template).__name__}")
+    return {**config, "chat_template": template}, data
 
 
 def add_special_tokens_to(tokenizer) -> None:

@@ -67,12 +67,13 @@ class SentencePieceTokenizer(Tokenizer):
             self._sp.LoadFromSerializedProto(data)
         except Exception as exc:  # sentencepiece raises RuntimeError/OSError with a C++ message
             raise TokenizerError(f"{path}: not a sentencepiece model ({exc})") from exc
-        found = {name: self._control_id(piece) for name, piece in SPECIAL_TOKENS.items()}
-        if all(tid is not None for tid in found.values()):
+        found = {name: tid for name, piece in SPECIAL_TOKENS.items()
+                 if (tid := self._sp.piece_to_id(piece)) != self._sp.unk_id() and self._sp.is_control(tid)}
+        if len(found) == len(SPECIAL_TOKENS):
             self._special = found  # the library's own tokenizer: its four sentinels
-        elif any(tid is not None for tid in found.values()):
-            have = [SPECIAL_TOKENS[k] for k, v in found.items() if v is not None]
-            lack = [SPECIAL_TOKENS[k] for k, v in found.items() if v is None]
+        elif found:
+            have = [SPECIAL_TOKENS[k] for k in found]
+            lack = [text for k, text in SPECIAL_TOKENS.items() if k not in found]
             raise TokenizerError(f"{path}: holds the library's control pieces {', '.join(have)} but not "
                                  f"{', '.join(lack)}; retrain it with niels_gpt.tokenizer.train_tokenizer")
         else:  # any other sentencepiece model (Llama, Mistral, ...): its own <s> / </s>
@@ -83,10 +84,6 @@ class SentencePieceTokenizer(Tokenizer):
         self._apply_options(eos, bos, separator)
         if chat_template is not None:
             self._options = {**self._options, "chat_template": str(chat_template)}
-
-    def _control_id(self, piece: str) -> int | None:
-        tid = self._sp.piece_to_id(piece)
-        return None if tid == self._sp.unk_id() or not self._sp.is_control(tid) else tid
 
     def _read_template(self, path: Path, chat_template) -> str | None:
         """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
