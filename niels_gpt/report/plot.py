@@ -58,16 +58,14 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for i, n in enumerate(e["names"]):
             ax.plot(np.arange(1, e["steps"] + 1), real[:, i], label=n)
-        ax.set_xlabel("step")
-        ax.set_ylabel("share of samples so far")
+        ax.set(xlabel="step", ylabel="share of samples so far")
         ax.legend()
         save(fig, "mixture.png", {"names": list(e["names"]), "realised": real})
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     names, tokens = [s.name for s in stats.streams], [s.tokens for s in stats.streams]
     ax.bar(names, tokens)
-    ax.set_ylabel("tokens")
-    ax.set_title(f"tokens per split: {Path(stats.path).name}")
+    ax.set(ylabel="tokens", title=f"tokens per split: {Path(stats.path).name}")
     if len(names) > 4:
         ax.tick_params(axis="x", labelrotation=45)
     save(fig, "tokens.png", {"names": names, "tokens": tokens})
@@ -75,9 +73,7 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
     def label(ax, log: bool, unit: str, ylabel: str, title: str) -> None:
         if log:
             ax.set_xscale("log")
-        ax.set_xlabel(f"tokens per {unit}" + (" (log scale)" if log else ""))
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(xlabel=f"tokens per {unit}" + (" (log scale)" if log else ""), ylabel=ylabel, title=title)
         ax.legend(fontsize="small")
 
     for source, splits in _sources(stats).items():
@@ -115,9 +111,7 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         e = stats.extra
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.stairs(e["fill_counts"], e["fill_edges"], fill=True)
-        ax.set_xlabel("bin fill (tokens / pack_size)")
-        ax.set_ylabel("bins")
-        ax.set_title(f"efficiency {e['efficiency']:.4f}")
+        ax.set(xlabel="bin fill (tokens / pack_size)", ylabel="bins", title=f"efficiency {e['efficiency']:.4f}")
         save(fig, "fill.png", {"counts": list(e["fill_counts"]), "edges": list(e["fill_edges"])})
     (out / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
     return drawn
