@@ -1,5 +1,5 @@
-"""`cache_stats(path)`: the figures of a pretraining or SFT cache (or a root of several), packed bins (memmap or
-Parquet) or a converted output. What the path holds is niels_gpt.locate's to say, as for every command."""
+"""`cache_stats(path)`: the figures of a pretraining or SFT cache (or a root of several), packed bins
+(memmap or Parquet) or a converted output. What the path holds is niels_gpt.locate's to say."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
 def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
     """Examples whose trained targets all lie past position seq_len (a window holds seq_len+1 tokens)."""
     trained_pos = np.append(np.flatnonzero(mask), len(mask))
-    # the first trained position after each start (len(mask) if none) must lie before its end and within seq_len
+    # the first trained position after each start (len(mask) if none): before its end, within seq_len
     first_pos = trained_pos[np.searchsorted(trained_pos, starts + 1)]
     keeps = (first_pos < np.append(starts[1:], len(mask))) & (first_pos <= starts + seq_len)
     return int(np.count_nonzero(~keeps))
@@ -69,7 +69,8 @@ def _sft(cache: Path, meta: dict, seq_len: int, progress) -> Stats:
         starts = np.load(cache / f"{split}_idx.npy", allow_pickle=False).astype(np.int64)
         with progress_bar(len(arr), f"stats {split}", progress) as bar:
             lengths = np.diff(np.append(starts, len(arr)))
-            n_eot, n_bos = (None if i is None else int(np.count_nonzero(arr == i)) for i in (eot_id, _bos_id(meta)))
+            n_eot, n_bos = (None if i is None else int(np.count_nonzero(arr == i))
+                            for i in (eot_id, _bos_id(meta)))
             if f"{split}_mask.bin" in meta["files"]:
                 mask = np.fromfile(cache / f"{split}_mask.bin", dtype=np.uint8).astype(bool)
             elif asst_id is not None and eot_id is not None:
@@ -170,12 +171,12 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
             return _pretrain(found.root, meta, [found.split] if found.split else list(SPLITS), progress)
         return _sft(found.root, meta, seq_len, progress)
     refused = {
-        "not-built": f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
-                     "nothing to count: build it first",
+        "not-built": f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to "
+                     "build); nothing to count: build it first",
         "tokenizer": f"{root}: a tokenizer directory, not a token cache; pass a cache built with it",
         "mixture": f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)",
-        "text-parquet": f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
-                        "--out cache/NAME --tokenizer TOK`)"}
+        "text-parquet": f"{root}: Parquet text shards, not tokens; build a cache from them first "
+                        f"(`build {root} --out cache/NAME --tokenizer TOK`)"}
     if found.kind in refused:
         raise StatsError(refused[found.kind])
     if found.kind == "packed":

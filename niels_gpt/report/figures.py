@@ -104,8 +104,8 @@ def _scan(arrays: list[np.ndarray], sep_id: int | None, other_id: int | None, de
 
 def stream_stats(name: str, arrays: list[np.ndarray], *, eot_id: int | None, bos_id: int | None,
                  separator: str = "eot", progress: bool | None = None) -> StreamStats:
-    """Figures of one token stream made of `arrays` end to end: documents end at each EOT, or start at each BOS
-    (separator="bos")."""
+    """Figures of one token stream made of `arrays` end to end: documents end at each EOT, or start at each
+    BOS (separator="bos")."""
     sep_id, other_id = (eot_id, bos_id) if separator == "eot" else (bos_id, eot_id)
     total, pos, n_other = _scan(arrays, sep_id, other_id, f"stats {name}", progress)
     n_sep = None if sep_id is None else len(pos)

@@ -1,4 +1,4 @@
-"""The outputs at or below a path (caches, tokenizers, unfinished and interrupted builds) and a cache's tokenizer."""
+"""The outputs below a path (caches, tokenizers, unfinished and interrupted builds); a cache's tokenizer."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def find_caches(path: Path) -> list[Path]:
 
 
 def unfinished_dirs(path: Path) -> list[Path]:
-    """Directories holding token files of ours but no commit marker: builds that never committed (a directory a
-    peer format's reader recognises, a `convert` output, is a finished output of its own)."""
+    """Directories holding token files of ours but no commit marker: builds that never committed (a directory
+    a peer format's reader recognises, a `convert` output, is a finished output of its own)."""
     out = []
     for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
         if not unfinished_tokens(d):
@@ -39,7 +39,7 @@ def unfinished_dirs(path: Path) -> list[Path]:
 
 
 def interrupted_builds(path: Path) -> list[str]:
-    """One line per output at or below `path` whose first build was interrupted (niels_gpt.meta.unfinished_build)."""
+    """One line per output at or below `path` whose first build was interrupted (meta.unfinished_build)."""
     path = Path(path)
     candidates = [path] if not path.exists() else [path, *(p for p in path.rglob("*") if p.is_dir())]
     outs = {staged_output(p) or p for p in candidates}

@@ -27,13 +27,15 @@ TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 def show_tokens(tokenizer, ids, trained=None) -> str:
     """Decode ids, wrapping trained runs in ⟦ ⟧ and naming special tokens (those that decode to no text): the
     library's four by short names (`<|eot|>`), any other by its own text (`<|im_end|>`, `<s>`)."""
-    names = {int(i): tokenizer.id_to_piece(int(i)) for i in np.flatnonzero(tokenizer.token_byte_lengths() == 0)}
+    silent = np.flatnonzero(tokenizer.token_byte_lengths() == 0)
+    names = {int(i): tokenizer.id_to_piece(int(i)) for i in silent}
     if tokenizer.library_conventions:
         names.update({v: f"<|{k}|>" for k, v in tokenizer.special_ids.items()})
     trained = [False] * len(ids) if trained is None else trained
     out = []
     # runs of ordinary ids decode together; a special id shows by its name
-    for (name, flag), run in groupby(zip(map(int, ids), trained, strict=True), lambda t: (names.get(t[0]), bool(t[1]))):
+    pairs = zip(map(int, ids), trained, strict=True)
+    for (name, flag), run in groupby(pairs, lambda t: (names.get(t[0]), bool(t[1]))):
         run = [tid for tid, _ in run]
         texts = [name] * len(run) if name is not None else [tokenizer.decode(run)]
         out += [f"{TRAINED_OPEN}{text}{TRAINED_CLOSE}" if flag else text for text in texts]
@@ -81,7 +83,8 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
         for c in caches:
             m, rel = read_meta(str(c)), c.relative_to(root)
             if m["kind"] == "tokenizer":
-                lines.append(f"  {rel}: tokenizer, {m['vocab_size']} ids, sha256 {str(m['tokenizer_sha256'])[:16]}…")
+                sha = str(m["tokenizer_sha256"])[:16]
+                lines.append(f"  {rel}: tokenizer, {m['vocab_size']} ids, sha256 {sha}…")
             elif m.get("built", True):
                 lines.append(f"  {rel}: {m['kind']}")
                 rows.append([str(rel), m["kind"], m.get("totals") or {}])
@@ -107,7 +110,8 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
     if meta["kind"] == "pretrain":
         split = "train" if meta["totals"]["train_tokens"] > window else "val"
         longest = max(r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/"))
-        ds = PretrainTokenStreamDataset(str(root / split), T=max(1, min(window - 1, longest - 1)), device="cpu")
+        T = max(1, min(window - 1, longest - 1))
+        ds = PretrainTokenStreamDataset(str(root / split), T=T, device="cpu")
         ids = ds.gather(np.array([0]), np.array([0]))[0]
         lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
     else:
@@ -138,7 +142,8 @@ def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> st
     recorded = info.tokenizer_sha256
     if recorded is None and receipt_path(root).is_file():
         recorded = read_receipt(receipt_path(root)).get("tokenizer_sha256")
-    return _decoded(lines, f"first {len(ids)} tokens of {Path(first.path).name}:", ids, tokenizer, recorded, root)
+    head = f"first {len(ids)} tokens of {Path(first.path).name}:"
+    return _decoded(lines, head, ids, tokenizer, recorded, root)
 
 
 def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
@@ -158,18 +163,21 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     item = ds[0]
     ids = np.asarray(item["input_ids"])[:window]
     mask = np.asarray(item["loss_mask"])[:window].astype(bool) if "loss_mask" in item else None
-    head = (f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1; trained targets "
-            f"inside {TRAINED_OPEN} {TRAINED_CLOSE}):")
-    recorded = (read_manifest(root).get("source") or {}).get("tokenizer_sha256") if found.layout == "memmap" else None
+    head = (f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1; trained "
+            f"targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):")
+    source = read_manifest(root).get("source") or {} if found.layout == "memmap" else {}
+    recorded = source.get("tokenizer_sha256")
     trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
     return _decoded(lines, head, ids.tolist(), tokenizer, recorded, root, trained)
 
 
-def _decoded(lines: list[str], head: str, ids: list[int], tokenizer: str | None, recorded: str | None, root: Path,
-             trained=None) -> str:
-    """`lines`, then the window under `head`: its ids, or decoded by `tokenizer`, refused when not the recorded one."""
+def _decoded(lines: list[str], head: str, ids: list[int], tokenizer: str | None, recorded: str | None,
+             root: Path, trained=None) -> str:
+    """`lines`, then the window under `head`: its ids, or decoded by `tokenizer` (refused when it is not the
+    recorded one)."""
     if tokenizer is None:
-        return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", " ".join(map(str, ids))])
+        ids_line = " ".join(map(str, ids))
+        return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", ids_line])
     tok = load_tokenizer(tokenizer)
     check_tokenizer_matches(tok, recorded, root)
     return "\n".join(lines + ["", head, show_tokens(tok, ids, trained)])

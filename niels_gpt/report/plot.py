@@ -1,7 +1,7 @@
 """Stats as PNG figures (matplotlib, the `plot` extra; the files are listed in docs/stats.md); `plot_stats`
 returns the arrays it drew: tokens per split, per source the length histogram of its splits (p50/p90/p99
-marked, log-spaced bins where the lengths span a factor of 100, for SFT the share a row of T+1 tokens cuts) and
-the share of tokens by length, packed bins' fill, a mixture's realised shares, and stats.json.
+marked, log-spaced bins where the lengths span a factor of 100, for SFT the share a row of T+1 tokens
+cuts) and the share of tokens by length, packed bins' fill, a mixture's realised shares, and stats.json.
 """
 
 from __future__ import annotations
@@ -81,13 +81,14 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
                 "example" if any(s.cut_examples is not None for _, s in splits) else "document")
         log = any(s.hist_log for _, s in splits)
         name = source or Path(stats.path).name
+        one = len(splits) == 1  # one split: filled steps
         cut = [(split, s) for split, s in splits if s.cut_examples is not None]
         seq_len = cut[-1][1].seq_len if cut else None
         cut_share = {split: s.cut_examples / s.documents if s.documents else 0.0 for split, s in cut}
         fig, ax = plt.subplots(figsize=(6, 3.5))
         lengths = {}
         for i, (split, s) in enumerate(splits):
-            ax.stairs(s.hist_counts, s.hist_edges, label=split, color=f"C{i}", fill=len(splits) == 1, alpha=0.8)
+            ax.stairs(s.hist_counts, s.hist_edges, label=split, color=f"C{i}", fill=one, alpha=0.8)
             for key in ("p50", "p90", "p99"):
                 ax.axvline(s.lengths[key], linestyle="--", linewidth=0.7, color=f"C{i}")
             lengths[split] = {"counts": list(s.hist_counts), "edges": list(s.hist_edges), "lengths": dict(s.lengths)}
@@ -102,7 +103,7 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         shares = {}
         for i, (split, s) in enumerate(splits):
             share = np.asarray(s.hist_tokens, dtype=np.float64) / max(sum(s.hist_tokens), 1)
-            ax.stairs(share, s.hist_edges, label=split, color=f"C{i}", fill=len(splits) == 1, alpha=0.8)
+            ax.stairs(share, s.hist_edges, label=split, color=f"C{i}", fill=one, alpha=0.8)
             shares[split] = {"shares": share.tolist(), "edges": list(s.hist_edges)}
         label(ax, log, unit, "share of all tokens", f"{name}: where the tokens are, by {unit} length")
         save(fig, _file("token_share", source), {"splits": shares, "log": log})
@@ -111,7 +112,8 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         e = stats.extra
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.stairs(e["fill_counts"], e["fill_edges"], fill=True)
-        ax.set(xlabel="bin fill (tokens / pack_size)", ylabel="bins", title=f"efficiency {e['efficiency']:.4f}")
+        ax.set(xlabel="bin fill (tokens / pack_size)", ylabel="bins",
+               title=f"efficiency {e['efficiency']:.4f}")
         save(fig, "fill.png", {"counts": list(e["fill_counts"]), "edges": list(e["fill_edges"])})
     (out / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
     return drawn

@@ -25,10 +25,10 @@ def table(header: list[str], rows: list[list]) -> str:
 def format_stats(stats: Stats) -> str:
     e = stats.extra
     if stats.kind == "mixture":
-        return "\n".join([f"mixture {stats.path}: {e['steps']:,} steps of {e['global_batch_size']} samples", "",
-                          table(["dataset", "samples", "realised", "weight now"],
-                                [[n, s.tokens, f"{e['realised'][n]:.4f}", f"{e['target'][n]:.4f}"]
-                                 for n, s in zip(e["names"], stats.streams, strict=True)])])
+        rows = [[n, s.tokens, f"{e['realised'][n]:.4f}", f"{e['target'][n]:.4f}"]
+                for n, s in zip(e["names"], stats.streams, strict=True)]
+        head = f"mixture {stats.path}: {e['steps']:,} steps of {e['global_batch_size']} samples"
+        return "\n".join([head, "", table(["dataset", "samples", "realised", "weight now"], rows)])
     rows = [[s.name, s.tokens, s.documents, s.eot, s.bos, s.lengths.get("p50"), s.lengths.get("p90"),
              s.lengths.get("p99"), s.lengths.get("max")] for s in stats.streams]
     unit = "sequences" if stats.kind == "packed" else "examples" if stats.kind == "sft" else "documents"

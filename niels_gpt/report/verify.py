@@ -90,13 +90,13 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
         found, refused = locate(root), None  # the one door; what it refuses is said below
     except NielsGPTError as exc:
         found, refused = None, exc
-    if found is not None and found.split is not None:  # a split directory is checked as the cache it belongs to
+    if found is not None and found.split is not None:  # a split directory: checked as the cache it is part of
         return verify_outputs(str(found.root))
     caches = find_caches(root) if root.exists() else []
     # packed bins (pack-sft's packed val split in val/ is a shard of its own)
     packed = sorted(p.parent for p in root.rglob(MANIFEST_NAME)) if root.is_dir() else []
     if not caches and not packed:
-        if refused is not None and root.is_dir() and receipt_path(root).is_file():  # a converted output refused
+        if refused is not None and root.is_dir() and receipt_path(root).is_file():  # a refused convert output
             return [str(refused.__cause__ or refused), *check_receipt(receipt_path(root))[1]], 1, []
         if found is not None and found.kind == "foreign":
             return _verify_foreign(root, found.info)
@@ -189,7 +189,8 @@ def _unsealed_note(record_path: Path) -> str:
 
 
 def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
-    """A converted output (headers and sizes checked by detect_format): every id against the recorded vocabulary."""
+    """A converted output (headers and sizes checked by detect_format): every id against the recorded
+    vocabulary."""
     problems = []
     leaves = list(info.splits.values()) if info.splits else [info]
     for leaf in leaves:
@@ -234,7 +235,8 @@ def _check_counts(cache: Path, meta: dict) -> list[str]:
             continue
         if len(idx) != rec.get("examples", len(idx)):
             out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
-        problem = sft_offsets_problem(idx, meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens"))
+        tokens = meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens")
+        problem = sft_offsets_problem(idx, tokens)
         if problem is not None:
             out.append(f"{path}: {problem}")
     return out

@@ -1,7 +1,7 @@
 """Tokenizers: sentencepiece (trained here), Hugging Face `tokenizers` and tiktoken, one interface.
 
-    tok = load_tokenizer("cache/tokenizer")   # spm.model, tokenizer.json or tokenizer.tiktoken in it, or the file
-    tok = load_tokenizer("cl100k_base")       # a tiktoken encoding name, or "owner/name" on the Hugging Face hub
+    tok = load_tokenizer("cache/tokenizer")   # spm.model, tokenizer.json or tokenizer.tiktoken, or the file
+    tok = load_tokenizer("cl100k_base")       # a tiktoken encoding name, or a Hugging Face hub "owner/name"
     ids = tok.encode("hello")                 # literal special strings stay text
     chat = tok.render_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     chat.ids, chat.mask                       # mask: the assistant's trained tokens
@@ -36,10 +36,11 @@ __all__ = ["ASST_TOKEN", "EOT_TOKEN", "MODEL_NAME", "SEPARATOR_CHOICES", "SPECIA
 
 def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
                    separator: str | None = None, chat_template: str | os.PathLike | None = None) -> Tokenizer:
-    """Open a tokenizer (module docstring). `eos`/`bos` (a token's text or id) override its own end/begin-of-text
-    token; `separator`: "eos" (EOS after every document, the default) or "bos" (BOS before every document);
-    `chat_template`: a jinja2 file for a sentencepiece model of its own conventions (Llama, Mistral).
-    A model whose directory's meta.json records another sha256 is refused (a changed byte changes most ids)."""
+    """Open a tokenizer (module docstring). `eos`/`bos` (a token's text or id) override its own
+    end/begin-of-text token; `separator`: "eos" (EOS after every document, the default) or "bos" (BOS before
+    every document); `chat_template`: a jinja2 file for a sentencepiece model of its own conventions (Llama,
+    Mistral). A model whose directory's meta.json records another sha256 is refused (a changed byte changes
+    most ids)."""
     options = {"eos": eos, "bos": bos, "separator": separator}
     p = Path(path)
     spec = not p.exists() and is_tiktoken_spec(path)  # a tiktoken encoding name
@@ -129,7 +130,7 @@ def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *, setting
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
-    (out / META_NAME).unlink(missing_ok=True)  # the directory is not a finished tokenizer until the new meta lands
+    (out / META_NAME).unlink(missing_ok=True)  # not a finished tokenizer until the new meta lands
     if trainer == "rustbpe":
         tok, fields = train_rustbpe(texts, out, settings)
     else:

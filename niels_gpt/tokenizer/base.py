@@ -145,7 +145,7 @@ class Tokenizer(ABC):
 
     @property
     def separator(self) -> Separator:
-        """EOT (the tokenizer's EOS) after every document; its BOS before every document with separator="bos"."""
+        """EOT (the tokenizer's EOS) after every document; with separator="bos", its BOS before every one."""
         choice = self._options.get("separator") or "eos"
         if choice == "bos":
             if self.bos_id is None:
@@ -222,8 +222,8 @@ class Tokenizer(ABC):
 
     def describe(self) -> dict:
         """What meta.json records about the tokenizer of a cache."""
-        out = {"backend": self.backend, "sha256": self.sha256, "vocab_size": len(self),
-               "special_token_ids": dict(self.special_ids), "special_tokens": dict(SPECIAL_TOKENS), "bos_id": self.bos_id}
+        out = {"backend": self.backend, "sha256": self.sha256, "vocab_size": len(self), "bos_id": self.bos_id,
+               "special_token_ids": dict(self.special_ids), "special_tokens": dict(SPECIAL_TOKENS)}
         if not self.library_conventions or self._options:
             out["special_tokens"] = {k: self.id_to_piece(v) for k, v in self.special_ids.items() if v is not None}
             out["conventions"] = "own" if not self.library_conventions else "niels_gpt"
@@ -234,7 +234,7 @@ class Tokenizer(ABC):
 
 
 def check_message(message, index: int, roles: tuple[str, ...] = ROLES) -> tuple[str, str]:
-    """(role, content) of a message, refused by name where it is not a dict of a known role and str content."""
+    """(role, content) of a message, refused by name unless a dict of a known role and str content."""
     if not isinstance(message, dict):
         raise ConfigError(f"message {index}: expected a dict with 'role' and 'content', got {type(message).__name__}")
     role, content = message.get("role"), message.get("content")

@@ -1,12 +1,12 @@
 """`train-tokenizer --trainer rustbpe`: a byte-level BPE trained by rustbpe, written as a `.tiktoken` tokenizer.
 
-- rustbpe (the `tiktoken` extra) is nanochat's trainer: byte-level BPE over the GPT-4 split pattern, many times
-  faster than sentencepiece's (docs/performance.md). `--vocab-size` ids: the 256 bytes, then the merges; the
-  four special tokens come on top, so chats and assistant masks are those of the sentencepiece tokenizer.
+- rustbpe (the `tiktoken` extra) is nanochat's trainer: byte-level BPE over the GPT-4 split pattern, many
+  times faster than sentencepiece's (docs/performance.md). `--vocab-size` ids: the 256 bytes, then the merges;
+  the four special tokens come on top, so chats and assistant masks are those of the sentencepiece tokenizer.
 - The directory holds `tokenizer.tiktoken` (base64 token, space, rank) and meta.json, written last, whose
-  `tiktoken` record ({"pattern", "special_tokens"}) the loader reads back (niels_gpt.tokenizer.tiktoken_backend).
-- The training text is the sentencepiece trainer's (niels_gpt.tokenizer.sample). Same text and vocabulary size:
-  the same file, byte for byte (rustbpe breaks ties between equally frequent pairs by the pair itself).
+  `tiktoken` record ({"pattern", "special_tokens"}) the loader reads back (tokenizer.tiktoken_backend).
+- The training text is the sentencepiece trainer's (niels_gpt.tokenizer.sample). Same text and vocabulary
+  size: the same file, byte for byte (rustbpe breaks ties between equally frequent pairs by the pair itself).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ BYTES = 256
 def check_rustbpe_settings(settings: TrainSettings) -> None:
     """What rustbpe cannot train, refused before any text is read."""
     if settings.vocab_size < BYTES:
-        raise TokenizerError(f"--vocab-size {settings.vocab_size}: too small for --trainer rustbpe, whose vocabulary holds "
-                             f"the {BYTES} single bytes before any merge; give at least {BYTES} (the "
-                             f"{len(SPECIAL_TOKENS)} special tokens come on top); 4,000 to 64,000 are usual")
+        raise TokenizerError(f"--vocab-size {settings.vocab_size}: too small for --trainer rustbpe, whose "
+                             f"vocabulary holds the {BYTES} single bytes before any merge; give at least "
+                             f"{BYTES} (the {len(SPECIAL_TOKENS)} special tokens come on top); 4,000 to "
+                             "64,000 are usual")
     if settings.model_type != "bpe":
         raise TokenizerError(f"--model-type {settings.model_type} with --trainer rustbpe: rustbpe trains byte-level "
                              "BPE only; leave --model-type out, or use --trainer sentencepiece")
@@ -52,8 +53,8 @@ def train_rustbpe(texts: Iterable[str], out: Path, settings: TrainSettings) -> t
     try:
         import rustbpe
     except ImportError:
-        raise TokenizerError("--trainer rustbpe needs the `rustbpe` package: pip install 'niels_gpt[tiktoken]' "
-                             "(or pip install rustbpe)") from None
+        raise TokenizerError("--trainer rustbpe needs the `rustbpe` package: pip install "
+                             "'niels_gpt[tiktoken]' (or pip install rustbpe)") from None
     stats = {"documents": 0, "characters": 0, "truncated_at_max_train_chars": False}
     read = TrainingTexts(texts, settings, stats)
     trainer = rustbpe.Tokenizer()
@@ -71,11 +72,12 @@ def train_rustbpe(texts: Iterable[str], out: Path, settings: TrainSettings) -> t
         raise read.nothing_visible()
     ranks = sorted(trainer.get_mergeable_ranks(), key=lambda kv: kv[1])
     stats["merges"] = len(ranks) - BYTES
-    write_bytes_atomic(out / RANKS_NAME, b"".join(base64.b64encode(bytes(t)) + b" %d\n" % r for t, r in ranks))
+    write_bytes_atomic(out / RANKS_NAME, b"".join(base64.b64encode(bytes(t)) + b" %d\n" % r
+                                                  for t, r in ranks))
     # the four special tokens right after the last rank
     record = {"pattern": trainer.get_pattern(),
               "special_tokens": {text: len(ranks) + i for i, text in enumerate(SPECIAL_TOKENS.values())}}
     tok = TiktokenTokenizer(out / RANKS_NAME, record=record)
+    kept = ("vocab_size", "max_train_chars", "seed", "max_chars", "doc_chars")  # rustbpe's settings
     return tok, {"trainer": "rustbpe", "tiktoken": record, "training_text": stats,
-                 "settings": {"vocab_size": settings.vocab_size, "max_train_chars": settings.max_train_chars,
-                              "seed": settings.seed, "max_chars": settings.max_chars, "doc_chars": settings.doc_chars}}
+                 "settings": {k: getattr(settings, k) for k in kept}}

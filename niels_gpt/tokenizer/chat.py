@@ -85,7 +85,8 @@ def _render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool 
     """The template's text and the character spans of its `{% generation %}` blocks (none without them)."""
     from jinja2.exceptions import TemplateError
 
-    bos, eos = ("" if t is None else tokenizer.id_to_piece(t) for t in (tokenizer.bos_id, tokenizer.special_ids.get("eot")))
+    bos, eos = ("" if t is None else tokenizer.id_to_piece(t)
+                for t in (tokenizer.bos_id, tokenizer.special_ids.get("eot")))
     chunks: list[str] = []
     spans: list[tuple[int, int]] = []
     token = _TRACKED.set((chunks, spans))
@@ -118,9 +119,10 @@ def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat
             prompt = render_text(tokenizer, checked[:k], add_generation_prompt=True)
             upto = render_text(tokenizer, checked[:k + 1])
             if not full.startswith(upto) or not upto.startswith(prompt):
-                raise ConfigError(f"message {k} (assistant): the chat template of {tokenizer.model_path} renders the "
-                                  "conversation so far differently once later messages follow, so the assistant's "
-                                  "tokens cannot be located; use a template that only appends turns")
+                raise ConfigError(f"message {k} (assistant): the chat template of {tokenizer.model_path} "
+                                  "renders the conversation so far differently once later messages follow, "
+                                  "so the assistant's tokens cannot be located; use a template that only "
+                                  "appends turns")
             spans.append((len(prompt), len(upto)))
     ids, starts = tokenizer.encode_rendered(full)
     return RenderedChat(list(ids), [any(a <= s < b for a, b in spans) for s in starts])

@@ -59,8 +59,8 @@ def tokenizer_of(path: str | os.PathLike, explicit: str | os.PathLike | None = N
     cache, meta = found
     record = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
     candidates = [(record["path"], record.get("options") or {})] if record.get("path") else []
-    candidates += [(parent / "tokenizer", {}) for parent in [cache.resolve(), *cache.resolve().parents][:LEVELS + 1]
-                   if (parent / "tokenizer" / META_NAME).is_file()]
+    above = [cache.resolve(), *cache.resolve().parents][:LEVELS + 1]
+    candidates += [(d / "tokenizer", {}) for d in above if (d / "tokenizer" / META_NAME).is_file()]
     for where, options in candidates:
         try:
             tok = load_tokenizer(where, **options)

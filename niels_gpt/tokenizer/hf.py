@@ -1,9 +1,10 @@
 """Hugging Face `tokenizers` backend: any tokenizer.json, or a `transformers` tokenizer directory.
 
-A tokenizer.json carrying the library's four special tokens as special added tokens (`add_special_tokens_to`)
-follows the library's conventions; any other keeps its own: the `eos_token` of a tokenizer_config.json beside it
-(else the first of EOS_CANDIDATES it has) ends every document, `bos_token` (else BOS_CANDIDATES) is its BOS,
-and its `chat_template` (tokenizer_config.json or chat_template.jinja) renders chats.
+A tokenizer.json carrying the library's four special tokens as special added tokens
+(`add_special_tokens_to`) follows the library's conventions; any other keeps its own: the `eos_token` of a
+tokenizer_config.json beside it (else the first of EOS_CANDIDATES it has) ends every document, `bos_token`
+(else BOS_CANDIDATES) is its BOS, and its `chat_template` (tokenizer_config.json or chat_template.jinja)
+renders chats.
 Text is encoded with `encode_special_tokens = True` (a typed "<|ngpt_eot_...|>" stays text) and
 `add_special_tokens=False` (no post-processor BOS/EOS); only chat rendering emits special ids.
 len(tok) is the highest id + 1, added tokens included.
@@ -102,9 +103,9 @@ class HFTokenizer(Tokenizer):
         else:
             for text in SPECIAL_TOKENS.values():
                 if text not in added or not added[text].special:
-                    raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added token, but "
-                                         "others of the library's four are there; add all four with "
-                                         "niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
+                    raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added "
+                                         "token, but others of the library's four are there; add all four "
+                                         "with niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
             self._special = {name: self._tok.token_to_id(text) for name, text in SPECIAL_TOKENS.items()}
         self._special_ids = {self._tok.token_to_id(t.content) for t in added.values() if t.special}
         self._len = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1

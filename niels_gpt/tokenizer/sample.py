@@ -1,11 +1,11 @@
-"""The text a tokenizer trainer reads, either trainer; with `--max-chars N`, a deterministic sample of documents
-from the whole input, each cut to its first `--doc-chars` characters (nanochat's 10,000-character cap per
-document, so that a few huge documents do not dominate the counts).
+"""The text a tokenizer trainer reads, either trainer; with `--max-chars N`, a deterministic sample of
+documents from the whole input, each cut to its first `--doc-chars` characters (nanochat's 10,000-character
+cap per document, so that a few huge documents do not dominate the counts).
 
-Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample is
-the documents of the smallest keys whose capped texts fit in N characters (a heap popped at its largest key
-while over N), given back in stream order. Every part of the input has the same chance whatever its position,
-and only the sample is held in memory.
+Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample
+is the documents of the smallest keys whose capped texts fit in N characters (a heap popped at its largest
+key while over N), given back in stream order. Every part of the input has the same chance whatever its
+position, and only the sample is held in memory.
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ class TrainingTexts:
             return None
         if self.stats["documents"] == 0:
             return NoTrainingText("no training text: every source was empty; give text to train on")
-        return NoTrainingText(f"no training text: the {self.stats['documents']:,} document(s) hold only whitespace "
-                              f"({self.stats['characters']:,} characters); give text to train on")
+        return NoTrainingText(f"no training text: the {self.stats['documents']:,} document(s) hold only "
+                              f"whitespace ({self.stats['characters']:,} characters); give text to train on")
 
     def surrogate(self, exc: UnicodeEncodeError, near: str = "") -> TokenizerError:
         """A lone surrogate in the text, which no UTF-8 text (and no trainer) can hold."""
         return TokenizerError(f"training text, {near}document {self.stats['documents']:,}: a lone surrogate "
-                              f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the text (e.g. "
-                              "text.encode('utf-8', 'replace').decode() replaces it)")
+                              f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the "
+                              "text (e.g. text.encode('utf-8', 'replace').decode() replaces it)")

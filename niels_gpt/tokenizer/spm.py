@@ -125,7 +125,8 @@ class SentencePieceTokenizer(Tokenizer):
                 ids.append(self._sp.piece_to_id(part))
                 starts.append(pos)
             elif part:
-                chars = [c for c, ch in enumerate(part) for _ in ch.encode("utf-8")] + [len(part)]  # byte -> char
+                # byte offset -> character offset within the part
+                chars = [c for c, ch in enumerate(part) for _ in ch.encode("utf-8")] + [len(part)]
                 try:  # sentencepiece 0.2.1+; before it, the immutable proto
                     pieces = self._sp.encode(part, return_type="proto").pieces
                 except (TypeError, ValueError):
@@ -307,8 +308,8 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
             byte_fallback=True, control_symbols=list(SPECIAL_TOKENS.values()),
             unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
             # lossless: decode(encode(text)) == text, and no space prepended to every text
-            normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-            add_dummy_prefix=False,
+            normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+            allow_whitespace_only_pieces=True,
         )
     except RuntimeError as exc:
         if failure or not read.visible:
