@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -166,14 +167,8 @@ class SentencePieceTokenizer(Tokenizer):
             return self._sp.decode(ids)
         # sentencepiece drops control symbols (ours, <s>, </s>) when decoding: decode the runs between
         # them and put each one back as its piece
-        out, run = [], []
-        for i in ids:
-            if self._sp.is_control(i):
-                out += [self._sp.decode(run), self._sp.id_to_piece(i)]
-                run = []
-            else:
-                run.append(i)
-        return "".join(out) + self._sp.decode(run)
+        return "".join("".join(map(self._sp.id_to_piece, run)) if control else self._sp.decode(list(run))
+                       for control, run in groupby(ids, self._sp.is_control))
 
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
