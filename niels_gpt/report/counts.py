@@ -1,7 +1,5 @@
-"""The figures of each kind of output: pretraining and SFT caches (a root of several too), packed bins
-(memmap or Parquet) and converted outputs, behind `cache_stats(path)`. What a path holds is locate's to say
-(niels_gpt/locate.py), so a missing path, an unfinished build or a text file is the same one line here as in
-every other command."""
+"""`cache_stats(path)`: the figures of a pretraining or SFT cache (or a root of several), packed bins
+(memmap or Parquet) or a converted output. What the path holds is niels_gpt.locate's to say."""
 
 from __future__ import annotations
 
@@ -38,59 +36,45 @@ def _bos_id(meta: dict) -> int | None:
 
 def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:
     dtype = numpy_dtype(meta["token_dtype"])
-    sep = meta.get("document_separator") or {}
-    separator = "bos" if sep.get("token") == "bos" else "eot"
-    position = str(sep.get("position", "after"))
+    separator = "bos" if (meta.get("document_separator") or {}).get("token") == "bos" else "eot"
     eot_id = (meta.get("special_token_ids") or {}).get("eot")
     streams = []
     for split in splits:
         rels = sorted(r for r in meta["files"] if r.startswith(f"{split}/") and r.endswith((".bin", ".bin.zst")))
         arrays = [shard_array(cache / r, meta, meta["files"][r], dtype) for r in rels]  # .bin.zst: compressed
         streams.append(stream_stats(split, arrays, eot_id=eot_id, bos_id=_bos_id(meta), separator=separator,
-                                    position=position, progress=progress))
+                                    progress=progress))
     return Stats(str(cache), "pretrain", streams, {"dataset_name": meta.get("dataset_name")})
-
-
-def span_mask(tokens: np.ndarray, starts: np.ndarray, asst_id: int, eot_id: int) -> np.ndarray:
-    """The assistant mask over a whole SFT token file (state reset at every example start): the packing
-    module's span rule, the one the SFT dataset and pack-sft train on."""
-    return assistant_token_mask(tokens, asst_id, eot_id, seq_starts=starts)
 
 
 def lose_all_trained(mask: np.ndarray, starts: np.ndarray, seq_len: int) -> int:
     """Examples whose trained targets all lie past position seq_len (a window holds seq_len+1 tokens)."""
-    n = len(mask)
-    ends = np.append(starts[1:], n)
-    trained_pos = np.flatnonzero(mask)
-    # first trained position at or after each start; it must be < end and <= start + seq_len
-    first = np.searchsorted(trained_pos, starts + 1)
-    first_pos = np.where(first < len(trained_pos), trained_pos[np.minimum(first, len(trained_pos) - 1)], n)
-    keeps = (first_pos < ends) & (first_pos <= starts + seq_len)
+    trained_pos = np.append(np.flatnonzero(mask), len(mask))
+    # the first trained position after each start (len(mask) if none): before its end, within seq_len
+    first_pos = trained_pos[np.searchsorted(trained_pos, starts + 1)]
+    keeps = (first_pos < np.append(starts[1:], len(mask))) & (first_pos <= starts + seq_len)
     return int(np.count_nonzero(~keeps))
 
 
-def _sft(cache: Path, meta: dict, splits: list[str], seq_len: int, progress) -> Stats:
+def _sft(cache: Path, meta: dict, seq_len: int, progress) -> Stats:
     dtype = numpy_dtype(meta["token_dtype"])
     specials = meta.get("special_token_ids") or {}
     eot_id, asst_id = specials.get("eot"), specials.get("asst")
     streams = []
-    for split in splits:
-        tok_path, idx_path = cache / f"{split}_tokens.bin", cache / f"{split}_idx.npy"
+    for split in SPLITS:
+        tok_path = cache / f"{split}_tokens.bin"
         if f"{split}_tokens.bin" not in meta["files"]:
             continue
-        tokens = np.memmap(tok_path, dtype=dtype, mode="r") if tok_path.stat().st_size else np.zeros(0, dtype)
-        starts = np.load(idx_path, allow_pickle=False).astype(np.int64)
-        with progress_bar(len(tokens), f"stats {split}", progress) as bar:
-            arr = np.asarray(tokens)
+        arr = np.memmap(tok_path, dtype=dtype, mode="r") if tok_path.stat().st_size else np.zeros(0, dtype)
+        starts = np.load(cache / f"{split}_idx.npy", allow_pickle=False).astype(np.int64)
+        with progress_bar(len(arr), f"stats {split}", progress) as bar:
             lengths = np.diff(np.append(starts, len(arr)))
-            n_eot = None if eot_id is None else int(np.count_nonzero(arr == eot_id))
-            bos_id = _bos_id(meta)
-            n_bos = None if bos_id is None else int(np.count_nonzero(arr == bos_id))
-            mask_name = f"{split}_mask.bin"
-            if mask_name in meta["files"]:
-                mask = np.fromfile(cache / mask_name, dtype=np.uint8).astype(bool)
+            n_eot, n_bos = (None if i is None else int(np.count_nonzero(arr == i))
+                            for i in (eot_id, _bos_id(meta)))
+            if f"{split}_mask.bin" in meta["files"]:
+                mask = np.fromfile(cache / f"{split}_mask.bin", dtype=np.uint8).astype(bool)
             elif asst_id is not None and eot_id is not None:
-                mask = span_mask(arr, starts, asst_id, eot_id)
+                mask = assistant_token_mask(arr, asst_id, eot_id, seq_starts=starts)
             else:
                 mask = None
             bar.update(len(arr))
@@ -113,14 +97,11 @@ def _packed(root: Path, name: str = "bins") -> Stats:
     offsets = np.load(root / files["seq_offsets"]["name"], mmap_mode="r").astype(np.int64)
     starts = np.load(root / files["seq_starts"]["name"], mmap_mode="r").astype(np.int64)
     loss_mask = np.load(root / files["loss_mask"]["name"], mmap_mode="r")
-    nb = len(packed_len)
     per_bin = np.diff(offsets)
-    bin_of = np.repeat(np.arange(nb), per_bin)
-    nxt = np.append(starts[1:], 0)
-    last = np.arange(len(starts)) == (offsets[bin_of + 1] - 1) if len(starts) else np.zeros(0, bool)
-    seq_lengths = np.where(last, packed_len[bin_of] if len(starts) else 0, nxt) - starts
+    ends = np.append(starts[1:], 0)  # a sequence ends where the next starts, the last of a bin at its length
+    ends[offsets[1:][per_bin > 0] - 1] = packed_len[per_bin > 0]
     trained = int(np.count_nonzero(np.asarray(loss_mask)))
-    out = _bins_stats(root, packed_len, seq_lengths, per_bin, trained, pack_size, name)
+    out = _bins_stats(root, packed_len, ends - starts, per_bin, trained, pack_size, name)
     if (root / "val" / MANIFEST_NAME).is_file() and name == "bins":  # pack-sft's packed val split
         val = _packed(root / "val", name="val")
         out.streams += val.streams
@@ -167,10 +148,8 @@ def _foreign(root: Path, info, progress) -> Stats:
     streams = []
     for name, leaf in (info.splits.items() if info.splits else [("all", info)]):
         arrays = [tf.open() for tf in leaf.token_files if tf.count]
-        eot, bos = leaf.eot_id, leaf.bos_id
-        separator = "eot" if eot is not None else "bos"
-        streams.append(stream_stats(name, arrays, eot_id=eot, bos_id=bos, separator=separator,
-                                    position="after" if separator == "eot" else "before", progress=progress))
+        streams.append(stream_stats(name, arrays, eot_id=leaf.eot_id, bos_id=leaf.bos_id,
+                                    separator="eot" if leaf.eot_id is not None else "bos", progress=progress))
     return Stats(str(root), info.format, streams, {})
 
 
@@ -190,17 +169,16 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         meta = read_meta(str(found.root))  # checked: schema and seal
         if found.kind == "pretrain":
             return _pretrain(found.root, meta, [found.split] if found.split else list(SPLITS), progress)
-        return _sft(found.root, meta, list(SPLITS), seq_len, progress)
-    if found.kind == "not-built":
-        raise StatsError(f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to build); "
-                         "nothing to count: build it first")
-    if found.kind == "tokenizer":
-        raise StatsError(f"{root}: a tokenizer directory, not a token cache; pass a cache built with it")
-    if found.kind == "mixture":
-        raise StatsError(f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)")
-    if found.kind == "text-parquet":
-        raise StatsError(f"{root}: Parquet text shards, not tokens; build a cache from them first (`build {root} "
-                         "--out cache/NAME --tokenizer TOK`)")
+        return _sft(found.root, meta, seq_len, progress)
+    refused = {
+        "not-built": f"{found.root}: its {META_NAME} says built: false (a source build-all was told not to "
+                     "build); nothing to count: build it first",
+        "tokenizer": f"{root}: a tokenizer directory, not a token cache; pass a cache built with it",
+        "mixture": f"{root}: a mixture file; its figures are mixture_stats' (`stats {root} --steps N`)",
+        "text-parquet": f"{root}: Parquet text shards, not tokens; build a cache from them first "
+                        f"(`build {root} --out cache/NAME --tokenizer TOK`)"}
+    if found.kind in refused:
+        raise StatsError(refused[found.kind])
     if found.kind == "packed":
         if found.layout == "memmap":
             return _packed(found.path)
@@ -220,5 +198,5 @@ def cache_stats(path: str | Path, *, seq_len: int = 1024, progress: bool | None 
         kinds.add(one.kind)
         for s in one.streams:
             s.name = f"{c.relative_to(root).as_posix()}/{s.name}"
-            streams.append(s)
+        streams += one.streams
     return Stats(str(root), "root of " + "+".join(sorted(kinds)), streams, {"caches": len(caches)})

@@ -1,6 +1,5 @@
-"""The figures of one token stream: tokens, documents (runs closed or opened by the document separator),
-EOT/BOS counts, document-length percentiles and a histogram, counted with vectorised numpy chunk by
-chunk over memmaps (a progress bar on stderr when it is a terminal)."""
+"""The figures of one token stream (tokens, documents, EOT/BOS counts, length percentiles and a histogram),
+counted with vectorised numpy chunk by chunk over memmaps."""
 
 from __future__ import annotations
 
@@ -67,9 +66,8 @@ def progress_bar(total: int, desc: str, progress: bool | None):
 
 
 def length_figures(lengths: np.ndarray) -> tuple[dict, dict]:
-    """(percentiles, mean, min, max; the histogram as StreamStats fields). The bins are log-spaced when the
-    lengths span a factor of WIDE or more, so a corpus of whole books beside short notes shows both; each
-    bin also holds the tokens its documents contribute."""
+    """(percentiles, mean, min, max; the histogram as StreamStats fields, log-spaced bins where the lengths
+    span a factor of WIDE, and the tokens each bin's documents hold)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return {}, {}
@@ -85,51 +83,37 @@ def length_figures(lengths: np.ndarray) -> tuple[dict, dict]:
                      "hist_tokens": tokens.astype(np.int64).tolist(), "hist_log": bool(log)}
 
 
-def _scan(arrays: list[np.ndarray], sep_id: int | None, bos_id: int | None, desc: str,
-          progress: bool | None) -> tuple[int, np.ndarray, int | None, int | None]:
-    """(tokens, separator positions over the concatenated arrays, separator count, BOS count)."""
+def _scan(arrays: list[np.ndarray], sep_id: int | None, other_id: int | None, desc: str,
+          progress: bool | None) -> tuple[int, np.ndarray, int | None]:
+    """(tokens, separator positions over the concatenated arrays, the count of other_id)."""
     total = sum(len(a) for a in arrays)
-    positions, bos = [], 0
+    positions, other, base = [], 0, 0
     with progress_bar(total, desc, progress) as bar:
-        base = 0
         for arr in arrays:
             for s in range(0, len(arr), CHUNK):
                 chunk = np.asarray(arr[s:s + CHUNK])
                 if sep_id is not None:
                     positions.append(np.flatnonzero(chunk == sep_id) + (base + s))
-                if bos_id is not None and bos_id != sep_id:
-                    bos += int(np.count_nonzero(chunk == bos_id))
+                if other_id is not None and other_id != sep_id:
+                    other += int(np.count_nonzero(chunk == other_id))
                 bar.update(len(chunk))
             base += len(arr)
     pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
-    n_sep = None if sep_id is None else len(pos)
-    n_bos = None if bos_id is None else (n_sep if bos_id == sep_id else bos)
-    return total, pos, n_sep, n_bos
-
-
-def _doc_lengths(total: int, pos: np.ndarray, before: bool) -> np.ndarray:
-    """Document lengths from separator positions: a separator closes (after) or opens (before) a document."""
-    if before:
-        bounds = np.concatenate([[0], pos, [total]])
-    else:
-        bounds = np.concatenate([[0], pos + 1, [total]])
-    lengths = np.diff(bounds)
-    return lengths[lengths > 0]
+    return total, pos, None if other_id is None else len(pos) if other_id == sep_id else other
 
 
 def stream_stats(name: str, arrays: list[np.ndarray], *, eot_id: int | None, bos_id: int | None,
-                 separator: str = "eot", position: str = "after", progress: bool | None = None) -> StreamStats:
-    """Figures of one token stream made of `arrays` end to end, documents split at the separator."""
-    sep_id = eot_id if separator == "eot" else bos_id
-    total, pos, n_sep, n_bos = _scan(arrays, sep_id, bos_id, f"stats {name}", progress)
-    if separator == "eot":
-        n_eot = n_sep
-    else:
-        n_eot = None if eot_id is None else sum(int(np.count_nonzero(np.asarray(a) == eot_id)) for a in arrays)
+                 separator: str = "eot", progress: bool | None = None) -> StreamStats:
+    """Figures of one token stream made of `arrays` end to end: documents end at each EOT, or start at each
+    BOS (separator="bos")."""
+    sep_id, other_id = (eot_id, bos_id) if separator == "eot" else (bos_id, eot_id)
+    total, pos, n_other = _scan(arrays, sep_id, other_id, f"stats {name}", progress)
+    n_sep = None if sep_id is None else len(pos)
+    n_eot, n_bos = (n_sep, n_other) if separator == "eot" else (n_other, n_sep)
     docs, figures, hist = None, {}, {}
     if sep_id is not None:
-        lengths = _doc_lengths(total, pos, before="before" in position)
+        bounds = np.diff(np.concatenate([[0], pos if separator == "bos" else pos + 1, [total]]))
+        lengths = bounds[bounds > 0]
         docs = len(lengths)
         figures, hist = length_figures(lengths)
     return StreamStats(name=name, tokens=total, documents=docs, eot=n_eot, bos=n_bos, lengths=figures, **hist)
-

@@ -1,6 +1,4 @@
-"""The outputs at or below a path (caches and tokenizer directories, unfinished and interrupted builds) and the
-tokenizer a cache names. What one path holds is niels_gpt.locate's to say; verify, inspect and stats ask it.
-"""
+"""The outputs below a path (caches, tokenizers, unfinished and interrupted builds); a cache's tokenizer."""
 
 from __future__ import annotations
 
@@ -23,38 +21,29 @@ def find_caches(path: Path) -> list[Path]:
 
 
 def unfinished_dirs(path: Path) -> list[Path]:
-    """Directories that hold token files of ours but no commit marker (locate's `unfinished_tokens`): builds that
-    never committed.
-
-    A directory that a foreign-format reader recognises (a `convert` output: nanoGPT, KempnerForge,
-    Megatron, raw with metadata.yaml) is a finished output of its own format, not an unfinished build.
-    """
+    """Directories holding token files of ours but no commit marker: builds that never committed (a directory
+    a peer format's reader recognises, a `convert` output, is a finished output of its own)."""
     out = []
     for d in [Path(path), *[p for p in Path(path).rglob("*") if p.is_dir()]]:
         if not unfinished_tokens(d):
             continue
         if (staged := staged_output(d)) is not None and unfinished_build(staged) is not None:
             continue  # an interrupted build of an output that is not there: `interrupted_builds` names it
-        if (d / "input_ids.npy").is_file() or not _foreign(d):
+        try:
+            foreign = locate(d).kind == "foreign"
+        except NielsGPTError:
+            foreign = False
+        if (d / "input_ids.npy").is_file() or not foreign:
             out.append(d)
     return out
 
 
 def interrupted_builds(path: Path) -> list[str]:
-    """One line per output at or below `path` whose build was interrupted before it first finished
-    (niels_gpt.meta.unfinished_build: what was left beside it, and the command that finishes it)."""
+    """One line per output at or below `path` whose first build was interrupted (meta.unfinished_build)."""
     path = Path(path)
     candidates = [path] if not path.exists() else [path, *(p for p in path.rglob("*") if p.is_dir())]
     outs = {staged_output(p) or p for p in candidates}
     return [msg for out in sorted(outs) if (msg := unfinished_build(out)) is not None]
-
-
-def _foreign(path: Path) -> bool:
-    """Whether locate finds a token output in a peer format at `path`."""
-    try:
-        return locate(path).kind == "foreign"
-    except NielsGPTError:
-        return False
 
 
 def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):

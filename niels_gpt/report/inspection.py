@@ -1,10 +1,9 @@
-"""inspect: describe any output of the library and decode a window of it, specials named and trained
-targets marked, through the readers training uses.
-"""
+"""inspect: describe any output and decode a window of it through the readers training uses."""
 
 from __future__ import annotations
 
 import json
+from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -25,39 +24,21 @@ from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 
 
-def special_names(tokenizer) -> dict[int, str]:
-    """How inspect shows each special id: the library's four sentinels by their short names (`<|eot|>`), every
-    other special token (one that decodes to no text) by the tokenizer's own text for it: `<|im_end|>` and
-    `<|im_start|>` of a ChatML tokenizer, `<s>` of sentencepiece."""
-    lengths = np.asarray(tokenizer.token_byte_lengths())
-    names = {int(i): tokenizer.id_to_piece(int(i)) for i in np.flatnonzero(lengths == 0)}
-    if tokenizer.library_conventions:
-        names.update({v: f"<|{k}|>" for k, v in tokenizer.special_ids.items() if v is not None})
-    return names
-
-
 def show_tokens(tokenizer, ids, trained=None) -> str:
-    """Decode ids, naming special tokens (`special_names`) and wrapping trained runs in ⟦ ⟧."""
-    names = special_names(tokenizer)
-    trained = [False] * len(ids) if trained is None else list(trained)
-    out, run, run_flag = [], [], None
-
-    def flush():
-        if run:
-            text = tokenizer.decode(run)
-            out.append(f"{TRAINED_OPEN}{text}{TRAINED_CLOSE}" if run_flag else text)
-            run.clear()
-
-    for tid, flag in zip((int(i) for i in ids), trained, strict=True):
-        if tid in names:
-            flush()
-            out.append(f"{TRAINED_OPEN}{names[tid]}{TRAINED_CLOSE}" if flag else names[tid])
-            continue
-        if flag != run_flag:
-            flush()
-            run_flag = flag
-        run.append(tid)
-    flush()
+    """Decode ids, wrapping trained runs in ⟦ ⟧ and naming special tokens (those that decode to no text): the
+    library's four by short names (`<|eot|>`), any other by its own text (`<|im_end|>`, `<s>`)."""
+    silent = np.flatnonzero(tokenizer.token_byte_lengths() == 0)
+    names = {int(i): tokenizer.id_to_piece(int(i)) for i in silent}
+    if tokenizer.library_conventions:
+        names.update({v: f"<|{k}|>" for k, v in tokenizer.special_ids.items()})
+    trained = [False] * len(ids) if trained is None else trained
+    out = []
+    # runs of ordinary ids decode together; a special id shows by its name
+    pairs = zip(map(int, ids), trained, strict=True)
+    for (name, flag), run in groupby(pairs, lambda t: (names.get(t[0]), bool(t[1]))):
+        run = [tid for tid, _ in run]
+        texts = [name] * len(run) if name is not None else [tokenizer.decode(run)]
+        out += [f"{TRAINED_OPEN}{text}{TRAINED_CLOSE}" if flag else text for text in texts]
     return "".join(out)
 
 
@@ -98,16 +79,17 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
             return inspect_path(str(found.root), tokenizer=tokenizer, window=window)
         read_meta(str(root))  # raises the "not a cache" error naming the path
     if len(caches) > 1 or caches[0] != root:
-        lines = [f"{len(caches)} cache(s) under {root}:"]
+        lines, rows = [f"{len(caches)} cache(s) under {root}:"], []
         for c in caches:
-            m = read_meta(str(c))
+            m, rel = read_meta(str(c)), c.relative_to(root)
             if m["kind"] == "tokenizer":
-                lines.append(f"  {c.relative_to(root)}: tokenizer, {m['vocab_size']} ids, sha256 "
-                             f"{str(m['tokenizer_sha256'])[:16]}…")
-                continue
-            lines.append(f"  {c.relative_to(root)}: {m['kind']}" + ("" if m.get("built", True) else ", not built"))
-        rows = [[str(c.relative_to(root)), m["kind"], m.get("totals") or {}] for c in caches
-                for m in [read_meta(str(c))] if m["kind"] != "tokenizer" and m.get("built", True)]
+                sha = str(m["tokenizer_sha256"])[:16]
+                lines.append(f"  {rel}: tokenizer, {m['vocab_size']} ids, sha256 {sha}…")
+            elif m.get("built", True):
+                lines.append(f"  {rel}: {m['kind']}")
+                rows.append([str(rel), m["kind"], m.get("totals") or {}])
+            else:
+                lines.append(f"  {rel}: {m['kind']}, not built")
         if rows:
             lines += ["", totals_table(rows)]
         return "\n".join(lines)
@@ -127,7 +109,9 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
     tok = find_tokenizer(root, meta, tokenizer)
     if meta["kind"] == "pretrain":
         split = "train" if meta["totals"]["train_tokens"] > window else "val"
-        ds = PretrainTokenStreamDataset(str(root / split), T=max(1, min(window - 1, ds_max(meta, split))), device="cpu")
+        longest = max(r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/"))
+        T = max(1, min(window - 1, longest - 1))
+        ds = PretrainTokenStreamDataset(str(root / split), T=T, device="cpu")
         ids = ds.gather(np.array([0]), np.array([0]))[0]
         lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
     else:
@@ -155,15 +139,11 @@ def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> st
     if first is None:
         return "\n".join(lines)
     ids = np.asarray(first.open()[:window]).tolist()
-    head = f"first {len(ids)} tokens of {Path(first.path).name}:"
-    if tokenizer is None:
-        return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", " ".join(map(str, ids))])
-    tok = load_tokenizer(tokenizer)
     recorded = info.tokenizer_sha256
     if recorded is None and receipt_path(root).is_file():
         recorded = read_receipt(receipt_path(root)).get("tokenizer_sha256")
-    check_tokenizer_matches(tok, recorded, root)
-    return "\n".join(lines + ["", head, show_tokens(tok, ids)])
+    head = f"first {len(ids)} tokens of {Path(first.path).name}:"
+    return _decoded(lines, head, ids, tokenizer, recorded, root)
 
 
 def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
@@ -183,17 +163,22 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     item = ds[0]
     ids = np.asarray(item["input_ids"])[:window]
     mask = np.asarray(item["loss_mask"])[:window].astype(bool) if "loss_mask" in item else None
-    head = f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1):"
-    if tokenizer is None:
-        return "\n".join(lines + ["", f"{head} ids; pass --tokenizer PATH to decode", " ".join(map(str, ids.tolist()))])
-    tok = load_tokenizer(tokenizer)
-    if found.layout == "memmap":
-        check_tokenizer_matches(tok, (read_manifest(root).get("source") or {}).get("tokenizer_sha256"), root)
+    head = (f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1; trained "
+            f"targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):")
+    source = read_manifest(root).get("source") or {} if found.layout == "memmap" else {}
+    recorded = source.get("tokenizer_sha256")
     trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
-    return "\n".join(lines + ["", head + f" trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}",
-                               show_tokens(tok, ids, trained)])
+    return _decoded(lines, head, ids.tolist(), tokenizer, recorded, root, trained)
 
 
-def ds_max(meta: dict, split: str) -> int:
-    tokens = [r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/")]
-    return max(1, max(tokens) - 1)
+def _decoded(lines: list[str], head: str, ids: list[int], tokenizer: str | None, recorded: str | None,
+             root: Path, trained=None) -> str:
+    """`lines`, then the window under `head`: its ids, or decoded by `tokenizer` (refused when it is not the
+    recorded one)."""
+    if tokenizer is None:
+        ids_line = " ".join(map(str, ids))
+        return "\n".join(lines + ["", f"{head} (ids; pass --tokenizer PATH to decode)", ids_line])
+    tok = load_tokenizer(tokenizer)
+    check_tokenizer_matches(tok, recorded, root)
+    return "\n".join(lines + ["", head, show_tokens(tok, ids, trained)])
+

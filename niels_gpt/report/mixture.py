@@ -27,8 +27,7 @@ def mixture_stats(path: str | Path, *, steps: int = 1000, global_batch_size: int
     carry = [0.0] * len(names)
     for step in range(steps):
         probs = [p for start, p in phases if start <= step][-1]
-        row, carry = quota_step(probs, carry, global_batch_size)
-        counts[step] = row
+        counts[step], carry = quota_step(probs, carry, global_batch_size)
     cum = np.cumsum(counts, axis=0)
     realised = cum / cum.sum(axis=1, keepdims=True)
     final = [p for start, p in phases if start <= steps - 1][-1]

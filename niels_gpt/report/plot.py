@@ -1,13 +1,7 @@
-"""Stats as PNG figures (matplotlib, the `plot` extra); `plot_stats` returns the arrays it drew.
-
-- `tokens.png`: tokens per split (per source and split for a root of caches).
-- `lengths[_SOURCE].png`: one figure per source (a root of caches: one per cache; one cache: one), its splits
-  as step histograms of document (example, sequence) lengths with p50/p90/p99 marked; log-spaced bins on a
-  log axis when the lengths span a factor of 100 or more. For SFT the sequence length (`--seq-len` T) is
-  marked with the share of examples a row of T+1 tokens cuts.
-- `token_share[_SOURCE].png`: which share of the tokens documents of each length hold (the same bins,
-  weighted by length): where a corpus's tokens are, not where its documents are.
-- `fill.png` (packed bins), `mixture.png` (a mixture config), and `stats.json` with every figure.
+"""Stats as PNG figures (matplotlib, the `plot` extra; the files are listed in docs/stats.md); `plot_stats`
+returns the arrays it drew: tokens per split, per source the length histogram of its splits (p50/p90/p99
+marked, log-spaced bins where the lengths span a factor of 100, for SFT the share a row of T+1 tokens
+cuts) and the share of tokens by length, packed bins' fill, a mixture's realised shares, and stats.json.
 """
 
 from __future__ import annotations
@@ -64,44 +58,44 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for i, n in enumerate(e["names"]):
             ax.plot(np.arange(1, e["steps"] + 1), real[:, i], label=n)
-        ax.set_xlabel("step")
-        ax.set_ylabel("share of samples so far")
+        ax.set(xlabel="step", ylabel="share of samples so far")
         ax.legend()
         save(fig, "mixture.png", {"names": list(e["names"]), "realised": real})
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     names, tokens = [s.name for s in stats.streams], [s.tokens for s in stats.streams]
     ax.bar(names, tokens)
-    ax.set_ylabel("tokens")
-    ax.set_title(f"tokens per split: {Path(stats.path).name}")
+    ax.set(ylabel="tokens", title=f"tokens per split: {Path(stats.path).name}")
     if len(names) > 4:
         ax.tick_params(axis="x", labelrotation=45)
     save(fig, "tokens.png", {"names": names, "tokens": tokens})
+
+    def label(ax, log: bool, unit: str, ylabel: str, title: str) -> None:
+        if log:
+            ax.set_xscale("log")
+        ax.set(xlabel=f"tokens per {unit}" + (" (log scale)" if log else ""), ylabel=ylabel, title=title)
+        ax.legend(fontsize="small")
 
     for source, splits in _sources(stats).items():
         unit = ("sequence" if stats.kind == "packed" else
                 "example" if any(s.cut_examples is not None for _, s in splits) else "document")
         log = any(s.hist_log for _, s in splits)
+        name = source or Path(stats.path).name
+        one = len(splits) == 1  # one split: filled steps
+        cut = [(split, s) for split, s in splits if s.cut_examples is not None]
+        seq_len = cut[-1][1].seq_len if cut else None
+        cut_share = {split: s.cut_examples / s.documents if s.documents else 0.0 for split, s in cut}
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        lengths, cut_share, seq_len = {}, {}, None
+        lengths = {}
         for i, (split, s) in enumerate(splits):
-            color = f"C{i}"
-            ax.stairs(s.hist_counts, s.hist_edges, label=split, color=color, fill=len(splits) == 1, alpha=0.8)
+            ax.stairs(s.hist_counts, s.hist_edges, label=split, color=f"C{i}", fill=one, alpha=0.8)
             for key in ("p50", "p90", "p99"):
-                ax.axvline(s.lengths[key], linestyle="--", linewidth=0.7, color=color)
+                ax.axvline(s.lengths[key], linestyle="--", linewidth=0.7, color=f"C{i}")
             lengths[split] = {"counts": list(s.hist_counts), "edges": list(s.hist_edges), "lengths": dict(s.lengths)}
-            if s.cut_examples is not None:
-                seq_len = s.seq_len
-                cut_share[split] = s.cut_examples / s.documents if s.documents else 0.0
         if seq_len is not None:
             shares = ", ".join(f"{k} {v:.1%}" for k, v in cut_share.items())
             ax.axvline(seq_len + 1, color="red", linewidth=1.2, label=f"--seq-len {seq_len}: cuts {shares} of examples")
-        if log:
-            ax.set_xscale("log")
-        ax.set_xlabel(f"tokens per {unit}" + (" (log scale)" if log else ""))
-        ax.set_ylabel(f"{unit}s")
-        ax.set_title(f"{source or Path(stats.path).name}: {unit} lengths (dashed: p50, p90, p99)")
-        ax.legend(fontsize="small")
+        label(ax, log, unit, f"{unit}s", f"{name}: {unit} lengths (dashed: p50, p90, p99)")
         save(fig, _file("lengths", source), {"splits": lengths, "log": log, "seq_len": seq_len,
                                               "cut_share": cut_share})
 
@@ -109,23 +103,17 @@ def plot_stats(stats: Stats, out_dir: str | Path) -> dict[str, dict]:
         shares = {}
         for i, (split, s) in enumerate(splits):
             share = np.asarray(s.hist_tokens, dtype=np.float64) / max(sum(s.hist_tokens), 1)
-            ax.stairs(share, s.hist_edges, label=split, color=f"C{i}", fill=len(splits) == 1, alpha=0.8)
+            ax.stairs(share, s.hist_edges, label=split, color=f"C{i}", fill=one, alpha=0.8)
             shares[split] = {"shares": share.tolist(), "edges": list(s.hist_edges)}
-        if log:
-            ax.set_xscale("log")
-        ax.set_xlabel(f"tokens per {unit}" + (" (log scale)" if log else ""))
-        ax.set_ylabel("share of all tokens")
-        ax.set_title(f"{source or Path(stats.path).name}: where the tokens are, by {unit} length")
-        ax.legend(fontsize="small")
+        label(ax, log, unit, "share of all tokens", f"{name}: where the tokens are, by {unit} length")
         save(fig, _file("token_share", source), {"splits": shares, "log": log})
 
     if stats.kind == "packed":
         e = stats.extra
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.stairs(e["fill_counts"], e["fill_edges"], fill=True)
-        ax.set_xlabel("bin fill (tokens / pack_size)")
-        ax.set_ylabel("bins")
-        ax.set_title(f"efficiency {e['efficiency']:.4f}")
+        ax.set(xlabel="bin fill (tokens / pack_size)", ylabel="bins",
+               title=f"efficiency {e['efficiency']:.4f}")
         save(fig, "fill.png", {"counts": list(e["fill_counts"]), "edges": list(e["fill_edges"])})
     (out / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
     return drawn

@@ -1,5 +1,4 @@
-"""Plain-text tables, as `inspect` and `stats` print them (`table`: numbers right-aligned with thousands
-separators), and stats as such tables (`format_stats`); the PNG figures are niels_gpt/report/plot.py."""
+"""Plain-text tables as `inspect` and `stats` print them: numbers right-aligned with thousands separators."""
 
 from __future__ import annotations
 
@@ -24,11 +23,17 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def format_stats(stats: Stats) -> str:
-    out = [f"{stats.kind} {stats.path}: {stats.tokens:,} tokens"]
+    e = stats.extra
+    if stats.kind == "mixture":
+        rows = [[n, s.tokens, f"{e['realised'][n]:.4f}", f"{e['target'][n]:.4f}"]
+                for n, s in zip(e["names"], stats.streams, strict=True)]
+        head = f"mixture {stats.path}: {e['steps']:,} steps of {e['global_batch_size']} samples"
+        return "\n".join([head, "", table(["dataset", "samples", "realised", "weight now"], rows)])
     rows = [[s.name, s.tokens, s.documents, s.eot, s.bos, s.lengths.get("p50"), s.lengths.get("p90"),
              s.lengths.get("p99"), s.lengths.get("max")] for s in stats.streams]
     unit = "sequences" if stats.kind == "packed" else "examples" if stats.kind == "sft" else "documents"
-    out += ["", table(["split", "tokens", unit, "EOT", "BOS", "p50", "p90", "p99", "max"], rows)]
+    out = [f"{stats.kind} {stats.path}: {stats.tokens:,} tokens", "",
+           table(["split", "tokens", unit, "EOT", "BOS", "p50", "p90", "p99", "max"], rows)]
     trained = [s for s in stats.streams if s.trained_tokens is not None]
     if trained:
         lose = any(s.lose_all_trained is not None for s in trained)
@@ -39,18 +44,12 @@ def format_stats(stats: Stats) -> str:
                 + ([s.lose_all_trained, f"{s.cut_examples} ({s.cut_examples / max(s.documents, 1):.1%})"] if lose else [])
                 for s in trained]
         out += ["", table(head, rows)]
-    if stats.kind == "mixture":
-        e = stats.extra
-        out = [f"mixture {stats.path}: {e['steps']:,} steps of {e['global_batch_size']} samples", "",
-               table(["dataset", "samples", "realised", "weight now"],
-                     [[n, s.tokens, f"{e['realised'][n]:.4f}", f"{e['target'][n]:.4f}"]
-                      for n, s in zip(e["names"], stats.streams, strict=True)])]
-        return "\n".join(out)
     if stats.kind == "packed":
-        e = stats.extra
         out += ["", f"bins: {e['bins']:,} of {e['pack_size']:,} tokens; efficiency {e['efficiency']:.4f}; "
-                f"mean sequences per bin {e['sequences_per_bin_mean']:.2f}", *([
-                    f"val (val/): {e['val']['bins']:,} bins; efficiency {e['val']['efficiency']:.4f}"] if "val" in e else []), "",
-                table(["fill", "bins"], [[f"{lo:.2f}-{hi:.2f}", c] for lo, hi, c in
-                                         zip(e["fill_edges"][:-1], e["fill_edges"][1:], e["fill_counts"], strict=True)])]
+                f"mean sequences per bin {e['sequences_per_bin_mean']:.2f}"]
+        if "val" in e:
+            out.append(f"val (val/): {e['val']['bins']:,} bins; efficiency {e['val']['efficiency']:.4f}")
+        out += ["", table(["fill", "bins"], [[f"{lo:.2f}-{hi:.2f}", c] for lo, hi, c in
+                                             zip(e["fill_edges"][:-1], e["fill_edges"][1:], e["fill_counts"],
+                                                 strict=True)])]
     return "\n".join(out)

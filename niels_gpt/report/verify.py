@@ -1,29 +1,23 @@
-"""verify: check every output of the library through the same readers training uses.
+"""verify: check every output through the readers training uses.
 
-`verify_path` walks a cache or a root of caches: every meta.json is schema-checked, every file it
-lists is compared with the disk (size, token count, sha256, SFT offsets); every packed-SFT directory
-(manifest.json) is opened and validated by the packing reader; packed Parquet is read bin by bin; a
-converted output in a peer format (nanoGPT, KempnerForge, Megatron, raw + metadata.yaml) is opened by
-its format's reader (every header and size) and its ids are checked against the recorded vocabulary.
-A directory holding our token files or packed arrays without meta.json / manifest.json is reported as
-an unfinished build. A cache whose records hold is then opened split by split through the readers' own
-open-time code (`split_shards`, `SFTExampleDataset`): a cache verify passes is one every reader opens, even
-when its meta.json was edited and resealed.
+Each meta.json is schema-checked and each file it lists compared with the disk (size, token count, sha256, SFT
+offsets); packed bins are validated by the packing reader; a converted output is opened by its format's reader
+and its ids checked against the recorded vocabulary; token files without their record are an unfinished build.
+A cache whose records hold is then opened by the readers' own open-time code, so what verify passes opens.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from niels_gpt.constants import EXAMPLES_NAME, MANIFEST_NAME, MODEL_NAME, SPLITS
-from niels_gpt.errors import NielsGPTError
+from niels_gpt.errors import FormatError, NielsGPTError
 from niels_gpt.formats.receipt import check_receipt, receipt_path
 from niels_gpt.formats.zstd_shard import frame_tokens_of, is_compressed_meta, verify_compressed
 from niels_gpt.locate import locate
-from niels_gpt.markers import packed_files, present, unfinished_message
+from niels_gpt.markers import packed_files, present, read_json, unfinished_message
 from niels_gpt.meta import (
     META_NAME,
     check_files,
@@ -92,21 +86,18 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
     root = Path(path)
     if not present(root):
         return interrupted_builds(root) or [f"{root}: no such file or directory"], 0, []
-    split = _split_of(root)
-    if split is not None:  # a split directory is checked as the cache it belongs to
-        return verify_outputs(str(split.root))
+    try:
+        found, refused = locate(root), None  # the one door; what it refuses is said below
+    except NielsGPTError as exc:
+        found, refused = None, exc
+    if found is not None and found.split is not None:  # a split directory: checked as the cache it is part of
+        return verify_outputs(str(found.root))
     caches = find_caches(root) if root.exists() else []
-    packed = sorted(p.parent for p in ([root / MANIFEST_NAME] if (root / MANIFEST_NAME).is_file()
-                                       else root.rglob(MANIFEST_NAME) if root.is_dir() else []))
-    if (root / MANIFEST_NAME).is_file() and (root / "val" / MANIFEST_NAME).is_file():
-        packed.append(root / "val")  # pack-sft's packed val split, a shard of its own
+    # packed bins (pack-sft's packed val split in val/ is a shard of its own)
+    packed = sorted(p.parent for p in root.rglob(MANIFEST_NAME)) if root.is_dir() else []
     if not caches and not packed:
-        try:
-            found = locate(root)  # the one door; what it refuses is said below (unfinished builds, nothing found)
-        except NielsGPTError as exc:
-            if root.is_dir() and receipt_path(root).is_file():  # a converted output its reader refuses: say why
-                return [str(exc.__cause__ or exc), *check_receipt(receipt_path(root))[1]], 1, []
-            found = None
+        if refused is not None and root.is_dir() and receipt_path(root).is_file():  # a refused convert output
+            return [str(refused.__cause__ or refused), *check_receipt(receipt_path(root))[1]], 1, []
         if found is not None and found.kind == "foreign":
             return _verify_foreign(root, found.info)
         if found is not None and found.layout == "parquet":
@@ -134,24 +125,14 @@ def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:
             problems.append(str(exc))
             continue
         seen.append(f"{cache}: {meta['kind']} cache" + _unsealed_note(cache / META_NAME))
-        found = _check_cache(cache, meta)
+        wrong = _check_cache(cache, meta)
         # a broken seal is reported where nothing more specific names what changed (a field no reader uses)
         seal = meta_seal_problem(cache / META_NAME, (cache / META_NAME).read_bytes(), meta)
-        problems += found or ([seal] if seal else [])
+        problems += wrong or ([seal] if seal else [])
     if not caches and not packed and not problems:
         problems.append(f"{root}: no {META_NAME}, {MANIFEST_NAME} or token files of a known format found: "
                         "not a cache, a packed directory or a converted output")
     return problems, len(caches) + len(packed), seen
-
-
-
-def _split_of(root: Path):
-    """locate's answer for a split directory of a cache (`cache/train`), else None."""
-    try:
-        found = locate(root)
-    except NielsGPTError:
-        return None
-    return found if found.split is not None else None
 
 
 def _check_cache(cache: Path, meta: dict) -> list[str]:
@@ -169,11 +150,9 @@ def _check_cache(cache: Path, meta: dict) -> list[str]:
 
 
 def _open_problems(cache: Path, meta: dict) -> list[str]:
-    """What a reader refuses when it opens this cache, though every file matches its record: a meta.json edited
-    and resealed (a `compression` entry removed, say). Run only when nothing above was found, so each problem is
-    named once, by the most specific check."""
-    compressed_files = any(rel.endswith(".bin.zst") for rel in meta["files"])
-    if compressed_files and not is_compressed_meta(meta):
+    """What a reader refuses on open though every file matches its record (a meta.json edited and resealed);
+    run only when nothing more specific was found."""
+    if any(rel.endswith(".bin.zst") for rel in meta["files"]) and not is_compressed_meta(meta):
         return [f"{cache / META_NAME}: lists compressed shards (.bin.zst) but has no `compression` entry, so no "
                 "reader opens them; the meta.json was edited: rebuild or convert the cache again"]
     try:
@@ -200,35 +179,31 @@ def _open_problems(cache: Path, meta: dict) -> list[str]:
 def _unsealed_note(record_path: Path) -> str:
     """What verify says of a record written before records carried their own checksum."""
     try:
-        record = json.loads(record_path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError):
+        record = read_json(record_path)
+    except FormatError:
         return ""  # unreadable: its reader's error says so
-    if not isinstance(record, dict) or is_sealed(record):
+    if record is None or is_sealed(record):
         return ""
     return (f" (its {record_path.name} has no {RECORD_SEAL}: written by an older version, so fields no reader "
             "uses are not checked; rebuild it to add one)")
 
 
 def _verify_foreign(root: Path, info) -> tuple[list[str], int, list[str]]:
-    """A converted output: every header and size was checked by detect_format; here every token is
-    read once and checked against the vocabulary its metadata records."""
+    """A converted output (headers and sizes checked by detect_format): every id against the recorded
+    vocabulary."""
     problems = []
     leaves = list(info.splits.values()) if info.splits else [info]
     for leaf in leaves:
-        vocab = leaf.vocab_size
-        for tf in leaf.token_files:
-            if vocab is None or tf.count == 0:
-                continue
-            top = int(tf.open().max())
-            if top >= vocab:
-                problems.append(f"{tf.path}: token id {top} >= vocab_size {vocab} recorded in its metadata: "
-                                "the file or its metadata is corrupt; re-run convert")
+        for tf in leaf.token_files if leaf.vocab_size is not None else []:
+            top = int(tf.open().max()) if tf.count else -1
+            if top >= leaf.vocab_size:
+                problems.append(f"{tf.path}: token id {top} >= vocab_size {leaf.vocab_size} recorded in its "
+                                "metadata: the file or its metadata is corrupt; re-run convert")
     kind = f"{info.format} ({info.dtype.name}, {info.num_tokens:,} tokens in {len(info.files)} file(s))"
     note = "" if any(leaf.vocab_size for leaf in leaves) else "; no vocab_size recorded, ids not range-checked"
-    receipt = receipt_path(root) if root.exists() else None
-    if receipt is not None and receipt.is_file():
-        _, found = check_receipt(receipt)
-        problems += found
+    receipt = receipt_path(root)
+    if root.exists() and receipt.is_file():
+        problems += check_receipt(receipt)[1]
         note += f"; every file's sha256 checked against {receipt.name}" + _unsealed_note(receipt)
     else:
         note += "; no receipt (not written by convert): no checksums to compare"
@@ -246,24 +221,22 @@ def _verify_packed_parquet(root: Path) -> tuple[list[str], int, list[str]]:
 
 
 def _check_counts(cache: Path, meta: dict) -> list[str]:
-    """What the contents of well-sized files say against meta.json (offsets, counts); a file that
-    check_files already reported (say, its sha256) is reported once, by that."""
+    """The SFT offsets of well-sized files against meta.json (a file check_files reported is skipped)."""
     out = []
     for rel, rec in sorted(meta["files"].items()):
         path = cache / rel
-        if record_problem(rec) is not None or not path.is_file() or path.stat().st_size != rec["bytes"]:
-            continue  # already reported by check_files
-        if rel.endswith("_idx.npy"):
-            try:
-                idx = np.load(path, allow_pickle=False)
-            except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
-                out.append(f"{path}: unreadable offsets ({type(exc).__name__}: {exc})")
-                continue
-            if len(idx) != rec.get("examples", len(idx)):
-                out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
-            tokens = meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens")
-            problem = sft_offsets_problem(idx, tokens)
-            if problem is not None:
-                out.append(f"{path}: {problem}")
+        if (not rel.endswith("_idx.npy") or record_problem(rec) is not None or not path.is_file()
+                or path.stat().st_size != rec["bytes"]):
+            continue
+        try:
+            idx = np.load(path, allow_pickle=False)
+        except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
+            out.append(f"{path}: unreadable offsets ({type(exc).__name__}: {exc})")
+            continue
+        if len(idx) != rec.get("examples", len(idx)):
+            out.append(f"{path}: {len(idx)} offsets, meta says {rec['examples']} examples")
+        tokens = meta["files"].get(rel.replace("_idx.npy", "_tokens.bin"), {}).get("tokens")
+        problem = sft_offsets_problem(idx, tokens)
+        if problem is not None:
+            out.append(f"{path}: {problem}")
     return out
-

@@ -1,14 +1,11 @@
 """The tokenizer interface every backend implements, and chat rendering on top of it.
 
-A backend supplies encode/decode, its size and its special ids; everything else here (batch encoding,
-the document separator, chat rendering, token dtype, byte lengths for bits-per-byte) is shared.
-
-Two sets of conventions:
-- the library's own tokenizer (the contract's sentencepiece model, or a tokenizer.json that carries the
-  four hashed chat tokens): every document ends with our EOT, chats are rendered with our sentinels;
-- any other tokenizer keeps its own: its EOS ends every document (or its BOS starts every document,
-  `separator="bos"`), `eos`/`bos` override which token that is, and chats are rendered with its own chat
-  template (niels_gpt.tokenizer.chat). special_ids then holds its EOS as "eot" and None for the sentinels.
+A backend supplies encode/decode, its size and its special ids; batch encoding, the document separator, chat
+rendering, the token dtype and byte lengths (for bits per byte) are shared. The library's own tokenizer (one
+that carries the four chat tokens) ends every document with our EOT and renders chats with our sentinels; any
+other keeps its own conventions: its EOS ends every document (or its BOS starts each, `separator="bos"`),
+`eos`/`bos` override which token that is, and its chat template renders chats (niels_gpt.tokenizer.chat);
+its special_ids hold its EOS as "eot" and None for the sentinels.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import numpy as np
 from niels_gpt.constants import token_dtype_for
 from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.spans import assistant_token_mask
-from niels_gpt.tokenizer.special import ROLE_TO_SPECIAL, SPECIAL_TOKENS
+from niels_gpt.tokenizer.special import ROLE_TO_SPECIAL, ROLES, SPECIAL_TOKENS
 
 
 class Message(TypedDict):
@@ -62,8 +59,7 @@ class Tokenizer(ABC):
     """What builders, datasets and evaluation need from a tokenizer."""
 
     backend: str = "abstract"
-    # The cache builder's encode workers for this backend: threads (False), or forked processes (True) for
-    # an encoder that does not scale on threads in one process (niels_gpt/builders/encode_pool.py)
+    # True: the cache builder encodes in forked processes, for an encoder that does not scale on threads
     encode_in_processes: bool = False
     # Set by each backend's __init__: the model file, its sha256, {"sys", "usr", "asst", "eot"} -> id (None
     # where the tokenizer has no such token) and the conventions chosen when loading (eos, bos, separator).
@@ -85,7 +81,6 @@ class Tokenizer(ABC):
 
     @property
     def sha256(self) -> str:
-        """sha256 of the model file: recorded in every cache's meta.json."""
         return self._sha256
 
     @abstractmethod
@@ -94,7 +89,6 @@ class Tokenizer(ABC):
 
     @property
     def special_ids(self) -> dict[str, int]:
-        """{"sys": id, "usr": id, "asst": id, "eot": id}."""
         return self._special
 
     @property
@@ -137,7 +131,7 @@ class Tokenizer(ABC):
 
     @property
     def options(self) -> dict:
-        """The conventions chosen when loading (those of eos, bos, separator given), as load_tokenizer takes them."""
+        """The conventions chosen when loading (eos, bos, separator given), as load_tokenizer takes them."""
         return dict(self._options)
 
     @property
@@ -147,13 +141,11 @@ class Tokenizer(ABC):
 
     @property
     def chat_template(self) -> str | None:
-        """The tokenizer's own jinja2 chat template, where it has one."""
         return None
 
     @property
     def separator(self) -> Separator:
-        """The document separator: our EOT after every document for the library's tokenizer; for any other,
-        its EOS after every document, or its BOS before every document when loaded with separator="bos"."""
+        """EOT (the tokenizer's EOS) after every document; with separator="bos", its BOS before every one."""
         choice = self._options.get("separator") or "eos"
         if choice == "bos":
             if self.bos_id is None:
@@ -202,19 +194,15 @@ class Tokenizer(ABC):
         return token_dtype_for(len(self))
 
     def render_chat(self, messages: Sequence[Message]) -> RenderedChat:
-        """Render a conversation: with the tokenizer's own chat template where it has one
-        (niels_gpt.tokenizer.chat), else with the library's sentinels: per message, its role sentinel,
-        its content, then EOT.
-
-        The mask is the span rule (niels_gpt.spans) applied to the rendered ids, the same function the
-        SFT dataset applies to the stored stream, so the cache needs no stored mask: True on assistant
-        content tokens and the EOT that closes them, False on the sentinels and system/user tokens.
+        """Render a conversation with the tokenizer's chat template (niels_gpt.tokenizer.chat), else with the
+        library's sentinels: per message its role sentinel, its content, EOT. The mask is the span rule
+        (niels_gpt.spans) the SFT dataset applies to the stored stream: assistant content and its EOT.
 
             [usr] h i [eot] [asst] y o [eot]
               0   0 0   0     0    1 1   1
         """
         if self.chat_template is not None:
-            # lazy: chat.py builds on this module's Message and RenderedChat, so it can only load after it
+            # lazy: chat.py builds on this module (and jinja2), so it can only load after it
             from niels_gpt.tokenizer.chat import render_with_template
 
             return render_with_template(self, messages)
@@ -227,23 +215,15 @@ class Tokenizer(ABC):
         special = self.special_ids
         eot = special["eot"]
         for i, message in enumerate(messages):
-            role, content = _check_message(message, i)
-            ids.append(special[ROLE_TO_SPECIAL[role]])
-            ids.extend(self.encode(content))
-            ids.append(eot)
+            role, content = check_message(message, i)
+            ids += [special[ROLE_TO_SPECIAL[role]], *self.encode(content), eot]
         mask = assistant_token_mask(np.asarray(ids, dtype=np.int64), special["asst"], eot).tolist()
         return RenderedChat(ids, mask)
 
     def describe(self) -> dict:
         """What meta.json records about the tokenizer of a cache."""
-        out = {
-            "backend": self.backend,
-            "sha256": self.sha256,
-            "vocab_size": len(self),
-            "special_token_ids": dict(self.special_ids),
-            "special_tokens": dict(SPECIAL_TOKENS),
-            "bos_id": self.bos_id,
-        }
+        out = {"backend": self.backend, "sha256": self.sha256, "vocab_size": len(self), "bos_id": self.bos_id,
+               "special_token_ids": dict(self.special_ids), "special_tokens": dict(SPECIAL_TOKENS)}
         if not self.library_conventions or self._options:
             out["special_tokens"] = {k: self.id_to_piece(v) for k, v in self.special_ids.items() if v is not None}
             out["conventions"] = "own" if not self.library_conventions else "niels_gpt"
@@ -253,15 +233,13 @@ class Tokenizer(ABC):
         return out
 
 
-def _check_message(message, index: int) -> tuple[str, str]:
+def check_message(message, index: int, roles: tuple[str, ...] = ROLES) -> tuple[str, str]:
+    """(role, content) of a message, refused by name unless a dict of a known role and str content."""
     if not isinstance(message, dict):
         raise ConfigError(f"message {index}: expected a dict with 'role' and 'content', got {type(message).__name__}")
-    role = message.get("role")
-    content = message.get("content")
-    if role not in ROLE_TO_SPECIAL:
-        raise ConfigError(
-            f"message {index}: unknown role {role!r}; expected one of {sorted(ROLE_TO_SPECIAL)}"
-        )
+    role, content = message.get("role"), message.get("content")
+    if role not in roles:
+        raise ConfigError(f"message {index}: unknown role {role!r}; expected one of {list(roles)}")
     if not isinstance(content, str):
         raise ConfigError(f"message {index} ({role}): content must be str, got {type(content).__name__}")
     return role, content

@@ -1,30 +1,19 @@
 """Chat rendering with a tokenizer's own jinja2 chat template, and the assistant mask from its spans.
 
-The template is rendered the way `transformers`' `apply_chat_template` renders it (a sandboxed jinja2
-environment, trim_blocks and lstrip_blocks, `raise_exception`, a `tojson` filter that keeps non-ASCII,
-`messages`, `bos_token`, `eos_token`, `add_generation_prompt`), then encoded whole with special tokens
-parsed (the template writes them as text), so the ids are those the model's own tooling produces. NOTE: as
-with apply_chat_template, a special token's text typed inside a message's content becomes that special id;
-contents are not escaped, since templates may transform them (trim, prefix) before writing them.
-
-The trained span of assistant message k is the text that message adds to the conversation:
+The template is rendered as `transformers`' `apply_chat_template` renders it (sandboxed jinja2, trim_blocks,
+lstrip_blocks, `raise_exception`, a non-ASCII `tojson`, `messages`, `bos_token`, `eos_token`,
+`add_generation_prompt`), then encoded whole with special tokens parsed, so the ids are the model's own
+tooling's. NOTE: as there, a special token's text typed in a message becomes that special id (templates may
+transform contents, so they are not escaped). Tool turns (OpenAI's `tool_calls`, `tool_call_id`, `name`) reach
+the template; a `tool` message is never trained. A token is trained when its first character lies in the span
+of an assistant message k, the text that message adds:
 
     start = len(render(messages[:k], add_generation_prompt=True))   # the prompt up to its header
     end   = len(render(messages[:k + 1]))                           # its content and end-of-turn text
 
-so the assistant's content and whatever the template closes its turn with (`<|im_end|>`, `</s>`, ...)
-are trained, and its header is not, whatever the template. A token is trained when its first character
-lies in such a span. Each prefix render must be a prefix of the full render (true of the usual
-templates); a template that rewrites earlier turns is refused by name. Cost: k + 1 renders for k
-assistant messages, against one encode of the whole conversation.
-
-A template that marks what the model generates with `{% generation %}...{% endgeneration %}` (transformers'
-assistant-mask templates, what `apply_chat_template(return_assistant_tokens_mask=True)` reads) gives the
-spans itself: the text each block renders is trained, in one render, whatever the template does elsewhere.
-
-Tool turns reach the template as OpenAI's format writes them (`tool_calls` on an assistant message; a
-`tool` message with `tool_call_id`, `name`): the template renders them. A `tool` message is never trained
-(the span rule picks assistant messages only); an assistant's tool calls are, as the text it generates.
+(k + 1 renders for k assistant messages; a template that rewrites earlier turns is refused by name), or, where
+the template marks them with `{% generation %}...{% endgeneration %}` (transformers' assistant-mask
+templates), in the text each such block renders, in one render.
 """
 
 from __future__ import annotations
@@ -36,7 +25,7 @@ import re
 from collections.abc import Sequence
 
 from niels_gpt.errors import ConfigError, TokenizerError
-from niels_gpt.tokenizer.base import Message, RenderedChat
+from niels_gpt.tokenizer.base import Message, RenderedChat, check_message
 
 TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
 PASSED_KEYS = ("tool_calls", "tool_call_id", "name")  # what a template that knows tools reads beside the content
@@ -60,11 +49,9 @@ def _generation_extension():
 
         def _track(self, caller):
             text = caller()
-            tracked = _TRACKED.get()
-            if tracked is not None:
-                chunks, spans = tracked
-                start = sum(map(len, chunks))  # every chunk before this block was already emitted
-                spans.append((start, start + len(text)))
+            if (tracked := _TRACKED.get()) is not None:
+                start = sum(map(len, tracked[0]))  # every chunk before this block was already emitted
+                tracked[1].append((start, start + len(text)))
             return text
 
     return Generation
@@ -98,16 +85,15 @@ def _render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool 
     """The template's text and the character spans of its `{% generation %}` blocks (none without them)."""
     from jinja2.exceptions import TemplateError
 
-    def text(tid):
-        return None if tid is None else tokenizer.id_to_piece(tid)
-
+    bos, eos = ("" if t is None else tokenizer.id_to_piece(t)
+                for t in (tokenizer.bos_id, tokenizer.special_ids.get("eot")))
     chunks: list[str] = []
     spans: list[tuple[int, int]] = []
     token = _TRACKED.set((chunks, spans))
     try:
         for chunk in _compile(tokenizer.chat_template).generate(
                 messages=list(messages), add_generation_prompt=add_generation_prompt,
-                bos_token=text(tokenizer.bos_id) or "", eos_token=text(tokenizer.special_ids.get("eot")) or ""):
+                bos_token=bos, eos_token=eos):
             chunks.append(chunk)
     except TemplateError as exc:
         raise ConfigError(f"the chat template of {tokenizer.model_path} refused this conversation: {exc}") from exc
@@ -118,13 +104,7 @@ def _render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool 
 
 def _checked(message, index: int) -> dict:
     """The message a template sees: role, content, and the tool keys (PASSED_KEYS) it holds."""
-    if not isinstance(message, dict):
-        raise ConfigError(f"message {index}: expected a dict with 'role' and 'content', got {type(message).__name__}")
-    role, content = message.get("role"), message.get("content")
-    if role not in TEMPLATE_ROLES:
-        raise ConfigError(f"message {index}: unknown role {role!r}; expected one of {list(TEMPLATE_ROLES)}")
-    if not isinstance(content, str):
-        raise ConfigError(f"message {index} ({role}): content must be str, got {type(content).__name__}")
+    role, content = check_message(message, index, TEMPLATE_ROLES)
     return {"role": role, "content": content, **{k: message[k] for k in PASSED_KEYS if k in message}}
 
 
@@ -132,20 +112,17 @@ def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat
     """Ids and assistant mask of a conversation rendered with the tokenizer's chat template."""
     checked = [_checked(m, i) for i, m in enumerate(messages)]
     full, spans = _render(tokenizer, checked)
-    if GENERATION_TAG.search(tokenizer.chat_template):
-        ids, starts = tokenizer.encode_rendered(full)
-        return RenderedChat(list(ids), [any(a <= s < b for a, b in spans) for s in starts])
-    for k, m in enumerate(checked):
-        if m["role"] != "assistant":
-            continue
-        prompt = render_text(tokenizer, checked[:k], add_generation_prompt=True) if k else \
-            render_text(tokenizer, [], add_generation_prompt=True)
-        upto = render_text(tokenizer, checked[:k + 1])
-        if not full.startswith(upto) or not upto.startswith(prompt):
-            raise ConfigError(f"message {k} (assistant): the chat template of {tokenizer.model_path} renders the "
-                              "conversation so far differently once later messages follow, so the assistant's "
-                              "tokens cannot be located; use a template that only appends turns")
-        spans.append((len(prompt), len(upto)))
+    if not GENERATION_TAG.search(tokenizer.chat_template):
+        for k, m in enumerate(checked):
+            if m["role"] != "assistant":
+                continue
+            prompt = render_text(tokenizer, checked[:k], add_generation_prompt=True)
+            upto = render_text(tokenizer, checked[:k + 1])
+            if not full.startswith(upto) or not upto.startswith(prompt):
+                raise ConfigError(f"message {k} (assistant): the chat template of {tokenizer.model_path} "
+                                  "renders the conversation so far differently once later messages follow, "
+                                  "so the assistant's tokens cannot be located; use a template that only "
+                                  "appends turns")
+            spans.append((len(prompt), len(upto)))
     ids, starts = tokenizer.encode_rendered(full)
-    mask = [any(a <= s < b for a, b in spans) for s in starts]
-    return RenderedChat(list(ids), mask)
+    return RenderedChat(list(ids), [any(a <= s < b for a, b in spans) for s in starts])

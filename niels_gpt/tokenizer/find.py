@@ -1,26 +1,21 @@
-"""The one rule for the tokenizer of a cache: what its meta.json records, then a `tokenizer/` directory above it.
+"""The one rule for the tokenizer of a cache (train, stats, inspect and verify ask `tokenizer_of`):
 
-    tok = tokenizer_of("cache/mine")          # train, stats, inspect and verify all ask this
-    tok = tokenizer_of("cache/mine/train", explicit="tok/")   # --tokenizer: must be the one the cache records
-
-1. `--tokenizer PATH` (explicit): loaded, and refused when its sha256 is not the one meta.json records;
-2. the tokenizer meta.json records: `tokenizer.path` (a file, a directory, or a tiktoken encoding name, with
-   the conventions it was loaded with), used when its sha256 is still the recorded one;
-3. a `tokenizer/` directory in the cache's directory or up to LEVELS above it (build-all's layout, and
-   `build --train-tokenizer`'s), whose sha256 is the recorded one.
-None when nothing matches (the callers say what that costs: no decoded text, no bits per byte).
-A cache records `tokenizer.path` only when rule 3 would not find its tokenizer, so caches of build-all keep
-their bytes.
+1. `--tokenizer PATH` (explicit): refused when its sha256 is not the one meta.json records;
+2. meta.json's `tokenizer.path` (a file, a directory or a tiktoken name, with its load options), if its
+   sha256 is still the recorded one;
+3. a `tokenizer/` directory in the cache's directory or up to LEVELS above it (build-all's layout) whose
+   sha256 is the recorded one. A cache records `tokenizer.path` only where this rule would not find it.
+None when nothing matches (no decoded text, no bits per byte).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import NielsGPTError
+from niels_gpt.errors import FormatError, NielsGPTError
+from niels_gpt.markers import read_json
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 LEVELS = 3
@@ -30,10 +25,10 @@ def _meta_of(path: Path) -> tuple[Path, dict] | None:
     """(directory, meta) of the cache `path` is or is a split of."""
     for d in (path, path.parent):
         try:
-            meta = json.loads((d / META_NAME).read_text("utf-8"))
-        except (OSError, ValueError):
+            meta = read_json(d / META_NAME)
+        except FormatError:
             continue
-        if isinstance(meta, dict) and meta.get("kind") in ("pretrain", "sft"):
+        if meta is not None and meta.get("kind") in ("pretrain", "sft"):
             return d, meta
     return None
 
@@ -62,22 +57,15 @@ def tokenizer_of(path: str | os.PathLike, explicit: str | os.PathLike | None = N
     if found is None:
         return None
     cache, meta = found
-    sha = meta.get("tokenizer_sha256")
     record = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
-    if record.get("path"):
+    candidates = [(record["path"], record.get("options") or {})] if record.get("path") else []
+    above = [cache.resolve(), *cache.resolve().parents][:LEVELS + 1]
+    candidates += [(d / "tokenizer", {}) for d in above if (d / "tokenizer" / META_NAME).is_file()]
+    for where, options in candidates:
         try:
-            tok = load_tokenizer(record["path"], **(record.get("options") or {}))
+            tok = load_tokenizer(where, **options)
         except NielsGPTError:
-            tok = None
-        if tok is not None and tok.sha256 == sha:
+            continue
+        if tok.sha256 == meta.get("tokenizer_sha256"):
             return tok
-    for parent in [cache.resolve(), *cache.resolve().parents][:LEVELS + 1]:
-        cand = parent / "tokenizer"
-        if (cand / META_NAME).is_file():
-            try:
-                tok = load_tokenizer(cand)
-            except NielsGPTError:
-                continue
-            if tok.sha256 == sha:
-                return tok
     return None

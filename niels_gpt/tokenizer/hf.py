@@ -1,31 +1,19 @@
 """Hugging Face `tokenizers` backend: any tokenizer.json, or a `transformers` tokenizer directory.
 
-    tok = HFTokenizer("tokenizer.json")        # or load_tokenizer("dir/with/tokenizer.json")
-
-Two kinds of tokenizer.json:
-- one carrying the four special tokens of niels_gpt.tokenizer.special as *special added tokens*
-  (`add_special_tokens_to(tokenizer)` puts them there before saving) follows the library's conventions:
-  our EOT ends every document, chats use our sentinels;
-- any other keeps its own: the `eos_token` of a `tokenizer_config.json` beside it (else the first of
-  EOS_CANDIDATES it has) ends every document, `bos_token` (else BOS_CANDIDATES) is its BOS, and its
-  `chat_template` (from tokenizer_config.json or chat_template.jinja) renders chats. A directory laid out
-  by `transformers` (`save_pretrained`, a hub snapshot) is exactly that.
-
-By default `tokenizers` splits input text on added tokens, so a user who types "<|ngpt_eot_...|>" would get
-the real EOT id; we set `encode_special_tokens = True`, which makes the encoder treat special
-tokens in text as ordinary text, and encode with `add_special_tokens=False` so no post-processor
-template inserts BOS/EOS behind our back. Only chat rendering emits special ids (a chat template's output
-is encoded with special tokens parsed, since the template writes them as text).
-
-len(tok) is the highest id + 1 (added tokens included): every id it can emit. token dtype follows
-from it (uint32 above 65,536 ids). token_byte_lengths() decodes each id on its own (byte-level
-BPE tokens through the GPT-2 byte table, so partial UTF-8 counts right); specials count 0.
-Pickles as its path.
+A tokenizer.json carrying the library's four special tokens as special added tokens
+(`add_special_tokens_to`) follows the library's conventions; any other keeps its own: the `eos_token` of a
+tokenizer_config.json beside it (else the first of EOS_CANDIDATES it has) ends every document, `bos_token`
+(else BOS_CANDIDATES) is its BOS, and its `chat_template` (tokenizer_config.json or chat_template.jinja)
+renders chats.
+Text is encoded with `encode_special_tokens = True` (a typed "<|ngpt_eot_...|>" stays text) and
+`add_special_tokens=False` (no post-processor BOS/EOS); only chat rendering emits special ids.
+len(tok) is the highest id + 1, added tokens included.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,17 +30,8 @@ CONFIG_NAME = "tokenizer_config.json"
 TEMPLATE_NAME = "chat_template.jinja"
 
 
-def _token_text(value) -> str | None:
-    """A tokenizer_config.json token entry: a string or an AddedToken dict {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
 def read_config(directory: Path) -> tuple[dict, bytes]:
     """tokenizer_config.json of a transformers tokenizer directory ({} when there is none) and its bytes."""
-    import json
-
     path = directory / CONFIG_NAME
     if not path.is_file():
         return {}, b""
@@ -65,13 +44,12 @@ def read_config(directory: Path) -> tuple[dict, bytes]:
         raise TokenizerError(f"{path}: expected a JSON object, got {type(config).__name__}")
     template = config.get("chat_template")
     if isinstance(template, list):  # transformers' named templates: [{"name": "default", "template": ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        config["chat_template"] = named.get("default")
-    if config.get("chat_template") is None and (directory / TEMPLATE_NAME).is_file():
-        config["chat_template"] = (directory / TEMPLATE_NAME).read_text("utf-8")
-    if config.get("chat_template") is not None and not isinstance(config["chat_template"], str):
-        raise TokenizerError(f"{path}: chat_template must be a string, got {type(config['chat_template']).__name__}")
-    return config, data
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
+    if template is None and (directory / TEMPLATE_NAME).is_file():
+        template = (directory / TEMPLATE_NAME).read_text("utf-8")
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"{path}: chat_template must be a string, got {type(template).__name__}")
+    return {**config, "chat_template": template}, data
 
 
 def add_special_tokens_to(tokenizer) -> None:
@@ -118,40 +96,32 @@ class HFTokenizer(Tokenizer):
         added = {t.content: t for t in self._tok.get_added_tokens_decoder().values()}
         self._config, config_bytes = read_config(p.parent)
         self._config_sha256 = hashlib.sha256(config_bytes).hexdigest() if config_bytes else None
-        ours = [text for text in SPECIAL_TOKENS.values() if self._tok.token_to_id(text) is not None]
-        self._special = {}
-        for name, text in SPECIAL_TOKENS.items():
-            tid = self._tok.token_to_id(text)
-            if not ours:  # a tokenizer of its own: its EOS separates documents
-                self._special[name] = None
-                continue
-            if tid is None or text not in added or not added[text].special:
-                raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added token, but "
-                                     "others of the library's four are there; add all four with "
-                                     "niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
-            self._special[name] = tid
-        if not ours:
+        if not any(self._tok.token_to_id(text) is not None for text in SPECIAL_TOKENS.values()):
+            # a tokenizer of its own: its EOS separates documents
+            self._special = {name: None for name in SPECIAL_TOKENS}
             self._special["eot"] = self._configured("eos_token", EOS_CANDIDATES)
-        self._specials = {t for t in added.values() if t.special}
-        self._special_ids = {self._tok.token_to_id(t.content) for t in self._specials}
+        else:
+            for text in SPECIAL_TOKENS.values():
+                if text not in added or not added[text].special:
+                    raise TokenizerError(f"{p}: special token {text!r} is missing or not a special added "
+                                         "token, but others of the library's four are there; add all four "
+                                         "with niels_gpt.tokenizer.hf.add_special_tokens_to and re-save")
+            self._special = {name: self._tok.token_to_id(text) for name, text in SPECIAL_TOKENS.items()}
+        self._special_ids = {self._tok.token_to_id(t.content) for t in added.values() if t.special}
         self._len = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
         self._byte_lengths: np.ndarray | None = None
         self._apply_options(eos, bos, separator)
 
     def _configured(self, key: str, candidates: tuple[str, ...]) -> int | None:
         """The id of tokenizer_config.json's `key` token, else of the first candidate in the vocabulary."""
-        text = _token_text(self._config.get(key))
-        if text is not None:
-            tid = self._tok.token_to_id(text)
-            if tid is None:
+        text = self._config.get(key)
+        text = text.get("content") if isinstance(text, dict) else text  # a string or an AddedToken dict
+        if isinstance(text, str):
+            if (tid := self._tok.token_to_id(text)) is None:
                 raise TokenizerError(f"{Path(self._path).parent / CONFIG_NAME}: {key} {text!r} is not in "
                                      f"{self._path}; fix the config or pass --{key.split('_')[0]}")
             return tid
-        for text in candidates:
-            tid = self._tok.token_to_id(text)
-            if tid is not None:
-                return tid
-        return None
+        return next((tid for t in candidates if (tid := self._tok.token_to_id(t)) is not None), None)
 
     @property
     def chat_template(self) -> str | None:
@@ -187,11 +157,9 @@ class HFTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
-        # NOTE: the Rust side releases the GIL and spreads a batch over its own Rayon pool (one thread per
-        # core, shared by every caller; TOKENIZERS_PARALLELISM=false or RAYON_NUM_THREADS set before the
-        # first batch limits it), so num_threads has no effect here. encode_batch_fast (where the installed
-        # tokenizers has it) skips the character offsets, which we never read: the same ids for ~23% less
-        # CPU on debian-docs (16k byte-level BPE, tokenizers 0.23, one thread, best of 4).
+        # NOTE: the Rust side spreads a batch over its own Rayon pool (RAYON_NUM_THREADS limits it), so
+        # num_threads has no effect here. encode_batch_fast (where installed) skips the character offsets we
+        # never read: the same ids for ~23% less CPU (debian-docs, 16k byte-level BPE, one thread).
         encode = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
@@ -205,8 +173,6 @@ class HFTokenizer(Tokenizer):
         return piece
 
     def _is_byte_level(self) -> bool:
-        import json
-
         model = json.loads(self._tok.to_str())
         kinds = {(model.get("decoder") or {}).get("type"), (model.get("pre_tokenizer") or {}).get("type")}
         return "ByteLevel" in kinds
@@ -214,11 +180,10 @@ class HFTokenizer(Tokenizer):
     def token_byte_lengths(self) -> np.ndarray:
         if self._byte_lengths is None:
             out = np.zeros(self._len, dtype=np.int32)
-            special_ids = self._special_ids
             table = _byte_decoder() if self._is_byte_level() else None
             for i in range(self._len):
                 piece = self._tok.id_to_token(i)
-                if piece is None or i in special_ids:
+                if piece is None or i in self._special_ids:
                     continue
                 if table is not None and all(ch in table for ch in piece):
                     out[i] = len(piece)

@@ -1,12 +1,11 @@
-"""The training text of `--max-chars N`: a deterministic sample of documents from the whole input, each cut to
-its first `--doc-chars` characters (nanochat trains its tokenizer on 2 B characters with a 10,000-character cap
-per document, so that a few huge documents do not dominate the counts).
+"""The text a tokenizer trainer reads, either trainer; with `--max-chars N`, a deterministic sample of
+documents from the whole input, each cut to its first `--doc-chars` characters (nanochat's 10,000-character
+cap per document, so that a few huge documents do not dominate the counts).
 
-Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample is
-the documents of the smallest keys whose capped texts fit in N characters (a heap of at most N characters,
-popped at its largest key whenever it is over), given back in stream order. Same input, N, cap and seed: the
-same sample; every part of the input has the same chance, whatever its position, and nothing but the sample
-is held in memory.
+Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample
+is the documents of the smallest keys whose capped texts fit in N characters (a heap popped at its largest
+key while over N), given back in stream order. Every part of the input has the same chance whatever its
+position, and only the sample is held in memory.
 """
 
 from __future__ import annotations
@@ -15,7 +14,13 @@ import heapq
 import random
 from collections.abc import Iterable, Iterator
 
+from niels_gpt.errors import TokenizerError
+
 DOC_CHARS = 10_000  # characters kept of each document when sampling (nanochat's doc_cap)
+
+
+class NoTrainingText(TokenizerError):
+    """The training text was empty or whitespace only: a trainer has nothing to learn from."""
 
 
 def sample_documents(texts: Iterable[str], max_chars: int, doc_chars: int = DOC_CHARS, seed: int = 0,
@@ -41,10 +46,9 @@ def sample_documents(texts: Iterable[str], max_chars: int, doc_chars: int = DOC_
 
 
 class TrainingTexts:
-    """The texts a trainer reads, either trainer: the `--max-chars` sample when one is asked for, stopped once
-    `max_train_chars` characters were read, counted into `stats` (documents, characters,
-    truncated_at_max_train_chars). `visible`: whether any text held a character that is not whitespace (with
-    none, a trainer has nothing to learn). Iterated once."""
+    """The texts a trainer reads (the `--max-chars` sample when asked for), stopped once `max_train_chars`
+    characters were read, counted into `stats` (documents, characters, truncated_at_max_train_chars);
+    `visible`: whether any text held a character that is not whitespace. Iterated once."""
 
     def __init__(self, texts: Iterable[str], settings, stats: dict):
         self.texts, self.settings, self.stats, self.visible = texts, settings, stats, False
@@ -61,3 +65,18 @@ class TrainingTexts:
             stats["characters"] += len(text)
             self.visible = self.visible or (text != "" and not text.isspace())
             yield text
+
+    def nothing_visible(self) -> NoTrainingText | None:
+        """The error to raise when no text held a visible character, else None."""
+        if self.visible:
+            return None
+        if self.stats["documents"] == 0:
+            return NoTrainingText("no training text: every source was empty; give text to train on")
+        return NoTrainingText(f"no training text: the {self.stats['documents']:,} document(s) hold only "
+                              f"whitespace ({self.stats['characters']:,} characters); give text to train on")
+
+    def surrogate(self, exc: UnicodeEncodeError, near: str = "") -> TokenizerError:
+        """A lone surrogate in the text, which no UTF-8 text (and no trainer) can hold."""
+        return TokenizerError(f"training text, {near}document {self.stats['documents']:,}: a lone surrogate "
+                              f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the "
+                              "text (e.g. text.encode('utf-8', 'replace').decode() replaces it)")

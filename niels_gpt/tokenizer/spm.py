@@ -1,19 +1,10 @@
 """SentencePiece backend: training from any text iterator, and loading.
 
-Training settings are module constants, each a flag of `train-tokenizer`. The model has
-VOCAB_SIZE ordinary pieces (unk, <s>, </s>, the 256 byte pieces and the learned pieces) plus the
-four special tokens as control symbols, so len(tokenizer) == VOCAB_SIZE + 4 == 16,004 by default.
-
-Choices and why:
-- identity normalisation, no whitespace collapsing: decode(encode(text)) == text for any text,
-  code and indentation included (spm's default NFKC + whitespace collapsing is lossy).
-- no dummy prefix: sentencepiece would otherwise prepend a space to every encoded text, so the byte
-  count of the ids would exceed the text's by one (bits-per-byte needs them equal).
-- byte fallback: no input is ever <unk>; unseen characters become their UTF-8 bytes.
-- control symbols for the specials: literal "<|ngpt_asst_...|>" typed by a user stays plain text.
-- the trained model depends on NUM_THREADS (the trainer splits work by thread count), so it is a
-  recorded setting with a fixed default, not the machine's core count. Same corpus and settings ->
-  byte-identical spm.model.
+The model has VOCAB_SIZE ordinary pieces (unk, <s>, </s>, 256 byte pieces, the learned ones) plus the four
+special tokens as control symbols (a user who types one gets plain text), 16,004 ids by default. Identity
+normalisation and no dummy prefix, so decode(encode(text)) == text and the ids' bytes are the text's (bits per
+byte needs them equal); byte fallback, so nothing is <unk>. The model depends on NUM_THREADS, so it is a
+recorded setting with a fixed default: same corpus and settings, byte-identical spm.model.
 """
 
 from __future__ import annotations
@@ -23,7 +14,8 @@ import io
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +23,7 @@ import numpy as np
 from niels_gpt.constants import SEED
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
-from niels_gpt.tokenizer.sample import DOC_CHARS, TrainingTexts
+from niels_gpt.tokenizer.sample import DOC_CHARS, NoTrainingText, TrainingTexts  # noqa: F401 (NoTrainingText)
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
@@ -67,54 +59,48 @@ class SentencePieceTokenizer(Tokenizer):
 
         path = Path(model_path)
         if not path.is_file():
-            raise TokenizerError(
-                f"no sentencepiece model at {path}: train one with "
-                "`python -m niels_gpt.cli train-tokenizer` or pass --tokenizer PATH"
-            )
+            raise TokenizerError(f"no sentencepiece model at {path}: train one with "
+                                 "`python -m niels_gpt.cli train-tokenizer` or pass --tokenizer PATH")
         data = path.read_bytes()
-        self._path = str(path)
-        self._sha256 = hashlib.sha256(data).hexdigest()
+        self._path, self._sha256 = str(path), hashlib.sha256(data).hexdigest()
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.LoadFromSerializedProto(data)
         except Exception as exc:  # sentencepiece raises RuntimeError/OSError with a C++ message
             raise TokenizerError(f"{path}: not a sentencepiece model ({exc})") from exc
-        found = {name: self._control_id(piece) for name, piece in SPECIAL_TOKENS.items()}
-        if all(tid is not None for tid in found.values()):
+        found = {name: tid for name, piece in SPECIAL_TOKENS.items()
+                 if (tid := self._sp.piece_to_id(piece)) != self._sp.unk_id() and self._sp.is_control(tid)}
+        if len(found) == len(SPECIAL_TOKENS):
             self._special = found  # the library's own tokenizer: its four sentinels
-        elif any(tid is not None for tid in found.values()):
-            have = [SPECIAL_TOKENS[k] for k, v in found.items() if v is not None]
-            lack = [SPECIAL_TOKENS[k] for k, v in found.items() if v is None]
+        elif found:
+            have = [SPECIAL_TOKENS[k] for k in found]
+            lack = [text for k, text in SPECIAL_TOKENS.items() if k not in found]
             raise TokenizerError(f"{path}: holds the library's control pieces {', '.join(have)} but not "
                                  f"{', '.join(lack)}; retrain it with niels_gpt.tokenizer.train_tokenizer")
         else:  # any other sentencepiece model (Llama, Mistral, ...): its own <s> / </s>
             eos_id = self._sp.eos_id()
             self._special = {"sys": None, "usr": None, "asst": None, "eot": eos_id if eos_id >= 0 else None}
         self._byte_lengths: np.ndarray | None = None
-        self._template_path = None if chat_template is None else Path(chat_template)
-        self._template = self._read_template(path)
+        self._template = self._read_template(path, chat_template)
         self._apply_options(eos, bos, separator)
         if chat_template is not None:
             self._options = {**self._options, "chat_template": str(chat_template)}
 
-    def _control_id(self, piece: str) -> int | None:
-        tid = self._sp.piece_to_id(piece)
-        return None if tid == self._sp.unk_id() or not self._sp.is_control(tid) else tid
-
-    def _read_template(self, path: Path) -> str | None:
+    def _read_template(self, path: Path, chat_template) -> str | None:
         """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
         the model; none for the library's tokenizer, which renders chats with its sentinels."""
-        if self._template_path is not None:
-            if all(v is not None for v in self._special.values()):
+        ours = all(v is not None for v in self._special.values())
+        if chat_template is not None:
+            if ours:
                 raise TokenizerError(f"{path}: the library's tokenizer renders chats with its own sentinels; "
                                      "--chat-template applies to other tokenizers only: leave it out")
             try:
-                return self._template_path.read_text("utf-8")
+                return Path(chat_template).read_text("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                raise TokenizerError(f"{self._template_path}: cannot read this chat template "
+                raise TokenizerError(f"{chat_template}: cannot read this chat template "
                                      f"({getattr(exc, 'strerror', None) or exc}); --chat-template takes a jinja2 "
                                      "template file") from None
-        if all(v is not None for v in self._special.values()):
+        if ours:
             return None
         # lazy: the transformers-directory reader is needed only by models of their own conventions
         from niels_gpt.tokenizer.hf import read_config
@@ -131,36 +117,25 @@ class SentencePieceTokenizer(Tokenizer):
         ids, and each id's start offset in `text` (characters)."""
         controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
                            if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
-        pattern = re.compile("|".join(map(re.escape, controls))) if controls else None
+        parts = re.split(f"({'|'.join(map(re.escape, controls))})", text) if controls else [text]
         ids: list[int] = []
         starts: list[int] = []
         pos = 0
-        for m in (pattern.finditer(text) if pattern else ()):
-            self._encode_run(text, pos, m.start(), ids, starts)
-            ids.append(self._sp.piece_to_id(m.group()))
-            starts.append(m.start())
-            pos = m.end()
-        self._encode_run(text, pos, len(text), ids, starts)
+        for k, part in enumerate(parts):  # text, control piece, text, ...
+            if k % 2:
+                ids.append(self._sp.piece_to_id(part))
+                starts.append(pos)
+            elif part:
+                # byte offset -> character offset within the part
+                chars = [c for c, ch in enumerate(part) for _ in ch.encode("utf-8")] + [len(part)]
+                try:  # sentencepiece 0.2.1+; before it, the immutable proto
+                    pieces = self._sp.encode(part, return_type="proto").pieces
+                except (TypeError, ValueError):
+                    pieces = self._sp.encode(part, out_type="immutable_proto").pieces
+                ids += [piece.id for piece in pieces]
+                starts += [pos + chars[min(piece.begin, len(chars) - 1)] for piece in pieces]
+            pos += len(part)
         return ids, starts
-
-    def _encode_run(self, text: str, a: int, b: int, ids: list[int], starts: list[int]) -> None:
-        run = text[a:b]
-        if not run:
-            return
-        chars = [0] * (len(run.encode("utf-8")) + 1)  # byte offset -> character offset within the run
-        k = 0
-        for c, ch in enumerate(run):
-            n = len(ch.encode("utf-8"))
-            chars[k:k + n] = [c] * n
-            k += n
-        chars[k] = len(run)
-        try:  # sentencepiece 0.2.1+; before it, the immutable proto
-            pieces = self._sp.encode(run, return_type="proto").pieces
-        except (TypeError, ValueError):
-            pieces = self._sp.encode(run, out_type="immutable_proto").pieces
-        for piece in pieces:
-            ids.append(piece.id)
-            starts.append(a + chars[min(piece.begin, k)])
 
     def describe(self) -> dict:
         out = super().describe()
@@ -192,14 +167,8 @@ class SentencePieceTokenizer(Tokenizer):
             return self._sp.decode(ids)
         # sentencepiece drops control symbols (ours, <s>, </s>) when decoding: decode the runs between
         # them and put each one back as its piece
-        out, run = [], []
-        for i in ids:
-            if self._sp.is_control(i):
-                out += [self._sp.decode(run), self._sp.id_to_piece(i)]
-                run = []
-            else:
-                run.append(i)
-        return "".join(out) + self._sp.decode(run)
+        return "".join("".join(map(self._sp.id_to_piece, run)) if control else self._sp.decode(list(run))
+                       for control, run in groupby(ids, self._sp.is_control))
 
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
@@ -221,10 +190,8 @@ class SentencePieceTokenizer(Tokenizer):
 
 
 def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LENGTH) -> Iterator[str]:
-    """Cut documents into paragraph chunks the trainer accepts (at most max_bytes UTF-8 bytes).
-
-    Newlines stay inside chunks, so "\\n" is learned as a piece instead of falling back to a byte.
-    """
+    """Cut documents into paragraph chunks of at most max_bytes UTF-8 bytes, newlines kept inside chunks (so
+    "\\n" is learned as a piece instead of falling back to a byte)."""
     for text in texts:
         for para in text.split("\n\n"):
             if not para.strip():
@@ -273,13 +240,12 @@ def check_train_settings(settings: TrainSettings) -> None:
 
 
 class VocabSizeError(TokenizerError):
-    """The vocabulary size does not fit the text: too small for its characters, or more than it can fill.
-    `for_flag` says it again for the flag that set the size (train-tokenizer's --vocab-size, build's
-    --train-tokenizer)."""
+    """The vocabulary size does not fit the text (too small for its characters, or more than it can fill);
+    `for_flag` says it again for the flag that set the size."""
 
     def __init__(self, settings: TrainSettings, *, need: int | None = None, most: int | None = None,
                  flag: str = "--vocab-size", coverage_flag: str | None = "--character-coverage"):
-        self.settings, self.need, self.most, self.flag, self.coverage_flag = settings, need, most, flag, coverage_flag
+        self.settings, self.need, self.most = settings, need, most
         v = settings.vocab_size
         if need is not None:
             lower = f", or lower {coverage_flag}" if coverage_flag else ""
@@ -297,8 +263,6 @@ class VocabSizeError(TokenizerError):
 
 def _training_failure(exc: RuntimeError, settings: TrainSettings) -> TokenizerError:
     """sentencepiece's own message, turned into what to change."""
-    import re
-
     text = str(exc)
     small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", text)
     if small:
@@ -314,10 +278,8 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     import sentencepiece as spm
 
     check_train_settings(settings)
-
     stats = {"documents": 0, "characters": 0, "chunks": 0, "truncated_at_max_train_chars": False}
     read = TrainingTexts(texts, settings, stats)  # .visible: sentencepiece drops blank sentences
-
     failure: list[Exception] = []  # a lone surrogate, or an error of the input's reader
 
     def chunks() -> Iterator[str]:
@@ -326,9 +288,7 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
                 stats["chunks"] += 1
                 yield chunk
         except UnicodeEncodeError as exc:  # raised inside sentencepiece it would come back as its INTERNAL error
-            failure.append(TokenizerError(
-                f"training text, document {stats['documents']:,}: a lone surrogate ({exc.object[exc.start:exc.end]!r}) "
-                "that no UTF-8 text can hold; fix the text (e.g. text.encode('utf-8', 'replace').decode() replaces it)"))
+            failure.append(read.surrogate(exc))
         except NielsGPTError as exc:  # a bad record of the input: its own message, not sentencepiece's INTERNAL
             failure.append(exc)
 
@@ -336,50 +296,20 @@ def train_sentencepiece(texts: Iterable[str], settings: TrainSettings = TrainSet
     spm.set_random_generator_seed(settings.seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=chunks(),
-            model_writer=model,
-            vocab_size=settings.vocab_size + len(SPECIAL_TOKENS),
-            model_type=settings.model_type,
-            character_coverage=settings.character_coverage,
-            num_threads=settings.num_threads,
-            max_sentence_length=settings.max_sentence_length,
-            split_digits=settings.split_digits,
-            byte_fallback=True,
-            control_symbols=list(SPECIAL_TOKENS.values()),
-            unk_id=0,
-            bos_id=1,
-            eos_id=2,
-            pad_id=-1,
-            input_sentence_size=0,
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
+            sentence_iterator=chunks(), model_writer=model, minloglevel=2, input_sentence_size=0,
+            vocab_size=settings.vocab_size + len(SPECIAL_TOKENS), model_type=settings.model_type,
+            character_coverage=settings.character_coverage, num_threads=settings.num_threads,
+            max_sentence_length=settings.max_sentence_length, split_digits=settings.split_digits,
+            byte_fallback=True, control_symbols=list(SPECIAL_TOKENS.values()),
+            unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            # lossless: decode(encode(text)) == text, and no space prepended to every text
+            normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
             allow_whitespace_only_pieces=True,
-            add_dummy_prefix=False,
-            minloglevel=2,
         )
     except RuntimeError as exc:
-        if failure:
-            raise failure[0] from None
-        if not read.visible:
-            raise NoTrainingText(_no_text(stats)) from None
+        if failure or not read.visible:
+            raise (failure[0] if failure else read.nothing_visible()) from None
         raise _training_failure(exc, settings) from exc
-    if failure:
-        raise failure[0]
-    if not read.visible:
-        raise NoTrainingText(_no_text(stats))
+    if failure or not read.visible:
+        raise failure[0] if failure else read.nothing_visible()
     return model.getvalue(), stats
-
-
-class NoTrainingText(TokenizerError):
-    """The training text was empty or whitespace only: sentencepiece has no sentence to learn from."""
-
-
-def _no_text(stats: dict) -> str:
-    if stats["documents"] == 0:
-        return "no training text: every source was empty; give text to train on"
-    return (f"no training text: the {stats['documents']:,} document(s) hold only whitespace "
-            f"({stats['characters']:,} characters); give text to train on")
-
-
-def settings_dict(settings: TrainSettings) -> dict:
-    return asdict(settings)

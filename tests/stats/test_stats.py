@@ -93,6 +93,12 @@ def test_sft_trained_fraction_and_losses_match_per_example_loop(sft):
     assert cache_stats(sft, seq_len=100_000).streams[0].lose_all_trained == 0
 
 
+def test_sft_split_without_any_assistant_token_counts_every_example_lost(tmp_path):
+    sft = write_sft_cache(tmp_path / "s", [[USR, 10, 11, EOT], [USR, 12, EOT]])
+    s = cache_stats(sft, seq_len=8).streams[0]
+    assert (s.trained_tokens, s.trained_fraction, s.lose_all_trained) == (0, 0.0, 2)
+
+
 def test_root_of_caches_lists_every_split(pretrain, sft):
     root = pretrain.parents[1]
     st = cache_stats(root)
