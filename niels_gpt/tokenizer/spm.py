@@ -23,7 +23,7 @@ import numpy as np
 from niels_gpt.constants import SEED
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
-from niels_gpt.tokenizer.sample import DOC_CHARS, NoTrainingText, TrainingTexts  # noqa: F401 (NoTrainingText)
+from niels_gpt.tokenizer.sample import DOC_CHARS, TrainingTexts
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
