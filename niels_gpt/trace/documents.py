@@ -1,20 +1,11 @@
 """Where a cache's documents are, and what the cache knows of their origin: `document_origin`.
 
-- a pretraining split is its shards back to back (the order every reader lists them in); its documents are
-  cut at the separator meta.json records (`document_separator`: EOT/EOS after each document, or BOS before
-  it). Document d of split s holds the split's tokens [start, end) (the separator included);
-- an SFT split's example i is document i: tokens offsets[i]..offsets[i+1] of `<split>_tokens.bin`;
-- packed bins hold sequences of their SFT cache; a bin's sequences are its documents (`packed_documents`).
-
-Origin: the cache, the split, the document's index and token range, and the cache's inputs (`source.files`);
-where the cache has origins (`origins.npy` + `origins.json`, builders/origins.py) also the document's
-input (path or URL, its sha256), record (`where`: "a.jsonl, line 17", "b.parquet, row 4") and character range
-in the record's text. A cache built before origins existed names the input only where the split has one.
-`document_origin` is the one place that answers; `find_document` the reverse (INPUT:RECORD -> the document).
-
-Cost: the first question about a pretraining split reads it once to find its separators (one
-np.flatnonzero a shard: 2.9 GB/s from the page cache, `bench/bench_trace.py`), then keeps int64[documents]
-boundaries; an SFT split reads its offsets only.
+A pretraining split is its shards back to back, cut into documents at meta.json's `document_separator`;
+an SFT split's example i is document i (its offsets); a packed bin's sequences are its documents. The
+origin: the cache, split, index, token range and inputs, and where the cache records origins
+(builders/origins.py) the document's input, record (`where`: "a.jsonl, line 17") and character range.
+`find_document` is the reverse (INPUT:RECORD -> the document). Cost: the first question about a pretraining
+split reads it once for its separators (bench/bench_trace.py); an SFT split reads its offsets only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""`trace ... --html OUT.html`: one self-contained page of a traced step (no script, font or style from elsewhere).
-
-Each sequence is a `<section class="sequence">`: its documents one after another as `<span class="doc">`
-(alternating colours, the origin in the hover title), untrained tokens inside `<span class="untrained">`
-(greyed). A side list names every document of the step once (`<li class="origin">`), its origin spelled out.
-"""
+"""`trace ... --html OUT.html`: one self-contained page of a traced step (sequences, documents, origins)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
-"""The samples of one micro-batch of a run, computed from the order, not by running the loader.
-
-The loaders are opened as the trainer opens them (`TrainData`, same settings), then asked only for the
-order: every order is a pure function of the seed and a position, so a micro-batch's sample ids cost
-one slice of the order wherever the run stands.
+"""The samples of one micro-batch of a run, computed from the order (a pure function of seed and position),
+not by running the loader; the loaders are opened as the trainer opens them.
 
 | kind | sample | micro-batch k of a rank |
 |---|---|---|
-| indexed, shards, packed | window / bin index | the global sampler's position after k global batches (`advance`), this rank's share |
-| windows | (shard, start) of a random window | the stream's draws of step k (`RankBatchStream.draw_generators`) |
-| sft | example index | the same draws, an example each row |
-| mixture | (dataset, window) | the mixture sampler's state advanced k batches, its draws of batch k |
-| parquet | the rank's documents in a row | the rank's loader made k batches from its state (trace/parquet.py) |
-
-`Replay.rows(k, rank)` also reads the rows' tokens and masks through the datasets' own readers.
+| indexed, shards, packed | window / bin index | the global sampler's position after k batches (`advance`) |
+| windows, sft | (shard, start) / example index | the stream's draws of step k |
+| mixture | (dataset, window) | the mixture sampler's state advanced k batches |
+| parquet | the rank's documents in a row | the rank's loader from its state (trace/parquet.py) |
 """
 
 from __future__ import annotations

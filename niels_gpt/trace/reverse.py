@@ -1,14 +1,8 @@
 """`trace_document`: the steps (rank, micro-batch, row) whose sequences held a document.
 
-A document becomes the set of sample ids that hold any of its tokens (windows overlapping its tokens, its
-SFT example, the packed bin holding it). Then:
-- global orders (indexed, shards, packed): per run segment, per epoch it reaches, one slice of the epoch's
-  order and one np.isin over it: the cost is the order's length per epoch the run went through, never a
-  Python step per step (a 100,000-step run of 8-row batches over a 1,000-window cache: ~800 epochs of
-  randperm(1,000) and isin);
-- random windows, SFT examples and mixtures draw afresh every step: their lookup replays each micro-batch's
-  draws (a Python loop over the run's micro-batches);
-- Parquet text shards: the rank's loader makes every batch of the run again, tokenizing as the run did.
+The document becomes the sample ids holding any of its tokens. Global orders (indexed, shards, packed):
+one np.isin per epoch's order slice; random windows, SFT and mixtures: each micro-batch's draws replayed;
+Parquet: the rank's loader makes every batch again.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A training run as trace reads it: its checkpoints' settings and loader states, by step.
 
-A step N (as the step log counts them, 1 = the first) was made by the run segment that wrote the first
-checkpoint at or after N: its `train_config` gives the data, seed, batch and sampling, its number of loader
-states the world size. The replay starts at the last checkpoint before N (its loader state is the position
-after that step) or at step 0, so a run resumed on another number of ranks is read segment by segment.
-Checkpoints are opened with `torch.load(mmap=True)`: their weights are mapped, not read.
+Step N (1 = the first) was made by the segment that wrote the first checkpoint at or after N; the replay
+starts at the checkpoint before it, or at step 0. Checkpoints are opened with mmap: weights are not read.
 """
 
 from __future__ import annotations

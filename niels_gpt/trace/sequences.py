@@ -1,9 +1,7 @@
-"""A traced sample as the model saw it: its tokens, which targets were trained, and the documents in it.
+"""A traced sample as the model saw it: {sample, input_ids[T], trained[T], documents}.
 
-`sequence(replay, sample)` -> {sample, input_ids[T], trained[T], documents: [origin + sequence_tokens [a, b)
-and trained_tokens]}. `trained[j]` says whether the target at position j (the token after it) entered the
-loss (labels != -100). A window of the split's tokens [s, s+T] holds input positions s..s+T-1: a document
-of the split's tokens [d0, d1) sits at [max(d0, s) - s, min(d1, s+T) - s) of the sequence.
+`trained[j]`: the target after position j entered the loss. A window of split tokens [s, s+T] holds a
+document [d0, d1) at [max(d0, s) - s, min(d1, s+T) - s) of the sequence.
 """
 
 from __future__ import annotations

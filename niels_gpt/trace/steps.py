@@ -1,8 +1,6 @@
 """`trace_step`: the documents of every sequence of a step; `trace_state`: the same from a loader state.
 
-A step is `accum` micro-batches on each of `world_size` ranks (the segment's settings, run.py); its
-micro-batch m on rank r is micro-batch (N - 1 - start) * accum + m counted from the replay's start (the
-checkpoint before N, or step 0). Sequences are listed rank by rank, micro-batch by micro-batch, row by row.
+Micro-batch m of step N is micro-batch (N - 1 - start) * accum + m from the replay's start.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
-"""Checkpoints and the run directory that holds them: what `train` writes, and what it may overwrite.
+"""Checkpoints (`ckpt_<step>.pt`, a sha256 of the payload checked on load) and the run directory they go in.
 
-A checkpoint `ckpt_<step>.pt` (torch.save, loaded with weights_only=True) holds the model, the
-optimizers, the step, the RNG states, every rank's loader state, the model and train configs, and
-`sha256`: a digest of all of that (every tensor's dtype, shape and bytes, every other value's repr,
-walked in sorted order). A resume recomputes it: a byte changed inside a weight, which torch.load does
-not notice, is refused by name instead of training on (issue 22: 4 KiB overwritten in a weight gave
-NaN losses, then a new checkpoint over the good ones). A truncated file fails to load and is refused
-the same way. Cost: one sha256 pass over the payload on save and on load (~1 s per GB).
-
-The run directory (`--out-dir`) holds one run: its checkpoints and `run.json`, the run's record
-(data, model, seed, steps, checkpoints), rewritten atomically after each checkpoint. `check_out_dir`
-decides before any work:
-
-| --out-dir holds                                 | verdict                                            |
-|-------------------------------------------------|----------------------------------------------------|
-| nothing (or is absent)                          | written                                            |
-| a run's checkpoints, with --resume (of this run) | the run continues there                            |
-| a run's checkpoints, with --overwrite           | that run's files are deleted when this run saves   |
-|                                                 | its first checkpoint (a run killed before keeps it)|
-| a run's checkpoints, neither                    | refused, naming the run                            |
-| anything else (a user's files, a directory)     | refused, even with --overwrite                     |
-| the data, inside it, or above it                | refused (niels_gpt.output_guard.check_overlap)          |
-| a run directory another train is writing        | refused, naming its pid (`run_lock`)               |
-
-`--keep-last N` prunes as the run saves: its newest N checkpoints stay, older ones that run.json records
-go (`prune_checkpoints`); the newest, the one `--resume latest` takes, and one that a run beside it started
-from (`--init-from`, in that run's run.json) always stay.
-
-`run_lock` holds `<out-dir>.lock` beside the run directory for the whole run, as `build` holds its
-output's (niels_gpt/staging.py, the same lock): a second train (or a build) into the same directory is
-refused at once, naming the holder; a lock whose process died (a killed run) is taken over.
+An --out-dir this run may write: a new or empty directory, this run's own directory (--resume), or another
+run's with --overwrite (its files go when this run saves its first checkpoint). Refused: a directory with
+files this trainer did not write, one overlapping the data or the --init-from checkpoint, and one another
+train holds (`run_lock`: `<out-dir>.lock`, the lock `build` takes, niels_gpt/staging.py). run.json records the
+run and its checkpoints; `--keep-last N` prunes the older ones it records, never the newest nor one a run
+beside it started from (--init-from).
 """
 
 from __future__ import annotations

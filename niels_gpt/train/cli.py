@@ -1,13 +1,6 @@
-"""`train` and `sample` subcommands: python -m niels_gpt.cli train DATA [flags]; under torchrun for DDP.
+"""`train` and `sample` subcommands (train under torchrun for DDP); see docs/training.md.
 
-    python -m niels_gpt.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
-    torchrun --nproc_per_node 8 -m niels_gpt.cli train cache/pretrain/fineweb_edu --depth 20 \
-        --seq-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
-    python -m niels_gpt.cli train packed/sft --init-from runs/base/ckpt_000100.pt --out-dir runs/sft
-    python -m niels_gpt.cli sample runs/sft/ckpt_000050.pt --prompt "What is a cache?" --chat
-
-Ctrl-C (or SIGTERM) during `train` ends the current step, saves it and prints the command that
-resumes the run (exit status 130); a second Ctrl-C stops at once.
+Ctrl-C (or SIGTERM) during `train` saves the current step and prints the resume command (exit 130).
 """
 
 from __future__ import annotations

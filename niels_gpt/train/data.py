@@ -10,16 +10,9 @@
 | an SFT cache (meta.json kind sft)             | `sft`      | SFTExampleDataset + RankBatchStream (labels = y_masked) |
 | packed SFT bins (manifest.json / packed Parquet) | `packed` | open_packed + GlobalBatchSampler + ResumableDataLoader(collate_packed) |
 
-Every batch becomes a dict of contiguous int64 tensors on the training device: `input_ids`,
-`labels` (-100 = not a target) and, for packed bins, `position_ids` and `cu_seqlens`; other keys
-(a mixture's dataset tag, `max_seqlen`, `loss_mask`) are dropped here. On CUDA, batches that a
-DataLoader builds come from pinned memory and are copied with non_blocking=True; the
-random-window and Parquet loaders do that themselves (device=). The Parquet loader tokenizes
-`prefetch` batches ahead in the background (the trainer's --prefetch, default 4).
-
-Every loader's state is the position after the last batch the loop took (`state_dict()`), JSON-able.
-A pretraining or SFT cache at a URL is read through the download cache (niels_gpt/storage): its kind is
-read from the mirrored meta.json, its shards fetched ahead of the batches that need them.
+A batch is a dict of contiguous int64 tensors on the device: `input_ids`, `labels` (-100: no target) and,
+for packed bins, `position_ids` and `cu_seqlens`. A loader's state is the position after the last batch
+taken, JSON-able. A cache at a URL is read through the download cache (niels_gpt/storage).
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The CORE evaluation (DCLM's, as nanochat runs it): in-context tasks scored by the base model's loss.
 
-- task types: `multiple_choice` (one context, several continuations: the choices), `schema` (several
-  contexts, one continuation) and `language_modeling` (one context, one continuation: exact match);
-- prompts are rendered from Jinja2 templates with `num_fewshot` solved examples drawn from the
-  other items (torch.Generator seeded 1234 + item index), BOS first;
-- the item's sequences are stacked right-padded into one (n, L) batch and scored in ONE forward:
-  mc/schema pick the option with the lowest mean cross-entropy over its continuation tokens,
-  LM items count when the argmax predictions equal every continuation token;
-- items are strided across ranks (rank r takes r, r+W, ...) and the 0/1 results all-reduced;
-- a task's accuracy is centred on its random baseline b (percent): (acc - b/100) / (1 - b/100);
-  CORE is the mean centred accuracy over tasks.
+- task types: `multiple_choice` (one context, several continuations), `schema` (several contexts, one
+  continuation), `language_modeling` (exact match of the continuation);
+- prompts rendered from Jinja2 templates with `num_fewshot` examples (torch.Generator seeded 1234 + item);
+- an item's sequences are right-padded into one batch and scored in one forward: the option with the lowest
+  mean loss over its continuation wins; items are strided across ranks and the results all-reduced;
+- accuracy is centred on the random baseline b%: (acc - b/100) / (1 - b/100); CORE is the mean over tasks.
 
-Data layout (the DCLM/nanochat eval bundle, and our bundled items in niels_gpt/train/core_items/):
-`core.yaml` (icl_tasks: label, dataset_uri, num_fewshot [k], icl_task_type, continuation_delimiter),
-`eval_data/<dataset_uri>` JSONL items, `eval_meta_data.csv` ("Eval Task", "Random baseline").
-The full bundle downloads from CORE_BUNDLE_URL on a machine with network (`download_core_bundle`).
+A bundle (DCLM/nanochat's, or our items in niels_gpt/train/core_items/) holds core.yaml, eval_data/ and
+eval_meta_data.csv; the full one downloads from CORE_BUNDLE_URL.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """The GPT that trains on our caches: nanochat's architecture, with document-aware attention.
 
-- rotary embeddings (RoPE) on q and k, no positional embedding table;
-- QK-norm (q and k RMS-normalised after the rotation), RMSNorm without learnable parameters,
-  a norm right after the token embedding and one before the head;
-- untied token embedding and lm_head; relu² MLP (4x wide); no bias in any linear layer;
-- grouped-query attention: n_kv_head divides n_head, k/v heads are shared by n_head / n_kv_head
-  query heads (`scaled_dot_product_attention(..., enable_gqa=True)`);
-- logits soft-capped at 15 (15 * tanh(z / 15)), as nanochat does.
+RoPE, QK-norm, parameter-free RMSNorm (after the embedding and before the head), untied embedding and
+lm_head, relu² MLP, no biases, grouped-query attention, logits soft-capped at 15.
 
-Documents. Packed rows carry several documents; give the forward any of
-`position_ids` (B, T) restarting at 0 per document (collate_packed), `cu_seqlens` (int32 offsets
-over the flattened B*T tokens, varlen style), or `doc_ids` (B, T) (KempnerForge-style datasets).
-Then a token attends only to earlier tokens of its own document and its RoPE position counts from
-that document's first token, so a document scores exactly as it would alone. How it attends is
-attention.py's choice (`model.attention`: flex_attention's block mask on CUDA, an explicit mask on
-CPU, the plain causal kernel without document information); the result is the same.
-
-Worked example of the layout (T=6, one row): cu_seqlens [0, 2, 6] -> doc ids [0, 0, 1, 1, 1, 1],
-positions [0, 1, 0, 1, 2, 3]; token 3 attends to tokens 2 and 3 only.
+Packed rows: give the forward `position_ids`, `cu_seqlens` (varlen offsets over the flattened B*T tokens)
+or `doc_ids`; a token then attends only to earlier tokens of its own document and its RoPE position counts
+from that document's start (attention.py chooses the kernel). Worked example (T=6, one row): cu_seqlens
+[0, 2, 6] -> doc ids [0, 0, 1, 1, 1, 1], positions [0, 1, 0, 1, 2, 3]; token 3 attends to tokens 2 and 3.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Optimizers and schedules, as nanochat sets them up.
 
-- Muon for every matrix inside the transformer blocks: momentum (Nesterov), then the update is
-  replaced by its nearest semi-orthogonal matrix (5 Newton-Schulz steps, bf16 on CUDA, fp32 on CPU)
-  and scaled by sqrt(max(1, rows/cols)).
-- AdamW (betas 0.8/0.95, eps 1e-10) for the token embedding and the lm_head, their learning rates
-  scaled by (n_embd / 768) ** -0.5.
-- `optimizer="adamw"`: AdamW for everything (matrices at `adamw_matrix_lr`).
-- LR multiplier: linear warmup, constant, linear warmdown to `final_lr_frac`; Muon momentum
-  0.85 -> 0.95 over the first 300 steps.
-
-Under DDP every rank holds the same averaged gradients, so every rank computes the same Muon update
-(nanochat's DistMuon shards that work; here it is repeated, which costs little at these sizes).
+- Muon for the block matrices: Nesterov momentum, then 5 Newton-Schulz steps to the nearest
+  semi-orthogonal matrix, scaled by sqrt(max(1, rows/cols)); every DDP rank repeats the same update;
+- AdamW (betas 0.8/0.95, eps 1e-10) for embedding and lm_head, learning rates scaled by (n_embd/768)**-0.5;
+  `optimizer="adamw"`: AdamW for everything;
+- LR: linear warmup, constant, linear warmdown to `final_lr_frac`; Muon momentum 0.85 -> 0.95 over 300 steps.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""A run pins the caches it opened: what their meta.json records when the run starts, checked again before
-each val bpb evaluation.
-
-Training reads shards it mapped at the start, so a `build` that replaces a cache meanwhile (other data,
-another tokenizer) does not change what the steps see; the val split, opened at each evaluation, would be
-the new cache's, scored with the old tokenizer's byte lengths. The pin is the content's identity (each
-file's sha256, the tokenizer's sha256 and the vocabulary, as meta.json records them; a cache moved or
-rebuilt byte for byte still matches). Cost: one read of each meta.json per evaluation.
+"""A run pins the caches it opened (their content identity from meta.json) and checks them before each val
+evaluation: a cache rebuilt meanwhile would be scored with the old tokenizer. Cost: a meta.json read each.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""What a run needs before its first step: the device and process group, the tokenizer, the model's shape.
-
-Each check here fails in one line naming the flag and the fix, before any data is read or any
-checkpoint written: a CUDA device asked of a CPU-only torch, a tokenizer that is not the one the data
-was built with, model flags that contradict the checkpoint a run starts from (--init-from).
+"""What a run needs before its first step: device and process group, tokenizer, model shape, resume checks.
+Each check fails in one line naming the flag and the fix, before any data is read or checkpoint written.
 """
 
 from __future__ import annotations

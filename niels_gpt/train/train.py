@@ -1,25 +1,14 @@
 """The base training loop (nanochat's base_train, small): one step = grad accumulation to a token batch.
 
-    step s:  for each micro-batch: forward (bf16 autocast on CUDA) -> loss / accum -> backward ->
-             fetch the next micro-batch (it overlaps the GPU's backward) ; clip ; set LR and Muon
-             momentum from the schedule ; step AdamW and Muon ; zero grads
-    log:     loss, lr multiplier, tokens/s, MFU (mfu.py: where the device's peak is known or given),
-             and the data wait: host time inside next(data) (loader + copy to the device). On CUDA
-             that time overlaps GPU work already queued, so it bounds what the GPU lost from above;
-             bench/bench_train.py --gpu measures the loss itself ("fed %": the step with a resident
-             batch / the step with the loader)
-    eval:    val bits per byte (evaluate_bpb, all-reduced) every eval_every steps and at the end;
-             CORE on the bundled items (or a CORE bundle) at the end when asked
-    ckpt:    model, optimizers, step, RNG, every rank's loader state, and a checksum of all of it
-             (checkpoint.py); resuming gives the same losses bit for bit on CPU
-             (tests/train/test_resume.py). A non-finite loss or bpb stops the run before it saves;
-             SIGINT/SIGTERM end the step, save it and return (interrupt.py)
-    start:   fresh, --resume (this run's checkpoint), or --init-from (another run's weights: the
-             nanochat order, pretraining then SFT; the data kind, T and optimizer state may differ)
+- step: per micro-batch forward (bf16 autocast on CUDA), backward, fetch the next batch (overlapping the
+  GPU's backward); clip; LR and Muon momentum from the schedule; step AdamW and Muon;
+- log: loss, lr multiplier, tokens/s, MFU (mfu.py) and the data wait (host time inside next(data));
+- eval: val bpb every eval_every steps and at the end; CORE at the end when asked;
+- checkpoint: model, optimizers, step, RNG and every rank's loader state (checkpoint.py); a resumed run
+  gives the same losses bit for bit on CPU; a non-finite loss stops the run before it saves;
+  SIGINT/SIGTERM save the step and return (interrupt.py).
 
-DDP: started by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on CUDA; every rank reads its own
-share of each global batch through the loaders' rank arguments. torch.compile is on by default on
-CUDA (the model's document prelude stays eager: model.py), off on CPU.
+DDP under torchrun: gloo on CPU, nccl on CUDA. torch.compile is on by default on CUDA, off on CPU.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""What a run scores for val bpb: the same rows on any number of ranks, packed rows with their documents.
-
-The rows: the val split's first `steps` batches of B rows (`--eval-steps`, `--device-batch-size`); batch
-i goes to rank i % world_size, and evaluate_bpb sums nats and bytes over the ranks, so the same weights
-score the same on 1 rank and on 8 (tests/train/test_world_size.py).
-
-Packed SFT bins are one split; their val pack is packed bins of the SFT cache's val split at `<bins>/val`
-(where `pack-sft CACHE OUT` puts it itself), or at `<dir>/val` beside bins at `<dir>/train`. Its rows are
-scored with their document layout (positions restart, no attention across documents), as training
-reads them: each document scores as it would alone.
+"""What a run scores for val bpb: the val split's first `steps` batches of B rows, batch i on rank i % world,
+so the same weights score the same on any number of ranks. Packed bins' val pack is `<bins>/val` (or
+`<dir>/val` beside `<dir>/train`), scored with its document layout as training reads it.
 """
 
 from __future__ import annotations
