@@ -38,9 +38,7 @@ class CacheDocuments:
         self.dtype = np.dtype(TOKEN_DTYPES[self.meta["token_dtype"]])
         if self.kind == "sft":
             name = f"{split}_idx.npy"
-            if self.remote is not None:
-                self.remote.fetch(name)
-            offsets = np.asarray(load_checked_npy(self.local / name, self.meta["files"].get(name), "offsets"),
+            offsets = np.asarray(load_checked_npy(self._path(name), self.meta["files"].get(name), "offsets"),
                                  dtype=np.int64)
             total = int(self.meta["files"][f"{split}_tokens.bin"]["bytes"]) // self.dtype.itemsize
             self.starts, self.ends = offsets, np.append(offsets[1:], total)
@@ -50,13 +48,15 @@ class CacheDocuments:
         else:
             raise ConfigError(f"{self.cache}: kind {self.kind!r}; documents are traced in pretraining and SFT caches")
 
+    def _path(self, rel: str) -> Path:
+        """A file of the cache on local disk (fetched first where the cache is at a URL)."""
+        return Path(self.remote.fetch(rel)) if self.remote is not None else self.local / rel
+
     def _shards(self) -> list[tuple[str, dict]]:
         return split_shards(self.local, self.meta, self.split, remote=self.remote is not None)
 
     def _shard(self, name: str, rec: dict) -> np.ndarray:
-        rel = f"{self.split}/{name}"
-        path = self.remote.fetch(rel) if self.remote is not None else self.local / rel
-        return shard_array(Path(path), self.meta, rec, self.dtype)
+        return shard_array(self._path(f"{self.split}/{name}"), self.meta, rec, self.dtype)
 
     def _pretrain_boundaries(self) -> None:
         sep = self.meta.get("document_separator") or {}
@@ -86,9 +86,8 @@ class CacheDocuments:
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """The split's tokens [start, stop) (tests compare them with what a loader delivered)."""
         if self.kind == "sft":
-            name = f"{self.split}_tokens.bin"
-            path = self.remote.fetch(name) if self.remote is not None else self.local / name
-            return np.asarray(np.memmap(path, dtype=self.dtype, mode="r")[start:stop], dtype=np.int64)
+            tokens = np.memmap(self._path(f"{self.split}_tokens.bin"), dtype=self.dtype, mode="r")
+            return np.asarray(tokens[start:stop], dtype=np.int64)
         out = []
         for (name, rec), first in zip(self._shards(), self.shard_starts, strict=True):
             n = int(rec.get("tokens", rec["bytes"] // self.dtype.itemsize))
@@ -262,9 +261,8 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
 
 
 def packed_origin(bins: str, dataset, seq: int | None) -> dict:
-    """What pack-sft's examples.npy says of packed sequence `seq`: {example, and the origin of that example in the
-    bins' SFT cache where it records origins}; {} where the bins (packed before examples.npy) or the cache say
-    nothing. A note left by the caller is replaced."""
+    """What pack-sft's examples.npy says of packed sequence `seq`: its example and that example's origin where
+    the SFT cache records one; {} where the bins say nothing."""
     manifest = getattr(dataset, "manifest", None) or {}
     rec, source = manifest.get("examples"), manifest.get("source") or {}
     if seq is None or not isinstance(rec, dict) or rec.get("name") != EXAMPLES_NAME or is_url(str(bins)):

@@ -30,11 +30,6 @@ def _name(doc: dict) -> str:
     return f"{where}{doc['split']}:{doc['document']}"
 
 
-def _title(doc: dict) -> str:
-    keep = {k: v for k, v in doc.items() if k not in ("trained_tokens",)}
-    return json.dumps(keep, default=str)
-
-
 def render_page(trace: dict, decode) -> str:
     """The page of `trace` (trace_step's result); decode(ids) -> text."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>step {trace['step']} of "
@@ -52,8 +47,9 @@ def render_page(trace: dict, decode) -> str:
             origins.setdefault(_name(doc), doc)
             body = "".join(html.escape(decode(ids)) if ok else f"<span class='untrained'>{html.escape(decode(ids))}</span>"
                            for ids, ok in _runs(seq["input_ids"][a:b], seq["trained"][a:b]))
+            title = json.dumps({k: v for k, v in doc.items() if k != "trained_tokens"}, default=str)
             parts.append(f"<span class='doc d{n % 3}' data-document='{html.escape(_name(doc))}' "
-                         f"title='{html.escape(_title(doc))}'>{body}</span>")
+                         f"title='{html.escape(title)}'>{body}</span>")
         parts.append("</section>")
     parts.append("</main><aside><h2>Documents</h2><ul>")
     for name, doc in origins.items():

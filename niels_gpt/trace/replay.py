@@ -50,9 +50,8 @@ class Replay:
         self.T = int(config["sequence_len"])
         ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=config.get("batch_ramp"),
                                                 total_batch_size=config.get("total_batch_size")), world_size)
-        tokenizer = None
-        if config.get("tokenizer"):  # Parquet text shards are tokenized with the run's tokenizer
-            tokenizer = load_tokenizer(config["tokenizer"])
+        # Parquet text shards are tokenized with the run's tokenizer
+        tokenizer = load_tokenizer(config["tokenizer"]) if config.get("tokenizer") else None
         self.opened = [TrainData(data, T=self.T, seed=int(config["seed"]), device="cpu", rank=r,
                                  world_size=world_size, kind=config.get("data_kind", "auto"),
                                  sampling=config.get("sampling", "indexed"), batch_schedule=ramp,
@@ -64,19 +63,13 @@ class Replay:
         self.data = data
         self._perms: dict[int, object] = {}
         source = self.opened[0].source
-        if self.kind in ("indexed", "shards", "packed"):
-            self.sampler = source.loader.batch_sampler
-            self.dataset = source.loader.dataset
-        elif self.kind == "mixture":
+        if self.kind in ("indexed", "shards", "packed", "mixture"):
             self.sampler, self.dataset = source.loader.batch_sampler, source.loader.dataset
         elif self.kind == "parquet":  # a stream per rank, replayed by its own loader (trace/parquet.py)
             self.sampler, self.dataset = source.docs, None
             self.fresh = [d.source.state_now() for d in self.opened]
         else:
             self.sampler, self.dataset = source, source.dataset
-
-    def fingerprint(self) -> str:
-        return self.sampler.fingerprint
 
     # -- the order ---------------------------------------------------------------------------------
     def start(self, state: dict | None):

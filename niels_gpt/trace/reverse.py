@@ -74,14 +74,19 @@ def _targets(replay, dataset: str | None, split: str, doc: int):
         cache_documents(replay.data, split).origin(doc)  # raises on an index out of range
         return doc
     if kind == "packed":
-        offsets = np.asarray(replay.dataset._open()["seq_offsets"])
-        if not 0 <= doc < int(offsets[-1]):
-            raise ConfigError(f"--document {split}:{doc}: the bins {replay.data} hold sequences {split}:0.."
-                              f"{split}:{int(offsets[-1]) - 1}; give one of those")
-        return np.array([int(np.searchsorted(offsets, doc, side="right")) - 1])
+        return np.array([_bin_of(replay, split, doc)])
     docs = cache_documents(replay.data, split)
     docs.origin(doc)
     return int(docs.starts[doc]), int(docs.ends[doc])
+
+
+def _bin_of(replay, split: str, doc: int) -> int:
+    """The packed bin holding sequence `doc` of the bins."""
+    offsets = np.asarray(replay.dataset._open()["seq_offsets"])
+    if not 0 <= doc < int(offsets[-1]):
+        raise ConfigError(f"--document {split}:{doc}: the bins {replay.data} hold sequences {split}:0.."
+                          f"{split}:{int(offsets[-1]) - 1}; give one of those")
+    return int(np.searchsorted(offsets, doc, side="right")) - 1
 
 
 def _holds(replay, target, sample) -> bool:
@@ -161,8 +166,7 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
 
 def _origin(replay, dataset, split: str, doc: int) -> dict:
     if replay.kind == "packed":
-        offsets = np.asarray(replay.dataset._open()["seq_offsets"])
-        b = int(np.searchsorted(offsets, doc, side="right")) - 1
+        b = _bin_of(replay, split, doc)
         seq, a, z = next(t for t in packed_documents(replay.dataset, b) if t[0] == doc)
         return {"cache": replay.data, "split": split, "document": doc, "bin": b, "bin_tokens": [a, z]}
     if replay.kind == "parquet":

@@ -1,10 +1,10 @@
 """Causal self-attention for rows of one document or of several packed ones: one result, three kernels.
 
-| path      | used when                                   | what it costs                                        |
-|-----------|---------------------------------------------|------------------------------------------------------|
-| `causal`  | the batch carries no document information   | SDPA `is_causal`: flash / memory-efficient kernels   |
-| `flex`    | documents, on CUDA (the default there)      | compiled `flex_attention`: cross-document blocks skipped |
-| `mask`    | documents, on CPU (the default there)       | an explicit (B, 1, T, T) boolean mask through SDPA   |
+| path     | used when                                 | what it costs                                    |
+|----------|-------------------------------------------|--------------------------------------------------|
+| `causal` | the batch carries no document information | SDPA `is_causal`: flash / memory-efficient       |
+| `flex`   | documents, on CUDA (the default there)    | compiled flex_attention: skips foreign blocks    |
+| `mask`   | documents, on CPU (the default there)     | an explicit (B, 1, T, T) boolean mask via SDPA   |
 
 flex_attention has no CPU backward, so CPU training keeps the mask; tests/train/test_attention.py holds
 the two equal. Worked example (T=6): doc [0, 0, 1, 1, 1, 1] -> token 3 attends to tokens 2 and 3.

@@ -73,8 +73,7 @@ def payload_digest(obj) -> str:
 
 
 def save_checkpoint(path: Path, payload: dict) -> str:
-    """Write `payload` with its digest, atomically, then the run's record (run.json) beside it; returns
-    the digest."""
+    """Write `payload` with its digest atomically, then run.json beside it; returns the digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
     digest = payload_digest(payload)
     with atomic_path(path) as tmp:
@@ -172,9 +171,7 @@ def write_run(out: Path, record: dict) -> None:
 
 def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | None, resume: Path | None,
                   overwrite: bool) -> list[Path]:
-    """Refuse, before any work, an --out-dir this run may not write (the module's table).
-
-    Returns the files of an earlier run that --overwrite will replace (deleted at the first save)."""
+    """Refuse an --out-dir this run may not write; returns the earlier run's files --overwrite replaces."""
     out = Path(out_dir)
     real = out.resolve()
     check_overlap(real, data, "--out-dir", what="data")
@@ -208,8 +205,7 @@ def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | No
 
 @contextlib.contextmanager
 def run_lock(out_dir: str | os.PathLike):
-    """Hold the run directory's lock (`<out-dir>.lock`) while the block runs; OutputLockedError naming the
-    process that holds it otherwise."""
+    """Hold `<out-dir>.lock` while the block runs; OutputLockedError naming the holder otherwise."""
     out = Path(out_dir)
     made = [d for d in out.absolute().parents if not d.exists()]  # the lock's parents it creates
     with contextlib.ExitStack() as held:
@@ -238,11 +234,7 @@ def _remove_if_empty(made: list[Path]) -> None:
 
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
-    """Remove this run's checkpoints but the newest `keep` (--keep-last); returns the removed files.
-
-    Only checkpoints run.json records (files this run wrote into `out_dir`) go, never the newest (the one
-    `--resume latest` takes) nor one a run beside it started from (its run.json's init_from); run.json is
-    rewritten to record what is left."""
+    """Remove the checkpoints run.json records but the newest `keep` (the module docstring); returns them."""
     out = Path(out_dir)
     record = read_run(out)
     if record is None or keep < 1:
@@ -260,8 +252,7 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
 
 
 def _started_from(out: Path) -> set[Path]:
-    """Checkpoints that the runs beside `out` (directories next to it with a run.json) started from
-    (--init-from, as their run.json records it)."""
+    """The checkpoints runs beside `out` started from (their run.json's init_from)."""
     found = set()
     for record in out.parent.glob(f"*/{RUN_NAME}"):
         source = (read_run(record.parent) or {}).get("init_from")

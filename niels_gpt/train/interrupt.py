@@ -25,16 +25,13 @@ NOT_REPEATED = ("resume", "init_from", "overwrite")
 class StopRequests:
     """`with StopRequests() as stop:` ... `stop.requested(device)` at the end of each step."""
 
-    SIGNALS = ("SIGINT", "SIGTERM")
-
     def __init__(self):
         self.signal: str | None = None
         self._previous: dict = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name)
+            for sig in (signal.SIGINT, signal.SIGTERM):
                 if signal.getsignal(sig) is signal.SIG_IGN:
                     continue  # ignored on purpose (nohup, a shell's background job): left ignored
                 self._previous[sig] = signal.signal(sig, self._handle)

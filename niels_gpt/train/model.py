@@ -49,20 +49,16 @@ class GPTConfig:
             raise ConfigError(f"GPTConfig: n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
 
     @classmethod
-    def from_depth(cls, depth: int, *, vocab_size: int, sequence_len: int, aspect_ratio: int = ASPECT_RATIO,
-                   head_dim: int = HEAD_DIM, n_kv_head: int | None = None) -> GPTConfig:
-        """nanochat's sizing: width = depth * aspect_ratio, heads of ~head_dim, as many kv heads as heads.
-
-        depth 20 -> 1280 wide, 10 heads (nanochat's d20); depth 2 -> 128 wide, 1 head.
-        """
+    def from_depth(cls, depth: int, *, vocab_size: int, sequence_len: int) -> GPTConfig:
+        """nanochat's sizing: depth 20 -> 1280 wide, 10 heads (its d20); depth 2 -> 128 wide, 1 head."""
         if depth < 1:
             raise ConfigError(f"depth {depth}: must be >= 1")
-        n_embd = depth * aspect_ratio
-        n_head = max(1, round(n_embd / head_dim))
+        n_embd = depth * ASPECT_RATIO
+        n_head = max(1, round(n_embd / HEAD_DIM))
         while n_embd % n_head or (n_embd // n_head) % 2:
             n_head -= 1  # the nearest head count that splits the width evenly
         return cls(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                   n_kv_head=n_head if n_kv_head is None else n_kv_head, n_embd=n_embd)
+                   n_kv_head=n_head, n_embd=n_embd)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,10 +79,7 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 def document_layout(B: int, T: int, device, *, position_ids=None, cu_seqlens=None, doc_ids=None):
-    """(positions (B, T), doc ids (B, T)) from whatever document information a batch carries.
-
-    Returns (None, None) when there is none: plain causal attention, positions 0..T-1.
-    """
+    """(positions (B, T), doc ids (B, T)) from a batch's document information; (None, None) without any."""
     if position_ids is None and cu_seqlens is None and doc_ids is None:
         return None, None
     ar = torch.arange(T, device=device).expand(B, T)

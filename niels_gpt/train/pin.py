@@ -12,15 +12,19 @@ from niels_gpt.errors import CacheError
 from niels_gpt.resume import fingerprint
 
 
-def content_id(cache: Path) -> str | None:
-    """The identity of a cache's content from its meta.json; None where there is none to read."""
+def meta_of(cache) -> dict:
+    """A cache's meta.json as it is, unchecked; {} where there is none to read."""
     try:
         meta = json.loads((Path(cache) / META_NAME).read_text("utf-8"))
     except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    return fingerprint(meta.get("files"), meta.get("tokenizer_sha256"), meta.get("vocab_size"))
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def content_id(cache: Path) -> str | None:
+    """The identity of a cache's content from its meta.json; None where there is none to read."""
+    meta = meta_of(cache)
+    return fingerprint(meta.get("files"), meta.get("tokenizer_sha256"), meta.get("vocab_size")) if meta else None
 
 
 def pin(caches) -> dict[Path, str]:
@@ -43,11 +47,8 @@ def summary(caches) -> list[dict]:
     """What a checkpoint records of the caches its run read: enough to say what differs on a resume."""
     out = []
     for c in caches:
-        try:
-            meta = json.loads((Path(c) / META_NAME).read_text("utf-8"))
-        except (OSError, ValueError):
-            continue
-        files = meta.get("files") if isinstance(meta, dict) else None
+        meta = meta_of(c)
+        files = meta.get("files")
         if not isinstance(files, dict):
             continue
         out.append({"cache": str(c), "compression": (meta.get("compression") or {}).get("codec"),

@@ -92,13 +92,8 @@ class TrainResult:
 
 def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=print,
           record_rows: bool = False, data=None) -> TrainResult:
-    """Run (or resume) a training run; returns the per-step losses, val bpb and CORE results.
-
-    `token_bytes` replaces the tokenizer's byte lengths for bpb; `record_rows` keeps every input row
-    in the result (tests compare what ranks and resumed runs saw). `data` replaces the loader chosen
-    from cfg.data by any object with __next__ (model batches), state_dict, load_state_dict, kind,
-    vocab_size, has_val and val_batches (bench/bench_train.py runs the peers' recipes through it).
-    """
+    """Run (or resume) a training run. `token_bytes` replaces the tokenizer's byte lengths for bpb;
+    `record_rows` keeps every input row; `data` replaces the loader of cfg.data (TrainData's protocol)."""
     check_config(cfg)
     if data is None and is_url(cfg.data):  # read through the download cache (docs/storage.md)
         apply_cache_args(cfg.local_cache, cfg.cache_limit)
@@ -162,17 +157,13 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
+    data_sha = tok.sha256 if tok is not None else recorded  # a tokenizer kept above is the recorded one
     base_sha = base.get("tokenizer_sha256") if base is not None else None
-    if base_sha and tok is not None and base_sha != tok.sha256:
+    if base_sha and data_sha and base_sha != data_sha:
         raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
-                          f"{base_sha[:12]}...) than {tok.model_path} ({tok.sha256[:12]}...): its "
-                          "ids would mean other text; train on data built with the base run's tokenizer")
-    if base_sha and recorded and base_sha != recorded:
-        raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
-                          f"{base_sha[:12]}...) than {cfg.data} was built with ({recorded[:12]}...): its ids would "
-                          f"mean other text; train on data built with the base run's tokenizer "
+                          f"{base_sha[:12]}...) than {cfg.data} was built with ({data_sha[:12]}...): its ids "
+                          f"would mean other text; train on data built with the base run's tokenizer "
                           f"({base.get('tokenizer') or 'the one its run recorded'})")
-    data_sha = tok.sha256 if tok is not None else recorded
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
     total = cfg.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
@@ -235,18 +226,15 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         f"({mcfg.n_kv_head} kv), {model.num_params():,} parameters | batch {total:,} tokens = {accum} x "
         f"{cfg.device_batch_size} x {cfg.sequence_len} x {world} rank(s) | {cfg.optimizer} | device {device}"
         f"{' | compiled' if compiled else ''}")
-    say("data wait = host time inside next(data) per step (loader + copy to the device)"
-        + ("; on CUDA it overlaps queued GPU work, so it bounds the GPU's stall from above "
-           "(bench/bench_train.py --gpu measures the stall: fed %)" if cuda else "")
+    say("data wait = host time inside next(data) per step (loader + copy to the device; docs/training.md)"
         + ("" if peak else "; MFU: pass --peak-tflops for this device"))
 
     if token_bytes is None:
         say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
     elif not data.has_val:
-        say(f"{cfg.data}: no val split in this data: val bpb is skipped" + (
-            f" (packed bins: pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself when the "
-            "cache has one: pack them again without --no-val)"
-            if data.kind == "packed" else ""))
+        hint = {"packed": f" (pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself: pack "
+                          "them again without --no-val)"}
+        say(f"{cfg.data}: no val split in this data: val bpb is skipped{hint.get(data.kind, '')}")
     result = TrainResult(step=start)
     out = Path(cfg.out_dir)
 
