@@ -72,7 +72,6 @@ class CacheDocuments:
         cut = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
         edges = np.unique(np.concatenate([[0], cut, [base]]))
         self.starts, self.ends = edges[:-1], edges[1:]
-        self.total = base
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -96,13 +95,10 @@ class CacheDocuments:
                 out.append(np.asarray(self._shard(name, rec)[a - first:b - first], dtype=np.int64))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
+    @functools.cached_property
     def origins(self) -> tuple[np.ndarray, list[dict]] | None:
         """The split's origins (int64 [documents, 4]) and the inputs table, or None for a cache without them."""
-        if "origins" not in self.meta:
-            return None
-        if getattr(self, "_origins", None) is None:
-            self._origins = read_origins(self.local, self.meta, self.split, self.remote)
-        return self._origins
+        return read_origins(self.local, self.meta, self.split, self.remote) if "origins" in self.meta else None
 
     def _layout(self, i: int, inputs: int) -> str | None:
         """The layout input `i` was read with (meta.json's source.layouts: one per input, or one for all)."""
@@ -116,7 +112,7 @@ class CacheDocuments:
         inputs = [str(f) for f in (self.meta.get("source") or {}).get("files") or []]
         out = {"cache": self.cache, "split": self.split, "document": int(index),
                "cache_tokens": [int(self.starts[index]), int(self.ends[index])], "inputs": inputs}
-        found = self.origins()
+        found = self.origins
         if found is not None and index < len(found[0]):
             out.update(origin_fields(found[0][index], found[1]))
             layout = self._layout(int(found[0][index][0]), len(found[1]))
@@ -218,12 +214,11 @@ def line_offset(path: str, line: int) -> int | None:
         return None
     try:
         with open(found, "rb") as f:
-            pos, seen = 0, 1
-            for raw in f:
+            pos = 0
+            for seen, raw in enumerate(f, 1):
                 if seen == line:
                     return pos
                 pos += len(raw)
-                seen += 1
     except OSError:
         return None
     return None
@@ -233,10 +228,10 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
     """(split, index) of the document whose origin is `input_name` (its path as origins.json names it, or the
     end of it) and `record` (a JSON Lines line, a row, a record); ConfigError naming what was searched."""
     first = cache_documents(str(cache), "train")
-    if first.origins() is None:
+    if first.origins is None:
         raise ConfigError(f"--document {input_name}:{record}: {cache} records no origins (built before they existed); "
                           "rebuild it, or give SPLIT:INDEX")
-    inputs = first.origins()[1]
+    inputs = first.origins[1]
     matches = [i for i, e in enumerate(inputs) if e["path"] == input_name or e["path"].endswith("/" + input_name.lstrip("./"))]
     if len(matches) != 1:
         listed = ", ".join(e["path"] for e in inputs[:5]) + (" ..." if len(inputs) > 5 else "")
@@ -252,7 +247,7 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
             raise ConfigError(f"--document {input_name}:{record}: {entry['path']} has no line {record} here (or "
                               "cannot be read here); give a line of that file, or SPLIT:INDEX")
     for split in SPLITS:
-        rows = cache_documents(str(cache), split).origins()[0]
+        rows = cache_documents(str(cache), split).origins[0]
         hit = np.flatnonzero((rows[:, 0] == i) & (rows[:, 1] == want))
         if len(hit):
             return split, int(hit[0])
