@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+from itertools import groupby
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:0;display:flex}
@@ -14,15 +15,6 @@ max-height:100vh}
 .doc{border-left:3px solid #333;padding-left:2px}.d0{background:#e3f0ff}.d1{background:#fff1d6}.d2{background:#e5f7e5}
 .untrained{color:#999}
 """
-
-
-def _runs(ids: list[int], trained: list[bool]):
-    """Consecutive (ids, trained) pieces of one document's tokens."""
-    start = 0
-    for j in range(1, len(ids) + 1):
-        if j == len(ids) or trained[j] != trained[start]:
-            yield ids[start:j], trained[start]
-            start = j
 
 
 def _name(doc: dict) -> str:
@@ -45,8 +37,11 @@ def render_page(trace: dict, decode) -> str:
         for n, doc in enumerate(seq["documents"]):
             a, b = doc["sequence_tokens"]
             origins.setdefault(_name(doc), doc)
-            body = "".join(html.escape(decode(ids)) if ok else f"<span class='untrained'>{html.escape(decode(ids))}</span>"
-                           for ids, ok in _runs(seq["input_ids"][a:b], seq["trained"][a:b]))
+            body = ""
+            pieces = zip(seq["input_ids"][a:b], seq["trained"][a:b], strict=True)
+            for ok, run in groupby(pieces, key=lambda t: t[1]):  # runs of trained and untrained tokens
+                text = html.escape(decode([i for i, _ in run]))
+                body += text if ok else f"<span class='untrained'>{text}</span>"
             title = json.dumps({k: v for k, v in doc.items() if k != "trained_tokens"}, default=str)
             parts.append(f"<span class='doc d{n % 3}' data-document='{html.escape(_name(doc))}' "
                          f"title='{html.escape(title)}'>{body}</span>")

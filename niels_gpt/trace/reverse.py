@@ -124,7 +124,7 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
     by_origin = parse_origin(document)
     dataset, split, doc = (None, None, None) if by_origin is not None else parse_document(document)
     run = Run(run_dir, data=data)
-    seen, origin = [], None
+    hits, origin = [], None  # (step, rank, micro-batch, row, sample)
     for first_step, last_step, ckpt, before in run.segments():
         replay = replay_of(run, ckpt)
         if split is None:  # INPUT:RECORD: the document of the run's cache that came from it
@@ -143,14 +143,11 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
             skip = (first_step - 1 - base) * ckpt.accum
             for k, row in parquet_hits(replay, None if before is None else before.states, count, rank, doc_id):
                 if k >= skip:
-                    seen.append({"step": base + k // ckpt.accum + 1, "rank": rank, "micro_batch": k % ckpt.accum,
-                                 "row": row, "sample": doc_id})
+                    hits.append((base + k // ckpt.accum + 1, rank, k % ckpt.accum, row, doc_id))
             continue
         state = replay.start(None if before is None else before.states[0])
         if replay.kind in ("indexed", "shards", "packed"):
-            for step, rank, m, row, sample in _global_hits(replay, (*state, base), first_step, last_step, ckpt.accum,
-                                                           np.asarray(target)):
-                seen.append({"step": step, "rank": rank, "micro_batch": m, "row": row, "sample": sample})
+            hits += _global_hits(replay, (*state, base), first_step, last_step, ckpt.accum, np.asarray(target))
             continue
         for step in range(first_step, last_step + 1):
             for m in range(ckpt.accum):
@@ -158,10 +155,10 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
                 for rank in range(ckpt.world_size):
                     for row, sample in enumerate(replay.samples(state, k, rank)):
                         if _holds(replay, target, sample):
-                            seen.append({"step": step, "rank": rank, "micro_batch": m, "row": row,
-                                         "sample": list(sample) if isinstance(sample, tuple) else sample})
-    seen.sort(key=lambda h: (h["step"], h["rank"], h["micro_batch"], h["row"]))
-    return {"run": str(run.dir), "document": document, "origin": origin, "steps": seen}
+                            hits.append((step, rank, m, row, list(sample) if isinstance(sample, tuple) else sample))
+    hits.sort(key=lambda h: h[:4])
+    steps = [dict(zip(("step", "rank", "micro_batch", "row", "sample"), h, strict=True)) for h in hits]
+    return {"run": str(run.dir), "document": document, "origin": origin, "steps": steps}
 
 
 def _origin(replay, dataset, split: str, doc: int) -> dict:

@@ -87,11 +87,6 @@ def save_checkpoint(path: Path, payload: dict) -> str:
     return digest
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}"
-
-
 def checkpoint_file(path: str | os.PathLike, flag: str = "--resume") -> Path:
     """`path` when it is a file; StateError naming what is there otherwise."""
     p = Path(path)
@@ -107,7 +102,9 @@ def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle raises many kinds; each is this one condition
-        raise StateError(f"{flag} {p}: not a readable checkpoint ({_one_line(exc)}); it is damaged or "
+        why = " ".join(str(exc).split())
+        why = f"{type(exc).__name__}: {why[:160]}{'...' if len(why) > 160 else ''}"
+        raise StateError(f"{flag} {p}: not a readable checkpoint ({why}); it is damaged or "
                          f"not a checkpoint of this trainer: pick another{_others(p, flag)}") from None
     if not isinstance(ckpt, dict) or ckpt.get("version") not in (1, CHECKPOINT_VERSION) or "model" not in ckpt:
         raise StateError(f"{flag} {p}: not a checkpoint of version {CHECKPOINT_VERSION} written by this trainer: "

@@ -1,4 +1,5 @@
 """What a run needs before its first step: device and process group, tokenizer, model shape, resume checks.
+
 Each check fails in one line naming the flag and the fix, before any data is read or checkpoint written.
 """
 
