@@ -118,8 +118,7 @@ def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run
     if resolve_attention(cfg.attention, device) == "flex" and device.type != "cuda":
         raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
                           "train on CPU with --attention mask (or auto)")
-    master = rank == 0
-    say = log if master else (lambda *a, **k: None)
+    say = log if rank == 0 else (lambda *a, **k: None)
     tok = None
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)
@@ -318,8 +317,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             for opt in optimizers:
                 for group in opt.param_groups:
                     group["lr"] = group["initial_lr"] * lrm
-                if isinstance(opt, Muon):
-                    for group in opt.param_groups:
+                    if isinstance(opt, Muon):
                         group["momentum"] = muon_momentum(step)
                 opt.step()
             model.zero_grad(set_to_none=True)
