@@ -52,8 +52,7 @@ def parquet_sequences(replay, states: list, micro_batches: list[int], ranks: lis
     out = []
     for rank in ranks:
         loader = replay.opened[rank].source
-        state = states[rank] if states is not None else None
-        loader.load_state_dict(state["loader"] if state is not None else replay.fresh[rank])
+        loader.load_state_dict(states[rank]["loader"] if states is not None else replay.fresh[rank])
         done = 0
         for m, k in enumerate(micro_batches):
             for _ in range(k - done):
