@@ -37,22 +37,17 @@ def _decoder(trace: dict, run_dir: str, explicit: str | None):
 
     # lazy: the tokenizer and the trainer's modules import torch, which building the parser must not
     from niels_gpt.tokenizer import load_tokenizer
-
-    # lazy: as above
-    from niels_gpt.train.checkpoint import latest_checkpoint
-
-    # lazy: as above
-    from niels_gpt.train.setup import find_tokenizer
+    from niels_gpt.train import checkpoint, setup
 
     if explicit:
         return load_tokenizer(explicit).decode
-
-    recorded = torch.load(latest_checkpoint(run_dir), map_location="cpu", weights_only=True, mmap=True).get("tokenizer")
+    last = checkpoint.latest_checkpoint(run_dir)
+    recorded = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("tokenizer")
     if recorded and Path(recorded).exists():
         return load_tokenizer(recorded).decode
     first = trace["sequences"][0]["documents"][0] if trace["sequences"] and trace["sequences"][0]["documents"] else {}
     for where in (first.get("cache"), first.get("source_cache"), trace["data"]):
-        tok = find_tokenizer(where) if where else None
+        tok = setup.find_tokenizer(where) if where else None
         if tok is not None:
             return tok.decode
     raise ConfigError(f"{run_dir}: no tokenizer found for --text/--html (the run records none that exists, nor does "

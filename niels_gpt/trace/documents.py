@@ -1,20 +1,11 @@
 """Where a cache's documents are, and what the cache knows of their origin: `document_origin`.
 
-- a pretraining split is its shards back to back (the order every reader lists them in); its documents are
-  cut at the separator meta.json records (`document_separator`: EOT/EOS after each document, or BOS before
-  it). Document d of split s holds the split's tokens [start, end) (the separator included);
-- an SFT split's example i is document i: tokens offsets[i]..offsets[i+1] of `<split>_tokens.bin`;
-- packed bins hold sequences of their SFT cache; a bin's sequences are its documents (`packed_documents`).
-
-Origin: the cache, the split, the document's index and token range, and the cache's inputs (`source.files`);
-where the cache has origins (`origins.npy` + `origins.json`, builders/origins.py) also the document's
-input (path or URL, its sha256), record (`where`: "a.jsonl, line 17", "b.parquet, row 4") and character range
-in the record's text. A cache built before origins existed names the input only where the split has one.
-`document_origin` is the one place that answers; `find_document` the reverse (INPUT:RECORD -> the document).
-
-Cost: the first question about a pretraining split reads it once to find its separators (one
-np.flatnonzero a shard: 2.9 GB/s from the page cache, `bench/bench_trace.py`), then keeps int64[documents]
-boundaries; an SFT split reads its offsets only.
+A pretraining split is its shards back to back, cut into documents at meta.json's `document_separator`;
+an SFT split's example i is document i (its offsets); a packed bin's sequences are its documents. The
+origin: the cache, split, index, token range and inputs, and where the cache records origins
+(builders/origins.py) the document's input, record (`where`: "a.jsonl, line 17") and character range.
+`find_document` is the reverse (INPUT:RECORD -> the document). Cost: the first question about a pretraining
+split reads it once for its separators (bench/bench_trace.py); an SFT split reads its offsets only.
 """
 
 from __future__ import annotations
@@ -47,9 +38,7 @@ class CacheDocuments:
         self.dtype = np.dtype(TOKEN_DTYPES[self.meta["token_dtype"]])
         if self.kind == "sft":
             name = f"{split}_idx.npy"
-            if self.remote is not None:
-                self.remote.fetch(name)
-            offsets = np.asarray(load_checked_npy(self.local / name, self.meta["files"].get(name), "offsets"),
+            offsets = np.asarray(load_checked_npy(self._path(name), self.meta["files"].get(name), "offsets"),
                                  dtype=np.int64)
             total = int(self.meta["files"][f"{split}_tokens.bin"]["bytes"]) // self.dtype.itemsize
             self.starts, self.ends = offsets, np.append(offsets[1:], total)
@@ -59,13 +48,15 @@ class CacheDocuments:
         else:
             raise ConfigError(f"{self.cache}: kind {self.kind!r}; documents are traced in pretraining and SFT caches")
 
+    def _path(self, rel: str) -> Path:
+        """A file of the cache on local disk (fetched first where the cache is at a URL)."""
+        return Path(self.remote.fetch(rel)) if self.remote is not None else self.local / rel
+
     def _shards(self) -> list[tuple[str, dict]]:
         return split_shards(self.local, self.meta, self.split, remote=self.remote is not None)
 
     def _shard(self, name: str, rec: dict) -> np.ndarray:
-        rel = f"{self.split}/{name}"
-        path = self.remote.fetch(rel) if self.remote is not None else self.local / rel
-        return shard_array(Path(path), self.meta, rec, self.dtype)
+        return shard_array(self._path(f"{self.split}/{name}"), self.meta, rec, self.dtype)
 
     def _pretrain_boundaries(self) -> None:
         sep = self.meta.get("document_separator") or {}
@@ -81,7 +72,6 @@ class CacheDocuments:
         cut = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
         edges = np.unique(np.concatenate([[0], cut, [base]]))
         self.starts, self.ends = edges[:-1], edges[1:]
-        self.total = base
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -95,9 +85,8 @@ class CacheDocuments:
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """The split's tokens [start, stop) (tests compare them with what a loader delivered)."""
         if self.kind == "sft":
-            name = f"{self.split}_tokens.bin"
-            path = self.remote.fetch(name) if self.remote is not None else self.local / name
-            return np.asarray(np.memmap(path, dtype=self.dtype, mode="r")[start:stop], dtype=np.int64)
+            tokens = np.memmap(self._path(f"{self.split}_tokens.bin"), dtype=self.dtype, mode="r")
+            return np.asarray(tokens[start:stop], dtype=np.int64)
         out = []
         for (name, rec), first in zip(self._shards(), self.shard_starts, strict=True):
             n = int(rec.get("tokens", rec["bytes"] // self.dtype.itemsize))
@@ -106,13 +95,10 @@ class CacheDocuments:
                 out.append(np.asarray(self._shard(name, rec)[a - first:b - first], dtype=np.int64))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
+    @functools.cached_property
     def origins(self) -> tuple[np.ndarray, list[dict]] | None:
         """The split's origins (int64 [documents, 4]) and the inputs table, or None for a cache without them."""
-        if "origins" not in self.meta:
-            return None
-        if getattr(self, "_origins", None) is None:
-            self._origins = read_origins(self.local, self.meta, self.split, self.remote)
-        return self._origins
+        return read_origins(self.local, self.meta, self.split, self.remote) if "origins" in self.meta else None
 
     def _layout(self, i: int, inputs: int) -> str | None:
         """The layout input `i` was read with (meta.json's source.layouts: one per input, or one for all)."""
@@ -126,7 +112,7 @@ class CacheDocuments:
         inputs = [str(f) for f in (self.meta.get("source") or {}).get("files") or []]
         out = {"cache": self.cache, "split": self.split, "document": int(index),
                "cache_tokens": [int(self.starts[index]), int(self.ends[index])], "inputs": inputs}
-        found = self.origins()
+        found = self.origins
         if found is not None and index < len(found[0]):
             out.update(origin_fields(found[0][index], found[1]))
             layout = self._layout(int(found[0][index][0]), len(found[1]))
@@ -228,12 +214,11 @@ def line_offset(path: str, line: int) -> int | None:
         return None
     try:
         with open(found, "rb") as f:
-            pos, seen = 0, 1
-            for raw in f:
+            pos = 0
+            for seen, raw in enumerate(f, 1):
                 if seen == line:
                     return pos
                 pos += len(raw)
-                seen += 1
     except OSError:
         return None
     return None
@@ -243,10 +228,10 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
     """(split, index) of the document whose origin is `input_name` (its path as origins.json names it, or the
     end of it) and `record` (a JSON Lines line, a row, a record); ConfigError naming what was searched."""
     first = cache_documents(str(cache), "train")
-    if first.origins() is None:
+    if first.origins is None:
         raise ConfigError(f"--document {input_name}:{record}: {cache} records no origins (built before they existed); "
                           "rebuild it, or give SPLIT:INDEX")
-    inputs = first.origins()[1]
+    inputs = first.origins[1]
     matches = [i for i, e in enumerate(inputs) if e["path"] == input_name or e["path"].endswith("/" + input_name.lstrip("./"))]
     if len(matches) != 1:
         listed = ", ".join(e["path"] for e in inputs[:5]) + (" ..." if len(inputs) > 5 else "")
@@ -262,7 +247,7 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
             raise ConfigError(f"--document {input_name}:{record}: {entry['path']} has no line {record} here (or "
                               "cannot be read here); give a line of that file, or SPLIT:INDEX")
     for split in SPLITS:
-        rows = cache_documents(str(cache), split).origins()[0]
+        rows = cache_documents(str(cache), split).origins[0]
         hit = np.flatnonzero((rows[:, 0] == i) & (rows[:, 1] == want))
         if len(hit):
             return split, int(hit[0])
@@ -271,9 +256,8 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
 
 
 def packed_origin(bins: str, dataset, seq: int | None) -> dict:
-    """What pack-sft's examples.npy says of packed sequence `seq`: {example, and the origin of that example in the
-    bins' SFT cache where it records origins}; {} where the bins (packed before examples.npy) or the cache say
-    nothing. A note left by the caller is replaced."""
+    """What pack-sft's examples.npy says of packed sequence `seq`: its example and that example's origin where
+    the SFT cache records one; {} where the bins say nothing."""
     manifest = getattr(dataset, "manifest", None) or {}
     rec, source = manifest.get("examples"), manifest.get("source") or {}
     if seq is None or not isinstance(rec, dict) or rec.get("name") != EXAMPLES_NAME or is_url(str(bins)):

@@ -1,14 +1,8 @@
 """An OpenAssistant example's message ids, read again from the record its origin names.
 
-A cache keeps an oasst example's record (the line of a tree export, the first row of a tree's flat rows), not
-its 16-byte ids. `conversation_ids` reads that tree from the input and selects the conversation with the
-rule the build used (sources/oasst_trees.py: `best_path`, then a trailing prompter message dropped), so trace
-names the tree and every message of the example, in order (the last one is the leaf).
-
-- a tree export (layout `oasst`): the record is the line's byte offset: one line read and parsed;
-- flat rows (layout `oasst-rows`): a JSON Lines file's rows from the record's line on, a Parquet file's rows
-  from the record's row on, while they belong to the first row's tree (a Parquet file is read once per process);
-- an input not at hand here (a URL, a dataset of the hub, a compressed file): no ids, the record says where.
+A cache keeps an oasst example's record, not its ids: `conversation_ids` reads the tree from the input
+(a tree export's line, or flat rows from the record on while they share its tree) and selects the
+conversation with the build's rule (sources/oasst_trees.py). An input not at hand here gives no ids.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""`trace ... --html OUT.html`: one self-contained page of a traced step (no script, font or style from elsewhere).
-
-Each sequence is a `<section class="sequence">`: its documents one after another as `<span class="doc">`
-(alternating colours, the origin in the hover title), untrained tokens inside `<span class="untrained">`
-(greyed). A side list names every document of the step once (`<li class="origin">`), its origin spelled out.
-"""
+"""`trace ... --html OUT.html`: one self-contained page of a traced step (sequences, documents, origins)."""
 
 from __future__ import annotations
 
 import html
 import json
+from itertools import groupby
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:0;display:flex}
@@ -21,23 +17,9 @@ max-height:100vh}
 """
 
 
-def _runs(ids: list[int], trained: list[bool]):
-    """Consecutive (ids, trained) pieces of one document's tokens."""
-    start = 0
-    for j in range(1, len(ids) + 1):
-        if j == len(ids) or trained[j] != trained[start]:
-            yield ids[start:j], trained[start]
-            start = j
-
-
 def _name(doc: dict) -> str:
     where = f"{doc['dataset']}:" if doc.get("dataset") else ""
     return f"{where}{doc['split']}:{doc['document']}"
-
-
-def _title(doc: dict) -> str:
-    keep = {k: v for k, v in doc.items() if k not in ("trained_tokens",)}
-    return json.dumps(keep, default=str)
 
 
 def render_page(trace: dict, decode) -> str:
@@ -55,10 +37,14 @@ def render_page(trace: dict, decode) -> str:
         for n, doc in enumerate(seq["documents"]):
             a, b = doc["sequence_tokens"]
             origins.setdefault(_name(doc), doc)
-            body = "".join(html.escape(decode(ids)) if ok else f"<span class='untrained'>{html.escape(decode(ids))}</span>"
-                           for ids, ok in _runs(seq["input_ids"][a:b], seq["trained"][a:b]))
+            body = ""
+            pieces = zip(seq["input_ids"][a:b], seq["trained"][a:b], strict=True)
+            for ok, run in groupby(pieces, key=lambda t: t[1]):  # runs of trained and untrained tokens
+                text = html.escape(decode([i for i, _ in run]))
+                body += text if ok else f"<span class='untrained'>{text}</span>"
+            title = json.dumps({k: v for k, v in doc.items() if k != "trained_tokens"}, default=str)
             parts.append(f"<span class='doc d{n % 3}' data-document='{html.escape(_name(doc))}' "
-                         f"title='{html.escape(_title(doc))}'>{body}</span>")
+                         f"title='{html.escape(title)}'>{body}</span>")
         parts.append("</section>")
     parts.append("</main><aside><h2>Documents</h2><ul>")
     for name, doc in origins.items():

@@ -1,17 +1,8 @@
-"""Parquet text shards (BOS-aligned best-fit rows, or one contiguous stream): their micro-batches, replayed.
+"""Parquet text shards: their micro-batches, replayed by the rank's own loader from the state before them.
 
-These runs tokenize while training and keep no order to compute a step from: a rank's documents are a
-numbered stream (doc id k: the rank's k-th row of its row groups, epochs wrapping) and its state is a
-position in it. So the replay loads the rank's state at the checkpoint before the step (or the start) into
-the run's own loader and makes the batches up to the step: it reads and tokenizes every document the ranks
-read in between, as the run did (the cost grows with the distance from the checkpoint).
-
-- bestfit: every row starts at a document; the packer reports each placement (doc id, row position, tokens)
-  through `BestFitPacker.on_place`, so a row's documents are known exactly, the cropped one included;
-- contiguous: the batch is B*T+1 tokens of the stream from (next_doc, offset) of the state before it; the
-  documents are walked from there with their token counts (`RankDocuments.fetch`).
-
-A document's origin is its Parquet file, row group and row (`RankDocuments.locate`).
+A rank's documents are a numbered stream (epochs wrapping); bestfit rows report each placement through
+`BestFitPacker.on_place`, contiguous rows are walked with the documents' token counts. The cost grows with
+the distance from the checkpoint (every document in between is tokenized again).
 """
 
 from __future__ import annotations
@@ -61,8 +52,7 @@ def parquet_sequences(replay, states: list, micro_batches: list[int], ranks: lis
     out = []
     for rank in ranks:
         loader = replay.opened[rank].source
-        state = states[rank] if states is not None else None
-        loader.load_state_dict(state["loader"] if state is not None else replay.fresh[rank])
+        loader.load_state_dict(states[rank]["loader"] if states is not None else replay.fresh[rank])
         done = 0
         for m, k in enumerate(micro_batches):
             for _ in range(k - done):

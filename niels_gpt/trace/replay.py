@@ -1,18 +1,12 @@
-"""The samples of one micro-batch of a run, computed from the order, not by running the loader.
-
-The loaders are opened as the trainer opens them (`TrainData`, same settings), then asked only for the
-order: every order is a pure function of the seed and a position, so a micro-batch's sample ids cost
-one slice of the order wherever the run stands.
+"""The samples of one micro-batch of a run, computed from the order (a pure function of seed and position),
+not by running the loader; the loaders are opened as the trainer opens them.
 
 | kind | sample | micro-batch k of a rank |
 |---|---|---|
-| indexed, shards, packed | window / bin index | the global sampler's position after k global batches (`advance`), this rank's share |
-| windows | (shard, start) of a random window | the stream's draws of step k (`RankBatchStream.draw_generators`) |
-| sft | example index | the same draws, an example each row |
-| mixture | (dataset, window) | the mixture sampler's state advanced k batches, its draws of batch k |
-| parquet | the rank's documents in a row | the rank's loader made k batches from its state (trace/parquet.py) |
-
-`Replay.rows(k, rank)` also reads the rows' tokens and masks through the datasets' own readers.
+| indexed, shards, packed | window / bin index | the global sampler's position after k batches (`advance`) |
+| windows, sft | (shard, start) / example index | the stream's draws of step k |
+| mixture | (dataset, window) | the mixture sampler's state advanced k batches |
+| parquet | the rank's documents in a row | the rank's loader from its state (trace/parquet.py) |
 """
 
 from __future__ import annotations
@@ -56,9 +50,8 @@ class Replay:
         self.T = int(config["sequence_len"])
         ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=config.get("batch_ramp"),
                                                 total_batch_size=config.get("total_batch_size")), world_size)
-        tokenizer = None
-        if config.get("tokenizer"):  # Parquet text shards are tokenized with the run's tokenizer
-            tokenizer = load_tokenizer(config["tokenizer"])
+        # Parquet text shards are tokenized with the run's tokenizer
+        tokenizer = load_tokenizer(config["tokenizer"]) if config.get("tokenizer") else None
         self.opened = [TrainData(data, T=self.T, seed=int(config["seed"]), device="cpu", rank=r,
                                  world_size=world_size, kind=config.get("data_kind", "auto"),
                                  sampling=config.get("sampling", "indexed"), batch_schedule=ramp,
@@ -70,19 +63,13 @@ class Replay:
         self.data = data
         self._perms: dict[int, object] = {}
         source = self.opened[0].source
-        if self.kind in ("indexed", "shards", "packed"):
-            self.sampler = source.loader.batch_sampler
-            self.dataset = source.loader.dataset
-        elif self.kind == "mixture":
+        if self.kind in ("indexed", "shards", "packed", "mixture"):
             self.sampler, self.dataset = source.loader.batch_sampler, source.loader.dataset
         elif self.kind == "parquet":  # a stream per rank, replayed by its own loader (trace/parquet.py)
             self.sampler, self.dataset = source.docs, None
             self.fresh = [d.source.state_now() for d in self.opened]
         else:
             self.sampler, self.dataset = source, source.dataset
-
-    def fingerprint(self) -> str:
-        return self.sampler.fingerprint
 
     # -- the order ---------------------------------------------------------------------------------
     def start(self, state: dict | None):

@@ -1,14 +1,8 @@
 """`trace_document`: the steps (rank, micro-batch, row) whose sequences held a document.
 
-A document becomes the set of sample ids that hold any of its tokens (windows overlapping its tokens, its
-SFT example, the packed bin holding it). Then:
-- global orders (indexed, shards, packed): per run segment, per epoch it reaches, one slice of the epoch's
-  order and one np.isin over it: the cost is the order's length per epoch the run went through, never a
-  Python step per step (a 100,000-step run of 8-row batches over a 1,000-window cache: ~800 epochs of
-  randperm(1,000) and isin);
-- random windows, SFT examples and mixtures draw afresh every step: their lookup replays each micro-batch's
-  draws (a Python loop over the run's micro-batches);
-- Parquet text shards: the rank's loader makes every batch of the run again, tokenizing as the run did.
+The document becomes the sample ids holding any of its tokens. Global orders (indexed, shards, packed):
+one np.isin per epoch's order slice; random windows, SFT and mixtures: each micro-batch's draws replayed;
+Parquet: the rank's loader makes every batch again.
 """
 
 from __future__ import annotations
@@ -80,14 +74,19 @@ def _targets(replay, dataset: str | None, split: str, doc: int):
         cache_documents(replay.data, split).origin(doc)  # raises on an index out of range
         return doc
     if kind == "packed":
-        offsets = np.asarray(replay.dataset._open()["seq_offsets"])
-        if not 0 <= doc < int(offsets[-1]):
-            raise ConfigError(f"--document {split}:{doc}: the bins {replay.data} hold sequences {split}:0.."
-                              f"{split}:{int(offsets[-1]) - 1}; give one of those")
-        return np.array([int(np.searchsorted(offsets, doc, side="right")) - 1])
+        return np.array([_bin_of(replay, split, doc)])
     docs = cache_documents(replay.data, split)
     docs.origin(doc)
     return int(docs.starts[doc]), int(docs.ends[doc])
+
+
+def _bin_of(replay, split: str, doc: int) -> int:
+    """The packed bin holding sequence `doc` of the bins."""
+    offsets = np.asarray(replay.dataset._open()["seq_offsets"])
+    if not 0 <= doc < int(offsets[-1]):
+        raise ConfigError(f"--document {split}:{doc}: the bins {replay.data} hold sequences {split}:0.."
+                          f"{split}:{int(offsets[-1]) - 1}; give one of those")
+    return int(np.searchsorted(offsets, doc, side="right")) - 1
 
 
 def _holds(replay, target, sample) -> bool:
@@ -125,7 +124,7 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
     by_origin = parse_origin(document)
     dataset, split, doc = (None, None, None) if by_origin is not None else parse_document(document)
     run = Run(run_dir, data=data)
-    seen, origin = [], None
+    hits, origin = [], None  # (step, rank, micro-batch, row, sample)
     for first_step, last_step, ckpt, before in run.segments():
         replay = replay_of(run, ckpt)
         if split is None:  # INPUT:RECORD: the document of the run's cache that came from it
@@ -144,14 +143,11 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
             skip = (first_step - 1 - base) * ckpt.accum
             for k, row in parquet_hits(replay, None if before is None else before.states, count, rank, doc_id):
                 if k >= skip:
-                    seen.append({"step": base + k // ckpt.accum + 1, "rank": rank, "micro_batch": k % ckpt.accum,
-                                 "row": row, "sample": doc_id})
+                    hits.append((base + k // ckpt.accum + 1, rank, k % ckpt.accum, row, doc_id))
             continue
         state = replay.start(None if before is None else before.states[0])
         if replay.kind in ("indexed", "shards", "packed"):
-            for step, rank, m, row, sample in _global_hits(replay, (*state, base), first_step, last_step, ckpt.accum,
-                                                           np.asarray(target)):
-                seen.append({"step": step, "rank": rank, "micro_batch": m, "row": row, "sample": sample})
+            hits += _global_hits(replay, (*state, base), first_step, last_step, ckpt.accum, np.asarray(target))
             continue
         for step in range(first_step, last_step + 1):
             for m in range(ckpt.accum):
@@ -159,16 +155,15 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
                 for rank in range(ckpt.world_size):
                     for row, sample in enumerate(replay.samples(state, k, rank)):
                         if _holds(replay, target, sample):
-                            seen.append({"step": step, "rank": rank, "micro_batch": m, "row": row,
-                                         "sample": list(sample) if isinstance(sample, tuple) else sample})
-    seen.sort(key=lambda h: (h["step"], h["rank"], h["micro_batch"], h["row"]))
-    return {"run": str(run.dir), "document": document, "origin": origin, "steps": seen}
+                            hits.append((step, rank, m, row, list(sample) if isinstance(sample, tuple) else sample))
+    hits.sort(key=lambda h: h[:4])
+    steps = [dict(zip(("step", "rank", "micro_batch", "row", "sample"), h, strict=True)) for h in hits]
+    return {"run": str(run.dir), "document": document, "origin": origin, "steps": steps}
 
 
 def _origin(replay, dataset, split: str, doc: int) -> dict:
     if replay.kind == "packed":
-        offsets = np.asarray(replay.dataset._open()["seq_offsets"])
-        b = int(np.searchsorted(offsets, doc, side="right")) - 1
+        b = _bin_of(replay, split, doc)
         seq, a, z = next(t for t in packed_documents(replay.dataset, b) if t[0] == doc)
         return {"cache": replay.data, "split": split, "document": doc, "bin": b, "bin_tokens": [a, z]}
     if replay.kind == "parquet":

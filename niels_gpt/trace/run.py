@@ -1,10 +1,7 @@
 """A training run as trace reads it: its checkpoints' settings and loader states, by step.
 
-A step N (as the step log counts them, 1 = the first) was made by the run segment that wrote the first
-checkpoint at or after N: its `train_config` gives the data, seed, batch and sampling, its number of loader
-states the world size. The replay starts at the last checkpoint before N (its loader state is the position
-after that step) or at step 0, so a run resumed on another number of ranks is read segment by segment.
-Checkpoints are opened with `torch.load(mmap=True)`: their weights are mapped, not read.
+Step N (1 = the first) was made by the segment that wrote the first checkpoint at or after N; the replay
+starts at the checkpoint before it, or at step 0. Checkpoints are opened with mmap: weights are not read.
 """
 
 from __future__ import annotations
@@ -75,19 +72,16 @@ class Run:
         p = self.paths[i]
         return _load(str(p), p.stat().st_mtime)
 
-    @property
-    def last_step(self) -> int:
-        return self.steps[-1]
-
     def segment(self, step: int) -> tuple[Checkpoint, Checkpoint | None]:
-        if not 1 <= step <= self.last_step:
-            raise ConfigError(f"--step {step}: beyond the run {self.dir}, whose checkpoints reach step {self.last_step} "
-                              f"({self.paths[-1].name}); give a step from 1 to {self.last_step}")
+        last = self.steps[-1]
+        if not 1 <= step <= last:
+            raise ConfigError(f"--step {step}: beyond the run {self.dir}, whose checkpoints reach step {last} "
+                              f"({self.paths[-1].name}); give a step from 1 to {last}")
         after = next(i for i, s in enumerate(self.steps) if s >= step)
         return self.checkpoint(after), (self.checkpoint(after - 1) if after else None)
 
     def segments(self) -> list[tuple[int, int, Checkpoint, Checkpoint | None]]:
-        """[(first step, last step, checkpoint that made them, start checkpoint or None)] covering 1..last_step."""
+        """[(first step, last step, checkpoint that made them, start checkpoint or None)] covering the run."""
         out, prev = [], 0
         for i, s in enumerate(self.steps):
             if s > prev:

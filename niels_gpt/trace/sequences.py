@@ -1,9 +1,7 @@
-"""A traced sample as the model saw it: its tokens, which targets were trained, and the documents in it.
+"""A traced sample as the model saw it: {sample, input_ids[T], trained[T], documents}.
 
-`sequence(replay, sample)` -> {sample, input_ids[T], trained[T], documents: [origin + sequence_tokens [a, b)
-and trained_tokens]}. `trained[j]` says whether the target at position j (the token after it) entered the
-loss (labels != -100). A window of the split's tokens [s, s+T] holds input positions s..s+T-1: a document
-of the split's tokens [d0, d1) sits at [max(d0, s) - s, min(d1, s+T) - s) of the sequence.
+`trained[j]`: the target after position j entered the loss. A window of split tokens [s, s+T] holds a
+document [d0, d1) at [max(d0, s) - s, min(d1, s+T) - s) of the sequence.
 """
 
 from __future__ import annotations
@@ -15,8 +13,10 @@ from niels_gpt.packing import collate_packed
 from niels_gpt.trace.documents import cache_documents, document_origin, packed_origin
 
 
-def _window(cache: str, split: str, start: int, T: int, **extra) -> dict:
+def _window(cache: str, split: str, shard: int, offset: int, T: int, **extra) -> dict:
+    """The window at token `offset` of `shard` (the split's shards back to back)."""
     docs = cache_documents(cache, split)
+    start = docs.shard_starts[shard] + offset
     tokens = docs.tokens(start, start + T + 1)
     documents = []
     for d in docs.overlapping(start, start + T).tolist():
@@ -26,28 +26,18 @@ def _window(cache: str, split: str, start: int, T: int, **extra) -> dict:
             "window": {"cache": cache, "split": split, "cache_tokens": [start, start + T + 1]}}
 
 
-def _split_start(cache: str, split: str, shard: int, offset: int) -> int:
-    """A shard's token offset as a position in its split (the shards back to back)."""
-    return cache_documents(cache, split).shard_starts[shard] + offset
-
-
 def sequence(replay, sample) -> dict:
     """The sequence of one sample id of `replay` (a Replay)."""
     kind, T = replay.kind, replay.T
     if kind in ("indexed", "shards"):
-        shard, offset = replay.dataset.locate(int(sample))
-        out = _window(replay.data, "train", _split_start(replay.data, "train", shard, offset), T)
+        out = _window(replay.data, "train", *replay.dataset.locate(int(sample)), T)
     elif kind == "mixture":
         d, i = sample
-        name = replay.dataset.names[d]
-        ds = replay.dataset.datasets[d]
-        cache = replay.opened[0].origins[d]
-        shard, offset = ds.locate(int(i))
-        out = _window(str(cache), ds.split, _split_start(str(cache), ds.split, shard, offset), T, dataset=name)
+        name, ds = replay.dataset.names[d], replay.dataset.datasets[d]
+        out = _window(str(replay.opened[0].origins[d]), ds.split, *ds.locate(int(i)), T, dataset=name)
         sample = [name, int(i)]
     elif kind == "windows":
-        shard, local = sample
-        out = _window(replay.data, "train", _split_start(replay.data, "train", shard, local), T)
+        out = _window(replay.data, "train", *sample, T)
         sample = out["window"]["cache_tokens"][0]
     elif kind == "sft":
         out = _example(replay, int(sample))

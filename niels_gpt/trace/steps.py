@@ -1,8 +1,6 @@
 """`trace_step`: the documents of every sequence of a step; `trace_state`: the same from a loader state.
 
-A step is `accum` micro-batches on each of `world_size` ranks (the segment's settings, run.py); its
-micro-batch m on rank r is micro-batch (N - 1 - start) * accum + m counted from the replay's start (the
-checkpoint before N, or step 0). Sequences are listed rank by rank, micro-batch by micro-batch, row by row.
+Micro-batch m of step N is micro-batch (N - 1 - start) * accum + m from the replay's start.
 """
 
 from __future__ import annotations
@@ -18,22 +16,26 @@ from niels_gpt.trace.sequences import sequence
 
 
 @functools.lru_cache(maxsize=8)
-def _replay(data: str, config_items: tuple, world_size: int, vocab_size) -> Replay:
+def _cached(data: str, config_items: tuple, world_size: int, vocab_size) -> Replay:
     return Replay(data, dict(config_items), world_size, vocab_size)
+
+
+def _replay(data: str, config: dict, world_size: int, vocab_size) -> Replay:
+    flat = {k: v for k, v in config.items() if not isinstance(v, (dict, list))}
+    return _cached(data, tuple(sorted(flat.items())), world_size, vocab_size)
 
 
 def replay_of(run: Run, ckpt: Checkpoint) -> Replay:
     """The replay of the segment that wrote `ckpt`, its data's fingerprint checked against the run's."""
-    config = {k: v for k, v in ckpt.config.items() if not isinstance(v, (dict, list))}
     data = run.data(ckpt.config)
     try:
-        replay = _replay(data, tuple(sorted(config.items())), ckpt.world_size, ckpt.vocab_size)
+        replay = _replay(data, ckpt.config, ckpt.world_size, ckpt.vocab_size)
     except ConfigError as exc:
         raise ConfigError(f"{run.dir}: its data {data} cannot be opened as the run read it ({exc}); pass --data "
                           "with where the run's data is now") from None
-    saved = (ckpt.states[0].get("loader") or {}).get("fingerprint")
-    if saved is not None and saved != replay.fingerprint():
-        raise ConfigError(f"{data}: not the data the run {run.dir} trained on (its fingerprint {replay.fingerprint()} "
+    saved, now = (ckpt.states[0].get("loader") or {}).get("fingerprint"), replay.sampler.fingerprint
+    if saved is not None and saved != now:
+        raise ConfigError(f"{data}: not the data the run {run.dir} trained on (its fingerprint {now} "
                           f"is not {saved}, recorded in {ckpt.path.name}): the cache was rebuilt or changed since; "
                           "trace the run on the data it read (--data PATH to where it is now)")
     return replay
@@ -55,17 +57,12 @@ def _sequences(replay: Replay, states, micro_batches: list[int], ranks: list[int
 
 def trace_state(state: dict | None, config, *, world_size: int = 1, micro_batches=(0,), ranks=None,
                 data: str | None = None) -> list[dict]:
-    """The sequences a loader delivers after `state`, with their documents, without running it.
-
-    `state`: a loader state as `TrainData.state_dict()` returns it (and a checkpoint records it per rank), or
-    the sampler's own state dict, or None for the start; `config`: the run's TrainConfig (or its dict);
-    `micro_batches`: which micro-batches after the state (0 = the next one); `ranks`: default all of
-    `world_size`."""
+    """The sequences a loader delivers after `state` (TrainData's or its sampler's; None: the start), with
+    their documents, without running it; `config`: the run's TrainConfig or its dict."""
     cfg = asdict(config) if is_dataclass(config) else dict(config)
     if state is not None and "loader" not in state:
         state = {"kind": None, "loader": state}
-    flat = {k: v for k, v in cfg.items() if not isinstance(v, (dict, list))}
-    replay = _replay(str(data or cfg["data"]), tuple(sorted(flat.items())), world_size, cfg.get("vocab_size"))
+    replay = _replay(str(data or cfg["data"]), cfg, world_size, cfg.get("vocab_size"))
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     return _sequences(replay, None if state is None else {r: state for r in ranks}, list(micro_batches), ranks)
 

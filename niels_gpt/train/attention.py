@@ -1,20 +1,13 @@
 """Causal self-attention for rows of one document or of several packed ones: one result, three kernels.
 
-| path      | used when                                   | what it costs                                        |
-|-----------|---------------------------------------------|------------------------------------------------------|
-| `causal`  | the batch carries no document information   | SDPA `is_causal`: flash / memory-efficient kernels   |
-| `flex`    | documents, on CUDA (the default there)       | `flex_attention` with a block mask from the doc ids, |
-|           |                                             | compiled: blocks across documents are skipped, so a  |
-|           |                                             | packed row costs less than a causal one, not more    |
-| `mask`    | documents, on CPU (the default there)        | an explicit (B, 1, T, T) boolean mask through SDPA:  |
-|           |                                             | every backend runs it; T^2 booleans per row, no flash |
+| path     | used when                                 | what it costs                                    |
+|----------|-------------------------------------------|--------------------------------------------------|
+| `causal` | the batch carries no document information | SDPA `is_causal`: flash / memory-efficient       |
+| `flex`   | documents, on CUDA (the default there)    | compiled flex_attention: skips foreign blocks    |
+| `mask`   | documents, on CPU (the default there)     | an explicit (B, 1, T, T) boolean mask via SDPA   |
 
-A token attends to the earlier tokens of its own document (itself included); `doc` holds a document
-id per token, (B, T), equal ids = one document. flex_attention runs on CPU only eagerly and forward
-only (no CPU backward in torch 2.13), so CPU training keeps the explicit mask; tests/train/
-test_attention.py holds the two equal (fp32, CPU, several layouts, GQA).
-
-Worked example (T=6, one row): doc [0, 0, 1, 1, 1, 1] -> token 3 attends to tokens 2 and 3.
+flex_attention has no CPU backward, so CPU training keeps the mask; tests/train/test_attention.py holds
+the two equal. Worked example (T=6): doc [0, 0, 1, 1, 1, 1] -> token 3 attends to tokens 2 and 3.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
-"""Checkpoints and the run directory that holds them: what `train` writes, and what it may overwrite.
+"""Checkpoints (`ckpt_<step>.pt`, a sha256 of the payload checked on load) and the run directory they go in.
 
-A checkpoint `ckpt_<step>.pt` (torch.save, loaded with weights_only=True) holds the model, the
-optimizers, the step, the RNG states, every rank's loader state, the model and train configs, and
-`sha256`: a digest of all of that (every tensor's dtype, shape and bytes, every other value's repr,
-walked in sorted order). A resume recomputes it: a byte changed inside a weight, which torch.load does
-not notice, is refused by name instead of training on (issue 22: 4 KiB overwritten in a weight gave
-NaN losses, then a new checkpoint over the good ones). A truncated file fails to load and is refused
-the same way. Cost: one sha256 pass over the payload on save and on load (~1 s per GB).
-
-The run directory (`--out-dir`) holds one run: its checkpoints and `run.json`, the run's record
-(data, model, seed, steps, checkpoints), rewritten atomically after each checkpoint. `check_out_dir`
-decides before any work:
-
-| --out-dir holds                                 | verdict                                            |
-|-------------------------------------------------|----------------------------------------------------|
-| nothing (or is absent)                          | written                                            |
-| a run's checkpoints, with --resume (of this run) | the run continues there                            |
-| a run's checkpoints, with --overwrite           | that run's files are deleted when this run saves   |
-|                                                 | its first checkpoint (a run killed before keeps it)|
-| a run's checkpoints, neither                    | refused, naming the run                            |
-| anything else (a user's files, a directory)     | refused, even with --overwrite                     |
-| the data, inside it, or above it                | refused (niels_gpt.output_guard.check_overlap)          |
-| a run directory another train is writing        | refused, naming its pid (`run_lock`)               |
-
-`--keep-last N` prunes as the run saves: its newest N checkpoints stay, older ones that run.json records
-go (`prune_checkpoints`); the newest, the one `--resume latest` takes, and one that a run beside it started
-from (`--init-from`, in that run's run.json) always stay.
-
-`run_lock` holds `<out-dir>.lock` beside the run directory for the whole run, as `build` holds its
-output's (niels_gpt/staging.py, the same lock): a second train (or a build) into the same directory is
-refused at once, naming the holder; a lock whose process died (a killed run) is taken over.
+An --out-dir this run may write: a new or empty directory, this run's own directory (--resume), or another
+run's with --overwrite (its files go when this run saves its first checkpoint). Refused: a directory with
+files this trainer did not write, one overlapping the data or the --init-from checkpoint, and one another
+train holds (`run_lock`: `<out-dir>.lock`, the lock `build` takes, niels_gpt/staging.py). run.json records the
+run and its checkpoints; `--keep-last N` prunes the older ones it records, never the newest nor one a run
+beside it started from (--init-from).
 """
 
 from __future__ import annotations
@@ -97,8 +73,7 @@ def payload_digest(obj) -> str:
 
 
 def save_checkpoint(path: Path, payload: dict) -> str:
-    """Write `payload` with its digest, atomically, then the run's record (run.json) beside it; returns
-    the digest."""
+    """Write `payload` with its digest atomically, then run.json beside it; returns the digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
     digest = payload_digest(payload)
     with atomic_path(path) as tmp:
@@ -110,11 +85,6 @@ def save_checkpoint(path: Path, payload: dict) -> str:
                             "steps": cfg["steps"], "init_from": cfg.get("init_from"), "checkpoints": saved,
                             "order_changes": payload.get("order_changes", [])})
     return digest
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}"
 
 
 def checkpoint_file(path: str | os.PathLike, flag: str = "--resume") -> Path:
@@ -132,7 +102,9 @@ def load_checkpoint(path: str | os.PathLike, *, flag: str = "--resume") -> dict:
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle raises many kinds; each is this one condition
-        raise StateError(f"{flag} {p}: not a readable checkpoint ({_one_line(exc)}); it is damaged or "
+        why = " ".join(str(exc).split())
+        why = f"{type(exc).__name__}: {why[:160]}{'...' if len(why) > 160 else ''}"
+        raise StateError(f"{flag} {p}: not a readable checkpoint ({why}); it is damaged or "
                          f"not a checkpoint of this trainer: pick another{_others(p, flag)}") from None
     if not isinstance(ckpt, dict) or ckpt.get("version") not in (1, CHECKPOINT_VERSION) or "model" not in ckpt:
         raise StateError(f"{flag} {p}: not a checkpoint of version {CHECKPOINT_VERSION} written by this trainer: "
@@ -196,9 +168,7 @@ def write_run(out: Path, record: dict) -> None:
 
 def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | None, resume: Path | None,
                   overwrite: bool) -> list[Path]:
-    """Refuse, before any work, an --out-dir this run may not write (the module's table).
-
-    Returns the files of an earlier run that --overwrite will replace (deleted at the first save)."""
+    """Refuse an --out-dir this run may not write; returns the earlier run's files --overwrite replaces."""
     out = Path(out_dir)
     real = out.resolve()
     check_overlap(real, data, "--out-dir", what="data")
@@ -232,8 +202,7 @@ def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | No
 
 @contextlib.contextmanager
 def run_lock(out_dir: str | os.PathLike):
-    """Hold the run directory's lock (`<out-dir>.lock`) while the block runs; OutputLockedError naming the
-    process that holds it otherwise."""
+    """Hold `<out-dir>.lock` while the block runs; OutputLockedError naming the holder otherwise."""
     out = Path(out_dir)
     made = [d for d in out.absolute().parents if not d.exists()]  # the lock's parents it creates
     with contextlib.ExitStack() as held:
@@ -262,11 +231,7 @@ def _remove_if_empty(made: list[Path]) -> None:
 
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
-    """Remove this run's checkpoints but the newest `keep` (--keep-last); returns the removed files.
-
-    Only checkpoints run.json records (files this run wrote into `out_dir`) go, never the newest (the one
-    `--resume latest` takes) nor one a run beside it started from (its run.json's init_from); run.json is
-    rewritten to record what is left."""
+    """Remove the checkpoints run.json records but the newest `keep` (the module docstring); returns them."""
     out = Path(out_dir)
     record = read_run(out)
     if record is None or keep < 1:
@@ -284,8 +249,7 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
 
 
 def _started_from(out: Path) -> set[Path]:
-    """Checkpoints that the runs beside `out` (directories next to it with a run.json) started from
-    (--init-from, as their run.json records it)."""
+    """The checkpoints runs beside `out` started from (their run.json's init_from)."""
     found = set()
     for record in out.parent.glob(f"*/{RUN_NAME}"):
         source = (read_run(record.parent) or {}).get("init_from")

@@ -1,18 +1,12 @@
-"""`train` and `sample` subcommands: python -m niels_gpt.cli train DATA [flags]; under torchrun for DDP.
+"""`train` and `sample` subcommands (train under torchrun for DDP); see docs/training.md.
 
-    python -m niels_gpt.cli train cache-demo/pretrain/wikitext --depth 2 --steps 100
-    torchrun --nproc_per_node 8 -m niels_gpt.cli train cache/pretrain/fineweb_edu --depth 20 \
-        --seq-len 2048 --device-batch-size 32 --total-batch-size 524288 --core https://...zip
-    python -m niels_gpt.cli train packed/sft --init-from runs/base/ckpt_000100.pt --out-dir runs/sft
-    python -m niels_gpt.cli sample runs/sft/ckpt_000050.pt --prompt "What is a cache?" --chat
-
-Ctrl-C (or SIGTERM) during `train` ends the current step, saves it and prints the command that
-resumes the run (exit status 130); a second Ctrl-C stops at once.
+Ctrl-C (or SIGTERM) during `train` saves the current step and prints the resume command (exit 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import MISSING, fields
 
@@ -23,38 +17,33 @@ from niels_gpt.train.data import KINDS
 from niels_gpt.train.interrupt import EXIT_INTERRUPTED, resume_command
 
 HELP = {
-    "out_dir": "checkpoints go here (ckpt_<step>.pt and run.json); a directory of another run is refused "
-               "unless --resume or --overwrite",
+    "out_dir": "checkpoints and run.json go here (another run's: refused without --resume or --overwrite)",
     "data_kind": f"auto (by what the path holds) or one of: {', '.join(KINDS)}",
-    "sampling": "pretraining caches: indexed windows in one global order (default; resumes on any number of ranks), "
-                "random windows per rank (resumes on the same number of ranks), or shards (K at a time)",
+    "sampling": "pretraining caches: indexed (one global order, resumes on any ranks), random or shards",
     "shards_at_once": "--sampling shards: shards read at a time (local disk for a cache at a URL)",
-    "local_cache": "DATA at a URL (s3://, gs://, hf://, http(s)://): download cache directory (default $NIELS_GPT_CACHE)",
+    "local_cache": "DATA at a URL: download cache directory (default $NIELS_GPT_CACHE)",
     "cache_limit": "DATA at a URL: size bound of the download cache, e.g. 20GB (default $NIELS_GPT_CACHE_MAX_BYTES)",
     "packing": "Parquet text shards: bestfit or contiguous",
     "tokenizer": "tokenizer dir/file (default: a tokenizer/ dir above the data; needed for bpb, CORE, Parquet)",
     "prefetch": "Parquet text shards: batches tokenized ahead in the background (0: in the training loop)",
-    "depth": "layers; width = 64 x depth and heads of ~128 dims unless given (default: 4, or the --init-from "
-             "checkpoint's)",
-    "total_batch_size": "tokens per optimizer step, made up by gradient accumulation (default: one micro-batch per rank)",
+    "depth": "layers; width 64 x depth, heads of ~128 dims (default: 4, or the --init-from checkpoint's)",
+    "total_batch_size": "tokens per optimizer step, by grad accumulation (default: one micro-batch per rank)",
     "device_batch_size": "rows per micro-batch per rank",
     "optimizer": "muon (Muon for matrices + AdamW) or adamw (AdamW for everything)",
     "device": "auto, cpu, cuda or cuda:N",
     "num_workers": "DataLoader workers for the map-style kinds (indexed, mixture, packed)",
     "compile": "torch.compile the model (default: on for CUDA, off for CPU)",
-    "attention": "attention of packed rows: auto (flex_attention on CUDA, the explicit mask on CPU), flex or mask",
-    "peak_tflops": "the device's peak dense bf16 TFLOP/s, for the MFU in the step log (default: known GPUs' table)",
+    "attention": "attention of packed rows: auto (flex on CUDA, the explicit mask on CPU), flex or mask",
+    "peak_tflops": "the device's peak dense bf16 TFLOP/s, for MFU (default: known GPUs' table)",
     "eval_every": "val bpb every N steps (0: only at the end)",
-    "eval_steps": "val batches of --device-batch-size rows per bpb evaluation, shared by the ranks (the same rows "
-                  "on any number of ranks)",
+    "eval_steps": "val batches of --device-batch-size rows per bpb evaluation, shared by the ranks",
     "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL (default: no CORE)",
     "save_every": "checkpoint every N steps (the last step, and a step ended by Ctrl-C, are always saved)",
-    "keep_last": "keep the newest N checkpoints of this run, removing its older ones as it saves (default: keep all)",
+    "keep_last": "keep the newest N checkpoints of this run, removing older ones (default: keep all)",
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
     "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
-    "init_from": "start a new run from this checkpoint's weights (its shape; data kind, --seq-len and "
-                 "optimizer state may differ): pretrain, then SFT (default: none, fresh weights)",
-    "overwrite": "--out-dir holds another run: replace it (its files go when this run saves its first checkpoint)",
+    "init_from": "start a new run from this checkpoint's weights, e.g. SFT after pretraining (default: none)",
+    "overwrite": "--out-dir holds another run: replace it (its files go at this run's first checkpoint)",
     "n_embd": "model width (default: 64 x depth)",
     "n_head": "attention heads (default: width / 128, at least 1)",
     "n_kv_head": "key/value heads for grouped-query attention (default: as many as --n-head)",
@@ -73,10 +62,8 @@ HELP = {
     "seed": "seed of the weights and of the data order (torch RNG)",
     "core_max_items": "score at most this many items per CORE task (default: all)",
     "log_every": "print a log line every N steps",
-    "batch_ramp": "START:END:SAMPLES: the global batch in rows, START -> END in 4 stretches over the first SAMPLES "
-                  "samples, then END (one micro-batch per rank; not with --total-batch-size; default: none, a fixed batch)",
-    "allow_new_order": "with --resume: go on from the checkpoint's position although the data order changed (the data "
-                       "rebuilt, another order); without it such a resume is refused naming what differs",
+    "batch_ramp": "START:END:SAMPLES: global rows ramped over SAMPLES samples (default: a fixed batch)",
+    "allow_new_order": "with --resume: go on from the checkpoint's position although the data order changed",
 }
 CHOICES = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed", "shards"], "packing": ["bestfit", "contiguous"],
            "optimizer": ["muon", "adamw"], "attention": ["auto", "flex", "mask"]}
@@ -122,17 +109,16 @@ def run(args) -> int:
 
     from niels_gpt.train.train import train  # lazy: the model imports torch._dynamo, ~1.5 s
 
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
-    cfg = TrainConfig(**values)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    world = int(os.environ.get("WORLD_SIZE", 1))
     try:
         result = train(cfg)
     except KeyboardInterrupt:  # a Ctrl-C before the first step, or a second one inside a step
         last = latest_checkpoint(cfg.out_dir)
-        where = (f"the last checkpoint is {last}; continue with: {resume_command(cfg, str(last), _world())}"
+        where = (f"the last checkpoint is {last}; continue with: {resume_command(cfg, str(last), world)}"
                  if last else "no checkpoint of this run was written")
         print(f"error: train interrupted before its step ended; {where}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    world = _world()
     if dist.is_initialized():
         first = dist.get_rank() == 0
         dist.destroy_process_group()
@@ -146,12 +132,6 @@ def run(args) -> int:
     if result.val_bpb:
         print(f"final val bpb {result.val_bpb[-1][1]:.4f}")
     return 0
-
-
-def _world() -> int:
-    import os
-
-    return int(os.environ.get("WORLD_SIZE", 1))
 
 
 def run_sample(args) -> int:

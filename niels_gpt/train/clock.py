@@ -1,5 +1,4 @@
-"""How far a run is, for the step log: the wall time since its first step, the time left at the pace so
-far, and the passes over the training data (`epoch 1.25`: a quarter into the second pass)."""
+"""The step log's elapsed time, time left at the pace so far, and passes over the data (`epoch 1.25`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The training run's settings: one dataclass, the `train` subcommand's flags (train/cli.py builds them
-from its fields). Apart from train.py so that the CLI reads it without importing the model and torch's
-compiler (every command's start, `python -X importtime -m niels_gpt.cli --help`)."""
+"""The training run's settings; apart from train.py so the CLI builds its flags without importing the model."""
 
 from __future__ import annotations
 

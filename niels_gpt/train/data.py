@@ -10,16 +10,9 @@
 | an SFT cache (meta.json kind sft)             | `sft`      | SFTExampleDataset + RankBatchStream (labels = y_masked) |
 | packed SFT bins (manifest.json / packed Parquet) | `packed` | open_packed + GlobalBatchSampler + ResumableDataLoader(collate_packed) |
 
-Every batch becomes a dict of contiguous int64 tensors on the training device: `input_ids`,
-`labels` (-100 = not a target) and, for packed bins, `position_ids` and `cu_seqlens`; other keys
-(a mixture's dataset tag, `max_seqlen`, `loss_mask`) are dropped here. On CUDA, batches that a
-DataLoader builds come from pinned memory and are copied with non_blocking=True; the
-random-window and Parquet loaders do that themselves (device=). The Parquet loader tokenizes
-`prefetch` batches ahead in the background (the trainer's --prefetch, default 4).
-
-Every loader's state is the position after the last batch the loop took (`state_dict()`), JSON-able.
-A pretraining or SFT cache at a URL is read through the download cache (niels_gpt/storage): its kind is
-read from the mirrored meta.json, its shards fetched ahead of the batches that need them.
+A batch is a dict of contiguous int64 tensors on the device: `input_ids`, `labels` (-100: no target) and,
+for packed bins, `position_ids` and `cu_seqlens`. A loader's state is the position after the last batch
+taken, JSON-able. A cache at a URL is read through the download cache (niels_gpt/storage).
 """
 
 from __future__ import annotations
@@ -86,10 +79,7 @@ def detect_kind(path, sampling: str = "indexed") -> str:
 
 
 def to_model_batch(raw, device: torch.device) -> dict[str, torch.Tensor]:
-    """Any loader's batch -> {input_ids, labels, ...} contiguous on `device`.
-
-    (x, y) -> labels y; (x, y, y_masked) -> labels y_masked; dicts keep MODEL_KEYS' tensors only.
-    """
+    """Any loader's batch -> {input_ids, labels, ...} on `device`: (x, y), (x, y, y_masked) or a dict."""
     if isinstance(raw, (tuple, list)):
         batch = {"input_ids": raw[0], "labels": raw[2] if len(raw) == 3 else raw[1]}
     else:
@@ -187,9 +177,6 @@ class TrainData:
         return {"num_workers": self.num_workers, "pin_memory": cuda,
                 "persistent_workers": self.num_workers > 0}
 
-    def _meta(self, where) -> dict:
-        return read_meta(str(where))
-
     def _src(self, *parts: str) -> str:
         """A file or split of the data, as a URL when the data is at one."""
         return "/".join([self.url, *parts]) if self.url else str(self.path.joinpath(*parts))
@@ -201,17 +188,16 @@ class TrainData:
         self._val = self._windows_val([self._src()])
 
     def _windows_val(self, caches: list) -> tuple | None:
-        """The val split of those pretraining caches that have one (a cache built without --val-frac or
-        --val-tokens has none: its val bpb is skipped, not an error)."""
+        """The val split of those pretraining caches that have one (none: val bpb is skipped)."""
         def val_tokens(c) -> int:  # a URL's meta.json is read from its mirror
-            return int(self._meta(self.path if self.url and str(c) == self.url else c)["totals"].get("val_tokens", 0))
+            return int(read_meta(self.path if self.url and str(c) == self.url else c)["totals"].get("val_tokens", 0))
 
         with_val = [c for c in caches if val_tokens(c)]
         return ("windows_val", with_val) if with_val else None
 
     def _open_indexed(self, sampler_class=GlobalBatchSampler, **order):
         ds = IndexedWindowDataset(self._src(), self.T, split="train")
-        self.vocab_size = self.vocab_size or int(self._meta(self.path)["vocab_size"])
+        self.vocab_size = self.vocab_size or int(read_meta(self.path)["vocab_size"])
         sampler = sampler_class(ds, self.B * self.world_size, seed=self.seed, **order, **self._rank_args())
         self.source = EpochLoop(ResumableDataLoader(ds, sampler, **self._loader_kwargs()))
         self._val = self._windows_val([self._src()])
@@ -222,7 +208,7 @@ class TrainData:
     def _open_mixture(self):
         cfg = MixtureConfig.from_file(self.path)
         mix, sampler = cfg.build(self.T, self.B * self.world_size, **self._rank_args())
-        vocab = {int(self._meta(Path(d))["vocab_size"]) for d in cfg.datasets.values()}
+        vocab = {int(read_meta(d)["vocab_size"]) for d in cfg.datasets.values()}
         if len(vocab) != 1:
             raise ConfigError(f"{self.path}: the mixture's caches have different vocabularies {sorted(vocab)}; "
                               "mix caches built with one tokenizer")
@@ -241,7 +227,7 @@ class TrainData:
         self._val = ("parquet_val", self.path)
 
     def _open_sft(self):
-        meta = self._meta(self.path)
+        meta = read_meta(self.path)
         self.vocab_size = self.vocab_size or int(meta["vocab_size"])
         eot = int(meta["special_token_ids"]["eot"])
         ds = SFTExampleDataset(self._src("train_tokens.bin"), self._src("train_idx.npy"), T=self.T,
@@ -262,7 +248,7 @@ class TrainData:
         self.tokenizer_sha256 = sha if isinstance(sha, str) and sha.strip("0") else None  # zeros: not recorded
         source = Path(str(recorded.get("cache_dir", "")))
         if (source / META_NAME).is_file():  # the SFT cache the bins came from
-            self.vocab_size = self.vocab_size or int(self._meta(source)["vocab_size"])
+            self.vocab_size = self.vocab_size or int(read_meta(source)["vocab_size"])
             self.origins.append(source)
         val = find_val_pack(self.path, T=self.T, tokenizer_sha256=self.tokenizer_sha256)
         self._val = ("packed_val", val) if val is not None else None
@@ -289,7 +275,7 @@ class TrainData:
         if per_epoch is None or "step" not in state:
             return None
         if not hasattr(self, "_epoch_units"):  # read once: the log asks every step
-            self._epoch_units = int(self._meta(self.path)["totals"].get(per_epoch[0], 0))
+            self._epoch_units = int(read_meta(self.path)["totals"].get(per_epoch[0], 0))
         units = self._epoch_units
         return state["step"] * self.B * self.world_size * per_epoch[1] / units if units else None
 
@@ -305,8 +291,7 @@ class TrainData:
         getattr(self.source, "close", lambda: None)()
 
     def load_state_dict(self, state: dict, allow_new_order: bool = False) -> None:
-        """allow_new_order: go on from the state's position in this data's order (every loader but Parquet's,
-        whose state records no order: its resume needs the same shards)."""
+        """allow_new_order: go on from the state's position in this data's order (not for Parquet shards)."""
         if state.get("kind") != self.kind:
             raise ConfigError(f"checkpoint's loader state is of kind {state.get('kind')!r}, this run reads "
                               f"{self.kind!r} data from {self.path}: resume with the same data")
@@ -321,8 +306,7 @@ class TrainData:
         return self._val is not None
 
     def val_batches(self, steps: int) -> list:
-        """This rank's share of the val split's first `steps` batches of B rows, the same every call and on
-        any number of ranks (val.py)."""
+        """This rank's share of the val split's first `steps` batches of B rows (val.py)."""
         if self._val is None:
             return []
         check_pins(self._pins)

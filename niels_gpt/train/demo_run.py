@@ -1,16 +1,8 @@
-"""The training part of `make demo`: base -> SFT -> a sample, in the order nanochat trains a chat model.
+"""The training part of `make demo`: base -> SFT -> a sample, in nanochat's order.
 
-1. base: a small GPT (2 layers, 128 wide) on the demo's wikitext cache, 80 steps of 8 x 128 tokens,
-   stopped and checkpointed at step 40 (runs/demo, next to the cache directory), resumed from that
-   checkpoint, val bits per byte at steps 40 and 80, CORE on the bundled items;
-2. SFT: the dolly15k SFT cache packed into bins of 256 tokens (cache-demo/packed/dolly15k), trained
-   from the base model's weights (`--init-from`) for 20 steps in runs/demo-sft: another data kind,
-   another sequence length, fresh optimizer state, attention that never crosses a packed conversation;
-3. a sample: the SFT model answers a question (greedy, 40 tokens). At this size and step count the
-   answer is not good; the point is the path from text to a model that answers.
-
-About 1.5 minutes on 2 CPU cores. The caches stay as the build made them; each run replaces the
-previous demo's runs (--overwrite).
+Base: a 2-layer GPT on the demo's wikitext cache, stopped at half its steps and resumed, with val bpb and
+CORE; SFT: the dolly15k cache packed into bins of 256 tokens, trained --init-from the base; then a greedy
+sample. About 1.5 minutes on 2 CPU cores; each run replaces the previous demo's runs.
 """
 
 from __future__ import annotations

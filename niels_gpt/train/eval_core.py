@@ -1,20 +1,14 @@
 """The CORE evaluation (DCLM's, as nanochat runs it): in-context tasks scored by the base model's loss.
 
-- task types: `multiple_choice` (one context, several continuations: the choices), `schema` (several
-  contexts, one continuation) and `language_modeling` (one context, one continuation: exact match);
-- prompts are rendered from Jinja2 templates with `num_fewshot` solved examples drawn from the
-  other items (torch.Generator seeded 1234 + item index), BOS first;
-- the item's sequences are stacked right-padded into one (n, L) batch and scored in ONE forward:
-  mc/schema pick the option with the lowest mean cross-entropy over its continuation tokens,
-  LM items count when the argmax predictions equal every continuation token;
-- items are strided across ranks (rank r takes r, r+W, ...) and the 0/1 results all-reduced;
-- a task's accuracy is centred on its random baseline b (percent): (acc - b/100) / (1 - b/100);
-  CORE is the mean centred accuracy over tasks.
+- task types: `multiple_choice` (one context, several continuations), `schema` (several contexts, one
+  continuation), `language_modeling` (exact match of the continuation);
+- prompts rendered from Jinja2 templates with `num_fewshot` examples (torch.Generator seeded 1234 + item);
+- an item's sequences are right-padded into one batch and scored in one forward: the option with the lowest
+  mean loss over its continuation wins; items are strided across ranks and the results all-reduced;
+- accuracy is centred on the random baseline b%: (acc - b/100) / (1 - b/100); CORE is the mean over tasks.
 
-Data layout (the DCLM/nanochat eval bundle, and our bundled items in niels_gpt/train/core_items/):
-`core.yaml` (icl_tasks: label, dataset_uri, num_fewshot [k], icl_task_type, continuation_delimiter),
-`eval_data/<dataset_uri>` JSONL items, `eval_meta_data.csv` ("Eval Task", "Random baseline").
-The full bundle downloads from CORE_BUNDLE_URL on a machine with network (`download_core_bundle`).
+A bundle (DCLM/nanochat's, or our items in niels_gpt/train/core_items/) holds core.yaml, eval_data/ and
+eval_meta_data.csv; the full one downloads from CORE_BUNDLE_URL.
 """
 
 from __future__ import annotations
@@ -22,12 +16,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-import zipfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.errors import ConfigError, SourceError
@@ -59,37 +53,27 @@ LM_TEMPLATE = """
 {{ item.context | trim }}{{ continuation_delimiter }}{% if include_continuation %}{{ item.continuation }}{% endif %}""".strip()
 
 
-def _template(text: str):
-    from jinja2 import Template
-
-    return Template(text)
+TEMPLATES = {"multiple_choice": MC_TEMPLATE, "schema": SCHEMA_TEMPLATE, "language_modeling": LM_TEMPLATE}
 
 
 def render_prompts(item: dict, task_type: str, delimiter: str, fewshot: list[dict]) -> list[str]:
     """mc: one prompt per choice; schema: one per context option; LM: [without, with] the continuation."""
+    if task_type not in TEMPLATES:
+        raise ConfigError(f"task type {task_type!r}: expected one of {', '.join(TASK_TYPES)}")
+    from jinja2 import Template  # lazy: jinja2 only when CORE runs
+
+    t = Template(TEMPLATES[task_type])
     ctx = {"fewshot_examples": fewshot, "continuation_delimiter": delimiter, "item": item}
     if task_type == "multiple_choice":
-        t = _template(MC_TEMPLATE)
         return [t.render(choice=c, **ctx) for c in item["choices"]]
     if task_type == "schema":
-        t = _template(SCHEMA_TEMPLATE)
         return [t.render(context=c, **ctx) for c in item["context_options"]]
-    if task_type == "language_modeling":
-        t = _template(LM_TEMPLATE)
-        return [t.render(include_continuation=False, **ctx).strip(), t.render(include_continuation=True, **ctx)]
-    raise ConfigError(f"task type {task_type!r}: expected one of {', '.join(TASK_TYPES)}")
+    return [t.render(include_continuation=False, **ctx).strip(), t.render(include_continuation=True, **ctx)]
 
 
 def _common_prefix(seqs: list[list[int]]) -> int:
     n = min(len(s) for s in seqs)
-    for i in range(n):
-        if any(s[i] != seqs[0][i] for s in seqs[1:]):
-            return i
-    return n
-
-
-def _common_suffix(seqs: list[list[int]]) -> int:
-    return _common_prefix([s[::-1] for s in seqs])
+    return next((i for i in range(n) if any(s[i] != seqs[0][i] for s in seqs[1:])), n)
 
 
 def batch_sequences(tokenizer, prompts: list[str], task_type: str) -> tuple[list[list[int]], list[int], list[int]]:
@@ -97,34 +81,13 @@ def batch_sequences(tokenizer, prompts: list[str], task_type: str) -> tuple[list
     bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eot_id
     tokens = [[bos] + tokenizer.encode(p) for p in prompts]
     if task_type == "multiple_choice":
-        start = _common_prefix(tokens)
-        return tokens, [start] * len(tokens), [len(t) for t in tokens]
+        return tokens, [_common_prefix(tokens)] * len(tokens), [len(t) for t in tokens]
     if task_type == "schema":
-        suffix = _common_suffix(tokens)
+        suffix = _common_prefix([t[::-1] for t in tokens])
         return tokens, [len(t) - suffix for t in tokens], [len(t) for t in tokens]
-    without, with_ = tokens
     # NOTE: a subword tokenizer may merge the prompt's last piece with the continuation; the scored
     # span starts where the two token lists first differ.
-    start = _common_prefix([without, with_])
-    return [with_], [start], [len(with_)]
-
-
-def stack_sequences(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
-    out = torch.full((len(tokens), max(len(t) for t in tokens)), pad_id, dtype=torch.long)
-    for i, t in enumerate(tokens):
-        out[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-    return out
-
-
-@torch.no_grad()
-def forward_model(model, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(losses (n, L) with NaN in the last column, argmax predictions (n, L))."""
-    n, L = input_ids.shape
-    logits = model(input_ids).float()
-    targets = torch.roll(input_ids, shifts=-1, dims=1)
-    losses = F.cross_entropy(logits.view(n * L, -1), targets.view(-1), reduction="none").view(n, L)
-    losses[:, -1] = float("nan")
-    return losses, logits.argmax(dim=-1)
+    return tokens[1:], [_common_prefix(tokens)], [len(tokens[1])]
 
 
 def fewshot_for(data: list[dict], idx: int, k: int) -> list[dict]:
@@ -150,11 +113,14 @@ def evaluate_example(idx: int, model, tokenizer, data: list[dict], device, task:
         tokens = [t[c:] for t, c in zip(tokens, cut, strict=True)]
         starts = [s - c for s, c in zip(starts, cut, strict=True)]
         ends = [e - c for e, c in zip(ends, cut, strict=True)]
-    input_ids = stack_sequences(tokens, tokens[0][0]).to(device)
-    losses, preds = forward_model(model, input_ids)
+    rows = [torch.tensor(t) for t in tokens]
+    input_ids = pad_sequence(rows, batch_first=True, padding_value=tokens[0][0]).to(device)
+    logits = model(input_ids).float()
     if task_type == "language_modeling":
         s, e = starts[0], ends[0]
-        return bool(torch.equal(preds[0, s - 1:e - 1], input_ids[0, s:e]))
+        return bool(torch.equal(logits.argmax(dim=-1)[0, s - 1:e - 1], input_ids[0, s:e]))
+    # the loss of position j predicts token j + 1
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none")
     means = [losses[i, s - 1:e - 1].mean().item() for i, (s, e) in enumerate(zip(starts, ends, strict=True))]
     return min(range(len(means)), key=means.__getitem__) == item["gold"]
 
@@ -227,8 +193,7 @@ def download_core_bundle(dest: str | os.PathLike, url: str = CORE_BUNDLE_URL) ->
         shutil.copyfileobj(resp, f)
     staging = dest / "eval_bundle.unpacking"
     shutil.rmtree(staging, ignore_errors=True)
-    with zipfile.ZipFile(zpath) as z:
-        z.extractall(staging)
+    shutil.unpack_archive(zpath, staging, "zip")
     inner = staging / "eval_bundle" if (staging / "eval_bundle").is_dir() else staging
     if not (inner / "core.yaml").is_file():
         raise SourceError(f"{url}: the zip holds no eval_bundle/core.yaml; is this the CORE eval bundle?")
@@ -239,11 +204,8 @@ def download_core_bundle(dest: str | os.PathLike, url: str = CORE_BUNDLE_URL) ->
 
 def run_core(model, tokenizer, where: str = "bundled", *, device="cpu", max_items: int | None = None,
              log=print) -> dict:
-    """{"tasks": {label: {"accuracy", "centered"}}, "core": mean centred} over a bundle.
-
-    where: "bundled" (our items), a bundle directory, or an http(s) URL of the zip (downloaded into
-    ~/.cache/niels_gpt/core).
-    """
+    """{"tasks": {label: {"accuracy", "centered"}}, "core": mean centred} over a bundle: "bundled" (our
+    items), a bundle directory, or the zip's http(s) URL (downloaded into ~/.cache/niels_gpt/core)."""
     if where == "bundled":
         root = BUNDLED_ITEMS
     elif str(where).startswith(("http://", "https://")):

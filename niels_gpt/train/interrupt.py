@@ -1,12 +1,7 @@
-"""Ctrl-C (SIGINT) and SIGTERM during training: finish the step, save it, say how to resume.
+"""Ctrl-C (SIGINT) and SIGTERM during training: finish the step, save it, say how to resume (exit 130).
 
-The first signal only asks: the loop ends the step it is in, writes a checkpoint of it (atomically,
-as every checkpoint) and returns; the command line then prints the exact `--resume` command and exits
-with 130. A second Ctrl-C interrupts at once (KeyboardInterrupt), as a user pressing it twice
-expects. Under DDP the ranks agree on the step to stop after (one all-reduce of a flag per step), so
-every rank's loader state is saved at the same step. Handlers are installed only in the main thread
-(signal.signal works nowhere else), never over a signal the process was started to ignore (nohup, a
-shell's background job), and restored on the way out.
+A second Ctrl-C interrupts at once. Under DDP the ranks agree on the step (an all-reduce per step).
+Handlers go in only in the main thread, never over an ignored signal (nohup), and are restored after.
 """
 
 from __future__ import annotations
@@ -30,16 +25,13 @@ NOT_REPEATED = ("resume", "init_from", "overwrite")
 class StopRequests:
     """`with StopRequests() as stop:` ... `stop.requested(device)` at the end of each step."""
 
-    SIGNALS = ("SIGINT", "SIGTERM")
-
     def __init__(self):
         self.signal: str | None = None
         self._previous: dict = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name)
+            for sig in (signal.SIGINT, signal.SIGTERM):
                 if signal.getsignal(sig) is signal.SIG_IGN:
                     continue  # ignored on purpose (nohup, a shell's background job): left ignored
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -1,11 +1,7 @@
-"""Model FLOPs utilisation: the share of the accelerator's peak that the training step achieves.
+"""Model FLOPs utilisation: FLOPs per token x tokens/s / (peak FLOP/s x ranks), in percent.
 
-    MFU = FLOPs per token x tokens per second / (peak FLOP/s x ranks)
-
-FLOPs per token come from the model config (GPT.flops_per_token: 6 x non-embedding parameters + 12 x
-layers x heads x head dim x T, the PaLM/nanochat count, forward and backward); the peak is dense bf16
-from the table below, matched on `torch.cuda.get_device_name()`, or `--peak-tflops` (which also gives
-CPU runs an MFU). Where neither knows the device, the log leaves MFU out rather than guess.
+The peak is dense bf16 from the table below (matched on the CUDA device's name) or `--peak-tflops`;
+where neither knows the device, MFU is left out.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """The GPT that trains on our caches: nanochat's architecture, with document-aware attention.
 
-- rotary embeddings (RoPE) on q and k, no positional embedding table;
-- QK-norm (q and k RMS-normalised after the rotation), RMSNorm without learnable parameters,
-  a norm right after the token embedding and one before the head;
-- untied token embedding and lm_head; relu² MLP (4x wide); no bias in any linear layer;
-- grouped-query attention: n_kv_head divides n_head, k/v heads are shared by n_head / n_kv_head
-  query heads (`scaled_dot_product_attention(..., enable_gqa=True)`);
-- logits soft-capped at 15 (15 * tanh(z / 15)), as nanochat does.
+RoPE, QK-norm, parameter-free RMSNorm (after the embedding and before the head), untied embedding and
+lm_head, relu² MLP, no biases, grouped-query attention, logits soft-capped at 15.
 
-Documents. Packed rows carry several documents; give the forward any of
-`position_ids` (B, T) restarting at 0 per document (collate_packed), `cu_seqlens` (int32 offsets
-over the flattened B*T tokens, varlen style), or `doc_ids` (B, T) (KempnerForge-style datasets).
-Then a token attends only to earlier tokens of its own document and its RoPE position counts from
-that document's first token, so a document scores exactly as it would alone. How it attends is
-attention.py's choice (`model.attention`: flex_attention's block mask on CUDA, an explicit mask on
-CPU, the plain causal kernel without document information); the result is the same.
-
-Worked example of the layout (T=6, one row): cu_seqlens [0, 2, 6] -> doc ids [0, 0, 1, 1, 1, 1],
-positions [0, 1, 0, 1, 2, 3]; token 3 attends to tokens 2 and 3 only.
+Packed rows: give the forward `position_ids`, `cu_seqlens` (varlen offsets over the flattened B*T tokens)
+or `doc_ids`; a token then attends only to earlier tokens of its own document and its RoPE position counts
+from that document's start (attention.py chooses the kernel). Worked example (T=6, one row): cu_seqlens
+[0, 2, 6] -> doc ids [0, 0, 1, 1, 1, 1], positions [0, 1, 0, 1, 2, 3]; token 3 attends to tokens 2 and 3.
 """
 
 from __future__ import annotations
@@ -60,20 +49,16 @@ class GPTConfig:
             raise ConfigError(f"GPTConfig: n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
 
     @classmethod
-    def from_depth(cls, depth: int, *, vocab_size: int, sequence_len: int, aspect_ratio: int = ASPECT_RATIO,
-                   head_dim: int = HEAD_DIM, n_kv_head: int | None = None) -> GPTConfig:
-        """nanochat's sizing: width = depth * aspect_ratio, heads of ~head_dim, as many kv heads as heads.
-
-        depth 20 -> 1280 wide, 10 heads (nanochat's d20); depth 2 -> 128 wide, 1 head.
-        """
+    def from_depth(cls, depth: int, *, vocab_size: int, sequence_len: int) -> GPTConfig:
+        """nanochat's sizing: depth 20 -> 1280 wide, 10 heads (its d20); depth 2 -> 128 wide, 1 head."""
         if depth < 1:
             raise ConfigError(f"depth {depth}: must be >= 1")
-        n_embd = depth * aspect_ratio
-        n_head = max(1, round(n_embd / head_dim))
+        n_embd = depth * ASPECT_RATIO
+        n_head = max(1, round(n_embd / HEAD_DIM))
         while n_embd % n_head or (n_embd // n_head) % 2:
             n_head -= 1  # the nearest head count that splits the width evenly
         return cls(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                   n_kv_head=n_head if n_kv_head is None else n_kv_head, n_embd=n_embd)
+                   n_kv_head=n_head, n_embd=n_embd)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,10 +79,7 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 def document_layout(B: int, T: int, device, *, position_ids=None, cu_seqlens=None, doc_ids=None):
-    """(positions (B, T), doc ids (B, T)) from whatever document information a batch carries.
-
-    Returns (None, None) when there is none: plain causal attention, positions 0..T-1.
-    """
+    """(positions (B, T), doc ids (B, T)) from a batch's document information; (None, None) without any."""
     if position_ids is None and cu_seqlens is None and doc_ids is None:
         return None, None
     ar = torch.arange(T, device=device).expand(B, T)

@@ -1,16 +1,10 @@
 """Optimizers and schedules, as nanochat sets them up.
 
-- Muon for every matrix inside the transformer blocks: momentum (Nesterov), then the update is
-  replaced by its nearest semi-orthogonal matrix (5 Newton-Schulz steps, bf16 on CUDA, fp32 on CPU)
-  and scaled by sqrt(max(1, rows/cols)).
-- AdamW (betas 0.8/0.95, eps 1e-10) for the token embedding and the lm_head, their learning rates
-  scaled by (n_embd / 768) ** -0.5.
-- `optimizer="adamw"`: AdamW for everything (matrices at `adamw_matrix_lr`).
-- LR multiplier: linear warmup, constant, linear warmdown to `final_lr_frac`; Muon momentum
-  0.85 -> 0.95 over the first 300 steps.
-
-Under DDP every rank holds the same averaged gradients, so every rank computes the same Muon update
-(nanochat's DistMuon shards that work; here it is repeated, which costs little at these sizes).
+- Muon for the block matrices: Nesterov momentum, then 5 Newton-Schulz steps to the nearest
+  semi-orthogonal matrix, scaled by sqrt(max(1, rows/cols)); every DDP rank repeats the same update;
+- AdamW (betas 0.8/0.95, eps 1e-10) for embedding and lm_head, learning rates scaled by (n_embd/768)**-0.5;
+  `optimizer="adamw"`: AdamW for everything;
+- LR: linear warmup, constant, linear warmdown to `final_lr_frac`; Muon momentum 0.85 -> 0.95 over 300 steps.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ ADAM_BETAS = (0.8, 0.95)
 ADAM_EPS = 1e-10
 
 
-def zeropower_via_newtonschulz5(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
+def zeropower_via_newtonschulz5(G: torch.Tensor) -> torch.Tensor:
     """Approximately U V^T of G = U S V^T (Keller Jordan's quintic iteration)."""
     a, b, c = NS_COEFFS
     X = G.bfloat16() if G.is_cuda else G.float()
@@ -32,7 +26,7 @@ def zeropower_via_newtonschulz5(G: torch.Tensor, steps: int = 5) -> torch.Tensor
     if tall:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
+    for _ in range(5):
         A = X @ X.mT
         B = b * A + c * A @ A
         X = a * X + B @ X
@@ -42,10 +36,10 @@ def zeropower_via_newtonschulz5(G: torch.Tensor, steps: int = 5) -> torch.Tensor
 
 
 class Muon(torch.optim.Optimizer):
-    """MomentUm Orthogonalized by Newton-schulz, for 2-D parameters."""
+    """MomentUm Orthogonalized by Newton-schulz, for 2-D parameters (Nesterov momentum)."""
 
-    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5):
-        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps))
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -63,8 +57,7 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(g)
                 buf = state["momentum_buffer"]
                 buf.lerp_(g, 1 - group["momentum"])
-                g = g.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-                g = zeropower_via_newtonschulz5(g, steps=group["ns_steps"])
+                g = zeropower_via_newtonschulz5(g.lerp(buf, group["momentum"]))
                 p.add_(g, alpha=-group["lr"] * max(1.0, p.size(-2) / p.size(-1)) ** 0.5)
 
 
@@ -87,7 +80,7 @@ def build_optimizers(model, *, optimizer: str = "muon", embedding_lr: float = 0.
                                                            weight_decay=weight_decay, fused=use_fused or None,
                                                            foreach=False if not use_fused else None)]
     if optimizer == "muon":
-        opts.append(Muon(matrices, lr=matrix_lr, momentum=0.95))
+        opts.append(Muon(matrices, lr=matrix_lr))
     for opt in opts:
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]

@@ -1,11 +1,5 @@
-"""A run pins the caches it opened: what their meta.json records when the run starts, checked again before
-each val bpb evaluation.
-
-Training reads shards it mapped at the start, so a `build` that replaces a cache meanwhile (other data,
-another tokenizer) does not change what the steps see; the val split, opened at each evaluation, would be
-the new cache's, scored with the old tokenizer's byte lengths. The pin is the content's identity (each
-file's sha256, the tokenizer's sha256 and the vocabulary, as meta.json records them; a cache moved or
-rebuilt byte for byte still matches). Cost: one read of each meta.json per evaluation.
+"""A run pins the caches it opened (their content identity from meta.json) and checks them before each val
+evaluation: a cache rebuilt meanwhile would be scored with the old tokenizer. Cost: a meta.json read each.
 """
 
 from __future__ import annotations
@@ -18,15 +12,19 @@ from niels_gpt.errors import CacheError
 from niels_gpt.resume import fingerprint
 
 
-def content_id(cache: Path) -> str | None:
-    """The identity of a cache's content from its meta.json; None where there is none to read."""
+def meta_of(cache) -> dict:
+    """A cache's meta.json as it is, unchecked; {} where there is none to read."""
     try:
         meta = json.loads((Path(cache) / META_NAME).read_text("utf-8"))
     except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    return fingerprint(meta.get("files"), meta.get("tokenizer_sha256"), meta.get("vocab_size"))
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def content_id(cache: Path) -> str | None:
+    """The identity of a cache's content from its meta.json; None where there is none to read."""
+    meta = meta_of(cache)
+    return fingerprint(meta.get("files"), meta.get("tokenizer_sha256"), meta.get("vocab_size")) if meta else None
 
 
 def pin(caches) -> dict[Path, str]:
@@ -49,11 +47,8 @@ def summary(caches) -> list[dict]:
     """What a checkpoint records of the caches its run read: enough to say what differs on a resume."""
     out = []
     for c in caches:
-        try:
-            meta = json.loads((Path(c) / META_NAME).read_text("utf-8"))
-        except (OSError, ValueError):
-            continue
-        files = meta.get("files") if isinstance(meta, dict) else None
+        meta = meta_of(c)
+        files = meta.get("files")
         if not isinstance(files, dict):
             continue
         out.append({"cache": str(c), "compression": (meta.get("compression") or {}).get("codec"),

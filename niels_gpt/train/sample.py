@@ -1,13 +1,8 @@
 """`sample CKPT --prompt TEXT [--chat]`: what a checkpoint's model writes after a prompt.
 
-- the checkpoint is loaded and its checksum checked as a resume would (checkpoint.py);
-- the tokenizer: --tokenizer, else the one the run recorded, else a `tokenizer/` above the run's data;
-- a base prompt starts after the document separator, as every document of a pretraining cache does;
-  `--chat` renders the prompt as a user turn and opens the assistant's (the library's sentinels, or the
-  tokenizer's own chat template), as the SFT data was rendered; `--system TEXT` puts a system turn first;
-- tokens are drawn one at a time from the last `sequence_len` tokens (no KV cache: these models are
-  small), with a torch.Generator seeded by --seed (temperature 0: the most likely token), until the
-  end-of-text token or --max-tokens.
+The tokenizer: --tokenizer, else the run's, else one above its data. A base prompt starts after the
+document separator; `--chat` renders a user turn (after `--system`) and opens the assistant's. Tokens are
+drawn one at a time from the last `sequence_len` (no KV cache) until end-of-text or --max-tokens.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""What a run needs before its first step: the device and process group, the tokenizer, the model's shape.
+"""What a run needs before its first step: device and process group, tokenizer, model shape, resume checks.
 
-Each check here fails in one line naming the flag and the fix, before any data is read or any
-checkpoint written: a CUDA device asked of a CPU-only torch, a tokenizer that is not the one the data
-was built with, model flags that contradict the checkpoint a run starts from (--init-from).
+Each check fails in one line naming the flag and the fix, before any data is read or checkpoint written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import asdict
@@ -16,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from niels_gpt.constants import META_NAME, MODEL_NAME, SPLITS
+from niels_gpt.constants import MODEL_NAME, SPLITS
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
@@ -26,7 +23,7 @@ from niels_gpt.tokenizer.find import tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.config import flag_of
 from niels_gpt.train.model import GPTConfig
-from niels_gpt.train.pin import what_differs
+from niels_gpt.train.pin import meta_of, what_differs
 from niels_gpt.urls import is_url, refuse_url
 
 DEFAULT_DEPTH = 4
@@ -65,13 +62,8 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
 
 
 def find_tokenizer(data_path: str | os.PathLike):
-    """The tokenizer of the data at `data_path`, or None.
-
-    A cache: the library's one rule (niels_gpt/tokenizer/find.py: the tokenizer its meta.json records,
-    then a `tokenizer/` directory above it with the recorded sha256). A cache at a URL: the tokenizer
-    mirrored from beside it (niels_gpt/storage). Data that records no tokenizer (packed bins, Parquet
-    text shards), or a cache whose recorded tokenizer is not found: a `tokenizer/` directory up to three
-    levels above it (the caller refuses one whose sha256 is not the recorded one, and says so).
+    """The tokenizer of the data at `data_path`, or None: a cache's by tokenizer/find.py's rule, a URL's from
+    beside it, else a `tokenizer/` up to three levels above (the caller refuses one the data does not record).
     """
     if is_url(data_path):  # mirrored from beside the URL, once the cache there answers
         open_location(str(data_path))
@@ -90,14 +82,8 @@ def find_tokenizer(data_path: str | os.PathLike):
 
 
 def recorded_tokenizer_sha(where: Path) -> str | None:
-    meta = Path(where) / META_NAME
-    if not meta.is_file():
-        return None
-    try:
-        sha = json.loads(meta.read_text("utf-8")).get("tokenizer_sha256")
-    except (ValueError, AttributeError):
-        return None
-    return sha if isinstance(sha, str) and sha and set(sha) != {"0"} else None
+    sha = meta_of(where).get("tokenizer_sha256")
+    return sha if isinstance(sha, str) and sha.strip("0") else None
 
 
 def check_data_url(url: str) -> None:
@@ -129,21 +115,13 @@ def model_config(cfg, vocab_size: int) -> GPTConfig:
     """The model of a fresh run: nanochat's sizing from --depth, unless width or heads are given."""
     depth = DEFAULT_DEPTH if cfg.depth is None else cfg.depth
     base = GPTConfig.from_depth(depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
-    if cfg.n_embd is not None or cfg.n_head is not None:
-        n_embd = cfg.n_embd or base.n_embd
-        n_head = cfg.n_head or base.n_head
-        base = GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                         n_kv_head=n_head, n_embd=n_embd)
-    if cfg.n_kv_head is not None:
-        base = GPTConfig(**{**base.to_dict(), "n_kv_head": cfg.n_kv_head})
-    return base
+    n_head = cfg.n_head or base.n_head
+    return GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
+                     n_kv_head=n_head if cfg.n_kv_head is None else cfg.n_kv_head, n_embd=cfg.n_embd or base.n_embd)
 
 
 def init_config(cfg, recorded: dict, vocab_size: int, source: str) -> GPTConfig:
-    """The model of a run started from a checkpoint's weights: its shape, this run's sequence length.
-
-    A model flag given on the command line must agree with the checkpoint (it cannot change a shape
-    the weights have), and the data's vocabulary must be the checkpoint's."""
+    """The model of a run started from a checkpoint's weights: its shape (model flags must agree), this T."""
     flags = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}
     for flag, key in flags.items():
         given = getattr(cfg, flag)
@@ -176,9 +154,7 @@ RESUME_FIXED = ("seed", "optimizer", "sampling", "device_batch_size", "total_bat
 
 
 def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, source, kind: str = "") -> None:
-    """Refuse a resume whose flags differ from the run's (RESUME_FIXED; those that act on this run's data
-    `kind` and optimizer), naming each flag, both values and the two ways on: the same flags, or a new run
-    from the checkpoint's weights."""
+    """Refuse a resume whose RESUME_FIXED flags (those acting on this data `kind` and optimizer) differ."""
     def effective(config: dict, ranks: int) -> dict:  # no --total-batch-size: one micro-batch per rank
         tokens = config.get("device_batch_size", 0) * config.get("sequence_len", 0) * ranks
         return {**config, "total_batch_size": config.get("total_batch_size") or tokens}
@@ -202,18 +178,14 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
 
 
 def regrouped(refusal: str) -> bool:
-    """A loader's refusal that names only its global batch: a resume on another number of ranks (or
-    micro-batches) of a global order, whose tokens per step check_resume_settings kept, goes on from the
-    same sample position in the same order."""
+    """A loader's refusal that names only its global batch: the same order on other ranks, which goes on."""
     found = re.search(r"the order would change \((.*), state -> this run\)", refusal)
     return found is not None and {d.split(" ")[0] for d in found.group(1).split("; ")} == {"global_batch_size"}
 
 
 def resume_loader(data, state: dict, ckpt: dict, caches: list, source, *, allow_new_order: bool = False) -> list:
-    """Put the loader at the checkpoint's position. A state whose order would change here (other data, another
-    seed, batch or order code: the loader names it) is refused naming what differs and --allow-new-order; with
-    it the loader goes on from the same position in this run's order. Returns the change run.json records
-    ([{"step", "what"}]; [] where the order is the run's)."""
+    """Put the loader at the checkpoint's position; a changed order is refused unless `allow_new_order`.
+    Returns the change run.json records ([{"step", "what"}], or [])."""
     try:
         data.load_state_dict(state)
         return []
@@ -246,8 +218,7 @@ WORLD_FREE = ("indexed", "shards", "packed", "mixture")
 
 
 def check_resume_world(kind: str, recorded_world: int, world: int, source) -> None:
-    """A resume on another number of ranks than the run's, of data whose position is per rank: StateError
-    naming both numbers and the ways on."""
+    """Refuse a resume on another number of ranks of data whose position is per rank."""
     if recorded_world == world or kind in WORLD_FREE:
         return
     how = (" (a run with --sampling indexed, the default, resumes on any number of ranks; start one from this "

@@ -1,25 +1,14 @@
 """The base training loop (nanochat's base_train, small): one step = grad accumulation to a token batch.
 
-    step s:  for each micro-batch: forward (bf16 autocast on CUDA) -> loss / accum -> backward ->
-             fetch the next micro-batch (it overlaps the GPU's backward) ; clip ; set LR and Muon
-             momentum from the schedule ; step AdamW and Muon ; zero grads
-    log:     loss, lr multiplier, tokens/s, MFU (mfu.py: where the device's peak is known or given),
-             and the data wait: host time inside next(data) (loader + copy to the device). On CUDA
-             that time overlaps GPU work already queued, so it bounds what the GPU lost from above;
-             bench/bench_train.py --gpu measures the loss itself ("fed %": the step with a resident
-             batch / the step with the loader)
-    eval:    val bits per byte (evaluate_bpb, all-reduced) every eval_every steps and at the end;
-             CORE on the bundled items (or a CORE bundle) at the end when asked
-    ckpt:    model, optimizers, step, RNG, every rank's loader state, and a checksum of all of it
-             (checkpoint.py); resuming gives the same losses bit for bit on CPU
-             (tests/train/test_resume.py). A non-finite loss or bpb stops the run before it saves;
-             SIGINT/SIGTERM end the step, save it and return (interrupt.py)
-    start:   fresh, --resume (this run's checkpoint), or --init-from (another run's weights: the
-             nanochat order, pretraining then SFT; the data kind, T and optimizer state may differ)
+- step: per micro-batch forward (bf16 autocast on CUDA), backward, fetch the next batch (overlapping the
+  GPU's backward); clip; LR and Muon momentum from the schedule; step AdamW and Muon;
+- log: loss, lr multiplier, tokens/s, MFU (mfu.py) and the data wait (host time inside next(data));
+- eval: val bpb every eval_every steps and at the end; CORE at the end when asked;
+- checkpoint: model, optimizers, step, RNG and every rank's loader state (checkpoint.py); a resumed run
+  gives the same losses bit for bit on CPU; a non-finite loss stops the run before it saves;
+  SIGINT/SIGTERM save the step and return (interrupt.py).
 
-DDP: started by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on CUDA; every rank reads its own
-share of each global batch through the loaders' rank arguments. torch.compile is on by default on
-CUDA (the model's document prelude stays eager: model.py), off on CPU.
+DDP under torchrun: gloo on CPU, nccl on CUDA. torch.compile is on by default on CUDA, off on CPU.
 """
 
 from __future__ import annotations
@@ -103,13 +92,8 @@ class TrainResult:
 
 def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=print,
           record_rows: bool = False, data=None) -> TrainResult:
-    """Run (or resume) a training run; returns the per-step losses, val bpb and CORE results.
-
-    `token_bytes` replaces the tokenizer's byte lengths for bpb; `record_rows` keeps every input row
-    in the result (tests compare what ranks and resumed runs saw). `data` replaces the loader chosen
-    from cfg.data by any object with __next__ (model batches), state_dict, load_state_dict, kind,
-    vocab_size, has_val and val_batches (bench/bench_train.py runs the peers' recipes through it).
-    """
+    """Run (or resume) a training run. `token_bytes` replaces the tokenizer's byte lengths for bpb;
+    `record_rows` keeps every input row; `data` replaces the loader of cfg.data (TrainData's protocol)."""
     check_config(cfg)
     if data is None and is_url(cfg.data):  # read through the download cache (docs/storage.md)
         apply_cache_args(cfg.local_cache, cfg.cache_limit)
@@ -134,8 +118,7 @@ def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run
     if resolve_attention(cfg.attention, device) == "flex" and device.type != "cuda":
         raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
                           "train on CPU with --attention mask (or auto)")
-    master = rank == 0
-    say = log if master else (lambda *a, **k: None)
+    say = log if rank == 0 else (lambda *a, **k: None)
     tok = None
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)
@@ -173,17 +156,13 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
+    data_sha = tok.sha256 if tok is not None else recorded  # a tokenizer kept above is the recorded one
     base_sha = base.get("tokenizer_sha256") if base is not None else None
-    if base_sha and tok is not None and base_sha != tok.sha256:
+    if base_sha and data_sha and base_sha != data_sha:
         raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
-                          f"{base_sha[:12]}...) than {tok.model_path} ({tok.sha256[:12]}...): its "
-                          "ids would mean other text; train on data built with the base run's tokenizer")
-    if base_sha and recorded and base_sha != recorded:
-        raise ConfigError(f"--init-from {cfg.init_from}: its model was trained with another tokenizer (sha256 "
-                          f"{base_sha[:12]}...) than {cfg.data} was built with ({recorded[:12]}...): its ids would "
-                          f"mean other text; train on data built with the base run's tokenizer "
+                          f"{base_sha[:12]}...) than {cfg.data} was built with ({data_sha[:12]}...): its ids "
+                          f"would mean other text; train on data built with the base run's tokenizer "
                           f"({base.get('tokenizer') or 'the one its run recorded'})")
-    data_sha = tok.sha256 if tok is not None else recorded
     tokens_per_micro = cfg.device_batch_size * cfg.sequence_len * world
     total = cfg.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
@@ -246,18 +225,15 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         f"({mcfg.n_kv_head} kv), {model.num_params():,} parameters | batch {total:,} tokens = {accum} x "
         f"{cfg.device_batch_size} x {cfg.sequence_len} x {world} rank(s) | {cfg.optimizer} | device {device}"
         f"{' | compiled' if compiled else ''}")
-    say("data wait = host time inside next(data) per step (loader + copy to the device)"
-        + ("; on CUDA it overlaps queued GPU work, so it bounds the GPU's stall from above "
-           "(bench/bench_train.py --gpu measures the stall: fed %)" if cuda else "")
+    say("data wait = host time inside next(data) per step (loader + copy to the device; docs/training.md)"
         + ("" if peak else "; MFU: pass --peak-tflops for this device"))
 
     if token_bytes is None:
         say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
     elif not data.has_val:
-        say(f"{cfg.data}: no val split in this data: val bpb is skipped" + (
-            f" (packed bins: pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself when the "
-            "cache has one: pack them again without --no-val)"
-            if data.kind == "packed" else ""))
+        hint = {"packed": f" (pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself: pack "
+                          "them again without --no-val)"}
+        say(f"{cfg.data}: no val split in this data: val bpb is skipped{hint.get(data.kind, '')}")
     result = TrainResult(step=start)
     out = Path(cfg.out_dir)
 
@@ -341,8 +317,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             for opt in optimizers:
                 for group in opt.param_groups:
                     group["lr"] = group["initial_lr"] * lrm
-                if isinstance(opt, Muon):
-                    for group in opt.param_groups:
+                    if isinstance(opt, Muon):
                         group["momentum"] = muon_momentum(step)
                 opt.step()
             model.zero_grad(set_to_none=True)

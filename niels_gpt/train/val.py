@@ -1,13 +1,6 @@
-"""What a run scores for val bpb: the same rows on any number of ranks, packed rows with their documents.
-
-The rows: the val split's first `steps` batches of B rows (`--eval-steps`, `--device-batch-size`); batch
-i goes to rank i % world_size, and evaluate_bpb sums nats and bytes over the ranks, so the same weights
-score the same on 1 rank and on 8 (tests/train/test_world_size.py).
-
-Packed SFT bins are one split; their val pack is packed bins of the SFT cache's val split at `<bins>/val`
-(where `pack-sft CACHE OUT` puts it itself), or at `<dir>/val` beside bins at `<dir>/train`. Its rows are
-scored with their document layout (positions restart, no attention across documents), as training
-reads them: each document scores as it would alone.
+"""What a run scores for val bpb: the val split's first `steps` batches of B rows, batch i on rank i % world,
+so the same weights score the same on any number of ranks. Packed bins' val pack is `<bins>/val` (or
+`<dir>/val` beside `<dir>/train`), scored with its document layout as training reads it.
 """
 
 from __future__ import annotations
@@ -84,27 +77,17 @@ def val_batches(what: str, arg, *, T: int, B: int, rank: int, world_size: int, s
     return out
 
 
-class _WithLayout:
-    """evaluate_bpb's `model(x)` and its batches at once: each batch's document layout (packed rows) goes
-    to the model with its inputs; evaluate_bpb calls the model on a batch before it takes the next."""
-
-    def __init__(self, model, batches, device):
-        self.model, self.batches, self.device, self.layout = model, batches, device, {}
-
-    def __iter__(self):
-        for b in self.batches:
-            if isinstance(b, dict):
-                self.layout = {k: b[k].to(self.device) for k in LAYOUT_KEYS if isinstance(b.get(k), torch.Tensor)}
-                yield b["input_ids"], b["labels"]
-            else:
-                self.layout = {}
-                yield b
-
-    def __call__(self, x):
-        return self.model(x, **self.layout)
-
-
 def score(model, batches, token_bytes: torch.Tensor) -> float:
     """Bits per byte of `model` over val batches (tuples, or dicts with a document layout), all ranks."""
-    scored = _WithLayout(model, batches, token_bytes.device)
-    return evaluate_bpb(scored, scored, token_bytes)
+    layout: dict = {}  # the layout of the batch being scored: evaluate_bpb scores each before taking the next
+
+    def pairs():
+        for b in batches:
+            layout.clear()
+            if isinstance(b, dict):
+                given = [k for k in LAYOUT_KEYS if isinstance(b.get(k), torch.Tensor)]
+                layout.update((k, b[k].to(token_bytes.device)) for k in given)
+                b = (b["input_ids"], b["labels"])
+            yield b
+
+    return evaluate_bpb(lambda x: model(x, **layout), pairs(), token_bytes)
