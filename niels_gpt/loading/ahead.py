@@ -1,22 +1,13 @@
-"""Batches made in the background, a few ahead of the loop that takes them: one producer for every loader.
+"""Items made in the background, a few ahead of the loop that takes them: one producer for every loader.
 
-- the producer iterates its items (a sampler's batches; a Parquet loader's batches, each with the loader's
-  state right after it was made) in the background and fills a bounded queue; the loop takes them in
-  order, so a state that came with the last item taken is the position of the items handed out, never of
-  those made ahead, and resuming is exact whatever the depth of the queue;
-- a thread, or one worker process for work that holds the GIL (a Python tokenizer): the process builds
-  its own loader from a picklable spec, dies with its parent and leaves Ctrl-C to it;
-- an error in the producer is raised by the next `get()`, in the loop's thread, at the item where it
-  happened; `stop()` (the loop leaves early, the loader is restarted) ends the producer;
-- every producer thread stops before the interpreter finalises (an exit hook signals and joins it), so a
-  script that takes one batch and ends never leaves a thread inside torch while torch is torn down (that
-  aborts the process: "terminate called without an active exception", exit code 134).
+- a thread (or one worker process for a tokenizer that holds the GIL) fills a bounded queue; the loop takes
+  the items in order, so a state that came with the last item taken is exact whatever the queue's depth;
+- an error in the producer is raised by the next `get()`; `stop()` ends the producer;
+- every producer thread is stopped before the interpreter finalises (an exit hook): a thread left inside
+  torch while torch is torn down aborts the process (exit code 134).
 
-Why: without workers a batch is made in the training loop's own thread, between two steps (~0.3-0.5 ms of
-a 32 x 1024 IndexedWindowDataset batch here; tokenizing a Parquet batch, far more). A thread that makes the
-next batches while the step runs (a GPU step leaves the CPU free; numpy's gathers and the native encoders
-release the GIL) leaves the loop one queue get (~20 us). Worker processes cost a copy through a pipe or
-shared memory instead (B=32, T=1024: 0.5 MB, well under a millisecond). Figures: bench/bench_loading.py.
+Why: a batch made in the loop's thread costs the step its time; made ahead, the loop waits one queue get
+(figures: bench/bench_loading.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Bits per byte: a loss that does not depend on the tokenizer's vocabulary.
 
-bpb = (sum over counted targets of cross-entropy in nats) / (ln 2 * sum of their UTF-8 bytes).
-A target counts when it is not ignored (-100, or any negative id) and stands for at least one byte:
-special tokens have byte length 0 (`Tokenizer.token_byte_lengths()`), so BOS/EOT/chat sentinels
-drop out of both sums, as in nanochat's evaluate_bpb. Both sums are all-reduced across ranks when
-torch.distributed is initialised, so every rank returns the same global figure.
+bpb = (sum of cross-entropy in nats over counted targets) / (ln 2 * sum of their UTF-8 bytes); a target
+counts when it is not ignored (negative) and stands for at least one byte (special tokens have 0), as in
+nanochat's evaluate_bpb. Both sums are all-reduced across ranks under torch.distributed.
 """
 
 from __future__ import annotations

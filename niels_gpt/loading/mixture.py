@@ -1,23 +1,13 @@
 """Mixtures of map-style datasets: weights, temperature, a phase schedule, exact resumption.
 
-- weights at step s: the last phase with start_step <= s; p_i = w_i^(1/temperature), normalised.
-- quotas: step s gives dataset i floor(p_i*G + carry_i) slots of the G-sample global batch, the
-  slots left over go to the largest remainders (ties: lower index); the remainder is carried. So
-  after any number of steps every dataset is within one sample of its exact share, and a phase
-  change takes effect at exactly its start step.
-- placement: the G slots are shuffled with a generator seeded from (seed, step); rank r takes its
-  contiguous share, as the global sampler does: the same for any world size and num_workers.
-- within dataset i, the k-th draw is sample perm_i,e[k mod N_i] with e = k div N_i and perm seeded
-  from (seed, i, e): a small dataset oversampled wraps around whole epochs, each a fresh
-  permutation, so every sample is seen equally often (no bias toward its first samples).
-- state: {step, drawn per dataset, carry per dataset, seed, fingerprint, order}: JSON, exact. `order`
-  names the settings (code version, seed, data, global batch) and digests each dataset's next 8 draws;
-  load_state_dict refuses a state whose draws would change, naming what differs, unless called with
-  allow_new_order=True. Weights and phases are not part of it: a state loads into a sampler with new
-  weights or phases, and each dataset goes on from the draw where it stopped, none repeated or skipped.
-
-Cost per step: G scalar picks and one randperm(G); dataset i's order is computed 65,536 positions at a
-time as the draws reach them (loading/order.py), never N_i at once.
+- weights at step s: the last phase with start_step <= s; p_i = w_i^(1/temperature), normalised;
+- quotas: dataset i gets floor(p_i*G + carry_i) of the G slots, the rest go to the largest remainders, the
+  remainder is carried: every dataset stays within one sample of its share;
+- placement: the slots are shuffled from (seed, step); rank r takes its contiguous share;
+- within dataset i, draw k is perm_i,e[k mod N_i], e = k div N_i, perm from (seed, i, e): an oversampled
+  dataset wraps around whole epochs, each freshly permuted;
+- state: {step, drawn, carry, seed, fingerprint, order}; weights and phases are not part of it, so a state
+  loads into a sampler with new weights and each dataset goes on from the draw where it stopped.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """An epoch's order of n samples as a function of the position: nothing of size n is ever held.
 
-- the order is a keyed permutation of range(n): a balanced Feistel network over the smallest domain
-  of 4**h >= n values (h bits a half), with cycle-walking: a value >= n goes through the network again
-  until it lands in range(n), which keeps it a permutation of range(n) (the domain is < 4n, so < 4 passes
-  on average);
-- the keys: ROUNDS 31-bit integers drawn by torch.randint from a torch.Generator seeded with
-  mix_seed(seed, epoch), so the order is a function of (n, seed, epoch) alone, as the contract wants;
-- the round function mixes with two multiply-xorshift steps on 31-bit values: int64 products never
-  overflow, and the same arithmetic runs on any torch device.
+- a keyed permutation of range(n): a balanced Feistel network over the smallest domain of 4**h >= n values,
+  with cycle-walking (a value >= n goes through again until it lands in range(n); < 4 passes on average);
+- the ROUNDS 31-bit keys are drawn by torch from mix_seed(seed, epoch); the round function is two
+  multiply-xorshift steps on 31-bit values, so int64 products never overflow.
 
-Worked example, n = 10: h = 2 (domain 16); position 3 goes through the network, say to 12 (>= 10), then
-again, say to 7: order[3] = 7. No other position can land on 7: the network is a bijection of 0..15 and
-each walk follows its own cycle.
+Worked example, n = 10: h = 2 (domain 16); position 3 goes to, say, 12 (>= 10), then again to 7: order[3] = 7.
 
-Cost: memory is one chunk of CHUNK positions (512 KiB) and its temporaries, whatever n; time is ~4x a
-torch.randperm's per sample (286 vs 68 ns on a loaded 2-core machine; `python -m niels_gpt.loading.order`),
-paid a chunk at a time as batches reach it instead of all at once per epoch.
+Cost: one chunk of CHUNK positions (512 KiB) whatever n; ~4x a torch.randperm's time per sample, paid a
+chunk at a time. Up to SMALL_ORDER samples the order is a held int32 randperm instead.
 """
 
 from __future__ import annotations
@@ -33,12 +26,15 @@ SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32
 
 
 class ChunkedOrder:
-    """Slices of an order computed position by position (`self[positions]`), a chunk at a time; a subclass sets
-    `n` and `_chunk = (0, empty tensor)`."""
+    """An order computed position by position (`self[positions]`, a subclass's), read in slices a chunk at a
+    time; a subclass sets `n` and `_chunk = (0, empty tensor)`."""
+
+    def __len__(self) -> int:
+        return self.n
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
-        """order[start:stop]: from a chunk of CHUNK positions computed at once (batches are consecutive
-        slices, and one call on 65,536 positions costs what ~20 calls on 32 do)."""
+        """order[start:stop], from a chunk of CHUNK positions computed at once (one call on 65,536 positions
+        costs what ~20 calls on 32 do, and batches are consecutive slices)."""
         stop = min(stop, self.n)
         c0, chunk = self._chunk
         if not c0 <= start <= stop <= c0 + len(chunk):
@@ -72,9 +68,6 @@ class EpochOrder(ChunkedOrder):
         g.manual_seed(seed)
         return cls(n, torch.randint(0, MASK31 + 1, (ROUNDS,), generator=g, dtype=torch.int64))
 
-    def __len__(self) -> int:
-        return self.n
-
     def _network(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self.half, x & self.mask
         for k in self.keys:
@@ -84,8 +77,6 @@ class EpochOrder(ChunkedOrder):
         return (left << self.half) | right
 
     def __getitem__(self, positions) -> torch.Tensor:
-        if isinstance(positions, slice):
-            return sliced(self, positions)
         positions = torch.as_tensor(positions, dtype=torch.int64)
         if self.keys is None:
             return positions.clone()
@@ -98,6 +89,7 @@ class EpochOrder(ChunkedOrder):
             walking = walking[y >= self.n]
         return torch.from_numpy(x)
 
+
 class TensorOrder:
     """An order held as a tensor (int32 when n < 2**31: half of int64), with EpochOrder's interface."""
 
@@ -109,8 +101,6 @@ class TensorOrder:
         return self.n
 
     def __getitem__(self, positions) -> torch.Tensor:
-        if isinstance(positions, slice):
-            return sliced(self, positions)
         return self.order[torch.as_tensor(positions, dtype=torch.int64)].to(torch.int64)
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
@@ -120,14 +110,6 @@ class TensorOrder:
         return self.order.to(torch.int64)
 
 
-def sliced(order, s: slice) -> torch.Tensor:
-    """order[a:b:c] as a tensor would give it."""
-    start, stop, step = s.indices(len(order))
-    if step == 1:
-        return order.slice(start, max(start, stop))
-    return order[torch.arange(start, stop, step, dtype=torch.int64)]
-
-
 def mix_seed(*parts: int) -> int:
     """A 63-bit seed from integers, so (seed, epoch) and (seed+1, epoch-1) give unrelated streams."""
     digest = hashlib.sha256(b"niels_gpt:" + b",".join(str(int(p)).encode() for p in parts)).digest()
@@ -135,8 +117,8 @@ def mix_seed(*parts: int) -> int:
 
 
 def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder | TensorOrder:
-    """The global order of epoch `epoch`, read a slice at a time (`.slice(start, stop)`): up to SMALL_ORDER
-    samples a torch.randperm held as int32, above it computed position by position (loading/order.py)."""
+    """The global order of epoch `epoch`: up to SMALL_ORDER samples a held torch.randperm, above it computed
+    position by position."""
     if shuffle and n <= SMALL_ORDER:
         g = torch.Generator()
         g.manual_seed(mix_seed(seed, epoch))
@@ -154,36 +136,3 @@ def global_batches(n: int, global_batch_size: int, seed: int, epoch: int, *, shu
     perm = epoch_permutation(n, seed, epoch, shuffle=shuffle)
     usable = n // global_batch_size * global_batch_size
     return perm[:usable].view(-1, global_batch_size).tolist() if usable else []
-
-
-def rank_slice(batch: list, rank: int, world_size: int) -> list:
-    """Rank `rank`'s contiguous share of one global batch.
-
-    Worked example: G=8, W=4 -> per-rank 2; rank 1 gets batch[2:4], rank 3 gets batch[6:8].
-    """
-    per = len(batch) // world_size
-    return batch[rank * per:(rank + 1) * per]
-
-
-def worker_batches(batches: list, worker_id: int, num_workers: int) -> list:
-    """The batches a DataLoader worker fetches: round-robin, as torch assigns batch-sampler output."""
-    return batches[worker_id::max(num_workers, 1)]
-
-
-
-if __name__ == "__main__":
-    import time
-
-    n, size = 48_800_000, 1 << 20
-    best_o = best_r = float("inf")
-    for rep in range(3):
-        order = EpochOrder.seeded(n, rep)
-        t = time.perf_counter()
-        for i in range(0, size, 512):
-            order.slice(i, i + 512)
-        best_o = min(best_o, time.perf_counter() - t)
-        t = time.perf_counter()
-        torch.randperm(size, generator=torch.Generator().manual_seed(rep))
-        best_r = min(best_r, time.perf_counter() - t)
-    print(f"order of {n:,}: {best_o / size * 1e9:.0f} ns a sample in batches of 512; torch.randperm({size:,}): "
-          f"{best_r / size * 1e9:.0f} ns a sample; {best_o / best_r:.2f}x")

@@ -1,25 +1,12 @@
 """Fetching the shards of the next batches of a remote cache before the training step asks for them.
 
-    prefetch = ShardPrefetcher(remote)                 # in the process that draws the batches
-    prefetch.plan(must, ahead)                         # shards needed now / the next ones, nearest first
-
-- The plan is the sampler's own, nothing is guessed: `GlobalBatchSampler` and `ShardWindowSampler` read
-  their epoch order, `RankBatchStream` replays the draws of its next steps; `RollingPlan` keeps it at
-  least PREFETCH_BATCHES batches long and long enough to hold PREFETCH_NEW_SHARDS shards the batch being
-  handed out does not read.
-- `plan` pins (storage/local_cache.py) the shards of the batches in flight and of the batches ahead, as
-  far ahead as PREFETCH_SHARE of the download cache's bound less the cache's marker (which stays) allows,
-  shared equally by the host's planning processes (ranks; `planners`), the nearest batch always, so no
-  process of the host (rank, DataLoader worker) evicts them before they are read; then it starts the
-  downloads of those not mirrored yet on PREFETCH_REQUESTS background threads, nearest batch first.
-- The downloads are the mirror's own (storage/mirror.py): checked, one per file per host (a reader that
-  needs a shard being prefetched waits for that download instead of starting another), time-limited.
-- A background download that fails is dropped: the batch that needs the shard fetches it itself and
-  raises the error that names it. One that finds no room (everything else pinned) waits for the next plan.
-  One still queued when its shard leaves the plan is cancelled (one in progress lands, evictable).
-
-Cost per batch: one shard lookup for each batch entering the plan and a count update; the prefetcher
-(and the pin file) hear of the plan only when its shards change.
+- the plan is the sampler's own: `GlobalBatchSampler` reads its epoch order, `RankBatchStream` replays the
+  draws of its next steps; `RollingPlan` keeps it PREFETCH_BATCHES batches long, longer until it holds
+  PREFETCH_NEW_SHARDS shards the current batch does not read;
+- `ShardPrefetcher.plan` pins (storage/local_cache.py) the shards of the batches in flight and ahead, within
+  PREFETCH_SHARE of the download bound shared by the host's ranks, then downloads the missing ones on
+  PREFETCH_REQUESTS threads through the mirror (storage/mirror.py), nearest first;
+- a failed background download is dropped: the batch that needs the shard fetches it and raises the error.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """One global order for a map-style dataset, cut into global batches, sliced by rank.
 
-- epoch order: from a torch.Generator seeded by (seed, epoch), no other randomness: torch.randperm(N) held
-  as int32 up to SMALL_ORDER (4 M) samples; above, a keyed permutation of range(N) computed position by
-  position (loading/order.py), its keys drawn by that generator. So nothing of size N is held at scale:
-  at 48.8 M windows (100 B tokens at T=2048) a rank's order costs a 512 KiB chunk, not two int64[N].
-- global batches: consecutive slices of G = global_batch_size indices; the tail (N mod G) is dropped
-  and differs every epoch, so no sample is dropped for good.
-- ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; G must divide by W.
-- workers: the sampler is a *batch* sampler, so DataLoader workers fetch whole batches round-robin
-  and deliver them in order: the batch stream does not depend on num_workers.
-- a batch schedule (loading/schedule.py, `batch_schedule=[(0, 128), (10_000, 256)]` or batch_ramp(...)):
-  G is the schedule's at the samples delivered so far in the run (the state's samples_total); batches
-  are cut from the same order, so a resume mid-ramp on any world size delivers the uninterrupted run's.
-- state: {epoch, samples_consumed, samples_total, seed, fingerprint, order}: global samples, so a state
-  of 8 ranks resumes exactly on 2. `order`: the order's settings (code version, seed, data, batch) and a
-  digest of the next 8 sample ids, recomputed on load: a state whose order would change is refused
-  naming what differs, unless allow_new_order=True. A state without `order` loads as it did.
+- epoch order: from (seed, epoch) alone (loading/order.py); nothing of size N is held at scale;
+- global batches: consecutive slices of G = global_batch_size; the tail (N mod G) is dropped, a different
+  one every epoch; a batch schedule (loading/schedule.py) sets G from the samples delivered so far;
+- ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; DataLoader workers fetch whole batches
+  round-robin, so the batches do not depend on W or num_workers;
+- state: {epoch, samples_consumed, samples_total, seed, fingerprint, order} in global samples, so 8 ranks
+  resume exactly on 2; `order` digests the next sample ids and a state whose order would change is refused
+  unless allow_new_order=True;
+- a remote dataset: the sampler moves its plan of the next batches' shards on each batch (loading/prefetch.py);
+- `ResumableDataLoader` reports the last batch *delivered*, not the last one its workers made.
 
-Cost: one randperm per epoch (33 ms per million samples on 2 cores) up to 4 M samples; above, ~4x that
-per sample, 65,536 at a time as batches reach them (loading/order.py); with 0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
-DataLoader + DistributedSampler does within run-to-run noise.
-
-A remote cache (a dataset with `remote` and `shard_files`, e.g. IndexedWindowDataset at a URL): before
-handing out each batch the sampler moves its plan of the next batches (this rank's share, across the
-epoch's end; loading/prefetch.py) on by one; a ShardPrefetcher pins and downloads their shards.
-
-Resumption with workers: a DataLoader runs ahead of the training loop (prefetch), so the sampler's
-own state_dict() is the position of the last batch *produced*. `ResumableDataLoader` (a plain
-torch DataLoader) and torchdata's `StatefulDataLoader` both report the last batch *delivered*.
+Cost: one randperm per epoch (33 ms per million samples on 2 cores); figures in docs/loading.md.
 """
 
 from __future__ import annotations

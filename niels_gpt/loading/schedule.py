@@ -1,14 +1,9 @@
 """Global batch-size schedules: the global batch as a function of the samples delivered so far.
 
-A schedule is a list of (start_sample, global_batch): from `start_sample` samples delivered on (over the
-whole run, across epochs), each global batch holds `global_batch` samples; the first start is 0.
-`batch_ramp(128, 512, 1_000_000)` ramps 128 -> 512 in 4 steps over the first million samples.
-
-The global order does not change: a schedule only says where the next batch is cut, from the position
-alone (epoch, samples consumed in it, samples delivered in the run). So a run interrupted mid-ramp and
-resumed, on any world size, delivers the samples the uninterrupted run does, none repeated or skipped.
-An epoch ends when the next batch does not fit in what is left of it (that tail is dropped, as with
-a constant batch).
+A schedule is a list of (start_sample, global_batch), the first start 0: `batch_ramp(128, 512, 1_000_000)`
+ramps 128 -> 512 in 4 steps over the first million samples. The order of samples does not change, only
+where the next batch is cut, from the position alone, so a run resumed mid-ramp on any world size delivers
+the uninterrupted run's samples. An epoch ends when the next batch does not fit in what is left of it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """A resumable per-rank stream of batches from a random-window dataset (anything with get_batch).
 
-Random windows have no epoch and no order to remember: batch `step` is a pure function of
-(seed, step, draw). Each step the global batch of G rows is drawn in draws of `draw_rows` rows, draw
-k with its own torch.Generator seeded from (seed, step, k); rank r makes only the draws that fill
-its rows. State is the step counter, so resuming is exact and costs nothing.
+Batch `step` is a pure function of (seed, step): the global batch is drawn in draws of `draw_rows` rows,
+draw k from its own generator seeded from (seed, step, k); rank r makes only the draws that fill its rows.
+The state is the step counter, so resuming is exact and costs nothing.
 
-- draw_rows = per-rank batch (the default): one get_batch call per step per rank (fastest); the
-  stream then depends on the world size.
-- draw_rows = d dividing every per-rank batch (d=1 always does): the global batch of each step is
-  the same for every world size, so a run that resumes on fewer or more ranks sees the same rows.
-- state: {step, seed, fingerprint, draw_rows, global_batch_size, order}: `order` names the stream's code
-  version and settings and digests the seeds of the next step's first 8 draws; load_state_dict refuses
-  a state whose stream would change unless called with allow_new_order=True (GlobalBatchSampler's rule).
-- batch_schedule=[(start_sample, global_batch), ...] (loading/schedule.py): step s draws the global
-  batch the schedule gives after the samples of steps 0..s-1; the draws of a step do not depend on it.
-- a dataset at a URL: before each step the shards of the next steps' draws are pinned and fetched in
-  the background (loading/prefetch.py, DrawPlan), so a step does not wait on the network.
+- draw_rows = per-rank batch (default): one get_batch per step per rank; the stream depends on world size;
+- draw_rows = d dividing every per-rank batch: the same global batches for every world size;
+- state: {step, seed, fingerprint, draw_rows, global_batch_size, order}; a state whose stream would change
+  is refused unless allow_new_order=True; a batch schedule (loading/schedule.py) sets each step's batch;
+- a dataset at a URL: the shards of the next steps' draws are fetched ahead (loading/prefetch.py).
 """
 
 from __future__ import annotations

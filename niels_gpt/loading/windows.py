@@ -1,33 +1,15 @@
 """Map-style windows over a pretraining cache split: sample i -> T+1 tokens at a fixed place.
 
-The random-window dataset draws a fresh place every step; samplers, exact resumption and epochs
-need the opposite: a fixed, countable set of samples. Each shard of `<cache>/<split>/` is cut into
-windows of T+1 tokens with stride T (consecutive windows share one token, so every token but the
-shard's first is a target exactly once per epoch); the last partial window of a shard is unused and
-no window crosses a shard end.
+Samplers, epochs and exact resumption need a fixed, countable set of samples: each shard is cut into
+windows of T+1 tokens with stride T (every token but a shard's first is a target once per epoch); a shard's
+last partial window is unused and no window crosses a shard end.
 
     index -> (shard, offset): binary search in the cumulative window counts.
     Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
     cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
 
-A URL as `cache_dir` (niels_gpt/storage) reads through a local mirror: meta.json on open, each
-shard downloaded the first time an index reaches it, so a rank or worker fetches only its shards;
-lengths, order, fingerprint and resume state are those of the local cache. A remote shard is mapped
-only while an item or batch reads it (`readers.mmap.gather_remote`): a shard the download cache's
-bound evicts frees its disk at once, in every worker; a split that fits the bound is mapped whole once
-every shard is mirrored, as the random-window reader maps it.
-
-Compressed shards (`shard_*.bin.zst`, niels_gpt/formats/zstd_shard.py) serve the same windows from a
-frame cache (readers/frames.py): an item decompresses only the frames its window reaches.
-
-Shards are listed as every reader lists them (`readers.shards.split_shards`: checked records, stray
-shards refused) and read through the random-window reader's own core (readers/windows_core.py, stride
-T instead of 1): the split mapped back to back, lazily per process and never pickled. A DataLoader batch
-(`__getitems__`, then `collate_windows`) is the windows' rows computed in place (C kernel
-`draws_to_rows`) and ONE fused gather and cast into int64 x and y (`gather_xy`; numpy where it is not
-built), no Python loop per shard, no per-item tensors. Cost (`bench/bench_soak.py readers`, warm page
-cache, one thread): 0.9-1.1x PretrainTokenStreamDataset.get_batch's time for the same B x T. An item
-is one slice of the range and one int64 copy of T+1 tokens.
+Read through the random-window reader's core (readers/windows_core.py, stride T): local, compressed or at a
+URL alike. A DataLoader batch (`__getitems__`, then `collate_windows`) is ONE fused gather into int64 x and y.
 """
 
 from __future__ import annotations
@@ -52,8 +34,7 @@ _CPU = torch.device("cpu")
 
 
 class WindowBatch(Sequence):
-    """The items of one batch of windows, gathered at once: x and y are (B, T) int64; item i is
-    {"input_ids": x[i], "labels": y[i]}, as ds[i] returns it."""
+    """One batch of windows gathered at once: x, y (B, T) int64; item i is ds[i]."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor):
         self.x, self.y = x, y
@@ -73,10 +54,7 @@ def collate_windows(data):
 
 
 class IndexedWindowDataset(torch.utils.data.Dataset):
-    """`ds[i] -> {"input_ids": int64[T], "labels": int64[T]}` from `<cache_dir>/<split>/shard_*.bin`.
-
-    `cache_dir` is the directory holding meta.json; `split` is "train" or "val".
-    """
+    """`ds[i] -> {"input_ids": int64[T], "labels": int64[T]}` from `<cache_dir>/<split>/shard_*.bin`."""
 
     def __init__(self, cache_dir: str | os.PathLike, T: int, *, split: str = "train"):
         T = count("IndexedWindowDataset", "T", T, what="a window length")
@@ -98,16 +76,6 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         self._fingerprint = fingerprint("indexed_windows", self.T, split, meta["token_dtype"],
                                         {n: meta["files"][f"{split}/{n}"].get("sha256") for n in self.core.names})
 
-    @property
-    def _cat(self) -> np.ndarray | None:
-        """Every window of the split mapped back to back (None until an item or batch mapped it)."""
-        return self.core.flat
-
-    @property
-    def _maps(self) -> list | None:
-        """One window view per shard, where the split is not mapped back to back (None until used)."""
-        return self.core.views
-
     def fingerprint(self) -> str:
         """Identifies (files by sha256, T, split): a resume state carries it."""
         return self._fingerprint
@@ -123,12 +91,11 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return shard, (index - self.cumulative[shard]) * self.T
 
     def shard_counts(self) -> list[int]:
-        """Windows in each shard, in index order (shard k holds indices cumulative[k]..cumulative[k+1]-1)."""
+        """Windows in each shard, in index order."""
         return self.core.counts.tolist()
 
     def shard_files(self, indices) -> list[str]:
-        """The files (paths relative to the cache) holding the windows `indices`, in first-use order:
-        what a prefetcher fetches ahead of a batch (niels_gpt/loading/prefetch.py)."""
+        """The files (relative to the cache) holding the windows `indices`, in first-use order."""
         return self.core.files(self.core.locate(np.asarray(indices, dtype=np.int64))[0])
 
     def __getitem__(self, index: int) -> dict:
@@ -136,8 +103,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __getitems__(self, indices) -> WindowBatch:
-        """A batch of windows in one gather (what a DataLoader asks for with a batch sampler): the same
-        items as [ds[i] for i in indices]; `collate_windows` turns it into the batch at once."""
+        """[ds[i] for i in indices] in one gather; `collate_windows` makes it the batch without a copy."""
         i = torch.from_numpy(np.array(indices, dtype=np.int64))  # a copy: the core overwrites it with rows
         if len(i) and (int(i.min()) < 0 or int(i.max()) >= len(self)):
             bad = next(j for j in i.tolist() if not 0 <= j < len(self))

@@ -1,19 +1,12 @@
 """The frame cache of compressed shards: decompressed frames laid out where their tokens would be.
 
-- One anonymous address range is reserved (not committed: MAP_NORESERVE) for a split's tokens, every
-  shard starting at a frame boundary: global frame f (frames numbered across the split's shards) is
-  tokens [f*F, (f+1)*F) of it, so a window (T+1 tokens, never across a shard end) is a plain slice of
-  the range and a batch is the same one gather the uncompressed reader does (C kernel or numpy).
-- `ready[f]`: frames f .. f+span are resident (span = how many frames past f a window starting in f can
-  reach, stopping at its shard's end). A batch looks up `ready` at its B window starts: all ready, it
-  gathers at once (~3 us over the uncompressed reader's batch; nothing when every frame of the split is
-  resident); else the frames it lacks are decompressed first (`ZstdShard.frame`, ~25 us a frame here).
-- Bound: at most `max_bytes` of frames resident (FRAME_CACHE_BYTES by default). The frames loaded first
-  leave first (FIFO: no bookkeeping per batch, and under uniformly random windows no worse than LRU;
-  under shard-window sampling the oldest frames belong to shards the sampler has left). A frame leaves
-  with MADV_DONTNEED, which gives its pages back to the system; frames the current batch needs stay (a
-  batch needing more frames than the bound holds keeps them all until the next batch).
-- Per process, unlike the page cache: each DataLoader worker holds its own frames.
+- one anonymous range is reserved (MAP_NORESERVE) for a split's tokens, each shard starting at a frame
+  boundary: global frame f is tokens [f*F, (f+1)*F), so a window is a plain slice and a batch the same one
+  gather the uncompressed reader does;
+- `ready[f]`: the frames a window starting in f can reach are resident; a batch whose B starts are all ready
+  gathers at once, else the frames it lacks are decompressed first;
+- at most `max_bytes` of frames stay resident, first loaded first out (MADV_DONTNEED gives the pages back);
+  the frames the current batch needs stay. Per process: each DataLoader worker holds its own frames.
 """
 
 from __future__ import annotations

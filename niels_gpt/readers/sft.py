@@ -4,22 +4,12 @@
                            T=1024, device="cuda", eot_id=tok.eot_id)
     x, y, y_masked = ds.get_batch(B=16, generator=g)
 
-- Example i is tokens[idx[i] : idx[i+1]] (the last one runs to the end of the file).
-- Each row is one example, truncated to its first T+1 tokens or padded with EOT to T+1;
-  x = seq[:-1], y = seq[1:].
-- y_masked[t] = y[t] when y[t] lies inside an assistant span (after an assistant sentinel, up to and
-  including the next EOT), else -100. Padding is never a target.
-- The span mask is computed from the ids alone (`assistant_span_mask`), vectorised over the batch:
-  literal special strings in user text never become special ids, so the ids cannot lie about spans.
-  A cache rendered with a tokenizer's own chat template has no sentinels to find spans by: its mask is
-  read from `{split}_mask.bin` (one uint8 per token, 1 = trained; build_cache's SFT notes).
-- A map-style dataset too: `ds[i]` is example i as (x, y, y_masked), each (T,) int64 on the CPU, padded or
-  cropped as above, so `DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)` yields the (B, T)
-  batches get_batch draws (workers open their own maps; move batches to the GPU with pin_memory=True).
-  A DataLoader batch is one gather (`__getitems__`), which default_collate passes through as it is.
-- One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
-- URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
-  the offsets are downloaded and checked on open, the token file on the first batch.
+- example i is tokens[idx[i] : idx[i+1]]; a row is one example cropped or padded with EOT to T+1 tokens;
+- y_masked[t] = y[t] inside an assistant span (after an assistant sentinel, up to and including the next
+  EOT), else -100; padding is never a target. The mask comes from the ids (`assistant_span_mask`), or from
+  `{split}_mask.bin` for a cache rendered with a tokenizer's own chat template;
+- map-style too: `ds[i]` is one row on the CPU; a DataLoader batch is one gather (`__getitems__`);
+- a URL reads through a local mirror (niels_gpt/storage): offsets on open, tokens on the first batch.
 """
 
 from __future__ import annotations

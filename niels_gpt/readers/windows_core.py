@@ -1,33 +1,20 @@
 """One split of a pretraining cache as one range of tokens: what both window readers sample from.
 
-The random-window reader (readers/pretrain.py) and the indexed windows (loading/windows.py) differ
-only in where windows start: every token (stride 1, drawn at random) or every T-th token (stride T,
-in index order). Window i (numbered across the split's shards) is T+1 tokens of one shard, never
-across its end; shard k with n_k tokens holds (n_k - 1 - T) // stride + 1 windows when n_k > T.
+Window i (numbered across the split's shards) is T+1 tokens of one shard, never across its end, starting
+every `stride` tokens (1: readers/pretrain.py, T: loading/windows.py); shard k with n_k > T tokens holds
+(n_k - 1 - T) // stride + 1 windows.
 
     Worked example: shards of 10 and 7 tokens, T=3. stride 1: 7 and 4 windows, cum [0, 7, 11];
     window 8 -> shard 1, tokens [1:5]. stride 3: 3 and 2 windows, cum [0, 3, 5]; window 4 ->
     shard 1, tokens [3:7].
 
-Below the sampler everything is here, once:
-- Local raw shards are mapped back to back into one address range (`open_concatenated`, MADV_RANDOM),
-  shard k from token first[k]; where that is unavailable, one map per shard (a gather per shard).
-- Compressed shards (`shard_*.bin.zst`) are a frame cache (readers/frames.py) laid out the same way,
-  shard k from frame_base[k] * F: only the frames a batch's windows reach are decompressed.
-- A remote cache (niels_gpt/storage) reads each batch's shards through the local mirror, each fetched,
-  mapped, read and let go (`gather_remote`): no map outlives the batch, so a shard the download cache's
-  bound evicts frees its disk at once. Where the whole split fits the bound, once every shard is
-  mirrored the split is mapped like a local one (same draws, same batches, the local speed).
-- A batch: the windows' rows of the range computed in place (C kernel `draws_to_rows`), then ONE
-  fused gather and cast into int64 x and y (`gather_xy`); numpy's gather then cast where the kernel
-  is not built. Byte-identical either way; no Python loop per row or per shard.
-- Cold page cache: MADV_RANDOM stops the kernel reading ~128 KiB around every touched page, but a
-  batch's rows still fault in one after another. When a gather takes longer than COLD_GATHER_S (it
-  waited on the disk), the next batches first ask for all their windows at once (MADV_WILLNEED,
-  `prefetch_windows`) until one finds everything cached (faster than WARM_GATHER_S).
-- Maps are made lazily in each process and never pickled (DataLoader workers get paths).
-
-Cost: see `PretrainTokenStreamDataset.get_batch` (bench/bench_cache_readers.py).
+- local raw shards: mapped back to back into one range (`open_concatenated`), else one map per shard;
+- compressed shards: a frame cache laid out the same way (readers/frames.py);
+- remote: each batch's shards fetched, mapped, read and let go (`gather_remote`), so an evicted shard frees
+  its disk at once; a split that fits the download bound is mapped as one range once mirrored whole;
+- a batch is ONE fused gather and cast into int64 x and y (C kernel, numpy where it is not built); a gather
+  slower than COLD_GATHER_S makes the next batches MADV_WILLNEED their windows until one is warm;
+- maps are made lazily in each process and never pickled.
 """
 
 from __future__ import annotations

@@ -41,9 +41,9 @@ def test_uint32_cache_reads_ids_above_uint16(tmp_path):
 def test_pickled_dataset_carries_no_memmap(two_shards):
     ds = IndexedWindowDataset(two_shards, T=3)
     ds[0]
-    assert ds._cat is not None
+    assert ds.core.flat is not None
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._maps is None and clone._cat is None and clone[4]["input_ids"].tolist() == [103, 104, 105]
+    assert clone.core.views is None and clone.core.flat is None and clone[4]["input_ids"].tolist() == [103, 104, 105]
 
 
 def test_fingerprint_depends_on_T_and_split(two_shards):
