@@ -26,6 +26,7 @@ import torch
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
+from niels_gpt.loading.prefetch import local_world_size
 from niels_gpt.long_documents import encode_whole
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
@@ -37,19 +38,13 @@ OPEN_FILES = 4  # Parquet files a rank keeps open at once
 PREFETCH = 4  # batches made ahead in the background by default (train's --prefetch default)
 
 
-def rank_threads(local_world_size: int | None = None) -> int:
-    """Encode threads of one rank: the cores this process may run on (its affinity), shared by the ranks of
-    its node (`local_world_size`, else $LOCAL_WORLD_SIZE, else 1), at least 1."""
+def rank_threads() -> int:
+    """Encode threads of one rank: the cores this process may run on, shared by the ranks of its node."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity on macOS and Windows
         cores = os.cpu_count() or 1
-    if local_world_size is None:
-        try:
-            local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        except ValueError:
-            local_world_size = 1
-    return max(1, cores // max(1, local_world_size))
+    return max(1, cores // local_world_size())
 
 
 def _read_metadata(path: Path):

@@ -23,12 +23,8 @@ from torch.utils.data import DataLoader
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.ahead import assembled_ahead
-from niels_gpt.loading.order import (
-    EpochOrder,
-    TensorOrder,
-    epoch_order,
-)
-from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
+from niels_gpt.loading.order import EpochOrder, TensorOrder, epoch_order
+from niels_gpt.loading.prefetch import RollingPlan, ShardPrefetcher
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.loading.windows import IndexedWindowDataset, collate_windows
 from niels_gpt.resume import (
@@ -51,11 +47,9 @@ ASSEMBLE_AHEAD = 1  # batches a ResumableDataLoader without workers assembles ah
 
 
 class GlobalBatchSampler:
-    """Batch sampler for `DataLoader(dataset, batch_sampler=...)` yielding this rank's index lists.
-
-    Iterating yields the rest of the current epoch, then moves to the next epoch, so
-    `for epoch in ...: for batch in loader:` works and a restored state continues mid-epoch.
-    `prefetch`: plan downloads for a remote dataset (None: whenever the dataset is remote).
+    """Batch sampler for `DataLoader(dataset, batch_sampler=...)` yielding this rank's index lists: iterating
+    yields the rest of the current epoch, then moves on to the next one. `prefetch`: plan downloads for a
+    remote dataset (None: whenever the dataset is remote).
     """
 
     kind = SAMPLER_KIND
@@ -88,15 +82,12 @@ class GlobalBatchSampler:
         remote = getattr(dataset, "remote", None) if prefetch is not False else None
         self._dataset = dataset if remote is not None and hasattr(dataset, "shard_files") else None
         self.in_flight = IN_FLIGHT_BATCHES
-        self.prefetch_batches = PREFETCH_BATCHES
         self._plan: RollingPlan | None = None
         self.plan_end: tuple[int, int] | None = None  # (epoch, consumed) after the run's last batch
 
     def end_after(self, batches: int) -> None:
-        """The run takes `batches` more global batches from where the next iteration starts: a remote
-        cache's prefetch plan reaches no further. Without it the plan crosses into the next epoch and
-        fetches its first shards, bytes that a run ending here never reads (bench/bench_peers.py: 1.08x
-        the bytes needed for one epoch, 1.00x with it). The batches handed out are the same either way."""
+        """The run takes `batches` more global batches: a remote cache's prefetch plan reaches no further
+        (without it the plan fetches the next epoch's first shards). The batches are the same either way."""
         if batches < 0:
             raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
         if not self.schedule.constant:
@@ -112,7 +103,7 @@ class GlobalBatchSampler:
 
     @property
     def global_batch_size(self) -> int:
-        """The global batch of the next batch (the schedule's at the samples delivered so far)."""
+        """The global batch of the next batch."""
         return self.schedule.at(self.total)
 
     @property
@@ -129,13 +120,8 @@ class GlobalBatchSampler:
         epoch, consumed = self.next_position()
         return self.schedule.batches_left(self.num_samples, consumed, self.total)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Jump to the start of `epoch` (the DistributedSampler idiom); a restored state needs no call."""
-        if epoch != self.epoch:
-            self.epoch, self.samples_consumed = int(epoch), 0
-
     def permutation(self, epoch: int) -> EpochOrder | TensorOrder:
-        """The global order of `epoch` (subclasses order differently; everything else is shared)."""
+        """The global order of `epoch` (what a subclass changes)."""
         return epoch_order(self.num_samples, self.seed, epoch, shuffle=self.shuffle)
 
     def _order(self, epoch: int | None = None) -> EpochOrder | TensorOrder:
@@ -165,8 +151,7 @@ class GlobalBatchSampler:
         if self._dataset is None:
             return
         if self._plan is None:
-            self._plan = RollingPlan(ShardPrefetcher(self._dataset.remote), in_flight=self.in_flight,
-                                     ahead=self.prefetch_batches)
+            self._plan = RollingPlan(ShardPrefetcher(self._dataset.remote), in_flight=self.in_flight)
         self._plan.step((epoch, consumed, self.total), self._after, self._batch_at)
 
     @property
@@ -203,15 +188,14 @@ class GlobalBatchSampler:
         return state
 
     def order_config(self) -> dict:
-        """What the order depends on besides the position (saved in the state's `order`, compared on load)."""
+        """What the order depends on besides the position."""
         batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
             {"batch_schedule": self.schedule.as_list()}
         return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
                 **batch, "shuffle": self.shuffle, **self.order_state()}
 
     def order_at(self, epoch: int, consumed: int, total: int | None = None) -> dict:
-        """The order record of a state at (epoch, consumed, total): order_config and the next batch's first
-        ORDER_PEEK sample ids."""
+        """The order record of a state at (epoch, consumed, total): order_config and the next sample ids."""
         epoch, consumed, total = self.schedule.position(self.num_samples, epoch, consumed,
                                                         self.total if total is None else total)
         order = self._perms.get((self.seed, epoch))
@@ -220,11 +204,11 @@ class GlobalBatchSampler:
         return order_record(ids, **self.order_config())
 
     def order_state(self) -> dict:
-        """What else the order depends on, saved with the state and checked on load (subclasses)."""
+        """A subclass's settings of the order, saved with the state."""
         return {}
 
     def check_order_state(self, state: dict) -> None:
-        """Refuse a state whose order_state differs from this sampler's (subclasses)."""
+        """Refuse a state whose order_state differs (a subclass's)."""
 
     def state_dict(self) -> dict:
         return self.state_at(self.epoch, self.samples_consumed)
@@ -263,17 +247,11 @@ class GlobalBatchSampler:
 class ResumableDataLoader(DataLoader):
     """A plain torch DataLoader whose state is the last *delivered* batch, not the last one prefetched.
 
-        loader = ResumableDataLoader(ds, GlobalBatchSampler(ds, 64, seed=0), num_workers=2)
-        ...; ckpt["loader"] = loader.state_dict()      # JSON-able
-        loader.load_state_dict(ckpt["loader"])         # any world size, any num_workers
-
-    The batch sampler is a `GlobalBatchSampler` or any sampler with `state_dict`, `load_state_dict` and
-    `advance_state(state) -> state` (the state after one more global batch), such as `MixtureSampler`.
-    Workers prefetch ahead of the training loop, so the sampler itself runs ahead of what was delivered;
-    the loader keeps its own copy of the state, advanced once per delivered batch. Without workers,
-    `assemble_ahead` batches are assembled on a background thread while the loop runs (loading/ahead.py;
-    0: in the loop's thread). A loop left with `break` and entered again gets the next batch it has not
-    seen: the new iteration ends the old one (its workers, its thread) and starts from the delivered state.
+    The batch sampler is a `GlobalBatchSampler` or one with `state_dict`, `load_state_dict` and
+    `advance_state(state) -> state` (after one more global batch), such as `MixtureSampler`; the loader
+    keeps its own copy of the state, advanced once per delivered batch. Without workers, `assemble_ahead`
+    batches are made on a background thread (0: in the loop's). A loop left with `break` and entered again
+    gets the next batch it has not seen.
     """
 
     def __init__(self, dataset, batch_sampler, *, assemble_ahead: int = ASSEMBLE_AHEAD, **kwargs):
@@ -335,9 +313,8 @@ class ResumableDataLoader(DataLoader):
                 yield batch
 
     def _batches(self):
-        """The DataLoader's batches. Without workers and pinning: the same fetch (`__getitems__` where the
-        dataset has it) and collate, without the DataLoader's per-batch machinery (~0.15 ms of a 0.3 ms
-        IndexedWindowDataset batch here)."""
+        """The DataLoader's batches; without workers and pinning, the same fetch and collate without the
+        DataLoader's per-batch machinery (~0.15 ms of a 0.3 ms IndexedWindowDataset batch here)."""
         if self.num_workers or self.pin_memory:
             it = super().__iter__()
             try:

@@ -46,9 +46,8 @@ _MAPS = {"range", "flat", "base", "first", "_shift", "_kernel", "frames", "views
 
 
 class WindowCore:
-    """The windows of T+1 tokens at `stride` of the shards `shards` ([(file name, its record)], in order,
-    from `split_shards`) of `directory` (`<cache>/<split>`; a remote cache's local mirror of it, with
-    `remote`), whose cache's meta.json is `meta`."""
+    """The windows of T+1 tokens at `stride` of `shards` ([(file name, record)] from `split_shards`) of
+    `directory` (`<cache>/<split>`, or a remote cache's local mirror of it)."""
 
     def __init__(self, directory: Path, meta: dict, shards: list[tuple[str, dict]], T: int, stride: int, *,
                  remote=None, frame_cache_bytes: int = FRAME_CACHE_BYTES):
@@ -195,13 +194,8 @@ class WindowCore:
         return out
 
     def window(self, shard: int, local: int) -> np.ndarray:
-        """The T+1 tokens at `local` of shard `shard` (valid until the next read: copy it at once)."""
-        if not self._one_range(np.array([shard])):
-            return self._gather_apart(np.array([shard]), np.array([local]))[0]
-        row = int(self.first[shard]) + local
-        if self.frames is not None:
-            self.frames.ensure(np.array([row], dtype=np.int64))
-        return self.range[row:row + self.T + 1]
+        """The T+1 tokens at `local` of shard `shard`."""
+        return self.gather(np.array([shard]), np.array([local]))[0]
 
     def shard(self, k: int) -> np.ndarray:
         """Every token of local raw shard k, mapped."""
