@@ -19,6 +19,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 
 from niels_gpt.errors import ConfigError, NielsGPTError
 
@@ -27,28 +28,22 @@ POLL_S = 0.1  # how often a blocked producer or consumer looks at the stop flag 
 EXIT_WAIT_S = 30.0  # at exit, how long to wait for a producer inside one long item (a download) to stop
 END = object()  # what get() returns once the producer's items are exhausted
 
-_running: dict[threading.Thread, tuple[threading.Event, queue.Queue]] = {}
+_threads: weakref.WeakSet[Prefetcher] = weakref.WeakSet()  # prefetchers whose producer thread runs
 _lock = threading.Lock()
 _hooked = False
 
 
-def encoder_releases_gil(tokenizer) -> bool:
-    """Whether `tokenizer.encode_batch` is a native batch call (it releases the GIL while it encodes).
-
-    The base class's encode_batch is a Python loop over encode(); the library's backends replace it
-    with their native batch encoders, which release the GIL."""
+def resolve_mode(mode: str, tokenizer) -> str:
+    """`mode`, or for "auto": a thread when `tokenizer.encode_batch` is a native batch call (it releases the
+    GIL), a process when it is the base class's Python loop."""
     from niels_gpt.tokenizer.base import Tokenizer  # lazy: the tokenizer layer is only asked here, once
 
-    own = getattr(type(tokenizer), "encode_batch", None)
-    return own is not None and own is not Tokenizer.encode_batch
-
-
-def resolve_mode(mode: str, tokenizer) -> str:
     if mode not in MODES:
         raise ConfigError(f"prefetch mode {mode!r}: expected one of {', '.join(MODES)}")
     if mode != "auto":
         return mode
-    return "thread" if encoder_releases_gil(tokenizer) else "process"
+    own = getattr(type(tokenizer), "encode_batch", None)
+    return "thread" if own is not None and own is not Tokenizer.encode_batch else "process"
 
 
 class Prefetcher:
@@ -70,7 +65,6 @@ class Prefetcher:
         self._worker = None
         self._queue = None
 
-    # -- the loop's side ---------------------------------------------------------------------------
     def get(self):
         if self._worker is None:
             self._start()
@@ -78,7 +72,7 @@ class Prefetcher:
             try:
                 kind, payload = self._queue.get(timeout=POLL_S)
             except queue.Empty:
-                if not self._alive():
+                if not self._worker.is_alive():
                     code = getattr(self._worker, "exitcode", None)
                     self.stop()
                     raise NielsGPTError(f"the batch prefetch {self.mode} stopped without an error "
@@ -93,7 +87,7 @@ class Prefetcher:
                 return END
             return payload
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop the producer and drop what it made ahead (the loop's state is unaffected)."""
         if self._worker is None:
             return
@@ -103,8 +97,16 @@ class Prefetcher:
             self._worker.join()
             self._queue.close()
             self._queue.join_thread()
-        else:  # a producer blocked on a full queue wakes up, sees the flag and ends
-            stop_producer(self._worker)
+        else:  # a producer blocked on a full queue wakes up when it is emptied, sees the flag and ends
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._worker.is_alive() and (deadline is None or time.monotonic() < deadline):
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    self._worker.join(POLL_S)
+            if self._worker.is_alive():  # a wait cut short at exit
+                return
+            _threads.discard(self)
         self._worker, self._queue = None, None
         self._stop = threading.Event()
 
@@ -112,22 +114,25 @@ class Prefetcher:
         self.stop()
         self._start_state = state
 
-    # -- the producer's side -----------------------------------------------------------------------
     def _start(self) -> None:
+        global _hooked
         if self.mode == "thread":
             self._queue = queue.Queue(maxsize=self.depth)
-            self._worker = start_producer(_feed, (self._make_iter, self._queue, self._stop),
-                                          stop=self._stop, q=self._queue, name="batch-prefetch")
+            self._worker = threading.Thread(target=_feed, args=(self._make_iter, self._queue, self._stop),
+                                            name="batch-prefetch", daemon=True)
+            with _lock:
+                if not _hooked:
+                    # NOTE: registered after torch's own exit hooks (torch is imported by then), so it runs first
+                    atexit.register(_stop_all)
+                    _hooked = True
+                _threads.add(self)
         else:
             ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
             self._queue = ctx.Queue(maxsize=self.depth)
             self._stop = ctx.Event()
             self._worker = ctx.Process(target=_feed_in_process, name="batch-prefetch", daemon=True,
                                        args=(self._spec, self._start_state, self._queue, self._stop, os.getpid()))
-            self._worker.start()
-
-    def _alive(self) -> bool:
-        return self._worker is not None and self._worker.is_alive()
+        self._worker.start()
 
     def __del__(self):
         try:
@@ -149,47 +154,14 @@ def assembled_ahead(make_iter, n: int):
         ahead.stop()
 
 
-# -- producer threads: started, stopped, and stopped at exit ------------------------------------------
-
-def start_producer(target, args: tuple, *, stop: threading.Event, q: queue.Queue, name: str) -> threading.Thread:
-    """Start `target(*args)` on a thread that `stop_producer` (or the interpreter's exit) stops and joins."""
-    global _hooked
-    t = threading.Thread(target=target, args=args, name=name, daemon=True)
-    with _lock:
-        if not _hooked:
-            # NOTE: registered after torch's own exit hooks (torch is imported by then), so it runs before them
-            atexit.register(_stop_all)
-            _hooked = True
-        _running[t] = (stop, q)
-    t.start()
-    return t
-
-
-def stop_producer(t: threading.Thread, timeout: float | None = None) -> None:
-    """Signal the producer to stop and wait for it, emptying its queue so that a blocked put wakes up."""
-    with _lock:
-        stop, q = _running.get(t, (None, None))
-    if stop is None:
-        return
-    stop.set()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while t.is_alive() and (deadline is None or time.monotonic() < deadline):
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            t.join(POLL_S)
-    if not t.is_alive():  # one still running (a wait cut short by Ctrl-C) stays for the exit hook to join
-        with _lock:
-            _running.pop(t, None)
-
-
 def _stop_all() -> None:
+    """At exit: a thread left inside torch while torch is torn down aborts the process."""
     with _lock:
-        entries = list(_running.items())
-    for _, (stop, _q) in entries:
-        stop.set()
-    for t, _ in entries:
-        stop_producer(t, EXIT_WAIT_S)
+        live = list(_threads)
+    for p in live:
+        p._stop.set()
+    for p in live:
+        p.stop(EXIT_WAIT_S)
 
 
 def put_until_stopped(q, item, stop) -> bool:
@@ -224,8 +196,7 @@ def _feed_in_process(spec, start_state, q, stop, parent: int) -> None:
         if start_state is not None:
             loader.load_state_dict(start_state)
         while True:
-            item = loader.produce()
-            yield item, loader.state_now()
+            yield loader.produce(), loader.state_now()
 
     _feed(items, q, stop, _picklable)
 
