@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -169,14 +170,14 @@ class MixtureSampler:
         self.step += 1
         return batch
 
-    def _draw(self, step: int, drawn: list[int], carry: list[float], first: int | None = None):
-        """(the global batch of `step` (its first `first` draws), drawn after it, carry after it): self unchanged."""
+    def _draw(self, step: int, drawn: list[int], carry: list[float]):
+        """(the global batch of `step`, drawn after it, carry after it): self unchanged."""
         counts, carry = quota_step(self.probabilities(step), carry, self.global_batch_size)
         g = torch.Generator()
         g.manual_seed(mix_seed(self.seed, step, 1))
         slots = [d for d, c in enumerate(counts) for _ in range(c)]
         drawn, batch = list(drawn), []
-        for j in torch.randperm(self.global_batch_size, generator=g).tolist()[:first]:
+        for j in torch.randperm(self.global_batch_size, generator=g).tolist():
             d = slots[j]
             batch.append((d, self._sample(d, drawn[d])))
             drawn[d] += 1
@@ -277,8 +278,7 @@ class MixtureConfig:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{p}: cannot read mixture config ({exc}); expected JSON or TOML") from exc
         cfg = cls.from_dict(raw, str(p))
-        datasets = {n: str((p.parent / d) if not Path(d).is_absolute() else d) for n, d in cfg.datasets.items()}
-        return cls(datasets=datasets, phases=cfg.phases, temperature=cfg.temperature, seed=cfg.seed, split=cfg.split)
+        return dataclasses.replace(cfg, datasets={n: str(p.parent / d) for n, d in cfg.datasets.items()})
 
     def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
               world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:

@@ -60,17 +60,14 @@ class GlobalBatchSampler:
                  batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule,
+                                      world_size=self.world_size)
         if global_batch_size is not None and batch_schedule is not None and global_batch_size != self.schedule.steps[-1][1]:
             raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
                               f"{self.schedule.steps[-1][1]}: pass None or the schedule's last batch")
-        for _, global_batch_size in self.schedule.steps:
-            if global_batch_size % self.world_size:
-                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                                  f"world_size {self.world_size} (every rank takes an equal share)")
-            if n < global_batch_size:
-                raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {global_batch_size}; "
-                                  "lower global_batch_size or use more data")
+        if n < max(g for _, g in self.schedule.steps):
+            raise ConfigError(f"dataset has {n} samples, fewer than one global batch of "
+                              f"{max(g for _, g in self.schedule.steps)}; lower global_batch_size or use more data")
         self.num_samples = n
         self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
         self.shuffle = shuffle

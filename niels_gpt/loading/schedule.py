@@ -15,9 +15,10 @@ from niels_gpt.errors import ConfigError
 
 
 class BatchSchedule:
-    """`schedule.at(total)`: the global batch after `total` samples delivered."""
+    """`schedule.at(total)`: the global batch after `total` samples delivered; each one a multiple of
+    `world_size`, so that every rank takes an equal share."""
 
-    def __init__(self, steps: int | Sequence[Sequence[int]] | BatchSchedule):
+    def __init__(self, steps: int | Sequence[Sequence[int]] | BatchSchedule, *, world_size: int = 1):
         if isinstance(steps, BatchSchedule):
             steps = steps.steps
         if isinstance(steps, numbers.Integral) and not isinstance(steps, bool):
@@ -32,6 +33,10 @@ class BatchSchedule:
             raise ConfigError(f"batch schedule {steps!r}: expected (start_sample, global_batch) pairs of integers, the "
                               "first starting at 0, starts increasing, batches >= 1, e.g. [(0, 128), (100000, 256)]")
         self.steps = pairs
+        for _, g in pairs:
+            if g % world_size:
+                raise ConfigError(f"global_batch_size {g} must be a positive multiple of world_size {world_size} "
+                                  "(every rank takes an equal share)")
 
     def at(self, total: int) -> int:
         g = self.steps[0][1]

@@ -13,6 +13,10 @@ The state is the step counter, so resuming is exact and costs nothing.
 
 from __future__ import annotations
 
+import math
+
+import torch
+
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import mix_seed
 from niels_gpt.loading.prefetch import DrawPlan
@@ -39,14 +43,9 @@ class RankBatchStream:
 
     def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
                  world_size: int | None = None, draw_rows: int | None = None, batch_schedule=None):
-        import math
-
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
-        for _, global_batch_size in self.schedule.steps:
-            if global_batch_size % self.world_size:
-                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                                  f"world_size {self.world_size}")
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule,
+                                      world_size=self.world_size)
         self.dataset = dataset
         per = math.gcd(*(g // self.world_size for _, g in self.schedule.steps))
         self.draw_rows = per if draw_rows is None else int(draw_rows)
@@ -81,8 +80,6 @@ class RankBatchStream:
 
     def draw_generators(self, step: int):
         """The generators of this rank's draws of `step`, in row order."""
-        import torch
-
         per = self.batch_at(step) // self.world_size
         first = self.rank * per // self.draw_rows
         for k in range(first, first + per // self.draw_rows):
@@ -94,8 +91,6 @@ class RankBatchStream:
             yield g
 
     def __next__(self):
-        import torch
-
         if self._plan is not None:
             self._plan.step(self.step)
         parts = [self.dataset.get_batch(B=self.draw_rows, generator=g) for g in self.draw_generators(self.step)]
