@@ -49,10 +49,8 @@ def resolve_mode(mode: str, tokenizer) -> str:
 class Prefetcher:
     """`get()` -> the next item of `make_iter()` run ahead by up to `depth` items (END after the last).
 
-    Thread mode iterates `make_iter()` (which may run on the caller's own loader: the caller must not
-    touch that loader until `stop()`). Process mode builds a fresh loader in a worker from `spec`
-    (a picklable (factory, args, kwargs)), starts it at `start_state` and yields
-    (loader.produce(), loader.state_now()) forever.
+    Thread mode iterates `make_iter()` (on the caller's loader: untouched until `stop()`). Process mode builds
+    a loader from `spec` ((factory, args, kwargs)) at `start_state` and yields (produce(), state_now()).
     """
 
     def __init__(self, *, depth: int, mode: str = "thread", make_iter=None, spec: tuple | None = None,

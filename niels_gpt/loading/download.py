@@ -86,9 +86,8 @@ def _check_parquet(path: Path) -> None:
 def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max_attempts: int = MAX_ATTEMPTS,
                    backoff_s: float = BACKOFF_S, timeout_s: float | None = None,
                    filename: str = FILENAME) -> ShardResult:
-    """Download one shard unless it is already complete; never raises for a failed transfer.
-
-    timeout_s: the network time limit (None: `--network-timeout` / $NIELS_GPT_NETWORK_TIMEOUT_S, 30 s)."""
+    """Download one shard unless it is already complete; never raises for a failed transfer. `timeout_s`:
+    the network time limit (None: `--network-timeout`)."""
     name = filename.format(index=index)
     final = Path(out_dir) / name
     if final.is_file():
@@ -128,10 +127,8 @@ def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max
 def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_workers: int = NUM_WORKERS,
                     max_attempts: int = MAX_ATTEMPTS, backoff_s: float = BACKOFF_S, timeout_s: float | None = None,
                     filename: str = FILENAME, progress: bool | None = None) -> list[ShardResult]:
-    """Download shards `indices` into out_dir with `num_workers` threads; results in index order.
-
-    progress=None shows the bar only on a terminal.
-    """
+    """Download shards `indices` into out_dir with `num_workers` threads; results in index order (a progress
+    bar on a terminal, unless `progress` says otherwise)."""
     from tqdm import tqdm
 
     refuse_url(out_dir, "--out-dir")

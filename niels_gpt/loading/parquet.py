@@ -249,11 +249,8 @@ class ParquetTokenLoader:
         return buf
 
     def produce(self) -> tuple[np.ndarray, dict]:
-        """The next batch's tokens and the packing figures: the work a prefetcher runs in the background.
-
-        contiguous: the next B*T+1 tokens of the stream (x and y overlap in all but one token);
-        bestfit: (B, T+1) rows, x = rows[:, :-1], y = rows[:, 1:]. Either way one int64 array, half
-        the bytes of x and y, for the queue, the pinned copy and the host-to-device transfer."""
+        """The next batch's tokens (contiguous: B*T+1 of the stream; bestfit: (B, T+1) rows), half the bytes of
+        x and y for the queue and the copies, and the packing figures."""
         if self.packing == "contiguous":
             tokens = self._contiguous()
         else:

@@ -186,10 +186,8 @@ class GlobalBatchSampler:
 
     def order_config(self) -> dict:
         """What the order depends on besides the position."""
-        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
-            {"batch_schedule": self.schedule.as_list()}
         return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
-                **batch, "shuffle": self.shuffle, **self.order_state()}
+                **self.schedule.record(), "shuffle": self.shuffle, **self.order_state()}
 
     def order_at(self, epoch: int, consumed: int, total: int | None = None) -> dict:
         """The order record of a state at (epoch, consumed, total): order_config and the next sample ids."""

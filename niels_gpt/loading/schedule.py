@@ -50,8 +50,11 @@ class BatchSchedule:
     def constant(self) -> bool:
         return len(self.steps) == 1
 
-    def as_list(self) -> list[list[int]]:
-        return [list(p) for p in self.steps]
+    def record(self) -> dict:
+        """How an order record names the batch: one size, or the whole schedule."""
+        if self.constant:
+            return {"global_batch_size": self.steps[0][1]}
+        return {"batch_schedule": [list(p) for p in self.steps]}
 
     def total_at(self, step: int) -> int:
         """Samples delivered by the first `step` batches."""

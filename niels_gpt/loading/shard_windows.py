@@ -139,10 +139,8 @@ def shard_epoch_order(counts, K: int, seed: int, epoch: int) -> TensorOrder | Sh
 
 
 class ShardWindowSampler(GlobalBatchSampler):
-    """A GlobalBatchSampler whose epoch order reads a sliding set of `shards_at_once` shards at a time.
-
-    `dataset` numbers its windows shard after shard and says how many each shard holds
-    (`shard_counts()`, as IndexedWindowDataset does)."""
+    """A GlobalBatchSampler whose epoch order reads `shards_at_once` shards at a time, over a dataset that
+    numbers its windows shard after shard (`shard_counts()`, as IndexedWindowDataset)."""
 
     kind = SHARD_WINDOW_KIND
 

@@ -105,10 +105,8 @@ class RankBatchStream:
 
     def order_at(self, step: int) -> dict:
         """The order record of a state at `step`: the settings and the seeds of the step's first draws."""
-        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
-            {"batch_schedule": self.schedule.as_list()}
         config = {"code": f"{STREAM_KIND}/{STREAM_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
-                  **batch, "draw_rows": self.draw_rows}
+                  **self.schedule.record(), "draw_rows": self.draw_rows}
         draws = min(ORDER_PEEK, self.batch_at(step) // self.draw_rows)
         return order_record([mix_seed(self.seed, step, k, self.draw_rows) for k in range(draws)], **config)
 

@@ -21,10 +21,8 @@ FRAME_CACHE_BYTES = 64 << 20
 
 
 class FrameCache:
-    """Frames of a split's compressed shards, decompressed on demand into one reserved range.
-
-    `shard_tokens[k]`: tokens of shard k; `opener(k)` -> its `ZstdShard` (it may download it first);
-    windows hold T+1 tokens."""
+    """Frames of a split's compressed shards (`shard_tokens[k]` tokens in shard k, `opener(k)` -> its
+    `ZstdShard`), decompressed on demand into one reserved range, for windows of T+1 tokens."""
 
     def __init__(self, shard_tokens, dtype, frame_tokens: int, T: int, opener: Callable, *,
                  max_bytes: int = FRAME_CACHE_BYTES):
