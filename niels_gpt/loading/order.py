@@ -52,18 +52,16 @@ class ChunkedOrder:
 class EpochOrder(ChunkedOrder):
     """`order[positions] -> indices` (int64 tensors) and `order.slice(start, stop)`; `len(order) == n`."""
 
-    def __init__(self, n: int, keys: torch.Tensor | None):
+    def __init__(self, n: int, keys: torch.Tensor):
         self.n = int(n)
         half = max(1, ((max(self.n, 2) - 1).bit_length() + 1) // 2)
         self.half, self.mask = half, (1 << half) - 1
-        self.keys = None if keys is None else [int(k) for k in keys]
+        self.keys = [int(k) for k in keys]
         self._chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))
 
     @classmethod
-    def seeded(cls, n: int, seed: int, *, shuffle: bool = True) -> EpochOrder:
-        """The order keyed from torch.Generator(seed); shuffle=False: the identity."""
-        if not shuffle:
-            return cls(n, None)
+    def seeded(cls, n: int, seed: int) -> EpochOrder:
+        """The order keyed from torch.Generator(seed)."""
         g = torch.Generator()
         g.manual_seed(seed)
         return cls(n, torch.randint(0, MASK31 + 1, (ROUNDS,), generator=g, dtype=torch.int64))
@@ -78,8 +76,6 @@ class EpochOrder(ChunkedOrder):
 
     def __getitem__(self, positions) -> torch.Tensor:
         positions = torch.as_tensor(positions, dtype=torch.int64)
-        if self.keys is None:
-            return positions.clone()
         # NOTE: numpy for the arithmetic: ~1 us a call against torch's ~5 us, and no intra-op threads
         x = self._network(positions.numpy())
         walking = np.flatnonzero(x >= self.n)
@@ -116,23 +112,23 @@ def mix_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder | TensorOrder:
+def epoch_order(n: int, seed: int, epoch: int) -> EpochOrder | TensorOrder:
     """The global order of epoch `epoch`: up to SMALL_ORDER samples a held torch.randperm, above it computed
     position by position."""
-    if shuffle and n <= SMALL_ORDER:
+    if n <= SMALL_ORDER:
         g = torch.Generator()
         g.manual_seed(mix_seed(seed, epoch))
         return TensorOrder(torch.randperm(n, generator=g, dtype=torch.int32))
-    return EpochOrder.seeded(n, mix_seed(seed, epoch), shuffle=shuffle)
+    return EpochOrder.seeded(n, mix_seed(seed, epoch))
 
 
-def epoch_permutation(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> torch.Tensor:
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The global order of epoch `epoch`, whole: int64[n] (the samplers read it a slice at a time)."""
-    return epoch_order(n, seed, epoch, shuffle=shuffle).materialise()
+    return epoch_order(n, seed, epoch).materialise()
 
 
-def global_batches(n: int, global_batch_size: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[list[int]]:
+def global_batches(n: int, global_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """Every full global batch of an epoch, in order."""
-    perm = epoch_permutation(n, seed, epoch, shuffle=shuffle)
+    perm = epoch_permutation(n, seed, epoch)
     usable = n // global_batch_size * global_batch_size
     return perm[:usable].view(-1, global_batch_size).tolist() if usable else []

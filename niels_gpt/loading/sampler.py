@@ -56,8 +56,7 @@ class GlobalBatchSampler:
     order_code = 1  # the order's code version: bumped whenever the same settings give another order
 
     def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
-                 world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None,
-                 batch_schedule=None):
+                 world_size: int | None = None, prefetch: bool | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
         self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule,
@@ -70,7 +69,6 @@ class GlobalBatchSampler:
                               f"{max(g for _, g in self.schedule.steps)}; lower global_batch_size or use more data")
         self.num_samples = n
         self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
-        self.shuffle = shuffle
         self.seed = int(seed)
         self.fingerprint = dataset_fingerprint(dataset)
         self.epoch = 0
@@ -119,7 +117,7 @@ class GlobalBatchSampler:
 
     def permutation(self, epoch: int) -> EpochOrder | TensorOrder:
         """The global order of `epoch` (what a subclass changes)."""
-        return epoch_order(self.num_samples, self.seed, epoch, shuffle=self.shuffle)
+        return epoch_order(self.num_samples, self.seed, epoch)
 
     def _order(self, epoch: int | None = None) -> EpochOrder | TensorOrder:
         key = (self.seed, self.epoch if epoch is None else epoch)
@@ -187,7 +185,7 @@ class GlobalBatchSampler:
     def order_config(self) -> dict:
         """What the order depends on besides the position."""
         return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
-                **self.schedule.record(), "shuffle": self.shuffle, **self.order_state()}
+                **self.schedule.record(), **self.order_state()}
 
     def order_at(self, epoch: int, consumed: int, total: int | None = None) -> dict:
         """The order record of a state at (epoch, consumed, total): order_config and the next sample ids."""
