@@ -120,7 +120,7 @@ class Prefetcher:
                                             name="batch-prefetch", daemon=True)
             with _lock:
                 if not _hooked:
-                    # NOTE: registered after torch's own exit hooks (torch is imported by then), so it runs first
+                    # NOTE: registered after torch's exit hooks (torch is imported by then): it runs first
                     atexit.register(_stop_all)
                     _hooked = True
                 _threads.add(self)

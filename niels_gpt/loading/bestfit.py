@@ -3,7 +3,7 @@
 For each row of capacity T+1, until it is full:
   1. refill the buffer to `buffer_size` documents, one at a time, in stream order;
   2. place the LARGEST buffered document that fits entirely (ties: the one buffered first);
-  3. if none fits, crop the SHORTEST buffered document (ties: first buffered) to fill the row; its rest is dropped.
+  3. if none fits, crop the SHORTEST buffered document (ties: first buffered) to fill the row (rest dropped).
 Every row starts with BOS and is full. Refilling one document at a time (nanochat refills 128) makes the
 state exact: the buffered doc ids and the next doc id.
 

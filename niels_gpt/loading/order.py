@@ -75,6 +75,8 @@ class EpochOrder(ChunkedOrder):
         return (left << self.half) | right
 
     def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            return sliced(self, positions)
         positions = torch.as_tensor(positions, dtype=torch.int64)
         # NOTE: numpy for the arithmetic: ~1 us a call against torch's ~5 us, and no intra-op threads
         x = self._network(positions.numpy())
@@ -97,6 +99,8 @@ class TensorOrder:
         return self.n
 
     def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            return sliced(self, positions)
         return self.order[torch.as_tensor(positions, dtype=torch.int64)].to(torch.int64)
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
@@ -104,6 +108,14 @@ class TensorOrder:
 
     def materialise(self) -> torch.Tensor:
         return self.order.to(torch.int64)
+
+
+def sliced(order, s: slice) -> torch.Tensor:
+    """order[a:b:c] as a tensor would give it."""
+    start, stop, step = s.indices(len(order))
+    if step == 1:
+        return order.slice(start, max(start, stop))
+    return order[torch.arange(start, stop, step, dtype=torch.int64)]
 
 
 def mix_seed(*parts: int) -> int:

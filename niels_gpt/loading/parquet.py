@@ -249,8 +249,8 @@ class ParquetTokenLoader:
         return buf
 
     def produce(self) -> tuple[np.ndarray, dict]:
-        """The next batch's tokens (contiguous: B*T+1 of the stream; bestfit: (B, T+1) rows), half the bytes of
-        x and y for the queue and the copies, and the packing figures."""
+        """The next batch's tokens (contiguous: B*T+1 of the stream; bestfit: (B, T+1) rows), half the bytes
+        of x and y for the queue and the copies, and the packing figures."""
         if self.packing == "contiguous":
             tokens = self._contiguous()
         else:

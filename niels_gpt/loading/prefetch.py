@@ -46,8 +46,8 @@ class ShardPrefetcher:
                 "pinned": [], "failures": 0, "_present": set(), "_pending": {}, "_pool": None, "_pid": None}
 
     def plan(self, must, ahead) -> list[str]:
-        """Pin and fetch the shards `must` (all) and `ahead` (nearest first, while they fit the budget); shards
-        are files relative to the cache. Returns the pinned files, nearest first."""
+        """Pin and fetch the shards `must` (all) and `ahead` (nearest first, while they fit the budget), files
+        relative to the cache. Returns the pinned files, nearest first."""
         order = list(dict.fromkeys(must))
         total = sum(self.remote.size(r) for r in order)
         budget = self.budget // planners(self.pins.root)
@@ -167,10 +167,11 @@ class RollingPlan:
         if not self.ahead:
             self._push(position, shards_of(position))
         current = set(self.ahead[0][1])
-        if len(self.ahead) < PREFETCH_BATCHES or len(self._count) < len(current) + PREFETCH_NEW_SHARDS:
+        wanted = len(current) + PREFETCH_NEW_SHARDS
+        if len(self.ahead) < PREFETCH_BATCHES or len(self._count) < wanted:
             for pos in upcoming(self.ahead[-1][0]):
                 self._push(pos, shards_of(pos))
-                enough = len(self.ahead) >= PREFETCH_BATCHES and len(self._count) >= len(current) + PREFETCH_NEW_SHARDS
+                enough = len(self.ahead) >= PREFETCH_BATCHES and len(self._count) >= wanted
                 if enough or len(self.ahead) >= MAX_AHEAD_BATCHES:
                     break
         must = list(dict.fromkeys([r for b in self.in_flight for r in b] + self.ahead[0][1]))

@@ -8,7 +8,7 @@
 - state: {epoch, samples_consumed, samples_total, seed, fingerprint, order} in global samples, so 8 ranks
   resume exactly on 2; `order` digests the next sample ids and a state whose order would change is refused
   unless allow_new_order=True;
-- a remote dataset: the sampler moves its plan of the next batches' shards on each batch (loading/prefetch.py);
+- a remote dataset: each batch moves the sampler's plan of the next batches' shards on (loading/prefetch.py);
 - `ResumableDataLoader` reports the last batch *delivered*, not the last one its workers made.
 
 Cost: one randperm per epoch (33 ms per million samples on 2 cores); figures in docs/loading.md.
@@ -64,9 +64,10 @@ class GlobalBatchSampler:
         if global_batch_size is not None and batch_schedule is not None and global_batch_size != self.schedule.steps[-1][1]:
             raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
                               f"{self.schedule.steps[-1][1]}: pass None or the schedule's last batch")
-        if n < max(g for _, g in self.schedule.steps):
-            raise ConfigError(f"dataset has {n} samples, fewer than one global batch of "
-                              f"{max(g for _, g in self.schedule.steps)}; lower global_batch_size or use more data")
+        largest = max(g for _, g in self.schedule.steps)
+        if n < largest:
+            raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {largest}; lower "
+                              "global_batch_size or use more data")
         self.num_samples = n
         self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
         self.seed = int(seed)

@@ -35,8 +35,8 @@ class BatchSchedule:
         self.steps = pairs
         for _, g in pairs:
             if g % world_size:
-                raise ConfigError(f"global_batch_size {g} must be a positive multiple of world_size {world_size} "
-                                  "(every rank takes an equal share)")
+                raise ConfigError(f"global_batch_size {g} must be a positive multiple of world_size "
+                                  f"{world_size} (every rank takes an equal share)")
 
     def at(self, total: int) -> int:
         g = self.steps[0][1]

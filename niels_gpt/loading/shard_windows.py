@@ -31,6 +31,7 @@ from niels_gpt.loading.order import (
     EpochOrder,
     TensorOrder,
     mix_seed,
+    sliced,
 )
 from niels_gpt.loading.sampler import GlobalBatchSampler
 
@@ -112,6 +113,8 @@ class ShardWindowOrder(ChunkedOrder):
         return EpochOrder(int(self.counts[shard]), torch.tensor([k ^ t for k, t in zip(self.keys, tweak, strict=True)]))
 
     def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            return sliced(self, positions)
         p = torch.as_tensor(positions, dtype=torch.int64).numpy()
         m = np.searchsorted(self.start, p, side="right") - 1
         q = p - self.start[m]

@@ -99,8 +99,6 @@ class RankBatchStream:
             return parts[0]
         if isinstance(parts[0], (tuple, list)):
             return type(parts[0])(torch.cat(col) for col in zip(*parts, strict=True))
-        if isinstance(parts[0], dict):
-            return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
         return torch.cat(parts)
 
     def order_at(self, step: int) -> dict:

@@ -21,12 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from niels_gpt.constants import META_NAME
-from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.meta import read_meta
 from niels_gpt.readers.checks import count
-from niels_gpt.readers.shards import split_shards
-from niels_gpt.readers.windows_core import WindowCore
+from niels_gpt.readers.windows_core import open_split
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import open_location
 
@@ -58,21 +54,11 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
 
     def __init__(self, cache_dir: str | os.PathLike, T: int, *, split: str = "train"):
         T = count("IndexedWindowDataset", "T", T, what="a window length")
-        local, self.remote = open_location(cache_dir)
-        self.cache_dir, self.T, self.split = local, int(T), split
-        meta = read_meta(str(self.cache_dir))
-        if meta.get("kind") != "pretrain":
-            raise CacheError(f"{self.cache_dir}/{META_NAME}: kind {meta.get('kind')!r}, expected 'pretrain' "
-                             "(indexed windows read pretraining caches)")
-        shards = split_shards(self.cache_dir, meta, split, remote=self.remote is not None)
-        if not shards:
-            raise CacheError(f"{self.cache_dir}: {META_NAME} lists no {split}/*.bin shards; "
-                             f"the {split} split is empty: build the cache with a {split} split")
-        self.core = WindowCore(self.cache_dir / split, meta, shards, self.T, self.T, remote=self.remote)
+        self.cache_dir, self.remote = open_location(cache_dir)
+        self.T, self.split = int(T), split
+        meta, self.core = open_split(self.cache_dir, split, self.T, self.T, remote=self.remote)
         self.paths, self.dtype = self.core.paths, self.core.dtype
         self.cumulative = self.core.cum.tolist()
-        if self.cumulative[-1] == 0:
-            raise ConfigError(f"{self.cache_dir}/{split}: no shard holds T+1={T + 1} tokens; lower T")
         self._fingerprint = fingerprint("indexed_windows", self.T, split, meta["token_dtype"],
                                         {n: meta["files"][f"{split}/{n}"].get("sha256") for n in self.core.names})
 

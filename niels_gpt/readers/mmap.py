@@ -62,7 +62,7 @@ def _checked_size(f, path: Path, expected_bytes: int | None) -> int:
 def window_view(tokens: np.ndarray, width: int) -> np.ndarray:
     """(n - width + 1, width) read-only view of every window of `width` tokens, without copying: indexing
     its rows with an index array is one memcpy per row, so a batch is one gather."""
-    # NOTE: as_strided (~2 us), not numpy's checked sliding_window_view (~60 us): a map read once can't afford it
+    # NOTE: as_strided (~2 us), not numpy's checked sliding_window_view (~60 us), for maps read once
     n = len(tokens) - width + 1
     s = tokens.strides[0]
     return np.lib.stride_tricks.as_strided(tokens, shape=(max(n, 0), width), strides=(s, s), writeable=False)
@@ -96,7 +96,7 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
     dtype = np.dtype(dtype)
     page = mmap.PAGESIZE
     with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(open(path, "rb")) for path in paths]  # a missing file: the caller names it
+        files = [stack.enter_context(open(p, "rb")) for p in paths]  # a missing file: the caller names it
         sizes = [_checked_size(f, Path(p), None if expected_bytes is None else expected_bytes[k])
                  for k, (f, p) in enumerate(zip(files, paths, strict=True))]
         if any(s == 0 or s % dtype.itemsize for s in sizes):

@@ -17,12 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.meta import read_meta, unfinished_build
 from niels_gpt.readers.checks import count
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES
-from niels_gpt.readers.shards import split_shards
-from niels_gpt.readers.windows_core import WindowCore
+from niels_gpt.readers.windows_core import open_split
 from niels_gpt.resume import cache_fingerprint
 from niels_gpt.storage.remote import open_location, split_url
 from niels_gpt.urls import is_url
@@ -32,32 +29,13 @@ class PretrainTokenStreamDataset:
     def __init__(self, shards_dir: str, *, T: int, device: str, frame_cache_bytes: int = FRAME_CACHE_BYTES):
         """`shards_dir`: `<cache>/<split>` (or its URL); `frame_cache_bytes`: see readers/frames.py."""
         T = count("PretrainTokenStreamDataset", "T", T, what="a window length")
-        self.remote = None
-        if is_url(shards_dir):
-            parent, split = split_url(shards_dir)
-            local, self.remote = open_location(parent)
-            shards_dir = local / split
-        self.shards_dir = Path(shards_dir)
-        self.T = T
-        self.device = torch.device(device)
-        self.split = self.shards_dir.name
-        self.cache_dir = self.shards_dir.parent
-        if self.remote is None and not self.shards_dir.is_dir():
-            raise CacheError(unfinished_build(self.cache_dir) or f"{self.shards_dir}: no such shard directory")
-        self.meta = read_meta(str(self.cache_dir))
-        if self.meta.get("kind") != "pretrain" or not self.meta.get("built", True):
-            raise CacheError(f"{self.cache_dir}: not a built pretraining cache (kind={self.meta.get('kind')!r}, "
-                             f"built={self.meta.get('built')!r})")
-        shards = split_shards(self.cache_dir, self.meta, self.split, remote=self.remote is not None)
-        if not shards:
-            raise CacheError(f"{self.shards_dir}: the {self.split} split of this cache is empty "
-                             f"(totals: {self.meta['totals']})")
-        self.core = WindowCore(self.shards_dir, self.meta, shards, T, 1, remote=self.remote,
-                               frame_cache_bytes=frame_cache_bytes)
+        local = Path(shards_dir)
+        parent, self.split = split_url(shards_dir) if is_url(shards_dir) else (local.parent, local.name)
+        self.cache_dir, self.remote = open_location(parent)
+        self.shards_dir, self.T, self.device = self.cache_dir / self.split, T, torch.device(device)
+        self.meta, self.core = open_split(self.cache_dir, self.split, T, 1, remote=self.remote,
+                                          frame_cache_bytes=frame_cache_bytes)
         self.shard_names, self.dtype = self.core.names, self.core.dtype
-        if self.core.n == 0:
-            raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {self.shards_dir} "
-                              f"(largest has {int(self.core.tokens.max())} tokens): use a smaller T")
 
     @property
     def num_tokens(self) -> int:

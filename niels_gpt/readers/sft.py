@@ -150,7 +150,7 @@ class SFTExampleDataset(Dataset):
         return {**self.__dict__, "_mapped": {}}
 
     def _maps(self, mask: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-        """(the token file, or the mask file, mapped; its windows of T+1, None when shorter), once per process."""
+        """(the token or mask file mapped; its windows of T+1, None if shorter), once per process."""
         if mask not in self._mapped:
             path, dtype = (self.mask_path, np.dtype(np.uint8)) if mask else (self.tokens_path, self.dtype)
             if self.remote is not None:

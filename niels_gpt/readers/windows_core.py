@@ -27,9 +27,9 @@ import torch
 
 from niels_gpt import _native
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import CacheError
+from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
-from niels_gpt.meta import numpy_dtype
+from niels_gpt.meta import numpy_dtype, read_meta, unfinished_build
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
 from niels_gpt.readers.mmap import (
     gather_remote,
@@ -38,11 +38,34 @@ from niels_gpt.readers.mmap import (
     prefetch_windows,
     window_view,
 )
+from niels_gpt.readers.shards import split_shards
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
 WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
 MAX_OPEN_SHARDS = 64  # local compressed shards held open at once (each a map of its file)
 _MAPS = {"range", "flat", "base", "first", "_shift", "_kernel", "frames", "views", "_handles"}  # per process
+
+
+def open_split(cache_dir: Path, split: str, T: int, stride: int, *, remote=None,
+               frame_cache_bytes: int = FRAME_CACHE_BYTES) -> tuple[dict, WindowCore]:
+    """(meta.json, the window core) of `split` of the built pretraining cache at `cache_dir` (a remote cache's
+    local mirror, with `remote`), refused when the split is empty or holds no window of T+1 tokens."""
+    if remote is None and not cache_dir.is_dir():
+        raise CacheError(unfinished_build(cache_dir) or f"{cache_dir / split}: no such shard directory")
+    meta = read_meta(str(cache_dir))
+    if meta.get("kind") != "pretrain" or not meta.get("built", True):
+        raise CacheError(f"{cache_dir}: not a built pretraining cache (kind={meta.get('kind')!r}, "
+                         f"built={meta.get('built')!r})")
+    shards = split_shards(cache_dir, meta, split, remote=remote is not None)
+    if not shards:
+        raise CacheError(f"{cache_dir}: {META_NAME} lists no {split} shards: the {split} split is empty "
+                         f"(totals: {meta.get('totals')}); build the cache with a {split} split")
+    core = WindowCore(cache_dir / split, meta, shards, T, stride, remote=remote,
+                      frame_cache_bytes=frame_cache_bytes)
+    if core.n == 0:
+        raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {cache_dir / split} "
+                          f"(largest has {int(core.tokens.max())} tokens): use a smaller T")
+    return meta, core
 
 
 class WindowCore:

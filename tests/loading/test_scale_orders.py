@@ -95,6 +95,15 @@ def test_every_sample_lands_at_every_position_about_equally_often(n):
     assert int(counts.min()) > 140 and int(counts.max()) < 260, counts.tolist()
 
 
+def test_an_order_slices_like_the_tensor_it_stands_for():
+    from niels_gpt.loading.order import TensorOrder
+
+    whole = EpochOrder.seeded(300, 1).materialise()
+    for order in (EpochOrder.seeded(300, 1), TensorOrder(whole)):
+        for s in (slice(None, 8), slice(290, None), slice(5, 50, 7), slice(-10, None), slice(40, 20)):
+            assert torch.equal(order[s], whole[s]), s
+
+
 class Shards(Sized):
     """`n` windows in shards of `per` windows (the last one shorter), numbered shard after shard."""
 
