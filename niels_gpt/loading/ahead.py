@@ -1,13 +1,9 @@
 """Items made in the background, a few ahead of the loop that takes them: one producer for every loader.
 
-- a thread (or one worker process for a tokenizer that holds the GIL) fills a bounded queue; the loop takes
-  the items in order, so a state that came with the last item taken is exact whatever the queue's depth;
-- an error in the producer is raised by the next `get()`; `stop()` ends the producer;
-- every producer thread is stopped before the interpreter finalises (an exit hook): a thread left inside
-  torch while torch is torn down aborts the process (exit code 134).
-
-Why: a batch made in the loop's thread costs the step its time; made ahead, the loop waits one queue get
-(figures: bench/bench_loading.py).
+A thread (or one worker process for a tokenizer that holds the GIL) fills a bounded queue and the loop takes
+the items in order, so a state that came with the last item taken is exact at any depth. A producer's error
+is raised by the next `get()`. Every producer thread stops before the interpreter finalises: a thread left
+inside torch while torch is torn down aborts the process. Figures: bench/bench_loading.py.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@ For each row of capacity T+1, until it is full:
   1. refill the buffer to `buffer_size` documents, one at a time, in stream order;
   2. place the LARGEST buffered document that fits entirely (ties: the one buffered first);
   3. if none fits, crop the SHORTEST buffered document (ties: first buffered) to fill the row (rest dropped).
-Every row starts with BOS and is full. Refilling one document at a time (nanochat refills 128) makes the
-state exact: the buffered doc ids and the next doc id.
-
-Cost: two bisects over a sorted (length, doc id) list per placement: 18k rows/s at T=2048 with a
-1000-document buffer, 11x nanochat's scan (bench/bench_loading.py).
+One document at a time (nanochat refills 128) makes the state exact: buffered doc ids and the next doc id.
+Cost: two bisects per placement, 11x nanochat's scan (bench/bench_loading.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Mixtures of map-style datasets: weights, temperature, a phase schedule, exact resumption.
 
 - weights at step s: the last phase with start_step <= s; p_i = w_i^(1/temperature), normalised;
-- quotas: dataset i gets floor(p_i*G + carry_i) of the G slots, the rest go to the largest remainders, the
-  remainder is carried: every dataset stays within one sample of its share;
-- placement: the slots are shuffled from (seed, step); rank r takes its contiguous share;
-- within dataset i, draw k is perm_i,e[k mod N_i], e = k div N_i, perm from (seed, i, e): an oversampled
-  dataset wraps around whole epochs, each freshly permuted;
-- state: {step, drawn, carry, seed, fingerprint, order}; weights and phases are not part of it, so a state
-  loads into a sampler with new weights and each dataset goes on from the draw where it stopped.
+- dataset i gets floor(p_i*G + carry_i) of the G slots, the rest go to the largest remainders, the remainder
+  is carried; the slots are shuffled from (seed, step) and rank r takes its contiguous share;
+- within dataset i, draw k is perm_i,e[k mod N_i], e = k div N_i, perm from (seed, i, e);
+- state {step, drawn, carry, seed, fingerprint, order} holds no weights: a state loads into a sampler with
+  new weights and each dataset goes on from the draw where it stopped.
 """
 
 from __future__ import annotations

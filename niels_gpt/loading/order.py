@@ -1,14 +1,10 @@
 """An epoch's order of n samples as a function of the position: nothing of size n is ever held.
 
-- a keyed permutation of range(n): a balanced Feistel network over the smallest domain of 4**h >= n values,
-  with cycle-walking (a value >= n goes through again until it lands in range(n); < 4 passes on average);
-- the ROUNDS 31-bit keys are drawn by torch from mix_seed(seed, epoch); the round function is two
-  multiply-xorshift steps on 31-bit values, so int64 products never overflow.
-
-Worked example, n = 10: h = 2 (domain 16); position 3 goes to, say, 12 (>= 10), then again to 7: order[3] = 7.
-
-Cost: one chunk of CHUNK positions (512 KiB) whatever n; ~4x a torch.randperm's time per sample, paid a
-chunk at a time. Up to SMALL_ORDER samples the order is a held int32 randperm instead.
+A keyed permutation of range(n): a balanced Feistel network over the smallest domain of 4**h >= n values
+(ROUNDS 31-bit keys drawn by torch from mix_seed(seed, epoch)), with cycle-walking: a value >= n goes
+through again until it lands in range(n). Worked example, n = 10: h = 2 (domain 16); position 3 goes to,
+say, 12 (>= 10), then again to 7: order[3] = 7. Cost: ~4x a torch.randperm's time per sample, a chunk of
+CHUNK positions at a time; up to SMALL_ORDER samples the order is a held int32 randperm instead.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Streaming pretraining batches from Parquet text shards, tokenized on the fly, for DDP.
 
-- the row groups of all files form one list; rank r of W takes groups r, r+W, ...; a rank keeps at most
-  OPEN_FILES files open;
-- each document is [BOS] + encode(text), numbered in the rank's stream order (doc id, growing over epochs);
-- "contiguous": the documents are one stream, a batch the next B*T+1 tokens (the next starts at its last);
-  "bestfit": every row starts at a document, best-fit from a buffer (bestfit.py);
-- state = position in doc ids (contiguous: doc + token offset; bestfit: buffered ids + next id), so resuming
-  is exact, where nanochat skips to the next row group;
-- `prefetch=N`: the batches are made up to N ahead in the background (ahead.py); the state stays the
-  position after the last batch handed out.
+- rank r of W reads row groups r, r+W, ... of all files; a document is [BOS] + encode(text), numbered by
+  doc id in the rank's stream;
+- "contiguous": one token stream, a batch the next B*T+1 tokens; "bestfit": rows packed by bestfit.py;
+- the state is a position in doc ids, so resuming is exact (nanochat skips to the next row group);
+- `prefetch=N` makes batches up to N ahead in the background (ahead.py); the state stays the last handed out.
 
 Cost: tokenization dominates (figures: docs/loading.md, bench/bench_loading.py).
 """

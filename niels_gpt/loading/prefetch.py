@@ -1,12 +1,9 @@
 """Fetching the shards of the next batches of a remote cache before the training step asks for them.
 
-- the plan is the sampler's own: `GlobalBatchSampler` reads its epoch order, `RankBatchStream` replays the
-  draws of its next steps; `RollingPlan` keeps it PREFETCH_BATCHES batches long, longer until it holds
-  PREFETCH_NEW_SHARDS shards the current batch does not read;
-- `ShardPrefetcher.plan` pins (storage/local_cache.py) the shards of the batches in flight and ahead, within
-  PREFETCH_SHARE of the download bound shared by the host's ranks, then downloads the missing ones on
-  PREFETCH_REQUESTS threads through the mirror (storage/mirror.py), nearest first;
-- a failed background download is dropped: the batch that needs the shard fetches it and raises the error.
+The plan is the sampler's own (its epoch order, or a stream's next draws). `RollingPlan` keeps it at least
+PREFETCH_BATCHES batches long; `ShardPrefetcher` pins those shards (storage/local_cache.py) within
+PREFETCH_SHARE of the download bound and downloads the missing ones in the background, nearest first. A
+failed background download is dropped: the batch that needs the shard fetches it and raises the error.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """One global order for a map-style dataset, cut into global batches, sliced by rank.
 
-- epoch order: from (seed, epoch) alone (loading/order.py); nothing of size N is held at scale;
-- global batches: consecutive slices of G = global_batch_size; the tail (N mod G) is dropped, a different
-  one every epoch; a batch schedule (loading/schedule.py) sets G from the samples delivered so far;
-- ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; DataLoader workers fetch whole batches
-  round-robin, so the batches do not depend on W or num_workers;
-- state: {epoch, samples_consumed, samples_total, seed, fingerprint, order} in global samples, so 8 ranks
-  resume exactly on 2; `order` digests the next sample ids and a state whose order would change is refused
-  unless allow_new_order=True;
-- a remote dataset: each batch moves the sampler's plan of the next batches' shards on (loading/prefetch.py);
+- epoch order from (seed, epoch) alone (loading/order.py); global batches are consecutive slices of G, the
+  tail (N mod G) dropped; a batch schedule (loading/schedule.py) sets G from the samples delivered so far;
+- rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; workers fetch whole batches, in order;
+- state {epoch, samples_consumed, samples_total, seed, fingerprint, order} counts global samples, so 8 ranks
+  resume exactly on 2; a state whose order would change is refused unless allow_new_order=True;
 - `ResumableDataLoader` reports the last batch *delivered*, not the last one its workers made.
 
 Cost: one randperm per epoch (33 ms per million samples on 2 cores); figures in docs/loading.md.

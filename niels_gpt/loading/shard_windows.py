@@ -1,20 +1,16 @@
-"""Shard-aware random order: every window once per epoch, read from K shards at a time.
-
-Random windows over a remote cache reach every shard in the first batches, so a download cache smaller than
-the split re-fetches evicted shards; this order reads K shards at a time, each once, start to finish.
+"""Shard-aware random order: every window once per epoch, read from K shards at a time, so a download cache
+smaller than the split does not fetch evicted shards again (docs/storage.md measures the trade-off).
 
 - shards: torch.randperm from (seed, epoch); shard j goes to lane j mod K, a lane reads its shards in turn;
-- up to SMALL_ORDER windows (`shard_window_order`): each window gets a time in [0, 1) uniform in its shard's
-  stretch of its lane (a lane's first shard shortened by (K + r) / 2K in lane r, so lanes do not change shard
-  together); the order is every window sorted by time. Worked example, K=2, shards a, b, c of 4 windows:
-  lane 0 = a then c (a: [0, 1/3), c: [1/3, 1)), lane 1 = b: the first third mixes a and b, the rest c and b;
-- above (`ShardWindowOrder`), position by position, nothing of size N held: the lanes take turns a window at
-  a time (a lane that has run out drops out), a shard's windows in a keyed permutation (loading/order.py).
-  Worked example, K=2, lanes [a, c] and [b] of 4 windows each: positions 0..7 alternate a and b, 8..11 are c.
+- up to SMALL_ORDER windows (`shard_window_order`): each window gets a time uniform in its shard's stretch of
+  its lane (a lane's first shard shortened by (K + r) / 2K in lane r, so lanes change shard at other moments);
+  the order is every window sorted by time. Worked example, K=2, shards a, b, c of 4 windows: lane 0 = a then
+  c (a: [0, 1/3), c: [1/3, 1)), lane 1 = b: the first third mixes a and b, the rest c and b;
+- above (`ShardWindowOrder`), position by position: the lanes take turns a window at a time, a shard's
+  windows in a keyed permutation (loading/order.py). Worked example, K=2, lanes [a, c] and [b] of 4 windows
+  each: positions 0..7 alternate a and b, 8..11 are c.
 
-The state is the global sampler's plus K, so resumption is exact on any world size. Trade-off: a batch holds
-windows of K shards, not all of them (docs/storage.md measures it on real tokens). Cost: one rand and one
-stable sort of N per epoch (3.3 s for 13 M windows on 2 cores), int32[N] held.
+Cost: one rand and one stable sort of N per epoch (3.3 s for 13 M windows on 2 cores), int32[N] held.
 """
 
 from __future__ import annotations

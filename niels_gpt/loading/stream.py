@@ -1,14 +1,9 @@
 """A resumable per-rank stream of batches from a random-window dataset (anything with get_batch).
 
 Batch `step` is a pure function of (seed, step): the global batch is drawn in draws of `draw_rows` rows,
-draw k from its own generator seeded from (seed, step, k); rank r makes only the draws that fill its rows.
-The state is the step counter, so resuming is exact and costs nothing.
-
-- draw_rows = per-rank batch (default): one get_batch per step per rank; the stream depends on world size;
-- draw_rows = d dividing every per-rank batch: the same global batches for every world size;
-- state: {step, seed, fingerprint, draw_rows, global_batch_size, order}; a state whose stream would change
-  is refused unless allow_new_order=True; a batch schedule (loading/schedule.py) sets each step's batch;
-- a dataset at a URL: the shards of the next steps' draws are fetched ahead (loading/prefetch.py).
+draw k from its own generator seeded from (seed, step, k); rank r makes the draws that fill its rows. The
+state is the step counter. With `draw_rows` dividing every per-rank batch (default: the per-rank batch) the
+global batches are the same for every world size; a URL's shards are fetched ahead (loading/prefetch.py).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Map-style windows over a pretraining cache split: sample i -> T+1 tokens at a fixed place.
 
-Samplers, epochs and exact resumption need a fixed, countable set of samples: each shard is cut into
-windows of T+1 tokens with stride T (every token but a shard's first is a target once per epoch); a shard's
-last partial window is unused and no window crosses a shard end.
+Each shard is cut into windows of T+1 tokens with stride T (every token but a shard's first is a target once
+per epoch), read through the random-window reader's core (readers/windows_core.py).
 
     index -> (shard, offset): binary search in the cumulative window counts.
     Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
     cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
-
-Read through the random-window reader's core (readers/windows_core.py, stride T): local, compressed or at a
-URL alike. A DataLoader batch (`__getitems__`, then `collate_windows`) is ONE fused gather into int64 x and y.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The frame cache of compressed shards: decompressed frames laid out where their tokens would be.
 
-- one anonymous range is reserved (MAP_NORESERVE) for a split's tokens, each shard starting at a frame
-  boundary: global frame f is tokens [f*F, (f+1)*F), so a window is a plain slice and a batch the same one
-  gather the uncompressed reader does;
-- `ready[f]`: the frames a window starting in f can reach are resident; a batch whose B starts are all ready
-  gathers at once, else the frames it lacks are decompressed first;
-- at most `max_bytes` of frames stay resident, first loaded first out (MADV_DONTNEED gives the pages back);
-  the frames the current batch needs stay. Per process: each DataLoader worker holds its own frames.
+One reserved range (MAP_NORESERVE) holds the split's tokens, each shard from a frame boundary, so a window
+is a plain slice and a batch one gather. `ready[f]` says the frames a window starting in f reaches are
+resident; a batch decompresses the frames it lacks first. At most `max_bytes` stay resident, first in first
+out (MADV_DONTNEED); each process (DataLoader worker) holds its own.
 """
 
 from __future__ import annotations

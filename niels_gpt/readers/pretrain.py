@@ -3,11 +3,8 @@
     ds = PretrainTokenStreamDataset("cache/pretrain/fineweb_edu/train", T=1024, device="cuda")
     x, y = ds.get_batch(B=32, generator=g)        # int64 (B, T); y[:, :-1] == x[:, 1:]
 
-- a window is T+1 consecutive tokens inside one shard; each row draws one start uniformly from all window
-  starts of all shards, so a small last shard is not oversampled;
-- one torch.randint and ONE gather per batch through the window core (readers/windows_core.py: raw,
-  compressed or remote shards alike, the same batches); on CUDA through pinned memory, non_blocking;
-- a URL reads through a local mirror: each batch's draws are made first, then the shards they reach fetched.
+Each row draws one start uniformly from all window starts of all shards (a window never crosses a shard
+end), then ONE gather through the window core (readers/windows_core.py): raw, compressed or remote alike.
 """
 
 from __future__ import annotations

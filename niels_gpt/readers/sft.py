@@ -4,12 +4,9 @@
                            T=1024, device="cuda", eot_id=tok.eot_id)
     x, y, y_masked = ds.get_batch(B=16, generator=g)
 
-- example i is tokens[idx[i] : idx[i+1]]; a row is one example cropped or padded with EOT to T+1 tokens;
-- y_masked[t] = y[t] inside an assistant span (after an assistant sentinel, up to and including the next
-  EOT), else -100; padding is never a target. The mask comes from the ids (`assistant_span_mask`), or from
-  `{split}_mask.bin` for a cache rendered with a tokenizer's own chat template;
-- map-style too: `ds[i]` is one row on the CPU; a DataLoader batch is one gather (`__getitems__`);
-- a URL reads through a local mirror (niels_gpt/storage): offsets on open, tokens on the first batch.
+- a row is one example (tokens[idx[i]:idx[i+1]]) cropped or padded with EOT to T+1 tokens;
+- y_masked is y inside assistant spans (`assistant_span_mask`, or the cache's `{split}_mask.bin`), else -100;
+- map-style too (`ds[i]`); a DataLoader batch or get_batch is one gather; a URL reads through a local mirror.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """One split of a pretraining cache as one range of tokens: what both window readers sample from.
 
-Window i (numbered across the split's shards) is T+1 tokens of one shard, never across its end, starting
-every `stride` tokens (1: readers/pretrain.py, T: loading/windows.py); shard k with n_k > T tokens holds
-(n_k - 1 - T) // stride + 1 windows.
+Window i (numbered across the split's shards) is T+1 tokens of one shard starting every `stride` tokens (1:
+readers/pretrain.py, T: loading/windows.py); shard k with n_k > T tokens holds (n_k - 1 - T) // stride + 1.
 
     Worked example: shards of 10 and 7 tokens, T=3. stride 1: 7 and 4 windows, cum [0, 7, 11];
     window 8 -> shard 1, tokens [1:5]. stride 3: 3 and 2 windows, cum [0, 3, 5]; window 4 ->
     shard 1, tokens [3:7].
 
-- local raw shards: mapped back to back into one range (`open_concatenated`), else one map per shard;
-- compressed shards: a frame cache laid out the same way (readers/frames.py);
-- remote: each batch's shards fetched, mapped, read and let go (`gather_remote`), so an evicted shard frees
-  its disk at once; a split that fits the download bound is mapped as one range once mirrored whole;
-- a batch is ONE fused gather and cast into int64 x and y (C kernel, numpy where it is not built); a gather
-  slower than COLD_GATHER_S makes the next batches MADV_WILLNEED their windows until one is warm;
-- maps are made lazily in each process and never pickled.
+Local shards are mapped back to back (readers/mmap.py), compressed ones decompressed into a frame cache laid
+out the same way (readers/frames.py), remote ones fetched, read and let go a batch at a time. A batch is ONE
+fused gather and cast into int64 x and y (the C kernel; numpy where it is not built).
 """
 
 from __future__ import annotations
