@@ -10,13 +10,14 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import tomllib
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
@@ -197,13 +198,13 @@ class MixtureSampler:
 
     def state_with_order(self, state: dict) -> dict:
         """`state` (from advance_state) with its order record."""
-        return {**state, "order": self.order_at(state["step"], state["drawn"], state["carry"])}
+        return {**state, "order": self.order_at(state["drawn"])}
 
     def order_config(self) -> dict:
         return {"code": f"{MIXTURE_KIND}/{MIXTURE_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
                 "global_batch_size": self.global_batch_size}
 
-    def order_at(self, step: int, drawn: list[int], carry: list[float]) -> dict:
+    def order_at(self, drawn: list[int]) -> dict:
         """The order record of a state: the settings and the next ORDER_PEEK draws of every dataset (whatever
         the weights: new weights or phases go on from the same draws)."""
         ids = [[self._sample(d, k) for k in range(n, n + ORDER_PEEK)] for d, n in enumerate(drawn)]
@@ -212,7 +213,7 @@ class MixtureSampler:
     def state_dict(self) -> dict:
         return {"kind": MIXTURE_KIND, "version": STATE_VERSION, "step": self.step, "drawn": list(self.drawn),
                 "carry": list(self.carry), "seed": self.seed, "fingerprint": self.fingerprint,
-                "order": self.order_at(self.step, self.drawn, self.carry)}
+                "order": self.order_at(self.drawn)}
 
     def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
         """Go on from `state`; allow_new_order=True: with this sampler's own settings (new weights, phases,
@@ -234,7 +235,7 @@ class MixtureSampler:
             self.step, self.drawn, self.carry = step, drawn, carry
             return
         if saved is not None:
-            check_order_digest(MIXTURE_KIND, saved, self.order_at(step, drawn, carry))
+            check_order_digest(MIXTURE_KIND, saved, self.order_at(drawn))
         self.step, self.seed, self.drawn, self.carry = step, seed, drawn, carry
 
 
@@ -266,17 +267,13 @@ class MixtureConfig:
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> MixtureConfig:
         """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder."""
-        import json
-
-        import tomllib
-
         p = Path(path)
         try:
             raw = tomllib.loads(p.read_text("utf-8")) if p.suffix == ".toml" else json.loads(p.read_text("utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{p}: cannot read mixture config ({exc}); expected JSON or TOML") from exc
         cfg = cls.from_dict(raw, str(p))
-        return dataclasses.replace(cfg, datasets={n: str(p.parent / d) for n, d in cfg.datasets.items()})
+        return replace(cfg, datasets={n: str(p.parent / d) for n, d in cfg.datasets.items()})
 
     def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
               world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:
