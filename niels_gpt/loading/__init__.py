@@ -1,11 +1,9 @@
-"""Training-time loading: global sampler, shard-window sampler, DDP/worker partitioning, exact resumption,
-mixtures, random-window streams, prefetching from a cache URL, the streaming Parquet path and bits-per-byte.
+"""Training-time loading: samplers with exact resumption, mixtures, random-window streams, the streaming
+Parquet path and bits-per-byte.
 
     sampler = GlobalBatchSampler(ds, global_batch_size=64, seed=0)     # rank/world from torch.distributed
     loader = ResumableDataLoader(ds, sampler, num_workers=2)
     state = loader.state_dict(); loader.load_state_dict(state)          # JSON-able, any world size
-
-Heavy modules (pyarrow) are imported only when the Parquet path is used.
 """
 
 # NOTE: the names below are imported on first use (PEP 562), not with the package: most of its modules

@@ -1,22 +1,9 @@
-"""Batches made in the background, a few ahead of the loop that takes them: one producer for every loader.
+"""Items made in the background, a few ahead of the loop that takes them: one producer for every loader.
 
-- the producer iterates its items (a sampler's batches; a Parquet loader's batches, each with the loader's
-  state right after it was made) in the background and fills a bounded queue; the loop takes them in
-  order, so a state that came with the last item taken is the position of the items handed out, never of
-  those made ahead, and resuming is exact whatever the depth of the queue;
-- a thread, or one worker process for work that holds the GIL (a Python tokenizer): the process builds
-  its own loader from a picklable spec, dies with its parent and leaves Ctrl-C to it;
-- an error in the producer is raised by the next `get()`, in the loop's thread, at the item where it
-  happened; `stop()` (the loop leaves early, the loader is restarted) ends the producer;
-- every producer thread stops before the interpreter finalises (an exit hook signals and joins it), so a
-  script that takes one batch and ends never leaves a thread inside torch while torch is torn down (that
-  aborts the process: "terminate called without an active exception", exit code 134).
-
-Why: without workers a batch is made in the training loop's own thread, between two steps (~0.3-0.5 ms of
-a 32 x 1024 IndexedWindowDataset batch here; tokenizing a Parquet batch, far more). A thread that makes the
-next batches while the step runs (a GPU step leaves the CPU free; numpy's gathers and the native encoders
-release the GIL) leaves the loop one queue get (~20 us). Worker processes cost a copy through a pipe or
-shared memory instead (B=32, T=1024: 0.5 MB, well under a millisecond). Figures: bench/bench_loading.py.
+A thread (or one worker process for a tokenizer that holds the GIL) fills a bounded queue and the loop takes
+the items in order, so a state that came with the last item taken is exact at any depth. A producer's error
+is raised by the next `get()`. Every producer thread stops before the interpreter finalises: a thread left
+inside torch while torch is torn down aborts the process. Figures: bench/bench_loading.py.
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 
 from niels_gpt.errors import ConfigError, NielsGPTError
 
@@ -36,37 +24,29 @@ POLL_S = 0.1  # how often a blocked producer or consumer looks at the stop flag 
 EXIT_WAIT_S = 30.0  # at exit, how long to wait for a producer inside one long item (a download) to stop
 END = object()  # what get() returns once the producer's items are exhausted
 
-_running: dict[threading.Thread, tuple[threading.Event, queue.Queue]] = {}
+_threads: weakref.WeakSet[Prefetcher] = weakref.WeakSet()  # prefetchers whose producer thread runs
 _lock = threading.Lock()
 _hooked = False
 
 
-def encoder_releases_gil(tokenizer) -> bool:
-    """Whether `tokenizer.encode_batch` is a native batch call (it releases the GIL while it encodes).
-
-    The base class's encode_batch is a Python loop over encode(); the library's backends replace it
-    with their native batch encoders, which release the GIL."""
+def resolve_mode(mode: str, tokenizer) -> str:
+    """`mode`, or for "auto": a thread when `tokenizer.encode_batch` is a native batch call (it releases the
+    GIL), a process when it is the base class's Python loop."""
     from niels_gpt.tokenizer.base import Tokenizer  # lazy: the tokenizer layer is only asked here, once
 
-    own = getattr(type(tokenizer), "encode_batch", None)
-    return own is not None and own is not Tokenizer.encode_batch
-
-
-def resolve_mode(mode: str, tokenizer) -> str:
     if mode not in MODES:
         raise ConfigError(f"prefetch mode {mode!r}: expected one of {', '.join(MODES)}")
     if mode != "auto":
         return mode
-    return "thread" if encoder_releases_gil(tokenizer) else "process"
+    own = getattr(type(tokenizer), "encode_batch", None)
+    return "thread" if own is not None and own is not Tokenizer.encode_batch else "process"
 
 
 class Prefetcher:
     """`get()` -> the next item of `make_iter()` run ahead by up to `depth` items (END after the last).
 
-    Thread mode iterates `make_iter()` (which may run on the caller's own loader: the caller must not
-    touch that loader until `stop()`). Process mode builds a fresh loader in a worker from `spec`
-    (a picklable (factory, args, kwargs)), starts it at `start_state` and yields
-    (loader.produce(), loader.state_now()) forever.
+    Thread mode iterates `make_iter()` (on the caller's loader: untouched until `stop()`). Process mode builds
+    a loader from `spec` ((factory, args, kwargs)) at `start_state` and yields (produce(), state_now()).
     """
 
     def __init__(self, *, depth: int, mode: str = "thread", make_iter=None, spec: tuple | None = None,
@@ -79,7 +59,6 @@ class Prefetcher:
         self._worker = None
         self._queue = None
 
-    # -- the loop's side ---------------------------------------------------------------------------
     def get(self):
         if self._worker is None:
             self._start()
@@ -87,7 +66,7 @@ class Prefetcher:
             try:
                 kind, payload = self._queue.get(timeout=POLL_S)
             except queue.Empty:
-                if not self._alive():
+                if not self._worker.is_alive():
                     code = getattr(self._worker, "exitcode", None)
                     self.stop()
                     raise NielsGPTError(f"the batch prefetch {self.mode} stopped without an error "
@@ -102,7 +81,7 @@ class Prefetcher:
                 return END
             return payload
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop the producer and drop what it made ahead (the loop's state is unaffected)."""
         if self._worker is None:
             return
@@ -112,8 +91,16 @@ class Prefetcher:
             self._worker.join()
             self._queue.close()
             self._queue.join_thread()
-        else:  # a producer blocked on a full queue wakes up, sees the flag and ends
-            stop_producer(self._worker)
+        else:  # a producer blocked on a full queue wakes up when it is emptied, sees the flag and ends
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._worker.is_alive() and (deadline is None or time.monotonic() < deadline):
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    self._worker.join(POLL_S)
+            if self._worker.is_alive():  # a wait cut short at exit
+                return
+            _threads.discard(self)
         self._worker, self._queue = None, None
         self._stop = threading.Event()
 
@@ -121,22 +108,25 @@ class Prefetcher:
         self.stop()
         self._start_state = state
 
-    # -- the producer's side -----------------------------------------------------------------------
     def _start(self) -> None:
+        global _hooked
         if self.mode == "thread":
             self._queue = queue.Queue(maxsize=self.depth)
-            self._worker = start_producer(_feed, (self._make_iter, self._queue, self._stop),
-                                          stop=self._stop, q=self._queue, name="batch-prefetch")
+            self._worker = threading.Thread(target=_feed, args=(self._make_iter, self._queue, self._stop),
+                                            name="batch-prefetch", daemon=True)
+            with _lock:
+                if not _hooked:
+                    # NOTE: registered after torch's exit hooks (torch is imported by then): it runs first
+                    atexit.register(_stop_all)
+                    _hooked = True
+                _threads.add(self)
         else:
             ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
             self._queue = ctx.Queue(maxsize=self.depth)
             self._stop = ctx.Event()
             self._worker = ctx.Process(target=_feed_in_process, name="batch-prefetch", daemon=True,
                                        args=(self._spec, self._start_state, self._queue, self._stop, os.getpid()))
-            self._worker.start()
-
-    def _alive(self) -> bool:
-        return self._worker is not None and self._worker.is_alive()
+        self._worker.start()
 
     def __del__(self):
         try:
@@ -158,47 +148,14 @@ def assembled_ahead(make_iter, n: int):
         ahead.stop()
 
 
-# -- producer threads: started, stopped, and stopped at exit ------------------------------------------
-
-def start_producer(target, args: tuple, *, stop: threading.Event, q: queue.Queue, name: str) -> threading.Thread:
-    """Start `target(*args)` on a thread that `stop_producer` (or the interpreter's exit) stops and joins."""
-    global _hooked
-    t = threading.Thread(target=target, args=args, name=name, daemon=True)
-    with _lock:
-        if not _hooked:
-            # NOTE: registered after torch's own exit hooks (torch is imported by then), so it runs before them
-            atexit.register(_stop_all)
-            _hooked = True
-        _running[t] = (stop, q)
-    t.start()
-    return t
-
-
-def stop_producer(t: threading.Thread, timeout: float | None = None) -> None:
-    """Signal the producer to stop and wait for it, emptying its queue so that a blocked put wakes up."""
-    with _lock:
-        stop, q = _running.get(t, (None, None))
-    if stop is None:
-        return
-    stop.set()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while t.is_alive() and (deadline is None or time.monotonic() < deadline):
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            t.join(POLL_S)
-    if not t.is_alive():  # one still running (a wait cut short by Ctrl-C) stays for the exit hook to join
-        with _lock:
-            _running.pop(t, None)
-
-
 def _stop_all() -> None:
+    """At exit: a thread left inside torch while torch is torn down aborts the process."""
     with _lock:
-        entries = list(_running.items())
-    for _, (stop, _q) in entries:
-        stop.set()
-    for t, _ in entries:
-        stop_producer(t, EXIT_WAIT_S)
+        live = list(_threads)
+    for p in live:
+        p._stop.set()
+    for p in live:
+        p.stop(EXIT_WAIT_S)
 
 
 def put_until_stopped(q, item, stop) -> bool:
@@ -233,8 +190,7 @@ def _feed_in_process(spec, start_state, q, stop, parent: int) -> None:
         if start_state is not None:
             loader.load_state_dict(start_state)
         while True:
-            item = loader.produce()
-            yield item, loader.state_now()
+            yield loader.produce(), loader.state_now()
 
     _feed(items, q, stop, _picklable)
 

@@ -3,18 +3,9 @@
 For each row of capacity T+1, until it is full:
   1. refill the buffer to `buffer_size` documents, one at a time, in stream order;
   2. place the LARGEST buffered document that fits entirely (ties: the one buffered first);
-  3. if none fits, crop the SHORTEST buffered document (ties: first buffered) to fill the row
-     exactly; its remainder is dropped.
-Every document starts with BOS, so every row starts with BOS; rows are always full (no padding).
-
-nanochat refills 128 documents at a time, so its buffer overshoots by up to 127 and its choices
-depend on where tokenizer batches fell; refilling one document at a time makes the packer's state
-exactly (buffered document ids in buffer order, next document id) and resumption exact.
-
-Cost: a lookup is two bisects over a sorted list of (length, doc id) instead of nanochat's linear
-scan of the buffer; insert/remove are list memmoves: 18k rows/s at T=2048 with a 1000-document
-buffer, 11x nanochat's loop (bench/bench_loading.py). Crop fraction at T=2048: 0.40 on debian-docs,
-0.30 on wikitext-2 articles (nanochat reports ~0.35 on fineweb-edu).
+  3. if none fits, crop the SHORTEST buffered document (ties: first buffered) to fill the row (rest dropped).
+One document at a time (nanochat refills 128) makes the state exact: buffered doc ids and the next doc id.
+Cost: two bisects per placement, 11x nanochat's scan (bench/bench_loading.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Bits per byte: a loss that does not depend on the tokenizer's vocabulary.
 
-bpb = (sum over counted targets of cross-entropy in nats) / (ln 2 * sum of their UTF-8 bytes).
-A target counts when it is not ignored (-100, or any negative id) and stands for at least one byte:
-special tokens have byte length 0 (`Tokenizer.token_byte_lengths()`), so BOS/EOT/chat sentinels
-drop out of both sums, as in nanochat's evaluate_bpb. Both sums are all-reduced across ranks when
-torch.distributed is initialised, so every rank returns the same global figure.
+bpb = (sum of cross-entropy in nats over counted targets) / (ln 2 * sum of their UTF-8 bytes); a target
+counts when it is not ignored (negative) and stands for at least one byte (special tokens have 0), as in
+nanochat's evaluate_bpb. Both sums are all-reduced across ranks under torch.distributed.
 """
 
 from __future__ import annotations
@@ -24,13 +22,8 @@ def token_bytes(tokenizer, device: str | torch.device = "cpu") -> torch.Tensor:
 
 
 def batch_inputs_targets(batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of a batch as the library's loaders deliver it.
-
-    - a dict: `input_ids` and `labels` (windows, peer datasets, packed bins, tagged mixture items);
-    - a tuple or list: the first tensor is the input, the last tensor the targets, anything that is not
-      a tensor (a mixture's dataset tag) is skipped. So `(x, y)` scores y and SFT rows
-      `(x, y, y_masked)` score the assistant targets only.
-    """
+    """(inputs, targets) of a batch: a dict's `input_ids` and `labels`, else its first and last tensors (so
+    SFT rows `(x, y, y_masked)` score the assistant targets only)."""
     if isinstance(batch, dict):
         if "input_ids" not in batch or "labels" not in batch:
             raise ConfigError(f"batch has keys {sorted(batch)}: expected 'input_ids' and 'labels'")
@@ -45,12 +38,8 @@ def batch_inputs_targets(batch) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def evaluate_bpb(model: Callable[[torch.Tensor], torch.Tensor], batches: Iterable, token_bytes: torch.Tensor,
                  *, steps: int | None = None) -> float:
-    """Bits per byte of `model` (x -> logits (B, T, V)) over batches; targets use -100 to ignore.
-
-    A batch is anything the library's loaders deliver (see `batch_inputs_targets`).
-
-    `steps` limits how many batches are read (an infinite loader needs it).
-    """
+    """Bits per byte of `model` (x -> logits (B, T, V)) over `batches` (at most `steps` of them); targets
+    use -100 to ignore."""
     device = token_bytes.device
     total_nats = torch.zeros((), dtype=torch.float64, device=device)
     total_bytes = torch.zeros((), dtype=torch.int64, device=device)

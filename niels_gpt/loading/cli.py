@@ -1,7 +1,6 @@
-"""`download`: fetch numbered Parquet text shards (see niels_gpt.loading.download).
+"""`download`: fetch numbered Parquet text shards (niels_gpt.loading.download).
 
     niels-gpt-data download --out-dir data/fineweb -n 8 -w 4
-    python -m niels_gpt.cli download --base-url http://127.0.0.1:8000 --out-dir shards -n 2
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Fetch numbered Parquet text shards from a base URL: parallel, retried, atomic, resumable.
 
-- shard i is `<base_url>/shard_{i:05d}.parquet` (nanochat's fineweb-edu-100b-shuffle layout);
-- a Hugging Face Hub URL (`https://huggingface.co/datasets/OWNER/NAME/resolve/REVISION`, the default) is
-  read through `huggingface_hub` (its `hf://` filesystem: the hub's endpoint, token and revisions); any
-  other `http(s)://` base URL, or an `s3://`, `gs://`, `hf://` one, through its fsspec backend;
-- every transfer goes through the storage layer's one retry and time-limit path (`storage.fs`:
-  `with_retries(bounded_call(...))`): transient failures (connection errors, 5xx, 408/429, a body cut
-  short, bytes that are not a Parquet file) are retried up to `max_attempts` times, `backoff_s * 2**k`
-  seconds apart; a missing shard (404) or a refusal fails at once; a server that does not answer, or
-  a transfer without a byte for the network time limit (`--network-timeout`, 30 s), ends in one line
-  naming the address; a slow transfer that keeps moving is never cut;
-- N worker threads (downloads wait on the network, not the GIL), one shard each at a time; each attempt
-  writes `<name>.tmp-<pid>`, checks the Parquet magic "PAR1" at both ends and renames into place: a shard
-  under its final name is complete, so a re-run skips it;
-- a tqdm bar counts shards (silent when stderr is not a terminal);
-- Ctrl-C ends every transfer at once (their connections closed, their temporaries removed), then the
-  interrupt goes on to the caller.
+- shard i is `<base_url>/shard_{i:05d}.parquet` (nanochat's fineweb-edu-100b-shuffle layout); a Hugging Face
+  Hub URL is read through `huggingface_hub`, any other through its fsspec backend;
+- every transfer goes through the storage layer's one retry and time-limit path (`storage.fs`);
+- each attempt writes `<name>.tmp-<pid>`, checks the Parquet magic at both ends and renames into place, so
+  a shard under its final name is complete and a re-run skips it; Ctrl-C ends every transfer at once.
 """
 
 from __future__ import annotations
@@ -97,9 +86,8 @@ def _check_parquet(path: Path) -> None:
 def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max_attempts: int = MAX_ATTEMPTS,
                    backoff_s: float = BACKOFF_S, timeout_s: float | None = None,
                    filename: str = FILENAME) -> ShardResult:
-    """Download one shard unless it is already complete; never raises for a failed transfer.
-
-    timeout_s: the network time limit (None: `--network-timeout` / $NIELS_GPT_NETWORK_TIMEOUT_S, 30 s)."""
+    """Download one shard unless it is already complete; never raises for a failed transfer. `timeout_s`:
+    the network time limit (None: `--network-timeout`)."""
     name = filename.format(index=index)
     final = Path(out_dir) / name
     if final.is_file():
@@ -139,10 +127,8 @@ def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max
 def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_workers: int = NUM_WORKERS,
                     max_attempts: int = MAX_ATTEMPTS, backoff_s: float = BACKOFF_S, timeout_s: float | None = None,
                     filename: str = FILENAME, progress: bool | None = None) -> list[ShardResult]:
-    """Download shards `indices` into out_dir with `num_workers` threads; results in index order.
-
-    progress=None shows the bar only on a terminal.
-    """
+    """Download shards `indices` into out_dir with `num_workers` threads; results in index order (a progress
+    bar on a terminal, unless `progress` says otherwise)."""
     from tqdm import tqdm
 
     refuse_url(out_dir, "--out-dir")

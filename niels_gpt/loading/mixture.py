@@ -1,33 +1,23 @@
 """Mixtures of map-style datasets: weights, temperature, a phase schedule, exact resumption.
 
-- weights at step s: the last phase with start_step <= s; p_i = w_i^(1/temperature), normalised.
-- quotas: step s gives dataset i floor(p_i*G + carry_i) slots of the G-sample global batch, the
-  slots left over go to the largest remainders (ties: lower index); the remainder is carried. So
-  after any number of steps every dataset is within one sample of its exact share, and a phase
-  change takes effect at exactly its start step.
-- placement: the G slots are shuffled with a generator seeded from (seed, step); rank r takes its
-  contiguous share, as the global sampler does: the same for any world size and num_workers.
-- within dataset i, the k-th draw is sample perm_i,e[k mod N_i] with e = k div N_i and perm seeded
-  from (seed, i, e): a small dataset oversampled wraps around whole epochs, each a fresh
-  permutation, so every sample is seen equally often (no bias toward its first samples).
-- state: {step, drawn per dataset, carry per dataset, seed, fingerprint, order}: JSON, exact. `order`
-  names the settings (code version, seed, data, global batch) and digests each dataset's next 8 draws;
-  load_state_dict refuses a state whose draws would change, naming what differs, unless called with
-  allow_new_order=True. Weights and phases are not part of it: a state loads into a sampler with new
-  weights or phases, and each dataset goes on from the draw where it stopped, none repeated or skipped.
-
-Cost per step: G scalar picks and one randperm(G); dataset i's order is computed 65,536 positions at a
-time as the draws reach them (loading/order.py), never N_i at once.
+- weights at step s: the last phase with start_step <= s; p_i = w_i^(1/temperature), normalised;
+- dataset i gets floor(p_i*G + carry_i) of the G slots, the rest go to the largest remainders, the remainder
+  is carried; the slots are shuffled from (seed, step) and rank r takes its contiguous share;
+- within dataset i, draw k is perm_i,e[k mod N_i], e = k div N_i, perm from (seed, i, e);
+- state {step, drawn, carry, seed, fingerprint, order} holds no weights: a state loads into a sampler with
+  new weights and each dataset goes on from the draw where it stopped.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import tomllib
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
@@ -179,14 +169,14 @@ class MixtureSampler:
         self.step += 1
         return batch
 
-    def _draw(self, step: int, drawn: list[int], carry: list[float], first: int | None = None):
-        """(the global batch of `step` (its first `first` draws), drawn after it, carry after it): self unchanged."""
+    def _draw(self, step: int, drawn: list[int], carry: list[float]):
+        """(the global batch of `step`, drawn after it, carry after it): self unchanged."""
         counts, carry = quota_step(self.probabilities(step), carry, self.global_batch_size)
         g = torch.Generator()
         g.manual_seed(mix_seed(self.seed, step, 1))
         slots = [d for d, c in enumerate(counts) for _ in range(c)]
         drawn, batch = list(drawn), []
-        for j in torch.randperm(self.global_batch_size, generator=g).tolist()[:first]:
+        for j in torch.randperm(self.global_batch_size, generator=g).tolist():
             d = slots[j]
             batch.append((d, self._sample(d, drawn[d])))
             drawn[d] += 1
@@ -208,13 +198,13 @@ class MixtureSampler:
 
     def state_with_order(self, state: dict) -> dict:
         """`state` (from advance_state) with its order record."""
-        return {**state, "order": self.order_at(state["step"], state["drawn"], state["carry"])}
+        return {**state, "order": self.order_at(state["drawn"])}
 
     def order_config(self) -> dict:
         return {"code": f"{MIXTURE_KIND}/{MIXTURE_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
                 "global_batch_size": self.global_batch_size}
 
-    def order_at(self, step: int, drawn: list[int], carry: list[float]) -> dict:
+    def order_at(self, drawn: list[int]) -> dict:
         """The order record of a state: the settings and the next ORDER_PEEK draws of every dataset (whatever
         the weights: new weights or phases go on from the same draws)."""
         ids = [[self._sample(d, k) for k in range(n, n + ORDER_PEEK)] for d, n in enumerate(drawn)]
@@ -223,7 +213,7 @@ class MixtureSampler:
     def state_dict(self) -> dict:
         return {"kind": MIXTURE_KIND, "version": STATE_VERSION, "step": self.step, "drawn": list(self.drawn),
                 "carry": list(self.carry), "seed": self.seed, "fingerprint": self.fingerprint,
-                "order": self.order_at(self.step, self.drawn, self.carry)}
+                "order": self.order_at(self.drawn)}
 
     def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
         """Go on from `state`; allow_new_order=True: with this sampler's own settings (new weights, phases,
@@ -245,7 +235,7 @@ class MixtureSampler:
             self.step, self.drawn, self.carry = step, drawn, carry
             return
         if saved is not None:
-            check_order_digest(MIXTURE_KIND, saved, self.order_at(step, drawn, carry))
+            check_order_digest(MIXTURE_KIND, saved, self.order_at(drawn))
         self.step, self.seed, self.drawn, self.carry = step, seed, drawn, carry
 
 
@@ -277,18 +267,13 @@ class MixtureConfig:
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> MixtureConfig:
         """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder."""
-        import json
-
-        import tomllib
-
         p = Path(path)
         try:
             raw = tomllib.loads(p.read_text("utf-8")) if p.suffix == ".toml" else json.loads(p.read_text("utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{p}: cannot read mixture config ({exc}); expected JSON or TOML") from exc
         cfg = cls.from_dict(raw, str(p))
-        datasets = {n: str((p.parent / d) if not Path(d).is_absolute() else d) for n, d in cfg.datasets.items()}
-        return cls(datasets=datasets, phases=cfg.phases, temperature=cfg.temperature, seed=cfg.seed, split=cfg.split)
+        return replace(cfg, datasets={n: str(p.parent / d) for n, d in cfg.datasets.items()})
 
     def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
               world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:

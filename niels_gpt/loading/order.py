@@ -1,21 +1,10 @@
 """An epoch's order of n samples as a function of the position: nothing of size n is ever held.
 
-- the order is a keyed permutation of range(n): a balanced Feistel network over the smallest domain
-  of 4**h >= n values (h bits a half), with cycle-walking: a value >= n goes through the network again
-  until it lands in range(n), which keeps it a permutation of range(n) (the domain is < 4n, so < 4 passes
-  on average);
-- the keys: ROUNDS 31-bit integers drawn by torch.randint from a torch.Generator seeded with
-  mix_seed(seed, epoch), so the order is a function of (n, seed, epoch) alone, as the contract wants;
-- the round function mixes with two multiply-xorshift steps on 31-bit values: int64 products never
-  overflow, and the same arithmetic runs on any torch device.
-
-Worked example, n = 10: h = 2 (domain 16); position 3 goes through the network, say to 12 (>= 10), then
-again, say to 7: order[3] = 7. No other position can land on 7: the network is a bijection of 0..15 and
-each walk follows its own cycle.
-
-Cost: memory is one chunk of CHUNK positions (512 KiB) and its temporaries, whatever n; time is ~4x a
-torch.randperm's per sample (286 vs 68 ns on a loaded 2-core machine; `python -m niels_gpt.loading.order`),
-paid a chunk at a time as batches reach it instead of all at once per epoch.
+A keyed permutation of range(n): a balanced Feistel network over the smallest domain of 4**h >= n values
+(ROUNDS 31-bit keys drawn by torch from mix_seed(seed, epoch)), with cycle-walking: a value >= n goes
+through again until it lands in range(n). Worked example, n = 10: h = 2 (domain 16); position 3 goes to,
+say, 12 (>= 10), then again to 7: order[3] = 7. Cost: ~4x a torch.randperm's time per sample, a chunk of
+CHUNK positions at a time; up to SMALL_ORDER samples the order is a held int32 randperm instead.
 """
 
 from __future__ import annotations
@@ -33,12 +22,15 @@ SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32
 
 
 class ChunkedOrder:
-    """Slices of an order computed position by position (`self[positions]`), a chunk at a time; a subclass sets
-    `n` and `_chunk = (0, empty tensor)`."""
+    """An order computed position by position (`self[positions]`, a subclass's), read in slices a chunk at a
+    time; a subclass sets `n` and `_chunk = (0, empty tensor)`."""
+
+    def __len__(self) -> int:
+        return self.n
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
-        """order[start:stop]: from a chunk of CHUNK positions computed at once (batches are consecutive
-        slices, and one call on 65,536 positions costs what ~20 calls on 32 do)."""
+        """order[start:stop], from a chunk of CHUNK positions computed at once (one call on 65,536 positions
+        costs what ~20 calls on 32 do, and batches are consecutive slices)."""
         stop = min(stop, self.n)
         c0, chunk = self._chunk
         if not c0 <= start <= stop <= c0 + len(chunk):
@@ -56,24 +48,19 @@ class ChunkedOrder:
 class EpochOrder(ChunkedOrder):
     """`order[positions] -> indices` (int64 tensors) and `order.slice(start, stop)`; `len(order) == n`."""
 
-    def __init__(self, n: int, keys: torch.Tensor | None):
+    def __init__(self, n: int, keys: torch.Tensor):
         self.n = int(n)
         half = max(1, ((max(self.n, 2) - 1).bit_length() + 1) // 2)
         self.half, self.mask = half, (1 << half) - 1
-        self.keys = None if keys is None else [int(k) for k in keys]
+        self.keys = [int(k) for k in keys]
         self._chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))
 
     @classmethod
-    def seeded(cls, n: int, seed: int, *, shuffle: bool = True) -> EpochOrder:
-        """The order keyed from torch.Generator(seed); shuffle=False: the identity."""
-        if not shuffle:
-            return cls(n, None)
+    def seeded(cls, n: int, seed: int) -> EpochOrder:
+        """The order keyed from torch.Generator(seed)."""
         g = torch.Generator()
         g.manual_seed(seed)
         return cls(n, torch.randint(0, MASK31 + 1, (ROUNDS,), generator=g, dtype=torch.int64))
-
-    def __len__(self) -> int:
-        return self.n
 
     def _network(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self.half, x & self.mask
@@ -87,8 +74,6 @@ class EpochOrder(ChunkedOrder):
         if isinstance(positions, slice):
             return sliced(self, positions)
         positions = torch.as_tensor(positions, dtype=torch.int64)
-        if self.keys is None:
-            return positions.clone()
         # NOTE: numpy for the arithmetic: ~1 us a call against torch's ~5 us, and no intra-op threads
         x = self._network(positions.numpy())
         walking = np.flatnonzero(x >= self.n)
@@ -97,6 +82,7 @@ class EpochOrder(ChunkedOrder):
             x[walking] = y
             walking = walking[y >= self.n]
         return torch.from_numpy(x)
+
 
 class TensorOrder:
     """An order held as a tensor (int32 when n < 2**31: half of int64), with EpochOrder's interface."""
@@ -134,56 +120,23 @@ def mix_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> EpochOrder | TensorOrder:
-    """The global order of epoch `epoch`, read a slice at a time (`.slice(start, stop)`): up to SMALL_ORDER
-    samples a torch.randperm held as int32, above it computed position by position (loading/order.py)."""
-    if shuffle and n <= SMALL_ORDER:
+def epoch_order(n: int, seed: int, epoch: int) -> EpochOrder | TensorOrder:
+    """The global order of epoch `epoch`: up to SMALL_ORDER samples a held torch.randperm, above it computed
+    position by position."""
+    if n <= SMALL_ORDER:
         g = torch.Generator()
         g.manual_seed(mix_seed(seed, epoch))
         return TensorOrder(torch.randperm(n, generator=g, dtype=torch.int32))
-    return EpochOrder.seeded(n, mix_seed(seed, epoch), shuffle=shuffle)
+    return EpochOrder.seeded(n, mix_seed(seed, epoch))
 
 
-def epoch_permutation(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> torch.Tensor:
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The global order of epoch `epoch`, whole: int64[n] (the samplers read it a slice at a time)."""
-    return epoch_order(n, seed, epoch, shuffle=shuffle).materialise()
+    return epoch_order(n, seed, epoch).materialise()
 
 
-def global_batches(n: int, global_batch_size: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[list[int]]:
+def global_batches(n: int, global_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """Every full global batch of an epoch, in order."""
-    perm = epoch_permutation(n, seed, epoch, shuffle=shuffle)
+    perm = epoch_permutation(n, seed, epoch)
     usable = n // global_batch_size * global_batch_size
     return perm[:usable].view(-1, global_batch_size).tolist() if usable else []
-
-
-def rank_slice(batch: list, rank: int, world_size: int) -> list:
-    """Rank `rank`'s contiguous share of one global batch.
-
-    Worked example: G=8, W=4 -> per-rank 2; rank 1 gets batch[2:4], rank 3 gets batch[6:8].
-    """
-    per = len(batch) // world_size
-    return batch[rank * per:(rank + 1) * per]
-
-
-def worker_batches(batches: list, worker_id: int, num_workers: int) -> list:
-    """The batches a DataLoader worker fetches: round-robin, as torch assigns batch-sampler output."""
-    return batches[worker_id::max(num_workers, 1)]
-
-
-
-if __name__ == "__main__":
-    import time
-
-    n, size = 48_800_000, 1 << 20
-    best_o = best_r = float("inf")
-    for rep in range(3):
-        order = EpochOrder.seeded(n, rep)
-        t = time.perf_counter()
-        for i in range(0, size, 512):
-            order.slice(i, i + 512)
-        best_o = min(best_o, time.perf_counter() - t)
-        t = time.perf_counter()
-        torch.randperm(size, generator=torch.Generator().manual_seed(rep))
-        best_r = min(best_r, time.perf_counter() - t)
-    print(f"order of {n:,}: {best_o / size * 1e9:.0f} ns a sample in batches of 512; torch.randperm({size:,}): "
-          f"{best_r / size * 1e9:.0f} ns a sample; {best_o / best_r:.2f}x")

@@ -1,34 +1,12 @@
 """Streaming pretraining batches from Parquet text shards, tokenized on the fly, for DDP.
 
-- row groups of all files, in file order, form one list; rank r of W takes groups r, r+W, r+2W, ...
-  (strided over the whole list, not per file, so small files do not starve high ranks); each file's footer
-  is read once on open, and a rank keeps at most OPEN_FILES (4) files open while it reads;
-- each document becomes [BOS] + encode(text); documents are numbered in the rank's stream order
-  (doc id k, growing across epochs), which is what a state records;
-- packing "contiguous": the documents are one token stream; a batch is the next B*T+1 tokens,
-  x = tokens[:-1].view(B, T), y = tokens[1:].view(B, T); the next batch starts at the last token,
-  so every token after the first is a target exactly once;
-- packing "bestfit": every row starts at a document, best-fit from a buffer (bestfit.py), cropped
-  only when nothing fits;
-- state_dict() = position in doc ids (contiguous: doc + token offset; bestfit: buffered doc ids +
-  next doc id): resuming is exact. nanochat's state is (file, row group) and its resume skips ahead
-  to the next row group, dropping the rest of the current one and the whole buffer;
-- `prefetch=N` (default 4, as `train --prefetch`): reading, tokenizing and packing run ahead of the loop
-  in the background (a thread, as every backend's encoder releases the GIL; a worker process for a Python
-  encoder: ahead.py), up to N batches ahead; the state is still the position after the last batch handed
-  out. `prefetch=0` does the work in `next()`;
-- the fast encoder (niels_gpt/tokenizer/fast.py) tokenizes where it is checked to give the tokenizer's
-  ids, on the producing thread; otherwise the tokenizer's batch encoder on `tokenizer_threads` threads,
-  by default this process's cores shared by the ranks of its node (LOCAL_WORLD_SIZE, as torchrun sets
-  it): 8 ranks on 16 cores start 2 threads each, not 16.
+- rank r of W reads row groups r, r+W, ... of all files; a document is [BOS] + encode(text), numbered by
+  doc id in the rank's stream;
+- "contiguous": one token stream, a batch the next B*T+1 tokens; "bestfit": rows packed by bestfit.py;
+- the state is a position in doc ids, so resuming is exact (nanochat skips to the next row group);
+- `prefetch=N` makes batches up to N ahead in the background (ahead.py); the state stays the last handed out.
 
-Cost: tokenization dominates: contiguous packing delivers 0.83x the bare tokenizer's tokens/s
-(4.6M tokens/s, 2 cores, bench/bench_loading.py); best-fit tokenizes at 0.65x but crops 63% of
-long documents at T=1024, so it delivers fewer. Resuming re-reads the buffered documents' row groups.
-Running ahead, the loop's wait is a queue hand-off while the producer keeps up with the step
-(`bench/bench_loading.py --section feed`; figures in docs/loading.md): behind a 30 ms step, B=32, T=1024,
-pinned to one core, the defaults keep the loop fed 99.7% of the time with the fast encoder and 99.8% with
-a unigram model on its own library; in the loop (prefetch=0) 85-96% and 68-74% (bench/bench_parquet_feed.py).
+Cost: tokenization dominates (figures: docs/loading.md, bench/bench_loading.py).
 """
 
 from __future__ import annotations
@@ -44,6 +22,7 @@ import torch
 from niels_gpt.errors import ConfigError, SourceError, StateError
 from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
+from niels_gpt.loading.prefetch import local_world_size
 from niels_gpt.long_documents import encode_whole
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
@@ -55,19 +34,13 @@ OPEN_FILES = 4  # Parquet files a rank keeps open at once
 PREFETCH = 4  # batches made ahead in the background by default (train's --prefetch default)
 
 
-def rank_threads(local_world_size: int | None = None) -> int:
-    """Encode threads of one rank: the cores this process may run on (its affinity), shared by the ranks of
-    its node (`local_world_size`, else $LOCAL_WORLD_SIZE, else 1), at least 1."""
+def rank_threads() -> int:
+    """Encode threads of one rank: the cores this process may run on, shared by the ranks of its node."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity on macOS and Windows
         cores = os.cpu_count() or 1
-    if local_world_size is None:
-        try:
-            local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        except ValueError:
-            local_world_size = 1
-    return max(1, cores // max(1, local_world_size))
+    return max(1, cores // local_world_size())
 
 
 def _read_metadata(path: Path):
@@ -272,11 +245,8 @@ class ParquetTokenLoader:
         return buf
 
     def produce(self) -> tuple[np.ndarray, dict]:
-        """The next batch's tokens and the packing figures: the work a prefetcher runs in the background.
-
-        contiguous: the next B*T+1 tokens of the stream (x and y overlap in all but one token);
-        bestfit: (B, T+1) rows, x = rows[:, :-1], y = rows[:, 1:]. Either way one int64 array, half
-        the bytes of x and y, for the queue, the pinned copy and the host-to-device transfer."""
+        """The next batch's tokens (contiguous: B*T+1 of the stream; bestfit: (B, T+1) rows), half the bytes
+        of x and y for the queue and the copies, and the packing figures."""
         if self.packing == "contiguous":
             tokens = self._contiguous()
         else:

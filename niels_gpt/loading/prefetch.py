@@ -1,25 +1,9 @@
 """Fetching the shards of the next batches of a remote cache before the training step asks for them.
 
-    prefetch = ShardPrefetcher(remote)                 # in the process that draws the batches
-    prefetch.plan(must, ahead)                         # shards needed now / the next ones, nearest first
-
-- The plan is the sampler's own, nothing is guessed: `GlobalBatchSampler` and `ShardWindowSampler` read
-  their epoch order, `RankBatchStream` replays the draws of its next steps; `RollingPlan` keeps it at
-  least PREFETCH_BATCHES batches long and long enough to hold PREFETCH_NEW_SHARDS shards the batch being
-  handed out does not read.
-- `plan` pins (storage/local_cache.py) the shards of the batches in flight and of the batches ahead, as
-  far ahead as PREFETCH_SHARE of the download cache's bound less the cache's marker (which stays) allows,
-  shared equally by the host's planning processes (ranks; `planners`), the nearest batch always, so no
-  process of the host (rank, DataLoader worker) evicts them before they are read; then it starts the
-  downloads of those not mirrored yet on PREFETCH_REQUESTS background threads, nearest batch first.
-- The downloads are the mirror's own (storage/mirror.py): checked, one per file per host (a reader that
-  needs a shard being prefetched waits for that download instead of starting another), time-limited.
-- A background download that fails is dropped: the batch that needs the shard fetches it itself and
-  raises the error that names it. One that finds no room (everything else pinned) waits for the next plan.
-  One still queued when its shard leaves the plan is cancelled (one in progress lands, evictable).
-
-Cost per batch: one shard lookup for each batch entering the plan and a count update; the prefetcher
-(and the pin file) hear of the plan only when its shards change.
+The plan is the sampler's own (its epoch order, or a stream's next draws). `RollingPlan` keeps it at least
+PREFETCH_BATCHES batches long; `ShardPrefetcher` pins those shards (storage/local_cache.py) within
+PREFETCH_SHARE of the download bound and downloads the missing ones in the background, nearest first. A
+failed background download is dropped: the batch that needs the shard fetches it and raises the error.
 """
 
 from __future__ import annotations
@@ -44,9 +28,9 @@ class ShardPrefetcher:
     """Background downloads and pins of the shards a sampler's next batches need. Pickles as nothing
     running: a copy in another process starts its own threads and pin file when it plans."""
 
-    def __init__(self, remote, *, requests: int = PREFETCH_REQUESTS, share: float = PREFETCH_SHARE):
+    def __init__(self, remote, *, requests: int = PREFETCH_REQUESTS):
         self.remote, self.requests = remote, max(1, int(requests))
-        self.budget = int(_room(remote) * share)  # the host's: each of its planning processes gets a share
+        self.budget = int(_room(remote) * PREFETCH_SHARE)  # the host's: each planning process gets a share
         self.pins = Pins(remote.root)
         self.pinned: list[str] = []
         self.failures = 0  # background downloads that raised (the reader raises them again, by name)
@@ -59,9 +43,8 @@ class ShardPrefetcher:
                 "pinned": [], "failures": 0, "_present": set(), "_pending": {}, "_pool": None, "_pid": None}
 
     def plan(self, must, ahead) -> list[str]:
-        """Pin and fetch the shards `must` (all: the batches in flight and the next one) and `ahead`
-        (nearest first, as long as they fit the budget); shards are files relative to the cache.
-        Returns the pinned files, nearest first."""
+        """Pin and fetch the shards `must` (all) and `ahead` (nearest first, while they fit the budget), files
+        relative to the cache. Returns the pinned files, nearest first."""
         order = list(dict.fromkeys(must))
         total = sum(self.remote.size(r) for r in order)
         budget = self.budget // planners(self.pins.root)
@@ -120,20 +103,24 @@ class ShardPrefetcher:
         self._present.clear()
 
 
+def local_world_size() -> int:
+    """The ranks of this node ($LOCAL_WORLD_SIZE, as torchrun sets it), 1 when unset or not a number."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def planners(root) -> int:
     """Processes of this host planning downloads into the cache at `root`: this one, every other live process
-    with a pin file there, and at least $LOCAL_WORLD_SIZE (ranks started together, before their first pins)."""
+    with a pin file there, and at least its node's ranks (started together, before their first pins)."""
     others = set()
     with contextlib.suppress(OSError):
         for name in os.listdir(os.path.join(root, PINS)):
             pid = name.split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
                 others.add(pid)
-    try:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    except ValueError:
-        local_world = 1
-    return max(1 + len(others), local_world, 1)
+    return max(1 + len(others), local_world_size())
 
 
 def _room(remote) -> int:
@@ -146,18 +133,13 @@ def _room(remote) -> int:
 
 
 class RollingPlan:
-    """The shard lists of a sampler's batches in flight and ahead, moved one batch per step.
+    """The shard lists of a sampler's batches in flight and ahead, moved one batch per step; the prefetcher
+    is told only when the planned shards change. Shard-window sampling changes shard every few hundred
+    batches, so the plan reaches past PREFETCH_BATCHES until it holds PREFETCH_NEW_SHARDS new shards."""
 
-    The plan reaches at least PREFETCH_BATCHES batches ahead, and further until it holds
-    PREFETCH_NEW_SHARDS shards that the batch being handed out does not read (shard-window sampling
-    changes shard every few hundred batches: the next ones are fetched long before), at most
-    MAX_AHEAD_BATCHES. The prefetcher is told only when the planned shards change."""
-
-    def __init__(self, prefetcher: ShardPrefetcher, *, in_flight: int, ahead: int = PREFETCH_BATCHES,
-                 new_shards: int = PREFETCH_NEW_SHARDS, max_ahead: int = MAX_AHEAD_BATCHES):
-        self.prefetcher, self.in_flight_n = prefetcher, max(0, in_flight)
-        self.ahead_n, self.new_shards, self.max_ahead = max(1, ahead), new_shards, max(ahead, max_ahead)
-        self.in_flight: deque[list[str]] = deque(maxlen=self.in_flight_n)
+    def __init__(self, prefetcher: ShardPrefetcher, *, in_flight: int):
+        self.prefetcher = prefetcher
+        self.in_flight: deque[list[str]] = deque(maxlen=max(0, in_flight))
         self.ahead: deque[tuple[object, list[str]]] = deque()
         self._count: dict[str, int] = {}  # shard -> batches of `ahead` reading it, in order of entry
         self._told: tuple | None = None
@@ -182,11 +164,12 @@ class RollingPlan:
         if not self.ahead:
             self._push(position, shards_of(position))
         current = set(self.ahead[0][1])
-        if len(self.ahead) < self.ahead_n or len(self._count) < len(current) + self.new_shards:
+        wanted = len(current) + PREFETCH_NEW_SHARDS
+        if len(self.ahead) < PREFETCH_BATCHES or len(self._count) < wanted:
             for pos in upcoming(self.ahead[-1][0]):
                 self._push(pos, shards_of(pos))
-                enough = len(self.ahead) >= self.ahead_n and len(self._count) >= len(current) + self.new_shards
-                if enough or len(self.ahead) >= self.max_ahead:
+                enough = len(self.ahead) >= PREFETCH_BATCHES and len(self._count) >= wanted
+                if enough or len(self.ahead) >= MAX_AHEAD_BATCHES:
                     break
         must = list(dict.fromkeys([r for b in self.in_flight for r in b] + self.ahead[0][1]))
         told = (frozenset(must), tuple(self._count))

@@ -1,33 +1,13 @@
 """One global order for a map-style dataset, cut into global batches, sliced by rank.
 
-- epoch order: from a torch.Generator seeded by (seed, epoch), no other randomness: torch.randperm(N) held
-  as int32 up to SMALL_ORDER (4 M) samples; above, a keyed permutation of range(N) computed position by
-  position (loading/order.py), its keys drawn by that generator. So nothing of size N is held at scale:
-  at 48.8 M windows (100 B tokens at T=2048) a rank's order costs a 512 KiB chunk, not two int64[N].
-- global batches: consecutive slices of G = global_batch_size indices; the tail (N mod G) is dropped
-  and differs every epoch, so no sample is dropped for good.
-- ranks: rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; G must divide by W.
-- workers: the sampler is a *batch* sampler, so DataLoader workers fetch whole batches round-robin
-  and deliver them in order: the batch stream does not depend on num_workers.
-- a batch schedule (loading/schedule.py, `batch_schedule=[(0, 128), (10_000, 256)]` or batch_ramp(...)):
-  G is the schedule's at the samples delivered so far in the run (the state's samples_total); batches
-  are cut from the same order, so a resume mid-ramp on any world size delivers the uninterrupted run's.
-- state: {epoch, samples_consumed, samples_total, seed, fingerprint, order}: global samples, so a state
-  of 8 ranks resumes exactly on 2. `order`: the order's settings (code version, seed, data, batch) and a
-  digest of the next 8 sample ids, recomputed on load: a state whose order would change is refused
-  naming what differs, unless allow_new_order=True. A state without `order` loads as it did.
+- epoch order from (seed, epoch) alone (loading/order.py); global batches are consecutive slices of G, the
+  tail (N mod G) dropped; a batch schedule (loading/schedule.py) sets G from the samples delivered so far;
+- rank r of W takes [r*G/W, (r+1)*G/W) of every global batch; workers fetch whole batches, in order;
+- state {epoch, samples_consumed, samples_total, seed, fingerprint, order} counts global samples, so 8 ranks
+  resume exactly on 2; a state whose order would change is refused unless allow_new_order=True;
+- `ResumableDataLoader` reports the last batch *delivered*, not the last one its workers made.
 
-Cost: one randperm per epoch (33 ms per million samples on 2 cores) up to 4 M samples; above, ~4x that
-per sample, 65,536 at a time as batches reach them (loading/order.py); with 0 workers the loader delivers 88k windows/s of T=1024 (bench/bench_loading.py), as torch's own
-DataLoader + DistributedSampler does within run-to-run noise.
-
-A remote cache (a dataset with `remote` and `shard_files`, e.g. IndexedWindowDataset at a URL): before
-handing out each batch the sampler moves its plan of the next batches (this rank's share, across the
-epoch's end; loading/prefetch.py) on by one; a ShardPrefetcher pins and downloads their shards.
-
-Resumption with workers: a DataLoader runs ahead of the training loop (prefetch), so the sampler's
-own state_dict() is the position of the last batch *produced*. `ResumableDataLoader` (a plain
-torch DataLoader) and torchdata's `StatefulDataLoader` both report the last batch *delivered*.
+Cost: one randperm per epoch (33 ms per million samples on 2 cores); figures in docs/loading.md.
 """
 
 from __future__ import annotations
@@ -39,12 +19,8 @@ from torch.utils.data import DataLoader
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.ahead import assembled_ahead
-from niels_gpt.loading.order import (
-    EpochOrder,
-    TensorOrder,
-    epoch_order,
-)
-from niels_gpt.loading.prefetch import PREFETCH_BATCHES, RollingPlan, ShardPrefetcher
+from niels_gpt.loading.order import EpochOrder, TensorOrder, epoch_order
+from niels_gpt.loading.prefetch import RollingPlan, ShardPrefetcher
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.loading.windows import IndexedWindowDataset, collate_windows
 from niels_gpt.resume import (
@@ -67,35 +43,29 @@ ASSEMBLE_AHEAD = 1  # batches a ResumableDataLoader without workers assembles ah
 
 
 class GlobalBatchSampler:
-    """Batch sampler for `DataLoader(dataset, batch_sampler=...)` yielding this rank's index lists.
-
-    Iterating yields the rest of the current epoch, then moves to the next epoch, so
-    `for epoch in ...: for batch in loader:` works and a restored state continues mid-epoch.
-    `prefetch`: plan downloads for a remote dataset (None: whenever the dataset is remote).
+    """Batch sampler for `DataLoader(dataset, batch_sampler=...)` yielding this rank's index lists: iterating
+    yields the rest of the current epoch, then moves on to the next one. `prefetch`: plan downloads for a
+    remote dataset (None: whenever the dataset is remote).
     """
 
     kind = SAMPLER_KIND
     order_code = 1  # the order's code version: bumped whenever the same settings give another order
 
     def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
-                 world_size: int | None = None, shuffle: bool = True, prefetch: bool | None = None,
-                 batch_schedule=None):
+                 world_size: int | None = None, prefetch: bool | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule,
+                                      world_size=self.world_size)
         if global_batch_size is not None and batch_schedule is not None and global_batch_size != self.schedule.steps[-1][1]:
             raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
                               f"{self.schedule.steps[-1][1]}: pass None or the schedule's last batch")
-        for _, global_batch_size in self.schedule.steps:
-            if global_batch_size % self.world_size:
-                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                                  f"world_size {self.world_size} (every rank takes an equal share)")
-            if n < global_batch_size:
-                raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {global_batch_size}; "
-                                  "lower global_batch_size or use more data")
+        largest = max(g for _, g in self.schedule.steps)
+        if n < largest:
+            raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {largest}; lower "
+                              "global_batch_size or use more data")
         self.num_samples = n
         self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
-        self.shuffle = shuffle
         self.seed = int(seed)
         self.fingerprint = dataset_fingerprint(dataset)
         self.epoch = 0
@@ -104,15 +74,12 @@ class GlobalBatchSampler:
         remote = getattr(dataset, "remote", None) if prefetch is not False else None
         self._dataset = dataset if remote is not None and hasattr(dataset, "shard_files") else None
         self.in_flight = IN_FLIGHT_BATCHES
-        self.prefetch_batches = PREFETCH_BATCHES
         self._plan: RollingPlan | None = None
         self.plan_end: tuple[int, int] | None = None  # (epoch, consumed) after the run's last batch
 
     def end_after(self, batches: int) -> None:
-        """The run takes `batches` more global batches from where the next iteration starts: a remote
-        cache's prefetch plan reaches no further. Without it the plan crosses into the next epoch and
-        fetches its first shards, bytes that a run ending here never reads (bench/bench_peers.py: 1.08x
-        the bytes needed for one epoch, 1.00x with it). The batches handed out are the same either way."""
+        """The run takes `batches` more global batches: a remote cache's prefetch plan reaches no further
+        (without it the plan fetches the next epoch's first shards). The batches are the same either way."""
         if batches < 0:
             raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
         if not self.schedule.constant:
@@ -128,7 +95,7 @@ class GlobalBatchSampler:
 
     @property
     def global_batch_size(self) -> int:
-        """The global batch of the next batch (the schedule's at the samples delivered so far)."""
+        """The global batch of the next batch."""
         return self.schedule.at(self.total)
 
     @property
@@ -145,14 +112,9 @@ class GlobalBatchSampler:
         epoch, consumed = self.next_position()
         return self.schedule.batches_left(self.num_samples, consumed, self.total)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Jump to the start of `epoch` (the DistributedSampler idiom); a restored state needs no call."""
-        if epoch != self.epoch:
-            self.epoch, self.samples_consumed = int(epoch), 0
-
     def permutation(self, epoch: int) -> EpochOrder | TensorOrder:
-        """The global order of `epoch` (subclasses order differently; everything else is shared)."""
-        return epoch_order(self.num_samples, self.seed, epoch, shuffle=self.shuffle)
+        """The global order of `epoch` (what a subclass changes)."""
+        return epoch_order(self.num_samples, self.seed, epoch)
 
     def _order(self, epoch: int | None = None) -> EpochOrder | TensorOrder:
         key = (self.seed, self.epoch if epoch is None else epoch)
@@ -181,8 +143,7 @@ class GlobalBatchSampler:
         if self._dataset is None:
             return
         if self._plan is None:
-            self._plan = RollingPlan(ShardPrefetcher(self._dataset.remote), in_flight=self.in_flight,
-                                     ahead=self.prefetch_batches)
+            self._plan = RollingPlan(ShardPrefetcher(self._dataset.remote), in_flight=self.in_flight)
         self._plan.step((epoch, consumed, self.total), self._after, self._batch_at)
 
     @property
@@ -219,15 +180,12 @@ class GlobalBatchSampler:
         return state
 
     def order_config(self) -> dict:
-        """What the order depends on besides the position (saved in the state's `order`, compared on load)."""
-        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
-            {"batch_schedule": self.schedule.as_list()}
+        """What the order depends on besides the position."""
         return {"code": f"{self.kind}/{self.order_code}", "seed": self.seed, "fingerprint": self.fingerprint,
-                **batch, "shuffle": self.shuffle, **self.order_state()}
+                **self.schedule.record(), **self.order_state()}
 
     def order_at(self, epoch: int, consumed: int, total: int | None = None) -> dict:
-        """The order record of a state at (epoch, consumed, total): order_config and the next batch's first
-        ORDER_PEEK sample ids."""
+        """The order record of a state at (epoch, consumed, total): order_config and the next sample ids."""
         epoch, consumed, total = self.schedule.position(self.num_samples, epoch, consumed,
                                                         self.total if total is None else total)
         order = self._perms.get((self.seed, epoch))
@@ -236,11 +194,11 @@ class GlobalBatchSampler:
         return order_record(ids, **self.order_config())
 
     def order_state(self) -> dict:
-        """What else the order depends on, saved with the state and checked on load (subclasses)."""
+        """A subclass's settings of the order, saved with the state."""
         return {}
 
     def check_order_state(self, state: dict) -> None:
-        """Refuse a state whose order_state differs from this sampler's (subclasses)."""
+        """Refuse a state whose order_state differs (a subclass's)."""
 
     def state_dict(self) -> dict:
         return self.state_at(self.epoch, self.samples_consumed)
@@ -279,17 +237,11 @@ class GlobalBatchSampler:
 class ResumableDataLoader(DataLoader):
     """A plain torch DataLoader whose state is the last *delivered* batch, not the last one prefetched.
 
-        loader = ResumableDataLoader(ds, GlobalBatchSampler(ds, 64, seed=0), num_workers=2)
-        ...; ckpt["loader"] = loader.state_dict()      # JSON-able
-        loader.load_state_dict(ckpt["loader"])         # any world size, any num_workers
-
-    The batch sampler is a `GlobalBatchSampler` or any sampler with `state_dict`, `load_state_dict` and
-    `advance_state(state) -> state` (the state after one more global batch), such as `MixtureSampler`.
-    Workers prefetch ahead of the training loop, so the sampler itself runs ahead of what was delivered;
-    the loader keeps its own copy of the state, advanced once per delivered batch. Without workers,
-    `assemble_ahead` batches are assembled on a background thread while the loop runs (loading/ahead.py;
-    0: in the loop's thread). A loop left with `break` and entered again gets the next batch it has not
-    seen: the new iteration ends the old one (its workers, its thread) and starts from the delivered state.
+    The batch sampler is a `GlobalBatchSampler` or one with `state_dict`, `load_state_dict` and
+    `advance_state(state) -> state` (after one more global batch), such as `MixtureSampler`; the loader
+    keeps its own copy of the state, advanced once per delivered batch. Without workers, `assemble_ahead`
+    batches are made on a background thread (0: in the loop's). A loop left with `break` and entered again
+    gets the next batch it has not seen.
     """
 
     def __init__(self, dataset, batch_sampler, *, assemble_ahead: int = ASSEMBLE_AHEAD, **kwargs):
@@ -351,9 +303,8 @@ class ResumableDataLoader(DataLoader):
                 yield batch
 
     def _batches(self):
-        """The DataLoader's batches. Without workers and pinning: the same fetch (`__getitems__` where the
-        dataset has it) and collate, without the DataLoader's per-batch machinery (~0.15 ms of a 0.3 ms
-        IndexedWindowDataset batch here)."""
+        """The DataLoader's batches; without workers and pinning, the same fetch and collate without the
+        DataLoader's per-batch machinery (~0.15 ms of a 0.3 ms IndexedWindowDataset batch here)."""
         if self.num_workers or self.pin_memory:
             it = super().__iter__()
             try:

@@ -1,14 +1,9 @@
 """Global batch-size schedules: the global batch as a function of the samples delivered so far.
 
-A schedule is a list of (start_sample, global_batch): from `start_sample` samples delivered on (over the
-whole run, across epochs), each global batch holds `global_batch` samples; the first start is 0.
-`batch_ramp(128, 512, 1_000_000)` ramps 128 -> 512 in 4 steps over the first million samples.
-
-The global order does not change: a schedule only says where the next batch is cut, from the position
-alone (epoch, samples consumed in it, samples delivered in the run). So a run interrupted mid-ramp and
-resumed, on any world size, delivers the samples the uninterrupted run does, none repeated or skipped.
-An epoch ends when the next batch does not fit in what is left of it (that tail is dropped, as with
-a constant batch).
+A schedule is a list of (start_sample, global_batch), the first start 0: `batch_ramp(128, 512, 1_000_000)`
+ramps 128 -> 512 in 4 steps over the first million samples. The order of samples does not change, only
+where the next batch is cut, from the position alone, so a run resumed mid-ramp on any world size delivers
+the uninterrupted run's samples. An epoch ends when the next batch does not fit in what is left of it.
 """
 
 from __future__ import annotations
@@ -20,9 +15,10 @@ from niels_gpt.errors import ConfigError
 
 
 class BatchSchedule:
-    """`schedule.at(total)`: the global batch after `total` samples delivered."""
+    """`schedule.at(total)`: the global batch after `total` samples delivered; each one a multiple of
+    `world_size`, so that every rank takes an equal share."""
 
-    def __init__(self, steps: int | Sequence[Sequence[int]] | BatchSchedule):
+    def __init__(self, steps: int | Sequence[Sequence[int]] | BatchSchedule, *, world_size: int = 1):
         if isinstance(steps, BatchSchedule):
             steps = steps.steps
         if isinstance(steps, numbers.Integral) and not isinstance(steps, bool):
@@ -37,6 +33,10 @@ class BatchSchedule:
             raise ConfigError(f"batch schedule {steps!r}: expected (start_sample, global_batch) pairs of integers, the "
                               "first starting at 0, starts increasing, batches >= 1, e.g. [(0, 128), (100000, 256)]")
         self.steps = pairs
+        for _, g in pairs:
+            if g % world_size:
+                raise ConfigError(f"global_batch_size {g} must be a positive multiple of world_size "
+                                  f"{world_size} (every rank takes an equal share)")
 
     def at(self, total: int) -> int:
         g = self.steps[0][1]
@@ -50,8 +50,11 @@ class BatchSchedule:
     def constant(self) -> bool:
         return len(self.steps) == 1
 
-    def as_list(self) -> list[list[int]]:
-        return [list(p) for p in self.steps]
+    def record(self) -> dict:
+        """How an order record names the batch: one size, or the whole schedule."""
+        if self.constant:
+            return {"global_batch_size": self.steps[0][1]}
+        return {"batch_schedule": [list(p) for p in self.steps]}
 
     def total_at(self, step: int) -> int:
         """Samples delivered by the first `step` batches."""

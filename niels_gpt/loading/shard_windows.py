@@ -1,45 +1,16 @@
-"""Shard-aware random order: every window once per epoch, drawn from a sliding set of K shards at a time.
+"""Shard-aware random order: every window once per epoch, read from K shards at a time, so a download cache
+smaller than the split does not fetch evicted shards again (docs/storage.md measures the trade-off).
 
-Random windows over a remote cache reach every shard in the first batches, so a download cache smaller
-than the split re-fetches evicted shards over and over. `ShardWindowSampler` orders an epoch so that
-any stretch of it reads K shards, and a shard is read once, start to finish:
+- shards: torch.randperm from (seed, epoch); shard j goes to lane j mod K, a lane reads its shards in turn;
+- up to SMALL_ORDER windows (`shard_window_order`): each window gets a time uniform in its shard's stretch of
+  its lane (a lane's first shard shortened by (K + r) / 2K in lane r, so lanes change shard at other moments);
+  the order is every window sorted by time. Worked example, K=2, shards a, b, c of 4 windows: lane 0 = a then
+  c (a: [0, 1/3), c: [1/3, 1)), lane 1 = b: the first third mixes a and b, the rest c and b;
+- above (`ShardWindowOrder`), position by position: the lanes take turns a window at a time, a shard's
+  windows in a keyed permutation (loading/order.py). Worked example, K=2, lanes [a, c] and [b] of 4 windows
+  each: positions 0..7 alternate a and b, 8..11 are c.
 
-- shard order: torch.randperm of the shards, from (seed, epoch); shard j of it goes to lane j mod K, so
-  each of the K lanes is a queue of shards, read one after the other;
-- a lane's windows get times in [0, 1): shard after shard, each shard a sub-interval as long as its
-  windows (the lane's first shard shortened by (K + r) / 2K in lane r, so that the lanes do not all
-  change shard at the same moment when shards are equal), each window a time drawn uniformly in its
-  shard's interval (torch.rand, same generator); the epoch's order is every window sorted by time;
-- so at any point of the order each lane reads one shard: K shards at a time (K+1 for a moment when a
-  lane moves on), all lanes ending together. Worked example, K=2, shards a, b, c of 4 windows in that
-  order: lane 0 = a then c (a shortened by 1/2: times [0, 1/3) and [1/3, 1)), lane 1 = b ([0, 1)): the
-  first third of the epoch mixes a and b, the rest c and b.
-
-Every window exactly once per epoch (a permutation); the order depends only on (seed, epoch, K, the
-shards' window counts), and the state is the global sampler's (epoch, samples consumed) plus K, so
-resumption is exact on any world size and number of workers. Ranks slice each global batch as the
-global sampler does, so the ranks of a host read the same K shards and share their downloads.
-
-Statistical trade-off: a batch holds windows of K shards instead of all of them. Shards are contiguous
-stretches of the build's document stream, so when the stream is ordered (by source, by date, by topic)
-nearby batches are more alike than under global random windows, and the gradient noise is correlated over
-about (windows per shard x K) / global batch steps. Larger K approaches the global order and costs K
-shards of local disk; build with a shuffle buffer (or from a shuffled source) to make shards alike and
-small K harmless. K = SHARDS_AT_ONCE (8) by default: measured on real tokens in docs/storage.md.
-
-Cost: one torch.rand and one stable sort of N windows per epoch: 3.3 s for 13 M windows on 2 cores,
-7x a randperm of N, once per epoch. Memory: the order is held as int32 (4 bytes a window); computing it
-peaks at ~34 bytes a window (the float64 times, the sort's values and indices): 10 M windows in 1,000
-shards, +336 MiB of RSS around one call, against +475 MiB when the times were one expression over N.
-Above SMALL_ORDER (4 M) windows the order is computed position by position (`ShardWindowOrder`), with
-nothing of size N held: the same lanes of shards from a torch.randperm of the shards, the lanes taken
-round-robin a window at a time (a lane that has run out drops out of the turn), and the windows of a
-shard in a keyed permutation of the shard (loading/order.py's Feistel network, its keys drawn by torch
-from (seed, epoch, K) and tweaked by the shard). Worked example, K=2, lanes [a, c] and [b] of 4 windows
-each: positions 0..7 alternate a and b, positions 8..11 are c's (lane 1 has run out). A rank holds the
-shard ids and one chunk of 65,536 positions: ~1 MiB for 48.8 M windows in 5,000 shards, not int32[N].
-Statistical trade-off of the round-robin: the lanes change shard at about the same moment when shards
-are equal, and the end of the epoch reads the longest lane alone (at most one shard's worth of windows).
+Cost: one rand and one stable sort of N per epoch (3.3 s for 13 M windows on 2 cores), int32[N] held.
 """
 
 from __future__ import annotations
@@ -132,9 +103,6 @@ class ShardWindowOrder(ChunkedOrder):
         self.active = np.array(self.active, dtype=np.int64).reshape(-1, K)
         self._chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))
 
-    def __len__(self) -> int:
-        return self.n
-
     def _shard_order(self, shard: int) -> EpochOrder:
         """The keyed permutation of one shard's windows (the epoch's keys tweaked by the shard)."""
         tweak = [(shard * 0x9E3779B1 + i * 0x85EBCA6B + 1) & MASK31 for i in range(ROUNDS)]
@@ -170,10 +138,8 @@ def shard_epoch_order(counts, K: int, seed: int, epoch: int) -> TensorOrder | Sh
 
 
 class ShardWindowSampler(GlobalBatchSampler):
-    """A GlobalBatchSampler whose epoch order reads a sliding set of `shards_at_once` shards at a time.
-
-    `dataset` numbers its windows shard after shard and says how many each shard holds
-    (`shard_counts()`, as IndexedWindowDataset does)."""
+    """A GlobalBatchSampler whose epoch order reads `shards_at_once` shards at a time, over a dataset that
+    numbers its windows shard after shard (`shard_counts()`, as IndexedWindowDataset)."""
 
     kind = SHARD_WINDOW_KIND
 

@@ -1,24 +1,16 @@
 """A resumable per-rank stream of batches from a random-window dataset (anything with get_batch).
 
-Random windows have no epoch and no order to remember: batch `step` is a pure function of
-(seed, step, draw). Each step the global batch of G rows is drawn in draws of `draw_rows` rows, draw
-k with its own torch.Generator seeded from (seed, step, k); rank r makes only the draws that fill
-its rows. State is the step counter, so resuming is exact and costs nothing.
-
-- draw_rows = per-rank batch (the default): one get_batch call per step per rank (fastest); the
-  stream then depends on the world size.
-- draw_rows = d dividing every per-rank batch (d=1 always does): the global batch of each step is
-  the same for every world size, so a run that resumes on fewer or more ranks sees the same rows.
-- state: {step, seed, fingerprint, draw_rows, global_batch_size, order}: `order` names the stream's code
-  version and settings and digests the seeds of the next step's first 8 draws; load_state_dict refuses
-  a state whose stream would change unless called with allow_new_order=True (GlobalBatchSampler's rule).
-- batch_schedule=[(start_sample, global_batch), ...] (loading/schedule.py): step s draws the global
-  batch the schedule gives after the samples of steps 0..s-1; the draws of a step do not depend on it.
-- a dataset at a URL: before each step the shards of the next steps' draws are pinned and fetched in
-  the background (loading/prefetch.py, DrawPlan), so a step does not wait on the network.
+Batch `step` is a pure function of (seed, step): the global batch is drawn in draws of `draw_rows` rows,
+draw k from its own generator seeded from (seed, step, k); rank r makes the draws that fill its rows. The
+state is the step counter. With `draw_rows` dividing every per-rank batch (default: the per-rank batch) the
+global batches are the same for every world size; a URL's shards are fetched ahead (loading/prefetch.py).
 """
 
 from __future__ import annotations
+
+import math
+
+import torch
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import mix_seed
@@ -46,14 +38,9 @@ class RankBatchStream:
 
     def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
                  world_size: int | None = None, draw_rows: int | None = None, batch_schedule=None):
-        import math
-
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule)
-        for _, global_batch_size in self.schedule.steps:
-            if global_batch_size % self.world_size:
-                raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                                  f"world_size {self.world_size}")
+        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule,
+                                      world_size=self.world_size)
         self.dataset = dataset
         per = math.gcd(*(g // self.world_size for _, g in self.schedule.steps))
         self.draw_rows = per if draw_rows is None else int(draw_rows)
@@ -88,8 +75,6 @@ class RankBatchStream:
 
     def draw_generators(self, step: int):
         """The generators of this rank's draws of `step`, in row order."""
-        import torch
-
         per = self.batch_at(step) // self.world_size
         first = self.rank * per // self.draw_rows
         for k in range(first, first + per // self.draw_rows):
@@ -101,8 +86,6 @@ class RankBatchStream:
             yield g
 
     def __next__(self):
-        import torch
-
         if self._plan is not None:
             self._plan.step(self.step)
         parts = [self.dataset.get_batch(B=self.draw_rows, generator=g) for g in self.draw_generators(self.step)]
@@ -111,16 +94,12 @@ class RankBatchStream:
             return parts[0]
         if isinstance(parts[0], (tuple, list)):
             return type(parts[0])(torch.cat(col) for col in zip(*parts, strict=True))
-        if isinstance(parts[0], dict):
-            return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
         return torch.cat(parts)
 
     def order_at(self, step: int) -> dict:
         """The order record of a state at `step`: the settings and the seeds of the step's first draws."""
-        batch = {"global_batch_size": self.schedule.steps[0][1]} if self.schedule.constant else \
-            {"batch_schedule": self.schedule.as_list()}
         config = {"code": f"{STREAM_KIND}/{STREAM_CODE}", "seed": self.seed, "fingerprint": self.fingerprint,
-                  **batch, "draw_rows": self.draw_rows}
+                  **self.schedule.record(), "draw_rows": self.draw_rows}
         draws = min(ORDER_PEEK, self.batch_at(step) // self.draw_rows)
         return order_record([mix_seed(self.seed, step, k, self.draw_rows) for k in range(draws)], **config)
 

@@ -1,33 +1,11 @@
 """Map-style windows over a pretraining cache split: sample i -> T+1 tokens at a fixed place.
 
-The random-window dataset draws a fresh place every step; samplers, exact resumption and epochs
-need the opposite: a fixed, countable set of samples. Each shard of `<cache>/<split>/` is cut into
-windows of T+1 tokens with stride T (consecutive windows share one token, so every token but the
-shard's first is a target exactly once per epoch); the last partial window of a shard is unused and
-no window crosses a shard end.
+Each shard is cut into windows of T+1 tokens with stride T (every token but a shard's first is a target once
+per epoch), read through the random-window reader's core (readers/windows_core.py).
 
     index -> (shard, offset): binary search in the cumulative window counts.
     Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
     cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
-
-A URL as `cache_dir` (niels_gpt/storage) reads through a local mirror: meta.json on open, each
-shard downloaded the first time an index reaches it, so a rank or worker fetches only its shards;
-lengths, order, fingerprint and resume state are those of the local cache. A remote shard is mapped
-only while an item or batch reads it (`readers.mmap.gather_remote`): a shard the download cache's
-bound evicts frees its disk at once, in every worker; a split that fits the bound is mapped whole once
-every shard is mirrored, as the random-window reader maps it.
-
-Compressed shards (`shard_*.bin.zst`, niels_gpt/formats/zstd_shard.py) serve the same windows from a
-frame cache (readers/frames.py): an item decompresses only the frames its window reaches.
-
-Shards are listed as every reader lists them (`readers.shards.split_shards`: checked records, stray
-shards refused) and read through the random-window reader's own core (readers/windows_core.py, stride
-T instead of 1): the split mapped back to back, lazily per process and never pickled. A DataLoader batch
-(`__getitems__`, then `collate_windows`) is the windows' rows computed in place (C kernel
-`draws_to_rows`) and ONE fused gather and cast into int64 x and y (`gather_xy`; numpy where it is not
-built), no Python loop per shard, no per-item tensors. Cost (`bench/bench_soak.py readers`, warm page
-cache, one thread): 0.9-1.1x PretrainTokenStreamDataset.get_batch's time for the same B x T. An item
-is one slice of the range and one int64 copy of T+1 tokens.
 """
 
 from __future__ import annotations
@@ -39,12 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from niels_gpt.constants import META_NAME
-from niels_gpt.errors import CacheError, ConfigError
-from niels_gpt.meta import read_meta
 from niels_gpt.readers.checks import count
-from niels_gpt.readers.shards import split_shards
-from niels_gpt.readers.windows_core import WindowCore
+from niels_gpt.readers.windows_core import open_split
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import open_location
 
@@ -52,8 +26,7 @@ _CPU = torch.device("cpu")
 
 
 class WindowBatch(Sequence):
-    """The items of one batch of windows, gathered at once: x and y are (B, T) int64; item i is
-    {"input_ids": x[i], "labels": y[i]}, as ds[i] returns it."""
+    """One batch of windows gathered at once: x, y (B, T) int64; item i is ds[i]."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor):
         self.x, self.y = x, y
@@ -73,40 +46,17 @@ def collate_windows(data):
 
 
 class IndexedWindowDataset(torch.utils.data.Dataset):
-    """`ds[i] -> {"input_ids": int64[T], "labels": int64[T]}` from `<cache_dir>/<split>/shard_*.bin`.
-
-    `cache_dir` is the directory holding meta.json; `split` is "train" or "val".
-    """
+    """`ds[i] -> {"input_ids": int64[T], "labels": int64[T]}` from `<cache_dir>/<split>/shard_*.bin`."""
 
     def __init__(self, cache_dir: str | os.PathLike, T: int, *, split: str = "train"):
         T = count("IndexedWindowDataset", "T", T, what="a window length")
-        local, self.remote = open_location(cache_dir)
-        self.cache_dir, self.T, self.split = local, int(T), split
-        meta = read_meta(str(self.cache_dir))
-        if meta.get("kind") != "pretrain":
-            raise CacheError(f"{self.cache_dir}/{META_NAME}: kind {meta.get('kind')!r}, expected 'pretrain' "
-                             "(indexed windows read pretraining caches)")
-        shards = split_shards(self.cache_dir, meta, split, remote=self.remote is not None)
-        if not shards:
-            raise CacheError(f"{self.cache_dir}: {META_NAME} lists no {split}/*.bin shards; "
-                             f"the {split} split is empty: build the cache with a {split} split")
-        self.core = WindowCore(self.cache_dir / split, meta, shards, self.T, self.T, remote=self.remote)
+        self.cache_dir, self.remote = open_location(cache_dir)
+        self.T, self.split = int(T), split
+        meta, self.core = open_split(self.cache_dir, split, self.T, self.T, remote=self.remote)
         self.paths, self.dtype = self.core.paths, self.core.dtype
         self.cumulative = self.core.cum.tolist()
-        if self.cumulative[-1] == 0:
-            raise ConfigError(f"{self.cache_dir}/{split}: no shard holds T+1={T + 1} tokens; lower T")
         self._fingerprint = fingerprint("indexed_windows", self.T, split, meta["token_dtype"],
                                         {n: meta["files"][f"{split}/{n}"].get("sha256") for n in self.core.names})
-
-    @property
-    def _cat(self) -> np.ndarray | None:
-        """Every window of the split mapped back to back (None until an item or batch mapped it)."""
-        return self.core.flat
-
-    @property
-    def _maps(self) -> list | None:
-        """One window view per shard, where the split is not mapped back to back (None until used)."""
-        return self.core.views
 
     def fingerprint(self) -> str:
         """Identifies (files by sha256, T, split): a resume state carries it."""
@@ -123,12 +73,11 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return shard, (index - self.cumulative[shard]) * self.T
 
     def shard_counts(self) -> list[int]:
-        """Windows in each shard, in index order (shard k holds indices cumulative[k]..cumulative[k+1]-1)."""
+        """Windows in each shard, in index order."""
         return self.core.counts.tolist()
 
     def shard_files(self, indices) -> list[str]:
-        """The files (paths relative to the cache) holding the windows `indices`, in first-use order:
-        what a prefetcher fetches ahead of a batch (niels_gpt/loading/prefetch.py)."""
+        """The files (relative to the cache) holding the windows `indices`, in first-use order."""
         return self.core.files(self.core.locate(np.asarray(indices, dtype=np.int64))[0])
 
     def __getitem__(self, index: int) -> dict:
@@ -136,8 +85,7 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __getitems__(self, indices) -> WindowBatch:
-        """A batch of windows in one gather (what a DataLoader asks for with a batch sampler): the same
-        items as [ds[i] for i in indices]; `collate_windows` turns it into the batch at once."""
+        """[ds[i] for i in indices] in one gather; `collate_windows` makes it the batch without a copy."""
         i = torch.from_numpy(np.array(indices, dtype=np.int64))  # a copy: the core overwrites it with rows
         if len(i) and (int(i.min()) < 0 or int(i.max()) >= len(self)):
             bad = next(j for j in i.tolist() if not 0 <= j < len(self))

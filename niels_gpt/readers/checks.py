@@ -1,9 +1,4 @@
-"""The sizes a reader is asked for (batch size B, window length T), checked before anything is read.
-
-`count(where, name, value)` returns the value as a Python int, or raises one ConfigError line naming the call,
-the argument, what it got (value and type) and what to pass: a float (`B=2.0`), a bool, a string or None is
-refused, not rounded or compared; numpy integers are taken as the ints they are.
-"""
+"""The sizes a reader is asked for (batch size B, window length T), checked before anything is read."""
 
 from __future__ import annotations
 

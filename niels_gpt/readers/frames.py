@@ -1,19 +1,9 @@
 """The frame cache of compressed shards: decompressed frames laid out where their tokens would be.
 
-- One anonymous address range is reserved (not committed: MAP_NORESERVE) for a split's tokens, every
-  shard starting at a frame boundary: global frame f (frames numbered across the split's shards) is
-  tokens [f*F, (f+1)*F) of it, so a window (T+1 tokens, never across a shard end) is a plain slice of
-  the range and a batch is the same one gather the uncompressed reader does (C kernel or numpy).
-- `ready[f]`: frames f .. f+span are resident (span = how many frames past f a window starting in f can
-  reach, stopping at its shard's end). A batch looks up `ready` at its B window starts: all ready, it
-  gathers at once (~3 us over the uncompressed reader's batch; nothing when every frame of the split is
-  resident); else the frames it lacks are decompressed first (`ZstdShard.frame`, ~25 us a frame here).
-- Bound: at most `max_bytes` of frames resident (FRAME_CACHE_BYTES by default). The frames loaded first
-  leave first (FIFO: no bookkeeping per batch, and under uniformly random windows no worse than LRU;
-  under shard-window sampling the oldest frames belong to shards the sampler has left). A frame leaves
-  with MADV_DONTNEED, which gives its pages back to the system; frames the current batch needs stay (a
-  batch needing more frames than the bound holds keeps them all until the next batch).
-- Per process, unlike the page cache: each DataLoader worker holds its own frames.
+One reserved range (MAP_NORESERVE) holds the split's tokens, each shard from a frame boundary, so a window
+is a plain slice and a batch one gather. `ready[f]` says the frames a window starting in f reaches are
+resident; a batch decompresses the frames it lacks first. At most `max_bytes` stay resident, first in first
+out (MADV_DONTNEED); each process (DataLoader worker) holds its own.
 """
 
 from __future__ import annotations
@@ -28,10 +18,8 @@ FRAME_CACHE_BYTES = 64 << 20
 
 
 class FrameCache:
-    """Frames of a split's compressed shards, decompressed on demand into one reserved range.
-
-    `shard_tokens[k]`: tokens of shard k; `opener(k)` -> its `ZstdShard` (it may download it first);
-    windows hold T+1 tokens."""
+    """Frames of a split's compressed shards (`shard_tokens[k]` tokens in shard k, `opener(k)` -> its
+    `ZstdShard`), decompressed on demand into one reserved range, for windows of T+1 tokens."""
 
     def __init__(self, shard_tokens, dtype, frame_tokens: int, T: int, opener: Callable, *,
                  max_bytes: int = FRAME_CACHE_BYTES):

@@ -1,20 +1,9 @@
 """The disk a download cache holds: its files, and the files it evicted that a process still maps.
 
-POSIX frees an unlinked file's blocks only when the last map of it goes, so a reader that keeps a
-map of a shard the bound evicted still holds that shard's disk, where a directory listing cannot
-see it. `held_disk(root)` counts both:
-
-- the bytes of every file under `root`/remote (storage/local_cache.py `disk_usage`: mirrors and
-  downloads in progress, not the sparse reservations);
-- the bytes of every deleted file under `root` that this process or one of its descendants
-  (DataLoader workers) maps, read from /proc/<pid>/maps, each file counted once however many
-  processes or maps hold it; `pids` adds other processes and their descendants (ranks started
-  elsewhere, the process a watcher measures).
-
-`whole=True` counts every file under `root` by its allocated blocks instead of the mirrors' bytes:
-for directories laid out otherwise (other loaders' caches, in the benches).
-
-Linux only (/proc); elsewhere the second part is 0.
+POSIX frees an unlinked file's blocks only when its last map goes, so `held_disk(root)` counts the files
+under `root`/remote (`disk_usage`) plus every deleted file under `root` mapped by this process, its
+descendants (DataLoader workers) and `pids`, once each (read from /proc/<pid>/maps; 0 off Linux).
+`whole=True` counts every file under `root` by its allocated blocks instead (other loaders' caches).
 """
 
 from __future__ import annotations

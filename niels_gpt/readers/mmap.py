@@ -1,19 +1,11 @@
-"""Read-only memory maps of token files, opened the way random-window training wants them.
+"""Read-only memory maps of token files.
 
-`open_tokens` maps a whole file with mmap(2) and tells the kernel the access pattern:
-- "random" (default for random-window sampling): MADV_RANDOM turns off read-ahead, so a batch on a
-  cold page cache reads the pages it touches and not ~128 KiB around each of them (a plain memmap
-  read ~325x the bytes a random batch needs here).
-- "sequential": MADV_SEQUENTIAL, for readers that stream a file front to back.
-- "normal": leave the kernel's default.
-Nothing is read at open time; pages fault in as the arrays are indexed and stay in the shared page
-cache, so every DataLoader worker and rank on a machine shares one copy.
-
-`open_concatenated` maps several files (a split's shards) back to back into ONE address range, each
-at a page boundary, so a batch whose windows fall in different shards is still one numpy gather
-(POSIX only; None elsewhere, and callers fall back to one mapping per file).
-
-Arrays returned here are read-only views over the mapping; they keep the mapping alive.
+- `open_tokens` maps one file with MADV_RANDOM: no read-ahead, so a random batch on a cold page cache reads
+  the pages it touches, not ~128 KiB around each; pages stay in the shared page cache (one copy per host);
+- `open_concatenated` maps a split's shards back to back into ONE address range, each at a page boundary,
+  so a batch whose windows fall in different shards is still one gather (POSIX; None elsewhere);
+- every file is sized through its open descriptor and checked against meta.json's size, so a cache
+  replaced by a rebuild is refused instead of mapped past its end (SIGBUS).
 """
 
 from __future__ import annotations
@@ -28,44 +20,34 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError
+from niels_gpt.errors import CacheError, CacheMismatchError
 
-ADVICE = {
-    "random": getattr(mmap, "MADV_RANDOM", None),
-    "sequential": getattr(mmap, "MADV_SEQUENTIAL", None),
-    "normal": getattr(mmap, "MADV_NORMAL", None),
-}
+MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+# Linux, macOS and the BSDs share MAP_FIXED's value; only there is open_concatenated attempted.
+_MAP_FIXED = 0x10
+_CONCAT_PLATFORMS = ("linux", "darwin", "freebsd")
+_LIBC = None
 
 
-def open_tokens(path: str | os.PathLike, dtype: np.dtype, *, offset: int = 0,
-                advice: str = "random", expected_bytes: int | None = None) -> np.ndarray:
-    """Map `path` (from byte `offset`) as a read-only 1-D array of `dtype`.
-
-    The size is read from the open file itself and, with `expected_bytes` (what meta.json recorded
-    when the dataset was opened), must equal it: a cache swapped in by a rebuild between opening the
-    dataset and its first batch is refused here instead of mapped past its end (SIGBUS on access).
-    """
+def open_tokens(path: str | os.PathLike, dtype: np.dtype, *, expected_bytes: int | None = None) -> np.ndarray:
+    """Map `path` as a read-only 1-D array of `dtype`; `expected_bytes`: what meta.json recorded."""
     path = Path(path)
     dtype = np.dtype(dtype)
-    if advice not in ADVICE:
-        raise ConfigError(f"advice must be one of {sorted(ADVICE)}, got {advice!r}")
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         raise CacheError(f"{path}: token file missing") from None
     with f:
         size = _checked_size(f, path, expected_bytes)
-        payload = size - offset
-        if payload < 0 or payload % dtype.itemsize:
-            raise CacheError(f"{path}: {payload} payload bytes is not a whole number of "
+        if size % dtype.itemsize:
+            raise CacheError(f"{path}: {size} payload bytes is not a whole number of "
                              f"{dtype.itemsize}-byte tokens: the file is truncated or not {dtype}")
-        if payload == 0:
+        if size == 0:
             return np.zeros(0, dtype=dtype)
         mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-    flag = ADVICE[advice]
-    if flag is not None and hasattr(mm, "madvise"):
-        mm.madvise(flag)
-    return np.frombuffer(mm, dtype=dtype, count=payload // dtype.itemsize, offset=offset)
+    if MADV_RANDOM is not None and hasattr(mm, "madvise"):
+        mm.madvise(MADV_RANDOM)
+    return np.frombuffer(mm, dtype=dtype)
 
 
 def _checked_size(f, path: Path, expected_bytes: int | None) -> int:
@@ -78,56 +60,43 @@ def _checked_size(f, path: Path, expected_bytes: int | None) -> int:
 
 
 def window_view(tokens: np.ndarray, width: int) -> np.ndarray:
-    """(n - width + 1, width) read-only view of every window of `width` tokens, without copying.
-
-    Row s is tokens[s : s + width]; indexing rows with an index array copies each row with one
-    contiguous memcpy, which is what makes a batch one gather. (Built with as_strided: ~2 us, where
-    numpy's checked sliding_window_view takes ~60, which a map read once and let go cannot afford.)
-    """
+    """(n - width + 1, width) read-only view of every window of `width` tokens, without copying: indexing
+    its rows with an index array is one memcpy per row, so a batch is one gather."""
+    # NOTE: as_strided (~2 us), not numpy's checked sliding_window_view (~60 us), for maps read once
     n = len(tokens) - width + 1
     s = tokens.strides[0]
     return np.lib.stride_tricks.as_strided(tokens, shape=(max(n, 0), width), strides=(s, s), writeable=False)
 
 
-# Linux, macOS and the BSDs share MAP_FIXED's value; only there is open_concatenated attempted.
-_MAP_FIXED = 0x10
-_CONCAT_PLATFORMS = ("linux", "darwin", "freebsd")
-
-
 def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC = libc
+    return _LIBC
 
 
-def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *, advice: str = "random",
+def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
                       expected_bytes: list[int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """Map `paths` back to back into one read-only array; returns (tokens, first token of each file).
+    """Map `paths` back to back into one read-only array; returns (tokens, first token of each file), or None
+    where the platform has no mmap(MAP_FIXED) or a call fails.
 
-    File k occupies tokens[starts[k] : starts[k] + size_k / itemsize]; starts are page-aligned, and
-    the bytes between the end of one file and the next page boundary read as zeros. A window that
-    stays inside one file is therefore a plain slice of `tokens`, and a batch of windows spread over
-    many files is one fancy index. Worked example (4 KiB pages, uint16): files of 5,000 and 300
-    tokens -> starts [0, 6144] (10,000 bytes round up to 12,288), len(tokens) == 6,444.
-
-    Returns None where the platform has no mmap(MAP_FIXED) or a call fails; nothing is read here.
-    Each file is sized and mapped through one open descriptor, checked against `expected_bytes` as in
-    `open_tokens`, so a file replaced after the dataset was opened is refused, never mapped past its end.
+    Starts are page-aligned; the bytes between a file's end and the next page read as zeros. Worked example
+    (4 KiB pages, uint16): files of 5,000 and 300 tokens -> starts [0, 6144], len(tokens) == 6,444.
     """
-    # NOTE: one gather instead of one per shard touched: 32x1024 batches over 3 shards went from
-    # ~70 to ~35 us (bench/bench_cache_readers.py); the reservation costs address space, not memory.
-    if not sys.platform.startswith(_CONCAT_PLATFORMS) or not paths or advice not in ADVICE:
+    # NOTE: one gather instead of one per shard touched: 32x1024 batches over 3 shards ~70 -> ~35 us
+    # (bench/bench_cache_readers.py); the reservation costs address space, not memory.
+    if not sys.platform.startswith(_CONCAT_PLATFORMS) or not paths:
         return None
     dtype = np.dtype(dtype)
     page = mmap.PAGESIZE
     with contextlib.ExitStack() as stack:
-        files = []
-        for path in paths:
-            files.append(stack.enter_context(open(path, "rb")))  # a missing file: the caller names it
+        files = [stack.enter_context(open(p, "rb")) for p in paths]  # a missing file: the caller names it
         sizes = [_checked_size(f, Path(p), None if expected_bytes is None else expected_bytes[k])
                  for k, (f, p) in enumerate(zip(files, paths, strict=True))]
         if any(s == 0 or s % dtype.itemsize for s in sizes):
@@ -138,9 +107,8 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *, advice
             libc = _libc()
         except (OSError, AttributeError):
             return None
-        failed = ctypes.c_void_p(-1).value
         base = libc.mmap(None, total, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        if base in (None, failed):
+        if base in (None, ctypes.c_void_p(-1).value):
             return None
         offset = 0
         for f, span in zip(files, spans, strict=True):
@@ -149,9 +117,8 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *, advice
                 libc.munmap(base, total)
                 return None
             offset += span
-    flag = ADVICE[advice]
-    if flag is not None:
-        libc.madvise(base, total, flag)
+    if MADV_RANDOM is not None:
+        libc.madvise(base, total, MADV_RANDOM)
     buf = (ctypes.c_char * total).from_address(base)
     weakref.finalize(buf, libc.munmap, base, total)  # unmapped when the last array over it is gone
     tokens = np.frombuffer(buf, dtype=dtype)
@@ -160,37 +127,22 @@ def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *, advice
     return tokens, starts
 
 
-_LIBC = None
-
-
 def prefetch_windows(base_addr: int, itemsize: int, starts: np.ndarray, width: int) -> None:
-    """Start reading the pages of every window now (MADV_WILLNEED), so a cold batch waits for B
-    reads in flight at once instead of B page faults one after another.
-
-    `base_addr` is the address of token 0 of a mapping from `open_concatenated`; window i is tokens
-    [starts[i], starts[i] + width). One madvise call per window (~1.4 us each on a warm cache, which
-    is why the reader only does this while its batches are waiting on the disk).
-    """
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = _libc()
-    page = mmap.PAGESIZE
+    """MADV_WILLNEED the windows [starts[i], starts[i] + width) of a range from `open_concatenated` at
+    `base_addr`, so a cold batch waits for B reads in flight at once, not B page faults in turn."""
+    libc, page = _libc(), mmap.PAGESIZE
     lo = base_addr + np.asarray(starts, dtype=np.int64) * itemsize
     aligned = lo & ~(page - 1)
     lengths = lo + width * itemsize - aligned
     for addr, length in zip(aligned.tolist(), lengths.tolist(), strict=True):
-        _LIBC.madvise(addr, length, mmap.MADV_WILLNEED)
-
+        libc.madvise(addr, length, mmap.MADV_WILLNEED)
 
 
 def gather_remote(remote, rels: list[str], dtype: np.dtype, expected_bytes: list[int], shard: np.ndarray,
                   starts: np.ndarray, width: int) -> np.ndarray:
-    """(B, width) windows, row i the `width` tokens at `starts[i]` of file `rels[shard[i]]` of a remote cache
-    (storage/mirror.py RemoteCache), each file fetched, mapped, read and let go before the next one.
-
-    No map outlives the call, so a shard the download cache's bound evicts later frees its disk at once.
-    Files already mirrored are read first (a download for this batch could evict them otherwise); while a
-    file downloads, the batch's files not read yet are kept."""
+    """(B, width) windows, row i at `starts[i]` of file `rels[shard[i]]` of a remote cache, each file fetched,
+    mapped, read and let go before the next: no map outlives the call, so an evicted shard frees its disk.
+    Files already mirrored are read first, and the batch's files not read yet are kept while one downloads."""
     out = np.empty((len(shard), width), dtype=dtype)
     ks = list(dict.fromkeys(np.asarray(shard).tolist()))
     ks.sort(key=lambda k: not remote.has(rels[k]))

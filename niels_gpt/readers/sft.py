@@ -4,22 +4,9 @@
                            T=1024, device="cuda", eot_id=tok.eot_id)
     x, y, y_masked = ds.get_batch(B=16, generator=g)
 
-- Example i is tokens[idx[i] : idx[i+1]] (the last one runs to the end of the file).
-- Each row is one example, truncated to its first T+1 tokens or padded with EOT to T+1;
-  x = seq[:-1], y = seq[1:].
-- y_masked[t] = y[t] when y[t] lies inside an assistant span (after an assistant sentinel, up to and
-  including the next EOT), else -100. Padding is never a target.
-- The span mask is computed from the ids alone (`assistant_span_mask`), vectorised over the batch:
-  literal special strings in user text never become special ids, so the ids cannot lie about spans.
-  A cache rendered with a tokenizer's own chat template has no sentinels to find spans by: its mask is
-  read from `{split}_mask.bin` (one uint8 per token, 1 = trained; build_cache's SFT notes).
-- A map-style dataset too: `ds[i]` is example i as (x, y, y_masked), each (T,) int64 on the CPU, padded or
-  cropped as above, so `DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)` yields the (B, T)
-  batches get_batch draws (workers open their own maps; move batches to the GPU with pin_memory=True).
-  A DataLoader batch is one gather (`__getitems__`), which default_collate passes through as it is.
-- One randint and one gather per batch; memory maps opened lazily per process (pickles as paths).
-- URLs (`s3://bucket/sft/dolly15k/train_tokens.bin`, niels_gpt/storage) read through a local mirror:
-  the offsets are downloaded and checked on open, the token file on the first batch.
+- a row is one example (tokens[idx[i]:idx[i+1]]) cropped or padded with EOT to T+1 tokens;
+- y_masked is y inside assistant spans (`assistant_span_mask`, or the cache's `{split}_mask.bin`), else -100;
+- map-style too (`ds[i]`); a DataLoader batch or get_batch is one gather; a URL reads through a local mirror.
 """
 
 from __future__ import annotations
@@ -49,18 +36,12 @@ from niels_gpt.urls import is_url
 
 
 class SFTRow(tuple):
-    """(x, y, y_masked) of row i of an SFTBatch: what ds[i] returns, plus where it came from."""
-
-    def __new__(cls, out: torch.Tensor, i: int):
-        row = super().__new__(cls, (out[0, i], out[1, i], out[2, i]))
-        row.out = out
-        return row
+    """(x, y, y_masked) of row i of an SFTBatch: what ds[i] returns (its own type, for default_collate)."""
 
 
 class SFTBatch:
-    """The examples of one DataLoader batch, gathered at once: `out` is (3, B, T) int64 (x, y, y_masked);
-    item i is an SFTRow equal to ds[indices[i]]. default_collate hands `out`'s three planes back as the
-    batch, no per-row tensors stacked (`collate_rows`, registered for SFTRow)."""
+    """One DataLoader batch gathered at once: `out` is (3, B, T) int64 (x, y, y_masked), item i equals
+    ds[indices[i]]; default_collate hands the planes back as the batch (`collate_rows`)."""
 
     def __init__(self, out: torch.Tensor):
         self.out = out
@@ -71,7 +52,8 @@ class SFTBatch:
     def __getitem__(self, i: int) -> SFTRow:
         if not -len(self) <= i < len(self):
             raise IndexError(f"row {i} of a batch of {len(self)}")
-        return SFTRow(self.out, i % len(self))
+        i %= len(self)
+        return SFTRow((self.out[0, i], self.out[1, i], self.out[2, i]))
 
 
 def collate_rows(batch, *, collate_fn_map=None) -> list[torch.Tensor]:
@@ -87,10 +69,7 @@ torch.utils.data._utils.collate.default_collate_fn_map[SFTRow] = collate_rows  #
 
 class SFTExampleDataset(Dataset):
     def __init__(self, tokens_path: str, idx_path: str, *, T: int, device: str, eot_id: int):
-        """
-        tokens_path: uint16 tokens concatenated
-        idx_path: int64 offsets array
-        """
+        """`tokens_path`: `<cache>/<split>_tokens.bin`, `idx_path`: its int64 offsets (`<split>_idx.npy`)."""
         T = count("SFTExampleDataset", "T", T, what="a window length")
         self.remote = None
         if is_url(tokens_path) or is_url(idx_path):
@@ -136,10 +115,7 @@ class SFTExampleDataset(Dataset):
         if self.mask_path is not None and self.mask_path.stat().st_size != self.num_tokens:
             raise CacheError(f"{self.mask_path}: {self.mask_path.stat().st_size} bytes but {self.tokens_path.name} holds "
                              f"{self.num_tokens} tokens (one mask byte each); rebuild the cache")
-        self._mask: np.ndarray | None = None
-        self._tokens: np.ndarray | None = None
-        self._rows: np.ndarray | None = None  # every window of T+1 tokens (None: the file is shorter)
-        self._mask_rows: np.ndarray | None = None
+        self._mapped: dict[bool, tuple] = {}  # per process: _maps(mask) -> (file, its windows)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -155,8 +131,7 @@ class SFTExampleDataset(Dataset):
         return out[0, 0], out[1, 0], out[2, 0]
 
     def __getitems__(self, indices) -> SFTBatch:
-        """The examples `indices` in one gather (a DataLoader batch): the same rows as [ds[i] for i in indices],
-        collated by default_collate into the same [x, y, y_masked] without stacking B rows."""
+        """[ds[i] for i in indices] in one gather, which default_collate passes through without stacking."""
         idx = np.asarray(indices)
         n = len(self.offsets)
         if len(idx) and (idx.dtype.kind not in "iu" or idx.min() < -n or idx.max() >= n):
@@ -166,58 +141,34 @@ class SFTExampleDataset(Dataset):
         return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n if len(idx) else idx.astype(np.int64)))
 
     def fingerprint(self) -> str:
-        """The identity of this data in resume states (niels_gpt.resume.cache_fingerprint)."""
         return cache_fingerprint(self, self.cache_dir, self.meta, self.T)
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_tokens"] = state["_rows"] = state["_mask"] = state["_mask_rows"] = None
-        return state
+        return {**self.__dict__, "_mapped": {}}
 
-    def _open(self) -> np.ndarray:
-        if self._tokens is None:
+    def _maps(self, mask: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the token or mask file mapped; its windows of T+1, None if shorter), once per process."""
+        if mask not in self._mapped:
+            path, dtype = (self.mask_path, np.dtype(np.uint8)) if mask else (self.tokens_path, self.dtype)
             if self.remote is not None:
-                self.remote.fetch(self.tokens_path.name)
-            self._tokens = open_tokens(self.tokens_path, self.dtype,
-                                       expected_bytes=self.num_tokens * self.dtype.itemsize)
-            self._rows = _window_rows(self._tokens, self.T + 1)
-        return self._tokens
-
-    def _open_mask(self) -> np.ndarray:
-        if self._mask is None:
-            self._mask = open_tokens(self.mask_path, np.uint8, expected_bytes=self.num_tokens)
-            self._mask_rows = _window_rows(self._mask, self.T + 1)
-        return self._mask
+                self.remote.fetch(path.name)
+            a = open_tokens(path, dtype, expected_bytes=self.num_tokens * dtype.itemsize)
+            self._mapped[mask] = (a, window_view(a, self.T + 1) if len(a) > self.T else None)
+        return self._mapped[mask]
 
     def example(self, i: int) -> np.ndarray:
         """The full token ids of example i (a view of the memory map)."""
-        return self._open()[self.offsets[i]:self.ends[i]]
+        return self._maps()[0][self.offsets[i]:self.ends[i]]
 
     def trained(self, i: int) -> np.ndarray:
         """Bool per token of example i: whether it is a trained target (stored mask, else the span rule)."""
         if self.mask_path is None:
             return assistant_span_mask(np.asarray(self.example(i)), self.asst_id, self.eot_id)
-        return self._open_mask()[self.offsets[i]:self.ends[i]].astype(bool)
-
-    def _windows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(T+1 tokens from each example's start in the token dtype, bool mask of its own tokens).
-
-        Past an example's end a row holds whatever follows it (the next example, or nothing in
-        particular at the end of the file); callers overwrite those places.
-        """
-        starts = self.offsets[indices]
-        lengths = np.minimum(self.ends[indices] - starts, self.T + 1)
-        valid = np.arange(self.T + 1)[None, :] < lengths[:, None]
-        return _gather_rows(self._open(), self._rows, starts, lengths, self.T + 1), valid
+        return self._maps(mask=True)[0][self.offsets[i]:self.ends[i]].astype(bool)
 
     def get_batch(self, *, B: int, generator: "torch.Generator"
                   ) -> tuple["torch.LongTensor", "torch.LongTensor", "torch.LongTensor"]:
-        """
-        returns (x, y, y_masked) where:
-          x: (B,T) int64
-          y: (B,T) int64 (next-token targets)
-          y_masked: (B,T) int64 where non-assistant targets are -100 (ignore_index)
-        """
+        """x, y, y_masked (B, T) int64 of B random examples; y_masked is -100 outside assistant targets."""
         if type(B) is not int or B < 1:
             B = count("get_batch", "B", B, what="a batch size")
         indices = torch.randint(len(self.offsets), (B,), generator=generator).numpy()
@@ -226,21 +177,22 @@ class SFTExampleDataset(Dataset):
     def collate(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cuda = self.device.type == "cuda"
         out = self._rows_tensor(np.asarray(indices), pin=cuda)
-        if cuda:
-            out = out.to(self.device, non_blocking=True)
-        elif self.device.type != "cpu":
-            out = out.to(self.device)
+        if self.device.type != "cpu":
+            out = out.to(self.device, non_blocking=cuda)
         return out[0], out[1], out[2]
 
     def _rows_tensor(self, indices: np.ndarray, pin: bool = False) -> torch.Tensor:
         """(3, B, T) int64 on the CPU: x, y and y_masked of the examples at `indices`."""
-        w, valid = self._windows(np.asarray(indices))
-        # A token's span state depends only on the tokens before it, so the mask of an example's own
+        starts = self.offsets[indices]
+        lengths = np.minimum(self.ends[indices] - starts, self.T + 1)
+        valid = np.arange(self.T + 1)[None, :] < lengths[:, None]
+        w = _gather_rows(*self._maps(), starts, lengths, self.T + 1)
+        # NOTE: a token's span state depends only on the tokens before it, so the mask of an example's own
         # tokens is the same before the padding is written (and has far fewer EOTs to walk).
         if self.mask_path is None:
             trained = assistant_span_mask(w, self.asst_id, self.eot_id)
         else:
-            trained = self._stored_mask(np.asarray(indices))
+            trained = _gather_rows(*self._maps(mask=True), starts, lengths, self.T + 1) != 0
         trained &= valid
         np.copyto(w, self.eot_id, where=~valid)
         B, T = len(w), self.T
@@ -253,23 +205,11 @@ class SFTExampleDataset(Dataset):
         np.copyto(buf[2], buf[1], where=trained[:, 1:])
         return out
 
-    def _stored_mask(self, indices: np.ndarray) -> np.ndarray:
-        """(len(indices), T+1) bool: the stored mask of each example's first T+1 tokens (past its end: anything)."""
-        starts = self.offsets[indices]
-        lengths = np.minimum(self.ends[indices] - starts, self.T + 1)
-        return _gather_rows(self._open_mask(), self._mask_rows, starts, lengths, self.T + 1) != 0
-
-
-def _window_rows(a: np.ndarray, width: int) -> np.ndarray | None:
-    """Every window of `width` items of `a` (a view), or None when `a` is shorter than one."""
-    return window_view(a, width) if len(a) >= width else None
-
 
 def _gather_rows(a: np.ndarray, rows: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,
                  W: int) -> np.ndarray:
-    """(len(starts), W) items of `a` from each start, `lengths` of them its own (`rows`: `a`'s windows of W).
-
-    Past a row's own items it holds whatever follows in `a`, or nothing in particular at its end."""
+    """(len(starts), W) items of `a` from each start, `lengths` of them its own (`rows`: `a`'s windows of W);
+    past its own items a row holds whatever follows in `a` (callers overwrite it)."""
     if rows is None:
         out = np.empty((len(starts), W), dtype=a.dtype)
         for i, (s0, k) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
@@ -277,7 +217,7 @@ def _gather_rows(a: np.ndarray, rows: np.ndarray | None, starts: np.ndarray, len
         return out
     # NOTE: rows of a sliding-window view (a memcpy each) instead of an index array of B*(T+1)
     # positions: 16x1024 rows 59 -> ~17 us (bench/bench_cache_readers.py). A row starting within
-    # T+1 items of the end of `a` is read from the last window and shifted into place.
+    # W items of the end of `a` is read from the last window and shifted into place.
     last = len(a) - W
     out = rows[np.minimum(starts, last)]
     for i in np.flatnonzero(starts > last):

@@ -1,11 +1,8 @@
 """The shards of one split of a pretraining cache, as every reader of it takes them.
 
-`split_shards` is the one place that lists a split: meta.json's records checked against the disk
-(`niels_gpt.meta.check_files`), a shard on disk that meta.json does not list refused (left over from
-another build), and the listed shards in numeric file order (shard_99999 before shard_100000). A compressed
-cache lists `shard_NNNNN.bin.zst` (niels_gpt/formats/zstd_shard.py), an uncompressed one `shard_NNNNN.bin`;
-a split holding both is refused.
-The random-window reader (`readers/pretrain.py`) and the indexed windows (`loading/windows.py`) use it.
+`split_shards` lists a split once: meta.json's records checked against the disk, a shard on disk that
+meta.json does not list refused, the listed shards in numeric file order (`shard_NNNNN.bin`, or `.bin.zst`
+for a compressed cache).
 """
 
 from __future__ import annotations

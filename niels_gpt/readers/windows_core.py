@@ -1,33 +1,15 @@
 """One split of a pretraining cache as one range of tokens: what both window readers sample from.
 
-The random-window reader (readers/pretrain.py) and the indexed windows (loading/windows.py) differ
-only in where windows start: every token (stride 1, drawn at random) or every T-th token (stride T,
-in index order). Window i (numbered across the split's shards) is T+1 tokens of one shard, never
-across its end; shard k with n_k tokens holds (n_k - 1 - T) // stride + 1 windows when n_k > T.
+Window i (numbered across the split's shards) is T+1 tokens of one shard starting every `stride` tokens (1:
+readers/pretrain.py, T: loading/windows.py); shard k with n_k > T tokens holds (n_k - 1 - T) // stride + 1.
 
     Worked example: shards of 10 and 7 tokens, T=3. stride 1: 7 and 4 windows, cum [0, 7, 11];
     window 8 -> shard 1, tokens [1:5]. stride 3: 3 and 2 windows, cum [0, 3, 5]; window 4 ->
     shard 1, tokens [3:7].
 
-Below the sampler everything is here, once:
-- Local raw shards are mapped back to back into one address range (`open_concatenated`, MADV_RANDOM),
-  shard k from token first[k]; where that is unavailable, one map per shard (a gather per shard).
-- Compressed shards (`shard_*.bin.zst`) are a frame cache (readers/frames.py) laid out the same way,
-  shard k from frame_base[k] * F: only the frames a batch's windows reach are decompressed.
-- A remote cache (niels_gpt/storage) reads each batch's shards through the local mirror, each fetched,
-  mapped, read and let go (`gather_remote`): no map outlives the batch, so a shard the download cache's
-  bound evicts frees its disk at once. Where the whole split fits the bound, once every shard is
-  mirrored the split is mapped like a local one (same draws, same batches, the local speed).
-- A batch: the windows' rows of the range computed in place (C kernel `draws_to_rows`), then ONE
-  fused gather and cast into int64 x and y (`gather_xy`); numpy's gather then cast where the kernel
-  is not built. Byte-identical either way; no Python loop per row or per shard.
-- Cold page cache: MADV_RANDOM stops the kernel reading ~128 KiB around every touched page, but a
-  batch's rows still fault in one after another. When a gather takes longer than COLD_GATHER_S (it
-  waited on the disk), the next batches first ask for all their windows at once (MADV_WILLNEED,
-  `prefetch_windows`) until one finds everything cached (faster than WARM_GATHER_S).
-- Maps are made lazily in each process and never pickled (DataLoader workers get paths).
-
-Cost: see `PretrainTokenStreamDataset.get_batch` (bench/bench_cache_readers.py).
+Local shards are mapped back to back (readers/mmap.py), compressed ones decompressed into a frame cache laid
+out the same way (readers/frames.py), remote ones fetched, read and let go a batch at a time. A batch is ONE
+fused gather and cast into int64 x and y (the C kernel; numpy where it is not built).
 """
 
 from __future__ import annotations
@@ -40,9 +22,9 @@ import torch
 
 from niels_gpt import _native
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import CacheError
+from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
-from niels_gpt.meta import numpy_dtype
+from niels_gpt.meta import numpy_dtype, read_meta, unfinished_build
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
 from niels_gpt.readers.mmap import (
     gather_remote,
@@ -51,6 +33,7 @@ from niels_gpt.readers.mmap import (
     prefetch_windows,
     window_view,
 )
+from niels_gpt.readers.shards import split_shards
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
 WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
@@ -58,10 +41,31 @@ MAX_OPEN_SHARDS = 64  # local compressed shards held open at once (each a map of
 _MAPS = {"range", "flat", "base", "first", "_shift", "_kernel", "frames", "views", "_handles"}  # per process
 
 
+def open_split(cache_dir: Path, split: str, T: int, stride: int, *, remote=None,
+               frame_cache_bytes: int = FRAME_CACHE_BYTES) -> tuple[dict, WindowCore]:
+    """(meta.json, the window core) of `split` of the built pretraining cache at `cache_dir` (a remote cache's
+    local mirror, with `remote`), refused when the split is empty or holds no window of T+1 tokens."""
+    if remote is None and not cache_dir.is_dir():
+        raise CacheError(unfinished_build(cache_dir) or f"{cache_dir / split}: no such shard directory")
+    meta = read_meta(str(cache_dir))
+    if meta.get("kind") != "pretrain" or not meta.get("built", True):
+        raise CacheError(f"{cache_dir}: not a built pretraining cache (kind={meta.get('kind')!r}, "
+                         f"built={meta.get('built')!r})")
+    shards = split_shards(cache_dir, meta, split, remote=remote is not None)
+    if not shards:
+        raise CacheError(f"{cache_dir}: {META_NAME} lists no {split} shards: the {split} split is empty "
+                         f"(totals: {meta.get('totals')}); build the cache with a {split} split")
+    core = WindowCore(cache_dir / split, meta, shards, T, stride, remote=remote,
+                      frame_cache_bytes=frame_cache_bytes)
+    if core.n == 0:
+        raise ConfigError(f"T+1 = {T + 1} tokens exceeds every shard in {cache_dir / split} "
+                          f"(largest has {int(core.tokens.max())} tokens): use a smaller T")
+    return meta, core
+
+
 class WindowCore:
-    """The windows of T+1 tokens at `stride` of the shards `shards` ([(file name, its record)], in order,
-    from `split_shards`) of `directory` (`<cache>/<split>`; a remote cache's local mirror of it, with
-    `remote`), whose cache's meta.json is `meta`."""
+    """The windows of T+1 tokens at `stride` of `shards` ([(file name, record)] from `split_shards`) of
+    `directory` (`<cache>/<split>`, or a remote cache's local mirror of it)."""
 
     def __init__(self, directory: Path, meta: dict, shards: list[tuple[str, dict]], T: int, stride: int, *,
                  remote=None, frame_cache_bytes: int = FRAME_CACHE_BYTES):
@@ -208,13 +212,8 @@ class WindowCore:
         return out
 
     def window(self, shard: int, local: int) -> np.ndarray:
-        """The T+1 tokens at `local` of shard `shard` (valid until the next read: copy it at once)."""
-        if not self._one_range(np.array([shard])):
-            return self._gather_apart(np.array([shard]), np.array([local]))[0]
-        row = int(self.first[shard]) + local
-        if self.frames is not None:
-            self.frames.ensure(np.array([row], dtype=np.int64))
-        return self.range[row:row + self.T + 1]
+        """The T+1 tokens at `local` of shard `shard`."""
+        return self.gather(np.array([shard]), np.array([local]))[0]
 
     def shard(self, k: int) -> np.ndarray:
         """Every token of local raw shard k, mapped."""

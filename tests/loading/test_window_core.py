@@ -67,8 +67,8 @@ def test_indexed_windows_from_a_url_that_fits_the_bound_map_the_split_whole(tmp_
         per_shard = local.shard_counts()[0]
         for k in range(3):
             assert torch.equal(remote[k * per_shard]["labels"], local[k * per_shard]["labels"])
-        assert remote._cat is None  # a shard not mirrored yet: read shard by shard
+        assert remote.core.flat is None  # a shard not mirrored yet: read shard by shard
         picks = [5, len(local) - 1, 0, 3 * per_shard + 2]
         a, b = collate_windows(remote.__getitems__(picks)), collate_windows(local.__getitems__(picks))
-        assert remote._cat is not None
+        assert remote.core.flat is not None
         assert all(torch.equal(a[key], b[key]) for key in ("input_ids", "labels"))
