@@ -112,9 +112,12 @@ class SFTExampleDataset(Dataset):
         if len(self.offsets) == 0:
             raise CacheError(f"{self.idx_path}: no examples in this split")
         self.ends = np.append(self.offsets[1:], self.num_tokens)
-        if self.mask_path is not None and self.mask_path.stat().st_size != self.num_tokens:
-            raise CacheError(f"{self.mask_path}: {self.mask_path.stat().st_size} bytes but {self.tokens_path.name} holds "
-                             f"{self.num_tokens} tokens (one mask byte each); rebuild the cache")
+        if self.mask_path is not None:  # a remote mask is fetched on first use: its recorded size is checked now
+            mask_bytes = (self.meta["files"][mask_name]["bytes"] if self.remote is not None
+                          else self.mask_path.stat().st_size)
+            if mask_bytes != self.num_tokens:
+                raise CacheError(f"{self.mask_path}: {mask_bytes} bytes but {self.tokens_path.name} holds "
+                                 f"{self.num_tokens} tokens (one mask byte each); rebuild the cache")
         self._mapped: dict[bool, tuple] = {}  # per process: _maps(mask) -> (file, its windows)
 
     def __len__(self) -> int:

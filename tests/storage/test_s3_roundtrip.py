@@ -3,6 +3,8 @@ from a URL equal the local cache's, byte for byte; every download is checked and
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -13,9 +15,10 @@ from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.errors import CacheMismatchError, ConfigError
 from niels_gpt.loading.sampler import GlobalBatchSampler, ResumableDataLoader
 from niels_gpt.loading.windows import IndexedWindowDataset
+from niels_gpt.meta import file_record, write_meta
 from niels_gpt.storage import RemoteCache, configure, upload_tree
 
-from ..conftest import sample_texts, write_pretrain_cache
+from ..conftest import sample_texts, write_pretrain_cache, write_sft_cache
 from .conftest import build_sample_cache, file_tree, http_server
 
 
@@ -217,3 +220,23 @@ def test_a_flaky_server_is_retried_and_a_dead_one_named(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_sft_cache_with_a_stored_mask_reads_from_a_url_like_the_local_one(tmp_path, download_cache):
+    """A chat-template cache keeps its mask in train_mask.bin; over a URL that file is fetched on first use,
+    and its size is checked against meta.json's record (it is not on the disk when the dataset opens)."""
+    examples = [[4, 10 + i, 5, *range(20, 20 + i % 9), 6] for i in range(23)]
+    cache = write_sft_cache(tmp_path / "c", examples)
+    meta = json.loads((cache / "meta.json").read_text())
+    meta["special_token_ids"]["asst"] = None
+    mask = np.random.default_rng(0).integers(0, 2, sum(map(len, examples))).astype(np.uint8)
+    mask.tofile(cache / "train_mask.bin")
+    meta["files"]["train_mask.bin"] = file_record(cache / "train_mask.bin", None)
+    write_meta(str(cache), meta)
+    local = SFTExampleDataset(str(cache / "train_tokens.bin"), str(cache / "train_idx.npy"), T=10, device="cpu",
+                              eot_id=6)
+    with http_server(tmp_path) as url:
+        remote = SFTExampleDataset(f"{url}/c/train_tokens.bin", f"{url}/c/train_idx.npy", T=10, device="cpu",
+                                   eot_id=6)
+        for a, b in zip(_batches(local, B=5)[0], _batches(remote, B=5)[0], strict=True):
+            assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
