@@ -11,11 +11,8 @@ Layout:
                             last_document_open (the stream ends inside a document without EOT),
                             tokenizer_sha256
 
-Files are taken in lexicographic order of their names (the peer's `sorted(glob)`), each one a flat
-array; documents end with an EOS token and may run on from one file into the next. KempnerForge
-infers a `.bin` dtype from the file size (uint32 when divisible by 4); we take it from metadata.yaml
-or the caller and refuse otherwise. The writer produces `.npy` shards (self-describing) and a
-metadata.yaml naming dtype, vocab size and the EOS id, so the directory is read back without flags.
+Files are read in name order, each a flat array; documents end with EOS and may run on into the next file.
+A `.bin`'s dtype comes from metadata.yaml or the caller, never from its size (KempnerForge's guess).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`niels_receipt.json`: the sha256 and size of every file an output of ours holds, for formats with no place of
-their own for them (what `convert` writes in every format but ours, and packed Parquet files).
+"""`niels_receipt.json`: the sha256 and size of every file of an output whose format has no place for them
+(what `convert` writes in every format but ours).
 
 Layout (JSON, UTF-8, keys sorted):
 
@@ -9,18 +9,9 @@ Layout (JSON, UTF-8, keys sorted):
      "tokenizer_sha256": "c9ce...",                   # only when known: the tokenizer that made the ids
      "record_sha256": "5e1a..."}                      # the receipt's own checksum (niels_gpt/seals.py)
 
-- A directory output carries `<dir>/niels_receipt.json`, listing every file below it by its path
-  relative to the directory (token files, `metadata.yaml`, `.idx`, `.bos.idx`): the ids in
-  `metadata.yaml` are covered like the tokens. A single-file output `<file>` carries
-  `<file>.niels_receipt.json` beside it, listing that one file by name.
-- It is written last (atomically), after every file it lists is final: for formats with no commit
-  marker of their own it is the marker. The peers never read it: KempnerForge globs `*.npy`/`*.bin`,
-  nanoGPT loaders glob `*.bin`, Megatron opens `<prefix>.bin/.idx`, Parquet readers glob `*.parquet`.
-- `check_receipt` (what `verify` runs) re-hashes every listed file and names any file below a
-  directory output that the receipt does not list (a stray or a temporary of a killed run).
-
-Cost: hashing reads every byte once more, right after it was written (from the page cache), and
-`verify` reads every byte once.
+A directory output carries `<dir>/niels_receipt.json` listing every file below it (metadata.yaml included);
+a single file `<file>` carries `<file>.niels_receipt.json`. Written last, it is the commit marker; the peers
+never read it. `check_receipt` (verify) re-hashes every listed file and names any unlisted one.
 """
 
 from __future__ import annotations
