@@ -25,6 +25,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import RECEIPT_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import file_order
+from niels_gpt.meta import sha256_file
 
 METADATA_NAME = "metadata.yaml"
 SHARD_PATTERN = "shard_{:05d}.npy"
@@ -54,11 +55,8 @@ def read_metadata(directory: str | os.PathLike) -> dict | None:
 
 
 def check_against_receipt(path: Path) -> None:
-    """The ids in metadata.yaml steer every reader (EOS for packing, BOS for alignment): where the output's
-    niels_receipt.json lists the file (what `convert` writes), its sha256 is checked on every open. It is a
-    few hundred bytes, so this costs nothing."""
-    import hashlib
-
+    """The ids in metadata.yaml steer every reader: where the output's niels_receipt.json lists it, its sha256
+    is checked on every open (a few hundred bytes)."""
     for root in (path.parent, path.parent.parent):
         receipt = root / RECEIPT_NAME
         if not receipt.is_file():
@@ -68,7 +66,7 @@ def check_against_receipt(path: Path) -> None:
         except (OSError, ValueError, AttributeError):
             return  # a damaged receipt is verify's to report
         rec = listed.get(path.relative_to(root).as_posix()) if isinstance(listed, dict) else None
-        if isinstance(rec, dict) and rec.get("sha256") != hashlib.sha256(path.read_bytes()).hexdigest():
+        if isinstance(rec, dict) and rec.get("sha256") != sha256_file(str(path)):
             raise FormatError(f"{path}: sha256 differs from {receipt} (the ids it records were changed after "
                               "convert wrote it); restore it or re-run convert")
         return

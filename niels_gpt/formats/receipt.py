@@ -45,11 +45,8 @@ def _listed(output: Path) -> list[Path]:
 
 
 def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sha256: str | None = None) -> dict:
-    """Hash every file of `output` (a directory, or one file) and write its receipt last.
-
-    `tokenizer_sha256` (when the source recorded it) lets `inspect --tokenizer` refuse another tokenizer on
-    formats with no place for it (nanoGPT, Megatron).
-    """
+    """Hash every file of `output` (a directory, or one file) and write its receipt last; `tokenizer_sha256`
+    lets `inspect --tokenizer` refuse another tokenizer on formats with no place for it."""
     output = Path(output)
     base = output if output.is_dir() else output.parent
     files = {f.relative_to(base).as_posix(): file_record(f, None) for f in _listed(output)}
