@@ -30,7 +30,7 @@ from niels_gpt.formats import megatron
 from niels_gpt.formats.base import TokenFile
 from niels_gpt.formats.bos_index import load_bos_index, scan_bos
 from niels_gpt.formats.detect import FormatInfo, detect_format
-from niels_gpt.resume import STATE_VERSION, check_peer_state, fingerprint
+from niels_gpt.resume import STATE_VERSION, check_peer_state, fingerprint, resolve_rank
 
 STATE_KIND = "nanogpt_stream"
 
@@ -71,13 +71,7 @@ class NanogptDataset(torch.utils.data.IterableDataset):
         self._starts: dict[int, np.ndarray] = {}
 
     def _consumer(self) -> tuple[int, int]:
-        rank, world = self._rank, self._world
-        if rank is None or world is None:
-            dist = torch.distributed
-            if dist.is_available() and dist.is_initialized():
-                rank, world = dist.get_rank(), dist.get_world_size()
-            else:
-                rank, world = rank or 0, world or 1
+        rank, world = resolve_rank(self._rank, self._world)
         wi = torch.utils.data.get_worker_info()
         wid, nw = (wi.id, wi.num_workers) if wi is not None else (0, 1)
         return rank * nw + wid, world * nw
