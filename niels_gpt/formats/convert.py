@@ -276,7 +276,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             if to != "niels":
                 kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=stream.vocab_size,
                                        eos_token_id=next((v for v in (eot_id, stream.eot_id, eot, bos)
-                                                          if v is not None), None), tokenizer=None,
+                                                          if v is not None), None),
                                        tokenizer_sha256=stream.tokenizer_sha256,
                                        extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
                                        file_prefix=target_name if to in ("nanogpt", "nanogpt-legacy", "megatron")

@@ -73,7 +73,7 @@ def check_against_receipt(path: Path) -> None:
 
 
 def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int | None,
-                   eos_token_id: int | None, tokenizer: str | None, extension: str = "npy",
+                   eos_token_id: int | None, extension: str = "npy",
                    bos_token_id: int | None = None, last_document_open: bool = False,
                    tokenizer_sha256: str | None = None, file_prefix: str = "shard") -> None:
     def scalar(v):
@@ -82,7 +82,7 @@ def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int 
 
     text = (
         "tokenized_info:\n"
-        f"  tokenizer: {scalar(tokenizer)}\n"
+        "  tokenizer: null\n"
         f"  dtype: {dtype}\n"
         f"  tokenizer_sha256: {scalar(tokenizer_sha256)}\n"
         f"  vocab_size: {scalar(vocab_size)}\n"

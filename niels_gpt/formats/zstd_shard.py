@@ -204,10 +204,6 @@ class ZstdShard:
             raise self._bad(f"frame {i} decompresses to {self.raw_sizes[i]} bytes by its seek table, expected {want[i]}")
         self._d = zstandard().ZstdDecompressor()
 
-    @property
-    def num_frames(self) -> int:
-        return len(self.raw_sizes)
-
     def frame(self, i: int) -> np.ndarray:
         """The tokens of frame i (read-only), decompressed and checked."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -277,21 +273,6 @@ def open_compressed(path: str | os.PathLike, dtype, rec: dict, meta: dict) -> Zs
                          expected_bytes=int(rec.get("bytes", -1)), frames=rec.get("frames"))
 
 
-def check_shard(path: Path, rec: dict, dtype, frame_tokens: int) -> str | None:
-    """What is wrong with one compressed shard (verify): its seek table, then every frame; None when sound."""
-    try:
-        shard = ZstdShard(path, dtype, tokens=rec.get("tokens", 0), frame_tokens=frame_tokens,
-                          expected_bytes=rec["bytes"], frames=rec.get("frames"))
-        try:
-            for i in range(shard.num_frames):
-                shard.frame(i)
-        finally:
-            shard.close()
-    except CacheError as exc:
-        return str(exc).split("; the compressed shard", 1)[0]
-    return None
-
-
 def verify_compressed(cache: Path, meta: dict) -> list[str]:
     """verify's check of a compressed cache: one problem per shard whose seek table or frames fail, through the
     reader's own code (sizes and sha256 are check_files'; a shard of the wrong size is left to it)."""
@@ -308,7 +289,14 @@ def verify_compressed(cache: Path, meta: dict) -> list[str]:
         if not rel.endswith(SUFFIX) or not isinstance(rec, dict) or not path.is_file() or \
                 path.stat().st_size != rec.get("bytes"):
             continue
-        problem = check_shard(path, rec, dtype, F)
-        if problem is not None:
-            out.append(problem)
+        try:
+            shard = ZstdShard(path, dtype, tokens=rec.get("tokens", 0), frame_tokens=F, expected_bytes=rec["bytes"],
+                              frames=rec.get("frames"))
+            try:
+                for i in range(len(shard.raw_sizes)):
+                    shard.frame(i)
+            finally:
+                shard.close()
+        except CacheError as exc:
+            out.append(str(exc).split("; the compressed shard", 1)[0])
     return out

@@ -82,8 +82,6 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
     figures = truncation_figures(split, pack_size)
     truncated = int(over.size)
     if on_overflow == "split":
-        if over.size:
-            role_ids(split.meta["special_token_ids"], f"{split.cache_dir}/meta.json")  # refused before any work
         keep, segments, truncated, figures = _split_long(split, pack_size, keep, segments, figures)
     assignment = pack_lengths(segments[:, 1] + segments[:, 3], pack_size, algorithm, seed=seed)
     return PackPlan(split, assignment, keep, truncated, int(len(lengths) - np.count_nonzero(lengths > 0)),
