@@ -100,44 +100,30 @@ def _find_bos(leaf: FormatInfo, where: str, warnings_out: list[str], known_bos=N
     return None
 
 
-def _target(leaf: FormatInfo, path: str, split_root: bool) -> tuple[str, str | None]:
-    """(path, file_pattern) that opens exactly this leaf from Python."""
-    if leaf.pattern:
-        return leaf.path, leaf.pattern
-    return (leaf.path if split_root else str(path)), None
-
-
-def _calls(leaf: FormatInfo, target: tuple[str, str | None], *, seq_len: int, eot, bos, dtype, counts: dict | None,
-           do_scan: bool) -> list[str]:
+def _calls(leaf: FormatInfo, d: str, pattern: str | None, *, seq_len: int, eot, bos, dtype,
+           counts: dict | None) -> list[str]:
     """The dataset calls to print for one leaf, each built here first: what is printed runs as printed.
 
     MemoryMappedDataset packs documents when an EOS id is known; NanogptDataset aligns windows to the BOS (else
     the EOT, modded-nanogpt's convention) when the scan found it and the aligned dataset has a window.
     """
-    d, pattern = target
     extra = {"dtype": dtype} if dtype is not None and leaf.format == "raw" else {}
     mm = {"seq_len": seq_len, **({"file_pattern": pattern} if pattern else {}), **extra}
     if eot is not None:
         mm.update(pack_sequences=True, eos_token_id=eot)
+    MemoryMappedDataset(d, **mm)
     files = f"{d}/{pattern}" if pattern else d
     ng = {"seq_len": seq_len, **extra}
-    out = []
-    MemoryMappedDataset(d, **mm)
-    out.append(f"MemoryMappedDataset({d!r}, {_kwargs(mm)})")
-    align = None
-    if do_scan and counts is not None:
-        if bos is not None and counts.get("bos_count"):
-            align = bos
-        elif eot is not None and counts.get("eot_count"):
-            align = eot
-    if align is not None:
-        aligned = {**ng, "bos_token": align, "align_to_bos": True}
-        if len(NanogptDataset(files, **aligned)):
-            out.append(f"NanogptDataset({files!r}, {_kwargs(aligned)})")
-            return out
-    NanogptDataset(files, **ng)
-    out.append(f"NanogptDataset({files!r}, {_kwargs(ng)})")
-    return out
+    found = counts or {}  # no scan: no alignment
+    align = bos if bos is not None and found.get("bos_count") else None
+    if align is None and eot is not None and found.get("eot_count"):
+        align = eot
+    aligned = {**ng, "bos_token": align, "align_to_bos": True}
+    if align is not None and len(NanogptDataset(files, **aligned)):
+        ng = aligned
+    else:
+        NanogptDataset(files, **ng)
+    return [f"MemoryMappedDataset({d!r}, {_kwargs(mm)})", f"NanogptDataset({files!r}, {_kwargs(ng)})"]
 
 
 def _kwargs(kw: dict) -> str:
@@ -176,9 +162,9 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_
                 (t.count * 2) % 4 == 0 for t in leaf.token_files):
             out["warnings"].append(f"{where}: uint16 .bin shards; KempnerForge infers uint32 from sizes divisible "
                                    "by 4 and would misread them: give it .npy (convert --to kempner-npy)")
-        target = _target(leaf, path, bool(info.splits))
-        rep["calls"] = _calls(leaf, target, seq_len=seq_len, eot=eot, bos=bos, dtype=dtype, counts=counts,
-                              do_scan=do_scan)
+        # the path and file_pattern that open exactly this leaf from Python
+        target = (leaf.path, leaf.pattern) if leaf.pattern else (leaf.path if info.splits else str(path), None)
+        rep["calls"] = _calls(leaf, *target, seq_len=seq_len, eot=eot, bos=bos, dtype=dtype, counts=counts)
         if leaf.format == "kempner-npy":
             pack = " --data.pack_sequences true" if eot is not None else ""
             rep["kempnerforge"] = (f"--data.dataset_path {target[0]} --data.file_pattern "
