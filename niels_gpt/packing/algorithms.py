@@ -157,9 +157,6 @@ def _deal_run(cand, open_rem, s, pos, end, bin_of, *, best_fit: bool, pack_size:
 def _first_fit(visit_len: np.ndarray, pack_size: int) -> np.ndarray:
     """Bin id of each length in visiting order, first fit, via a max segment tree over bins."""
     n = len(visit_len)
-    bin_of = np.empty(n, dtype=np.int64)
-    if n == 0:
-        return bin_of
     size = 1
     while size < n:
         size *= 2
@@ -173,8 +170,7 @@ def _first_fit(visit_len: np.ndarray, pack_size: int) -> np.ndarray:
             if tree[node] < s:
                 node += 1
         out[i] = node - size
-        value = tree[node] - s
-        tree[node] = value
+        tree[node] -= s
         node //= 2
         while node:
             left = tree[2 * node]
@@ -184,5 +180,4 @@ def _first_fit(visit_len: np.ndarray, pack_size: int) -> np.ndarray:
                 break  # NOTE: the maximum above this node is unchanged: stop early
             tree[node] = best
             node //= 2
-    bin_of[:] = out
-    return bin_of
+    return np.asarray(out, dtype=np.int64)
