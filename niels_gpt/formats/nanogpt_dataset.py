@@ -54,8 +54,7 @@ def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
 class NanogptDataset(torch.utils.data.IterableDataset):
     def __init__(self, file_pattern: str | Sequence[str], seq_len: int, bos_token: int | None = None,
                  shuffle_files: bool = False, align_to_bos: bool = False, *, seed: int = 0,
-                 dtype=None, rank: int | None = None, world_size: int | None = None,
-                 infinite: bool = False):
+                 dtype=None, rank: int | None = None, world_size: int | None = None):
         if seq_len < 1:
             raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         self.files, info = _resolve_files(file_pattern, dtype)
@@ -64,7 +63,7 @@ class NanogptDataset(torch.utils.data.IterableDataset):
         if align_to_bos and self.bos_token is None:
             raise ConfigError("align_to_bos=True needs bos_token (the id every document starts with; "
                               "for our caches and modded-nanogpt shards the EOT/<|endoftext|> id)")
-        self.seed, self.infinite = seed, infinite
+        self.seed = seed
         self._rank, self._world = rank, world_size
         self.epoch = 0
         self.consumed: dict[str, int] = {}
@@ -122,25 +121,22 @@ class NanogptDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         consumer, consumers = self._consumer()
         key = str(consumer)
-        while True:
-            skip = self.consumed.get(key, 0)
-            done = 0
-            for f, a, b in self.plan(consumer, consumers, self.epoch):
-                if done + (b - a) <= skip:
-                    done += b - a
-                    continue
-                tokens = self.files[f].open()
-                starts = self._file_starts(f)
-                for s in starts[a + max(0, skip - done):b].tolist():
-                    w = torch.from_numpy(np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64))
-                    self.consumed[key] = self.consumed.get(key, 0) + 1
-                    yield {"input_ids": w[:-1], "labels": w[1:]}
+        skip = self.consumed.get(key, 0)
+        done = 0
+        for f, a, b in self.plan(consumer, consumers, self.epoch):
+            if done + (b - a) <= skip:
                 done += b - a
-            # a finished pass: the next one (this loop, or the next iter()) is the next epoch
-            self.epoch += 1
-            self.consumed = {}
-            if not self.infinite:
-                return
+                continue
+            tokens = self.files[f].open()
+            starts = self._file_starts(f)
+            for s in starts[a + max(0, skip - done):b].tolist():
+                w = torch.from_numpy(np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64))
+                self.consumed[key] = self.consumed.get(key, 0) + 1
+                yield {"input_ids": w[:-1], "labels": w[1:]}
+            done += b - a
+        # a finished pass: the next iter() is the next epoch
+        self.epoch += 1
+        self.consumed = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
