@@ -38,32 +38,21 @@ def split_example(tokens: np.ndarray, pack_size: int, sys_id: int | None, usr_id
         prefix = int(starts[1]) if len(starts) > 1 else n
     if prefix >= pack_size:  # a system prompt that leaves no room: not repeated, cut as a turn
         prefix = 0
-    user = [int(s) for s in starts if tokens[s] == usr_id and s >= prefix]
+    user = [int(s) for s in starts if tokens[s] == usr_id and prefix < s < n]  # the cut points
     kept: list[tuple[int, int]] = []
     lost: list[tuple[int, int]] = []
-    _fill(prefix, n, pack_size - prefix, [user], kept, lost)
-    return prefix, kept, lost
-
-
-def _fill(a: int, b: int, room: int, levels: list[list[int]], kept: list, lost: list) -> None:
-    """Deal tokens [a, b) into ranges of at most `room`, cutting at the first level's points where it can,
-    then at the next level's (when given), and cutting a unit too long for any piece (its tail is lost)."""
-    points = [p for p in levels[0] if a < p < b] if levels else []
-    bounds = [a, *points, b]
-    cur = a
-    for u0, u1 in zip(bounds[:-1], bounds[1:], strict=True):
+    room, cur = pack_size - prefix, prefix
+    for u0, u1 in zip([prefix, *user], [*user, n], strict=True):  # one exchange at a time
         if u1 - cur <= room:
-            continue  # the unit joins the current piece
+            continue  # the exchange joins the current piece
         if u0 > cur:
             kept.append((cur, u0))
             cur = u0
         if u1 - u0 <= room:
-            continue  # the unit opens the next piece
-        if len(levels) > 1:
-            _fill(u0, u1, room, levels[1:], kept, lost)
-        else:
-            kept.append((u0, u0 + room))
-            lost.append((u0 + room, u1))
+            continue  # the exchange opens the next piece
+        kept.append((u0, u0 + room))  # too long for any piece: cut, its tail lost
+        lost.append((u0 + room, u1))
         cur = u1
-    if cur < b:
-        kept.append((cur, b))
+    if cur < n:
+        kept.append((cur, n))
+    return prefix, kept, lost
