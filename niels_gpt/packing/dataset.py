@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from niels_gpt.constants import IGNORE_INDEX, MANIFEST_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import ARRAYS, check_headers, read_manifest
+from niels_gpt.packing.memmap_format import ARRAYS, bin_index, check_headers, read_manifest
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import RemoteCache
 from niels_gpt.urls import is_url
@@ -108,7 +108,7 @@ class PackedMemmapDataset(Dataset):
         return self.num_bins
 
     def __getitem__(self, idx: int) -> dict:
-        idx = _normalise(idx, self.num_bins, self.shard_dir)
+        idx = bin_index(idx, self.num_bins, self.shard_dir)
         a = self._open()
         n = int(a["packed_len"][idx])
         lo, hi = int(a["seq_offsets"][idx]), int(a["seq_offsets"][idx + 1])
@@ -183,12 +183,3 @@ def _load(path: str) -> np.ndarray:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError:  # NOTE: numpy cannot mmap a zero-byte payload (an empty shard's arrays)
         return np.load(path, allow_pickle=False)
-
-
-def _normalise(idx, n: int, where: str) -> int:
-    idx = int(idx)
-    if idx < 0:
-        idx += n
-    if not 0 <= idx < n:
-        raise IndexError(f"{where}: index {idx} out of range for {n} bins")
-    return idx

@@ -171,6 +171,14 @@ def check_starts(starts: np.ndarray, length: int, where: str) -> None:
         raise FormatError(f"{where}: seq_start {int(starts[-1])} is not below packed_len {length}")
 
 
+def bin_index(idx, n: int, where: str) -> int:
+    """`idx` (negative counts from the end) checked against `n` bins."""
+    idx = int(idx) + (n if int(idx) < 0 else 0)
+    if not 0 <= idx < n:
+        raise IndexError(f"{where}: index {idx} out of range for {n} bins")
+    return idx
+
+
 def packed_item(ids: np.ndarray, mask: np.ndarray, starts: np.ndarray, where: str) -> dict:
     """One bin of a foreign packed format (Parquet, legacy .npy) as the datasets return it, checked."""
     if len(mask) != len(ids):

@@ -25,7 +25,7 @@ from niels_gpt.atomic import atomic_path
 from niels_gpt.constants import PARQUET_SUFFIXES
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import packed_item
+from niels_gpt.packing.memmap_format import bin_index, packed_item
 from niels_gpt.resume import fingerprint
 
 ROW_GROUP_SIZE = 500  # Megatron-Bridge's default
@@ -125,10 +125,7 @@ class PackedParquetDataset(Dataset):
         return cols
 
     def __getitem__(self, idx: int) -> dict:
-        n = len(self)
-        idx = int(idx) + (n if int(idx) < 0 else 0)
-        if not 0 <= idx < n:
-            raise IndexError(f"{self.path}: index {idx} out of range for {n} rows")
+        idx = bin_index(idx, len(self), self.path)
         fi = int(np.searchsorted(self.file_offsets, idx, side="right")) - 1
         row = idx - int(self.file_offsets[fi])
         gi = int(np.searchsorted(self._group_offsets[fi], row, side="right")) - 1
