@@ -100,7 +100,9 @@ class _Target:
         directory.mkdir(parents=True, exist_ok=True)
         self.framer = (Framer(bos=bos, dtype=dtype) if bos is not None
                        else Framer(eos=eot, dtype=dtype) if eot is not None else None)
-        self.megatron = megatron.MegatronWriter(directory / name, dtype) if to == "megatron" else None
+        if to == "megatron":
+            self.sink = megatron.MegatronWriter(directory / name, dtype)
+            return
         if to in ("nanogpt", "nanogpt-legacy"):
             legacy = to == "nanogpt-legacy"
             nanogpt.make_header(0, dtype, legacy=legacy)  # rejects uint32 for legacy up front
@@ -110,23 +112,24 @@ class _Target:
         elif to == "kempner-npy":
             make, names = partial(NpySink, dtype=dtype), kempner.SHARD_PATTERN.format
             limit = max_tokens or kempner.MAX_TOKENS_PER_FILE
-        else:  # raw and niels shards, niels ones maybe as zstd frames
+        else:  # raw and niels shards (niels ones maybe as zstd frames)
             make = partial(ZstdSink if compress else RawSink, dtype=dtype)
             names = f"shard_{{:05d}}.bin{SUFFIX if compress else ''}".format
             limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
-        self.rolling = RollingWriter(lambda i: make(directory / names(i)), limit)
+        self.sink = RollingWriter(lambda i: make(directory / names(i)), limit)
 
     def write_piece(self, content: np.ndarray, ends: bool) -> None:
         for part in self.framer.frame(content, ends) if self.framer else [content]:
-            (self.megatron or self.rolling).write(part)
-        if ends and self.megatron is not None:
-            self.megatron.end_document()
+            self.sink.write(part)
+        if ends and isinstance(self.sink, megatron.MegatronWriter):
+            self.sink.end_document()  # one sequence per document
 
     def close(self) -> list[dict]:
-        return [self.megatron.close()] if self.megatron is not None else self.rolling.close()
+        records = self.sink.close()  # one Megatron pair, or the rolled files
+        return [records] if isinstance(records, dict) else records
 
     def abort(self) -> None:
-        (self.megatron or self.rolling).abort()
+        self.sink.abort()
 
 
 class ZstdSink(RawSink):
