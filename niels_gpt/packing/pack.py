@@ -213,17 +213,12 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
         val_plan = plan_packing(open_sft_split(cache_dir, "val"), pack_size=pack_size, algorithm=algorithm,
                                 on_overflow=on_overflow, seed=seed)
 
-    def write(stage):
+    # a URL is written in a local directory, then uploaded manifest last
+    aside = staged_output(out, guard=True) if local is None else build_aside(local, kind="packed", flag="OUT")
+    with aside as stage:
         # the val shard first: the train manifest, written last, is the commit marker of the whole output
-        held_out = None if val_plan is None else write_plan(val_plan, stage / VAL_DIR, extra=extra)
-        manifest = write_plan(plan, stage, progress=progress, extra=extra)
-        return {**manifest, "val": held_out}
-
-    if local is None:  # a URL: written in a local directory, then uploaded manifest last
-        with staged_output(out, guard=True) as stage:
-            return write(Path(stage))
-    with build_aside(local, kind="packed", flag="OUT") as stage:
-        return write(Path(stage))
+        held_out = None if val_plan is None else write_plan(val_plan, Path(stage) / VAL_DIR, extra=extra)
+        return {**write_plan(plan, Path(stage), progress=progress, extra=extra), "val": held_out}
 
 
 def has_examples(meta: dict, split: str) -> bool:
