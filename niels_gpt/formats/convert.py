@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
@@ -39,15 +40,16 @@ from niels_gpt.formats.base import (
     unframed,
 )
 from niels_gpt.formats.bos_index import load_bos_index
-from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format, write_converted_meta
+from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format
 from niels_gpt.formats.names import NAMES, ONE_FILE, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
-from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress
+from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
+from niels_gpt.meta import write_meta
 from niels_gpt.output_guard import check_output
-from niels_gpt.sources.origins import split_origins, write_joined
+from niels_gpt.sources.origins import origins_meta, split_origins, write_joined
 from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
 
@@ -141,6 +143,60 @@ class ZstdSink(RawSink):
 
     def close(self) -> dict:
         return {"path": str(self.path), "tokens": self.tokens, **self._file.close()}
+
+
+def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int, dataset_name: str,
+                         compress: str | None, origins: dict | None) -> None:
+    """meta.json for a cache written by `convert --to niels`: what the source recorded, else null (a foreign
+    corpus: no tokenizer_sha256 or vocab_size, special_token_ids only the EOT id). `origins`: the files
+    records of the origins written beside it."""
+    splits = summary["splits"]
+    first = next(iter(splits.values()))
+    stream = first["stream"]
+    for s in SPLITS:
+        (out / s).mkdir(parents=True, exist_ok=True)
+    files, totals = {}, {}
+    for s in SPLITS:
+        info = splits.get(s)
+        totals[f"{s}_tokens"] = info["tokens"] if info else 0
+        totals[f"{s}_documents"] = info["documents"] if info else 0
+        for rec in (info["records"] if info else []):
+            rel = Path(rec["path"]).relative_to(out).as_posix()
+            files[rel] = {k: rec[k] for k in ("bytes", "tokens", "sha256", "frames") if k in rec}
+    eot = first["eot_id"]
+    special = dict(stream.special_token_ids or {})
+    for k in ("sys", "usr", "asst"):
+        special.setdefault(k, None)
+    special["eot"] = eot
+    files.update(origins or {})
+    src_meta = source.meta if source.format == "niels" else None
+    write_meta(str(out), {
+        "kind": "pretrain",
+        "format_version": 1,
+        "built": True,
+        "dataset_name": dataset_name,
+        "dataset_config": (src_meta or {}).get("dataset_config"),
+        "split_rule": (src_meta or {}).get("split_rule")
+        or (f"the source's train/val directories ({source.format})" if source.splits
+            else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
+        "seed": (src_meta or {}).get("seed"),
+        "token_dtype": first["dtype"] + "-le",
+        "tokenizer_sha256": stream.tokenizer_sha256,
+        "tokenizer": (src_meta or {}).get("tokenizer"),
+        "vocab_size": stream.vocab_size,
+        "special_token_ids": special,
+        "shard_bytes": shard_bytes,
+        "shard_pattern": "shard_NNNNN.bin" + (SUFFIX if compress else ""),
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "totals": totals,
+        "files": files,
+        "streaming": False,
+        "source": {"converted_from": {"format": source.format, "path": str(source.path)},
+                   "unterminated_tail": {s: v["unterminated_tail"] for s, v in splits.items()}},
+        "build": {"converted": True, "shard_bytes": shard_bytes},
+        **({"compression": compression_meta()} if compress else {}),
+        **({"origins": origins_meta()} if origins else {}),
+    })
 
 
 def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id):

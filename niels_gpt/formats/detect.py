@@ -25,9 +25,8 @@ from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
-from niels_gpt.formats.zstd_shard import SUFFIX, compression_meta, is_compressed_meta, open_compressed
-from niels_gpt.meta import read_meta, stray_files_error, write_meta
-from niels_gpt.sources.origins import origins_meta
+from niels_gpt.formats.zstd_shard import SUFFIX, is_compressed_meta, open_compressed
+from niels_gpt.meta import read_meta, stray_files_error
 
 SHARD_GLOB = "shard_*.bin"
 EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)
@@ -273,57 +272,3 @@ def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = 
         raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
                           "cache/NAME --tokenizer TOK`), then point at cache/NAME")
     return _foreign_files([p], p.parent, dtype)
-
-
-def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int, dataset_name: str,
-                         compress: str | None, origins: dict | None) -> None:
-    """meta.json for a cache written by `convert --to niels`: what the source recorded, else null (a foreign
-    corpus: no tokenizer_sha256 or vocab_size, special_token_ids only the EOT id). `origins`: the files
-    records of the origins written beside it."""
-    splits = summary["splits"]
-    first = next(iter(splits.values()))
-    stream = first["stream"]
-    for s in SPLITS:
-        (out / s).mkdir(parents=True, exist_ok=True)
-    files, totals = {}, {}
-    for s in SPLITS:
-        info = splits.get(s)
-        totals[f"{s}_tokens"] = info["tokens"] if info else 0
-        totals[f"{s}_documents"] = info["documents"] if info else 0
-        for rec in (info["records"] if info else []):
-            rel = Path(rec["path"]).relative_to(out).as_posix()
-            files[rel] = {k: rec[k] for k in ("bytes", "tokens", "sha256", "frames") if k in rec}
-    eot = first["eot_id"]
-    special = dict(stream.special_token_ids or {})
-    for k in ("sys", "usr", "asst"):
-        special.setdefault(k, None)
-    special["eot"] = eot
-    files.update(origins or {})
-    src_meta = source.meta if source.format == "niels" else None
-    write_meta(str(out), {
-        "kind": "pretrain",
-        "format_version": 1,
-        "built": True,
-        "dataset_name": dataset_name,
-        "dataset_config": (src_meta or {}).get("dataset_config"),
-        "split_rule": (src_meta or {}).get("split_rule")
-        or (f"the source's train/val directories ({source.format})" if source.splits
-            else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
-        "seed": (src_meta or {}).get("seed"),
-        "token_dtype": first["dtype"] + "-le",
-        "tokenizer_sha256": stream.tokenizer_sha256,
-        "tokenizer": (src_meta or {}).get("tokenizer"),
-        "vocab_size": stream.vocab_size,
-        "special_token_ids": special,
-        "shard_bytes": shard_bytes,
-        "shard_pattern": "shard_NNNNN.bin" + (SUFFIX if compress else ""),
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
-        "totals": totals,
-        "files": files,
-        "streaming": False,
-        "source": {"converted_from": {"format": source.format, "path": str(source.path)},
-                   "unterminated_tail": {s: v["unterminated_tail"] for s, v in splits.items()}},
-        "build": {"converted": True, "shard_bytes": shard_bytes},
-        **({"compression": compression_meta()} if compress else {}),
-        **({"origins": origins_meta()} if origins else {}),
-    })
