@@ -1,17 +1,14 @@
 """What every format module shares: token dtypes, a file's token payload, and the document stream.
 
-A *token file* is a path plus (dtype, byte offset, token count): enough to memory-map its payload,
-whatever header precedes it. A *document stream* is how `convert` moves a corpus between formats
-without knowing either side: an iterator of `(content, ends_document)` pieces, where `content` is a
-chunk of one document's tokens *without* its framing token (the EOT that ends a document in our
-caches, KempnerForge and raw shards; the BOS that starts one in BOS-prefixed nanoGPT shards). Each
-writer adds its own framing back, so every token and every boundary survives any pair of formats.
+A *token file* is a path plus (dtype, byte offset, token count): enough to map its payload behind any header.
+A *document stream* is how `convert` moves a corpus between formats: `(content, ends_document)` pieces whose
+content is one document's tokens *without* its framing token (the EOT that ends a document, or the BOS that
+starts one in BOS-prefixed nanoGPT shards); each writer adds its own framing back.
 
     EOS-framed   d1 d1 E d2 E        ->  (d1 d1, True) (d2, True)
     BOS-framed   B d1 d1 B d2        ->  (d1 d1, True) (d2, True)
 
-Cost: one Python step per document plus a vectorised scan per block of BLOCK_TOKENS; memory is one
-block, whatever the corpus size.
+Cost: one Python step per document and a vectorised scan per block of BLOCK_TOKENS; memory is one block.
 """
 
 from __future__ import annotations
@@ -80,8 +77,7 @@ def check_payload_size(path: str | os.PathLike, offset: int, count: int, itemsiz
 
 def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
                fix: str = "write uint32 (--dtype uint32) or check the tokenizer") -> None:
-    """Refuse ids that do not fit `dtype` before any cast (numpy's astype wraps silently): the one range
-    check of every writer, builds and conversions alike."""
+    """Refuse ids that do not fit `dtype` before any cast (numpy's astype wraps silently)."""
     if ids.size == 0:
         return
     lo, hi = int(ids.min()), int(ids.max())
@@ -112,11 +108,8 @@ def split_eos(blocks: Iterable[np.ndarray], eos: int) -> Iterator[Piece]:
 
 
 def split_bos(blocks: Iterable[np.ndarray], bos: int, *, close_at_end: bool = True) -> Iterator[Piece]:
-    """Pieces of a BOS-prefixed stream. Tokens before the first BOS form a document of their own.
-
-    The last document ends at the end of the stream, unless `close_at_end` is False (the writer
-    recorded that it was cut short: see `last_document_open` in metadata.yaml).
-    """
+    """Pieces of a BOS-prefixed stream; tokens before the first BOS are a document of their own. The last
+    document ends with the stream unless `close_at_end` is False (metadata.yaml's `last_document_open`)."""
     started = False  # inside a document: after a BOS, or content seen before any BOS
     for blk in blocks:
         prev = 0
@@ -153,15 +146,10 @@ class DocStream:
 
 
 class Framer:
-    """Turns pieces back into a token stream with one framing: suffix `eos` or prefix `bos`.
-
-    `frame(piece)` returns the arrays to write for it; `opened`/`documents` track state so a writer
-    knows whether the stream ended inside an unterminated document.
-    """
+    """Turns pieces back into a token stream with one framing: suffix `eos` or prefix `bos` (exactly one).
+    `opened` says whether the stream ended inside an unterminated document."""
 
     def __init__(self, *, eos: int | None = None, bos: int | None = None, dtype: np.dtype):
-        if (eos is None) == (bos is None):
-            raise ConfigError("a framer needs exactly one of eos or bos")
         self.eos, self.bos, self.dtype = eos, bos, np.dtype(dtype)
         self.opened = False  # a document has started and not ended
         self.documents = 0
@@ -182,15 +170,10 @@ class Framer:
 
 
 class RollingWriter:
-    """Writes one token stream into numbered files of at most `max_tokens` tokens each.
-
-    `open_file(index) -> sink` makes a sink with `write(arr)`, `close() -> dict` (the file's record)
-    and `abort()`. No empty file is written: a new file is opened only when a token arrives for it.
-    """
+    """Writes one token stream into files of at most `max_tokens` tokens, `open_file(index)` making each sink
+    (write, close -> record, abort) only when a token arrives for it: no empty file."""
 
     def __init__(self, open_file, max_tokens: int):
-        if max_tokens < 1:
-            raise ConfigError(f"max tokens per file must be >= 1, got {max_tokens}")
         self._open_file, self.max_tokens = open_file, max_tokens
         self._sink, self._in_file, self._index = None, 0, 0
         self.records: list[dict] = []
@@ -227,7 +210,5 @@ _DIGITS = re.compile(r"(\d+)")
 
 
 def file_order(name) -> tuple:
-    """Sort key reading runs of digits as numbers: shard_99999 < shard_100000 (a string sort puts 100000
-    first, so a corpus of more than 100,000 shards would be read out of order)."""
-    text = str(name)
-    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(text))
+    """Sort key reading runs of digits as numbers: shard_99999 < shard_100000 (a string sort puts it first)."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(str(name)))

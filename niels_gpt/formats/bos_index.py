@@ -6,12 +6,10 @@ Byte layout (no header):
     0       int32 LE   positions[file_size / 4]: token index (0 = first payload token) of each BOS,
                        strictly increasing
 
-`<dir>/<stem>.bin` has its sidecar at `<dir>/<stem>.bos.idx`. NeMo AutoModel's reader expects token
-indices, but the public writer stores header-inclusive byte offsets (1024 + index * itemsize): an
-index written that way sends `align_to_bos` to the wrong tokens, silently. So we write token
-indices, and on reading we check that every position lands on a BOS token. If not, we try the byte
-offset readings (with and without the header), and if none fits we rescan the shard for BOS tokens;
-both fallbacks warn, naming the file.
+`<dir>/<stem>.bin` has its sidecar at `<dir>/<stem>.bos.idx`. NeMo AutoModel's reader expects token indices,
+but its public writer stores header-inclusive byte offsets (1024 + index * itemsize), silently misaligning
+`align_to_bos`. We write token indices; on reading, positions that do not all land on BOS tokens are tried
+as byte offsets (with and without the header), else the shard is rescanned; both fallbacks warn.
 
 Cost: the check is one gather of len(positions) tokens; the scan is one pass over the shard.
 """
@@ -29,7 +27,6 @@ from niels_gpt.errors import FormatError
 
 SUFFIX = ".bos.idx"
 _HEADER_BYTES = 1024
-MAX_POSITION = 2**31 - 1
 
 
 def sidecar_path(bin_path: str | os.PathLike) -> Path:
@@ -38,14 +35,10 @@ def sidecar_path(bin_path: str | os.PathLike) -> Path:
 
 
 def write_bos_index(bin_path: str | os.PathLike, positions: np.ndarray) -> str:
-    """Write token indices as int32 LE next to `bin_path` (atomically). Returns the sidecar path."""
-    positions = np.asarray(positions, dtype=np.int64)
-    if positions.size and (positions.min() < 0 or positions.max() > MAX_POSITION):
-        raise FormatError(f"{bin_path}: BOS position outside int32 range; the shard is too long")
-    if positions.size > 1 and np.any(np.diff(positions) <= 0):
-        raise FormatError(f"{bin_path}: BOS positions are not strictly increasing")
+    """Write token indices (increasing; a nanoGPT shard's fit int32) as int32 LE next to `bin_path`, atomically.
+    Returns the sidecar path."""
     out = sidecar_path(bin_path)
-    write_bytes_atomic(out, positions.astype("<i4").tobytes())
+    write_bytes_atomic(out, np.asarray(positions).astype("<i4").tobytes())
     return str(out)
 
 
@@ -71,14 +64,11 @@ def _lands_on_bos(pos: np.ndarray, tokens: np.ndarray, bos_id: int) -> bool:
 
 def load_bos_index(bin_path: str | os.PathLike, tokens: np.ndarray, bos_id: int | None, *,
                    known_bos: tuple[int, str] | None = None) -> tuple[np.ndarray, int] | None:
-    """Return (token indices of BOS, bos_id) from the sidecar of `bin_path`, or None without one.
+    """(token indices of BOS, bos_id) from the sidecar of `bin_path`, or None without one.
 
-    `bos_id=None` takes the BOS id from the token at the first listed position; when the listed
-    positions do not all hold that one token, the sidecar disagrees with the shard and it raises, saying
-    how to rescan: with the BOS id of the tokenizer that made the shard, which it names only when the
-    caller has that tokenizer at hand (`known_bos`: (id, where it comes from)), never a guess from the
-    tokens (a shard quoting its BOS inside documents fools any guess). With a `bos_id`, positions that do
-    not land on BOS tokens are re-read as byte offsets, else replaced by a scan; both warn.
+    `bos_id=None` takes the id at the first listed position; positions that do not all hold it raise, naming
+    the id to rescan with only when `known_bos` ((id, its source): the tokenizer) gives it, never a guess from
+    the tokens (a shard quoting its BOS inside documents fools any guess).
     """
     side = sidecar_path(bin_path)
     if not side.is_file():

@@ -2,10 +2,6 @@
 
     convert SRC DST --to FORMAT [--bos-index]     (FORMAT by name or by its reader: formats/names.py)
     prepare-data DIR [--seq-len 1024]
-
-`convert` takes each format by its own name or by the program that reads it (formats/names.py, listed in
-`convert --help`); `prepare-data` validates a token directory and prints how to train on it
-(formats/prepare.py).
 """
 
 from __future__ import annotations

@@ -2,36 +2,30 @@
 
     convert("cache/pretrain/wikitext", "out/nanogpt", to="nanogpt", bos_index=True)
 
-- The source is opened with detect_format (any format, a root with train/ and val/, or one split)
-  and read as a document stream (niels_gpt.formats.base): EOT-terminated in our caches, KempnerForge
-  and raw shards; BOS-prefixed in nanoGPT shards written with a BOS; one sequence per document in
-  Megatron. The writer frames each document its own way (niels/raw/kempner-npy: tokens + EOT;
+- The source (detect_format: any format, a root with train/ and val/, or one split) is read as a document
+  stream (formats/base.py); the writer frames each document its own way (niels/raw/kempner-npy: tokens + EOT;
   nanogpt with a BOS: BOS + tokens; megatron: one sequence = tokens + EOT).
-- One delimiter convention bridges the two framings (modded-nanogpt's: `<|endoftext|>` is both):
-  with no BOS given, the BOS is the EOT id, and vice versa. So `d1 E d2 E` <-> `E d1 E d2`.
-- Every output directory gets a tatm-style metadata.yaml (dtype, vocab size, EOT/BOS ids) and our
-  cache gets its meta.json, so any result converts back without flags. Outputs in the other formats
-  end with a `niels_receipt.json` (niels_gpt.formats.receipt): the sha256 and size of every file,
-  checked by `verify`; the peers' readers never open it.
-- `compress="zstd"` (with `to="niels"` only): shards as zstd frames plus a frame index, exactly the
-  tokens and shards of the uncompressed output (niels_gpt/formats/zstd_shard.py; meta.json records it).
-- Streaming: memory is one block (BLOCK_TOKENS) plus one document. The output is built aside
-  (niels_gpt/staging.py: `<dst>.lock`, `<dst>.tmp-<pid>`, meta/idx files last inside it) and swapped in only
-  when complete: a killed run leaves no `<dst>` or the previous one, and its rerun succeeds. An earlier
-  output of ours of the same kind at `<dst>` (a converted corpus; a token cache for `--to niels`) is replaced.
+- With no BOS given the BOS is the EOT id, and vice versa (modded-nanogpt's `<|endoftext|>`):
+  `d1 E d2 E` <-> `E d1 E d2`.
+- Every output gets a tatm metadata.yaml (dtype, vocab size, EOT/BOS ids), our cache its meta.json, so any
+  result converts back without flags; the other formats end with `niels_receipt.json` (formats/receipt.py).
+- `compress="zstd"` (to="niels" only): the shards of the uncompressed output as zstd frames (formats/zstd_shard.py).
+- Memory is one block (BLOCK_TOKENS) plus one document. The output is built aside (niels_gpt/staging.py) and
+  swapped in whole: a killed run leaves the previous `<dst>` or none, and its rerun succeeds.
 
-Cost: one pass of reads and writes plus one Python step per document: 50 M uint16 tokens in
-62.5 k documents take 3.4-5.7 s per target on 2 cores (`convert SRC DST --to T`, see docs/formats.md).
+Cost: one pass of reads and writes plus one Python step per document (figures: docs/formats.md).
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
+from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
@@ -46,20 +40,18 @@ from niels_gpt.formats.base import (
     unframed,
 )
 from niels_gpt.formats.bos_index import load_bos_index
-from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format, write_converted_meta
+from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format
 from niels_gpt.formats.names import NAMES, ONE_FILE, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
-from niels_gpt.meta import read_meta, write_meta
+from niels_gpt.meta import write_meta
 from niels_gpt.output_guard import check_output
 from niels_gpt.sources.origins import origins_meta, split_origins, write_joined
 from niels_gpt.staging import build_aside
 from niels_gpt.urls import is_url
-
-TARGETS = FORMATS
 
 
 def open_stream(info: FormatInfo, *, eot_id: int | None = None, bos_id: int | None = None) -> DocStream:
@@ -105,60 +97,41 @@ def _megatron_pieces(info: FormatInfo, eot: int | None, open_tail: bool):
 class _Target:
     """Writes one split of a stream in one format into `directory`."""
 
-    def __init__(self, to: str, directory: Path, name: str, stream: DocStream, *, dtype, eot, bos,
-                 bos_index: bool, max_tokens: int | None, shard_bytes: int, compress: str | None = None):
-        self.to, self.dir, self.dtype = to, directory, dtype
+    def __init__(self, to: str, directory: Path, name: str, *, dtype, eot, bos, bos_index: bool,
+                 max_tokens: int | None, shard_bytes: int, compress: str | None = None):
         directory.mkdir(parents=True, exist_ok=True)
-        self.framer = None
-        if bos is not None:
-            self.framer = Framer(bos=bos, dtype=dtype)
-        elif eot is not None:
-            self.framer = Framer(eos=eot, dtype=dtype)
-        self.megatron = None
+        self.framer = (Framer(bos=bos, dtype=dtype) if bos is not None
+                       else Framer(eos=eot, dtype=dtype) if eot is not None else None)
         if to == "megatron":
-            self.megatron = megatron.MegatronWriter(directory / name, dtype)
+            self.sink = megatron.MegatronWriter(directory / name, dtype)
             return
         if to in ("nanogpt", "nanogpt-legacy"):
             legacy = to == "nanogpt-legacy"
             nanogpt.make_header(0, dtype, legacy=legacy)  # rejects uint32 for legacy up front
-            side = bos if bos_index else None
-
-            def open_file(i):
-                return nanogpt.NanogptSink(directory / nanogpt.shard_name(name, i), dtype, legacy=legacy,
-                                           bos_id=side)
+            make = partial(nanogpt.NanogptSink, dtype=dtype, legacy=legacy, bos_id=bos if bos_index else None)
+            names = partial(nanogpt.shard_name, name)
             limit = max_tokens or nanogpt.MAX_TOKENS_PER_FILE
         elif to == "kempner-npy":
-            def open_file(i):
-                return NpySink(directory / kempner.SHARD_PATTERN.format(i), dtype)
+            make, names = partial(NpySink, dtype=dtype), kempner.SHARD_PATTERN.format
             limit = max_tokens or kempner.MAX_TOKENS_PER_FILE
-        elif compress:  # niels shards as zstd frames
-            def open_file(i):
-                return ZstdSink(directory / f"shard_{i:05d}.bin{SUFFIX}", dtype)
+        else:  # raw and niels shards (niels ones maybe as zstd frames)
+            make = partial(ZstdSink if compress else RawSink, dtype=dtype)
+            names = f"shard_{{:05d}}.bin{SUFFIX if compress else ''}".format
             limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
-        else:  # raw and niels shards
-            def open_file(i):
-                return RawSink(directory / f"shard_{i:05d}.bin", dtype)
-            limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
-        self.rolling = RollingWriter(open_file, limit)
+        self.sink = RollingWriter(lambda i: make(directory / names(i)), limit)
 
     def write_piece(self, content: np.ndarray, ends: bool) -> None:
-        if self.megatron is not None:
-            parts = self.framer.frame(content, ends) if self.framer else [content]
-            for part in parts:
-                self.megatron.write(part)
-            if ends:
-                self.megatron.end_document()
-            return
         for part in self.framer.frame(content, ends) if self.framer else [content]:
-            self.rolling.write(part)
+            self.sink.write(part)
+        if ends and isinstance(self.sink, megatron.MegatronWriter):
+            self.sink.end_document()  # one sequence per document
 
     def close(self) -> list[dict]:
-        if self.megatron is not None:
-            return [self.megatron.close()]
-        return self.rolling.close()
+        records = self.sink.close()  # one Megatron pair, or the rolled files
+        return [records] if isinstance(records, dict) else records
 
     def abort(self) -> None:
-        (self.megatron or self.rolling).abort()
+        self.sink.abort()
 
 
 class ZstdSink(RawSink):
@@ -169,21 +142,61 @@ class ZstdSink(RawSink):
         self._file = FrameEncoder(self._file, self.dtype)
 
     def close(self) -> dict:
-        record = self._file.close()
-        return {"path": str(self.path), "tokens": self.tokens, "bytes": record["bytes"], "sha256": record["sha256"],
-                "frames": record["frames"]}
+        return {"path": str(self.path), "tokens": self.tokens, **self._file.close()}
 
 
-def _record_compression(tmp: Path, summary: dict) -> None:
-    """meta.json of a compressed `--to niels` output: the frame layout and each shard's frame count."""
-    meta = read_meta(str(tmp))
-    frames = {Path(r["path"]).relative_to(tmp).as_posix(): r["frames"]
-              for s in summary["splits"].values() for r in s["records"]}
-    for rel, n in frames.items():
-        meta["files"][rel]["frames"] = n
-    meta["compression"] = compression_meta()
-    meta["shard_pattern"] += SUFFIX
-    write_meta(str(tmp), meta)
+def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int, dataset_name: str,
+                         compress: str | None, origins: dict | None) -> None:
+    """meta.json for a cache written by `convert --to niels`: what the source recorded, else null (a foreign
+    corpus: no tokenizer_sha256 or vocab_size, special_token_ids only the EOT id). `origins`: the files
+    records of the origins written beside it."""
+    splits = summary["splits"]
+    first = next(iter(splits.values()))
+    stream = first["stream"]
+    for s in SPLITS:
+        (out / s).mkdir(parents=True, exist_ok=True)
+    files, totals = {}, {}
+    for s in SPLITS:
+        info = splits.get(s)
+        totals[f"{s}_tokens"] = info["tokens"] if info else 0
+        totals[f"{s}_documents"] = info["documents"] if info else 0
+        for rec in (info["records"] if info else []):
+            rel = Path(rec["path"]).relative_to(out).as_posix()
+            files[rel] = {k: rec[k] for k in ("bytes", "tokens", "sha256", "frames") if k in rec}
+    eot = first["eot_id"]
+    special = dict(stream.special_token_ids or {})
+    for k in ("sys", "usr", "asst"):
+        special.setdefault(k, None)
+    special["eot"] = eot
+    files.update(origins or {})
+    src_meta = source.meta if source.format == "niels" else None
+    write_meta(str(out), {
+        "kind": "pretrain",
+        "format_version": 1,
+        "built": True,
+        "dataset_name": dataset_name,
+        "dataset_config": (src_meta or {}).get("dataset_config"),
+        "split_rule": (src_meta or {}).get("split_rule")
+        or (f"the source's train/val directories ({source.format})" if source.splits
+            else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
+        "seed": (src_meta or {}).get("seed"),
+        "token_dtype": first["dtype"] + "-le",
+        "tokenizer_sha256": stream.tokenizer_sha256,
+        "tokenizer": (src_meta or {}).get("tokenizer"),
+        "vocab_size": stream.vocab_size,
+        "special_token_ids": special,
+        "shard_bytes": shard_bytes,
+        "shard_pattern": "shard_NNNNN.bin" + (SUFFIX if compress else ""),
+        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
+        "totals": totals,
+        "files": files,
+        "streaming": False,
+        "source": {"converted_from": {"format": source.format, "path": str(source.path)},
+                   "unterminated_tail": {s: v["unterminated_tail"] for s, v in splits.items()}},
+        "build": {"converted": True, "shard_bytes": shard_bytes},
+        **({"compression": compression_meta()} if compress else {}),
+        **({"origins": origins_meta()} if origins else {}),
+    })
 
 
 def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id):
@@ -208,9 +221,8 @@ ORIGINS_DIR = "origins"  # beside a converted split's files: origins.npy + origi
 
 
 def _source_origins(src, info: FormatInfo, summary: dict) -> dict[str, tuple[bytes, bytes]]:
-    """split -> (the bytes of its origins array, of the inputs table) when the source is one of our caches that
-    records origins (builders/origins.py) and every document came through whole; else {} (with a note when a
-    split's documents differ in number from its origins)."""
+    """split -> (its origins array's bytes, its inputs table's) when the source is a cache of ours recording
+    origins and every document came through whole; else {} (with a note when the counts differ)."""
     meta = info.meta if info.format == "niels" else None
     if not meta or "origins" not in meta or not info.splits:
         return {}
@@ -229,21 +241,9 @@ def _source_origins(src, info: FormatInfo, summary: dict) -> dict[str, tuple[byt
     return out
 
 
-def _carry_origins(tmp: Path, origins: dict) -> None:
-    """A `--to niels` output keeps the source's origins as a cache of ours does: listed in meta.json."""
-    meta = read_meta(str(tmp))
-    meta["files"].update(write_joined(tmp, origins))
-    meta["origins"] = origins_meta()
-    write_meta(str(tmp), meta)
-
-
 def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
-    """What to say of uint16 raw files that KempnerForge's MemoryMappedDataset would misread, or None.
-
-    It ignores metadata.yaml and takes uint32 whenever a .bin's size divides by 4, i.e. for every
-    uint16 file with an even token count: 10 tokens (20 bytes) read as 5 garbage ids. Readers told the
-    dtype (nanoGPT's train.py, np.memmap) read them right, so the files are written and this is a note.
-    """
+    """The note on uint16 raw files with an even token count, which KempnerForge (ignoring metadata.yaml, taking
+    uint32 when a size divides by 4) misreads; readers told the dtype read them right. None if there are none."""
     if np.dtype(dtype).itemsize != 2:
         return None
     even = [r for r in records if r["tokens"] % 2 == 0]
@@ -252,15 +252,6 @@ def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
     return (f"{dst}: uint16 .bin files with an even token count ({Path(even[0]['path']).name}: {even[0]['tokens']} "
             "tokens), which KempnerForge's MemoryMappedDataset reads as uint32 (it ignores metadata.yaml): for "
             "KempnerForge use --to kempner-npy (.npy records its dtype); readers told the dtype read them right")
-
-
-def file_prefix(to: str, name: str) -> str:
-    """The file name prefix metadata.yaml records: what every token file the target writes starts with."""
-    return name if to in ("nanogpt", "nanogpt-legacy", "megatron") else "shard"
-
-
-def _first(*values):
-    return next((v for v in values if v is not None), None)
 
 
 def _out_dtype(stream: DocStream, dtype) -> np.dtype:
@@ -280,14 +271,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             split: str = "train", max_tokens_per_file: int | None = None,
             shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None,
             not_for_kempnerforge: bool = False, compress: str | None = None) -> dict:
-    """Convert `src` (any format) into directory `dst` in format `to`. Returns a summary.
+    """Convert `src` (any format) into directory `dst` (new, empty, or an earlier output of ours of the same
+    kind, replaced whole) in format `to`, any name of formats/names.py. Returns a summary.
 
-    `dst` is new, empty, or an earlier output of ours of the same kind, which is replaced whole.
-
-    `to` is any name of formats/names.py: an alias writes its format; `nanogpt-train-bin` writes raw as one
-    uint16 file per split (other dtypes refused). `--to raw` in uint16 with an even token count in a file adds a
-    note to `summary["notes"]` (KempnerForge would read it as uint32, see kempnerforge_note) unless
-    `not_for_kempnerforge` says the output is meant for a reader that takes the dtype from its caller.
+    `to="raw"` notes uint16 files KempnerForge would misread (kempnerforge_note) unless `not_for_kempnerforge`.
     """
     for role, where in (("source", src), ("destination", dst)):
         if is_url(where):  # NOTE: Path("s3://b/x") is the local path "s3:/b/x"; never let it get that far
@@ -302,7 +289,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     asked, to = to, canonical_format(to)  # `automodel`, `modded-nanogpt`, `nanogpt-train-bin`: formats/names.py
     if asked == "nanogpt-train-bin":  # the preset: one file per split, read as uint16 by nanoGPT's train.py
         max_tokens_per_file, not_for_kempnerforge = max_tokens_per_file or ONE_FILE, True
-    if to not in TARGETS:
+    if to not in FORMATS:
         raise ConfigError(f"unknown target format {to!r}; expected one of {', '.join(NAMES)}")
     if compress is not None and to != "niels":
         raise ConfigError(f"--compress applies to --to niels (our cache) only, not --to {to}: the peers' readers "
@@ -325,8 +312,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             out_dtype = _out_dtype(stream, dtype)
             sub = tmp / name if (info.splits or to == "niels") else tmp
             target_name = name if info.splits else ("tokens" if to != "niels" else name)
-            target = _Target(to, sub, target_name,
-                             stream, dtype=out_dtype, eot=eot, bos=bos, bos_index=bos_index,
+            target = _Target(to, sub, target_name, dtype=out_dtype, eot=eot, bos=bos, bos_index=bos_index,
                              max_tokens=max_tokens_per_file, shard_bytes=shard_bytes, compress=compress)
             try:
                 for content, ends in stream.pieces:
@@ -348,19 +334,17 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             }
             if to != "niels":
                 kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=stream.vocab_size,
-                                       eos_token_id=_first(eot_id, stream.eot_id, eot, bos), tokenizer=None,
+                                       eos_token_id=next((v for v in (eot_id, stream.eot_id, eot, bos)
+                                                          if v is not None), None),
                                        tokenizer_sha256=stream.tokenizer_sha256,
                                        extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
-                                       file_prefix=file_prefix(to, target_name),
+                                       file_prefix=target_name if to in ("nanogpt", "nanogpt-legacy", "megatron")
+                                       else "shard",
                                        bos_token_id=bos, last_document_open=bool(fr and fr.opened))
         origins = _source_origins(src, info, summary)
         if to == "niels":
-            write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes,
-                                 dataset_name=dataset_name or dst.name)
-            if compress:
-                _record_compression(tmp, summary)
-            if origins:
-                _carry_origins(tmp, origins)
+            write_converted_meta(tmp, summary, info, shard_bytes=shard_bytes, dataset_name=dataset_name or dst.name,
+                                 compress=compress, origins=write_joined(tmp, origins) if origins else None)
         else:
             for name, (rows, table) in origins.items():  # a sidecar beside the split's files, in the receipt
                 side = (tmp / name if info.splits else tmp) / ORIGINS_DIR

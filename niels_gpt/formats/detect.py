@@ -1,22 +1,13 @@
-"""On-disk token formats: our pretraining cache, and detection of every format we read.
+"""The door to every token format we read: `detect_format(path, dtype=None)` says what a file or directory is.
 
-Our pretraining cache (written by build_cache.build_pretrain_cache, or by `convert --to niels`):
+Our pretraining cache (build, or `convert --to niels`): `<out>/{train,val}/shard_NNNNN.bin` raw little-endian
+tokens of meta["token_dtype"] (formats/raw.py), then `<out>/meta.json`, the commit marker. Every document ends
+with one EOT and may run on into the next shard (shards are read in name order as one stream).
 
-    <out>/train/shard_00000.bin ...   raw little-endian tokens, no header (niels_gpt.formats.raw),
-    <out>/val/shard_00000.bin ...     dtype = meta["token_dtype"] ("uint16-le" | "uint32-le")
-    <out>/meta.json                   written last: the commit marker (niels_gpt.meta)
-
-Every document ends with one EOT (meta["special_token_ids"]["eot"]); shards never exceed
-meta["shard_bytes"]; documents may run on from one shard into the next (shards are read in name
-order as one stream).
-
-`detect_format(path, dtype=None)` opens any token file or directory we support and says what it is:
-our cache (root, split dir or one shard), nanoGPT header shards (legacy or new), KempnerForge `.npy`
-dirs, raw `.bin` dirs, Megatron `.bin`/`.idx` pairs; a directory whose `train/` and `val/` hold one
-of those is a root with two splits. Every header and size is checked on the way (the readers of
-niels_gpt.formats do it). A headerless `.bin` says nothing about its dtype: it is read only with a
-meta.json of ours, a tatm metadata.yaml, or an explicit dtype, never guessed from its size.
-The per-format modules live in niels_gpt.formats; this module is their door.
+Besides our cache (root, split or one shard) it opens nanoGPT header shards, KempnerForge `.npy` dirs, raw
+`.bin` dirs and Megatron `.bin`/`.idx` pairs; a directory whose `train/` and `val/` hold one of those is a
+root with two splits. Every header and size is checked by the format's reader. A headerless `.bin`'s dtype
+comes from our meta.json, a tatm metadata.yaml or the caller, never from its size.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ from niels_gpt.formats.base import TokenFile, file_order, parse_dtype
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw
 from niels_gpt.formats.zstd_shard import SUFFIX, is_compressed_meta, open_compressed
-from niels_gpt.meta import read_meta, stray_files_error, write_meta
+from niels_gpt.meta import read_meta, stray_files_error
 
 SHARD_GLOB = "shard_*.bin"
 EMPTY = "empty"  # a split directory with no tokens (only its metadata.yaml)
@@ -75,11 +66,11 @@ class FormatInfo:
         return self.splits[name]
 
 
-def _no_guess(path) -> FormatError:
-    return FormatError(
-        f"{path}: a headerless .bin does not record its dtype, and there is no meta.json or "
-        "metadata.yaml beside it; pass the dtype (--dtype uint16|uint32, or dtype='uint16' in Python). "
-        "Sizes divisible by 4 are NOT proof of uint32")
+def _root(path, splits: dict[str, FormatInfo], first: FormatInfo, **known) -> FormatInfo:
+    """A root of two splits, described by its `first` split and what else is `known` of it."""
+    return FormatInfo(first.format, first.dtype, sum(i.num_tokens for i in splits.values()),
+                      [f for i in splits.values() for f in i.files], str(path), splits=splits,
+                      eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size, **known)
 
 
 def _niels_leaf(root: Path, meta: dict, split: str, only: list[Path] | None = None) -> FormatInfo:
@@ -124,12 +115,8 @@ def _niels(path: Path, meta_root: Path, only: list[Path] | None = None) -> Forma
         if not splits:
             raise FormatError(f"{meta_root}: meta.json but no train/ or val/ directory; rebuild the cache")
         first = next(iter(splits.values()))
-        info = FormatInfo("niels", first.dtype, sum(i.num_tokens for i in splits.values()),
-                          [f for i in splits.values() for f in i.files], str(path), splits=splits,
-                          eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size,
-                          tokenizer_sha256=first.tokenizer_sha256,
-                          special_token_ids=first.special_token_ids, meta=meta)
-        return info
+        return _root(path, splits, first, tokenizer_sha256=first.tokenizer_sha256,
+                     special_token_ids=first.special_token_ids, meta=meta)
     split = path.name if only is None else path.parent.name
     return _niels_leaf(meta_root, meta, split, only)
 
@@ -189,7 +176,9 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
         md = kempner.read_metadata(files[0].parent)
         declared = dtype if dtype is not None else (md or {}).get("dtype")
         if declared is None:
-            raise _no_guess(files[0])
+            raise FormatError(f"{files[0]}: a headerless .bin does not record its dtype, and there is no meta.json or "
+                              "metadata.yaml beside it; pass the dtype (--dtype uint16|uint32, or dtype='uint16' in "
+                              "Python). Sizes divisible by 4 are NOT proof of uint32")
         tfs = [open_raw(f, declared) for f in files]
     dtypes = {t.dtype for t in tfs}
     if len(dtypes) > 1:
@@ -204,10 +193,8 @@ _SPLIT_WORD = re.compile(r"(?:^|[_.-])(train|val)(?=[_.-]|\d|$)")
 
 
 def _named_splits(files: list[Path]) -> dict[str, list[Path]] | None:
-    """modded-nanogpt's folder: fineweb_val_*.bin beside fineweb_train_*.bin -> {train: [...], val: [...]}.
-
-    Only when every file names exactly one of train/val and both occur; otherwise None (one stream).
-    """
+    """modded-nanogpt's folder: fineweb_val_*.bin beside fineweb_train_*.bin -> {train: [...], val: [...]}, when
+    every file names exactly one of train/val and both occur; otherwise None (one stream)."""
     groups: dict[str, list[Path]] = {}
     for f in files:
         words = set(_SPLIT_WORD.findall(f.stem))
@@ -236,10 +223,7 @@ def _flat_splits(directory: Path, named: dict[str, list[Path]], dtype) -> Format
     if len(kinds) > 1:
         raise FormatError(f"{directory}: its train and val files are in different formats {sorted(kinds)}")
     first = splits["train"]
-    return FormatInfo(first.format, first.dtype, sum(i.num_tokens for i in splits.values()),
-                      [f for i in splits.values() for f in i.files], str(directory), splits=splits,
-                      eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size,
-                      tokenizer_sha256=first.tokenizer_sha256, meta=first.meta)
+    return _root(directory, splits, first, tokenizer_sha256=first.tokenizer_sha256, meta=first.meta)
 
 
 def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = None) -> FormatInfo:
@@ -281,65 +265,10 @@ def detect_format(path: str | os.PathLike, dtype=None, *, pattern: str | None = 
         first = max(splits.values(), key=lambda i: i.format != EMPTY)
         for i in splits.values():
             i.format = first.format if i.format == EMPTY else i.format
-        return FormatInfo(first.format, first.dtype, sum(i.num_tokens for i in splits.values()),
-                          [f for i in splits.values() for f in i.files], str(p), splits=splits,
-                          eot_id=first.eot_id, bos_id=first.bos_id, vocab_size=first.vocab_size)
+        return _root(p, splits, first)
     if p.suffix == ".bin" and (p.parent.parent / META_NAME).is_file() and p.parent.name in SPLITS:
         return _niels(p, p.parent.parent, only=[p])
     if p.name.endswith(TEXT_INPUTS) and not p.name.endswith(".bin.zst"):
         raise FormatError(f"{p}: a text file, not a token cache: build one from it first (`build {p} --out "
                           "cache/NAME --tokenizer TOK`), then point at cache/NAME")
     return _foreign_files([p], p.parent, dtype)
-
-
-def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int,
-                         dataset_name: str) -> None:
-    """meta.json for a cache written by `convert --to niels`: what the source recorded, else null.
-
-    tokenizer_sha256 and vocab_size are null when the source does not record them (a foreign
-    corpus); special_token_ids then holds the EOT id and nulls for the chat sentinels.
-    """
-    splits = summary["splits"]
-    first = next(iter(splits.values()))
-    stream = first["stream"]
-    for s in SPLITS:
-        (out / s).mkdir(parents=True, exist_ok=True)
-    files, totals = {}, {}
-    for s in SPLITS:
-        info = splits.get(s)
-        totals[f"{s}_tokens"] = info["tokens"] if info else 0
-        totals[f"{s}_documents"] = info["documents"] if info else 0
-        for rec in (info["records"] if info else []):
-            rel = Path(rec["path"]).relative_to(out).as_posix()
-            files[rel] = {"bytes": rec["bytes"], "tokens": rec["tokens"], "sha256": rec["sha256"]}
-    eot = first["eot_id"]
-    special = dict(stream.special_token_ids or {})
-    for k in ("sys", "usr", "asst"):
-        special.setdefault(k, None)
-    special["eot"] = eot
-    src_meta = source.meta if source.format == "niels" else None
-    write_meta(str(out), {
-        "kind": "pretrain",
-        "format_version": 1,
-        "built": True,
-        "dataset_name": dataset_name,
-        "dataset_config": (src_meta or {}).get("dataset_config"),
-        "split_rule": (src_meta or {}).get("split_rule")
-        or (f"the source's train/val directories ({source.format})" if source.splits
-            else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
-        "seed": (src_meta or {}).get("seed"),
-        "token_dtype": first["dtype"] + "-le",
-        "tokenizer_sha256": stream.tokenizer_sha256,
-        "tokenizer": (src_meta or {}).get("tokenizer"),
-        "vocab_size": stream.vocab_size,
-        "special_token_ids": special,
-        "shard_bytes": shard_bytes,
-        "shard_pattern": "shard_NNNNN.bin",
-        "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
-        "totals": totals,
-        "files": files,
-        "streaming": False,
-        "source": {"converted_from": {"format": source.format, "path": str(source.path)},
-                   "unterminated_tail": {s: v["unterminated_tail"] for s, v in splits.items()}},
-        "build": {"converted": True, "shard_bytes": shard_bytes},
-    })

@@ -11,11 +11,8 @@ Layout:
                             last_document_open (the stream ends inside a document without EOT),
                             tokenizer_sha256
 
-Files are taken in lexicographic order of their names (the peer's `sorted(glob)`), each one a flat
-array; documents end with an EOS token and may run on from one file into the next. KempnerForge
-infers a `.bin` dtype from the file size (uint32 when divisible by 4); we take it from metadata.yaml
-or the caller and refuse otherwise. The writer produces `.npy` shards (self-describing) and a
-metadata.yaml naming dtype, vocab size and the EOS id, so the directory is read back without flags.
+Files are read in name order, each a flat array; documents end with EOS and may run on into the next file.
+A `.bin`'s dtype comes from metadata.yaml or the caller, never from its size (KempnerForge's guess).
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import RECEIPT_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import file_order
+from niels_gpt.meta import sha256_file
 
 METADATA_NAME = "metadata.yaml"
 SHARD_PATTERN = "shard_{:05d}.npy"
@@ -57,11 +55,8 @@ def read_metadata(directory: str | os.PathLike) -> dict | None:
 
 
 def check_against_receipt(path: Path) -> None:
-    """The ids in metadata.yaml steer every reader (EOS for packing, BOS for alignment): where the output's
-    niels_receipt.json lists the file (what `convert` writes), its sha256 is checked on every open. It is a
-    few hundred bytes, so this costs nothing."""
-    import hashlib
-
+    """The ids in metadata.yaml steer every reader: where the output's niels_receipt.json lists it, its sha256
+    is checked on every open (a few hundred bytes)."""
     for root in (path.parent, path.parent.parent):
         receipt = root / RECEIPT_NAME
         if not receipt.is_file():
@@ -71,14 +66,14 @@ def check_against_receipt(path: Path) -> None:
         except (OSError, ValueError, AttributeError):
             return  # a damaged receipt is verify's to report
         rec = listed.get(path.relative_to(root).as_posix()) if isinstance(listed, dict) else None
-        if isinstance(rec, dict) and rec.get("sha256") != hashlib.sha256(path.read_bytes()).hexdigest():
+        if isinstance(rec, dict) and rec.get("sha256") != sha256_file(str(path)):
             raise FormatError(f"{path}: sha256 differs from {receipt} (the ids it records were changed after "
                               "convert wrote it); restore it or re-run convert")
         return
 
 
 def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int | None,
-                   eos_token_id: int | None, tokenizer: str | None, extension: str = "npy",
+                   eos_token_id: int | None, extension: str = "npy",
                    bos_token_id: int | None = None, last_document_open: bool = False,
                    tokenizer_sha256: str | None = None, file_prefix: str = "shard") -> None:
     def scalar(v):
@@ -87,7 +82,7 @@ def write_metadata(directory: str | os.PathLike, *, dtype: str, vocab_size: int 
 
     text = (
         "tokenized_info:\n"
-        f"  tokenizer: {scalar(tokenizer)}\n"
+        "  tokenizer: null\n"
         f"  dtype: {dtype}\n"
         f"  tokenizer_sha256: {scalar(tokenizer_sha256)}\n"
         f"  vocab_size: {scalar(vocab_size)}\n"

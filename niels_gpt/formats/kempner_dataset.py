@@ -3,20 +3,12 @@
     ds = MemoryMappedDataset("cache/pretrain/wikitext/train", seq_len=1024, pack_sequences=True)
     ds[i] -> {"input_ids": int64[1024], "labels": int64[1024], "doc_ids": int64[1024]}
 
-- Files: the sorted token files of the directory (optionally filtered by `file_pattern`), any
-  format detect_format reads: our cache splits, `.npy`/raw `.bin` dirs, nanoGPT shards, Megatron.
-- Samples: each file gives `len(file) // (seq_len + 1)` non-overlapping windows of seq_len + 1
-  tokens (the peer's `train.py` passes seq_len + 1 to its constructor; here the +1 is built in).
-  A global index finds its file by binary search over cumulative counts. A file's tail shorter
-  than a window is unused; windows never span files.
-- `input_ids = w[:-1]`, `labels = w[1:]`.
-- `pack_sequences`: with the EOS id (argument, or the EOT the cache's meta records) a running
-  document id rises after each EOS: doc[j] = number of EOS in w[:j]. `doc_ids = doc[:-1]`, and
-  labels are -100 where doc[:-1] != doc[1:] (predicting a new document from the EOS of the last).
-- `state_dict()` = the peer's {"epoch", "total_samples"} plus "seq_len" and the resume protocol's
-  kind/version/fingerprint (niels_gpt.resume); `load_state_dict` restores the epoch and refuses a
-  state from another corpus or seq_len (the peer restores blindly); a peer's own state still loads.
-- Memmaps open lazily in each process and are dropped on pickling (never copied into workers).
+- Each file gives `len(file) // (seq_len + 1)` non-overlapping windows (the peer's train.py passes seq_len + 1;
+  here the +1 is built in); a global index finds its file by binary search; windows never span files.
+- `input_ids = w[:-1]`, `labels = w[1:]`. `pack_sequences` (needs the EOS id): doc[j] = number of EOS in
+  w[:j], `doc_ids = doc[:-1]`, labels -100 where doc[:-1] != doc[1:].
+- `state_dict()` = the peer's {"epoch", "total_samples"} plus "seq_len" and the resume protocol's fields;
+  `load_state_dict` refuses a state from another corpus or seq_len (the peer restores blindly).
 
 Cost: one binary search and one (seq_len + 1)-token copy per sample.
 """

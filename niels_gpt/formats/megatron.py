@@ -16,15 +16,10 @@ Byte layout of `<prefix>.idx` (all little-endian):
 
 `<prefix>.bin` is the tokens of every sequence, concatenated, in that dtype, no header.
 
-We write one sequence per document (GPT pretraining: document_indices = arange(N + 1)) holding the
-document's tokens followed by its EOT, like Megatron's `preprocess_data.py --append-eod`. Token
-dtype: code 8 (uint16) for uint16 corpora, else code 4 (int32, after a range check): there is no
-uint32 code. The reader accepts codes 1, 3, 4, 5 and 8 (integer tokens) and checks every count,
-pointer and size; token ids must be >= 0.
-
-Memory: the writer spills sequence lengths to a temporary file and assembles the index in blocks,
-so converting any corpus needs memory for one block, not for N lengths. `.bin` lands first, then
-`.idx` (the commit marker), each through a temporary name.
+We write one sequence per document (document_indices = arange(N + 1)): its tokens then its EOT, as Megatron's
+`preprocess_data.py --append-eod`; code 8 (uint16) for uint16 corpora, else code 4 (int32, range-checked:
+there is no uint32 code). The reader accepts the integer codes 1, 3, 4, 5, 8 and checks every count, pointer
+and size. The writer spills lengths to a temporary file (memory: one block); `.bin` lands first, `.idx` last.
 """
 
 from __future__ import annotations
@@ -144,16 +139,12 @@ def iter_documents(index: MegatronIndex, block: int = _BLOCK):
             yield part, s + block >= b
 
 
-def token_dtype_code(dtype: np.dtype) -> int:
-    return 8 if np.dtype(dtype).itemsize == 2 else 4
-
-
 class MegatronWriter:
     """Streams documents into `<prefix>.bin`; `end_document()` closes a sequence; `close()` writes .idx."""
 
     def __init__(self, prefix: str | os.PathLike, token_dtype):
         self.prefix = str(prefix)
-        self.code = token_dtype_code(token_dtype)
+        self.code = 8 if np.dtype(token_dtype).itemsize == 2 else 4
         self.dtype = DTYPE_CODES[self.code]
         Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
         self._bin = RawSink(self.prefix + ".bin", "uint16" if self.code == 8 else "uint32")

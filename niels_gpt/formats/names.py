@@ -1,14 +1,9 @@
-"""The names `convert --to` takes, in one table: each format by its own name and by the name of the program
-that reads it, with that program, for `convert --help`, the docs and `convert(to=...)`.
+"""The names `convert --to` takes: each format by its own name and by the program that reads it.
 
 `nanogpt` is NeMo AutoModel's header (magic 278895051), which neither nanoGPT nor modded-nanogpt reads;
-modded-nanogpt reads `nanogpt-legacy` (magic 20240520), and nanoGPT's own train.py reads headerless uint16
-`train.bin`/`val.bin` files, which is `raw` written as one file per split.
-
-An alias is the same thing as its format: `convert(to=alias)` and `convert --to alias` write the bytes that
-the format's own name writes. A name that writes something else is a preset: a format plus fixed settings
-(`nanogpt-train-bin`: raw, one uint16 file per split), listed as such and applied by `convert` itself, so
-the Python call and the command line behave alike.
+modded-nanogpt reads `nanogpt-legacy` (magic 20240520); nanoGPT's train.py reads headerless uint16
+`train.bin`/`val.bin`, i.e. `raw` written as one file per split. An alias writes exactly its format; a preset
+is a format plus fixed settings (`nanogpt-train-bin`), applied by `convert` itself.
 """
 
 from __future__ import annotations

@@ -12,17 +12,10 @@ Byte layout (all little-endian):
     1024       uint16|uint32 tokens[num_tokens]
     sidecar    <stem>.bos.idx: int32 token indices of every BOS (see niels_gpt.formats.bos_index)
 
-The reader checks every field and that the file holds exactly 1024 + num_tokens * itemsize bytes.
-Because num_tokens is an int32, one file holds at most 2**31 - 1 tokens: the writer rolls over to
-the next numbered file before that (MAX_TOKENS_PER_FILE, lower it for tests).
-
-Crash safety: writing the count only at the end is not enough (a crash after a partial header
-rewrite or a half-copied file could still leave a header that claims missing tokens). So a file is
-written under `<name>.tmp-<pid>` with num_tokens = 0 in its header; when its last token is written
-the header is rewritten with the final count, the file is fsynced, and only then renamed to its
-final name (os.replace is atomic). A file under a final name is therefore always complete; a temp
-file is never read (and would fail the size check: its header says 0 tokens). The `.bos.idx`
-sidecar is written after its `.bin`, also atomically; a sidecar is validated on every read anyway.
+The reader checks every field and that the file holds exactly 1024 + num_tokens * itemsize bytes; num_tokens
+is an int32, so the writer rolls over to the next file before 2**31 - 1 tokens (MAX_TOKENS_PER_FILE).
+A file is written under a temporary name with num_tokens = 0, its header rewritten with the final count,
+fsynced and renamed: no file under a final name claims tokens it lacks. Its `.bos.idx` lands after it.
 """
 
 from __future__ import annotations
@@ -36,7 +29,6 @@ from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats.base import TokenFile, check_payload_size
 from niels_gpt.formats.bos_index import write_bos_index
 from niels_gpt.formats.raw import RawSink
-from niels_gpt.meta import sha256_file
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -124,19 +116,15 @@ def open_nanogpt(path: str | os.PathLike) -> TokenFile:
 
 
 class NanogptSink(RawSink):
-    """One nanoGPT shard being written: count-0 header, final header, fsync, rename (see above).
-
-    With `bos_id` set it also records the token index of every BOS and writes `<stem>.bos.idx`
-    after the shard is in place.
-    """
+    """One nanoGPT shard being written (see above); with `bos_id` it also writes `<stem>.bos.idx` after it."""
 
     def __init__(self, path, dtype, *, legacy: bool = False, bos_id: int | None = None):
         self.legacy, self.bos_id = legacy, bos_id
         self._bos: list[np.ndarray] = []
         super().__init__(path, dtype)
 
-    def _write_header(self) -> None:
-        self._raw(make_header(0, self.dtype, legacy=self.legacy))
+    def _header(self, count: int) -> bytes:
+        return make_header(count, self.dtype, legacy=self.legacy)
 
     def write(self, arr: np.ndarray) -> None:
         if self.tokens + len(arr) > MAX_TOKENS_PER_FILE:
@@ -145,15 +133,8 @@ class NanogptSink(RawSink):
             self._bos.append(np.flatnonzero(arr == self.bos_id) + self.tokens)
         super().write(arr)
 
-    def _finalize(self) -> None:
-        self._f.flush()
-        self._f.seek(0)
-        self._f.write(make_header(self.tokens, self.dtype, legacy=self.legacy))
-        self._f.seek(0, os.SEEK_END)
-
     def close(self) -> dict:
         rec = super().close()
-        rec["sha256"] = sha256_file(rec["path"])  # the header was rewritten after hashing began
         if self.bos_id is not None:
             positions = np.concatenate(self._bos) if self._bos else np.empty(0, dtype=np.int64)
             rec["bos_index"] = write_bos_index(self.path, positions)

@@ -3,29 +3,17 @@
     ds = NanogptDataset("data/fineweb_train_*.bin", seq_len=1024, bos_token=50256, align_to_bos=True)
     for sample in ds: sample["input_ids"], sample["labels"]     # int64[seq_len] each
 
-- Files: a glob pattern, a list of paths, or a directory (any format detect_format reads, our
-  caches included). With `shuffle_files` the file order is a permutation drawn from
-  torch.Generator(seed + epoch), identical on every rank and worker.
-- Samples of a file: windows of seq_len + 1 tokens starting at 0, seq_len + 1, 2*(seq_len + 1),
-  ... while a whole window fits (labels = inputs shifted by one; consecutive windows share no
-  token: AutoModel reads seq_len + 1 tokens and starts the next window after them). With
-  `align_to_bos` the first window starts at the first BOS of the file and each next one at the
-  first BOS at or after the end of the previous window, found in the `.bos.idx` sidecar
-  (validated, see niels_gpt.formats.bos_index) or by a scan.
-- Consumers = world_size x num_workers, id = rank * num_workers + worker. With at least as many
-  files as consumers, consumer c reads files c, c + C, ... With fewer, the ordered list of all
-  samples (a grid of token positions) is cut into C contiguous ranges, one per consumer: the peer
-  gives every worker the same single file's whole range on every rank, so each token is seen
-  world_size times. Either way the consumers' samples are disjoint and together are exactly the
-  samples one consumer alone would read.
-- Resume: `state_dict()` = {"epoch", "consumed": {consumer id: samples yielded}} with the resume
-  protocol's kind/version/fingerprint (niels_gpt.resume); after
-  `load_state_dict` each consumer skips what it already yielded (the peer always restarts).
-  With DataLoader workers the counts live in the workers: rebuild them from the batches the
-  trainer consumed with `consumed_per_consumer`.
+- Files: a glob, a list of paths, or a directory (any format detect_format reads). `shuffle_files` permutes
+  them with torch.Generator(seed + epoch), the same on every rank and worker.
+- Samples of a file: non-overlapping windows of seq_len + 1 tokens from 0 while a whole one fits; with
+  `align_to_bos` each window starts at the first BOS at or after the end of the last (`.bos.idx` or a scan).
+- Consumers = world_size x num_workers. With at least as many files, consumer c reads files c, c + C, ...;
+  with fewer, the ordered samples are cut into C contiguous ranges (the peer gives every rank the same file,
+  so each token is seen world_size times). Together the consumers read exactly one consumer's samples.
+- `state_dict()` = {"epoch", "consumed": {consumer id: samples yielded}} plus the resume protocol's fields
+  (niels_gpt.resume); after `load_state_dict` each consumer skips what it yielded (the peer restarts).
 
-Cost: per sample one (seq_len + 1)-token copy; per file and epoch, the sample grid (one
-searchsorted per sample when BOS-aligned).
+Cost: per sample one (seq_len + 1)-token copy; per file and epoch, the sample grid.
 """
 
 from __future__ import annotations
@@ -42,7 +30,7 @@ from niels_gpt.formats import megatron
 from niels_gpt.formats.base import TokenFile
 from niels_gpt.formats.bos_index import load_bos_index, scan_bos
 from niels_gpt.formats.detect import FormatInfo, detect_format
-from niels_gpt.resume import STATE_VERSION, check_peer_state, fingerprint
+from niels_gpt.resume import STATE_VERSION, check_peer_state, fingerprint, resolve_rank
 
 STATE_KIND = "nanogpt_stream"
 
@@ -63,22 +51,10 @@ def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
     return tfs, first
 
 
-def consumed_per_consumer(batches: int, batch_size: int, num_workers: int, world_size: int = 1) -> dict:
-    """Samples each consumer yielded after every rank consumed `batches` batches (in-order loader).
-
-    A DataLoader with W workers takes batch k from worker k % W, so worker w has produced
-    ceil((batches - w) / W) batches: batches=5, W=2 -> worker 0: 3, worker 1: 2.
-    """
-    w_count = max(1, num_workers)
-    return {str(r * w_count + w): -(-max(0, batches - w) // w_count) * batch_size
-            for r in range(world_size) for w in range(w_count)}
-
-
 class NanogptDataset(torch.utils.data.IterableDataset):
     def __init__(self, file_pattern: str | Sequence[str], seq_len: int, bos_token: int | None = None,
                  shuffle_files: bool = False, align_to_bos: bool = False, *, seed: int = 0,
-                 dtype=None, rank: int | None = None, world_size: int | None = None,
-                 infinite: bool = False):
+                 dtype=None, rank: int | None = None, world_size: int | None = None):
         if seq_len < 1:
             raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         self.files, info = _resolve_files(file_pattern, dtype)
@@ -87,26 +63,18 @@ class NanogptDataset(torch.utils.data.IterableDataset):
         if align_to_bos and self.bos_token is None:
             raise ConfigError("align_to_bos=True needs bos_token (the id every document starts with; "
                               "for our caches and modded-nanogpt shards the EOT/<|endoftext|> id)")
-        self.seed, self.infinite = seed, infinite
+        self.seed = seed
         self._rank, self._world = rank, world_size
         self.epoch = 0
         self.consumed: dict[str, int] = {}
         self._starts: dict[int, np.ndarray] = {}
 
-    # -- who am I -----------------------------------------------------------------------------
     def _consumer(self) -> tuple[int, int]:
-        rank, world = self._rank, self._world
-        if rank is None or world is None:
-            dist = torch.distributed
-            if dist.is_available() and dist.is_initialized():
-                rank, world = dist.get_rank(), dist.get_world_size()
-            else:
-                rank, world = rank or 0, world or 1
+        rank, world = resolve_rank(self._rank, self._world)
         wi = torch.utils.data.get_worker_info()
         wid, nw = (wi.id, wi.num_workers) if wi is not None else (0, 1)
         return rank * nw + wid, world * nw
 
-    # -- sample grid --------------------------------------------------------------------------
     def _file_starts(self, f: int) -> np.ndarray:
         if f not in self._starts:
             tf = self.files[f]
@@ -153,25 +121,22 @@ class NanogptDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         consumer, consumers = self._consumer()
         key = str(consumer)
-        while True:
-            skip = self.consumed.get(key, 0)
-            done = 0
-            for f, a, b in self.plan(consumer, consumers, self.epoch):
-                if done + (b - a) <= skip:
-                    done += b - a
-                    continue
-                tokens = self.files[f].open()
-                starts = self._file_starts(f)
-                for s in starts[a + max(0, skip - done):b].tolist():
-                    w = torch.from_numpy(np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64))
-                    self.consumed[key] = self.consumed.get(key, 0) + 1
-                    yield {"input_ids": w[:-1], "labels": w[1:]}
+        skip = self.consumed.get(key, 0)
+        done = 0
+        for f, a, b in self.plan(consumer, consumers, self.epoch):
+            if done + (b - a) <= skip:
                 done += b - a
-            # a finished pass: the next one (this loop, or the next iter()) is the next epoch
-            self.epoch += 1
-            self.consumed = {}
-            if not self.infinite:
-                return
+                continue
+            tokens = self.files[f].open()
+            starts = self._file_starts(f)
+            for s in starts[a + max(0, skip - done):b].tolist():
+                w = torch.from_numpy(np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64))
+                self.consumed[key] = self.consumed.get(key, 0) + 1
+                yield {"input_ids": w[:-1], "labels": w[1:]}
+            done += b - a
+        # a finished pass: the next iter() is the next epoch
+        self.epoch += 1
+        self.consumed = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)

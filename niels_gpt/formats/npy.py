@@ -11,12 +11,9 @@ Byte layout (NPY format version 1.0, as `np.save` writes it for a 1-D array):
                   space-padded and ending in "\\n" so that 10 + H is a multiple of 64
     10+H    ...   uint16|uint32 LE tokens[N]
 
-Only 1-D, C-order, little-endian uint16/uint32 arrays are tokens; anything else is rejected. Files
-are opened with `allow_pickle=False`: an object array is an error, never code execution.
-
-The writer streams: it writes the header for shape (0,), appends tokens, then rewrites the header
-with the final N (same length: the header is padded to HEADER_BYTES, room for 19-digit counts) and
-renames the temporary file into place. Up to N = 10**19 the bytes equal `np.save`'s output.
+Only 1-D, C-order, little-endian uint16/uint32 arrays are tokens; objects are never unpickled. The writer
+writes the header for shape (0,), appends tokens, then rewrites the header with the final N (padded to
+HEADER_BYTES, so the same length): up to N = 10**19 the bytes equal `np.save`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ import numpy as np
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import TokenFile, check_payload_size, parse_dtype
 from niels_gpt.formats.raw import RawSink
-from niels_gpt.meta import sha256_file
 
 MAGIC = b"\x93NUMPY"
 HEADER_BYTES = 128  # preamble + dict + padding: what np.save writes for a 1-D array
@@ -44,26 +40,29 @@ def npy_header(dtype, count: int) -> bytes:
     return MAGIC + bytes([1, 0]) + len(body).to_bytes(2, "little") + body
 
 
-def open_npy(path: str | os.PathLike) -> TokenFile:
-    """Describe a token `.npy`: header parsed by numpy, every field and the size checked."""
-    path = str(path)
+def read_npy_header(path: str | os.PathLike, fix: str) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, payload offset) of a .npy file, parsed by numpy; `fix` ends each error."""
     with open(path, "rb") as f:
         if f.read(6) != MAGIC:
-            raise FormatError(f"{path}: not a .npy file (no \\x93NUMPY magic); is it a raw .bin?")
+            raise FormatError(f"{path}: not a .npy file (no \\x93NUMPY magic); {fix}")
         f.seek(0)
         try:
             version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in read:
                 raise FormatError(f"{path}: .npy version {version} is not supported (1.0 or 2.0)")
+            shape, fortran, dtype = read[version](f)
         except FormatError:
             raise
         except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on garbage
-            raise FormatError(f"{path}: corrupt .npy header ({exc}); re-write the file") from exc
-        offset = f.tell()
+            raise FormatError(f"{path}: corrupt .npy header ({exc}); {fix}") from exc
+        return shape, fortran, dtype, f.tell()
+
+
+def open_npy(path: str | os.PathLike) -> TokenFile:
+    """Describe a token `.npy`: header parsed by numpy, every field and the size checked."""
+    path = str(path)
+    shape, _, dtype, offset = read_npy_header(path, "re-write the file (is it a raw .bin?)")
     if dtype.hasobject:
         raise FormatError(f"{path}: object array; token files must be numeric (uint16/uint32)")
     if len(shape) != 1:
@@ -78,17 +77,5 @@ def open_npy(path: str | os.PathLike) -> TokenFile:
 class NpySink(RawSink):
     """A `.npy` token file being written: count-0 header first, the real header last."""
 
-    def _write_header(self) -> None:
-        self._f.write(npy_header(self.dtype, 0))
-
-    def _finalize(self) -> None:
-        self._f.flush()
-        self._f.seek(0)
-        self._f.write(npy_header(self.dtype, self.tokens))
-        self._f.seek(0, os.SEEK_END)
-
-    def close(self) -> dict:
-        rec = super().close()
-        # the hash covered the payload only; a file record must hash the bytes on disk
-        rec["sha256"] = sha256_file(rec["path"])
-        return rec
+    def _header(self, count: int) -> bytes:
+        return npy_header(self.dtype, count)

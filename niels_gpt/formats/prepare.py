@@ -1,15 +1,12 @@
 """`prepare-data`: the KempnerForge validator's job done through our readers.
 
 It opens a token file or directory with detect_format (every header and size checked), scans the tokens once
-(max id against the vocabulary, EOT/BOS counts, a terminated last document, BOS sidecars), and prints the
-exact settings to train on it with each dataset, plus warnings (e.g. .bin shards KempnerForge would misread as
-uint32). Contents that do not look like tokens of the stated vocabulary and dtype (ids up to the dtype's
-maximum with no EOT/BOS known or found, or a flat id histogram: random bytes, text, uint32 read as uint16)
-are warned about, and that warning stands above the settings it prints, never after them alone.
+(max id against the vocabulary, EOT/BOS counts, the last document's EOT, BOS sidecars) and prints the settings
+to train on it with each dataset, each built first, plus warnings. Ids that do not look like tokens (a flat
+histogram, or ids up to the dtype's top with no EOT/BOS) are warned about above those settings. The histogram
+is flat when the most frequent 1% of the distinct ids in the first 1 Mi tokens cover under 5% of them (figures:
+docs/formats.md).
 
-The histogram test: the most frequent 1% of the distinct ids in the first 1 Mi tokens cover 26% of the sample
-wikitext cache and 21% of a dolma web sample (both with a 1,000-id sentencepiece model; larger vocabularies are
-more skewed), and 1.7% of uniform random bytes read as uint16; below 5% is flat.
 Cost: one pass over the tokens (BLOCK_TOKENS at a time) and one np.unique over the first SAMPLE_TOKENS.
 """
 
@@ -31,13 +28,13 @@ from niels_gpt.formats.writers import refuse_packed_bins
 SAMPLE_TOKENS = 1 << 20  # the id histogram is taken over the first ones
 MIN_SAMPLE = 10_000  # fewer tokens say nothing about the histogram's shape
 TOP_SHARE = 0.01  # the most frequent 1% of the distinct ids ...
-FLAT_BELOW = 0.05  # ... cover less than 5% of the tokens: flat (measured figures in the module docstring)
+FLAT_BELOW = 0.05  # ... cover less than 5% of the tokens: flat
 NEAR_MAX = 0.999  # ids this close to the dtype's maximum
 
 
 def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
-    """One pass: max id, EOT and BOS counts, the first and last token, and the share of the first
-    SAMPLE_TOKENS that the most frequent TOP_SHARE of their distinct ids cover."""
+    """One pass: max id, EOT and BOS counts, the first and last token, and the share of the first SAMPLE_TOKENS
+    that the most frequent TOP_SHARE of their distinct ids cover."""
     hi, eots, boss, first, last, sample = -1, 0, 0, None, None, None
     for tf in info.token_files:
         arr = tf.open()
@@ -60,8 +57,7 @@ def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
 
 
 def not_like_tokens(counts: dict, dtype: np.dtype, vocab: int | None, eot, bos) -> str | None:
-    """Why the scanned ids do not look like tokens of `vocab` in `dtype`, or None: a flat id histogram, or ids
-    up to the dtype's maximum (with no vocabulary to check them) in a stream with no EOT/BOS known or found."""
+    """Why the scanned ids do not look like tokens of `vocab` in `dtype`, or None."""
     reasons = []
     if counts.get("top_ids_share") is not None and counts["top_ids_share"] < FLAT_BELOW:
         reasons.append(f"the id histogram is flat (the most frequent {TOP_SHARE:.0%} of the ids cover "
@@ -82,8 +78,7 @@ def not_like_tokens(counts: dict, dtype: np.dtype, vocab: int | None, eot, bos) 
 
 
 def tokenizer_bos(path: str) -> tuple[int, str]:
-    """(BOS id, where it comes from) of the tokenizer at `path`: its BOS, else its EOT (modded-nanogpt's
-    convention: `<|endoftext|>` opens every document)."""
+    """(BOS id, where it comes from) of the tokenizer at `path`: its BOS, else its EOT (modded-nanogpt's)."""
     from niels_gpt.tokenizer import load_tokenizer  # lazy: only prepare-data --tokenizer loads a tokenizer
 
     tok = load_tokenizer(path)
@@ -105,46 +100,30 @@ def _find_bos(leaf: FormatInfo, where: str, warnings_out: list[str], known_bos=N
     return None
 
 
-def _target(leaf: FormatInfo, path: str, split_root: bool) -> tuple[str, str | None]:
-    """(path, file_pattern) that opens exactly this leaf from Python."""
-    if leaf.pattern:
-        return leaf.path, leaf.pattern
-    return (leaf.path if split_root else str(path)), None
-
-
-def _calls(leaf: FormatInfo, target: tuple[str, str | None], *, seq_len: int, eot, bos, dtype, counts: dict | None,
-           do_scan: bool) -> list[str]:
+def _calls(leaf: FormatInfo, d: str, pattern: str | None, *, seq_len: int, eot, bos, dtype,
+           counts: dict | None) -> list[str]:
     """The dataset calls to print for one leaf, each built here first: what is printed runs as printed.
 
-    MemoryMappedDataset packs documents only when an EOS id is known. NanogptDataset aligns windows
-    to the token that opens documents (the BOS if the stream has one, else the EOT that precedes
-    every document but the first, modded-nanogpt's convention) only when the scan found that token
-    and the aligned dataset has at least one window; otherwise it is printed unaligned.
+    MemoryMappedDataset packs documents when an EOS id is known; NanogptDataset aligns windows to the BOS (else
+    the EOT, modded-nanogpt's convention) when the scan found it and the aligned dataset has a window.
     """
-    d, pattern = target
     extra = {"dtype": dtype} if dtype is not None and leaf.format == "raw" else {}
     mm = {"seq_len": seq_len, **({"file_pattern": pattern} if pattern else {}), **extra}
     if eot is not None:
         mm.update(pack_sequences=True, eos_token_id=eot)
+    MemoryMappedDataset(d, **mm)
     files = f"{d}/{pattern}" if pattern else d
     ng = {"seq_len": seq_len, **extra}
-    out = []
-    MemoryMappedDataset(d, **mm)
-    out.append(f"MemoryMappedDataset({d!r}, {_kwargs(mm)})")
-    align = None
-    if do_scan and counts is not None:
-        if bos is not None and counts.get("bos_count"):
-            align = bos
-        elif eot is not None and counts.get("eot_count"):
-            align = eot
-    if align is not None:
-        aligned = {**ng, "bos_token": align, "align_to_bos": True}
-        if len(NanogptDataset(files, **aligned)):
-            out.append(f"NanogptDataset({files!r}, {_kwargs(aligned)})")
-            return out
-    NanogptDataset(files, **ng)
-    out.append(f"NanogptDataset({files!r}, {_kwargs(ng)})")
-    return out
+    found = counts or {}  # no scan: no alignment
+    align = bos if bos is not None and found.get("bos_count") else None
+    if align is None and eot is not None and found.get("eot_count"):
+        align = eot
+    aligned = {**ng, "bos_token": align, "align_to_bos": True}
+    if align is not None and len(NanogptDataset(files, **aligned)):
+        ng = aligned
+    else:
+        NanogptDataset(files, **ng)
+    return [f"MemoryMappedDataset({d!r}, {_kwargs(mm)})", f"NanogptDataset({files!r}, {_kwargs(ng)})"]
 
 
 def _kwargs(kw: dict) -> str:
@@ -183,9 +162,9 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_
                 (t.count * 2) % 4 == 0 for t in leaf.token_files):
             out["warnings"].append(f"{where}: uint16 .bin shards; KempnerForge infers uint32 from sizes divisible "
                                    "by 4 and would misread them: give it .npy (convert --to kempner-npy)")
-        target = _target(leaf, path, bool(info.splits))
-        rep["calls"] = _calls(leaf, target, seq_len=seq_len, eot=eot, bos=bos, dtype=dtype, counts=counts,
-                              do_scan=do_scan)
+        # the path and file_pattern that open exactly this leaf from Python
+        target = (leaf.path, leaf.pattern) if leaf.pattern else (leaf.path if info.splits else str(path), None)
+        rep["calls"] = _calls(leaf, *target, seq_len=seq_len, eot=eot, bos=bos, dtype=dtype, counts=counts)
         if leaf.format == "kempner-npy":
             pack = " --data.pack_sequences true" if eot is not None else ""
             rep["kempnerforge"] = (f"--data.dataset_path {target[0]} --data.file_pattern "

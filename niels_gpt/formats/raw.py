@@ -5,14 +5,9 @@ Byte layout (the whole file is payload):
     offset  type                 field
     0       uint16|uint32 LE     tokens[file_size / itemsize]
 
-Nothing in the file says which dtype it holds. KempnerForge guesses uint32 whenever the size is a
-multiple of 4, which misreads every uint16 file with an even token count. We never guess: the dtype
-comes from the caller, a `meta.json` of ours, or a tatm `metadata.yaml` (`tokenized_info.dtype`)
-beside the files (see niels_gpt.formats.detect.detect_format), and a size that is not a multiple of
-the itemsize is rejected. Our caches' shards are raw files of this layout.
-
-Cost: reading is one memmap; writing streams through a temporary file (`<name>.tmp-<pid>`), renamed
-into place when complete, so a crash never leaves a short file under the final name.
+Nothing in the file says its dtype, and we never guess it from the size (KempnerForge's uint32-if-divisible-by-4
+misreads every uint16 file with an even token count): it comes from the caller, our `meta.json`, or a tatm
+`metadata.yaml` (formats/detect.py). Our caches' shards are raw files of this layout.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ import numpy as np
 from niels_gpt.errors import FormatError
 from niels_gpt.formats.base import TokenFile, check_fits, parse_dtype
 from niels_gpt.formats.writers import HashingFile
+from niels_gpt.meta import sha256_file
 
 
 def open_raw(path: str | os.PathLike, dtype) -> TokenFile:
@@ -39,9 +35,7 @@ def open_raw(path: str | os.PathLike, dtype) -> TokenFile:
 
 class RawSink:
     """One raw token file being written: a `HashingFile` (temp name, streamed sha256, rename on close)
-    holding tokens of one dtype, range-checked before the cast. Header formats subclass it."""
-
-    header_bytes = 0
+    holding tokens of one dtype, range-checked before the cast. Header formats override `_header`."""
 
     def __init__(self, path: str | os.PathLike, dtype):
         self.path = Path(path)
@@ -49,29 +43,30 @@ class RawSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = HashingFile(self.path)
         self.tmp = self._file.tmp
-        self._f = self._file.f  # header formats seek in it to write their final header
+        self._f = self._file.f
         self.tokens = 0
-        self._write_header()
+        self._f.write(self._header(0))
 
-    def _write_header(self) -> None:
-        pass
-
-    def _raw(self, data: bytes) -> None:
-        self._file.write(np.frombuffer(data, dtype=np.uint8))
+    def _header(self, count: int) -> bytes:
+        """The header for `count` tokens: written with 0 first, rewritten in place with the final count."""
+        return b""
 
     def write(self, arr: np.ndarray) -> None:
         check_fits(arr, self.dtype, str(self.path))
         self._file.write(np.ascontiguousarray(arr, dtype=self.dtype))
         self.tokens += len(arr)
 
-    def _finalize(self) -> None:
-        """Hook for formats whose header can only be written once the count is final."""
-
     def close(self) -> dict:
-        self._finalize()
+        header = self._header(self.tokens)
+        if header:
+            self._f.flush()
+            self._f.seek(0)
+            self._f.write(header)
+            self._f.seek(0, os.SEEK_END)
         record = self._file.close()
+        # a rewritten header is not in the streamed hash: a file record hashes the bytes on disk
         return {"path": str(self.path), "tokens": self.tokens, "bytes": self.path.stat().st_size,
-                "sha256": record["sha256"]}
+                "sha256": sha256_file(self.path) if header else record["sha256"]}
 
     def abort(self) -> None:
         self._file.abort()

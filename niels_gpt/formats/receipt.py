@@ -1,5 +1,5 @@
-"""`niels_receipt.json`: the sha256 and size of every file an output of ours holds, for formats with no place of
-their own for them (what `convert` writes in every format but ours, and packed Parquet files).
+"""`niels_receipt.json`: the sha256 and size of every file of an output whose format has no place for them
+(what `convert` writes in every format but ours).
 
 Layout (JSON, UTF-8, keys sorted):
 
@@ -9,18 +9,9 @@ Layout (JSON, UTF-8, keys sorted):
      "tokenizer_sha256": "c9ce...",                   # only when known: the tokenizer that made the ids
      "record_sha256": "5e1a..."}                      # the receipt's own checksum (niels_gpt/seals.py)
 
-- A directory output carries `<dir>/niels_receipt.json`, listing every file below it by its path
-  relative to the directory (token files, `metadata.yaml`, `.idx`, `.bos.idx`): the ids in
-  `metadata.yaml` are covered like the tokens. A single-file output `<file>` carries
-  `<file>.niels_receipt.json` beside it, listing that one file by name.
-- It is written last (atomically), after every file it lists is final: for formats with no commit
-  marker of their own it is the marker. The peers never read it: KempnerForge globs `*.npy`/`*.bin`,
-  nanoGPT loaders glob `*.bin`, Megatron opens `<prefix>.bin/.idx`, Parquet readers glob `*.parquet`.
-- `check_receipt` (what `verify` runs) re-hashes every listed file and names any file below a
-  directory output that the receipt does not list (a stray or a temporary of a killed run).
-
-Cost: hashing reads every byte once more, right after it was written (from the page cache), and
-`verify` reads every byte once.
+An output directory carries `<dir>/niels_receipt.json` listing every file below it (metadata.yaml included).
+Written last, it is the commit marker; the peers
+never read it. `check_receipt` (verify) re-hashes every listed file and names any unlisted one.
 """
 
 from __future__ import annotations
@@ -36,32 +27,23 @@ from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import disk_problem, file_record
 from niels_gpt.seals import seal_problem, sealed_bytes
 
-SUFFIX = "." + RECEIPT_NAME
 FORMAT = "niels_receipt"
 VERSION = 1
 
 
 def receipt_path(output: str | os.PathLike) -> Path:
-    """Where the receipt of a directory or single-file output lives."""
-    p = Path(output)
-    return p / RECEIPT_NAME if p.is_dir() else p.with_name(p.name + SUFFIX)
+    return Path(output) / RECEIPT_NAME
 
 
 def _listed(output: Path) -> list[Path]:
-    if output.is_file():
-        return [output]
     return sorted(f for f in output.rglob("*") if f.is_file() and f.name != RECEIPT_NAME)
 
 
 def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sha256: str | None = None) -> dict:
-    """Hash every file of `output` (a directory, or one file) and write its receipt last.
-
-    `tokenizer_sha256` (when the source recorded it) lets `inspect --tokenizer` refuse another tokenizer on
-    formats with no place for it (nanoGPT, Megatron).
-    """
+    """Hash every file below directory `output` and write its receipt last; `tokenizer_sha256` lets
+    `inspect --tokenizer` refuse another tokenizer on formats with no place for it."""
     output = Path(output)
-    base = output if output.is_dir() else output.parent
-    files = {f.relative_to(base).as_posix(): file_record(f, None) for f in _listed(output)}
+    files = {f.relative_to(output).as_posix(): file_record(f, None) for f in _listed(output)}
     receipt = {"format": FORMAT, "version": VERSION, "output_format": output_format, "files": files}
     if tokenizer_sha256:
         receipt["tokenizer_sha256"] = tokenizer_sha256
@@ -97,23 +79,20 @@ def read_receipt(path: str | os.PathLike) -> dict:
 
 
 def check_receipt(path: str | os.PathLike) -> tuple[dict | None, list[str]]:
-    """(receipt, problems): every listed file re-hashed, and every unlisted file below a directory output."""
+    """(receipt, problems): every listed file re-hashed, and every unlisted file below the output."""
     path = Path(path)
     try:
         receipt = read_receipt(path)
     except FormatError as exc:
         return None, [str(exc)]
-    directory = path.name == RECEIPT_NAME
     base = path.parent
     problems = []
     for rel, rec in sorted(receipt["files"].items()):
         problem = disk_problem(base / rel, rec, path.name, fix=": re-run the command that wrote it")
         if problem is not None:
             problems.append(problem)
-    if directory:
-        for f in _listed(base):
-            rel = f.relative_to(base).as_posix()
-            if rel not in receipt["files"]:
-                what = "a temporary file of a killed run" if ".tmp-" in f.name else "a file added later"
-                problems.append(f"{f}: not listed in {path} ({what}); remove it")
+    for f in _listed(base):
+        if f.relative_to(base).as_posix() not in receipt["files"]:
+            what = "a temporary file of a killed run" if ".tmp-" in f.name else "a file added later"
+            problems.append(f"{f}: not listed in {path} ({what}); remove it")
     return receipt, problems

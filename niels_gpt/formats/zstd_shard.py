@@ -19,20 +19,11 @@ only the frames a window needs. Byte layout (all integers little-endian):
 | S+12 + 12*n | 1 | seek table descriptor: 0x80 (checksums present; other bits 0) |
 | S+13 + 12*n | 4 | seekable magic 0x8F92EAB1 (the file's last 4 bytes) |
 
-N (the shard's tokens) and the token dtype come from meta.json, which records for the cache
-`"compression": {"codec": "zstd", "frame_tokens": F, "level": L, "layout": LAYOUT}` and per file
-`{"bytes": compressed size, "sha256": of the compressed file, "tokens": N, "frames": n}`.
-`--shard-bytes` counts uncompressed token bytes, so a compressed cache holds exactly the shards (and
-windows) of the uncompressed one and serves identical batches.
-
-Checks: on open, every field of the seek table against the file size and meta.json (`ZstdShard`); on
-every frame decompressed, its size and its checksum (zstd's own, and the table's copy of it); `verify`
-decompresses every frame (`check_shard`). Figures (real tokens, `bench/bench_compressed.py`): see
-docs/storage.md.
-
-Cost: writing compresses at level LEVEL on the cache writer's thread (~100 MB/s of tokens on this
-2-core VM, against ~10 MB/s of tokens from the encoder); reading decompresses one frame of F tokens in
-~25 us here (8 KiB at F=4096, uint16).
+N (the shard's tokens) and the dtype come from meta.json: `"compression": {"codec": "zstd", "frame_tokens": F,
+"level": L, "layout": LAYOUT}` for the cache and `{"bytes", "sha256" (of the compressed file), "tokens": N,
+"frames": n}` per file. `--shard-bytes` counts uncompressed bytes, so a compressed cache holds exactly the
+shards (and windows) of the uncompressed one. The seek table is checked on open, each frame's size and
+checksum when decompressed; `verify` decompresses every frame. Figures: docs/storage.md.
 """
 
 from __future__ import annotations
@@ -90,10 +81,8 @@ def compression_meta(frame_tokens: int = FRAME_TOKENS, level: int = LEVEL) -> di
 
 
 class FrameEncoder:
-    """Tokens in, zstd frames out to `sink` (anything with write(uint8 array), close() and abort()).
-
-    Holds at most one frame of tokens; `close()` writes the last (partial) frame and the seek table,
-    closes the sink and returns {"frames": n} for the file's record."""
+    """Tokens in, zstd frames out to `sink` (write(uint8 array), close(), abort()); holds at most one frame.
+    `close()` writes the last frame and the seek table and returns the sink's record plus "frames"."""
 
     def __init__(self, sink, dtype: np.dtype, frame_tokens: int = FRAME_TOKENS, level: int = LEVEL):
         self.sink, self.dtype, self.F = sink, np.dtype(dtype).newbyteorder("<"), frame_tokens
@@ -151,8 +140,7 @@ def frame_tokens_of(meta: dict, where) -> int:
 
 class ZstdShard:
     """Random access to one compressed shard: the seek table checked on open, frames decompressed on demand.
-
-    Pickles as its path and record (the memory map is opened again in each process)."""
+    Pickles as its path and record (mapped again in each process)."""
 
     def __init__(self, path: str | os.PathLike, dtype, *, tokens: int, frame_tokens: int, expected_bytes: int,
                  frames: int | None = None):
@@ -216,10 +204,6 @@ class ZstdShard:
             raise self._bad(f"frame {i} decompresses to {self.raw_sizes[i]} bytes by its seek table, expected {want[i]}")
         self._d = zstandard().ZstdDecompressor()
 
-    @property
-    def num_frames(self) -> int:
-        return len(self.raw_sizes)
-
     def frame(self, i: int) -> np.ndarray:
         """The tokens of frame i (read-only), decompressed and checked."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -248,39 +232,25 @@ class ZstdShard:
     def close(self) -> None:
         self._mm.close()
 
-
-class ShardTokens:
-    """The tokens of one compressed shard as the format readers take a token file's payload: len() and slices
-    decompress only the frames they cover (convert and prepare-data read BLOCK_TOKENS at a time, so memory stays
-    one block); anything else (np.asarray, fancy indexing) decompresses the whole shard."""
-
-    def __init__(self, shard: ZstdShard):
-        self.shard, self.dtype = shard, shard.dtype
-        self.shape, self.ndim, self.size = (shard.tokens,), 1, shard.tokens
-
+    # The array interface the format readers take a token file's payload by (convert, prepare-data): len() and
+    # slices decompress only the frames they cover; anything else decompresses the whole shard.
     def __len__(self) -> int:
-        return self.shard.tokens
+        return self.tokens
 
     def __getitem__(self, key):
         if isinstance(key, slice) and key.step in (None, 1):
-            start, stop, _ = key.indices(self.shard.tokens)
-            return self.shard.read(start, max(start, stop))
-        if isinstance(key, int | np.integer):
-            i = int(key) + (self.shard.tokens if key < 0 else 0)
-            if not 0 <= i < self.shard.tokens:
-                raise IndexError(f"{self.shard.path}: token {key} outside [0, {self.shard.tokens})")
-            return self.shard.read(i, i + 1)[0]
+            start, stop, _ = key.indices(self.tokens)
+            return self.read(start, max(start, stop))
         return np.asarray(self)[key]
 
     def __array__(self, dtype=None, copy=None):
-        whole = self.shard.read(0, self.shard.tokens)
+        whole = self.read(0, self.tokens)
         return whole if dtype is None else whole.astype(dtype)
 
 
 @dataclass(frozen=True)
 class ZstdTokenFile(TokenFile):
-    """A compressed shard of our cache as a TokenFile (formats/detect.py): `open()` gives its ShardTokens, the
-    seek table checked against the shard's meta.json record."""
+    """A compressed shard of our cache as a TokenFile: `open()` gives its ZstdShard, checked against its record."""
 
     frame_tokens: int = FRAME_TOKENS
     expected_bytes: int = 0
@@ -289,8 +259,8 @@ class ZstdTokenFile(TokenFile):
     def open(self):
         if self.count == 0:
             return np.empty(0, dtype=self.dtype)
-        return ShardTokens(ZstdShard(self.path, self.dtype, tokens=self.count, frame_tokens=self.frame_tokens,
-                                     expected_bytes=self.expected_bytes, frames=self.frames))
+        return ZstdShard(self.path, self.dtype, tokens=self.count, frame_tokens=self.frame_tokens,
+                         expected_bytes=self.expected_bytes, frames=self.frames)
 
 
 def open_compressed(path: str | os.PathLike, dtype, rec: dict, meta: dict) -> ZstdTokenFile:
@@ -303,27 +273,9 @@ def open_compressed(path: str | os.PathLike, dtype, rec: dict, meta: dict) -> Zs
                          expected_bytes=int(rec.get("bytes", -1)), frames=rec.get("frames"))
 
 
-def check_shard(path: Path, rec: dict, dtype, frame_tokens: int) -> str | None:
-    """What is wrong with one compressed shard (verify): its seek table, then every frame; None when sound."""
-    try:
-        shard = ZstdShard(path, dtype, tokens=rec.get("tokens", 0), frame_tokens=frame_tokens,
-                          expected_bytes=rec["bytes"], frames=rec.get("frames"))
-        try:
-            for i in range(shard.num_frames):
-                shard.frame(i)
-        finally:
-            shard.close()
-    except CacheError as exc:
-        return str(exc).split("; the compressed shard", 1)[0]
-    return None
-
-
 def verify_compressed(cache: Path, meta: dict) -> list[str]:
-    """verify's check of a compressed cache: one problem line per shard whose frames fail (report.py's hook).
-
-    sha256 and sizes are check_files' (every file); this adds the frame index and each frame's checksum,
-    through the reader's own code, so a damaged shard is also named by its first bad frame. A shard whose
-    size already differs from its record is left to check_files."""
+    """verify's check of a compressed cache: one problem per shard whose seek table or frames fail, through the
+    reader's own code (sizes and sha256 are check_files'; a shard of the wrong size is left to it)."""
     if not is_compressed_meta(meta):
         return []
     try:
@@ -337,7 +289,14 @@ def verify_compressed(cache: Path, meta: dict) -> list[str]:
         if not rel.endswith(SUFFIX) or not isinstance(rec, dict) or not path.is_file() or \
                 path.stat().st_size != rec.get("bytes"):
             continue
-        problem = check_shard(path, rec, dtype, F)
-        if problem is not None:
-            out.append(problem)
+        try:
+            shard = ZstdShard(path, dtype, tokens=rec.get("tokens", 0), frame_tokens=F, expected_bytes=rec["bytes"],
+                              frames=rec.get("frames"))
+            try:
+                for i in range(len(shard.raw_sizes)):
+                    shard.frame(i)
+            finally:
+                shard.close()
+        except CacheError as exc:
+            out.append(str(exc).split("; the compressed shard", 1)[0])
     return out

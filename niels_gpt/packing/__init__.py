@@ -4,10 +4,6 @@
     pack_sft("cache/sft/dolly15k", "packed/dolly15k-train", pack_size=4096, algorithm="ffd")
     ds = open_packed("packed/dolly15k-train")          # memmap dir, packed Parquet, or legacy .npy
     loader = DataLoader(ds, batch_size=4, num_workers=4, collate_fn=collate_packed)
-
-Modules: algorithms (ffd/bfd/first_fit_shuffle), masks (assistant span + shift within sequences),
-memmap_format (layout, writer, manifest), pack (cache -> bins), dataset (reader, multi-shard, collate),
-parquet (Megatron-Bridge packed Parquet), legacy (pickled .npy, converter), factory, remote, cli.
 """
 
 from niels_gpt.packing.algorithms import ALGORITHMS, BinAssignment, pack_lengths

@@ -1,31 +1,19 @@
 """Bin packing of sequence lengths: first-fit-decreasing, best-fit-decreasing, first-fit-shuffle.
 
-What: given n sequence lengths and a bin capacity `pack_size`, assign every sequence to exactly one bin
-so that no bin holds more than `pack_size` tokens. The result is a `BinAssignment` in CSR form
-(`bin_offsets[b]:bin_offsets[b+1]` indexes `items`, the sequence ids of bin b in placement order).
+`pack_lengths` puts every sequence in exactly one bin of at most `pack_size` tokens and returns a CSR
+`BinAssignment` (`bin_offsets[b]:bin_offsets[b+1]` indexes `items`, bin b's sequence ids in placement order).
+ffd and first_fit_shuffle are the Megatron-Bridge/NeMo packers' algorithms; bfd packs the same or better. The
+peers scan every open bin per sequence (O(n * bins)); these do not:
 
-Why these three: they are the algorithms the Megatron-Bridge/NeMo packers offer (`first_fit_decreasing`,
-`first_fit_shuffle`) plus best-fit-decreasing, which packs the same or better in practice. The peers
-scan every open bin for every sequence (O(n * bins)); these implementations do not:
+- ffd / bfd place the sorted lengths one *run of equal length* at a time: a bin that takes one item of length
+  s keeps being chosen while it has room for s, so each open bin absorbs `remaining // s` items in one
+  vectorised pass (in bin order, or by remaining room for bfd), and the rest open new bins at once.
+  O(n log n) plus O(distinct lengths * open bins) numpy work.
+- first_fit_shuffle visits the lengths in a seeded `torch.randperm` order and finds the first bin with room
+  in a max segment tree over bins (O(log n) each); unopened leaves hold `pack_size`.
 
-- ffd / bfd process the sorted lengths in *runs of equal length*. Under first fit (lowest bin index)
-  and best fit (smallest remaining space) a bin that takes one item of length s keeps being the chosen
-  bin while it still has room for s, so a run of k equal items is dealt out with one vectorised pass
-  over the open bins: each bin absorbs `remaining // s` items, in bin order (ffd) or in order of
-  remaining space (bfd, found by a counting pass over the remaining values 0..pack_size), and what is
-  left opens `ceil(left / (pack_size // s))` new bins at once. Cost: O(n log n) for the sort plus
-  O(distinct lengths * open bins) of numpy work, with distinct lengths <= pack_size.
-- first-fit-shuffle visits the lengths in a seeded `torch.randperm` order and finds the first bin with
-  room using a max segment tree over bins (O(log n) per sequence). Every unopened leaf holds
-  `pack_size`, so "no open bin fits" needs no special case: the leftmost fitting leaf is then the next
-  new bin.
-
-Equal-length items are interchangeable, so ties are broken by a fixed rule (stable sort by length
-descending, then item id) and the result is a pure function of (lengths, pack_size, algorithm, seed).
-
-Measured (`.venv/bin/python bench/bench_packing.py`, pack_size 4096, 2 cores): 1M log-normal lengths
-pack in 0.16-0.7 s (ffd, bfd; efficiency 1.0000) and 1.2-3.0 s (first_fit_shuffle; 0.9987); the
-Megatron-Bridge segment-tree recipe is 14-160x slower than ffd on the same 100k lengths.
+Ties break by a fixed rule (stable sort by length descending, then id): the result is a pure function of
+(lengths, pack_size, algorithm, seed). Figures: docs/packing.md (`bench/bench_packing.py`).
 """
 
 from __future__ import annotations
@@ -75,11 +63,7 @@ class BinAssignment:
 
 def pack_lengths(lengths, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
                  *, seed: int = DEFAULT_SEED) -> BinAssignment:
-    """Assign sequences of the given lengths to bins of `pack_size` tokens.
-
-    Every length must be in 1..pack_size (truncate or reject longer ones before calling; see
-    `clip_lengths`). `seed` only matters for first_fit_shuffle.
-    """
+    """Assign sequences of lengths in 1..pack_size to bins; `seed` only matters for first_fit_shuffle."""
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown packing algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
     if not isinstance(pack_size, (int, np.integer)) or pack_size < 1:
@@ -91,7 +75,7 @@ def pack_lengths(lengths, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = D
         bad = int(np.flatnonzero((lengths < 1) | (lengths > pack_size))[0])
         raise ConfigError(
             f"sequence {bad} has length {int(lengths[bad])}, outside 1..{pack_size}: drop empty sequences "
-            "and truncate or reject long ones (clip_lengths) before packing"
+            "and truncate or reject long ones before packing"
         )
     if algorithm == "first_fit_shuffle":
         perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(int(seed))).numpy()
@@ -108,13 +92,6 @@ def pack_lengths(lengths, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = D
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return BinAssignment(offsets, items.astype(np.int64), lengths, int(pack_size), algorithm)
-
-
-def clip_lengths(lengths, pack_size: int) -> tuple[np.ndarray, int]:
-    """Truncate lengths to pack_size; return (clipped int64 lengths, number truncated)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    over = lengths > pack_size
-    return np.minimum(lengths, pack_size), int(over.sum())
 
 
 def _decreasing(sorted_len: np.ndarray, pack_size: int, *, best_fit: bool) -> np.ndarray:
@@ -180,9 +157,6 @@ def _deal_run(cand, open_rem, s, pos, end, bin_of, *, best_fit: bool, pack_size:
 def _first_fit(visit_len: np.ndarray, pack_size: int) -> np.ndarray:
     """Bin id of each length in visiting order, first fit, via a max segment tree over bins."""
     n = len(visit_len)
-    bin_of = np.empty(n, dtype=np.int64)
-    if n == 0:
-        return bin_of
     size = 1
     while size < n:
         size *= 2
@@ -196,8 +170,7 @@ def _first_fit(visit_len: np.ndarray, pack_size: int) -> np.ndarray:
             if tree[node] < s:
                 node += 1
         out[i] = node - size
-        value = tree[node] - s
-        tree[node] = value
+        tree[node] -= s
         node //= 2
         while node:
             left = tree[2 * node]
@@ -207,5 +180,4 @@ def _first_fit(visit_len: np.ndarray, pack_size: int) -> np.ndarray:
                 break  # NOTE: the maximum above this node is unchanged: stop early
             tree[node] = best
             node //= 2
-    bin_of[:] = out
-    return bin_of
+    return np.asarray(out, dtype=np.int64)

@@ -1,12 +1,7 @@
 """`pack-sft`: pack one split of an SFT cache into a memmap_padded_v1 shard (the train split: its val split
-too, into OUT/val/, unless --no-val).
+too, into OUT/val/, unless --no-val). OUT may be an fsspec URL.
 
     python -m niels_gpt.cli pack-sft cache/sft/dolly15k packed/dolly15k-train --seq-len 4096 --algorithm ffd
-
-Registered into the package CLI by `register(subparsers)`; prints the resolved settings first and a
-summary (bins, packing efficiency, truncated count, the share of tokens and trained targets truncation cut)
-last, and a warning naming the pack size that keeps 99% when more than 1% is cut. OUT may be an fsspec URL (written locally,
-then uploaded).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
-"""Reading packed SFT bins: the memmap_padded_v1 dataset, many shards as one, and the varlen collate.
+"""Reading packed SFT bins: the memmap_padded_v1 dataset and the varlen collate.
 
-- `PackedMemmapDataset(shard_dir)` checks the manifest and every .npy header on open (no data read
-  beyond `packed_len` and `seq_offsets`), then opens the five arrays lazily, once per process: the
-  dataset pickles as its paths, so DataLoader workers never receive a copy of a memmap.
-  `ds[i]` is O(1): two slices of row i and one CSR slice of `seq_starts`.
-- `PackedMultiShardDataset(shards)` concatenates shards with cumulative offsets + binary search.
-- `collate_packed(items)` produces what varlen attention needs: `input_ids`, `labels` (-100 where the
-  loss mask is 0), `loss_mask`, `position_ids` restarting at 0 in every sequence, `cu_seqlens` (int32,
-  over the flattened [B*T] tokens, the padding at the end of a row as its own segment) and
-  `max_seqlen`. Because `loss_mask[j]` already says "predicting input_ids[j+1] counts" and is 0 at
-  every sequence's last position, `labels[j] = input_ids[j+1]` never reaches across a boundary.
-
-Every item is a dict: `input_ids` int32[L], `loss_mask` uint8[L], `seq_boundaries` int64[S+1]
-(the sequence starts, then L), the shape of Megatron-Bridge's packed dataset items.
-
-`shard_dir` may be an fsspec URL (s3://, gs://, hf://, http(s)://): the shard is mirrored into the
-local cache of niels_gpt/storage on open, every array checked against the manifest's sha256.
+- `PackedMemmapDataset(shard_dir)` checks the manifest, every .npy header and the index arrays on open, then
+  maps the arrays lazily in each process (it pickles as its paths). `ds[i]` is O(1): two row slices and one
+  CSR slice of `seq_starts`. `shard_dir` may be an fsspec URL: mirrored locally first (niels_gpt/storage).
+- Items: `input_ids` int32[L], `loss_mask` uint8[L], `seq_boundaries` int64[S+1] (the starts, then L), the
+  shape of Megatron-Bridge's packed dataset items.
+- `collate_packed(items)`: `input_ids`, `labels` (-100 where the loss mask is 0), `loss_mask`, `position_ids`
+  restarting in every sequence, `cu_seqlens` (int32, over the flattened [B*T] tokens, a row's padding its own
+  segment) and `max_seqlen`. The mask is 0 at every sequence's last position, so no label crosses a boundary.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ from torch.utils.data import Dataset
 from niels_gpt.constants import IGNORE_INDEX, MANIFEST_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import ARRAYS, check_headers, check_starts, read_manifest
+from niels_gpt.packing.memmap_format import ARRAYS, bin_index, check_headers, read_manifest
 from niels_gpt.resume import fingerprint
 from niels_gpt.storage.remote import RemoteCache
 from niels_gpt.urls import is_url
@@ -65,12 +57,14 @@ class PackedMemmapDataset(Dataset):
 
     def _check_index(self) -> None:
         a = self._open()
-        off, plen = a["seq_offsets"], a["packed_len"]
-        where = f"{self.shard_dir}"
-        self._check_structure(a, off, plen, where)
-        # NOTE: the three index arrays are read whole above anyway, so their checksums cost little here (a
-        # start moved inside its bin keeps every structural rule and silently moves a sequence boundary);
-        # the token and mask arrays are `validate`'s to hash.
+        off, plen, where = a["seq_offsets"], a["packed_len"], self.shard_dir
+        if self.num_bins == 0:
+            if int(off[0]) != 0:
+                raise FormatError(f"{where}/seq_offsets.npy: must be [0] for an empty shard")
+        else:
+            self._check_bins(a, off, plen, where)
+        # NOTE: the index arrays are read whole here anyway, so their checksums cost little (a start moved inside
+        # its bin keeps every structural rule); the token and mask arrays are `validate`'s to hash.
         for name in INDEX_ARRAYS:
             self._check_sha256(name)
 
@@ -80,22 +74,16 @@ class PackedMemmapDataset(Dataset):
             raise FormatError(f"{self._paths[name]}: sha256 differs from {MANIFEST_NAME} (the array was "
                               "changed after packing); re-run `pack-sft`")
 
-    def _check_structure(self, a: dict, off: np.ndarray, plen: np.ndarray, where: str) -> None:
-        if self.num_bins == 0:
-            if int(off[0]) != 0:
-                raise FormatError(f"{where}/seq_offsets.npy: must be [0] for an empty shard")
-            return
+    def _check_bins(self, a: dict, off: np.ndarray, plen: np.ndarray, where: str) -> None:
         if int(off[0]) != 0 or int(off[-1]) != self.manifest["num_sequences"] or np.any(np.diff(off.astype(np.int64)) < 1):
             raise FormatError(f"{where}/seq_offsets.npy: must start at 0, increase by >= 1 per bin and end at "
                               f"num_sequences={self.manifest['num_sequences']}; re-run `pack-sft`")
         if int(plen.min()) < 1 or int(plen.max()) > self.pack_size:
             raise FormatError(f"{where}/packed_len.npy: values must be in 1..{self.pack_size}, found "
                               f"{int(plen.min())}..{int(plen.max())}; re-run `pack-sft`")
-        # seq_starts, vectorised (one read of num_sequences ints): each bin's starts begin at 0, increase,
-        # and stay inside the bin's packed length, so collate never meets a negative or empty sequence.
+        # seq_starts, vectorised: each bin's starts begin at 0, increase and stay below its packed length
         starts = np.asarray(a["seq_starts"], dtype=np.int64)
-        counts = np.diff(off.astype(np.int64))
-        bin_of = np.repeat(np.arange(self.num_bins), counts)
+        bin_of = np.repeat(np.arange(self.num_bins), np.diff(off.astype(np.int64)))
         first = np.zeros(len(starts), dtype=bool)
         first[off[:-1].astype(np.int64)] = True
         bad = ((starts < 0) | (starts >= plen.astype(np.int64)[bin_of]) | (first & (starts != 0))
@@ -112,8 +100,7 @@ class PackedMemmapDataset(Dataset):
         return state
 
     def fingerprint(self) -> str:
-        """The identity of these bins in resume states: the manifest's record (size, sha256) of every array.
-        A moved shard still matches; other bins, even as many, do not."""
+        """The identity of these bins in resume states: the manifest's size and sha256 of every array."""
         files = {name: {k: rec.get(k) for k in ("bytes", "sha256")} for name, rec in self.manifest["files"].items()}
         return fingerprint("memmap_padded", files, self.num_bins, self.pack_size)
 
@@ -121,7 +108,7 @@ class PackedMemmapDataset(Dataset):
         return self.num_bins
 
     def __getitem__(self, idx: int) -> dict:
-        idx = _normalise(idx, self.num_bins, self.shard_dir)
+        idx = bin_index(idx, self.num_bins, self.shard_dir)
         a = self._open()
         n = int(a["packed_len"][idx])
         lo, hi = int(a["seq_offsets"][idx]), int(a["seq_offsets"][idx + 1])
@@ -133,8 +120,7 @@ class PackedMemmapDataset(Dataset):
                 "seq_boundaries": boundaries}
 
     def validate(self) -> None:
-        """Read every byte: sha256 of every array (where the manifest records it), seq_starts invariants per
-        bin, 0/1 mask, zeros in padding and at sequence ends."""
+        """Read every byte: every array's sha256, the 0/1 mask, zeros in the padding and at sequence ends."""
         a = self._open()
         plen = a["packed_len"].astype(np.int64)
         off = a["seq_offsets"].astype(np.int64)
@@ -148,7 +134,6 @@ class PackedMemmapDataset(Dataset):
                 raise FormatError(f"{self.shard_dir}/loss_mask.npy: nonzero mask in padding in bins {b0}..{b1 - 1}")
             for b in range(b0, b1):
                 starts = np.asarray(a["seq_starts"][off[b]:off[b + 1]], dtype=np.int64)
-                check_starts(starts, int(plen[b]), f"{self.shard_dir} bin {b}")
                 ends = np.append(starts[1:], plen[b]) - 1
                 if np.any(mask[b - b0, ends]):
                     raise FormatError(f"{self.shard_dir} bin {b}: loss_mask is 1 at a sequence's last position "
@@ -198,12 +183,3 @@ def _load(path: str) -> np.ndarray:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError:  # NOTE: numpy cannot mmap a zero-byte payload (an empty shard's arrays)
         return np.load(path, allow_pickle=False)
-
-
-def _normalise(idx, n: int, where: str) -> int:
-    idx = int(idx)
-    if idx < 0:
-        idx += n
-    if not 0 <= idx < n:
-        raise IndexError(f"{where}: index {idx} out of range for {n} bins")
-    return idx

@@ -16,8 +16,9 @@ from torch.utils.data import Dataset
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import FormatError
 from niels_gpt.locate import locate
-from niels_gpt.packing.dataset import PackedMemmapDataset, _normalise
+from niels_gpt.packing.dataset import PackedMemmapDataset
 from niels_gpt.packing.legacy import LegacyPackedDataset
+from niels_gpt.packing.memmap_format import bin_index
 from niels_gpt.packing.parquet import PackedParquetDataset
 from niels_gpt.resume import dataset_fingerprint, fingerprint
 
@@ -54,6 +55,6 @@ class PackedMultiShardDataset(Dataset):
         return fingerprint("packed_shards", [dataset_fingerprint(s) for s in self.shards])
 
     def __getitem__(self, idx: int) -> dict:
-        idx = _normalise(idx, len(self), "multi-shard dataset")
+        idx = bin_index(idx, len(self), "multi-shard dataset")
         shard = int(np.searchsorted(self.offsets, idx, side="right")) - 1
         return self.shards[shard][idx - int(self.offsets[shard])]

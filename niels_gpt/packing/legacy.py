@@ -1,11 +1,10 @@
 """The legacy pickled packed-SFT .npy (NeMo / Megatron-Bridge GPTSFTPackedDataset), read only on request,
 and the converter from any packed dataset to memmap_padded_v1.
 
-Legacy layout: `np.save(path, [ {"input_ids": [...], "loss_mask": [...], "seq_start_id": [...]}, ... ],
-allow_pickle=True)`: an object array of dicts of Python lists, one per bin, with the loss mask already
-shifted within each sequence. Loading it unpickles arbitrary objects (a code-execution risk for files
-from elsewhere) and holds every bin in memory, so `LegacyPackedDataset` refuses unless called with
-`allow_pickle=True`, and warns even then. Convert once (`convert_to_memmap`) and read the memmap shard.
+Legacy layout: `np.save(path, [{"input_ids": [...], "loss_mask": [...], "seq_start_id": [...]}, ...],
+allow_pickle=True)`, one dict per bin, the loss mask already shifted within each sequence. Loading it
+unpickles arbitrary objects and holds every bin in memory, so `LegacyPackedDataset` needs `allow_pickle=True`
+and warns even then: convert once (`convert_to_memmap`) and read the memmap shard.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from torch.utils.data import Dataset
 
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import MemmapShardWriter, check_starts
+from niels_gpt.packing.memmap_format import MemmapShardWriter, packed_item
 from niels_gpt.staging import build_aside
 
 LEGACY_KEYS = ("input_ids", "loss_mask", "seq_start_id")
@@ -56,15 +55,8 @@ class LegacyPackedDataset(Dataset):
         where = f"{self.path} row {idx}"
         if not isinstance(row, dict) or any(k not in row for k in LEGACY_KEYS):
             raise FormatError(f"{where}: expected a dict with keys {', '.join(LEGACY_KEYS)}")
-        ids = np.asarray(row["input_ids"], dtype=np.int64)
-        mask = np.asarray(row["loss_mask"]).astype(np.uint8)
-        starts = np.asarray(row["seq_start_id"], dtype=np.int64)
-        if len(mask) != len(ids):
-            raise FormatError(f"{where}: loss_mask has {len(mask)} values for {len(ids)} input_ids")
-        check_starts(starts, len(ids), where)
-        if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
-            raise FormatError(f"{where}: input_ids outside the int32 range")
-        return {"input_ids": ids.astype(np.int32), "loss_mask": mask, "seq_boundaries": np.append(starts, len(ids))}
+        return packed_item(np.asarray(row["input_ids"], dtype=np.int64), np.asarray(row["loss_mask"]).astype(np.int64),
+                           np.asarray(row["seq_start_id"], dtype=np.int64), where)
 
     def fingerprint(self) -> str:
         """The identity of these bins in resume states: the .npy file's sha256 (it is read whole anyway)."""
@@ -72,10 +64,9 @@ class LegacyPackedDataset(Dataset):
 
 
 def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:
-    """Write any packed dataset (legacy, Parquet, memmap) as a memmap_padded_v1 shard.
+    """Write any packed dataset as a memmap_padded_v1 shard, built aside and swapped in whole.
 
-    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data, built aside
-    and swapped in whole (niels_gpt/staging.py): only packed bins of ours at `out_dir` are ever replaced.
+    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data.
     """
     n = len(dataset)
     longest, nseq = 0, 0

@@ -1,21 +1,12 @@
-"""Trained-token masks for packed SFT, and the shift that aligns them with next-token prediction.
+"""The shift that aligns a packed bin's trained-token mask with next-token prediction.
 
-The SFT cache stores no mask (unless a chat template rendered it). A token is a trained target iff it
-lies in an assistant span: after an assistant sentinel, up to and including the next EOT. That rule is
-`niels_gpt.spans.assistant_token_mask`, applied to a whole packed bin with the span
-state reset at every sequence start, so a sequence cut inside an assistant turn never opens a span in
-the sequence after it.
-
-Packed-bin convention (the one the shipped Megatron-Bridge/Nemotron code uses, DESIGN.md):
-`loss_mask[j]` says whether predicting `input_ids[j+1]` from position j counts. It is the trained mask
-shifted left by one *within each packed sequence*: `loss_mask[j] = m[j+1]` for j < end-1 and
-`loss_mask[end-1] = 0` at the last position of every sequence, so no target crosses a boundary.
+`loss_mask[j]` says whether predicting `input_ids[j+1]` from position j counts (the Megatron-Bridge/Nemotron
+convention): the trained mask m shifted left by one *within each packed sequence*, 0 at the last position of
+every sequence, so no target crosses a boundary.
 
     tokens     [usr] h  i [eot] [asst] y  o [eot] | [usr] ...
     m            0   0  0   0     0    1  1   1   |   0
     loss_mask    0   0  0   0     1    1  1   0   |   0
-
-Cost: O(len) numpy work per call, allocation O(len); used per bin it is O(pack_size).
 """
 
 from __future__ import annotations
@@ -30,11 +21,8 @@ LOSS_MASK_CONVENTION_TEXT = (
 
 
 def shift_within_sequences(mask, seq_starts, length: int | None = None, out=None) -> np.ndarray:
-    """uint8 loss mask: out[j] = mask[j+1] inside each sequence, 0 at each sequence's last position.
-
-    `seq_starts` are the start positions (first 0); the last sequence ends at `length` (default
-    len(mask)). Positions at or after `length` are 0.
-    """
+    """uint8 loss mask: out[j] = mask[j+1] inside each sequence, 0 at each sequence's last position and from
+    `length` (default len(mask)) on; `seq_starts` begin with 0."""
     mask = np.asarray(mask)
     length = len(mask) if length is None else int(length)
     if out is None:

@@ -16,15 +16,12 @@ Loss-mask convention (`loss_mask_convention` = "shift_left_within_sequence"): `l
 whether predicting `input_ids[b, j+1]` counts; shifted within each sequence, the last position of every
 sequence is 0 (the convention of Megatron-Bridge/Nemotron packed data).
 
-manifest.json: `format` "memmap_padded_v1", `version` 1, `num_bins`, `pack_size`, `num_sequences`,
-`num_tokens`, `pad_id`, `files` {array -> {"name", "dtype", "shape"}} (names are plain file names in the
-shard directory), `algorithm`, `efficiency`, `truncated`, `loss_mask_convention` (+ `_text`), `source`
-(the SFT cache it came from, with the sha256 of its token file), and `record_sha256`, the manifest's own
-checksum (niels_gpt/seals.py), checked on every open.
+manifest.json: `format`, `version`, the counts, `pad_id`, `files` {array -> name, dtype, shape, bytes, sha256},
+`algorithm`, `efficiency`, `truncated`, `loss_mask_convention`, `source` (the SFT cache, with its token file's
+sha256) and `record_sha256`, its own checksum (niels_gpt/seals.py), checked on every open.
 
-Writing: every array is preallocated with `np.lib.format.open_memmap` under a temporary name, filled bin
-by bin, flushed, fsynced and renamed; the manifest comes last. Memory is O(pack_size) per bin written
-(the arrays live in the page cache, not on the Python heap).
+Writing: each array is an `np.lib.format.open_memmap` under a temporary name, filled bin by bin, fsynced and
+renamed; the manifest comes last. Memory is O(pack_size) per bin (the arrays live in the page cache).
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ from niels_gpt.atomic import commit, remove_stale_temporaries, tmp_name, write_b
 from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import CacheMismatchError, ConfigError, FormatError, IncompleteCacheError
+from niels_gpt.formats.npy import read_npy_header
 from niels_gpt.meta import file_record
 from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
 from niels_gpt.seals import seal_problem, sealed_bytes
@@ -56,14 +54,10 @@ REQUIRED_MANIFEST = ("format", "version", "num_bins", "pack_size", "num_sequence
 
 
 class MemmapShardWriter:
-    """Stream bins into one memmap_padded_v1 shard directory; `finalize()` commits it.
+    """Stream bins into one memmap_padded_v1 shard directory; `finalize()` commits it. As a context manager,
+    an exception removes the temporary files."""
 
-    Use as a context manager: on an exception the temporary files are removed and nothing that looks
-    like a shard is left behind.
-    """
-
-    def __init__(self, output_dir, num_bins: int, pack_size: int, num_sequences: int, *,
-                 pad_id: int = PAD_ID):
+    def __init__(self, output_dir, num_bins: int, pack_size: int, num_sequences: int):
         if num_bins < 0 or pack_size < 1 or num_sequences < num_bins:
             raise ConfigError(f"{output_dir}: bad shard sizes num_bins={num_bins} pack_size={pack_size} "
                               f"num_sequences={num_sequences} (every bin holds at least one sequence)")
@@ -72,19 +66,11 @@ class MemmapShardWriter:
                               f"{FORMAT_NAME}; split the data into several shards")
         self.output_dir = Path(output_dir)
         self.num_bins, self.pack_size, self.num_sequences = int(num_bins), int(pack_size), int(num_sequences)
-        self.pad_id = int(pad_id)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.output_dir)
-        shapes = {"input_ids": (num_bins, pack_size), "loss_mask": (num_bins, pack_size),
-                  "packed_len": (num_bins,), "seq_offsets": (num_bins + 1,), "seq_starts": (num_sequences,)}
-        self._shapes = shapes
+        self._shapes = expected_shapes(vars(self))
         self._tmp = {name: tmp_name(self.output_dir / f"{name}.npy") for name in ARRAYS}
-        self._arrays: dict[str, np.ndarray] = {}
-        for name in ARRAYS:
-            self._arrays[name] = _open_array(self._tmp[name], DTYPES[name], shapes[name])
-        if self.pad_id != 0 and num_bins:
-            self._arrays["input_ids"][:] = self.pad_id
-        self._arrays["seq_offsets"][0] = 0
+        self._arrays = {name: _open_array(self._tmp[name], DTYPES[name], self._shapes[name]) for name in ARRAYS}
         self._seq_pos = 0
         self._bins_written = 0
         self._tokens = 0
@@ -145,7 +131,7 @@ class MemmapShardWriter:
             "pack_size": self.pack_size,
             "num_sequences": self.num_sequences,
             "num_tokens": self._tokens,
-            "pad_id": self.pad_id,
+            "pad_id": PAD_ID,
             "efficiency": self._tokens / (self.num_bins * self.pack_size) if self.num_bins else 1.0,
             "files": {name: {"name": f"{name}.npy", "dtype": DTYPES[name], "shape": list(self._shapes[name]),
                              **records[name]} for name in ARRAYS},
@@ -158,7 +144,6 @@ class MemmapShardWriter:
         return json.loads(data)
 
     def abort(self) -> None:
-        """Drop the temporary files; nothing is committed."""
         self._arrays.clear()
         for path in self._tmp.values():
             with contextlib.suppress(FileNotFoundError):
@@ -186,9 +171,29 @@ def check_starts(starts: np.ndarray, length: int, where: str) -> None:
         raise FormatError(f"{where}: seq_start {int(starts[-1])} is not below packed_len {length}")
 
 
+def bin_index(idx, n: int, where: str) -> int:
+    """`idx` (negative counts from the end) checked against `n` bins."""
+    idx = int(idx) + (n if int(idx) < 0 else 0)
+    if not 0 <= idx < n:
+        raise IndexError(f"{where}: index {idx} out of range for {n} bins")
+    return idx
+
+
+def packed_item(ids: np.ndarray, mask: np.ndarray, starts: np.ndarray, where: str) -> dict:
+    """One bin of a foreign packed format (Parquet, legacy .npy) as the datasets return it, checked."""
+    if len(mask) != len(ids):
+        raise FormatError(f"{where}: loss_mask has {len(mask)} values for {len(ids)} input_ids")
+    if len(mask) and (mask.min() < 0 or mask.max() > 1):
+        raise FormatError(f"{where}: loss_mask values must be 0 or 1")
+    check_starts(starts, len(ids), where)
+    if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+        raise FormatError(f"{where}: input_ids outside the int32 range")
+    return {"input_ids": ids.astype(np.int32, copy=True), "loss_mask": mask.astype(np.uint8),
+            "seq_boundaries": np.append(starts, len(ids))}
+
+
 def read_manifest(shard_dir) -> dict:
-    """Read and check manifest.json of a memmap_padded_v1 shard, then its seal (niels_gpt/seals.py; a
-    manifest written without one reads as before); raise with the field and the fix."""
+    """Read and check manifest.json of a memmap_padded_v1 shard, then its seal; raise with the field and the fix."""
     shard_dir = Path(shard_dir)
     path = shard_dir / MANIFEST_NAME
     if not path.is_file():
@@ -220,7 +225,8 @@ def read_manifest(shard_dir) -> dict:
     if not isinstance(files, dict) or sorted(files) != sorted(ARRAYS):
         raise FormatError(f"{path}: files must list exactly {', '.join(ARRAYS)}")
     for name in ARRAYS:
-        _check_file_name(files[name].get("name") if isinstance(files[name], dict) else None, path, name)
+        confined(files[name].get("name") if isinstance(files[name], dict) else None, path, f"files.{name}.name",
+                 parts=1, pattern=r"[^/]+\.npy", error=FormatError, fix="re-pack the data")
         if files[name].get("dtype") != DTYPES[name]:
             raise FormatError(f"{path}: files.{name}.dtype is {files[name].get('dtype')!r}, expected "
                               f"{DTYPES[name]!r}")
@@ -228,12 +234,6 @@ def read_manifest(shard_dir) -> dict:
     if problem is not None:
         raise CacheMismatchError(problem)
     return manifest
-
-
-def _check_file_name(name, manifest_path, array: str) -> None:
-    # NOTE: the manifest names files inside the shard directory only (niels_gpt/confine.py)
-    confined(name, manifest_path, f"files.{array}.name", parts=1, pattern=r"[^/]+\.npy", error=FormatError,
-             fix="re-pack the data")
 
 
 def expected_shapes(manifest: dict) -> dict[str, tuple]:
@@ -250,20 +250,7 @@ def check_headers(shard_dir, manifest: dict) -> dict[str, Path]:
         path = shard_dir / manifest["files"][name]["name"]
         if not path.is_file():
             raise FormatError(f"{path}: missing ({shard_dir / MANIFEST_NAME} lists it); re-run `pack-sft`")
-        with open(path, "rb") as f:
-            try:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    header = np.lib.format.read_array_header_1_0(f)  # (shape, fortran, dtype)
-                elif version == (2, 0):
-                    header = np.lib.format.read_array_header_2_0(f)
-                else:
-                    raise ValueError(f"unsupported NPY version {version}")
-            except Exception as exc:  # numpy raises ValueError, SyntaxError or TokenError on a damaged header
-                raise FormatError(f"{path}: not a NumPy .npy file ({type(exc).__name__}: {exc}); re-run "
-                                  "`pack-sft`") from exc
-            data_start = f.tell()
-        got_shape, fortran, dtype = header
+        got_shape, fortran, dtype, data_start = read_npy_header(path, "re-run `pack-sft`")
         if dtype != np.dtype(DTYPES[name]) or fortran:
             raise FormatError(f"{path}: dtype {dtype.str} (fortran_order={fortran}), expected C-order "
                               f"{DTYPES[name]}")

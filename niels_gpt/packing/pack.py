@@ -1,20 +1,14 @@
 """SFT cache -> packed bins on disk (memmap_padded_v1): plan the bins, then stream them out.
 
-1. open one split of the SFT cache (token memmap + int64 offsets); examples longer than pack_size are
-   truncated to their first pack_size tokens and counted, rejected, or split between whole turns, each piece
-   repeating the system prompt (`on_overflow`; `turns.py`); the share of tokens and trained targets that is
-   lost is measured, and above 1% warned about (`truncation.py`);
+1. open one split of the SFT cache; examples longer than pack_size are truncated, rejected, or split between
+   whole turns (`on_overflow`, turns.py); what truncation loses is measured (truncation.py);
 2. assign examples to bins (`pack_lengths`: ffd, bfd or first_fit_shuffle);
-3. for each bin, copy its examples' tokens into one preallocated int32 scratch buffer, derive the
-   trained mask (`assistant_token_mask`, reset at each sequence start) and shift it within each
-   sequence into a preallocated uint8 buffer (`shift_within_sequences`), and hand both to the writer.
+3. per bin, copy the tokens into one int32 scratch buffer, derive the trained mask (reset at each sequence
+   start), shift it within each sequence, and hand both to the writer.
 
-No Python list of tokens is ever built; memory beyond the plan (O(n) int64 arrays) is O(pack_size).
-Packing `train` also packs the cache's val split, when it holds examples, into `out/val/` (a memmap_padded_v1
-shard of its own, same pack size, algorithm and overflow policy); the train manifest is written last. A local
-`out` is built aside and swapped in whole (niels_gpt/staging.py): a run killed at any moment leaves the
-previous output or none, and the next run cleans what it left and succeeds. A remote `out` (an fsspec URL) is
-written locally and uploaded (`remote.write_then_upload`).
+Memory beyond the plan (O(n) int64) is O(pack_size). Packing `train` also packs the val split into `out/val/`;
+the train manifest is written last. A local `out` is built aside and swapped in whole (niels_gpt/staging.py);
+a URL is written locally and uploaded.
 """
 
 from __future__ import annotations
@@ -39,15 +33,14 @@ from niels_gpt.packing.algorithms import (
     pack_lengths,
 )
 from niels_gpt.packing.masks import shift_within_sequences
-from niels_gpt.packing.memmap_format import PAD_ID, MemmapShardWriter
+from niels_gpt.packing.memmap_format import MemmapShardWriter
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.packing.turns import role_ids, split_example
-from niels_gpt.packing.upload import write_then_upload
 from niels_gpt.seeds import check_seed
 from niels_gpt.spans import assistant_token_mask
 from niels_gpt.staging import build_aside
-from niels_gpt.storage.upload import local_path_of
+from niels_gpt.storage.upload import local_path_of, staged_output
 
 ON_OVERFLOW = ("truncate", "reject", "split")
 DEFAULT_ON_OVERFLOW = "truncate"
@@ -89,8 +82,6 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
     figures = truncation_figures(split, pack_size)
     truncated = int(over.size)
     if on_overflow == "split":
-        if over.size:
-            role_ids(split.meta["special_token_ids"], f"{split.cache_dir}/meta.json")  # refused before any work
         keep, segments, truncated, figures = _split_long(split, pack_size, keep, segments, figures)
     assignment = pack_lengths(segments[:, 1] + segments[:, 3], pack_size, algorithm, seed=seed)
     return PackPlan(split, assignment, keep, truncated, int(len(lengths) - np.count_nonzero(lengths > 0)),
@@ -135,12 +126,7 @@ def _split_long(split: SFTSplit, pack_size: int, keep: np.ndarray, segments: np.
 
 def materialize_bin(split: SFTSplit, segments: np.ndarray, scratch_ids: np.ndarray, scratch_mask: np.ndarray,
                     scratch_starts: np.ndarray) -> tuple[int, int]:
-    """Fill the scratch buffers with one bin; return (packed_len, number of sequences).
-
-    Each row (p, pn, a, n) of `segments` is one packed sequence: tokens[p:p+pn] + tokens[a:a+n] of the cache
-    (PackPlan.segments). On return scratch_ids[:packed_len], scratch_mask[:packed_len] and
-    scratch_starts[:nseq] hold the bin.
-    """
+    """Fill the scratch buffers with one bin (rows of PackPlan.segments); return (packed_len, sequences)."""
     pos = 0
     tokens = split.tokens
     total = int(segments[:, 1].sum() + segments[:, 3].sum())
@@ -174,7 +160,7 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
         from tqdm import tqdm
 
         bins = tqdm(bins, desc="pack-sft", unit="bin", disable=None)
-    with MemmapShardWriter(out_dir, a.num_bins, ps, len(a.items), pad_id=PAD_ID) as writer:
+    with MemmapShardWriter(out_dir, a.num_bins, ps, len(a.items)) as writer:
         for b in bins:
             items = a.bin_items(b)
             n, nseq = materialize_bin(plan.split, plan.segments[items], scratch_ids, scratch_mask, scratch_starts)
@@ -187,9 +173,7 @@ def write_plan(plan: PackPlan, out_dir, *, progress: bool = False, extra: dict |
 
 
 def write_examples(plan: PackPlan, out_dir) -> dict:
-    """`examples.npy` beside the bins: the SFT cache example of each packed sequence, bin by bin (seq_offsets
-    cut it into bins), so each bin knows its examples and, through the cache's `origins.npy`, where
-    they came from. Returns the manifest's record of it."""
+    """Write `examples.npy`: the cache example of each packed sequence, in bin order. Returns its record."""
     ids = np.asarray(plan.example_ids, dtype="<i8")[plan.assignment.items]
     buf = io.BytesIO()
     np.save(buf, ids, allow_pickle=False)
@@ -204,12 +188,10 @@ def write_examples(plan: PackPlan, out_dir) -> dict:
 def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
              split: str = "train", on_overflow: str = DEFAULT_ON_OVERFLOW, seed: int = DEFAULT_SEED,
              progress: bool = False, warn: bool = True, val: bool = True) -> dict:
-    """Pack one split of the SFT cache at `cache_dir` into a memmap_padded_v1 shard at `out`.
+    """Pack one split of the SFT cache at `cache_dir` into a memmap_padded_v1 shard at `out` (a path or URL).
 
-    Packing the train split of a cache that holds val examples also packs those into `out/val/` (a shard of its
-    own, same settings; `val=False`: train only). `out` is a local directory or an fsspec URL (written locally,
-    then uploaded). Returns the manifest, whose `truncation` says what the pack size cut (above 1% lost it
-    warns; `warn=False`: the caller says it), plus `val`: the val shard's manifest, or None.
+    The train split's val examples go to `out/val/` unless `val=False`. Returns the manifest plus `val` (the val
+    shard's manifest, or None); `warn=False` leaves the truncation warning to the caller.
     """
     check_seed(seed)
     local = local_path_of(out)
@@ -231,16 +213,12 @@ def pack_sft(cache_dir, out, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: s
         val_plan = plan_packing(open_sft_split(cache_dir, "val"), pack_size=pack_size, algorithm=algorithm,
                                 on_overflow=on_overflow, seed=seed)
 
-    def write(stage):
+    # a URL is written in a local directory, then uploaded manifest last
+    aside = staged_output(out, guard=True) if local is None else build_aside(local, kind="packed", flag="OUT")
+    with aside as stage:
         # the val shard first: the train manifest, written last, is the commit marker of the whole output
-        held_out = None if val_plan is None else write_plan(val_plan, stage / VAL_DIR, extra=extra)
-        manifest = write_plan(plan, stage, progress=progress, extra=extra)
-        return {**manifest, "val": held_out}
-
-    if local is None:
-        return write_then_upload(out, lambda stage: write(Path(stage)))
-    with build_aside(local, kind="packed", flag="OUT") as stage:
-        return write(Path(stage))
+        held_out = None if val_plan is None else write_plan(val_plan, Path(stage) / VAL_DIR, extra=extra)
+        return {**write_plan(plan, Path(stage), progress=progress, extra=extra), "val": held_out}
 
 
 def has_examples(meta: dict, split: str) -> bool:

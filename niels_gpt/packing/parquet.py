@@ -8,11 +8,9 @@ One row per bin; columns (Nemotron `packing/writers.py`, Megatron-Bridge `data/p
 | loss_mask    | list<uint8>  | same length; Megatron-Bridge itself writes list<int8>           |
 | seq_start_id | list<int32>  | sequence starts: first 0, strictly increasing, < len(input_ids) |
 
-The loss mask follows the same convention as memmap_padded_v1 (shifted left within each sequence).
-The reader also accepts what Megatron-Bridge's own writer produces (list<int64> ids and starts,
-list<int8> mask). Writing builds each row group's columns from flat numpy arrays and offsets
-(`pa.ListArray.from_arrays`), ROW_GROUP_SIZE bins at a time; reading opens files lazily per process
-and keeps the last decoded row group, so sequential reads decode each row group once.
+The loss mask is shifted within each sequence, as in memmap_padded_v1. The reader also accepts Megatron-Bridge's
+own output (list<int64> ids and starts, list<int8> mask). Readers open files lazily per process and keep the
+last decoded row group, so sequential reads decode each row group once.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from niels_gpt.atomic import atomic_path
 from niels_gpt.constants import PARQUET_SUFFIXES
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import check_starts
+from niels_gpt.packing.memmap_format import bin_index, packed_item
 from niels_gpt.resume import fingerprint
 
 ROW_GROUP_SIZE = 500  # Megatron-Bridge's default
@@ -35,8 +33,7 @@ COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 
 
 def write_packed_parquet(dataset, path, *, row_group_size: int = ROW_GROUP_SIZE) -> int:
-    """Write every bin of a packed dataset (items with input_ids/loss_mask/seq_boundaries) to one
-    Parquet file, atomically. Returns the number of rows."""
+    """Write every bin of a packed dataset to one Parquet file, atomically. Returns the number of rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,30 +125,13 @@ class PackedParquetDataset(Dataset):
         return cols
 
     def __getitem__(self, idx: int) -> dict:
-        n = len(self)
-        idx = int(idx) + (n if int(idx) < 0 else 0)
-        if not 0 <= idx < n:
-            raise IndexError(f"{self.path}: index {idx} out of range for {n} rows")
+        idx = bin_index(idx, len(self), self.path)
         fi = int(np.searchsorted(self.file_offsets, idx, side="right")) - 1
         row = idx - int(self.file_offsets[fi])
         gi = int(np.searchsorted(self._group_offsets[fi], row, side="right")) - 1
         r = row - int(self._group_offsets[fi][gi])
-        cols = self._group(fi, gi)
-        out = {}
-        for name in COLUMNS:
-            offsets, values = cols[name]
-            out[name] = values[offsets[r]:offsets[r + 1]]
-        ids, mask, starts = out["input_ids"], out["loss_mask"], out["seq_start_id"].astype(np.int64)
-        where = f"{self.files[fi]} row {row}"
-        if len(mask) != len(ids):
-            raise FormatError(f"{where}: loss_mask has {len(mask)} values for {len(ids)} input_ids")
-        if len(mask) and (mask.min() < 0 or mask.max() > 1):
-            raise FormatError(f"{where}: loss_mask values must be 0 or 1")
-        check_starts(starts, len(ids), where)
-        if ids.dtype != np.int32 and len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
-            raise FormatError(f"{where}: input_ids outside the int32 range")
-        return {"input_ids": ids.astype(np.int32, copy=True), "loss_mask": mask.astype(np.uint8),
-                "seq_boundaries": np.append(starts, len(ids))}
+        ids, mask, starts = (values[offsets[r]:offsets[r + 1]] for offsets, values in self._group(fi, gi).values())
+        return packed_item(ids, mask, starts.astype(np.int64), f"{self.files[fi]} row {row}")
 
     def fingerprint(self) -> str:
         """The identity of these rows in resume states: each file's name and sha256 (read once, when asked)."""

@@ -1,9 +1,7 @@
 """One split of an SFT cache opened for packing: token memmap, example offsets, special ids, provenance.
 
-Layout read (docs/architecture.md): `<cache>/{split}_tokens.bin` (raw little-endian tokens, dtype from
-meta["token_dtype"]), `<cache>/{split}_idx.npy` (int64 start offsets; example i is
-tokens[idx[i]:idx[i+1]], the last one runs to the end of the file) and `<cache>/meta.json` (kind "sft").
-Opening reads meta.json and the index (8 bytes per example); tokens stay memory-mapped.
+Reads `<cache>/{split}_tokens.bin`, `{split}_idx.npy` (int64 example starts) and `meta.json` (kind "sft");
+the tokens stay memory-mapped.
 """
 
 from __future__ import annotations

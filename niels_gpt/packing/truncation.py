@@ -1,15 +1,13 @@
 """What a pack size cuts: the share of an SFT split's tokens and trained targets that truncation drops, and
 the pack size that would keep 99% of them.
 
-- tokens lost: sum over examples of max(0, length - pack_size); the base is every token of the split.
-- trained targets lost: tokens of the trained mask (the stored mask, else the span rule) at positions >=
-  pack_size of their example; the base is every trained token (position 0 of an example is never one).
-- the pack size that keeps `KEEP` of both: the smallest L with sum(min(length, L)) >= KEEP * tokens and
-  trained targets below L >= KEEP * trained, rounded up to a multiple of `ROUND_TO`.
-- above `WARN_SHARE` lost, `pack-sft` warns and names that size; the figures go into the manifest.
+- tokens lost: sum of max(0, length - pack_size) over the examples, out of every token of the split.
+- trained targets lost: trained tokens (stored mask, else the span rule) at positions >= pack_size of their
+  example, out of every trained token.
+- the pack size keeping `KEEP` of both, rounded up to a multiple of `ROUND_TO`; above `WARN_SHARE` lost,
+  `pack-sft` warns and names it.
 
-Cost: nothing when no example is longer than pack_size; else one pass over the split's tokens in chunks of
-`CHUNK_EXAMPLES` examples (the span rule, vectorised; O(chunk) memory).
+Cost: nothing when no example is too long; else one chunked pass over the split's tokens.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """`--on-overflow split`: a conversation longer than the pack size becomes several packed sequences, cut
-between whole turns, each keeping the conversation's system prompt.
+between whole turns, each repeating the conversation's system prompt.
 
-A turn starts at a role sentinel (`sys`, `usr`, `asst` of the cache's special_token_ids) and runs to the
-next one. A leading system turn is the prefix every piece repeats; the rest is dealt greedily into pieces of at
-most `pack_size - len(prefix)` tokens, cut only before a user turn: the unit is an exchange (a question and
-the answers that follow it), so no piece opens with an answer whose question is elsewhere. An exchange that
-does not fit on its own (a turn longer than the room, say) is cut to the room left, as `truncate` cuts an
-example, and what it loses is counted. A system prompt that leaves no room is not repeated.
-
-Everything here is a pure function of the tokens and the pack size: the same cache packs to the same bytes.
+A turn starts at a role sentinel (`sys`, `usr`, `asst`) and runs to the next. A leading system turn is the
+prefix every piece repeats (unless it leaves no room); the rest is dealt greedily into pieces of at most
+`pack_size - len(prefix)` tokens, cut only before a user turn, so no piece opens with an answer whose question
+is elsewhere. An exchange too long for a piece is cut to the room left, as `truncate` cuts, and what it loses
+is counted. Pure functions of the tokens and the pack size.
 """
 
 from __future__ import annotations
@@ -30,11 +27,8 @@ def role_ids(special: dict, where) -> tuple[int | None, int, tuple[int, ...]]:
 
 def split_example(tokens: np.ndarray, pack_size: int, sys_id: int | None, usr_id: int,
                   roles: tuple[int, ...]) -> tuple[int, list[tuple[int, int]], list[tuple[int, int]]]:
-    """Cut one conversation (its tokens) into pieces of at most `pack_size` tokens.
-
-    Returns (prefix length, body ranges, lost ranges): every piece is tokens[:prefix] + tokens[a:b] for one
-    (a, b) of the body ranges; the lost ranges are the tokens no piece holds.
-    """
+    """Cut one conversation into pieces of at most `pack_size` tokens: (prefix length, body ranges, lost ranges).
+    Every piece is tokens[:prefix] + tokens[a:b] for one body range (a, b)."""
     n = len(tokens)
     starts = np.flatnonzero(np.isin(tokens, roles))
     if n and (not starts.size or starts[0] != 0):
@@ -44,32 +38,21 @@ def split_example(tokens: np.ndarray, pack_size: int, sys_id: int | None, usr_id
         prefix = int(starts[1]) if len(starts) > 1 else n
     if prefix >= pack_size:  # a system prompt that leaves no room: not repeated, cut as a turn
         prefix = 0
-    user = [int(s) for s in starts if tokens[s] == usr_id and s >= prefix]
+    user = [int(s) for s in starts if tokens[s] == usr_id and prefix < s < n]  # the cut points
     kept: list[tuple[int, int]] = []
     lost: list[tuple[int, int]] = []
-    _fill(prefix, n, pack_size - prefix, [user], kept, lost)
-    return prefix, kept, lost
-
-
-def _fill(a: int, b: int, room: int, levels: list[list[int]], kept: list, lost: list) -> None:
-    """Deal tokens [a, b) into ranges of at most `room`, cutting at the first level's points where it can,
-    then at the next level's (when given), and cutting a unit too long for any piece (its tail is lost)."""
-    points = [p for p in levels[0] if a < p < b] if levels else []
-    bounds = [a, *points, b]
-    cur = a
-    for u0, u1 in zip(bounds[:-1], bounds[1:], strict=True):
+    room, cur = pack_size - prefix, prefix
+    for u0, u1 in zip([prefix, *user], [*user, n], strict=True):  # one exchange at a time
         if u1 - cur <= room:
-            continue  # the unit joins the current piece
+            continue  # the exchange joins the current piece
         if u0 > cur:
             kept.append((cur, u0))
             cur = u0
         if u1 - u0 <= room:
-            continue  # the unit opens the next piece
-        if len(levels) > 1:
-            _fill(u0, u1, room, levels[1:], kept, lost)
-        else:
-            kept.append((u0, u0 + room))
-            lost.append((u0 + room, u1))
+            continue  # the exchange opens the next piece
+        kept.append((u0, u0 + room))  # too long for any piece: cut, its tail lost
+        lost.append((u0 + room, u1))
         cur = u1
-    if cur < b:
-        kept.append((cur, b))
+    if cur < n:
+        kept.append((cur, n))
+    return prefix, kept, lost

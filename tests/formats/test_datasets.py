@@ -12,7 +12,7 @@ import torch
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.formats.convert import convert
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
-from niels_gpt.formats.nanogpt_dataset import NanogptDataset, consumed_per_consumer
+from niels_gpt.formats.nanogpt_dataset import NanogptDataset
 
 EOT = 6
 
@@ -162,8 +162,3 @@ def test_resume_continues_where_the_consumer_stopped(tmp_path):
     assert fresh.epoch == 1 and _samples(fresh) != full  # next pass: epoch 1, files reshuffled
     with pytest.raises(StateError, match="seq_len=4 but this dataset has 3"):
         NanogptDataset(paths, 3).load_state_dict(state)
-
-
-def test_consumed_per_consumer_follows_round_robin_workers():
-    assert consumed_per_consumer(5, 8, 2) == {"0": 24, "1": 16}
-    assert consumed_per_consumer(1, 4, 3, world_size=2) == {"0": 4, "1": 0, "2": 0, "3": 4, "4": 0, "5": 0}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.packing.algorithms import ALGORITHMS, clip_lengths, pack_lengths
+from niels_gpt.packing.algorithms import ALGORITHMS, pack_lengths
 
 from .helpers import naive_pack
 
@@ -75,11 +75,6 @@ def test_deterministic_and_seeded():
 def test_empty_input_gives_no_bins():
     a = pack_lengths([], 16, "bfd")
     assert a.num_bins == 0 and a.efficiency() == 1.0
-
-
-def test_clip_lengths_counts_truncations():
-    clipped, n = clip_lengths([3, 10, 17, 8], 8)
-    assert clipped.tolist() == [3, 8, 8, 8] and n == 2
 
 
 def test_rejects_unknown_algorithm():

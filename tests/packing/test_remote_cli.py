@@ -1,12 +1,9 @@
 """Write-local-then-upload through fsspec (memory and local filesystems) and the pack-sft command."""
 
-import numpy as np
 import pytest
 
 from niels_gpt.cache.cli import main
-from niels_gpt.errors import ConfigError
 from niels_gpt.packing import PackedMemmapDataset, pack_sft
-from niels_gpt.packing.upload import upload_dir
 
 from ..conftest import write_sft_cache
 from .helpers import chats
@@ -32,26 +29,9 @@ def test_pack_to_memory_filesystem_uploads_every_file_manifest_last(tmp_path, ca
     fs.rm("/packing-test", recursive=True)
 
 
-def test_upload_dir_to_local_filesystem_orders_manifest_last(tmp_path, cache):
-    pytest.importorskip("fsspec")
-    pack_sft(cache, tmp_path / "shard", pack_size=128)
-    written = upload_dir(tmp_path / "shard", f"file://{tmp_path}/uploaded")
-    assert [w.rsplit("/", 1)[1] for w in written] == sorted(NAMES) + ["manifest.json"]
-    ds = PackedMemmapDataset(tmp_path / "uploaded")
-    assert np.array_equal(ds[0]["input_ids"], PackedMemmapDataset(tmp_path / "shard")[0]["input_ids"])
-
-
 def test_file_url_is_written_in_place(tmp_path, cache):
     pack_sft(cache, f"file://{tmp_path}/direct", pack_size=128)
     assert len(PackedMemmapDataset(tmp_path / "direct")) > 0
-
-
-def test_upload_refuses_an_unfinished_shard(tmp_path):
-    pytest.importorskip("fsspec")
-    (tmp_path / "half").mkdir()
-    (tmp_path / "half" / "input_ids.npy").write_bytes(b"x")
-    with pytest.raises(ConfigError, match="half: no manifest.json to upload"):
-        upload_dir(tmp_path / "half", "memory://never")
 
 
 def test_cli_packs_and_prints_a_summary(tmp_path, cache, capsys):
