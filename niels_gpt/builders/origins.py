@@ -30,22 +30,14 @@ tokens were kept). A dataset shard's record is `shard << 40 | row`.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from niels_gpt.meta import sha256_file
 from niels_gpt.sources.base import portable
 from niels_gpt.sources.origins import _counts
 from niels_gpt.sources.records import Piece, _opens_a_document, digest
 
 SHARD_SHIFT = 40
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
 
 
 def input_table(inputs: list[str], kinds: list[str], config: str | None = None, split: str = "train") -> list[dict]:
@@ -58,7 +50,7 @@ def input_table(inputs: list[str], kinds: list[str], config: str | None = None, 
         elif "://" in name:
             ident = digest(Piece(item=name, kind=kind))
         else:
-            ident = _sha256(name)
+            ident = "sha256:" + sha256_file(name)
         record = _counts(kind)
         if kind == ".json" and "://" not in name and _opens_a_document(Path(name)):
             record = "element of the array, from 1"

@@ -1,18 +1,14 @@
 """The one-process pretraining builder (`build_pretrain_cache`), its meta.json and the admission rule.
 
-One pass over the documents:
-- documents flow through an optional torch-RNG shuffle buffer, then are encoded in batches
-  (builders/encoding.py); the output is the same for any number of encode workers;
-- each document gets one separator (EOT after it, or a tokenizer's BOS before it); empty documents and the
-  records the source skipped are counted by reason where they stand in the stream;
-- admission (`Admission`, which the parallel build's commit uses too): either the first documents fill val
-  until it holds exactly `max_val_tokens` and the rest fill train until exactly `max_train_tokens` (the
-  document crossing a budget keeps what fits, closed by its separator, and the cut is recorded), or with
-  `val_frac` each document goes to val with that probability (one torch draw per document) until its
-  split is full. Sources with their own split pass `SplitTexts(train=..., val=...)` instead;
-- tokens go straight to `shard_00000.bin`, ... (temporaries renamed when full), each at most
-  `shard_bytes`; reading stops as soon as both budgets are met; meta.json is written last.
-Memory: one encode batch plus the shuffle buffer, whatever the corpus.
+- documents pass an optional seeded shuffle buffer, then are encoded in batches (builders/encoding.py);
+  the output does not depend on the number of encode workers;
+- each document gets one separator (EOT after, or a tokenizer's BOS before); empty documents and skipped
+  records are counted by reason where they stand in the stream;
+- `Admission` (shared with the parallel commit): the first documents fill val to exactly `max_val_tokens`,
+  the rest train to `max_train_tokens` (the crossing document keeps what fits and its cut is recorded), or
+  with `val_frac` one torch draw per document; `SplitTexts` for sources with their own split;
+- shards of at most `shard_bytes`; reading stops once both budgets are met; meta.json is written last.
+Memory: one encode batch plus the shuffle buffer.
 """
 
 from __future__ import annotations
@@ -50,7 +46,6 @@ from niels_gpt.tokenizer.base import document_separator
 SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
-SHUFFLE_BUFFER = None
 DRAW_BLOCK = 1024  # val_frac draws: torch.rand(DRAW_BLOCK) at a time (the same values as one at a time)
 SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
               "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
@@ -115,10 +110,6 @@ class Admission:
         sink = self.sinks["val"] if self.draws.pop() < self.val_frac else self.sinks["train"]
         return 0 if sink.full else sink.plan(doc, job)
 
-    @property
-    def done(self) -> bool:
-        return all(s.full for s in self.sinks.values())
-
 
 def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | None, where) -> None:
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
@@ -162,22 +153,12 @@ def build_pretrain_cache(
     tokenizer_path: str | None = None,
     compress: str | None = None,
 ) -> None:
-    """
-    writes:
-      out_dir/train/shard_*.bin
-      out_dir/val/shard_*.bin
-      out_dir/meta.json
-    token dtype: uint16 little-endian (uint32 when the tokenizer has more than 65,536 ids)
-    deterministic given seed + identical input stream order.
+    """Write out_dir/{train,val}/shard_*.bin and meta.json (last); deterministic given seed and stream order.
 
-    `texts` is one stream (split by the rule in the module docstring; items may be `Skipped(reason)`, counted
-    where they stand) or `SplitTexts` for a source with its own split. `num_workers` encode workers (None: one
-    per core); the bytes written do not depend on it. `val_frac`: split by document instead of by budget.
-    `progress`: a bar on stderr (None: on a terminal only); `input_bytes`: the input's size, for its ETA.
-    `source`: meta.json's record of the input, or a callable that returns it, called once the stream is read
-    (its skip counts are then final; it may also refuse the build, e.g. when an input changed meanwhile).
-    `tokenizer_path`: recorded in meta.json as where the tokenizer is found again (tokenizer/find.py).
-    `compress="zstd"`: shards as zstd frames with a frame index (`shard_*.bin.zst`, formats/zstd_shard.py).
+    `texts`: one stream (items may be `Skipped(reason)`) or `SplitTexts`. `num_workers` encode workers (None:
+    one per core) never change the bytes. `source`: meta.json's record of the input, or a callable called once
+    the stream is read (its skip counts are then final; it may refuse the build). `tokenizer_path`: where the
+    tokenizer is found again (tokenizer/find.py). `compress="zstd"`: shards as `shard_*.bin.zst`.
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
@@ -204,63 +185,43 @@ def build_pretrain_cache(
         exhausted = True
         failed = False
         pipe = WriterPipeline()
-        # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside the encoder
-        # (figures per backend and worker count: README "Performance", bench/bench_tokenizers.py).
+        fifo: deque = deque()
+
+        def fill(stream, seed: int, admit) -> bool:
+            """Admit the encoded documents of `stream` until `admit` says the splits are full; True if the
+            stream ended first. A batch is read only after a document of the previous one found no room, so
+            the stream is read, and the shuffle's RNG drawn, as far as a document-at-a-time loop would."""
+            gen = _shuffle_generator(shuffle_buffer, seed)
+            if log is not None:  # (item, origin) pairs: shuffled as pairs, origins queued in stream order
+                docs = bar.documents(_unpaired(shuffled(stream.with_origins(), shuffle_buffer, gen), fifo))
+            else:
+                docs = shuffled(bar.documents(stream), shuffle_buffer, gen)
+            for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
+                job: list = []
+                stop = False
+                for ids in batch:
+                    added = admit(ids, job)
+                    if added is None:
+                        stop = True
+                        break
+                    if log is not None:
+                        log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
+                                 fifo.popleft())
+                    bar.add_tokens(added)
+                pipe.submit(job)
+                if stop:
+                    return False
+            return True
+
         try:
             if own_split:
-                for split in ("val", "train"):
-                    # one generator per split: reading ahead in val never shifts train's draws
-                    gen = _shuffle_generator(shuffle_buffer, seed + (split == "train"))
-                    if log is not None:
-                        fifo = deque()
-                        docs = bar.documents(_unpaired(shuffled(getattr(texts, split).with_origins(), shuffle_buffer,
-                                                                gen), fifo))
-                    else:
-                        docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
+                for split in ("val", "train"):  # one generator per split: val never shifts train's draws
                     sink = sinks[split]
-                    # A batch is read only after a document of the previous one found the split full
-                    # (not merely when it became full): the stream is read, and the shuffle's RNG
-                    # drawn, exactly as far as a document-at-a-time loop would.
-                    for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
-                        job: list = []
-                        stop = False
-                        for ids in batch:
-                            if sink.full:
-                                stop = True
-                                break
-                            bar.add_tokens(sink.plan(ids, job))
-                            if log is not None:
-                                log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
-                                         fifo.popleft())
-                        pipe.submit(job)
-                        if stop:
-                            break
+                    fill(getattr(texts, split), seed + (split == "train"),
+                         lambda ids, job, sink=sink: None if sink.full else sink.plan(ids, job))
             else:
-                exhausted = False
-                if log is not None:  # (item, origin) pairs: shuffled as pairs, origins queued in stream order
-                    fifo: deque = deque()
-                    docs = bar.documents(_unpaired(shuffled(texts.with_origins(), shuffle_buffer,
-                                                            _shuffle_generator(shuffle_buffer, seed)), fifo))
-                else:
-                    docs = shuffled(bar.documents(texts), shuffle_buffer, _shuffle_generator(shuffle_buffer, seed))
-                admission = Admission(sinks, val_frac, seed)
-                for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
-                    job = []
-                    stop = False
-                    for ids in batch:
-                        added = admission.admit(ids, job)
-                        if added is None:
-                            stop = True
-                            break
-                        if log is not None:
-                            log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
-                                     fifo.popleft())
-                        bar.add_tokens(added)
-                    pipe.submit(job)
-                    if stop:
-                        break
-                else:
-                    exhausted = True
+                exhausted = False  # an error leaves the bar unfinished
+                exhausted = fill(texts, seed, Admission(sinks, val_frac, seed).admit)
             pipe.close()
             records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
             if log is not None:
