@@ -34,11 +34,9 @@ from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
 
-# Every subcommand in --help order: (name, one-line help, where its parser comes from). A module's
-# register(sub) adds the parsers of its verbs; the others are this module's functions. An explicit table: a
-# module that fails to import fails the CLI loudly.
-# NOTE: `main` builds the parser of the command it runs and only names the others, so a verb that does not
-# need torch (build, convert, download, verify, ...) and --help start without importing it (~1.5 s).
+# Every subcommand in --help order: (name, one-line help, the module whose register(sub) adds its parser, or
+# a function of this one). NOTE: `main` builds only the parser of the command it runs, so a verb that does
+# not need torch (build, convert, verify, ...) and --help start without importing it (~1.5 s).
 VERBS = (
     ("build", "build a cache from your own files, URLs or a dataset id, with any tokenizer, inline, on local "
               "processes or on Ray", "niels_gpt.builders.cli"),
@@ -236,11 +234,11 @@ def add_inspect_verify(sub) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
     p.add_argument("--window", type=int, default=64, help="tokens to decode")
     p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
-    p.set_defaults(func=lambda a: _inspect(a))
+    p.set_defaults(func=_inspect)
     p = sub.add_parser("verify")
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
                    "of a cache or packed directory (every file downloaded and checked)")
-    p.set_defaults(func=lambda a: _verify(a))
+    p.set_defaults(func=_verify)
 
 
 def add_stats(sub) -> None:
@@ -253,15 +251,12 @@ def add_stats(sub) -> None:
                    help="SFT: count examples that keep no trained target at this sequence length")
     p.add_argument("--steps", type=int, default=1000, help="mixture config: steps to draw")
     p.add_argument("--batch", type=int, default=64, help="mixture config: global batch size (samples per step)")
-    p.set_defaults(func=lambda a: _stats(a))
+    p.set_defaults(func=_stats)
 
 
 def _stats(args) -> int:
-    # lazy: these import torch; `build` starts without it
-    from niels_gpt.locate import locate
-
-    # lazy: imports torch
-    from niels_gpt.report import cache_stats, format_stats, mixture_stats, plot_stats
+    from niels_gpt.locate import locate  # lazy: imports torch, which `build` starts without
+    from niels_gpt.report import cache_stats, format_stats, mixture_stats, plot_stats  # lazy: torch
 
     path, named, _ = read_location(args.path)
     with errors_named(named):
@@ -279,11 +274,8 @@ def _stats(args) -> int:
 
 
 def _inspect(args) -> int:
-    # lazy: imports torch, which `build` starts without
-    from niels_gpt.locate import locate
-
-    # lazy: imports torch
-    from niels_gpt.report import inspect_json, inspect_path
+    from niels_gpt.locate import locate  # lazy: imports torch, which `build` starts without
+    from niels_gpt.report import inspect_json, inspect_path  # lazy: torch
 
     path, named, _ = read_location(args.path, everything=not args.json)
     tokenizer = args.tokenizer
@@ -299,8 +291,7 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
-    # lazy: imports torch, which `build` starts without
-    from niels_gpt.report import verify_outputs
+    from niels_gpt.report import verify_outputs  # lazy: imports torch, which `build` starts without
 
     path, named, failed = read_location(args.path, collect=True, fresh=True)  # every byte at the URL, checked
     with errors_named(named):
@@ -348,9 +339,10 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
 
 
 # OS conditions a user fixes on their side: one line naming the file, never a traceback
+_NO_SPACE = "free space or choose another location; an unfinished output has no commit marker"
 _ONE_LINE_ERRNOS = {
-    errno.ENOSPC: "free space or choose another location; an unfinished output has no commit marker",
-    errno.EDQUOT: "free space or choose another location; an unfinished output has no commit marker",
+    errno.ENOSPC: _NO_SPACE,
+    errno.EDQUOT: _NO_SPACE,
     errno.EROFS: "the filesystem is read-only: choose a writable location",
     errno.EACCES: "permission denied: choose a location you can write (or read) or fix its permissions",
     errno.EPERM: "operation not permitted: choose a location you can write or fix its permissions",

@@ -1,15 +1,11 @@
 """Builds that never damage what they replace: one lock per output, built aside, swapped in when complete.
 
-- `<out>.lock` beside the output holds {"pid", "host", "since"}, written aside and hard-linked into place (it
-  appears whole or not at all; the link fails if it exists): a second build of the same output fails at once
-  naming the holder. A lock whose pid is dead on this host is stale and taken
-  over; one from another host is never guessed dead (the message names the file to remove).
-- The build writes into `<out>.tmp-<pid>` beside the output. Only when it is complete (its meta.json
-  written) does it replace the output: `out -> out.old-<pid>`, `tmp -> out`, then the old copy is removed.
-  A failed or killed build leaves the previous output untouched; a reader sees the old cache, the new one,
-  or (between the two renames) no directory and a clear error, never a mix.
-- A kill between the two renames leaves `out.old-<pid>` and no `out`: the next build puts it back first.
-Cost: two renames per build; the old cache is deleted after the swap.
+- `<out>.lock` holds {"pid", "host", "since"}, hard-linked into place whole: a second build of the output
+  fails at once naming the holder; a dead pid on this host is stale and taken over, another host's never.
+- The build writes `<out>.tmp-<pid>`; when complete: `out -> out.old-<pid>`, `tmp -> out`, old removed. A
+  reader sees the old cache, the new one, or (between the renames) none and a clear error, never a mix; a
+  kill between the renames leaves `out.old-<pid>`, which the next build puts back first.
+Cost: two renames per build.
 """
 
 from __future__ import annotations
@@ -87,9 +83,8 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
 
 
 def _create_lock(lock: Path, me: dict) -> None:
-    """Create `lock` holding `me`, or raise FileExistsError. The lock appears with its contents or not at all:
-    written under a temporary name, then hard-linked to its name (a link, like O_EXCL, fails when the name
-    exists), so a kill at any moment never leaves an empty lock that names no holder."""
+    """Create `lock` holding `me`, or raise FileExistsError. NOTE: written aside, then hard-linked (a link,
+    like O_EXCL, fails when the name exists): a kill never leaves an empty lock that names no holder."""
     tmp = tmp_name(lock)
     try:
         with open(tmp, "w") as f:
@@ -135,9 +130,8 @@ def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str =
                 flag: str = "output") -> Iterator[Path]:
     """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds.
 
-    Only an output of `kind` that this library made is ever replaced (niels_gpt/output_guard.py: anything else
-    is refused before the block runs, and again, under the lock, just before the swap). `needs`, where the
-    builder can bound its output (token budgets x token size), goes into the error that a full disk raises."""
+    Only an output of `kind` this library made is replaced (output_guard.py: checked before and, under the
+    lock, again before the swap). `needs`: the output's bound in bytes, for a full disk's error."""
     out = check_output(out, kind=kind, flag=flag)  # symlinks followed: the link keeps pointing at the output
     with output_lock(out):
         recover(out)
@@ -154,8 +148,7 @@ def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str =
         try:
             yield stage
         except OSError as exc:
-            # what the build used: its files, or (when a writer already removed its partial file) the
-            # space that was free when it started and is gone now
+            # what the build used: its files, or the free space gone (a writer may have removed its file)
             written = max(tree_bytes(stage), free_at_start - _free_bytes(stage))
             shutil.rmtree(stage, ignore_errors=True)
             if exc.errno in SPACE_ERRNOS:

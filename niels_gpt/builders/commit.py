@@ -1,17 +1,11 @@
 """The commit: part files, in plan order, into the final shards and meta.json, exactly as a local build.
 
-`build_pretrain_cache` (single stream, no shuffle buffer) reads items in runs of ENCODE_BATCH_DOCS,
-counts a run's skipped records by reason when it takes the run, and admits each non-empty document
-through `pretrain.Admission` (to val, then train, or by a val_frac draw) and `writers.Budgeted` (the
-budgets, the cut of the crossing document, EOT after each); it stops after the run in which a document
-found both splits full, and records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
-that same stream (run boundaries are global, across tasks), admits them through the same Budgeted
-and ShardWriter objects, and copies each admitted run of tokens from the part file straight into the
-shard, so no id is decoded again. A part holds each document with its separator: a cut document is a
-prefix of it when the separator (a BOS) comes first, its first tokens then an EOT when one ends it.
-meta.json is built from the builder's own pieces and written last. Reading a part checks its size and
-sha256 against the receipt (the parts are not fsynced: this check is what vouches for them). Cost: one
-read, one sha256 of each part and of each shard; no tokenization.
+The tasks' documents are walked as the one-process builder's stream (runs of ENCODE_BATCH_DOCS, global across
+tasks), admitted through the same `Admission`, `Budgeted` and `ShardWriter`, and each admitted run of tokens
+is copied from the part straight into the shard. A part holds each document with its separator: a cut
+document is its prefix (BOS first) or its first tokens then an EOT. Each part's sha256 is checked against
+its receipt (parts are not fsynced: this check vouches for them). Cost: one read and one sha256 of each
+part and shard; no tokenization.
 """
 
 from __future__ import annotations
@@ -156,15 +150,9 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
            on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
            val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None,
            plan=None) -> dict:
-    """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
-
-    `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
-    name is the recorded dataset name, as for the one-process builder). `source`, `compress`: as
-    build_pretrain_cache's.
-
-    Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest). `plan`: the
-    build's plan, whose inputs the documents' origins name (builders/origins.py); None writes no origins.
-    """
+    """Write the cache at `out_dir` from the parts of `receipts` (in plan order), pulling no more once the
+    budgets are met; returns meta. `final`: where a staged `out_dir` will live (its name is the dataset's).
+    `plan`: whose inputs the origins name (None: no origins). The rest: as build_pretrain_cache's."""
     check_budgets(max_train_tokens, max_val_tokens, val_frac, final or out_dir)
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)

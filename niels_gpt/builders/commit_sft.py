@@ -1,10 +1,5 @@
-"""The SFT commit: the rendered parts of a chat build's tasks, in plan order, into the SFT cache.
-
-`build_sft_cache` renders each conversation, skips (and counts) those that cannot be examples, and hands
-every usable one to `SFTWriter`, which draws its split and appends it. The tasks rendered with the same
-`render` rules; here every part's examples go through the same `SFTWriter` in plan order, so the draws,
-files and meta.json are the ones the one-process builder writes. No id is rendered again. Reading a part
-checks its size and sha256 against the receipt.
+"""The SFT commit: the rendered parts of a chat build's tasks, in plan order, through the one-process
+builder's `SFTWriter`, so the draws, files and meta.json are the same. Each part is checked against its receipt.
 """
 
 from __future__ import annotations
