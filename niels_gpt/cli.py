@@ -56,6 +56,8 @@ VERBS = (
     ("trace", "which documents were in step N of a run (or which steps saw a document)", "niels_gpt.trace.cli"),
 )
 HELP = {name: text for name, text, _ in VERBS}
+NETWORK_TIMEOUT_HELP = ("how long a store or server may take to answer, or leave a transfer without a byte (a "
+                        "transfer that keeps moving is never cut; default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
 
 
 class _Named:
@@ -203,13 +205,13 @@ def add_train_tokenizer(sub) -> None:
 
 
 def run_train_tokenizer(args) -> int:
+    args.only, args.tokenizer = ["tokenizer"], None
     if args.sources or args.out is not None:
         if not args.sources or args.out is None:
             raise ConfigError("train-tokenizer SRC... --out DIR: give both the sources and the output directory "
                               "(or neither, for build-all's tokenizer step into --cache-dir)")
         from niels_gpt.builders.tokenizer import train_on_sources  # lazy: the trainer's progress only here
 
-        args.only, args.tokenizer = ["tokenizer"], None
         settings = config_from_args(args).tokenizer_settings
         rules = Rules(text_field=args.text_field, messages_field=args.messages_field, on_bad_record=args.on_bad_record)
         tok = train_on_sources(args.sources, args.out, settings=settings, rules=rules, chat=args.chat,
@@ -220,7 +222,6 @@ def run_train_tokenizer(args) -> int:
     if args.read_as or args.trainer != "sentencepiece":
         raise ConfigError(f"{'--read-as' if args.read_as else f'--trainer {args.trainer}'} applies to the files of "
                           "SRC: give train-tokenizer SRC... --out DIR with it")
-    args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)
     print(f"tokenizer: {row['vocab_size']} ids, sha256 {row['sha256']}… -> {Path(cfg.cache_dir) / 'tokenizer'}")
@@ -316,9 +317,7 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
                                                  f"Commands: {commands}. `COMMAND --help` for each one's flags.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
-                        help="how long a store or server may take to answer, or leave a transfer without a byte "
-                             "(a transfer that keeps moving is never cut); before or after the command "
-                             "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
+                        help="before or after the command: " + NETWORK_TIMEOUT_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = {where for name, _, where in VERBS if only is None or name == only}
     for name, text, where in VERBS:
@@ -333,8 +332,7 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
         p.formatter_class = HelpFormatter
         # NOTE: accepted after the command too (`verify URL --network-timeout 5`), where users put flags
         p.add_argument("--network-timeout", dest="network_timeout_after", type=float, default=None,
-                       metavar="SECONDS", help="how long a store or server may take to answer, or leave a transfer "
-                       "without a byte (default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
+                       metavar="SECONDS", help=NETWORK_TIMEOUT_HELP)
     return parser
 
 

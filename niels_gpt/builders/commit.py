@@ -20,16 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.origins import InputIndex, input_table
-from niels_gpt.builders.pretrain import Admission, check_budgets, pretrain_meta
+from niels_gpt.builders.pretrain import Admission, check_budgets, open_splits, pretrain_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
-from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta
 from niels_gpt.sources.origins import OriginLog
-from niels_gpt.tokenizer.base import document_separator
 from niels_gpt.urls import is_url
 
 
@@ -156,14 +153,9 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
     check_budgets(max_train_tokens, max_val_tokens, val_frac, final or out_dir)
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
-    separator = document_separator(tokenizer)  # as build_pretrain_cache: EOT/EOS after, or BOS before
-    eot = separator.id
-    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
-    start_build(out, ["train", "val"])
+    separator, writers, sinks = open_splits(out, tokenizer, dtype, (max_train_tokens, max_val_tokens), shard_bytes,
+                                            compress)
     skipped: Counter = Counter()
-    writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
-    sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
-             for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     exhausted = False
     log = OriginLog(None) if plan is not None else None
     try:
@@ -193,7 +185,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 if log is not None:
                     log.note({"val": sinks["val"].documents, "train": sinks["train"].documents}, d.origin)
                 added += n
-            _write(job, eot, dtype, separator.position == "before")
+            _write(job, separator.id, dtype, separator.position == "before")
             if on_tokens is not None:
                 on_tokens(added)
             if stop:
@@ -208,13 +200,10 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
         for w in writers.values():
             w.abort()
         raise
-    if callable(source):
-        source = source()
     meta = pretrain_meta(tokenizer, dtype, Path(final) if final is not None else out, writers=writers, sinks=sinks,
-                         records=records, eot=eot, seed=seed, dataset_name=dataset_name,
+                         records=records, separator=separator, seed=seed, dataset_name=dataset_name,
                          dataset_config=dataset_config, streaming=streaming, source=source, own_split=False,
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
-                         budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
-                         tokenizer_path=tokenizer_path, origins=log is not None)
+                         val_frac=val_frac, tokenizer_path=tokenizer_path, origins=log is not None)
     write_meta(str(out), meta)
     return meta

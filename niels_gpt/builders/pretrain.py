@@ -167,15 +167,10 @@ def build_pretrain_cache(
     budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(resolve_dtype(tokenizer, token_dtype)).itemsize
     with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
         dtype = resolve_dtype(tokenizer, token_dtype)
-        separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each document
-        eot = separator.id
-        check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
         workers = _encode_threads(num_workers)
-        start_build(out, ["train", "val"])
+        separator, writers, sinks = open_splits(out, tokenizer, dtype, (max_train_tokens, max_val_tokens),
+                                                shard_bytes, compress)
         skipped: Counter = Counter()
-        writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
-        sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
-                 for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
         # origins: a planned stream's (builders/run.py) documents know their input and record
         log = OriginLog(None) if hasattr(texts.train if own_split else texts, "with_origins") else None
@@ -238,14 +233,12 @@ def build_pretrain_cache(
             if pool is not None:  # after an error, wait until no worker is still encoding
                 pool.shutdown(wait=failed)
             bar.close(finished=exhausted)
-        if callable(source):  # described after the stream was read, so its skip counts are final
-            source = source()
-        meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records, eot=eot,
-                             seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
-                             streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
-                             skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
-                             budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
-                             tokenizer_path=tokenizer_path, origins=log is not None)
+        meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records,
+                             separator=separator, seed=seed, dataset_name=dataset_name,
+                             dataset_config=dataset_config, streaming=streaming, source=source, own_split=own_split,
+                             exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes,
+                             shuffle_buffer=shuffle_buffer, val_frac=val_frac, tokenizer_path=tokenizer_path,
+                             origins=log is not None)
         write_meta(str(out), meta)
 
 
@@ -258,13 +251,27 @@ def _unpaired(pairs, fifo: deque):
         yield item
 
 
-def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
-                  dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
-                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
-                  separator=None, val_frac: float | None = None, tokenizer_path: str | None = None,
-                  origins: bool = False) -> dict:
-    """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
-    parallel build's commit write the same one)."""
+def open_splits(out: Path, tokenizer, dtype: np.dtype, budgets: tuple[int, int], shard_bytes: int,
+                compress: str | None):
+    """(separator, writers, sinks) of the train and val splits of a pretraining cache being written at `out`."""
+    separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each
+    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+    start_build(out, ["train", "val"])
+    writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
+    sinks = {s: Budgeted(writers[s], b, separator.id, dtype, s, separator.position)
+             for s, b in zip(("train", "val"), budgets, strict=True)}
+    return separator, writers, sinks
+
+
+def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, separator, seed: int,
+                  dataset_name, dataset_config, streaming: bool, source, own_split: bool, exhausted: bool,
+                  skipped: Counter, shard_bytes: int, shuffle_buffer, val_frac: float | None = None,
+                  tokenizer_path: str | None = None, origins: bool = False) -> dict:
+    """A pretraining cache's meta.json, from its closed writers and sinks (the one-process builder and the
+    parallel build's commit write the same one). A callable `source` is called here, once the stream is read,
+    so its skip counts are final."""
+    if callable(source):
+        source = source()
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
     totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
     if totals["train_tokens"] + totals["val_tokens"] == 0:
@@ -273,21 +280,21 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
                           f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
-    before = separator is not None and separator.position == "before"
     meta.update({
         "kind": "pretrain",
-        "split_rule": "the source's own train/val split" if own_split else split_rule(seed, val_frac, before)
+        "split_rule": "the source's own train/val split" if own_split else
+        split_rule(seed, val_frac, separator.position == "before")
         + _pieces_rule(source.get("val_per_input") if isinstance(source, dict) else None),
         "shard_bytes": shard_bytes,
         "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-        "document_separator": (separator.describe() if separator is not None
-                               else {"token": "eot", "id": eot, "position": "after every document"}),
+        "document_separator": separator.describe(),
         "totals": totals,
         "files": records,
         "cuts": {s: sinks[s].cut for s in ("train", "val")},
         "source_exhausted": exhausted,
         "skipped": all_skipped(skipped, meta["source"]),
-        "build": {"max_train_tokens": budgets[0], "max_val_tokens": budgets[1], "shard_bytes": shard_bytes,
+        "build": {"max_train_tokens": sinks["train"].budget, "max_val_tokens": sinks["val"].budget,
+                  "shard_bytes": shard_bytes,
                   "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS,
                   **({"val_frac": val_frac} if val_frac is not None else {})},
     })

@@ -215,19 +215,15 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     if spec.chat:
         check_renders_chats(tok)
     shuffle = (spec.seed, spec.shuffle_buffer) if spec.shuffle_buffer and spec.shuffle_buffer > 1 else None
-    plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                     layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as,
-                     shuffle=shuffle)
-    val = make_plan(spec.val_sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules,
-                    layout=spec.layout, config=spec.hf_config, split=spec.val_split or spec.split,
-                    read_as=spec.read_as, shuffle=shuffle) if spec.val_sources else None
+    kw = dict(tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, layout=spec.layout,
+              config=spec.hf_config, read_as=spec.read_as, shuffle=shuffle)
+    plan = make_plan(spec.sources, chat=spec.chat, split=spec.split, **kw)
+    val = make_plan(spec.val_sources, split=spec.val_split or spec.split, **kw) if spec.val_sources else None
     executor = choose_executor(spec, plan, log)
     if shuffled_by_datasets(spec.shuffle_buffer, plan, val):
         spec = replace(spec, shuffle_buffer=None)  # datasets shuffled the stream: no torch buffer on top
-    if spec.val_sources is not None:
-        summary = _inline_split(spec, plan, val, tok, out)
-    elif executor == "inline":
-        summary = _inline(spec, plan, tok, out)
+    if spec.val_sources is not None or executor == "inline":
+        summary = _inline(spec, plan, val, tok, out)
     else:
         summary = run_parallel(spec, plan, tok, out, executor=executor, log=log, work=work,
                                workers=workers_of(spec) if spec.workers or executor != "ray" else None,
@@ -310,45 +306,37 @@ class _Reader:
                                                                     shuffled[0]["shuffle_buffer"])} if shuffled else {})}
 
 
-def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
+def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> dict:
+    """The build in this process. With `val_sources` (a cache split by its inputs): the train plan's documents
+    all go to train, the val plan's to val, without budgets."""
     reader = _Reader(plan)
-    name = spec.name or out.name
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=name, dataset_config=spec.hf_config,
-                  streaming=plan.streaming, source=reader.described, progress=spec.progress,
-                  tokenizer_path=recorded_path(tok, out))
+    split = spec.val_sources is not None
+    texts, described = reader, reader.described
+    if split:
+        texts = SplitTexts(train=reader, val=_Reader(val, offset=len(plan.inputs)))
+
+        def described() -> dict:
+            about = reader.described()
+            return {**about, "split_rule": spec.extra.get("split_rule", "the sources are train, val_sources val"),
+                    "val_files": texts.val.described().get("files", []),
+                    **({"val_split": spec.val_split} if spec.val_split else {}),
+                    **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
+                       if spec.extra.get("skipped_inputs") else {})}
+
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
+                  streaming=plan.streaming, source=described, progress=spec.progress,
+                  tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
     if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers,
-                        on_bad_record=spec.on_bad_record, **common)
+        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record, **common)
     else:
-        build_pretrain_cache(reader, str(out), max_train_tokens=spec.max_tokens, max_val_tokens=val_budget(spec),
-            shard_bytes=spec.shard_bytes,
-            shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, input_bytes=plan.input_bytes(),
-            val_frac=spec.val_frac, compress=spec.compress, **common)
-    return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
-                     tasks=len(plan.tasks), ran=len(plan.tasks), reused=0)
-
-
-def _inline_split(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> dict:
-    """A cache split by its inputs: the train plan's documents all go to train, the val plan's to val."""
-    readers = SplitTexts(train=_Reader(plan), val=_Reader(val, offset=len(plan.inputs)))
-
-    def described() -> dict:
-        about = readers.train.described()
-        return {**about, "split_rule": spec.extra.get("split_rule", "the sources are train, val_sources val"),
-                "val_files": readers.val.described().get("files", []),
-                **({"val_split": spec.val_split} if spec.val_split else {}),
-                **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
-                   if spec.extra.get("skipped_inputs") else {})}
-
-    sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
-    build_pretrain_cache(readers, str(out), tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
-                         dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
-                         progress=spec.progress, tokenizer_path=recorded_path(tok, out),
-                         max_train_tokens=ALL_TOKENS, max_val_tokens=ALL_TOKENS, shard_bytes=spec.shard_bytes,
-                         shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, compress=spec.compress,
-                         input_bytes=None if None in sizes else sum(sizes))
-    tasks = len(plan.tasks) + (len(val.tasks) if val else 0)
-    return summarize(out, executor="inline", tasks=tasks, ran=tasks, reused=0)
+        sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
+        build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
+                             max_val_tokens=ALL_TOKENS if split else val_budget(spec), shard_bytes=spec.shard_bytes,
+                             shuffle_buffer=spec.shuffle_buffer, input_bytes=None if None in sizes else sum(sizes),
+                             val_frac=spec.val_frac, compress=spec.compress, **common)
+    tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
+    workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""
+    return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
 
 
 def format_summary(s: dict) -> str:
