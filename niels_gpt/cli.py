@@ -56,8 +56,9 @@ VERBS = (
     ("trace", "which documents were in step N of a run (or which steps saw a document)", "niels_gpt.trace.cli"),
 )
 HELP = {name: text for name, text, _ in VERBS}
-NETWORK_TIMEOUT_HELP = ("how long a store or server may take to answer, or leave a transfer without a byte (a "
-                        "transfer that keeps moving is never cut; default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
+NETWORK_TIMEOUT_HELP = ("how long a store or server may take to answer, or leave a transfer without a byte "
+                        "(a transfer that keeps moving is never cut; default: $NIELS_GPT_NETWORK_TIMEOUT_S, "
+                        "else 30)")
 
 
 class _Named:

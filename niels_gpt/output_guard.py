@@ -125,17 +125,13 @@ def check_overlap(out: Path, inputs: Iterable, flag: str, *, what: str = "input"
         p = Path(text)
         if not p.exists() and not p.is_symlink():
             continue
-        real = _resolved_quiet(p)
-        rel = _overlap(out, real)
-        if rel == "is":
-            raise OutputRefused(f"{flag} {out}: is the {what} {text} itself; writing there would replace it: "
-                                f"choose an output outside the {what}s")
-        if rel == "inside":
-            raise OutputRefused(f"{flag} {out}: inside the {what} directory {text}; the output would mix with it "
-                                f"(and be read as {what} next time): choose an output outside the {what}s")
-        if rel == "above":
-            raise OutputRefused(f"{flag} {out}: holds the {what} {text}; replacing it would delete the {what}: "
-                                f"choose an output outside the {what}s")
+        rel = _overlap(out, _resolved_quiet(p))
+        why = {"is": f"is the {what} {text} itself; writing there would replace it",
+               "inside": f"inside the {what} directory {text}; the output would mix with it (and be read as "
+                         f"{what} next time)",
+               "above": f"holds the {what} {text}; replacing it would delete the {what}"}.get(rel)
+        if why is not None:
+            raise OutputRefused(f"{flag} {out}: {why}: choose an output outside the {what}s")
 
 
 def _resolved_quiet(p: Path) -> Path:

@@ -3,8 +3,8 @@ packed directory's manifest.json, a converted output's niels_receipt.json) holds
 
 - Written form: `json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\\n"`, UTF-8, plus the
   field `record_sha256`: the sha256 of the canonical form (keys sorted, no whitespace) of every other field.
-- Check (`seal_problem`): the fields hash to `record_sha256` (any edited value) and the bytes are exactly their
-  written form (whitespace, a dropped newline, `1.0` for `1.00`, an escape).
+- Check (`seal_problem`): the fields hash to `record_sha256` (any edited value) and the bytes are exactly
+  their written form (whitespace, a dropped newline, `1.0` for `1.00`, an escape).
 - A record without the field predates seals and is read as before; a key one character away from
   `record_sha256` is the field damaged, so a single changed byte cannot make a sealed record look old.
 Cost: one JSON dump and one sha256 per write and open (a 1,000-shard meta.json: ~200 KB, under 5 ms).

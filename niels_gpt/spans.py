@@ -17,8 +17,8 @@ import numpy as np
 
 
 def assistant_token_mask(tokens, asst_id: int, eot_id: int, seq_starts=None) -> np.ndarray:
-    """bool[len(tokens)]: True on assistant content tokens and their closing EOT; `seq_starts` (first 0) resets
-    the state at each sequence start (None: one sequence)."""
+    """bool[len(tokens)]: True on assistant content tokens and their closing EOT; `seq_starts` (first 0)
+    resets the state at each sequence start (None: one sequence)."""
     flat = np.asarray(tokens).reshape(-1)
     if flat.size == 0:
         return np.zeros(0, dtype=bool)

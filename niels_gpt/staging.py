@@ -33,24 +33,34 @@ def lock_path(out: Path) -> Path:
 
 
 @contextlib.contextmanager
+def _writable(where: Path) -> Iterator[None]:
+    """A location we may not write (permissions, a read-only file system) is one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in UNWRITABLE_ERRNOS:
+            raise
+        raise ConfigError(f"{where}: not writable ({exc.strerror}); choose a writable output "
+                          "location") from exc
+
+
+@contextlib.contextmanager
 def output_lock(out: str | os.PathLike) -> Iterator[Path]:
     """Hold `<out>.lock` for the duration of a build of `out`."""
     out = Path(out)
     lock = lock_path(out)
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-    except (NotADirectoryError, FileExistsError) as exc:
-        raise ConfigError(f"{lock.parent}: a file, not a directory; choose another output location") from exc
-    except OSError as exc:
-        if exc.errno not in UNWRITABLE_ERRNOS:
-            raise
-        raise ConfigError(f"{lock.parent}: cannot create this directory ({exc.strerror}); choose a "
-                          "writable location") from exc
+    with _writable(lock.parent):
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+        except (NotADirectoryError, FileExistsError) as exc:
+            raise ConfigError(f"{lock.parent}: a file, not a directory; choose another output "
+                              "location") from exc
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
     remove_stale_temporaries(lock.parent, prefix=lock.name)  # what a build killed as it took the lock left
     for _ in range(2):
         try:
-            _create_lock(lock, me)
+            with _writable(lock.parent):
+                _create_lock(lock, me)
         except FileExistsError:
             holder = _read(lock)
             if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
@@ -66,11 +76,6 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
                 f"{out}: another build holds {lock} (pid {holder.get('pid')} on {holder.get('host')} since "
                 f"{holder.get('since')}); wait for it to finish, or if that process is gone (another host, a "
                 "crashed machine), remove the lock file and rerun") from None
-        except OSError as exc:
-            if exc.errno not in UNWRITABLE_ERRNOS:
-                raise
-            raise ConfigError(f"{lock.parent}: not writable ({exc.strerror}); choose a writable output "
-                              "location") from exc
         break
     else:  # pragma: no cover - the stale lock came back between our two tries
         raise OutputLockedError(f"{out}: could not take {lock}; rerun")
@@ -137,13 +142,8 @@ def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str =
         recover(out)
         stage = out.with_name(f"{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(stage, ignore_errors=True)
-        try:
+        with _writable(out.parent):
             stage.mkdir()
-        except OSError as exc:
-            if exc.errno not in UNWRITABLE_ERRNOS:
-                raise
-            raise ConfigError(f"{out.parent}: not writable ({exc.strerror}); choose a writable output "
-                              "location") from exc
         free_at_start = _free_bytes(stage)
         try:
             yield stage

@@ -89,8 +89,8 @@ def _texts(fields: dict) -> Iterator[str]:
 
 
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
-    """The tokenizer's training text, read as `build` reads it: the train documents of every pretraining source
-    and the messages of every SFT source, interleaved source by source."""
+    """The tokenizer's training text, read as `build` reads it: the train documents of every pretraining
+    source and the messages of every SFT source, interleaved source by source."""
     streams = []
     for name in trained_on_sources(cfg):
         try:

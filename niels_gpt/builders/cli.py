@@ -144,8 +144,8 @@ def spec_from_args(args) -> BuildSpec:
     columns = None if args.chat_columns is None else tuple(c.strip() for c in args.chat_columns.split(","))
     if columns is not None and (len(columns) != 2 or not all(columns)):  # before a tokenizer is trained
         raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
-    return BuildSpec(sources=list(args.sources), out=args.out, tokenizer=args.tokenizer, eos=args.eos, bos=args.bos,
-                     separator=args.separator, chat_template=args.chat_template, chat=args.chat,
+    return BuildSpec(sources=list(args.sources), out=args.out, tokenizer=args.tokenizer, eos=args.eos,
+                     bos=args.bos, separator=args.separator, chat_template=args.chat_template, chat=args.chat,
                      layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
                      map=args.map, min_chars=args.min_chars, val_per_input=args.val_per_input,

@@ -153,8 +153,8 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
     check_budgets(max_train_tokens, max_val_tokens, val_frac, final or out_dir)
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
-    separator, writers, sinks = open_splits(out, tokenizer, dtype, (max_train_tokens, max_val_tokens), shard_bytes,
-                                            compress)
+    budgets = (max_train_tokens, max_val_tokens)
+    separator, writers, sinks = open_splits(out, tokenizer, dtype, budgets, shard_bytes, compress)
     skipped: Counter = Counter()
     exhausted = False
     log = OriginLog(None) if plan is not None else None

@@ -1,5 +1,5 @@
 """The SFT commit: the rendered parts of a chat build's tasks, in plan order, through the one-process
-builder's `SFTWriter`, so the draws, files and meta.json are the same. Each part is checked against its receipt.
+builder's `SFTWriter`, so the draws, files and meta.json are the same. Parts are checked against receipts.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - The items of task 0, then task 1, ... are the build's stream whichever executor runs it.
 - `shuffle=(seed, buffer_size)`: each dataset id whose rows are documents is read as one piece,
   `load_dataset(id, streaming=True).shuffle(seed=seed, buffer_size=buffer_size)`, and the builder's torch
-  buffer is not applied; a dataset whose documents span rows (wikitext, oasst) keeps its shards and the buffer.
+  buffer is not applied; a dataset whose documents span rows (wikitext, oasst) keeps its shards and buffer.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: in
               rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
               split: str = "train", read_as: dict[str, str] | None = None,
               shuffle: tuple[int, int] | None = None) -> Plan:
-    """The reading plan of `sources` with each task's id for `tokenizer` (None: for reading only); `task_bytes`
-    None: sources/stream.py::auto_task_bytes; `shuffle`: see the module docstring."""
+    """The reading plan of `sources` with each task's id for `tokenizer` (None: for reading only);
+    `task_bytes` None: sources/stream.py::auto_task_bytes; `shuffle`: see the module docstring."""
     plan = plan_reading(sources, task_bytes=task_bytes, rules=rules, chat=chat, layout=layout, config=config,
                         split=split, read_as=read_as)
     if shuffle is not None:
@@ -104,16 +104,3 @@ def task_id(value, record, field: str = "id") -> str:
     return confined(value, record, field, parts=1, pattern=TASK_ID, error=CacheError,
                     fix="remove the work directory's plan.json and parts, then build again")
 
-
-def read_plan(path: str | os.PathLike) -> dict:
-    """A plan.json of a work directory, its task ids checked; CacheError naming the file otherwise."""
-    try:
-        doc = json.loads(open(path, "rb").read().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CacheError(f"{path}: not valid JSON ({exc}); remove it and build again") from exc
-    tasks = doc.get("tasks") if isinstance(doc, dict) else None
-    if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
-        raise CacheError(f"{path}: 'tasks' is missing or not a list of objects; remove it and build again")
-    for k, t in enumerate(tasks):
-        task_id(t.get("id"), path, f"tasks[{k}].id")
-    return doc

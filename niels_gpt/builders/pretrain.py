@@ -235,10 +235,10 @@ def build_pretrain_cache(
             bar.close(finished=exhausted)
         meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records,
                              separator=separator, seed=seed, dataset_name=dataset_name,
-                             dataset_config=dataset_config, streaming=streaming, source=source, own_split=own_split,
-                             exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes,
-                             shuffle_buffer=shuffle_buffer, val_frac=val_frac, tokenizer_path=tokenizer_path,
-                             origins=log is not None)
+                             dataset_config=dataset_config, streaming=streaming, source=source,
+                             own_split=own_split, exhausted=exhausted, skipped=skipped,
+                             shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer, val_frac=val_frac,
+                             tokenizer_path=tokenizer_path, origins=log is not None)
         write_meta(str(out), meta)
 
 
@@ -253,7 +253,7 @@ def _unpaired(pairs, fifo: deque):
 
 def open_splits(out: Path, tokenizer, dtype: np.dtype, budgets: tuple[int, int], shard_bytes: int,
                 compress: str | None):
-    """(separator, writers, sinks) of the train and val splits of a pretraining cache being written at `out`."""
+    """(separator, writers, sinks) of the train and val splits of a pretraining cache written at `out`."""
     separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each
     check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
     start_build(out, ["train", "val"])

@@ -193,8 +193,8 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     check_spec(spec)
     if is_url(spec.out) and local_path_of(spec.out) is None:
-        # staged locally, then uploaded with meta.json last; the work directory: --work-dir, else <out>.build in
-        # the same store (memory:// is this process's own: then a local directory beside the staged output)
+        # staged locally, then uploaded with meta.json last; the work directory: --work-dir, else <out>.build
+        # in the same store (memory:// is this process's own: then a local directory beside the staged output)
         work = spec.work_dir
         if work is None and scheme_of(str(spec.out)) != "memory":
             work = str(spec.out).rstrip("/") + WORK_DIR_SUFFIX
@@ -317,23 +317,25 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
 
         def described() -> dict:
             about = reader.described()
-            return {**about, "split_rule": spec.extra.get("split_rule", "the sources are train, val_sources val"),
-                    "val_files": texts.val.described().get("files", []),
+            rule = spec.extra.get("split_rule", "the sources are train, val_sources val")
+            return {**about, "split_rule": rule, "val_files": texts.val.described().get("files", []),
                     **({"val_split": spec.val_split} if spec.val_split else {}),
                     **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
                        if spec.extra.get("skipped_inputs") else {})}
 
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
-                  streaming=plan.streaming, source=described, progress=spec.progress,
-                  tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
+                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
     if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record, **common)
+        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
+                        **common)
     else:
         sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
         build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
-                             max_val_tokens=ALL_TOKENS if split else val_budget(spec), shard_bytes=spec.shard_bytes,
-                             shuffle_buffer=spec.shuffle_buffer, input_bytes=None if None in sizes else sum(sizes),
-                             val_frac=spec.val_frac, compress=spec.compress, **common)
+                             max_val_tokens=ALL_TOKENS if split else val_budget(spec),
+                             shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
+                             input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
+                             compress=spec.compress, **common)
     tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
     workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""
     return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)

@@ -1,10 +1,10 @@
 """The SFT builder (`build_sft_cache`): conversations rendered into a token stream with start offsets.
 
 Each conversation is rendered (sentinel, content, EOT per message), sent to val with probability `val_frac`
-(one torch draw per usable example) and appended to `{split}_tokens.bin`, its start offset to `{split}_idx.npy`
-(int64). A tokenizer's own chat template leaves no sentinels to find the assistant spans by, so its mask is
-stored: `{split}_mask.bin`, one uint8 per token. `SFTWriter` draws and writes for this builder and for the
-parallel commit (builders/commit_sft.py) alike, so both write the same bytes.
+(one torch draw per usable example) and appended to `{split}_tokens.bin`, its start offset to
+`{split}_idx.npy` (int64). A tokenizer's own chat template leaves no sentinels to find the assistant spans
+by, so its mask is stored: `{split}_mask.bin`, one uint8 per token. `SFTWriter` draws and writes for this
+builder and for the parallel commit (builders/commit_sft.py) alike, so both write the same bytes.
 """
 
 from __future__ import annotations
