@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import json
 import math
 import os
@@ -74,9 +75,7 @@ class _Named:
 
 def _register(where: str, sub) -> None:
     if where.startswith("niels_gpt."):
-        import importlib  # lazy: a command imports only its own module (see VERBS)
-
-        importlib.import_module(where).register(_Named(sub))
+        importlib.import_module(where).register(_Named(sub))  # a command imports only its own module
     else:
         globals()[where](_Named(sub))
 

@@ -148,8 +148,7 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     `kind`: a key of KINDS, the only kind replaced. `inputs`: local paths the command reads. `others`: (flag,
     path) of the command's other outputs, which must not overlap this one.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown output kind {kind!r}")
+    assert kind in KINDS, kind
     given = Path(out)
     real = _resolved(given, flag)
     cwd = Path.cwd().resolve()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -104,17 +105,6 @@ def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None],
                 start += n
 
 
-def _batches(docs: Iterator[_Doc | None]) -> Iterator[list[_Doc | None]]:
-    batch: list = []
-    for d in docs:
-        batch.append(d)
-        if len(batch) == ENCODE_BATCH_DOCS:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
     """Copy one planned run of documents (what Budgeted.write would convert) into its shards."""
     eot_arr = np.array([eot], dtype=dtype)
@@ -168,7 +158,8 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 w.sync()
 
         index = InputIndex(plan.inputs) if plan is not None else None
-        for batch in _batches(_documents(work_dir, receipts, between, index)):
+        docs = _documents(work_dir, receipts, between, index)
+        while batch := list(itertools.islice(docs, ENCODE_BATCH_DOCS)):
             reasons = Counter(d for d in batch if isinstance(d, str))
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
             skipped.update(reasons)

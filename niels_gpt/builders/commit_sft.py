@@ -32,9 +32,9 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
     skipped: Counter = Counter()
     writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
     index = InputIndex(plan.inputs) if plan is not None else None
+    names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
     try:
         for receipt in receipts:
-            names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
             arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
             rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()]) if index else None
             tokens, lens = arrays[0], arrays[-1]
