@@ -48,9 +48,7 @@ MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
 DRAW_BLOCK = 1024  # val_frac draws: torch.rand(DRAW_BLOCK) at a time (the same values as one at a time)
 SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
-              "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
-SPLIT_RULE_BOS = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
-                  "max_train_tokens; the document crossing a budget keeps its BOS and its first (room - 1) tokens")
+              "max_train_tokens; the document crossing a budget keeps {}")
 
 
 class SplitTexts(NamedTuple):
@@ -67,7 +65,8 @@ def val_seed(seed: int) -> int:
 
 def split_rule(seed: int, val_frac: float | None, before: bool) -> str:
     if val_frac is None:
-        return SPLIT_RULE_BOS if before else SPLIT_RULE
+        return SPLIT_RULE.format("its BOS and its first (room - 1) tokens" if before else
+                                 "its first (room - 1) tokens and its EOT")
     return (f"by document: g = torch.Generator().manual_seed({val_seed(seed)}) (from seed {seed}: the first 8 "
             f"bytes of sha256('val_frac:{seed}'), little-endian, >> 1); the k-th non-empty document of the stream "
             f"goes to val when the k-th draw of torch.rand({DRAW_BLOCK}, generator=g, dtype=torch.float64) blocks is "
