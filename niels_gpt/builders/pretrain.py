@@ -116,7 +116,7 @@ def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | 
             raise ConfigError(f"{name} must be >= 0, got {value}")
     if max_train_tokens == 0 and max_val_tokens == 0:
         raise ConfigError(f"{where}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
-                          "give either a positive budget (--max-train-tokens / --max-val-tokens)")
+                          "give either a positive budget (--max-tokens / --val-tokens)")
     if val_frac is not None and not 0.0 < val_frac < 1.0:
         raise ConfigError(f"--val-frac must be in (0, 1), got {val_frac}")
 
