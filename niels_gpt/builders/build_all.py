@@ -178,8 +178,9 @@ def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
 def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
     spec = recipe(name, cfg, tokenizer)
     if spec is not None:
-        build(spec, log=lambda msg: None)
-        return _summary(name, Path(spec.out))
+        s = build(spec, log=lambda msg: None)
+        return {"name": name, "kind": s["kind"], "built": True, **s["totals"],
+                **{k: s[k] for k in ("files", "skipped", "skipped_inputs")}}
     out = Path(cfg.cache_dir) / "pretrain" / name  # a placeholder, not a failure: "built": false says why
     flags = " or ".join(OPTIONS[f].flag for f in NAMED[name].local)
     with build_aside(out) as stage:
@@ -188,15 +189,6 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
         write_meta(str(stage), {"kind": "pretrain", "built": False, "dataset_name": name,
                                 "reason": f"no {flags} given", "seed": cfg.seed})
     return {"name": name, "kind": "pretrain", "built": False}
-
-
-def _summary(name: str, out: Path) -> dict:
-    meta = read_meta(str(out))
-    row = {"name": name, "kind": meta["kind"], "built": True, **meta["totals"]}
-    row["files"] = len(meta["files"])
-    row["skipped"] = {k: v for k, v in meta.get("skipped", {}).items() if v}
-    row["skipped_inputs"] = meta.get("skipped_inputs") or []
-    return row
 
 
 def local_inputs(cfg: BuildConfig) -> list[str]:

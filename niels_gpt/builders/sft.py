@@ -52,19 +52,19 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
             f"val when draws[k] < {val_frac!r}, else to train")
 
 
-def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error"
-             ) -> Iterator[tuple[int, object]]:
-    """(index, rendering) in input order; renderings of a run of ENCODE_BATCH_DOCS conversations are made on
-    `workers` threads at once (the bytes written do not depend on it)."""
-    it = enumerate(examples)
+def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error") -> Iterator[object]:
+    """Renderings in input order; a run of ENCODE_BATCH_DOCS conversations is rendered on `workers` threads at
+    once (the bytes written do not depend on it)."""
+    def one(conv):
+        return render(tokenizer, conv, on_bad_record)
+
     if workers <= 1:
-        for i, conv in it:
-            yield i, render(tokenizer, conv, on_bad_record)
+        yield from map(one, examples)
         return
+    it = iter(examples)
     with ThreadPoolExecutor(workers) as pool:
         while batch := list(itertools.islice(it, ENCODE_BATCH_DOCS)):
-            for (i, _), chat in zip(batch, pool.map(lambda ic: render(tokenizer, ic[1], on_bad_record), batch), strict=True):
-                yield i, chat
+            yield from pool.map(one, batch)
 
 
 class SFTWriter:
@@ -186,7 +186,7 @@ def build_sft_cache(
         try:
             stream = _unpaired(examples.with_origins(), fifo) if located else examples
             shown = progress_bar(stream, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
-            for i, chat in rendered(shown, tokenizer, workers, on_bad_record):
+            for i, chat in enumerate(rendered(shown, tokenizer, workers, on_bad_record)):
                 origin = fifo.popleft() if located else None
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1
