@@ -62,16 +62,13 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
     """Ids of each text: a list of ints, or an int32 array for a text longer than `piece_chars`.
     `arrays=True`: uint32 arrays for the short texts where the tokenizer (or the fast encoder) has them."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
-    if all(len(t) <= piece_chars for t in texts):
-        return encode_whole(tokenizer, texts, num_threads, arrays)
-    out: list = [None] * len(texts)
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
-    for i, ids in zip(short, encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays),
-                       strict=True):
+    if len(short) == len(texts):
+        return encode_whole(tokenizer, texts, num_threads, arrays)
+    out = [None if len(t) <= piece_chars else encode_long(tokenizer, t, piece_chars) for t in texts]
+    whole = encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays)
+    for i, ids in zip(short, whole, strict=True):
         out[i] = ids
-    for i, text in enumerate(texts):
-        if out[i] is None:
-            out[i] = encode_long(tokenizer, text, piece_chars)
     return out
 
 
