@@ -1,8 +1,5 @@
-"""Write-to-temporary-then-rename, the commit protocol every writer in the package uses.
-
-A file appears under its final name only complete and flushed to disk; a crash leaves at most a
-`*.tmp-<pid>` file that no reader looks at. Directories are committed by writing their meta.json
-(or manifest.json) last.
+"""Write-to-temporary-then-rename: a file appears under its final name only complete and flushed; a crash
+leaves at most a `*.tmp-<pid>` file that no reader looks at. Directories commit by their marker, written last.
 """
 
 from __future__ import annotations
@@ -31,11 +28,8 @@ def fsync_file(path: str | os.PathLike) -> None:
 
 
 def commit(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True) -> None:
-    """fsync `tmp` (unless not `durable`), then move it over `final` in one step.
-
-    `durable=False` is for files whose reader verifies them anyway (a dist-build part, checked against
-    its receipt's sha256 by the commit): after a power loss such a file may be short or zeroed under its
-    final name, which that check catches, and skipping the fsync saves milliseconds per file."""
+    """fsync `tmp` (unless not `durable`: for files their reader checks by sha256 anyway, such as a build's
+    parts), then move it over `final` in one step."""
     if durable:
         fsync_file(tmp)
     os.replace(tmp, final)

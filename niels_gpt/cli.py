@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import json
 import math
 import os
@@ -34,11 +35,9 @@ from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
 from niels_gpt.storage.settings import configure
 from niels_gpt.tokenizer.spm import TrainSettings
 
-# Every subcommand in --help order: (name, one-line help, where its parser comes from). A module's
-# register(sub) adds the parsers of its verbs; the others are this module's functions. An explicit table: a
-# module that fails to import fails the CLI loudly.
-# NOTE: `main` builds the parser of the command it runs and only names the others, so a verb that does not
-# need torch (build, convert, download, verify, ...) and --help start without importing it (~1.5 s).
+# Every subcommand in --help order: (name, one-line help, the module whose register(sub) adds its parser, or
+# a function of this one). NOTE: `main` builds only the parser of the command it runs, so a verb that does
+# not need torch (build, convert, verify, ...) and --help start without importing it (~1.5 s).
 VERBS = (
     ("build", "build a cache from your own files, URLs or a dataset id, with any tokenizer, inline, on local "
               "processes or on Ray", "niels_gpt.builders.cli"),
@@ -58,6 +57,9 @@ VERBS = (
     ("trace", "which documents were in step N of a run (or which steps saw a document)", "niels_gpt.trace.cli"),
 )
 HELP = {name: text for name, text, _ in VERBS}
+NETWORK_TIMEOUT_HELP = ("how long a store or server may take to answer, or leave a transfer without a byte "
+                        "(a transfer that keeps moving is never cut; default: $NIELS_GPT_NETWORK_TIMEOUT_S, "
+                        "else 30)")
 
 
 class _Named:
@@ -73,9 +75,7 @@ class _Named:
 
 def _register(where: str, sub) -> None:
     if where.startswith("niels_gpt."):
-        import importlib  # lazy: a command imports only its own module (see VERBS)
-
-        importlib.import_module(where).register(_Named(sub))
+        importlib.import_module(where).register(_Named(sub))  # a command imports only its own module
     else:
         globals()[where](_Named(sub))
 
@@ -205,13 +205,13 @@ def add_train_tokenizer(sub) -> None:
 
 
 def run_train_tokenizer(args) -> int:
+    args.only, args.tokenizer = ["tokenizer"], None
     if args.sources or args.out is not None:
         if not args.sources or args.out is None:
             raise ConfigError("train-tokenizer SRC... --out DIR: give both the sources and the output directory "
                               "(or neither, for build-all's tokenizer step into --cache-dir)")
         from niels_gpt.builders.tokenizer import train_on_sources  # lazy: the trainer's progress only here
 
-        args.only, args.tokenizer = ["tokenizer"], None
         settings = config_from_args(args).tokenizer_settings
         rules = Rules(text_field=args.text_field, messages_field=args.messages_field, on_bad_record=args.on_bad_record)
         tok = train_on_sources(args.sources, args.out, settings=settings, rules=rules, chat=args.chat,
@@ -222,7 +222,6 @@ def run_train_tokenizer(args) -> int:
     if args.read_as or args.trainer != "sentencepiece":
         raise ConfigError(f"{'--read-as' if args.read_as else f'--trainer {args.trainer}'} applies to the files of "
                           "SRC: give train-tokenizer SRC... --out DIR with it")
-    args.only, args.tokenizer = ["tokenizer"], None
     cfg = config_from_args(args)
     row = build_tokenizer(cfg)
     print(f"tokenizer: {row['vocab_size']} ids, sha256 {row['sha256']}… -> {Path(cfg.cache_dir) / 'tokenizer'}")
@@ -236,11 +235,11 @@ def add_inspect_verify(sub) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: <root>/tokenizer found above PATH)")
     p.add_argument("--window", type=int, default=64, help="tokens to decode")
     p.add_argument("--json", action="store_true", help="print each cache's meta.json (without its file list) as JSON")
-    p.set_defaults(func=lambda a: _inspect(a))
+    p.set_defaults(func=_inspect)
     p = sub.add_parser("verify")
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
                    "of a cache or packed directory (every file downloaded and checked)")
-    p.set_defaults(func=lambda a: _verify(a))
+    p.set_defaults(func=_verify)
 
 
 def add_stats(sub) -> None:
@@ -253,15 +252,12 @@ def add_stats(sub) -> None:
                    help="SFT: count examples that keep no trained target at this sequence length")
     p.add_argument("--steps", type=int, default=1000, help="mixture config: steps to draw")
     p.add_argument("--batch", type=int, default=64, help="mixture config: global batch size (samples per step)")
-    p.set_defaults(func=lambda a: _stats(a))
+    p.set_defaults(func=_stats)
 
 
 def _stats(args) -> int:
-    # lazy: these import torch; `build` starts without it
-    from niels_gpt.locate import locate
-
-    # lazy: imports torch
-    from niels_gpt.report import cache_stats, format_stats, mixture_stats, plot_stats
+    from niels_gpt.locate import locate  # lazy: imports torch, which `build` starts without
+    from niels_gpt.report import cache_stats, format_stats, mixture_stats, plot_stats  # lazy: torch
 
     path, named, _ = read_location(args.path)
     with errors_named(named):
@@ -279,11 +275,8 @@ def _stats(args) -> int:
 
 
 def _inspect(args) -> int:
-    # lazy: imports torch, which `build` starts without
-    from niels_gpt.locate import locate
-
-    # lazy: imports torch
-    from niels_gpt.report import inspect_json, inspect_path
+    from niels_gpt.locate import locate  # lazy: imports torch, which `build` starts without
+    from niels_gpt.report import inspect_json, inspect_path  # lazy: torch
 
     path, named, _ = read_location(args.path, everything=not args.json)
     tokenizer = args.tokenizer
@@ -299,8 +292,7 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
-    # lazy: imports torch, which `build` starts without
-    from niels_gpt.report import verify_outputs
+    from niels_gpt.report import verify_outputs  # lazy: imports torch, which `build` starts without
 
     path, named, failed = read_location(args.path, collect=True, fresh=True)  # every byte at the URL, checked
     with errors_named(named):
@@ -325,9 +317,7 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
                                                  f"Commands: {commands}. `COMMAND --help` for each one's flags.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--network-timeout", type=float, default=None, metavar="SECONDS",
-                        help="how long a store or server may take to answer, or leave a transfer without a byte "
-                             "(a transfer that keeps moving is never cut); before or after the command "
-                             "(default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
+                        help="before or after the command: " + NETWORK_TIMEOUT_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = {where for name, _, where in VERBS if only is None or name == only}
     for name, text, where in VERBS:
@@ -342,15 +332,15 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
         p.formatter_class = HelpFormatter
         # NOTE: accepted after the command too (`verify URL --network-timeout 5`), where users put flags
         p.add_argument("--network-timeout", dest="network_timeout_after", type=float, default=None,
-                       metavar="SECONDS", help="how long a store or server may take to answer, or leave a transfer "
-                       "without a byte (default: $NIELS_GPT_NETWORK_TIMEOUT_S, else 30)")
+                       metavar="SECONDS", help=NETWORK_TIMEOUT_HELP)
     return parser
 
 
 # OS conditions a user fixes on their side: one line naming the file, never a traceback
+_NO_SPACE = "free space or choose another location; an unfinished output has no commit marker"
 _ONE_LINE_ERRNOS = {
-    errno.ENOSPC: "free space or choose another location; an unfinished output has no commit marker",
-    errno.EDQUOT: "free space or choose another location; an unfinished output has no commit marker",
+    errno.ENOSPC: _NO_SPACE,
+    errno.EDQUOT: _NO_SPACE,
     errno.EROFS: "the filesystem is read-only: choose a writable location",
     errno.EACCES: "permission denied: choose a location you can write (or read) or fix its permissions",
     errno.EPERM: "operation not permitted: choose a location you can write or fix its permissions",

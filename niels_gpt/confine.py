@@ -1,17 +1,9 @@
 """The one rule for a name read from a record: it stays inside its directory.
 
-Every file name a record holds (meta.json's `files`, manifest.json's `files.*.name`, a receipt's `files`,
-the paths in a download cache's pin files, a plan's task ids) becomes a path the moment a reader, `verify`
-or a download joins it to a directory. A record may come from anywhere (a cache at a URL, a directory
-someone sent), so a name is accepted only in its plain form:
-
-- a string of `/`-separated components (`train/shard_00000.bin`), each non-empty and neither `.` nor `..`;
-- not absolute, no backslash, no NUL, no control character, no drive (`C:`);
-- at most `parts` components where the record allows no sub-directories (1: a plain file name);
-- when the record kind names one, matching its pattern (a task id, `.npy` file names).
-
-Anything else refuses the whole record: one error naming the record file, the field and the name. A
-record is never half-used, so nothing is read from or written to a path outside its directory.
+A file name a record holds (meta.json's `files`, a manifest's, a receipt's, a pin file's, a task id) becomes
+a path when joined to a directory, and a record may come from anywhere, so a name is accepted only as
+`/`-separated components, none empty, `.` or `..`; not absolute, no backslash, control character or drive;
+at most `parts` components; matching `pattern` where given. Anything else refuses the whole record.
 """
 
 from __future__ import annotations

@@ -13,17 +13,9 @@
 | packed bins (manifest.json, Megatron-Bridge Parquet, legacy .npy) | `open_packed`            | `{"input_ids", "labels", "loss_mask", "seq_starts"...}` |
 | a peer's token files (`convert --to` output, nanoGPT .bin, KempnerForge .npy, Megatron .bin/.idx, raw) | `MemoryMappedDataset` | KempnerForge's semantics: `{"input_ids", "labels"}`, windows of T + 1, stride T + 1 |
 
-Which to use for what: `IndexedWindowDataset` with `GlobalBatchSampler` and `ResumableDataLoader` for
-pretraining with exact resumption on any number of ranks and workers; the contract's
-`PretrainTokenStreamDataset.get_batch` for random windows with a torch generator; `SFTExampleDataset`
-for SFT with the assistant-only loss mask; packed bins for SFT at a fixed sequence length without
-padding waste; `MemoryMappedDataset` / `NanogptDataset` where a run must see exactly the samples a
-peer's loader would (docs/formats.md). Every dataset here pickles as paths (memmaps open lazily in
-each worker), validates its files on open, and raises the package's errors.
-
-A cache URL (`s3://`, `gs://`, `hf://`, `http(s)://`; niels_gpt/storage) opens the same dataset through
-the host's download cache: only the marker (meta.json or manifest.json) is read here, shards come on
-first use or ahead of it (docs/storage.md). Peers' token files are read from local paths only.
+Every dataset pickles as paths, validates its files on open and raises the package's errors (which to use
+for what: docs/loading.md). A cache URL opens through the host's download cache: only its marker is read
+here, shards come on first use (docs/storage.md). Peers' token files are read from local paths only.
 """
 
 from __future__ import annotations
@@ -44,9 +36,8 @@ from niels_gpt.urls import is_url
 
 
 def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = "train", **options):
-    """The dataset for whatever `path` holds (see the module's table; niels_gpt.locate decides what it is, from
-    the mirrored marker for a URL). `T` is the window (sequence) length; packed bins have theirs fixed at packing
-    and take none. `options` go to the dataset."""
+    """The dataset for whatever `path` holds (the module's table; niels_gpt.locate decides). `T`: the window
+    length (packed bins take none: theirs is fixed at packing). `options` go to the dataset."""
     if is_url(path) and not os.fspath(path).startswith("file://"):
         rc, sub = open_marker(os.fspath(path))
         if sub and sub not in SPLITS:

@@ -33,16 +33,12 @@ class FormatError(NielsGPTError):
 
 
 class CacheMismatchError(CacheError, FormatError):
-    """A cache's files disagree with its meta.json (size, token count, sha256, a stray or missing file).
-
-    One class for the condition wherever it is found: by a reader (a CacheError) or by format detection
-    (a FormatError), so callers catching either see it.
-    """
+    """A cache's files disagree with its meta.json (size, token count, sha256, a stray or missing file);
+    found by a reader (a CacheError) or format detection (a FormatError)."""
 
 
 class TokenRangeError(CacheError, FormatError):
-    """A token id does not fit the dtype being written (uint16 above 65,535): in a build (a CacheError)
-    or a conversion (a FormatError), one class for the one condition."""
+    """A token id does not fit the dtype being written (uint16 above 65,535), in a build or a conversion."""
 
 
 class StateError(NielsGPTError):

@@ -14,13 +14,9 @@
 | a directory holding several outputs of ours (a build-all root) | `root`          |
 | token files of another format (nanoGPT, KempnerForge, Megatron, raw with meta) | `foreign` (`info`: its FormatInfo) |
 
-A path that holds none of these is a clear error saying what it is and what to do: missing (with the
-interrupted build's leftovers named, when there are some: niels_gpt.meta.unfinished_build), our token files
-without their commit marker (`unfinished_tokens`: a build that never finished, or a marker removed), a text
-or JSONL file (build it first), an empty or unrelated directory.
-
-What a commit marker says (the first rows) is niels_gpt/markers.py's `by_marker`, which the output guard
-(niels_gpt/output_guard.py) reads too; token files of a peer's format and text files are detect_format's.
+Anything else is an error saying what it is and what to do: missing (naming an interrupted build's
+leftovers), token files without their commit marker, a text file (build it first), an empty or unrelated
+directory. Markers are read by markers.by_marker (as the output guard does), peers' files by detect_format.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Encoding documents of any length with bounded memory, ids exactly those of the whole document.
 
-sentencepiece and the regex pre-tokenizers of byte-level BPE (GPT-2, cl100k, o200k) build working
-structures of ~30 bytes per input character, so one 200 MB line used to peak at 6.2 GB. A document longer
-than `LONG_DOCUMENT_CHARS` is encoded in pieces of about that size, cut only before a single space that
-has a non-space character on both sides:
-
-- sentencepiece (ours: identity normalization, no dummy prefix, split by whitespace) never makes a piece
-  that crosses such a space, since every pre-token starts at a space;
-- the byte-level regexes only match a space at the start of a pre-token when the character before it is
-  not whitespace, so a pre-token always starts at such a space and nothing before it looks past it.
-
-So for BPE models (sentencepiece BPE, byte-level BPE) the pieces' ids, concatenated, are the document's
-ids (tests/test_long_documents.py checks this on real text with several piece sizes). A sentencepiece
-*unigram* model, such as the contract's, picks among equally scored segmentations by float sums
-accumulated from the start of its input, so a rare tie can segment differently near a cut ("p|ale" for
-"pa|le"), still decoding to the same text: on tinyshakespeare (489,446 tokens) 2 token boundaries move
-with 1 Mi-character pieces, 76 with 4,096-character ones. Only documents
-longer than `LONG_DOCUMENT_CHARS` (4 Mi characters) take this path; every shorter one is encoded whole. A document with no such space (a 200 MB base64
-blob) is encoded whole. Pieces are converted to int32 arrays as they come, so the ids of a long document
-cost 4 bytes each instead of a Python list's ~36.
+Encoders build ~30 bytes of working structures per input character, so a document longer than
+`LONG_DOCUMENT_CHARS` is encoded in pieces, cut only before a single space between non-space characters:
+neither sentencepiece (split by whitespace, no dummy prefix) nor the byte-level regexes (GPT-2, cl100k,
+o200k) make a pre-token that crosses such a space, so for BPE models the pieces' ids concatenated are the
+document's (tests/test_long_documents.py). NOTE: a unigram model breaks rare score ties by float sums from
+its input's start, so a few boundaries near a cut may move (same decoded text; counts in docs/scale.md).
+A document with no such space is encoded whole. Pieces become int32 arrays as they come (4 bytes an id).
 """
 
 from __future__ import annotations
@@ -72,29 +60,21 @@ def _safe_at(text: str, pos: int) -> bool:
 def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 1,
                      piece_chars: int | None = None, arrays: bool = False) -> list:
     """Ids of each text: a list of ints, or an int32 array for a text longer than `piece_chars`.
-
-    arrays=True: a tokenizer with `encode_batch_arrays` (tiktoken) gives its uint32 arrays for the short
-    texts instead of lists (the same ids without a Python int per token; the cache builder's writer takes
-    either). The fast encoder (niels_gpt/tokenizer/fast.py) encodes them where it is checked to give the same
-    ids."""
+    `arrays=True`: uint32 arrays for the short texts where the tokenizer (or the fast encoder) has them."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
-    if all(len(t) <= piece_chars for t in texts):
-        return encode_whole(tokenizer, texts, num_threads, arrays)
-    out: list = [None] * len(texts)
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
-    for i, ids in zip(short, encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays),
-                       strict=True):
+    if len(short) == len(texts):
+        return encode_whole(tokenizer, texts, num_threads, arrays)
+    out = [None if len(t) <= piece_chars else encode_long(tokenizer, t, piece_chars) for t in texts]
+    whole = encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays)
+    for i, ids in zip(short, whole, strict=True):
         out[i] = ids
-    for i, text in enumerate(texts):
-        if out[i] is None:
-            out[i] = encode_long(tokenizer, text, piece_chars)
     return out
 
 
 def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, arrays: bool = True) -> list:
     """Ids of each text, encoded whole: by the fast encoder where it is checked to give the tokenizer's ids
-    (niels_gpt/tokenizer/fast.py; uint32 arrays), else by the tokenizer's own batch encoder on `num_threads`
-    (lists, or its uint32 arrays where it has `encode_batch_arrays` and `arrays` is set)."""
+    (tokenizer/fast.py), else by the tokenizer's batch encoder (`encode_batch_arrays` with `arrays`)."""
     # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
     from niels_gpt.tokenizer.fast import check_sample, fast_encoder
 

@@ -1,10 +1,6 @@
-"""What a directory's commit marker says it holds: the first half of niels_gpt.locate, and all of what the
-output guard (niels_gpt/output_guard.py) needs, so that the guard, which formats/convert.py calls, stays below the
-format readers.
-
-A commit marker is the file an output's writer writes last (constants.MARKERS): meta.json of a cache or a
-tokenizer, manifest.json of packed bins, niels_receipt.json of a converted output. Cost: one small JSON
-read; `outputs_below` globs three levels.
+"""What a directory's commit marker (constants.MARKERS, written last) says it holds: the first half of
+niels_gpt.locate and all the output guard needs, so the guard stays below the format readers.
+Cost: one small JSON read; `outputs_below` globs three levels.
 """
 
 from __future__ import annotations
@@ -84,9 +80,8 @@ def packed_files(d: Path) -> set[str] | None:
 
 
 def unfinished_tokens(d: Path) -> bool:
-    """Whether directory `d` holds token files of ours (an SFT `*_tokens.bin`, pretraining shards under train/ or
-    val/, packed `input_ids.npy`) but no commit marker (meta.json, manifest.json): a build that never finished,
-    or an output whose marker was removed. The one rule behind locate, verify and stats."""
+    """Whether directory `d` holds token files of ours but no commit marker (an unfinished build, or a marker
+    removed): the one rule behind locate, verify and stats."""
     d = Path(d)
     if not d.is_dir() or (d / META_NAME).is_file() or (d / MANIFEST_NAME).is_file():
         return False

@@ -1,10 +1,7 @@
-"""meta.json: the commit marker and the record of everything needed to trust a cache.
+"""meta.json: the commit marker (written last, atomically) and the record needed to trust a cache.
 
-A cache directory is complete exactly when its meta.json exists (it is written last, atomically).
-Cheap checks (sizes, token counts) run on every open via `check_files`; the sha256 of every file is
-checked by `verify` (streamed, 1 MiB blocks), and on open for the small files a reader loads whole
-anyway (an SFT split's offsets: `load_checked_npy`), where a flipped byte could keep the offsets
-plausible and silently move example boundaries.
+Every open checks sizes and token counts (`check_files`); `verify` checks every sha256; small files a
+reader loads whole anyway (an SFT split's offsets) are hashed on open (`load_checked_npy`).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ from niels_gpt.seals import seal_problem, sealed_bytes
 from niels_gpt.staging import OLD_INFIX
 
 FORMAT_VERSION = 1
-# A token shard stored as zstd frames (niels_gpt/formats/zstd_shard.py): its record's "tokens" counts the
-# tokens it decompresses to, its "bytes" the compressed file, so the two are not tied by the dtype.
+# A zstd shard's record counts the tokens it decompresses to: its "bytes" are not tokens * itemsize.
 COMPRESSED_SUFFIX = ".zst"
 
 # The contract's fields ("each meta.json must include at least"), per kind of cache.
@@ -65,15 +61,13 @@ def meta_path(path: str | os.PathLike) -> Path:
 
 
 def write_meta(path: str, meta: dict) -> None:
-    """Write meta.json atomically (temporary file, fsync, rename), sealed (niels_gpt/seals.py). Keys
-    sorted: byte-stable output."""
+    """Write meta.json atomically, sealed (niels_gpt/seals.py), keys sorted (byte-stable)."""
     write_bytes_atomic(meta_path(path), sealed_bytes(meta))
 
 
 def read_meta(path: str, *, check_seal: bool = True) -> dict:
-    """Read and schema-check a meta.json (or the meta.json of a directory), and check its seal (a record
-    written without one reads as before). `check_seal=False` is for `verify`, which reports a broken seal
-    only where no more specific check names what changed."""
+    """Read and schema-check a meta.json (or a directory's), and check its seal. `check_seal=False`: for
+    `verify`, which reports a broken seal only where no more specific check names what changed."""
     mp = meta_path(path)
     if not mp.is_file():
         raise IncompleteCacheError(unfinished_build(mp.parent) or (
@@ -150,8 +144,8 @@ def sha256_file(path: str) -> str:
 
 
 def file_record(path: str | os.PathLike, tokens: int | None, data: bytes | None = None) -> dict:
-    """The record of one written file: its size and sha256 (of `data`, the bytes just written, when the
-    caller holds them; else read from disk), and its token count where it holds tokens."""
+    """A written file's size, sha256 (of `data` when the caller holds the bytes, else read from disk) and
+    token count where it holds tokens."""
     if data is not None:
         rec = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     else:
@@ -179,13 +173,10 @@ def record_problem(rec) -> str | None:
 
 def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
                 only: str | None = None) -> list[str]:
-    """Compare the files listed in meta["files"] with the disk; return one line per disagreement.
+    """One line per disagreement between meta["files"] and the disk (every reader on open, and `verify`).
 
-    The one check of our caches' files, run by every reader on open and by `verify`: each record is
-    well formed, each file has the bytes meta.json records, and a token file's recorded token count is
-    exactly its bytes in the cache's dtype (readers index with that count, so it must never exceed the
-    file). `only` limits the check to files under that sub-directory (e.g. "train"); sha256 only when
-    `hashes` is set (that reads every byte).
+    Each record is well formed, each file has its recorded bytes, and a token count is exactly its bytes in
+    the cache's dtype (readers index with it). `only`: files under that sub-directory; sha256 with `hashes`.
     """
     root = Path(root)
     problems = []
@@ -215,8 +206,8 @@ def check_files(root: str | os.PathLike, meta: dict, *, hashes: bool = False,
 
 
 def disk_problem(path: Path, rec: dict, listed_in: str, *, hashes: bool = True, fix: str = "") -> str | None:
-    """What differs between a file and its well-formed record ({"bytes", "sha256"}), or None: missing,
-    another size, then (with `hashes`) another sha256. Caches' meta.json and every receipt use it."""
+    """What differs between a file and its record ({"bytes", "sha256"}): missing, size, then (with `hashes`)
+    sha256; or None. Caches' meta.json and every receipt use it."""
     if not path.is_file():
         return f"{path}: missing ({listed_in} lists {rec['bytes']} bytes)"
     size = path.stat().st_size
@@ -245,11 +236,8 @@ def raise_on_problems(problems: list[str], root) -> None:
 
 
 def load_checked_npy(path: str | os.PathLike, record: dict | None, what: str):
-    """A small .npy file loaded whole, its bytes checked against the sha256 meta.json records.
-
-    Used for files a reader reads in full on open (so hashing them costs nothing extra). A missing
-    record checks nothing (verify reports it); a damaged header is a CacheError, never numpy's own.
-    """
+    """A small .npy file loaded whole, its bytes checked against `record`'s sha256 (none: unchecked, verify
+    reports it); a damaged header is a CacheError, never numpy's own."""
     path = Path(path)
     data = path.read_bytes()
     expected = (record or {}).get("sha256")
@@ -264,10 +252,10 @@ def load_checked_npy(path: str | os.PathLike, record: dict | None, what: str):
 
 
 def sft_offsets_problem(offsets, num_tokens: int | None) -> str | None:
-    """What is wrong with an SFT cache's example offsets, or None: the one rule the SFT reader, pack-sft,
-    stats and `verify` apply. Example i is tokens[offsets[i]:offsets[i+1]] (the last runs to the end of
-    the token file), so the offsets are 1-D integers that start at 0 and strictly increase (no empty or
-    reordered example), and the last lies inside the `num_tokens` of the token file (None: not checked)."""
+    """What is wrong with an SFT cache's example offsets, or None (the reader, pack-sft, stats and `verify`).
+
+    Example i is tokens[offsets[i]:offsets[i+1]] (the last runs to the end), so the offsets are 1-D
+    integers from 0, strictly increasing, the last inside `num_tokens` (None: not checked)."""
     offsets = np.asarray(offsets)
     if offsets.ndim != 1 or offsets.dtype.kind not in "iu":
         return f"expected a 1-D integer offsets array, got {offsets.dtype} {offsets.shape}"
@@ -294,12 +282,10 @@ def check_sft_offsets(offsets, num_tokens: int, path) -> np.ndarray:
 
 
 def unfinished_build(out: str | os.PathLike) -> str | None:
-    """Why the output `out` has no commit marker when a build of it was interrupted, or None.
+    """Why `out` has no commit marker when a build of it was interrupted (or None), and how to finish it.
 
-    The one rule readers, `verify` and read_meta share: a build writes into `<out>.tmp-<pid>` beside the
-    output and swaps it in when complete (niels_gpt/staging.py), so an interrupted first build leaves that
-    staging directory (and its `<out>.lock`) and no `<out>`; one killed between the two renames of the swap
-    leaves `<out>.old-<pid>`. The message says what was left and the command that finishes the build.
+    A build writes `<out>.tmp-<pid>` and swaps it in (niels_gpt/staging.py): an interrupted first build
+    leaves that directory, one killed between the swap's two renames `<out>.old-<pid>`.
     """
     out = Path(out)
     if not out.parent.is_dir() or (out / META_NAME).is_file():

@@ -1,7 +1,6 @@
 """What a command may delete or replace: only what this library made. One guard for every writer.
 
-Every command that writes (`build`, `dist-build`, `build-all`, `train-tokenizer`, `convert`, `pack-sft`,
-`train`, `download`) asks `check_output` before any work starts. An output path may be written when it is
+Every command that writes asks `check_output` before any work starts. An output path may be written when it is
 
 | what is there                                             | verdict                                          |
 |-----------------------------------------------------------|--------------------------------------------------|
@@ -18,10 +17,8 @@ Every command that writes (`build`, `dist-build`, `build-all`, `train-tokenizer`
 | equal to, inside or above one of the command's inputs,    | refused                                          |
 | or overlapping another output of the same command         |                                                  |
 
-A symlink to a directory is followed: the output is written where it points, so the link keeps
-pointing at it. Each refusal is one line naming the path, what is there and the fix. Work and staging
-directories are removed only by the command that created them (niels_gpt/staging.py, the dist-build
-driver). Cost: one directory walk of an existing output (its file names only), nothing for a new one.
+A symlink to a directory is followed (the link keeps pointing at the output). Each refusal is one line
+naming the path, what is there and the fix. Cost: one walk of an existing output's file names.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.markers import by_marker, outputs_below, packed_files, read_json
 
-PLAN_NAME = "plan.json"  # a dist-build work directory's marker (builders/dist.py)
+PLAN_NAME = "plan.json"  # a parallel build's work directory's marker (builders/tasks.py)
 
 # kind -> what its marker is and says. A cache is a pretraining or SFT cache (meta.json "kind").
 KINDS = {
@@ -44,7 +41,7 @@ KINDS = {
     "tokenizer": "a tokenizer directory (meta.json of kind tokenizer)",
     "packed": "packed SFT bins (manifest.json)",
     "converted": "a converted corpus (niels_receipt.json)",
-    "work": "a dist-build work directory (plan.json and parts/)",
+    "work": "a build's work directory (plan.json and parts/)",
 }
 
 
@@ -53,9 +50,8 @@ class OutputRefused(ConfigError):
 
 
 def what_is_there(path: Path) -> tuple[str | None, set[str] | None]:
-    """(kind, the relative paths its marker lists) of an output of ours at `path` (a key of KINDS, by the marker
-    niels_gpt.locate reads too); (None, None) when no output of ours is there; ("unreadable", None) when a
-    marker is there but cannot be read; ("split", None) for a split directory of a cache."""
+    """(kind, the relative paths its marker lists) of an output of ours at `path`: a key of KINDS, None (not
+    ours), "unreadable" (a marker that cannot be read) or "split" (a split directory of a cache)."""
     if (path / PLAN_NAME).is_file():
         return "work", None  # its parts are named by task ids: everything under it is the driver's
     try:
@@ -129,17 +125,13 @@ def check_overlap(out: Path, inputs: Iterable, flag: str, *, what: str = "input"
         p = Path(text)
         if not p.exists() and not p.is_symlink():
             continue
-        real = _resolved_quiet(p)
-        rel = _overlap(out, real)
-        if rel == "is":
-            raise OutputRefused(f"{flag} {out}: is the {what} {text} itself; writing there would replace it: "
-                                f"choose an output outside the {what}s")
-        if rel == "inside":
-            raise OutputRefused(f"{flag} {out}: inside the {what} directory {text}; the output would mix with it "
-                                f"(and be read as {what} next time): choose an output outside the {what}s")
-        if rel == "above":
-            raise OutputRefused(f"{flag} {out}: holds the {what} {text}; replacing it would delete the {what}: "
-                                f"choose an output outside the {what}s")
+        rel = _overlap(out, _resolved_quiet(p))
+        why = {"is": f"is the {what} {text} itself; writing there would replace it",
+               "inside": f"inside the {what} directory {text}; the output would mix with it (and be read as "
+                         f"{what} next time)",
+               "above": f"holds the {what} {text}; replacing it would delete the {what}"}.get(rel)
+        if why is not None:
+            raise OutputRefused(f"{flag} {out}: {why}: choose an output outside the {what}s")
 
 
 def _resolved_quiet(p: Path) -> Path:
@@ -150,16 +142,13 @@ def _resolved_quiet(p: Path) -> Path:
 
 
 def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inputs: Iterable = (),
-                 others: Iterable[tuple[str, str | os.PathLike]] = (), replace: bool = True) -> Path:
-    """Refuse, before any work, an output path this command may not write (see the module's table).
+                 others: Iterable[tuple[str, str | os.PathLike]] = ()) -> Path:
+    """The real path to write (symlinks followed), or a refusal before any work (the module's table).
 
-    `kind`: the kind of output the command writes (a key of KINDS); only an existing output of that kind
-    is replaced. `inputs`: local paths the command reads. `others`: (flag, path) of the command's other
-    outputs, which must not overlap this one. `replace=False`: an existing output of ours is refused too
-    (for commands that only ever write new outputs). Returns the real path to write (symlinks followed).
+    `kind`: a key of KINDS, the only kind replaced. `inputs`: local paths the command reads. `others`: (flag,
+    path) of the command's other outputs, which must not overlap this one.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown output kind {kind!r}")
+    assert kind in KINDS, kind
     given = Path(out)
     real = _resolved(given, flag)
     cwd = Path.cwd().resolve()
@@ -208,9 +197,6 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
                             f"{META_NAME} lists these files), not an output of its own; a command replaces a "
                             f"whole output only: give {flag} {Path(out).parent} to replace the cache, or a new "
                             "directory")
-    if not replace:
-        raise OutputRefused(f"{flag} {out}: already holds {KINDS[found]}; this command writes only new "
-                            f"outputs: choose a new {flag} directory (or remove that one yourself)")
     if found != kind:
         raise OutputRefused(f"{flag} {out}: holds {KINDS[found]}, not {KINDS[kind]}; it is not replaced by "
                             f"another kind of output: choose another {flag}")

@@ -1,11 +1,8 @@
 """The one resume protocol, and the distributed context, that every dataset and loader shares.
 
-A resume state is a plain JSON-able dict (no tensors, no pickle) carrying a `kind`, a `version` and a
-`fingerprint` of the data it belongs to. `check_state` refuses a state of another kind, version or
-dataset with a StateError that names both fingerprints, so a checkpoint of one corpus can never
-silently drive the loader of another. A dataset names its own data with a `fingerprint()` method
-(a sampler refuses a dataset without one: two datasets of one length are not the same data); nothing
-guesses from attribute names or lengths.
+A resume state is a JSON-able dict with a `kind`, a `version` and the `fingerprint` of its data;
+`check_state` refuses another kind, version or dataset (naming both fingerprints), so one corpus's
+checkpoint never drives another's loader. A dataset names its data with a `fingerprint()` method.
 """
 
 from __future__ import annotations
@@ -50,9 +47,7 @@ def fingerprint(*parts: object) -> str:
 
 def dataset_fingerprint(dataset) -> str:
     """A dataset's own `fingerprint`; a `range` and torch's ConcatDataset (of named datasets) name themselves.
-
-    A dataset that does not name its content is refused: its length alone would let the state of one
-    dataset load into another of the same size."""
+    A dataset without one is refused: its length alone would let one dataset's state load into another."""
     if isinstance(dataset, range):
         return fingerprint("range", dataset.start, dataset.stop, dataset.step)
     parts = getattr(dataset, "datasets", None)
@@ -96,11 +91,8 @@ def check_state(state: object, *, kind: str, fingerprint: str | None, fields: tu
 
 
 def check_peer_state(state: object, *, kind: str, fingerprint: str, fields: tuple[str, ...], expect: dict) -> dict:
-    """A resume state for a dataset with a peer's semantics (MemoryMappedDataset, NanogptDataset).
-
-    Ours carries kind/version/fingerprint and gets `check_state`; the peer's own (no `kind`) is taken as
-    it is, with each field of `expect` it has compared first, so a peer checkpoint still resumes.
-    """
+    """A resume state for a dataset with a peer's semantics (MemoryMappedDataset, NanogptDataset): ours gets
+    `check_state`; the peer's own (no `kind`) is taken after each field of `expect` it has is compared."""
     if not isinstance(state, dict):
         raise StateError(f"{kind} state: expected a dict from state_dict(), got {type(state).__name__}")
     for key, mine in expect.items():

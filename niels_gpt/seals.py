@@ -1,20 +1,13 @@
 """Self-checking JSON records: every record an output of ours carries (a cache's or a tokenizer's meta.json, a
 packed directory's manifest.json, a converted output's niels_receipt.json) holds the sha256 of its own fields.
 
-- Written form: `json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\\n"`, UTF-8, with one more
-  field, `record_sha256`: the sha256 of the canonical form of every other field (keys sorted, no whitespace,
-  UTF-8). It is a field of the record, so every reader of the JSON (ours, a user's script, a peer) sees the
-  same object as before, plus one key.
-- Check (`seal_problem`): the fields must hash to `record_sha256`, and the bytes must be exactly the written form
-  of those fields. The first catches an edit of any value, read by a reader or not (`totals`, `cuts`,
-  `shard_bytes`, a tokenizer's `settings`); the second catches the changes that leave the fields as they were
-  (whitespace, a dropped final newline, `1.0` for `1.00`, an escaped character).
-- A record without the field was written before records carried one: it is read as before, and `verify` says
-  that its fields no reader uses are not checked. A key one character away from `record_sha256` is the field
-  damaged, not an old record: a single changed byte cannot make a sealed record look old.
-
-Cost: one JSON dump and one sha256 of the record per write and per open (a meta.json of 1,000 shards is
-~200 KB: under 5 ms on this machine).
+- Written form: `json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\\n"`, UTF-8, plus the
+  field `record_sha256`: the sha256 of the canonical form (keys sorted, no whitespace) of every other field.
+- Check (`seal_problem`): the fields hash to `record_sha256` (any edited value) and the bytes are exactly
+  their written form (whitespace, a dropped newline, `1.0` for `1.00`, an escape).
+- A record without the field predates seals and is read as before; a key one character away from
+  `record_sha256` is the field damaged, so a single changed byte cannot make a sealed record look old.
+Cost: one JSON dump and one sha256 per write and open (a 1,000-shard meta.json: ~200 KB, under 5 ms).
 """
 
 from __future__ import annotations

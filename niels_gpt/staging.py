@@ -1,15 +1,11 @@
 """Builds that never damage what they replace: one lock per output, built aside, swapped in when complete.
 
-- `<out>.lock` beside the output holds {"pid", "host", "since"}, written aside and hard-linked into place (it
-  appears whole or not at all; the link fails if it exists): a second build of the same output fails at once
-  naming the holder. A lock whose pid is dead on this host is stale and taken
-  over; one from another host is never guessed dead (the message names the file to remove).
-- The build writes into `<out>.tmp-<pid>` beside the output. Only when it is complete (its meta.json
-  written) does it replace the output: `out -> out.old-<pid>`, `tmp -> out`, then the old copy is removed.
-  A failed or killed build leaves the previous output untouched; a reader sees the old cache, the new one,
-  or (between the two renames) no directory and a clear error, never a mix.
-- A kill between the two renames leaves `out.old-<pid>` and no `out`: the next build puts it back first.
-Cost: two renames per build; the old cache is deleted after the swap.
+- `<out>.lock` holds {"pid", "host", "since"}, hard-linked into place whole: a second build of the output
+  fails at once naming the holder; a dead pid on this host is stale and taken over, another host's never.
+- The build writes `<out>.tmp-<pid>`; when complete: `out -> out.old-<pid>`, `tmp -> out`, old removed. A
+  reader sees the old cache, the new one, or (between the renames) none and a clear error, never a mix; a
+  kill between the renames leaves `out.old-<pid>`, which the next build puts back first.
+Cost: two renames per build.
 """
 
 from __future__ import annotations
@@ -37,24 +33,34 @@ def lock_path(out: Path) -> Path:
 
 
 @contextlib.contextmanager
+def _writable(where: Path) -> Iterator[None]:
+    """A location we may not write (permissions, a read-only file system) is one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in UNWRITABLE_ERRNOS:
+            raise
+        raise ConfigError(f"{where}: not writable ({exc.strerror}); choose a writable output "
+                          "location") from exc
+
+
+@contextlib.contextmanager
 def output_lock(out: str | os.PathLike) -> Iterator[Path]:
     """Hold `<out>.lock` for the duration of a build of `out`."""
     out = Path(out)
     lock = lock_path(out)
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-    except (NotADirectoryError, FileExistsError) as exc:
-        raise ConfigError(f"{lock.parent}: a file, not a directory; choose another output location") from exc
-    except OSError as exc:
-        if exc.errno not in UNWRITABLE_ERRNOS:
-            raise
-        raise ConfigError(f"{lock.parent}: cannot create this directory ({exc.strerror}); choose a "
-                          "writable location") from exc
+    with _writable(lock.parent):
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+        except (NotADirectoryError, FileExistsError) as exc:
+            raise ConfigError(f"{lock.parent}: a file, not a directory; choose another output "
+                              "location") from exc
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
     remove_stale_temporaries(lock.parent, prefix=lock.name)  # what a build killed as it took the lock left
     for _ in range(2):
         try:
-            _create_lock(lock, me)
+            with _writable(lock.parent):
+                _create_lock(lock, me)
         except FileExistsError:
             holder = _read(lock)
             if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
@@ -70,11 +76,6 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
                 f"{out}: another build holds {lock} (pid {holder.get('pid')} on {holder.get('host')} since "
                 f"{holder.get('since')}); wait for it to finish, or if that process is gone (another host, a "
                 "crashed machine), remove the lock file and rerun") from None
-        except OSError as exc:
-            if exc.errno not in UNWRITABLE_ERRNOS:
-                raise
-            raise ConfigError(f"{lock.parent}: not writable ({exc.strerror}); choose a writable output "
-                              "location") from exc
         break
     else:  # pragma: no cover - the stale lock came back between our two tries
         raise OutputLockedError(f"{out}: could not take {lock}; rerun")
@@ -87,9 +88,8 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
 
 
 def _create_lock(lock: Path, me: dict) -> None:
-    """Create `lock` holding `me`, or raise FileExistsError. The lock appears with its contents or not at all:
-    written under a temporary name, then hard-linked to its name (a link, like O_EXCL, fails when the name
-    exists), so a kill at any moment never leaves an empty lock that names no holder."""
+    """Create `lock` holding `me`, or raise FileExistsError. NOTE: written aside, then hard-linked (a link,
+    like O_EXCL, fails when the name exists): a kill never leaves an empty lock that names no holder."""
     tmp = tmp_name(lock)
     try:
         with open(tmp, "w") as f:
@@ -135,27 +135,20 @@ def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str =
                 flag: str = "output") -> Iterator[Path]:
     """Lock `out`, yield a fresh staging directory beside it, and swap it in when the block succeeds.
 
-    Only an output of `kind` that this library made is ever replaced (niels_gpt/output_guard.py: anything else
-    is refused before the block runs, and again, under the lock, just before the swap). `needs`, where the
-    builder can bound its output (token budgets x token size), goes into the error that a full disk raises."""
+    Only an output of `kind` this library made is replaced (output_guard.py: checked before and, under the
+    lock, again before the swap). `needs`: the output's bound in bytes, for a full disk's error."""
     out = check_output(out, kind=kind, flag=flag)  # symlinks followed: the link keeps pointing at the output
     with output_lock(out):
         recover(out)
         stage = out.with_name(f"{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(stage, ignore_errors=True)
-        try:
+        with _writable(out.parent):
             stage.mkdir()
-        except OSError as exc:
-            if exc.errno not in UNWRITABLE_ERRNOS:
-                raise
-            raise ConfigError(f"{out.parent}: not writable ({exc.strerror}); choose a writable output "
-                              "location") from exc
         free_at_start = _free_bytes(stage)
         try:
             yield stage
         except OSError as exc:
-            # what the build used: its files, or (when a writer already removed its partial file) the
-            # space that was free when it started and is gone now
+            # what the build used: its files, or the free space gone (a writer may have removed its file)
             written = max(tree_bytes(stage), free_at_start - _free_bytes(stage))
             shutil.rmtree(stage, ignore_errors=True)
             if exc.errno in SPACE_ERRNOS:

@@ -110,12 +110,6 @@ def test_dangling_and_looping_symlinks_are_refused(tmp_path):
         check_output(tmp_path / "loop", kind="cache")
 
 
-def test_replace_false_refuses_even_an_output_of_ours(tmp_path):
-    c = _cache(tmp_path / "c")
-    with pytest.raises(OutputRefused, match="only new outputs"):
-        check_output(c, kind="cache", replace=False)
-
-
 def test_a_split_directory_of_a_cache_is_refused_as_part_of_that_cache(tmp_path):
     """cache/train: locate says "the train split of a pretrain cache"; the guard, which once called it a
     directory that is not ours, now says the same and names the cache to give instead."""

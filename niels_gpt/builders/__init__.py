@@ -1,13 +1,8 @@
 """Every builder: one `build` verb over one plan (run.py), the one-process builders (pretrain.py, sft.py),
-the parallel path (tasks.py, commit.py, commit_sft.py, executors.py, parallel.py), the tokenizer step
-(tokenizer.py) and build-all as a recipe over `build` (build_all.py).
+the parallel path (tasks.py, commit*.py, executors.py, parallel.py), the tokenizer step (tokenizer.py) and
+build-all as a recipe over `build` (build_all.py). docs/scale.md has the plan for 100B tokens.
 
     niels-gpt-data build corpus/ --out cache/pretrain/mine --tokenizer cache/tokenizer --executor ray
-
-The plan (plan.py) cuts the inputs into ordered tasks with stable ids; `inline` reads them in order in this
-process; each parallel task (tasks.py) tokenizes its items into part files and a receipt, and the commit
-turns the parts, in plan order, into the cache exactly as the one-process builder writes it.
-docs/scale.md has the plan for 100B tokens.
 """
 
 import importlib

@@ -1,12 +1,8 @@
-"""build-all: tokenizer, then every pretraining and SFT cache of the contract, in one run: a list of `build`s.
+"""build-all: the tokenizer (trained, or copied from --tokenizer), then every pretraining and SFT cache of the
+contract, each one `BuildSpec` (`recipe(name)`, from sources/named.py) run inline by `build`.
 
-Order: tokenizer (trained on the pretraining sources, or copied from --tokenizer), then pretrain
-fineweb_edu (streamed), roam, wikitext, gutenberg, then SFT dolly15k and oasst1. Each cache is one `BuildSpec`
-(`recipe(name)`: what its named source reads (sources/named.py), its output under --cache-dir and its budgets),
-run by `build` (builders/run.py) over the one input layer, inline: the sources with their own train/val split
-are cached whole in their splits. Each cache commits on its own (meta.json last), so a failure part-way leaves
-every finished cache usable and no unfinished one that looks complete. `sample=True` points every source at
-the bundled sample corpus (offline). `--only tokenizer NAME...` trains the tokenizer on those sources alone.
+Each cache commits on its own, so a failure part-way leaves every finished cache usable. `sample=True` points
+every source at the bundled sample corpus; `--only tokenizer NAME...` trains the tokenizer on those alone.
 """
 
 from __future__ import annotations
@@ -74,8 +70,7 @@ class BuildConfig:
 
 
 def trained_on_sources(cfg: BuildConfig) -> tuple[str, ...]:
-    """The sources the tokenizer trains on: with `--only tokenizer NAME...`, those alone; otherwise (every
-    source, or a tokenizer built because none is there yet) all of them."""
+    """The sources the tokenizer trains on: with `--only tokenizer NAME...` those alone, else all of them."""
     named = tuple(n for n in PRETRAIN + SFT if n in cfg.only)
     return named if "tokenizer" in cfg.only and named else PRETRAIN + SFT
 
@@ -94,9 +89,8 @@ def _texts(fields: dict) -> Iterator[str]:
 
 
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:
-    """Training text for the tokenizer: the documents of every pretraining source (the train split of those
-    with their own) and the messages of every SFT source (the tokenizer encodes both), interleaved source by
-    source; read as `build` reads them."""
+    """The tokenizer's training text, read as `build` reads it: the train documents of every pretraining
+    source and the messages of every SFT source, interleaved source by source."""
     streams = []
     for name in trained_on_sources(cfg):
         try:
@@ -164,8 +158,8 @@ def refuse_orphaning(cfg: BuildConfig, sha256: str) -> None:
 
 
 def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
-    """The `build` that makes build-all's cache `name`: what its named source reads, its output under --cache-dir
-    and the budgets build-all gives it; None for a source with nothing to read (gutenberg without a directory)."""
+    """The `build` of build-all's cache `name`; None for a source with nothing to read (gutenberg without a
+    directory)."""
     fields = inputs(name, cfg.options, cfg.seed, cfg.sample)
     if fields is None:
         return None
@@ -184,9 +178,9 @@ def recipe(name: str, cfg: BuildConfig, tokenizer) -> BuildSpec | None:
 def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
     spec = recipe(name, cfg, tokenizer)
     if spec is not None:
-        out = Path(spec.out)
-        build(spec, log=lambda msg: None)
-        return _summary(name, out)
+        s = build(spec, log=lambda msg: None)
+        return {"name": name, "kind": s["kind"], "built": True, **s["totals"],
+                **{k: s[k] for k in ("files", "skipped", "skipped_inputs")}}
     out = Path(cfg.cache_dir) / "pretrain" / name  # a placeholder, not a failure: "built": false says why
     flags = " or ".join(OPTIONS[f].flag for f in NAMED[name].local)
     with build_aside(out) as stage:
@@ -197,17 +191,8 @@ def build_one(name: str, cfg: BuildConfig, tokenizer) -> dict:
     return {"name": name, "kind": "pretrain", "built": False}
 
 
-def _summary(name: str, out: Path) -> dict:
-    meta = read_meta(str(out))
-    row = {"name": name, "kind": meta["kind"], "built": True, **meta["totals"]}
-    row["files"] = len(meta["files"])
-    row["skipped"] = {k: v for k, v in meta.get("skipped", {}).items() if v}
-    row["skipped_inputs"] = meta.get("skipped_inputs") or []
-    return row
-
-
 def local_inputs(cfg: BuildConfig) -> list[str]:
-    """The user's own files and directories that the sources of this run read (each source names them in its `local` options)."""
+    """The user's own files and directories that this run's sources read (their `local` options)."""
     found: list[str] = []
 
     def add(value) -> None:
@@ -229,8 +214,7 @@ def local_inputs(cfg: BuildConfig) -> list[str]:
 
 
 def check_outputs(cfg: BuildConfig) -> None:
-    """Before any work: no output of this run (the tokenizer, each cache) may be, hold or sit inside an input;
-    each output itself is judged by the output guard when it is built (build_aside)."""
+    """Before any work: no output of this run may be, hold or sit inside an input."""
     root = Path(cfg.cache_dir)
     inputs = local_inputs(cfg)
     if cfg.tokenizer:
@@ -272,8 +256,7 @@ def check_config(cfg: BuildConfig) -> None:
 
 def build_all(cfg: BuildConfig, log=print) -> list[dict]:
     if is_url(cfg.cache_dir) and not cfg.cache_dir.startswith("file://"):
-        # built in a local staging directory, then uploaded, every meta.json last (niels_gpt/storage);
-        # the tokenizer already at the URL, if any, is fetched first so the caches keep using it
+        # built locally, then uploaded, every meta.json last; a tokenizer at the URL is fetched first
         with staged_output(cfg.cache_dir, prefetch=("tokenizer",)) as local:
             rows = build_all(dataclasses.replace(cfg, cache_dir=str(local)), log)
         log(f"uploaded to {cfg.cache_dir}")

@@ -141,21 +141,17 @@ def register(sub) -> None:
 
 
 def spec_from_args(args) -> BuildSpec:
-    sources = list(args.sources)
-    columns = None
-    if args.chat_columns is not None:
-        columns = tuple(c.strip() for c in args.chat_columns.split(","))
-        if len(columns) != 2 or not all(columns):
-            raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
-    return BuildSpec(sources=sources, out=args.out, tokenizer=args.tokenizer, eos=args.eos, bos=args.bos,
-                     separator=args.separator, chat_template=args.chat_template, chat=args.chat,
+    columns = None if args.chat_columns is None else tuple(c.strip() for c in args.chat_columns.split(","))
+    if columns is not None and (len(columns) != 2 or not all(columns)):  # before a tokenizer is trained
+        raise ConfigError(f"--chat-columns takes USER_COL,ASSISTANT_COL, got {args.chat_columns!r}")
+    return BuildSpec(sources=list(args.sources), out=args.out, tokenizer=args.tokenizer, eos=args.eos,
+                     bos=args.bos, separator=args.separator, chat_template=args.chat_template, chat=args.chat,
                      layout=args.layout, read_as=read_as_map(args.read_as), text_field=args.text_field,
                      messages_field=args.messages_field, chat_columns=columns, on_bad_record=args.on_bad_record,
                      map=args.map, min_chars=args.min_chars, val_per_input=args.val_per_input,
                      hf_config=args.hf_config, split=args.split, max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                      val_frac=args.val_frac, shard_bytes=args.shard_bytes, seed=args.seed,
-                     shuffle_buffer=args.shuffle_buffer, compress=args.compress,
-                     executor=args.executor,
+                     shuffle_buffer=args.shuffle_buffer, compress=args.compress, executor=args.executor,
                      workers=None if args.workers == 0 else args.workers, ray_address=args.ray_address,
                      retries=args.retries, task_bytes=args.task_bytes, name=args.name, work_dir=args.work_dir,
                      keep_parts=args.keep_parts, progress=False if args.no_progress else None,
@@ -173,9 +169,10 @@ def run_build(args) -> int:
     elif args.tokenizer is None:
         raise ConfigError("give --tokenizer PATH (or --train-tokenizer VOCAB to train one on the sources first)")
     if args.plan_only:
-        tok = load_tokenizer(spec.tokenizer, eos=spec.eos, bos=spec.bos, separator=spec.separator,
-                             chat_template=spec.chat_template) \
-            if isinstance(spec.tokenizer, str) else spec.tokenizer
+        tok = spec.tokenizer
+        if isinstance(tok, str):
+            tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator,
+                                 chat_template=spec.chat_template)
         plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
                          layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
         for t in plan.tasks:

@@ -1,17 +1,11 @@
 """The commit: part files, in plan order, into the final shards and meta.json, exactly as a local build.
 
-`build_pretrain_cache` (single stream, no shuffle buffer) reads items in runs of ENCODE_BATCH_DOCS,
-counts a run's skipped records by reason when it takes the run, and admits each non-empty document
-through `pretrain.Admission` (to val, then train, or by a val_frac draw) and `writers.Budgeted` (the
-budgets, the cut of the crossing document, EOT after each); it stops after the run in which a document
-found both splits full, and records `source_exhausted` when the stream ended first. The commit walks the tasks' documents as
-that same stream (run boundaries are global, across tasks), admits them through the same Budgeted
-and ShardWriter objects, and copies each admitted run of tokens from the part file straight into the
-shard, so no id is decoded again. A part holds each document with its separator: a cut document is a
-prefix of it when the separator (a BOS) comes first, its first tokens then an EOT when one ends it.
-meta.json is built from the builder's own pieces and written last. Reading a part checks its size and
-sha256 against the receipt (the parts are not fsynced: this check is what vouches for them). Cost: one
-read, one sha256 of each part and of each shard; no tokenization.
+The tasks' documents are walked as the one-process builder's stream (runs of ENCODE_BATCH_DOCS, global across
+tasks), admitted through the same `Admission`, `Budgeted` and `ShardWriter`, and each admitted run of tokens
+is copied from the part straight into the shard. A part holds each document with its separator: a cut
+document is its prefix (BOS first) or its first tokens then an EOT. Each part's sha256 is checked against
+its receipt (parts are not fsynced: this check vouches for them). Cost: one read and one sha256 of each
+part and shard; no tokenization.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -26,16 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.origins import InputIndex, input_table
-from niels_gpt.builders.pretrain import Admission, check_budgets, pretrain_meta
+from niels_gpt.builders.pretrain import Admission, check_budgets, open_splits, pretrain_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
-from niels_gpt.formats.writers import Budgeted, ShardWriter, check_range
 from niels_gpt.meta import write_meta
 from niels_gpt.sources.origins import OriginLog
-from niels_gpt.tokenizer.base import document_separator
 from niels_gpt.urls import is_url
 
 
@@ -113,17 +105,6 @@ def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None],
                 start += n
 
 
-def _batches(docs: Iterator[_Doc | None]) -> Iterator[list[_Doc | None]]:
-    batch: list = []
-    for d in docs:
-        batch.append(d)
-        if len(batch) == ENCODE_BATCH_DOCS:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
     """Copy one planned run of documents (what Budgeted.write would convert) into its shards."""
     eot_arr = np.array([eot], dtype=dtype)
@@ -156,26 +137,15 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
            on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
            val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None,
            plan=None) -> dict:
-    """Write the cache at `out_dir` from the parts of `receipts` (in plan order); returns meta.
-
-    `final`: where the cache will live when `out_dir` is a staging directory swapped in afterwards (its
-    name is the recorded dataset name, as for the one-process builder). `source`, `compress`: as
-    build_pretrain_cache's.
-
-    Stops pulling receipts as soon as the budgets are met (the caller may then cancel the rest). `plan`: the
-    build's plan, whose inputs the documents' origins name (builders/origins.py); None writes no origins.
-    """
+    """Write the cache at `out_dir` from the parts of `receipts` (in plan order), pulling no more once the
+    budgets are met; returns meta. `final`: where a staged `out_dir` will live (its name is the dataset's).
+    `plan`: whose inputs the origins name (None: no origins). The rest: as build_pretrain_cache's."""
     check_budgets(max_train_tokens, max_val_tokens, val_frac, final or out_dir)
     out = Path(out_dir)
     dtype = np.dtype(tokenizer.token_dtype)
-    separator = document_separator(tokenizer)  # as build_pretrain_cache: EOT/EOS after, or BOS before
-    eot = separator.id
-    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
-    start_build(out, ["train", "val"])
+    budgets = (max_train_tokens, max_val_tokens)
+    separator, writers, sinks = open_splits(out, tokenizer, dtype, budgets, shard_bytes, compress)
     skipped: Counter = Counter()
-    writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
-    sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
-             for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
     exhausted = False
     log = OriginLog(None) if plan is not None else None
     try:
@@ -188,7 +158,8 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 w.sync()
 
         index = InputIndex(plan.inputs) if plan is not None else None
-        for batch in _batches(_documents(work_dir, receipts, between, index)):
+        docs = _documents(work_dir, receipts, between, index)
+        while batch := list(itertools.islice(docs, ENCODE_BATCH_DOCS)):
             reasons = Counter(d for d in batch if isinstance(d, str))
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
             skipped.update(reasons)
@@ -205,7 +176,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 if log is not None:
                     log.note({"val": sinks["val"].documents, "train": sinks["train"].documents}, d.origin)
                 added += n
-            _write(job, eot, dtype, separator.position == "before")
+            _write(job, separator.id, dtype, separator.position == "before")
             if on_tokens is not None:
                 on_tokens(added)
             if stop:
@@ -220,13 +191,10 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
         for w in writers.values():
             w.abort()
         raise
-    if callable(source):
-        source = source()
     meta = pretrain_meta(tokenizer, dtype, Path(final) if final is not None else out, writers=writers, sinks=sinks,
-                         records=records, eot=eot, seed=seed, dataset_name=dataset_name,
+                         records=records, separator=separator, seed=seed, dataset_name=dataset_name,
                          dataset_config=dataset_config, streaming=streaming, source=source, own_split=False,
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
-                         budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
-                         tokenizer_path=tokenizer_path, origins=log is not None)
+                         val_frac=val_frac, tokenizer_path=tokenizer_path, origins=log is not None)
     write_meta(str(out), meta)
     return meta

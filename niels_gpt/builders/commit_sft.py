@@ -1,10 +1,5 @@
-"""The SFT commit: the rendered parts of a chat build's tasks, in plan order, into the SFT cache.
-
-`build_sft_cache` renders each conversation, skips (and counts) those that cannot be examples, and hands
-every usable one to `SFTWriter`, which draws its split and appends it. The tasks rendered with the same
-`render` rules; here every part's examples go through the same `SFTWriter` in plan order, so the draws,
-files and meta.json are the ones the one-process builder writes. No id is rendered again. Reading a part
-checks its size and sha256 against the receipt.
+"""The SFT commit: the rendered parts of a chat build's tasks, in plan order, through the one-process
+builder's `SFTWriter`, so the draws, files and meta.json are the same. Parts are checked against receipts.
 """
 
 from __future__ import annotations
@@ -37,9 +32,9 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
     skipped: Counter = Counter()
     writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
     index = InputIndex(plan.inputs) if plan is not None else None
+    names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
     try:
         for receipt in receipts:
-            names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
             arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
             rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()]) if index else None
             tokens, lens = arrays[0], arrays[-1]

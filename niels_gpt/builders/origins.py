@@ -17,15 +17,10 @@ by meta.json's `origins` ({"file": "origins.npy", "inputs": "origins.json"}):
 |                | kind, and `record` where it differs from `records`[kind]}; `records`: kind -> what an  |
 |                | origin's `record` counts in an input of that kind                                     |
 
-Cost: one .npy header (128 bytes) and the inputs table are the fixed part, then a document costs only the
-fields that vary (a JSON Lines record's byte offset: 2-4 bytes; one input and whole records: nothing else); the
-measured share of each corpus's cache is in docs/trace.md.
-
-Every executor writes the same bytes: the one-process builders note each admitted document's origin as they
-admit it, the commit of a parallel build notes the origins its tasks wrote beside their tokens
-(`<id>.origins.npy` parts, the task's piece index in the input column, mapped here to the plan's input).
-A document cut by a budget keeps the origin of the whole document (meta.json's `cuts` says how many of its
-tokens were kept). A dataset shard's record is `shard << 40 | row`.
+Cost: a .npy header and the inputs table, then only the fields that vary per document (docs/trace.md).
+Every executor writes the same bytes (a parallel build's tasks write `<id>.origins.npy` parts, mapped here
+to the plan's inputs). A document cut by a budget keeps its whole origin. A dataset shard's record is
+`shard << 40 | row`.
 """
 
 from __future__ import annotations

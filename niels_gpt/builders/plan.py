@@ -1,18 +1,12 @@
 """A build plan: the reading plan (sources/stream.py) with a stable id per task, for receipts.
 
-- A task id is `<index>-<12 hex>`: the hash covers what the task reads (input, range, layout, the record
-  rules), how it tokenizes (the tokenizer's sha256, its conventions, the token dtype) and whether it
-  renders chats; not sizes or times: a receipt is reused only when the sha256 of the bytes it read (its
-  `digests`, checked again on resume) still matches, so an input edited with its size and mtime kept is
-  read again.
-- The items of task 0, then task 1, ... are the build's stream, whichever executor runs it: `inline` reads
-  them in order in the calling process, `processes` and `ray` have each task tokenized elsewhere and commit
-  the parts in plan order (builders/commit.py). So the cache does not depend on the executor.
+- A task id is `<index>-<12 hex>`, hashing what the task reads (input, range, layout, record rules) and how
+  it tokenizes (tokenizer sha256, options, dtype, chat); a receipt is reused only while the sha256 of the
+  bytes it read (its `digests`) still matches.
+- The items of task 0, then task 1, ... are the build's stream whichever executor runs it.
 - `shuffle=(seed, buffer_size)`: each dataset id whose rows are documents is read as one piece,
-  `load_dataset(id, streaming=True).shuffle(seed=seed, buffer_size=buffer_size)` in order, instead of one
-  piece per shard (sources/records.py); the builder's torch buffer is then not applied (builders/run.py).
-  A dataset whose rows group into documents across the input (wikitext's lines, oasst's flat rows) keeps its
-  shards: its documents are shuffled by the builder's buffer, as local files are.
+  `load_dataset(id, streaming=True).shuffle(seed=seed, buffer_size=buffer_size)`, and the builder's torch
+  buffer is not applied; a dataset whose documents span rows (wikitext, oasst) keeps its shards and buffer.
 """
 
 from __future__ import annotations
@@ -35,9 +29,8 @@ def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: in
               rules: Rules | None = None, chat: bool = False, layout: str | None = None, config: str | None = None,
               split: str = "train", read_as: dict[str, str] | None = None,
               shuffle: tuple[int, int] | None = None) -> Plan:
-    """The reading plan of `sources` with each task's id for `tokenizer` (None: ids for reading only); `task_bytes`
-    None: the default size for these inputs (sources/stream.py::auto_task_bytes); `shuffle`: (seed, buffer_size)
-    of `datasets`' shuffle of each dataset id (module docstring)."""
+    """The reading plan of `sources` with each task's id for `tokenizer` (None: for reading only);
+    `task_bytes` None: sources/stream.py::auto_task_bytes; `shuffle`: see the module docstring."""
     plan = plan_reading(sources, task_bytes=task_bytes, rules=rules, chat=chat, layout=layout, config=config,
                         split=split, read_as=read_as)
     if shuffle is not None:
@@ -111,16 +104,3 @@ def task_id(value, record, field: str = "id") -> str:
     return confined(value, record, field, parts=1, pattern=TASK_ID, error=CacheError,
                     fix="remove the work directory's plan.json and parts, then build again")
 
-
-def read_plan(path: str | os.PathLike) -> dict:
-    """A plan.json of a work directory, its task ids checked; CacheError naming the file otherwise."""
-    try:
-        doc = json.loads(open(path, "rb").read().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CacheError(f"{path}: not valid JSON ({exc}); remove it and build again") from exc
-    tasks = doc.get("tasks") if isinstance(doc, dict) else None
-    if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
-        raise CacheError(f"{path}: 'tasks' is missing or not a list of objects; remove it and build again")
-    for k, t in enumerate(tasks):
-        task_id(t.get("id"), path, f"tasks[{k}].id")
-    return doc

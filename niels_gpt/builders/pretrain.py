@@ -1,18 +1,14 @@
 """The one-process pretraining builder (`build_pretrain_cache`), its meta.json and the admission rule.
 
-One pass over the documents:
-- documents flow through an optional torch-RNG shuffle buffer, then are encoded in batches
-  (builders/encoding.py); the output is the same for any number of encode workers;
-- each document gets one separator (EOT after it, or a tokenizer's BOS before it); empty documents and the
-  records the source skipped are counted by reason where they stand in the stream;
-- admission (`Admission`, which the parallel build's commit uses too): either the first documents fill val
-  until it holds exactly `max_val_tokens` and the rest fill train until exactly `max_train_tokens` (the
-  document crossing a budget keeps what fits, closed by its separator, and the cut is recorded), or with
-  `val_frac` each document goes to val with that probability (one torch draw per document) until its
-  split is full. Sources with their own split pass `SplitTexts(train=..., val=...)` instead;
-- tokens go straight to `shard_00000.bin`, ... (temporaries renamed when full), each at most
-  `shard_bytes`; reading stops as soon as both budgets are met; meta.json is written last.
-Memory: one encode batch plus the shuffle buffer, whatever the corpus.
+- documents pass an optional seeded shuffle buffer, then are encoded in batches (builders/encoding.py);
+  the output does not depend on the number of encode workers;
+- each document gets one separator (EOT after, or a tokenizer's BOS before); empty documents and skipped
+  records are counted by reason where they stand in the stream;
+- `Admission` (shared with the parallel commit): the first documents fill val to exactly `max_val_tokens`,
+  the rest train to `max_train_tokens` (the crossing document keeps what fits and its cut is recorded), or
+  with `val_frac` one torch draw per document; `SplitTexts` for sources with their own split;
+- shards of at most `shard_bytes`; reading stops once both budgets are met; meta.json is written last.
+Memory: one encode batch plus the shuffle buffer.
 """
 
 from __future__ import annotations
@@ -50,12 +46,9 @@ from niels_gpt.tokenizer.base import document_separator
 SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
-SHUFFLE_BUFFER = None
 DRAW_BLOCK = 1024  # val_frac draws: torch.rand(DRAW_BLOCK) at a time (the same values as one at a time)
 SPLIT_RULE = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
-              "max_train_tokens; the document crossing a budget keeps its first (room - 1) tokens and its EOT")
-SPLIT_RULE_BOS = ("stream order: the first documents fill val up to max_val_tokens, the rest fill train up to "
-                  "max_train_tokens; the document crossing a budget keeps its BOS and its first (room - 1) tokens")
+              "max_train_tokens; the document crossing a budget keeps {}")
 
 
 class SplitTexts(NamedTuple):
@@ -72,7 +65,8 @@ def val_seed(seed: int) -> int:
 
 def split_rule(seed: int, val_frac: float | None, before: bool) -> str:
     if val_frac is None:
-        return SPLIT_RULE_BOS if before else SPLIT_RULE
+        return SPLIT_RULE.format("its BOS and its first (room - 1) tokens" if before else
+                                 "its first (room - 1) tokens and its EOT")
     return (f"by document: g = torch.Generator().manual_seed({val_seed(seed)}) (from seed {seed}: the first 8 "
             f"bytes of sha256('val_frac:{seed}'), little-endian, >> 1); the k-th non-empty document of the stream "
             f"goes to val when the k-th draw of torch.rand({DRAW_BLOCK}, generator=g, dtype=torch.float64) blocks is "
@@ -115,10 +109,6 @@ class Admission:
         sink = self.sinks["val"] if self.draws.pop() < self.val_frac else self.sinks["train"]
         return 0 if sink.full else sink.plan(doc, job)
 
-    @property
-    def done(self) -> bool:
-        return all(s.full for s in self.sinks.values())
-
 
 def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | None, where) -> None:
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
@@ -126,7 +116,7 @@ def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | 
             raise ConfigError(f"{name} must be >= 0, got {value}")
     if max_train_tokens == 0 and max_val_tokens == 0:
         raise ConfigError(f"{where}: max_train_tokens and max_val_tokens are both 0, so nothing would be built; "
-                          "give either a positive budget (--max-train-tokens / --max-val-tokens)")
+                          "give either a positive budget (--max-tokens / --val-tokens)")
     if val_frac is not None and not 0.0 < val_frac < 1.0:
         raise ConfigError(f"--val-frac must be in (0, 1), got {val_frac}")
 
@@ -162,22 +152,12 @@ def build_pretrain_cache(
     tokenizer_path: str | None = None,
     compress: str | None = None,
 ) -> None:
-    """
-    writes:
-      out_dir/train/shard_*.bin
-      out_dir/val/shard_*.bin
-      out_dir/meta.json
-    token dtype: uint16 little-endian (uint32 when the tokenizer has more than 65,536 ids)
-    deterministic given seed + identical input stream order.
+    """Write out_dir/{train,val}/shard_*.bin and meta.json (last); deterministic given seed and stream order.
 
-    `texts` is one stream (split by the rule in the module docstring; items may be `Skipped(reason)`, counted
-    where they stand) or `SplitTexts` for a source with its own split. `num_workers` encode workers (None: one
-    per core); the bytes written do not depend on it. `val_frac`: split by document instead of by budget.
-    `progress`: a bar on stderr (None: on a terminal only); `input_bytes`: the input's size, for its ETA.
-    `source`: meta.json's record of the input, or a callable that returns it, called once the stream is read
-    (its skip counts are then final; it may also refuse the build, e.g. when an input changed meanwhile).
-    `tokenizer_path`: recorded in meta.json as where the tokenizer is found again (tokenizer/find.py).
-    `compress="zstd"`: shards as zstd frames with a frame index (`shard_*.bin.zst`, formats/zstd_shard.py).
+    `texts`: one stream (items may be `Skipped(reason)`) or `SplitTexts`. `num_workers` encode workers (None:
+    one per core) never change the bytes. `source`: meta.json's record of the input, or a callable called once
+    the stream is read (its skip counts are then final; it may refuse the build). `tokenizer_path`: where the
+    tokenizer is found again (tokenizer/find.py). `compress="zstd"`: shards as `shard_*.bin.zst`.
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
@@ -186,15 +166,10 @@ def build_pretrain_cache(
     budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(resolve_dtype(tokenizer, token_dtype)).itemsize
     with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
         dtype = resolve_dtype(tokenizer, token_dtype)
-        separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each document
-        eot = separator.id
-        check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
         workers = _encode_threads(num_workers)
-        start_build(out, ["train", "val"])
+        separator, writers, sinks = open_splits(out, tokenizer, dtype, (max_train_tokens, max_val_tokens),
+                                                shard_bytes, compress)
         skipped: Counter = Counter()
-        writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
-        sinks = {s: Budgeted(writers[s], b, eot, dtype, s, separator.position)
-                 for s, b in (("train", max_train_tokens), ("val", max_val_tokens))}
         own_split = isinstance(texts, SplitTexts)
         # origins: a planned stream's (builders/run.py) documents know their input and record
         log = OriginLog(None) if hasattr(texts.train if own_split else texts, "with_origins") else None
@@ -204,63 +179,43 @@ def build_pretrain_cache(
         exhausted = True
         failed = False
         pipe = WriterPipeline()
-        # NOTE: with the writes overlapped, the main thread spends ~95% of a build inside the encoder
-        # (figures per backend and worker count: README "Performance", bench/bench_tokenizers.py).
+        fifo: deque = deque()
+
+        def fill(stream, seed: int, admit) -> bool:
+            """Admit the encoded documents of `stream` until `admit` says the splits are full; True if the
+            stream ended first. A batch is read only after a document of the previous one found no room, so
+            the stream is read, and the shuffle's RNG drawn, as far as a document-at-a-time loop would."""
+            gen = _shuffle_generator(shuffle_buffer, seed)
+            if log is not None:  # (item, origin) pairs: shuffled as pairs, origins queued in stream order
+                docs = bar.documents(_unpaired(shuffled(stream.with_origins(), shuffle_buffer, gen), fifo))
+            else:
+                docs = shuffled(bar.documents(stream), shuffle_buffer, gen)
+            for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
+                job: list = []
+                stop = False
+                for ids in batch:
+                    added = admit(ids, job)
+                    if added is None:
+                        stop = True
+                        break
+                    if log is not None:
+                        log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
+                                 fifo.popleft())
+                    bar.add_tokens(added)
+                pipe.submit(job)
+                if stop:
+                    return False
+            return True
+
         try:
             if own_split:
-                for split in ("val", "train"):
-                    # one generator per split: reading ahead in val never shifts train's draws
-                    gen = _shuffle_generator(shuffle_buffer, seed + (split == "train"))
-                    if log is not None:
-                        fifo = deque()
-                        docs = bar.documents(_unpaired(shuffled(getattr(texts, split).with_origins(), shuffle_buffer,
-                                                                gen), fifo))
-                    else:
-                        docs = shuffled(bar.documents(getattr(texts, split)), shuffle_buffer, gen)
+                for split in ("val", "train"):  # one generator per split: val never shifts train's draws
                     sink = sinks[split]
-                    # A batch is read only after a document of the previous one found the split full
-                    # (not merely when it became full): the stream is read, and the shuffle's RNG
-                    # drawn, exactly as far as a document-at-a-time loop would.
-                    for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
-                        job: list = []
-                        stop = False
-                        for ids in batch:
-                            if sink.full:
-                                stop = True
-                                break
-                            bar.add_tokens(sink.plan(ids, job))
-                            if log is not None:
-                                log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
-                                         fifo.popleft())
-                        pipe.submit(job)
-                        if stop:
-                            break
+                    fill(getattr(texts, split), seed + (split == "train"),
+                         lambda ids, job, sink=sink: None if sink.full else sink.plan(ids, job))
             else:
-                exhausted = False
-                if log is not None:  # (item, origin) pairs: shuffled as pairs, origins queued in stream order
-                    fifo: deque = deque()
-                    docs = bar.documents(_unpaired(shuffled(texts.with_origins(), shuffle_buffer,
-                                                            _shuffle_generator(shuffle_buffer, seed)), fifo))
-                else:
-                    docs = shuffled(bar.documents(texts), shuffle_buffer, _shuffle_generator(shuffle_buffer, seed))
-                admission = Admission(sinks, val_frac, seed)
-                for batch in _encoded_batches(docs, tokenizer, pool, workers, skipped):
-                    job = []
-                    stop = False
-                    for ids in batch:
-                        added = admission.admit(ids, job)
-                        if added is None:
-                            stop = True
-                            break
-                        if log is not None:
-                            log.note({"val": sinks["val"].documents, "train": sinks["train"].documents},
-                                     fifo.popleft())
-                        bar.add_tokens(added)
-                    pipe.submit(job)
-                    if stop:
-                        break
-                else:
-                    exhausted = True
+                exhausted = False  # an error leaves the bar unfinished
+                exhausted = fill(texts, seed, Admission(sinks, val_frac, seed).admit)
             pipe.close()
             records = {f"{s}/{name}": rec for s in ("train", "val") for name, rec in writers[s].close().items()}
             if log is not None:
@@ -277,13 +232,11 @@ def build_pretrain_cache(
             if pool is not None:  # after an error, wait until no worker is still encoding
                 pool.shutdown(wait=failed)
             bar.close(finished=exhausted)
-        if callable(source):  # described after the stream was read, so its skip counts are final
-            source = source()
-        meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records, eot=eot,
-                             seed=seed, dataset_name=dataset_name, dataset_config=dataset_config,
-                             streaming=streaming, source=source, own_split=own_split, exhausted=exhausted,
-                             skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer,
-                             budgets=(max_train_tokens, max_val_tokens), separator=separator, val_frac=val_frac,
+        meta = pretrain_meta(tokenizer, dtype, final, writers=writers, sinks=sinks, records=records,
+                             separator=separator, seed=seed, dataset_name=dataset_name,
+                             dataset_config=dataset_config, streaming=streaming, source=source,
+                             own_split=own_split, exhausted=exhausted, skipped=skipped,
+                             shard_bytes=shard_bytes, shuffle_buffer=shuffle_buffer, val_frac=val_frac,
                              tokenizer_path=tokenizer_path, origins=log is not None)
         write_meta(str(out), meta)
 
@@ -297,13 +250,27 @@ def _unpaired(pairs, fifo: deque):
         yield item
 
 
-def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, eot: int, seed: int,
-                  dataset_name, dataset_config, streaming: bool, source: dict | None, own_split: bool,
-                  exhausted: bool, skipped: Counter, shard_bytes: int, shuffle_buffer, budgets,
-                  separator=None, val_frac: float | None = None, tokenizer_path: str | None = None,
-                  origins: bool = False) -> dict:
-    """A pretraining cache's meta.json, from its closed writers and budgets (the one-process builder and the
-    parallel build's commit write the same one)."""
+def open_splits(out: Path, tokenizer, dtype: np.dtype, budgets: tuple[int, int], shard_bytes: int,
+                compress: str | None):
+    """(separator, writers, sinks) of the train and val splits of a pretraining cache written at `out`."""
+    separator = document_separator(tokenizer)  # our EOT, or a user tokenizer's EOS after (or BOS before) each
+    check_range(np.array([len(tokenizer) - 1]), dtype, f"tokenizer {tokenizer.model_path}")
+    start_build(out, ["train", "val"])
+    writers = {s: ShardWriter(out / s, dtype, shard_bytes, compress=compress) for s in ("train", "val")}
+    sinks = {s: Budgeted(writers[s], b, separator.id, dtype, s, separator.position)
+             for s, b in zip(("train", "val"), budgets, strict=True)}
+    return separator, writers, sinks
+
+
+def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, separator, seed: int,
+                  dataset_name, dataset_config, streaming: bool, source, own_split: bool, exhausted: bool,
+                  skipped: Counter, shard_bytes: int, shuffle_buffer, val_frac: float | None = None,
+                  tokenizer_path: str | None = None, origins: bool = False) -> dict:
+    """A pretraining cache's meta.json, from its closed writers and sinks (the one-process builder and the
+    parallel build's commit write the same one). A callable `source` is called here, once the stream is read,
+    so its skip counts are final."""
+    if callable(source):
+        source = source()
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
     totals.update({f"{s}_documents": sinks[s].documents for s in ("train", "val")})
     if totals["train_tokens"] + totals["val_tokens"] == 0:
@@ -312,21 +279,21 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
                           f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
-    before = separator is not None and separator.position == "before"
     meta.update({
         "kind": "pretrain",
-        "split_rule": "the source's own train/val split" if own_split else split_rule(seed, val_frac, before)
+        "split_rule": "the source's own train/val split" if own_split else
+        split_rule(seed, val_frac, separator.position == "before")
         + _pieces_rule(source.get("val_per_input") if isinstance(source, dict) else None),
         "shard_bytes": shard_bytes,
         "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN"),
-        "document_separator": (separator.describe() if separator is not None
-                               else {"token": "eot", "id": eot, "position": "after every document"}),
+        "document_separator": separator.describe(),
         "totals": totals,
         "files": records,
         "cuts": {s: sinks[s].cut for s in ("train", "val")},
         "source_exhausted": exhausted,
         "skipped": all_skipped(skipped, meta["source"]),
-        "build": {"max_train_tokens": budgets[0], "max_val_tokens": budgets[1], "shard_bytes": shard_bytes,
+        "build": {"max_train_tokens": sinks["train"].budget, "max_val_tokens": sinks["val"].budget,
+                  "shard_bytes": shard_bytes,
                   "seed": seed, "shuffle_buffer": shuffle_buffer, "encode_batch_docs": ENCODE_BATCH_DOCS,
                   **({"val_frac": val_frac} if val_frac is not None else {})},
     })

@@ -1,9 +1,8 @@
 """Whether a conversation can be an example, and its rendering: the rules the SFT builder and a chat build's
 tasks share. No torch here: a Ray worker that renders imports only this.
 
-Tool turns (a `tool` message, an assistant's `tool_calls`: sources/messages.py) are rendered by a chat
-template, which writes them as the model's own tooling does; the library's own renderer has no tool turns,
-so a conversation holding one is refused (or, with on_bad_record="skip", skipped as `tool_turn`).
+Tool turns (sources/messages.py) need a chat template: the library's renderer has none, so a conversation
+holding one is refused (with on_bad_record="skip": skipped as `tool_turn`).
 """
 
 from __future__ import annotations

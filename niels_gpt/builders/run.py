@@ -3,23 +3,16 @@
     from niels_gpt.builders.run import BuildSpec, build
     summary = build(BuildSpec(sources=["data/"], out="cache/mine", tokenizer="tok/", executor="processes"))
 
-- The plan (builders/plan.py) is the same for every executor: ordered tasks over the one record-reader
-  layer. `inline` reads the plan's items in this process into the one-process builder (its encode workers
-  are threads, or forked processes for tiktoken); `processes` runs the tasks on a pool of local processes,
-  `ray` on a Ray cluster; both then commit the tasks' parts in plan order (builders/commit.py,
-  builders/commit_sft.py). `auto` (the default) is `processes` when there are several tasks and workers,
-  else `inline`. The cache is byte-identical whichever runs it and with however many workers.
-- The work directory of a parallel build (default `<out>.build`, beside the output) holds plan.json and each
-  task's parts and receipt; rerunning the same command resumes: a task whose receipt is valid (same id,
-  parts of the recorded sizes, inputs that still hash the same) is not run again. It is removed after the
-  commit (only what the build wrote in it) unless `keep_parts`. It may be a URL in an object store (`--work-dir
-  s3://...`; by default `<out>.build` beside a URL output): nodes that share no disk then share the plan,
-  parts and receipts there (builders/parallel.py, storage/work.py).
-- A shuffle buffer mixes documents across the whole stream, so no plan can cut it: the build says so and
-  runs inline. A dataset id is shuffled by `datasets` (`.shuffle(seed, buffer_size)`, builders/plan.py; meta.json's
-  `source.shuffle`), with no torch buffer on top; other inputs by the builder's seeded torch buffer.
-- Before any work: the output and work directory go through the output guard (niels_gpt/output_guard.py); before
-  the commit marker is written: every local input read must be as it was when planned.
+- One plan (builders/plan.py) for every executor. `inline` reads it in this process; `processes` and `ray`
+  run its tasks on a pool or cluster, then commit their parts in plan order (builders/commit*.py). `auto`:
+  `processes` with several tasks and workers, else `inline`. The cache is byte-identical either way.
+- A parallel build's work directory (default `<out>.build`; a URL lets nodes without a shared disk share it)
+  holds plan.json and each task's parts and receipt; a rerun reuses every valid receipt. It is removed after
+  the commit unless `keep_parts`.
+- A shuffle buffer mixes the whole stream, so it runs inline. A dataset id is shuffled by `datasets`
+  (meta.json's `source.shuffle`), other inputs by the builder's seeded torch buffer.
+- The output guard (niels_gpt/output_guard.py) judges the output first; every local input read must be as
+  planned before the commit marker is written.
 """
 
 from __future__ import annotations
@@ -200,10 +193,8 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     check_spec(spec)
     if is_url(spec.out) and local_path_of(spec.out) is None:
-        # written into a local staging directory, then uploaded with meta.json last (niels_gpt/storage);
-        # the parts of a parallel build stay in the (local or shared) work directory
-        # the work directory of a parallel build: --work-dir, else <out>.build beside it in the same store
-        # (memory:// is this process's own: its parts stay in a local directory beside the staged output)
+        # staged locally, then uploaded with meta.json last; the work directory: --work-dir, else <out>.build
+        # in the same store (memory:// is this process's own: then a local directory beside the staged output)
         work = spec.work_dir
         if work is None and scheme_of(str(spec.out)) != "memory":
             work = str(spec.out).rstrip("/") + WORK_DIR_SUFFIX
@@ -224,19 +215,15 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     if spec.chat:
         check_renders_chats(tok)
     shuffle = (spec.seed, spec.shuffle_buffer) if spec.shuffle_buffer and spec.shuffle_buffer > 1 else None
-    plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
-                     layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as,
-                     shuffle=shuffle)
-    val = make_plan(spec.val_sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules,
-                    layout=spec.layout, config=spec.hf_config, split=spec.val_split or spec.split,
-                    read_as=spec.read_as, shuffle=shuffle) if spec.val_sources else None
+    kw = dict(tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, layout=spec.layout,
+              config=spec.hf_config, read_as=spec.read_as, shuffle=shuffle)
+    plan = make_plan(spec.sources, chat=spec.chat, split=spec.split, **kw)
+    val = make_plan(spec.val_sources, split=spec.val_split or spec.split, **kw) if spec.val_sources else None
     executor = choose_executor(spec, plan, log)
     if shuffled_by_datasets(spec.shuffle_buffer, plan, val):
         spec = replace(spec, shuffle_buffer=None)  # datasets shuffled the stream: no torch buffer on top
-    if spec.val_sources is not None:
-        summary = _inline_split(spec, plan, val, tok, out)
-    elif executor == "inline":
-        summary = _inline(spec, plan, tok, out)
+    if spec.val_sources is not None or executor == "inline":
+        summary = _inline(spec, plan, val, tok, out)
     else:
         summary = run_parallel(spec, plan, tok, out, executor=executor, log=log, work=work,
                                workers=workers_of(spec) if spec.workers or executor != "ray" else None,
@@ -279,18 +266,22 @@ class _Reader:
         self.read: list[str] = []
 
     def __iter__(self):
-        for t in self.plan.tasks if self.plan is not None else ():
-            self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
-            yield from task_items(t, self.plan.rules, self.plan.signatures)
+        return (item for item, _ in self._items(origins=False))
 
     def with_origins(self):
         """(item, origin) pairs: the origin a row of the cache's origins (builders/origins.py), None for a
         Skipped."""
+        return self._items(origins=True)
+
+    def _items(self, origins: bool):
         if self.plan is None:
             return
         index = InputIndex(self.plan.inputs, self.offset)
         for t in self.plan.tasks:
             self.read += [p["item"] for p in t.pieces if p["item"] in self.plan.signatures]
+            if not origins:
+                yield from ((item, None) for item in task_items(t, self.plan.rules, self.plan.signatures))
+                continue
             for item, origin in task_items(t, self.plan.rules, self.plan.signatures, origins=True):
                 yield item, None if origin is None else index.row(t.pieces, origin)
 
@@ -315,49 +306,39 @@ class _Reader:
                                                                     shuffled[0]["shuffle_buffer"])} if shuffled else {})}
 
 
-def _inline(spec: BuildSpec, plan: Plan, tok, out: Path) -> dict:
+def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> dict:
+    """The build in this process. With `val_sources` (a cache split by its inputs): the train plan's documents
+    all go to train, the val plan's to val, without budgets."""
     reader = _Reader(plan)
-    name = spec.name or out.name
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=name, dataset_config=spec.hf_config,
-                  streaming=plan.streaming, source=reader.described, progress=spec.progress,
-                  tokenizer_path=recorded_path(tok, out))
+    split = spec.val_sources is not None
+    texts, described = reader, reader.described
+    if split:
+        texts = SplitTexts(train=reader, val=_Reader(val, offset=len(plan.inputs)))
+
+        def described() -> dict:
+            about = reader.described()
+            rule = spec.extra.get("split_rule", "the sources are train, val_sources val")
+            return {**about, "split_rule": rule, "val_files": texts.val.described().get("files", []),
+                    **({"val_split": spec.val_split} if spec.val_split else {}),
+                    **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
+                       if spec.extra.get("skipped_inputs") else {})}
+
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
+                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
     if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, num_workers=spec.workers,
-                        on_bad_record=spec.on_bad_record, **common)
+        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
+                        **common)
     else:
-        build_pretrain_cache(reader, str(out), max_train_tokens=spec.max_tokens, max_val_tokens=val_budget(spec),
-            shard_bytes=spec.shard_bytes,
-            shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, input_bytes=plan.input_bytes(),
-            val_frac=spec.val_frac, compress=spec.compress, **common)
-    return summarize(out, executor="inline" + (f" ({spec.workers} encode workers)" if spec.workers else ""),
-                     tasks=len(plan.tasks), ran=len(plan.tasks), reused=0)
-
-
-def _inline_split(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> dict:
-    """A cache split by its inputs: the train plan's documents all go to train, the val plan's to val."""
-    readers = SplitTexts(train=_Reader(plan), val=_Reader(val) if val is not None else _Reader(None, offset=0))
-    readers.val.offset = len(plan.inputs)
-
-    def described() -> dict:
-        about = readers.train.described()
-        return {**about, "split_rule": spec.extra.get("split_rule", "the sources are train, val_sources val"),
-                "val_files": readers.val.described().get("files", []),
-                **({"val_split": spec.val_split} if spec.val_split else {}),
-                **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
-                   if spec.extra.get("skipped_inputs") else {})}
-
-    build_pretrain_cache(readers, str(out), tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
-                         dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
-                         progress=spec.progress, tokenizer_path=recorded_path(tok, out),
-                         max_train_tokens=ALL_TOKENS, max_val_tokens=ALL_TOKENS, shard_bytes=spec.shard_bytes,
-                         shuffle_buffer=spec.shuffle_buffer, num_workers=spec.workers, compress=spec.compress,
-                         input_bytes=_total(plan.input_bytes(), val.input_bytes() if val is not None else 0))
-    return summarize(out, executor="inline", tasks=len(plan.tasks) + (len(val.tasks) if val else 0),
-                     ran=len(plan.tasks) + (len(val.tasks) if val else 0), reused=0)
-
-
-def _total(a: int | None, b: int | None) -> int | None:
-    return None if a is None or b is None else a + b
+        sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
+        build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
+                             max_val_tokens=ALL_TOKENS if split else val_budget(spec),
+                             shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
+                             input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
+                             compress=spec.compress, **common)
+    tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
+    workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""
+    return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
 
 
 def format_summary(s: dict) -> str:

@@ -1,12 +1,10 @@
 """The SFT builder (`build_sft_cache`): conversations rendered into a token stream with start offsets.
 
 Each conversation is rendered (sentinel, content, EOT per message), sent to val with probability `val_frac`
-(torch RNG, one draw per usable example, in stream order) and appended to `{split}_tokens.bin`; its start
-offset goes to `{split}_idx.npy` (int64). A tokenizer with its own chat template (niels_gpt.tokenizer.chat)
-renders with it instead; its ids carry no sentinel to find the assistant spans by, so the mask is stored
-beside the tokens: `{split}_mask.bin`, one uint8 per token (1 = a trained target). `SFTWriter` is the one
-place that draws the split and writes; the parallel build's commit (builders/commit_sft.py) feeds it the
-renderings its tasks made, so both write the same bytes.
+(one torch draw per usable example) and appended to `{split}_tokens.bin`, its start offset to
+`{split}_idx.npy` (int64). A tokenizer's own chat template leaves no sentinels to find the assistant spans
+by, so its mask is stored: `{split}_mask.bin`, one uint8 per token. `SFTWriter` draws and writes for this
+builder and for the parallel commit (builders/commit_sft.py) alike, so both write the same bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
 from niels_gpt.builders.rendering import render
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
-from niels_gpt.meta import sha256_file, write_meta
+from niels_gpt.meta import file_record, write_meta
 from niels_gpt.progress import progress_bar
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Skipped
@@ -54,19 +52,19 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
             f"val when draws[k] < {val_frac!r}, else to train")
 
 
-def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error"
-             ) -> Iterator[tuple[int, object]]:
-    """(index, rendering) in input order; renderings of a run of ENCODE_BATCH_DOCS conversations are made on
-    `workers` threads at once (the bytes written do not depend on it)."""
-    it = enumerate(examples)
+def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error") -> Iterator[object]:
+    """Renderings in input order; a run of ENCODE_BATCH_DOCS conversations is rendered on `workers` threads at
+    once (the bytes written do not depend on it)."""
+    def one(conv):
+        return render(tokenizer, conv, on_bad_record)
+
     if workers <= 1:
-        for i, conv in it:
-            yield i, render(tokenizer, conv, on_bad_record)
+        yield from map(one, examples)
         return
+    it = iter(examples)
     with ThreadPoolExecutor(workers) as pool:
         while batch := list(itertools.islice(it, ENCODE_BATCH_DOCS)):
-            for (i, _), chat in zip(batch, pool.map(lambda ic: render(tokenizer, ic[1], on_bad_record), batch), strict=True):
-                yield i, chat
+            yield from pool.map(one, batch)
 
 
 class SFTWriter:
@@ -110,8 +108,7 @@ class SFTWriter:
             with atomic_path(idx_path) as tmp:
                 with open(tmp, "wb") as f:
                     np.save(f, np.asarray(self.offsets[s], dtype="<i8"), allow_pickle=False)
-            records[f"{s}_idx.npy"] = {"bytes": idx_path.stat().st_size, "sha256": sha256_file(str(idx_path)),
-                                       "examples": len(self.offsets[s])}
+            records[f"{s}_idx.npy"] = {**file_record(idx_path, None), "examples": len(self.offsets[s])}
         if self.log is not None:
             records.update(self.log.write(self.out, {s: len(self.offsets[s]) for s in ("train", "val")}))
         return records
@@ -172,16 +169,9 @@ def build_sft_cache(
     tokenizer_path: str | None = None,
     on_bad_record: str = "error",
 ) -> None:
-    """
-    writes:
-      out_dir/train_tokens.bin, out_dir/train_idx.npy
-      out_dir/val_tokens.bin,   out_dir/val_idx.npy
-      out_dir/meta.json
-    where idx is offsets into tokens.bin (int64), offsets-only (length inferred).
-    deterministic given seed + identical input stream order.
-    on_bad_record="skip": a conversation the renderer refuses for its records (tool turns without a chat
-    template) is skipped and counted instead of ending the build.
-    """
+    """Write out_dir/{train,val}_tokens.bin, {train,val}_idx.npy (int64 start offsets) and meta.json (last);
+    deterministic given seed and stream order. `on_bad_record="skip"`: a conversation the renderer refuses
+    (tool turns without a chat template) is skipped and counted."""
     check_sft_settings(val_frac, seed)
     final = Path(out_dir)
     with build_aside(final) as out:
@@ -196,7 +186,7 @@ def build_sft_cache(
         try:
             stream = _unpaired(examples.with_origins(), fifo) if located else examples
             shown = progress_bar(stream, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
-            for i, chat in rendered(shown, tokenizer, workers, on_bad_record):
+            for i, chat in enumerate(rendered(shown, tokenizer, workers, on_bad_record)):
                 origin = fifo.popleft() if located else None
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1
