@@ -14,6 +14,7 @@ MODEL_NAME = "spm.model"  # a sentencepiece tokenizer's model file in its direct
 RECEIPT_NAME = "niels_receipt.json"  # convert's commit marker for the peers' formats (formats/receipt.py)
 MARKERS = (META_NAME, MANIFEST_NAME, RECEIPT_NAME)  # every commit marker: written last, read first
 PARQUET_SUFFIXES = (".parquet", ".pq")  # what a Parquet file's name ends with
+SHARD_BYTES = 128 * 1024 * 1024  # the shard size target of build, build-all and convert
 
 # Our caches' token dtypes, by the name meta.json records; the peers' formats name them without "-le".
 TOKEN_DTYPES: dict[str, np.dtype] = {"uint16-le": np.dtype("<u2"), "uint32-le": np.dtype("<u4")}

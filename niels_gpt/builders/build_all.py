@@ -18,10 +18,10 @@ from pathlib import Path
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.builders.plan import make_plan
-from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS, SHARD_BYTES
+from niels_gpt.builders.pretrain import MAX_TRAIN_TOKENS, MAX_VAL_TOKENS
 from niels_gpt.builders.run import ALL_TOKENS, BuildSpec, build, check_spec
 from niels_gpt.builders.sft import VAL_FRAC
-from niels_gpt.constants import META_NAME, SEED
+from niels_gpt.constants import META_NAME, SEED, SHARD_BYTES
 from niels_gpt.errors import ConfigError, NielsGPTError, TokenizerError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.meta import read_meta, write_meta

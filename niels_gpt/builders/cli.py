@@ -15,10 +15,9 @@ from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.plan import make_plan
-from niels_gpt.builders.pretrain import SHARD_BYTES
 from niels_gpt.builders.run import ALL_TOKENS, EXECUTORS, ON_BAD_RECORD, BuildSpec, build, format_summary
 from niels_gpt.builders.tokenizer import tokenizer_for_build
-from niels_gpt.constants import SEED
+from niels_gpt.constants import SEED, SHARD_BYTES
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.seeds import seed_arg

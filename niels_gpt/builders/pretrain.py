@@ -43,7 +43,6 @@ from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import document_separator
 
-SHARD_BYTES = 128 * 1024 * 1024
 MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
 DRAW_BLOCK = 1024  # val_frac draws: torch.rand(DRAW_BLOCK) at a time (the same values as one at a time)

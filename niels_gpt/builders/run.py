@@ -29,9 +29,9 @@ from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.parallel import run_parallel
 from niels_gpt.builders.plan import make_plan, shuffled_by_datasets, shuffled_datasets, shuffled_record
-from niels_gpt.builders.pretrain import SHARD_BYTES, SplitTexts, build_pretrain_cache
+from niels_gpt.builders.pretrain import SplitTexts, build_pretrain_cache
 from niels_gpt.builders.sft import build_sft_cache
-from niels_gpt.constants import SEED
+from niels_gpt.constants import SEED, SHARD_BYTES
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.formats.zstd_shard import CODECS

@@ -10,12 +10,12 @@ import json
 import sys
 
 from niels_gpt.args import int_arg
+from niels_gpt.constants import SHARD_BYTES
 from niels_gpt.formats.convert import convert
 from niels_gpt.formats.names import NAMES, PRESETS, canonical_format, formats_help, reader_of
 from niels_gpt.formats.zstd_shard import CODECS
 
 DEFAULT_SEQ_LEN = 1024
-DEFAULT_SHARD_BYTES = 128 * 1024 * 1024
 
 
 def register(subparsers) -> None:
@@ -34,8 +34,8 @@ def register(subparsers) -> None:
                    help="dtype of a headerless source .bin without meta (default: none; never guessed)")
     p.add_argument("--max-tokens-per-file", type=int_arg, default=None,
                    help="roll over to a new file after this many tokens (default: per format)")
-    p.add_argument("--shard-bytes", type=int_arg, default=DEFAULT_SHARD_BYTES,
-                   help=f"niels/raw shard size (default {DEFAULT_SHARD_BYTES})")
+    p.add_argument("--shard-bytes", type=int_arg, default=SHARD_BYTES,
+                   help="niels/raw shard size (default 128 MiB)")
     p.add_argument("--split", default="train", help="split name for a source without splits (default train)")
     p.add_argument("--not-for-kempnerforge", action="store_true",
                    help="raw: no note about uint16 .bin files with an even token count, which KempnerForge misreads "

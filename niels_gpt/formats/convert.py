@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
-from niels_gpt.constants import SPLITS
+from niels_gpt.constants import SHARD_BYTES, SPLITS
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats import kempner, megatron, nanogpt
 from niels_gpt.formats.base import (
@@ -269,7 +269,7 @@ def _out_dtype(stream: DocStream, dtype) -> np.dtype:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_index: bool = False,
             bos_id: int | None = None, eot_id: int | None = None, dtype=None, src_dtype=None,
             split: str = "train", max_tokens_per_file: int | None = None,
-            shard_bytes: int = 128 * 1024 * 1024, dataset_name: str | None = None,
+            shard_bytes: int = SHARD_BYTES, dataset_name: str | None = None,
             not_for_kempnerforge: bool = False, compress: str | None = None) -> dict:
     """Convert `src` (any format) into directory `dst` (new, empty, or an earlier output of ours of the same
     kind, replaced whole) in format `to`, any name of formats/names.py. Returns a summary.
