@@ -29,7 +29,14 @@ from niels_gpt.builders.commit import commit
 from niels_gpt.builders.commit_sft import commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
-from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store
+from niels_gpt.builders.tasks import (
+    check_first_documents,
+    keep_tokenizer,
+    load_receipt,
+    parts_dir,
+    run_task,
+    work_store,
+)
 from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.output_guard import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
@@ -39,7 +46,6 @@ from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
-from niels_gpt.tokenizer.fast import fast_encoder
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
@@ -165,7 +171,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
     keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
-    fast_encoder(tok)  # made and checked once here (meta.json records it), not once per forked worker
+    check_first_documents(plan, tok)  # the fast encoder made and checked once here, not once per forked worker
     ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries,
                        timeout=spec.extra.get("connect_timeout"))
     where = ex.describe()
