@@ -386,3 +386,18 @@ def test_worker_processes_die_with_a_killed_driver():
         proc.wait(timeout=30)
         raise
     kill_and_check_workers_end(proc, pids, "worker processes outlived the dist-build driver that started them")
+
+
+def test_a_receipt_hashes_each_byte_range_from_the_bytes_its_task_read(corpus, tokenizer, tmp_path, monkeypatch):
+    import hashlib
+
+    from niels_gpt.builders import tasks
+
+    plan = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
+    t = next(t for t in plan.tasks if t.pieces[0]["kind"] == ".jsonl" and t.pieces[0]["start"] > 0)
+    monkeypatch.setattr(tasks, "digest", lambda piece: pytest.fail(f"{piece.where()} read again for its digest"))
+    receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path))
+    data = Path(t.pieces[0]["item"]).read_bytes()[t.pieces[0]["start"]:t.pieces[0]["stop"]]
+    assert receipt["digests"] == ["sha256:" + hashlib.sha256(data).hexdigest()]
+    monkeypatch.undo()
+    assert tasks.load_receipt(tmp_path, t) == receipt  # a resume reads the range again: the same digest
