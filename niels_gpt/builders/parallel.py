@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
-from niels_gpt.builders.commit import commit
+from niels_gpt.builders.commit import WRITTEN_NOW, commit
 from niels_gpt.builders.commit_sft import commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
@@ -111,7 +112,8 @@ def ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple,
                 raise type(error)(f"task {t.id} ({t.where()}): {error}{hint}") from error
             raise CacheError(f"task {t.id} ({t.where()}) failed: {type(error).__name__}: {error}{hint}") from error
         counters["read"] += [p["item"] for p in t.pieces]
-        yield receipt
+        # parts this run's workers on this host just wrote and hashed: the commit does not hash them again
+        yield {**receipt, WRITTEN_NOW: receipt.get("host") == socket.gethostname()}
 
 
 def disk_full(error: OSError, t, hint: str) -> OutOfSpaceError:
