@@ -30,14 +30,7 @@ from niels_gpt.builders.commit import WRITTEN_NOW, commit
 from niels_gpt.builders.commit_sft import commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
-from niels_gpt.builders.tasks import (
-    check_first_documents,
-    keep_tokenizer,
-    load_receipt,
-    parts_dir,
-    run_task,
-    work_store,
-)
+from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store
 from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.output_guard import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
@@ -172,8 +165,8 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         listing = store.sizes("parts")
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
-    keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
-    check_first_documents(plan, tok)  # the fast encoder made and checked once here, not once per forked worker
+    # before a pool forks: its workers inherit the tokenizer and its checked fast encoder (meta.json records it)
+    keep_tokenizer(ref, tok, plan.tokenizer_options, plan)
     ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries,
                        timeout=spec.extra.get("connect_timeout"))
     where = ex.describe()

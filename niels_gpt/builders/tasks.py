@@ -38,7 +38,7 @@ import numpy as np
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.rendering import render
-from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, TokenizerError
+from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.long_documents import encode_documents
 from niels_gpt.meta import file_record
@@ -75,18 +75,15 @@ def _key(path: str, options: dict | None) -> str:
     return json.dumps([path, options or {}], sort_keys=True)
 
 
-def keep_tokenizer(path: str, tokenizer, options: dict | None = None) -> None:
-    """Let tasks in this process, and in workers forked from it, use `tokenizer` instead of opening `path`."""
+def keep_tokenizer(path: str, tokenizer, options: dict | None = None, plan=None) -> None:
+    """Let tasks in this process, and in workers forked from it, use `tokenizer` instead of opening `path`; with
+    `plan`, its fast encoder is made here and given the sample check (tokenizer/fast.py) on the plan's first
+    documents, so that no forked worker repeats it (0.03 s of CPU each). A first task not on local files, or
+    one that fails to read, leaves the check to each worker's first batch (the task names the error)."""
     _TOKENIZERS[_key(path, options)] = tokenizer
-
-
-def check_first_documents(plan, tokenizer) -> None:
-    """The fast encoder's sample check (tokenizer/fast.py) on the plan's first documents, made here before a pool
-    forks so that no worker repeats it (0.03 s of CPU each); a first task not on local files, or one that fails
-    to read, leaves the check to each worker's first batch (the task then names the error)."""
-    fast = fast_encoder(tokenizer)
-    first = plan.tasks[0].pieces if plan.tasks and not plan.chat else [{"item": "://"}]
-    if fast is None or any(p.get("kind") == "dataset" or is_url(p["item"]) for p in first):
+    fast = fast_encoder(tokenizer) if plan is not None else None
+    if fast is None or plan.chat or not plan.tasks or any(
+            p.get("kind") == "dataset" or is_url(p["item"]) for p in plan.tasks[0].pieces):
         return
     texts, chars = [], 0
     try:
@@ -96,7 +93,7 @@ def check_first_documents(plan, tokenizer) -> None:
                 chars += len(item)
                 if chars >= SAMPLE_CHARS:
                     break
-    except (NielsGPTError, OSError):
+    except Exception:  # noqa: BLE001 - the task meets the error again and names it
         return
     if texts:
         check_sample(tokenizer, fast, texts)
