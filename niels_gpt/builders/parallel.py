@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
-from niels_gpt.builders.commit import commit
+from niels_gpt.builders.commit import WRITTEN_NOW, commit
 from niels_gpt.builders.commit_sft import commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
@@ -39,7 +40,6 @@ from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
-from niels_gpt.tokenizer.fast import fast_encoder
 from niels_gpt.tokenizer.find import recorded_path
 
 PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
@@ -105,7 +105,8 @@ def ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple,
                 raise type(error)(f"task {t.id} ({t.where()}): {error}{hint}") from error
             raise CacheError(f"task {t.id} ({t.where()}) failed: {type(error).__name__}: {error}{hint}") from error
         counters["read"] += [p["item"] for p in t.pieces]
-        yield receipt
+        # parts this run's workers on this host just wrote and hashed: the commit does not hash them again
+        yield {**receipt, WRITTEN_NOW: receipt.get("host") == socket.gethostname()}
 
 
 def disk_full(error: OSError, t, hint: str) -> OutOfSpaceError:
@@ -164,8 +165,8 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         listing = store.sizes("parts")
         reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
-    keep_tokenizer(ref, tok, plan.tokenizer_options)  # before a pool forks: its workers inherit it
-    fast_encoder(tok)  # made and checked once here (meta.json records it), not once per forked worker
+    # before a pool forks: its workers inherit the tokenizer and its checked fast encoder (meta.json records it)
+    keep_tokenizer(ref, tok, plan.tokenizer_options, plan)
     ex = make_executor(executor, workers=workers, ray_address=spec.ray_address, retries=spec.retries,
                        timeout=spec.extra.get("connect_timeout"))
     where = ex.describe()

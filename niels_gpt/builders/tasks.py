@@ -43,12 +43,14 @@ from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.long_documents import encode_documents
 from niels_gpt.meta import file_record
 from niels_gpt.sources.documents import Rules, Skipped
+from niels_gpt.sources.lines import range_digests
 from niels_gpt.sources.records import Piece, digest
 from niels_gpt.sources.stream import Task, task_items
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
+from niels_gpt.tokenizer.fast import SAMPLE_CHARS, check_sample, fast_encoder
 from niels_gpt.urls import is_url
 
 EMPTY = "empty_document"  # skip reason 0
@@ -73,9 +75,28 @@ def _key(path: str, options: dict | None) -> str:
     return json.dumps([path, options or {}], sort_keys=True)
 
 
-def keep_tokenizer(path: str, tokenizer, options: dict | None = None) -> None:
-    """Let tasks in this process, and in workers forked from it, use `tokenizer` instead of opening `path`."""
+def keep_tokenizer(path: str, tokenizer, options: dict | None = None, plan=None) -> None:
+    """Let tasks in this process, and in workers forked from it, use `tokenizer` instead of opening `path`; with
+    `plan`, its fast encoder is made here and given the sample check (tokenizer/fast.py) on the plan's first
+    documents, so that no forked worker repeats it (0.03 s of CPU each). A first task not on local files, or
+    one that fails to read, leaves the check to each worker's first batch (the task names the error)."""
     _TOKENIZERS[_key(path, options)] = tokenizer
+    fast = fast_encoder(tokenizer) if plan is not None else None
+    if fast is None or plan.chat or not plan.tasks or any(
+            p.get("kind") == "dataset" or is_url(p["item"]) for p in plan.tasks[0].pieces):
+        return
+    texts, chars = [], 0
+    try:
+        for item in task_items(plan.tasks[0], plan.rules, plan.signatures):
+            if isinstance(item, str) and item and not item.isspace():
+                texts.append(item)
+                chars += len(item)
+                if chars >= SAMPLE_CHARS:
+                    break
+    except Exception:  # noqa: BLE001 - the task meets the error again and names it
+        return
+    if texts:
+        check_sample(tokenizer, fast, texts)
 
 
 def _tokenizer(path: str, sha256: str, options: dict | None):
@@ -138,13 +159,15 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     stream = task_items(t, rules, spec.get("signatures"), origins=True)
     skips = _Skips()
     origins: list[int] = []
-    if spec.get("chat"):
-        files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips, rules.on_bad_record, origins)
-    else:
-        files, lens, extra = _encode_task(t, tok, dtype, parts, stream, skips, origins)
+    with range_digests() as read:
+        if spec.get("chat"):
+            files, lens, extra = _render_task(t, tok, dtype, parts, stream, skips, rules.on_bad_record, origins)
+        else:
+            files, lens, extra = _encode_task(t, tok, dtype, parts, stream, skips, origins)
     files["origins"] = _write_npy(parts / f"{t.id}.origins.npy", np.asarray(origins, dtype="<i8").reshape(-1, 4))
-    # what this task read (its inputs were checked unchanged before and after), for a resume to compare against
-    digests = [digest(Piece(**p)) for p in t.pieces]
+    # what this task read (its inputs were checked unchanged before and after), for a resume to compare against:
+    # a byte range hashed as it was read, anything else read again here
+    digests = [read.get((p["item"], p.get("start", 0), p.get("stop", -1))) or digest(Piece(**p)) for p in t.pieces]
     arr = np.asarray(lens, dtype="<i8")
     files["lens"] = _write_npy(parts / f"{t.id}.lens.npy", arr)
     tokens = int(arr[arr > 0].sum())

@@ -6,7 +6,8 @@
   zstandard's stream reader stops silently at a cut frame).
 - msgspec parses a line where installed; a line it refuses is parsed again by `json`, whose record or error
   stands, so the records are what `json` gives.
-- `file_sha256` is hashed from the bytes the ranges read when one process reads a file's ranges in order.
+- `file_sha256` is hashed from the bytes the ranges read when one process reads a file's ranges in order; a
+  task's receipt digests (`range_digests`) from the bytes of each range it read.
 Cost: a byte range is read in one call (task_bytes of memory); figures in docs/performance.md.
 """
 
@@ -117,6 +118,18 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
 _HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>")
 _RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
 _LOCK = threading.Lock()
+_READ = threading.local()  # .digests: while a task reads, {(path, start, stop): "sha256:<hex>"} of its ranges
+
+
+@contextlib.contextmanager
+def range_digests() -> Iterator[dict]:
+    """Within: each byte range read to its end on this thread is hashed once, as read, into the dict yielded
+    (a task's receipt digests), instead of into its file's running sha256 (the driver hashes whole files)."""
+    _READ.digests = found = {}
+    try:
+        yield found
+    finally:
+        _READ.digests = None
 
 
 def _key(st: os.stat_result) -> tuple:
@@ -183,7 +196,11 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
             where.offset = piece.start + start  # the line's byte offset in the file: a document's origin
             yield where, _parse(raw, where, where.offset)
         start, pos, k = end, end, k + 1
-    _hash_read(piece.item, piece.start, data, st)  # a range read to its end (planning reads one record)
+    found = getattr(_READ, "digests", None)  # a range read to its end (planning reads one record)
+    if found is None:
+        _hash_read(piece.item, piece.start, data, st)
+    else:
+        found[piece.item, piece.start, piece.stop] = "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @functools.lru_cache(maxsize=64)

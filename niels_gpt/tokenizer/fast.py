@@ -6,8 +6,9 @@
 - gigatoken (in the `tiktoken` extra) encodes tiktoken encodings with a known split regex (r50k, cl100k, o200k),
   byte-level BPE tokenizer.json files and sentencepiece BPE models; anything else stays on the reference.
 - It is checked id for id against the reference on `TORTURE` plus the tokenizer's special-token strings, and
-  on a sample of the first batch a process encodes (`check_sample`): a mismatch puts the tokenizer back on the
-  reference encoder with one warning line. NIELS_GPT_ENCODER=reference always uses the reference.
+  on a sample of the first batch a process encodes (`check_sample`; a parallel build's driver checks its first
+  documents before its workers fork): a mismatch puts the tokenizer back on the reference encoder with one
+  warning line. NIELS_GPT_ENCODER=reference always uses the reference.
 - meta.json records it (`encoder_record`: {"encoder": "gigatoken 0.10.0"}); the ids are the same either way.
 """
 

@@ -386,3 +386,34 @@ def test_worker_processes_die_with_a_killed_driver():
         proc.wait(timeout=30)
         raise
     kill_and_check_workers_end(proc, pids, "worker processes outlived the dist-build driver that started them")
+
+
+def test_a_receipt_hashes_each_byte_range_from_the_bytes_its_task_read(corpus, tokenizer, tmp_path, monkeypatch):
+    import hashlib
+
+    from niels_gpt.builders import tasks
+
+    plan = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
+    t = next(t for t in plan.tasks if t.pieces[0]["kind"] == ".jsonl" and t.pieces[0]["start"] > 0)
+    monkeypatch.setattr(tasks, "digest", lambda piece: pytest.fail(f"{piece.where()} read again for its digest"))
+    receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path))
+    data = Path(t.pieces[0]["item"]).read_bytes()[t.pieces[0]["start"]:t.pieces[0]["stop"]]
+    assert receipt["digests"] == ["sha256:" + hashlib.sha256(data).hexdigest()]
+    monkeypatch.undo()
+    assert tasks.load_receipt(tmp_path, t) == receipt  # a resume reads the range again: the same digest
+
+
+def test_the_commit_hashes_only_the_parts_it_did_not_see_written(corpus, tokenizer, tree, tmp_path, monkeypatch):
+    """A part this run's workers on this host just wrote was hashed as written; a reused one is checked."""
+    import hashlib
+
+    from niels_gpt.builders import commit
+
+    hashed: list[int] = []
+    monkeypatch.setattr(commit, "hashlib", type("H", (), {"sha256": lambda data: hashed.append(1) or hashlib.sha256(data)}))
+    kw = dict(tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, keep_parts=True,
+              **settings(ALL_TOKENS, 5_000, 20_000))
+    s = run_build(corpus["paths"], tmp_path / "out", **kw)
+    assert s["ran"] >= 8 and hashed == []
+    s = run_build(corpus["paths"], tmp_path / "out", **kw)
+    assert s["ran"] == 0 and len(hashed) >= 2 * s["reused"]  # bin and lens (and origins) of each reused task

@@ -205,3 +205,20 @@ def test_the_recorded_version_is_the_installed_distributions():
     from importlib.metadata import version
 
     assert fast_module._version() == version("gigatoken")
+
+
+def test_a_parallel_build_checks_its_first_documents_once_before_the_workers_fork(tiktoken_file, monkeypatch,
+                                                                                   capfd, tmp_path):
+    """The driver checks the sample, so a mismatch warns once and every worker, forked after, and meta.json
+    follow its verdict: the reference encoder."""
+    from niels_gpt.builders.run import BuildSpec, build
+
+    real = fast_module._build
+    monkeypatch.setattr(fast_module, "_build", lambda g, tok: _Wrong(real(g, tok), " the "))
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs()), encoding="utf-8")
+    build(BuildSpec(sources=[str(src)], out=str(tmp_path / "c"), tokenizer=str(tiktoken_file), executor="processes",
+                    workers=2, task_bytes=20_000, progress=False), None)
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: the fast encoder")]
+    assert len(err) == 1 and "a document of the input" in err[0], err
+    assert "encoder" not in json.loads((tmp_path / "c" / "meta.json").read_text())
