@@ -4,4 +4,4 @@ Build: text and chat sources -> tokenizer -> streaming writers -> token cache on
 Serve: token cache -> memory-mapped readers -> datasets -> samplers and loaders -> training step.
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
