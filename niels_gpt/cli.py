@@ -32,7 +32,7 @@ from niels_gpt.sources.documents import LAYOUTS, Rules
 from niels_gpt.sources.named import NAMED, OPTIONS
 from niels_gpt.storage.fs import allow_transfers, ctrl_c_stops_transfers, stop_transfers
 from niels_gpt.storage.remote import errors_named, read_location, tokenizer_near
-from niels_gpt.storage.settings import configure
+from niels_gpt.storage.settings import configure, restore, snapshot
 from niels_gpt.tokenizer.spm import TrainSettings
 
 # Every subcommand in --help order: (name, one-line help, the module whose register(sub) adds its parser, or
@@ -352,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     command = command_of(words)
     args = build_parser(only=command if command in HELP else "").parse_args(argv)
     allow_transfers()
-    restore = ctrl_c_stops_transfers()
+    restore_ctrl_c = ctrl_c_stops_transfers()
+    # NOTE: main() also runs inside a Python process (a notebook, a test): its flags' settings end with it
+    settings = snapshot()
     try:
         timeout = getattr(args, "network_timeout_after", None)
         timeout = args.network_timeout if timeout is None else timeout
@@ -381,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted; finished caches are intact, the unfinished one has no meta.json", file=sys.stderr)
         return 130
     finally:
-        restore()
+        restore_ctrl_c()
+        restore(settings)
 
 
 if __name__ == "__main__":

@@ -104,12 +104,16 @@ def test_bad_input_is_one_clear_line(case, world, tmp_path, capsys):  # noqa: F8
         assert (tmp_path / "downloads").read_text() == "my notes\n"
 
 
-def test_network_timeout_is_accepted_after_the_command(world, capsys):  # noqa: F811  (world: the fixture)
+def test_network_timeout_is_accepted_after_the_command(world, capsys, monkeypatch):  # noqa: F811  (world: the fixture)
+    import niels_gpt.cli as cli
     from niels_gpt.cache.cli import main
     from niels_gpt.storage.settings import network_timeout_s
 
+    seen = []  # the limit in force while the command runs (main hands the process's settings back after)
+    real = cli.configure
+    monkeypatch.setattr(cli, "configure", lambda **kw: (real(**kw), seen.append(network_timeout_s())))
     try:
         assert main(["verify", str(world.pretrain), "--network-timeout", "7.5"]) == 0
-        assert network_timeout_s() == 7.5
+        assert seen == [7.5]
     finally:
         configure()

@@ -61,6 +61,15 @@ def configure(*, cache_dir: str | os.PathLike | None = None, max_bytes: int | st
                      timeout_s=None if timeout_s is None else float(timeout_s))
 
 
+def snapshot() -> dict:
+    """This process's settings as configure() left them, for `restore`."""
+    return dict(_settings)
+
+
+def restore(saved: dict) -> None:
+    _settings.update(saved)
+
+
 def local_cache_dir() -> Path:
     return Path(_settings["cache_dir"] or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
 

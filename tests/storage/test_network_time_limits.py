@@ -95,3 +95,20 @@ def test_the_network_timeout_flag_is_checked(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 1 and "--network-timeout 0: must be a positive number of seconds" in r.stderr
+
+
+def test_a_flag_given_to_main_in_a_python_process_ends_with_it(tmp_path, monkeypatch, capsys):
+    """main() run inside Python (a notebook, a test) leaves the process's settings as it found them: a
+    --network-timeout or --local-cache of one call does not bound the next call's downloads."""
+    from niels_gpt.cli import main
+    from niels_gpt.storage.settings import configure, local_cache_dir, network_timeout_s
+
+    monkeypatch.delenv("NIELS_GPT_NETWORK_TIMEOUT_S", raising=False)
+    configure()
+    before_timeout, before_cache = network_timeout_s(), local_cache_dir()
+    missing = tmp_path / "no-such-cache"
+    assert main(["--network-timeout", "5", "verify", str(missing)]) == 1
+    assert main(["verify", str(missing), "--network-timeout", "7"]) == 1
+    assert network_timeout_s() == before_timeout == 30.0
+    assert local_cache_dir() == before_cache
+    assert "no-such-cache" in capsys.readouterr().out
