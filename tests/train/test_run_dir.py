@@ -202,3 +202,18 @@ def test_init_from_refuses_packed_bins_of_another_tokenizer_when_their_sft_cache
     sft_run = run(tmp_path / "bins", tmp_path / "sft-run", **{**kw, "init_from": str(tmp_path / "cd" /
                                                                                      "ckpt_000001.pt")})
     assert load_checkpoint(sft_run.checkpoint)["tokenizer_sha256"] == "cd" * 32  # what its data records
+
+
+def test_a_version_one_checkpoint_loads_unverified_and_a_newer_one_needs_its_checksum(tmp_path, pretrain_cache):
+    """Checkpoints written before the checksum (version 1) still load, marked unverified; a version-2 file whose
+    checksum was stripped is refused, so removing the digest is no way around the check."""
+    base = run(pretrain_cache, tmp_path / "base", steps=1)
+    ckpt = torch.load(base.checkpoint, map_location="cpu", weights_only=True)
+    assert ckpt["version"] == 2 and load_checkpoint(base.checkpoint)["verified"] is True
+    torch.save({**{k: v for k, v in ckpt.items() if k != "sha256"}, "version": 1}, tmp_path / "v1.pt")
+    old = load_checkpoint(tmp_path / "v1.pt")
+    assert old["verified"] is False
+    assert torch.equal(old["model"]["transformer.wte.weight"], ckpt["model"]["transformer.wte.weight"])
+    torch.save({k: v for k, v in ckpt.items() if k != "sha256"}, tmp_path / "stripped.pt")
+    with pytest.raises(StateError, match=r"stripped\.pt: its checksum is missing, so it cannot be trusted"):
+        load_checkpoint(tmp_path / "stripped.pt")
