@@ -135,11 +135,14 @@ def check_schema(meta: dict, where: str) -> None:
                              "meta.json was edited or damaged: rebuild the cache")
 
 
-def sha256_file(path: str) -> str:
+def sha256_file(path: str, stop=None) -> str | None:
+    """The hex sha256 of a file, read in 1 MiB blocks; None if the threading.Event `stop` is set meanwhile."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             h.update(block)
+            if stop is not None and stop.is_set():
+                return None
     return h.hexdigest()
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from niels_gpt.errors import SourceError
+from niels_gpt.meta import sha256_file
 from niels_gpt.sources.records_base import BadRecord
 from niels_gpt.sources.text_io import bytes_hint
 
@@ -158,13 +159,9 @@ def file_sha256(path: str, stop: threading.Event | None = None) -> str | None:
     with _LOCK:  # a second caller waits for the digest being made instead of making it again
         key = _key(os.stat(path))
         if _HASHED.get(path, (None,))[0] != key:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while block := f.read(READ_BLOCK):
-                    h.update(block)
-                    if stop is not None and stop.is_set():
-                        return None
-            _HASHED[path] = (key, "sha256:" + h.hexdigest())
+            if (digest := sha256_file(path, stop)) is None:
+                return None
+            _HASHED[path] = (key, "sha256:" + digest)
         return _HASHED[path][1]
 
 
