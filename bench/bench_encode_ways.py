@@ -8,8 +8,10 @@ pass, best of --repeat): how much a second core gives the bare encoder, and what
 2. two threads sharing one encoder, `encode` per document on runs of a batch (the builder's encode pool);
 3. `encode_batch(parallel=True)` per 256 documents, split into one array per document;
 4. two threads sharing one encoder, `encode_batch(parallel=False)` per run, split the same way;
-5. two threads, an encoder each;
-6. debian-docs only: `encode_files(JsonlFileSource)` parsing the file in Rust, parallel and not, and the msgspec
+5. two threads, an encoder each, `encode` per document (it holds the GIL: "cores busy", CPU seconds per second,
+   stays near 1);
+6. two threads, an encoder each, `encode_batch(parallel=False)` per run (it releases the GIL);
+7. debian-docs only: `encode_files(JsonlFileSource)` parsing the file in Rust, parallel and not, and the msgspec
    parse alone.
 """
 
@@ -53,13 +55,13 @@ def ways(fresh, docs: list[str]) -> dict:
             work = pool.map(lambda run: per_document(g.encode_batch(run, parallel=False)), pieces)
             return sum(len(x) for r in work for x in r)
 
-    def encoder_each(_):
+    def encoder_each(_, batch: bool = False):
         encoders, local, order = [fresh(), fresh()], threading.local(), iter(range(2))
 
         def run(r):
             if not hasattr(local, "g"):
                 local.g = encoders[next(order)]
-            return [local.g.encode(d) for d in r]
+            return per_document(local.g.encode_batch(r, parallel=False)) if batch else [local.g.encode(d) for d in r]
         with ThreadPoolExecutor(2) as pool:
             return sum(len(x) for r in pool.map(run, pieces) for x in r)
 
@@ -69,17 +71,19 @@ def ways(fresh, docs: list[str]) -> dict:
         "encode_batch(parallel=True), split per document": lambda g: sum(
             len(x) for b in batches(docs) for x in per_document(g.encode_batch(b, parallel=True))),
         "two threads, one encoder, encode_batch(parallel=False)": shared_batch,
-        "two threads, an encoder each": encoder_each,
+        "two threads, an encoder each, encode": encoder_each,
+        "two threads, an encoder each, encode_batch(parallel=False)": lambda g: encoder_each(g, True),
     }
 
 
-def best(fn, fresh, repeat: int) -> tuple[float, int]:
+def best(fn, fresh, repeat: int) -> tuple[float, int, float]:
+    """(seconds, tokens, CPU seconds of this process) of the fastest of `repeat` passes."""
     out = []
     for _ in range(repeat):
         g = fresh()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = fn(g)
-        out.append((time.perf_counter() - t0, n))
+        out.append((time.perf_counter() - t0, n, time.process_time() - c0))
     return min(out)
 
 
@@ -107,15 +111,15 @@ def main() -> None:
             docs = [d for stem in sorted(files) for d in files[stem]]
             print(f"\n{name}: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} M characters")
             for label, fn in ways(fresh, docs).items():
-                dt, n = best(fn, fresh, args.repeat)
-                print(f"  {label:55s} {n / dt / 1e6:7.1f} Mtok/s")
+                dt, n, cpu = best(fn, fresh, args.repeat)
+                print(f"  {label:60s} {n / dt / 1e6:7.1f} Mtok/s, {cpu / dt:4.2f} cores busy")
         path = SHARED / "bulk-text" / "debian-docs.jsonl"
         print(f"\n{path.name}, parsed and encoded:")
         for parallel in (True, False):
             source = gigatoken.JsonlFileSource([str(path)], field="text")
-            dt, n = best(lambda g, p=parallel, s=source: int(awkward.count(g.encode_files(s, parallel=p))),
+            dt, n, _ = best(lambda g, p=parallel, s=source: int(awkward.count(g.encode_files(s, parallel=p))),
                          fresh, args.repeat)
-            print(f"  encode_files(JsonlFileSource, parallel={parallel}){'':18s} {n / dt / 1e6:7.1f} Mtok/s")
+            print(f"  encode_files(JsonlFileSource, parallel={parallel}){'':23s} {n / dt / 1e6:7.1f} Mtok/s")
         decoder = msgspec.json.Decoder()
         t0 = time.perf_counter()
         with open(path, "rb") as f:

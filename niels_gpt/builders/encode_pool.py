@@ -1,6 +1,6 @@
 """Where the cache builder's encode workers run: threads, or forked processes for tiktoken's own encoder.
 
-Every backend's encoder releases the GIL, so threads are the default (they share the tokenizer). tiktoken's
+The libraries' own encoders release the GIL, so threads are the default (they share the tokenizer). tiktoken's
 own encoder does not scale on threads (two threads 1.2-1.4x one's rate, two processes 1.9x; docs/performance.md),
 so a tokenizer with `encode_in_processes = True` gets workers forked before the builder starts any thread,
 inheriting the open tokenizer. Threads all the same off Linux, with NIELS_GPT_ENCODE_THREADS=1, or where the
@@ -55,7 +55,8 @@ def uses_processes(tokenizer) -> bool:
     if not (getattr(tokenizer, "encode_in_processes", False) and sys.platform.startswith("linux")
             and os.environ.get(THREADS_ENV, "") in ("", "0")):
         return False
-    # the fast encoder spreads each batch over every core itself and releases the GIL: threads
+    # the fast encoder: threads. NOTE: its `encode` holds the GIL, but processes cost more in sending texts
+    # and ids than they gain (docs/scale.md)
     return fast_encoder(tokenizer) is None
 
 

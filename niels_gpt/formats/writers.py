@@ -207,8 +207,9 @@ class Budgeted:
 
 
 class WriterPipeline:
-    """Writes planned batches on one background thread while the caller encodes the next (the encoders release
-    the GIL). At most one batch is in flight; `submit` and `close` re-raise the writer's error."""
+    """Writes planned batches on one background thread while the caller encodes the next (its numpy calls,
+    hashing and writes release the GIL). At most one batch is in flight; `submit` and `close` re-raise the
+    writer's error."""
 
     def __init__(self):
         from concurrent.futures import ThreadPoolExecutor

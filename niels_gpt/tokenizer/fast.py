@@ -121,8 +121,9 @@ class FastEncoder:
         self.sampled = False
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
-        # NOTE: one `encode` per text, not `encode_batch`: faster on one thread (the builder's threads use
-        # every core), and encode_batch's awkward arrays cost 0.6 s of import (docs/performance.md).
+        # NOTE: one `encode` per text, not `encode_batch`: faster on one thread, no awkward import (0.2 s).
+        # `encode` holds the GIL, so the builder's encode threads take turns; a batch call on a model per
+        # thread runs in parallel, but was no faster in a 2-core build for more CPU (docs/performance.md).
         # A text gigatoken cannot take (a lone surrogate) is None: the caller encodes it with the reference.
         encode = self.giga.encode
         out: list = []
