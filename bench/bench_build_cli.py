@@ -7,7 +7,7 @@ cluster by address (started once in a helper process, as `ray start --head` woul
 the workers a new cluster starts for its first job). The two commands alternate for --repeat rounds; the best
 of each gives the ratio, and every cache is checked byte for byte against the first.
 
-    .venv/bin/python bench/bench_build_cli.py              # ~5 min a round on 2 cores
+    .venv/bin/python bench/bench_build_cli.py              # ~20 s a round on 2 cores
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`build` speed on every executor: inline, local processes and Ray with 1 and 2 workers.
 
 On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, 46 MB, "text" field) --copies times over
-(16 by default: 747 MB, ~75 s inline on 2 cores, cut into build's default 64 tasks), one run:
+(16 by default: 747 MB, ~9 s inline on 2 cores with the fast encoder, cut into build's default 64 tasks), one run:
 - the reference: `build --executor inline --workers 1` (the one-process builder reading the plan; its writer
   thread overlaps sha256 and writes with encoding);
 - the plan's tasks run one after another in this process (`inprocess`, the parallel path without a pool),
@@ -17,8 +17,8 @@ script waits (up to --quiet-wait s) for the machine's CPUs to be >= 90% idle, an
 byte for byte (sha256 of each file) against the reference. The tokenizer is a 16k sentencepiece
 model trained first on the first --train-chars of the corpus (~10 s), or --tokenizer.
 
-    .venv/bin/python bench/bench_dist_build.py                       # ~20 min on 2 cores
-    .venv/bin/python bench/bench_dist_build.py --only x2             # the 2-worker contenders: ~11 min
+    .venv/bin/python bench/bench_dist_build.py                       # ~3.5 min on 2 cores
+    .venv/bin/python bench/bench_dist_build.py --only x2             # the 2-worker contenders: ~2 min
     .venv/bin/python bench/bench_dist_build.py --copies 4 --repeat 1 --no-ray   # quicker
 """
 
