@@ -287,7 +287,7 @@ def bench_feed(tok, work: Path, args) -> list[tuple]:
         contenders = [peer] + [
             (f"ours {packing}, {label}", lambda kw=kw, files=files: ParquetTokenLoader(
                 files[:-1], tok, B, T, packing=packing, rank=0, world_size=1, **kw))
-            for label, kw in (("in the loop", {}), ("thread ahead", {"prefetch": 8, "prefetch_mode": "thread"}),
+            for label, kw in (("in the loop", {"prefetch": 0}), ("thread ahead", {"prefetch": 8, "prefetch_mode": "thread"}),
                               ("process ahead", {"prefetch": 8, "prefetch_mode": "process"}))]
         best: dict[str, list[float]] = {}
         for _ in range(args.repeat):  # contenders interleaved; each keeps its best run
