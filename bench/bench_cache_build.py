@@ -3,15 +3,16 @@
 On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, "text" field), one run:
 - bare tokenizer: SentencePieceTokenizer.encode on every document, one thread (the reference), and
   encode_batch with 2 threads (the most two workers can get);
-- build_pretrain_cache with num_workers=1 and num_workers=2 (the workers are sentencepiece encode
-  threads; a writer thread overlaps EOTs, range check, sha256 and writes with encoding);
+- build_pretrain_cache with num_workers=1 and num_workers=2 (encode threads: gigatoken, the fast encoder,
+  where it takes the model, as it takes the default BPE; a writer thread overlaps EOTs, range check, sha256
+  and writes with encoding);
 tokens/s is tokens written / wall time, best of --repeat runs, interleaved so that a noisy
 neighbour hurts every contender alike. The tokenizer is a 16k sentencepiece model trained first on
 the first --train-chars of the corpus (~10 s).
 Peak RSS: builds of N and 10*N documents (the corpus cycled, streamed from disk) each in a fresh
 subprocess, ru_maxrss at the end.
 
-    .venv/bin/python bench/bench_cache_build.py                 # ~3 min on 2 cores
+    .venv/bin/python bench/bench_cache_build.py                 # ~35 s on 2 cores
     .venv/bin/python bench/bench_cache_build.py --chars 5e6 --repeat 2 --rss-docs 200   # quicker
 """
 

@@ -1,7 +1,7 @@
 """Build speed with each tokenizer backend against that backend's bare batch encoder, 1 and 2 workers.
 
 On the debian-docs corpus (../shared/data/bulk-text/debian-docs.jsonl, "text" field; ../shared/data/SOURCES.md):
-- sentencepiece: a 16k unigram model trained here on the first --train-chars (the library's tokenizer);
+- sentencepiece: a 16k model trained here on the first --train-chars (the library's tokenizer, BPE by default);
 - hf-tokenizers: a 16k byte-level BPE trained here with `tokenizers` (cl100k's split regex), as tokenizer.json;
 - tiktoken (--tiktoken auto): the real cl100k_base where tiktoken can load it (its file in tiktoken's cache,
   TIKTOKEN_CACHE_DIR; tiktoken downloads it where there is a network and checks its sha256), else the same
@@ -19,21 +19,11 @@ against a 2-core encoder. The library reads TOKENIZERS_PARALLELISM at each call,
 backends: encode_batch releases the GIL), "true" for the bare 2-thread figure (the Rayon pool on 2 cores)
 and for one more HF contender, "build, 1 worker, Rayon pool", the library's default configuration.
 
-Figures (10 M chars, 1,320 documents; the earlier runs and the sentencepiece-era figures are in the changelog).
-With cl100k_base (the file taken from tiktoken's cache; this VM has no route to tiktoken's download host),
-after the builder's tiktoken workers became forked processes (niels_gpt/builders/encode_pool.py), the same VM:
-    TIKTOKEN_CACHE_DIR=... PYTHONPATH=. .venv/bin/python bench/bench_tokenizers.py --repeat 4
-three runs, 1 worker / 2 workers against each backend's bare 1-thread encoder: spm 0.93-0.98x / 1.72-1.79x
-(its bare 2 threads 1.73-1.80x); HF 0.98-1.01x / 1.89-1.91x; tiktoken 1.04-1.08x / 1.47x on threads, then
-1.62x on processes in the whole run and 1.67-1.79x in five runs of `--backends tiktoken` (bare tiktoken on
-2 threads: 1.31-1.41x; on 2 processes 1.76-1.91x, so its workers are processes). Two pinned cores of a
-16-core Xeon (`taskset -c 2,3`, --repeat 3): spm 0.94x / 1.64x, HF 1.06x / 2.02x, tiktoken 1.13x / 1.73x
-(1.43x on threads; bare 2 threads 1.18-1.28x). tiktoken against sentencepiece on the same text, chars/s:
-bare 1 thread 0.65-0.69x here (0.76-0.80x on the Xeon), and 0.73-0.76x on Gutenberg and 0.75x on
-wikitext (the same 1-thread encoders): sentencepiece's unigram encodes ~28 M chars/s on one core here,
-cl100k_base ~18-21 M, so the tiktoken build stands at 0.61-0.77x of the sentencepiece build, not 3x.
+Where gigatoken takes a backend's model (sentencepiece BPE, a `.tiktoken` file) the build encodes with it
+(niels_gpt/tokenizer/fast.py), so its ratio to that backend's own encoder is the fast encoder's gain; the
+`tokenizers` file here keeps its own library. Figures: README.md, "Measured".
 
-    .venv/bin/python bench/bench_tokenizers.py                 # ~4 min on 2 cores
+    .venv/bin/python bench/bench_tokenizers.py                 # ~30 s on 2 cores
     .venv/bin/python bench/bench_tokenizers.py --chars 1e6 --train-chars 5e5 --vocab 4000 --repeat 1   # a check
 """
 
