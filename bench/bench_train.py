@@ -227,9 +227,9 @@ def fed_table(root: Path, work: Path, device: str, shape: dict, steps: int, warm
     before each loader's run, or (`alternate`) resident steps interleaved with the loader's in one run."""
     from niels_gpt.tokenizer import load_tokenizer
 
+    paths = prepare(root, work, shape["sequence_len"], seed)  # first: builds the demo caches when absent
     tok = load_tokenizer(root / "tokenizer")
     T, B, vocab = shape["sequence_len"], shape["device_batch_size"], len(tok)
-    paths = prepare(root, work, T, seed)
     runs = Runs(work, dict(steps=steps, seed=seed, device=device, log_every=0, eval_steps=1, peak_tflops=peak,
                            tokenizer=str(root / "tokenizer"), **shape), warmup)
     first = next(TrainData(paths["windows"], T=T, batch_size=B, seed=seed, device="cpu"))
@@ -275,8 +275,8 @@ def packed_vs_causal(root: Path, work: Path, device: str, shape: dict, steps: in
     from niels_gpt.tokenizer import load_tokenizer
 
     T, B = shape["sequence_len"], shape["device_batch_size"]
+    paths = prepare(root, work, T, seed)  # first: builds the demo caches when absent
     vocab = len(load_tokenizer(root / "tokenizer"))
-    paths = prepare(root, work, T, seed)
     runs = Runs(work, dict(steps=steps, seed=seed, device=device, log_every=0, eval_steps=1, peak_tflops=peak,
                            **shape), warmup)
     ids = torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
