@@ -89,8 +89,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--python-ms", type=float, default=0.0,
                     help="the first N ms of each step are Python work that needs the GIL (0: the step is idle)")
+    ap.add_argument("--all-cores", action="store_true", help="do not pin the process to one core")
     args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):
+    if hasattr(os, "sched_setaffinity") and not args.all_cores:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core, every thread of this process
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -104,7 +105,7 @@ def main() -> int:
     B, T, step = args.B, args.T, args.step_ms / 1e3
     work_step = python_step(args.python_ms, step)
     alone = min(mean_step(None, work_step, args.steps) for _ in range(args.repeat)) if args.python_ms else None
-    print(f"Parquet loader, one core ({len(os.sched_getaffinity(0))} in its affinity), B={B}, T={T}, "
+    print(f"Parquet loader, {len(os.sched_getaffinity(0))} core(s) in its affinity, B={B}, T={T}, "
           f"{args.step_ms:.0f} ms step, contiguous packing")
     if alone is not None:
         print(f"  the step with {args.python_ms:g} ms of Python and no loader: {1e3 * alone:.2f} ms")
