@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from bench_fast_encoder import SHARED, batches, corpus, read_docs, train
+from bench_fast_encoder import SHARED, batches, best, corpus, read_docs, train
 
 
 def runs(docs: list[str], per_batch: int) -> list[list[str]]:
@@ -76,17 +76,6 @@ def ways(fresh, docs: list[str]) -> dict:
     }
 
 
-def best(fn, fresh, repeat: int) -> tuple[float, int, float]:
-    """(seconds, tokens, CPU seconds of this process) of the fastest of `repeat` passes."""
-    out = []
-    for _ in range(repeat):
-        g = fresh()
-        t0, c0 = time.perf_counter(), time.process_time()
-        n = fn(g)
-        out.append((time.perf_counter() - t0, n, time.process_time() - c0))
-    return min(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpora", default="debian-docs,all-text-x4")
@@ -111,14 +100,14 @@ def main() -> None:
             docs = [d for stem in sorted(files) for d in files[stem]]
             print(f"\n{name}: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} M characters")
             for label, fn in ways(fresh, docs).items():
-                dt, n, cpu = best(fn, fresh, args.repeat)
+                dt, n, cpu = best(fn, args.repeat, fresh)
                 print(f"  {label:60s} {n / dt / 1e6:7.1f} Mtok/s, {cpu / dt:4.2f} cores busy")
         path = SHARED / "bulk-text" / "debian-docs.jsonl"
         print(f"\n{path.name}, parsed and encoded:")
         for parallel in (True, False):
             source = gigatoken.JsonlFileSource([str(path)], field="text")
             dt, n, _ = best(lambda g, p=parallel, s=source: int(awkward.count(g.encode_files(s, parallel=p))),
-                         fresh, args.repeat)
+                            args.repeat, fresh)
             print(f"  encode_files(JsonlFileSource, parallel={parallel}){'':23s} {n / dt / 1e6:7.1f} Mtok/s")
         decoder = msgspec.json.Decoder()
         t0 = time.perf_counter()
