@@ -2,7 +2,7 @@
 
 Base: a 2-layer GPT on the demo's wikitext cache, stopped at half its steps and resumed, with val bpb and
 CORE; SFT: the dolly15k cache packed into bins of 256 tokens, trained --init-from the base; then a greedy
-sample. About 1.5 minutes on 2 CPU cores; each run replaces the previous demo's runs.
+sample. About 20 s on 2 CPU cores; each run replaces the previous demo's runs.
 """
 
 from __future__ import annotations

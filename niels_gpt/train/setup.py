@@ -5,8 +5,10 @@ Each check fails in one line naming the flag and the fix, before any data is rea
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from niels_gpt.train.pin import meta_of, what_differs
 from niels_gpt.urls import is_url, refuse_url
 
 DEFAULT_DEPTH = 4
+MALLOC_ENV = "NIELS_GPT_MALLOC"  # "system": leave the C allocator as it is on CPU
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+KEPT_FREE_BYTES = 1 << 30  # freed memory at the top of the heap kept for the next step, up to this
 
 
 def resolve_device(device: str) -> torch.device:
@@ -59,6 +64,20 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return rank, (dist.get_world_size() if dist.is_initialized() else 1), dev
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve every block from its heap and keep freed memory for the next step: a CPU step
+    frees and allocates its large tensors (logits, gradients) again each time, which by default are mapped
+    and unmapped each time, the kernel zeroing every page (the demo's step 383 -> 165 ms, same losses;
+    docs/training.md). True where it took effect (glibc on Linux, NIELS_GPT_MALLOC not "system")."""
+    if os.environ.get(MALLOC_ENV, "") == "system" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no mallopt in this C library
+        return False
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES) == 1
 
 
 def find_tokenizer(data_path: str | os.PathLike):

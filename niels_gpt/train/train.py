@@ -55,6 +55,7 @@ from niels_gpt.train.setup import (
     check_resume_world,
     find_tokenizer,
     init_config,
+    keep_freed_memory,
     model_config,
     parse_batch_ramp,
     recorded_tokenizer_sha,
@@ -119,6 +120,8 @@ def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run
         raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
                           "train on CPU with --attention mask (or auto)")
     say = log if rank == 0 else (lambda *a, **k: None)
+    if device.type == "cpu" and keep_freed_memory():
+        say("cpu: malloc keeps freed memory for the next step (NIELS_GPT_MALLOC=system leaves it as it was)")
     tok = None
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)
