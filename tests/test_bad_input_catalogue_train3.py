@@ -8,6 +8,7 @@ no checkpoint or run record appeared.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def sample_system_prompt_without_chat(w, tmp):
     return _sample(w, "--system", "Be brief.")
 
 
+def malloc_setting_misspelt(w, tmp):
+    os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
+    return _train(w, tmp)
+
+
 CASES = [
     Case("train: --vocab-size below the cache's", vocab_size_below_the_caches,
          ("--vocab-size 100", "below the", "ids", "pass --vocab-size")),
@@ -190,7 +196,19 @@ CASES = [
     Case("train: --keep-last -1", keep_last_negative, ("--keep-last -1", "must be >= 1", "keep every checkpoint")),
     Case("sample: --system without --chat", sample_system_prompt_without_chat,
          ("--system", "opens a conversation", "sample with --chat")),
+    Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
+         ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _environment_back():
+    had = os.environ.get("NIELS_GPT_MALLOC")
+    yield
+    if had is None:
+        os.environ.pop("NIELS_GPT_MALLOC", None)
+    else:
+        os.environ["NIELS_GPT_MALLOC"] = had
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -71,13 +71,23 @@ def keep_freed_memory() -> bool:
     frees and allocates its large tensors (logits, gradients) again each time, which by default are mapped
     and unmapped each time, the kernel zeroing every page (the demo's step 383 -> 165 ms, same losses;
     docs/training.md). True where it took effect (glibc on Linux, NIELS_GPT_MALLOC not "system")."""
-    if os.environ.get(MALLOC_ENV, "") == "system" or not sys.platform.startswith("linux"):
+    if malloc_setting() == "system" or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # no mallopt in this C library
         return False
     return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES) == 1
+
+
+def malloc_setting() -> str:
+    """NIELS_GPT_MALLOC: "keep" (the default, also when unset) or "system"; ConfigError for anything else."""
+    value = os.environ.get(MALLOC_ENV, "").strip().lower() or "keep"
+    if value not in ("keep", "system"):
+        raise ConfigError(f"{MALLOC_ENV}={os.environ[MALLOC_ENV]!r} in the environment: expected 'system' (leave the "
+                          "C allocator as it is) or 'keep' (the default: on CPU, keep the memory a step frees for the "
+                          "next); fix the value or unset it")
+    return value
 
 
 def find_tokenizer(data_path: str | os.PathLike):
@@ -265,6 +275,7 @@ def parse_batch_ramp(cfg, world: int):
 
 def check_config(cfg) -> None:
     refuse_url(cfg.out_dir, "--out-dir")
+    malloc_setting()
     check_seed(cfg.seed)
     if cfg.steps < 1:
         raise ConfigError(f"steps {cfg.steps}: must be >= 1")
