@@ -21,6 +21,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from niels_gpt import allocator
 from niels_gpt.args import HelpFormatter, exit_with, hidden_alias, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
@@ -363,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--network-timeout {timeout:g}: must be a positive number of seconds (finite: "
                                   "it bounds a stall, so a slow transfer is never cut), e.g. --network-timeout 120")
             configure(timeout_s=timeout)
-        return int(args.func(args) or 0)
+        with allocator.kept():  # freed memory kept for reuse while the command works (niels_gpt/allocator.py)
+            return int(args.func(args) or 0)
     except NielsGPTError as exc:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"error: {reason}", file=sys.stderr)

@@ -5,16 +5,15 @@ Each check fails in one line naming the flag and the fix, before any data is rea
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from niels_gpt import allocator
 from niels_gpt.constants import MODEL_NAME, SPLITS
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading.schedule import batch_ramp
@@ -29,9 +28,6 @@ from niels_gpt.train.pin import meta_of, what_differs
 from niels_gpt.urls import is_url, refuse_url
 
 DEFAULT_DEPTH = 4
-MALLOC_ENV = "NIELS_GPT_MALLOC"  # "system": leave the C allocator as it is on CPU
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
-KEPT_FREE_BYTES = 1 << 30  # freed memory at the top of the heap kept for the next step, up to this
 
 
 def resolve_device(device: str) -> torch.device:
@@ -64,30 +60,6 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return rank, (dist.get_world_size() if dist.is_initialized() else 1), dev
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc serve every block from its heap and keep freed memory for the next step: a CPU step
-    frees and allocates its large tensors (logits, gradients) again each time, which by default are mapped
-    and unmapped each time, the kernel zeroing every page (the demo's step 383 -> 165 ms, same losses;
-    docs/training.md). True where it took effect (glibc on Linux, NIELS_GPT_MALLOC not "system")."""
-    if malloc_setting() == "system" or not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # no mallopt in this C library
-        return False
-    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES) == 1
-
-
-def malloc_setting() -> str:
-    """NIELS_GPT_MALLOC: "keep" (the default, also when unset) or "system"; ConfigError for anything else."""
-    value = os.environ.get(MALLOC_ENV, "").strip().lower() or "keep"
-    if value not in ("keep", "system"):
-        raise ConfigError(f"{MALLOC_ENV}={os.environ[MALLOC_ENV]!r} in the environment: expected 'system' (leave the "
-                          "C allocator as it is) or 'keep' (the default: on CPU, keep the memory a step frees for the "
-                          "next); fix the value or unset it")
-    return value
 
 
 def find_tokenizer(data_path: str | os.PathLike):
@@ -275,7 +247,7 @@ def parse_batch_ramp(cfg, world: int):
 
 def check_config(cfg) -> None:
     refuse_url(cfg.out_dir, "--out-dir")
-    malloc_setting()
+    allocator.setting()  # a value of no known kind is refused before any work
     check_seed(cfg.seed)
     if cfg.steps < 1:
         raise ConfigError(f"steps {cfg.steps}: must be >= 1")

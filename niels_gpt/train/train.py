@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from niels_gpt import allocator
 from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.output_guard import check_overlap
@@ -55,7 +56,6 @@ from niels_gpt.train.setup import (
     check_resume_world,
     find_tokenizer,
     init_config,
-    keep_freed_memory,
     model_config,
     parse_batch_ramp,
     recorded_tokenizer_sha,
@@ -120,28 +120,30 @@ def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run
         raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
                           "train on CPU with --attention mask (or auto)")
     say = log if rank == 0 else (lambda *a, **k: None)
-    if device.type == "cpu" and keep_freed_memory():
-        say("cpu: malloc keeps freed memory for the next step (NIELS_GPT_MALLOC=system leaves it as it was)")
-    tok = None
-    if cfg.tokenizer:
-        tok = load_tokenizer(cfg.tokenizer)
-        require_recorded_tokenizer(tok, cfg.data)
-    elif token_bytes is None:
-        tok = find_tokenizer(cfg.data)
-    if data is None:
-        ramp = parse_batch_ramp(cfg, world)
-        data = TrainData(cfg.data, T=cfg.sequence_len, seed=cfg.seed, batch_schedule=ramp,
-                         batch_size=ramp.steps[-1][1] // world if ramp else cfg.device_batch_size,
-                         device=device, rank=rank, world_size=world, kind=cfg.data_kind, sampling=cfg.sampling,
-                         num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing, vocab_size=cfg.vocab_size,
-                         prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
-    try:
-        # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
-        check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
-        return _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say,
-                    record_rows)
-    finally:
-        getattr(data, "close", lambda: None)()
+    # on CPU, freed memory is kept for the next step while the run works (niels_gpt/allocator.py)
+    with allocator.kept() if device.type == "cpu" else contextlib.nullcontext(False) as kept:
+        if kept:
+            say("cpu: malloc keeps freed memory for the next step (NIELS_GPT_MALLOC=system leaves it as it was)")
+        tok = None
+        if cfg.tokenizer:
+            tok = load_tokenizer(cfg.tokenizer)
+            require_recorded_tokenizer(tok, cfg.data)
+        elif token_bytes is None:
+            tok = find_tokenizer(cfg.data)
+        if data is None:
+            ramp = parse_batch_ramp(cfg, world)
+            data = TrainData(cfg.data, T=cfg.sequence_len, seed=cfg.seed, batch_schedule=ramp,
+                             batch_size=ramp.steps[-1][1] // world if ramp else cfg.device_batch_size,
+                             device=device, rank=rank, world_size=world, kind=cfg.data_kind,
+                             sampling=cfg.sampling, num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing,
+                             vocab_size=cfg.vocab_size, prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
+        try:
+            # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
+            check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
+            return _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say,
+                        record_rows)
+        finally:
+            getattr(data, "close", lambda: None)()
 
 
 def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say, record_rows):

@@ -1,6 +1,6 @@
-"""On CPU a run has glibc's malloc keep freed memory for the next step (train/setup.py::keep_freed_memory):
-checked through glibc's own accounting of the blocks it maps, in a process of its own (the setting is
-process-wide), and through the run's log."""
+"""While a command or a CPU training run works, glibc's malloc keeps freed memory for reuse
+(niels_gpt/allocator.py): checked through glibc's own accounting of the blocks it maps, in a process of its own
+(the setting is the process's), and through a run's log."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 ROOT = Path(__file__).resolve().parents[2]
 
-# A 64 MiB block: mapped on its own by default (above glibc's mmap threshold), from the heap once kept.
+# A 64 MiB block: mapped on its own by default (above glibc's mmap threshold), from the heap inside kept().
 PROBE = textwrap.dedent("""
-    import ctypes, json, sys
-    from niels_gpt.train.setup import keep_freed_memory
+    import ctypes, json
+    from niels_gpt import allocator
 
     class Info(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -33,13 +33,19 @@ PROBE = textwrap.dedent("""
     libc.mallinfo2.restype = Info
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
-    kept = keep_freed_memory()
-    before = libc.mallinfo2().hblkhd
-    block = libc.malloc(64 << 20)
-    mapped = libc.mallinfo2().hblkhd - before
-    libc.free(block)
-    again = libc.malloc(64 << 20)  # served from the memory the free kept
-    print(json.dumps({"kept": kept, "mapped": mapped, "held": libc.mallinfo2().arena >= 64 << 20}))
+
+    def mapped():
+        before = libc.mallinfo2().hblkhd
+        block = libc.malloc(64 << 20)
+        grew = libc.mallinfo2().hblkhd - before
+        libc.free(block)
+        return grew
+
+    with allocator.kept() as on:
+        with allocator.kept() as inner:  # nested: the outer block's setting holds after the inner one ends
+            pass
+        inside = mapped()
+    print(json.dumps({"on": on, "inner": inner, "inside": inside, "after": mapped()}))
 """)
 
 
@@ -49,18 +55,20 @@ def probe(**env) -> dict:
     return json.loads(out.stdout)
 
 
-def test_a_cpu_run_serves_large_blocks_from_the_heap_and_keeps_them():
+def test_inside_kept_large_blocks_come_from_the_heap_and_after_it_glibcs_defaults_are_back():
     got = probe()
-    assert got == {"kept": True, "mapped": 0, "held": True}
+    assert got["on"] is True and got["inner"] is True
+    assert got["inside"] == 0
+    assert got["after"] >= 64 << 20  # a block this large is a mapping of its own again
 
 
-def test_niels_gpt_malloc_system_leaves_the_allocator_as_it_was():
+def test_niels_gpt_malloc_system_leaves_the_allocator_as_it_is():
     got = probe(NIELS_GPT_MALLOC="system")
-    assert got["kept"] is False
-    assert got["mapped"] >= 64 << 20  # glibc's default: a block this large is a mapping of its own
+    assert got["on"] is False
+    assert got["inside"] >= 64 << 20
 
 
-def test_the_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):
+def test_a_cpu_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):
     lines: list[str] = []
     run(pretrain_cache, tmp_path / "run", log=lines.append, steps=1)
     assert any(x.startswith("cpu: malloc keeps freed memory") for x in lines)
