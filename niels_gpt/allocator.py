@@ -1,4 +1,4 @@
-"""The C allocator while a command or a CPU training run works: glibc's malloc keeps freed memory for reuse.
+"""The C allocator while a command, a build or a CPU run works: glibc's malloc keeps freed memory for reuse.
 
 By default glibc maps a block above its mmap threshold (128 KiB, rising to 32 MiB as such blocks are freed) on
 its own and unmaps it when it is freed, so a loop that frees and allocates large buffers again and again (a CPU
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -68,3 +69,12 @@ def kept() -> Iterator[bool]:
                 for param, value in DEFAULTS:
                     mallopt(param, value)
                 ctypes.CDLL(None).malloc_trim(0)  # what is kept and free goes back to the system
+
+
+def keeping(fn):
+    """`fn`, run inside `kept()` (the builders' entries)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with kept():
+            return fn(*args, **kwargs)
+    return run

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from niels_gpt import allocator
 from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
 from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads, _encoded_batches, shuffled
@@ -128,6 +129,7 @@ def _shuffle_generator(shuffle_buffer: int | None, seed: int):
     return torch.Generator().manual_seed(seed)
 
 
+@allocator.keeping
 @writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def build_pretrain_cache(
     texts: Iterable[str] | SplitTexts,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from niels_gpt import allocator
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.origins import InputIndex, input_table
@@ -188,6 +189,7 @@ def work_dir_of(spec: BuildSpec, out: Path) -> Path | str:
     return Path(local)
 
 
+@allocator.keeping
 def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     """Build the cache `spec` asks for; returns a summary (format_summary prints it)."""
     log = log or (lambda msg: print(msg, file=sys.stderr))

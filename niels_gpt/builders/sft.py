@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt import allocator
 from niels_gpt.atomic import atomic_path
 from niels_gpt.builders.common import (
     all_skipped,
@@ -151,6 +152,7 @@ def check_sft_settings(val_frac: float, seed: int) -> None:
     check_seed(seed)
 
 
+@allocator.keeping
 @writes_to_url
 def build_sft_cache(
     examples: Iterable[list[Message]],

@@ -64,3 +64,13 @@ def test_keep_last_keeps_the_checkpoint_a_run_beside_it_started_from(tmp_path, p
     run(pretrain_cache, sft, steps=1, init_from=str(base / "ckpt_000002.pt"))
     run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
     assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]  # 1 and 3 went
+
+
+def test_a_cpu_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):
+    lines: list[str] = []
+    run(pretrain_cache, tmp_path / "run", log=lines.append, steps=1)
+    assert any(x.startswith("cpu: malloc keeps freed memory") for x in lines)
+    monkeypatch.setenv("NIELS_GPT_MALLOC", "system")
+    lines.clear()
+    run(pretrain_cache, tmp_path / "system", log=lines.append, steps=1)
+    assert not any(x.startswith("cpu: malloc") for x in lines)

@@ -1,0 +1,82 @@
+"""While a command, a build or a CPU training run works, glibc's malloc keeps freed memory for reuse
+(niels_gpt/allocator.py): checked through glibc's own accounting of the blocks it maps, in a process of its own
+(the setting is the process's); a run's log line is checked in tests/train/test_progress.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+ROOT = Path(__file__).resolve().parents[2]
+
+# A 64 MiB block: mapped on its own by default (above glibc's mmap threshold), from the heap inside kept().
+PROBE = textwrap.dedent("""
+    import ctypes, json, sys
+    from niels_gpt import allocator
+
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def mapped():
+        before = libc.mallinfo2().hblkhd
+        block = libc.malloc(64 << 20)
+        grew = libc.mallinfo2().hblkhd - before
+        libc.free(block)
+        return grew
+
+    with allocator.kept() as on:
+        with allocator.kept() as inner:  # nested: the outer block's setting holds after the inner one ends
+            pass
+        inside = mapped()
+    after = mapped()
+
+    from niels_gpt.builders.pretrain import build_pretrain_cache
+    from niels_gpt.tokenizer import load_tokenizer
+
+    seen = []
+
+    def texts():  # read by the builder: what a block costs while it works
+        seen.append(mapped())
+        yield "a document of a few words"
+
+    build_pretrain_cache(texts(), sys.argv[1], tokenizer=load_tokenizer(sys.argv[2]), max_train_tokens=100,
+                         max_val_tokens=0, shard_bytes=1 << 20, seed=0, shuffle_buffer=None)
+    print(json.dumps({"on": on, "inner": inner, "inside": inside, "after": after, "building": seen[0],
+                      "built": mapped()}))
+""")
+
+
+def probe(tmp_path, tokenizer, **env) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "cache"), str(tokenizer)], capture_output=True,
+                         text=True, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return json.loads(out.stdout)
+
+
+def test_inside_kept_large_blocks_come_from_the_heap_and_after_it_glibcs_defaults_are_back(tmp_path, tokenizer):
+    got = probe(tmp_path, tokenizer._path)
+    assert got["on"] is True and got["inner"] is True
+    assert got["inside"] == 0
+    assert got["after"] >= 64 << 20  # a block this large is a mapping of its own again
+    assert got["building"] == 0  # the builder works inside kept()
+    assert got["built"] >= 64 << 20  # and leaves glibc's defaults behind
+
+
+def test_niels_gpt_malloc_system_leaves_the_allocator_as_it_is(tmp_path, tokenizer):
+    got = probe(tmp_path, tokenizer._path, NIELS_GPT_MALLOC="system")
+    assert got["on"] is False
+    assert got["inside"] >= 64 << 20 and got["building"] >= 64 << 20
