@@ -155,6 +155,10 @@ def keep_last_negative(w, tmp):
     return _train(w, tmp, "--keep-last", "-1")
 
 
+def eval_steps_negative(w, tmp):
+    return _train(w, tmp, "--eval-steps", "-1")
+
+
 def sample_system_prompt_without_chat(w, tmp):
     return _sample(w, "--system", "Be brief.")
 
@@ -194,6 +198,7 @@ CASES = [
          ("--tokenizer", "not the tokenizer its model was trained with", "pass the tokenizer the run was trained")),
     Case("train: --keep-last 0", keep_last_zero, ("--keep-last 0", "must be >= 1", "keep every checkpoint")),
     Case("train: --keep-last -1", keep_last_negative, ("--keep-last -1", "must be >= 1", "keep every checkpoint")),
+    Case("train: --eval-steps -1", eval_steps_negative, ("--eval-steps -1", "must be >= 0", "0 skips val bpb")),
     Case("sample: --system without --chat", sample_system_prompt_without_chat,
          ("--system", "opens a conversation", "sample with --chat")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,

@@ -36,7 +36,7 @@ HELP = {
     "attention": "attention of packed rows: auto (flex on CUDA, the explicit mask on CPU), flex or mask",
     "peak_tflops": "the device's peak dense bf16 TFLOP/s, for MFU (default: known GPUs' table)",
     "eval_every": "val bpb every N steps (0: only at the end)",
-    "eval_steps": "val batches of --device-batch-size rows per bpb evaluation, shared by the ranks",
+    "eval_steps": "val batches of --device-batch-size rows per bpb evaluation, shared by the ranks (0: no val bpb)",
     "core": "run CORE at the end: 'bundled', a bundle directory, or the bundle zip's URL (default: no CORE)",
     "save_every": "checkpoint every N steps (the last step, and a step ended by Ctrl-C, are always saved)",
     "keep_last": "keep the newest N checkpoints of this run, removing older ones (default: keep all)",

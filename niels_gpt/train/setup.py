@@ -259,6 +259,9 @@ def check_config(cfg) -> None:
     if cfg.keep_last is not None and cfg.keep_last < 1:
         raise ConfigError(f"--keep-last {cfg.keep_last}: must be >= 1 (the newest checkpoints kept; leave it out to "
                           "keep every checkpoint)")
+    if cfg.eval_steps < 0:
+        raise ConfigError(f"--eval-steps {cfg.eval_steps}: must be >= 0 (val batches per bpb evaluation; 0 skips "
+                          "val bpb)")
     if cfg.prefetch < 0:
         raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
     for name in ("sequence_len", "device_batch_size"):

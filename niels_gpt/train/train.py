@@ -233,7 +233,9 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     say("data wait = host time inside next(data) per step (loader + copy to the device; docs/training.md)"
         + ("" if peak else "; MFU: pass --peak-tflops for this device"))
 
-    if token_bytes is None:
+    if cfg.eval_steps == 0:
+        say("--eval-steps 0: val bpb is skipped")
+    elif token_bytes is None:
         say("no tokenizer found above the data and none given (--tokenizer): val bpb is skipped")
     elif not data.has_val:
         hint = {"packed": f" (pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself: pack "
@@ -243,7 +245,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     out = Path(cfg.out_dir)
 
     def bpb(step: int) -> None:
-        if token_bytes is None or not data.has_val:
+        if token_bytes is None or not data.has_val or cfg.eval_steps == 0:
             return
         model.eval()
         with autocast():

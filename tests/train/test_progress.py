@@ -74,3 +74,10 @@ def test_a_cpu_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):
     lines.clear()
     run(pretrain_cache, tmp_path / "system", log=lines.append, steps=1)
     assert not any(x.startswith("cpu: malloc") for x in lines)
+
+
+def test_eval_steps_0_skips_val_bpb_and_says_so(tmp_path, pretrain_cache):
+    lines: list[str] = []
+    result = run(pretrain_cache, tmp_path / "run", log=lines.append, eval_steps=0, eval_every=1)
+    assert result.val_bpb == [] and result.step == 3
+    assert "--eval-steps 0: val bpb is skipped" in lines
