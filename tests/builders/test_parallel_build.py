@@ -417,3 +417,44 @@ def test_the_commit_hashes_only_the_parts_it_did_not_see_written(corpus, tokeniz
     assert s["ran"] >= 8 and hashed == []
     s = run_build(corpus["paths"], tmp_path / "out", **kw)
     assert s["ran"] == 0 and len(hashed) >= 2 * s["reused"]  # bin and lens (and origins) of each reused task
+
+
+def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokenizer, tmp_path, monkeypatch):
+    """A Parquet file cut into k tasks was hashed whole by each of them (k passes over the file, and again on a
+    resume); a task's digest covers the footer and its own row groups, and changes when they do."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from niels_gpt.builders import tasks
+    from niels_gpt.sources import records
+
+    path = tmp_path / "big.parquet"
+    texts = [f"document {i}: " + "words of a document " * 40 for i in range(400)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=20)
+    plan = make_plan([path], tokenizer=tokenizer, task_bytes=40_000)
+    ranged = [t for t in plan.tasks if t.pieces[0]["start"] > 0]
+    assert len(plan.tasks) > 3 and ranged
+    t = ranged[0]
+    monkeypatch.setattr(records, "sha256_file", lambda p: pytest.fail(f"{p} hashed whole for one task"))
+    receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path / "w"))
+    start, stop = t.pieces[0]["start"], t.pieces[0]["stop"]
+    meta = pq.ParquetFile(path).metadata
+    cols = [meta.row_group(g).column(c) for g in range(start, stop) for c in range(meta.num_columns)]
+    lo = min(min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset) for c in cols)
+    hi = max(min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size
+             for c in cols)
+    data = path.read_bytes()
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    want = hashlib.sha256(data[-footer:] + data[lo:hi]).hexdigest()
+    assert receipt["digests"] == [f"sha256:rowgroups:{start}-{stop}:{want}"]
+    assert tasks.load_receipt(tmp_path / "w", t) == receipt  # a resume hashes the same bytes
+    monkeypatch.undo()
+
+    texts[start * 20] = texts[start * 20].replace("document", "DOCUMENT", 1)  # a row of this task's groups
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=20)
+    assert tasks.load_receipt(tmp_path / "w", t) is None  # the task runs again
+
+    path.write_bytes(data[:-100])  # a damaged footer: its whole-file digest, which no receipt holds
+    assert tasks.load_receipt(tmp_path / "w", t) is None
