@@ -12,7 +12,8 @@ byte level, tokenizer.json) and sentencepiece (the library's trainer, BPE). Figu
    and gigatoken's own `encode_batch` on its rayon pool), warm and once; then `python -m niels_gpt build` of
    the folder, --executor inline and processes: tokens/s from its first task (the build's own wall time) and
    for the whole process, each as a ratio to every bare figure, its CPU time (workers included) and tokens
-   per CPU-second against bare gigatoken's once on one thread, whether it imported torch;
+   per CPU-second against bare gigatoken's once on one thread, whether it imported torch; with --parquet ROWS,
+   the same for the same files written as Parquet (ROWS rows a row group);
 3. start-up: the wall time of `python -m niels_gpt build --help` (imports and the parser).
 """
 
@@ -199,17 +200,28 @@ def builds(name: str, tiktoken_file: Path, tmp: Path, args) -> None:
             rates[key] = n / dt
             cpu_once = n / cpu if key == "1 thread encode once" else cpu_once
             print(f"bare gigatoken, {key}: {n / dt / 1e6:7.2f} Mtok/s, {n / cpu / 1e6:7.2f} Mtok per CPU-second")
-    for executor in ("inline", "processes"):
-        runs = [build(tiktoken_file, folder, tmp / f"c-{name}-{executor}-{i}", executor, args.workers)
-                for i in range(args.repeat)]
-        wall, tokens, torch, work, _ = min(runs)
-        cpu = min(r[4] for r in runs)
-        for what, dt in (("from its first task", work), ("whole process", wall)):
-            ratios = ", ".join(f"{tokens / dt / r:.2f}x {k}" for k, r in rates.items())
-            print(f"build --executor {executor:9s} {what}: {tokens / dt / 1e6:7.2f} Mtok/s ({dt:.2f} s); {ratios}")
-        print(f"build --executor {executor:9s}: start-up before its first task {wall - work:.2f} s; torch imported: "
-              f"{torch}; {cpu:.2f} s of CPU (workers included), {tokens / cpu / 1e6:.2f} Mtok per CPU-second, "
-              f"{tokens / cpu / cpu_once:.2f}x bare one thread once")
+    inputs = [("", folder)]
+    if args.parquet:  # the same files as Parquet, row groups of --parquet rows (a task is a run of row groups)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        inputs.append((" (Parquet)", tmp / f"{name}-parquet"))
+        inputs[-1][1].mkdir()
+        for stem, texts in files.items():
+            pq.write_table(pa.table({"text": texts}), inputs[-1][1] / f"{stem}.parquet", row_group_size=args.parquet)
+    for what_in, src in inputs:
+        for executor in ("inline", "processes"):
+            runs = [build(tiktoken_file, src, tmp / f"c-{name}-{src.name}-{executor}-{i}", executor, args.workers)
+                    for i in range(args.repeat)]
+            wall, tokens, torch, work, _ = min(runs)
+            cpu = min(r[4] for r in runs)
+            label = f"build{what_in} --executor {executor:9s}"
+            for what, dt in (("from its first task", work), ("whole process", wall)):
+                ratios = ", ".join(f"{tokens / dt / r:.2f}x {k}" for k, r in rates.items())
+                print(f"{label} {what}: {tokens / dt / 1e6:7.2f} Mtok/s ({dt:.2f} s); {ratios}")
+            print(f"{label}: start-up before its first task {wall - work:.2f} s; torch imported: {torch}; "
+                  f"{cpu:.2f} s of CPU (workers included), {tokens / cpu / 1e6:.2f} Mtok per CPU-second, "
+                  f"{tokens / cpu / cpu_once:.2f}x bare one thread once")
 
 
 def main() -> None:
@@ -222,6 +234,8 @@ def main() -> None:
     ap.add_argument("--reference-docs", type=int, default=800,
                     help="debian-docs documents the (slower) reference encoders encode")
     ap.add_argument("--skip-encoders", action="store_true", help="only step 2 and 3")
+    ap.add_argument("--parquet", type=int, default=0, metavar="ROWS",
+                    help="also build the same files written as Parquet, ROWS rows a row group (0: not)")
     args = ap.parse_args()
 
     import awkward  # noqa: F401 - gigatoken's encode_batch returns its arrays: imported before any clock
