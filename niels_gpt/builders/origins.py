@@ -28,9 +28,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from niels_gpt.sources.base import portable
+from niels_gpt.sources.digests import digest
 from niels_gpt.sources.lines import file_sha256
 from niels_gpt.sources.origins import _counts
-from niels_gpt.sources.records import Piece, _opens_a_document, digest
+from niels_gpt.sources.records import Piece, _opens_a_document
 
 SHARD_SHIFT = 40
 

@@ -42,9 +42,10 @@ from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.long_documents import encode_documents
 from niels_gpt.meta import file_record
+from niels_gpt.sources.digests import digest
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.lines import range_digests
-from niels_gpt.sources.records import Piece, digest
+from niels_gpt.sources.records import Piece
 from niels_gpt.sources.stream import Task, task_items
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer

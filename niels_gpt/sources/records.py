@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import NielsGPTError, SourceError, StorageError
-from niels_gpt.meta import sha256_file
 from niels_gpt.sources.hub import iter_rows, open_stream
 from niels_gpt.sources.inputs import (
     COLUMNAR,
@@ -349,47 +348,3 @@ def _arrow_rows(piece: Piece, local: Path, columns: list[str] | None) -> Iterato
         raise invalid_utf8_error(piece.item, e.start, record=f"near row {i}", reason=e.reason) from e
     except (pa.ArrowException, OSError) as e:
         raise SourceError(f"{piece.item}: cannot read this {piece.kind} file ({e}); check that it is complete") from e
-
-
-def digest(piece: Piece) -> str:
-    """What the content of a piece is, for receipts: the sha256 of a local file's bytes (or its range), a
-    URL's version (ETag, checksum or mtime) and size, a dataset shard's id, config and split."""
-    if piece.kind == "dataset":
-        shuffled = f":shuffle({piece.shuffle_seed},{piece.shuffle_buffer})" if piece.shuffled else ""
-        return f"dataset:{piece.item}:{piece.config}:{piece.split}:{piece.start}/{piece.stop}{shuffled}"
-    if _remote(piece):
-        fs, path = filesystem(piece.item)
-        info = ask(lambda: fs.info(path), piece.item, "reading")
-        version = next((str(info[k]) for k in ("ETag", "etag", "md5Hash", "crc32c", "LastModified", "mtime",
-                                                "last_modified") if info.get(k)), "")
-        return f"remote:{info.get('size')}:{version}"
-    if piece.stop >= 0 and piece.kind in (".jsonl", ".json"):  # a range: read in one call, as its task does
-        with open(piece.item, "rb") as f:
-            f.seek(piece.start)
-            return "sha256:" + hashlib.sha256(f.read(piece.stop - piece.start)).hexdigest()
-    if piece.stop >= 0 and piece.kind == ".parquet":
-        return _row_groups_digest(piece)
-    return "sha256:" + sha256_file(piece.item)
-
-
-def _row_groups_digest(piece: Piece) -> str:
-    """The sha256 of a Parquet file's footer and of the bytes its row groups [start, stop) span: what their
-    task reads (a file of k tasks is not hashed whole k times); the whole file's where its footer is unreadable."""
-    import pyarrow.parquet as pq
-
-    try:
-        with open(piece.item, "rb") as f:
-            meta = pq.ParquetFile(f).metadata
-            chunks = [meta.row_group(g).column(c) for g in range(piece.start, piece.stop)
-                      for c in range(meta.num_columns)]
-            starts = [min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset) for c in chunks]
-            lo, hi = min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks, strict=True))
-            f.seek(-8, os.SEEK_END)
-            footer = int.from_bytes(f.read(4), "little") + 8
-            f.seek(-footer, os.SEEK_END)
-            h = hashlib.sha256(f.read(footer))
-            f.seek(lo)
-            h.update(f.read(hi - lo))
-        return f"sha256:rowgroups:{piece.start}-{piece.stop}:" + h.hexdigest()
-    except Exception:  # noqa: BLE001 - a damaged file: a digest no receipt holds, so its task runs again
-        return "sha256:" + sha256_file(piece.item)

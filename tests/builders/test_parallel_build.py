@@ -428,7 +428,7 @@ def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokeni
     import pyarrow.parquet as pq
 
     from niels_gpt.builders import tasks
-    from niels_gpt.sources import records
+    from niels_gpt.sources import digests
 
     path = tmp_path / "big.parquet"
     texts = [f"document {i}: " + "words of a document " * 40 for i in range(400)]
@@ -437,7 +437,7 @@ def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokeni
     ranged = [t for t in plan.tasks if t.pieces[0]["start"] > 0]
     assert len(plan.tasks) > 3 and ranged
     t = ranged[0]
-    monkeypatch.setattr(records, "sha256_file", lambda p: pytest.fail(f"{p} hashed whole for one task"))
+    monkeypatch.setattr(digests, "sha256_file", lambda p: pytest.fail(f"{p} hashed whole for one task"))
     receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path / "w"))
     start, stop = t.pieces[0]["start"], t.pieces[0]["stop"]
     meta = pq.ParquetFile(path).metadata
@@ -457,4 +457,42 @@ def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokeni
     assert tasks.load_receipt(tmp_path / "w", t) is None  # the task runs again
 
     path.write_bytes(data[:-100])  # a damaged footer: its whole-file digest, which no receipt holds
+    assert tasks.load_receipt(tmp_path / "w", t) is None
+
+
+def test_an_arrow_tasks_receipt_hashes_its_record_batches_not_the_whole_file(tokenizer, tmp_path, monkeypatch):
+    import hashlib
+
+    import pyarrow as pa
+
+    from niels_gpt.builders import tasks
+    from niels_gpt.sources import digests
+
+    path = tmp_path / "big.arrow"
+
+    def write(texts):
+        table = pa.table({"text": texts})
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            for b in table.to_batches(max_chunksize=20):
+                w.write_batch(b)
+
+    texts = [f"document {i}: " + "words of a document " * 40 for i in range(400)]
+    write(texts)
+    plan = make_plan([path], tokenizer=tokenizer, task_bytes=40_000)
+    ranged = [t for t in plan.tasks if t.pieces[0]["start"] > 0]
+    assert len(plan.tasks) > 3 and ranged and ranged[0].pieces[0]["kind"] == ".arrow"
+    t = ranged[0]
+    monkeypatch.setattr(digests, "sha256_file", lambda p: pytest.fail(f"{p} hashed whole for one task"))
+    receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path / "w"))
+    start, stop = t.pieces[0]["start"], t.pieces[0]["stop"]
+    reader = pa.ipc.open_file(str(path))
+    h = hashlib.sha256(reader.schema.serialize())
+    for b in range(start, stop):
+        h.update(reader.get_batch(b).serialize())
+    assert receipt["digests"] == [f"sha256:batches:{start}-{stop}:{h.hexdigest()}"]
+    assert tasks.load_receipt(tmp_path / "w", t) == receipt
+    monkeypatch.undo()
+
+    texts[start * 20] = texts[start * 20].replace("document", "DOCUMENT", 1)  # a row of this task's batches
+    write(texts)
     assert tasks.load_receipt(tmp_path / "w", t) is None
