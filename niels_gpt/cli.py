@@ -12,6 +12,7 @@ printed at start. Package errors end as one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import json
@@ -364,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--network-timeout {timeout:g}: must be a positive number of seconds (finite: "
                                   "it bounds a stall, so a slow transfer is never cut), e.g. --network-timeout 120")
             configure(timeout_s=timeout)
-        with allocator.kept():  # freed memory kept for reuse while the command works (niels_gpt/allocator.py)
+        # freed memory kept for reuse while the command works (niels_gpt/allocator.py); a model's commands decide
+        # by device (train keeps it on CPU only: a CUDA run's host memory is left as it is)
+        with contextlib.nullcontext() if command in ("train", "sample") else allocator.kept():
             return int(args.func(args) or 0)
     except NielsGPTError as exc:
         reason = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
