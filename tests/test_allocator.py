@@ -82,3 +82,14 @@ def test_niels_gpt_malloc_system_leaves_the_allocator_as_it_is(tmp_path, tokeniz
     got = probe(tmp_path, tokenizer._path, NIELS_GPT_MALLOC="system")
     assert got["on"] is False
     assert got["inside"] >= 64 << 20 and got["building"] >= 64 << 20
+
+
+def test_a_command_with_niels_gpt_malloc_of_no_known_value_stops_with_one_line(tmp_path, monkeypatch, capsys):
+    from niels_gpt.cli import main
+
+    (tmp_path / "a.txt").write_text("some text\n")
+    monkeypatch.setenv("NIELS_GPT_MALLOC", "off")
+    assert main(["build", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out"), "--tokenizer", "gpt2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: NIELS_GPT_MALLOC='off' in the environment: expected 'system'")
+    assert not (tmp_path / "out").exists()
