@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.confine import confined_all
@@ -133,6 +134,19 @@ def check_schema(meta: dict, where: str) -> None:
         if sep["id"] != expected:
             raise CacheError(f"{where}: document_separator.id {sep['id']!r} is not {field} ({expected!r}); the "
                              "meta.json was edited or damaged: rebuild the cache")
+
+
+RECEIPT_HASH = "xxh3_128"  # a build task's receipt: what it read and wrote (sources/digests.py says why)
+
+
+def receipt_hash(data: bytes = b""):
+    """A new hash object of the receipts' algorithm, fed `data`."""
+    return xxhash.xxh3_128(data)
+
+
+def receipt_digest(data: bytes) -> str:
+    """"xxh3_128:<hex>" of `data`: a receipt's digest of a byte range a task read."""
+    return f"{RECEIPT_HASH}:" + receipt_hash(data).hexdigest()
 
 
 def sha256_file(path: str, stop=None) -> str | None:

@@ -3,7 +3,7 @@
 The tasks' documents are walked as the one-process builder's stream (runs of ENCODE_BATCH_DOCS, global across
 tasks), admitted through the same `Admission`, `Budgeted` and `ShardWriter`, and each admitted run of tokens
 is copied from the part straight into the shard. A part holds each document with its separator: a cut
-document is its prefix (BOS first) or its first tokens then an EOT. Each part's sha256 is checked against
+document is its prefix (BOS first) or its first tokens then an EOT. Each part's digest is checked against
 its receipt when reused from an earlier run, written on another host, or read from a work URL (parts are not
 fsynced: this check vouches for them after a crash or a transfer); a part that this run's workers on this host
 just wrote and hashed is not hashed again. Cost: one read of each part, one sha256 of each shard; no tokenization.
@@ -12,7 +12,6 @@ just wrote and hashed is not hashed again. Cost: one read of each part, one sha2
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import itertools
 import os
@@ -27,7 +26,7 @@ from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.pretrain import Admission, check_budgets, open_splits, pretrain_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
-from niels_gpt.meta import write_meta
+from niels_gpt.meta import RECEIPT_HASH, receipt_hash, write_meta
 from niels_gpt.sources.origins import OriginLog
 from niels_gpt.urls import is_url
 
@@ -66,12 +65,12 @@ def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray
             path = parts / f"{receipt['id']}{PART_SUFFIX[name]}"
             data = path.read_bytes()
         trusted = receipt.get(WRITTEN_NOW) and not remote
-        if not trusted and hashlib.sha256(data).hexdigest() != receipt["files"][name]["sha256"]:
+        if not trusted and receipt_hash(data).hexdigest() != receipt["files"][name].get(RECEIPT_HASH):
             if remote:
                 work_store(work_dir).remove(f"parts/{receipt['id']}.json")
             with contextlib.suppress(FileNotFoundError):
                 (parts / f"{receipt['id']}.json").unlink()  # so that a rerun redoes this task
-            raise CacheError(f"{path}: sha256 differs from its receipt (the part was changed or damaged); its "
+            raise CacheError(f"{path}: {RECEIPT_HASH} digest differs from its receipt (the part was changed or damaged); its "
                              "receipt is removed: run the same command again to redo that task")
         if name in ("lens", "origins"):
             out.append(np.load(io.BytesIO(data), allow_pickle=False))

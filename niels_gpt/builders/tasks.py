@@ -1,7 +1,8 @@
 """One task of a plan: tokenize (or render) its items into part files, then write its receipt.
 
 Files of task `<id>` in the work directory's `parts/`, renamed into place when complete, the receipt last (not
-fsynced: the commit checks every part's size and sha256 against the receipt):
+fsynced: the commit checks every part's size and xxh3-128 against the receipt; sources/digests.py says why
+not sha256):
 
 | file            | contents                                                                           |
 |-----------------|------------------------------------------------------------------------------------|
@@ -13,8 +14,8 @@ fsynced: the commit checks every part's size and sha256 against the receipt):
 |                 | skipped, for the reason `skip_reasons[-n]` of the receipt (0 = empty_document)     |
 | `<id>.origins.npy` | int64 [documents, 4] per document (chat: usable example) of the task, in order:   |
 |                 | its origin (sources/origins.py; the input column the piece's index in the task)    |
-| `<id>.json`     | the receipt: the task, items, tokens, skip reasons, the sha256 (`digests`) of what |
-|                 | it read, bytes + sha256 of each part, the separator, seconds, host and pid         |
+| `<id>.json`     | the receipt: the task, items, tokens, skip reasons, the digests (`digests`) of what |
+|                 | it read, bytes + xxh3-128 of each part, the separator, seconds, host and pid       |
 | `<id>.started`  | host, pid and time, written when the task starts (who is working on what)          |
 
 The ids are made as the one-process builder makes them (`encode_documents`, `writers.Budgeted.write`; `render`
@@ -41,7 +42,7 @@ from niels_gpt.builders.rendering import render
 from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.long_documents import encode_documents
-from niels_gpt.meta import file_record
+from niels_gpt.meta import RECEIPT_HASH, receipt_hash
 from niels_gpt.sources.digests import digest
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.lines import range_digests
@@ -192,7 +193,7 @@ def _write_npy(path: Path, arr: np.ndarray) -> dict:
     np.save(buf, arr, allow_pickle=False)
     data = buf.getvalue()
     write_bytes_atomic(path, data, durable=False)
-    return file_record(path, None, data=data)
+    return {"bytes": len(data), RECEIPT_HASH: receipt_hash(data).hexdigest()}
 
 
 def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_url: str,
@@ -220,7 +221,7 @@ def _run_task_at_url(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha2
 
 def _encode_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, origins: list):
     sep = document_separator(tok)
-    out = HashingFile(parts / f"{t.id}.bin", durable=False)
+    out = HashingFile(parts / f"{t.id}.bin", durable=False, receipt=True)
     # The builder's converter, unbudgeted: the same separators, casts and range check as a local build.
     convert = Budgeted(out, 0, sep.id, dtype, f"task {t.id} ({t.where()})", sep.position)
     lens: list[int] = []
@@ -259,8 +260,8 @@ def _flush(tok, convert: Budgeted, batch: list[str], where: list[int], lens: lis
 
 def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad_record: str, origins: list):
     stored_mask = not getattr(tok, "library_conventions", True)
-    out = HashingFile(parts / f"{t.id}.bin", durable=False)
-    mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False) if stored_mask else None
+    out = HashingFile(parts / f"{t.id}.bin", durable=False, receipt=True)
+    mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False, receipt=True) if stored_mask else None
     lens: list[int] = []
     try:
         for k, (conv, origin) in enumerate(stream):
@@ -311,8 +312,8 @@ def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int
     for name, rec in (receipt.get("files") or {}).items():
         name = f"{task.id}{PART_SUFFIX.get(name, '?')}"
         size = listing.get(name) if remote else (parts / name).stat().st_size if (parts / name).is_file() else None
-        if not isinstance(rec, dict) or size is None or size != rec.get("bytes"):
-            return None
+        if not isinstance(rec, dict) or size is None or size != rec.get("bytes") or RECEIPT_HASH not in rec:
+            return None  # (no RECEIPT_HASH: hashed by an earlier version with sha256; the task runs again)
     try:
         if receipt.get("digests") != [digest(Piece(**p)) for p in task.pieces]:
             return None  # an input changed since the task ran (even with its size and mtime put back)

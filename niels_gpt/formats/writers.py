@@ -21,18 +21,21 @@ from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.base import check_fits
 from niels_gpt.formats.zstd_shard import FRAME_TOKENS, SUFFIX, FrameEncoder, check_compress
+from niels_gpt.meta import RECEIPT_HASH, receipt_hash
 
 SHARD_PATTERN = "shard_{:05d}.bin"
 
 
 class HashingFile:
-    """A file written under a temporary name, hashed as it is written, committed by rename."""
+    """A file written under a temporary name, hashed as it is written, committed by rename. `receipt`: a build
+    task's part, hashed with the receipts' algorithm (meta.RECEIPT_HASH) instead of sha256."""
 
-    def __init__(self, final: Path, durable: bool = True):
+    def __init__(self, final: Path, durable: bool = True, receipt: bool = False):
         self.final, self.durable = final, durable
         self.tmp = tmp_name(final)
         self.f = open(self.tmp, "wb")
-        self.sha = hashlib.sha256()
+        self.key = RECEIPT_HASH if receipt else "sha256"
+        self.sha = receipt_hash() if receipt else hashlib.sha256()
         self.bytes = 0
 
     def write(self, arr: np.ndarray) -> None:
@@ -49,7 +52,7 @@ class HashingFile:
     def close(self) -> dict:
         self.f.close()
         commit(self.tmp, self.final, self.durable)
-        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+        return {"bytes": self.bytes, self.key: self.sha.hexdigest()}
 
     def abort(self) -> None:
         self.f.close()

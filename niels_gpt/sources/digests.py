@@ -1,25 +1,29 @@
 """What a task read, for its receipt (builders/tasks.py), and what a resume checks again: a piece's digest.
 
-A byte range of JSON Lines is the sha256 of its bytes; a run of a Parquet file's row groups, of the footer and
-the bytes those row groups span; a run of an Arrow IPC file's record batches, of the schema and those batches;
-a whole local file, of the file; a URL, its version (ETag, checksum or mtime) and size; a dataset shard, its id,
-config and split. A file cut into k tasks is not hashed whole k times.
+A byte range of JSON Lines is the xxh3-128 of its bytes; a run of a Parquet file's row groups, of the footer
+and the bytes those row groups span; a run of an Arrow IPC file's record batches, of the schema and those
+batches; a whole local file, its sha256; a URL, its version (ETag, checksum or mtime) and size; a dataset
+shard, its id, config and split. A file cut into k tasks is not hashed whole k times.
+
+Receipts (a task's reads and its part files) use xxh3-128, which tells a changed or damaged file from the one
+hashed as sha256 would, at about 13x its speed (27 GB/s against 2 GB/s a core here): a task hashes every byte
+it reads and writes, so sha256 there cost a build a tenth of its CPU. No user ever checks these digests; what
+a user can check (meta.json's files and inputs) stays sha256.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 
-from niels_gpt.meta import sha256_file
+from niels_gpt.meta import RECEIPT_HASH, receipt_digest, receipt_hash, sha256_file
 from niels_gpt.sources.inputs import ask
 from niels_gpt.sources.records import Piece, _remote
 from niels_gpt.storage.fs import filesystem
 
 
 def digest(piece: Piece) -> str:
-    """What the content of a piece is, for receipts: the sha256 of a local file's bytes (or its range), a
-    URL's version (ETag, checksum or mtime) and size, a dataset shard's id, config and split."""
+    """What the content of a piece is, for receipts: the sha256 of a local file's bytes, the xxh3-128 of its
+    range, a URL's version (ETag, checksum or mtime) and size, a dataset shard's id, config and split."""
     if piece.kind == "dataset":
         shuffled = f":shuffle({piece.shuffle_seed},{piece.shuffle_buffer})" if piece.shuffled else ""
         return f"dataset:{piece.item}:{piece.config}:{piece.split}:{piece.start}/{piece.stop}{shuffled}"
@@ -32,7 +36,7 @@ def digest(piece: Piece) -> str:
     if piece.stop >= 0 and piece.kind in (".jsonl", ".json"):  # a range: read in one call, as its task does
         with open(piece.item, "rb") as f:
             f.seek(piece.start)
-            return "sha256:" + hashlib.sha256(f.read(piece.stop - piece.start)).hexdigest()
+            return receipt_digest(f.read(piece.stop - piece.start))
     if piece.stop >= 0 and piece.kind == ".parquet":
         return _row_groups_digest(piece)
     if piece.stop >= 0 and piece.kind == ".arrow":
@@ -41,8 +45,9 @@ def digest(piece: Piece) -> str:
 
 
 def _row_groups_digest(piece: Piece) -> str:
-    """The sha256 of a Parquet file's footer and of the bytes its row groups [start, stop) span: what their
-    task reads (a file of k tasks is not hashed whole k times); the whole file's where its footer is unreadable."""
+    """The digest of a Parquet file's footer and of the bytes its row groups [start, stop) span: what their
+    task reads (a file of k tasks is not hashed whole k times); the whole file's sha256 where its footer is
+    unreadable."""
     import pyarrow.parquet as pq
 
     try:
@@ -55,25 +60,26 @@ def _row_groups_digest(piece: Piece) -> str:
             f.seek(-8, os.SEEK_END)
             footer = int.from_bytes(f.read(4), "little") + 8
             f.seek(-footer, os.SEEK_END)
-            h = hashlib.sha256(f.read(footer))
+            h = receipt_hash(f.read(footer))
             f.seek(lo)
             h.update(f.read(hi - lo))
-        return f"sha256:rowgroups:{piece.start}-{piece.stop}:" + h.hexdigest()
+        return f"{RECEIPT_HASH}:rowgroups:{piece.start}-{piece.stop}:" + h.hexdigest()
     except Exception:  # noqa: BLE001 - a damaged file: a digest no receipt holds, so its task runs again
         return "sha256:" + sha256_file(piece.item)
 
 
 def _batches_digest(piece: Piece) -> str:
-    """The sha256 of an Arrow IPC file's schema and of its record batches [start, stop), each as written again
-    by pyarrow (pyarrow does not give their offsets in the file); the whole file's where it does not open."""
+    """The digest of an Arrow IPC file's schema and of its record batches [start, stop), each as written again
+    by pyarrow (pyarrow does not give their offsets in the file); the whole file's sha256 where it does not
+    open."""
     import pyarrow as pa
 
     try:
         with pa.OSFile(piece.item) as f:
             reader = pa.ipc.open_file(f)
-            h = hashlib.sha256(reader.schema.serialize())
+            h = receipt_hash(reader.schema.serialize())
             for b in range(piece.start, piece.stop):
                 h.update(reader.get_batch(b).serialize())
-        return f"sha256:batches:{piece.start}-{piece.stop}:" + h.hexdigest()
+        return f"{RECEIPT_HASH}:batches:{piece.start}-{piece.stop}:" + h.hexdigest()
     except Exception:  # noqa: BLE001 - a damaged file: a digest no receipt holds, so its task runs again
         return "sha256:" + sha256_file(piece.item)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from niels_gpt.errors import SourceError
-from niels_gpt.meta import sha256_file
+from niels_gpt.meta import receipt_digest, sha256_file
 from niels_gpt.sources.records_base import BadRecord
 from niels_gpt.sources.text_io import bytes_hint
 
@@ -119,7 +119,7 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
 _HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>")
 _RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
 _LOCK = threading.Lock()
-_READ = threading.local()  # .digests: while a task reads, {(path, start, stop): "sha256:<hex>"} of its ranges
+_READ = threading.local()  # .digests: while a task reads, {(path, start, stop): receipt_digest} of its ranges
 
 
 @contextlib.contextmanager
@@ -197,7 +197,7 @@ def _range_records(piece) -> Iterator[tuple[Any, Any]]:
     if found is None:
         _hash_read(piece.item, piece.start, data, st)
     else:
-        found[piece.item, piece.start, piece.stop] = "sha256:" + hashlib.sha256(data).hexdigest()
+        found[piece.item, piece.start, piece.stop] = receipt_digest(data)
 
 
 @functools.lru_cache(maxsize=64)

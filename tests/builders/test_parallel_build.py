@@ -160,7 +160,7 @@ def test_a_damaged_part_fails_the_commit_and_is_redone(corpus, tokenizer, tree, 
     data = bytearray(part.read_bytes())
     data[10] ^= 1
     part.write_bytes(bytes(data))
-    with pytest.raises(CacheError, match=r"sha256 differs from its receipt.*run the same command again"):
+    with pytest.raises(CacheError, match=r"digest differs from its receipt.*run the same command again"):
         run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000,
                    keep_parts=True, **kw)
     s = run_build(corpus["paths"], out, tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, **kw)
@@ -389,7 +389,7 @@ def test_worker_processes_die_with_a_killed_driver():
 
 
 def test_a_receipt_hashes_each_byte_range_from_the_bytes_its_task_read(corpus, tokenizer, tmp_path, monkeypatch):
-    import hashlib
+    import xxhash
 
     from niels_gpt.builders import tasks
 
@@ -398,19 +398,38 @@ def test_a_receipt_hashes_each_byte_range_from_the_bytes_its_task_read(corpus, t
     monkeypatch.setattr(tasks, "digest", lambda piece: pytest.fail(f"{piece.where()} read again for its digest"))
     receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path))
     data = Path(t.pieces[0]["item"]).read_bytes()[t.pieces[0]["start"]:t.pieces[0]["stop"]]
-    assert receipt["digests"] == ["sha256:" + hashlib.sha256(data).hexdigest()]
+    assert receipt["digests"] == ["xxh3_128:" + xxhash.xxh3_128(data).hexdigest()]
+    part = (tmp_path / "parts" / f"{t.id}.bin").read_bytes()  # and its part, by what the commit checks
+    assert receipt["files"]["bin"] == {"bytes": len(part), "xxh3_128": xxhash.xxh3_128(part).hexdigest()}
     monkeypatch.undo()
     assert tasks.load_receipt(tmp_path, t) == receipt  # a resume reads the range again: the same digest
 
 
-def test_the_commit_hashes_only_the_parts_it_did_not_see_written(corpus, tokenizer, tree, tmp_path, monkeypatch):
-    """A part this run's workers on this host just wrote was hashed as written; a reused one is checked."""
+def test_a_receipt_with_sha256_part_digests_runs_its_task_again(corpus, tokenizer, tmp_path):
+    """Receipts written before parts were hashed with xxh3-128 name a sha256: not trusted, the task runs again."""
     import hashlib
 
+    from niels_gpt.builders import tasks
+
+    plan = make_plan(corpus["paths"], tokenizer=tokenizer, task_bytes=40_000)
+    t = plan.tasks[0]
+    receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path))
+    assert tasks.load_receipt(tmp_path, t) == receipt
+    for name, rec in receipt["files"].items():
+        data = (tmp_path / "parts" / f"{t.id}{tasks.PART_SUFFIX[name]}").read_bytes()
+        rec.pop("xxh3_128")
+        rec["sha256"] = hashlib.sha256(data).hexdigest()
+    (tmp_path / "parts" / f"{t.id}.json").write_text(json.dumps(receipt))
+    assert tasks.load_receipt(tmp_path, t) is None
+
+
+def test_the_commit_hashes_only_the_parts_it_did_not_see_written(corpus, tokenizer, tree, tmp_path, monkeypatch):
+    """A part this run's workers on this host just wrote was hashed as written; a reused one is checked."""
     from niels_gpt.builders import commit
 
     hashed: list[int] = []
-    monkeypatch.setattr(commit, "hashlib", type("H", (), {"sha256": lambda data: hashed.append(1) or hashlib.sha256(data)}))
+    real = commit.receipt_hash
+    monkeypatch.setattr(commit, "receipt_hash", lambda data: hashed.append(1) or real(data))
     kw = dict(tokenizer=tokenizer.model_path, executor="inprocess", task_bytes=40_000, keep_parts=True,
               **settings(ALL_TOKENS, 5_000, 20_000))
     s = run_build(corpus["paths"], tmp_path / "out", **kw)
@@ -422,10 +441,9 @@ def test_the_commit_hashes_only_the_parts_it_did_not_see_written(corpus, tokeniz
 def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokenizer, tmp_path, monkeypatch):
     """A Parquet file cut into k tasks was hashed whole by each of them (k passes over the file, and again on a
     resume); a task's digest covers the footer and its own row groups, and changes when they do."""
-    import hashlib
-
     import pyarrow as pa
     import pyarrow.parquet as pq
+    import xxhash
 
     from niels_gpt.builders import tasks
     from niels_gpt.sources import digests
@@ -447,8 +465,8 @@ def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokeni
              for c in cols)
     data = path.read_bytes()
     footer = int.from_bytes(data[-8:-4], "little") + 8
-    want = hashlib.sha256(data[-footer:] + data[lo:hi]).hexdigest()
-    assert receipt["digests"] == [f"sha256:rowgroups:{start}-{stop}:{want}"]
+    want = xxhash.xxh3_128(data[-footer:] + data[lo:hi]).hexdigest()
+    assert receipt["digests"] == [f"xxh3_128:rowgroups:{start}-{stop}:{want}"]
     assert tasks.load_receipt(tmp_path / "w", t) == receipt  # a resume hashes the same bytes
     monkeypatch.undo()
 
@@ -461,9 +479,8 @@ def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokeni
 
 
 def test_an_arrow_tasks_receipt_hashes_its_record_batches_not_the_whole_file(tokenizer, tmp_path, monkeypatch):
-    import hashlib
-
     import pyarrow as pa
+    import xxhash
 
     from niels_gpt.builders import tasks
     from niels_gpt.sources import digests
@@ -486,10 +503,10 @@ def test_an_arrow_tasks_receipt_hashes_its_record_batches_not_the_whole_file(tok
     receipt = tasks.run_task(t.to_json(), SPEC, tokenizer.model_path, tokenizer.sha256, str(tmp_path / "w"))
     start, stop = t.pieces[0]["start"], t.pieces[0]["stop"]
     reader = pa.ipc.open_file(str(path))
-    h = hashlib.sha256(reader.schema.serialize())
+    h = xxhash.xxh3_128(reader.schema.serialize())
     for b in range(start, stop):
         h.update(reader.get_batch(b).serialize())
-    assert receipt["digests"] == [f"sha256:batches:{start}-{stop}:{h.hexdigest()}"]
+    assert receipt["digests"] == [f"xxh3_128:batches:{start}-{stop}:{h.hexdigest()}"]
     assert tasks.load_receipt(tmp_path / "w", t) == receipt
     monkeypatch.undo()
 
