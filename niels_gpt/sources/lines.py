@@ -29,6 +29,7 @@ from niels_gpt.sources.records_base import BadRecord
 from niels_gpt.sources.text_io import bytes_hint
 
 BOM = b"\xef\xbb\xbf"
+_SPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.isspace counts as whitespace
 READ_BLOCK = 1 << 20
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame opens with these four bytes
 GZIP_MAGIC = b"\x1f\x8b"
@@ -176,19 +177,20 @@ if hasattr(os, "register_at_fork"):  # a process forked while a file was hashed 
 
 def _range_records(piece) -> Iterator[tuple[Any, Any]]:
     """(where, record or BadRecord) per non-blank line of a byte range of a plain file: a build's hot loop, kept
-    to one slice, one blank test and one parse a line (bench/bench_parse.py)."""
+    to one view, one blank test and one parse a line (bench/bench_parse.py)."""
     with open(piece.item, "rb") as f:
         f.seek(piece.start)
         data = f.read(piece.stop - piece.start)
         st = os.fstat(f.fileno())
-    item, find, size = piece.item, data.find, len(data)
+    item, find, size, view = piece.item, data.find, len(data), memoryview(data)
     pos = len(BOM) if piece.start == 0 and data.startswith(BOM) else 0
     start, k = 0, 0  # the offset of a line counts its BOM, as a line's byte numbers in errors always have
     while pos < size:
         end = find(b"\n", pos)
         end = size if end < 0 else end + 1
-        raw = data[pos:end]
-        if raw and not raw.isspace():  # bytes.isspace: what `not raw.strip()` tests, without a copy
+        # blank: all whitespace (what `not line.strip()` tests); a line's bytes are a view, not a copy
+        if data[pos] not in _SPACE or not data[pos:end].isspace():
+            raw = view[pos:end]
             where = _Where(item, piece.start, k)
             where.offset = piece.start + start  # the line's byte offset in the file: a document's origin
             yield where, _parse(raw, where, where.offset)
@@ -316,7 +318,7 @@ def _decompressing(item: str, kind: str):
                           "recompress it or remove it from the inputs") from e
 
 
-def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
+def _parse(raw: bytes | memoryview, where, offset: int | None) -> dict | BadRecord:
     if _fast_loads is not None:
         try:
             record = _fast_loads(raw)
@@ -325,6 +327,7 @@ def _parse(raw: bytes, where, offset: int | None) -> dict | BadRecord:
         else:
             if type(record) is dict:
                 return record  # msgspec refuses lone surrogate escapes, so no check for them is needed
+    raw = bytes(raw)
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
