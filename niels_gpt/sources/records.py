@@ -192,7 +192,7 @@ def _arrow_runs(path: Path, task_bytes: int) -> list[tuple[int, int]] | None:
     import pyarrow as pa
 
     try:
-        reader = pa.ipc.open_file(path)
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))  # mapped: the sizes need no batch's data read
     except (pa.ArrowInvalid, OSError):
         return None
     return _runs([reader.get_batch(b).nbytes for b in range(reader.num_record_batches)], task_bytes)
@@ -335,7 +335,10 @@ def _arrow_rows(piece: Piece, local: Path, columns: list[str] | None) -> Iterato
             try:
                 reader = pa.ipc.open_file(local)
                 span = range(reader.num_record_batches) if piece.stop < 0 else range(piece.start, piece.stop)
-                first = sum(reader.get_batch(b).num_rows for b in range(span.start))
+                # the rows before this run, counted on a map of the file: each batch's header is read, not the
+                # batch (read through `reader`, task k of a file would read all k batches before its own)
+                counted = pa.ipc.open_file(pa.memory_map(str(local))) if span.start else None
+                first = sum(counted.get_batch(b).num_rows for b in range(span.start)) if counted else 0
                 batches = (reader.get_batch(b) for b in span)
             except pa.ArrowInvalid:
                 batches = iter(pa.ipc.open_stream(local))

@@ -478,6 +478,35 @@ def test_a_parquet_tasks_receipt_hashes_its_row_groups_not_the_whole_file(tokeni
     assert tasks.load_receipt(tmp_path / "w", t) is None
 
 
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts bytes read with Linux's /proc/self/io")
+def test_an_arrow_task_late_in_a_file_reads_its_own_batches_not_those_before(tmp_path):
+    """A task numbers its rows from the rows before its batches: counted from their headers (the file mapped),
+    not by reading every earlier batch (which made the k tasks of one file read it k/2 times over)."""
+    import pyarrow as pa
+
+    from niels_gpt.sources.records import pieces, records
+
+    def rchar() -> int:
+        return int(next(ln for ln in Path("/proc/self/io").read_text().splitlines() if ln.startswith("rchar")).split()[1])
+
+    path = tmp_path / "many.arrow"
+    texts = [f"document {i}: " + "words of a document " * 50 for i in range(4_000)]
+    table = pa.table({"text": texts})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        for b in table.to_batches(max_chunksize=20):
+            w.write_batch(b)
+    cut = pieces(path, 40_000)
+    assert len(cut) > 50
+    last = cut[-1]
+    before = rchar()
+    got = list(records(last, ["text"]))
+    read = rchar() - before
+    first = 20 * last.start
+    assert [w for w, _ in got][:2] == [f"{path}, row {first}", f"{path}, row {first + 1}"]
+    assert [r["text"] for _, r in got] == texts[first:first + len(got)]
+    assert read < path.stat().st_size // 4, f"read {read:,} bytes of a {path.stat().st_size:,}-byte file for its last task"
+
+
 def test_an_arrow_tasks_receipt_hashes_its_record_batches_not_the_whole_file(tokenizer, tmp_path, monkeypatch):
     import pyarrow as pa
     import xxhash
