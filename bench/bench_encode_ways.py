@@ -11,7 +11,9 @@ pass, best of --repeat): how much a second core gives the bare encoder, and what
 5. two threads, an encoder each, `encode` per document (it holds the GIL: "cores busy", CPU seconds per second,
    stays near 1);
 6. two threads, an encoder each, `encode_batch(parallel=False)` per run (it releases the GIL);
-7. debian-docs only: `encode_files(JsonlFileSource)` parsing the file in Rust, parallel and not, and the msgspec
+7. two threads, an encoder each, `encode_batch_padded([document], parallel=False)` per document: it releases the
+   GIL and returns a numpy row (no awkward), so a builder thread could call it per document as it calls `encode`;
+8. debian-docs only: `encode_files(JsonlFileSource)` parsing the file in Rust, parallel and not, and the msgspec
    parse alone.
 """
 
@@ -44,6 +46,8 @@ def per_document(arr) -> list[np.ndarray]:
 
 
 def ways(fresh, docs: list[str]) -> dict:
+    from gigatoken.gigatoken_rs import PadTruncate
+
     pieces = runs(docs, 4)
 
     def shared_encode(g):
@@ -55,12 +59,18 @@ def ways(fresh, docs: list[str]) -> dict:
             work = pool.map(lambda run: per_document(g.encode_batch(run, parallel=False)), pieces)
             return sum(len(x) for r in work for x in r)
 
-    def encoder_each(_, batch: bool = False):
+    def padded(g, doc: str) -> np.ndarray:
+        rows, n = g.backend.encode_batch_padded([doc], PadTruncate(0), parallel=False)
+        return rows.reshape(-1)[:int(n[0])]
+
+    def encoder_each(_, batch: str = ""):
         encoders, local, order = [fresh(), fresh()], threading.local(), iter(range(2))
 
         def run(r):
             if not hasattr(local, "g"):
                 local.g = encoders[next(order)]
+            if batch == "padded":
+                return [padded(local.g, d) for d in r]
             return per_document(local.g.encode_batch(r, parallel=False)) if batch else [local.g.encode(d) for d in r]
         with ThreadPoolExecutor(2) as pool:
             return sum(len(x) for r in pool.map(run, pieces) for x in r)
@@ -72,7 +82,8 @@ def ways(fresh, docs: list[str]) -> dict:
             len(x) for b in batches(docs) for x in per_document(g.encode_batch(b, parallel=True))),
         "two threads, one encoder, encode_batch(parallel=False)": shared_batch,
         "two threads, an encoder each, encode": encoder_each,
-        "two threads, an encoder each, encode_batch(parallel=False)": lambda g: encoder_each(g, True),
+        "two threads, an encoder each, encode_batch(parallel=False)": lambda g: encoder_each(g, "batch"),
+        "two threads, an encoder each, encode_batch_padded per document": lambda g: encoder_each(g, "padded"),
     }
 
 
