@@ -2,7 +2,8 @@
 
 `gather` is the extension module built from gather.c (the fused window gather behind
 PretrainTokenStreamDataset.get_batch: token windows -> int64 x and y in one pass; batches ~2.3x
-faster than numpy's gather-then-cast; and ids_to_tokens, the cache writer's id conversion), or None when it is missing: not built (no compiler, no
+faster than numpy's gather-then-cast; and ids_to_tokens / arrays_to_tokens, the cache writer's id
+conversion of lists / of the fast encoder's uint32 arrays), or None when it is missing: not built (no compiler, no
 headers, a platform it does not compile on), failing to load, or a stale build from an older gather.c
 (its ABI number is not ABI). Callers then take their numpy path, which produces byte-identical
 batches. `UNAVAILABLE` says why it is None. Setting NIELS_GPT_NO_NATIVE=1 in the environment forces
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 
-ABI = 2  # must equal NATIVE_ABI in gather.c: bump both when a kernel's signature or meaning changes
+ABI = 3  # must equal NATIVE_ABI in gather.c: bump both when a kernel's signature or meaning changes
 NO_NATIVE_ENV = "NIELS_GPT_NO_NATIVE"
 
 

@@ -178,6 +178,15 @@ class Budgeted:
                     self._refuse_separator_inside(docs, first_doc)
                 self.writer.write(arr.astype(self.dtype, copy=False))
                 return
+        if native is not None and not self.before and docs and all(
+                type(d) is np.ndarray and d.dtype == np.uint32 for d in docs):
+            try:  # C, one pass with the GIL released: range, separator and cast (arrays_to_tokens in gather.c)
+                buf = native.arrays_to_tokens(docs, self.eot, self.dtype.itemsize, keep_last)
+            except (OverflowError, ValueError, TypeError, BufferError):
+                pass  # the numpy path below finds the document and raises the package's error
+            else:
+                self.writer.write(np.frombuffer(buf, dtype=self.dtype.newbyteorder("=")).astype(self.dtype, copy=False))
+                return
         # NOTE: whole-batch numpy calls, none per document (they would wait for the GIL behind the encode
         # threads): one concatenate, one range check, one count of the separators, one cast
         arrays = [d if isinstance(d, np.ndarray) else np.asarray(d, dtype=np.int64) for d in docs]
