@@ -64,12 +64,33 @@ def test_cuts_sit_before_a_single_space_between_non_spaces():
 
 @pytest.mark.parametrize("piece_chars", [333, 4096, 50_000])
 @pytest.mark.parametrize("backend", ["byte_level_bpe", "spm_bpe"])
-def test_pieces_give_exactly_the_ids_of_the_whole_document(backend, piece_chars, request):
+def test_pieces_give_exactly_the_ids_of_the_whole_document(backend, piece_chars, request, monkeypatch):
     tok = request.getfixturevalue(backend)
     text = _long_text()
     whole = np.asarray(tok.encode(text))
     got = encode_long(tok, text, piece_chars)
+    assert got.dtype == np.uint32 and np.array_equal(got, whole)  # the fast encoder's pieces
+    monkeypatch.setenv("NIELS_GPT_ENCODER", "reference")
+    got = encode_long(tok, text, piece_chars)
     assert got.dtype == np.int32 and np.array_equal(got, whole)
+
+
+@pytest.mark.parametrize("backend", ["byte_level_bpe", "spm_bpe"])
+def test_a_long_documents_pieces_go_to_the_fast_encoder(backend, request, monkeypatch):
+    """A document longer than LONG_DOCUMENT_CHARS (a whole text file of a few MB) was encoded by the tokenizer's own
+    library piece by piece; the fast encoder takes the pieces, with the same ids."""
+    tok = request.getfixturevalue(backend)
+    text = _long_text()
+    whole = np.asarray(tok.encode(text))
+    from niels_gpt.tokenizer.fast import fast_encoder
+
+    assert fast_encoder(tok) is not None
+    calls = []
+    real = type(tok).encode
+    monkeypatch.setattr(type(tok), "encode", lambda self, t, *a, **k: calls.append(len(t)) or real(self, t, *a, **k))
+    got = encode_documents(tok, ["a short one", text], piece_chars=5000)[1]
+    assert np.array_equal(got, whole)
+    assert sum(calls) < len(text) // 10, "the pieces were encoded by the reference encoder"
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,10 @@ def local_caches(corpus, tokenizer, build_reference, tree, tmp_path_factory) -> 
 def ray_cluster(local_caches):
     import ray
 
+    # the workers encode with the tokenizer's own library (the same ids; meta.json is the driver's): with the fast
+    # encoder the killed-midway test's long task ran 0.03 s, too short for a loaded machine to catch it working
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                   configure_logging=False)
+                   configure_logging=False, runtime_env={"env_vars": {"NIELS_GPT_ENCODER": "reference"}})
     yield ctx.address_info["gcs_address"]
     ray.shutdown()
 
@@ -107,7 +109,7 @@ def test_cli_joins_a_running_cluster_by_address(ray_cluster, local_caches, corpu
 
 def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinished_tasks(
         ray_cluster, corpus, tokenizer, build_reference, tree, tmp_path, kill_when_started):
-    big = tmp_path / "big.txt"  # one document, one task: long enough to be caught midway (~1-2 s)
+    big = tmp_path / "big.txt"  # one document, one task: long enough to be caught midway (~1 s, see ray_cluster)
     texts = [d for d in corpus["docs"] if isinstance(d, str)]
     big.write_text("\n\n".join(texts[40:] + texts[:40]) * 4, encoding="utf-8")  # not opening like a Gutenberg book
     inputs = corpus["paths"][:2] + [big] + corpus["paths"][2:]
