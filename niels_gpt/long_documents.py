@@ -99,7 +99,7 @@ def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, a
 def encode_long(tokenizer, text: str, piece_chars: int | None = None) -> np.ndarray:
     """One long document, piece by piece (see the module docstring): a uint32 array where the fast encoder
     (tokenizer/fast.py) encoded every piece, else an int32 array."""
-    # lazy, as in encode_whole
+    # lazy: as in encode_whole (the tokenizer package imports this module's users)
     from niels_gpt.tokenizer.fast import check_sample, fast_encoder
 
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS

@@ -111,8 +111,10 @@ def tree():
     return _tree
 
 
-def _kill_when_started(build, started: Path, timeout: float = 120.0) -> tuple[int, list[BaseException]]:
-    """Run `build()` on a thread; SIGKILL the process named in `started` as soon as that file appears.
+def _kill_when_started(build, started: Path, timeout: float = 120.0,
+                       writing: str | None = None) -> tuple[int, list[BaseException]]:
+    """Run `build()` on a thread; SIGKILL the process named in `started` as soon as that file appears (and,
+    with `writing`, a file matching that glob beside it: the task's half-written part).
 
     Returns (the killed pid, what build() raised). The task behind `started` must run for a second or
     more, so the kill lands while it works.
@@ -134,8 +136,8 @@ def _kill_when_started(build, started: Path, timeout: float = 120.0) -> tuple[in
     runner = threading.Thread(target=run)
     runner.start()
     deadline = time.monotonic() + timeout
-    while not started.exists():
-        assert time.monotonic() < deadline and runner.is_alive(), f"{started.name} never appeared"
+    while not started.exists() or (writing and not any(started.parent.glob(writing))):
+        assert time.monotonic() < deadline and runner.is_alive(), f"{started.name} ({writing}) never appeared"
         time.sleep(0.005)
     pid = json.loads(started.read_text())["pid"]
     os.kill(pid, signal.SIGKILL)  # a worker process of the build this test started

@@ -136,7 +136,7 @@ def test_a_killed_worker_process_fails_the_build_and_resume_reruns_only_unfinish
     pid, failure = kill_when_started(
         lambda: run_build(inputs, out, tokenizer=tokenizer.model_path, executor="processes", workers=2,
                            task_bytes=40_000, **kw),
-        parts / f"{victim.id}.started")
+        parts / f"{victim.id}.started", writing=f"{victim.id}.bin.tmp-*")
     assert failure and isinstance(failure[0], CacheError), failure
     assert "a worker process died" in str(failure[0]) and "run the same command again to resume" in str(failure[0])
     assert not (parts / f"{victim.id}.json").exists() and list(parts.glob(f"{victim.id}.bin.tmp-{pid}"))

@@ -121,7 +121,7 @@ def test_a_worker_killed_midway_fails_the_build_and_resume_reruns_only_unfinishe
     pid, failure = kill_when_started(
         lambda: run_build(inputs, out, tokenizer=tokenizer.model_path, executor="ray", workers=2,
                            task_bytes=40_000, retries=0, **KW),
-        parts / f"{victim.id}.started")
+        parts / f"{victim.id}.started", writing=f"{victim.id}.bin.tmp-*")
     assert failure and isinstance(failure[0], CacheError), failure
     assert f"task {victim.id}" in str(failure[0]) and "run the same command again to resume" in str(failure[0])
     assert not (parts / f"{victim.id}.json").exists()
