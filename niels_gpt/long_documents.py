@@ -76,17 +76,12 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
 def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, arrays: bool = True) -> list:
     """Ids of each text, encoded whole: by the fast encoder where it is checked to give the tokenizer's ids
     (tokenizer/fast.py), else by the tokenizer's batch encoder (`encode_batch_arrays` with `arrays`)."""
-    # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
-    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
-
     as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
 
     def reference(some):
         return as_arrays(some) if as_arrays else tokenizer.encode_batch(some, num_threads=num_threads)
 
-    fast = fast_encoder(tokenizer)
-    if fast is not None and texts:
-        fast = check_sample(tokenizer, fast, texts)
+    fast = _checked_fast(tokenizer, texts)
     if fast is None:
         return reference(texts)
     ids = fast.encode_arrays(texts)
@@ -96,17 +91,21 @@ def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, a
     return ids if arrays else [a.tolist() for a in ids]
 
 
+def _checked_fast(tokenizer, texts: Sequence[str]):
+    """The tokenizer's fast encoder, given its sample check on `texts` (once a process), or None."""
+    # lazy: the tokenizer package is not needed to cut documents (and imports this module's users)
+    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
+
+    fast = fast_encoder(tokenizer)
+    return check_sample(tokenizer, fast, texts) if fast is not None and texts else fast
+
+
 def encode_long(tokenizer, text: str, piece_chars: int | None = None) -> np.ndarray:
     """One long document, piece by piece (see the module docstring): a uint32 array where the fast encoder
     (tokenizer/fast.py) encoded every piece, else an int32 array."""
-    # lazy: as in encode_whole (the tokenizer package imports this module's users)
-    from niels_gpt.tokenizer.fast import check_sample, fast_encoder
-
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     bounds = [0, *split_points(text, piece_chars), len(text)]
-    fast = fast_encoder(tokenizer)
-    if fast is not None:
-        fast = check_sample(tokenizer, fast, [text])
+    fast = _checked_fast(tokenizer, [text])
     parts = []
     wide = False
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):

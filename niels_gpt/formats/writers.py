@@ -35,13 +35,13 @@ class HashingFile:
         self.tmp = tmp_name(final)
         self.f = open(self.tmp, "wb")
         self.key = RECEIPT_HASH if receipt else "sha256"
-        self.sha = receipt_hash() if receipt else hashlib.sha256()
+        self.hasher = receipt_hash() if receipt else hashlib.sha256()
         self.bytes = 0
 
     def write(self, arr: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(arr)).cast("B")
         self.f.write(data)
-        self.sha.update(data)
+        self.hasher.update(data)
         self.bytes += data.nbytes
 
     def sync(self) -> None:
@@ -52,7 +52,7 @@ class HashingFile:
     def close(self) -> dict:
         self.f.close()
         commit(self.tmp, self.final, self.durable)
-        return {"bytes": self.bytes, self.key: self.sha.hexdigest()}
+        return {"bytes": self.bytes, self.key: self.hasher.hexdigest()}
 
     def abort(self) -> None:
         self.f.close()
@@ -167,25 +167,21 @@ class Budgeted:
     def write(self, docs: list, keep_last: int, first_doc: int) -> None:
         """Write a planned batch: each document with its separator, the last one cut to `keep_last` tokens."""
         native = _native.gather  # read per call: None where the C kernel is not built (or switched off)
-        if native is not None and not self.before and all(isinstance(d, list) for d in docs):
-            try:  # C: ~3 ns a token under the GIL (see ids_to_tokens in gather.c)
-                buf = native.ids_to_tokens(docs, self.eot, self.dtype.itemsize, keep_last)
-            except (OverflowError, TypeError):
-                pass  # the numpy path below finds the document and raises the package's error
-            else:
-                arr = np.frombuffer(buf, dtype=self.dtype.newbyteorder("="))
-                if np.count_nonzero(arr == self.eot) != len(docs):
-                    self._refuse_separator_inside(docs, first_doc)
-                self.writer.write(arr.astype(self.dtype, copy=False))
-                return
-        if native is not None and not self.before and docs and all(
-                type(d) is np.ndarray and d.dtype == np.uint32 for d in docs):
-            try:  # C, one pass with the GIL released: range, separator and cast (arrays_to_tokens in gather.c)
-                buf = native.arrays_to_tokens(docs, self.eot, self.dtype.itemsize, keep_last)
+        # C (gather.c): lists of ids ~3 ns a token under the GIL (ids_to_tokens); the fast encoder's uint32
+        # arrays in one pass with the GIL released, separators checked too (arrays_to_tokens)
+        lists = all(isinstance(d, list) for d in docs)
+        kernel = None if native is None or self.before else native.ids_to_tokens if lists else \
+            native.arrays_to_tokens if all(type(d) is np.ndarray and d.dtype == np.uint32 for d in docs) else None
+        if kernel is not None:
+            try:
+                buf = kernel(docs, self.eot, self.dtype.itemsize, keep_last)
             except (OverflowError, ValueError, TypeError, BufferError):
                 pass  # the numpy path below finds the document and raises the package's error
             else:
-                self.writer.write(np.frombuffer(buf, dtype=self.dtype.newbyteorder("=")).astype(self.dtype, copy=False))
+                arr = np.frombuffer(buf, dtype=self.dtype.newbyteorder("="))
+                if lists and np.count_nonzero(arr == self.eot) != len(docs):
+                    self._refuse_separator_inside(docs, first_doc)
+                self.writer.write(arr.astype(self.dtype, copy=False))
                 return
         # NOTE: whole-batch numpy calls, none per document (they would wait for the GIL behind the encode
         # threads): one concatenate, one range check, one count of the separators, one cast

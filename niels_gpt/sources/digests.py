@@ -5,9 +5,9 @@ and the bytes those row groups span; a run of an Arrow IPC file's record batches
 batches; a whole local file, its sha256; a URL, its version (ETag, checksum or mtime) and size; a dataset
 shard, its id, config and split. A file cut into k tasks is not hashed whole k times.
 
-Receipts (a task's reads and its part files) use xxh3-128, which tells a changed or damaged file from the one
-hashed as sha256 would, at about 13x its speed (27 GB/s against 2 GB/s a core here): a task hashes every byte
-it reads and writes, so sha256 there cost a build a tenth of its CPU. No user ever checks these digests; what
+Receipts (a task's reads and its part files) use xxh3-128: it tells a resume that a file changed or was damaged
+as surely as sha256, at about 13x its speed (27 GB/s against 2 GB/s a core here); a task hashes every byte it
+reads and writes, so sha256 there cost a build a tenth of its CPU. No user ever checks these digests; what
 a user can check (meta.json's files and inputs) stays sha256.
 """
 
