@@ -161,7 +161,8 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                 w.sync()
 
         index = InputIndex(plan.inputs) if plan is not None else None
-        docs = _documents(work_dir, receipts, between, index)
+        encoders: Counter = Counter()  # the tasks committed, by the encoder each ran (meta.json's record)
+        docs = _documents(work_dir, _counted(receipts, encoders), between, index)
         while batch := list(itertools.islice(docs, ENCODE_BATCH_DOCS)):
             reasons = Counter(d for d in batch if isinstance(d, str))
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
@@ -198,6 +199,13 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                          records=records, separator=separator, seed=seed, dataset_name=dataset_name,
                          dataset_config=dataset_config, streaming=streaming, source=source, own_split=False,
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
-                         val_frac=val_frac, tokenizer_path=tokenizer_path, origins=log is not None)
+                         val_frac=val_frac, tokenizer_path=tokenizer_path, origins=log is not None,
+                         encoders=encoders)
     write_meta(str(out), meta)
     return meta
+
+
+def _counted(receipts: Iterable[dict], encoders: Counter) -> Iterator[dict]:
+    for receipt in receipts:
+        encoders[receipt["encoder"]] += 1
+        yield receipt

@@ -12,7 +12,6 @@ import numpy as np
 
 from niels_gpt.atomic import remove_stale_temporaries
 from niels_gpt.meta import FORMAT_VERSION, META_NAME, meta_token_dtype, numpy_dtype, read_meta
-from niels_gpt.tokenizer.fast import encoder_record
 
 
 def resolve_dtype(tokenizer, token_dtype: str | None) -> np.dtype:
@@ -68,7 +67,6 @@ def common_meta(tokenizer, dtype, seed, name, config, streaming, source, tokeniz
         "source": source,
         "randomness": "torch.Generator only",
         **left_out,
-        **encoder_record(tokenizer),
     }
 
 

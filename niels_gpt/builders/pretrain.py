@@ -43,6 +43,7 @@ from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import document_separator
+from niels_gpt.tokenizer.fast import encoder_record
 
 MAX_TRAIN_TOKENS = 200_000_000
 MAX_VAL_TOKENS = 5_000_000
@@ -266,10 +267,11 @@ def open_splits(out: Path, tokenizer, dtype: np.dtype, budgets: tuple[int, int],
 def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dict, separator, seed: int,
                   dataset_name, dataset_config, streaming: bool, source, own_split: bool, exhausted: bool,
                   skipped: Counter, shard_bytes: int, shuffle_buffer, val_frac: float | None = None,
-                  tokenizer_path: str | None = None, origins: bool = False) -> dict:
+                  tokenizer_path: str | None = None, origins: bool = False, encoders: Counter | None = None) -> dict:
     """A pretraining cache's meta.json, from its closed writers and sinks (the one-process builder and the
     parallel build's commit write the same one). A callable `source` is called here, once the stream is read,
-    so its skip counts are final."""
+    so its skip counts are final. `encoders`: a parallel build's tasks by the encoder they ran (else this
+    process's encoder is recorded)."""
     if callable(source):
         source = source()
     totals = {f"{s}_tokens": writers[s].tokens for s in ("train", "val")}
@@ -280,6 +282,7 @@ def pretrain_meta(tokenizer, dtype, final: Path, *, writers, sinks, records: dic
                           f"(skipped: {all_skipped(skipped, source) or 'none'}); check the source")
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
                        tokenizer_path)
+    meta.update(encoder_record(tokenizer, encoders))
     meta.update({
         "kind": "pretrain",
         "split_rule": "the source's own train/val split" if own_split else

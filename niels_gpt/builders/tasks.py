@@ -52,7 +52,7 @@ from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
-from niels_gpt.tokenizer.fast import SAMPLE_CHARS, check_sample, fast_encoder
+from niels_gpt.tokenizer.fast import REFERENCE, SAMPLE_CHARS, check_sample, encoder_name, fast_encoder
 from niels_gpt.urls import is_url
 
 EMPTY = "empty_document"  # skip reason 0
@@ -176,6 +176,7 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     if files["bin"]["bytes"] != tokens * dtype.itemsize:
         raise CacheError(f"task {t.id}: wrote {files['bin']['bytes']} bytes for {tokens} tokens; report this bug")
     receipt = {"task": t.to_json(), "id": t.id, "documents": len(lens), "empty_documents": int((arr == 0).sum()),
+               "encoder": REFERENCE if spec.get("chat") else encoder_name(tok),
                "tokens": tokens, "token_dtype": dtype.str, "skip_reasons": skips.names, "digests": digests,
                "files": files, "seconds": round(time.perf_counter() - t0, 6), "host": socket.gethostname(),
                "pid": os.getpid(), "finished": time.time(), **extra}
@@ -307,8 +308,8 @@ def load_receipt(work_dir: str | os.PathLike, task: Task, listing: dict[str, int
         return None
     if not isinstance(receipt, dict) or receipt.get("id") != task.id or receipt.get("task") != task.to_json():
         return None
-    if "origins" not in (receipt.get("files") or {}):
-        return None  # made before tasks wrote their documents' origins: run again
+    if "origins" not in (receipt.get("files") or {}) or not isinstance(receipt.get("encoder"), str):
+        return None  # made before tasks wrote their documents' origins, or said which encoder ran: run again
     for name, rec in (receipt.get("files") or {}).items():
         name = f"{task.id}{PART_SUFFIX.get(name, '?')}"
         size = listing.get(name) if remote else (parts / name).stat().st_size if (parts / name).is_file() else None

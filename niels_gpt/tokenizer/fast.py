@@ -9,7 +9,9 @@
   on a sample of the first batch a process encodes (`check_sample`; a parallel build's driver checks its first
   documents before its workers fork): a mismatch puts the tokenizer back on the reference encoder with one
   warning line. NIELS_GPT_ENCODER=reference always uses the reference.
-- meta.json records it (`encoder_record`: {"encoder": "gigatoken 0.10.0"}); the ids are the same either way.
+- meta.json of a pretraining cache records it (`encoder_record`: {"encoder": "gigatoken 0.10.0"}); a parallel
+  build's from what each task's receipt says it ran. The ids are the same either way. Chat rendering (SFT)
+  encodes each message with the tokenizer's own library, so an SFT cache records none.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import os
 import sys
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
 ENV = "NIELS_GPT_ENCODER"  # "reference": never use the fast encoder
+REFERENCE = "reference"  # a task receipt's encoder: the tokenizer's own library
 SAMPLE_CHARS = 64 << 10  # characters of the first batch checked: 0.03 s of CPU a process for tiktoken
 _LOCK = threading.Lock()
 
@@ -206,7 +210,18 @@ def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEnco
         return fast if bad is None else None
 
 
-def encoder_record(tokenizer) -> dict:
-    """meta.json's record of the encoder a build with `tokenizer` uses: {} for the reference encoder."""
+def encoder_name(tokenizer) -> str:
+    """The encoder `tokenizer` encodes documents with in this process: the fast encoder's name, or REFERENCE."""
     fast = fast_encoder(tokenizer)
-    return {"encoder": fast.name} if fast is not None else {}
+    return fast.name if fast is not None else REFERENCE
+
+
+def encoder_record(tokenizer=None, tasks: Counter | None = None) -> dict:
+    """meta.json's record of the encoder that encoded a pretraining cache's documents: in this process (with
+    `tokenizer`), or in a parallel build's tasks (`tasks`: receipts by encoder name). {} when the reference
+    encoder encoded everything; "encoder_tasks" (tasks by encoder) when its tasks did not all use one."""
+    tasks = tasks if tasks is not None else Counter([encoder_name(tokenizer)])
+    fast = sorted(name for name in tasks if name != REFERENCE)
+    if not fast:
+        return {}
+    return {"encoder": ", ".join(fast), **({"encoder_tasks": dict(sorted(tasks.items()))} if len(tasks) > 1 else {})}

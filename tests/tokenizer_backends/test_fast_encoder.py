@@ -222,3 +222,63 @@ def test_a_parallel_build_checks_its_first_documents_once_before_the_workers_for
     err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: the fast encoder")]
     assert len(err) == 1 and "a document of the input" in err[0], err
     assert "encoder" not in json.loads((tmp_path / "c" / "meta.json").read_text())
+
+
+def test_a_parallel_builds_meta_records_the_encoder_each_task_ran(tiktoken_file, monkeypatch, tmp_path):
+    """meta.json says which encoder made the cache from the tasks' receipts, not from the driver: tasks of a
+    first run on the reference encoder, reused by a second run that has the fast encoder, are counted as such;
+    a receipt that does not say which encoder ran is not reused."""
+    from niels_gpt.builders.run import BuildSpec, build
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs()), encoding="utf-8")
+    work = tmp_path / "work"
+
+    def run(name: str) -> tuple[dict, dict, dict]:
+        summary = build(BuildSpec(sources=[str(src)], out=str(tmp_path / name), tokenizer=str(tiktoken_file),
+                                  executor="processes", workers=2, task_bytes=20_000, work_dir=str(work),
+                                  keep_parts=True, progress=False), None)
+        shards = {p.name: p.read_bytes() for p in sorted((tmp_path / name).rglob("shard_*"))}
+        return summary, json.loads((tmp_path / name / "meta.json").read_text()), shards
+
+    monkeypatch.setenv(ENV, "reference")
+    summary, meta, reference_shards = run("reference")
+    tasks = summary["tasks"]
+    receipts = sorted((work / "parts").glob("*.json"))
+    assert tasks >= 4 and len(receipts) == tasks and "encoder" not in meta
+    assert {json.loads(p.read_text())["encoder"] for p in receipts} == {"reference"}
+
+    monkeypatch.delenv(ENV)
+    fast = f"gigatoken {fast_module._version()}"
+    for p in receipts[::2]:  # these tasks run again, now on the fast encoder
+        p.unlink()
+    summary, meta, shards = run("mixed")
+    rerun = len(receipts[::2])
+    assert (summary["ran"], summary["reused"]) == (rerun, tasks - rerun)
+    assert meta["encoder"] == fast and meta["encoder_tasks"] == {fast: rerun, "reference": tasks - rerun}
+    assert shards == reference_shards
+
+    stale = receipts[1]
+    record = json.loads(stale.read_text())
+    del record["encoder"]
+    stale.write_text(json.dumps(record))
+    summary, meta, shards = run("again")
+    assert (summary["ran"], summary["reused"]) == (1, tasks - 1)
+    assert meta["encoder_tasks"] == {fast: rerun + 1, "reference": tasks - rerun - 1} and shards == reference_shards
+
+
+@pytest.mark.parametrize("executor", ["inline", "processes"])
+def test_an_sft_cache_records_no_fast_encoder(spm_bpe, tmp_path, executor):
+    """Chat rendering encodes each message with the tokenizer's own library, so meta.json names no fast encoder
+    even where the tokenizer has one (the library's default kind: sentencepiece BPE)."""
+    from niels_gpt.builders.run import BuildSpec, build
+
+    assert fast_encoder(load_tokenizer(spm_bpe.model_path)) is not None
+    chats = [{"messages": [{"role": "user", "content": f"What is {i} and {i}?"},
+                           {"role": "assistant", "content": f"{2 * i}, as {i} and {i} make."}]} for i in range(40)]
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
+    build(BuildSpec(sources=[str(src)], out=str(tmp_path / "c"), tokenizer=spm_bpe.model_path, chat=True,
+                    val_frac=0.1, executor=executor, workers=2, task_bytes=1_024, progress=False), None)
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    assert meta["kind"] == "sft" and meta["totals"]["train_examples"] > 0 and "encoder" not in meta
