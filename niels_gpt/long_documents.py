@@ -59,21 +59,23 @@ def _safe_at(text: str, pos: int) -> bool:
 
 
 def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 1,
-                     piece_chars: int | None = None, arrays: bool = False) -> list:
+                     piece_chars: int | None = None, arrays: bool = False, batch: bool = False) -> list:
     """Ids of each text: a list of ints, or an array (`encode_long`) for a text longer than `piece_chars`.
-    `arrays=True`: uint32 arrays for the short texts where the tokenizer (or the fast encoder) has them."""
+    `arrays=True`: uint32 arrays for the short texts where the tokenizer (or the fast encoder) has them.
+    `batch`: the fast encoder's batch calls (FastEncoder.encode_arrays); the ids are the same."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
     if len(short) == len(texts):
-        return encode_whole(tokenizer, texts, num_threads, arrays)
-    out = [None if len(t) <= piece_chars else encode_long(tokenizer, t, piece_chars) for t in texts]
-    whole = encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays)
+        return encode_whole(tokenizer, texts, num_threads, arrays, batch)
+    out = [None if len(t) <= piece_chars else encode_long(tokenizer, t, piece_chars, batch) for t in texts]
+    whole = encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays, batch)
     for i, ids in zip(short, whole, strict=True):
         out[i] = ids
     return out
 
 
-def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, arrays: bool = True) -> list:
+def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, arrays: bool = True,
+                 batch: bool = False) -> list:
     """Ids of each text, encoded whole: by the fast encoder where it is checked to give the tokenizer's ids
     (tokenizer/fast.py), else by the tokenizer's batch encoder (`encode_batch_arrays` with `arrays`)."""
     as_arrays = getattr(tokenizer, "encode_batch_arrays", None) if arrays else None
@@ -84,7 +86,7 @@ def encode_whole(tokenizer, texts: Sequence[str], num_threads: int | None = 1, a
     fast = _checked_fast(tokenizer, texts)
     if fast is None:
         return reference(texts)
-    ids = fast.encode_arrays(texts)
+    ids = fast.encode_arrays(texts, batch)
     left = [i for i, a in enumerate(ids) if a is None]  # texts gigatoken cannot take (lone surrogates)
     for i, a in zip(left, reference([texts[i] for i in left]) if left else [], strict=True):
         ids[i] = np.asarray(a, dtype=np.uint32)
@@ -100,7 +102,7 @@ def _checked_fast(tokenizer, texts: Sequence[str]):
     return check_sample(tokenizer, fast, texts) if fast is not None and texts else fast
 
 
-def encode_long(tokenizer, text: str, piece_chars: int | None = None) -> np.ndarray:
+def encode_long(tokenizer, text: str, piece_chars: int | None = None, batch: bool = False) -> np.ndarray:
     """One long document, piece by piece (see the module docstring): a uint32 array where the fast encoder
     (tokenizer/fast.py) encoded every piece, else an int32 array."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
@@ -111,7 +113,7 @@ def encode_long(tokenizer, text: str, piece_chars: int | None = None) -> np.ndar
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         # NOTE: the fast encoder's ids are the reference's for any text it takes (checked), so for a piece too;
         # without it a 100 MB text file was encoded by the tokenizer's own library, 20-60x slower
-        ids = fast.encode_arrays([text[a:b]])[0] if fast is not None else None
+        ids = fast.encode_arrays([text[a:b]], batch)[0] if fast is not None else None
         if ids is not None:
             parts.append(ids)
             continue

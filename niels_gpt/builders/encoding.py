@@ -66,7 +66,7 @@ def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Itera
 def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
     """Encoded documents, batch by batch, in stream order: on this thread without `pool`, else each batch cut
-    into `2 * workers` runs (`_pieces`), `2 * workers` batches in flight. NOTE: runs, not whole batches, keep
+    into `pool.runs` runs (`_pieces`), `2 * workers` batches in flight. NOTE: runs, not whole batches, keep
     every core busy to the last batch. Skips are counted as their batch is consumed, so meta.json does not
     depend on how far ahead the workers have read."""
     batches = _read_batches(texts)
@@ -103,7 +103,7 @@ def _in_order(pool: EncodePool, batches, workers: int):
     window = 2 * workers
     pending: deque = deque()
     for kept, n in batches:
-        pending.append(([pool.encode(piece) for piece in _pieces(kept, window)], n))
+        pending.append(([pool.encode(piece) for piece in _pieces(kept, pool.runs)], n))
         if len(pending) >= window:
             yield _joined(*pending.popleft())
     while pending:

@@ -24,7 +24,7 @@ import numpy as np
 
 from niels_gpt import allocator
 from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
-from niels_gpt.builders.encode_pool import EncodePool
+from niels_gpt.builders.encode_pool import EncodePool, batch_input
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads, _encoded_batches, shuffled
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import (
@@ -176,7 +176,7 @@ def build_pretrain_cache(
         # origins: a planned stream's (builders/run.py) documents know their input and record
         log = OriginLog(None) if hasattr(texts.train if own_split else texts, "with_origins") else None
         # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
-        pool = EncodePool(tokenizer, workers) if workers > 1 else None
+        pool = EncodePool(tokenizer, workers, batch=batch_input(input_bytes)) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
         exhausted = True
         failed = False

@@ -1,7 +1,7 @@
 """The fast encoder: gigatoken behind a tokenizer, used by the cache builder when it gives the very same ids.
 
     fast = fast_encoder(tokenizer)      # None: the tokenizer's own (reference) encoder is used
-    ids = fast.encode_arrays(texts)     # one uint32 array per text
+    ids = fast.encode_arrays(texts)     # one uint32 array per text; batch=True: one GIL-free call for them all
 
 - gigatoken (in the `tiktoken` extra) encodes tiktoken encodings with a known split regex (r50k, cl100k, o200k),
   byte-level BPE tokenizer.json files and sentencepiece BPE models; anything else stays on the reference.
@@ -124,11 +124,21 @@ class FastEncoder:
         self.name = name
         self.sampled = False
 
-    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
-        # NOTE: one `encode` per text, not `encode_batch`: faster on one thread, no awkward import (0.2 s).
-        # `encode` holds the GIL, so the builder's encode threads take turns; a batch call on a model per
-        # thread runs in parallel, but was no faster in a 2-core build for more CPU (docs/performance.md).
-        # A text gigatoken cannot take (a lone surrogate) is None: the caller encodes it with the reference.
+    def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
+        """One uint32 array per text; None for a text gigatoken cannot take (a lone surrogate), which the caller
+        encodes with the reference. One `encode` call per text (it holds the GIL), or with `batch` one
+        `encode_batch` call for all of them, which releases the GIL while it encodes (a builder's reading thread
+        runs meanwhile) and returns one flat buffer. NOTE: the batch call returns an awkward Array, whose import
+        costs 0.13-0.3 s once; the builder asks for it only where the input is large (builders/encode_pool.py)."""
+        if batch and texts:
+            try:
+                rows = self.giga.encode_batch(list(texts), parallel=False).layout
+                content = np.asarray(rows.content.data, dtype=np.uint32)
+                offsets = np.asarray(rows.offsets.data).tolist()
+            except (ValueError, TypeError, UnicodeError, AttributeError):
+                pass  # a text it cannot take (or an encoder without the batch call): one by one below
+            else:
+                return [content[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
         encode = self.giga.encode
         out: list = []
         for t in texts:

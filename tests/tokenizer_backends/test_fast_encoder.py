@@ -160,9 +160,10 @@ def test_the_fast_encoder_gives_the_reference_ids_on_real_text(kinds, kind):
     for path in sorted(SHARED_DATA.rglob("*.txt"))[:20]:  # tinyshakespeare, wikitext, Gutenberg books
         texts.append(path.read_text(encoding="utf-8", errors="replace")[:100_000])
     assert len(texts) > 30
-    got = fast.encode_arrays(texts)
-    for text, ids in zip(texts, got, strict=True):
-        assert ids.tolist() == list(tok.encode(text)), text[:80]
+    for batch in (False, True):  # an `encode` per text, and one batch call for them all
+        got = fast.encode_arrays(texts, batch)
+        for text, ids in zip(texts, got, strict=True):
+            assert ids.dtype == np.uint32 and ids.tolist() == list(tok.encode(text)), (batch, text[:80])
 
 
 def test_build_imports_no_torch(tmp_path, tiktoken_file):
@@ -178,15 +179,73 @@ def test_build_imports_no_torch(tmp_path, tiktoken_file):
     assert (tmp_path / "c" / "meta.json").is_file()
 
 
-def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_file, capfd):
-    """A lone surrogate (JSON's "\\ud800"): that document alone goes to tiktoken, which replaces it; no warning."""
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_file, capfd, batch):
+    """A lone surrogate (JSON's "\\ud800"): that document alone goes to tiktoken, which replaces it; no warning.
+    A batch call that meets it encodes its texts one by one."""
     from niels_gpt.long_documents import encode_documents
 
     tok = load_tokenizer(tiktoken_file)
     docs = ["plain text", "a lone \ud800 surrogate", "more text"]
-    got = encode_documents(tok, docs, 1, arrays=True)
+    assert [a is None for a in fast_encoder(tok).encode_arrays(docs, batch)] == [False, True, False]
+    got = encode_documents(tok, docs, 1, arrays=True, batch=batch)
     assert [a.tolist() for a in got] == [a.tolist() for a in tok.encode_batch_arrays(docs)]
     assert fast_encoder(tok) is not None and capfd.readouterr().err == ""
+
+
+def test_a_large_input_is_encoded_in_batch_calls_on_one_thread_with_the_same_cache(tiktoken_file, monkeypatch,
+                                                                                tmp_path):
+    """`build` inline over an input of BATCH_INPUT_BYTES or more: one encode thread, one GIL-free batch call per
+    batch of documents; the cache is byte for byte the one a smaller threshold's per-document calls make, and the
+    reference encoder's."""
+    from niels_gpt.builders import encode_pool
+    from niels_gpt.cli import main
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i, text in enumerate(sample_texts()):
+        docs = [*text.split("\n\n"), " "]  # and a blank one, skipped
+        (src / f"{i:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    size = sum(p.stat().st_size for p in src.iterdir())
+    calls: list[tuple[int, bool]] = []
+    real = fast_module.FastEncoder.encode_arrays
+
+    def spy(self, texts, batch=False):
+        calls.append((len(texts), batch))
+        return real(self, texts, batch)
+
+    monkeypatch.setattr(fast_module.FastEncoder, "encode_arrays", spy)
+
+    def build(name: str, threshold: int) -> dict:
+        monkeypatch.setattr(encode_pool, "BATCH_INPUT_BYTES", threshold)
+        calls.clear()
+        out = tmp_path / name / "cache"  # one name: meta.json records it
+        assert main(["build", "--out", str(out), "--tokenizer", str(tiktoken_file), "--executor", "inline",
+                     "--workers", "2", "--no-progress", "--shard-bytes", "65536", str(src)]) == 0
+        return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    batched = build("batched", size)  # the input is exactly the threshold: batch calls
+    assert calls and any(batch and n > 1 for n, batch in calls), calls
+    assert encode_pool.batch_input(size) and not encode_pool.batch_input(size - 1) and encode_pool.batch_input(None)
+    one_by_one = build("one-by-one", size + 1)
+    assert calls and not any(batch for _, batch in calls), calls
+    monkeypatch.setenv(ENV, "reference")
+    reference = build("reference", size)
+    assert not calls  # the reference encoder: no fast encoder call at all
+    assert batched == one_by_one and len(batched) > 3
+    assert {k: v for k, v in batched.items() if k != "meta.json"} == \
+        {k: v for k, v in reference.items() if k != "meta.json"}
+    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2, batch=True)
+    try:
+        assert not pool.batch and pool.runs == 4  # NIELS_GPT_ENCODER=reference: no batch calls to make
+    finally:
+        pool.shutdown()
+    monkeypatch.delenv(ENV)
+    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2, batch=True)
+    try:
+        assert pool.batch and pool.runs == 1 and pool.pool._max_workers == 1
+    finally:
+        pool.shutdown()
 
 
 def test_the_reference_setting_holds_for_a_tokenizer_that_made_its_fast_encoder(spm_bpe, monkeypatch):
