@@ -7,9 +7,9 @@ inheriting the open tokenizer. Threads all the same off Linux, with NIELS_GPT_EN
 fast encoder (niels_gpt/tokenizer/fast.py) encodes. The ids are the same either way: every document is encoded
 alone by `encode_documents`, and the caller joins the runs in order.
 
-With the fast encoder and `batch` (an input of BATCH_INPUT_BYTES or more, or of unknown size), one thread encodes
-each batch of documents in one GIL-free call while the builder's thread reads the next: a thread for each core
-would not help, since threads sharing one gigatoken model take turns (docs/performance.md).
+With the fast encoder and `batch` (inputs of BATCH_INPUT_BYTES or more as stored, or of unknown size), one thread
+encodes each batch of documents in one GIL-free call while the builder's thread reads the next: a thread for each
+core would not help, since threads sharing one gigatoken model take turns (docs/performance.md).
 """
 
 from __future__ import annotations

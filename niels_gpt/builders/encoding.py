@@ -100,18 +100,13 @@ def _pieces(docs: list[str], n: int) -> list[list[str]]:
 
 
 def _in_order(pool: EncodePool, batches, workers: int):
-    window = 2 * workers
     pending: deque = deque()
-    for kept, n in batches:
-        pending.append(([pool.encode(piece) for piece in _pieces(kept, pool.runs)], n))
-        if len(pending) >= window:
-            yield _joined(*pending.popleft())
-    while pending:
-        yield _joined(*pending.popleft())
-
-
-def _joined(futures: list, n):
-    return [ids for future in futures for ids in future.result()], n
+    for batch in itertools.chain(batches, [None]):  # None: the end, where every pending batch is taken
+        if batch is not None:
+            pending.append(([pool.encode(piece) for piece in _pieces(batch[0], pool.runs)], batch[1]))
+        while pending and (batch is None or len(pending) >= 2 * workers):
+            futures, n = pending.popleft()
+            yield [ids for future in futures for ids in future.result()], n
 
 
 def _encode_threads(num_workers: int | None) -> int:

@@ -153,6 +153,7 @@ def build_pretrain_cache(
     val_frac: float | None = None,
     tokenizer_path: str | None = None,
     compress: str | None = None,
+    encode_in_batches: bool | None = None,
 ) -> None:
     """Write out_dir/{train,val}/shard_*.bin and meta.json (last); deterministic given seed and stream order.
 
@@ -160,6 +161,7 @@ def build_pretrain_cache(
     one per core) never change the bytes. `source`: meta.json's record of the input, or a callable called once
     the stream is read (its skip counts are then final; it may refuse the build). `tokenizer_path`: where the
     tokenizer is found again (tokenizer/find.py). `compress="zstd"`: shards as `shard_*.bin.zst`.
+    `encode_in_batches`: the fast encoder's batch calls (builders/encode_pool.py); None: by `input_bytes`.
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
@@ -176,7 +178,8 @@ def build_pretrain_cache(
         # origins: a planned stream's (builders/run.py) documents know their input and record
         log = OriginLog(None) if hasattr(texts.train if own_split else texts, "with_origins") else None
         # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
-        pool = EncodePool(tokenizer, workers, batch=batch_input(input_bytes)) if workers > 1 else None
+        batches = batch_input(input_bytes) if encode_in_batches is None else encode_in_batches
+        pool = EncodePool(tokenizer, workers, batch=batches) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
         exhausted = True
         failed = False

@@ -86,9 +86,13 @@ class Plan:
 
     def input_bytes(self) -> int | None:
         """Total input bytes for a progress bar's ETA, when every input is an uncompressed text file of known size."""
-        if len(self.sizes) != len(self.inputs) or any(k not in PLAIN_TEXT + (".jsonl", ".json") for k in self.kinds):
+        if any(k not in PLAIN_TEXT + (".jsonl", ".json") for k in self.kinds):
             return None
-        return sum(self.sizes.values())
+        return self.stored_bytes()
+
+    def stored_bytes(self) -> int | None:
+        """The inputs' bytes as stored (compressed, Parquet...), when every input's size is known, else None."""
+        return sum(self.sizes.values()) if len(self.sizes) == len(self.inputs) else None
 
     def describe(self) -> dict:
         """meta.json's `source`: the inputs and how they were read (not the tasks: their size changes nothing)."""

@@ -125,11 +125,9 @@ class FastEncoder:
         self.sampled = False
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
-        """One uint32 array per text; None for a text gigatoken cannot take (a lone surrogate), which the caller
-        encodes with the reference. One `encode` call per text (it holds the GIL), or with `batch` one
-        `encode_batch` call for all of them, which releases the GIL while it encodes (a builder's reading thread
-        runs meanwhile) and returns one flat buffer. NOTE: the batch call returns an awkward Array, whose import
-        costs 0.13-0.3 s once; the builder asks for it only where the input is large (builders/encode_pool.py)."""
+        """One uint32 array per text (None for one gigatoken cannot take, a lone surrogate: the caller uses the
+        reference): an `encode` call each (it holds the GIL), or with `batch` one `encode_batch` call, which releases
+        it while it encodes; its awkward import costs 0.13-0.3 s once (builders/encode_pool.py)."""
         if batch and texts:
             try:
                 rows = self.giga.encode_batch(list(texts), parallel=False).layout

@@ -248,6 +248,22 @@ def test_a_large_input_is_encoded_in_batch_calls_on_one_thread_with_the_same_cac
         pool.shutdown()
 
 
+def test_a_parquet_input_is_sized_by_its_bytes_on_disk(tmp_path):
+    """What decides the batch calls: a Parquet input's stored bytes (its text's size is not known before it is
+    read, so the progress bar has no total)."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from niels_gpt.builders.plan import make_plan
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": sample_texts()}), tmp_path / "in" / "a.parquet")
+    (tmp_path / "in" / "b.jsonl").write_text(json.dumps({"text": "one more"}) + "\n", encoding="utf-8")
+    plan = make_plan([str(tmp_path / "in")], tokenizer=None)
+    sizes = sum(p.stat().st_size for p in (tmp_path / "in").iterdir())
+    assert plan.input_bytes() is None and plan.stored_bytes() == sizes
+
+
 def test_the_reference_setting_holds_for_a_tokenizer_that_made_its_fast_encoder(spm_bpe, monkeypatch):
     """NIELS_GPT_ENCODER=reference is asked on every use: a tokenizer object that made its fast encoder earlier
     (another build in the same process) builds with the reference encoder once it is set."""
