@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not GLIBC or not hasattr(ctypes.CDLL(None), "mal
 ROOT = Path(__file__).resolve().parents[2]
 
 # A 64 MiB block: mapped on its own by default (above glibc's mmap threshold), from the heap inside kept().
-PROBE = textwrap.dedent("""
+MAPPED = textwrap.dedent("""
     import ctypes, json, sys
     from niels_gpt import allocator
 
@@ -40,7 +40,8 @@ PROBE = textwrap.dedent("""
         grew = libc.mallinfo2().hblkhd - before
         libc.free(block)
         return grew
-
+""")
+PROBE = MAPPED + textwrap.dedent("""
     with allocator.kept() as on:
         with allocator.kept() as inner:  # nested: the outer block's setting holds after the inner one ends
             pass
@@ -63,9 +64,31 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(tmp_path, tokenizer, **env) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "cache"), str(tokenizer)], capture_output=True,
-                         text=True, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+# One task run on its own, as a Ray worker runs it (a process that is no fork of a build's).
+TASK = MAPPED + textwrap.dedent("""
+    from niels_gpt.builders import tasks
+    from niels_gpt.builders.plan import make_plan
+    from niels_gpt.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(sys.argv[2])
+    plan = make_plan([sys.argv[3]], tokenizer=tok)
+    seen, opened = [], tasks._tokenizer
+
+    def tokenizer(*args):  # called as the task starts
+        seen.append(mapped())
+        return opened(*args)
+
+    tasks._tokenizer = tokenizer
+    spec = {"rules": plan.rules._asdict(), "chat": False}
+    receipt = tasks.run_task(plan.tasks[0].to_json(), spec, tok.model_path, tok.sha256, sys.argv[1])
+    print(json.dumps({"running": seen[0], "after": mapped(), "tokens": receipt["tokens"]}))
+""")
+
+
+def probe(tmp_path, tokenizer, *more, code: str = PROBE, **env) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache"), str(tokenizer), *map(str, more)],
+                         capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     return json.loads(out.stdout)
 
 
@@ -76,6 +99,15 @@ def test_inside_kept_large_blocks_come_from_the_heap_and_after_it_glibcs_default
     assert got["after"] >= 64 << 20  # a block this large is a mapping of its own again
     assert got["building"] == 0  # the builder works inside kept()
     assert got["built"] >= 64 << 20  # and leaves glibc's defaults behind
+
+
+def test_a_task_run_on_its_own_as_in_a_ray_worker_keeps_freed_memory_too(tmp_path, tokenizer):
+    (tmp_path / "a.txt").write_text("some text of a task\n\nand more of it\n", encoding="utf-8")
+    got = probe(tmp_path, tokenizer._path, tmp_path / "a.txt", code=TASK)
+    assert got["tokens"] > 0
+    assert got["running"] == 0 and got["after"] >= 64 << 20
+    assert probe(tmp_path, tokenizer._path, tmp_path / "a.txt", code=TASK, NIELS_GPT_MALLOC="system")["running"] \
+        >= 64 << 20
 
 
 def test_niels_gpt_malloc_system_leaves_the_allocator_as_it_is(tmp_path, tokenizer):

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt import allocator
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.rendering import render
@@ -142,6 +143,7 @@ class _Skips:
         return -self.names.index(reason)
 
 
+@allocator.keeping  # in a Ray worker too (a forked processes worker inherits the driver's setting)
 def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str, work_dir: str,
              tokenizer_options: dict | None = None) -> dict:
     """Tokenize (spec["chat"]: render) one task into its part files and return its receipt (also `<id>.json`).
