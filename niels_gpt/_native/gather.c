@@ -169,6 +169,34 @@ static PyObject *draws_to_rows(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+/* The arguments ids_to_tokens and arrays_to_tokens share: docs a list (of what `docs_are` says), eot an id
+ * that fits the token type, itemsize 2 or 4, keep_last; 0 with the exception set, naming `fn`. */
+static int tokens_args(const char *fn, const char *docs_are, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject **docs, uint32_t *eot, Py_ssize_t *itemsize, Py_ssize_t *keep_last) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s(docs, eot, itemsize, keep_last) takes 4 arguments", fn);
+        return 0;
+    }
+    *docs = args[0];
+    if (!PyList_Check(*docs)) {
+        PyErr_Format(PyExc_TypeError, "%s: docs must be %s", fn, docs_are);
+        return 0;
+    }
+    unsigned long e = PyLong_AsUnsignedLong(args[1]);
+    if ((e == (unsigned long)-1 && PyErr_Occurred()) || !as_ssize(args[2], itemsize) || !as_ssize(args[3], keep_last))
+        return 0;
+    if (*itemsize != 2 && *itemsize != 4) {
+        PyErr_Format(PyExc_ValueError, "%s: itemsize must be 2 or 4, got %zd", fn, *itemsize);
+        return 0;
+    }
+    if (e > (*itemsize == 2 ? 0xFFFFUL : 0xFFFFFFFFUL)) {
+        PyErr_Format(PyExc_OverflowError, "%s: eot does not fit the token type", fn);
+        return 0;
+    }
+    *eot = (uint32_t)e;
+    return 1;
+}
+
 /* ids_to_tokens(docs, eot, itemsize, keep_last) -> bytearray. docs is a list of lists of int ids (what a
  * tokenizer's batch encode returns); the result is every document followed by eot, as native-endian
  * uint16 (itemsize 2) or uint32 (4), the last document keeping only keep_last of its len + 1 tokens,
@@ -177,23 +205,11 @@ static PyObject *draws_to_rows(PyObject *self, PyObject *const *args, Py_ssize_t
  * place of a flat Python list and an int conversion (~3 ns a token against ~13): the shorter that hold,
  * the better two encode threads scale. */
 static PyObject *ids_to_tokens(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "ids_to_tokens(docs, eot, itemsize, keep_last) takes 4 arguments");
-        return NULL;
-    }
-    PyObject *docs = args[0];
-    if (!PyList_Check(docs)) {
-        PyErr_SetString(PyExc_TypeError, "ids_to_tokens: docs must be a list of lists of int");
-        return NULL;
-    }
-    unsigned long eot = PyLong_AsUnsignedLong(args[1]);
+    PyObject *docs;
+    uint32_t eot;
     Py_ssize_t itemsize, keep_last;
-    if ((eot == (unsigned long)-1 && PyErr_Occurred()) || !as_ssize(args[2], &itemsize) || !as_ssize(args[3], &keep_last))
+    if (!tokens_args("ids_to_tokens", "a list of lists of int", args, nargs, &docs, &eot, &itemsize, &keep_last))
         return NULL;
-    if (itemsize != 2 && itemsize != 4) {
-        PyErr_Format(PyExc_ValueError, "ids_to_tokens: itemsize must be 2 or 4, got %zd", itemsize);
-        return NULL;
-    }
     const unsigned long maxv = itemsize == 2 ? 0xFFFFUL : 0xFFFFFFFFUL;
     Py_ssize_t n = PyList_GET_SIZE(docs), total = 0, last_len = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -210,10 +226,6 @@ static PyObject *ids_to_tokens(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     Py_ssize_t out_n = n > 0 ? total - last_len + keep_last : 0;
-    if (eot > maxv) {
-        PyErr_SetString(PyExc_OverflowError, "ids_to_tokens: eot does not fit the token type");
-        return NULL;
-    }
     PyObject *buf = PyByteArray_FromStringAndSize(NULL, out_n * itemsize);
     if (buf == NULL)
         return NULL;
@@ -256,29 +268,12 @@ static PyObject *ids_to_tokens(PyObject *self, PyObject *const *args, Py_ssize_t
  * document). The writer thread held the GIL through about six numpy passes a batch (concatenate, max, ==,
  * count, cast), each a wait behind the threads that parse and encode. */
 static PyObject *arrays_to_tokens(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "arrays_to_tokens(docs, eot, itemsize, keep_last) takes 4 arguments");
-        return NULL;
-    }
-    PyObject *docs = args[0];
-    if (!PyList_Check(docs)) {
-        PyErr_SetString(PyExc_TypeError, "arrays_to_tokens: docs must be a list of uint32 arrays");
-        return NULL;
-    }
-    unsigned long eot_l = PyLong_AsUnsignedLong(args[1]);
+    PyObject *docs;
+    uint32_t eot;
     Py_ssize_t itemsize, keep_last;
-    if ((eot_l == (unsigned long)-1 && PyErr_Occurred()) || !as_ssize(args[2], &itemsize) || !as_ssize(args[3], &keep_last))
+    if (!tokens_args("arrays_to_tokens", "a list of uint32 arrays", args, nargs, &docs, &eot, &itemsize, &keep_last))
         return NULL;
-    if (itemsize != 2 && itemsize != 4) {
-        PyErr_Format(PyExc_ValueError, "arrays_to_tokens: itemsize must be 2 or 4, got %zd", itemsize);
-        return NULL;
-    }
     const uint32_t maxv = itemsize == 2 ? 0xFFFFu : 0xFFFFFFFFu;
-    if (eot_l > maxv) {
-        PyErr_SetString(PyExc_OverflowError, "arrays_to_tokens: eot does not fit the token type");
-        return NULL;
-    }
-    const uint32_t eot = (uint32_t)eot_l;
     Py_ssize_t n = PyList_GET_SIZE(docs), total = 0, last_len = 0, got = 0;
     Py_buffer *views = PyMem_Calloc(n > 0 ? n : 1, sizeof(Py_buffer));
     if (views == NULL)
