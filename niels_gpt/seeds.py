@@ -29,3 +29,22 @@ def seed_arg(text: str) -> int:
     except (ValueError, ConfigError) as exc:
         msg = str(exc) if isinstance(exc, ConfigError) else f"--seed {text!r}: not an integer"
         raise argparse.ArgumentTypeError(msg) from None
+
+
+class UniformDraws:
+    """What `torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)` gives on the CPU,
+    block after block, computed with numpy: torch's CPU generator is the same Mersenne Twister (MT19937) seeded
+    with the seed's low 32 bits, and each float64 is the low 53 bits of two outputs (the first the high word) times
+    2**-53. The builders' split draws use it, so `build --val-frac` does not import torch (~1 s);
+    tests/test_seeds.py holds it equal to torch's draws."""
+
+    def __init__(self, seed: int):
+        import numpy as np
+        self._bits = np.random.MT19937()
+        self._bits.state = np.random.RandomState(check_seed(seed) & 0xFFFFFFFF).get_state(legacy=False)
+
+    def block(self, n: int) -> list[float]:
+        import numpy as np
+        words = self._bits.random_raw(2 * n)
+        high_low = (words[0::2] << np.uint64(32)) | words[1::2]
+        return ((high_low & np.uint64((1 << 53) - 1)).astype(np.float64) * 2.0**-53).tolist()

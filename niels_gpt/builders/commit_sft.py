@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.commit import load_part, skip_reason
+from niels_gpt.builders.commit import _counted, load_part, skip_reason
 from niels_gpt.builders.common import start_build
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.sft import SFTWriter, check_sft_settings, sft_meta
@@ -29,12 +29,12 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
     dtype = np.dtype(tokenizer.token_dtype)
     stored_mask = not getattr(tokenizer, "library_conventions", True)
     start_build(out, [])
-    skipped: Counter = Counter()
+    skipped, encoders = Counter(), Counter()  # encoders: the tasks by the encoder each ran (meta.json's record)
     writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
     index = InputIndex(plan.inputs) if plan is not None else None
     names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
     try:
-        for receipt in receipts:
+        for receipt in _counted(receipts, encoders):
             arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
             rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()]) if index else None
             tokens, lens = arrays[0], arrays[-1]
@@ -57,6 +57,6 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
         source = source()
     meta = sft_meta(tokenizer, dtype, Path(final) if final is not None else out, writer, records=records, seed=seed,
                     val_frac=val_frac, skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
-                    streaming=streaming, source=source, tokenizer_path=tokenizer_path)
+                    streaming=streaming, source=source, tokenizer_path=tokenizer_path, encoders=encoders)
     write_meta(str(out), meta)
     return meta

@@ -16,13 +16,10 @@ import json
 import os
 from collections.abc import Sequence
 
-from niels_gpt.confine import confined
-from niels_gpt.errors import CacheError, ConfigError
+from niels_gpt.errors import ConfigError
 from niels_gpt.sources.documents import WHOLE_INPUT, Rules
 from niels_gpt.sources.records import Piece
 from niels_gpt.sources.stream import PLAN_VERSION, Plan, Task, plan_reading
-
-TASK_ID = r"[0-9]{5}-[0-9a-f]{12}"  # <index>-<12 hex>: the name of a task's parts and receipt in the work directory
 
 
 def make_plan(sources: Sequence[str | os.PathLike], *, tokenizer, task_bytes: int | None = None,
@@ -97,10 +94,3 @@ def _task_hash(t: Task, plan: Plan) -> str:
     key = {"v": PLAN_VERSION, "pieces": t.pieces, "layout": t.layout, "rules": rules, "chat": plan.chat,
            "tokenizer": plan.tokenizer_sha256, "dtype": plan.token_dtype, "options": plan.tokenizer_options}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def task_id(value, record, field: str = "id") -> str:
-    """A task id read from a record (a plan, a task's receipt), checked before it names a file (niels_gpt/confine.py)."""
-    return confined(value, record, field, parts=1, pattern=TASK_ID, error=CacheError,
-                    fix="remove the work directory's plan.json and parts, then build again")
-

@@ -38,7 +38,7 @@ from niels_gpt.formats.writers import (
 from niels_gpt.formats.zstd_shard import SUFFIX, compression_meta
 from niels_gpt.meta import write_meta
 from niels_gpt.progress import BuildProgress
-from niels_gpt.seeds import check_seed
+from niels_gpt.seeds import UniformDraws, check_seed
 from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
@@ -90,10 +90,7 @@ class Admission:
     def __init__(self, sinks: dict[str, Budgeted], val_frac: float | None, seed: int):
         self.sinks, self.val_frac = sinks, val_frac
         self.order = [sinks["val"], sinks["train"]]
-        self.gen = None
-        if val_frac is not None:
-            import torch  # NOTE: imported where used: `build` runs without torch unless it draws
-            self.gen = torch.Generator().manual_seed(val_seed(seed))
+        self.gen = UniformDraws(val_seed(seed)) if val_frac is not None else None  # torch's draws (seeds.py)
         self.draws: list[float] = []
 
     def admit(self, doc, job: list) -> int | None:
@@ -105,8 +102,7 @@ class Admission:
         if self.sinks["val"].full and self.sinks["train"].full:
             return None
         if not self.draws:
-            import torch
-            self.draws = torch.rand(DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
+            self.draws = self.gen.block(DRAW_BLOCK)[::-1]
         sink = self.sinks["val"] if self.draws.pop() < self.val_frac else self.sinks["train"]
         return 0 if sink.full else sink.plan(doc, job)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from niels_gpt.errors import ConfigError
 from niels_gpt.sources.documents import Skipped
 from niels_gpt.sources.messages import has_tools
+from niels_gpt.tokenizer.base import RenderedChat
 
 NO_TOOL_TURNS = ("the conversation holds a tool call or a tool result, and the library's chat format has no tool "
                  "turns; use a tokenizer whose chat template renders tools (a tokenizer_config.json with a "
@@ -28,8 +29,9 @@ def unusable(conv) -> str | None:
     return None if has_answer else "no_assistant_turn"
 
 
-def render(tokenizer, conv, on_bad_record: str = "error"):
-    """One conversation rendered, a Skipped for one that cannot be an example, or the ConfigError to raise."""
+def render(tokenizer, conv, on_bad_record: str = "error", encode=None):
+    """One conversation rendered (`encode`: the messages' encoder, tokenizer/fast.py's message_encoder), a
+    Skipped for one that cannot be an example, or the ConfigError to raise."""
     if isinstance(conv, Skipped):
         return conv
     reason = unusable(conv)
@@ -38,7 +40,8 @@ def render(tokenizer, conv, on_bad_record: str = "error"):
     if getattr(tokenizer, "chat_template", None) is None and has_tools(conv):
         return Skipped("tool_turn") if on_bad_record == "skip" else ConfigError(NO_TOOL_TURNS)
     try:
-        chat = tokenizer.render_chat(conv)
+        # the fast encoder's: ids only (no mask: the span rule finds it in the stored stream)
+        chat = RenderedChat(tokenizer.sentinel_rendering(conv, encode), None) if encode else tokenizer.render_chat(conv)
     except ConfigError as exc:
         return exc
     if not getattr(tokenizer, "library_conventions", True) and not any(chat.mask):

@@ -9,6 +9,7 @@ builder and for the parallel commit (builders/commit_sft.py) alike, so both writ
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -32,12 +33,13 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import file_record, write_meta
 from niels_gpt.progress import progress_bar
-from niels_gpt.seeds import check_seed
+from niels_gpt.seeds import UniformDraws, check_seed
 from niels_gpt.sources.documents import Skipped
 from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import Message
+from niels_gpt.tokenizer.fast import encoder_record, message_encoder
 
 SFT_DRAW_BLOCK = 1024
 VAL_FRAC = 0.10
@@ -54,18 +56,20 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
 
 
 def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error") -> Iterator[object]:
-    """Renderings in input order; a run of ENCODE_BATCH_DOCS conversations is rendered on `workers` threads at
-    once (the bytes written do not depend on it)."""
-    def one(conv):
-        return render(tokenizer, conv, on_bad_record)
-
-    if workers <= 1:
-        yield from map(one, examples)
-        return
+    """Renderings in input order, each run of ENCODE_BATCH_DOCS conversations at once: by the fast encoder
+    (checked on the first run; it holds the GIL, so on this thread), else on `workers` threads (the bytes written
+    do not depend on either)."""
     it = iter(examples)
-    with ThreadPoolExecutor(workers) as pool:
-        while batch := list(itertools.islice(it, ENCODE_BATCH_DOCS)):
-            yield from pool.map(one, batch)
+    batch = list(itertools.islice(it, ENCODE_BATCH_DOCS))
+    encode = message_encoder(tokenizer, batch)
+
+    def one(conv):
+        return render(tokenizer, conv, on_bad_record, encode)
+
+    with ThreadPoolExecutor(workers) if workers > 1 and encode is None else contextlib.nullcontext() as pool:
+        while batch:
+            yield from pool.map(one, batch) if pool is not None else map(one, batch)
+            batch = list(itertools.islice(it, ENCODE_BATCH_DOCS))
 
 
 class SFTWriter:
@@ -75,8 +79,7 @@ class SFTWriter:
                  origins: bool = False):
         self.out, self.dtype, self.stored_mask, self.val_frac = out, dtype, stored_mask, val_frac
         self.log = OriginLog(None) if origins else None  # each example's origin (builders/origins.py)
-        import torch  # NOTE: imported where used: `build` starts without torch (~1.5 s)
-        self.gen = torch.Generator().manual_seed(seed)
+        self.gen = UniformDraws(seed)  # torch's draws, without importing torch (seeds.py)
         self.draws: list[float] = []
         self.files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
         if stored_mask:
@@ -87,8 +90,7 @@ class SFTWriter:
 
     def add(self, ids: np.ndarray, mask: np.ndarray | None, origin=None) -> None:
         if not self.draws:
-            import torch
-            self.draws = torch.rand(SFT_DRAW_BLOCK, generator=self.gen, dtype=torch.float64).tolist()[::-1]
+            self.draws = self.gen.block(SFT_DRAW_BLOCK)[::-1]
         split = "val" if self.draws.pop() < self.val_frac else "train"
         self.offsets[split].append(self.tokens[split])
         if self.log is not None:
@@ -121,8 +123,9 @@ class SFTWriter:
 
 def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict, seed: int, val_frac: float,
              skipped: Counter, dataset_name, dataset_config, streaming: bool, source: dict | None,
-             tokenizer_path: str | None = None) -> dict:
-    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one)."""
+             tokenizer_path: str | None = None, encoders: Counter | None = None) -> dict:
+    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one);
+    `encoders`: a parallel build's tasks by the encoder each ran (None: this process's)."""
     if not writer.offsets["train"] and not writer.offsets["val"]:
         raise ConfigError(no_conversation_message(final, all_skipped(skipped, source), source))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
@@ -138,6 +141,7 @@ def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict,
         "files": records,
         "skipped": all_skipped(skipped, meta["source"]),
         "build": {"val_frac": val_frac, "seed": seed},
+        **encoder_record(tokenizer, encoders, chat=True),
     })
     if writer.log is not None:  # origins.npy + origins.json (builders/origins.py)
         meta["origins"] = origins_meta()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import os
 import shutil
@@ -53,7 +54,7 @@ from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
-from niels_gpt.tokenizer.fast import REFERENCE, SAMPLE_CHARS, check_sample, encoder_name, fast_encoder
+from niels_gpt.tokenizer.fast import SAMPLE_CHARS, check_sample, encoder_name, fast_encoder, message_encoder
 from niels_gpt.urls import is_url
 
 EMPTY = "empty_document"  # skip reason 0
@@ -178,7 +179,7 @@ def run_task(task: dict, spec: dict, tokenizer_path: str, tokenizer_sha256: str,
     if files["bin"]["bytes"] != tokens * dtype.itemsize:
         raise CacheError(f"task {t.id}: wrote {files['bin']['bytes']} bytes for {tokens} tokens; report this bug")
     receipt = {"task": t.to_json(), "id": t.id, "documents": len(lens), "empty_documents": int((arr == 0).sum()),
-               "encoder": REFERENCE if spec.get("chat") else encoder_name(tok),
+               "encoder": encoder_name(tok, chat=bool(spec.get("chat"))),
                "tokens": tokens, "token_dtype": dtype.str, "skip_reasons": skips.names, "digests": digests,
                "files": files, "seconds": round(time.perf_counter() - t0, 6), "host": socket.gethostname(),
                "pid": os.getpid(), "finished": time.time(), **extra}
@@ -267,8 +268,10 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
     mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False, receipt=True) if stored_mask else None
     lens: list[int] = []
     try:
-        for k, (conv, origin) in enumerate(stream):
-            chat = render(tok, conv, on_bad_record)
+        head = list(itertools.islice(stream, ENCODE_BATCH_DOCS))  # the fast encoder checked on their messages
+        encode = message_encoder(tok, [conv for conv, _ in head])
+        for k, (conv, origin) in enumerate(itertools.chain(head, stream)):
+            chat = render(tok, conv, on_bad_record, encode)
             if isinstance(chat, Skipped):
                 lens.append(skips.code(chat.reason))
                 continue

@@ -195,8 +195,8 @@ class Tokenizer(ABC):
 
     def render_chat(self, messages: Sequence[Message]) -> RenderedChat:
         """Render a conversation with the tokenizer's chat template (niels_gpt.tokenizer.chat), else with the
-        library's sentinels: per message its role sentinel, its content, EOT. The mask is the span rule
-        (niels_gpt.spans) the SFT dataset applies to the stored stream: assistant content and its EOT.
+        library's sentinels (`sentinel_rendering`): per message its role sentinel, its content, EOT. The mask is
+        the span rule (niels_gpt.spans) the SFT dataset applies to the stored stream: assistant content and its EOT.
 
             [usr] h i [eot] [asst] y o [eot]
               0   0 0   0     0    1 1   1
@@ -206,19 +206,24 @@ class Tokenizer(ABC):
             from niels_gpt.tokenizer.chat import render_with_template
 
             return render_with_template(self, messages)
+        ids = self.sentinel_rendering(messages)
+        mask = assistant_token_mask(ids, self.special_ids["asst"], self.special_ids["eot"])
+        return RenderedChat(ids.tolist(), mask.tolist())
+
+    def sentinel_rendering(self, messages: Sequence[Message], encode=None) -> np.ndarray:
+        """render_chat's ids with the library's sentinels as one int64 array (what the SFT builder stores), each
+        message's content encoded by `encode` (default self.encode; the builder's: tokenizer/fast.py)."""
         if not self.library_conventions:
             raise TokenizerError(f"{self.model_path}: this tokenizer has no chat template and not the library's four "
                                  "chat tokens, so conversations cannot be rendered; pass --chat-template FILE (a "
                                  "sentencepiece model), or use a tokenizer directory whose tokenizer_config.json has "
                                  "a chat_template")
-        ids: list[int] = []
-        special = self.special_ids
-        eot = special["eot"]
+        special, encode = self.special_ids, encode or self.encode
+        pieces: list = []
         for i, message in enumerate(messages):
             role, content = check_message(message, i)
-            ids += [special[ROLE_TO_SPECIAL[role]], *self.encode(content), eot]
-        mask = assistant_token_mask(np.asarray(ids, dtype=np.int64), special["asst"], eot).tolist()
-        return RenderedChat(ids, mask)
+            pieces += [[special[ROLE_TO_SPECIAL[role]]], encode(content), [special["eot"]]]
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in pieces]) if pieces else np.zeros(0, np.int64)
 
     def describe(self) -> dict:
         """What meta.json records about the tokenizer of a cache."""

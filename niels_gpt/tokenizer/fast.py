@@ -9,9 +9,10 @@
   on a sample of the first batch a process encodes (`check_sample`; a parallel build's driver checks its first
   documents before its workers fork): a mismatch puts the tokenizer back on the reference encoder with one
   warning line. NIELS_GPT_ENCODER=reference always uses the reference.
-- meta.json of a pretraining cache records it (`encoder_record`: {"encoder": "gigatoken 0.10.0"}); a parallel
-  build's from what each task's receipt says it ran. The ids are the same either way. Chat rendering (SFT)
-  encodes each message with the tokenizer's own library, so an SFT cache records none.
+- meta.json records it (`encoder_record`: {"encoder": "gigatoken 0.10.0"}); a parallel build's from what each
+  task's receipt says it ran. The ids are the same either way. Chat rendering (SFT) encodes each message with
+  it (`message_encoder`), checked on the first conversations' messages; a chat template's rendering (encoded
+  whole, special tokens parsed) stays on the tokenizer's own library.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -218,17 +219,36 @@ def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEnco
         return fast if bad is None else None
 
 
-def encoder_name(tokenizer) -> str:
-    """The encoder `tokenizer` encodes documents with in this process: the fast encoder's name, or REFERENCE."""
-    fast = fast_encoder(tokenizer)
+def message_encoder(tokenizer, convs: Sequence) -> Callable[[str], Sequence[int]] | None:
+    """For chat rendering: the fast encoder's `encode` of a message's content, checked (check_sample) on the
+    messages of `convs` (the first conversations), or None: the tokenizer's own (always for a chat template)."""
+    fast = None if getattr(tokenizer, "chat_template", None) is not None else fast_encoder(tokenizer)
+    texts = [m["content"] for c in convs if isinstance(c, list) for m in c
+             if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"]]
+    if fast is None or check_sample(tokenizer, fast, texts) is None:
+        return None
+    encode, reference = fast.giga.encode, tokenizer.encode
+
+    def encode_message(text: str) -> Sequence[int]:
+        try:
+            return encode(text)
+        except (ValueError, TypeError, UnicodeError):
+            return reference(text)  # a text gigatoken cannot take (a lone surrogate)
+    return encode_message
+
+
+def encoder_name(tokenizer, chat: bool = False) -> str:
+    """The encoder `tokenizer` encodes documents (`chat`: messages) with in this process: the fast encoder's
+    name, or REFERENCE."""
+    fast = None if chat and getattr(tokenizer, "chat_template", None) is not None else fast_encoder(tokenizer)
     return fast.name if fast is not None else REFERENCE
 
 
-def encoder_record(tokenizer=None, tasks: Counter | None = None) -> dict:
-    """meta.json's record of the encoder that encoded a pretraining cache's documents: in this process (with
-    `tokenizer`), or in a parallel build's tasks (`tasks`: receipts by encoder name). {} when the reference
+def encoder_record(tokenizer=None, tasks: Counter | None = None, chat: bool = False) -> dict:
+    """meta.json's record of the encoder that encoded a cache's documents (`chat`: messages): in this process
+    (with `tokenizer`), or in a parallel build's tasks (`tasks`: receipts by encoder name). {} when the reference
     encoder encoded everything; "encoder_tasks" (tasks by encoder) when its tasks did not all use one."""
-    tasks = tasks if tasks is not None else Counter([encoder_name(tokenizer)])
+    tasks = tasks if tasks is not None else Counter([encoder_name(tokenizer, chat)])
     fast = sorted(name for name in tasks if name != REFERENCE)
     if not fast:
         return {}

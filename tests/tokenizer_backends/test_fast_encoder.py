@@ -342,18 +342,68 @@ def test_a_parallel_builds_meta_records_the_encoder_each_task_ran(tiktoken_file,
     assert meta["encoder_tasks"] == {fast: rerun + 1, "reference": tasks - rerun - 1} and shards == reference_shards
 
 
-@pytest.mark.parametrize("executor", ["inline", "processes"])
-def test_an_sft_cache_records_no_fast_encoder(spm_bpe, tmp_path, executor):
-    """Chat rendering encodes each message with the tokenizer's own library, so meta.json names no fast encoder
-    even where the tokenizer has one (the library's default kind: sentencepiece BPE)."""
+def _sft_build(src: Path, where: Path, tokenizer: str, executor: str) -> tuple[dict, dict]:
     from niels_gpt.builders.run import BuildSpec, build
 
-    assert fast_encoder(load_tokenizer(spm_bpe.model_path)) is not None
-    chats = [{"messages": [{"role": "user", "content": f"What is {i} and {i}?"},
-                           {"role": "assistant", "content": f"{2 * i}, as {i} and {i} make."}]} for i in range(40)]
+    out = where / "c"  # one name: meta.json's dataset_name is the folder's
+    build(BuildSpec(sources=[str(src)], out=str(out), tokenizer=tokenizer, chat=True, val_frac=0.1,
+                    executor=executor, workers=2, task_bytes=1_024, progress=False), None)
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "meta.json"}
+    return files, json.loads((out / "meta.json").read_text())
+
+
+@pytest.mark.parametrize("executor", ["inline", "processes"])
+def test_an_sft_cache_rendered_by_the_fast_encoder_is_the_reference_cache(spm_bpe, tmp_path, executor, monkeypatch,
+                                                                         capfd):
+    """Chat rendering encodes each message with the fast encoder (the library's default kind: sentencepiece
+    BPE): the same files as the tokenizer's own library writes, and meta.json names it."""
+    chats = [{"messages": [{"role": "user", "content": f"What is {i} and {i}? {text[:200]}"},
+                           {"role": "assistant", "content": f"{2 * i}, as {i} and {i} make. {text[-300:]}"}]}
+             for i, text in enumerate(sample_texts() * 8)]
     src = tmp_path / "chats.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
-    build(BuildSpec(sources=[str(src)], out=str(tmp_path / "c"), tokenizer=spm_bpe.model_path, chat=True,
-                    val_frac=0.1, executor=executor, workers=2, task_bytes=1_024, progress=False), None)
-    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
-    assert meta["kind"] == "sft" and meta["totals"]["train_examples"] > 0 and "encoder" not in meta
+    assert fast_encoder(load_tokenizer(spm_bpe.model_path)) is not None
+    files, meta = _sft_build(src, tmp_path / "fast", spm_bpe.model_path, executor)
+    monkeypatch.setenv(ENV, "reference")
+    ref_files, ref_meta = _sft_build(src, tmp_path / "ref", spm_bpe.model_path, executor)
+    assert files == ref_files and meta["totals"]["val_examples"] > 0 and meta["totals"]["train_examples"] > 0
+    assert meta["encoder"] == f"gigatoken {fast_module._version()}" and "encoder" not in ref_meta
+    assert _without_encoder(meta) == _without_encoder(ref_meta)
+    assert "warning" not in capfd.readouterr().err
+
+
+def test_a_chat_build_whose_messages_the_fast_encoder_gets_wrong_uses_the_reference(spm_bpe, monkeypatch, capfd,
+                                                                                    tmp_path):
+    """The fast encoder is checked on the first conversations' messages (a parallel build: in each task); a
+    mismatch puts the build on the tokenizer's own library with a warning, and meta.json names no fast encoder."""
+    real = fast_module._build
+    monkeypatch.setattr(fast_module, "_build", lambda g, tok: _Wrong(real(g, tok), "zebra"))
+    chats = [{"messages": [{"role": "user", "content": f"Tell me about the zebra number {i}."},
+                           {"role": "assistant", "content": f"Zebra {i} has stripes."}]} for i in range(30)]
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
+    for executor in ("inline", "processes"):
+        files, meta = _sft_build(src, tmp_path / executor, spm_bpe.model_path, executor)
+        err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: the fast encoder")]
+        assert err and all("a document of the input ('Tell me about the zebra" in line for line in err), err
+        assert "encoder" not in meta
+    monkeypatch.setenv(ENV, "reference")
+    assert _sft_build(src, tmp_path / "ref", spm_bpe.model_path, "inline")[0] == files
+
+
+def test_the_sentinel_rendering_is_render_chats_ids_with_either_encoder(spm_bpe):
+    """`sentinel_rendering` with the fast encoder's message encoder gives render_chat's ids, on the check texts,
+    the sample corpus and, where ../shared is here, real conversations (oasst1)."""
+    from niels_gpt.tokenizer.fast import message_encoder
+
+    texts = [t for t in fast_module.TORTURE if "\ud800" not in t] + sample_texts()  # sentencepiece: no lone surrogate
+    oasst = SHARED_DATA / "oasst1" / "oasst_pre_release.en_100_tree.jsonl"
+    if oasst.exists():
+        texts += [json.loads(line)["prompt"]["text"] for line in oasst.read_text(encoding="utf-8").splitlines()]
+    convs = [[{"role": "user", "content": a}, {"role": "assistant", "content": b}] for a, b in zip(texts[:-1], texts[1:], strict=True)]
+    tok = load_tokenizer(spm_bpe.model_path)
+    encode = message_encoder(tok, convs)
+    assert encode is not None and len(convs) > 60
+    for conv in convs:
+        want = tok.render_chat(conv).ids
+        assert tok.sentinel_rendering(conv, encode).tolist() == want == tok.sentinel_rendering(conv).tolist()
