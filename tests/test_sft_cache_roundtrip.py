@@ -118,3 +118,14 @@ def test_get_batch_is_deterministic_for_a_seed(sft_cache, tokenizer):
     a = ds.get_batch(B=5, generator=torch.Generator().manual_seed(9))
     b = ds.get_batch(B=5, generator=torch.Generator().manual_seed(9))
     assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+def test_a_message_holding_a_lone_surrogate_is_refused_by_name(tokenizer, tmp_path):
+    """Text that is not text (a lone surrogate, possible only through the Python API: the readers refuse it) is
+    refused naming the example, the message and the character, and nothing is left at the output; sentencepiece
+    itself would raise a bare RuntimeError."""
+    bad = [{"role": "user", "content": "Is this fine?"}, {"role": "assistant", "content": "Yes \ud83d no"}]
+    with pytest.raises(ConfigError, match=r"example 2: message 1 \(assistant\): content holds a lone surrogate "
+                                          r"'\\ud83d' at character 4"):
+        build_sft_cache(CONVERSATIONS[:2] + [bad], str(tmp_path / "c"), tokenizer=tokenizer, val_frac=0.0, seed=1)
+    assert not (tmp_path / "c").exists()

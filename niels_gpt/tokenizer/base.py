@@ -247,4 +247,10 @@ def check_message(message, index: int, roles: tuple[str, ...] = ROLES) -> tuple[
         raise ConfigError(f"message {index}: unknown role {role!r}; expected one of {list(roles)}")
     if not isinstance(content, str):
         raise ConfigError(f"message {index} ({role}): content must be str, got {type(content).__name__}")
+    if not content.isascii():
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer takes it (sentencepiece: a bare error)
+            raise ConfigError(f"message {index} ({role}): content holds a lone surrogate {content[exc.start]!r} at "
+                              f"character {exc.start}, which is not text; fix or drop the message") from None
     return role, content
