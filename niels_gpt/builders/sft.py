@@ -9,11 +9,8 @@ builder and for the parallel commit (builders/commit_sft.py) alike, so both writ
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +24,8 @@ from niels_gpt.builders.common import (
     resolve_dtype,
     start_build,
 )
-from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads
-from niels_gpt.builders.rendering import render
+from niels_gpt.builders.encoding import _encode_threads
+from niels_gpt.builders.rendering import renderings
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import file_record, write_meta
@@ -39,7 +36,7 @@ from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
 from niels_gpt.tokenizer.base import Message
-from niels_gpt.tokenizer.fast import encoder_record, message_encoder
+from niels_gpt.tokenizer.fast import encoder_record
 
 SFT_DRAW_BLOCK = 1024
 VAL_FRAC = 0.10
@@ -53,23 +50,6 @@ def sft_split_rule(seed: int, val_frac: float) -> str:
             f"torch.rand({SFT_DRAW_BLOCK}, generator=g, dtype=torch.float64) calls, taken in order; the k-th "
             f"usable example of the stream (0-based, in stream order; skipped examples take no draw) goes to "
             f"val when draws[k] < {val_frac!r}, else to train")
-
-
-def rendered(examples: Iterable, tokenizer, workers: int, on_bad_record: str = "error") -> Iterator[object]:
-    """Renderings in input order, each run of ENCODE_BATCH_DOCS conversations at once: by the fast encoder
-    (checked on the first run; it holds the GIL, so on this thread), else on `workers` threads (the bytes written
-    do not depend on either)."""
-    it = iter(examples)
-    batch = list(itertools.islice(it, ENCODE_BATCH_DOCS))
-    encode = message_encoder(tokenizer, batch)
-
-    def one(conv):
-        return render(tokenizer, conv, on_bad_record, encode)
-
-    with ThreadPoolExecutor(workers) if workers > 1 and encode is None else contextlib.nullcontext() as pool:
-        while batch:
-            yield from pool.map(one, batch) if pool is not None else map(one, batch)
-            batch = list(itertools.islice(it, ENCODE_BATCH_DOCS))
 
 
 class SFTWriter:
@@ -188,12 +168,11 @@ def build_sft_cache(
         located = hasattr(examples, "with_origins")  # a planned stream (builders/run.py): origins known
         writer = SFTWriter(out, dtype, stored_mask=not getattr(tokenizer, "library_conventions", True),
                            val_frac=val_frac, seed=seed, origins=located)
-        fifo: deque = deque()
         try:
-            stream = _unpaired(examples.with_origins(), fifo) if located else examples
+            stream = examples.with_origins() if located else ((conv, None) for conv in examples)
             shown = progress_bar(stream, unit="ex", desc=f"sft {dataset_name or final.name}", progress=progress)
-            for i, chat in enumerate(rendered(shown, tokenizer, workers, on_bad_record)):
-                origin = fifo.popleft() if located else None
+            pairs = renderings(tokenizer, shown, on_bad_record, workers, conv_of=lambda pair: pair[0])
+            for i, ((_, origin), chat) in enumerate(pairs):
                 if isinstance(chat, Skipped):
                     skipped[chat.reason] += 1
                     continue
@@ -215,9 +194,3 @@ def build_sft_cache(
                         streaming=streaming, source=source, tokenizer_path=tokenizer_path)
         write_meta(str(out), meta)
 
-
-def _unpaired(pairs, fifo: deque):
-    """The items of (item, origin) pairs, each origin queued in `fifo` (None for a Skipped)."""
-    for item, origin in pairs:
-        fifo.append(origin)
-        yield item

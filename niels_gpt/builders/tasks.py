@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import io
-import itertools
 import json
 import os
 import shutil
@@ -40,7 +39,7 @@ import numpy as np
 from niels_gpt import allocator
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
-from niels_gpt.builders.rendering import render
+from niels_gpt.builders.rendering import renderings
 from niels_gpt.errors import CacheError, ConfigError, TokenizerError
 from niels_gpt.formats.writers import Budgeted, HashingFile, check_range
 from niels_gpt.long_documents import encode_documents
@@ -54,7 +53,7 @@ from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import TASK_DIRS, WorkStore, fetch_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.base import document_separator
-from niels_gpt.tokenizer.fast import SAMPLE_CHARS, check_sample, encoder_name, fast_encoder, message_encoder
+from niels_gpt.tokenizer.fast import SAMPLE_CHARS, check_sample, encoder_name, fast_encoder
 from niels_gpt.urls import is_url
 
 EMPTY = "empty_document"  # skip reason 0
@@ -268,10 +267,8 @@ def _render_task(t: Task, tok, dtype, parts: Path, stream, skips: _Skips, on_bad
     mask = HashingFile(parts / f"{t.id}.mask.bin", durable=False, receipt=True) if stored_mask else None
     lens: list[int] = []
     try:
-        head = list(itertools.islice(stream, ENCODE_BATCH_DOCS))  # the fast encoder checked on their messages
-        encode = message_encoder(tok, [conv for conv, _ in head])
-        for k, (conv, origin) in enumerate(itertools.chain(head, stream)):
-            chat = render(tok, conv, on_bad_record, encode)
+        pairs = renderings(tok, stream, on_bad_record, conv_of=lambda pair: pair[0], one_core=True)
+        for k, ((_, origin), chat) in enumerate(pairs):
             if isinstance(chat, Skipped):
                 lens.append(skips.code(chat.reason))
                 continue

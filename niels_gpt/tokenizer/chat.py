@@ -24,6 +24,8 @@ import json
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.tokenizer.base import Message, RenderedChat, check_message
 
@@ -110,6 +112,34 @@ def _checked(message, index: int) -> dict:
 
 def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat:
     """Ids and assistant mask of a conversation rendered with the tokenizer's chat template."""
+    full, spans = _located(tokenizer, messages)
+    chat = _arrays(*tokenizer.encode_rendered(full), spans)
+    return RenderedChat(chat.ids.tolist(), chat.mask.tolist())
+
+
+def template_located(tokenizer, convs: Sequence) -> list:
+    """The rendered text and trained spans of each conversation, or the ConfigError it is refused with."""
+    located: list = []
+    for conv in convs:
+        try:
+            located.append(_located(tokenizer, conv))
+        except ConfigError as exc:
+            located.append(exc)
+    return located
+
+
+def template_encoded(tokenizer, located: list, batch: bool = True) -> list:
+    """The rendering of each of template_located's texts as arrays (ids int64, mask bool: what the SFT builder
+    stores; its errors passed on), encoded in one call where the tokenizer has `encode_rendered_batch` (HF: in
+    parallel, the GIL released) and `batch`."""
+    texts = [x[0] for x in located if not isinstance(x, ConfigError)]
+    batch = getattr(tokenizer, "encode_rendered_batch", None) if batch else None
+    encoded = iter(batch(texts) if batch is not None else map(tokenizer.encode_rendered, texts))
+    return [x if isinstance(x, ConfigError) else _arrays(*next(encoded), x[1]) for x in located]
+
+
+def _located(tokenizer, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the character spans of its trained text (see the module docstring)."""
     checked = [_checked(m, i) for i, m in enumerate(messages)]
     full, spans = _render(tokenizer, checked)
     if not GENERATION_TAG.search(tokenizer.chat_template):
@@ -124,5 +154,11 @@ def render_with_template(tokenizer, messages: Sequence[Message]) -> RenderedChat
                                   "so the assistant's tokens cannot be located; use a template that only "
                                   "appends turns")
             spans.append((len(prompt), len(upto)))
-    ids, starts = tokenizer.encode_rendered(full)
-    return RenderedChat(list(ids), [any(a <= s < b for a, b in spans) for s in starts])
+    return full, spans
+
+
+def _arrays(ids, starts, spans) -> RenderedChat:
+    starts, mask = np.asarray(starts, dtype=np.int64), np.zeros(len(ids), dtype=bool)
+    for a, b in spans:  # a token is trained when its first character lies in a span
+        mask |= (starts >= a) & (starts < b)
+    return RenderedChat(np.asarray(ids, dtype=np.int64), mask)

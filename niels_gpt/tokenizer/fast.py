@@ -227,9 +227,8 @@ def message_encoder(tokenizer, convs: Sequence) -> Callable[[str], Sequence[int]
              if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"]]
     if fast is None or check_sample(tokenizer, fast, texts) is None:
         return None
-    encode, reference = fast.giga.encode, tokenizer.encode
 
-    def encode_message(text: str) -> Sequence[int]:
+    def encode_message(text: str, encode=fast.giga.encode, reference=tokenizer.encode) -> Sequence[int]:
         try:
             return encode(text)
         except (ValueError, TypeError, UnicodeError):
@@ -238,8 +237,7 @@ def message_encoder(tokenizer, convs: Sequence) -> Callable[[str], Sequence[int]
 
 
 def encoder_name(tokenizer, chat: bool = False) -> str:
-    """The encoder `tokenizer` encodes documents (`chat`: messages) with in this process: the fast encoder's
-    name, or REFERENCE."""
+    """What encodes `tokenizer`'s documents (`chat`: messages) here: the fast encoder's name, or REFERENCE."""
     fast = None if chat and getattr(tokenizer, "chat_template", None) is not None else fast_encoder(tokenizer)
     return fast.name if fast is not None else REFERENCE
 

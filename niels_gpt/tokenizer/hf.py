@@ -133,13 +133,17 @@ class HFTokenizer(Tokenizer):
     def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
         """Ids of a rendered chat, special tokens written as text parsed as special ids, and each id's
         start offset in `text` (characters)."""
+        return self.encode_rendered_batch([text])[0]
+
+    def encode_rendered_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """encode_rendered of each text in one call (the Rust side encodes them in parallel, GIL released)."""
         import copy
 
         if not hasattr(self, "_parsing"):
             self._parsing = copy.deepcopy(self._tok)
             self._parsing.encode_special_tokens = False
-        enc = self._parsing.encode(text, add_special_tokens=False)
-        return enc.ids, [start for start, _ in enc.offsets]
+        return [(e.ids, [start for start, _ in e.offsets]) for e in self._parsing.encode_batch(
+            list(texts), add_special_tokens=False)]
 
     def describe(self) -> dict:
         out = super().describe()

@@ -146,3 +146,42 @@ def test_an_sft_cache_built_with_generation_markers_stores_their_mask(tmp_path, 
     build_sft_cache(convs, str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0, num_workers=2)
     mask = np.fromfile(tmp_path / "sft" / "train_mask.bin", dtype=np.uint8).tolist()
     assert mask == [int(m) for conv in convs for m in tok.render_chat(conv).mask]
+
+
+def test_a_template_build_encodes_runs_of_conversations_in_one_call_and_writes_each_as_render_chat(
+        tmp_path, hf_dir):
+    """Inline, a chat template's texts are encoded a run of conversations a call (on a thread while the next
+    run renders); a parallel build's tasks one by one: the files are the same, each stored example is
+    render_chat's ids and mask, skipped conversations are counted wherever they fall, and a refused one past
+    the first run is named by its index."""
+    from niels_gpt.builders.run import BuildSpec, build
+
+    tok = load_tokenizer(hf_dir)
+    convs = [[{"role": "user", "content": f"Question {i}: {'why ' * (i % 7)}?"},
+              {"role": "assistant", "content": f"Answer {i}." + " more" * (i % 5)}] for i in range(700)]
+    convs[3], convs[300] = [], [{"role": "user", "content": "no answer"}]
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs), encoding="utf-8")
+    files = {}
+    for executor in ("inline", "processes"):
+        out = tmp_path / executor / "c"
+        build(BuildSpec(sources=[str(src)], out=str(out), tokenizer=str(hf_dir), chat=True, executor=executor,
+                        workers=2, task_bytes=8_000, progress=False), None)
+        files[executor] = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "meta.json"}
+        meta = read_meta(str(out))
+        assert meta["skipped"] == {"empty_conversation": 1, "no_assistant_turn": 1}
+    assert files["inline"] == files["processes"]
+    tokens = np.frombuffer(files["inline"]["train_tokens.bin"], dtype="<u2")
+    mask = np.frombuffer(files["inline"]["train_mask.bin"], dtype=np.uint8)
+    starts = np.load(tmp_path / "inline" / "c" / "train_idx.npy").tolist() + [len(tokens)]
+    kept = [c for k, c in enumerate(convs) if k not in (3, 300)]
+    assert len(starts) == len(kept) + 1
+    for conv, a, b in zip(kept, starts, starts[1:], strict=False):
+        chat = tok.render_chat(conv)
+        assert tokens[a:b].tolist() == chat.ids and mask[a:b].astype(bool).tolist() == chat.mask
+
+    bad = list(convs)
+    bad[520] = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}]
+    with pytest.raises(ConfigError, match=r"sft example 520: message 1 \(assistant\): content must be str"):
+        build_sft_cache(bad, str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0)
+    assert not (tmp_path / "sft").exists()
