@@ -407,3 +407,27 @@ def test_the_sentinel_rendering_is_render_chats_ids_with_either_encoder(spm_bpe)
     for conv in convs:
         want = tok.render_chat(conv).ids
         assert tok.sentinel_rendering(conv, encode).tolist() == want == tok.sentinel_rendering(conv).tolist()
+
+
+@needs_shared
+def test_real_conversations_give_the_reference_sft_cache(spm_bpe, tmp_path, monkeypatch):
+    """The 100 oasst1 trees and 34 dolly records of ../shared/data (real chats: a conversation a tree, a record),
+    inline and on processes: the fast encoder's SFT caches are the reference's, file for file."""
+    from niels_gpt.builders.run import BuildSpec, build
+
+    sources = {"oasst": SHARED_DATA / "oasst1" / "oasst_pre_release.en_100_tree.jsonl",
+               "dolly": SHARED_DATA / "dolly-15k" / "databricks-dolly-15k.first34.jsonl"}
+
+    def files(encoder: str, layout: str, executor: str) -> dict:
+        out = tmp_path / encoder / layout / executor / "c"
+        build(BuildSpec(sources=[str(sources[layout])], out=str(out), tokenizer=spm_bpe.model_path, chat=True,
+                        layout=layout, val_frac=0.1, executor=executor, workers=2, task_bytes=100_000,
+                        progress=False), None)
+        meta = json.loads((out / "meta.json").read_text())
+        assert ("encoder" in meta) == (encoder == "fast") and meta["totals"]["train_examples"] > 20
+        return {p.name: p.read_bytes() for p in out.iterdir() if p.name != "meta.json"}
+
+    fast = {(layout, ex): files("fast", layout, ex) for layout in sources for ex in ("inline", "processes")}
+    monkeypatch.setenv(ENV, "reference")
+    for (layout, ex), got in fast.items():
+        assert got == files("reference", layout, ex), (layout, ex)
