@@ -6,19 +6,24 @@
     loader = DataLoader(ds, batch_size=4, num_workers=4, collate_fn=collate_packed)
 """
 
-from niels_gpt.packing.algorithms import ALGORITHMS, BinAssignment, pack_lengths
-from niels_gpt.packing.dataset import PackedMemmapDataset, collate_packed
-from niels_gpt.packing.factory import PackedMultiShardDataset, open_packed
-from niels_gpt.packing.legacy import LegacyPackedDataset, convert_legacy_to_memmap, convert_to_memmap
-from niels_gpt.packing.masks import shift_within_sequences
-from niels_gpt.packing.memmap_format import FORMAT_NAME, MemmapShardWriter, read_manifest
-from niels_gpt.packing.pack import pack_sft
-from niels_gpt.packing.parquet import PackedParquetDataset, write_packed_parquet
-from niels_gpt.spans import assistant_token_mask
+from niels_gpt.spans import assistant_token_mask as assistant_token_mask
 
-__all__ = [
-    "ALGORITHMS", "BinAssignment", "pack_lengths", "PackedMemmapDataset", "PackedMultiShardDataset",
-    "collate_packed", "open_packed", "LegacyPackedDataset", "convert_legacy_to_memmap", "convert_to_memmap",
-    "assistant_token_mask", "shift_within_sequences", "FORMAT_NAME", "MemmapShardWriter", "read_manifest",
-    "pack_sft", "PackedParquetDataset", "write_packed_parquet",
-]
+# NOTE: the names below are imported on first use (PEP 562): the datasets import torch (~1 s), and `pack-sft`
+# with ffd or bfd needs none of it.
+_HOMES = {
+    "ALGORITHMS": "algorithms", "BinAssignment": "algorithms", "pack_lengths": "algorithms",
+    "PackedMemmapDataset": "dataset", "collate_packed": "dataset", "PackedMultiShardDataset": "factory",
+    "open_packed": "factory", "LegacyPackedDataset": "legacy", "convert_legacy_to_memmap": "legacy",
+    "convert_to_memmap": "legacy", "shift_within_sequences": "masks", "FORMAT_NAME": "memmap_format",
+    "MemmapShardWriter": "memmap_format", "read_manifest": "memmap_format", "pack_sft": "pack",
+    "PackedParquetDataset": "parquet", "write_packed_parquet": "parquet",
+}
+__all__ = sorted([*_HOMES, "assistant_token_mask"])
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
@@ -78,6 +77,8 @@ def pack_lengths(lengths, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = D
             "and truncate or reject long ones before packing"
         )
     if algorithm == "first_fit_shuffle":
+        import torch  # NOTE: here, not at the top: pack-sft's other algorithms run without torch (~1 s to import)
+
         perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(int(seed))).numpy()
         bin_of = _first_fit(lengths[perm], int(pack_size))
         visit = perm

@@ -7,8 +7,15 @@
 See docs/trace.md.
 """
 
-from niels_gpt.trace.documents import document_origin
-from niels_gpt.trace.reverse import trace_document
-from niels_gpt.trace.steps import trace_state, trace_step
+# NOTE: imported on first use (PEP 562): the trace replays the run's sampler, which imports torch (~1 s), and
+# `trace --help` needs none of it
+_HOMES = {"document_origin": "documents", "trace_document": "reverse", "trace_state": "steps", "trace_step": "steps"}
+__all__ = sorted(_HOMES)
 
-__all__ = ["document_origin", "trace_document", "trace_state", "trace_step"]
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

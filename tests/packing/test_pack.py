@@ -1,6 +1,8 @@
 """SFT cache -> packed shard: coverage, invariants, masks, determinism, overflow, provenance, rejections."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -144,3 +146,17 @@ def test_rejects_a_cache_whose_files_disagree_with_meta(tmp_path):
 def test_rejects_unknown_overflow_mode(tmp_path, cache):
     with pytest.raises(ConfigError, match="on_overflow must be one of truncate, reject"):
         pack_sft(cache, tmp_path / "p", on_overflow="drop")
+
+
+@pytest.mark.parametrize("algorithm, torch_imported", [("ffd", False), ("bfd", False), ("first_fit_shuffle", True)])
+def test_pack_sft_imports_torch_only_for_the_shuffled_order(tmp_path, algorithm, torch_imported):
+    """ffd and bfd pack with numpy alone: `pack-sft` starts in a fraction of a second; first_fit_shuffle draws
+    its order with torch.randperm (its recorded rule)."""
+    write_sft_cache(tmp_path / "c", chats(40, seed=3))
+    code = ("import sys\nfrom niels_gpt.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('torch' in sys.modules)\nsys.exit(rc)")
+    run = subprocess.run([sys.executable, "-c", code, "pack-sft", str(tmp_path / "c"), str(tmp_path / "p"),
+                          "--seq-len", "512", "--algorithm", algorithm], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == str(torch_imported)
+    assert (tmp_path / "p" / "manifest.json").exists()
