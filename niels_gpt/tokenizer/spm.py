@@ -115,9 +115,11 @@ class SentencePieceTokenizer(Tokenizer):
     def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
         """Ids of a rendered chat, the model's control pieces written as text (`<s>`, `[INST]`) parsed as their
         ids, and each id's start offset in `text` (characters)."""
-        controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
-                           if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
-        parts = re.split(f"({'|'.join(map(re.escape, controls))})", text) if controls else [text]
+        if "_controls" not in self.__dict__:  # the control pieces, longest first, as one pattern (once: 16k calls)
+            controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
+                               if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
+            self._controls = re.compile(f"({'|'.join(map(re.escape, controls))})") if controls else None
+        parts = self._controls.split(text) if self._controls is not None else [text]
         ids: list[int] = []
         starts: list[int] = []
         pos = 0
@@ -126,14 +128,16 @@ class SentencePieceTokenizer(Tokenizer):
                 ids.append(self._sp.piece_to_id(part))
                 starts.append(pos)
             elif part:
-                # byte offset -> character offset within the part
-                chars = [c for c, ch in enumerate(part) for _ in ch.encode("utf-8")] + [len(part)]
+                # byte offset -> character offset within the part: the count of characters begun before it
+                data = np.frombuffer(part.encode("utf-8"), dtype=np.uint8)
+                chars = np.append(np.cumsum((data & 0xC0) != 0x80) - 1, len(part))
                 try:  # sentencepiece 0.2.1+; before it, the immutable proto
                     pieces = self._sp.encode(part, return_type="proto").pieces
                 except (TypeError, ValueError):
                     pieces = self._sp.encode(part, out_type="immutable_proto").pieces
                 ids += [piece.id for piece in pieces]
-                starts += [pos + chars[min(piece.begin, len(chars) - 1)] for piece in pieces]
+                begins = np.minimum([piece.begin for piece in pieces], len(chars) - 1)
+                starts += (pos + chars[begins]).tolist()
             pos += len(part)
         return ids, starts
 

@@ -92,3 +92,21 @@ def test_a_model_of_its_own_builds_chats_with_a_template_and_trains_the_assistan
     meta = read_meta(str(out))
     assert meta["totals"]["train_examples"] + meta["totals"]["val_examples"] == 1
     assert meta["tokenizer"]["chat_template_sha256"]
+
+
+def test_each_token_of_a_rendered_chat_starts_at_its_character(mistral_like, tmp_path):
+    """encode_rendered's offsets are characters, not bytes, whatever the text holds (accents, emoji, CJK, a
+    control piece between them): each id's start is where its piece begins, counted in characters."""
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    tok = load_tokenizer(mistral_like, chat_template=str(tmp_path / "t.jinja"))
+    text = "<s>[INST] Café ✓ 日本語 😀 naïve [/INST] Ünïcödé 🇩🇪 ok</s>[INST] plain [/INST] done</s>"
+    ids, starts = tok.encode_rendered(text)
+    assert len(ids) == len(starts) and starts == sorted(starts) and 0 <= starts[0] and starts[-1] < len(text)
+    pieces = [tok.id_to_piece(i) for i in ids]
+    for piece, start, nxt in zip(pieces, starts, [*starts[1:], len(text)], strict=True):
+        if piece in ("<s>", "</s>", "[INST]", "[/INST]"):
+            assert text[start:start + len(piece)] == piece
+        elif not piece.startswith("<0x"):  # a byte-fallback piece may start inside its character
+            word = piece.replace("\u2581", " ")
+            assert text[start:nxt].replace(" ", "") == word.replace(" ", ""), (piece, text[start:nxt])
+    assert ids[starts.index(text.index("[/INST]"))] == tok.token_to_id("[/INST]")
