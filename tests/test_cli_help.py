@@ -104,7 +104,7 @@ def test_top_level_help_lists_every_command():
 
 
 LIGHT_VERBS = ["", "build", "build-all", "train-tokenizer", "inspect", "verify", "stats", "convert", "prepare-data",
-               "download", "pack-sft", "trace"]
+               "download", "pack-sft", "trace", "train", "sample"]
 
 
 @pytest.mark.parametrize("verb", LIGHT_VERBS, ids=[v or "top-level" for v in LIGHT_VERBS])

@@ -11,10 +11,7 @@ import sys
 from dataclasses import MISSING, fields
 
 from niels_gpt.args import hidden_alias
-from niels_gpt.train.checkpoint import latest_checkpoint
-from niels_gpt.train.config import OLD_FLAGS, TrainConfig, flag_of
-from niels_gpt.train.data import KINDS
-from niels_gpt.train.interrupt import EXIT_INTERRUPTED, resume_command
+from niels_gpt.train.config import EXIT_INTERRUPTED, KINDS, OLD_FLAGS, TrainConfig, flag_of
 
 HELP = {
     "out_dir": "checkpoints and run.json go here (another run's: refused without --resume or --overwrite)",
@@ -107,7 +104,10 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch.distributed as dist
 
-    from niels_gpt.train.train import train  # lazy: the model imports torch._dynamo, ~1.5 s
+    # lazy: these import torch (the model torch._dynamo, ~1.5 s), which `train --help` does not need
+    from niels_gpt.train.checkpoint import latest_checkpoint
+    from niels_gpt.train.interrupt import resume_command
+    from niels_gpt.train.train import train  # lazy: as above
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     world = int(os.environ.get("WORLD_SIZE", 1))

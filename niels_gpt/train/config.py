@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from niels_gpt.constants import SEED
 
+KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")  # what --data may hold
+EXIT_INTERRUPTED = 130  # the exit status of a run stopped by a signal, as a shell gives it
+
 
 @dataclass(kw_only=True)
 class TrainConfig:

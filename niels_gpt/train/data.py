@@ -40,11 +40,11 @@ from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.storage.remote import open_location
+from niels_gpt.train.config import KINDS
 from niels_gpt.train.pin import check_pins, pin
 from niels_gpt.train.val import find_val_pack, val_batches
 from niels_gpt.urls import is_url
 
-KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")
 URL_KINDS = ("windows", "indexed", "shards", "sft")
 TRAINABLE = {"sft": "sft", "packed": "packed", "text-parquet": "parquet", "mixture": "mixture"}  # locate's kinds
 WHAT_ELSE = {"root": "a directory of several outputs (a build-all root): pick one of them",

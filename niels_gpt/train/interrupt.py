@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from niels_gpt.train.config import flag_of
 
-EXIT_INTERRUPTED = 130
 # flags whose value never belongs on the resume command line: resuming replaces them
 NOT_REPEATED = ("resume", "init_from", "overwrite")
 
