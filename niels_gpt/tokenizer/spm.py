@@ -115,31 +115,44 @@ class SentencePieceTokenizer(Tokenizer):
     def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
         """Ids of a rendered chat, the model's control pieces written as text (`<s>`, `[INST]`) parsed as their
         ids, and each id's start offset in `text` (characters)."""
-        if "_controls" not in self.__dict__:  # the control pieces, longest first, as one pattern (once: 16k calls)
+        return self.encode_rendered_batch([text], threads=1)[0]
+
+    def encode_rendered_batch(self, texts: Sequence[str], threads: int | None = None) -> list[tuple]:
+        """encode_rendered of each text, their plain parts in one call on `threads` threads (default: every
+        core; sentencepiece releases the GIL)."""
+        if "_controls" not in self.__dict__:  # the control pieces, longest first, as one pattern: once
+            # (a scan of the vocabulary: 16,000 calls for a 16k model)
             controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
                                if self._sp.is_control(i) and self._sp.id_to_piece(i)), key=len, reverse=True)
             self._controls = re.compile(f"({'|'.join(map(re.escape, controls))})") if controls else None
-        parts = self._controls.split(text) if self._controls is not None else [text]
-        ids: list[int] = []
-        starts: list[int] = []
-        pos = 0
-        for k, part in enumerate(parts):  # text, control piece, text, ...
-            if k % 2:
-                ids.append(self._sp.piece_to_id(part))
-                starts.append(pos)
-            elif part:
-                # byte offset -> character offset within the part: the count of characters begun before it
-                data = np.frombuffer(part.encode("utf-8"), dtype=np.uint8)
-                chars = np.append(np.cumsum((data & 0xC0) != 0x80) - 1, len(part))
-                try:  # sentencepiece 0.2.1+; before it, the immutable proto
-                    pieces = self._sp.encode(part, return_type="proto").pieces
-                except (TypeError, ValueError):
-                    pieces = self._sp.encode(part, out_type="immutable_proto").pieces
-                ids += [piece.id for piece in pieces]
-                begins = np.minimum([piece.begin for piece in pieces], len(chars) - 1)
-                starts += (pos + chars[begins]).tolist()
-            pos += len(part)
-        return ids, starts
+        split = [self._controls.split(text) if self._controls is not None else [text] for text in texts]
+        plain = [part for parts in split for k, part in enumerate(parts) if not k % 2 and part]
+        threads = threads or os.cpu_count() or 1
+        try:  # sentencepiece 0.2.1+ (a list: on `threads` threads); before it, the immutable proto
+            protos = iter(self._sp.encode(plain, return_type="proto", num_threads=threads) if threads > 1 else
+                          [self._sp.encode(part, return_type="proto") for part in plain])
+        except (TypeError, ValueError):
+            protos = (self._sp.encode(part, out_type="immutable_proto") for part in plain)
+        out = []
+        for parts in split:
+            ids: list[int] = []
+            starts: list[int] = []
+            pos = 0
+            for k, part in enumerate(parts):  # text, control piece, text, ...
+                if k % 2:
+                    ids.append(self._sp.piece_to_id(part))
+                    starts.append(pos)
+                elif part:
+                    # byte offset -> character offset within the part: the count of characters begun before it
+                    data = np.frombuffer(part.encode("utf-8"), dtype=np.uint8)
+                    chars = np.append(np.cumsum((data & 0xC0) != 0x80) - 1, len(part))
+                    pieces = next(protos).pieces
+                    ids += [piece.id for piece in pieces]
+                    begins = np.minimum([piece.begin for piece in pieces], len(chars) - 1)
+                    starts += (pos + chars[begins]).tolist()
+                pos += len(part)
+            out.append((ids, starts))
+        return out
 
     def describe(self) -> dict:
         out = super().describe()

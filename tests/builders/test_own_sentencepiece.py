@@ -96,7 +96,8 @@ def test_a_model_of_its_own_builds_chats_with_a_template_and_trains_the_assistan
 
 def test_each_token_of_a_rendered_chat_starts_at_its_character(mistral_like, tmp_path):
     """encode_rendered's offsets are characters, not bytes, whatever the text holds (accents, emoji, CJK, a
-    control piece between them): each id's start is where its piece begins, counted in characters."""
+    control piece between them): each id's start is where its piece begins, counted in characters; the batch
+    call (one sentencepiece call for every text, on threads) gives each text's own."""
     (tmp_path / "t.jinja").write_text(TEMPLATE)
     tok = load_tokenizer(mistral_like, chat_template=str(tmp_path / "t.jinja"))
     text = "<s>[INST] Café ✓ 日本語 😀 naïve [/INST] Ünïcödé 🇩🇪 ok</s>[INST] plain [/INST] done</s>"
@@ -110,3 +111,5 @@ def test_each_token_of_a_rendered_chat_starts_at_its_character(mistral_like, tmp
             word = piece.replace("\u2581", " ")
             assert text[start:nxt].replace(" ", "") == word.replace(" ", ""), (piece, text[start:nxt])
     assert ids[starts.index(text.index("[/INST]"))] == tok.token_to_id("[/INST]")
+    others = ["", "plain words", "[INST][/INST]", "<s>[INST] Ünï 😀 [/INST] ok</s>" * 3]
+    assert tok.encode_rendered_batch([text, *others]) == [tok.encode_rendered(t) for t in [text, *others]]
