@@ -1,16 +1,19 @@
 """`build --chat` against rendering the same conversations in a loop with the tokenizer's own library.
 
 The conversations: debian-docs (../shared/data/bulk-text/debian-docs.jsonl) as two-turn chats, each
-document's first half the user's message and the rest the assistant's (--docs of them). Two tokenizers trained
-on the first --train-chars (no network): the library's sentencepiece BPE (its four chat tokens: rendered with
-the library's sentinels, each message by the fast encoder) and a byte-level BPE tokenizer.json with cl100k's
-split rule, `<|im_start|>`/`<|im_end|>` and a ChatML template (rendered whole by the template, encoded by the
-tokenizers library with offsets). Figures in one run, best of --repeat, each a fresh process:
+document's first half the user's message and the rest the assistant's (--docs of them). Three tokenizers
+trained on the first --train-chars (no network): the library's sentencepiece BPE (its four chat tokens:
+rendered with the library's sentinels, each message by the fast encoder), a byte-level BPE tokenizer.json
+with cl100k's split rule, `<|im_start|>`/`<|im_end|>` and a ChatML template (rendered whole by the template,
+encoded by the tokenizers library with offsets), and a Mistral-style sentencepiece BPE model of its own
+(`[INST]`/`[/INST]` control pieces) with Mistral's template. Figures in one run, best of --repeat, each a
+fresh process:
 1. the loop: `render_chat` of every conversation on one thread, as a script over the tokenizer would (the
    sentencepiece model: the tokenizer's own `encode` per message);
 2. `python -m niels_gpt build --chat` of the JSON Lines file, --executor inline and processes, with
-   `--val-frac 0` and `0.1`, the build's own wall time, and with NIELS_GPT_ENCODER=reference: tokens/s and the
-   ratio to the loop, whether torch was imported; the builds of one tokenizer write the same files (checked).
+   `--val-frac 0` and `0.1`, the build's own wall time (and with NIELS_GPT_ENCODER=reference): tokens/s and
+   the ratio to the loop, whether torch was imported; the builds of one tokenizer write the same files
+   (checked).
 """
 
 from __future__ import annotations
@@ -29,6 +32,32 @@ from bench_fast_encoder import _env, read_docs, train
 TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
             "'<|im_end|>\\n' }}{% endfor %}"
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+MISTRAL = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+           "[INST] {{ m['content'] }} [/INST]{% elif m['role'] == 'assistant' %} {{ m['content'] }}"
+           "{{ eos_token }}{% endif %}{% endfor %}")
+
+
+def mistral_like(docs: list[str], train_chars: int, vocab: int, out: Path) -> Path:
+    """A sentencepiece BPE model of its own (`<s>`, `</s>`, `[INST]`/`[/INST]` control pieces, byte fallback,
+    none of the library's sentinels) with Mistral's template in a tokenizer_config.json beside it."""
+    import sentencepiece as spm
+
+    sample, size = [], 0
+    for d in docs:
+        sample.append(d[:20_000])
+        size += len(sample[-1])
+        if size > train_chars:
+            break
+    out.mkdir()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample), model_prefix=str(out / "tokenizer"), model_type="bpe",
+        vocab_size=vocab, byte_fallback=True, character_coverage=0.9995,
+        control_symbols=["[INST]", "[/INST]"], bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+        max_sentence_length=20_000, num_threads=os.cpu_count() or 1, minloglevel=2)
+    (out / "tokenizer_config.json").write_text(json.dumps({"chat_template": MISTRAL}))
+    return out / "tokenizer.model"
 
 
 def chatml(tokenizer_json: Path, out: Path) -> Path:
@@ -77,9 +106,10 @@ def build(tokenizer: Path, convs: Path, out: Path, executor: str, val_frac: str,
 
 
 def builds(label: str, tok: Path, convs: Path, tmp: Path, repeat: int, loop_rate: float) -> None:
-    """Every build of step 2 for one tokenizer, each against the loop's tokens/s."""
+    """Every build of step 2 for one tokenizer, each against the loop's tokens/s (NIELS_GPT_ENCODER=reference
+    only where the fast encoder runs: a template's rendering is the tokenizer's own either way)."""
     first: dict = {}
-    for reference in (False, True):
+    for reference in (False, True) if "template" not in label else (False,):
         for executor in ("inline", "processes"):
             for val_frac in ("0", "0.1"):
                 runs = [build(tok, convs, tmp / f"{executor}-{val_frac}-{reference}-{i}", executor, val_frac,
@@ -114,7 +144,9 @@ def main() -> None:
               f"{os.cpu_count()} cores")
         tokenizers = {"sentencepiece BPE, the library's sentinels": paths["sentencepiece"],
                         "byte-level BPE tokenizer.json, a ChatML template":
-                          chatml(tmp / "cl100k-bpe" / "tokenizer.json", tmp / "chatml")}
+                          chatml(tmp / "cl100k-bpe" / "tokenizer.json", tmp / "chatml"),
+                      "a sentencepiece model of its own, Mistral's template":
+                          mistral_like(docs, args.train_chars, args.vocab, tmp / "mistral")}
         for label, tok in tokenizers.items():
             seconds, tokens = min(loop(tok, convs) for _ in range(args.repeat))
             print(f"\n{label}\n  render_chat in a loop, one thread: {tokens / seconds / 1e6:6.2f} Mtok/s "
