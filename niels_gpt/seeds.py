@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from niels_gpt.errors import ConfigError
 
 SEED_MAX = 2**63 - 1
@@ -32,19 +34,16 @@ def seed_arg(text: str) -> int:
 
 
 class UniformDraws:
-    """What `torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)` gives on the CPU,
-    block after block, computed with numpy: torch's CPU generator is the same Mersenne Twister (MT19937) seeded
-    with the seed's low 32 bits, and each float64 is the low 53 bits of two outputs (the first the high word) times
-    2**-53. The builders' split draws use it, so `build --val-frac` does not import torch (~1 s);
-    tests/test_seeds.py holds it equal to torch's draws."""
+    """`torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)` on the CPU, block
+    after block, without torch (~1 s to import): its generator is MT19937 seeded with the seed's low 32 bits,
+    a float64 the low 53 bits of two outputs (high word first) times 2**-53. tests/test_seeds.py holds it
+    equal to torch's."""
 
     def __init__(self, seed: int):
-        import numpy as np
         self._bits = np.random.MT19937()
         self._bits.state = np.random.RandomState(check_seed(seed) & 0xFFFFFFFF).get_state(legacy=False)
 
     def block(self, n: int) -> list[float]:
-        import numpy as np
         words = self._bits.random_raw(2 * n)
         high_low = (words[0::2] << np.uint64(32)) | words[1::2]
         return ((high_low & np.uint64((1 << 53) - 1)).astype(np.float64) * 2.0**-53).tolist()

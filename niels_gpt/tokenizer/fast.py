@@ -222,10 +222,12 @@ def check_sample(tokenizer, fast: FastEncoder, texts: Sequence[str]) -> FastEnco
 def message_encoder(tokenizer, convs: Sequence) -> Callable[[str], Sequence[int]] | None:
     """For chat rendering: the fast encoder's `encode` of a message's content, checked (check_sample) on the
     messages of `convs` (the first conversations), or None: the tokenizer's own (always for a chat template)."""
-    fast = None if getattr(tokenizer, "chat_template", None) is not None else fast_encoder(tokenizer)
+    fast = _fast_for(tokenizer, chat=True)
+    if fast is None:
+        return None
     texts = [m["content"] for c in convs if isinstance(c, list) for m in c
              if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"]]
-    if fast is None or check_sample(tokenizer, fast, texts) is None:
+    if check_sample(tokenizer, fast, texts) is None:
         return None
 
     def encode_message(text: str, encode=fast.giga.encode, reference=tokenizer.encode) -> Sequence[int]:
@@ -238,8 +240,14 @@ def message_encoder(tokenizer, convs: Sequence) -> Callable[[str], Sequence[int]
 
 def encoder_name(tokenizer, chat: bool = False) -> str:
     """What encodes `tokenizer`'s documents (`chat`: messages) here: the fast encoder's name, or REFERENCE."""
-    fast = None if chat and getattr(tokenizer, "chat_template", None) is not None else fast_encoder(tokenizer)
+    fast = _fast_for(tokenizer, chat)
     return fast.name if fast is not None else REFERENCE
+
+
+def _fast_for(tokenizer, chat: bool) -> FastEncoder | None:
+    """The fast encoder of `tokenizer`'s documents (`chat`: messages; a chat template's rendering is the
+    tokenizer's own library's)."""
+    return None if chat and getattr(tokenizer, "chat_template", None) is not None else fast_encoder(tokenizer)
 
 
 def encoder_record(tokenizer=None, tasks: Counter | None = None, chat: bool = False) -> dict:
