@@ -258,13 +258,16 @@ def add_stats(sub) -> None:
 
 
 def _stats(args) -> int:
-    from niels_gpt.locate import locate  # lazy: imports torch, which `build` starts without
-    from niels_gpt.report import cache_stats, format_stats, mixture_stats, plot_stats  # lazy: torch
+    # lazy: the readers and formats (~30 ms) only for the verbs that look at outputs
+    from niels_gpt.locate import locate
+    from niels_gpt.report import cache_stats, format_stats, plot_stats
 
     path, named, _ = read_location(args.path)
     with errors_named(named):
         found = locate(path)  # the one door: a missing path, an unfinished build or a text file said as such
         if found.kind == "mixture":
+            from niels_gpt.report import mixture_stats  # lazy: its draws are torch's (~1 s to import)
+
             st = mixture_stats(path, steps=args.steps, global_batch_size=args.batch)
         else:
             st = cache_stats(path, seq_len=args.seq_len)
@@ -277,8 +280,9 @@ def _stats(args) -> int:
 
 
 def _inspect(args) -> int:
-    from niels_gpt.locate import locate  # lazy: imports torch, which `build` starts without
-    from niels_gpt.report import inspect_json, inspect_path  # lazy: torch
+    # lazy: the readers and formats (~30 ms) only for the verbs that look at outputs
+    from niels_gpt.locate import locate
+    from niels_gpt.report import inspect_json, inspect_path
 
     path, named, _ = read_location(args.path, everything=not args.json)
     tokenizer = args.tokenizer
@@ -294,7 +298,7 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
-    from niels_gpt.report import verify_outputs  # lazy: imports torch, which `build` starts without
+    from niels_gpt.report import verify_outputs  # lazy: the readers and formats (~30 ms) only here
 
     path, named, failed = read_location(args.path, collect=True, fresh=True)  # every byte at the URL, checked
     with errors_named(named):

@@ -1,6 +1,7 @@
 """--help reads as documentation: every flag has a real help line and shows its default."""
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -179,3 +180,31 @@ def test_every_seed_defaults_to_42():
     for argv in (["train", "d"], ["pack-sft", "c", "o"], ["sample", "ckpt.pt", "--prompt", "x"], ["build-all"],
                  ["train-tokenizer"], ["build", "src", "--out", "o", "--tokenizer", "t"]):
         assert PARSER.parse_args(argv).seed == 42, argv
+
+
+def test_looking_at_outputs_does_not_import_torch(tokenizer, tmp_path):
+    """`inspect`, `verify` and `stats` of a pretraining cache, an SFT cache, packed bins and packed Parquet
+    run to the end without torch (~1 s to import); `stats` of a mixture file draws with torch, as training does."""
+    from niels_gpt.packing import open_packed, write_packed_parquet
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"document {i} of the corpus, with some words"}) + "\n"
+                            for i in range(60)), encoding="utf-8")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"},
+                                                      {"role": "assistant", "content": f"hello {i}"}]}) + "\n"
+                             for i in range(60)), encoding="utf-8")
+    for src, out, extra in ((docs, "pre", []), (chats, "sft", ["--chat"])):
+        assert main(["build", str(src), "--out", str(tmp_path / out), "--tokenizer", tokenizer.model_path,
+                     "--val-frac", "0.2", "--no-progress", *extra]) == 0
+    assert main(["pack-sft", str(tmp_path / "sft"), str(tmp_path / "bins"), "--seq-len", "64"]) == 0
+    write_packed_parquet(open_packed(tmp_path / "bins"), tmp_path / "pq" / "bins.parquet")
+    verbs = [[verb, str(tmp_path / name)] for name in ("pre", "sft", "bins", "pq") for verb in ("inspect", "verify", "stats")]
+    code = ("import json, sys\nfrom niels_gpt.cli import main\nfor argv in json.loads(sys.argv[1]):\n"
+            "    assert main(argv) == 0, argv\n    assert 'torch' not in sys.modules, ('torch imported', argv)\n")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert out.count(", 0 problem(s)") == 4 and "first 64 tokens of train/shard_00000.bin" in out, out[-3000:]
+    assert "train example 0" in out and "(PackedMemmapDataset)" in out and "(PackedParquetDataset)" in out
+    assert "pretrain " in out and "sft " in out and out.count("packed ") >= 2  # the four stats headings

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from niels_gpt.constants import IGNORE_INDEX, MANIFEST_NAME
 from niels_gpt.errors import FormatError
@@ -28,7 +26,7 @@ VALIDATE_CHUNK_BINS = 1024
 INDEX_ARRAYS = ("packed_len", "seq_offsets", "seq_starts")  # read whole on open: hashed on open too
 
 
-class PackedMemmapDataset(Dataset):
+class PackedMemmapDataset:
     """One memmap_padded_v1 shard directory as a map-style dataset of packed bins."""
 
     def __init__(self, shard_dir):
@@ -146,6 +144,8 @@ class PackedMemmapDataset(Dataset):
 
 def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int = 0) -> dict:
     """Batch packed bins for varlen attention (see the module docstring for the fields)."""
+    import torch  # NOTE: here: the datasets, `inspect`, `verify` and `stats` run without torch (~1 s to import)
+
     lengths = [len(it["input_ids"]) for it in items]
     width = max(lengths) if pad_to is None else int(pad_to)
     if max(lengths) > width:

@@ -6,12 +6,16 @@
 | .parquet / .pq file, or a directory of them (no manifest) | PackedParquetDataset (Megatron-Bridge) |
 | .npy file of Python objects (pickle)   | LegacyPackedDataset, only with allow_pickle=True |
 | list of any of these                   | PackedMultiShardDataset                          |
+
+Each is map-style by protocol (`len(ds)`, `ds[i]`: a dict of numpy arrays), as a DataLoader takes it, and none
+imports torch (only `collate_packed` does).
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from torch.utils.data import Dataset
 
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import FormatError
@@ -39,11 +43,11 @@ def open_packed(path, *, allow_pickle: bool = False):
     return LegacyPackedDataset(found.path, allow_pickle=allow_pickle)
 
 
-class PackedMultiShardDataset(Dataset):
+class PackedMultiShardDataset:
     """Several packed datasets (shard directories or dataset objects) read as one, in the given order."""
 
     def __init__(self, shards):
-        self.shards = [s if isinstance(s, Dataset) else open_packed(s) for s in shards]
+        self.shards = [open_packed(s) if isinstance(s, (str, os.PathLike, list, tuple)) else s for s in shards]
         self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([len(s) for s in self.shards], out=self.offsets[1:])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.meta import sha256_file
@@ -26,7 +25,7 @@ class LegacyPickleWarning(UserWarning):
     """Reading a pickled .npy: only do this for files you made yourself."""
 
 
-class LegacyPackedDataset(Dataset):
+class LegacyPackedDataset:
     """A legacy pickled packed .npy, fully loaded (the format allows nothing lazier)."""
 
     def __init__(self, path, *, allow_pickle: bool = False):

@@ -19,7 +19,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.constants import PARQUET_SUFFIXES
@@ -74,7 +73,7 @@ def parquet_files(path) -> list[Path]:
     return [path]
 
 
-class PackedParquetDataset(Dataset):
+class PackedParquetDataset:
     """Packed Parquet file(s) as a map-style dataset with the same items as PackedMemmapDataset."""
 
     def __init__(self, path):

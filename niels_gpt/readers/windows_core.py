@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from niels_gpt import _native
 from niels_gpt.constants import META_NAME
@@ -34,6 +34,9 @@ from niels_gpt.readers.mmap import (
     window_view,
 )
 from niels_gpt.readers.shards import split_shards
+
+if TYPE_CHECKING:
+    import torch
 
 COLD_GATHER_S = 1e-3  # a gather this slow waited on the disk: prefetch the next batches' windows
 WARM_GATHER_S = 2e-4  # a prefetched gather this fast found every page cached: stop prefetching
@@ -274,6 +277,8 @@ def to_device_xy(windows: np.ndarray, device: torch.device) -> tuple[torch.Tenso
 def _host_xy(B: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Uninitialised int64 (B, T) host tensors x and y, the two halves of one (2, B, T) buffer (y's
     first element right after x's last), and that buffer when it still has to go to `device`."""
+    import torch  # NOTE: here (~0.3 us a batch): `inspect` reads windows without importing torch (~1 s)
+
     if device.type == "cpu":
         # NOTE: a numpy buffer, not torch.empty: torch's allocator hands back fresh pages for 512 KiB
         # each batch (~10 us of page faults at 32x1024). Two from_numpy views cost ~1.8 us, one

@@ -5,12 +5,19 @@ and a cache's tokenizer; `counts`/`figures`: the figures (vectorised numpy over 
 `mixture`: a mixture's realised proportions; `render`: text tables; `plot`: PNG figures (the `plot` extra).
 """
 
-from niels_gpt.report.counts import cache_stats
-from niels_gpt.report.inspection import inspect_json, inspect_path, show_tokens
-from niels_gpt.report.mixture import mixture_stats
-from niels_gpt.report.plot import plot_stats
-from niels_gpt.report.render import format_stats
-from niels_gpt.report.verify import verify_outputs, verify_path
+# NOTE: the names below are imported on first use (PEP 562): `mixture_stats` draws as the mixture sampler does,
+# with torch (~1 s to import); `inspect`, `verify` and `stats` of a cache or packed bins run without it.
+_HOMES = {
+    "cache_stats": "counts", "inspect_json": "inspection", "inspect_path": "inspection", "show_tokens": "inspection",
+    "mixture_stats": "mixture", "plot_stats": "plot", "format_stats": "render", "verify_outputs": "verify",
+    "verify_path": "verify",
+}
+__all__ = sorted(_HOMES)
 
-__all__ = ["cache_stats", "format_stats", "inspect_json", "inspect_path", "mixture_stats", "plot_stats",
-           "show_tokens", "verify_outputs", "verify_path"]
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

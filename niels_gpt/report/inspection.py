@@ -15,8 +15,8 @@ from niels_gpt.markers import Found
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
-from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
-from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.readers.sft_examples import SFTExamples
+from niels_gpt.readers.windows_core import open_split
 from niels_gpt.report.found import find_caches, find_tokenizer
 from niels_gpt.report.render import table
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
@@ -111,13 +111,13 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
         split = "train" if meta["totals"]["train_tokens"] > window else "val"
         longest = max(r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/"))
         T = max(1, min(window - 1, longest - 1))
-        ds = PretrainTokenStreamDataset(str(root / split), T=T, device="cpu")
-        ids = ds.gather(np.array([0]), np.array([0]))[0]
-        lines += ["", f"first {len(ids)} tokens of {split}/{ds.shard_names[0]}:", show_tokens(tok, ids)]
+        _, core = open_split(root, split, T, 1)  # the windows training reads (readers/windows_core.py)
+        ids = core.gather(np.array([0]), np.array([0]))[0]
+        lines += ["", f"first {len(ids)} tokens of {split}/{core.names[0]}:", show_tokens(tok, ids)]
     else:
         split = "train" if meta["totals"]["train_examples"] else "val"
-        ds = SFTExampleDataset(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=window,
-                               device="cpu", eot_id=meta["special_token_ids"]["eot"])
+        ds = SFTExamples(str(root / f"{split}_tokens.bin"), str(root / f"{split}_idx.npy"), T=window,
+                         eot_id=meta["special_token_ids"]["eot"])
         ids = np.asarray(ds.example(0))
         mask = ds.trained(0)
         lines += ["", f"{split} example 0 ({len(ids)} tokens; trained targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):",

@@ -30,7 +30,7 @@ from niels_gpt.meta import (
 )
 from niels_gpt.packing import PackedMemmapDataset, open_packed
 from niels_gpt.packing.memmap_format import FORMAT_NAME
-from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.readers.sft_examples import SFTExamples
 from niels_gpt.readers.shards import split_shards
 from niels_gpt.report.found import find_caches, find_tokenizer, interrupted_builds, unfinished_dirs
 from niels_gpt.seals import RECORD_SEAL, is_sealed
@@ -169,8 +169,7 @@ def _open_problems(cache: Path, meta: dict) -> list[str]:
             for split in SPLITS:
                 idx = meta["files"].get(f"{split}_idx.npy")
                 if idx and idx.get("examples", 1):
-                    SFTExampleDataset(str(cache / f"{split}_tokens.bin"), str(cache / f"{split}_idx.npy"), T=1,
-                                      device="cpu", eot_id=eot)
+                    SFTExamples(str(cache / f"{split}_tokens.bin"), str(cache / f"{split}_idx.npy"), T=1, eot_id=eot)
     except NielsGPTError as exc:
         return [str(exc)]
     return []
