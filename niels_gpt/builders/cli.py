@@ -102,13 +102,13 @@ def _add_build_args(p) -> None:
                    help="with --val-frac: cut documents at blank lines into pieces of about 4096 characters first, "
                         "so every long input (a book) gives val its share instead of going to val whole")
     g.add_argument("--shard-bytes", type=_int, default=SHARD_BYTES, help="shard size target (never exceeded)")
-    g.add_argument("--seed", type=seed_arg, default=SEED, help="seed of the split and the shuffle (torch RNG)")
+    g.add_argument("--seed", type=seed_arg, default=SEED, help="seed of the split and the shuffle (torch's draws)")
     g.add_argument("--compress", choices=CODECS, default=None,
                    help="store shards as zstd frames with a frame index (shard_*.bin.zst; readers decompress only "
                         "the frames a window needs; default: uncompressed)")
     g.add_argument("--shuffle-buffer", type=_optional_int, default=None,
                    help="document shuffle buffer (default: off): a dataset id is datasets' shuffle(seed, buffer_size), "
-                        "other inputs the builder's torch-RNG buffer; it cannot be planned, so the build runs inline")
+                        "other inputs the builder's buffer (torch's draws); it cannot be planned, so the build runs inline")
     g = p.add_argument_group("where it runs")
     g.add_argument("--executor", choices=EXECUTORS, default="auto",
                    help="auto: local processes when the plan has several tasks, else inline; the cache is the same")

@@ -9,37 +9,34 @@ import itertools
 import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.errors import ConfigError
 from niels_gpt.long_documents import encode_documents
+from niels_gpt.seeds import TorchDraws
 from niels_gpt.sources.documents import Skipped
-
-if TYPE_CHECKING:
-    import torch
 
 ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
 
 
-def shuffled(items: Iterable, size: int | None, generator: torch.Generator) -> Iterator:
-    """Approximate shuffle in O(size) memory: keep `size` items, emit a random one per new arrival."""
+def shuffled(items: Iterable, size: int | None, generator: TorchDraws) -> Iterator:
+    """Approximate shuffle in O(size) memory: keep `size` items, emit a random one per new arrival. The draws are
+    those of torch.randint(size, (4096,)) calls and a last torch.randperm on a torch.Generator (seeds.py)."""
     if not size or size <= 1:
         yield from items
         return
-    import torch  # NOTE: here, not at the top: `build` runs without importing torch (~1.5 s) unless it shuffles
     buf: list = []
     draws: list[int] = []
     for item in items:
         if len(buf) < size:
             buf.append(item)
             continue
-        if not draws:  # one torch call per 4096 draws: same values as drawing one at a time
-            draws = torch.randint(size, (4096,), generator=generator).tolist()[::-1]
+        if not draws:  # 4096 draws at a time: the same values as one at a time
+            draws = generator.below(size, 4096)[::-1]
         j = draws.pop()
         yield buf[j]
         buf[j] = item
-    for j in torch.randperm(len(buf), generator=generator).tolist():
+    for j in generator.permutation(len(buf)):
         yield buf[j]
 
 

@@ -38,7 +38,7 @@ from niels_gpt.formats.writers import (
 from niels_gpt.formats.zstd_shard import SUFFIX, compression_meta
 from niels_gpt.meta import write_meta
 from niels_gpt.progress import BuildProgress
-from niels_gpt.seeds import UniformDraws, check_seed
+from niels_gpt.seeds import TorchDraws, check_seed
 from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import writes_to_url
@@ -90,7 +90,7 @@ class Admission:
     def __init__(self, sinks: dict[str, Budgeted], val_frac: float | None, seed: int):
         self.sinks, self.val_frac = sinks, val_frac
         self.order = [sinks["val"], sinks["train"]]
-        self.gen = UniformDraws(val_seed(seed)) if val_frac is not None else None  # torch's draws (seeds.py)
+        self.gen = TorchDraws(val_seed(seed)) if val_frac is not None else None  # torch's draws (seeds.py)
         self.draws: list[float] = []
 
     def admit(self, doc, job: list) -> int | None:
@@ -102,7 +102,7 @@ class Admission:
         if self.sinks["val"].full and self.sinks["train"].full:
             return None
         if not self.draws:
-            self.draws = self.gen.block(DRAW_BLOCK)[::-1]
+            self.draws = self.gen.uniform(DRAW_BLOCK)[::-1]
         sink = self.sinks["val"] if self.draws.pop() < self.val_frac else self.sinks["train"]
         return 0 if sink.full else sink.plan(doc, job)
 
@@ -118,12 +118,9 @@ def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | 
         raise ConfigError(f"--val-frac must be in (0, 1), got {val_frac}")
 
 
-def _shuffle_generator(shuffle_buffer: int | None, seed: int):
-    """The shuffle buffer's generator; None with no shuffle (`build` then runs without importing torch)."""
-    if not shuffle_buffer or shuffle_buffer <= 1:
-        return None
-    import torch
-    return torch.Generator().manual_seed(seed)
+def _shuffle_generator(shuffle_buffer: int | None, seed: int) -> TorchDraws | None:
+    """The shuffle buffer's draws (torch's, without torch: seeds.py); None with no shuffle."""
+    return TorchDraws(seed) if shuffle_buffer and shuffle_buffer > 1 else None
 
 
 @allocator.keeping

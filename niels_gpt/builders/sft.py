@@ -30,7 +30,7 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import HashingFile, check_range
 from niels_gpt.meta import file_record, write_meta
 from niels_gpt.progress import progress_bar
-from niels_gpt.seeds import UniformDraws, check_seed
+from niels_gpt.seeds import TorchDraws, check_seed
 from niels_gpt.sources.documents import Skipped
 from niels_gpt.sources.origins import OriginLog, origins_meta
 from niels_gpt.staging import build_aside
@@ -59,7 +59,7 @@ class SFTWriter:
                  origins: bool = False):
         self.out, self.dtype, self.stored_mask, self.val_frac = out, dtype, stored_mask, val_frac
         self.log = OriginLog(None) if origins else None  # each example's origin (builders/origins.py)
-        self.gen = UniformDraws(seed)  # torch's draws, without importing torch (seeds.py)
+        self.gen = TorchDraws(seed)  # torch's draws, without importing torch (seeds.py)
         self.draws: list[float] = []
         self.files = {s: HashingFile(out / f"{s}_tokens.bin") for s in ("train", "val")}
         if stored_mask:
@@ -70,7 +70,7 @@ class SFTWriter:
 
     def add(self, ids: np.ndarray, mask: np.ndarray | None, origin=None) -> None:
         if not self.draws:
-            self.draws = self.gen.block(SFT_DRAW_BLOCK)[::-1]
+            self.draws = self.gen.uniform(SFT_DRAW_BLOCK)[::-1]
         split = "val" if self.draws.pop() < self.val_frac else "train"
         self.offsets[split].append(self.tokens[split])
         if self.log is not None:

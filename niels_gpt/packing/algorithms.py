@@ -24,6 +24,7 @@ import numpy as np
 
 from niels_gpt.constants import SEED
 from niels_gpt.errors import ConfigError
+from niels_gpt.seeds import TorchDraws
 
 ALGORITHMS = ("ffd", "bfd", "first_fit_shuffle")
 DEFAULT_ALGORITHM = "ffd"
@@ -77,9 +78,7 @@ def pack_lengths(lengths, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = D
             "and truncate or reject long ones before packing"
         )
     if algorithm == "first_fit_shuffle":
-        import torch  # NOTE: here, not at the top: pack-sft's other algorithms run without torch (~1 s to import)
-
-        perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(int(seed))).numpy()
+        perm = np.array(TorchDraws(int(seed)).permutation(len(lengths)), dtype=np.int64)  # torch.randperm's
         bin_of = _first_fit(lengths[perm], int(pack_size))
         visit = perm
     else:

@@ -12,6 +12,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from niels_gpt.seeds import TorchDraws
+
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 SAMPLE_PREFIX = "sample:"  # how describe() names bundled files, so meta.json is the same on every clone
 
@@ -25,10 +27,8 @@ def val_count(n: int, val_frac: float) -> int:
 
 def split_by_file(names: Sequence[str], val_frac: float, seed: int) -> dict[str, list[int]]:
     """Indices into the sorted `names` for train and val, each in sorted-name order (FILE_SPLIT_RULE)."""
-    import torch
-
     n = len(names)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    perm = TorchDraws(seed).permutation(n)  # torch.randperm's, without torch (seeds.py)
     val = sorted(perm[: val_count(n, val_frac)])
     val_set = set(val)
     return {"train": [i for i in range(n) if i not in val_set], "val": val}
