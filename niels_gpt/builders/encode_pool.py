@@ -7,9 +7,9 @@ inheriting the open tokenizer. Threads all the same off Linux, with NIELS_GPT_EN
 fast encoder (niels_gpt/tokenizer/fast.py) encodes. The ids are the same either way: every document is encoded
 alone by `encode_documents`, and the caller joins the runs in order.
 
-With the fast encoder and `batch` (inputs of BATCH_INPUT_BYTES or more as stored, or of unknown size), one thread
-encodes each batch of documents in one GIL-free call while the builder's thread reads the next: a thread for each
-core would not help, since threads sharing one gigatoken model take turns (docs/performance.md).
+With the fast encoder, one thread encodes each batch of documents in GIL-free calls (FastEncoder.encode_arrays
+with `batch`) while the builder's thread reads the next: a thread for each core would not help, since threads
+sharing one gigatoken model take turns (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from niels_gpt.tokenizer.fast import fast_encoder
 
 THREADS_ENV = "NIELS_GPT_ENCODE_THREADS"  # set to 1: encode on threads whatever the tokenizer prefers
 PR_SET_PDEATHSIG = 1
-BATCH_INPUT_BYTES = 64 << 20  # an input from this size is encoded in batch calls: awkward's import (0.13-0.3 s) pays
 
 _TOKENIZER = None  # a forked worker's tokenizer, inherited from the builder (never pickled)
 
@@ -65,20 +64,15 @@ def uses_processes(tokenizer) -> bool:
     return fast_encoder(tokenizer) is None
 
 
-def batch_input(input_bytes: int | None) -> bool:
-    """Whether a build of `input_bytes` of input (None: unknown) encodes in batch calls (module docstring)."""
-    return input_bytes is None or input_bytes >= BATCH_INPUT_BYTES
-
-
 class EncodePool:
     """`workers` encoders for runs of documents: `encode(docs)` gives a Future of their ids (as
     `encode_documents(tokenizer, docs, 1, arrays=True)` would); `runs`: how many runs a caller cuts a batch of
-    documents into. `batch`: one encode thread and one run where the fast encoder encodes (module docstring)."""
+    documents into. `batch`: one encode thread and one run, where the fast encoder encodes (module docstring)."""
 
-    def __init__(self, tokenizer, workers: int, batch: bool = False):
+    def __init__(self, tokenizer, workers: int):
         self.tokenizer = tokenizer
         self.processes = uses_processes(tokenizer)
-        self.batch = batch and not self.processes and fast_encoder(tokenizer) is not None
+        self.batch = not self.processes and fast_encoder(tokenizer) is not None
         self.runs = 1 if self.batch else 2 * workers
         if self.processes:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),

@@ -24,7 +24,7 @@ import numpy as np
 
 from niels_gpt import allocator
 from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
-from niels_gpt.builders.encode_pool import EncodePool, batch_input
+from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS, _encode_threads, _encoded_batches, shuffled
 from niels_gpt.errors import ConfigError
 from niels_gpt.formats.writers import (
@@ -146,7 +146,6 @@ def build_pretrain_cache(
     val_frac: float | None = None,
     tokenizer_path: str | None = None,
     compress: str | None = None,
-    encode_in_batches: bool | None = None,
 ) -> None:
     """Write out_dir/{train,val}/shard_*.bin and meta.json (last); deterministic given seed and stream order.
 
@@ -154,7 +153,6 @@ def build_pretrain_cache(
     one per core) never change the bytes. `source`: meta.json's record of the input, or a callable called once
     the stream is read (its skip counts are then final; it may refuse the build). `tokenizer_path`: where the
     tokenizer is found again (tokenizer/find.py). `compress="zstd"`: shards as `shard_*.bin.zst`.
-    `encode_in_batches`: the fast encoder's batch calls (builders/encode_pool.py); None: by `input_bytes`.
     """
     check_budgets(max_train_tokens, max_val_tokens, val_frac, out_dir)
     check_seed(seed)
@@ -171,8 +169,7 @@ def build_pretrain_cache(
         # origins: a planned stream's (builders/run.py) documents know their input and record
         log = OriginLog(None) if hasattr(texts.train if own_split else texts, "with_origins") else None
         # first: a pool of forked processes (a tokenizer that asks for them) starts before any thread here
-        batches = batch_input(input_bytes) if encode_in_batches is None else encode_in_batches
-        pool = EncodePool(tokenizer, workers, batch=batches) if workers > 1 else None
+        pool = EncodePool(tokenizer, workers) if workers > 1 else None
         bar = BuildProgress(f"pretrain {dataset_name or final.name}", progress=progress, input_bytes=input_bytes)
         exhausted = True
         failed = False

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from niels_gpt import allocator
 from niels_gpt.builders.common import summarize
-from niels_gpt.builders.encode_pool import batch_input
 from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.parallel import run_parallel
@@ -334,12 +333,10 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                         **common)
     else:
         sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
-        stored = (plan.stored_bytes(), val.stored_bytes() if val is not None else 0)
         build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
                              max_val_tokens=ALL_TOKENS if split else val_budget(spec),
                              shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
                              input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
-                             encode_in_batches=batch_input(None if None in stored else sum(stored)),
                              compress=spec.compress, **common)
     tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
     workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""

@@ -88,10 +88,6 @@ class Plan:
         """Total input bytes for a progress bar's ETA, when every input is an uncompressed text file of known size."""
         if any(k not in PLAIN_TEXT + (".jsonl", ".json") for k in self.kinds):
             return None
-        return self.stored_bytes()
-
-    def stored_bytes(self) -> int | None:
-        """The inputs' bytes as stored (compressed, Parquet...), when every input's size is known, else None."""
         return sum(self.sizes.values()) if len(self.sizes) == len(self.inputs) else None
 
     def describe(self) -> dict:

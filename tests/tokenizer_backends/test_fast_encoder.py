@@ -193,11 +193,11 @@ def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_f
     assert fast_encoder(tok) is not None and capfd.readouterr().err == ""
 
 
-def test_a_large_input_is_encoded_in_batch_calls_on_one_thread_with_the_same_cache(tiktoken_file, monkeypatch,
-                                                                                tmp_path):
-    """`build` inline over an input of BATCH_INPUT_BYTES or more: one encode thread, one GIL-free batch call per
-    batch of documents; the cache is byte for byte the one a smaller threshold's per-document calls make, and the
-    reference encoder's."""
+def test_an_inline_build_encodes_in_batch_calls_on_one_thread_with_the_same_cache(tiktoken_file, monkeypatch,
+                                                                                 tmp_path):
+    """`build` inline with encode workers: one encode thread, GIL-free padded calls per batch of documents (no
+    awkward imported); the cache is byte for byte the one per-document calls make (one worker: this thread), and
+    the reference encoder's."""
     from niels_gpt.builders import encode_pool
     from niels_gpt.cli import main
 
@@ -206,7 +206,6 @@ def test_a_large_input_is_encoded_in_batch_calls_on_one_thread_with_the_same_cac
     for i, text in enumerate(sample_texts()):
         docs = [*text.split("\n\n"), " "]  # and a blank one, skipped
         (src / f"{i:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
-    size = sum(p.stat().st_size for p in src.iterdir())
     calls: list[tuple[int, bool]] = []
     real = fast_module.FastEncoder.encode_arrays
 
@@ -216,52 +215,40 @@ def test_a_large_input_is_encoded_in_batch_calls_on_one_thread_with_the_same_cac
 
     monkeypatch.setattr(fast_module.FastEncoder, "encode_arrays", spy)
 
-    def build(name: str, threshold: int) -> dict:
-        monkeypatch.setattr(encode_pool, "BATCH_INPUT_BYTES", threshold)
+    def build(name: str, workers: int) -> dict:
         calls.clear()
         out = tmp_path / name / "cache"  # one name: meta.json records it
         assert main(["build", "--out", str(out), "--tokenizer", str(tiktoken_file), "--executor", "inline",
-                     "--workers", "2", "--no-progress", "--shard-bytes", "65536", str(src)]) == 0
+                     "--workers", str(workers), "--no-progress", "--shard-bytes", "65536", str(src)]) == 0
         return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
-    batched = build("batched", size)  # the input is exactly the threshold: batch calls
+    batched = build("batched", 2)
     assert calls and any(batch and n > 1 for n, batch in calls), calls
-    assert encode_pool.batch_input(size) and not encode_pool.batch_input(size - 1) and encode_pool.batch_input(None)
-    one_by_one = build("one-by-one", size + 1)
+    one_by_one = build("one-by-one", 1)
     assert calls and not any(batch for _, batch in calls), calls
     monkeypatch.setenv(ENV, "reference")
-    reference = build("reference", size)
+    reference = build("reference", 2)
     assert not calls  # the reference encoder: no fast encoder call at all
     assert batched == one_by_one and len(batched) > 3
     assert {k: v for k, v in batched.items() if k != "meta.json"} == \
         {k: v for k, v in reference.items() if k != "meta.json"}
-    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2, batch=True)
+    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
     try:
         assert not pool.batch and pool.runs == 4  # NIELS_GPT_ENCODER=reference: no batch calls to make
     finally:
         pool.shutdown()
     monkeypatch.delenv(ENV)
-    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2, batch=True)
+    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
     try:
         assert pool.batch and pool.runs == 1 and pool.pool._max_workers == 1
     finally:
         pool.shutdown()
-
-
-def test_a_parquet_input_is_sized_by_its_bytes_on_disk(tmp_path):
-    """What decides the batch calls: a Parquet input's stored bytes (its text's size is not known before it is
-    read, so the progress bar has no total)."""
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    from niels_gpt.builders.plan import make_plan
-
-    (tmp_path / "in").mkdir()
-    pq.write_table(pa.table({"text": sample_texts()}), tmp_path / "in" / "a.parquet")
-    (tmp_path / "in" / "b.jsonl").write_text(json.dumps({"text": "one more"}) + "\n", encoding="utf-8")
-    plan = make_plan([str(tmp_path / "in")], tokenizer=None)
-    sizes = sum(p.stat().st_size for p in (tmp_path / "in").iterdir())
-    assert plan.input_bytes() is None and plan.stored_bytes() == sizes
+    code = ("import sys; from niels_gpt.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'awkward' not in sys.modules, 'awkward imported'; sys.exit(rc)")
+    run = subprocess.run([sys.executable, "-c", code, "build", "--out", str(tmp_path / "fresh"), "--tokenizer",
+                          str(tiktoken_file), "--executor", "inline", "--workers", "2", "--no-progress", str(src)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_the_reference_setting_holds_for_a_tokenizer_that_made_its_fast_encoder(spm_bpe, monkeypatch):
