@@ -1,8 +1,9 @@
 """Seeds: the one range every seed of the package must fall in, checked where a seed comes in.
 
-Every random choice is drawn from a `torch.Generator` seeded with it (the builders and pack-sft make torch's draws
-without torch: `TorchDraws`), and sentencepiece's trainer takes the same seed, so a seed must fit both: 0 <= seed <= 2**63 - 1. Outside it torch raises a bare RuntimeError and
-sentencepiece a TypeError from deep inside a build; here it is one line naming the flag.
+Every random choice is drawn from a `torch.Generator` seeded with it (the builders and pack-sft make torch's
+draws without torch: `TorchDraws`), and sentencepiece's trainer takes the same seed, so a seed must fit both:
+0 <= seed <= 2**63 - 1. Outside it torch raises a bare RuntimeError and sentencepiece a TypeError from deep
+inside a build; here it is one line naming the flag.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ class TorchDraws:
     """The CPU draws of `torch.Generator().manual_seed(seed)`, call after call, without torch (~1 s to import):
     its generator is MT19937 seeded with the seed's low 32 bits, and
     - `uniform(n)` is torch.rand(n, dtype=torch.float64): the low 53 bits of two outputs (high first) * 2**-53;
-    - `below(high, n)` is torch.randint(high, (n,)): an output modulo `high` below 2**28, else two outputs
-      (high word first) modulo `high`;
+    - `below(high, n)` is torch.randint(high, (n,)): an output modulo `high` below 2**28, else two (high first);
     - `permutation(n)` is torch.randperm(n): for i from 0 to n - 2, i swaps with i + (an output modulo (n - i));
       from TORCH_PERMUTATION elements torch's own call, on a generator advanced past the outputs drawn here
       (and from 2**32 // 20 elements torch draws otherwise).
