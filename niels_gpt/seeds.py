@@ -46,7 +46,7 @@ class TorchDraws:
     tests/test_seeds.py holds each equal to torch's."""
 
     def __init__(self, seed: int):
-        self.seed = check_seed(seed)
+        self.seed = seed if type(seed) is int and 0 <= seed < 1 << 64 else check_seed(seed)  # torch's 2**63 + 1 too
         self._bits = np.random.MT19937()
         self._bits.state = np.random.RandomState(self.seed & 0xFFFFFFFF).get_state(legacy=False)
         self.words = 0  # 32-bit outputs drawn so far

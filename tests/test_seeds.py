@@ -76,7 +76,10 @@ def test_the_shuffle_buffer_gives_the_order_torch_gave(size, n):
 
 
 def test_a_seed_outside_torchs_range_is_refused():
-    for bad in (-1, SEED_MAX + 1):
+    """A seed one above SEED_MAX (a split's own generator, seed + 1) is torch's too; past 2**64 is refused."""
+    assert TorchDraws(SEED_MAX + 1).uniform(5) == torch.rand(5, generator=torch.Generator().manual_seed(SEED_MAX + 1),
+                                                            dtype=torch.float64).tolist()
+    for bad in (-1, 2**64, True):
         with pytest.raises(ConfigError, match="must be an integer from 0 to 2\\*\\*63 - 1"):
             TorchDraws(bad)
 

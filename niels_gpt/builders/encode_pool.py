@@ -72,7 +72,7 @@ class EncodePool:
     def __init__(self, tokenizer, workers: int):
         self.tokenizer = tokenizer
         self.processes = uses_processes(tokenizer)
-        self.batch = not self.processes and fast_encoder(tokenizer) is not None
+        self.batch = not self.processes and getattr(fast_encoder(tokenizer), "batches", False)
         self.runs = 1 if self.batch else 2 * workers
         if self.processes:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),

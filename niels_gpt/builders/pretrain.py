@@ -118,11 +118,6 @@ def check_budgets(max_train_tokens: int, max_val_tokens: int, val_frac: float | 
         raise ConfigError(f"--val-frac must be in (0, 1), got {val_frac}")
 
 
-def _shuffle_generator(shuffle_buffer: int | None, seed: int) -> TorchDraws | None:
-    """The shuffle buffer's draws (torch's, without torch: seeds.py); None with no shuffle."""
-    return TorchDraws(seed) if shuffle_buffer and shuffle_buffer > 1 else None
-
-
 @allocator.keeping
 @writes_to_url  # out_dir may be an fsspec URL: built locally, uploaded, meta.json last
 def build_pretrain_cache(
@@ -180,7 +175,7 @@ def build_pretrain_cache(
             """Admit the encoded documents of `stream` until `admit` says the splits are full; True if the
             stream ended first. A batch is read only after a document of the previous one found no room, so
             the stream is read, and the shuffle's RNG drawn, as far as a document-at-a-time loop would."""
-            gen = _shuffle_generator(shuffle_buffer, seed)
+            gen = TorchDraws(seed) if shuffle_buffer and shuffle_buffer > 1 else None  # the buffer's (seeds.py)
             if log is not None:  # (item, origin) pairs: shuffled as pairs, origins queued in stream order
                 docs = bar.documents(_unpaired(shuffled(stream.with_origins(), shuffle_buffer, gen), fifo))
             else:

@@ -126,6 +126,7 @@ class FastEncoder:
         self.giga = giga
         self.name = name
         self.sampled = False
+        self.batches = type(getattr(giga, "_backend", giga)).__name__ != "SentencePieceTokenizer"  # NOTE: performance.md
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
         """One uint32 array per text (None for one gigatoken cannot take, a lone surrogate: the caller uses the

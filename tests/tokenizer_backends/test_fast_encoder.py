@@ -251,6 +251,24 @@ def test_an_inline_build_encodes_in_batch_calls_on_one_thread_with_the_same_cach
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+def test_a_sentencepiece_model_is_encoded_document_by_document(spm_bpe, tiktoken_file):
+    """gigatoken's sentencepiece backend encodes in batch calls about 3x slower than its warm per-document
+    `encode` (docs/performance.md), so an inline build encodes its documents one by one on its threads; a
+    byte-level BPE takes the padded batch calls. The ids are the same either way."""
+    from niels_gpt.builders import encode_pool
+
+    texts = sample_texts()[:20]
+    for tok, batches in ((spm_bpe, False), (load_tokenizer(tiktoken_file), True)):
+        fast = fast_encoder(tok)
+        assert fast.batches is batches
+        pool = encode_pool.EncodePool(tok, 2)
+        try:
+            assert pool.batch is batches and pool.runs == (1 if batches else 4)
+        finally:
+            pool.shutdown()
+        assert [a.tolist() for a in fast.encode_arrays(texts, batch=True)] == [list(tok.encode(t)) for t in texts]
+
+
 def test_the_reference_setting_holds_for_a_tokenizer_that_made_its_fast_encoder(spm_bpe, monkeypatch):
     """NIELS_GPT_ENCODER=reference is asked on every use: a tokenizer object that made its fast encoder earlier
     (another build in the same process) builds with the reference encoder once it is set."""
