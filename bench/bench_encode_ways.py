@@ -12,7 +12,8 @@ pass, best of --repeat): how much a second core gives the bare encoder, and what
    stays near 1);
 6. two threads, an encoder each, `encode_batch(parallel=False)` per run (it releases the GIL);
 7. two threads, an encoder each, `encode_batch_padded([document], parallel=False)` per document: it releases the
-   GIL and returns a numpy row (no awkward), so a builder thread could call it per document as it calls `encode`;
+   GIL and returns a numpy row (given str, gigatoken still imports awkward on the first call; given a
+   `BytesSource` of UTF-8 buffers it does not), so a builder thread could call it per document as it calls `encode`;
 8. debian-docs only: `encode_files(JsonlFileSource)` parsing the file in Rust, parallel and not, and the msgspec
    parse alone.
 """
