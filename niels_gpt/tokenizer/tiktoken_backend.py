@@ -68,6 +68,23 @@ def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
     NOTE: tiktoken's encoder panics (a Rust panic, at encode time) on a rank given twice and on a missing single
     byte: both are refused here, before any text is encoded.
     """
+    lines = [line for line in data.splitlines() if line]
+    try:  # a sound file in one pass (200k ranks: 0.09 s, line by line 0.21 s); else the lines below name the fault
+        ranks = {binascii.a2b_base64(t, strict_mode=True): int(r) for t, r in (line.split() for line in lines)}
+    except (ValueError, binascii.Error):
+        ranks = {}
+    if (len(ranks) != len(lines) or len(set(ranks.values())) != len(ranks) or b"" in ranks
+            or min(ranks.values(), default=0) < 0):
+        ranks = _ranks_line_by_line(data, path)
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if ranks and missing:
+        shown = ", ".join(f"0x{b:02x}" for b in missing[:6]) + (", ..." if len(missing) > 6 else "")
+        raise TokenizerError(f"{path}: no rank for the single byte(s) {shown} ({len(missing)} of 256); a byte-level "
+                             "BPE must rank every single byte, or some text cannot be encoded at all")
+    return ranks
+
+
+def _ranks_line_by_line(data: bytes, path: Path) -> dict[bytes, int]:
     ranks: dict[bytes, int] = {}
     ranked: dict[int, int] = {}  # rank -> the line that gave it
     for number, line in enumerate(data.splitlines(), 1):
@@ -92,11 +109,6 @@ def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
             raise TokenizerError(f"{where}: rank {rank} was already given on line {ranked[rank]}; each rank must "
                                  "appear once: the file is damaged or not a .tiktoken file")
         ranks[token], ranked[rank] = rank, number
-    missing = [b for b in range(256) if bytes([b]) not in ranks]
-    if ranks and missing:
-        shown = ", ".join(f"0x{b:02x}" for b in missing[:6]) + (", ..." if len(missing) > 6 else "")
-        raise TokenizerError(f"{path}: no rank for the single byte(s) {shown} ({len(missing)} of 256); a byte-level "
-                             "BPE must rank every single byte, or some text cannot be encoded at all")
     return ranks
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from niels_gpt.errors import TokenizerError
-from niels_gpt.tokenizer.tiktoken_backend import parse_ranks
+from niels_gpt.tokenizer.tiktoken_backend import _ranks_line_by_line, parse_ranks
 
 
 def ranks_file(extra: list[bytes] = ()) -> bytes:
@@ -23,6 +23,8 @@ def test_every_line_gives_its_token_rank():
     assert len(ranks) == 261 and ranks[b" the"] == 258 and ranks[b"\x00\xff"] == 260
     crlf = data.replace(b"\n", b"\r\n") + b"\n"  # CRLF line ends and a blank line are accepted alike
     assert parse_ranks(crlf, Path("x.tiktoken")) == parse_ranks(data, Path("x.tiktoken"))
+    # the one-pass reading gives what the line-by-line one gives (which names a damaged file's line)
+    assert list(ranks.items()) == list(_ranks_line_by_line(data, Path("x.tiktoken")).items())
 
 
 @pytest.mark.parametrize("extra, says", [
