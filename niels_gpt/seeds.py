@@ -70,7 +70,11 @@ class TorchDraws:
             import torch  # NOTE: here: a Python loop over 2 M elements costs more than importing torch (~0.7 s)
 
             gen = torch.Generator().manual_seed(self.seed)
-            torch.randint(2, (self.words,), generator=gen)  # one output each: past what was drawn here
+            for done in range(0, self.words, 1 << 24):  # one output each, past what was drawn here, 128 MiB a call
+                torch.randint(2, (min(1 << 24, self.words - done),), generator=gen)
+            drawn = n - 1 if n < (1 << 32) // 20 else 2 * n  # what randperm draws: these draws follow it
+            for done in range(0, drawn, 1 << 24):
+                self._words(min(1 << 24, drawn - done))
             return torch.randperm(n, generator=gen).tolist()
         perm = list(range(n))
         for i, z in enumerate((self._words(max(n - 1, 0)) % np.arange(n, 1, -1, dtype=np.uint64)).tolist()):

@@ -50,6 +50,10 @@ def test_a_long_permutation_is_torchs_own_call_after_the_draws_made():
     assert ours.words == 14
     n = seeds.TORCH_PERMUTATION + 5
     assert ours.permutation(n) == torch.randperm(n, generator=gen).tolist()
+    assert ours.below(1000, 3) == torch.randint(1000, (3,), generator=gen).tolist()  # the stream goes on after it
+    ours._words((1 << 24) + 3)  # past one advancing call of torch's: the catch-up goes in pieces
+    torch.randint(2, ((1 << 24) + 3,), generator=gen)
+    assert ours.permutation(n) == torch.randperm(n, generator=gen).tolist()
 
 
 def _torch_shuffled(items, size: int, gen):
