@@ -7,9 +7,9 @@ inheriting the open tokenizer. Threads all the same off Linux, with NIELS_GPT_EN
 fast encoder (niels_gpt/tokenizer/fast.py) encodes. The ids are the same either way: every document is encoded
 alone by `encode_documents`, and the caller joins the runs in order.
 
-With the fast encoder, one thread encodes each batch of documents in GIL-free calls (FastEncoder.encode_arrays
-with `batch`) while the builder's thread reads the next: a thread for each core would not help, since threads
-sharing one gigatoken model take turns (docs/performance.md).
+With the fast encoder, the threads encode runs of documents in GIL-free calls (FastEncoder.encode_arrays with
+`batch`) while the builder's thread reads the next, each on a gigatoken model of its own: threads sharing one
+model take turns (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -66,21 +66,20 @@ def uses_processes(tokenizer) -> bool:
 
 class EncodePool:
     """`workers` encoders for runs of documents: `encode(docs)` gives a Future of their ids (as
-    `encode_documents(tokenizer, docs, 1, arrays=True)` would); `runs`: how many runs a caller cuts a batch of
-    documents into. `batch`: one encode thread and one run, where the fast encoder encodes (module docstring)."""
+    `encode_documents(tokenizer, docs, 1, arrays=True)` would). `batch`: the fast encoder's GIL-free calls
+    (module docstring)."""
 
     def __init__(self, tokenizer, workers: int):
         self.tokenizer = tokenizer
         self.processes = uses_processes(tokenizer)
         self.batch = not self.processes and getattr(fast_encoder(tokenizer), "batches", False)
-        self.runs = 1 if self.batch else 2 * workers
         if self.processes:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                             initializer=_adopt, initargs=(tokenizer, os.getpid()))
             # NOTE: every worker is forked at the first submit: now, before the builder starts any thread
             self.pool.submit(int)
         else:
-            self.pool = ThreadPoolExecutor(1 if self.batch else workers, thread_name_prefix="cache-encode")
+            self.pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode")
 
     def encode(self, docs: Sequence[str]) -> Future:
         if self.processes:

@@ -1,6 +1,8 @@
 """The one-process builder's encode pipeline: documents in batches, encoded on this thread or on a pool of
-workers (builders/encode_pool.py), results in stream order. Each batch is cut into runs of about equal
-characters, one call each on a worker; every document is encoded alone, so the ids do not depend on the cut.
+workers (builders/encode_pool.py), results in stream order. With a pool, each run of documents reaching
+ENCODE_RUN_CHARS goes to a worker as soon as it is read, so encoding starts with the first run, not the first
+whole batch, and the last batch leaves little behind; every document is encoded alone, so the ids do not depend
+on the cut.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 
-from niels_gpt.builders.encode_pool import EncodePool
 from niels_gpt.errors import ConfigError
 from niels_gpt.long_documents import encode_documents
 from niels_gpt.seeds import TorchDraws
 from niels_gpt.sources.documents import Skipped
 
-ENCODE_BATCH_DOCS = 256  # documents per encode_batch call
+ENCODE_BATCH_DOCS = 256  # documents a batch: the unit in which skipped records are counted
+ENCODE_RUN_CHARS = 1 << 20  # with a pool: a run of a batch's documents goes to a worker once it has this many
 
 
 def shuffled(items: Iterable, size: int | None, generator: TorchDraws) -> Iterator:
@@ -40,37 +42,48 @@ def shuffled(items: Iterable, size: int | None, generator: TorchDraws) -> Iterat
         yield buf[j]
 
 
-def _read_batches(texts: Iterable, batch_docs: int = ENCODE_BATCH_DOCS) -> Iterator[tuple[list[str], Counter]]:
-    """(non-empty documents, records skipped by reason) per batch of `batch_docs` items (str or Skipped) of the
-    stream; an empty or whitespace-only document is skipped as `empty_document`."""
+def _read_batches(texts: Iterable, submit=None) -> Iterator[tuple[list, Counter]]:
+    """(non-empty documents, records skipped by reason) per batch of ENCODE_BATCH_DOCS items (str or Skipped) of
+    the stream; an empty or whitespace-only document is skipped as `empty_document`. With `submit`, each run of
+    documents reaching ENCODE_RUN_CHARS (and the batch's last) is passed to it as soon as it is read, and a batch
+    is the list of what it returned."""
     it = iter(texts)
-    while batch := list(itertools.islice(it, batch_docs)):
-        kept = []
+    while True:
+        kept: list = []
+        runs: list = []
         skipped: Counter = Counter()
-        for t in batch:
+        read = chars = 0
+        for t in itertools.islice(it, ENCODE_BATCH_DOCS):
+            read += 1
             if isinstance(t, str):
                 if t and not t.isspace():  # what t.strip() tests, without copying the document
                     kept.append(t)
+                    chars += len(t)
                 else:
                     skipped["empty_document"] += 1
             elif isinstance(t, Skipped):
                 skipped[t.reason] += 1
             else:
                 raise ConfigError(f"documents must be str, got {type(t).__name__}: {t!r:.80}")
-        yield kept, skipped
+            if submit is not None and chars >= ENCODE_RUN_CHARS:
+                runs.append(submit(kept))
+                kept, chars = [], 0
+        if not read:
+            return
+        if submit is not None and (kept or not runs):
+            runs.append(submit(kept))
+        yield (kept if submit is None else runs), skipped
 
 
 def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
                      skipped: Counter) -> Iterator[list[list[int]]]:
-    """Encoded documents, batch by batch, in stream order: on this thread without `pool`, else each batch cut
-    into `pool.runs` runs (`_pieces`), `2 * workers` batches in flight. NOTE: runs, not whole batches, keep
-    every core busy to the last batch. Skips are counted as their batch is consumed, so meta.json does not
-    depend on how far ahead the workers have read."""
-    batches = _read_batches(texts)
+    """Encoded documents, batch by batch, in stream order: on this thread without `pool`, else each batch's runs
+    on its workers as they are read, `2 * workers` batches in flight. Skips are counted as their batch is
+    consumed, so meta.json does not depend on how far ahead the workers have read."""
     if pool is None:
-        encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in batches)
+        encoded = ((encode_documents(tokenizer, kept, 1, arrays=True), n) for kept, n in _read_batches(texts))
     else:
-        encoded = _in_order(pool, batches, workers)
+        encoded = _in_order(_read_batches(texts, pool.encode), workers)
     for docs, batch_skipped in encoded:
         # NOTE: the key is there (0 or more) once a batch is read, as meta.json has always recorded it
         skipped["empty_document"] += batch_skipped.pop("empty_document", 0)
@@ -78,29 +91,11 @@ def _encoded_batches(texts: Iterable[str], tokenizer, pool, workers: int,
         yield docs
 
 
-def _pieces(docs: list[str], n: int) -> list[list[str]]:
-    """`docs` cut into at most `n` runs of consecutive documents of about equal characters."""
-    if n <= 1 or len(docs) <= 1:
-        return [docs]
-    lengths = list(itertools.accumulate(map(len, docs)))
-    step = lengths[-1] / n
-    out: list[list[str]] = []
-    start = 0
-    for i, end in enumerate(lengths[:-1]):
-        if end >= step * (len(out) + 1):
-            out.append(docs[start:i + 1])
-            start = i + 1
-            if len(out) == n - 1:
-                break
-    out.append(docs[start:])
-    return out
-
-
-def _in_order(pool: EncodePool, batches, workers: int):
+def _in_order(batches, workers: int):
     pending: deque = deque()
     for batch in itertools.chain(batches, [None]):  # None: the end, where every pending batch is taken
         if batch is not None:
-            pending.append(([pool.encode(piece) for piece in _pieces(batch[0], pool.runs)], batch[1]))
+            pending.append(batch)
         while pending and (batch is None or len(pending) >= 2 * workers):
             futures, n = pending.popleft()
             yield [ids for future in futures for ids in future.result()], n

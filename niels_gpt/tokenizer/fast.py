@@ -122,11 +122,23 @@ def _without_specials(gigatoken, tokenizer_json: str | bytes):
 class FastEncoder:
     """gigatoken's encoder for one tokenizer, checked against it."""
 
-    def __init__(self, giga, name: str):
+    def __init__(self, giga, name: str, make: Callable | None = None):
         self.giga = giga
         self.name = name
         self.sampled = False
         self.batches = type(getattr(giga, "_backend", giga)).__name__ != "SentencePieceTokenizer"  # NOTE: performance.md
+        self._make = make  # another model as `giga` was made: one for each thread making batch calls (`_model`)
+        self._spare, self._local, self._lock = [giga], threading.local(), threading.Lock()
+
+    def _model(self):
+        """This thread's model for padded calls: `giga` for the first thread to ask, a new one (made as it was)
+        for each other: threads sharing one model take turns, each with its own encode in parallel."""
+        giga = getattr(self._local, "giga", None)
+        if giga is None:
+            with self._lock:
+                giga = self._spare.pop() if self._spare else None
+            self._local.giga = giga = giga or (self._make() if self._make is not None else self.giga)
+        return giga
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
         """One uint32 array per text (None for one gigatoken cannot take, a lone surrogate: the caller uses the
@@ -154,7 +166,7 @@ class FastEncoder:
         order = sorted(range(len(raw)), key=lambda k: len(raw[k]))
         sizes = [len(raw[k]) for k in order]
         out: list = [None] * len(raw)
-        options, call = PadTruncate(0), self.giga._backend.encode_batch_padded
+        options, call = PadTruncate(0), self._model()._backend.encode_batch_padded
         i = 0
         while i < len(order):
             j = bisect.bisect_right(sizes, PAD_RATIO * max(sizes[i], PAD_MIN_BYTES), i + 1)
@@ -203,7 +215,7 @@ def fast_encoder(tokenizer) -> FastEncoder | None:
             except Exception:  # noqa: BLE001 - a model gigatoken cannot load: the reference encoder
                 giga = None
             if giga is not None:
-                fast = FastEncoder(giga, f"gigatoken {_version()}")
+                fast = FastEncoder(giga, f"gigatoken {_version()}", lambda: _build(gigatoken, tokenizer))
                 bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
                 if bad is not None:
                     _warn(tokenizer, f"the built-in check text #{bad}")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -193,13 +194,24 @@ def test_a_document_gigatoken_cannot_take_is_encoded_by_the_reference(tiktoken_f
     assert fast_encoder(tok) is not None and capfd.readouterr().err == ""
 
 
-def test_an_inline_build_encodes_in_batch_calls_on_one_thread_with_the_same_cache(tiktoken_file, monkeypatch,
-                                                                                 tmp_path):
-    """`build` inline with encode workers: one encode thread, GIL-free padded calls per batch of documents (no
-    awkward imported); the cache is byte for byte the one per-document calls make (one worker: this thread), and
-    the reference encoder's."""
-    from niels_gpt.builders import encode_pool
+def test_an_inline_build_encodes_in_batch_calls_on_a_model_per_thread_with_the_same_cache(tiktoken_file,
+                                                                                         monkeypatch, tmp_path):
+    """`build` inline with encode workers: GIL-free padded calls per run of documents (no awkward imported), each
+    encode thread on a model of its own; the cache is byte for byte the one per-document calls make (one worker:
+    this thread), and the reference encoder's."""
+    from niels_gpt.builders import encode_pool, encoding
     from niels_gpt.cli import main
+
+    monkeypatch.setattr(encoding, "ENCODE_RUN_CHARS", 2048)  # many runs, so that both threads take some
+    models: dict[str, set] = {}
+    real_model = fast_module.FastEncoder._model
+
+    def model_spy(self):
+        giga = real_model(self)
+        models.setdefault(threading.current_thread().name, set()).add(id(giga))
+        return giga
+
+    monkeypatch.setattr(fast_module.FastEncoder, "_model", model_spy)
 
     src = tmp_path / "in"
     src.mkdir()
@@ -224,6 +236,9 @@ def test_an_inline_build_encodes_in_batch_calls_on_one_thread_with_the_same_cach
 
     batched = build("batched", 2)
     assert calls and any(batch and n > 1 for n, batch in calls), calls
+    assert models and all(len(ids) == 1 for ids in models.values()), models  # a thread keeps its model
+    owned = [next(iter(ids)) for ids in models.values()]
+    assert len(set(owned)) == len(owned), models  # and shares it with no other thread
     one_by_one = build("one-by-one", 1)
     assert calls and not any(batch for _, batch in calls), calls
     monkeypatch.setenv(ENV, "reference")
@@ -234,13 +249,13 @@ def test_an_inline_build_encodes_in_batch_calls_on_one_thread_with_the_same_cach
         {k: v for k, v in reference.items() if k != "meta.json"}
     pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
     try:
-        assert not pool.batch and pool.runs == 4  # NIELS_GPT_ENCODER=reference: no batch calls to make
+        assert not pool.batch and pool.pool._max_workers == 2  # NIELS_GPT_ENCODER=reference: no batch calls to make
     finally:
         pool.shutdown()
     monkeypatch.delenv(ENV)
     pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
     try:
-        assert pool.batch and pool.runs == 1 and pool.pool._max_workers == 1
+        assert pool.batch and pool.pool._max_workers == 2
     finally:
         pool.shutdown()
     code = ("import sys; from niels_gpt.cli import main; rc = main(sys.argv[1:]); "
@@ -249,6 +264,27 @@ def test_an_inline_build_encodes_in_batch_calls_on_one_thread_with_the_same_cach
                           str(tiktoken_file), "--executor", "inline", "--workers", "2", "--no-progress", str(src)],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_each_thread_of_padded_calls_has_its_own_model_with_the_same_ids(tiktoken_file):
+    """Threads sharing one gigatoken model take turns, so each thread making padded calls gets a model of its
+    own: the first asker the checked one, every other a new one made the same way; the ids are equal."""
+    tok = load_tokenizer(tiktoken_file)
+    fast = fast_encoder(tok)
+    texts = sample_texts()
+    got: dict[int, tuple] = {}
+
+    def encode(k: int) -> None:
+        got[k] = (fast._model(), [a.tolist() for a in fast.encode_arrays(texts, batch=True)], fast._model())
+
+    threads = [threading.Thread(target=encode, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 3 and all(first is again for first, _, again in got.values())  # a thread keeps its own
+    assert len({id(first) for first, _, _ in got.values()}) == 3 and fast.giga in [g[0] for g in got.values()]
+    assert all(ids == [list(tok.encode(t)) for t in texts] for _, ids, _ in got.values())
 
 
 def test_a_sentencepiece_model_is_encoded_document_by_document(spm_bpe, tiktoken_file):
@@ -263,7 +299,7 @@ def test_a_sentencepiece_model_is_encoded_document_by_document(spm_bpe, tiktoken
         assert fast.batches is batches
         pool = encode_pool.EncodePool(tok, 2)
         try:
-            assert pool.batch is batches and pool.runs == (1 if batches else 4)
+            assert pool.batch is batches and pool.pool._max_workers == 2
         finally:
             pool.shutdown()
         assert [a.tolist() for a in fast.encode_arrays(texts, batch=True)] == [list(tok.encode(t)) for t in texts]
