@@ -53,6 +53,7 @@ from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 from niels_gpt.storage.settings import network_timeout_s
 
 READ_BLOCK = 1 << 20
+ARROW_ROWS = 128  # rows a Parquet file is read in
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,7 +330,9 @@ def _arrow_rows(piece: Piece, local: Path, columns: list[str] | None) -> Iterato
             present = [c for c in (columns or []) if c in pf.schema_arrow.names] or None
             groups = range(pf.num_row_groups) if piece.stop < 0 else range(piece.start, piece.stop)
             first = sum(pf.metadata.row_group(g).num_rows for g in range(groups.start))
-            batches = (pf.read_row_group(g, columns=present) for g in groups)
+            # runs of rows, not whole row groups: a plan's look at the first record decodes its first rows only
+            # (on this thread: the build's own threads have the cores)
+            batches = pf.iter_batches(ARROW_ROWS, list(groups), present, use_threads=False) if groups else iter(())
         else:
             first = 0
             try:

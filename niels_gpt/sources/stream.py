@@ -206,7 +206,7 @@ def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
     """Named, or detected from the first record, which fails the plan if unreadable (unless bad records skip)."""
     if named not in (None, "oasst", "text"):
         return named
-    where, record = _first_record(first)
+    where, record = _first_record(first, chat)
     if record is None:
         return named or ("messages" if chat else "text")
     # --format oasst: trees or flat rows; a record of any other shape gets the tree reader's refusal naming it
@@ -225,12 +225,20 @@ def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
     return found
 
 
-def _first_record(piece: Piece):
-    """The first record of a piece (of a whole text file: its first SNIFF_BYTES), or (where, None) if empty."""
+def _first_record(piece: Piece, chat: bool = False):
+    """The first record of a piece (of a whole text file: its first SNIFF_BYTES), or (where, None) if empty. Of
+    a local Parquet file's, for text, only the keys: its columns (detect() asks no more; no row is decoded)."""
     if piece.kind in PLAIN_TEXT and "://" not in piece.item:
         with open(piece.item, "rb") as f:
             head = f.read(SNIFF_BYTES)
         return piece.item, FileText(head.decode("utf-8", errors="replace"))
+    if piece.kind == ".parquet" and not chat and "://" not in piece.item and piece.start <= 0:
+        import pyarrow.parquet as pq
+
+        with contextlib.suppress(Exception):  # an unreadable file: records() below names what is wrong
+            meta = pq.ParquetFile(piece.item).metadata
+            return (piece.item, None) if meta.num_rows == 0 else \
+                (f"{piece.item}, row 0", dict.fromkeys(meta.schema.to_arrow_schema().names))
     try:
         return next(islice(records(piece), 1))
     except StopIteration:

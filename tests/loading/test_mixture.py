@@ -1,6 +1,8 @@
 """Mixtures: proportions, phase switches, wrap-around without bias, determinism, exact resumption."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from itertools import islice
 
@@ -14,7 +16,7 @@ from niels_gpt.loading import IndexedWindowDataset, MixtureConfig, MixtureDatase
 from niels_gpt.loading.mixture import normalised, quota_step
 from niels_gpt.resume import fingerprint
 
-from ..conftest import write_pretrain_cache
+from ..conftest import REPO, write_pretrain_cache
 
 
 class Const(Dataset):
@@ -140,6 +142,24 @@ def test_mixture_from_toml_and_json_files(tmp_path):
         assert all(item["input_ids"][0] >= 1000 for item in batches[2])
         outs.append([[item["input_ids"].tolist() for item in b] for b in batches])
     assert outs[0] == outs[1]
+
+
+def test_a_toml_mixture_file_reads_without_tomllib_as_on_python_3_10(tmp_path):
+    """Python 3.10 (the package's minimum) has no tomllib: the package imports and reads a TOML mixture file
+    with tomli there (a dependency below 3.11), with the same values and the same refusal of a broken file."""
+    (tmp_path / "mix.toml").write_text('seed = 3\n[datasets]\na = "a"\n[weights]\na = 1.0\n')
+    (tmp_path / "bad.toml").write_text("datasets = [")
+    code = ("import sys; sys.modules['tomllib'] = None\n"  # `import tomllib` now fails, as on 3.10
+            "from niels_gpt.errors import ConfigError\nfrom niels_gpt.loading.mixture import MixtureConfig\n"
+            f"cfg = MixtureConfig.from_file({str(tmp_path / 'mix.toml')!r})\n"
+            "print(cfg.seed, cfg.phases[0].weights, sorted(cfg.datasets))\n"
+            f"try:\n    MixtureConfig.from_file({str(tmp_path / 'bad.toml')!r})\n"
+            "except ConfigError as e:\n    print('refused:', e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == "3 {'a': 1.0} ['a']"
+    assert lines[1].startswith("refused:") and "cannot read mixture config" in lines[1]
 
 
 def test_mixture_file_without_weights_is_rejected(tmp_path):
