@@ -27,6 +27,8 @@ from niels_gpt.tokenizer.fast import fast_encoder
 
 THREADS_ENV = "NIELS_GPT_ENCODE_THREADS"  # set to 1: encode on threads whatever the tokenizer prefers
 PR_SET_PDEATHSIG = 1
+# the fast encoder's threads, a model each (~35 MB for a 100k vocabulary): one thread reads about twice as fast
+MAX_MODELS = 4  # as one model encodes, so more would only hold memory (docs/performance.md)
 
 _TOKENIZER = None  # a forked worker's tokenizer, inherited from the builder (never pickled)
 
@@ -79,7 +81,8 @@ class EncodePool:
             # NOTE: every worker is forked at the first submit: now, before the builder starts any thread
             self.pool.submit(int)
         else:
-            self.pool = ThreadPoolExecutor(workers, thread_name_prefix="cache-encode")
+            self.pool = ThreadPoolExecutor(min(workers, MAX_MODELS) if self.batch else workers,
+                                           thread_name_prefix="cache-encode")
 
     def encode(self, docs: Sequence[str]) -> Future:
         if self.processes:

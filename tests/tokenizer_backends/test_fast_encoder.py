@@ -258,6 +258,11 @@ def test_an_inline_build_encodes_in_batch_calls_on_a_model_per_thread_with_the_s
         assert pool.batch and pool.pool._max_workers == 2
     finally:
         pool.shutdown()
+    pool = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 16)  # a model a thread: at most MAX_MODELS
+    try:
+        assert pool.batch and pool.pool._max_workers == encode_pool.MAX_MODELS == 4
+    finally:
+        pool.shutdown()
     code = ("import sys; from niels_gpt.cli import main; rc = main(sys.argv[1:]); "
             "assert 'awkward' not in sys.modules, 'awkward imported'; sys.exit(rc)")
     run = subprocess.run([sys.executable, "-c", code, "build", "--out", str(tmp_path / "fresh"), "--tokenizer",
