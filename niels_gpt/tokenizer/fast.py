@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import os
 import sys
 import tempfile
@@ -132,12 +133,16 @@ class FastEncoder:
 
     def _model(self):
         """This thread's model for padded calls: `giga` for the first thread to ask, a new one (made as it was)
-        for each other: threads sharing one model take turns, each with its own encode in parallel."""
+        for each other: threads sharing one model take turns, each with its own encode in parallel. `_make`
+        gives None for a new one that fails the check text (its file replaced meanwhile): then `giga` is shared."""
         giga = getattr(self._local, "giga", None)
         if giga is None:
             with self._lock:
                 giga = self._spare.pop() if self._spare else None
-            self._local.giga = giga = giga or (self._make() if self._make is not None else self.giga)
+            if giga is None and self._make is not None:
+                with contextlib.suppress(Exception):  # any failure: share the checked model
+                    giga = self._make()
+            self._local.giga = giga = giga or self.giga
         return giga
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
@@ -215,7 +220,14 @@ def fast_encoder(tokenizer) -> FastEncoder | None:
             except Exception:  # noqa: BLE001 - a model gigatoken cannot load: the reference encoder
                 giga = None
             if giga is not None:
-                fast = FastEncoder(giga, f"gigatoken {_version()}", lambda: _build(gigatoken, tokenizer))
+                name = f"gigatoken {_version()}"
+
+                def make():  # another model, checked as this one is
+                    new = _build(gigatoken, tokenizer)
+                    bad = _mismatch(tokenizer, FastEncoder(new, name), torture_texts(tokenizer))
+                    return new if bad is None else None
+
+                fast = FastEncoder(giga, name, make)
                 bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
                 if bad is not None:
                     _warn(tokenizer, f"the built-in check text #{bad}")

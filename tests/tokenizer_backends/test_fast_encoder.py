@@ -292,6 +292,31 @@ def test_each_thread_of_padded_calls_has_its_own_model_with_the_same_ids(tiktoke
     assert all(ids == [list(tok.encode(t)) for t in texts] for _, ids, _ in got.values())
 
 
+def test_a_threads_model_made_from_a_replaced_file_is_dropped_for_the_checked_one(tiktoken_file, tmp_path):
+    """A thread's own model is made again from the tokenizer's file: a file replaced since (here by a shorter
+    vocabulary) gives another model, whose ids differ on the check text, so that thread shares the checked
+    model instead, and its ids stay the tokenizer's."""
+    path = tmp_path / "bpe.tiktoken"
+    path.write_bytes(tiktoken_file.read_bytes())
+    tok = load_tokenizer(path)
+    fast = fast_encoder(tok)
+    path.write_text("".join(tiktoken_file.read_text().splitlines(keepends=True)[:300]))  # replaced under it
+    texts = sample_texts()
+    got: dict = {}
+
+    def encode() -> None:
+        got["model"], got["ids"] = fast._model(), [a.tolist() for a in fast.encode_arrays(texts, batch=True)]
+
+    first = threading.Thread(target=fast._model)  # takes the checked model for itself
+    first.start()
+    first.join()
+    second = threading.Thread(target=encode)
+    second.start()
+    second.join()
+    assert got["model"] is fast.giga
+    assert got["ids"] == [list(tok.encode(t)) for t in texts]
+
+
 def test_a_sentencepiece_model_is_encoded_document_by_document(spm_bpe, tiktoken_file):
     """gigatoken's sentencepiece backend encodes in batch calls about 3x slower than its warm per-document
     `encode` (docs/performance.md), so an inline build encodes its documents one by one on its threads; a
