@@ -124,26 +124,28 @@ class FastEncoder:
     """gigatoken's encoder for one tokenizer, checked against it."""
 
     def __init__(self, giga, name: str, make: Callable | None = None):
-        self.giga = giga
-        self.name = name
-        self.sampled = False
+        self.giga, self.name, self.sampled = giga, name, False
         self.batches = type(getattr(giga, "_backend", giga)).__name__ != "SentencePieceTokenizer"  # NOTE: performance.md
-        self._make = make  # another model as `giga` was made: one for each thread making batch calls (`_model`)
-        self._spare, self._local, self._lock = [giga], threading.local(), threading.Lock()
+        self._make = make  # another model as `giga` was made: one for each call in parallel (`_models`)
+        self._free, self._lock = [giga], threading.Lock()
 
-    def _model(self):
-        """This thread's model for padded calls: `giga` for the first thread to ask, a new one (made as it was)
-        for each other: threads sharing one model take turns, each with its own encode in parallel. `_make`
-        gives None for a new one that fails the check text (its file replaced meanwhile): then `giga` is shared."""
-        giga = getattr(self._local, "giga", None)
-        if giga is None:
+    @contextlib.contextmanager
+    def _models(self):
+        """A model for one run of padded calls, no other call's meanwhile: threads sharing one take turns. A free
+        one (the last given back first: the warmest), else a new one made as `giga` was, kept for later calls;
+        `_make` gives None for one that fails the check text (its file replaced meanwhile): `giga` is shared."""
+        with self._lock:
+            giga = self._free.pop() if self._free else None
+        if giga is None and self._make is not None:
+            with contextlib.suppress(Exception):  # any failure: share the checked model
+                giga = self._make()
+            self._make = self._make if giga is not None else None  # failed: from now on shared
+        giga = giga or self.giga
+        try:
+            yield giga
+        finally:
             with self._lock:
-                giga = self._spare.pop() if self._spare else None
-            if giga is None and self._make is not None:
-                with contextlib.suppress(Exception):  # any failure: share the checked model
-                    giga = self._make()
-            self._local.giga = giga = giga or self.giga
-        return giga
+                self._free += [giga] if all(g is not giga for g in self._free) else []
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
         """One uint32 array per text (None for one gigatoken cannot take, a lone surrogate: the caller uses the
@@ -171,14 +173,15 @@ class FastEncoder:
         order = sorted(range(len(raw)), key=lambda k: len(raw[k]))
         sizes = [len(raw[k]) for k in order]
         out: list = [None] * len(raw)
-        options, call = PadTruncate(0), self._model()._backend.encode_batch_padded
         i = 0
-        while i < len(order):
-            j = bisect.bisect_right(sizes, PAD_RATIO * max(sizes[i], PAD_MIN_BYTES), i + 1)
-            rows, lengths = call(BytesSource([raw[k] for k in order[i:j]]), options, parallel=False)
-            for r, (k, n) in enumerate(zip(order[i:j], lengths.tolist(), strict=True)):
-                out[k] = rows[r, :n]
-            i = j
+        with self._models() as giga:
+            while i < len(order):
+                j = bisect.bisect_right(sizes, PAD_RATIO * max(sizes[i], PAD_MIN_BYTES), i + 1)
+                rows, lengths = giga._backend.encode_batch_padded(BytesSource([raw[k] for k in order[i:j]]),
+                                                                  PadTruncate(0), parallel=False)
+                for r, (k, n) in enumerate(zip(order[i:j], lengths.tolist(), strict=True)):
+                    out[k] = rows[r, :n]
+                i = j
         return out
 
 
