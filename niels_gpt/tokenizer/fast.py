@@ -34,6 +34,8 @@ REFERENCE = "reference"  # a task receipt's encoder: the tokenizer's own library
 SAMPLE_CHARS = 64 << 10  # characters of the first batch checked: 0.03 s of CPU a process for tiktoken
 _LOCK = threading.Lock()
 PAD_RATIO, PAD_MIN_BYTES = 1.3, 16 << 10  # a padded call: texts up to 1.3x the shortest's bytes (or 21 KB)
+# a model's pretoken cache grows by ~100 bytes with each new word (16 M words: 1.5 GB), so a model lent for
+MODEL_BYTES = 1 << 30  # padded calls is dropped for a new one once it has encoded this much text
 
 TORTURE = [
     "", " ", "  ", "\n", "\n\n\n", "\t\t x", "a  b   c    d", "   leading", "trailing   ", " \n \n  \r\n\t",
@@ -127,13 +129,14 @@ class FastEncoder:
         self.giga, self.name, self.sampled = giga, name, False
         self.batches = type(getattr(giga, "_backend", giga)).__name__ != "SentencePieceTokenizer"  # NOTE: performance.md
         self._make = make  # another model as `giga` was made: one for each call in parallel (`_models`)
-        self._free, self._lock = [giga], threading.Lock()
+        self._free, self._used, self._lock = [giga], {}, threading.Lock()
 
     @contextlib.contextmanager
-    def _models(self):
-        """A model for one run of padded calls, no other call's meanwhile: threads sharing one take turns. A free
-        one (the last given back first: the warmest), else a new one made as `giga` was, kept for later calls;
-        `_make` gives None for one that fails the check text (its file replaced meanwhile): `giga` is shared."""
+    def _models(self, size: int = 0):
+        """A model for one run of padded calls (of `size` bytes), no other call's meanwhile: threads sharing one
+        take turns. A free one (the last given back first: the warmest), else a new one made as `giga` was, kept
+        for later calls until it has encoded MODEL_BYTES; `_make` gives None for one that fails the check text
+        (its file replaced meanwhile): then `giga` is shared, and kept."""
         with self._lock:
             giga = self._free.pop() if self._free else None
         if giga is None and self._make is not None:
@@ -145,7 +148,11 @@ class FastEncoder:
             yield giga
         finally:
             with self._lock:
-                self._free += [giga] if all(g is not giga for g in self._free) else []
+                used = self._used[id(giga)] = self._used.get(id(giga), 0) + size
+                if used > MODEL_BYTES and self._make is not None:
+                    del self._used[id(giga)]  # not given back: its memory goes with the last call holding it
+                elif all(g is not giga for g in self._free):
+                    self._free.append(giga)
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
         """One uint32 array per text (None for one gigatoken cannot take, a lone surrogate: the caller uses the
@@ -174,7 +181,7 @@ class FastEncoder:
         sizes = [len(raw[k]) for k in order]
         out: list = [None] * len(raw)
         i = 0
-        with self._models() as giga:
+        with self._models(sum(sizes)) as giga:
             while i < len(order):
                 j = bisect.bisect_right(sizes, PAD_RATIO * max(sizes[i], PAD_MIN_BYTES), i + 1)
                 rows, lengths = giga._backend.encode_batch_padded(BytesSource([raw[k] for k in order[i:j]]),

@@ -208,8 +208,8 @@ def test_an_inline_build_encodes_in_batch_calls_on_a_model_per_thread_with_the_s
     real_models = fast_module.FastEncoder._models
 
     @contextlib.contextmanager
-    def models_spy(self):
-        with real_models(self) as giga:
+    def models_spy(self, size=0):
+        with real_models(self, size) as giga:
             models.add(id(giga))
             yield giga
 
@@ -301,6 +301,27 @@ def test_padded_calls_at_once_each_get_a_model_of_their_own_kept_for_later(tikto
         assert {id(a), id(b), id(c)} == {id(g) for g in held}
     assert [a.tolist() for a in fast.encode_arrays(texts, batch=True)] == expected
     fast._make = made
+
+
+def test_a_model_that_has_encoded_model_bytes_is_dropped_for_a_new_one(tiktoken_file, monkeypatch):
+    """A model's pretoken cache grows with every new word it meets, so a model lent for padded calls is given
+    back only until it has encoded MODEL_BYTES; then the next call gets a new one, with the same ids."""
+    monkeypatch.setattr(fast_module, "MODEL_BYTES", 4096)
+    tok = load_tokenizer(tiktoken_file)
+    fast = fast_encoder(tok)
+    texts = sample_texts()
+    assert sum(len(t.encode()) for t in texts) > 4096
+    used = []
+    for _ in range(3):
+        with fast._models() as giga:  # the model the next padded calls will get
+            used.append(giga)
+        ids = [a.tolist() for a in fast.encode_arrays(texts, batch=True)]
+        assert ids == [list(tok.encode(t)) for t in texts]
+    assert used[0] is fast.giga and len({id(g) for g in used}) == 3  # each dropped after its run, one made a run
+    with fast._models(100) as small, fast._models() as other:
+        assert small is not other
+    with fast._models() as again:
+        assert again is other or again is small  # under MODEL_BYTES: given back
 
 
 def test_a_model_made_from_a_replaced_file_is_dropped_for_the_checked_one(tiktoken_file, tmp_path):
