@@ -129,7 +129,7 @@ class FastEncoder:
         self.giga, self.name, self.sampled = giga, name, False
         self.batches = type(getattr(giga, "_backend", giga)).__name__ != "SentencePieceTokenizer"  # NOTE: performance.md
         self._make = make  # another model as `giga` was made: one for each call in parallel (`_models`)
-        self._free, self._used, self._lock = [giga], {}, threading.Lock()
+        self._free, self._used, self._direct, self._lock = [giga], {}, 0, threading.Lock()
 
     @contextlib.contextmanager
     def _models(self, size: int = 0):
@@ -169,7 +169,19 @@ class FastEncoder:
                 out.append(np.asarray(encode(t), dtype=np.uint32))
             except (ValueError, TypeError, UnicodeError):
                 out.append(None)
+        self._renew(sum(map(len, texts)))
         return out
+
+    def _renew(self, size: int) -> None:
+        """`giga`, once it has encoded MODEL_BYTES one document a call, replaced by a new one (made and checked
+        as it was; kept if that fails): a build's worker encodes every task this way."""
+        with self._lock:
+            self._direct += size
+            if self._direct <= MODEL_BYTES or self._make is None:
+                return
+            self._direct = 0
+        with contextlib.suppress(Exception):  # any failure: the model as it is
+            self.giga = self._make() or self.giga
 
     def _padded(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The texts' ids by padded calls (they release the GIL), texts of about one length a call (PAD_RATIO), each

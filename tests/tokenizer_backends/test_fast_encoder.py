@@ -306,9 +306,9 @@ def test_padded_calls_at_once_each_get_a_model_of_their_own_kept_for_later(tikto
 def test_a_model_that_has_encoded_model_bytes_is_dropped_for_a_new_one(tiktoken_file, monkeypatch):
     """A model's pretoken cache grows with every new word it meets, so a model lent for padded calls is given
     back only until it has encoded MODEL_BYTES; then the next call gets a new one, with the same ids."""
-    monkeypatch.setattr(fast_module, "MODEL_BYTES", 4096)
     tok = load_tokenizer(tiktoken_file)
     fast = fast_encoder(tok)
+    monkeypatch.setattr(fast_module, "MODEL_BYTES", 4096)  # (after the check text, which would count)
     texts = sample_texts()
     assert sum(len(t.encode()) for t in texts) > 4096
     used = []
@@ -322,6 +322,10 @@ def test_a_model_that_has_encoded_model_bytes_is_dropped_for_a_new_one(tiktoken_
         assert small is not other
     with fast._models() as again:
         assert again is other or again is small  # under MODEL_BYTES: given back
+    first = fast.giga  # one document a call (a build's worker, or one encode thread): the same bound
+    assert [a.tolist() for a in fast.encode_arrays(texts)] == [list(tok.encode(t)) for t in texts]
+    assert fast.giga is not first
+    assert [a.tolist() for a in fast.encode_arrays(texts)] == [list(tok.encode(t)) for t in texts]
 
 
 def test_a_model_made_from_a_replaced_file_is_dropped_for_the_checked_one(tiktoken_file, tmp_path):
