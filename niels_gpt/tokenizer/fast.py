@@ -34,8 +34,8 @@ REFERENCE = "reference"  # a task receipt's encoder: the tokenizer's own library
 SAMPLE_CHARS = 64 << 10  # characters of the first batch checked: 0.03 s of CPU a process for tiktoken
 _LOCK = threading.Lock()
 PAD_RATIO, PAD_MIN_BYTES = 1.3, 16 << 10  # a padded call: texts up to 1.3x the shortest's bytes (or 21 KB)
-# a model's pretoken cache grows by ~100 bytes with each new word (16 M words: 1.5 GB), so a model lent for
-MODEL_BYTES = 1 << 30  # padded calls is dropped for a new one once it has encoded this much text
+# a model's pretoken cache grows by ~100 bytes with each new word (16 M words: 1.5 GB) and is never emptied, so
+MODEL_BYTES = 256 << 20  # a model is replaced by a new one once it has encoded this much text
 
 TORTURE = [
     "", " ", "  ", "\n", "\n\n\n", "\t\t x", "a  b   c    d", "   leading", "trailing   ", " \n \n  \r\n\t",
