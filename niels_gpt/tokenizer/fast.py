@@ -293,11 +293,13 @@ def message_encoder(tokenizer, convs: Sequence) -> Callable[[str], Sequence[int]
     if check_sample(tokenizer, fast, texts) is None:
         return None
 
-    def encode_message(text: str, encode=fast.giga.encode, reference=tokenizer.encode) -> Sequence[int]:
+    def encode_message(text: str, reference=tokenizer.encode) -> Sequence[int]:
         try:
-            return encode(text)
+            ids = fast.giga.encode(text)  # (the model of the moment: `_renew` replaces it after MODEL_BYTES)
         except (ValueError, TypeError, UnicodeError):
             return reference(text)  # a text gigatoken cannot take (a lone surrogate)
+        fast._renew(len(text))
+        return ids
     return encode_message
 
 

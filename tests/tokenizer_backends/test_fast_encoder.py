@@ -326,6 +326,10 @@ def test_a_model_that_has_encoded_model_bytes_is_dropped_for_a_new_one(tiktoken_
     assert [a.tolist() for a in fast.encode_arrays(texts)] == [list(tok.encode(t)) for t in texts]
     assert fast.giga is not first
     assert [a.tolist() for a in fast.encode_arrays(texts)] == [list(tok.encode(t)) for t in texts]
+    encode_message = fast_module.message_encoder(tok, [[{"role": "user", "content": t} for t in texts]])
+    first = fast.giga  # an SFT build's messages: the same bound
+    assert [list(encode_message(t)) for t in texts] == [list(tok.encode(t)) for t in texts]
+    assert fast.giga is not first
 
 
 def test_a_model_made_from_a_replaced_file_is_dropped_for_the_checked_one(tiktoken_file, tmp_path):
