@@ -129,14 +129,13 @@ class FastEncoder:
         self.giga, self.name, self.sampled = giga, name, False
         self.batches = type(getattr(giga, "_backend", giga)).__name__ != "SentencePieceTokenizer"  # NOTE: performance.md
         self._make = make  # another model as `giga` was made: one for each call in parallel (`_models`)
-        self._free, self._used, self._direct, self._lock = [giga], {}, 0, threading.Lock()
+        self._free, self._used, self._lock = [giga], {}, threading.Lock()
 
     @contextlib.contextmanager
     def _models(self, size: int = 0):
-        """A model for one run of padded calls (of `size` bytes), no other call's meanwhile: threads sharing one
-        take turns. A free one (the last given back first: the warmest), else a new one made as `giga` was, kept
-        for later calls until it has encoded MODEL_BYTES; `_make` gives None for one that fails the check text
-        (its file replaced meanwhile): then `giga` is shared, and kept."""
+        """A model for a run of padded calls (`size` bytes) that no other call holds (threads sharing one take turns):
+        a free one, the warmest first, else a new one made as `giga` was, lent until `_spent`; `_make` gives None
+        for one failing the check text (its file replaced meanwhile): `giga` is then shared, and kept."""
         with self._lock:
             giga = self._free.pop() if self._free else None
         if giga is None and self._make is not None:
@@ -148,11 +147,18 @@ class FastEncoder:
             yield giga
         finally:
             with self._lock:
-                used = self._used[id(giga)] = self._used.get(id(giga), 0) + size
-                if used > MODEL_BYTES and self._make is not None:
-                    del self._used[id(giga)]  # not given back: its memory goes with the last call holding it
-                elif all(g is not giga for g in self._free):
+                if not self._spent(giga, size) and all(g is not giga for g in self._free):
                     self._free.append(giga)
+
+    def _spent(self, giga, size: int) -> bool:
+        """Count `size` bytes encoded by `giga` (under `_lock`); True once it has encoded MODEL_BYTES (and a new
+        one can be made): it is then forgotten, and lent no more, its memory going with its last user."""
+        used = self._used[id(giga)] = self._used.get(id(giga), 0) + size
+        if used <= MODEL_BYTES or self._make is None:
+            return False
+        del self._used[id(giga)]
+        self._free = [g for g in self._free if g is not giga]  # (a model replaced in `_renew` may be free too)
+        return True
 
     def encode_arrays(self, texts: Sequence[str], batch: bool = False) -> list[np.ndarray]:
         """One uint32 array per text (None for one gigatoken cannot take, a lone surrogate: the caller uses the
@@ -173,15 +179,13 @@ class FastEncoder:
         return out
 
     def _renew(self, size: int) -> None:
-        """`giga`, once it has encoded MODEL_BYTES one document a call, replaced by a new one (made and checked
-        as it was; kept if that fails): a build's worker encodes every task this way."""
+        """`size` bytes encoded by `giga` one document a call (as a build's worker encodes every task); once it is
+        `_spent`, a new one made and checked as it was replaces it (it stays if that fails)."""
         with self._lock:
-            self._direct += size
-            if self._direct <= MODEL_BYTES or self._make is None:
+            if not self._spent(giga := self.giga, size):
                 return
-            self._direct = 0
         with contextlib.suppress(Exception):  # any failure: the model as it is
-            self.giga = self._make() or self.giga
+            self.giga = self._make() or giga
 
     def _padded(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The texts' ids by padded calls (they release the GIL), texts of about one length a call (PAD_RATIO), each
