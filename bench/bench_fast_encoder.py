@@ -139,10 +139,11 @@ def _env() -> dict:
 
 def build(tiktoken_file: Path, folder: Path, out: Path, executor: str, workers: int) -> tuple:
     """(whole-process wall, tokens, torch imported, the build's own wall time, CPU with its workers)."""
-    code = ("import sys, time\nfrom niels_gpt.cli import main\n"
-            f"rc = main(['build', '--out', {str(out)!r}, '--tokenizer', {str(tiktoken_file)!r}, '--executor', "
-            f"{executor!r}, '--workers', '{workers}', '--no-progress', {str(folder)!r}])\n"
-            "print('TORCH', 'torch' in sys.modules)\nsys.exit(rc)\n")
+    # as `python -m niels_gpt build ...` runs (niels_gpt/__main__.py), saying at its exit whether torch was imported
+    code = ("import atexit, sys\nfrom niels_gpt.__main__ import run\n"
+            f"sys.argv = ['niels-gpt-data', 'build', '--out', {str(out)!r}, '--tokenizer', {str(tiktoken_file)!r}, "
+            f"'--executor', {executor!r}, '--workers', '{workers}', '--no-progress', {str(folder)!r}]\n"
+            "atexit.register(lambda: print('TORCH', 'torch' in sys.modules))\nrun()\n")
     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
     wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)

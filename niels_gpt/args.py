@@ -28,6 +28,32 @@ def optional_int_arg(text: str) -> int | None:
     return None if text.lower() in ("none", "off", "0") else int_arg(text)
 
 
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is not a flag or the global flag's value), else None."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--network-timeout":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+        elif word in ("-h", "--help", "--version"):
+            return None
+    return None
+
+
+MATRIX_COMMANDS = ("train", "sample")  # the commands that multiply matrices (see quiet_blas)
+
+
+def quiet_blas(argv: list[str]) -> None:
+    """Before a command line imports numpy: numpy's OpenBLAS starts a thread per core that spins for about 0.1 s
+    of CPU once loaded, taking a core from a build's encoders on a small machine; only the commands that run a
+    model (MATRIX_COMMANDS) multiply matrices, so the others get one BLAS thread (a user's own setting stays)."""
+    if command_of(argv) not in MATRIX_COMMANDS:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def exit_with(code: int) -> None:
     """Leave the process with `code`. After Ctrl-C (130) the exit hooks run (producers joined, pins and
     temporaries removed, output flushed), then the process ends without C++ static destructors: a torch

@@ -23,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from niels_gpt import allocator
-from niels_gpt.args import HelpFormatter, exit_with, hidden_alias, package_version, program_name
+from niels_gpt.args import HelpFormatter, command_of, exit_with, hidden_alias, package_version, program_name
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
 from niels_gpt.builders import cli as build_cli
@@ -80,21 +80,6 @@ def _register(where: str, sub) -> None:
         importlib.import_module(where).register(_Named(sub))  # a command imports only its own module
     else:
         globals()[where](_Named(sub))
-
-
-def command_of(argv: list[str]) -> str | None:
-    """The subcommand `argv` names (its first word that is not a flag or the global flag's value), else None."""
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == "--network-timeout":
-            skip = True
-        elif not word.startswith("-"):
-            return word
-        elif word in ("-h", "--help", "--version"):
-            return None
-    return None
 
 
 def add_build_all(sub) -> None:

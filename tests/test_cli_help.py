@@ -208,3 +208,29 @@ def test_looking_at_outputs_does_not_import_torch(tokenizer, tmp_path):
     assert out.count(", 0 problem(s)") == 4 and "first 64 tokens of train/shard_00000.bin" in out, out[-3000:]
     assert "train example 0" in out and "(PackedMemmapDataset)" in out and "(PackedParquetDataset)" in out
     assert "pretrain " in out and "sft " in out and out.count("packed ") >= 2  # the four stats headings
+
+
+@pytest.mark.parametrize("argv, blas", [(["verify", "/nonexistent-cache"], "1"),
+                                         (["--network-timeout", "9", "stats", "/nonexistent-cache"], "1"),
+                                         (["train", "--help"], None), (["sample", "--help"], None)])
+def test_only_the_model_commands_keep_numpys_blas_threads(argv, blas):
+    """`python -m niels_gpt` and the console script give numpy's OpenBLAS one thread, before numpy is loaded,
+    for every command but train and sample (its threads spin ~0.1 s of CPU each once loaded); a user's own
+    setting stays."""
+    code = ("import atexit, os, sys\nfrom niels_gpt.__main__ import run\n"
+            "atexit.register(lambda: print('BLAS', os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules))\n"
+            f"sys.argv = ['niels-gpt-data', *{argv!r}]\nrun()\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert f"BLAS {blas} True" in r.stdout, r.stdout[-300:] + r.stderr[-500:]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**env, "OPENBLAS_NUM_THREADS": "3"})
+    assert "BLAS 3 True" in r.stdout, r.stdout[-300:] + r.stderr[-500:]
+
+
+def test_the_console_script_is_the_module_entry():
+    from niels_gpt.__main__ import run
+
+    entry = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli").loads(
+        (__import__("pathlib").Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert entry == {"niels-gpt-data": f"{run.__module__}:{run.__name__}"}

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
@@ -29,8 +30,13 @@ THREADS_ENV = "NIELS_GPT_ENCODE_THREADS"  # set to 1: encode on threads whatever
 PR_SET_PDEATHSIG = 1
 # the fast encoder's threads, a model each (~35 MB for a 100k vocabulary): one thread reads about twice as fast
 MAX_MODELS = 4  # as one model encodes, so more would only hold memory (docs/performance.md)
+# while the fast encoder's threads run: how long the reading thread may hold the GIL when one of them, back from
+# a GIL-free call, asks for it (Python's default 5 ms leaves a core idle; docs/performance.md)
+SWITCH_INTERVAL_S = 0.0005
 
 _TOKENIZER = None  # a forked worker's tokenizer, inherited from the builder (never pickled)
+_SWITCHING = {"pools": 0, "interval": None}  # pools running fast encoder threads; the interval before the first
+_SWITCHING_LOCK = threading.Lock()
 
 
 def worker_init(parent: int) -> None:
@@ -83,6 +89,9 @@ class EncodePool:
         else:
             self.pool = ThreadPoolExecutor(min(workers, MAX_MODELS) if self.batch else workers,
                                            thread_name_prefix="cache-encode")
+        self._switching = self.batch
+        if self._switching:
+            _switch(+1)
 
     def encode(self, docs: Sequence[str]) -> Future:
         if self.processes:
@@ -92,3 +101,18 @@ class EncodePool:
     def shutdown(self, wait: bool = True) -> None:
         """Drop the work not started; `wait=False` (every result taken): idle workers exit in the background."""
         self.pool.shutdown(wait=wait, cancel_futures=True)
+        if self._switching:
+            self._switching = False
+            _switch(-1)
+
+
+def _switch(change: int) -> None:
+    """A pool of fast encoder threads starts (+1: the switch interval is SWITCH_INTERVAL_S, if shorter, while any
+    runs) or ends (-1: the last one gives back the interval there was before the first)."""
+    with _SWITCHING_LOCK:
+        _SWITCHING["pools"] += change
+        if change > 0 and _SWITCHING["pools"] == 1:
+            _SWITCHING["interval"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(SWITCH_INTERVAL_S, _SWITCHING["interval"]))
+        elif change < 0 and _SWITCHING["pools"] == 0:
+            sys.setswitchinterval(_SWITCHING["interval"])

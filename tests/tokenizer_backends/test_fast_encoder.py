@@ -532,3 +532,36 @@ def test_real_conversations_give_the_reference_sft_cache(spm_bpe, tmp_path, monk
     monkeypatch.setenv(ENV, "reference")
     for (layout, ex), got in fast.items():
         assert got == files("reference", layout, ex), (layout, ex)
+
+
+def test_the_switch_interval_is_short_while_fast_encoder_threads_run_and_given_back_after(tiktoken_file):
+    """The reading thread gives the GIL to an encode thread back from a GIL-free call within SWITCH_INTERVAL_S,
+    not Python's 5 ms, while any pool of fast encoder threads runs; the last one to end gives back the interval
+    there was (a user's own setting), and pools of the tokenizer's own library change nothing."""
+    from niels_gpt.builders import encode_pool
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        first = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
+        assert first.batch and sys.getswitchinterval() == pytest.approx(encode_pool.SWITCH_INTERVAL_S, rel=0.02)
+        second = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
+        first.shutdown()
+        assert sys.getswitchinterval() == pytest.approx(encode_pool.SWITCH_INTERVAL_S, rel=0.02)  # the second still runs
+        second.shutdown()
+        second.shutdown()  # twice: counted once
+        assert sys.getswitchinterval() == pytest.approx(0.004, rel=0.02)
+        sys.setswitchinterval(0.0001)  # already shorter: kept as it is
+        third = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
+        assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.02)
+        third.shutdown()
+        os.environ[ENV] = "reference"
+        try:
+            sys.setswitchinterval(0.004)
+            own = encode_pool.EncodePool(load_tokenizer(tiktoken_file), 2)
+            assert not own.batch and sys.getswitchinterval() == pytest.approx(0.004, rel=0.02)
+            own.shutdown()
+        finally:
+            del os.environ[ENV]
+    finally:
+        sys.setswitchinterval(before)
