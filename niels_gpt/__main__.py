@@ -8,7 +8,7 @@ from niels_gpt.args import exit_with, quiet_blas
 
 def run() -> None:
     quiet_blas(sys.argv[1:])
-    from niels_gpt.cli import main  # after quiet_blas: it imports numpy
+    from niels_gpt.cli import main  # lazy: after quiet_blas, as it imports numpy
 
     exit_with(main())
 
