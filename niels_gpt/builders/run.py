@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from niels_gpt.output_guard import check_output
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules, check_layout
 from niels_gpt.sources.hooks import record_hook
+from niels_gpt.sources.lines import hash_ahead
 from niels_gpt.sources.records import hub_shuffle
 from niels_gpt.sources.stream import Plan, check_unchanged, task_items
 from niels_gpt.storage.fs import filesystem, scheme_of
@@ -266,6 +268,16 @@ class _Reader:
         self.plan = plan
         self.offset = offset
         self.read: list[str] = []
+        self.stop = threading.Event()  # set: the hashing below ends (the build failed)
+        # the input table's sha256 of each local input that is not hashed as it is read (as JSON Lines ranges
+        # are), made meanwhile on a thread of its own: not after the build, on its last step
+        kinds = (plan.kinds or [""] * len(plan.inputs)) if plan is not None else []
+        ahead = [name for name, kind in zip(plan.inputs if plan is not None else [], kinds, strict=True)
+                 if kind not in (".jsonl", ".json", "dataset") and "://" not in name]
+        self.hashing = threading.Thread(target=hash_ahead, args=(ahead, self.stop), name="input-sha256",
+                                        daemon=True) if ahead else None
+        if self.hashing is not None:
+            self.hashing.start()
 
     def __iter__(self):
         return (item for item, _ in self._items(origins=False))
@@ -290,6 +302,8 @@ class _Reader:
     def origin_table(self) -> list[dict]:
         if self.plan is None:
             return []
+        if self.hashing is not None:
+            self.hashing.join()
         table = input_table(self.plan.inputs, self.plan.kinds, self.plan.config, self.plan.split)
         shuffled = {p["item"]: p for p in shuffled_datasets(self.plan)}
         for name, entry in zip(self.plan.inputs, table, strict=True):
@@ -325,6 +339,20 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                     **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
                        if spec.extra.get("skipped_inputs") else {})}
 
+    try:
+        _build_inline(spec, plan, tok, reader, texts, described, out)
+    finally:
+        for r in (reader, getattr(texts, "val", None)):
+            if r is not None:
+                r.stop.set()
+    tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
+    workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""
+    return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
+
+
+def _build_inline(spec: BuildSpec, plan: Plan, tok, reader: _Reader, texts, described, out: Path) -> None:
+    split = spec.val_sources is not None
+    val = texts.val.plan if split else None
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
                   dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
                   progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
@@ -338,9 +366,6 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                              shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
                              input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
                              compress=spec.compress, **common)
-    tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
-    workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""
-    return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
 
 
 def format_summary(s: dict) -> str:

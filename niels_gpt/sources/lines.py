@@ -166,6 +166,20 @@ def file_sha256(path: str, stop: threading.Event | None = None) -> str | None:
         return _HASHED[path][1]
 
 
+def hash_ahead(paths: list[str], stop: threading.Event) -> None:
+    """Hash local files for `file_sha256` ahead of its call (a helper thread of a build that reads them some other
+    way), without holding the lock `_hash_read` takes meanwhile; a file changed while hashed is left to it."""
+    for path in paths:
+        if stop.is_set():
+            return
+        with contextlib.suppress(OSError):  # file_sha256 meets the error again and the build names it
+            before = _key(os.stat(path))
+            digest = sha256_file(path, stop)
+            if digest is not None and _key(os.stat(path)) == before:
+                with _LOCK:
+                    _HASHED[path] = (before, "sha256:" + digest)
+
+
 def _new_lock() -> None:
     global _LOCK
     _LOCK = threading.Lock()

@@ -119,3 +119,62 @@ def test_file_sha256_comes_from_ranges_read_in_order_and_follows_a_rewrite(tmp_p
     stopped.set()
     assert lines.file_sha256(str(path), stopped) is None  # a build that ended stops hashing its inputs
     assert lines.file_sha256(str(path)) == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_hash_ahead_keeps_a_digest_for_file_sha256_unless_the_file_changed_meanwhile(tmp_path, monkeypatch):
+    """An inline build hashes its inputs that are not JSON Lines (read some other way) on a thread of its own
+    while it reads them, for the input table at its end; a file changed while hashed is left to file_sha256,
+    and a stopped build stops hashing."""
+    import hashlib
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b.txt"
+    a.write_bytes(b"x" * 3_000_000)
+    b.write_bytes(b"some text\n" * 1000)
+    lines.hash_ahead([str(a), str(b)], threading.Event())
+    for p in (a, b):
+        assert lines._HASHED[str(p)][1] == "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest()
+    monkeypatch.setattr(lines, "sha256_file", lambda *_: pytest.fail("hashed again"))
+    assert lines.file_sha256(str(a)) == "sha256:" + hashlib.sha256(a.read_bytes()).hexdigest()
+    monkeypatch.undo()
+
+    real = lines.sha256_file
+
+    def changing(path, stop=None):  # the file is rewritten while it is hashed
+        digest = real(path, stop)
+        with open(path, "ab") as f:
+            f.write(b"more")
+        return digest
+
+    lines._HASHED.clear()
+    monkeypatch.setattr(lines, "sha256_file", changing)
+    lines.hash_ahead([str(b)], threading.Event())
+    assert str(b) not in lines._HASHED
+    monkeypatch.undo()
+    assert lines.file_sha256(str(b)) == "sha256:" + hashlib.sha256(b.read_bytes()).hexdigest()
+    stopped = threading.Event()
+    stopped.set()
+    lines.hash_ahead([str(a)], stopped)
+    assert str(a) not in lines._HASHED  # a stopped build hashes no more
+
+
+def test_an_inline_build_hashes_its_parquet_inputs_on_a_thread_while_it_reads(tokenizer, tmp_path, monkeypatch):
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from niels_gpt.builders.run import BuildSpec, build
+
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": [f"document {i} " * 50 for i in range(300)]}), path, row_group_size=50)
+    threads = []
+    real = lines.sha256_file
+    monkeypatch.setattr(lines, "sha256_file", lambda p, stop=None: threads.append(
+        (p, threading.current_thread().name)) or real(p, stop))
+    lines._HASHED.clear()
+    build(BuildSpec(sources=[str(path)], out=str(tmp_path / "c"), tokenizer=tokenizer.model_path, executor="inline",
+                    progress=False))
+    assert (str(path), "input-sha256") in threads and all(name == "input-sha256" for _, name in threads)
+    table = json.loads((tmp_path / "c" / "origins.json").read_text())
+    entry = table[0] if isinstance(table, list) else table["inputs"][0]
+    assert entry["sha256"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
