@@ -220,12 +220,17 @@ def test_only_the_model_commands_keep_numpys_blas_threads(argv, blas):
     code = ("import atexit, os, sys\nfrom niels_gpt.__main__ import run\n"
             "atexit.register(lambda: print('BLAS', os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules))\n"
             f"sys.argv = ['niels-gpt-data', *{argv!r}]\nrun()\n")
+    # the contract's path, python -m niels_gpt.cache.cli, as a program
+    contract = ("import atexit, os, runpy, sys\n"
+                "atexit.register(lambda: print('BLAS', os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules))\n"
+                f"sys.argv = ['cli.py', *{argv!r}]\nrunpy.run_module('niels_gpt.cache.cli', run_name='__main__')\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert f"BLAS {blas} True" in r.stdout, r.stdout[-300:] + r.stderr[-500:]
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**env, "OPENBLAS_NUM_THREADS": "3"})
-    assert "BLAS 3 True" in r.stdout, r.stdout[-300:] + r.stderr[-500:]
+    for program in (code, contract):
+        r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
+        assert f"BLAS {blas} True" in r.stdout, r.stdout[-300:] + r.stderr[-500:]
+        r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                           env={**env, "OPENBLAS_NUM_THREADS": "3"})
+        assert "BLAS 3 True" in r.stdout, r.stdout[-300:] + r.stderr[-500:]
 
 
 def test_the_console_script_is_the_module_entry():
