@@ -268,15 +268,15 @@ class _Reader:
         self.plan = plan
         self.offset = offset
         self.read: list[str] = []
-        self.stop = threading.Event()  # set: the hashing below ends (the build failed)
+        self.stop = threading.Event()  # set: the hashing below stops (the build failed)
+        self.hashing = None
         # the input table's sha256 of each local input that is not hashed as it is read (as JSON Lines ranges
         # are), made meanwhile on a thread of its own: not after the build, on its last step
-        kinds = (plan.kinds or [""] * len(plan.inputs)) if plan is not None else []
-        ahead = [name for name, kind in zip(plan.inputs if plan is not None else [], kinds, strict=True)
-                 if kind not in (".jsonl", ".json", "dataset") and "://" not in name]
-        self.hashing = threading.Thread(target=hash_ahead, args=(ahead, self.stop), name="input-sha256",
-                                        daemon=True) if ahead else None
-        if self.hashing is not None:
+        ahead = [name for name, kind in zip(plan.inputs, plan.kinds, strict=False)  # (no kinds: none ahead)
+                 if kind not in (".jsonl", ".json", "dataset") and "://" not in name] if plan is not None else []
+        if ahead:
+            self.hashing = threading.Thread(target=hash_ahead, args=(ahead, self.stop), name="input-sha256",
+                                            daemon=True)
             self.hashing.start()
 
     def __iter__(self):
@@ -340,7 +340,7 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                        if spec.extra.get("skipped_inputs") else {})}
 
     try:
-        _build_inline(spec, plan, tok, reader, texts, described, out)
+        _build_inline(spec, plan, val, tok, reader, texts, described, out)
     finally:
         for r in (reader, getattr(texts, "val", None)):
             if r is not None:
@@ -350,9 +350,9 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
     return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
 
 
-def _build_inline(spec: BuildSpec, plan: Plan, tok, reader: _Reader, texts, described, out: Path) -> None:
+def _build_inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, reader: _Reader, texts, described,
+                  out: Path) -> None:
     split = spec.val_sources is not None
-    val = texts.val.plan if split else None
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
                   dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
                   progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
