@@ -34,7 +34,7 @@ from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, ru
 from niels_gpt.errors import CacheError, ConfigError, NielsGPTError, OutOfSpaceError
 from niels_gpt.output_guard import PLAN_NAME, check_output
 from niels_gpt.progress import progress_bar
-from niels_gpt.sources.lines import file_sha256
+from niels_gpt.sources.lines import hash_ahead
 from niels_gpt.sources.stream import Plan, check_unchanged
 from niels_gpt.staging import SPACE_ERRNOS, build_aside, human_bytes
 from niels_gpt.storage.fs import scheme_of
@@ -182,7 +182,9 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
     receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
     # meta.json's sha256 of each local input, hashed while the workers run instead of after the last task
     stop = threading.Event()  # set when the build ends: a failed one does not wait for the rest to be hashed
-    hashing = threading.Thread(target=_hash_inputs, args=(plan, stop), name="input-sha256", daemon=True)
+    local = [name for name, kind in zip(plan.inputs, plan.kinds or [""] * len(plan.inputs), strict=True)
+             if kind != "dataset" and "://" not in name]
+    hashing = threading.Thread(target=hash_ahead, args=(local, stop), name="input-sha256", daemon=True)
     hashing.start()
     common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name, dataset_config=spec.hf_config,
                   streaming=plan.streaming, source=described, final=out, tokenizer_path=recorded_path(tok, out))
@@ -207,13 +209,6 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
             remove_work_url(work_store(work))
     return summarize(out, executor=where, tasks=len(plan.tasks), ran=counters["ran"], reused=len(reused),
                      task_seconds=counters["task_seconds"], tokenized=counters["tokenized"])
-
-
-def _hash_inputs(plan: Plan, stop: threading.Event) -> None:
-    for name, kind in zip(plan.inputs, plan.kinds or [""] * len(plan.inputs), strict=True):
-        if kind != "dataset" and "://" not in name and not stop.is_set():
-            with contextlib.suppress(OSError):  # the commit meets the error again and names it
-                file_sha256(name, stop)
 
 
 def _previous_plan(work: Path) -> dict:

@@ -119,6 +119,7 @@ def _lines_of(piece, open_binary) -> Iterator[bytes]:
 
 _HASHED: dict[str, tuple[tuple, str]] = {}  # path -> (its _key, "sha256:<hex>")
 _RUNNING: dict[str, tuple[int, Any, tuple]] = {}  # path -> (bytes hashed from its start, sha256, _key)
+_MAKING: dict[str, threading.Event] = {}  # path -> set once the digest being made of it is made (or not)
 _LOCK = threading.Lock()
 _READ = threading.local()  # .digests: while a task reads, {(path, start, stop): receipt_digest} of its ranges
 
@@ -156,33 +157,46 @@ def _hash_read(path: str, start: int, data: bytes, st: os.stat_result) -> None:
 
 def file_sha256(path: str, stop: threading.Event | None = None) -> str | None:
     """"sha256:<hex>" of a local file: as hashed earlier in this process if unchanged since (size, mtime, ctime,
-    inode), else read and hashed now; None if `stop` is set meanwhile."""
-    with _LOCK:  # a second caller waits for the digest being made instead of making it again
-        key = _key(os.stat(path))
-        if _HASHED.get(path, (None,))[0] != key:
-            if (digest := sha256_file(path, stop)) is None:
-                return None
-            _HASHED[path] = (key, "sha256:" + digest)
-        return _HASHED[path][1]
+    inode), else read and hashed now; None if `stop` is set meanwhile. A second caller waits for the digest being
+    made instead of making it again; the lock is not held while hashing (a reader's `_hash_read` goes on), and a
+    file changed while hashed is not kept."""
+    while True:
+        with _LOCK:
+            key = _key(os.stat(path))
+            if _HASHED.get(path, (None,))[0] == key:
+                return _HASHED[path][1]
+            making = _MAKING.get(path)
+            if making is None:
+                _MAKING[path] = mine = threading.Event()
+                break
+        making.wait()  # then its digest, or (it stopped, the file changed) made here
+    try:
+        if (digest := sha256_file(path, stop)) is None:
+            return None
+        with _LOCK:
+            if _key(os.stat(path)) == key:
+                _HASHED[path] = (key, "sha256:" + digest)
+        return "sha256:" + digest
+    finally:
+        with _LOCK:
+            _MAKING.pop(path, None)
+        mine.set()
 
 
 def hash_ahead(paths: list[str], stop: threading.Event) -> None:
-    """Hash local files for `file_sha256` ahead of its call (a helper thread of a build that reads them some other
-    way), without holding the lock `_hash_read` takes meanwhile; a file changed while hashed is left to it."""
+    """`file_sha256` of each local file, on a build's helper thread while it reads them (or its workers do), so its
+    input table finds them made; `stop` set: the build ended."""
     for path in paths:
         if stop.is_set():
             return
         with contextlib.suppress(OSError):  # file_sha256 meets the error again and the build names it
-            before = _key(os.stat(path))
-            digest = sha256_file(path, stop)
-            if digest is not None and _key(os.stat(path)) == before:
-                with _LOCK:
-                    _HASHED[path] = (before, "sha256:" + digest)
+            file_sha256(path, stop)
 
 
 def _new_lock() -> None:
     global _LOCK
     _LOCK = threading.Lock()
+    _MAKING.clear()  # digests a thread of the parent was making: none is made here
 
 
 if hasattr(os, "register_at_fork"):  # a process forked while a file was hashed gets a lock no thread holds

@@ -178,3 +178,36 @@ def test_an_inline_build_hashes_its_parquet_inputs_on_a_thread_while_it_reads(to
     table = json.loads((tmp_path / "c" / "origins.json").read_text())
     entry = table[0] if isinstance(table, list) else table["inputs"][0]
     assert entry["sha256"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_two_callers_of_file_sha256_hash_a_file_once_and_a_reader_is_not_held_up(tmp_path, monkeypatch):
+    """The second caller waits for the digest being made; the reader's running hash (`_hash_read`, under the
+    module's lock) goes on meanwhile."""
+    import hashlib
+    import time
+
+    path = tmp_path / "a.parquet"
+    path.write_bytes(b"y" * 1_000_000)
+    made, real = [], lines.sha256_file
+    started = threading.Event()
+
+    def slow(p, stop=None):
+        made.append(p)
+        started.set()
+        time.sleep(0.3)
+        return real(p, stop)
+
+    monkeypatch.setattr(lines, "sha256_file", slow)
+    lines._HASHED.clear()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(lines.file_sha256(str(path)))) for _ in range(2)]
+    threads[0].start()
+    started.wait(10)
+    threads[1].start()
+    t0 = time.perf_counter()
+    with lines._LOCK:  # what _hash_read takes: free while the file is hashed
+        held = time.perf_counter() - t0
+    for t in threads:
+        t.join(10)
+    want = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert got == [want, want] and made == [str(path)] and held < 0.2
