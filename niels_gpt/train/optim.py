@@ -61,26 +61,24 @@ class Muon(torch.optim.Optimizer):
                 p.add_(g, alpha=-group["lr"] * max(1.0, p.size(-2) / p.size(-1)) ** 0.5)
 
 
-def build_optimizers(model, *, optimizer: str = "muon", embedding_lr: float = 0.2, unembedding_lr: float = 0.004,
-                     matrix_lr: float = 0.02, adamw_matrix_lr: float = 0.003,
-                     weight_decay: float = 0.0) -> list[torch.optim.Optimizer]:
-    """[AdamW, Muon] (or [AdamW]); every group remembers its `initial_lr` for the schedule."""
-    if optimizer not in ("muon", "adamw"):
-        raise ConfigError(f"optimizer {optimizer!r}: expected 'muon' or 'adamw'")
+def build_optimizers(model, cfg) -> list[torch.optim.Optimizer]:
+    """[AdamW, Muon] (or [AdamW]) at `cfg`'s rates; each group remembers its `initial_lr` for the schedule."""
+    if cfg.optimizer not in ("muon", "adamw"):
+        raise ConfigError(f"optimizer {cfg.optimizer!r}: expected 'muon' or 'adamw'")
     scale = (model.config.n_embd / 768) ** -0.5
     matrices = list(model.transformer.h.parameters())
-    groups = [dict(params=list(model.lm_head.parameters()), lr=unembedding_lr * scale),
-              dict(params=list(model.transformer.wte.parameters()), lr=embedding_lr * scale)]
-    if optimizer == "adamw":
-        groups.append(dict(params=matrices, lr=adamw_matrix_lr))
+    groups = [dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
+              dict(params=list(model.transformer.wte.parameters()), lr=cfg.embedding_lr * scale)]
+    if cfg.optimizer == "adamw":
+        groups.append(dict(params=matrices, lr=cfg.adamw_matrix_lr))
     # NOTE: the foreach/fused kernels change summation order between devices; the plain loop keeps
     # CPU runs bit-for-bit reproducible, and costs nothing at the embedding's size.
     use_fused = next(model.parameters()).is_cuda
     opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(groups, betas=ADAM_BETAS, eps=ADAM_EPS,
-                                                           weight_decay=weight_decay, fused=use_fused or None,
+                                                           weight_decay=cfg.weight_decay, fused=use_fused or None,
                                                            foreach=False if not use_fused else None)]
-    if optimizer == "muon":
-        opts.append(Muon(matrices, lr=matrix_lr))
+    if cfg.optimizer == "muon":
+        opts.append(Muon(matrices, lr=cfg.matrix_lr))
     for opt in opts:
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]

@@ -191,9 +191,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         model.load_state_dict(base["model"])
         say(f"weights from {cfg.init_from} (step {base['step']} of a run on {base['train_config'].get('data')}); "
             "optimizer state and data position start fresh")
-    optimizers = build_optimizers(model, optimizer=cfg.optimizer, embedding_lr=cfg.embedding_lr,
-                                  unembedding_lr=cfg.unembedding_lr, matrix_lr=cfg.matrix_lr,
-                                  adamw_matrix_lr=cfg.adamw_matrix_lr, weight_decay=cfg.weight_decay)
+    optimizers = build_optimizers(model, cfg)
     start = 0
     if ckpt is not None:
         if ckpt["model_config"] != mcfg.to_dict():
