@@ -41,7 +41,7 @@ from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.storage.remote import open_location
 from niels_gpt.train.config import KINDS
-from niels_gpt.train.pin import check_pins, pin
+from niels_gpt.train.pin import check_pins, pin, recorded_sha
 from niels_gpt.train.val import find_val_pack, val_batches
 from niels_gpt.urls import is_url
 
@@ -244,8 +244,7 @@ class TrainData:
         if self.vocab_size is None and self.tokenizer is not None:
             self.vocab_size = len(self.tokenizer)
         recorded = getattr(ds, "manifest", {}).get("source", {})
-        sha = recorded.get("tokenizer_sha256")
-        self.tokenizer_sha256 = sha if isinstance(sha, str) and sha.strip("0") else None  # zeros: not recorded
+        self.tokenizer_sha256 = recorded_sha(recorded)
         source = Path(str(recorded.get("cache_dir", "")))
         if (source / META_NAME).is_file():  # the SFT cache the bins came from
             self.vocab_size = self.vocab_size or int(read_meta(source)["vocab_size"])

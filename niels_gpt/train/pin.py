@@ -21,6 +21,12 @@ def meta_of(cache) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def recorded_sha(record: dict) -> str | None:
+    """The tokenizer sha256 a meta.json (or packed bins' manifest source) records; None for none or all zeros."""
+    sha = record.get("tokenizer_sha256")
+    return sha if isinstance(sha, str) and sha.strip("0") else None
+
+
 def content_id(cache: Path) -> str | None:
     """The identity of a cache's content from its meta.json; None where there is none to read."""
     meta = meta_of(cache)

@@ -24,7 +24,7 @@ from niels_gpt.tokenizer.find import tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.config import flag_of
 from niels_gpt.train.model import GPTConfig
-from niels_gpt.train.pin import meta_of, what_differs
+from niels_gpt.train.pin import meta_of, recorded_sha, what_differs
 from niels_gpt.urls import is_url, refuse_url
 
 DEFAULT_DEPTH = 4
@@ -71,7 +71,7 @@ def find_tokenizer(data_path: str | os.PathLike):
         near = tokenizer_near(str(data_path))
         return load_tokenizer(near) if near is not None else None
     p = Path(data_path)
-    if recorded_tokenizer_sha(p) is not None or recorded_tokenizer_sha(p.parent) is not None:
+    if recorded_sha(meta_of(p)) is not None or recorded_sha(meta_of(p.parent)) is not None:
         tok = tokenizer_of(p)
         if tok is not None:
             return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
@@ -80,11 +80,6 @@ def find_tokenizer(data_path: str | os.PathLike):
         if (cand / MODEL_NAME).is_file() or (cand / "tokenizer.json").is_file():
             return load_tokenizer(cand)
     return None
-
-
-def recorded_tokenizer_sha(where: Path) -> str | None:
-    sha = meta_of(where).get("tokenizer_sha256")
-    return sha if isinstance(sha, str) and sha.strip("0") else None
 
 
 def check_data_url(url: str) -> None:
@@ -109,7 +104,7 @@ def require_recorded_tokenizer(tok, data_path) -> None:
     for path in str(data_path).split(","):
         where = open_location(path.strip())[0]  # a URL: its mirror, where meta.json is
         if where.is_dir():
-            check_tokenizer_matches(tok, recorded_tokenizer_sha(where), where)
+            check_tokenizer_matches(tok, recorded_sha(meta_of(where)), where)
 
 
 def model_config(cfg, vocab_size: int) -> GPTConfig:

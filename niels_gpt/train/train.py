@@ -48,7 +48,7 @@ from niels_gpt.train.interrupt import StopRequests
 from niels_gpt.train.mfu import mfu, peak_tflops
 from niels_gpt.train.model import GPT
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
-from niels_gpt.train.pin import summary
+from niels_gpt.train.pin import meta_of, recorded_sha, summary
 from niels_gpt.train.setup import (
     check_config,
     check_data_url,
@@ -58,7 +58,6 @@ from niels_gpt.train.setup import (
     init_config,
     model_config,
     parse_batch_ramp,
-    recorded_tokenizer_sha,
     require_recorded_tokenizer,
     resolve_resume,
     resume_loader,
@@ -152,7 +151,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         tok = next(filter(None, (find_tokenizer(p) for p in getattr(data, "origins", ())[1:])), None)
     # the tokenizer the data records: packed bins' manifest (their SFT cache may be gone), else meta.json
     recorded = getattr(data, "tokenizer_sha256", None) or \
-        recorded_tokenizer_sha(getattr(data, "origins", [Path(cfg.data)])[-1])
+        recorded_sha(meta_of(getattr(data, "origins", [Path(cfg.data)])[-1]))
     if tok is not None and not cfg.tokenizer:
         # a tokenizer found by looking around must be the one the cache records, or bpb would be wrong
         if recorded and recorded != tok.sha256:

@@ -15,6 +15,7 @@ from niels_gpt.errors import ConfigError, NielsGPTError
 from niels_gpt.loading import IndexedWindowDataset, ParquetTokenLoader, evaluate_bpb, split_files
 from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.train.pin import recorded_sha
 
 LAYOUT_KEYS = ("position_ids", "cu_seqlens", "doc_ids")
 
@@ -31,8 +32,7 @@ def find_val_pack(bins: Path, *, T: int, tokenizer_sha256: str | None) -> Path |
         except NielsGPTError:
             continue
         size = int(getattr(ds, "pack_size", 0) or T)
-        sha = getattr(ds, "manifest", {}).get("source", {}).get("tokenizer_sha256")
-        sha = sha if isinstance(sha, str) and sha.strip("0") else None
+        sha = recorded_sha(getattr(ds, "manifest", {}).get("source", {}))
         if size != T:
             raise ConfigError(f"{cand}: the val pack of {bins} has pack_size {size}, the train bins {T}: pack the val "
                               f"split again with --seq-len {T}")
