@@ -12,7 +12,7 @@ from that document's start (attention.py chooses the kernel). Worked example (T=
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -59,9 +59,6 @@ class GPTConfig:
             n_head -= 1  # the nearest head count that splits the width evenly
         return cls(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
                    n_kv_head=n_head, n_embd=n_embd)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:

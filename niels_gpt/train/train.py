@@ -193,8 +193,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     optimizers = build_optimizers(model, cfg)
     start = 0
     if ckpt is not None:
-        if ckpt["model_config"] != mcfg.to_dict():
-            raise StateError(f"{resume_from}: model {ckpt['model_config']} differs from this run's {mcfg.to_dict()}: "
+        if ckpt["model_config"] != asdict(mcfg):
+            raise StateError(f"{resume_from}: model {ckpt['model_config']} differs from this run's {asdict(mcfg)}: "
                              "resume with the same model flags")
         model.load_state_dict(ckpt["model"])
         for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
@@ -265,7 +265,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                 old_run.clear()
             path = out / checkpoint_name(step)
             payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-                       "loader": states, "model_config": mcfg.to_dict(), "train_config": asdict(cfg),
+                       "loader": states, "model_config": asdict(mcfg), "train_config": asdict(cfg),
                        "tokenizer": str(tok.model_path) if tok is not None else None,
                        "tokenizer_sha256": data_sha, "caches": caches,
                        "order_changes": [*ckpt.get("order_changes", []), *new_order] if ckpt else [],
