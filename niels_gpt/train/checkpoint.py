@@ -240,9 +240,7 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
     ours = [p for p in checkpoints(out) if p.name in listed]
     kept = {latest_checkpoint(out).resolve(), *_started_from(out)}
     gone = [p for p in ours[:-keep] if p.resolve() not in kept]
-    for p in gone:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+    remove_files(gone)
     kept = {name: v for name, v in listed.items() if (out / name).is_file()}
     write_run(out, {**{k: v for k, v in record.items() if k != "kind"}, "checkpoints": kept})
     return gone
@@ -258,8 +256,8 @@ def _started_from(out: Path) -> set[Path]:
     return found
 
 
-def remove_run(files: list[Path]) -> None:
-    """Delete an earlier run's files (the checkpoints and run.json check_out_dir listed)."""
+def remove_files(files: list[Path]) -> None:
+    """Delete `files` where they still are: an earlier run's (those check_out_dir listed), or pruned checkpoints."""
     for f in files:
         with contextlib.suppress(FileNotFoundError):
             f.unlink()

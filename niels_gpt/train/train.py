@@ -36,7 +36,7 @@ from niels_gpt.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
-    remove_run,
+    remove_files,
     run_lock,
     save_checkpoint,
 )
@@ -261,7 +261,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             dist.all_gather_object(states, loader_state)
         if master:
             if old_run:  # --overwrite: the run that was here goes now that this one has something to keep
-                remove_run(old_run)
+                remove_files(old_run)
                 old_run.clear()
             path = out / checkpoint_name(step)
             payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
