@@ -42,14 +42,14 @@ from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.storage.remote import open_location
 from niels_gpt.train.config import KINDS
 from niels_gpt.train.pin import check_pins, pin, recorded_sha
-from niels_gpt.train.val import find_val_pack, val_batches
+from niels_gpt.train.val import LAYOUT_KEYS, find_val_pack, val_batches
 from niels_gpt.urls import is_url
 
 URL_KINDS = ("windows", "indexed", "shards", "sft")
 TRAINABLE = {"sft": "sft", "packed": "packed", "text-parquet": "parquet", "mixture": "mixture"}  # locate's kinds
 WHAT_ELSE = {"root": "a directory of several outputs (a build-all root): pick one of them",
              "foreign": "token files of another format: `convert` them into a cache first"}
-MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
+MODEL_KEYS = ("input_ids", "labels", *LAYOUT_KEYS)
 
 
 def detect_kind(path, sampling: str = "indexed") -> str:

@@ -63,7 +63,7 @@ from niels_gpt.train.setup import (
     resume_loader,
     setup_distributed,
 )
-from niels_gpt.train.val import score
+from niels_gpt.train.val import LAYOUT_KEYS, score
 from niels_gpt.urls import is_url
 
 __all__ = ["TrainConfig", "TrainResult", "DivergedError", "train", "model_config", "latest_checkpoint",
@@ -303,8 +303,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                 with sync_ctx():
                     with autocast():
                         loss = train_model(batch["input_ids"], batch["labels"],
-                                           position_ids=batch.get("position_ids"),
-                                           cu_seqlens=batch.get("cu_seqlens"), doc_ids=batch.get("doc_ids"))
+                                           **{k: batch.get(k) for k in LAYOUT_KEYS})
                     loss_sum += loss.detach()
                     (loss / accum).backward()
                 done = step + 1 == last and micro == accum - 1
