@@ -104,9 +104,6 @@ class EpochLoop:
         self.loader = loader
         self._it = None
 
-    def __iter__(self):
-        return self
-
     def __next__(self):
         while True:
             if self._it is None:
@@ -173,8 +170,7 @@ class TrainData:
         return {"rank": self.rank, "world_size": self.world_size, **ramp}
 
     def _loader_kwargs(self) -> dict:
-        cuda = self.device.type == "cuda"
-        return {"num_workers": self.num_workers, "pin_memory": cuda,
+        return {"num_workers": self.num_workers, "pin_memory": self.device.type == "cuda",
                 "persistent_workers": self.num_workers > 0}
 
     def _src(self, *parts: str) -> str:
