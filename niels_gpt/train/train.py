@@ -109,19 +109,14 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         # again under the lock: a run that held it a moment ago may have written the directory since
         old_run = check_out_dir(cfg.out_dir, data=inputs, init_from=cfg.init_from, resume=resume_from,
                                 overwrite=cfg.overwrite)
-        return _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run)
-
-
-def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run):
-    base = load_checkpoint(cfg.init_from, flag="--init-from") if cfg.init_from else None
-    rank, world, device = setup_distributed(cfg.device)
-    if resolve_attention(cfg.attention, device) == "flex" and device.type != "cuda":
-        raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
-                          "train on CPU with --attention mask (or auto)")
-    say = log if rank == 0 else (lambda *a, **k: None)
-    # on CPU, freed memory is kept for the next step while the run works (niels_gpt/allocator.py)
-    with allocator.kept() if device.type == "cpu" else contextlib.nullcontext(False) as kept:
-        if kept:
+        base = load_checkpoint(cfg.init_from, flag="--init-from") if cfg.init_from else None
+        rank, world, device = setup_distributed(cfg.device)
+        if resolve_attention(cfg.attention, device) == "flex" and device.type != "cuda":
+            raise ConfigError(f"--attention flex on {device}: torch runs flex_attention's backward on CUDA only; "
+                              "train on CPU with --attention mask (or auto)")
+        say = log if rank == 0 else (lambda *a, **k: None)
+        # on CPU, freed memory is kept for the next step while the run works (niels_gpt/allocator.py)
+        if held.enter_context(allocator.kept() if device.type == "cpu" else contextlib.nullcontext(False)):
             say("cpu: malloc keeps freed memory for the next step (NIELS_GPT_MALLOC=system leaves it as it was)")
         tok = None
         if cfg.tokenizer:
@@ -136,13 +131,10 @@ def _open_and_run(cfg, token_bytes, log, record_rows, data, resume_from, old_run
                              device=device, rank=rank, world_size=world, kind=cfg.data_kind,
                              sampling=cfg.sampling, num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing,
                              vocab_size=cfg.vocab_size, prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
-        try:
-            # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
-            check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
-            return _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say,
-                        record_rows)
-        finally:
-            getattr(data, "close", lambda: None)()
+        held.callback(getattr(data, "close", lambda: None))
+        # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
+        check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
+        return _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say, record_rows)
 
 
 def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, device, say, record_rows):
