@@ -15,7 +15,7 @@ steps after the warm-up (compilation included on CUDA); tokens/s = tokens per st
    explicit document mask against the causal kernel).
 2. GPU (--gpu, or wherever CUDA exists), bf16, torch.compile (the trainer's defaults):
    a. fed % at depth 4, T=1024, B=32 for every kind and peer (--gpu-depth/--gpu-T/--gpu-B change the shape);
-   b. MFU at depth 20, T=2048, B=16 on a resident batch (the device's peak from niels_gpt/train/mfu.py, or
+   b. MFU at depth 20, T=2048, B=16 on a resident batch (the device's peak from niels_gpt/train/clock.py, or
       --peak-tflops);
    c. the packed/causal step ratio at depth 12, T=2048, B=32 (flex_attention's block mask against the flash
       causal kernel).
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-depth", type=int, default=GPU_FED["depth"])
     p.add_argument("--gpu-T", type=int, default=GPU_FED["sequence_len"], help="context of the fed % table")
     p.add_argument("--gpu-B", type=int, default=GPU_FED["device_batch_size"])
-    p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak (default: mfu.py's table)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak (default: clock.py's table)")
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args(argv)
     root = Path(args.cache_dir)

@@ -51,7 +51,7 @@ class TrainConfig:
     num_workers: int = 0
     compile: bool | None = None  # None: on for CUDA, off for CPU
     attention: str = "auto"  # document-masked attention: flex on CUDA, the explicit mask on CPU
-    peak_tflops: float | None = None  # for MFU where the device is not in mfu.PEAK_BF16_TFLOPS
+    peak_tflops: float | None = None  # for MFU where the device is not in clock.PEAK_BF16_TFLOPS
     eval_every: int = 0
     eval_steps: int = 8
     core: str | None = None  # "bundled", a CORE bundle directory, or a URL of its zip

@@ -2,7 +2,7 @@
 
 - step: per micro-batch forward (bf16 autocast on CUDA), backward, fetch the next batch (overlapping the
   GPU's backward); clip; LR and Muon momentum from the schedule; step AdamW and Muon;
-- log: loss, lr multiplier, tokens/s, MFU (mfu.py) and the data wait (host time inside next(data));
+- log: loss, lr multiplier, tokens/s, MFU (clock.py) and the data wait (host time inside next(data));
 - eval: val bpb every eval_every steps and at the end; CORE at the end when asked;
 - checkpoint: model, optimizers, step, RNG and every rank's loader state (checkpoint.py); a resumed run
   gives the same losses bit for bit on CPU; a non-finite loss stops the run before it saves;
@@ -40,12 +40,11 @@ from niels_gpt.train.checkpoint import (
     run_lock,
     save_checkpoint,
 )
-from niels_gpt.train.clock import RunClock
+from niels_gpt.train.clock import RunClock, mfu, peak_tflops
 from niels_gpt.train.config import TrainConfig
 from niels_gpt.train.data import TrainData
 from niels_gpt.train.eval_core import run_core
 from niels_gpt.train.interrupt import StopRequests
-from niels_gpt.train.mfu import mfu, peak_tflops
 from niels_gpt.train.model import GPT
 from niels_gpt.train.optim import Muon, build_optimizers, lr_multiplier, muon_momentum
 from niels_gpt.train.pin import meta_of, recorded_sha, summary
@@ -84,7 +83,7 @@ class TrainResult:
     stall: list[float] = field(default_factory=list)  # per step: % of the step spent waiting for data
     wait: list[float] = field(default_factory=list)  # per step: seconds spent waiting for data
     dt: list[float] = field(default_factory=list)  # per step: wall seconds
-    mfu: list[float] = field(default_factory=list)  # per step, where the peak is known (mfu.py)
+    mfu: list[float] = field(default_factory=list)  # per step, where the peak is known (clock.py)
     interrupted: str | None = None  # the signal that stopped the run (its last step saved)
     model: torch.nn.Module | None = None
     rows: list[list[list[int]]] = field(default_factory=list)  # input rows per micro-batch (record_rows=True)
