@@ -20,14 +20,13 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from niels_gpt.errors import ConfigError
-
-IMPLS = ("auto", "flex", "mask")
+from niels_gpt.train.config import CHOICES
 
 
 def resolve(impl: str, device: torch.device) -> str:
     """The kernel for document-masked attention: `auto` is flex on CUDA, the explicit mask elsewhere."""
-    if impl not in IMPLS:
-        raise ConfigError(f"attention {impl!r}: expected one of {', '.join(IMPLS)}")
+    if impl not in CHOICES["attention"]:
+        raise ConfigError(f"attention {impl!r}: expected one of {', '.join(CHOICES['attention'])}")
     if impl == "auto":
         return "flex" if device.type == "cuda" else "mask"
     return impl

@@ -11,7 +11,7 @@ import sys
 from dataclasses import MISSING, fields
 
 from niels_gpt.args import hidden_alias
-from niels_gpt.train.config import EXIT_INTERRUPTED, KINDS, OLD_FLAGS, TrainConfig, flag_of
+from niels_gpt.train.config import CHOICES, EXIT_INTERRUPTED, KINDS, OLD_FLAGS, TrainConfig, flag_of
 
 HELP = {
     "out_dir": "checkpoints and run.json go here (another run's: refused without --resume or --overwrite)",
@@ -62,8 +62,6 @@ HELP = {
     "batch_ramp": "START:END:SAMPLES: global rows ramped over SAMPLES samples (default: a fixed batch)",
     "allow_new_order": "with --resume: go on from the checkpoint's position although the data order changed",
 }
-CHOICES = {"data_kind": ["auto", *KINDS], "sampling": ["random", "indexed", "shards"], "packing": ["bestfit", "contiguous"],
-           "optimizer": ["muon", "adamw"], "attention": ["auto", "flex", "mask"]}
 
 
 def register(sub) -> None:

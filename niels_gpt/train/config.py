@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from niels_gpt.constants import SEED
 
 KINDS = ("windows", "indexed", "shards", "mixture", "parquet", "sft", "packed")  # what --data may hold
+# the settings that take one of a few values: the CLI's choices, and what an API call is checked against
+CHOICES = {"data_kind": ("auto", *KINDS), "sampling": ("random", "indexed", "shards"), "packing": ("bestfit", "contiguous"),
+           "optimizer": ("muon", "adamw"), "attention": ("auto", "flex", "mask")}
 EXIT_INTERRUPTED = 130  # the exit status of a run stopped by a signal, as a shell gives it
 
 

@@ -40,7 +40,7 @@ from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.storage.remote import open_location
-from niels_gpt.train.config import KINDS
+from niels_gpt.train.config import CHOICES, KINDS
 from niels_gpt.train.pin import check_pins, pin, recorded_sha
 from niels_gpt.train.val import LAYOUT_KEYS, find_val_pack, val_batches
 from niels_gpt.urls import is_url
@@ -60,7 +60,7 @@ def detect_kind(path, sampling: str = "indexed") -> str:
     except (FormatError, CacheError) as exc:
         raise ConfigError(str(exc)) from None
     if found.kind == "pretrain" and found.split is None:
-        if sampling not in ("random", "indexed", "shards"):
+        if sampling not in CHOICES["sampling"]:
             raise ConfigError(f"sampling {sampling!r}: expected 'random' or 'indexed', or 'shards' (K shards at a time)")
         return {"random": "windows", "indexed": "indexed", "shards": "shards"}[sampling]
     if found.kind in TRAINABLE and found.split is None:

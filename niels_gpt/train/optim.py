@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.train.config import CHOICES
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 ADAM_BETAS = (0.8, 0.95)
@@ -63,7 +64,7 @@ class Muon(torch.optim.Optimizer):
 
 def build_optimizers(model, cfg) -> list[torch.optim.Optimizer]:
     """[AdamW, Muon] (or [AdamW]) at `cfg`'s rates; each group remembers its `initial_lr` for the schedule."""
-    if cfg.optimizer not in ("muon", "adamw"):
+    if cfg.optimizer not in CHOICES["optimizer"]:
         raise ConfigError(f"optimizer {cfg.optimizer!r}: expected 'muon' or 'adamw'")
     scale = (model.config.n_embd / 768) ** -0.5
     matrices = list(model.transformer.h.parameters())
