@@ -82,11 +82,10 @@ class SampleInterrupted(KeyboardInterrupt):
 
 @torch.no_grad()
 def generate(model: GPT, ids: list[int], *, max_tokens: int, temperature: float, top_k: int | None,
-             generator: torch.Generator, stop: set[int], out: list[int] | None = None) -> list[int]:
-    """The sampled ids, appended to `out` (a list the caller keeps: what was drawn before a Ctrl-C)."""
+             generator: torch.Generator, stop: set[int], out: list[int]) -> None:
+    """Append the sampled ids to `out` (a list the caller keeps: what was drawn before a Ctrl-C)."""
     device = next(model.parameters()).device
     window = model.config.sequence_len
-    out = [] if out is None else out
     seq = list(ids)
     for _ in range(max_tokens):
         x = torch.tensor([seq[-window:]], dtype=torch.long, device=device)
@@ -103,7 +102,6 @@ def generate(model: GPT, ids: list[int], *, max_tokens: int, temperature: float,
             break
         out.append(nxt)
         seq.append(nxt)
-    return out
 
 
 def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, temperature: float = 0.8,
