@@ -70,11 +70,8 @@ def val_batches(what: str, arg, *, T: int, B: int, rank: int, world_size: int, s
         collate = functools.partial(collate_packed, pad_to=T)
         return [collate([ds[j] for j in range(i * B, min((i + 1) * B, len(ds)))]) for i in mine if i * B < len(ds)]
     ds = SFTExampleDataset(src("val_tokens.bin"), src("val_idx.npy"), T=T, device="cpu", eot_id=arg)
-    out = []
-    for i in (i for i in mine if i * B < len(ds)):
-        x, _, y_masked = ds.collate(np.arange(i * B, min((i + 1) * B, len(ds))))
-        out.append((x, y_masked))
-    return out
+    batches = (ds.collate(np.arange(i * B, min((i + 1) * B, len(ds)))) for i in mine if i * B < len(ds))
+    return [(x, y_masked) for x, _, y_masked in batches]
 
 
 def score(model, batches, token_bytes: torch.Tensor) -> float:
