@@ -28,7 +28,6 @@ from niels_gpt.errors import ConfigError, SourceError
 
 CORE_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 BUNDLED_ITEMS = Path(__file__).with_name("core_items")
-TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 FEWSHOT_SEED = 1234
 
 MC_TEMPLATE = """
@@ -54,6 +53,7 @@ LM_TEMPLATE = """
 
 
 TEMPLATES = {"multiple_choice": MC_TEMPLATE, "schema": SCHEMA_TEMPLATE, "language_modeling": LM_TEMPLATE}
+TASK_TYPES = tuple(TEMPLATES)
 
 
 def render_prompts(item: dict, task_type: str, delimiter: str, fewshot: list[dict]) -> list[str]:
@@ -184,9 +184,9 @@ def download_core_bundle(dest: str | os.PathLike, url: str = CORE_BUNDLE_URL) ->
     import urllib.request
 
     dest = Path(dest)
-    done = dest / "eval_bundle" / "core.yaml"
-    if done.is_file():
-        return dest / "eval_bundle"
+    bundle = dest / "eval_bundle"
+    if (bundle / "core.yaml").is_file():
+        return bundle
     dest.mkdir(parents=True, exist_ok=True)
     zpath = dest / "eval_bundle.zip"
     with atomic_path(zpath) as tmp, urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as f:
@@ -197,9 +197,9 @@ def download_core_bundle(dest: str | os.PathLike, url: str = CORE_BUNDLE_URL) ->
     inner = staging / "eval_bundle" if (staging / "eval_bundle").is_dir() else staging
     if not (inner / "core.yaml").is_file():
         raise SourceError(f"{url}: the zip holds no eval_bundle/core.yaml; is this the CORE eval bundle?")
-    os.replace(inner, dest / "eval_bundle")
+    os.replace(inner, bundle)
     shutil.rmtree(staging, ignore_errors=True)
-    return dest / "eval_bundle"
+    return bundle
 
 
 def run_core(model, tokenizer, where: str = "bundled", *, device="cpu", max_items: int | None = None,
