@@ -20,7 +20,7 @@ from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
 from niels_gpt.storage.remote import open_location, tokenizer_near
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
-from niels_gpt.tokenizer.find import tokenizer_of
+from niels_gpt.tokenizer.find import LEVELS, tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.config import flag_of
 from niels_gpt.train.model import GPTConfig
@@ -75,7 +75,7 @@ def find_tokenizer(data_path: str | os.PathLike):
         tok = tokenizer_of(p)
         if tok is not None:
             return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
-    for parent in [p.resolve(), *p.resolve().parents][:4]:
+    for parent in [p.resolve(), *p.resolve().parents][:LEVELS + 1]:
         cand = parent / "tokenizer"
         if (cand / MODEL_NAME).is_file() or (cand / "tokenizer.json").is_file():
             return load_tokenizer(cand)
