@@ -147,10 +147,14 @@ def resolve_resume(cfg) -> Path | None:
 RESUME_FIXED = ("seed", "optimizer", "sampling", "device_batch_size", "total_batch_size", "embedding_lr",
                 "unembedding_lr", "matrix_lr", "adamw_matrix_lr", "weight_decay", "warmup_ratio", "warmdown_ratio",
                 "final_lr_frac", "grad_clip", "packing", "shards_at_once", "batch_ramp")
+# data kinds whose loader state is one global position (a function of seed, epoch and samples drawn): a run
+# resumes from it on any number of ranks; the others hold a position per rank
+WORLD_FREE = ("indexed", "shards", "packed", "mixture")
 
 
-def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, source, kind: str = "") -> None:
-    """Refuse a resume whose RESUME_FIXED flags (those acting on this data `kind` and optimizer) differ."""
+def check_resume(cfg, recorded: dict, world: int, recorded_world: int, source, kind: str = "") -> None:
+    """Refuse a resume whose RESUME_FIXED flags (those acting on this data `kind` and optimizer) differ, and
+    one on another number of ranks of data whose position is per rank."""
     def effective(config: dict, ranks: int) -> dict:  # no --total-batch-size: one micro-batch per rank
         tokens = config.get("device_batch_size", 0) * config.get("sequence_len", 0) * ranks
         return {**config, "total_batch_size": config.get("total_batch_size") or tokens}
@@ -164,13 +168,20 @@ def check_resume_settings(cfg, recorded: dict, world: int, recorded_world: int, 
             "matrix_lr": cfg.optimizer != "muon", "adamw_matrix_lr": cfg.optimizer != "adamw"}
     changed = [(n, now[n], then[n]) for n in RESUME_FIXED
                if n in recorded and now[n] != then[n] and not idle.get(n, False)]
-    if not changed:
+    if changed:
+        flags = ", ".join(f"{flag_of(n)} {new} (the run has {old})" for n, new, old in changed)
+        again = " ".join(f"{flag_of(n)} {old}" for n, _, old in changed)
+        raise StateError(f"--resume {source}: {flags}: a resumed run goes on with the settings it started with (its "
+                         f"optimizer state, data order and schedule are theirs): resume with {again}, or start a new "
+                         f"run from its weights with --init-from {source} and another --out-dir")
+    if recorded_world == world or kind in WORLD_FREE:
         return
-    flags = ", ".join(f"{flag_of(n)} {new} (the run has {old})" for n, new, old in changed)
-    again = " ".join(f"{flag_of(n)} {old}" for n, _, old in changed)
-    raise StateError(f"--resume {source}: {flags}: a resumed run goes on with the settings it started with (its "
-                     f"optimizer state, data order and schedule are theirs): resume with {again}, or start a new "
-                     f"run from its weights with --init-from {source} and another --out-dir")
+    how = (" (a run with --sampling indexed, the default, resumes on any number of ranks; start one from this "
+           f"checkpoint's weights with --init-from {source}, --sampling indexed and another --out-dir)"
+           if kind == "windows" else "")
+    raise StateError(f"--resume {source}: the run read {kind} data on {recorded_world} rank(s), each from its own "
+                     f"position{' (--sampling random)' if kind == 'windows' else ''}; this resume has {world}: resume on {recorded_world} rank(s) "
+                     f"(torchrun --nproc_per_node {recorded_world}){how}")
 
 
 def regrouped(refusal: str) -> bool:
@@ -206,23 +217,6 @@ def resume_loader(data, state: dict, ckpt: dict, caches: list, source, *, allow_
         what = differs or what
     data.load_state_dict(state, allow_new_order=True)
     return [{"step": int(ckpt["step"]), "what": what}]
-
-
-# data kinds whose loader state is one global position (a function of seed, epoch and samples drawn): a run
-# resumes from it on any number of ranks; the others hold a position per rank
-WORLD_FREE = ("indexed", "shards", "packed", "mixture")
-
-
-def check_resume_world(kind: str, recorded_world: int, world: int, source) -> None:
-    """Refuse a resume on another number of ranks of data whose position is per rank."""
-    if recorded_world == world or kind in WORLD_FREE:
-        return
-    how = (" (a run with --sampling indexed, the default, resumes on any number of ranks; start one from this "
-           f"checkpoint's weights with --init-from {source}, --sampling indexed and another --out-dir)"
-           if kind == "windows" else "")
-    raise StateError(f"--resume {source}: the run read {kind} data on {recorded_world} rank(s), each from its own "
-                     f"position{' (--sampling random)' if kind == 'windows' else ''}; this resume has {world}: resume on {recorded_world} rank(s) "
-                     f"(torchrun --nproc_per_node {recorded_world}){how}")
 
 
 def parse_batch_ramp(cfg, world: int):

@@ -51,8 +51,7 @@ from niels_gpt.train.pin import meta_of, recorded_sha, summary
 from niels_gpt.train.setup import (
     check_config,
     check_data_url,
-    check_resume_settings,
-    check_resume_world,
+    check_resume,
     find_tokenizer,
     init_config,
     model_config,
@@ -167,9 +166,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
 
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
     if ckpt is not None:
-        check_resume_settings(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from,
-                              getattr(data, "kind", ""))
-        check_resume_world(getattr(data, "kind", ""), len(ckpt["loader"]), world, resume_from)
+        check_resume(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from, getattr(data, "kind", ""))
     vocab = data.vocab_size
     caches = summary(getattr(data, "origins", ()))
     mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
