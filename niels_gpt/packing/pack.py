@@ -32,8 +32,7 @@ from niels_gpt.packing.algorithms import (
     BinAssignment,
     pack_lengths,
 )
-from niels_gpt.packing.masks import shift_within_sequences
-from niels_gpt.packing.memmap_format import MemmapShardWriter
+from niels_gpt.packing.memmap_format import MemmapShardWriter, shift_within_sequences
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
 from niels_gpt.packing.turns import role_ids, split_example
