@@ -171,7 +171,8 @@ class Framer:
 
 class RollingWriter:
     """Writes one token stream into files of at most `max_tokens` tokens, `open_file(index)` making each sink
-    (write, close -> record, abort) only when a token arrives for it: no empty file."""
+    (write, close -> record, abort) only when a token arrives for it: no empty file. Each record gets the
+    file's "tokens"."""
 
     def __init__(self, open_file, max_tokens: int):
         self._open_file, self.max_tokens = open_file, max_tokens
@@ -191,13 +192,15 @@ class RollingWriter:
             self.tokens += take
             arr = arr[take:]
             if self._in_file == self.max_tokens:
-                self.records.append(self._sink.close())
-                self._sink = None
+                self._close_file()
+
+    def _close_file(self) -> None:
+        if self._sink is not None:
+            self.records.append({**self._sink.close(), "tokens": self._in_file})
+            self._sink = None
 
     def close(self) -> list[dict]:
-        if self._sink is not None:
-            self.records.append(self._sink.close())
-            self._sink = None
+        self._close_file()
         return self.records
 
     def abort(self) -> None:
