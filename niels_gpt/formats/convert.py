@@ -45,7 +45,7 @@ from niels_gpt.formats.names import NAMES, ONE_FILE, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
-from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
+from niels_gpt.formats.writers import MIN_SHARD_BYTES, SHARD_PATTERN, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
 from niels_gpt.meta import write_meta
 from niels_gpt.output_guard import check_output
@@ -116,7 +116,7 @@ class _Target:
             limit = max_tokens or kempner.MAX_TOKENS_PER_FILE
         else:  # raw and niels shards (niels ones maybe as zstd frames)
             make = partial(ZstdSink if compress else RawSink, dtype=dtype)
-            names = f"shard_{{:05d}}.bin{SUFFIX if compress else ''}".format
+            names = (SHARD_PATTERN + (SUFFIX if compress else "")).format
             limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
         self.sink = RollingWriter(lambda i: make(directory / names(i)), limit)
 
@@ -140,9 +140,6 @@ class ZstdSink(RawSink):
     def __init__(self, path, dtype):
         super().__init__(path, dtype)
         self._file = FrameEncoder(self._file, self.dtype)
-
-    def close(self) -> dict:
-        return {"path": str(self.path), "tokens": self.tokens, **self._file.close()}
 
 
 def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int, dataset_name: str,

@@ -64,9 +64,9 @@ class RawSink:
             self._f.write(header)
             self._f.seek(0, os.SEEK_END)
         record = self._file.close()
-        # a rewritten header is not in the streamed hash: a file record hashes the bytes on disk
-        return {"path": str(self.path), "tokens": self.tokens, "bytes": self.path.stat().st_size,
-                "sha256": sha256_file(self.path) if header else record["sha256"]}
+        if header:  # a rewritten header is not in the streamed hash: a file record hashes the bytes on disk
+            record.update(bytes=self.path.stat().st_size, sha256=sha256_file(self.path))
+        return {"path": str(self.path), "tokens": self.tokens, **record}
 
     def abort(self) -> None:
         self._file.abort()
