@@ -88,11 +88,12 @@ def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
 
 
 def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:
-    """The concatenated payloads of `files`, as in-memory blocks of at most `block` tokens."""
+    """The concatenated payloads of `files`, in blocks of at most `block` tokens: views of each opened payload,
+    not copies (a copy would double the cost of a scan)."""
     for tf in files:
         arr = tf.open()
         for start in range(0, len(arr), block):
-            yield np.array(arr[start:start + block])
+            yield np.asarray(arr[start:start + block])
         del arr
 
 

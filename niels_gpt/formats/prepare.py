@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import FormatError
-from niels_gpt.formats.base import BLOCK_TOKENS, dtype_name
+from niels_gpt.formats.base import dtype_name, iter_blocks
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FormatInfo, detect_format
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
@@ -36,18 +36,15 @@ def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
     """One pass: max id, EOT and BOS counts, the first and last token, and the share of the first SAMPLE_TOKENS
     that the most frequent TOP_SHARE of their distinct ids cover."""
     hi, eots, boss, first, last, sample = -1, 0, 0, None, None, None
-    for tf in info.token_files:
-        arr = tf.open()
-        for s in range(0, len(arr), BLOCK_TOKENS):
-            blk = np.asarray(arr[s:s + BLOCK_TOKENS])
-            hi = max(hi, int(blk.max()))
-            if eot is not None:
-                eots += int(np.count_nonzero(blk == eot))
-            if bos is not None:
-                boss += int(np.count_nonzero(blk == bos))
-            first = int(blk[0]) if first is None else first
-            last = int(blk[-1])
-            sample = blk[:SAMPLE_TOKENS] if sample is None else sample
+    for blk in iter_blocks(info.token_files):
+        hi = max(hi, int(blk.max()))
+        if eot is not None:
+            eots += int(np.count_nonzero(blk == eot))
+        if bos is not None:
+            boss += int(np.count_nonzero(blk == bos))
+        first = int(blk[0]) if first is None else first
+        last = int(blk[-1])
+        sample = blk[:SAMPLE_TOKENS] if sample is None else sample
     top = None
     if sample is not None and len(sample) >= MIN_SAMPLE:
         counts = np.sort(np.unique(sample, return_counts=True)[1])[::-1]
