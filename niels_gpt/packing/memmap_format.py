@@ -53,6 +53,7 @@ ARRAYS = ("input_ids", "loss_mask", "packed_len", "seq_offsets", "seq_starts")
 DTYPES = {"input_ids": "<i4", "loss_mask": "<u1", "packed_len": "<u4", "seq_offsets": "<u4",
           "seq_starts": "<u4"}
 MAX_INDEX = np.iinfo(np.uint32).max
+COLUMNS = ("input_ids", "loss_mask", "seq_start_id")  # a bin of packed Parquet and of a legacy .npy
 REQUIRED_MANIFEST = ("format", "version", "num_bins", "pack_size", "num_sequences", "files",
                      "loss_mask_convention")
 LOSS_MASK_CONVENTION = "shift_left_within_sequence"
