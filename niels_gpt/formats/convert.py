@@ -150,10 +150,9 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
     splits = summary["splits"]
     first = next(iter(splits.values()))
     stream = first["stream"]
-    for s in SPLITS:
-        (out / s).mkdir(parents=True, exist_ok=True)
     files, totals = {}, {}
     for s in SPLITS:
+        (out / s).mkdir(parents=True, exist_ok=True)
         info = splits.get(s)
         totals[f"{s}_tokens"] = info["tokens"] if info else 0
         totals[f"{s}_documents"] = info["documents"] if info else 0
