@@ -126,12 +126,6 @@ def split_bos(blocks: Iterable[np.ndarray], bos: int, *, close_at_end: bool = Tr
         yield np.empty(0, dtype=np.uint32), True
 
 
-def unframed(blocks: Iterable[np.ndarray]) -> Iterator[Piece]:
-    """A stream with no known document framing: all of it is one open document."""
-    for blk in blocks:
-        yield blk, False
-
-
 @dataclass
 class DocStream:
     """A corpus on its way between formats: its pieces and what is known about its tokens."""

@@ -37,7 +37,6 @@ from niels_gpt.formats.base import (
     parse_dtype,
     split_bos,
     split_eos,
-    unframed,
 )
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format
@@ -72,8 +71,8 @@ def open_stream(info: FormatInfo, *, eot_id: int | None = None, bos_id: int | No
         pieces = split_bos(iter_blocks(info.token_files), bos, close_at_end=not open_tail)
     elif eot is not None:
         pieces = split_eos(iter_blocks(info.token_files), eot)
-    else:
-        pieces = unframed(iter_blocks(info.token_files))
+    else:  # no known document framing: all of it is one open document
+        pieces = ((blk, False) for blk in iter_blocks(info.token_files))
     dtype = info.dtype if info.dtype.kind == "u" else np.dtype("<u4")
     return DocStream(pieces, dtype, eot_id=eot, bos_id=bos if framing == "bos" else info.bos_id,
                      vocab_size=info.vocab_size, tokenizer_sha256=info.tokenizer_sha256,
