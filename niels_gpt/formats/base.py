@@ -128,15 +128,13 @@ def split_bos(blocks: Iterable[np.ndarray], bos: int, *, close_at_end: bool = Tr
 
 @dataclass
 class DocStream:
-    """A corpus on its way between formats: its pieces and what is known about its tokens."""
+    """A corpus on its way between formats: its pieces, their dtype and framing ids, and where they come from
+    (the rest that is known about the tokens stays on the source's FormatInfo)."""
 
     pieces: Iterator[Piece]
     dtype: np.dtype
     eot_id: int | None = None
     bos_id: int | None = None
-    vocab_size: int | None = None
-    tokenizer_sha256: str | None = None
-    special_token_ids: dict | None = None
     source: dict = field(default_factory=dict)
 
 

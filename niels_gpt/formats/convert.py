@@ -75,8 +75,6 @@ def open_stream(info: FormatInfo, *, eot_id: int | None = None, bos_id: int | No
         pieces = ((blk, False) for blk in iter_blocks(info.token_files))
     dtype = info.dtype if info.dtype.kind == "u" else np.dtype("<u4")
     return DocStream(pieces, dtype, eot_id=eot, bos_id=bos if framing == "bos" else info.bos_id,
-                     vocab_size=info.vocab_size, tokenizer_sha256=info.tokenizer_sha256,
-                     special_token_ids=info.special_token_ids,
                      source={"format": info.format, "path": info.path, "framing": framing})
 
 
@@ -148,7 +146,7 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
     records of the origins written beside it."""
     splits = summary["splits"]
     first = next(iter(splits.values()))
-    stream = first["stream"]
+    leaf = first["leaf"]
     files, totals = {}, {}
     for s in SPLITS:
         (out / s).mkdir(parents=True, exist_ok=True)
@@ -159,7 +157,7 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
             rel = Path(rec["path"]).relative_to(out).as_posix()
             files[rel] = {k: rec[k] for k in ("bytes", "tokens", "sha256", "frames") if k in rec}
     eot = first["eot_id"]
-    special = dict(stream.special_token_ids or {})
+    special = dict(leaf.special_token_ids or {})
     for k in ("sys", "usr", "asst"):
         special.setdefault(k, None)
     special["eot"] = eot
@@ -176,12 +174,12 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
             else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
         "seed": (src_meta or {}).get("seed"),
         "token_dtype": first["dtype"] + "-le",
-        "tokenizer_sha256": stream.tokenizer_sha256,
+        "tokenizer_sha256": leaf.tokenizer_sha256,
         "tokenizer": (src_meta or {}).get("tokenizer"),
-        "vocab_size": stream.vocab_size,
+        "vocab_size": leaf.vocab_size,
         "special_token_ids": special,
         "shard_bytes": shard_bytes,
-        "shard_pattern": "shard_NNNNN.bin" + (SUFFIX if compress else ""),
+        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN") + (SUFFIX if compress else ""),
         "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
         "totals": totals,
         "files": files,
@@ -249,11 +247,10 @@ def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
             "KempnerForge use --to kempner-npy (.npy records its dtype); readers told the dtype read them right")
 
 
-def _out_dtype(stream: DocStream, dtype) -> np.dtype:
+def _out_dtype(stream: DocStream, vocab: int | None, dtype) -> np.dtype:
     if dtype is None:
         return stream.dtype
     out = parse_dtype(dtype)
-    vocab = stream.vocab_size
     if vocab is not None and vocab - 1 > np.iinfo(out).max:
         raise ConfigError(f"--dtype {dtype_name(out)}: the source's vocabulary has {vocab:,} ids, more than "
                           f"{dtype_name(out)} holds ({np.iinfo(out).max + 1:,}); drop --dtype (the output keeps "
@@ -304,7 +301,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)
             eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id, eot_id=eot_id)
-            out_dtype = _out_dtype(stream, dtype)
+            out_dtype = _out_dtype(stream, leaf.vocab_size, dtype)
             sub = tmp / name if (info.splits or to == "niels") else tmp
             target_name = name if info.splits else ("tokens" if to != "niels" else name)
             target = _Target(to, sub, target_name, dtype=out_dtype, eot=eot, bos=bos, bos_index=bos_index,
@@ -322,16 +319,16 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             summary["splits"][name] = {
                 "records": records, "tokens": sum(r["tokens"] for r in records),
                 "documents": fr.documents if fr else None, "eot_id": eot, "bos_id": bos,
-                "dtype": dtype_name(out_dtype), "stream": stream,
+                "dtype": dtype_name(out_dtype), "leaf": leaf,
                 # a tail after the last EOT (our builder cuts the document that crosses a token
                 # budget) is kept as is, never completed: every token survives, none is added
                 "unterminated_tail": bool(fr and fr.opened),
             }
             if to != "niels":
-                kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=stream.vocab_size,
+                kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=leaf.vocab_size,
                                        eos_token_id=next((v for v in (eot_id, stream.eot_id, eot, bos)
                                                           if v is not None), None),
-                                       tokenizer_sha256=stream.tokenizer_sha256,
+                                       tokenizer_sha256=leaf.tokenizer_sha256,
                                        extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
                                        file_prefix=target_name if to in ("nanogpt", "nanogpt-legacy", "megatron")
                                        else "shard",
@@ -348,7 +345,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                 write_bytes_atomic(side / "origins.json", table)
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
-            s.pop("stream")
+            s.pop("leaf")
     for s in summary["splits"].values():
         for r in s["records"]:
             for key in ("path", "bos_index", "idx"):
