@@ -84,7 +84,7 @@ def tokenizer_bos(path: str) -> tuple[int, str]:
     return tok.eot_id, f"the tokenizer {path} (its EOT: it has no BOS, and opens documents with its EOT)"
 
 
-def _find_bos(leaf: FormatInfo, where: str, warnings_out: list[str], known_bos=None) -> int | None:
+def _find_bos(leaf: FormatInfo, warnings_out: list[str], known_bos) -> int | None:
     """The BOS id a nanoGPT leaf's `.bos.idx` sidecars name, or None; a sidecar that names none warns."""
     for tf in leaf.token_files:
         try:
@@ -139,7 +139,7 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_
         bos = bos_id if bos_id is not None else leaf.bos_id
         where = str(path) if Path(path).is_file() else leaf.path if not leaf.pattern else f"{leaf.path}/{leaf.pattern}"
         if leaf.format.startswith("nanogpt") and bos is None:
-            bos = _find_bos(leaf, where, out["warnings"], known_bos)
+            bos = _find_bos(leaf, out["warnings"], known_bos)
         rep = {"files": len(leaf.files), "tokens": leaf.num_tokens, "eot_id": eot, "bos_id": bos,
                "samples": sum(t.count // (seq_len + 1) for t in leaf.token_files)}
         counts = None
