@@ -326,10 +326,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             }
             if to != "niels":
                 kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=leaf.vocab_size,
-                                       eos_token_id=next((v for v in (eot_id, stream.eot_id, eot, bos)
+                                       eos_token_id=next((v for v in (stream.eot_id, eot, bos)
                                                           if v is not None), None),
                                        tokenizer_sha256=leaf.tokenizer_sha256,
-                                       extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
+                                       extension="npy" if to == "kempner-npy" else "bin",
                                        file_prefix=target_name if to in ("nanogpt", "nanogpt-legacy", "megatron")
                                        else "shard",
                                        bos_token_id=bos, last_document_open=bool(fr and fr.opened))
