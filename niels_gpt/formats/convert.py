@@ -192,9 +192,10 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
     })
 
 
-def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id):
-    """(eot, bos) framing ids of the output: exactly one is set, or neither for pass-through."""
-    eot = eot_id if eot_id is not None else (stream.eot_id if stream.eot_id is not None else stream.bos_id)
+def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id):
+    """(eot, bos) framing ids of the output (the stream's EOT is --eot-id when given): exactly one is set, or
+    neither for pass-through."""
+    eot = stream.eot_id if stream.eot_id is not None else stream.bos_id
     src_bos = stream.source.get("framing") == "bos"
     if to.startswith("nanogpt") and (bos_index or bos_id is not None or src_bos):
         bos = bos_id if bos_id is not None else (stream.bos_id if src_bos else eot)
@@ -300,7 +301,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     with build_aside(dst, kind=kind, flag="DST") as tmp:
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)
-            eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id, eot_id=eot_id)
+            eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id)
             out_dtype = _out_dtype(stream, leaf.vocab_size, dtype)
             sub = tmp / name if (info.splits or to == "niels") else tmp
             target_name = name if info.splits else ("tokens" if to != "niels" else name)
