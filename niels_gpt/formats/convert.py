@@ -97,8 +97,7 @@ class _Target:
     def __init__(self, to: str, directory: Path, name: str, *, dtype, eot, bos, bos_index: bool,
                  max_tokens: int | None, shard_bytes: int, compress: str | None = None):
         directory.mkdir(parents=True, exist_ok=True)
-        self.framer = (Framer(bos=bos, dtype=dtype) if bos is not None
-                       else Framer(eos=eot, dtype=dtype) if eot is not None else None)
+        self.framer = Framer(eos=eot, bos=bos, dtype=dtype) if eot is not None or bos is not None else None
         if to == "megatron":
             self.sink = megatron.MegatronWriter(directory / name, dtype)
             return
