@@ -56,7 +56,7 @@ class PackPlan:
     truncation: dict  # what the pack size cuts (niels_gpt/packing/truncation.py)
     # int64[m, 4]: each packed sequence is tokens[p:p+pn] + tokens[a:a+n] for its row (p, pn, a, n): a prefix
     # (the system prompt a split conversation repeats; pn = 0 otherwise) and a body
-    segments: np.ndarray | None = None
+    segments: np.ndarray
 
 
 def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
