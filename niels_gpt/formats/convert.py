@@ -113,7 +113,7 @@ class _Target:
         else:  # raw and niels shards (niels ones maybe as zstd frames)
             make = partial(ZstdSink if compress else RawSink, dtype=dtype)
             names = (SHARD_PATTERN + (SUFFIX if compress else "")).format
-            limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
+            limit = max_tokens or shard_bytes // dtype.itemsize  # check_shard_bytes: at least MIN_SHARD_BYTES
         self.sink = RollingWriter(lambda i: make(directory / names(i)), limit)
 
     def write_piece(self, content: np.ndarray, ends: bool) -> None:
