@@ -88,11 +88,12 @@ def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
 
 
 def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:
-    """The concatenated payloads of `files`, as in-memory blocks of at most `block` tokens."""
+    """The concatenated payloads of `files`, in blocks of at most `block` tokens: views of each opened payload,
+    not copies (a copy would double the cost of a scan)."""
     for tf in files:
         arr = tf.open()
         for start in range(0, len(arr), block):
-            yield np.array(arr[start:start + block])
+            yield np.asarray(arr[start:start + block])
         del arr
 
 
@@ -125,23 +126,15 @@ def split_bos(blocks: Iterable[np.ndarray], bos: int, *, close_at_end: bool = Tr
         yield np.empty(0, dtype=np.uint32), True
 
 
-def unframed(blocks: Iterable[np.ndarray]) -> Iterator[Piece]:
-    """A stream with no known document framing: all of it is one open document."""
-    for blk in blocks:
-        yield blk, False
-
-
 @dataclass
 class DocStream:
-    """A corpus on its way between formats: its pieces and what is known about its tokens."""
+    """A corpus on its way between formats: its pieces, their dtype and framing ids, and where they come from
+    (the rest that is known about the tokens stays on the source's FormatInfo)."""
 
     pieces: Iterator[Piece]
     dtype: np.dtype
     eot_id: int | None = None
     bos_id: int | None = None
-    vocab_size: int | None = None
-    tokenizer_sha256: str | None = None
-    special_token_ids: dict | None = None
     source: dict = field(default_factory=dict)
 
 
@@ -171,7 +164,8 @@ class Framer:
 
 class RollingWriter:
     """Writes one token stream into files of at most `max_tokens` tokens, `open_file(index)` making each sink
-    (write, close -> record, abort) only when a token arrives for it: no empty file."""
+    (write, close -> record, abort) only when a token arrives for it: no empty file. Each record gets the
+    file's "tokens"."""
 
     def __init__(self, open_file, max_tokens: int):
         self._open_file, self.max_tokens = open_file, max_tokens
@@ -191,13 +185,15 @@ class RollingWriter:
             self.tokens += take
             arr = arr[take:]
             if self._in_file == self.max_tokens:
-                self.records.append(self._sink.close())
-                self._sink = None
+                self._close_file()
+
+    def _close_file(self) -> None:
+        if self._sink is not None:
+            self.records.append({**self._sink.close(), "tokens": self._in_file})
+            self._sink = None
 
     def close(self) -> list[dict]:
-        if self._sink is not None:
-            self.records.append(self._sink.close())
-            self._sink = None
+        self._close_file()
         return self.records
 
     def abort(self) -> None:

@@ -37,7 +37,6 @@ from niels_gpt.formats.base import (
     parse_dtype,
     split_bos,
     split_eos,
-    unframed,
 )
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format
@@ -45,7 +44,7 @@ from niels_gpt.formats.names import NAMES, ONE_FILE, canonical_format
 from niels_gpt.formats.npy import NpySink
 from niels_gpt.formats.raw import RawSink
 from niels_gpt.formats.receipt import write_receipt
-from niels_gpt.formats.writers import MIN_SHARD_BYTES, check_shard_bytes, refuse_packed_bins
+from niels_gpt.formats.writers import MIN_SHARD_BYTES, SHARD_PATTERN, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
 from niels_gpt.meta import write_meta
 from niels_gpt.output_guard import check_output
@@ -72,12 +71,10 @@ def open_stream(info: FormatInfo, *, eot_id: int | None = None, bos_id: int | No
         pieces = split_bos(iter_blocks(info.token_files), bos, close_at_end=not open_tail)
     elif eot is not None:
         pieces = split_eos(iter_blocks(info.token_files), eot)
-    else:
-        pieces = unframed(iter_blocks(info.token_files))
+    else:  # no known document framing: all of it is one open document
+        pieces = ((blk, False) for blk in iter_blocks(info.token_files))
     dtype = info.dtype if info.dtype.kind == "u" else np.dtype("<u4")
     return DocStream(pieces, dtype, eot_id=eot, bos_id=bos if framing == "bos" else info.bos_id,
-                     vocab_size=info.vocab_size, tokenizer_sha256=info.tokenizer_sha256,
-                     special_token_ids=info.special_token_ids,
                      source={"format": info.format, "path": info.path, "framing": framing})
 
 
@@ -100,8 +97,7 @@ class _Target:
     def __init__(self, to: str, directory: Path, name: str, *, dtype, eot, bos, bos_index: bool,
                  max_tokens: int | None, shard_bytes: int, compress: str | None = None):
         directory.mkdir(parents=True, exist_ok=True)
-        self.framer = (Framer(bos=bos, dtype=dtype) if bos is not None
-                       else Framer(eos=eot, dtype=dtype) if eot is not None else None)
+        self.framer = Framer(eos=eot, bos=bos, dtype=dtype) if eot is not None or bos is not None else None
         if to == "megatron":
             self.sink = megatron.MegatronWriter(directory / name, dtype)
             return
@@ -116,8 +112,8 @@ class _Target:
             limit = max_tokens or kempner.MAX_TOKENS_PER_FILE
         else:  # raw and niels shards (niels ones maybe as zstd frames)
             make = partial(ZstdSink if compress else RawSink, dtype=dtype)
-            names = f"shard_{{:05d}}.bin{SUFFIX if compress else ''}".format
-            limit = max_tokens or max(1, shard_bytes // dtype.itemsize)
+            names = (SHARD_PATTERN + (SUFFIX if compress else "")).format
+            limit = max_tokens or shard_bytes // dtype.itemsize  # check_shard_bytes: at least MIN_SHARD_BYTES
         self.sink = RollingWriter(lambda i: make(directory / names(i)), limit)
 
     def write_piece(self, content: np.ndarray, ends: bool) -> None:
@@ -141,9 +137,6 @@ class ZstdSink(RawSink):
         super().__init__(path, dtype)
         self._file = FrameEncoder(self._file, self.dtype)
 
-    def close(self) -> dict:
-        return {"path": str(self.path), "tokens": self.tokens, **self._file.close()}
-
 
 def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_bytes: int, dataset_name: str,
                          compress: str | None, origins: dict | None) -> None:
@@ -152,11 +145,10 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
     records of the origins written beside it."""
     splits = summary["splits"]
     first = next(iter(splits.values()))
-    stream = first["stream"]
-    for s in SPLITS:
-        (out / s).mkdir(parents=True, exist_ok=True)
+    leaf = first["leaf"]
     files, totals = {}, {}
     for s in SPLITS:
+        (out / s).mkdir(parents=True, exist_ok=True)
         info = splits.get(s)
         totals[f"{s}_tokens"] = info["tokens"] if info else 0
         totals[f"{s}_documents"] = info["documents"] if info else 0
@@ -164,7 +156,7 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
             rel = Path(rec["path"]).relative_to(out).as_posix()
             files[rel] = {k: rec[k] for k in ("bytes", "tokens", "sha256", "frames") if k in rec}
     eot = first["eot_id"]
-    special = dict(stream.special_token_ids or {})
+    special = dict(leaf.special_token_ids or {})
     for k in ("sys", "usr", "asst"):
         special.setdefault(k, None)
     special["eot"] = eot
@@ -181,12 +173,12 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
             else f"converted from one {source.format} stream: all of it is the '{next(iter(splits))}' split"),
         "seed": (src_meta or {}).get("seed"),
         "token_dtype": first["dtype"] + "-le",
-        "tokenizer_sha256": stream.tokenizer_sha256,
+        "tokenizer_sha256": leaf.tokenizer_sha256,
         "tokenizer": (src_meta or {}).get("tokenizer"),
-        "vocab_size": stream.vocab_size,
+        "vocab_size": leaf.vocab_size,
         "special_token_ids": special,
         "shard_bytes": shard_bytes,
-        "shard_pattern": "shard_NNNNN.bin" + (SUFFIX if compress else ""),
+        "shard_pattern": SHARD_PATTERN.replace("{:05d}", "NNNNN") + (SUFFIX if compress else ""),
         "document_separator": {"token": "eot", "id": eot, "position": "after every document"},
         "totals": totals,
         "files": files,
@@ -199,9 +191,10 @@ def write_converted_meta(out: Path, summary: dict, source: FormatInfo, *, shard_
     })
 
 
-def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id, eot_id):
-    """(eot, bos) framing ids of the output: exactly one is set, or neither for pass-through."""
-    eot = eot_id if eot_id is not None else (stream.eot_id if stream.eot_id is not None else stream.bos_id)
+def _resolve_ids(to: str, stream: DocStream, *, bos_index: bool, bos_id):
+    """(eot, bos) framing ids of the output (the stream's EOT is --eot-id when given): exactly one is set, or
+    neither for pass-through."""
+    eot = stream.eot_id if stream.eot_id is not None else stream.bos_id
     src_bos = stream.source.get("framing") == "bos"
     if to.startswith("nanogpt") and (bos_index or bos_id is not None or src_bos):
         bos = bos_id if bos_id is not None else (stream.bos_id if src_bos else eot)
@@ -254,11 +247,10 @@ def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
             "KempnerForge use --to kempner-npy (.npy records its dtype); readers told the dtype read them right")
 
 
-def _out_dtype(stream: DocStream, dtype) -> np.dtype:
+def _out_dtype(stream: DocStream, vocab: int | None, dtype) -> np.dtype:
     if dtype is None:
         return stream.dtype
     out = parse_dtype(dtype)
-    vocab = stream.vocab_size
     if vocab is not None and vocab - 1 > np.iinfo(out).max:
         raise ConfigError(f"--dtype {dtype_name(out)}: the source's vocabulary has {vocab:,} ids, more than "
                           f"{dtype_name(out)} holds ({np.iinfo(out).max + 1:,}); drop --dtype (the output keeps "
@@ -308,8 +300,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     with build_aside(dst, kind=kind, flag="DST") as tmp:
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)
-            eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id, eot_id=eot_id)
-            out_dtype = _out_dtype(stream, dtype)
+            eot, bos = _resolve_ids(to, stream, bos_index=bos_index, bos_id=bos_id)
+            out_dtype = _out_dtype(stream, leaf.vocab_size, dtype)
             sub = tmp / name if (info.splits or to == "niels") else tmp
             target_name = name if info.splits else ("tokens" if to != "niels" else name)
             target = _Target(to, sub, target_name, dtype=out_dtype, eot=eot, bos=bos, bos_index=bos_index,
@@ -327,17 +319,17 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
             summary["splits"][name] = {
                 "records": records, "tokens": sum(r["tokens"] for r in records),
                 "documents": fr.documents if fr else None, "eot_id": eot, "bos_id": bos,
-                "dtype": dtype_name(out_dtype), "stream": stream,
+                "dtype": dtype_name(out_dtype), "leaf": leaf,
                 # a tail after the last EOT (our builder cuts the document that crosses a token
                 # budget) is kept as is, never completed: every token survives, none is added
                 "unterminated_tail": bool(fr and fr.opened),
             }
             if to != "niels":
-                kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=stream.vocab_size,
-                                       eos_token_id=next((v for v in (eot_id, stream.eot_id, eot, bos)
+                kempner.write_metadata(sub, dtype=dtype_name(out_dtype), vocab_size=leaf.vocab_size,
+                                       eos_token_id=next((v for v in (stream.eot_id, eot, bos)
                                                           if v is not None), None),
-                                       tokenizer_sha256=stream.tokenizer_sha256,
-                                       extension={"kempner-npy": "npy", "megatron": "bin"}.get(to, "bin"),
+                                       tokenizer_sha256=leaf.tokenizer_sha256,
+                                       extension="npy" if to == "kempner-npy" else "bin",
                                        file_prefix=target_name if to in ("nanogpt", "nanogpt-legacy", "megatron")
                                        else "shard",
                                        bos_token_id=bos, last_document_open=bool(fr and fr.opened))
@@ -353,7 +345,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                 write_bytes_atomic(side / "origins.json", table)
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
         for s in summary["splits"].values():
-            s.pop("stream")
+            s.pop("leaf")
     for s in summary["splits"].values():
         for r in s["records"]:
             for key in ("path", "bos_index", "idx"):

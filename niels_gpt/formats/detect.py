@@ -81,9 +81,8 @@ def _niels_leaf(root: Path, meta: dict, split: str, only: list[Path] | None = No
     listed = meta.get("files", {})
     tfs = []
     for f in files:
-        rel = f"{split}/{f.name}"
         tf = None if compressed else open_raw(f, dtype)
-        rec = listed.get(rel)
+        rec = listed.get(f"{split}/{f.name}")
         if rec is None:
             raise stray_files_error(f.parent, [f.name], root)
         tf = tf or open_compressed(f, dtype, rec, meta)

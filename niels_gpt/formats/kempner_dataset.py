@@ -79,7 +79,7 @@ class MemoryMappedDataset(torch.utils.data.Dataset):
         self.epoch = int(epoch)
 
     def fingerprint(self) -> str:
-        """The identity of this data in resume states: each file's name and sample count, and seq_len."""
+        """The identity of this data in resume states: each file's name and token count, and seq_len."""
         return fingerprint(type(self).__qualname__, [[os.path.basename(tf.path), tf.count] for tf in self.files],
                            self.seq_len)
 

@@ -50,7 +50,6 @@ class MegatronIndex(NamedTuple):
     prefix: str
     dtype: np.dtype
     lengths: np.ndarray  # int32[N] memmap
-    pointers: np.ndarray  # int64[N] memmap
     doc_indices: np.ndarray  # int64[D] memmap
 
     @property
@@ -124,7 +123,7 @@ def read_index(path: str | os.PathLike) -> MegatronIndex:
     if bsize != total:
         raise FormatError(f"{bin_path}: {bsize} bytes, but {idx} lists {total} bytes of tokens: "
                           "truncated or mismatched pair")
-    return MegatronIndex(prefix, dtype, lengths, pointers, docs)
+    return MegatronIndex(prefix, dtype, lengths, docs)
 
 
 def iter_documents(index: MegatronIndex, block: int = _BLOCK):

@@ -40,7 +40,7 @@ def _resolve_files(spec, dtype) -> tuple[list[TokenFile], FormatInfo | None]:
     if one and (os.path.isdir(spec) or (not os.path.exists(spec) and megatron.is_megatron(spec))):
         info = detect_format(spec, dtype).leaf()
         return list(info.token_files), info
-    paths = sorted(glob.glob(str(spec))) if isinstance(spec, (str, os.PathLike)) else [str(p) for p in spec]
+    paths = sorted(glob.glob(str(spec))) if one else [str(p) for p in spec]
     if not paths:
         raise ConfigError(f"no files match {spec!r}; check the pattern or directory")
     tfs, first = [], None

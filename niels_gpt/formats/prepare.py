@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import FormatError
-from niels_gpt.formats.base import BLOCK_TOKENS, dtype_name
+from niels_gpt.formats.base import dtype_name, iter_blocks
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FormatInfo, detect_format
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
@@ -36,18 +36,15 @@ def scan(info: FormatInfo, eot: int | None, bos: int | None) -> dict:
     """One pass: max id, EOT and BOS counts, the first and last token, and the share of the first SAMPLE_TOKENS
     that the most frequent TOP_SHARE of their distinct ids cover."""
     hi, eots, boss, first, last, sample = -1, 0, 0, None, None, None
-    for tf in info.token_files:
-        arr = tf.open()
-        for s in range(0, len(arr), BLOCK_TOKENS):
-            blk = np.asarray(arr[s:s + BLOCK_TOKENS])
-            hi = max(hi, int(blk.max()))
-            if eot is not None:
-                eots += int(np.count_nonzero(blk == eot))
-            if bos is not None:
-                boss += int(np.count_nonzero(blk == bos))
-            first = int(blk[0]) if first is None else first
-            last = int(blk[-1])
-            sample = blk[:SAMPLE_TOKENS] if sample is None else sample
+    for blk in iter_blocks(info.token_files):
+        hi = max(hi, int(blk.max()))
+        if eot is not None:
+            eots += int(np.count_nonzero(blk == eot))
+        if bos is not None:
+            boss += int(np.count_nonzero(blk == bos))
+        first = int(blk[0]) if first is None else first
+        last = int(blk[-1])
+        sample = blk[:SAMPLE_TOKENS] if sample is None else sample
     top = None
     if sample is not None and len(sample) >= MIN_SAMPLE:
         counts = np.sort(np.unique(sample, return_counts=True)[1])[::-1]
@@ -87,7 +84,7 @@ def tokenizer_bos(path: str) -> tuple[int, str]:
     return tok.eot_id, f"the tokenizer {path} (its EOT: it has no BOS, and opens documents with its EOT)"
 
 
-def _find_bos(leaf: FormatInfo, where: str, warnings_out: list[str], known_bos=None) -> int | None:
+def _find_bos(leaf: FormatInfo, warnings_out: list[str], known_bos) -> int | None:
     """The BOS id a nanoGPT leaf's `.bos.idx` sidecars name, or None; a sidecar that names none warns."""
     for tf in leaf.token_files:
         try:
@@ -142,7 +139,7 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_
         bos = bos_id if bos_id is not None else leaf.bos_id
         where = str(path) if Path(path).is_file() else leaf.path if not leaf.pattern else f"{leaf.path}/{leaf.pattern}"
         if leaf.format.startswith("nanogpt") and bos is None:
-            bos = _find_bos(leaf, where, out["warnings"], known_bos)
+            bos = _find_bos(leaf, out["warnings"], known_bos)
         rep = {"files": len(leaf.files), "tokens": leaf.num_tokens, "eot_id": eot, "bos_id": bos,
                "samples": sum(t.count // (seq_len + 1) for t in leaf.token_files)}
         counts = None

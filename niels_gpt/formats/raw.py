@@ -42,10 +42,8 @@ class RawSink:
         self.dtype = parse_dtype(dtype)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = HashingFile(self.path)
-        self.tmp = self._file.tmp
-        self._f = self._file.f
         self.tokens = 0
-        self._f.write(self._header(0))
+        self._file.f.write(self._header(0))
 
     def _header(self, count: int) -> bytes:
         """The header for `count` tokens: written with 0 first, rewritten in place with the final count."""
@@ -58,15 +56,13 @@ class RawSink:
 
     def close(self) -> dict:
         header = self._header(self.tokens)
-        if header:
-            self._f.flush()
-            self._f.seek(0)
-            self._f.write(header)
-            self._f.seek(0, os.SEEK_END)
+        if header:  # in place of the count-0 one (seek flushes what is buffered)
+            self._file.f.seek(0)
+            self._file.f.write(header)
         record = self._file.close()
-        # a rewritten header is not in the streamed hash: a file record hashes the bytes on disk
-        return {"path": str(self.path), "tokens": self.tokens, "bytes": self.path.stat().st_size,
-                "sha256": sha256_file(self.path) if header else record["sha256"]}
+        if header:  # a rewritten header is not in the streamed hash: a file record hashes the bytes on disk
+            record.update(bytes=self.path.stat().st_size, sha256=sha256_file(self.path))
+        return {"path": str(self.path), "tokens": self.tokens, **record}
 
     def abort(self) -> None:
         self._file.abort()

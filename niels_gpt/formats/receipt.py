@@ -39,7 +39,7 @@ def _listed(output: Path) -> list[Path]:
     return sorted(f for f in output.rglob("*") if f.is_file() and f.name != RECEIPT_NAME)
 
 
-def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sha256: str | None = None) -> dict:
+def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sha256: str | None = None) -> None:
     """Hash every file below directory `output` and write its receipt last; `tokenizer_sha256` lets
     `inspect --tokenizer` refuse another tokenizer on formats with no place for it."""
     output = Path(output)
@@ -47,9 +47,7 @@ def write_receipt(output: str | os.PathLike, output_format: str, *, tokenizer_sh
     receipt = {"format": FORMAT, "version": VERSION, "output_format": output_format, "files": files}
     if tokenizer_sha256:
         receipt["tokenizer_sha256"] = tokenizer_sha256
-    data = sealed_bytes(receipt)
-    write_bytes_atomic(receipt_path(output), data)
-    return json.loads(data)
+    write_bytes_atomic(receipt_path(output), sealed_bytes(receipt))
 
 
 def read_receipt(path: str | os.PathLike) -> dict:

@@ -19,7 +19,7 @@ from niels_gpt import _native
 from niels_gpt.atomic import commit, tmp_name
 from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import ConfigError
-from niels_gpt.formats.base import check_fits
+from niels_gpt.formats.base import RollingWriter, check_fits
 from niels_gpt.formats.zstd_shard import FRAME_TOKENS, SUFFIX, FrameEncoder, check_compress
 from niels_gpt.meta import RECEIPT_HASH, receipt_hash
 
@@ -71,60 +71,33 @@ def check_shard_bytes(shard_bytes: int, flag: str = "shard_bytes") -> None:
                           "128MiB, and 64MiB-512MiB suits most file systems")
 
 
-class ShardWriter:
-    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard.
+class ShardWriter(RollingWriter):
+    """Appends tokens to shard files of at most `shard_bytes`; never opens an empty shard. `close()` returns
+    {shard name: record}.
 
     `compress`: None (raw shards) or "zstd" (frames of `frame_tokens` tokens, same tokens per shard)."""
 
     def __init__(self, split_dir: Path, dtype: np.dtype, shard_bytes: int, *, compress: str | None = None,
                  frame_tokens: int = FRAME_TOKENS):
-        check_shard_bytes(shard_bytes)
+        check_shard_bytes(shard_bytes)  # at least MIN_SHARD_BYTES: room for a token of any dtype
         check_compress(compress, frame_tokens)
         self.dir, self.dtype = split_dir, dtype
         self.compress, self.frame_tokens = compress, frame_tokens
-        self.capacity = shard_bytes // dtype.itemsize
-        if self.capacity < 1:
-            raise ConfigError(f"shard_bytes={shard_bytes} holds no {dtype.itemsize}-byte token")
-        self.records: dict[str, dict] = {}
-        self.current: HashingFile | None = None
-        self.room = 0
-        self.tokens = 0
+        super().__init__(self._open_shard, shard_bytes // dtype.itemsize)
 
-    def write(self, tokens: np.ndarray) -> None:
-        while len(tokens):
-            if self.room == 0:
-                self._roll()
-            n = min(self.room, len(tokens))
-            self.current.write(tokens[:n])
-            self.room -= n
-            self.tokens += n
-            tokens = tokens[n:]
+    def _name(self, index: int) -> str:
+        return SHARD_PATTERN.format(index) + (SUFFIX if self.compress else "")
 
-    def _roll(self) -> None:
-        self._close_current()
-        self._name = SHARD_PATTERN.format(len(self.records)) + (SUFFIX if self.compress else "")
-        self.records[self._name] = {}
-        self.current = HashingFile(self.dir / self._name)
-        if self.compress:
-            self.current = FrameEncoder(self.current, self.dtype, self.frame_tokens)
-        self.room = self.capacity
-
-    def _close_current(self) -> None:
-        if self.current is not None:
-            self.records[self._name] = {**self.current.close(), "tokens": self.capacity - self.room}
-            self.current = None
+    def _open_shard(self, index: int):
+        shard = HashingFile(self.dir / self._name(index))
+        return FrameEncoder(shard, self.dtype, self.frame_tokens) if self.compress else shard
 
     def sync(self) -> None:
-        if self.current is not None:
-            self.current.sync()
+        if self._sink is not None:
+            self._sink.sync()
 
     def close(self) -> dict[str, dict]:
-        self._close_current()
-        return self.records
-
-    def abort(self) -> None:
-        if self.current is not None:
-            self.current.abort()
+        return {self._name(i): rec for i, rec in enumerate(super().close())}
 
 
 class Budgeted:

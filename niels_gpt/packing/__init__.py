@@ -14,7 +14,7 @@ _HOMES = {
     "ALGORITHMS": "algorithms", "BinAssignment": "algorithms", "pack_lengths": "algorithms",
     "PackedMemmapDataset": "dataset", "collate_packed": "dataset", "PackedMultiShardDataset": "factory",
     "open_packed": "factory", "LegacyPackedDataset": "legacy", "convert_legacy_to_memmap": "legacy",
-    "convert_to_memmap": "legacy", "shift_within_sequences": "masks", "FORMAT_NAME": "memmap_format",
+    "convert_to_memmap": "legacy", "shift_within_sequences": "memmap_format", "FORMAT_NAME": "memmap_format",
     "MemmapShardWriter": "memmap_format", "read_manifest": "memmap_format", "pack_sft": "pack",
     "PackedParquetDataset": "parquet", "write_packed_parquet": "parquet",
 }

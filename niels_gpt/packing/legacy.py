@@ -15,10 +15,8 @@ import numpy as np
 
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import MemmapShardWriter, packed_item
+from niels_gpt.packing.memmap_format import COLUMNS, MemmapShardWriter, packed_item
 from niels_gpt.staging import build_aside
-
-LEGACY_KEYS = ("input_ids", "loss_mask", "seq_start_id")
 
 
 class LegacyPickleWarning(UserWarning):
@@ -52,8 +50,8 @@ class LegacyPackedDataset:
     def __getitem__(self, idx: int) -> dict:
         row = self._rows[idx]
         where = f"{self.path} row {idx}"
-        if not isinstance(row, dict) or any(k not in row for k in LEGACY_KEYS):
-            raise FormatError(f"{where}: expected a dict with keys {', '.join(LEGACY_KEYS)}")
+        if not isinstance(row, dict) or any(k not in row for k in COLUMNS):
+            raise FormatError(f"{where}: expected a dict with keys {', '.join(COLUMNS)}")
         return packed_item(np.asarray(row["input_ids"], dtype=np.int64), np.asarray(row["loss_mask"]).astype(np.int64),
                            np.asarray(row["seq_start_id"], dtype=np.int64), where)
 

@@ -1,4 +1,4 @@
-"""The memmap_padded_v1 packed-SFT layout: writer, manifest, and the checks a reader runs on open.
+"""The memmap_padded_v1 packed-SFT layout: writer, manifest, loss-mask shift, and the reader's checks on open.
 
 One shard is a directory of five NumPy .npy files (NPY v1, C order, little-endian) and a manifest:
 
@@ -13,8 +13,13 @@ One shard is a directory of five NumPy .npy files (NPY v1, C order, little-endia
 
 Sequence i of bin b spans [starts[i], starts[i+1]) with the bin's packed_len closing the last one.
 Loss-mask convention (`loss_mask_convention` = "shift_left_within_sequence"): `loss_mask[b, j]` says
-whether predicting `input_ids[b, j+1]` counts; shifted within each sequence, the last position of every
-sequence is 0 (the convention of Megatron-Bridge/Nemotron packed data).
+whether predicting `input_ids[b, j+1]` counts: the trained mask m shifted left by one *within each
+sequence*, 0 at the last position of every sequence, so no target crosses a boundary (the convention of
+Megatron-Bridge/Nemotron packed data; `shift_within_sequences`):
+
+    tokens     [usr] h  i [eot] [asst] y  o [eot] | [usr] ...
+    m            0   0  0   0     0    1  1   1   |   0
+    loss_mask    0   0  0   0     1    1  1   0   |   0
 
 manifest.json: `format`, `version`, the counts, `pad_id`, `files` {array -> name, dtype, shape, bytes, sha256},
 `algorithm`, `efficiency`, `truncated`, `loss_mask_convention`, `source` (the SFT cache, with its token file's
@@ -39,7 +44,6 @@ from niels_gpt.constants import MANIFEST_NAME
 from niels_gpt.errors import CacheMismatchError, ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.formats.npy import read_npy_header
 from niels_gpt.meta import file_record
-from niels_gpt.packing.masks import LOSS_MASK_CONVENTION, LOSS_MASK_CONVENTION_TEXT
 from niels_gpt.seals import seal_problem, sealed_bytes
 
 FORMAT_NAME = "memmap_padded_v1"
@@ -49,8 +53,14 @@ ARRAYS = ("input_ids", "loss_mask", "packed_len", "seq_offsets", "seq_starts")
 DTYPES = {"input_ids": "<i4", "loss_mask": "<u1", "packed_len": "<u4", "seq_offsets": "<u4",
           "seq_starts": "<u4"}
 MAX_INDEX = np.iinfo(np.uint32).max
+COLUMNS = ("input_ids", "loss_mask", "seq_start_id")  # a bin of packed Parquet and of a legacy .npy
 REQUIRED_MANIFEST = ("format", "version", "num_bins", "pack_size", "num_sequences", "files",
                      "loss_mask_convention")
+LOSS_MASK_CONVENTION = "shift_left_within_sequence"
+LOSS_MASK_CONVENTION_TEXT = (
+    "loss_mask[j] == 1 iff predicting input_ids[j+1] from position j is trained; shifted within each "
+    "packed sequence, the last position of every sequence is 0; padding is 0"
+)
 
 
 class MemmapShardWriter:
@@ -148,6 +158,23 @@ class MemmapShardWriter:
         for path in self._tmp.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+def shift_within_sequences(mask, seq_starts, length: int | None = None, out=None) -> np.ndarray:
+    """uint8 loss mask: out[j] = mask[j+1] inside each sequence, 0 at each sequence's last position and from
+    `length` (default len(mask)) on; `seq_starts` begin with 0."""
+    mask = np.asarray(mask)
+    length = len(mask) if length is None else int(length)
+    if out is None:
+        out = np.zeros(len(mask), dtype=np.uint8)
+    else:
+        out[length:] = 0
+    if length == 0:
+        return out
+    out[:length - 1] = mask[1:length]
+    ends = np.append(np.asarray(seq_starts, dtype=np.int64)[1:], length) - 1
+    out[ends] = 0
+    return out
 
 
 def _open_array(path, dtype: str, shape: tuple) -> np.ndarray:

@@ -1,7 +1,7 @@
 """SFT cache -> packed bins on disk (memmap_padded_v1): plan the bins, then stream them out.
 
 1. open one split of the SFT cache; examples longer than pack_size are truncated, rejected, or split between
-   whole turns (`on_overflow`, turns.py); what truncation loses is measured (truncation.py);
+   whole turns (`on_overflow`, split_example); what truncation loses is measured (truncation.py);
 2. assign examples to bins (`pack_lengths`: ffd, bfd or first_fit_shuffle);
 3. per bin, copy the tokens into one int32 scratch buffer, derive the trained mask (reset at each sequence
    start), shift it within each sequence, and hand both to the writer.
@@ -32,11 +32,9 @@ from niels_gpt.packing.algorithms import (
     BinAssignment,
     pack_lengths,
 )
-from niels_gpt.packing.masks import shift_within_sequences
-from niels_gpt.packing.memmap_format import MemmapShardWriter
+from niels_gpt.packing.memmap_format import MemmapShardWriter, shift_within_sequences
 from niels_gpt.packing.source import SFTSplit, open_sft_split
 from niels_gpt.packing.truncation import truncation_figures, truncation_warning
-from niels_gpt.packing.turns import role_ids, split_example
 from niels_gpt.seeds import check_seed
 from niels_gpt.spans import assistant_token_mask
 from niels_gpt.staging import build_aside
@@ -58,7 +56,7 @@ class PackPlan:
     truncation: dict  # what the pack size cuts (niels_gpt/packing/truncation.py)
     # int64[m, 4]: each packed sequence is tokens[p:p+pn] + tokens[a:a+n] for its row (p, pn, a, n): a prefix
     # (the system prompt a split conversation repeats; pn = 0 otherwise) and a body
-    segments: np.ndarray | None = None
+    segments: np.ndarray
 
 
 def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = DEFAULT_ALGORITHM,
@@ -88,8 +86,57 @@ def plan_packing(split: SFTSplit, *, pack_size: int = DEFAULT_PACK_SIZE, algorit
                     figures, segments)
 
 
+def role_ids(special: dict, where) -> tuple[int | None, int, tuple[int, ...]]:
+    """(system id or None, user id, every role id) from a cache's special_token_ids; refused without sentinels."""
+    if special.get("asst") is None or special.get("usr") is None:
+        raise ConfigError(f"{where}: --on-overflow split cuts conversations between turns, and this cache records "
+                          "no role sentinel ids (its chat template's rendering has none): pass --on-overflow "
+                          "truncate or reject")
+    roles = tuple(int(special[k]) for k in ("sys", "usr", "asst") if special.get(k) is not None)
+    return (None if special.get("sys") is None else int(special["sys"])), int(special["usr"]), roles
+
+
+def split_example(tokens: np.ndarray, pack_size: int, sys_id: int | None, usr_id: int,
+                  roles: tuple[int, ...]) -> tuple[int, list[tuple[int, int]], list[tuple[int, int]]]:
+    """Cut one conversation into pieces of at most `pack_size` tokens: (prefix length, body ranges, lost ranges).
+    Every piece is tokens[:prefix] + tokens[a:b] for one body range (a, b).
+
+    A turn starts at a role sentinel (`sys`, `usr`, `asst`) and runs to the next. A leading system turn is the
+    prefix every piece repeats (unless it leaves no room); the rest is dealt greedily into pieces of at most
+    `pack_size - len(prefix)` tokens, cut only before a user turn, so no piece opens with an answer whose
+    question is elsewhere. An exchange too long for a piece is cut to the room left, as `truncate` cuts, and
+    what it loses is counted. A pure function of the tokens and the pack size."""
+    n = len(tokens)
+    starts = np.flatnonzero(np.isin(tokens, roles))
+    if n and (not starts.size or starts[0] != 0):
+        starts = np.concatenate([[0], starts])
+    prefix = 0
+    if sys_id is not None and n and tokens[0] == sys_id:
+        prefix = int(starts[1]) if len(starts) > 1 else n
+    if prefix >= pack_size:  # a system prompt that leaves no room: not repeated, cut as a turn
+        prefix = 0
+    user = [int(s) for s in starts if tokens[s] == usr_id and prefix < s < n]  # the cut points
+    kept: list[tuple[int, int]] = []
+    lost: list[tuple[int, int]] = []
+    room, cur = pack_size - prefix, prefix
+    for u0, u1 in zip([prefix, *user], [*user, n], strict=True):  # one exchange at a time
+        if u1 - cur <= room:
+            continue  # the exchange joins the current piece
+        if u0 > cur:
+            kept.append((cur, u0))
+            cur = u0
+        if u1 - u0 <= room:
+            continue  # the exchange opens the next piece
+        kept.append((u0, u0 + room))  # too long for any piece: cut, its tail lost
+        lost.append((u0 + room, u1))
+        cur = u1
+    if cur < n:
+        kept.append((cur, n))
+    return prefix, kept, lost
+
+
 def _split_long(split: SFTSplit, pack_size: int, keep: np.ndarray, segments: np.ndarray, figures: dict):
-    """Replace the rows of examples longer than pack_size by their pieces (niels_gpt/packing/turns.py)."""
+    """Replace the rows of examples longer than pack_size by their pieces (split_example)."""
     sys_id, usr_id, roles = role_ids(split.meta["special_token_ids"], f"{split.cache_dir}/meta.json")
     ids, rows, cut, lost_tokens, lost_targets, repeated, pieces = [], [], 0, 0, 0, 0, 0
     for k, ex in enumerate(keep.tolist()):

@@ -24,11 +24,10 @@ from niels_gpt.atomic import atomic_path
 from niels_gpt.constants import PARQUET_SUFFIXES
 from niels_gpt.errors import FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import bin_index, packed_item
+from niels_gpt.packing.memmap_format import COLUMNS, bin_index, packed_item
 from niels_gpt.resume import fingerprint
 
 ROW_GROUP_SIZE = 500  # Megatron-Bridge's default
-COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 
 
 def write_packed_parquet(dataset, path, *, row_group_size: int = ROW_GROUP_SIZE) -> int:

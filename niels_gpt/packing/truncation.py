@@ -42,7 +42,7 @@ def truncation_figures(split: SFTSplit, pack_size: int) -> dict:
         where = np.flatnonzero(mask)
         owner = np.searchsorted(starts, where, side="right") - 1
         positions.append(where - starts[owner])
-    pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    pos = np.concatenate(positions)  # one chunk at least: tokens are lost, so there are examples
     pos = pos[pos > 0]
     out["trained_targets"] = int(len(pos))
     out["trained_targets_lost"] = int(np.count_nonzero(pos >= pack_size))

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from niels_gpt.cache.sft_dataset import assistant_span_mask
-from niels_gpt.packing.masks import shift_within_sequences
+from niels_gpt.packing.memmap_format import shift_within_sequences
 from niels_gpt.spans import assistant_token_mask
 
 from .helpers import ASST, EOT, SYS, USR, chat, plan_roll

@@ -10,7 +10,7 @@ from niels_gpt.cli import main
 from niels_gpt.errors import ConfigError
 from niels_gpt.meta import file_record, write_meta
 from niels_gpt.packing import open_packed, pack_sft
-from niels_gpt.packing.turns import split_example
+from niels_gpt.packing.pack import split_example
 from niels_gpt.spans import assistant_token_mask
 
 from ..conftest import SHARED_DATA, SPECIALS, needs_shared, write_sft_cache
