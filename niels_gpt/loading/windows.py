@@ -81,7 +81,8 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return self.core.files(self.core.locate(np.asarray(indices, dtype=np.int64))[0])
 
     def __getitem__(self, index: int) -> dict:
-        window = torch.from_numpy(self.core.window(*self.locate(int(index))).astype(np.int64))
+        shard, local = self.locate(int(index))
+        window = torch.from_numpy(self.core.gather(np.array([shard]), np.array([local]))[0].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __getitems__(self, indices) -> WindowBatch:
