@@ -135,13 +135,6 @@ class WindowCore:
         cum = np.ascontiguousarray(self.cum * self.stride, dtype=np.int64)
         self._kernel = (cum, cum.ctypes.data, len(self._shift), self._shift.ctypes.data)
 
-    def _frame_cache(self) -> FrameCache:
-        if self.frames is None:
-            self.frames = FrameCache(self.tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard,
-                                     max_bytes=self.frame_cache_bytes)
-            self._use_range(self.frames.flat, self.frames.frame_base[:-1] * self.frame_tokens)
-        return self.frames
-
     def _zstd_shard(self, k: int) -> ZstdShard:
         """Shard k's reader. A remote shard is fetched (again, if it was evicted) and opened for the one
         frame load that asks for it, then let go: no map of an evicted file outlives the batch."""
@@ -162,8 +155,10 @@ class WindowCore:
         local one where open_concatenated works, a remote one mirrored whole (see _mirrored_whole)."""
         if self.range is not None:
             return True
-        if self.frame_tokens is not None:
-            self._frame_cache()
+        if self.frame_tokens is not None:  # the frame cache's range
+            self.frames = FrameCache(self.tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard,
+                                     max_bytes=self.frame_cache_bytes)
+            self._use_range(self.frames.flat, self.frames.frame_base[:-1] * self.frame_tokens)
             return True
         if self.remote is not None and not self._mirrored_whole(shard):
             return False
@@ -210,7 +205,9 @@ class WindowCore:
         unread = {self.rels[k] for k in ks}
         for k in ks:
             if self.remote is None:
-                view = self._view(k)
+                if self.views[k] is None:  # every window of local shard k, a view built once per process
+                    self.views[k] = window_view(self.shard(k), self.T + 1)
+                view = self.views[k]
             else:
                 path = self.remote.fetch(self.rels[k], keep=unread)
                 view = window_view(open_tokens(path, self.dtype, expected_bytes=self.bytes[k]), self.T + 1)
@@ -222,12 +219,6 @@ class WindowCore:
     def shard(self, k: int) -> np.ndarray:
         """Every token of local raw shard k, mapped."""
         return open_tokens(self.paths[k], self.dtype, expected_bytes=self.bytes[k])
-
-    def _view(self, k: int) -> np.ndarray:
-        """Every window of local shard k (a view; built once per process)."""
-        if self.views[k] is None:
-            self.views[k] = window_view(self.shard(k), self.T + 1)
-        return self.views[k]
 
     def batch(self, i: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y (B, T) int64 on `device` of windows `i` (a contiguous int64 CPU tensor, overwritten: it
