@@ -1,11 +1,8 @@
 """Map-style windows over a pretraining cache split: sample i -> T+1 tokens at a fixed place.
 
 Each shard is cut into windows of T+1 tokens with stride T (every token but a shard's first is a target once
-per epoch), read through the random-window reader's core (readers/windows_core.py).
-
-    index -> (shard, offset): binary search in the cumulative window counts.
-    Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
-    cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
+per epoch), read through the random-window reader's core (readers/windows_core.py: its worked example's stride
+3 is this dataset at T=3); index -> (shard, offset) is a binary search in the cumulative window counts.
 """
 
 from __future__ import annotations
