@@ -25,6 +25,8 @@ class Order:
     """An epoch's order of n samples: `order[positions] -> indices` (int64 tensors; a slice as a tensor gives
     it), `order.slice(start, stop)`, `len(order) == n`; a subclass sets `n` and computes `_at(positions)`."""
 
+    _chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))  # (first position, the chunk)
+
     def __len__(self) -> int:
         return self.n
 
@@ -40,15 +42,9 @@ class Order:
         """The whole order, int64[n] (tests and small datasets; the samplers never call it)."""
         return self.slice(0, self.n)
 
-
-class ChunkedOrder(Order):
-    """An order computed position by position, read in slices a chunk at a time."""
-
-    _chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))  # (first position, the chunk)
-
     def slice(self, start: int, stop: int) -> torch.Tensor:
         """order[start:stop], from a chunk of CHUNK positions computed at once (one call on 65,536 positions
-        costs what ~20 calls on 32 do, and batches are consecutive slices)."""
+        costs what ~20 calls on 32 do, and batches are consecutive slices); a held order slices itself."""
         stop = min(stop, self.n)
         c0, chunk = self._chunk
         if not c0 <= start <= stop <= c0 + len(chunk):
@@ -59,7 +55,7 @@ class ChunkedOrder(Order):
         return chunk[start - c0:stop - c0]
 
 
-class EpochOrder(ChunkedOrder):
+class EpochOrder(Order):
     """The keyed network's order (the module docstring), computed position by position."""
 
     def __init__(self, n: int, keys: torch.Tensor):

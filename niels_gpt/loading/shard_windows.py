@@ -23,8 +23,8 @@ from niels_gpt.loading.order import (
     MASK31,
     ROUNDS,
     SMALL_ORDER,
-    ChunkedOrder,
     EpochOrder,
+    Order,
     TensorOrder,
     mix_seed,
 )
@@ -74,7 +74,7 @@ def shard_window_order(counts, K: int, seed: int, epoch: int) -> torch.Tensor:
     return out
 
 
-class ShardWindowOrder(ChunkedOrder):
+class ShardWindowOrder(Order):
     """The shard-window order of one epoch, position by position: `order[positions]`, `order.slice(a, b)`."""
 
     def __init__(self, counts, K: int, seed: int, epoch: int):
