@@ -176,4 +176,3 @@ class RollingPlan:
             self.prefetcher.plan(must, list(self._count))
             self._told = told
         self.in_flight.append(self._pop())
-

@@ -133,4 +133,3 @@ def prefetch_windows(base_addr: int, itemsize: int, starts: np.ndarray, width: i
     lengths = lo + width * itemsize - aligned
     for addr, length in zip(aligned.tolist(), lengths.tolist(), strict=True):
         libc.madvise(addr, length, mmap.MADV_WILLNEED)
-
