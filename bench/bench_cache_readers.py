@@ -122,7 +122,7 @@ def bench_pretrain(cache: Path, B: int, T: int, batches: int) -> list[list]:
     # mapped (a first pass of random batches would take minutes to get there). The nanoGPT recipe
     # maps afresh every batch by design, and pays its page faults each time.
     ds.core.open()
-    int(ds._flat[::PAGE_TOKENS, 0].sum())
+    int(ds.core.flat[::PAGE_TOKENS, 0].sum())
     for d in kds.data:
         int(d[::PAGE_TOKENS].sum())
     ours = best_rate(lambda: ds.get_batch(B=B, generator=g), n=batches)

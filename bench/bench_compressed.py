@@ -63,12 +63,12 @@ def main() -> None:
             for name, fn in fns.items():
                 n = args.batches if name != "zst-quarter" else max(50, args.batches // 20)
                 rates[name] = max(rates[name], best_rate(fn, n=n, repeat=1))
-        fc = b._frames
+        fc = b.core.frames
         rows = [["uncompressed", cache_bytes(raw), 1.0, rates["raw"], 1.0, "-"],
                 ["zstd, frame cache 64 MiB", cache_bytes(zst), ratio, rates["zst"], rates["zst"] / rates["raw"],
                  f"{fc.count}/{fc.total_frames}"],
                 [f"zstd, frame cache {split_bytes // 4 >> 20} MiB", cache_bytes(zst), ratio, rates["zst-quarter"],
-                 rates["zst-quarter"] / rates["raw"], f"{c._frames.count}/{c._frames.total_frames}"]]
+                 rates["zst-quarter"] / rates["raw"], f"{c.core.frames.count}/{c.core.frames.total_frames}"]]
         print(table(f"real tokens: {a.num_tokens:,} train tokens in {len(a.shard_names)} shards of {args.shard_mb} MiB "
                     f"(frames of {b.frame_tokens} tokens); random windows B=32 T=1024, batches/s best of "
                     f"{args.repeat} timed in turns; batches equal bit for bit",

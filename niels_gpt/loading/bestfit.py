@@ -50,25 +50,19 @@ class BestFitPacker:
                 self.add(*self.next_doc())
             remaining = capacity - pos
             i = bisect.bisect_right(self.keys, (remaining, float("inf"))) - 1
-            if i >= 0:
-                length = self.keys[i][0]
-                key = self.keys[bisect.bisect_left(self.keys, (length, -1))]
-                doc = self._take(key)
-                if self.on_place is not None:
-                    self.on_place(key[1], pos, length)
-                row[pos:pos + length] = doc
-                pos += length
-                self.tokens_placed += length
+            fits = i >= 0  # the largest that fits (first buffered of its length), else the shortest, cropped
+            key = self.keys[bisect.bisect_left(self.keys, (self.keys[i][0], -1))] if fits else self.keys[0]
+            doc = self._take(key)
+            n = len(doc) if fits else remaining
+            if self.on_place is not None:
+                self.on_place(key[1], pos, n)
+            row[pos:pos + n] = doc[:n]
+            pos += n
+            self.tokens_placed += n
+            if fits:
                 self.docs_placed += 1
             else:
-                key = self.keys[0]
-                doc = self._take(key)
-                if self.on_place is not None:
-                    self.on_place(key[1], pos, remaining)
-                row[pos:] = doc[:remaining]
-                pos = capacity
-                self.tokens_placed += remaining
-                self.tokens_cropped += len(doc) - remaining
+                self.tokens_cropped += len(doc) - n
                 self.docs_cropped += 1
 
     def buffered_ids(self) -> list[int]:

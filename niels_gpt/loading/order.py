@@ -21,39 +21,48 @@ _M1, _M2 = 0x5BD1E995, 0x2C1B3C6D  # odd multipliers below 2**31 (murmur-style m
 SMALL_ORDER = 1 << 22  # samples up to which the order is a held randperm (int32: 16 MiB at most)
 
 
-class ChunkedOrder:
-    """An order computed position by position (`self[positions]`, a subclass's), read in slices a chunk at a
-    time; a subclass sets `n` and `_chunk = (0, empty tensor)`."""
+class Order:
+    """An epoch's order of n samples: `order[positions] -> indices` (int64 tensors; a slice as a tensor gives
+    it), `order.slice(start, stop)`, `len(order) == n`; a subclass sets `n` and computes `_at(positions)`."""
+
+    _chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))  # (first position, the chunk)
 
     def __len__(self) -> int:
         return self.n
 
-    def slice(self, start: int, stop: int) -> torch.Tensor:
-        """order[start:stop], from a chunk of CHUNK positions computed at once (one call on 65,536 positions
-        costs what ~20 calls on 32 do, and batches are consecutive slices)."""
-        stop = min(stop, self.n)
-        c0, chunk = self._chunk
-        if not c0 <= start <= stop <= c0 + len(chunk):
-            if stop - start > CHUNK:
-                return self[torch.arange(start, stop, dtype=torch.int64)]
-            c0, chunk = start, self[torch.arange(start, min(start + CHUNK, self.n), dtype=torch.int64)]
-            self._chunk = (c0, chunk)
-        return chunk[start - c0:stop - c0]
+    def __getitem__(self, positions) -> torch.Tensor:
+        if isinstance(positions, slice):
+            start, stop, step = positions.indices(self.n)
+            if step == 1:
+                return self.slice(start, max(start, stop))
+            positions = torch.arange(start, stop, step, dtype=torch.int64)
+        return self._at(torch.as_tensor(positions, dtype=torch.int64))
 
     def materialise(self) -> torch.Tensor:
         """The whole order, int64[n] (tests and small datasets; the samplers never call it)."""
         return self.slice(0, self.n)
 
+    def slice(self, start: int, stop: int) -> torch.Tensor:
+        """order[start:stop], from a chunk of CHUNK positions computed at once (one call on 65,536 positions
+        costs what ~20 calls on 32 do, and batches are consecutive slices); a held order slices itself."""
+        stop = min(stop, self.n)
+        c0, chunk = self._chunk
+        if not c0 <= start <= stop <= c0 + len(chunk):
+            if stop - start > CHUNK:
+                return self._at(torch.arange(start, stop, dtype=torch.int64))
+            c0, chunk = start, self._at(torch.arange(start, min(start + CHUNK, self.n), dtype=torch.int64))
+            self._chunk = (c0, chunk)
+        return chunk[start - c0:stop - c0]
 
-class EpochOrder(ChunkedOrder):
-    """`order[positions] -> indices` (int64 tensors) and `order.slice(start, stop)`; `len(order) == n`."""
+
+class EpochOrder(Order):
+    """The keyed network's order (the module docstring), computed position by position."""
 
     def __init__(self, n: int, keys: torch.Tensor):
         self.n = int(n)
         half = max(1, ((max(self.n, 2) - 1).bit_length() + 1) // 2)
         self.half, self.mask = half, (1 << half) - 1
         self.keys = [int(k) for k in keys]
-        self._chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))
 
     @classmethod
     def seeded(cls, n: int, seed: int) -> EpochOrder:
@@ -70,10 +79,7 @@ class EpochOrder(ChunkedOrder):
             left, right = right, left ^ ((f ^ (f >> 13)) & self.mask)
         return (left << self.half) | right
 
-    def __getitem__(self, positions) -> torch.Tensor:
-        if isinstance(positions, slice):
-            return sliced(self, positions)
-        positions = torch.as_tensor(positions, dtype=torch.int64)
+    def _at(self, positions: torch.Tensor) -> torch.Tensor:
         # NOTE: numpy for the arithmetic: ~1 us a call against torch's ~5 us, and no intra-op threads
         x = self._network(positions.numpy())
         walking = np.flatnonzero(x >= self.n)
@@ -84,34 +90,18 @@ class EpochOrder(ChunkedOrder):
         return torch.from_numpy(x)
 
 
-class TensorOrder:
-    """An order held as a tensor (int32 when n < 2**31: half of int64), with EpochOrder's interface."""
+class TensorOrder(Order):
+    """An order held as a tensor (int32 when n < 2**31: half of int64)."""
 
     def __init__(self, order: torch.Tensor):
         self.order = order.to(torch.int32) if len(order) < 2**31 else order
         self.n = len(order)
 
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, positions) -> torch.Tensor:
-        if isinstance(positions, slice):
-            return sliced(self, positions)
-        return self.order[torch.as_tensor(positions, dtype=torch.int64)].to(torch.int64)
+    def _at(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.order[positions].to(torch.int64)
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
         return self.order[start:stop].to(torch.int64)
-
-    def materialise(self) -> torch.Tensor:
-        return self.order.to(torch.int64)
-
-
-def sliced(order, s: slice) -> torch.Tensor:
-    """order[a:b:c] as a tensor would give it."""
-    start, stop, step = s.indices(len(order))
-    if step == 1:
-        return order.slice(start, max(start, stop))
-    return order[torch.arange(start, stop, step, dtype=torch.int64)]
 
 
 def mix_seed(*parts: int) -> int:

@@ -9,7 +9,6 @@ failed background download is dropped: the batch that needs the shard fetches it
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -177,28 +176,3 @@ class RollingPlan:
             self.prefetcher.plan(must, list(self._count))
             self._told = told
         self.in_flight.append(self._pop())
-
-
-class DrawPlan:
-    """The plan of a RankBatchStream over a random-window dataset at a URL: step s's shards are those its
-    draws reach, replayed from the step's own generators (`dataset.draw_files(B, generator)`)."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        # NOTE: no batch in flight: get_batch copies its windows out before the next step plans
-        self.rolling = RollingPlan(ShardPrefetcher(stream.dataset.remote), in_flight=0)
-
-    @staticmethod
-    def wanted(stream) -> bool:
-        return getattr(stream.dataset, "remote", None) is not None and hasattr(stream.dataset, "draw_files")
-
-    def step(self, step: int) -> None:
-        end = self.stream.plan_end
-        self.rolling.step(step, lambda s: itertools.count(s + 1) if end is None else range(s + 1, end), self._files)
-
-    def _files(self, step: int) -> list[str]:
-        s = self.stream
-        out: dict[str, None] = {}
-        for g in s.draw_generators(step):
-            out.update(dict.fromkeys(s.dataset.draw_files(s.draw_rows, g)))
-        return list(out)

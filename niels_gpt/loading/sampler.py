@@ -152,9 +152,7 @@ class GlobalBatchSampler:
 
     def next_position(self) -> tuple[int, int]:
         """(epoch, samples_consumed) where the next iteration starts (an exhausted epoch rolls over)."""
-        if self.samples_consumed + self.global_batch_size > self.num_samples:
-            return self.epoch + 1, 0
-        return self.epoch, self.samples_consumed
+        return self.schedule.position(self.num_samples, self.epoch, self.samples_consumed, self.total)[:2]
 
     def __iter__(self):
         self.epoch, self.samples_consumed = self.next_position()

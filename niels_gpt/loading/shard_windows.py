@@ -23,11 +23,10 @@ from niels_gpt.loading.order import (
     MASK31,
     ROUNDS,
     SMALL_ORDER,
-    ChunkedOrder,
     EpochOrder,
+    Order,
     TensorOrder,
     mix_seed,
-    sliced,
 )
 from niels_gpt.loading.sampler import GlobalBatchSampler
 
@@ -75,7 +74,7 @@ def shard_window_order(counts, K: int, seed: int, epoch: int) -> torch.Tensor:
     return out
 
 
-class ShardWindowOrder(ChunkedOrder):
+class ShardWindowOrder(Order):
     """The shard-window order of one epoch, position by position: `order[positions]`, `order.slice(a, b)`."""
 
     def __init__(self, counts, K: int, seed: int, epoch: int):
@@ -101,17 +100,14 @@ class ShardWindowOrder(ChunkedOrder):
             p, u = p + (top - u) * len(act), top
         self.start, self.level, self.width = (np.array(a, dtype=np.int64) for a in (self.start, self.level, self.width))
         self.active = np.array(self.active, dtype=np.int64).reshape(-1, K)
-        self._chunk: tuple[int, torch.Tensor] = (0, torch.empty(0, dtype=torch.int64))
 
     def _shard_order(self, shard: int) -> EpochOrder:
         """The keyed permutation of one shard's windows (the epoch's keys tweaked by the shard)."""
         tweak = [(shard * 0x9E3779B1 + i * 0x85EBCA6B + 1) & MASK31 for i in range(ROUNDS)]
         return EpochOrder(int(self.counts[shard]), torch.tensor([k ^ t for k, t in zip(self.keys, tweak, strict=True)]))
 
-    def __getitem__(self, positions) -> torch.Tensor:
-        if isinstance(positions, slice):
-            return sliced(self, positions)
-        p = torch.as_tensor(positions, dtype=torch.int64).numpy()
+    def _at(self, positions: torch.Tensor) -> torch.Tensor:
+        p = positions.numpy()
         m = np.searchsorted(self.start, p, side="right") - 1
         q = p - self.start[m]
         u = self.level[m] + q // self.width[m]  # the item of its lane

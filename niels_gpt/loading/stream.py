@@ -8,13 +8,14 @@ global batches are the same for every world size; a URL's shards are fetched ahe
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import mix_seed
-from niels_gpt.loading.prefetch import DrawPlan
+from niels_gpt.loading.prefetch import RollingPlan, ShardPrefetcher
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.resume import (
     ORDER_PEEK,
@@ -50,7 +51,10 @@ class RankBatchStream:
         self.step = 0
         self.plan_end: int | None = None  # the step after the run's last one: nothing past it is fetched
         self.fingerprint = dataset_fingerprint(dataset)
-        self._plan = DrawPlan(self) if DrawPlan.wanted(self) else None
+        self._plan = None  # a dataset at a URL: its shards fetched ahead, step s's those its draws reach
+        if getattr(dataset, "remote", None) is not None and hasattr(dataset, "draw_files"):
+            # NOTE: no batch in flight: get_batch copies its windows out before the next step plans
+            self._plan = RollingPlan(ShardPrefetcher(dataset.remote), in_flight=0)
 
     def __iter__(self):
         return self
@@ -87,7 +91,7 @@ class RankBatchStream:
 
     def __next__(self):
         if self._plan is not None:
-            self._plan.step(self.step)
+            self._plan.step(self.step, self._steps_after, self._draw_files)
         parts = [self.dataset.get_batch(B=self.draw_rows, generator=g) for g in self.draw_generators(self.step)]
         self.step += 1
         if len(parts) == 1:
@@ -95,6 +99,16 @@ class RankBatchStream:
         if isinstance(parts[0], (tuple, list)):
             return type(parts[0])(torch.cat(col) for col in zip(*parts, strict=True))
         return torch.cat(parts)
+
+    def _steps_after(self, step: int):
+        return itertools.count(step + 1) if self.plan_end is None else range(step + 1, self.plan_end)
+
+    def _draw_files(self, step: int) -> list[str]:
+        """The shard files of this rank's draws of `step`, replayed from its generators, in first-use order."""
+        out: dict[str, None] = {}
+        for g in self.draw_generators(step):
+            out.update(dict.fromkeys(self.dataset.draw_files(self.draw_rows, g)))
+        return list(out)
 
     def order_at(self, step: int) -> dict:
         """The order record of a state at `step`: the settings and the seeds of the step's first draws."""

@@ -1,11 +1,8 @@
 """Map-style windows over a pretraining cache split: sample i -> T+1 tokens at a fixed place.
 
 Each shard is cut into windows of T+1 tokens with stride T (every token but a shard's first is a target once
-per epoch), read through the random-window reader's core (readers/windows_core.py).
-
-    index -> (shard, offset): binary search in the cumulative window counts.
-    Worked example: shards of 10 and 7 tokens, T=3 -> windows (10-1)//3=3 and (7-1)//3=2;
-    cumulative [0, 3, 5]; index 4 -> shard 1, local window 1, tokens [3:7] of shard 1.
+per epoch), read through the random-window reader's core (readers/windows_core.py: its worked example's stride
+3 is this dataset at T=3); index -> (shard, offset) is a binary search in the cumulative window counts.
 """
 
 from __future__ import annotations
@@ -81,7 +78,8 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return self.core.files(self.core.locate(np.asarray(indices, dtype=np.int64))[0])
 
     def __getitem__(self, index: int) -> dict:
-        window = torch.from_numpy(self.core.window(*self.locate(int(index))).astype(np.int64))
+        shard, local = self.locate(int(index))
+        window = torch.from_numpy(self.core.gather(np.array([shard]), np.array([local]))[0].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __getitems__(self, indices) -> WindowBatch:

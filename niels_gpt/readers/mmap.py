@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import sys
@@ -26,7 +27,6 @@ MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 # Linux, macOS and the BSDs share MAP_FIXED's value; only there is open_concatenated attempted.
 _MAP_FIXED = 0x10
 _CONCAT_PLATFORMS = ("linux", "darwin", "freebsd")
-_LIBC = None
 
 
 def open_tokens(path: str | os.PathLike, dtype: np.dtype, *, expected_bytes: int | None = None) -> np.ndarray:
@@ -68,17 +68,14 @@ def window_view(tokens: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(tokens, shape=(max(n, 0), width), strides=(s, s), writeable=False)
 
 
+@functools.cache
 def _libc():
-    global _LIBC
-    if _LIBC is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _LIBC = libc
-    return _LIBC
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 def open_concatenated(paths: list[str | os.PathLike], dtype: np.dtype, *,
@@ -136,20 +133,3 @@ def prefetch_windows(base_addr: int, itemsize: int, starts: np.ndarray, width: i
     lengths = lo + width * itemsize - aligned
     for addr, length in zip(aligned.tolist(), lengths.tolist(), strict=True):
         libc.madvise(addr, length, mmap.MADV_WILLNEED)
-
-
-def gather_remote(remote, rels: list[str], dtype: np.dtype, expected_bytes: list[int], shard: np.ndarray,
-                  starts: np.ndarray, width: int) -> np.ndarray:
-    """(B, width) windows, row i at `starts[i]` of file `rels[shard[i]]` of a remote cache, each file fetched,
-    mapped, read and let go before the next: no map outlives the call, so an evicted shard frees its disk.
-    Files already mirrored are read first, and the batch's files not read yet are kept while one downloads."""
-    out = np.empty((len(shard), width), dtype=dtype)
-    ks = list(dict.fromkeys(np.asarray(shard).tolist()))
-    ks.sort(key=lambda k: not remote.has(rels[k]))
-    unread = {rels[k] for k in ks}
-    for k in ks:
-        path = remote.fetch(rels[k], keep=unread)
-        rows = np.flatnonzero(shard == k)
-        out[rows] = window_view(open_tokens(path, dtype, expected_bytes=expected_bytes[k]), width)[starts[rows]]
-        unread.discard(rels[k])
-    return out

@@ -42,14 +42,6 @@ class PretrainTokenStreamDataset:
     def vocab_size(self) -> int:
         return int(self.meta["vocab_size"])
 
-    @property
-    def _flat(self) -> np.ndarray | None:
-        return self.core.flat
-
-    @property
-    def _frames(self):
-        return self.core.frames
-
     def fingerprint(self) -> str:
         return cache_fingerprint(self, self.shards_dir, self.meta, self.T)
 

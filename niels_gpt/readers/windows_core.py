@@ -26,13 +26,7 @@ from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.formats.zstd_shard import ZstdShard, frame_tokens_of, is_compressed_meta
 from niels_gpt.meta import numpy_dtype, read_meta, unfinished_build
 from niels_gpt.readers.frames import FRAME_CACHE_BYTES, FrameCache
-from niels_gpt.readers.mmap import (
-    gather_remote,
-    open_concatenated,
-    open_tokens,
-    prefetch_windows,
-    window_view,
-)
+from niels_gpt.readers.mmap import open_concatenated, open_tokens, prefetch_windows, window_view
 from niels_gpt.readers.shards import split_shards
 
 if TYPE_CHECKING:
@@ -141,13 +135,6 @@ class WindowCore:
         cum = np.ascontiguousarray(self.cum * self.stride, dtype=np.int64)
         self._kernel = (cum, cum.ctypes.data, len(self._shift), self._shift.ctypes.data)
 
-    def _frame_cache(self) -> FrameCache:
-        if self.frames is None:
-            self.frames = FrameCache(self.tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard,
-                                     max_bytes=self.frame_cache_bytes)
-            self._use_range(self.frames.flat, self.frames.frame_base[:-1] * self.frame_tokens)
-        return self.frames
-
     def _zstd_shard(self, k: int) -> ZstdShard:
         """Shard k's reader. A remote shard is fetched (again, if it was evicted) and opened for the one
         frame load that asks for it, then let go: no map of an evicted file outlives the batch."""
@@ -168,8 +155,10 @@ class WindowCore:
         local one where open_concatenated works, a remote one mirrored whole (see _mirrored_whole)."""
         if self.range is not None:
             return True
-        if self.frame_tokens is not None:
-            self._frame_cache()
+        if self.frame_tokens is not None:  # the frame cache's range
+            self.frames = FrameCache(self.tokens, self.dtype, self.frame_tokens, self.T, self._zstd_shard,
+                                     max_bytes=self.frame_cache_bytes)
+            self._use_range(self.frames.flat, self.frames.frame_base[:-1] * self.frame_tokens)
             return True
         if self.remote is not None and not self._mirrored_whole(shard):
             return False
@@ -205,28 +194,31 @@ class WindowCore:
         return self.flat[rows]
 
     def _gather_apart(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
-        """`gather` without one range: remote shards one by one, or one local map per shard."""
-        if self.remote is not None:
-            return gather_remote(self.remote, self.rels, self.dtype, self.bytes, shard, local, self.T + 1)
+        """`gather` without one range: one local map per shard, or remote shards one by one, each fetched,
+        mapped, read and let go before the next: no map outlives the call, so an evicted shard frees its disk.
+        Remote files already mirrored are read first, and the batch's files not read yet are kept while one
+        downloads."""
         out = np.empty((len(shard), self.T + 1), dtype=self.dtype)
-        for k in dict.fromkeys(shard.tolist()):
+        ks = list(dict.fromkeys(shard.tolist()))
+        if self.remote is not None:
+            ks.sort(key=lambda k: not self.remote.has(self.rels[k]))
+        unread = {self.rels[k] for k in ks}
+        for k in ks:
+            if self.remote is None:
+                if self.views[k] is None:  # every window of local shard k, a view built once per process
+                    self.views[k] = window_view(self.shard(k), self.T + 1)
+                view = self.views[k]
+            else:
+                path = self.remote.fetch(self.rels[k], keep=unread)
+                view = window_view(open_tokens(path, self.dtype, expected_bytes=self.bytes[k]), self.T + 1)
             rows = np.flatnonzero(shard == k)
-            out[rows] = self._view(k)[local[rows]]
+            out[rows] = view[local[rows]]
+            unread.discard(self.rels[k])
         return out
-
-    def window(self, shard: int, local: int) -> np.ndarray:
-        """The T+1 tokens at `local` of shard `shard`."""
-        return self.gather(np.array([shard]), np.array([local]))[0]
 
     def shard(self, k: int) -> np.ndarray:
         """Every token of local raw shard k, mapped."""
         return open_tokens(self.paths[k], self.dtype, expected_bytes=self.bytes[k])
-
-    def _view(self, k: int) -> np.ndarray:
-        """Every window of local shard k (a view; built once per process)."""
-        if self.views[k] is None:
-            self.views[k] = window_view(self.shard(k), self.T + 1)
-        return self.views[k]
 
     def batch(self, i: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y (B, T) int64 on `device` of windows `i` (a contiguous int64 CPU tensor, overwritten: it

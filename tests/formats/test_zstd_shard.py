@@ -85,7 +85,7 @@ def test_random_window_batches_equal_the_uncompressed_cache_bit_for_bit(pair, T,
                 xb, yb = b.get_batch(B=B, generator=gb)
                 assert torch.equal(xa, xb) and torch.equal(ya, yb)
         assert torch.equal(ga.get_state(), gb.get_state())
-        fc = b._frames
+        fc = b.core.frames
         assert fc.count <= fc.capacity and fc.loaded >= fc.count
         if frame_cache_bytes is not None:
             assert fc.loaded > fc.capacity  # it did evict, and still served the same tokens

@@ -73,7 +73,7 @@ def test_random_windows_through_a_stream_stay_within_the_bound(served, download_
     for _ in range(60):
         assert torch.equal(next(remote)[0], next(local)[0])
         assert held_disk(download_cache) <= BOUND
-    remote._plan.rolling.prefetcher.close()
+    remote._plan.prefetcher.close()
 
 
 def test_a_split_that_fits_the_bound_is_mapped_whole(served, download_cache):
@@ -83,7 +83,7 @@ def test_a_split_that_fits_the_bound_is_mapped_whole(served, download_cache):
     g = torch.Generator().manual_seed(1)
     for _ in range(60):
         remote.get_batch(B=3, generator=g)
-    assert remote._flat is not None  # every shard mirrored: one map, like a local cache
+    assert remote.core.flat is not None  # every shard mirrored: one map, like a local cache
 
 
 @pytest.mark.parametrize("sampler", ["global", "shard_windows"])

@@ -99,7 +99,7 @@ def test_a_whole_epoch_stays_within_the_bound(built, download_cache, monkeypatch
             assert torch.equal(next(remote)[1], next(local)[1])
             assert held_disk(download_cache) <= bound, steps
             steps += 1
-        prefetcher = remote._plan.rolling.prefetcher
+        prefetcher = remote._plan.prefetcher
     else:
         remote, local = IndexedWindowDataset(f"{url}/{compress}", T), IndexedWindowDataset(cache, T)
 
@@ -159,7 +159,7 @@ def _read_small(url: str, cache, download_cache, batches: int) -> None:
     for _ in range(batches // 4):
         next(stream)
         assert held_disk(download_cache) <= bound
-    stream._plan.rolling.prefetcher.close()
+    stream._plan.prefetcher.close()
 
 
 def test_ten_thousand_small_shards_over_http_stay_within_the_bound(small_shards, download_cache):

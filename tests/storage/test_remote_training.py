@@ -258,15 +258,15 @@ def test_compressed_shards_from_s3_serve_the_local_batches_through_a_small_bound
         (xa, ya), (xb, yb) = next(a), next(b)
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
         assert disk_usage(download_cache) <= bound
-    assert b._plan is not None and b._plan.rolling.prefetcher.pinned  # the stream planned its next draws
-    assert remote._frames is not None and remote._frames.loaded > 0
+    assert b._plan is not None and b._plan.prefetcher.pinned  # the stream planned its next draws
+    assert remote.core.frames is not None and remote.core.frames.loaded > 0
     c = RankBatchStream(remote, 4, seed=1, rank=0, world_size=1)
     c.end_after(2)  # a run of two steps: the plan holds step 1 while step 0 is read, then nothing
     next(c)
-    assert [pos for pos, _ in c._plan.rolling.ahead] == [1]
+    assert [pos for pos, _ in c._plan.ahead] == [1]
     next(c)
-    assert not c._plan.rolling.ahead
-    c._plan.rolling.prefetcher.close()
+    assert not c._plan.ahead
+    c._plan.prefetcher.close()
 
 
 def test_open_dataset_takes_cache_urls(s3, tmp_path):
