@@ -14,9 +14,7 @@ from niels_gpt.errors import ConfigError
 from niels_gpt.trace.documents import cache_documents, find_document
 from niels_gpt.trace.parquet import parquet_hits, parquet_origin
 from niels_gpt.trace.replay import advance
-from niels_gpt.trace.run import Run
-from niels_gpt.trace.sequences import packed_documents
-from niels_gpt.trace.steps import replay_of
+from niels_gpt.trace.steps import Run, packed_documents, replay_of
 
 
 def parse_document(text: str) -> tuple[str | None, str, int]:
