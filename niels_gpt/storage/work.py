@@ -53,8 +53,7 @@ class WorkStore:
 
     def list(self) -> dict[str, int]:
         """rel -> size of every object under the work URL (empty when there is none)."""
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(self.root)  # what other nodes wrote since: never a listing of before
+        self._fresh("")  # what other nodes wrote since: never a listing of before
         try:
             found = call(self.fs, f"listing {self.url}", "find", self.root, None, False, True)
         except FileNotFoundError:
