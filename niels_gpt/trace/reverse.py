@@ -12,8 +12,7 @@ import numpy as np
 from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError
 from niels_gpt.trace.documents import cache_documents, find_document
-from niels_gpt.trace.parquet import parquet_hits, parquet_origin
-from niels_gpt.trace.replay import advance
+from niels_gpt.trace.replay import advance, parquet_hits, parquet_origin
 from niels_gpt.trace.steps import Run, packed_documents, replay_of
 
 

@@ -22,8 +22,7 @@ from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.errors import ConfigError
 from niels_gpt.packing import collate_packed
 from niels_gpt.trace.documents import cache_documents, document_origin, packed_origin
-from niels_gpt.trace.parquet import parquet_sequences
-from niels_gpt.trace.replay import Replay
+from niels_gpt.trace.replay import Replay, parquet_sequences
 from niels_gpt.train.checkpoint import CKPT_PATTERN, RUN_NAME, checkpoints, read_run
 from niels_gpt.urls import is_url
 
