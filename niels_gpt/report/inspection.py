@@ -17,8 +17,8 @@ from niels_gpt.packing import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.sft_examples import SFTExamples
 from niels_gpt.readers.windows_core import open_split
+from niels_gpt.report.figures import table
 from niels_gpt.report.found import find_caches, find_tokenizer
-from niels_gpt.report.render import table
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
