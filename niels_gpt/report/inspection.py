@@ -150,8 +150,8 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     root = found.path
     ds = open_packed(root)
     lines = [f"packed SFT bins {root} ({type(ds).__name__})", f"  bins: {len(ds):,}"]
+    manifest = read_manifest(root) if found.layout == "memmap" else {}
     if found.layout == "memmap":
-        manifest = read_manifest(root)
         for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
             if key in manifest:
                 lines.append(f"  {key}: {manifest[key]}")
@@ -165,8 +165,7 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     mask = np.asarray(item["loss_mask"])[:window].astype(bool) if "loss_mask" in item else None
     head = (f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1; trained "
             f"targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):")
-    source = read_manifest(root).get("source") or {} if found.layout == "memmap" else {}
-    recorded = source.get("tokenizer_sha256")
+    recorded = (manifest.get("source") or {}).get("tokenizer_sha256")
     trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
     return _decoded(lines, head, ids.tolist(), tokenizer, recorded, root, trained)
 
