@@ -51,7 +51,7 @@ class Replay:
     """The loader of one run segment (its settings, `world_size` ranks), asked for micro-batch k."""
 
     def __init__(self, data: str, config: dict, world_size: int, vocab_size: int | None):
-        self.config, self.world_size = config, world_size
+        self.world_size = world_size
         self.T = int(config["sequence_len"])
         ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=config.get("batch_ramp"),
                                                 total_batch_size=config.get("total_batch_size")), world_size)
