@@ -17,8 +17,8 @@ from niels_gpt.packing import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
 from niels_gpt.readers.sft_examples import SFTExamples
 from niels_gpt.readers.windows_core import open_split
+from niels_gpt.report.figures import table
 from niels_gpt.report.found import find_caches, find_tokenizer
-from niels_gpt.report.render import table
 from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
@@ -150,8 +150,8 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     root = found.path
     ds = open_packed(root)
     lines = [f"packed SFT bins {root} ({type(ds).__name__})", f"  bins: {len(ds):,}"]
+    manifest = read_manifest(root) if found.layout == "memmap" else {}
     if found.layout == "memmap":
-        manifest = read_manifest(root)
         for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
             if key in manifest:
                 lines.append(f"  {key}: {manifest[key]}")
@@ -165,8 +165,7 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     mask = np.asarray(item["loss_mask"])[:window].astype(bool) if "loss_mask" in item else None
     head = (f"bin 0, first {len(ids)} tokens (loss_mask[j] trains the prediction of token j+1; trained "
             f"targets inside {TRAINED_OPEN} {TRAINED_CLOSE}):")
-    source = read_manifest(root).get("source") or {} if found.layout == "memmap" else {}
-    recorded = source.get("tokenizer_sha256")
+    recorded = (manifest.get("source") or {}).get("tokenizer_sha256")
     trained = None if mask is None else np.concatenate([[False], mask[:-1]])  # mark the trained targets
     return _decoded(lines, head, ids.tolist(), tokenizer, recorded, root, trained)
 

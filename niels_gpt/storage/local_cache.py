@@ -161,10 +161,6 @@ class Pins:
         threading.Thread(target=_write_pins, args=(self._lock, self._path, weakref.ref(self)), daemon=True,
                          name="niels-gpt-pins").start()
 
-    @property
-    def paths(self) -> frozenset[str]:
-        return self._paths
-
     def close(self) -> None:
         if self._finalizer is not None and self._pid == os.getpid():
             self._finalizer()

@@ -114,9 +114,8 @@ class RemoteCache:
 
     @property
     def fs(self):
-        # NOTE: a DataLoader worker forked from the process that opened the dataset inherits this
-        # object without pickling it; async filesystems (s3fs) refuse to run in a fork, so each
-        # process opens its own.
+        # NOTE: a DataLoader worker forked from the process that opened the dataset inherits this object
+        # without pickling it; async filesystems (s3fs) refuse to run in a fork, so each process opens its own
         if self._fs is None or self._fs_pid != os.getpid():
             self._fs, self._fs_pid = filesystem(self.url), os.getpid()
         return self._fs

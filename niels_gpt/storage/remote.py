@@ -62,16 +62,19 @@ def open_marker(url: str) -> tuple[RemoteCache, str]:
                                f"split directory: a root of several caches is read one cache URL at a time)")
 
 
-def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = False,
-                       fresh: bool = False) -> tuple[Path, Callable[[str], str], list[str]]:
-    """(local path, a function naming mirrored paths by their URL, problems) for a cache, packed directory
-    or split directory at `url`.
+def read_location(path, *, everything: bool = True, collect: bool = False,
+                  fresh: bool = False) -> tuple[str, Callable[[str], str], list[str]]:
+    """For a read-side command: (local path, a function naming mirrored paths by their URL, problems) for a
+    cache, packed directory or split directory at `path`; a local path is itself, named as it is.
 
-    `everything`: every file its marker lists (under the split) is fetched and checked, kept from eviction
-    during this call. `collect`: a file that fails its check is a problem line, not a CacheError. `fresh`:
-    every file downloaded again (what verify does: it checks the bytes at the URL); a damaged mirrored
-    copy is a problem line too."""
-    url = os.fspath(url).rstrip("/")
+    At a URL: `everything`: every file its marker lists (under the split) is fetched and checked, kept from
+    eviction during this call. `collect`: a file that fails its check is a problem line, not a CacheError.
+    `fresh`: every file downloaded again (what verify does: it checks the bytes at the URL); a damaged
+    mirrored copy is a problem line too."""
+    local = local_path_of(path)
+    if local is not None:
+        return local, str, []
+    url = os.fspath(path).rstrip("/")
     rc, sub = open_marker(url)
     problems = []
     if everything:
@@ -97,7 +100,7 @@ def mirror_for_reading(url: str, *, everything: bool = True, collect: bool = Fal
     def named(text: str) -> str:
         return str(text).replace(str(rc.local_dir), rc.url)
 
-    return local, named, problems
+    return str(local), named, problems
 
 
 def _unlisted(rc: RemoteCache, sub: str) -> list[str]:
@@ -129,15 +132,6 @@ def errors_named(named: Callable[[str], str]):
         if text != str(exc):
             exc.args = (text,)
         raise
-
-
-def read_location(path, **kw) -> tuple[str, Callable[[str], str], list[str]]:
-    """For a read-side command: (local path, naming function, problems); a URL through mirror_for_reading."""
-    local = local_path_of(path)
-    if local is not None:
-        return local, str, []
-    mirror, named, problems = mirror_for_reading(path, **kw)
-    return str(mirror), named, problems
 
 
 def tokenizer_near(url: str, levels: int = 2) -> Path | None:

@@ -53,8 +53,7 @@ class WorkStore:
 
     def list(self) -> dict[str, int]:
         """rel -> size of every object under the work URL (empty when there is none)."""
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(self.root)  # what other nodes wrote since: never a listing of before
+        self._fresh("")  # what other nodes wrote since: never a listing of before
         try:
             found = call(self.fs, f"listing {self.url}", "find", self.root, None, False, True)
         except FileNotFoundError:
@@ -123,8 +122,7 @@ def check_work_url(store: WorkStore, out: str, flag: str = "--work-dir") -> tupl
 def fetch_tokenizer(url: str, sha256: str) -> Path:
     """The tokenizer model at `url` (and its siblings) as a local path in this node's download cache,
     downloaded once per node (a lock, then a rename)."""
-    model = url.rstrip("/").rsplit("/", 1)[-1]
-    folder = url.rstrip("/").rsplit("/", 1)[0]
+    folder, _, model = url.rstrip("/").rpartition("/")
     root = local_cache_dir()
     claim(root)
     final = root / MIRRORS / "tokenizers" / sha256

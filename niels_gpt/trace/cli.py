@@ -2,12 +2,16 @@
 
     niels-gpt-data trace runs/demo --step 41 [--rank 0] [--text] [--json] [--html step41.html]
     niels-gpt-data trace runs/demo --document train:11 [--json]
+
+`--html OUT.html` writes one self-contained page of a traced step (sequences, documents, origins).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import sys
+from itertools import groupby
 from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
@@ -55,7 +59,6 @@ def _decoder(trace: dict, run_dir: str, explicit: str | None):
 
 
 def _describe(doc: dict) -> str:
-    name = f"{doc['dataset']}:" if doc.get("dataset") else ""
     where = (f"bin {doc['bin']} tokens {doc['bin_tokens'][0]}..{doc['bin_tokens'][1]}" if "bin" in doc
              else f"tokens {doc['cache_tokens'][0]}..{doc['cache_tokens'][1]}")
     source = f"input {doc['input']}" if doc.get("input") else doc.get("note", "")
@@ -65,7 +68,7 @@ def _describe(doc: dict) -> str:
                                             if chars else "")
     if doc.get("message_ids"):  # an oasst example: its tree and its messages, the last one the leaf
         source += f", tree {doc['message_tree_id']}, messages {' '.join(doc['message_ids'])}"
-    return f"{name}{doc['split']}:{doc['document']} ({where} of {doc['cache']}; {source})"
+    return f"{_name(doc)} ({where} of {doc['cache']}; {source})"
 
 
 def run_trace(args) -> int:
@@ -87,9 +90,6 @@ def run_trace(args) -> int:
     trace = trace_step(args.run_dir, args.step, rank=args.rank, data=args.data)
     decode = _decoder(trace, args.run_dir, args.tokenizer) if (args.text or args.html) else None
     if args.html:
-        # lazy: as the trace itself
-        from niels_gpt.trace.page import render_page
-
         write_bytes_atomic(Path(args.html), render_page(trace, decode).encode("utf-8"))
         print(f"wrote {args.html}: {len(trace['sequences'])} sequences of step {trace['step']}", file=sys.stderr)
         if not (args.json or args.text):
@@ -118,3 +118,53 @@ def run_trace(args) -> int:
                         print(f"    record {doc['where']}, characters {doc['chars'][0]}..{doc['chars'][1]}: "
                               f"{text[:200]!r}{' ...' if len(text) > 200 else ''}")
     return 0
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:0;display:flex}
+main{flex:3;padding:1em;overflow:auto}aside{flex:1;padding:1em;background:#f4f4f4;font-size:12px;overflow:auto;
+max-height:100vh}
+.sequence{border:1px solid #ccc;margin:0 0 1em;padding:.5em;white-space:pre-wrap;font-family:monospace;font-size:12px}
+.sequence h2{font:bold 12px system-ui;margin:0 0 .3em}
+.doc{border-left:3px solid #333;padding-left:2px}.d0{background:#e3f0ff}.d1{background:#fff1d6}.d2{background:#e5f7e5}
+.untrained{color:#999}
+"""
+
+
+def _name(doc: dict) -> str:
+    where = f"{doc['dataset']}:" if doc.get("dataset") else ""
+    return f"{where}{doc['split']}:{doc['document']}"
+
+
+def render_page(trace: dict, decode) -> str:
+    """The page of `trace` (trace_step's result); decode(ids) -> text."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>step {trace['step']} of "
+             f"{html.escape(trace['run'])}</title><style>{STYLE}</style></head><body><main>",
+             f"<h1>Step {trace['step']} of {html.escape(trace['run'])}</h1><p>{html.escape(trace['kind'])} data "
+             f"{html.escape(str(trace['data']))}, {trace['world_size']} rank(s) x {trace['micro_batches']} "
+             f"micro-batch(es); greyed tokens were not trained</p>"]
+    origins: dict[str, dict] = {}
+    for seq in trace["sequences"]:
+        parts.append(f"<section class='sequence' data-rank='{seq['rank']}' data-micro-batch='{seq['micro_batch']}' "
+                     f"data-row='{seq['row']}'><h2>rank {seq['rank']}, micro-batch {seq['micro_batch']}, row "
+                     f"{seq['row']} (sample {html.escape(json.dumps(seq['sample']))})</h2>")
+        for n, doc in enumerate(seq["documents"]):
+            a, b = doc["sequence_tokens"]
+            origins.setdefault(_name(doc), doc)
+            body = ""
+            pieces = zip(seq["input_ids"][a:b], seq["trained"][a:b], strict=True)
+            for ok, run in groupby(pieces, key=lambda t: t[1]):  # runs of trained and untrained tokens
+                text = html.escape(decode([i for i, _ in run]))
+                body += text if ok else f"<span class='untrained'>{text}</span>"
+            title = json.dumps({k: v for k, v in doc.items() if k != "trained_tokens"}, default=str)
+            parts.append(f"<span class='doc d{n % 3}' data-document='{html.escape(_name(doc))}' "
+                         f"title='{html.escape(title)}'>{body}</span>")
+        parts.append("</section>")
+    parts.append("</main><aside><h2>Documents</h2><ul>")
+    for name, doc in origins.items():
+        source = doc.get("where") or doc.get("input") or doc.get("note") or ""  # where: input and record
+        parts.append(f"<li class='origin' data-document='{html.escape(name)}'><b>{html.escape(name)}</b> tokens "
+                     f"{html.escape(str(doc.get('cache_tokens') or doc.get('bin_tokens')))} of "
+                     f"{html.escape(str(doc['cache']))}<br>{html.escape(str(source))}</li>")
+    parts.append("</ul></aside></body></html>\n")
+    return "".join(parts)

@@ -105,13 +105,17 @@ class CacheDocuments:
         layouts = (self.meta.get("source") or {}).get("layouts") or []
         return layouts[i] if len(layouts) == inputs else layouts[0] if len(layouts) == 1 else None
 
-    def origin(self, index: int) -> dict:
+    def span(self, index: int) -> tuple[int, int]:
+        """The split's tokens [start, end) of document `index`; a ConfigError naming the range past it."""
         if not 0 <= index < len(self):
             raise ConfigError(f"document {self.split}:{index}: {self.cache} holds documents {self.split}:0.."
                               f"{self.split}:{len(self) - 1} in its {self.split} split; give one of those")
+        return int(self.starts[index]), int(self.ends[index])
+
+    def origin(self, index: int) -> dict:
         inputs = [str(f) for f in (self.meta.get("source") or {}).get("files") or []]
         out = {"cache": self.cache, "split": self.split, "document": int(index),
-               "cache_tokens": [int(self.starts[index]), int(self.ends[index])], "inputs": inputs}
+               "cache_tokens": list(self.span(index)), "inputs": inputs}
         found = self.origins
         if found is not None and index < len(found[0]):
             out.update(origin_fields(found[0][index], found[1]))

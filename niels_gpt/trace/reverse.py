@@ -12,11 +12,8 @@ import numpy as np
 from niels_gpt.constants import SPLITS
 from niels_gpt.errors import ConfigError
 from niels_gpt.trace.documents import cache_documents, find_document
-from niels_gpt.trace.parquet import parquet_hits, parquet_origin
-from niels_gpt.trace.replay import advance
-from niels_gpt.trace.run import Run
-from niels_gpt.trace.sequences import packed_documents
-from niels_gpt.trace.steps import replay_of
+from niels_gpt.trace.replay import advance, parquet_hits, parquet_origin
+from niels_gpt.trace.steps import Run, packed_documents, replay_of
 
 
 def parse_document(text: str) -> tuple[str | None, str, int]:
@@ -40,9 +37,7 @@ def parse_origin(text: str) -> tuple[str, int] | None:
 def _window_ids(ds, cache: str, split: str, doc: int) -> np.ndarray:
     """The window indices of an IndexedWindowDataset that hold any token of document `doc`."""
     docs = cache_documents(cache, split)
-    if not 0 <= doc < len(docs):
-        docs.origin(doc)  # raises, naming the range
-    d0, d1 = int(docs.starts[doc]), int(docs.ends[doc])
+    d0, d1 = docs.span(doc)
     counts = np.diff(np.asarray(ds.cumulative))
     shard = np.repeat(np.arange(len(counts)), counts)
     local = np.arange(len(shard)) - np.asarray(ds.cumulative)[shard]
@@ -71,13 +66,11 @@ def _targets(replay, dataset: str | None, split: str, doc: int):
         d = names.index(dataset)
         return d, set(_window_ids(replay.dataset.datasets[d], str(replay.opened[0].origins[d]), split, doc).tolist())
     if kind == "sft":
-        cache_documents(replay.data, split).origin(doc)  # raises on an index out of range
+        cache_documents(replay.data, split).span(doc)  # raises on an index out of range
         return doc
     if kind == "packed":
         return np.array([_bin_of(replay, split, doc)])
-    docs = cache_documents(replay.data, split)
-    docs.origin(doc)
-    return int(docs.starts[doc]), int(docs.ends[doc])
+    return cache_documents(replay.data, split).span(doc)
 
 
 def _bin_of(replay, split: str, doc: int) -> int:

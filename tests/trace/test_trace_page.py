@@ -85,7 +85,7 @@ def test_the_page_of_a_step_loads_clean_with_every_sequence_and_document(browser
     trace = trace_step(run, 2)
     page = tmp_path / "step2.html"
     # the handmade cache has no tokenizer: ids are shown as numbers
-    from niels_gpt.trace.page import render_page
+    from niels_gpt.trace.cli import render_page
 
     page.write_text(render_page(trace, lambda ids: " ".join(map(str, ids)) + " "))
     out = Path(os.environ.get("TRACE_PAGE_OUT", tmp_path))
