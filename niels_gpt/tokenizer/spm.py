@@ -80,7 +80,6 @@ class SentencePieceTokenizer(Tokenizer):
         else:  # any other sentencepiece model (Llama, Mistral, ...): its own <s> / </s>
             eos_id = self._sp.eos_id()
             self._special = {"sys": None, "usr": None, "asst": None, "eot": eos_id if eos_id >= 0 else None}
-        self._byte_lengths: np.ndarray | None = None
         self._template = self._read_template(path, chat_template)
         self._apply_options(eos, bos, separator)
         if chat_template is not None:
@@ -190,20 +189,18 @@ class SentencePieceTokenizer(Tokenizer):
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
 
-    def token_byte_lengths(self) -> np.ndarray:
-        if self._byte_lengths is None:
-            sp = self._sp
-            out = np.zeros(len(self), dtype=np.int32)
-            for i in range(len(self)):
-                if sp.is_control(i) or sp.is_unknown(i):
-                    continue
-                if sp.is_byte(i):
-                    out[i] = 1
-                    continue
-                # "▁" (U+2581) decodes to one space byte.
-                out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
-            self._byte_lengths = out
-        return self._byte_lengths
+    def _count_byte_lengths(self) -> np.ndarray:
+        sp = self._sp
+        out = np.zeros(len(self), dtype=np.int32)
+        for i in range(len(self)):
+            if sp.is_control(i) or sp.is_unknown(i):
+                continue
+            if sp.is_byte(i):
+                out[i] = 1
+                continue
+            # "▁" (U+2581) decodes to one space byte.
+            out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        return out
 
 
 def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LENGTH) -> Iterator[str]:

@@ -230,7 +230,6 @@ class TiktokenTokenizer(Tokenizer):
         self._special = {"sys": None, "usr": None, "asst": None, "eot": eot}
         if all(t in self._enc._special_tokens for t in SPECIAL_TOKENS.values()):  # the library's four chat tokens
             self._special = {k: self._enc._special_tokens[t] for k, t in SPECIAL_TOKENS.items()}
-        self._byte_lengths: np.ndarray | None = None
         self._apply_options(eos, bos, separator)
 
     def __len__(self) -> int:
@@ -279,10 +278,8 @@ class TiktokenTokenizer(Tokenizer):
         except KeyError as exc:
             raise TokenizerError(f"{self._path}: id {token_id} is not in the vocabulary (0..{len(self) - 1})") from exc
 
-    def token_byte_lengths(self) -> np.ndarray:
-        if self._byte_lengths is None:
-            out = np.zeros(len(self), dtype=np.int32)
-            for token, rank in self._enc._mergeable_ranks.items():
-                out[rank] = len(token)
-            self._byte_lengths = out
-        return self._byte_lengths
+    def _count_byte_lengths(self) -> np.ndarray:
+        out = np.zeros(len(self), dtype=np.int32)
+        for token, rank in self._enc._mergeable_ranks.items():
+            out[rank] = len(token)
+        return out
