@@ -99,9 +99,9 @@ class Tokenizer(ABC):
     def _own_bos(self) -> int | None:
         return None
 
+    @abstractmethod
     def token_to_id(self, token: str) -> int | None:
         """The id of a token given as its text (special tokens included), or None."""
-        return None
 
     def _token_id(self, value: int | str, what: str) -> int:
         """An --eos/--bos value (an id, or a token's text) as an id inside the vocabulary."""

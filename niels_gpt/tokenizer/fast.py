@@ -51,20 +51,15 @@ TORTURE = [
 ]
 
 
-def _specials(tokenizer) -> list[str]:
-    """Special-token strings of `tokenizer`: text for the encoder, which must encode them as text."""
-    out = ["<|endoftext|>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
+def torture_texts(tokenizer) -> list[str]:
+    """TORTURE and the special-token strings of `tokenizer`: text for the encoder, which must encode them as text."""
+    specials = ["<|endoftext|>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
     enc = getattr(tokenizer, "_enc", None)
     if enc is not None:
-        out += list(enc._special_tokens)
+        specials += list(enc._special_tokens)
     hf = getattr(tokenizer, "_tok", None)
     if hf is not None:
-        out += [t.content for t in hf.get_added_tokens_decoder().values()]
-    return out
-
-
-def torture_texts(tokenizer) -> list[str]:
-    specials = _specials(tokenizer)
+        specials += [t.content for t in hf.get_added_tokens_decoder().values()]
     return TORTURE + ["".join(specials), " ".join(f"x{s}y" for s in specials)]
 
 
@@ -85,11 +80,9 @@ def _build(gigatoken, tokenizer):
         tb = tiktoken_backend
         scheme = {tb.R50K_PATTERN: "gpt2", tb.CL100K_PATTERN: "gpt4", tb.O200K_PATTERN: "o200k"}.get(enc._pat_str)
         if scheme is None:
-            try:
+            with contextlib.suppress(ImportError, AttributeError):
                 from tiktoken_ext import openai_public as op
                 scheme = {op.r50k_pat_str: "gpt2"}.get(enc._pat_str)
-            except (ImportError, AttributeError):
-                scheme = None
         if scheme is None:
             return None
         path = tokenizer._path

@@ -66,10 +66,8 @@ class TrainingTexts:
             self.visible = self.visible or (text != "" and not text.isspace())
             yield text
 
-    def nothing_visible(self) -> NoTrainingText | None:
-        """The error to raise when no text held a visible character, else None."""
-        if self.visible:
-            return None
+    def nothing_visible(self) -> NoTrainingText:
+        """The error to raise when no text held a visible character."""
         if self.stats["documents"] == 0:
             return NoTrainingText("no training text: every source was empty; give text to train on")
         return NoTrainingText(f"no training text: the {self.stats['documents']:,} document(s) hold only "

@@ -88,9 +88,8 @@ class SentencePieceTokenizer(Tokenizer):
     def _read_template(self, path: Path, chat_template) -> str | None:
         """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
         the model; none for the library's tokenizer, which renders chats with its sentinels."""
-        ours = all(v is not None for v in self._special.values())
         if chat_template is not None:
-            if ours:
+            if self.library_conventions:
                 raise TokenizerError(f"{path}: the library's tokenizer renders chats with its own sentinels; "
                                      "--chat-template applies to other tokenizers only: leave it out")
             try:
@@ -99,7 +98,7 @@ class SentencePieceTokenizer(Tokenizer):
                 raise TokenizerError(f"{chat_template}: cannot read this chat template "
                                      f"({getattr(exc, 'strerror', None) or exc}); --chat-template takes a jinja2 "
                                      "template file") from None
-        if ours:
+        if self.library_conventions:
             return None
         # lazy: the transformers-directory reader is needed only by models of their own conventions
         from niels_gpt.tokenizer.hf import read_config

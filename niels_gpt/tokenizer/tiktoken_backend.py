@@ -7,8 +7,8 @@
 - A `.tiktoken` file that is one of OpenAI's published encodings (recognised by its sha256, `PUBLISHED`) is
   that encoding exactly as the name gives it (regex, special tokens, sha256), so a cache built from the file
   offline is the cache built from the name. A file trained here (`train-tokenizer --trainer rustbpe`) takes its
-  regex and the library's special tokens from the meta.json beside it. Any other file gets `pattern_for`'s
-  regex and one special token, `<|endoftext|>`, after the last rank.
+  regex and the library's special tokens from the meta.json beside it. Any other file gets o200k's regex
+  (a file name holding "o200k") or cl100k's, and one special token, `<|endoftext|>`, after the last rank.
 - Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template.
 - sha256: of the `.tiktoken` file, or for a name (and a published file) of its ranks, regex and special
   tokens, so two machines with the same encoding record the same value.
@@ -157,10 +157,6 @@ def recorded_encoding(path: Path) -> dict | None:
     return record
 
 
-def pattern_for(path: Path) -> str:
-    return O200K_PATTERN if "o200k" in path.name else CL100K_PATTERN
-
-
 def is_tiktoken_spec(path: str | os.PathLike) -> bool:
     """A `.tiktoken` file, or a bare name tiktoken knows (cl100k_base, o200k_base, gpt2, ...)."""
     text = str(path)
@@ -204,7 +200,8 @@ class TiktokenTokenizer(Tokenizer):
             elif record is not None:  # trained here (niels_gpt.tokenizer.bpe): its pattern and special tokens
                 name, pattern, specials = p.stem, record["pattern"], dict(record["special_tokens"])
             else:
-                name, pattern, specials = p.stem, pattern_for(p), {ENDOFTEXT: max(ranks.values()) + 1}
+                pattern = O200K_PATTERN if "o200k" in p.name else CL100K_PATTERN
+                name, specials = p.stem, {ENDOFTEXT: max(ranks.values()) + 1}
             try:
                 self._enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
                                               special_tokens=specials)
