@@ -5,8 +5,9 @@
   the four special tokens come on top, so chats and assistant masks are those of the sentencepiece tokenizer.
 - The directory holds `tokenizer.tiktoken` (base64 token, space, rank) and meta.json, written last, whose
   `tiktoken` record ({"pattern", "special_tokens"}) the loader reads back (tokenizer.tiktoken_backend).
-- The training text is the sentencepiece trainer's (niels_gpt.tokenizer.sample). Same text and vocabulary
-  size: the same file, byte for byte (rustbpe breaks ties between equally frequent pairs by the pair itself).
+- The training text is the sentencepiece trainer's (niels_gpt.tokenizer.spm.TrainingTexts). Same text and
+  vocabulary size: the same file, byte for byte (rustbpe breaks ties between equally frequent pairs by the
+  pair itself).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from pathlib import Path
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import NielsGPTError, TokenizerError
-from niels_gpt.tokenizer.sample import TrainingTexts
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
-from niels_gpt.tokenizer.spm import TrainSettings
+from niels_gpt.tokenizer.spm import TrainingTexts, TrainSettings
 from niels_gpt.tokenizer.tiktoken_backend import CL100K_PATTERN, TiktokenTokenizer
 
 RANKS_NAME = "tokenizer.tiktoken"

@@ -10,8 +10,10 @@ recorded setting with a fixed default: same corpus and settings, byte-identical 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import io
 import os
+import random
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +25,6 @@ import numpy as np
 from niels_gpt.constants import SEED
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
-from niels_gpt.tokenizer.sample import DOC_CHARS, TrainingTexts
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
 VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
@@ -33,6 +34,7 @@ NUM_THREADS = 4
 MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
 MAX_TRAIN_CHARS = 300_000_000  # stop reading the corpus after this many characters
 SPLIT_DIGITS = True
+DOC_CHARS = 10_000  # characters kept of each document when sampling (nanochat's doc_cap)
 MODEL_TYPES = ("bpe", "unigram")
 
 
@@ -46,7 +48,7 @@ class TrainSettings:
     max_train_chars: int = MAX_TRAIN_CHARS
     split_digits: bool = SPLIT_DIGITS
     seed: int = SEED
-    max_chars: int | None = None  # --max-chars: a seeded sample of documents of this many characters (sample.py)
+    max_chars: int | None = None  # --max-chars: a seeded sample of this many characters (sample_documents)
     doc_chars: int = DOC_CHARS  # --doc-chars: characters kept of each sampled document
 
 
@@ -225,6 +227,74 @@ def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LEN
                 buf += line
             if buf:
                 yield buf
+
+
+class NoTrainingText(TokenizerError):
+    """The training text was empty or whitespace only: a trainer has nothing to learn from."""
+
+
+def sample_documents(texts: Iterable[str], max_chars: int, doc_chars: int = DOC_CHARS, seed: int = 0,
+                     stats: dict | None = None) -> Iterator[str]:
+    """With `--max-chars N`, a deterministic sample of `texts` from the whole input, each cut to its first
+    `--doc-chars` characters (nanochat's 10,000-character cap per document, so that a few huge documents do not
+    dominate the counts); `stats` gets the documents read and kept.
+
+    Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample
+    is the documents of the smallest keys whose capped texts fit in N characters (a heap popped at its largest
+    key while over N), given back in stream order. Every part of the input has the same chance whatever its
+    position, and only the sample is held in memory."""
+    rng = random.Random(seed)
+    heap: list[tuple[float, int, str]] = []  # (-key, index, text): heap[0] is the largest key
+    total = read = 0
+    for i, text in enumerate(texts):
+        read += 1
+        key = rng.random()
+        text = text[:doc_chars]
+        if total + len(text) > max_chars and heap and -heap[0][0] < key:
+            continue  # it would be the first to go
+        heapq.heappush(heap, (-key, i, text))
+        total += len(text)
+        while total > max_chars and heap:
+            total -= len(heapq.heappop(heap)[2])
+    if stats is not None:
+        stats.update(sampled_from_documents=read, sampled_documents=len(heap), sampled_characters=total)
+    for _, _, text in sorted(heap, key=lambda e: e[1]):
+        yield text
+
+
+class TrainingTexts:
+    """The texts either trainer reads (the `--max-chars` sample when asked for), stopped once `max_train_chars`
+    characters were read, counted into `stats` (documents, characters, truncated_at_max_train_chars);
+    `visible`: whether any text held a character that is not whitespace. Iterated once."""
+
+    def __init__(self, texts: Iterable[str], settings, stats: dict):
+        self.texts, self.settings, self.stats, self.visible = texts, settings, stats, False
+
+    def __iter__(self) -> Iterator[str]:
+        s, stats = self.settings, self.stats
+        sample = self.texts if s.max_chars is None else sample_documents(self.texts, s.max_chars, s.doc_chars,
+                                                                         s.seed, stats)
+        for text in sample:
+            if stats["characters"] >= s.max_train_chars:
+                stats["truncated_at_max_train_chars"] = True
+                return
+            stats["documents"] += 1
+            stats["characters"] += len(text)
+            self.visible = self.visible or (text != "" and not text.isspace())
+            yield text
+
+    def nothing_visible(self) -> NoTrainingText:
+        """The error to raise when no text held a visible character."""
+        if self.stats["documents"] == 0:
+            return NoTrainingText("no training text: every source was empty; give text to train on")
+        return NoTrainingText(f"no training text: the {self.stats['documents']:,} document(s) hold only "
+                              f"whitespace ({self.stats['characters']:,} characters); give text to train on")
+
+    def surrogate(self, exc: UnicodeEncodeError, near: str = "") -> TokenizerError:
+        """A lone surrogate in the text, which no UTF-8 text (and no trainer) can hold."""
+        return TokenizerError(f"training text, {near}document {self.stats['documents']:,}: a lone surrogate "
+                              f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the "
+                              "text (e.g. text.encode('utf-8', 'replace').decode() replaces it)")
 
 
 MIN_VOCAB = 260  # ordinary pieces: the model always holds 256 byte pieces and 3 control pieces besides the 4 specials
