@@ -30,8 +30,8 @@ from niels_gpt.sources.stream import stream_items as plan_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.tokenizer.bpe import check_rustbpe_settings
 from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
+from niels_gpt.tokenizer.tiktoken_backend import check_rustbpe_settings
 
 SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5, "rustbpe": 0.15}  # training time per million characters
 
