@@ -231,26 +231,22 @@ def fast_encoder(tokenizer) -> FastEncoder | None:
         fast = None
         try:
             import gigatoken
-        except ImportError:
-            gigatoken = None
-        if gigatoken is not None:
-            try:
-                giga = _build(gigatoken, tokenizer)
-            except Exception:  # noqa: BLE001 - a model gigatoken cannot load: the reference encoder
-                giga = None
-            if giga is not None:
-                name = f"gigatoken {_version()}"
+            giga = _build(gigatoken, tokenizer)
+        except Exception:  # noqa: BLE001 - no gigatoken, or a model it cannot load: the reference encoder
+            giga = None
+        if giga is not None:
+            name = f"gigatoken {_version()}"
 
-                def make():  # another model, checked as this one is
-                    new = _build(gigatoken, tokenizer)
-                    bad = _mismatch(tokenizer, FastEncoder(new, name), torture_texts(tokenizer))
-                    return new if bad is None else None
+            def make():  # another model, checked as this one is
+                new = _build(gigatoken, tokenizer)
+                bad = _mismatch(tokenizer, FastEncoder(new, name), torture_texts(tokenizer))
+                return new if bad is None else None
 
-                fast = FastEncoder(giga, name, make)
-                bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
-                if bad is not None:
-                    _warn(tokenizer, f"the built-in check text #{bad}")
-                    fast = None
+            fast = FastEncoder(giga, name, make)
+            bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
+            if bad is not None:
+                _warn(tokenizer, f"the built-in check text #{bad}")
+                fast = None
         tokenizer.__dict__["_fast_encoder"] = fast
         return fast
 
