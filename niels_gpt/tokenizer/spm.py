@@ -1,9 +1,10 @@
-"""SentencePiece backend: training from any text iterator, and loading.
+"""SentencePiece backend: training from any text iterator, and loading; and the training text either trainer
+reads (`TrainingTexts`, with `sample_documents` for --max-chars).
 
-The model has VOCAB_SIZE ordinary pieces (unk, <s>, </s>, 256 byte pieces, the learned ones) plus the four
+The model has `vocab_size` ordinary pieces (unk, <s>, </s>, 256 byte pieces, the learned ones) plus the four
 special tokens as control symbols (a user who types one gets plain text), 16,004 ids by default. Identity
 normalisation and no dummy prefix, so decode(encode(text)) == text and the ids' bytes are the text's (bits per
-byte needs them equal); byte fallback, so nothing is <unk>. The model depends on NUM_THREADS, so it is a
+byte needs them equal); byte fallback, so nothing is <unk>. The model depends on `num_threads`, so it is a
 recorded setting with a fixed default: same corpus and settings, byte-identical spm.model.
 """
 
@@ -27,26 +28,21 @@ from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
-VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
-MODEL_TYPE = "bpe"  # 8-13x faster to train than unigram, and the fast encoder encodes it (docs/performance.md)
-CHARACTER_COVERAGE = 0.9995
-NUM_THREADS = 4
 MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
-MAX_TRAIN_CHARS = 300_000_000  # stop reading the corpus after this many characters
-SPLIT_DIGITS = True
 DOC_CHARS = 10_000  # characters kept of each document when sampling (nanochat's doc_cap)
 MODEL_TYPES = ("bpe", "unigram")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSettings:
-    vocab_size: int = VOCAB_SIZE
-    model_type: str = MODEL_TYPE
-    character_coverage: float = CHARACTER_COVERAGE
-    num_threads: int = NUM_THREADS
+    vocab_size: int = 16_000  # ordinary pieces; the four specials come on top
+    # bpe: 8-13x faster to train than unigram, and the fast encoder encodes it (docs/performance.md)
+    model_type: str = "bpe"
+    character_coverage: float = 0.9995
+    num_threads: int = 4
     max_sentence_length: int = MAX_SENTENCE_LENGTH
-    max_train_chars: int = MAX_TRAIN_CHARS
-    split_digits: bool = SPLIT_DIGITS
+    max_train_chars: int = 300_000_000  # stop reading the corpus after this many characters
+    split_digits: bool = True
     seed: int = SEED
     max_chars: int | None = None  # --max-chars: a seeded sample of this many characters (sample_documents)
     doc_chars: int = DOC_CHARS  # --doc-chars: characters kept of each sampled document
