@@ -209,7 +209,7 @@ def test_the_default_model_is_encoded_by_the_fast_encoder_and_unigram_is_not(tok
 
 
 def test_the_sample_of_max_chars_is_seeded_capped_in_stream_order_and_from_the_whole_input():
-    from niels_gpt.tokenizer.sample import sample_documents
+    from niels_gpt.tokenizer.spm import sample_documents
 
     docs = [f"doc{i:04d} " + "x" * (i % 50) * 40 for i in range(2000)]
     stats: dict = {}

@@ -6,7 +6,7 @@
 - The sources are read through the same plan as `build` (every layout; chats give their messages' text).
 - Two phases on stderr: reading (characters, with an ETA when the input's size is known), then training, shown
   against an estimate from SECONDS_PER_MCHAR (`python bench/bench_entrance.py`). `--max-chars N` trains on a
-  seeded sample of N characters (niels_gpt/tokenizer/sample.py).
+  seeded sample of N characters (niels_gpt/tokenizer/spm.py).
 - The output is built aside and swapped in (niels_gpt/staging.py); meta.json records the plan's description.
 """
 
@@ -30,9 +30,8 @@ from niels_gpt.sources.stream import stream_items as plan_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import local_path_of
 from niels_gpt.tokenizer import TrainSettings, load_tokenizer, train_tokenizer
-from niels_gpt.tokenizer.bpe import check_rustbpe_settings
-from niels_gpt.tokenizer.sample import NoTrainingText
-from niels_gpt.tokenizer.spm import MIN_VOCAB, VocabSizeError, check_train_settings
+from niels_gpt.tokenizer.spm import MIN_VOCAB, NoTrainingText, VocabSizeError, check_train_settings
+from niels_gpt.tokenizer.tiktoken_backend import check_rustbpe_settings
 
 SECONDS_PER_MCHAR = {"unigram": 9.0, "bpe": 0.5, "rustbpe": 0.15}  # training time per million characters
 

@@ -23,15 +23,20 @@ from niels_gpt.errors import FormatError, TokenizerError
 from niels_gpt.markers import read_json
 from niels_gpt.meta import write_meta
 from niels_gpt.tokenizer.base import SEPARATOR_CHOICES, Tokenizer
-from niels_gpt.tokenizer.bpe import RANKS_NAME, TRAINERS, train_rustbpe
 from niels_gpt.tokenizer.hf import HFTokenizer
 from niels_gpt.tokenizer.special import ASST_TOKEN, EOT_TOKEN, SPECIAL_TOKENS, SYS_TOKEN, USR_TOKEN
 from niels_gpt.tokenizer.spm import SentencePieceTokenizer, TrainSettings, train_sentencepiece
-from niels_gpt.tokenizer.tiktoken_backend import TiktokenTokenizer, is_tiktoken_spec
+from niels_gpt.tokenizer.tiktoken_backend import (
+    RANKS_NAME,
+    TiktokenTokenizer,
+    is_tiktoken_spec,
+    train_rustbpe,
+)
 
 __all__ = ["ASST_TOKEN", "EOT_TOKEN", "MODEL_NAME", "SEPARATOR_CHOICES", "SPECIAL_TOKENS", "SYS_TOKEN",
            "SentencePieceTokenizer", "Tokenizer", "TrainSettings", "USR_TOKEN", "check_tokenizer_matches",
            "load_tokenizer", "train_tokenizer"]
+TRAINERS = ("sentencepiece", "rustbpe")
 
 
 def load_tokenizer(path: str | os.PathLike, *, eos: int | str | None = None, bos: int | str | None = None,
@@ -123,7 +128,7 @@ def check_recorded_sha256(tok: Tokenizer, path: Path) -> None:
 def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, *, settings: TrainSettings | None = None,
                     trained_on: object = None, trainer: str = "sentencepiece") -> Tokenizer:
     """Train on `texts`, write out_dir/spm.model (trainer="rustbpe": out_dir/tokenizer.tiktoken, see
-    niels_gpt.tokenizer.bpe) then out_dir/meta.json, the commit marker."""
+    niels_gpt.tokenizer.tiktoken_backend) then out_dir/meta.json, the commit marker."""
     settings = settings or TrainSettings()
     if trainer not in TRAINERS:
         raise TokenizerError(f"--trainer {trainer!r}: must be one of {', '.join(TRAINERS)}")

@@ -99,9 +99,9 @@ class Tokenizer(ABC):
     def _own_bos(self) -> int | None:
         return None
 
+    @abstractmethod
     def token_to_id(self, token: str) -> int | None:
         """The id of a token given as its text (special tokens included), or None."""
-        return None
 
     def _token_id(self, value: int | str, what: str) -> int:
         """An --eos/--bos value (an id, or a token's text) as an id inside the vocabulary."""
@@ -173,9 +173,14 @@ class Tokenizer(ABC):
     @abstractmethod
     def id_to_piece(self, token_id: int) -> str: ...
 
-    @abstractmethod
     def token_byte_lengths(self) -> np.ndarray:
         """int32[len(self)]: UTF-8 bytes each id stands for in decoded text; special tokens count 0."""
+        if "_byte_lengths" not in self.__dict__:  # counted once per tokenizer
+            self._byte_lengths = self._count_byte_lengths()
+        return self._byte_lengths
+
+    @abstractmethod
+    def _count_byte_lengths(self) -> np.ndarray: ...
 
     @property
     def eot_id(self) -> int:

@@ -130,11 +130,10 @@ def template_located(tokenizer, convs: Sequence) -> list:
 
 def template_encoded(tokenizer, located: list, batch: bool = True) -> list:
     """The rendering of each of template_located's texts as arrays (ids int64, mask bool: what the SFT builder
-    stores; its errors passed on), encoded in one call where the tokenizer has `encode_rendered_batch` (HF: in
-    parallel, the GIL released) and `batch`."""
+    stores; its errors passed on), with `batch` encoded in one `encode_rendered_batch` call (HF: in parallel,
+    the GIL released)."""
     texts = [x[0] for x in located if not isinstance(x, ConfigError)]
-    batch = getattr(tokenizer, "encode_rendered_batch", None) if batch else None
-    encoded = iter(batch(texts) if batch is not None else map(tokenizer.encode_rendered, texts))
+    encoded = iter(tokenizer.encode_rendered_batch(texts) if batch else map(tokenizer.encode_rendered, texts))
     return [x if isinstance(x, ConfigError) else _arrays(*next(encoded), x[1]) for x in located]
 
 

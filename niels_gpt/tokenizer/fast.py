@@ -51,20 +51,15 @@ TORTURE = [
 ]
 
 
-def _specials(tokenizer) -> list[str]:
-    """Special-token strings of `tokenizer`: text for the encoder, which must encode them as text."""
-    out = ["<|endoftext|>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
+def torture_texts(tokenizer) -> list[str]:
+    """TORTURE and the special-token strings of `tokenizer`: text for the encoder, which must encode them as text."""
+    specials = ["<|endoftext|>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
     enc = getattr(tokenizer, "_enc", None)
     if enc is not None:
-        out += list(enc._special_tokens)
+        specials += list(enc._special_tokens)
     hf = getattr(tokenizer, "_tok", None)
     if hf is not None:
-        out += [t.content for t in hf.get_added_tokens_decoder().values()]
-    return out
-
-
-def torture_texts(tokenizer) -> list[str]:
-    specials = _specials(tokenizer)
+        specials += [t.content for t in hf.get_added_tokens_decoder().values()]
     return TORTURE + ["".join(specials), " ".join(f"x{s}y" for s in specials)]
 
 
@@ -85,11 +80,9 @@ def _build(gigatoken, tokenizer):
         tb = tiktoken_backend
         scheme = {tb.R50K_PATTERN: "gpt2", tb.CL100K_PATTERN: "gpt4", tb.O200K_PATTERN: "o200k"}.get(enc._pat_str)
         if scheme is None:
-            try:
+            with contextlib.suppress(ImportError, AttributeError):
                 from tiktoken_ext import openai_public as op
                 scheme = {op.r50k_pat_str: "gpt2"}.get(enc._pat_str)
-            except (ImportError, AttributeError):
-                scheme = None
         if scheme is None:
             return None
         path = tokenizer._path
@@ -238,26 +231,22 @@ def fast_encoder(tokenizer) -> FastEncoder | None:
         fast = None
         try:
             import gigatoken
-        except ImportError:
-            gigatoken = None
-        if gigatoken is not None:
-            try:
-                giga = _build(gigatoken, tokenizer)
-            except Exception:  # noqa: BLE001 - a model gigatoken cannot load: the reference encoder
-                giga = None
-            if giga is not None:
-                name = f"gigatoken {_version()}"
+            giga = _build(gigatoken, tokenizer)
+        except Exception:  # noqa: BLE001 - no gigatoken, or a model it cannot load: the reference encoder
+            giga = None
+        if giga is not None:
+            name = f"gigatoken {_version()}"
 
-                def make():  # another model, checked as this one is
-                    new = _build(gigatoken, tokenizer)
-                    bad = _mismatch(tokenizer, FastEncoder(new, name), torture_texts(tokenizer))
-                    return new if bad is None else None
+            def make():  # another model, checked as this one is
+                new = _build(gigatoken, tokenizer)
+                bad = _mismatch(tokenizer, FastEncoder(new, name), torture_texts(tokenizer))
+                return new if bad is None else None
 
-                fast = FastEncoder(giga, name, make)
-                bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
-                if bad is not None:
-                    _warn(tokenizer, f"the built-in check text #{bad}")
-                    fast = None
+            fast = FastEncoder(giga, name, make)
+            bad = _mismatch(tokenizer, fast, torture_texts(tokenizer))
+            if bad is not None:
+                _warn(tokenizer, f"the built-in check text #{bad}")
+                fast = None
         tokenizer.__dict__["_fast_encoder"] = fast
         return fast
 

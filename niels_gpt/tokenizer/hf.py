@@ -109,7 +109,6 @@ class HFTokenizer(Tokenizer):
             self._special = {name: self._tok.token_to_id(text) for name, text in SPECIAL_TOKENS.items()}
         self._special_ids = {self._tok.token_to_id(t.content) for t in added.values() if t.special}
         self._len = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
-        self._byte_lengths: np.ndarray | None = None
         self._apply_options(eos, bos, separator)
 
     def _configured(self, key: str, candidates: tuple[str, ...]) -> int | None:
@@ -176,22 +175,17 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(f"{self._path}: id {token_id} is not in the vocabulary (0..{self._len - 1})")
         return piece
 
-    def _is_byte_level(self) -> bool:
+    def _count_byte_lengths(self) -> np.ndarray:
+        out = np.zeros(self._len, dtype=np.int32)
         model = json.loads(self._tok.to_str())
         kinds = {(model.get("decoder") or {}).get("type"), (model.get("pre_tokenizer") or {}).get("type")}
-        return "ByteLevel" in kinds
-
-    def token_byte_lengths(self) -> np.ndarray:
-        if self._byte_lengths is None:
-            out = np.zeros(self._len, dtype=np.int32)
-            table = _byte_decoder() if self._is_byte_level() else None
-            for i in range(self._len):
-                piece = self._tok.id_to_token(i)
-                if piece is None or i in self._special_ids:
-                    continue
-                if table is not None and all(ch in table for ch in piece):
-                    out[i] = len(piece)
-                else:
-                    out[i] = len(self._tok.decode([i], skip_special_tokens=False).encode("utf-8"))
-            self._byte_lengths = out
-        return self._byte_lengths
+        table = _byte_decoder() if "ByteLevel" in kinds else None
+        for i in range(self._len):
+            piece = self._tok.id_to_token(i)
+            if piece is None or i in self._special_ids:
+                continue
+            if table is not None and all(ch in table for ch in piece):
+                out[i] = len(piece)
+            else:
+                out[i] = len(self._tok.decode([i], skip_special_tokens=False).encode("utf-8"))
+        return out

@@ -1,17 +1,20 @@
-"""SentencePiece backend: training from any text iterator, and loading.
+"""SentencePiece backend: training from any text iterator, and loading; and the training text either trainer
+reads (`TrainingTexts`, with `sample_documents` for --max-chars).
 
-The model has VOCAB_SIZE ordinary pieces (unk, <s>, </s>, 256 byte pieces, the learned ones) plus the four
+The model has `vocab_size` ordinary pieces (unk, <s>, </s>, 256 byte pieces, the learned ones) plus the four
 special tokens as control symbols (a user who types one gets plain text), 16,004 ids by default. Identity
 normalisation and no dummy prefix, so decode(encode(text)) == text and the ids' bytes are the text's (bits per
-byte needs them equal); byte fallback, so nothing is <unk>. The model depends on NUM_THREADS, so it is a
+byte needs them equal); byte fallback, so nothing is <unk>. The model depends on `num_threads`, so it is a
 recorded setting with a fixed default: same corpus and settings, byte-identical spm.model.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import io
 import os
+import random
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,30 +26,25 @@ import numpy as np
 from niels_gpt.constants import SEED
 from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.tokenizer.base import Tokenizer
-from niels_gpt.tokenizer.sample import DOC_CHARS, TrainingTexts
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
 
-VOCAB_SIZE = 16_000  # ordinary pieces; the four specials come on top
-MODEL_TYPE = "bpe"  # 8-13x faster to train than unigram, and the fast encoder encodes it (docs/performance.md)
-CHARACTER_COVERAGE = 0.9995
-NUM_THREADS = 4
 MAX_SENTENCE_LENGTH = 16_384  # bytes per training chunk; longer paragraphs are cut at line ends
-MAX_TRAIN_CHARS = 300_000_000  # stop reading the corpus after this many characters
-SPLIT_DIGITS = True
+DOC_CHARS = 10_000  # characters kept of each document when sampling (nanochat's doc_cap)
 MODEL_TYPES = ("bpe", "unigram")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSettings:
-    vocab_size: int = VOCAB_SIZE
-    model_type: str = MODEL_TYPE
-    character_coverage: float = CHARACTER_COVERAGE
-    num_threads: int = NUM_THREADS
+    vocab_size: int = 16_000  # ordinary pieces; the four specials come on top
+    # bpe: 8-13x faster to train than unigram, and the fast encoder encodes it (docs/performance.md)
+    model_type: str = "bpe"
+    character_coverage: float = 0.9995
+    num_threads: int = 4
     max_sentence_length: int = MAX_SENTENCE_LENGTH
-    max_train_chars: int = MAX_TRAIN_CHARS
-    split_digits: bool = SPLIT_DIGITS
+    max_train_chars: int = 300_000_000  # stop reading the corpus after this many characters
+    split_digits: bool = True
     seed: int = SEED
-    max_chars: int | None = None  # --max-chars: a seeded sample of documents of this many characters (sample.py)
+    max_chars: int | None = None  # --max-chars: a seeded sample of this many characters (sample_documents)
     doc_chars: int = DOC_CHARS  # --doc-chars: characters kept of each sampled document
 
 
@@ -80,7 +78,6 @@ class SentencePieceTokenizer(Tokenizer):
         else:  # any other sentencepiece model (Llama, Mistral, ...): its own <s> / </s>
             eos_id = self._sp.eos_id()
             self._special = {"sys": None, "usr": None, "asst": None, "eot": eos_id if eos_id >= 0 else None}
-        self._byte_lengths: np.ndarray | None = None
         self._template = self._read_template(path, chat_template)
         self._apply_options(eos, bos, separator)
         if chat_template is not None:
@@ -89,9 +86,8 @@ class SentencePieceTokenizer(Tokenizer):
     def _read_template(self, path: Path, chat_template) -> str | None:
         """The chat template: --chat-template FILE, else a tokenizer_config.json (or chat_template.jinja) beside
         the model; none for the library's tokenizer, which renders chats with its sentinels."""
-        ours = all(v is not None for v in self._special.values())
         if chat_template is not None:
-            if ours:
+            if self.library_conventions:
                 raise TokenizerError(f"{path}: the library's tokenizer renders chats with its own sentinels; "
                                      "--chat-template applies to other tokenizers only: leave it out")
             try:
@@ -100,7 +96,7 @@ class SentencePieceTokenizer(Tokenizer):
                 raise TokenizerError(f"{chat_template}: cannot read this chat template "
                                      f"({getattr(exc, 'strerror', None) or exc}); --chat-template takes a jinja2 "
                                      "template file") from None
-        if ours:
+        if self.library_conventions:
             return None
         # lazy: the transformers-directory reader is needed only by models of their own conventions
         from niels_gpt.tokenizer.hf import read_config
@@ -190,20 +186,18 @@ class SentencePieceTokenizer(Tokenizer):
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
 
-    def token_byte_lengths(self) -> np.ndarray:
-        if self._byte_lengths is None:
-            sp = self._sp
-            out = np.zeros(len(self), dtype=np.int32)
-            for i in range(len(self)):
-                if sp.is_control(i) or sp.is_unknown(i):
-                    continue
-                if sp.is_byte(i):
-                    out[i] = 1
-                    continue
-                # "▁" (U+2581) decodes to one space byte.
-                out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
-            self._byte_lengths = out
-        return self._byte_lengths
+    def _count_byte_lengths(self) -> np.ndarray:
+        sp = self._sp
+        out = np.zeros(len(self), dtype=np.int32)
+        for i in range(len(self)):
+            if sp.is_control(i) or sp.is_unknown(i):
+                continue
+            if sp.is_byte(i):
+                out[i] = 1
+                continue
+            # "▁" (U+2581) decodes to one space byte.
+            out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        return out
 
 
 def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LENGTH) -> Iterator[str]:
@@ -229,6 +223,74 @@ def iter_training_chunks(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_LEN
                 buf += line
             if buf:
                 yield buf
+
+
+class NoTrainingText(TokenizerError):
+    """The training text was empty or whitespace only: a trainer has nothing to learn from."""
+
+
+def sample_documents(texts: Iterable[str], max_chars: int, doc_chars: int = DOC_CHARS, seed: int = 0,
+                     stats: dict | None = None) -> Iterator[str]:
+    """With `--max-chars N`, a deterministic sample of `texts` from the whole input, each cut to its first
+    `--doc-chars` characters (nanochat's 10,000-character cap per document, so that a few huge documents do not
+    dominate the counts); `stats` gets the documents read and kept.
+
+    Bottom-k sampling in one pass: document i draws key_i from random.Random(seed) in stream order; the sample
+    is the documents of the smallest keys whose capped texts fit in N characters (a heap popped at its largest
+    key while over N), given back in stream order. Every part of the input has the same chance whatever its
+    position, and only the sample is held in memory."""
+    rng = random.Random(seed)
+    heap: list[tuple[float, int, str]] = []  # (-key, index, text): heap[0] is the largest key
+    total = read = 0
+    for i, text in enumerate(texts):
+        read += 1
+        key = rng.random()
+        text = text[:doc_chars]
+        if total + len(text) > max_chars and heap and -heap[0][0] < key:
+            continue  # it would be the first to go
+        heapq.heappush(heap, (-key, i, text))
+        total += len(text)
+        while total > max_chars and heap:
+            total -= len(heapq.heappop(heap)[2])
+    if stats is not None:
+        stats.update(sampled_from_documents=read, sampled_documents=len(heap), sampled_characters=total)
+    for _, _, text in sorted(heap, key=lambda e: e[1]):
+        yield text
+
+
+class TrainingTexts:
+    """The texts either trainer reads (the `--max-chars` sample when asked for), stopped once `max_train_chars`
+    characters were read, counted into `stats` (documents, characters, truncated_at_max_train_chars);
+    `visible`: whether any text held a character that is not whitespace. Iterated once."""
+
+    def __init__(self, texts: Iterable[str], settings, stats: dict):
+        self.texts, self.settings, self.stats, self.visible = texts, settings, stats, False
+
+    def __iter__(self) -> Iterator[str]:
+        s, stats = self.settings, self.stats
+        sample = self.texts if s.max_chars is None else sample_documents(self.texts, s.max_chars, s.doc_chars,
+                                                                         s.seed, stats)
+        for text in sample:
+            if stats["characters"] >= s.max_train_chars:
+                stats["truncated_at_max_train_chars"] = True
+                return
+            stats["documents"] += 1
+            stats["characters"] += len(text)
+            self.visible = self.visible or (text != "" and not text.isspace())
+            yield text
+
+    def nothing_visible(self) -> NoTrainingText:
+        """The error to raise when no text held a visible character."""
+        if self.stats["documents"] == 0:
+            return NoTrainingText("no training text: every source was empty; give text to train on")
+        return NoTrainingText(f"no training text: the {self.stats['documents']:,} document(s) hold only "
+                              f"whitespace ({self.stats['characters']:,} characters); give text to train on")
+
+    def surrogate(self, exc: UnicodeEncodeError, near: str = "") -> TokenizerError:
+        """A lone surrogate in the text, which no UTF-8 text (and no trainer) can hold."""
+        return TokenizerError(f"training text, {near}document {self.stats['documents']:,}: a lone surrogate "
+                              f"({exc.object[exc.start:exc.end]!r}) that no UTF-8 text can hold; fix the "
+                              "text (e.g. text.encode('utf-8', 'replace').decode() replaces it)")
 
 
 MIN_VOCAB = 260  # ordinary pieces: the model always holds 256 byte pieces and 3 control pieces besides the 4 specials

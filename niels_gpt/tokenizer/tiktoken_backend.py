@@ -7,29 +7,43 @@
 - A `.tiktoken` file that is one of OpenAI's published encodings (recognised by its sha256, `PUBLISHED`) is
   that encoding exactly as the name gives it (regex, special tokens, sha256), so a cache built from the file
   offline is the cache built from the name. A file trained here (`train-tokenizer --trainer rustbpe`) takes its
-  regex and the library's special tokens from the meta.json beside it. Any other file gets `pattern_for`'s
-  regex and one special token, `<|endoftext|>`, after the last rank.
+  regex and the library's special tokens from the meta.json beside it. Any other file gets o200k's regex
+  (a file name holding "o200k") or cl100k's, and one special token, `<|endoftext|>`, after the last rank.
 - Literal special strings in text stay text (`encode_ordinary`); tiktoken has no chat template.
 - sha256: of the `.tiktoken` file, or for a name (and a published file) of its ranks, regex and special
   tokens, so two machines with the same encoding record the same value.
+
+`train-tokenizer --trainer rustbpe` (`train_rustbpe`): a byte-level BPE trained by rustbpe, written as a
+`.tiktoken` tokenizer.
+- rustbpe (the `tiktoken` extra) is nanochat's trainer: byte-level BPE over the GPT-4 split pattern, many
+  times faster than sentencepiece's (docs/performance.md). `--vocab-size` ids: the 256 bytes, then the merges;
+  the four special tokens come on top, so chats and assistant masks are those of the sentencepiece tokenizer.
+- The directory holds `tokenizer.tiktoken` (base64 token, space, rank) and meta.json, written last, whose
+  `tiktoken` record ({"pattern", "special_tokens"}) the loader reads back (`recorded_encoding`).
+- The training text is the sentencepiece trainer's (niels_gpt.tokenizer.spm.TrainingTexts). Same text and
+  vocabulary size: the same file, byte for byte (rustbpe breaks ties between equally frequent pairs by the
+  pair itself).
 """
 
 from __future__ import annotations
 
+import base64
 import binascii
 import hashlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import TokenizerError
+from niels_gpt.errors import NielsGPTError, TokenizerError
 from niels_gpt.seals import RECORD_SEAL, is_sealed, seal_problem
 from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
+from niels_gpt.tokenizer.spm import TrainingTexts, TrainSettings
 
 ENDOFTEXT = "<|endoftext|>"
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
@@ -157,10 +171,6 @@ def recorded_encoding(path: Path) -> dict | None:
     return record
 
 
-def pattern_for(path: Path) -> str:
-    return O200K_PATTERN if "o200k" in path.name else CL100K_PATTERN
-
-
 def is_tiktoken_spec(path: str | os.PathLike) -> bool:
     """A `.tiktoken` file, or a bare name tiktoken knows (cl100k_base, o200k_base, gpt2, ...)."""
     text = str(path)
@@ -201,10 +211,11 @@ class TiktokenTokenizer(Tokenizer):
             record = record if record is not None else recorded_encoding(p)
             if published is not None:  # the encoding of that name, offline
                 name, pattern, specials = published
-            elif record is not None:  # trained here (niels_gpt.tokenizer.bpe): its pattern and special tokens
+            elif record is not None:  # trained here (train_rustbpe): its pattern and special tokens
                 name, pattern, specials = p.stem, record["pattern"], dict(record["special_tokens"])
             else:
-                name, pattern, specials = p.stem, pattern_for(p), {ENDOFTEXT: max(ranks.values()) + 1}
+                pattern = O200K_PATTERN if "o200k" in p.name else CL100K_PATTERN
+                name, specials = p.stem, {ENDOFTEXT: max(ranks.values()) + 1}
             try:
                 self._enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
                                               special_tokens=specials)
@@ -230,7 +241,6 @@ class TiktokenTokenizer(Tokenizer):
         self._special = {"sys": None, "usr": None, "asst": None, "eot": eot}
         if all(t in self._enc._special_tokens for t in SPECIAL_TOKENS.values()):  # the library's four chat tokens
             self._special = {k: self._enc._special_tokens[t] for k, t in SPECIAL_TOKENS.items()}
-        self._byte_lengths: np.ndarray | None = None
         self._apply_options(eos, bos, separator)
 
     def __len__(self) -> int:
@@ -279,10 +289,68 @@ class TiktokenTokenizer(Tokenizer):
         except KeyError as exc:
             raise TokenizerError(f"{self._path}: id {token_id} is not in the vocabulary (0..{len(self) - 1})") from exc
 
-    def token_byte_lengths(self) -> np.ndarray:
-        if self._byte_lengths is None:
-            out = np.zeros(len(self), dtype=np.int32)
-            for token, rank in self._enc._mergeable_ranks.items():
-                out[rank] = len(token)
-            self._byte_lengths = out
-        return self._byte_lengths
+    def _count_byte_lengths(self) -> np.ndarray:
+        out = np.zeros(len(self), dtype=np.int32)
+        for token, rank in self._enc._mergeable_ranks.items():
+            out[rank] = len(token)
+        return out
+
+
+RANKS_NAME = "tokenizer.tiktoken"
+BYTES = 256
+
+
+def check_rustbpe_settings(settings: TrainSettings) -> None:
+    """What rustbpe cannot train, refused before any text is read."""
+    if settings.vocab_size < BYTES:
+        raise TokenizerError(f"--vocab-size {settings.vocab_size}: too small for --trainer rustbpe, whose "
+                             f"vocabulary holds the {BYTES} single bytes before any merge; give at least "
+                             f"{BYTES} (the {len(SPECIAL_TOKENS)} special tokens come on top); 4,000 to "
+                             "64,000 are usual")
+    if settings.model_type != "bpe":
+        raise TokenizerError(f"--model-type {settings.model_type} with --trainer rustbpe: rustbpe trains byte-level "
+                             "BPE only; leave --model-type out, or use --trainer sentencepiece")
+    default = TrainSettings()
+    for flag, field in (("--character-coverage", "character_coverage"), ("--tokenizer-threads", "num_threads"),
+                        ("--max-sentence-length", "max_sentence_length"), ("--no-split-digits", "split_digits")):
+        if getattr(settings, field) != getattr(default, field):
+            raise TokenizerError(f"{flag} is a sentencepiece setting: --trainer rustbpe has no such setting (it "
+                                 "splits text with the GPT-4 pattern, on every core); leave it out, or use "
+                                 "--trainer sentencepiece")
+
+
+def train_rustbpe(texts: Iterable[str], out: Path, settings: TrainSettings) -> tuple[TiktokenTokenizer, dict]:
+    """Train, write out/tokenizer.tiktoken; returns the tokenizer and what its meta.json records beside the
+    fields of every tokenizer (niels_gpt.tokenizer.train_tokenizer writes it)."""
+    check_rustbpe_settings(settings)
+    try:
+        import rustbpe
+    except ImportError:
+        raise TokenizerError("--trainer rustbpe needs the `rustbpe` package: pip install "
+                             "'niels_gpt[tiktoken]' (or pip install rustbpe)") from None
+    stats = {"documents": 0, "characters": 0, "truncated_at_max_train_chars": False}
+    read = TrainingTexts(texts, settings, stats)
+    trainer = rustbpe.Tokenizer()
+    try:
+        trainer.train_from_iterator(read, settings.vocab_size, pattern=CL100K_PATTERN)
+    except UnicodeEncodeError as exc:
+        raise read.surrogate(exc, near="near ") from None
+    except NielsGPTError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a Rust panic arrives as pyo3's PanicException (a BaseException)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or type(exc).__name__ != "PanicException":
+            raise
+        raise TokenizerError(f"rustbpe training failed: {exc}") from None
+    if not read.visible:
+        raise read.nothing_visible()
+    ranks = sorted(trainer.get_mergeable_ranks(), key=lambda kv: kv[1])
+    stats["merges"] = len(ranks) - BYTES
+    write_bytes_atomic(out / RANKS_NAME, b"".join(base64.b64encode(bytes(t)) + b" %d\n" % r
+                                                  for t, r in ranks))
+    # the four special tokens right after the last rank
+    record = {"pattern": trainer.get_pattern(),
+              "special_tokens": {text: len(ranks) + i for i, text in enumerate(SPECIAL_TOKENS.values())}}
+    tok = TiktokenTokenizer(out / RANKS_NAME, record=record)
+    kept = ("vocab_size", "max_train_chars", "seed", "max_chars", "doc_chars")  # rustbpe's settings
+    return tok, {"trainer": "rustbpe", "tiktoken": record, "training_text": stats,
+                 "settings": {k: getattr(settings, k) for k in kept}}
