@@ -166,6 +166,6 @@ def check_order_digest(kind: str, saved: dict | None, mine: dict) -> None:
     if saved is not None and saved.get("digest") != mine["digest"]:
         raise StateError(f"{kind} state: the next {ORDER_PEEK} samples this code delivers from the state's position "
                          f"differ from the state's (digest {saved.get('digest')!r} -> {mine['digest']!r}) with the same "
-                         "settings: the order's code changed (or the position was edited); resume with the release that wrote the "
-                         "state, or pass "
-                         "allow_new_order=True to go on from the same position in the new order")
+                         "settings: the order's code changed (or the position was edited); resume with the "
+                         "release that wrote the state, or pass allow_new_order=True to go on from the same "
+                         "position in the new order")
