@@ -24,10 +24,8 @@ def split_points(text: str, piece_chars: int | None = None) -> list[int]:
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     cuts: list[int] = []
     start = 0
-    n = len(text)
-    while n - start > piece_chars:
-        target = start + piece_chars
-        cut = _safe_space(text, target, start)
+    while len(text) - start > piece_chars:
+        cut = _safe_space(text, start + piece_chars, start)
         if cut is None:
             break  # no safe place left: the rest is encoded whole
         cuts.append(cut)
@@ -65,8 +63,6 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
     `batch`: the fast encoder's batch calls (FastEncoder.encode_arrays); the ids are the same."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
-    if len(short) == len(texts):
-        return encode_whole(tokenizer, texts, num_threads, arrays, batch)
     out = [None if len(t) <= piece_chars else encode_long(tokenizer, t, piece_chars, batch) for t in texts]
     whole = encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays, batch)
     for i, ids in zip(short, whole, strict=True):
