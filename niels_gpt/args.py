@@ -92,9 +92,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+        if action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
             return text
-        if "(default" in text or "; default:" in text:  # the help names its default in its own words
+        if "(default" in text or "; default:" in text:  # the help names its default (%(default)s too)
             return text
         if isinstance(action.default, int) and not isinstance(action.default, bool) and action.default >= 2**53:
             return f"{text} (default: all)"  # an "unlimited" sentinel, not a number anyone would type

@@ -155,7 +155,7 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     if real == cwd or real in cwd.parents:
         here = "the current directory" if real == cwd else "a directory above the current one"
         raise OutputRefused(f"{flag} {out}: is {here}; a command replaces its output whole, so it never writes "
-                            "there: choose a new directory, e.g. {flag} out/NAME".replace("{flag}", flag))
+                            f"there: choose a new directory, e.g. {flag} out/NAME")
     check_overlap(real, inputs, flag)
     for other_flag, other in others:
         other_real = _resolved_quiet(Path(other))
