@@ -75,13 +75,6 @@ class _Named:
         return self.sub.add_parser(name, **kwargs)
 
 
-def _register(where: str, sub) -> None:
-    if where.startswith("niels_gpt."):
-        importlib.import_module(where).register(_Named(sub))  # a command imports only its own module
-    else:
-        globals()[where](_Named(sub))
-
-
 def add_build_all(sub) -> None:
     d = BuildConfig()
     p = sub.add_parser("build-all", description="Train (or copy) the tokenizer, then build every pretraining and SFT cache.")
@@ -314,8 +307,9 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
     for name, text, where in VERBS:
         if name in sub.choices:
             continue
-        if where in wanted:
-            _register(where, sub)
+        if where in wanted:  # a function of this module, or a module's register: imported only now
+            register = globals().get(where) or importlib.import_module(where).register
+            register(_Named(sub))
             wanted.discard(where)
         else:
             sub.add_parser(name, help=text, add_help=False)  # named in --help; its flags are not needed here

@@ -19,19 +19,16 @@ STATE_VERSION = 1
 ORDER_PEEK = 8  # global sample ids whose digest a state carries: the next ones it will deliver
 
 
-def dist_info() -> tuple[int, int]:
-    """(rank, world_size): torch.distributed when initialised, else RANK/WORLD_SIZE, else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill missing rank/world_size from the distributed context and check 0 <= rank < world_size."""
+    """Fill missing rank/world_size from the distributed context (torch.distributed when initialised, else
+    RANK/WORLD_SIZE, else 0 and 1) and check 0 <= rank < world_size."""
     if rank is None or world_size is None:
-        r, w = dist_info()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        else:
+            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         rank = r if rank is None else rank
         world_size = w if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
