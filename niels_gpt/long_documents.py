@@ -118,7 +118,6 @@ def encode_long(tokenizer, text: str, piece_chars: int | None = None, batch: boo
             parts.append(np.array(ids, dtype=np.int64 if wide else np.int32))
         except OverflowError:  # never for a real tokenizer; kept wide so the writer's range check names it
             wide = True
-            parts = [p.astype(np.int64) for p in parts] + [np.array(ids, dtype=np.int64)]
-    if parts and len({p.dtype for p in parts}) > 1:  # some pieces fast, some not (a lone surrogate in one)
-        parts = [p.astype(np.int64) for p in parts]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+            parts.append(np.array(ids, dtype=np.int64))
+    # one piece at least; pieces of several dtypes (some fast, some not: a lone surrogate in one) give int64
+    return np.concatenate(parts)
