@@ -32,6 +32,7 @@ from niels_gpt.atomic import TMP_SUFFIX
 from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.markers import by_marker, outputs_below, packed_files, read_json
+from niels_gpt.urls import is_url
 
 PLAN_NAME = "plan.json"  # a parallel build's work directory's marker (builders/tasks.py)
 
@@ -120,7 +121,7 @@ def check_overlap(out: Path, inputs: Iterable, flag: str, *, what: str = "input"
     """Refuse an output equal to, inside or above any of `inputs` (local paths; URLs and ids skipped)."""
     for item in inputs:
         text = os.fspath(item)
-        if "://" in text:
+        if is_url(text):
             continue
         p = Path(text)
         if not p.exists() and not p.is_symlink():
