@@ -305,7 +305,7 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
     for name, text, where in VERBS:
         if name in sub.choices:
             continue
-        if where in wanted:  # a function of this module, or a module's register: imported only now
+        if where in wanted:  # a function of this module, or the register() of a module imported only now
             register = globals().get(where) or importlib.import_module(where).register
             register(_Named(sub))
             wanted.discard(where)
