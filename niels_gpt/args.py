@@ -70,12 +70,12 @@ def exit_with(code: int) -> None:
 
 def program_name(argv0: str | None = None) -> str:
     """How the user called us: the console script by its name, else the module form."""
-    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
-    if name == "__main__.py" and Path(argv0 or sys.argv[0]).parent.name == "niels_gpt":
+    path = Path(sys.argv[0] if argv0 is None else argv0)
+    if path.name == "__main__.py" and path.parent.name == "niels_gpt":
         return "python -m niels_gpt"
-    if name.startswith("niels-gpt"):
-        return name
-    return "python -m niels_gpt.cache.cli" if Path(argv0 or sys.argv[0]).parent.name == "cache" else "python -m niels_gpt.cli"
+    if path.name.startswith("niels-gpt"):
+        return path.name
+    return "python -m niels_gpt.cache.cli" if path.parent.name == "cache" else "python -m niels_gpt.cli"
 
 
 def package_version() -> str:
@@ -92,9 +92,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+        if action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
             return text
-        if "(default" in text or "; default:" in text:  # the help names its default in its own words
+        if "(default" in text or "; default:" in text:  # the help names its default (%(default)s too)
             return text
         if isinstance(action.default, int) and not isinstance(action.default, bool) and action.default >= 2**53:
             return f"{text} (default: all)"  # an "unlimited" sentinel, not a number anyone would type

@@ -46,10 +46,10 @@ VERBS = (
     ("build-all", "train the tokenizer and build every cache of the bundled recipe", "add_build_all"),
     ("train-tokenizer", "train the library's tokenizer on your own files (or build-all's sources)",
      "add_train_tokenizer"),
-    ("inspect", "show a cache: meta, totals, a decoded window, an SFT example's trained span", "add_inspect_verify"),
-    ("verify", "check every output against its metadata: sizes, counts, sha256, headers", "add_inspect_verify"),
+    ("inspect", "show a cache: meta, totals, a decoded window, an SFT example's trained span", "add_output_verbs"),
+    ("verify", "check every output against its metadata: sizes, counts, sha256, headers", "add_output_verbs"),
     ("stats", "figures of a cache, packed directory or converted output: tokens, documents, length percentiles, "
-              "EOT/BOS, SFT trained fraction, packing fill", "add_stats"),
+              "EOT/BOS, SFT trained fraction, packing fill", "add_output_verbs"),
     ("convert", "convert a token corpus between formats (no re-tokenizing)", "niels_gpt.formats.cli"),
     ("prepare-data", "validate a token directory and print how to train on it", "niels_gpt.formats.cli"),
     ("pack-sft", "pack an SFT cache split into memmap_padded_v1 bins", "niels_gpt.packing.cli"),
@@ -73,13 +73,6 @@ class _Named:
     def add_parser(self, name, **kwargs):
         kwargs["help"] = HELP[name]
         return self.sub.add_parser(name, **kwargs)
-
-
-def _register(where: str, sub) -> None:
-    if where.startswith("niels_gpt."):
-        importlib.import_module(where).register(_Named(sub))  # a command imports only its own module
-    else:
-        globals()[where](_Named(sub))
 
 
 def add_build_all(sub) -> None:
@@ -215,7 +208,8 @@ def run_train_tokenizer(args) -> int:
     return 0
 
 
-def add_inspect_verify(sub) -> None:
+def add_output_verbs(sub) -> None:
+    """inspect, verify and stats: the verbs that look at outputs."""
     p = sub.add_parser("inspect")
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
                    "of a cache or packed directory")
@@ -227,9 +221,6 @@ def add_inspect_verify(sub) -> None:
     p.add_argument("path", help="a cache, a root of caches, a packed directory or a converted output; or the URL "
                    "of a cache or packed directory (every file downloaded and checked)")
     p.set_defaults(func=_verify)
-
-
-def add_stats(sub) -> None:
     p = sub.add_parser("stats")
     p.add_argument("path", help="a cache (root or split directory), a packed directory or a converted output; or "
                    "the URL of a cache, split directory or packed directory")
@@ -314,8 +305,9 @@ def build_parser(prog: str | None = None, only: str | None = None) -> argparse.A
     for name, text, where in VERBS:
         if name in sub.choices:
             continue
-        if where in wanted:
-            _register(where, sub)
+        if where in wanted:  # a function of this module, or the register() of a module imported only now
+            register = globals().get(where) or importlib.import_module(where).register
+            register(_Named(sub))
             wanted.discard(where)
         else:
             sub.add_parser(name, help=text, add_help=False)  # named in --help; its flags are not needed here

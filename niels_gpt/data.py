@@ -72,16 +72,12 @@ def open_dataset(path: str | os.PathLike, *, T: int | None = None, split: str = 
                       "or token files")
 
 
-def splits_of(meta: dict) -> dict[str, int]:
-    """{split: its tokens} of a cache, for the splits it has files of (train and val at most)."""
-    files, totals = meta.get("files") or {}, meta.get("totals") or {}
-    have = [s for s in SPLITS if any(rel.startswith(f"{s}/") or rel == f"{s}_tokens.bin" for rel in files)]
-    return {s: int(totals.get(f"{s}_tokens", 0) or 0) for s in have}
-
-
 def check_split(where, meta: dict, split: str) -> None:
-    """Refuse a split the cache does not have, naming the ones it has and what to do instead."""
-    have = splits_of(meta)
+    """Refuse a split the cache does not have (one it has files of), naming the ones it has and their tokens,
+    and what to do instead."""
+    files, totals = meta.get("files") or {}, meta.get("totals") or {}
+    have = {s: int(totals.get(f"{s}_tokens", 0) or 0) for s in SPLITS
+            if any(rel.startswith(f"{s}/") or rel == f"{s}_tokens.bin" for rel in files)}
     if split in have:
         return
     listed = ", ".join(f"{s} ({n:,} tokens)" for s, n in have.items()) or "no split with files"

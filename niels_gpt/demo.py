@@ -20,6 +20,7 @@ import torch
 
 from niels_gpt.builders.plan import make_plan
 from niels_gpt.cli import main as cli
+from niels_gpt.constants import IGNORE_INDEX
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.report import show_tokens
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     sft = SFTExampleDataset(str(root / "sft/dolly15k/train_tokens.bin"), str(root / "sft/dolly15k/train_idx.npy"),
                             T=256, device="cpu", eot_id=tok.eot_id)
     x, y, y_masked = sft.get_batch(B=4, generator=g)
-    trained = (y_masked != -100)
+    trained = y_masked != IGNORE_INDEX
     print(f"sft batch: x {tuple(x.shape)}; trained targets per row {trained.sum(1).tolist()} of {x.shape[1]}")
     row = np.flatnonzero(trained[0].numpy())
     print(f"  row 0 trained targets decode to: {tok.decode(y[0, row].tolist())[:200]!r}")

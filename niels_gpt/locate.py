@@ -108,7 +108,7 @@ def _pickled_npy(p: Path) -> bool:
 
 
 def _file(p: Path) -> Found:
-    if p.suffix in (".toml",):
+    if p.suffix == ".toml":
         return Found("mixture", p, p.parent)
     if p.suffix == ".json":
         doc = read_json(p) or {}

@@ -24,10 +24,8 @@ def split_points(text: str, piece_chars: int | None = None) -> list[int]:
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     cuts: list[int] = []
     start = 0
-    n = len(text)
-    while n - start > piece_chars:
-        target = start + piece_chars
-        cut = _safe_space(text, target, start)
+    while len(text) - start > piece_chars:
+        cut = _safe_space(text, start + piece_chars, start)
         if cut is None:
             break  # no safe place left: the rest is encoded whole
         cuts.append(cut)
@@ -65,8 +63,6 @@ def encode_documents(tokenizer, texts: Sequence[str], num_threads: int | None = 
     `batch`: the fast encoder's batch calls (FastEncoder.encode_arrays); the ids are the same."""
     piece_chars = piece_chars or LONG_DOCUMENT_CHARS
     short = [i for i, t in enumerate(texts) if len(t) <= piece_chars]
-    if len(short) == len(texts):
-        return encode_whole(tokenizer, texts, num_threads, arrays, batch)
     out = [None if len(t) <= piece_chars else encode_long(tokenizer, t, piece_chars, batch) for t in texts]
     whole = encode_whole(tokenizer, [texts[i] for i in short], num_threads, arrays, batch)
     for i, ids in zip(short, whole, strict=True):
@@ -122,7 +118,6 @@ def encode_long(tokenizer, text: str, piece_chars: int | None = None, batch: boo
             parts.append(np.array(ids, dtype=np.int64 if wide else np.int32))
         except OverflowError:  # never for a real tokenizer; kept wide so the writer's range check names it
             wide = True
-            parts = [p.astype(np.int64) for p in parts] + [np.array(ids, dtype=np.int64)]
-    if parts and len({p.dtype for p in parts}) > 1:  # some pieces fast, some not (a lone surrogate in one)
-        parts = [p.astype(np.int64) for p in parts]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+            parts.append(np.array(ids, dtype=np.int64))
+    # one piece at least; pieces of several dtypes (some fast, some not: a lone surrogate in one) give int64
+    return np.concatenate(parts)

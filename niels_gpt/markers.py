@@ -82,7 +82,6 @@ def packed_files(d: Path) -> set[str] | None:
 def unfinished_tokens(d: Path) -> bool:
     """Whether directory `d` holds token files of ours but no commit marker (an unfinished build, or a marker
     removed): the one rule behind locate, verify and stats."""
-    d = Path(d)
     if not d.is_dir() or (d / META_NAME).is_file() or (d / MANIFEST_NAME).is_file():
         return False
     return (any(d.glob("*_tokens.bin")) or (d / "input_ids.npy").is_file()

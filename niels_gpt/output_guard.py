@@ -32,6 +32,7 @@ from niels_gpt.atomic import TMP_SUFFIX
 from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.markers import by_marker, outputs_below, packed_files, read_json
+from niels_gpt.urls import is_url
 
 PLAN_NAME = "plan.json"  # a parallel build's work directory's marker (builders/tasks.py)
 
@@ -120,7 +121,7 @@ def check_overlap(out: Path, inputs: Iterable, flag: str, *, what: str = "input"
     """Refuse an output equal to, inside or above any of `inputs` (local paths; URLs and ids skipped)."""
     for item in inputs:
         text = os.fspath(item)
-        if "://" in text:
+        if is_url(text):
             continue
         p = Path(text)
         if not p.exists() and not p.is_symlink():
@@ -155,7 +156,7 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     if real == cwd or real in cwd.parents:
         here = "the current directory" if real == cwd else "a directory above the current one"
         raise OutputRefused(f"{flag} {out}: is {here}; a command replaces its output whole, so it never writes "
-                            "there: choose a new directory, e.g. {flag} out/NAME".replace("{flag}", flag))
+                            f"there: choose a new directory, e.g. {flag} out/NAME")
     check_overlap(real, inputs, flag)
     for other_flag, other in others:
         other_real = _resolved_quiet(Path(other))

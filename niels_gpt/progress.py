@@ -136,8 +136,7 @@ def progress_bar(iterable=None, *, progress: bool | None, **kw):
 
 class BuildProgress:
     def __init__(self, desc: str, *, progress: bool | None, input_bytes: int | None = None, unit: str = "tok"):
-        self.enabled = mode(progress) != "off"
-        self.by_bytes = self.enabled and bool(input_bytes)
+        self.by_bytes = mode(progress) != "off" and bool(input_bytes)
         self.tokens = 0
         self._start = time.monotonic()
         self._last = 0.0
@@ -158,12 +157,9 @@ class BuildProgress:
 
     def add_tokens(self, n: int) -> None:
         self.tokens += n
-        if not self.enabled:
-            return
         if not self.by_bytes:
-            self.bar.update(n)
-            return
-        if time.monotonic() - self._last > 0.5:
+            self.bar.update(n)  # a bar that is off (Off) only counts
+        elif time.monotonic() - self._last > 0.5:
             self._tokens_note()
 
     def _tokens_note(self) -> None:

@@ -19,19 +19,16 @@ STATE_VERSION = 1
 ORDER_PEEK = 8  # global sample ids whose digest a state carries: the next ones it will deliver
 
 
-def dist_info() -> tuple[int, int]:
-    """(rank, world_size): torch.distributed when initialised, else RANK/WORLD_SIZE, else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill missing rank/world_size from the distributed context and check 0 <= rank < world_size."""
+    """Fill missing rank/world_size from the distributed context (torch.distributed when initialised, else
+    RANK/WORLD_SIZE, else 0 and 1) and check 0 <= rank < world_size."""
     if rank is None or world_size is None:
-        r, w = dist_info()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        else:
+            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         rank = r if rank is None else rank
         world_size = w if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
@@ -166,6 +163,6 @@ def check_order_digest(kind: str, saved: dict | None, mine: dict) -> None:
     if saved is not None and saved.get("digest") != mine["digest"]:
         raise StateError(f"{kind} state: the next {ORDER_PEEK} samples this code delivers from the state's position "
                          f"differ from the state's (digest {saved.get('digest')!r} -> {mine['digest']!r}) with the same "
-                         "settings: the order's code changed (or the position was edited); resume with the release that wrote the "
-                         "state, or pass "
-                         "allow_new_order=True to go on from the same position in the new order")
+                         "settings: the order's code changed (or the position was edited); resume with the "
+                         "release that wrote the state, or pass allow_new_order=True to go on from the same "
+                         "position in the new order")

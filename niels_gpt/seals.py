@@ -34,8 +34,7 @@ def written_form(record: dict) -> bytes:
 
 def sealed_bytes(record: dict) -> bytes:
     """The bytes of `record` with its seal: what every writer of a record of ours writes."""
-    body = {k: v for k, v in record.items() if k != RECORD_SEAL}
-    return written_form({**body, RECORD_SEAL: record_digest(body)})
+    return written_form({**record, RECORD_SEAL: record_digest(record)})
 
 
 def is_sealed(record: dict) -> bool:

@@ -20,8 +20,6 @@ def assistant_token_mask(tokens, asst_id: int, eot_id: int, seq_starts=None) -> 
     """bool[len(tokens)]: True on assistant content tokens and their closing EOT; `seq_starts` (first 0)
     resets the state at each sequence start (None: one sequence)."""
     flat = np.asarray(tokens).reshape(-1)
-    if flat.size == 0:
-        return np.zeros(0, dtype=bool)
     starts = np.zeros(1, dtype=np.int64) if seq_starts is None else np.asarray(seq_starts, dtype=np.int64)
     starts = starts[(starts > 0) & (starts < flat.size)]
     return _spans(flat, asst_id, eot_id, np.concatenate([np.zeros(1, dtype=np.int64), starts]))

@@ -96,9 +96,7 @@ def _create_lock(lock: Path, me: dict) -> None:
             json.dump(me, f)
         try:
             os.link(tmp, lock)
-        except FileExistsError:
-            raise
-        except OSError as exc:  # a file system without hard links: create it in place
+        except OSError as exc:  # a file system without hard links: create it in place (EEXIST is raised)
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
                 raise
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -140,7 +138,7 @@ def build_aside(out: str | os.PathLike, needs: int | None = None, *, kind: str =
     out = check_output(out, kind=kind, flag=flag)  # symlinks followed: the link keeps pointing at the output
     with output_lock(out):
         recover(out)
-        stage = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        stage = tmp_name(out)
         shutil.rmtree(stage, ignore_errors=True)
         with _writable(out.parent):
             stage.mkdir()
@@ -182,11 +180,11 @@ def _free_bytes(path: Path) -> int:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:,.1f} TiB"
 
 
 def out_of_space(exc: OSError, out: Path, written: int, free_at_start: int | None = None,
