@@ -31,22 +31,26 @@ TEMPLATE_NAME = "chat_template.jinja"
 
 
 def read_config(directory: Path) -> tuple[dict, bytes]:
-    """tokenizer_config.json of a transformers tokenizer directory ({} when there is none) and its bytes."""
-    path = directory / CONFIG_NAME
-    if not path.is_file():
-        return {}, b""
-    data = path.read_bytes()
-    try:
-        config = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise TokenizerError(f"{path}: not valid JSON ({exc}); fix or remove it") from exc
-    if not isinstance(config, dict):
-        raise TokenizerError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    """tokenizer_config.json of a transformers tokenizer directory ({} when there is none) and its bytes; its
+    `chat_template` is the config's, else chat_template.jinja's beside it (with or without a config)."""
+    path, config, data = directory / CONFIG_NAME, {}, b""
+    if path.is_file():
+        data = path.read_bytes()
+        try:
+            config = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise TokenizerError(f"{path}: not valid JSON ({exc}); fix or remove it") from exc
+        if not isinstance(config, dict):
+            raise TokenizerError(f"{path}: expected a JSON object, got {type(config).__name__}")
     template = config.get("chat_template")
     if isinstance(template, list):  # transformers' named templates: [{"name": "default", "template": ...}]
         template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
-    if template is None and (directory / TEMPLATE_NAME).is_file():
-        template = (directory / TEMPLATE_NAME).read_text("utf-8")
+    if template is None and (jinja := directory / TEMPLATE_NAME).is_file():
+        try:
+            template = jinja.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenizerError(f"{jinja}: not UTF-8 ({exc.reason} at byte {exc.start}); save the template as "
+                                 "UTF-8") from None
     if template is not None and not isinstance(template, str):
         raise TokenizerError(f"{path}: chat_template must be a string, got {type(template).__name__}")
     return {**config, "chat_template": template}, data
@@ -148,6 +152,8 @@ class HFTokenizer(Tokenizer):
         out = super().describe()
         if self._config_sha256 is not None and not self.library_conventions:
             out["config_sha256"] = self._config_sha256
+        if self.chat_template is not None:  # the config's or chat_template.jinja's: either changes the rendering
+            out["chat_template_sha256"] = hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()
         return out
 
     def __len__(self) -> int:

@@ -185,3 +185,33 @@ def test_a_template_build_encodes_runs_of_conversations_in_one_call_and_writes_e
     with pytest.raises(ConfigError, match=r"sft example 520: message 1 \(assistant\): content must be str"):
         build_sft_cache(bad, str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0)
     assert not (tmp_path / "sft").exists()
+
+
+PLAIN = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("config", [None, {"eos_token": "<|endoftext|>"}])
+def test_a_chat_template_jinja_beside_the_model_renders_chats(tmp_path, bpe_json, config):
+    """transformers saves the template as chat_template.jinja; it is found with or without a tokenizer_config.json,
+    and meta.json's tokenizer record names it (a changed template is a changed tokenizer)."""
+    (tmp_path / "tokenizer.json").write_bytes(bpe_json.read_bytes())
+    if config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "chat_template.jinja").write_text(PLAIN)
+    tok = load_tokenizer(tmp_path)
+    assert tok.chat_template == PLAIN
+    chat = tok.render_chat(CONV[1:3])
+    assert tok.decode(chat.ids, skip_special_tokens=False).startswith("<|im_start|>user\nName a colour.")
+    assert trained_text(tok, chat) and trained_text(tok, chat)[0].startswith("Blue.")
+    build_sft_cache([CONV[1:3]], str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0)
+    first = read_meta(str(tmp_path / "sft"))["tokenizer"]["chat_template_sha256"]
+    (tmp_path / "chat_template.jinja").write_text(PLAIN.replace("\n{{ m['content'] }}", ": {{ m['content'] }}"))
+    assert load_tokenizer(tmp_path).describe()["chat_template_sha256"] not in (None, first)
+
+
+def test_a_chat_template_jinja_that_is_not_utf8_is_refused(tmp_path, bpe_json):
+    (tmp_path / "tokenizer.json").write_bytes(bpe_json.read_bytes())
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ messages }}\xff\xfe")
+    with pytest.raises(TokenizerError, match=r"chat_template.jinja: not UTF-8 .*save the template as UTF-8"):
+        load_tokenizer(tmp_path)
