@@ -168,7 +168,7 @@ def _split_long(split: SFTSplit, pack_size: int, keep: np.ndarray, segments: np.
     figures = {**figures, "tokens_lost": lost_tokens, "trained_targets_lost": lost_targets,
                "split_examples": int(np.count_nonzero(split.lengths > pack_size)), "split_pieces": pieces,
                "prompt_tokens_repeated": repeated}
-    return np.asarray(ids, dtype=np.int64), np.stack(rows).astype(np.int64), cut, figures
+    return np.asarray(ids, dtype=np.int64), np.array(rows, dtype=np.int64).reshape(-1, 4), cut, figures
 
 
 def materialize_bin(split: SFTSplit, segments: np.ndarray, scratch_ids: np.ndarray, scratch_mask: np.ndarray,

@@ -125,3 +125,14 @@ def test_real_oasst1_at_512_split_loses_less_than_truncate(tmp_path, tokenizer):
     for name in ARRAYS:
         assert (tmp_path / "s" / f"{name}.npy").read_bytes() == (tmp_path / "s2" / f"{name}.npy").read_bytes()
     assert again["num_sequences"] == split["num_sequences"] > cut["num_sequences"]
+
+
+def test_a_split_that_keeps_no_piece_packs_an_empty_shard_and_counts_the_loss(tmp_path):
+    """Every conversation over the pack size and none with an answer: no piece trains anything, so none is kept;
+    the shard is empty (as with truncate and nothing left) and the loss is counted, not a numpy error."""
+    only_questions = [turn(USR, 40, 200) + turn(USR, 40, 300)]  # 84 tokens, no assistant turn
+    cache = write_sft_cache(tmp_path / "c", only_questions)
+    m = pack_sft(cache, tmp_path / "p", pack_size=64, on_overflow="split")
+    assert m["num_sequences"] == 0 and m["truncation"]["split_pieces"] == 0
+    assert m["truncation"]["tokens_lost"] == 84 and m["truncation"]["split_examples"] == 1
+    assert len(open_packed(tmp_path / "p")) == 0
