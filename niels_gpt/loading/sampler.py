@@ -55,11 +55,7 @@ class GlobalBatchSampler:
                  world_size: int | None = None, prefetch: bool | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        self.schedule = BatchSchedule(global_batch_size if batch_schedule is None else batch_schedule,
-                                      world_size=self.world_size)
-        if global_batch_size is not None and batch_schedule is not None and global_batch_size != self.schedule.steps[-1][1]:
-            raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
-                              f"{self.schedule.steps[-1][1]}: pass None or the schedule's last batch")
+        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size)
         largest = max(g for _, g in self.schedule.steps)
         if n < largest:
             raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {largest}; lower "

@@ -38,6 +38,18 @@ class BatchSchedule:
                 raise ConfigError(f"global_batch_size {g} must be a positive multiple of world_size "
                                   f"{world_size} (every rank takes an equal share)")
 
+    @classmethod
+    def of(cls, global_batch_size: int | None, batch_schedule, world_size: int) -> BatchSchedule:
+        """A sampler's schedule: `batch_schedule`, else the constant `global_batch_size`; given both, the size must
+        be the schedule's last batch."""
+        if batch_schedule is None:
+            return cls(global_batch_size, world_size=world_size)
+        schedule = cls(batch_schedule, world_size=world_size)
+        if global_batch_size is not None and global_batch_size != schedule.steps[-1][1]:
+            raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
+                              f"{schedule.steps[-1][1]}: pass None or the schedule's last batch")
+        return schedule
+
     def at(self, total: int) -> int:
         g = self.steps[0][1]
         for start, batch in self.steps:

@@ -166,3 +166,13 @@ def test_a_stream_follows_the_schedule_and_resumes_mid_ramp_on_another_world_siz
     first, state = run(stream, 1, 4)
     rest, _ = run(stream, 4, 6, state)
     assert first + rest == whole
+
+
+def test_a_stream_refuses_a_batch_size_the_schedule_does_not_end_at():
+    """As GlobalBatchSampler does: a global_batch_size beside a schedule is its last batch, or refused (it was
+    ignored without a word)."""
+    from niels_gpt.loading import RankBatchStream
+
+    with pytest.raises(ConfigError, match=r"global_batch_size 4 with a batch schedule ending at 16"):
+        RankBatchStream(Draws(), 4, seed=3, rank=0, world_size=1, draw_rows=1, batch_schedule=RAMP)
+    assert RankBatchStream(Draws(), 16, seed=3, rank=0, world_size=1, draw_rows=1, batch_schedule=RAMP).schedule.steps == RAMP
