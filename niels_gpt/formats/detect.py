@@ -160,6 +160,7 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
     if kind == "megatron":
         idxs = [megatron.read_index(p) for p in sorted({megatron.prefix_of(f) for f in files})]
         tfs = [i.token_file() for i in idxs]
+        _one_dtype(tfs, where)
         info = FormatInfo(kind, idxs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where),
                           tfs, documents=sum(len(i.doc_indices) - 1 for i in idxs), megatron=idxs)
         return _tatm(files[0].parent, info)
@@ -179,13 +180,17 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
                               "metadata.yaml beside it; pass the dtype (--dtype uint16|uint32, or dtype='uint16' in "
                               "Python). Sizes divisible by 4 are NOT proof of uint32")
         tfs = [open_raw(f, declared) for f in files]
-    dtypes = {t.dtype for t in tfs}
-    if len(dtypes) > 1:
-        raise FormatError(f"{where}: files of different dtypes {sorted(str(d) for d in dtypes)}")
+    _one_dtype(tfs, where)
     info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs)
     if dtype is not None and kind != "raw" and parse_dtype(dtype) != info.dtype:
         info.warnings.append(f"--dtype {dtype} ignored: the files record {info.dtype.name}")
     return _tatm(files[0].parent, info)
+
+
+def _one_dtype(tfs: list, where) -> None:
+    dtypes = {t.dtype for t in tfs}
+    if len(dtypes) > 1:
+        raise FormatError(f"{where}: files of different dtypes {sorted(str(d) for d in dtypes)}")
 
 
 _SPLIT_WORD = re.compile(r"(?:^|[_.-])(train|val)(?=[_.-]|\d|$)")

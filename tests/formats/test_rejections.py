@@ -186,3 +186,17 @@ def test_stray_shard_in_cache_is_rejected(small_cache):
     write_raw(small_cache / "val" / "shard_00007.bin", [1], "uint16")
     with pytest.raises(FormatError, match="not listed in .*meta.json"):
         detect_format(small_cache)
+
+
+def test_a_folder_of_megatron_pairs_of_two_dtypes_is_refused(tmp_path):
+    """As every other format: one dtype a folder (the second pair was read as the first pair's dtype)."""
+    for prefix, dtype in (("a", "uint16"), ("b", "uint32")):
+        w = megatron.MegatronWriter(tmp_path / prefix, dtype)
+        w.write(np.array([1, 2, 6]))
+        w.end_document()
+        w.close()
+    with pytest.raises(FormatError, match=r"files of different dtypes \['int32', 'uint16'\]"):
+        detect_format(tmp_path)
+    (tmp_path / "b.bin").unlink()
+    (tmp_path / "b.idx").unlink()
+    assert detect_format(tmp_path).num_tokens == 3
