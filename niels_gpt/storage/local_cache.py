@@ -41,6 +41,7 @@ OWN_MARK = ".niels_gpt_download_cache"  # in the root: this directory is a downl
 # directory (~/.cache/niels_gpt/core, train/eval_core.py), never touched by eviction
 OWN_ENTRIES = {OWN_MARK, ".lock", MIRRORS, LOCKS, PINS, STAMPS, "core"}
 SOURCES = "sources"  # remote/sources/: temporaries of inputs read from URLs (sources/records.py)
+TOKENIZERS = "tokenizers"  # remote/tokenizers/<sha256>/: tokenizers fetched from a work store (storage/work.py)
 RESERVED = ".reserved"  # <name>.reserved.tmp-<pid>: room granted to a download in progress
 LOCK_POLL_S = 0.02
 _pin_ids = itertools.count()
@@ -77,7 +78,7 @@ def _laid_out_as_ours(root: Path, entries: list[str]) -> bool:
     mirrors = root / MIRRORS
     if not mirrors.is_dir():
         return not mirrors.exists()
-    return all(e == SOURCES or (len(e) == 16 and all(c in "0123456789abcdef" for c in e))
+    return all(e in (SOURCES, TOKENIZERS) or (len(e) == 16 and all(c in "0123456789abcdef" for c in e))
                for e in os.listdir(mirrors))
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError, StorageError
 from niels_gpt.storage.fs import call, filesystem, join
-from niels_gpt.storage.local_cache import claim, file_lock
+from niels_gpt.storage.local_cache import TOKENIZERS, claim, file_lock
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir, network_timeout_s
 
 TOKENIZER_DIR = "tokenizer"
@@ -125,7 +125,7 @@ def fetch_tokenizer(url: str, sha256: str) -> Path:
     folder, _, model = url.rstrip("/").rpartition("/")
     root = local_cache_dir()
     claim(root)
-    final = root / MIRRORS / "tokenizers" / sha256
+    final = root / MIRRORS / TOKENIZERS / sha256
     if (final / model).is_file():
         return final / model
     with file_lock(root / "locks" / "tokenizers" / f"{sha256}.lock", timeout_s=4 * network_timeout_s(),

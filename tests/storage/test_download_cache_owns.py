@@ -55,6 +55,7 @@ def test_a_download_cache_from_before_the_mark_is_still_one(tmp_path):
     root = tmp_path / "old"
     (root / "remote" / "0123456789abcdef").mkdir(parents=True)
     (root / "remote" / "sources").mkdir()
+    (root / "remote" / "tokenizers" / ("ab" * 32)).mkdir(parents=True)  # a tokenizer fetched from a work store
     (root / "locks").mkdir()
     (root / "core").mkdir()  # the CORE evaluation bundle, kept in the default directory
     (root / ".lock").write_bytes(b"")
