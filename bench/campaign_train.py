@@ -122,7 +122,7 @@ def read_until(p: subprocess.Popen, step: int) -> tuple[list[str], float]:
 
 
 def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: int, save_every: int,
-              first: int = 0) -> tuple[list[dict], dict]:
+              first: int = 0, last: int | None = None) -> tuple[list[dict], dict]:
     def args(out: Path, *extra: str) -> list[str]:
         return train_args(cache, out, *extra, steps=steps, save_every=save_every)
 
@@ -140,7 +140,7 @@ def run_kills(work: Path, cache: Path, kills: int, rng: random.Random, steps: in
         p = launch(args(out))
         # a seeded moment: inside step `at` (0: just before the loop; `steps`: its last save, bpb and exit),
         # a seeded share of one step's time after the previous step's line
-        at = rng.randint(first, steps)
+        at = rng.randint(first, steps if last is None else last)
         head, dt = read_until(p, max(at - 1, 0))
         time.sleep(rng.uniform(0.0, 1.0) * dt)
         lock = out.with_name(out.name + ".lock")
@@ -246,13 +246,13 @@ def build_cache(work: Path, tok: str | None = None) -> Path:
 
 def run_train_campaign(work: Path, *, kills: int, flips: int, seed: int = 0, tok: str | None = None,
                        cache: Path | None = None, steps: int = STEPS, save_every: int = SAVE_EVERY,
-                       first: int = 0) -> dict:
+                       first: int = 0, last: int | None = None) -> dict:
     """The campaign's figures (module docstring); bench/campaign.py calls this with its tokenizer, the test
-    with a cache of its own and fewer steps."""
+    with a cache of its own and fewer steps. `first`..`last`: the steps a kill may land in (default: all)."""
     rng = random.Random(seed)
     work.mkdir(parents=True, exist_ok=True)
     cache = cache or build_cache(work, tok)
-    kill_rows, kill_totals = run_kills(work, cache, kills, rng, steps, save_every, first)
+    kill_rows, kill_totals = run_kills(work, cache, kills, rng, steps, save_every, first, last)
     return {"kills": kill_rows, "kill_totals": kill_totals, "corruption": run_corruption(work, cache, flips, rng)}
 
 
