@@ -34,18 +34,19 @@ WRITTEN_NOW = "written_now"  # a receipt key the driver adds (never on disk): it
 
 
 class _Doc:
-    """A document as Budgeted.plan sees it: len() is its content tokens (without its separator)."""
+    """A document as Budgeted.plan sees it: len() is its content tokens (without its separator). `mask`: an
+    SFT part's mask file, beside `part`."""
 
-    __slots__ = ("part", "start", "n", "origin")
+    __slots__ = ("part", "start", "n", "origin", "mask")
 
-    def __init__(self, part: np.ndarray, start: int, n: int, origin=None):
-        self.part, self.start, self.n, self.origin = part, start, n, origin
+    def __init__(self, part: np.ndarray, start: int, n: int, origin=None, mask: np.ndarray | None = None):
+        self.part, self.start, self.n, self.origin, self.mask = part, start, n, origin, mask
 
     def __len__(self) -> int:
         return self.n - 1
 
 
-def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray]:
+def load_part(work_dir, receipt: dict, names: tuple[str, ...]) -> list[np.ndarray]:
     """The task's part files (`names` of bin, mask, lens) as arrays, each file's sha256 checked against the
     receipt."""
     remote = is_url(work_dir)
@@ -84,27 +85,27 @@ def skip_reason(receipt: dict, n: int) -> str:
     return (receipt.get("skip_reasons") or ["empty_document"])[-n]
 
 
-def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None],
-               index: InputIndex | None = None) -> Iterator[_Doc | str]:
+def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None] | None = None,
+               index: InputIndex | None = None, mask: bool = False) -> Iterator[_Doc | str]:
     """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
     after each part, before the next receipt is asked for (which may wait for its task). `index`: each _Doc
-    carries its origin (builders/origins.py)."""
+    carries its origin (builders/origins.py). `mask`: each _Doc carries its part's mask file."""
     for k, receipt in enumerate(receipts):
-        if k:
+        if k and between is not None:
             between()
-        if index is None:
-            tokens, lens = load_part(work_dir, receipt)
-            rows = None
-        else:
-            tokens, lens, found = load_part(work_dir, receipt, ("bin", "lens", "origins"))
-            pieces = receipt["task"]["pieces"]
-            rows = iter([index.row(pieces, o) for o in found.tolist()])
+        names = ("bin", "mask", "lens") if mask else ("bin", "lens")
+        arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
+        rows = None
+        if index is not None:
+            rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()])
+        tokens, lens = arrays[0], arrays[-1]
+        masks = arrays[1] if mask else None
         start = 0
         for n in lens.tolist():
             if n <= 0:
                 yield skip_reason(receipt, n)
             else:
-                yield _Doc(tokens, start, n, None if rows is None else next(rows))
+                yield _Doc(tokens, start, n, None if rows is None else next(rows), masks)
                 start += n
 
 

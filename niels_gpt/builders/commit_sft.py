@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.builders.commit import _counted, load_part, skip_reason
+from niels_gpt.builders.commit import _counted, _documents
 from niels_gpt.builders.common import start_build
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.sft import SFTWriter, check_sft_settings, sft_meta
@@ -32,21 +32,13 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
     skipped, encoders = Counter(), Counter()  # encoders: the tasks by the encoder each ran (meta.json's record)
     writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
     index = InputIndex(plan.inputs) if plan is not None else None
-    names = ("bin", "mask", "lens") if stored_mask else ("bin", "lens")
     try:
-        for receipt in _counted(receipts, encoders):
-            arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
-            rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()]) if index else None
-            tokens, lens = arrays[0], arrays[-1]
-            mask = arrays[1] if stored_mask else None
-            start = 0
-            for n in lens.tolist():
-                if n <= 0:
-                    skipped[skip_reason(receipt, n)] += 1
-                    continue
-                writer.add(tokens[start:start + n], None if mask is None else mask[start:start + n],
-                           None if rows is None else next(rows))
-                start += n
+        for d in _documents(work_dir, _counted(receipts, encoders), index=index, mask=stored_mask):
+            if isinstance(d, str):
+                skipped[d] += 1
+                continue
+            end = d.start + d.n
+            writer.add(d.part[d.start:end], None if d.mask is None else d.mask[d.start:end], d.origin)
         if plan is not None:
             writer.log.table = input_table(plan.inputs, plan.kinds, plan.config, plan.split)
         records = writer.close()
