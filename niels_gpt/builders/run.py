@@ -106,6 +106,13 @@ class BuildSpec:
         return Rules(self.text_field, self.messages_field, tuple(self.chat_columns) if self.chat_columns else None,
                      self.on_bad_record, self.map, self.min_chars, self.val_per_input)
 
+    def loaded_tokenizer(self):
+        """The tokenizer, loaded with the spec's conventions when given as a path or name."""
+        if isinstance(self.tokenizer, (str, os.PathLike)):
+            return load_tokenizer(self.tokenizer, eos=self.eos, bos=self.bos, separator=self.separator,
+                                  chat_template=self.chat_template)
+        return self.tokenizer
+
 
 def check_spec(spec: BuildSpec) -> None:
     """Every setting checked before any work, each refusal naming its flag."""
@@ -213,9 +220,7 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     work = work_dir_of(spec, out)
     inputs = [*spec.sources, *(spec.val_sources or [])]
     check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)] if isinstance(work, Path) else [])
-    tok = spec.tokenizer
-    if isinstance(tok, (str, os.PathLike)):
-        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
+    tok = spec.loaded_tokenizer()
     if spec.chat:
         check_renders_chats(tok)
     shuffle = (spec.seed, spec.shuffle_buffer) if spec.shuffle_buffer and spec.shuffle_buffer > 1 else None
@@ -339,8 +344,20 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                     **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
                        if spec.extra.get("skipped_inputs") else {})}
 
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
+                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
     try:
-        _build_inline(spec, plan, val, tok, reader, texts, described, out)
+        if spec.chat:
+            build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
+                            **common)
+        else:
+            sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
+            build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
+                                 max_val_tokens=ALL_TOKENS if split else val_budget(spec),
+                                 shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
+                                 input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
+                                 compress=spec.compress, **common)
     finally:
         for r in (reader, getattr(texts, "val", None)):
             if r is not None:
@@ -348,24 +365,6 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
     tasks = len(plan.tasks) + (len(val.tasks) if val is not None else 0)
     workers = f" ({spec.workers} encode workers)" if spec.workers and not split else ""
     return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
-
-
-def _build_inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, reader: _Reader, texts, described,
-                  out: Path) -> None:
-    split = spec.val_sources is not None
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
-                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
-                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
-    if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
-                        **common)
-    else:
-        sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
-        build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
-                             max_val_tokens=ALL_TOKENS if split else val_budget(spec),
-                             shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
-                             input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
-                             compress=spec.compress, **common)
 
 
 def format_summary(s: dict) -> str:
