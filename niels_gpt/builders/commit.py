@@ -7,6 +7,9 @@ document is its prefix (BOS first) or its first tokens then an EOT. Each part's 
 its receipt when reused from an earlier run, written on another host, or read from a work URL (parts are not
 fsynced: this check vouches for them after a crash or a transfer); a part that this run's workers on this host
 just wrote and hashed is not hashed again. Cost: one read of each part, one sha256 of each shard; no tokenization.
+
+The SFT commit (`commit_sft`): the rendered parts of a chat build's tasks, in plan order, through the
+one-process builder's `SFTWriter`, so the draws, files and meta.json are the same.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.pretrain import Admission, check_budgets, open_splits, pretrain_meta
+from niels_gpt.builders.sft import SFTWriter, check_sft_settings, sft_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
 from niels_gpt.meta import RECEIPT_HASH, receipt_hash, write_meta
@@ -202,6 +207,40 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
                          val_frac=val_frac, tokenizer_path=tokenizer_path, origins=log is not None,
                          encoders=encoders)
+    write_meta(str(out), meta)
+    return meta
+
+
+def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_frac: float, seed: int,
+               dataset_name: str | None = None, dataset_config: str | None = None, streaming: bool = False,
+               source: dict | Callable[[], dict] | None = None, final: str | os.PathLike | None = None,
+               tokenizer_path: str | None = None, plan=None) -> dict:
+    """Write the SFT cache at `out_dir` from the parts of `receipts` (in plan order); returns meta. `plan`: the
+    build's plan, whose inputs the examples' origins name (builders/origins.py); None writes no origins."""
+    check_sft_settings(val_frac, seed)
+    out = Path(out_dir)
+    dtype = np.dtype(tokenizer.token_dtype)
+    stored_mask = not getattr(tokenizer, "library_conventions", True)
+    start_build(out, [])
+    skipped, encoders = Counter(), Counter()  # encoders: the tasks by the encoder each ran (meta.json's record)
+    writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
+    index = InputIndex(plan.inputs) if plan is not None else None
+    try:
+        for d in _documents(work_dir, _counted(receipts, encoders), index=index, mask=stored_mask):
+            if isinstance(d, str):
+                skipped[d] += 1
+                continue
+            end = d.start + d.n
+            writer.add(d.part[d.start:end], None if d.mask is None else d.mask[d.start:end], d.origin)
+        if plan is not None:
+            writer.log.table = input_table(plan.inputs, plan.kinds, plan.config, plan.split)
+        records = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    meta = sft_meta(tokenizer, dtype, Path(final) if final is not None else out, writer, records=records, seed=seed,
+                    val_frac=val_frac, skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
+                    streaming=streaming, source=source, tokenizer_path=tokenizer_path, encoders=encoders)
     write_meta(str(out), meta)
     return meta
 

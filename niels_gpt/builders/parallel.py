@@ -26,8 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
-from niels_gpt.builders.commit import WRITTEN_NOW, commit
-from niels_gpt.builders.commit_sft import commit_sft
+from niels_gpt.builders.commit import WRITTEN_NOW, commit, commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
 from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store

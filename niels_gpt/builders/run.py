@@ -4,7 +4,7 @@
     summary = build(BuildSpec(sources=["data/"], out="cache/mine", tokenizer="tok/", executor="processes"))
 
 - One plan (builders/plan.py) for every executor. `inline` reads it in this process; `processes` and `ray`
-  run its tasks on a pool or cluster, then commit their parts in plan order (builders/commit*.py). `auto`:
+  run its tasks on a pool or cluster, then commit their parts in plan order (builders/commit.py). `auto`:
   `processes` with several tasks and workers, else `inline`. The cache is byte-identical either way.
 - A parallel build's work directory (default `<out>.build`; a URL lets nodes without a shared disk share it)
   holds plan.json and each task's parts and receipt; a rerun reuses every valid receipt. It is removed after

@@ -4,7 +4,7 @@ Each conversation is rendered (sentinel, content, EOT per message), sent to val 
 (one torch draw per usable example) and appended to `{split}_tokens.bin`, its start offset to
 `{split}_idx.npy` (int64). A tokenizer's own chat template leaves no sentinels to find the assistant spans
 by, so its mask is stored: `{split}_mask.bin`, one uint8 per token. `SFTWriter` draws and writes for this
-builder and for the parallel commit (builders/commit_sft.py) alike, so both write the same bytes.
+builder and for the parallel commit (builders/commit.py) alike, so both write the same bytes.
 """
 
 from __future__ import annotations
@@ -102,10 +102,13 @@ class SFTWriter:
 
 
 def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict, seed: int, val_frac: float,
-             skipped: Counter, dataset_name, dataset_config, streaming: bool, source: dict | None,
+             skipped: Counter, dataset_name, dataset_config, streaming: bool, source,
              tokenizer_path: str | None = None, encoders: Counter | None = None) -> dict:
-    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one);
-    `encoders`: a parallel build's tasks by the encoder each ran (None: this process's)."""
+    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one).
+    A callable `source` is called here, once the stream is read, so its skip counts are final. `encoders`: a
+    parallel build's tasks by the encoder each ran (None: this process's)."""
+    if callable(source):
+        source = source()
     if not writer.offsets["train"] and not writer.offsets["val"]:
         raise ConfigError(no_conversation_message(final, all_skipped(skipped, source), source))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
@@ -187,8 +190,6 @@ def build_sft_cache(
         except BaseException:
             writer.abort()
             raise
-        if callable(source):  # described after the stream was read, so its skip counts are final
-            source = source()
         meta = sft_meta(tokenizer, dtype, final, writer, records=records, seed=seed, val_frac=val_frac,
                         skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
                         streaming=streaming, source=source, tokenizer_path=tokenizer_path)
