@@ -373,16 +373,11 @@ def format_summary(s: dict) -> str:
              f"  executor {s['executor']}: {s['tasks']} task(s), {s['ran']} ran, {s['reused']} reused from receipts; "
              f"{s['files']} file(s)",
              f"  {s['wall_seconds']:.2f} s wall, {s['tokens_per_s'] / 1e6:.2f} Mtok/s (cache tokens / wall)"]
-    if s.get("skipped_inputs"):
-        lines.append(left_out_line(s["skipped_inputs"]))
+    if left_out := s.get("skipped_inputs"):  # the files under the sources that were not read, and why
+        named = "; ".join(f"{d['path']} ({d['reason']})" for d in left_out[:3])
+        more = f"; and {len(left_out) - 3} more (meta.json's skipped_inputs)" if len(left_out) > 3 else ""
+        lines.append(f"  left out {len(left_out)} file(s) under the sources: {named}{more}")
     if s.get("task_seconds"):
         lines.append(f"  tasks: {s['tokenized']:,} tokens in {s['task_seconds']:.2f} task-seconds "
                      f"({s['tokenized'] / s['task_seconds'] / 1e6:.2f} Mtok/s per worker)")
     return "\n".join(lines)
-
-
-def left_out_line(left_out: list[dict], shown: int = 3) -> str:
-    """One line naming the files under the sources that were not read, and why (meta.json lists them all)."""
-    named = "; ".join(f"{d['path']} ({d['reason']})" for d in left_out[:shown])
-    more = f"; and {len(left_out) - shown} more (meta.json's skipped_inputs)" if len(left_out) > shown else ""
-    return f"  left out {len(left_out)} file(s) under the sources: {named}{more}"
