@@ -85,11 +85,6 @@ def load_part(work_dir, receipt: dict, names: tuple[str, ...]) -> list[np.ndarra
     return out
 
 
-def skip_reason(receipt: dict, n: int) -> str:
-    """The skip reason of a lengths entry n <= 0 (tasks.py: 0 is an empty document)."""
-    return (receipt.get("skip_reasons") or ["empty_document"])[-n]
-
-
 def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None] | None = None,
                index: InputIndex | None = None, mask: bool = False) -> Iterator[_Doc | str]:
     """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
@@ -107,8 +102,8 @@ def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None] |
         masks = arrays[1] if mask else None
         start = 0
         for n in lens.tolist():
-            if n <= 0:
-                yield skip_reason(receipt, n)
+            if n <= 0:  # a skipped record, for the reason skip_reasons[-n] (tasks.py: 0 is an empty document)
+                yield receipt["skip_reasons"][-n]
             else:
                 yield _Doc(tokens, start, n, None if rows is None else next(rows), masks)
                 start += n
