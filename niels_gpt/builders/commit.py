@@ -138,9 +138,8 @@ def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
 def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_tokens: int, max_val_tokens: int,
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
            streaming: bool = False, source: dict | Callable[[], dict] | None = None,
-           on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
-           val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None,
-           plan=None) -> dict:
+           final: str | os.PathLike | None = None, val_frac: float | None = None, tokenizer_path: str | None = None,
+           compress: str | None = None, plan=None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order), pulling no more once the
     budgets are met; returns meta. `final`: where a staged `out_dir` will live (its name is the dataset's).
     `plan`: whose inputs the origins name (None: no origins). The rest: as build_pretrain_cache's."""
@@ -169,21 +168,16 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
             skipped.update(reasons)
             job: list = []
-            added = 0
             stop = False
             for d in batch:
                 if isinstance(d, str):
                     continue
-                n = admission.admit(d, job)
-                if n is None:
+                if admission.admit(d, job) is None:
                     stop = True
                     break
                 if log is not None:
                     log.note({"val": sinks["val"].documents, "train": sinks["train"].documents}, d.origin)
-                added += n
             _write(job, separator.id, dtype, separator.position == "before")
-            if on_tokens is not None:
-                on_tokens(added)
             if stop:
                 break
         else:
