@@ -1,5 +1,5 @@
 """Every builder: one `build` verb over one plan (run.py), the one-process builders (pretrain.py, sft.py),
-the parallel path (tasks.py, commit*.py, executors.py, parallel.py), the tokenizer step (tokenizer.py) and
+the parallel path (tasks.py, commit.py, executors.py, parallel.py), the tokenizer step (tokenizer.py) and
 build-all as a recipe over `build` (build_all.py). docs/scale.md has the plan for 100B tokens.
 
     niels-gpt-data build corpus/ --out cache/pretrain/mine --tokenizer cache/tokenizer --executor ray

@@ -29,7 +29,7 @@ from niels_gpt.output_guard import check_overlap
 from niels_gpt.seeds import check_seed
 from niels_gpt.sources.documents import Rules
 from niels_gpt.sources.named import NAMED, OPTIONS, inputs, values_of
-from niels_gpt.sources.stream import task_items
+from niels_gpt.sources.stream import stream_items
 from niels_gpt.staging import build_aside
 from niels_gpt.storage.upload import staged_output
 from niels_gpt.tokenizer import MODEL_NAME, SPECIAL_TOKENS, TrainSettings, load_tokenizer, train_tokenizer
@@ -80,12 +80,11 @@ def _texts(fields: dict) -> Iterator[str]:
     chat = fields.get("chat", False)
     plan = make_plan(fields["sources"], tokenizer=None, rules=Rules(), chat=chat, layout=fields["layout"],
                      config=fields.get("hf_config"), split=fields.get("split", "train"))
-    for t in plan.tasks:
-        for item in task_items(t, plan.rules, plan.signatures):
-            if isinstance(item, str):
-                yield item
-            elif isinstance(item, list):
-                yield from (m["content"] for m in item)
+    for item in stream_items(plan, check_at_end=False):
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            yield from (m["content"] for m in item)
 
 
 def tokenizer_texts(cfg: BuildConfig) -> Iterator[str]:

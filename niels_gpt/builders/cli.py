@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from niels_gpt.args import int_arg as _int
 from niels_gpt.args import optional_int_arg as _optional_int
-from niels_gpt.builders.executors import RAY_ADDRESS, RETRIES
+from niels_gpt.builders.executors import CONNECT_TIMEOUT_S, RAY_ADDRESS, RETRIES
 from niels_gpt.builders.plan import make_plan
 from niels_gpt.builders.run import ALL_TOKENS, EXECUTORS, ON_BAD_RECORD, BuildSpec, build, format_summary
 from niels_gpt.builders.tokenizer import tokenizer_for_build
@@ -23,17 +23,7 @@ from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.seeds import seed_arg
 from niels_gpt.sources.documents import LAYOUTS
 from niels_gpt.sources.inputs import check_read_as
-from niels_gpt.tokenizer import SEPARATOR_CHOICES, load_tokenizer
-
-CONNECT_TIMEOUT_S = 30.0
-
-
-def add_separator_args(p) -> None:
-    """--eos/--bos/--separator: a tokenizer's document conventions."""
-    p.add_argument("--eos", default=None, help="token (text or id) that ends every document (default: the tokenizer's EOS)")
-    p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
-    p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
-                   help="eos: EOS after every document (the default); bos: BOS before every document")
+from niels_gpt.tokenizer import SEPARATOR_CHOICES
 
 
 def add_read_as_arg(p) -> None:
@@ -68,7 +58,10 @@ def _add_build_args(p) -> None:
     tok.add_argument("--train-tokenizer", type=_int, default=None, metavar="VOCAB",
                      help="train the library's tokenizer (VOCAB ordinary pieces) on the sources first, into "
                           "<out's parent>/tokenizer, and build with it (default: use --tokenizer)")
-    add_separator_args(p)
+    p.add_argument("--eos", default=None, help="token (text or id) that ends every document (default: the tokenizer's EOS)")
+    p.add_argument("--bos", default=None, help="token (text or id) used as BOS (default: the tokenizer's BOS)")
+    p.add_argument("--separator", choices=SEPARATOR_CHOICES, default=None,
+                   help="eos: EOS after every document (the default); bos: BOS before every document")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="with --chat and a sentencepiece model of its own (Llama, Mistral): the jinja2 chat template "
                         "(default: the chat_template of a tokenizer_config.json beside the model)")
@@ -168,11 +161,7 @@ def run_build(args) -> int:
     elif args.tokenizer is None:
         raise ConfigError("give --tokenizer PATH (or --train-tokenizer VOCAB to train one on the sources first)")
     if args.plan_only:
-        tok = spec.tokenizer
-        if isinstance(tok, str):
-            tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator,
-                                 chat_template=spec.chat_template)
-        plan = make_plan(spec.sources, tokenizer=tok, task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
+        plan = make_plan(spec.sources, tokenizer=spec.loaded_tokenizer(), task_bytes=spec.task_bytes, rules=spec.rules, chat=spec.chat,
                          layout=spec.layout, config=spec.hf_config, split=spec.split, read_as=spec.read_as)
         for t in plan.tasks:
             print(f"{t.id}  {t.bytes:>12,} B  {t.layout:<9} {t.where()}")

@@ -7,6 +7,9 @@ document is its prefix (BOS first) or its first tokens then an EOT. Each part's 
 its receipt when reused from an earlier run, written on another host, or read from a work URL (parts are not
 fsynced: this check vouches for them after a crash or a transfer); a part that this run's workers on this host
 just wrote and hashed is not hashed again. Cost: one read of each part, one sha256 of each shard; no tokenization.
+
+The SFT commit (`commit_sft`): the rendered parts of a chat build's tasks, in plan order, through the
+one-process builder's `SFTWriter`, so the draws, files and meta.json are the same.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from niels_gpt.builders.common import start_build
 from niels_gpt.builders.encoding import ENCODE_BATCH_DOCS
 from niels_gpt.builders.origins import InputIndex, input_table
 from niels_gpt.builders.pretrain import Admission, check_budgets, open_splits, pretrain_meta
+from niels_gpt.builders.sft import SFTWriter, check_sft_settings, sft_meta
 from niels_gpt.builders.tasks import PART_SUFFIX, parts_dir, work_store
 from niels_gpt.errors import CacheError
 from niels_gpt.meta import RECEIPT_HASH, receipt_hash, write_meta
@@ -34,18 +39,19 @@ WRITTEN_NOW = "written_now"  # a receipt key the driver adds (never on disk): it
 
 
 class _Doc:
-    """A document as Budgeted.plan sees it: len() is its content tokens (without its separator)."""
+    """A document as Budgeted.plan sees it: len() is its content tokens (without its separator). `mask`: an
+    SFT part's mask file, beside `part`."""
 
-    __slots__ = ("part", "start", "n", "origin")
+    __slots__ = ("part", "start", "n", "origin", "mask")
 
-    def __init__(self, part: np.ndarray, start: int, n: int, origin=None):
-        self.part, self.start, self.n, self.origin = part, start, n, origin
+    def __init__(self, part: np.ndarray, start: int, n: int, origin=None, mask: np.ndarray | None = None):
+        self.part, self.start, self.n, self.origin, self.mask = part, start, n, origin, mask
 
     def __len__(self) -> int:
         return self.n - 1
 
 
-def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray]:
+def load_part(work_dir, receipt: dict, names: tuple[str, ...]) -> list[np.ndarray]:
     """The task's part files (`names` of bin, mask, lens) as arrays, each file's sha256 checked against the
     receipt."""
     remote = is_url(work_dir)
@@ -79,32 +85,27 @@ def load_part(work_dir, receipt: dict, names=("bin", "lens")) -> list[np.ndarray
     return out
 
 
-def skip_reason(receipt: dict, n: int) -> str:
-    """The skip reason of a lengths entry n <= 0 (tasks.py: 0 is an empty document)."""
-    return (receipt.get("skip_reasons") or ["empty_document"])[-n]
-
-
-def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None],
-               index: InputIndex | None = None) -> Iterator[_Doc | str]:
+def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None] | None = None,
+               index: InputIndex | None = None, mask: bool = False) -> Iterator[_Doc | str]:
     """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
     after each part, before the next receipt is asked for (which may wait for its task). `index`: each _Doc
-    carries its origin (builders/origins.py)."""
+    carries its origin (builders/origins.py). `mask`: each _Doc carries its part's mask file."""
     for k, receipt in enumerate(receipts):
-        if k:
+        if k and between is not None:
             between()
-        if index is None:
-            tokens, lens = load_part(work_dir, receipt)
-            rows = None
-        else:
-            tokens, lens, found = load_part(work_dir, receipt, ("bin", "lens", "origins"))
-            pieces = receipt["task"]["pieces"]
-            rows = iter([index.row(pieces, o) for o in found.tolist()])
+        names = ("bin", "mask", "lens") if mask else ("bin", "lens")
+        arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
+        rows = None
+        if index is not None:
+            rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()])
+        tokens, lens = arrays[0], arrays[-1]
+        masks = arrays[1] if mask else None
         start = 0
         for n in lens.tolist():
-            if n <= 0:
-                yield skip_reason(receipt, n)
+            if n <= 0:  # a skipped record, for the reason skip_reasons[-n] (tasks.py: 0 is an empty document)
+                yield receipt["skip_reasons"][-n]
             else:
-                yield _Doc(tokens, start, n, None if rows is None else next(rows))
+                yield _Doc(tokens, start, n, None if rows is None else next(rows), masks)
                 start += n
 
 
@@ -137,9 +138,8 @@ def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
 def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_tokens: int, max_val_tokens: int,
            shard_bytes: int, seed: int, dataset_name: str | None = None, dataset_config: str | None = None,
            streaming: bool = False, source: dict | Callable[[], dict] | None = None,
-           on_tokens: Callable[[int], None] | None = None, final: str | os.PathLike | None = None,
-           val_frac: float | None = None, tokenizer_path: str | None = None, compress: str | None = None,
-           plan=None) -> dict:
+           final: str | os.PathLike | None = None, val_frac: float | None = None, tokenizer_path: str | None = None,
+           compress: str | None = None, plan=None) -> dict:
     """Write the cache at `out_dir` from the parts of `receipts` (in plan order), pulling no more once the
     budgets are met; returns meta. `final`: where a staged `out_dir` will live (its name is the dataset's).
     `plan`: whose inputs the origins name (None: no origins). The rest: as build_pretrain_cache's."""
@@ -168,21 +168,16 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
             skipped.update(reasons)
             job: list = []
-            added = 0
             stop = False
             for d in batch:
                 if isinstance(d, str):
                     continue
-                n = admission.admit(d, job)
-                if n is None:
+                if admission.admit(d, job) is None:
                     stop = True
                     break
                 if log is not None:
                     log.note({"val": sinks["val"].documents, "train": sinks["train"].documents}, d.origin)
-                added += n
             _write(job, separator.id, dtype, separator.position == "before")
-            if on_tokens is not None:
-                on_tokens(added)
             if stop:
                 break
         else:
@@ -201,6 +196,40 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
                          exhausted=exhausted, skipped=skipped, shard_bytes=shard_bytes, shuffle_buffer=None,
                          val_frac=val_frac, tokenizer_path=tokenizer_path, origins=log is not None,
                          encoders=encoders)
+    write_meta(str(out), meta)
+    return meta
+
+
+def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_frac: float, seed: int,
+               dataset_name: str | None = None, dataset_config: str | None = None, streaming: bool = False,
+               source: dict | Callable[[], dict] | None = None, final: str | os.PathLike | None = None,
+               tokenizer_path: str | None = None, plan=None) -> dict:
+    """Write the SFT cache at `out_dir` from the parts of `receipts` (in plan order); returns meta. `plan`: the
+    build's plan, whose inputs the examples' origins name (builders/origins.py); None writes no origins."""
+    check_sft_settings(val_frac, seed)
+    out = Path(out_dir)
+    dtype = np.dtype(tokenizer.token_dtype)
+    stored_mask = not getattr(tokenizer, "library_conventions", True)
+    start_build(out, [])
+    skipped, encoders = Counter(), Counter()  # encoders: the tasks by the encoder each ran (meta.json's record)
+    writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
+    index = InputIndex(plan.inputs) if plan is not None else None
+    try:
+        for d in _documents(work_dir, _counted(receipts, encoders), index=index, mask=stored_mask):
+            if isinstance(d, str):
+                skipped[d] += 1
+                continue
+            end = d.start + d.n
+            writer.add(d.part[d.start:end], None if d.mask is None else d.mask[d.start:end], d.origin)
+        if plan is not None:
+            writer.log.table = input_table(plan.inputs, plan.kinds, plan.config, plan.split)
+        records = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    meta = sft_meta(tokenizer, dtype, Path(final) if final is not None else out, writer, records=records, seed=seed,
+                    val_frac=val_frac, skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
+                    streaming=streaming, source=source, tokenizer_path=tokenizer_path, encoders=encoders)
     write_meta(str(out), meta)
     return meta
 

@@ -78,31 +78,3 @@ def summarize(out: Path, **facts) -> dict:
             "skipped": {k: v for k, v in (meta.get("skipped") or {}).items() if v},
             "skipped_inputs": meta.get("skipped_inputs") or [], **facts}
 
-
-# What to do when every conversation was skipped, by the reason most of them were: the advice of a chat build
-# that ends with no example (builders/sft.py::sft_meta).
-NO_CONVERSATION_ADVICE = {
-    "bad_messages": "the records are not lists of {\"role\", \"content\"} messages: name their layout with --format "
-                    "(sharegpt for {\"from\", \"value\"} turns, alpaca for instruction/input/output rows, dolly, "
-                    "oasst), or convert them to {\"role\", \"content\"} messages",
-    "missing_field": "the records lack the conversation's field: point --messages-field (or --chat-columns "
-                     "USER_COL,ASSISTANT_COL) at it, or name the records' layout with --format",
-    "not_text": "the chosen fields are not text: point --chat-columns or --messages-field at text fields",
-    "no_assistant_turn": "each conversation needs an assistant turn to train on: check that the assistant's "
-                         "role or field is the one the layout reads",
-    "non_text_part": "the messages hold images, audio or files (content parts other than text): remove those parts "
-                     "from the records",
-    "tool_turn": "the conversations hold tool calls or results, which the library's chat format cannot show: use a "
-                 "tokenizer whose chat template renders tools (tokenizer_config.json, or --chat-template FILE)",
-}
-
-
-def no_conversation_message(final, skipped: dict, source: dict | None = None) -> str:
-    """One line for an SFT build in which no conversation was usable: its inputs, what was skipped, what to do."""
-    counted = ", ".join(f"{reason} {n:,}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])) or "none"
-    top = max(skipped, key=skipped.get) if skipped else None
-    advice = NO_CONVERSATION_ADVICE.get(top, "fix the records (meta.json's skipped counts name each reason), or "
-                                              "name their layout with --format")
-    files = (source or {}).get("files") or []
-    read = f" from {', '.join(map(str, files[:3]))}{' and more' if len(files) > 3 else ''}" if files else ""
-    return f"no usable conversation for {final}{read}: every record was skipped (by reason: {counted}); {advice}"

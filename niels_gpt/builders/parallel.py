@@ -16,7 +16,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -26,8 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
-from niels_gpt.builders.commit import WRITTEN_NOW, commit
-from niels_gpt.builders.commit_sft import commit_sft
+from niels_gpt.builders.commit import WRITTEN_NOW, commit, commit_sft
 from niels_gpt.builders.common import summarize
 from niels_gpt.builders.executors import WorkerDied, make_executor
 from niels_gpt.builders.tasks import keep_tokenizer, load_receipt, parts_dir, run_task, work_store
@@ -41,8 +39,6 @@ from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
-
-PART_FILE = re.compile(r"^\d{5,}-[0-9a-f]{12}\.(bin|mask\.bin|lens\.npy|origins\.npy|json|started)$")  # tasks.py's part names
 
 
 class Progress:
@@ -144,7 +140,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         created = not work.exists() or _previous_plan(work).get("work_dir_created") is True
         work.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(work / PLAN_NAME, plan_json(created))
-        reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t)) is not None}
+        listing = None
     else:  # a prefix in an object store (storage/work.py): tasks upload their parts, the commit reads them there
         if scheme_of(work) == "memory" and executor != "inprocess":
             raise ConfigError(f"--work-dir {work}: memory:// lives in this process alone, and the tasks of --executor "
@@ -163,7 +159,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         if Path(ref).exists():  # a file of the driver's: the tasks fetch it from the store by its sha256
             ref = upload_tokenizer(store, ref, tok.sha256, found)
         listing = store.sizes("parts")
-        reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
+    reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
     # before a pool forks: its workers inherit the tokenizer and its checked fast encoder (meta.json records it)
     keep_tokenizer(ref, tok, plan.tokenizer_options, plan)
@@ -225,7 +221,7 @@ def remove_work(work: Path, *, created: bool) -> None:
     parts = parts_dir(work)
     if parts.is_dir():
         for f in parts.iterdir():
-            if f.is_file() and (PART_FILE.match(f.name) or TMP_SUFFIX.search(f.name)):
+            if f.is_file() and (OURS.match(f"parts/{f.name}") or TMP_SUFFIX.search(f.name)):
                 f.unlink()
         with contextlib.suppress(OSError):
             parts.rmdir()

@@ -153,9 +153,9 @@ def build_pretrain_cache(
     check_seed(seed)
     check_shard_bytes(shard_bytes)
     final = Path(out_dir)
-    budget_bytes = (max_train_tokens + max_val_tokens) * np.dtype(resolve_dtype(tokenizer, token_dtype)).itemsize
+    dtype = resolve_dtype(tokenizer, token_dtype)
+    budget_bytes = (max_train_tokens + max_val_tokens) * dtype.itemsize
     with build_aside(final, needs=budget_bytes if budget_bytes < 1 << 50 else None) as out:
-        dtype = resolve_dtype(tokenizer, token_dtype)
         workers = _encode_threads(num_workers)
         separator, writers, sinks = open_splits(out, tokenizer, dtype, (max_train_tokens, max_val_tokens),
                                                 shard_bytes, compress)

@@ -4,7 +4,7 @@
     summary = build(BuildSpec(sources=["data/"], out="cache/mine", tokenizer="tok/", executor="processes"))
 
 - One plan (builders/plan.py) for every executor. `inline` reads it in this process; `processes` and `ray`
-  run its tasks on a pool or cluster, then commit their parts in plan order (builders/commit*.py). `auto`:
+  run its tasks on a pool or cluster, then commit their parts in plan order (builders/commit.py). `auto`:
   `processes` with several tasks and workers, else `inline`. The cache is byte-identical either way.
 - A parallel build's work directory (default `<out>.build`; a URL lets nodes without a shared disk share it)
   holds plan.json and each task's parts and receipt; a rerun reuses every valid receipt. It is removed after
@@ -105,6 +105,13 @@ class BuildSpec:
     def rules(self) -> Rules:
         return Rules(self.text_field, self.messages_field, tuple(self.chat_columns) if self.chat_columns else None,
                      self.on_bad_record, self.map, self.min_chars, self.val_per_input)
+
+    def loaded_tokenizer(self):
+        """The tokenizer, loaded with the spec's conventions when given as a path or name."""
+        if isinstance(self.tokenizer, (str, os.PathLike)):
+            return load_tokenizer(self.tokenizer, eos=self.eos, bos=self.bos, separator=self.separator,
+                                  chat_template=self.chat_template)
+        return self.tokenizer
 
 
 def check_spec(spec: BuildSpec) -> None:
@@ -213,9 +220,7 @@ def build(spec: BuildSpec, log: Callable[[str], None] | None = None) -> dict:
     work = work_dir_of(spec, out)
     inputs = [*spec.sources, *(spec.val_sources or [])]
     check_output(out, kind="cache", inputs=inputs, others=[("--work-dir", work)] if isinstance(work, Path) else [])
-    tok = spec.tokenizer
-    if isinstance(tok, (str, os.PathLike)):
-        tok = load_tokenizer(tok, eos=spec.eos, bos=spec.bos, separator=spec.separator, chat_template=spec.chat_template)
+    tok = spec.loaded_tokenizer()
     if spec.chat:
         check_renders_chats(tok)
     shuffle = (spec.seed, spec.shuffle_buffer) if spec.shuffle_buffer and spec.shuffle_buffer > 1 else None
@@ -339,8 +344,20 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                     **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
                        if spec.extra.get("skipped_inputs") else {})}
 
+    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
+                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
     try:
-        _build_inline(spec, plan, val, tok, reader, texts, described, out)
+        if spec.chat:
+            build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
+                            **common)
+        else:
+            sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
+            build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
+                                 max_val_tokens=ALL_TOKENS if split else val_budget(spec),
+                                 shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
+                                 input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
+                                 compress=spec.compress, **common)
     finally:
         for r in (reader, getattr(texts, "val", None)):
             if r is not None:
@@ -350,40 +367,17 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
     return summarize(out, executor="inline" + workers, tasks=tasks, ran=tasks, reused=0)
 
 
-def _build_inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, reader: _Reader, texts, described,
-                  out: Path) -> None:
-    split = spec.val_sources is not None
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
-                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
-                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
-    if spec.chat:
-        build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
-                        **common)
-    else:
-        sizes = (plan.input_bytes(), val.input_bytes() if val is not None else 0)
-        build_pretrain_cache(texts, str(out), max_train_tokens=ALL_TOKENS if split else spec.max_tokens,
-                             max_val_tokens=ALL_TOKENS if split else val_budget(spec),
-                             shard_bytes=spec.shard_bytes, shuffle_buffer=spec.shuffle_buffer,
-                             input_bytes=None if None in sizes else sum(sizes), val_frac=spec.val_frac,
-                             compress=spec.compress, **common)
-
-
 def format_summary(s: dict) -> str:
     totals = ", ".join(f"{k} {v:,}" for k, v in sorted(s["totals"].items()))
     lines = [f"built {s['kind']} cache {s['out']}: {totals}" + (f"; skipped {s['skipped']}" if s["skipped"] else ""),
              f"  executor {s['executor']}: {s['tasks']} task(s), {s['ran']} ran, {s['reused']} reused from receipts; "
              f"{s['files']} file(s)",
              f"  {s['wall_seconds']:.2f} s wall, {s['tokens_per_s'] / 1e6:.2f} Mtok/s (cache tokens / wall)"]
-    if s.get("skipped_inputs"):
-        lines.append(left_out_line(s["skipped_inputs"]))
+    if left_out := s.get("skipped_inputs"):  # the files under the sources that were not read, and why
+        named = "; ".join(f"{d['path']} ({d['reason']})" for d in left_out[:3])
+        more = f"; and {len(left_out) - 3} more (meta.json's skipped_inputs)" if len(left_out) > 3 else ""
+        lines.append(f"  left out {len(left_out)} file(s) under the sources: {named}{more}")
     if s.get("task_seconds"):
         lines.append(f"  tasks: {s['tokenized']:,} tokens in {s['task_seconds']:.2f} task-seconds "
                      f"({s['tokenized'] / s['task_seconds'] / 1e6:.2f} Mtok/s per worker)")
     return "\n".join(lines)
-
-
-def left_out_line(left_out: list[dict], shown: int = 3) -> str:
-    """One line naming the files under the sources that were not read, and why (meta.json lists them all)."""
-    named = "; ".join(f"{d['path']} ({d['reason']})" for d in left_out[:shown])
-    more = f"; and {len(left_out) - shown} more (meta.json's skipped_inputs)" if len(left_out) > shown else ""
-    return f"  left out {len(left_out)} file(s) under the sources: {named}{more}"

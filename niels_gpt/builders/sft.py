@@ -4,7 +4,7 @@ Each conversation is rendered (sentinel, content, EOT per message), sent to val 
 (one torch draw per usable example) and appended to `{split}_tokens.bin`, its start offset to
 `{split}_idx.npy` (int64). A tokenizer's own chat template leaves no sentinels to find the assistant spans
 by, so its mask is stored: `{split}_mask.bin`, one uint8 per token. `SFTWriter` draws and writes for this
-builder and for the parallel commit (builders/commit_sft.py) alike, so both write the same bytes.
+builder and for the parallel commit (builders/commit.py) alike, so both write the same bytes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,7 @@ import numpy as np
 
 from niels_gpt import allocator
 from niels_gpt.atomic import atomic_path
-from niels_gpt.builders.common import (
-    all_skipped,
-    common_meta,
-    no_conversation_message,
-    resolve_dtype,
-    start_build,
-)
+from niels_gpt.builders.common import all_skipped, common_meta, resolve_dtype, start_build
 from niels_gpt.builders.encoding import _encode_threads
 from niels_gpt.builders.rendering import renderings
 from niels_gpt.errors import ConfigError
@@ -42,6 +36,35 @@ SFT_DRAW_BLOCK = 1024
 VAL_FRAC = 0.10
 CHAT_TEMPLATE_RENDERING = ("the tokenizer's chat template (niels_gpt.tokenizer.chat); trained tokens = the text each "
                            "assistant message adds (content + the template's end of turn), stored in {split}_mask.bin")
+
+
+# What to do when every conversation was skipped, by the reason most of them were: the advice of a chat build
+# that ends with no example.
+NO_CONVERSATION_ADVICE = {
+    "bad_messages": "the records are not lists of {\"role\", \"content\"} messages: name their layout with --format "
+                    "(sharegpt for {\"from\", \"value\"} turns, alpaca for instruction/input/output rows, dolly, "
+                    "oasst), or convert them to {\"role\", \"content\"} messages",
+    "missing_field": "the records lack the conversation's field: point --messages-field (or --chat-columns "
+                     "USER_COL,ASSISTANT_COL) at it, or name the records' layout with --format",
+    "not_text": "the chosen fields are not text: point --chat-columns or --messages-field at text fields",
+    "no_assistant_turn": "each conversation needs an assistant turn to train on: check that the assistant's "
+                         "role or field is the one the layout reads",
+    "non_text_part": "the messages hold images, audio or files (content parts other than text): remove those parts "
+                     "from the records",
+    "tool_turn": "the conversations hold tool calls or results, which the library's chat format cannot show: use a "
+                 "tokenizer whose chat template renders tools (tokenizer_config.json, or --chat-template FILE)",
+}
+
+
+def no_conversation_message(final, skipped: dict, source: dict | None = None) -> str:
+    """One line for an SFT build in which no conversation was usable: its inputs, what was skipped, what to do."""
+    counted = ", ".join(f"{reason} {n:,}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])) or "none"
+    top = max(skipped, key=skipped.get) if skipped else None
+    advice = NO_CONVERSATION_ADVICE.get(top, "fix the records (meta.json's skipped counts name each reason), or "
+                                              "name their layout with --format")
+    files = (source or {}).get("files") or []
+    read = f" from {', '.join(map(str, files[:3]))}{' and more' if len(files) > 3 else ''}" if files else ""
+    return f"no usable conversation for {final}{read}: every record was skipped (by reason: {counted}); {advice}"
 
 
 def sft_split_rule(seed: int, val_frac: float) -> str:
@@ -102,10 +125,13 @@ class SFTWriter:
 
 
 def sft_meta(tokenizer, dtype, final: Path, writer: SFTWriter, *, records: dict, seed: int, val_frac: float,
-             skipped: Counter, dataset_name, dataset_config, streaming: bool, source: dict | None,
+             skipped: Counter, dataset_name, dataset_config, streaming: bool, source,
              tokenizer_path: str | None = None, encoders: Counter | None = None) -> dict:
-    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one);
-    `encoders`: a parallel build's tasks by the encoder each ran (None: this process's)."""
+    """An SFT cache's meta.json (the one-process builder and the parallel build's commit write the same one).
+    A callable `source` is called here, once the stream is read, so its skip counts are final. `encoders`: a
+    parallel build's tasks by the encoder each ran (None: this process's)."""
+    if callable(source):
+        source = source()
     if not writer.offsets["train"] and not writer.offsets["val"]:
         raise ConfigError(no_conversation_message(final, all_skipped(skipped, source), source))
     meta = common_meta(tokenizer, dtype, seed, dataset_name or final.name, dataset_config, streaming, source,
@@ -187,8 +213,6 @@ def build_sft_cache(
         except BaseException:
             writer.abort()
             raise
-        if callable(source):  # described after the stream was read, so its skip counts are final
-            source = source()
         meta = sft_meta(tokenizer, dtype, final, writer, records=records, seed=seed, val_frac=val_frac,
                         skipped=skipped, dataset_name=dataset_name, dataset_config=dataset_config,
                         streaming=streaming, source=source, tokenizer_path=tokenizer_path)
