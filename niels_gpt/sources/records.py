@@ -17,7 +17,8 @@
   and counts by reason); in a whole text file a SourceError. A compressed file that ends early is an error.
 - Where is a record: `"<file>, line N"`, `"<file>, row N"` (columnar), `"<id>, record N"` (a dataset).
 - A shuffled dataset id is `load_dataset(id, streaming=True).shuffle(seed, buffer_size)` read as one piece:
-  the shuffle mixes rows across shards, so no cut into shards gives the same stream.
+  the shuffle mixes rows across shards, so no cut into shards gives the same stream. A dataset that fails to
+  open, or to read past a record, is a SourceError naming the dataset, its options and the record.
 Cost: one read of each input byte; a JSON Lines range is read in one call (task_bytes of memory).
 """
 
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import NielsGPTError, SourceError, StorageError
-from niels_gpt.sources.hub import iter_rows, open_stream
 from niels_gpt.sources.inputs import (
     COLUMNAR,
     COMPRESSED_TEXT,
@@ -234,6 +234,38 @@ def records(piece: Piece, columns: list[str] | None = None) -> Iterator[tuple[st
             yield from _arrow_rows(piece, local, columns)
     else:
         raise SourceError(f"{piece.item}: unknown file kind {kind!r}; the plan was made by another version")
+
+
+def open_stream(path_or_id: str, what: str, *, streaming: bool = True, **kwargs: Any):
+    """datasets.load_dataset(...) with failures turned into SourceError naming what was opened."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(path_or_id, streaming=streaming, **kwargs)
+    except Exception as e:  # the hub, fsspec and pyarrow raise many kinds; the message is what helps
+        raise SourceError(f"{what}: cannot open {path_or_id!r} ({_kwargs_text(kwargs)}): "
+                          f"{type(e).__name__}: {e}; check the dataset id/config and network, or download its "
+                          "files and pass them instead") from e
+
+
+def iter_rows(ds, what: str) -> Iterator[tuple[int, dict]]:
+    """(record index, row) from a datasets stream, read errors turned into SourceError naming the record."""
+    i = 0
+    try:
+        for row in ds:
+            yield i, row
+            i += 1
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{what}: invalid UTF-8 near record {i}: {e}; re-encode the input as UTF-8") from e
+    except SourceError:
+        raise
+    except Exception as e:
+        raise SourceError(f"{what}: could not read past record {i}: {type(e).__name__}: {e}; "
+                          "check that the dataset is valid and of the expected schema") from e
+
+
+def _kwargs_text(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if v is not None) or "no options"
 
 
 def _open_binary(piece: Piece):
