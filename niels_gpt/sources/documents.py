@@ -29,8 +29,7 @@ from niels_gpt.sources.layouts import (
 )
 from niels_gpt.sources.messages import parse_message
 from niels_gpt.sources.oasst_trees import best_path, check_row, count_left_out, flatten_tree, to_conversation
-from niels_gpt.sources.records_base import BadRecord, FileText
-from niels_gpt.sources.text_io import normalise_text
+from niels_gpt.sources.text_io import BadRecord, FileText, normalise_text
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
 CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst", "sharegpt", "alpaca")

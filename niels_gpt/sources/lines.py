@@ -25,8 +25,7 @@ from typing import Any
 
 from niels_gpt.errors import SourceError
 from niels_gpt.meta import receipt_digest, sha256_file
-from niels_gpt.sources.records_base import BadRecord
-from niels_gpt.sources.text_io import bytes_hint
+from niels_gpt.sources.text_io import BadRecord, bytes_hint
 
 BOM = b"\xef\xbb\xbf"
 _SPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.isspace counts as whitespace

@@ -46,8 +46,13 @@ from niels_gpt.sources.inputs import (
     kind_of,
 )
 from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
-from niels_gpt.sources.records_base import FileText
-from niels_gpt.sources.text_io import decode_utf8, invalid_utf8_error, normalise_text, read_text_file
+from niels_gpt.sources.text_io import (
+    FileText,
+    decode_utf8,
+    invalid_utf8_error,
+    normalise_text,
+    read_text_file,
+)
 from niels_gpt.storage.fs import bounded_call, described, filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 from niels_gpt.storage.settings import network_timeout_s

@@ -37,7 +37,7 @@ from niels_gpt.sources.inputs import (
 )
 from niels_gpt.sources.origins import Reading, located
 from niels_gpt.sources.records import Piece, item_of, pieces, records
-from niels_gpt.sources.records_base import BadRecord, FileText
+from niels_gpt.sources.text_io import BadRecord, FileText
 
 PLAN_VERSION = 2
 TASK_BYTES = 64 * 1024 * 1024  # the most input bytes a task covers by default (~15 M tokens of English)

@@ -1,14 +1,31 @@
 """Local files read the one way: strictly UTF-8 (a bad byte named by file, offset, line and likely encoding),
-BOM and CRLF normalised; directories listed in one order on every machine."""
+BOM and CRLF normalised; directories listed in one order on every machine. The two kinds of record that are
+not a plain row: a whole text file, and a record that cannot be used."""
 
 from __future__ import annotations
 
 import errno
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from niels_gpt.errors import SourceError
+
+
+@dataclass(frozen=True)
+class FileText:
+    """The record of a whole-file kind: the file's text, decoded (BOM and CRLF normalised)."""
+
+    text: str
+
+
+class BadRecord(Exception):
+    """One record that cannot be used: `reason` is its count's name in meta.json."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Path]:
