@@ -45,9 +45,11 @@ from niels_gpt.sources.inputs import (
     ask,
     kind_of,
 )
-from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
+from niels_gpt.sources.lines import READ_BLOCK, decompressed, json_lines, opens_a_document
 from niels_gpt.sources.text_io import (
     FileText,
+    broken_link,
+    cannot_read,
     decode_utf8,
     invalid_utf8_error,
     normalise_text,
@@ -57,7 +59,6 @@ from niels_gpt.storage.fs import bounded_call, described, filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 from niels_gpt.storage.settings import network_timeout_s
 
-READ_BLOCK = 1 << 20
 ARROW_ROWS = 128  # rows a Parquet file is read in
 
 
@@ -89,6 +90,11 @@ class Piece:
     def shuffled(self) -> bool:
         return self.shuffle_buffer is not None
 
+    @property
+    def remote(self) -> bool:
+        """A file at a URL."""
+        return "://" in self.item
+
     def to_json(self) -> dict:
         out = asdict(self)
         for key in ("shuffle_seed", "shuffle_buffer"):
@@ -115,13 +121,11 @@ def item_of(item: Path | RemoteFile | ReadAs | str) -> tuple[str, str, bool]:
             return str(item.resolve(strict=True)), kind_of(item), False
         except FileNotFoundError:
             if item.is_symlink():
-                raise SourceError(f"{item}: a symlink to nothing (its target {os.readlink(item)} is missing); "
-                                  "remove it or point it at the file it stands for") from None
+                raise broken_link(item, loop=False) from None
             raise SourceError(f"{item}: no such file (it went away after the inputs were listed); rerun when the "
                               "input is in place") from None
         except (RuntimeError, OSError):  # a symlink loop: RuntimeError before Python 3.13, OSError(ELOOP) after
-            raise SourceError(f"{item}: a symlink that loops back on itself, so it names no file; remove it or "
-                              "point it at the file it stands for") from None
+            raise broken_link(item, loop=True) from None
     return item, "dataset", False
 
 
@@ -151,8 +155,7 @@ def _opens_a_document(path: Path) -> bool:
                 if line.strip():
                     return opens_a_document(line[:READ_BLOCK])
     except OSError as e:
-        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists and is "
-                          "readable") from e
+        raise cannot_read(path, e) from e
     return False
 
 
@@ -274,12 +277,11 @@ def _kwargs_text(kwargs: dict) -> str:
 
 
 def _open_binary(piece: Piece):
-    if not _remote(piece):
+    if not piece.remote:
         try:
             return open(piece.item, "rb")
         except OSError as e:
-            raise SourceError(f"{piece.item}: cannot read this file ({e.strerror or e}); check that it exists "
-                              "and is readable") from e
+            raise cannot_read(piece.item, e) from e
     fs, path = filesystem(piece.item)
     streamed = {"block_size": 0} if scheme_of(piece.item) in UNLISTABLE else {}  # http: one GET, no ranges
     raw = ask(lambda: fs.open(path, "rb", **streamed), piece.item, "opening")
@@ -312,20 +314,15 @@ class _Guarded(io.RawIOBase):
         super().close()
 
 
-def _remote(piece: Piece) -> bool:
-    return "://" in piece.item
-
-
 @contextlib.contextmanager
 def _local_copy(piece: Piece) -> Iterator[Path]:
     """A local path of the file: itself, or a download into the local download cache, deleted afterwards."""
-    if not _remote(piece):
+    if not piece.remote:
         yield Path(piece.item)
         return
     fs, path = filesystem(piece.item)
-    name = piece.item.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     tmp = (local_cache_dir() / MIRRORS / "sources"
-           / f"{hashlib.sha256(piece.item.encode()).hexdigest()[:16]}-{name}.tmp-{os.getpid()}")
+           / f"{hashlib.sha256(piece.item.encode()).hexdigest()[:16]}-{RemoteFile(piece.item).name}.tmp-{os.getpid()}")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         ask(lambda: bounded_call(fs, "get_file", path, os.fspath(tmp)), piece.item, "downloading", bounded=True)
@@ -338,7 +335,7 @@ def _local_copy(piece: Piece) -> Iterator[Path]:
 def _read_text(piece: Piece) -> str:
     if piece.kind in COMPRESSED_TEXT:
         return normalise_text(decode_utf8(decompressed(piece, _open_binary), piece.item))
-    if not _remote(piece):
+    if not piece.remote:
         return read_text_file(Path(piece.item))
     with _open_binary(piece) as f:
         return normalise_text(decode_utf8(f.read(), piece.item))

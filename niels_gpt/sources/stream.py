@@ -228,11 +228,11 @@ def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
 def _first_record(piece: Piece, chat: bool = False):
     """The first record of a piece (of a whole text file: its first SNIFF_BYTES), or (where, None) if empty. Of
     a local Parquet file's, for text, only the keys: its columns (detect() asks no more; no row is decoded)."""
-    if piece.kind in PLAIN_TEXT and "://" not in piece.item:
+    if piece.kind in PLAIN_TEXT and not piece.remote:
         with open(piece.item, "rb") as f:
             head = f.read(SNIFF_BYTES)
         return piece.item, FileText(head.decode("utf-8", errors="replace"))
-    if piece.kind == ".parquet" and not chat and "://" not in piece.item and piece.start <= 0:
+    if piece.kind == ".parquet" and not chat and not piece.remote and piece.start <= 0:
         import pyarrow.parquet as pq
 
         with contextlib.suppress(Exception):  # an unreadable file: records() below names what is wrong
