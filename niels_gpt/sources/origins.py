@@ -84,9 +84,7 @@ def _text_of(record, rules) -> str | None:
     if isinstance(record, dict):
         value = record.get(rules.text_field)
         if isinstance(value, str):
-            if value.startswith("\ufeff") or "\r" in value:
-                value = normalise_text(value)
-            return value
+            return normalise_text(value)  # the same str when it needs no change (located's `text is item`)
     return None
 
 
