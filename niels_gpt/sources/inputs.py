@@ -321,20 +321,22 @@ def signature(path: str | os.PathLike) -> list:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, h.hexdigest()]
 
 
-def changed_while_read(path: str | os.PathLike, before: list) -> SourceError | None:
-    """The error to raise when `path` no longer has the signature `before` (taken before it was read)."""
+def check_unchanged_file(path: str | os.PathLike, before: list | None) -> None:
+    """Refuse `path` if it no longer has the signature `before`, taken before it was read (None: none taken)."""
+    if before is None:
+        return
     try:
         now = signature(path)
     except OSError as exc:
-        return SourceError(f"{path}: disappeared while it was read ({exc.strerror}); the build is refused: "
-                           "rerun when the input is in place")
+        raise SourceError(f"{path}: disappeared while it was read ({exc.strerror}); the build is refused: "
+                          "rerun when the input is in place") from None
     if now == before:
-        return None
+        return
     what = ("its size" if now[0] != before[0] else "its modification time" if now[1] != before[1]
             else "its contents" if now[4] != before[4] else "its inode (replaced)" if now[3] != before[3]
             else "its status (written to)")
-    return SourceError(f"{path}: changed while it was read ({what} changed), so the cache would mix old and new "
-                       "text; the build is refused: rerun when nothing writes to the input")
+    raise SourceError(f"{path}: changed while it was read ({what} changed), so the cache would mix old and new "
+                      "text; the build is refused: rerun when nothing writes to the input")
 
 
 def val_pieces(text: str, chars: int = VAL_PIECE_CHARS) -> list[str]:

@@ -31,7 +31,7 @@ from niels_gpt.sources.inputs import (
     VAL_PIECE_CHARS,
     WHOLE_FILE,
     RemoteFile,
-    changed_while_read,
+    check_unchanged_file,
     expand,
     signature,
 )
@@ -255,14 +255,14 @@ def task_items(task: Task, rules: Rules, signatures: dict | None = None, origins
 
     def recs():
         for k, piece in enumerate(pieces):
-            _check(piece.item, signatures.get(piece.item))
+            check_unchanged_file(piece.item, signatures.get(piece.item))
             if origins:
                 for where, record in records(piece, _columns(task.layout, rules)):
                     at.read(k, where, record)
                     yield where, record
             else:
                 yield from records(piece, _columns(task.layout, rules))
-            _check(piece.item, signatures.get(piece.item))
+            check_unchanged_file(piece.item, signatures.get(piece.item))
         at.exhausted = True
 
     out = items(recs(), task.layout, rules)
@@ -286,10 +286,4 @@ def stream_items(plan: Plan, check_at_end: bool = True) -> Iterator:
 def check_unchanged(plan: Plan, read: Sequence[str] | None = None) -> None:
     """Refuse the build if a local input (of those `read`, default all) changed since it was planned."""
     for path in read if read is not None else plan.signatures:
-        _check(path, plan.signatures[path])
-
-
-def _check(path: str, before) -> None:
-    problem = changed_while_read(path, before) if before is not None else None
-    if problem is not None:
-        raise problem
+        check_unchanged_file(path, plan.signatures[path])
