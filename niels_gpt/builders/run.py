@@ -39,8 +39,7 @@ from niels_gpt.formats.writers import check_shard_bytes
 from niels_gpt.formats.zstd_shard import CODECS
 from niels_gpt.output_guard import check_output
 from niels_gpt.seeds import check_seed
-from niels_gpt.sources.documents import Rules, check_layout
-from niels_gpt.sources.hooks import record_hook
+from niels_gpt.sources.documents import Rules, check_layout, record_hook
 from niels_gpt.sources.lines import hash_ahead
 from niels_gpt.sources.records import hub_shuffle
 from niels_gpt.sources.stream import Plan, check_unchanged, task_items

@@ -17,7 +17,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.sources.base import portable
 from niels_gpt.sources.documents import Rules, Skipped
 from niels_gpt.sources.stream import Plan, plan_reading, stream_items
 
@@ -30,9 +29,6 @@ class Corpus:
     def __init__(self, plan: Plan):
         self.plan = plan
         self.skipped: collections.Counter[str] = collections.Counter()  # by reason, over every read of it
-        ids = [i for i, lay in zip(plan.inputs, plan.layouts, strict=True) if lay == "dataset"]
-        self.dataset_id = ids[0] if ids else None
-        self.dataset_config = plan.config if self.dataset_id else None
 
     def files(self) -> list[str]:
         return [i for i, lay in zip(self.plan.inputs, self.plan.layouts, strict=True) if lay != "dataset"]
@@ -63,10 +59,7 @@ class Corpus:
 
     def describe(self) -> dict[str, Any]:
         """JSON-able facts for meta.json: what was read, how, and what was skipped by reason."""
-        return {"name": "corpus", "dataset_id": self.dataset_id, "dataset_config": self.dataset_config,
-                "files": [portable(f) for f in self.files()], "streaming": True,
-                "split_rule": "none: the sources in the order given; the builder splits",
-                "skipped": dict(sorted(self.skipped.items())), **self.plan.describe(), "own_split": False}
+        return {**self.plan.describe(), "skipped": dict(sorted(self.skipped.items())), "own_split": False}
 
     def __repr__(self) -> str:
         return f"<Corpus files={len(self.files())}>"

@@ -5,6 +5,7 @@
   field is a bad record (an error naming it, or with on_bad_record="skip" skipped and counted).
 - The layouts (`--format NAME`, else `detect`ed from each input's first record): docs/own-data.md, "Layouts
   the library knows"; their rules are sources/layouts.py, sources/oasst_trees.py and sources/messages.py.
+- --map runs a user's function (`record_hook`) on every document or conversation; --min-chars drops short ones.
 A skipped record stays in the stream as `Skipped(reason)`, so the builder counts it where it was read: the
 counts in meta.json are the same whichever executor read the stream.
 """
@@ -17,24 +18,22 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from niels_gpt.errors import ConfigError, SourceError
-from niels_gpt.sources.hooks import chars, mapped, record_hook
 from niels_gpt.sources.inputs import val_pieces
 from niels_gpt.sources.layouts import (
     GUTENBERG_START,
     dolly_conversation,
     gutenberg_books,
+    instruction_turns,
     is_article_heading,
     rebuild_articles,
 )
 from niels_gpt.sources.messages import parse_message
 from niels_gpt.sources.oasst_trees import best_path, check_row, count_left_out, flatten_tree, to_conversation
-from niels_gpt.sources.records_base import BadRecord, FileText
-from niels_gpt.sources.text_io import normalise_text
+from niels_gpt.sources.text_io import BadRecord, FileText, normalise_text
 
 TEXT_LAYOUTS = ("text", "gutenberg", "wikitext")
 CHAT_LAYOUTS = ("messages", "columns", "dolly", "oasst", "sharegpt", "alpaca")
 LAYOUTS = TEXT_LAYOUTS + CHAT_LAYOUTS
-ROLES = ("system", "user", "assistant")
 SHAREGPT_FIELD = "conversations"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "system": "system"}  # ShareGPT's "from" -> our role
@@ -164,6 +163,41 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
         yield item
 
 
+def record_hook(spec: str):
+    """The function `module:function` names (--map), imported here, so every executor's workers run it."""
+    import importlib
+
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"--map {spec}: give MODULE:FUNCTION, e.g. --map my_filters:clean")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ConfigError(f"--map {spec}: cannot import {module!r} ({exc}); put it on PYTHONPATH (every worker "
+                          "imports it too)") from None
+    except AttributeError:
+        raise ConfigError(f"--map {spec}: module {module!r} has no {name!r}; check the function's name") from None
+    if not callable(fn):
+        raise ConfigError(f"--map {spec}: {module}.{name} is not a function")
+    return fn
+
+
+def mapped(hook, item, spec: str):
+    out = hook(item)
+    if out is None or isinstance(out, str) == isinstance(item, str) and (
+            isinstance(out, str) or (isinstance(out, list) and all(isinstance(m, dict) for m in out))):
+        return out
+    want = "text (str)" if isinstance(item, str) else "a list of {\"role\", \"content\"} messages"
+    raise SourceError(f"--map {spec}: returned {type(out).__name__} ({out!r:.60}); it must return {want}, or None "
+                      "to drop the record")
+
+
+def chars(item) -> int:
+    if isinstance(item, str):
+        return len(item)
+    return sum(len(m.get("content") or "") for m in item if isinstance(m, dict))
+
+
 def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:
     """Records with bad ones raised (on_bad_record="error") or turned into Skipped (on "skip")."""
     for where, record in records:
@@ -291,13 +325,8 @@ def _alpaca(where, record, rules: Rules):
                             f"{where}: field {field!r} is {'missing' if field not in record else type(v).__name__}; "
                             "alpaca records hold instruction, output and optionally input, as text")
         values[field] = (v or "").strip()
-    if not values["output"]:
-        yield Skipped("no_assistant_turn")
-    elif not values["instruction"]:
-        yield Skipped("empty_user_turn")
-    else:
-        prompt = ALPACA_PROMPT.format(**values) if values["input"] else values["instruction"]
-        yield [{"role": "user", "content": prompt}, {"role": "assistant", "content": values["output"]}]
+    conv = instruction_turns(values, "input", "output", ALPACA_PROMPT)
+    yield Skipped(conv) if isinstance(conv, str) else conv
 
 
 @_guard

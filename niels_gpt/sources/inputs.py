@@ -163,7 +163,7 @@ def _unreachable(url: str, timeout_s: float = 5.0) -> str | None:
                 "and that the server runs")
 
 
-def expand_url(url: str, left_out: list[dict] | None = None) -> list[RemoteFile]:
+def expand_url(url: str, left_out: list[dict]) -> list[RemoteFile]:
     """The files a URL stands for: itself, a prefix's files (recursively) or a glob's matches, sorted; the
     files of a prefix or glob that are not read are appended to `left_out`."""
     started = time.monotonic()
@@ -215,8 +215,7 @@ def _local(p: Path) -> bool:
         return True
 
 
-def files_of(directory: Path, read_as: dict[str, str], as_text: bool, left_out: list[dict] | None
-             ) -> list[Path | ReadAs]:
+def files_of(directory: Path, read_as: dict[str, str], as_text: bool, left_out: list[dict]) -> list[Path | ReadAs]:
     """The files under `directory` a build reads, sorted by relative path; the others (hidden files and
     directories, one entry each; unknown kinds) are appended to `left_out` as {"path", "reason"}."""
     hidden: set[str] = set()
@@ -240,13 +239,12 @@ def files_of(directory: Path, read_as: dict[str, str], as_text: bool, left_out: 
     return found
 
 
-def _leave_out(left_out: list[dict] | None, path: Path | str, reason: str) -> None:
-    if left_out is not None:
-        left_out.append({"path": str(path), "reason": reason})
+def _leave_out(left_out: list[dict], path: Path | str, reason: str) -> None:
+    left_out.append({"path": str(path), "reason": reason})
 
 
 def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None = None, as_text: bool = False,
-           left_out: list[dict] | None = None) -> list[Path | RemoteFile | ReadAs | str]:
+           left_out: list[dict]) -> list[Path | RemoteFile | ReadAs | str]:
     """Local files (directories and globs expanded), files at URLs and dataset ids, in the order given.
     `read_as` (--read-as) and `as_text` (--format text) read files of other suffixes; the files of a
     directory or glob that are not read are appended to `left_out`."""
@@ -275,8 +273,7 @@ def expand(specs: Sequence[str | os.PathLike], *, read_as: dict[str, str] | None
                                   + (f"; it holds {', '.join(unknown)} files: "
                                      + HOW_TO_READ.format(suffix=unknown[0]) if unknown else ""))
             out.extend(found)
-            if left_out is not None:
-                left_out.extend(mine)
+            left_out.extend(mine)
         elif is_file:
             if kind_of(p) is not None:
                 out.append(p)
@@ -321,20 +318,22 @@ def signature(path: str | os.PathLike) -> list:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, h.hexdigest()]
 
 
-def changed_while_read(path: str | os.PathLike, before: list) -> SourceError | None:
-    """The error to raise when `path` no longer has the signature `before` (taken before it was read)."""
+def check_unchanged_file(path: str | os.PathLike, before: list | None) -> None:
+    """Refuse `path` if it no longer has the signature `before`, taken before it was read (None: none taken)."""
+    if before is None:
+        return
     try:
         now = signature(path)
     except OSError as exc:
-        return SourceError(f"{path}: disappeared while it was read ({exc.strerror}); the build is refused: "
-                           "rerun when the input is in place")
+        raise SourceError(f"{path}: disappeared while it was read ({exc.strerror}); the build is refused: "
+                          "rerun when the input is in place") from None
     if now == before:
-        return None
+        return
     what = ("its size" if now[0] != before[0] else "its modification time" if now[1] != before[1]
             else "its contents" if now[4] != before[4] else "its inode (replaced)" if now[3] != before[3]
             else "its status (written to)")
-    return SourceError(f"{path}: changed while it was read ({what} changed), so the cache would mix old and new "
-                       "text; the build is refused: rerun when nothing writes to the input")
+    raise SourceError(f"{path}: changed while it was read ({what} changed), so the cache would mix old and new "
+                      "text; the build is refused: rerun when nothing writes to the input")
 
 
 def val_pieces(text: str, chars: int = VAL_PIECE_CHARS) -> list[str]:

@@ -1,4 +1,4 @@
-"""The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext and dolly
+"""The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext, dolly and alpaca
 (docs/sources.md, "Normalisation"; oasst's are sources/oasst_trees.py). One wikitext article in memory at
 a time; a Gutenberg file or a dolly record that breaks its rule is an error naming the line or record.
 """
@@ -103,9 +103,15 @@ def dolly_conversation(row: dict, record: str) -> list[dict] | str:
             raise SourceError(f"{record}: field {field!r} is missing or not text (fields: "
                               f"{sorted(row)}); dolly records need {DOLLY_FIELDS}")
         values[field] = (v or "").strip()
-    if not values["response"]:
+    return instruction_turns(values, "context", "response", CONTEXT_TEMPLATE)
+
+
+def instruction_turns(values: dict, extra: str, response: str, template: str) -> list[dict] | str:
+    """The two turns of an instruction record (dolly, alpaca) from its stripped `values`: the instruction, with
+    `template` when the `extra` field is not empty, then the `response` field; or the reason it is skipped."""
+    if not values[response]:
         return "no_assistant_turn"
     if not values["instruction"]:
         return "empty_user_turn"
-    prompt = CONTEXT_TEMPLATE.format(**values) if values["context"] else values["instruction"]
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": values["response"]}]
+    prompt = template.format(**values) if values[extra] else values["instruction"]
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": values[response]}]

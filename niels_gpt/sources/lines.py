@@ -25,8 +25,7 @@ from typing import Any
 
 from niels_gpt.errors import SourceError
 from niels_gpt.meta import receipt_digest, sha256_file
-from niels_gpt.sources.records_base import BadRecord
-from niels_gpt.sources.text_io import bytes_hint
+from niels_gpt.sources.text_io import BadRecord, bytes_hint
 
 BOM = b"\xef\xbb\xbf"
 _SPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.isspace counts as whitespace
@@ -75,14 +74,6 @@ class NotCompressed(ValueError):
     def __init__(self, codec: str, head: bytes):
         super().__init__(codec)
         self.codec, self.head = codec, head
-
-
-def _not_compressed(item: str, e: NotCompressed, kind: str) -> SourceError:
-    suffix = ".zst" if e.codec == "zstd" else ".gz"
-    what = "plain text" if _looks_like_text(e.head) else "some other data"
-    return SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
-                       f"magic bytes); rename it without {suffix} if it is {kind}, or compress it with "
-                       f"{e.codec}")
 
 
 def _looks_like_text(head: bytes) -> bool:
@@ -254,12 +245,6 @@ class _Where:
         return f"{self.item}, line {n}"
 
 
-def named_json(name: str) -> bool:
-    """`.json`, `.json.gz`, `.json.zst`: JSON Lines, or one JSON document (an export's pretty-printed array)."""
-    name = name.lower()
-    return any(name.endswith(s) for s in (".json", ".json.gz", ".json.zst"))
-
-
 def opens_a_document(first_line: bytes) -> bool:
     """Whether a `.json` file's first non-blank line opens one JSON document (`[...`, or `{` alone on its line)."""
     first = first_line.removeprefix(BOM).strip()
@@ -306,7 +291,7 @@ def json_lines(piece, open_binary) -> Iterator[tuple[Any, Any]]:
             yield from _range_records(piece)
             return
         lines = _lines_of(piece, open_binary)
-        if named_json(piece.item):
+        if piece.item.lower().endswith((".json", ".json.gz", ".json.zst")):  # JSON Lines, or one JSON document
             head: list[bytes] = []
             for raw in lines:
                 head.append(raw)
@@ -340,7 +325,11 @@ def _decompressing(item: str, kind: str):
     try:
         yield
     except NotCompressed as e:
-        raise _not_compressed(item, e, kind) from None
+        suffix = ".zst" if e.codec == "zstd" else ".gz"
+        what = "plain text" if _looks_like_text(e.head) else "some other data"
+        raise SourceError(f"{item}: named {suffix} but not {e.codec} data (it holds {what}, without the {e.codec} "
+                          f"magic bytes); rename it without {suffix} if it is {kind}, or compress it with "
+                          f"{e.codec}") from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz / .zst
         raise SourceError(f"{item}: cannot decompress ({e}); the file is truncated or damaged: "
                           "recompress it or remove it from the inputs") from e

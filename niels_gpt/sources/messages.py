@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from niels_gpt.sources.records_base import BadRecord
+from niels_gpt.sources.text_io import BadRecord
 
 ROLES = ("system", "user", "assistant", "tool")
 PART_JOIN = "\n"

@@ -34,8 +34,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.errors import CacheError
 from niels_gpt.meta import file_record
 from niels_gpt.sources.layouts import is_article_heading
-from niels_gpt.sources.records_base import FileText
-from niels_gpt.sources.text_io import normalise_text
+from niels_gpt.sources.text_io import FileText, normalise_text
 
 UNKNOWN = -1
 COLUMNS = ["input", "record", "char_start", "char_end"]
@@ -85,9 +84,7 @@ def _text_of(record, rules) -> str | None:
     if isinstance(record, dict):
         value = record.get(rules.text_field)
         if isinstance(value, str):
-            if value.startswith("\ufeff") or "\r" in value:
-                value = normalise_text(value)
-            return value
+            return normalise_text(value)  # the same str when it needs no change (located's `text is item`)
     return None
 
 

@@ -17,7 +17,8 @@
   and counts by reason); in a whole text file a SourceError. A compressed file that ends early is an error.
 - Where is a record: `"<file>, line N"`, `"<file>, row N"` (columnar), `"<id>, record N"` (a dataset).
 - A shuffled dataset id is `load_dataset(id, streaming=True).shuffle(seed, buffer_size)` read as one piece:
-  the shuffle mixes rows across shards, so no cut into shards gives the same stream.
+  the shuffle mixes rows across shards, so no cut into shards gives the same stream. A dataset that fails to
+  open, or to read past a record, is a SourceError naming the dataset, its options and the record.
 Cost: one read of each input byte; a JSON Lines range is read in one call (task_bytes of memory).
 """
 
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import NielsGPTError, SourceError, StorageError
-from niels_gpt.sources.hub import iter_rows, open_stream
 from niels_gpt.sources.inputs import (
     COLUMNAR,
     COMPRESSED_TEXT,
@@ -45,14 +45,20 @@ from niels_gpt.sources.inputs import (
     ask,
     kind_of,
 )
-from niels_gpt.sources.lines import decompressed, json_lines, opens_a_document
-from niels_gpt.sources.records_base import FileText
-from niels_gpt.sources.text_io import decode_utf8, invalid_utf8_error, normalise_text, read_text_file
+from niels_gpt.sources.lines import READ_BLOCK, decompressed, json_lines, opens_a_document
+from niels_gpt.sources.text_io import (
+    FileText,
+    broken_link,
+    cannot_read,
+    decode_utf8,
+    invalid_utf8_error,
+    normalise_text,
+    read_text_file,
+)
 from niels_gpt.storage.fs import bounded_call, described, filesystem, scheme_of
 from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 from niels_gpt.storage.settings import network_timeout_s
 
-READ_BLOCK = 1 << 20
 ARROW_ROWS = 128  # rows a Parquet file is read in
 
 
@@ -84,6 +90,11 @@ class Piece:
     def shuffled(self) -> bool:
         return self.shuffle_buffer is not None
 
+    @property
+    def remote(self) -> bool:
+        """A file at a URL."""
+        return "://" in self.item
+
     def to_json(self) -> dict:
         out = asdict(self)
         for key in ("shuffle_seed", "shuffle_buffer"):
@@ -110,13 +121,11 @@ def item_of(item: Path | RemoteFile | ReadAs | str) -> tuple[str, str, bool]:
             return str(item.resolve(strict=True)), kind_of(item), False
         except FileNotFoundError:
             if item.is_symlink():
-                raise SourceError(f"{item}: a symlink to nothing (its target {os.readlink(item)} is missing); "
-                                  "remove it or point it at the file it stands for") from None
+                raise broken_link(item, loop=False) from None
             raise SourceError(f"{item}: no such file (it went away after the inputs were listed); rerun when the "
                               "input is in place") from None
         except (RuntimeError, OSError):  # a symlink loop: RuntimeError before Python 3.13, OSError(ELOOP) after
-            raise SourceError(f"{item}: a symlink that loops back on itself, so it names no file; remove it or "
-                              "point it at the file it stands for") from None
+            raise broken_link(item, loop=True) from None
     return item, "dataset", False
 
 
@@ -146,8 +155,7 @@ def _opens_a_document(path: Path) -> bool:
                 if line.strip():
                     return opens_a_document(line[:READ_BLOCK])
     except OSError as e:
-        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists and is "
-                          "readable") from e
+        raise cannot_read(path, e) from e
     return False
 
 
@@ -236,13 +244,44 @@ def records(piece: Piece, columns: list[str] | None = None) -> Iterator[tuple[st
         raise SourceError(f"{piece.item}: unknown file kind {kind!r}; the plan was made by another version")
 
 
+def open_stream(path_or_id: str, what: str, *, streaming: bool = True, **kwargs: Any):
+    """datasets.load_dataset(...) with failures turned into SourceError naming what was opened."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(path_or_id, streaming=streaming, **kwargs)
+    except Exception as e:  # the hub, fsspec and pyarrow raise many kinds; the message is what helps
+        raise SourceError(f"{what}: cannot open {path_or_id!r} ({_kwargs_text(kwargs)}): "
+                          f"{type(e).__name__}: {e}; check the dataset id/config and network, or download its "
+                          "files and pass them instead") from e
+
+
+def iter_rows(ds, what: str) -> Iterator[tuple[int, dict]]:
+    """(record index, row) from a datasets stream, read errors turned into SourceError naming the record."""
+    i = 0
+    try:
+        for row in ds:
+            yield i, row
+            i += 1
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{what}: invalid UTF-8 near record {i}: {e}; re-encode the input as UTF-8") from e
+    except SourceError:
+        raise
+    except Exception as e:
+        raise SourceError(f"{what}: could not read past record {i}: {type(e).__name__}: {e}; "
+                          "check that the dataset is valid and of the expected schema") from e
+
+
+def _kwargs_text(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if v is not None) or "no options"
+
+
 def _open_binary(piece: Piece):
-    if not _remote(piece):
+    if not piece.remote:
         try:
             return open(piece.item, "rb")
         except OSError as e:
-            raise SourceError(f"{piece.item}: cannot read this file ({e.strerror or e}); check that it exists "
-                              "and is readable") from e
+            raise cannot_read(piece.item, e) from e
     fs, path = filesystem(piece.item)
     streamed = {"block_size": 0} if scheme_of(piece.item) in UNLISTABLE else {}  # http: one GET, no ranges
     raw = ask(lambda: fs.open(path, "rb", **streamed), piece.item, "opening")
@@ -275,20 +314,15 @@ class _Guarded(io.RawIOBase):
         super().close()
 
 
-def _remote(piece: Piece) -> bool:
-    return "://" in piece.item
-
-
 @contextlib.contextmanager
 def _local_copy(piece: Piece) -> Iterator[Path]:
     """A local path of the file: itself, or a download into the local download cache, deleted afterwards."""
-    if not _remote(piece):
+    if not piece.remote:
         yield Path(piece.item)
         return
     fs, path = filesystem(piece.item)
-    name = piece.item.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     tmp = (local_cache_dir() / MIRRORS / "sources"
-           / f"{hashlib.sha256(piece.item.encode()).hexdigest()[:16]}-{name}.tmp-{os.getpid()}")
+           / f"{hashlib.sha256(piece.item.encode()).hexdigest()[:16]}-{RemoteFile(piece.item).name}.tmp-{os.getpid()}")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         ask(lambda: bounded_call(fs, "get_file", path, os.fspath(tmp)), piece.item, "downloading", bounded=True)
@@ -301,7 +335,7 @@ def _local_copy(piece: Piece) -> Iterator[Path]:
 def _read_text(piece: Piece) -> str:
     if piece.kind in COMPRESSED_TEXT:
         return normalise_text(decode_utf8(decompressed(piece, _open_binary), piece.item))
-    if not _remote(piece):
+    if not piece.remote:
         return read_text_file(Path(piece.item))
     with _open_binary(piece) as f:
         return normalise_text(decode_utf8(f.read(), piece.item))

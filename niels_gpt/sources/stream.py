@@ -31,13 +31,13 @@ from niels_gpt.sources.inputs import (
     VAL_PIECE_CHARS,
     WHOLE_FILE,
     RemoteFile,
-    changed_while_read,
+    check_unchanged_file,
     expand,
     signature,
 )
 from niels_gpt.sources.origins import Reading, located
 from niels_gpt.sources.records import Piece, item_of, pieces, records
-from niels_gpt.sources.records_base import BadRecord, FileText
+from niels_gpt.sources.text_io import BadRecord, FileText
 
 PLAN_VERSION = 2
 TASK_BYTES = 64 * 1024 * 1024  # the most input bytes a task covers by default (~15 M tokens of English)
@@ -228,11 +228,11 @@ def _layout(first: Piece, named: str | None, chat: bool, rules: Rules) -> str:
 def _first_record(piece: Piece, chat: bool = False):
     """The first record of a piece (of a whole text file: its first SNIFF_BYTES), or (where, None) if empty. Of
     a local Parquet file's, for text, only the keys: its columns (detect() asks no more; no row is decoded)."""
-    if piece.kind in PLAIN_TEXT and "://" not in piece.item:
+    if piece.kind in PLAIN_TEXT and not piece.remote:
         with open(piece.item, "rb") as f:
             head = f.read(SNIFF_BYTES)
         return piece.item, FileText(head.decode("utf-8", errors="replace"))
-    if piece.kind == ".parquet" and not chat and "://" not in piece.item and piece.start <= 0:
+    if piece.kind == ".parquet" and not chat and not piece.remote and piece.start <= 0:
         import pyarrow.parquet as pq
 
         with contextlib.suppress(Exception):  # an unreadable file: records() below names what is wrong
@@ -255,14 +255,14 @@ def task_items(task: Task, rules: Rules, signatures: dict | None = None, origins
 
     def recs():
         for k, piece in enumerate(pieces):
-            _check(piece.item, signatures.get(piece.item))
+            check_unchanged_file(piece.item, signatures.get(piece.item))
             if origins:
                 for where, record in records(piece, _columns(task.layout, rules)):
                     at.read(k, where, record)
                     yield where, record
             else:
                 yield from records(piece, _columns(task.layout, rules))
-            _check(piece.item, signatures.get(piece.item))
+            check_unchanged_file(piece.item, signatures.get(piece.item))
         at.exhausted = True
 
     out = items(recs(), task.layout, rules)
@@ -286,10 +286,4 @@ def stream_items(plan: Plan, check_at_end: bool = True) -> Iterator:
 def check_unchanged(plan: Plan, read: Sequence[str] | None = None) -> None:
     """Refuse the build if a local input (of those `read`, default all) changed since it was planned."""
     for path in read if read is not None else plan.signatures:
-        _check(path, plan.signatures[path])
-
-
-def _check(path: str, before) -> None:
-    problem = changed_while_read(path, before) if before is not None else None
-    if problem is not None:
-        raise problem
+        check_unchanged_file(path, plan.signatures[path])

@@ -1,14 +1,31 @@
 """Local files read the one way: strictly UTF-8 (a bad byte named by file, offset, line and likely encoding),
-BOM and CRLF normalised; directories listed in one order on every machine."""
+BOM and CRLF normalised; directories listed in one order on every machine. The two kinds of record that are
+not a plain row: a whole text file, and a record that cannot be used."""
 
 from __future__ import annotations
 
 import errno
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from niels_gpt.errors import SourceError
+
+
+@dataclass(frozen=True)
+class FileText:
+    """The record of a whole-file kind: the file's text, decoded (BOM and CRLF normalised)."""
+
+    text: str
+
+
+class BadRecord(Exception):
+    """One record that cannot be used: `reason` is its count's name in meta.json."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def list_files(directory: str | os.PathLike, suffix: str, what: str) -> list[Path]:
@@ -37,14 +54,20 @@ def read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise SourceError(f"{path}: a symlink that loops back on itself, so it names no file; remove it or "
-                              "point it at the file it stands for") from None
-        if isinstance(e, FileNotFoundError) and path.is_symlink():
-            raise SourceError(f"{path}: a symlink to nothing (its target {os.readlink(path)} is missing); remove "
-                              "it or point it at the file it stands for") from None
-        raise SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists "
-                          "and is readable") from e
+        if e.errno == errno.ELOOP or isinstance(e, FileNotFoundError) and path.is_symlink():
+            raise broken_link(path, loop=e.errno == errno.ELOOP) from None
+        raise cannot_read(path, e) from e
+
+
+def broken_link(path: Path, loop: bool) -> SourceError:
+    """A symlink that names no file: one that loops back on itself, or one whose target is missing."""
+    what = ("a symlink that loops back on itself, so it names no file" if loop
+            else f"a symlink to nothing (its target {os.readlink(path)} is missing)")
+    return SourceError(f"{path}: {what}; remove it or point it at the file it stands for")
+
+
+def cannot_read(path: Path | str, e: OSError) -> SourceError:
+    return SourceError(f"{path}: cannot read this file ({e.strerror or e}); check that it exists and is readable")
 
 
 def decode_utf8(data: bytes, path: Path, record: str | None = None) -> str:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from niels_gpt.sources import lines
-from niels_gpt.sources.records_base import BadRecord
+from niels_gpt.sources.text_io import BadRecord
 
 pytest.importorskip("msgspec")
 
