@@ -146,6 +146,8 @@ class Ray(Executor):
                     what = f"joining the Ray cluster at {address!r}"
                     with_deadline(lambda: ray.init(**kwargs), timeout, expired=lambda: ConfigError(
                         f"{what}: no answer within {timeout:g} s; {fix}; raise the limit with --connect-timeout"))
+            except ConfigError:  # the deadline's own line (a ConfigError is a ValueError): said once, as is
+                raise
             except (ConnectionError, RuntimeError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 raise ConfigError(f"cannot join the Ray cluster at {address!r} ({type(e).__name__}: {first}); {fix}; "

@@ -162,3 +162,25 @@ def test_a_bad_record_on_a_ray_worker_fails_the_build_with_the_record_named(ray_
         run_build(corpus["paths"] + [bad], tmp_path / "out", tokenizer=tokenizer.model_path, executor="ray",
                    workers=2, task_bytes=40_000, **KW)
     assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_an_address_that_accepts_but_never_answers_ends_in_one_line(tmp_path):
+    """A port that takes the connection and says nothing (not a Ray cluster, or one hung): the join's time limit
+    ends it in its own line, naming the address, said once (not wrapped in "cannot join ...")."""
+    script = """
+import socket, sys
+from niels_gpt.builders.executors import Ray
+from niels_gpt.errors import ConfigError
+silent = socket.socket(); silent.bind(("127.0.0.1", 0)); silent.listen(8)
+address = "127.0.0.1:%d" % silent.getsockname()[1]
+try:
+    Ray(address=address, workers=1, timeout=4)
+except ConfigError as e:
+    print(address); print(e); sys.exit(3)
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "RAY_gcs_rpc_server_reconnect_timeout_s": "60"})
+    assert p.returncode == 3, p.stderr[-2000:]
+    address, message = p.stdout.strip().split("\n", 1)
+    assert message.startswith(f"joining the Ray cluster at {address!r}: no answer within 4 s")
+    assert "cannot join" not in message and message.count("ray start --head") == 1
