@@ -59,3 +59,8 @@ class OutOfSpaceError(NielsGPTError):
 
 class StorageError(NielsGPTError):
     """A remote store (s3://, gs://, hf://, http(s)://) failed to serve or accept a file, after retries."""
+
+
+def first_few(items: list[str], n: int = 3, more: str = ", ...") -> str:
+    """The first `n` of `items`, comma-separated, then `more` if there are others: a message's short list."""
+    return ", ".join(items[:n]) + (more if len(items) > n else "")

@@ -27,6 +27,7 @@ from pathlib import Path
 from niels_gpt.constants import PARQUET_SUFFIXES, SPLITS
 from niels_gpt.errors import FormatError, IncompleteCacheError
 from niels_gpt.formats.detect import detect_format
+from niels_gpt.formats.npy import read_npy_header
 from niels_gpt.markers import (
     Found,
     by_marker,
@@ -95,16 +96,10 @@ def locate(path: str | os.PathLike) -> Found:
 
 def _pickled_npy(p: Path) -> bool:
     """Whether a .npy file holds Python objects (the legacy packed bins) rather than an array of token ids."""
-    import numpy as np  # lazy: only for a .npy file
-
     try:
-        with open(p, "rb") as f:
-            fmt = np.lib.format
-            read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
-            dtype = read(f)[2]
-    except (OSError, ValueError) as exc:
+        return read_npy_header(p, "point at packed bins or token files")[2].hasobject
+    except OSError as exc:
         raise FormatError(f"{p}: not a readable .npy file ({exc}); point at packed bins or token files") from None
-    return dtype.hasobject
 
 
 def _file(p: Path) -> Found:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX
 from niels_gpt.constants import MARKERS, META_NAME, MODEL_NAME, RECEIPT_NAME
-from niels_gpt.errors import ConfigError, FormatError
+from niels_gpt.errors import ConfigError, FormatError, first_few
 from niels_gpt.markers import by_marker, outputs_below, packed_files, read_json
 from niels_gpt.urls import is_url
 
@@ -182,13 +182,12 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     if found is None:
         below = outputs_below(real)
         if below:
-            shown = ", ".join(below[:4]) + (", ..." if len(below) > 4 else "")
-            raise OutputRefused(f"{flag} {out}: a root holding several outputs ({shown}), not one output; a "
-                                f"command replaces only an output it made: give {flag} {Path(out) / 'NAME'} "
-                                "(a new directory) instead")
-        shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+            raise OutputRefused(f"{flag} {out}: a root holding several outputs ({first_few(below, 4)}), not "
+                                "one output; a command replaces only an output it made: give "
+                                f"{flag} {Path(out) / 'NAME'} (a new directory) instead")
         raise OutputRefused(f"{flag} {out}: a non-empty directory that is not an output of this library (it "
-                            f"holds {shown}); nothing in it is deleted or replaced: {fix}")
+                            f"holds {first_few(sorted(entries))}); nothing in it is deleted or replaced: "
+                            f"{fix}")
     if found == "unreadable":
         marker = next((m for m in MARKERS if (real / m).is_file()), META_NAME)
         raise OutputRefused(f"{flag} {out}: its {marker} is not a readable record of this library, so "
@@ -204,8 +203,7 @@ def check_output(out: str | os.PathLike, *, kind: str, flag: str = "--out", inpu
     if listed is not None:
         stray = _unlisted(real, listed)
         if stray:
-            shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")
-            raise OutputRefused(f"{flag} {out}: holds {KINDS[found]} and also {shown}, which its record does "
-                                f"not list and this library did not write; replacing the output would delete "
-                                f"it: {fix}")
+            raise OutputRefused(f"{flag} {out}: holds {KINDS[found]} and also {first_few(stray)}, which its "
+                                f"record does not list and this library did not write; replacing the output "
+                                f"would delete it: {fix}")
     return real

@@ -111,6 +111,12 @@ class Lines:
             self.printed = -1
             self._say()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 class Off(Lines):
     """A bar that is off: it counts and says nothing (and costs no tqdm import)."""

@@ -42,7 +42,7 @@ from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FORMATS, FormatInfo, detect_format
 from niels_gpt.formats.names import NAMES, ONE_FILE, canonical_format
 from niels_gpt.formats.npy import NpySink
-from niels_gpt.formats.raw import RawSink
+from niels_gpt.formats.raw import RawSink, kempnerforge_note
 from niels_gpt.formats.receipt import write_receipt
 from niels_gpt.formats.writers import MIN_SHARD_BYTES, SHARD_PATTERN, check_shard_bytes, refuse_packed_bins
 from niels_gpt.formats.zstd_shard import SUFFIX, FrameEncoder, check_compress, compression_meta
@@ -234,19 +234,6 @@ def _source_origins(src, info: FormatInfo, summary: dict) -> dict[str, tuple[byt
     return out
 
 
-def kempnerforge_note(records: list[dict], dtype: np.dtype, dst) -> str | None:
-    """The note on uint16 raw files with an even token count, which KempnerForge (ignoring metadata.yaml, taking
-    uint32 when a size divides by 4) misreads; readers told the dtype read them right. None if there are none."""
-    if np.dtype(dtype).itemsize != 2:
-        return None
-    even = [r for r in records if r["tokens"] % 2 == 0]
-    if not even:
-        return None
-    return (f"{dst}: uint16 .bin files with an even token count ({Path(even[0]['path']).name}: {even[0]['tokens']} "
-            "tokens), which KempnerForge's MemoryMappedDataset reads as uint32 (it ignores metadata.yaml): for "
-            "KempnerForge use --to kempner-npy (.npy records its dtype); readers told the dtype read them right")
-
-
 def _out_dtype(stream: DocStream, vocab: int | None, dtype) -> np.dtype:
     if dtype is None:
         return stream.dtype
@@ -314,7 +301,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                 target.abort()
                 raise
             if to == "raw" and not not_for_kempnerforge:
-                summary["notes"].extend(filter(None, [kempnerforge_note(records, out_dtype, dst)]))
+                summary["notes"].extend(filter(None, [kempnerforge_note({r["path"]: r["tokens"] for r in records},
+                                                                         out_dtype, dst)]))
             fr = target.framer
             summary["splits"][name] = {
                 "records": records, "tokens": sum(r["tokens"] for r in records),

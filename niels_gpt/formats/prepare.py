@@ -23,6 +23,7 @@ from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FormatInfo, detect_format
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
 from niels_gpt.formats.nanogpt_dataset import NanogptDataset
+from niels_gpt.formats.raw import kempnerforge_note
 from niels_gpt.formats.writers import refuse_packed_bins
 
 SAMPLE_TOKENS = 1 << 20  # the id histogram is taken over the first ones
@@ -155,10 +156,9 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_
             if suspect is not None:
                 rep["not_like_tokens"] = f"{where}: {suspect}"
                 out["warnings"].append(rep["not_like_tokens"])
-        if leaf.format in ("raw", "niels") and info.dtype.itemsize == 2 and any(
-                (t.count * 2) % 4 == 0 for t in leaf.token_files):
-            out["warnings"].append(f"{where}: uint16 .bin shards; KempnerForge infers uint32 from sizes divisible "
-                                   "by 4 and would misread them: give it .npy (convert --to kempner-npy)")
+        if leaf.format in ("raw", "niels"):
+            out["warnings"].extend(filter(None, [kempnerforge_note({t.path: t.count for t in leaf.token_files},
+                                                                   info.dtype, where)]))
         # the path and file_pattern that open exactly this leaf from Python
         target = (leaf.path, leaf.pattern) if leaf.pattern else (leaf.path if info.splits else str(path), None)
         rep["calls"] = _calls(leaf, *target, seq_len=seq_len, eot=eot, bos=bos, dtype=dtype, counts=counts)

@@ -23,6 +23,18 @@ from niels_gpt.formats.writers import HashingFile
 from niels_gpt.meta import sha256_file
 
 
+def kempnerforge_note(counts: dict[str, int], dtype, where) -> str | None:
+    """The note on uint16 raw files ({path: token count}) with an even token count, which KempnerForge misreads
+    (it ignores metadata.yaml and takes uint32 when a size divides by 4); None if there are none."""
+    even = [(path, n) for path, n in counts.items() if n % 2 == 0]
+    if np.dtype(dtype).itemsize != 2 or not even:
+        return None
+    return (f"{where}: uint16 .bin files with an even token count ({Path(even[0][0]).name}: {even[0][1]} tokens), "
+            "which KempnerForge's MemoryMappedDataset reads as uint32 (it ignores metadata.yaml: KempnerForge infers "
+            "uint32 from sizes divisible by 4): for KempnerForge use --to kempner-npy (convert writes .npy, which "
+            "records its dtype); readers told the dtype read them right")
+
+
 def open_raw(path: str | os.PathLike, dtype) -> TokenFile:
     """Describe a raw `.bin` of a known dtype; rejects sizes that are not whole tokens."""
     dtype = parse_dtype(dtype)

@@ -6,6 +6,8 @@ Parquet path and bits-per-byte.
     state = loader.state_dict(); loader.load_state_dict(state)          # JSON-able, any world size
 """
 
+from niels_gpt.lazy import lazy_names
+
 # NOTE: the names below are imported on first use (PEP 562), not with the package: most of its modules
 # import torch (~1.5 s), and `download` and the CLI's other verbs need none of it.
 _HOMES = {
@@ -20,17 +22,4 @@ _HOMES = {
     "IndexedWindowDataset": "windows",
 }
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib  # lazy: see _HOMES
-
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

@@ -6,6 +6,7 @@
     loader = DataLoader(ds, batch_size=4, num_workers=4, collate_fn=collate_packed)
 """
 
+from niels_gpt.lazy import lazy_names
 from niels_gpt.spans import assistant_token_mask as assistant_token_mask
 
 # NOTE: the names below are imported on first use (PEP 562): the datasets import torch (~1 s), and `pack-sft`
@@ -19,11 +20,4 @@ _HOMES = {
     "PackedParquetDataset": "parquet", "write_packed_parquet": "parquet",
 }
 __all__ = sorted([*_HOMES, "assistant_token_mask"])
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

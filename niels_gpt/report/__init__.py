@@ -5,6 +5,8 @@ and a cache's tokenizer; `counts`/`figures`: the figures (vectorised numpy over 
 their text tables; `mixture`: a mixture's realised proportions; `plot`: PNG figures (the `plot` extra).
 """
 
+from niels_gpt.lazy import lazy_names
+
 # NOTE: the names below are imported on first use (PEP 562): `mixture_stats` draws as the mixture sampler does,
 # with torch (~1 s to import); `inspect`, `verify` and `stats` of a cache or packed bins run without it.
 _HOMES = {
@@ -13,11 +15,4 @@ _HOMES = {
     "verify_path": "verify",
 }
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

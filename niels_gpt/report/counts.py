@@ -13,13 +13,13 @@ from niels_gpt.locate import locate
 from niels_gpt.meta import numpy_dtype, read_meta
 from niels_gpt.packing.factory import open_packed
 from niels_gpt.packing.memmap_format import read_manifest
+from niels_gpt.progress import progress_bar, should_show
 from niels_gpt.readers.shards import shard_array
 from niels_gpt.report.figures import (
     Stats,
     StatsError,
     StreamStats,
     length_figures,
-    progress_bar,
     stream_stats,
 )
 from niels_gpt.report.found import find_caches
@@ -67,7 +67,8 @@ def _sft(cache: Path, meta: dict, seq_len: int, progress) -> Stats:
             continue
         arr = np.memmap(tok_path, dtype=dtype, mode="r") if tok_path.stat().st_size else np.zeros(0, dtype)
         starts = np.load(cache / f"{split}_idx.npy", allow_pickle=False).astype(np.int64)
-        with progress_bar(len(arr), f"stats {split}", progress) as bar:
+        with progress_bar(total=len(arr), unit="tok", unit_scale=True, desc=f"stats {split}",
+                          progress=should_show(progress)) as bar:
             lengths = np.diff(np.append(starts, len(arr)))
             n_eot, n_bos = (None if i is None else int(np.count_nonzero(arr == i))
                             for i in (eot_id, _bos_id(meta)))

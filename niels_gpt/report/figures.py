@@ -4,13 +4,12 @@ counted with vectorised numpy chunk by chunk over memmaps; `format_stats` and `t
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from niels_gpt.errors import NielsGPTError
-from niels_gpt.progress import should_show
+from niels_gpt.progress import progress_bar, should_show
 
 CHUNK = 1 << 24  # tokens per vectorised pass
 HIST_BINS = 40
@@ -59,13 +58,6 @@ class Stats:
                 "streams": [asdict(s) for s in self.streams], **self.extra}
 
 
-def progress_bar(total: int, desc: str, progress: bool | None):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not should_show(progress),
-                file=sys.stderr)
-
-
 def length_figures(lengths: np.ndarray) -> tuple[dict, dict]:
     """(percentiles, mean, min, max; the histogram as StreamStats fields, log-spaced bins where the lengths
     span a factor of WIDE, and the tokens each bin's documents hold)."""
@@ -89,7 +81,8 @@ def _scan(arrays: list[np.ndarray], sep_id: int | None, other_id: int | None, de
     """(tokens, separator positions over the concatenated arrays, the count of other_id)."""
     total = sum(len(a) for a in arrays)
     positions, other, base = [], 0, 0
-    with progress_bar(total, desc, progress) as bar:
+    with progress_bar(total=total, unit="tok", unit_scale=True, desc=desc,
+                      progress=should_show(progress)) as bar:
         for arr in arrays:
             for s in range(0, len(arr), CHUNK):
                 chunk = np.asarray(arr[s:s + CHUNK])

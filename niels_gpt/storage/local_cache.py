@@ -31,7 +31,7 @@ from pathlib import Path
 from niels_gpt.atomic import TMP_SUFFIX, pid_alive, write_bytes_atomic
 from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME, MARKERS
-from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.errors import ConfigError, StorageError, first_few
 from niels_gpt.storage.fs import transfers_stopped
 from niels_gpt.storage.settings import MIRRORS, cache_dir_label
 
@@ -64,10 +64,9 @@ def claim(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     entries = sorted(e for e in os.listdir(root) if not TMP_SUFFIX.search(e))
     if entries and not _laid_out_as_ours(root, entries):
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise ConfigError(f"{label} {root}: a non-empty directory that is not a download cache of this library (it "
-                          f"holds {shown}); nothing in it is deleted or replaced: choose a new or empty directory "
-                          "for the download cache")
+        raise ConfigError(f"{label} {root}: a non-empty directory that is not a download cache of this library "
+                          f"(it holds {first_few(entries)}); nothing in it is deleted or replaced: choose a new "
+                          "or empty directory for the download cache")
     write_bytes_atomic(root / OWN_MARK, b"a download cache of niels_gpt: files under remote/ may be evicted\n",
                        durable=False)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
 from niels_gpt.constants import MANIFEST_NAME, MARKERS
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import ConfigError, first_few
 from niels_gpt.storage.fs import bounded_call, call, filesystem, join
 from niels_gpt.urls import is_url
 
@@ -112,13 +112,13 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
         listed |= {marker}
         stray = [r for r in rels if r not in listed]
         if stray:
-            shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")
-            raise ConfigError(f"{url}: holds an output of this library and also {shown}, which its {marker} does not "
-                              "list; replacing the output would delete them: move them, or choose a new prefix")
+            raise ConfigError(f"{url}: holds an output of this library and also {first_few(stray)}, which "
+                              f"its {marker} does not list; replacing the output would delete them: move them, "
+                              "or choose a new prefix")
         return listed
-    shown = ", ".join(rels[:3]) + (", ..." if len(rels) > 3 else "")
-    raise ConfigError(f"{url}: holds {len(rels)} object(s) that are not an output of this library ({shown}); nothing "
-                      "there is replaced: choose a new prefix, or remove them yourself")
+    raise ConfigError(f"{url}: holds {len(rels)} object(s) that are not an output of this library "
+                      f"({first_few(rels)}); nothing there is replaced: choose a new prefix, or remove them "
+                      "yourself")
 
 
 @contextlib.contextmanager

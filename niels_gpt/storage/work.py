@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.errors import ConfigError, StorageError, first_few
 from niels_gpt.storage.fs import call, filesystem, join
 from niels_gpt.storage.local_cache import TOKENIZERS, claim, file_lock
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir, network_timeout_s
@@ -100,10 +100,9 @@ def check_work_url(store: WorkStore, out: str, flag: str = "--work-dir") -> tupl
         return True, found
     theirs = sorted(k for k in found if not OURS.match(k) and ".tmp-" not in k)
     if theirs:
-        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
         raise ConfigError(f"{flag} {store.url}: holds {len(theirs)} object(s) that are not a build's work files "
-                          f"({shown}); nothing there is deleted or replaced: choose a new prefix, or remove them "
-                          "yourself")
+                          f"({first_few(theirs)}); nothing there is deleted or replaced: choose a new prefix, "
+                          "or remove them yourself")
     plan: dict = {}
     if "plan.json" in found:
         try:

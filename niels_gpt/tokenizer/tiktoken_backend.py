@@ -39,7 +39,7 @@ import numpy as np
 
 from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.constants import META_NAME
-from niels_gpt.errors import NielsGPTError, TokenizerError
+from niels_gpt.errors import NielsGPTError, TokenizerError, first_few
 from niels_gpt.seals import RECORD_SEAL, is_sealed, seal_problem
 from niels_gpt.tokenizer.base import Tokenizer
 from niels_gpt.tokenizer.special import SPECIAL_TOKENS
@@ -92,7 +92,7 @@ def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
         ranks = _ranks_line_by_line(data, path)
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if ranks and missing:
-        shown = ", ".join(f"0x{b:02x}" for b in missing[:6]) + (", ..." if len(missing) > 6 else "")
+        shown = first_few([f"0x{b:02x}" for b in missing], 6)
         raise TokenizerError(f"{path}: no rank for the single byte(s) {shown} ({len(missing)} of 256); a byte-level "
                              "BPE must rank every single byte, or some text cannot be encoded at all")
     return ranks

@@ -7,15 +7,10 @@
 See docs/trace.md.
 """
 
+from niels_gpt.lazy import lazy_names
+
 # NOTE: imported on first use (PEP 562): the trace replays the run's sampler, which imports torch (~1 s), and
 # `trace --help` needs none of it
 _HOMES = {"document_origin": "documents", "trace_document": "reverse", "trace_state": "steps", "trace_step": "steps"}
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

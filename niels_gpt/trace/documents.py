@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.constants import EXAMPLES_NAME, META_NAME, SPLITS, TOKEN_DTYPES
-from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, NielsGPTError
+from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, NielsGPTError, first_few
 from niels_gpt.meta import load_checked_npy, read_meta
 from niels_gpt.readers.shards import shard_array, split_shards
 from niels_gpt.sources.origins import read_table, split_rows
@@ -238,7 +238,7 @@ def find_document(cache: str, input_name: str, record: int) -> tuple[str, int]:
     inputs = first.origins[1]
     matches = [i for i, e in enumerate(inputs) if e["path"] == input_name or e["path"].endswith("/" + input_name.lstrip("./"))]
     if len(matches) != 1:
-        listed = ", ".join(e["path"] for e in inputs[:5]) + (" ..." if len(inputs) > 5 else "")
+        listed = first_few([e["path"] for e in inputs], 5, " ...")
         what = "no input" if not matches else f"{len(matches)} inputs"
         raise ConfigError(f"--document {input_name}:{record}: {what} of {cache} named {input_name!r} (its inputs: "
                           f"{listed}); give the input's path as origins.json names it")

@@ -23,7 +23,7 @@ import torch
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.train.data import TrainData
-from niels_gpt.train.setup import parse_batch_ramp
+from niels_gpt.train.setup import WORLD_FREE, parse_batch_ramp
 
 
 def advance(schedule: BatchSchedule, n: int, position: tuple[int, int, int], k: int) -> tuple[int, int, int]:
@@ -68,7 +68,7 @@ class Replay:
         self.data = data
         self._perms: dict[int, object] = {}
         source = self.opened[0].source
-        if self.kind in ("indexed", "shards", "packed", "mixture"):
+        if self.kind in WORLD_FREE:  # one global batch sampler
             self.sampler, self.dataset = source.loader.batch_sampler, source.loader.dataset
         elif self.kind == "parquet":  # a stream per rank, replayed by its own loader (`parquet_sequences`)
             self.sampler, self.dataset = source.docs, None

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from niels_gpt.atomic import TMP_SUFFIX, atomic_path, remove_stale_temporaries, write_bytes_atomic
-from niels_gpt.errors import OutputLockedError, StateError
+from niels_gpt.errors import OutputLockedError, StateError, first_few
 from niels_gpt.output_guard import OutputRefused, check_overlap
 from niels_gpt.staging import lock_path, output_lock
 
@@ -182,9 +182,8 @@ def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | No
     entries = sorted(os.listdir(out))
     foreign = [e for e in entries if not is_ours(e) or (out / e).is_dir()]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise OutputRefused(f"--out-dir {out}: holds files this trainer did not write ({shown}); nothing in it is "
-                            "replaced: choose a new or empty --out-dir")
+        raise OutputRefused(f"--out-dir {out}: holds files this trainer did not write "
+                            f"({first_few(foreign)}); nothing in it is replaced: choose a new or empty --out-dir")
     remove_stale_temporaries(out)  # only our files are there: what a killed save left, its writer dead
     ours = [out / e for e in entries if not TMP_SUFFIX.search(e)]
     if not ours:
