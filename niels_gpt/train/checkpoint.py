@@ -144,7 +144,8 @@ def is_ours(name: str) -> bool:
 def describe_run(out: Path) -> str:
     """One phrase naming the run a directory holds: what run.json says, else its checkpoints' names."""
     ckpts = [p.name for p in checkpoints(out)]
-    steps = ", ".join(str(int(CKPT_PATTERN.match(n).group(1))) for n in ckpts[-4:]) + (" ..." if len(ckpts) > 4 else "")
+    # the last four: "..." before them when earlier ones are left out
+    steps = ("..., " if len(ckpts) > 4 else "") + ", ".join(str(int(CKPT_PATTERN.match(n).group(1))) for n in ckpts[-4:])
     record = read_run(out)
     if record is None:
         return f"checkpoints at steps {steps}" if ckpts else "no checkpoint yet"

@@ -166,6 +166,9 @@ def test_checkpoints_from_step_one_million_on_are_the_runs_own_and_ordered_by_st
     resumed = run(pretrain_cache, out, steps=1_000_001, resume="latest")  # not ckpt_999999.pt: by step, not by name
     assert resumed.step == 1_000_001 and len(resumed.losses) == 1
     assert resumed.checkpoint.endswith("ckpt_1000001.pt")
+    # five checkpoints: the last four are named, the dots stand where the earlier one is left out
+    with pytest.raises(OutputRefused, match=r"checkpoints at steps \.\.\., 2, 999999, 1000000, 1000001; continue"):
+        run(pretrain_cache, out, seed=1)
     assert latest_checkpoint(out).name == "ckpt_1000001.pt"
 
 
