@@ -134,6 +134,12 @@ def train_tokenizer_a_dangling_symlink_inside_a_directory(w, tmp):
     return _train(tmp, d)
 
 
+def train_tokenizer_a_dangling_symlink_in_a_glob(w, tmp):
+    d = _data(tmp)
+    (d / "gone.jsonl").symlink_to(tmp / "moved-away.jsonl")  # was left out as "unknown file kind '.jsonl'"
+    return _train(tmp, f"{d}/*.jsonl")
+
+
 USERS_FILES: list[Path] = []  # the user's files each case put where an output would go
 
 
@@ -293,6 +299,8 @@ CASES = [
     Case("train-tokenizer: a dangling symlink inside an input directory",
          train_tokenizer_a_dangling_symlink_inside_a_directory, ("gone.jsonl", "moved-away.jsonl", "is missing"),
          out="out"),
+    Case("train-tokenizer: a dangling symlink matched by a glob", train_tokenizer_a_dangling_symlink_in_a_glob,
+         ("gone.jsonl", "moved-away.jsonl", "is missing"), out="out"),
     Case("build: --train-tokenizer too small for the text", build_train_tokenizer_too_small_for_the_text,
          ("--train-tokenizer 262", "too small for this text", "raise --train-tokenizer to"), out="out"),
     Case("build: --train-tokenizer beside a tokenizer directory of the user's",

@@ -209,8 +209,9 @@ def expand_url(url: str, left_out: list[dict]) -> list[RemoteFile]:
 
 
 def _local(p: Path) -> bool:
+    """A glob's match of a known kind: a file, or a dangling link (so that reading it names it, as in a directory)."""
     try:
-        return p.is_file() and kind_of(p) is not None
+        return (p.is_file() or p.is_symlink() and not p.exists()) and kind_of(p) is not None
     except OSError:  # a symlink loop below a directory: named when it is read
         return True
 
