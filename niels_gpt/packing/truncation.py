@@ -68,7 +68,8 @@ def truncation_warning(figures: dict, pack_size: int, where: str) -> str | None:
     trained_share = figures["trained_targets_lost"] / trained if trained else 0.0
     if max(tokens_share, trained_share) <= WARN_SHARE:
         return None
-    return (f"{where}: --seq-len {pack_size} truncates examples and drops {tokens_share:.1%} of the tokens "
+    cut = "splits examples and loses" if "split_examples" in figures else "truncates examples and drops"
+    return (f"{where}: --seq-len {pack_size} {cut} {tokens_share:.1%} of the tokens "
             f"({figures['tokens_lost']:,} of {figures['tokens']:,}) and {trained_share:.1%} of the trained targets "
             f"({figures['trained_targets_lost']:,} of {trained or 0:,}); --seq-len "
             f"{figures['pack_size_keeping_99pct']} keeps {KEEP:.0%} of both (or --on-overflow reject to refuse "

@@ -132,7 +132,8 @@ def test_a_split_that_keeps_no_piece_packs_an_empty_shard_and_counts_the_loss(tm
     the shard is empty (as with truncate and nothing left) and the loss is counted, not a numpy error."""
     only_questions = [turn(USR, 40, 200) + turn(USR, 40, 300)]  # 84 tokens, no assistant turn
     cache = write_sft_cache(tmp_path / "c", only_questions)
-    m = pack_sft(cache, tmp_path / "p", pack_size=64, on_overflow="split")
+    with pytest.warns(UserWarning, match=r"--seq-len 64 splits examples and loses 100.0% of the tokens \(84 of 84\)"):
+        m = pack_sft(cache, tmp_path / "p", pack_size=64, on_overflow="split")
     assert m["num_sequences"] == 0 and m["truncation"]["split_pieces"] == 0
     assert m["truncation"]["tokens_lost"] == 84 and m["truncation"]["split_examples"] == 1
     assert len(open_packed(tmp_path / "p")) == 0
