@@ -343,10 +343,10 @@ def _inline(spec: BuildSpec, plan: Plan, val: Plan | None, tok, out: Path) -> di
                     **({"skipped_inputs": spec.extra["skipped_inputs"] + about.get("skipped_inputs", [])}
                        if spec.extra.get("skipped_inputs") else {})}
 
-    common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
-                  dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
-                  progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
-    try:
+    try:  # the readers' input hashing stops however this ends
+        common = dict(tokenizer=tok, seed=spec.seed, dataset_name=spec.name or out.name,
+                      dataset_config=spec.hf_config, streaming=plan.streaming, source=described,
+                      progress=spec.progress, tokenizer_path=recorded_path(tok, out), num_workers=spec.workers)
         if spec.chat:
             build_sft_cache(reader, str(out), val_frac=spec.val_frac or 0.0, on_bad_record=spec.on_bad_record,
                             **common)
