@@ -313,12 +313,14 @@ def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str
                     with contextlib.suppress(FileNotFoundError):
                         total += os.stat(os.path.join(d, name[:m.start() - len(RESERVED)])).st_size
                 continue
-            if not m and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
+            # a tokenizer fetched for a build (remote/tokenizers/): counted, never evicted (a build reads it)
+            held = rel[0] == TOKENIZERS
+            if not m and not held and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
                 continue  # not a file this library fetched: neither counted nor ever evicted
             total += st.st_size
             if m:
                 reserved += st.st_size
-            elif name not in MARKERS and p not in keep:
+            elif name not in MARKERS and p not in keep and not held:
                 files.append((st.st_atime_ns, p, st.st_size))  # access time: last use
     return total, reserved, files
 

@@ -33,6 +33,24 @@ def test_eviction_leaves_files_no_mirror_marker_lists(tmp_path):
     assert sorted(os.listdir(photos)) == ["p0.jpg", "p1.jpg", "p2.jpg"]
 
 
+def test_a_fetched_tokenizer_counts_towards_the_bound_and_is_never_evicted(tmp_path):
+    root = tmp_path / "dl"
+    claim(root)
+    tok = root / "remote" / "tokenizers" / ("ab" * 32)
+    tok.mkdir(parents=True)
+    (tok / "tokenizer.model").write_bytes(b"m" * 300)
+    (tok / "meta.json").write_bytes(b"{}")
+    mirror = root / "remote" / "0123456789abcdef"
+    mirror.mkdir()
+    (mirror / "meta.json").write_text(json.dumps({"files": {"a.bin": {}}}))
+    (mirror / "a.bin").write_bytes(b"x" * 100)
+    reserve = root / "remote" / "0123456789abcdef" / "b.bin.reserved.tmp-1"
+    # 300 + 2 tokenizer bytes and the marker are held: 100 more fit under 450 only once a.bin is evicted
+    make_room(root, 450, 100, set(), reserve=reserve)
+    assert not (mirror / "a.bin").exists() and (tok / "tokenizer.model").is_file() and (tok / "meta.json").is_file()
+    os.unlink(reserve)
+
+
 def test_a_directory_with_someone_elses_files_is_refused_before_anything_is_written(tmp_path, download_cache):
     url = "memory://owns-refused/c"
     upload_tree(write_pretrain_cache(tmp_path / "c", {"train": [np.arange(300)], "val": [np.arange(50)]}), url)
