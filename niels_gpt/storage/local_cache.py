@@ -313,8 +313,7 @@ def _holdings(root: Path, keep: set[str]) -> tuple[int, int, list[tuple[int, str
                     with contextlib.suppress(FileNotFoundError):
                         total += os.stat(os.path.join(d, name[:m.start() - len(RESERVED)])).st_size
                 continue
-            # a tokenizer fetched for a build (remote/tokenizers/): counted, never evicted (a build reads it)
-            held = rel[0] == TOKENIZERS
+            held = rel[0] == TOKENIZERS  # a tokenizer fetched for a build: counted, never evicted (builds read it)
             if not m and not held and "/".join(rel[1:]) not in listed[rel[0]] and name not in MARKERS:
                 continue  # not a file this library fetched: neither counted nor ever evicted
             total += st.st_size
