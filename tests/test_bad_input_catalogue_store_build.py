@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -81,11 +82,13 @@ def store_stalls_mid_commit(w, tmp):
 
 class StallingProxy:
     """An HTTP proxy in front of the S3 server that passes every request through, except, once `stall` is set,
-    a GET of a part (`/parts/<id>.bin`, what only the commit reads): that one is accepted and never answered."""
+    a GET of a part (`/parts/<id>.bin`, what only the commit reads): that one is accepted and never answered.
+    Once `slow` is set, such a GET is answered at about 12 KB/s (1,200 bytes every 0.1 s; counted in `slowed`)."""
 
     def __init__(self, target: str):
         host, port = target.rsplit("/", 1)[-1].split(":")
         self.stall, self.stalled, self.done = False, 0, threading.Event()
+        self.slow, self.slowed = False, 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -95,8 +98,8 @@ class StallingProxy:
                 pass
 
             def _pass(self):
-                if self.command == "GET" and outer.stall and "/parts/" in self.path and \
-                        self.path.split("?")[0].endswith(".bin"):
+                part = self.command == "GET" and "/parts/" in self.path and self.path.split("?")[0].endswith(".bin")
+                if part and outer.stall:
                     outer.stalled += 1
                     outer.done.wait(60)
                     self.close_connection = True
@@ -112,7 +115,14 @@ class StallingProxy:
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if part and outer.slow:
+                    outer.slowed += 1
+                    for i in range(0, len(data), 1200):
+                        self.wfile.write(data[i:i + 1200])
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                else:
+                    self.wfile.write(data)
                 conn.close()
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _pass

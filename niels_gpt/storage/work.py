@@ -67,9 +67,17 @@ class WorkStore:
                 and "/" not in k[len(sub) + 1:]}
 
     def get_bytes(self, rel: str) -> bytes:
-        """The object's bytes; FileNotFoundError when there is none."""
+        """The object's bytes; FileNotFoundError when there is none. Fetched as a file, whose bytes the time
+        limit sees moving: a slow read of a large part is never cut (a `cat_file` would be, after the limit)."""
         self._fresh(rel)
-        return call(self.fs, f"reading {self.where(rel)}", "cat_file", join(self.root, rel))
+        fd, tmp = tempfile.mkstemp(prefix="niels_gpt_read_", suffix=f".tmp-{os.getpid()}")
+        os.close(fd)
+        try:
+            call(self.fs, f"reading {self.where(rel)}", "get_file", join(self.root, rel), tmp)
+            return Path(tmp).read_bytes()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         self._write(f"writing {self.where(rel)}", "pipe_file", join(self.root, rel), data)

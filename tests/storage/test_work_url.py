@@ -4,12 +4,14 @@ the tokenizer fetched once per node by its sha256, and the cleanup deleting only
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 
 from niels_gpt.builders.parallel import remove_work_url
 from niels_gpt.errors import ConfigError
+from niels_gpt.storage import configure
 from niels_gpt.storage.work import WorkStore, check_work_url, fetch_tokenizer, upload_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 
@@ -70,3 +72,28 @@ def test_a_tokenizer_changed_in_the_store_is_refused_and_not_kept_on_the_node(st
         _tokenizer(url.replace(tokenizer.sha256, fake), fake, {})
     assert not list(download_cache.rglob(fake))  # removed from the node: fetched again next time
     assert _tokenizer(url, tokenizer.sha256, {}).sha256 == tokenizer.sha256
+
+
+def test_a_slow_read_of_a_part_that_keeps_moving_is_never_cut(s3, s3_endpoint, monkeypatch):
+    import fsspec
+    import s3fs
+
+    from ..test_bad_input_catalogue_store_build import StallingProxy
+
+    _, bucket = s3
+    proxy = StallingProxy(s3_endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {**fsspec.config.conf["s3"], "endpoint_url": proxy.url})
+    s3fs.S3FileSystem.clear_instance_cache()
+    configure(timeout_s=0.5)
+    try:
+        store = WorkStore(f"{bucket}/w")
+        data = bytes(range(256)) * 96  # 24 KiB: about 2 s at the proxy's pace, four times the limit
+        store.put_bytes("parts/00000-0123456789ab.bin", data)
+        proxy.slow = True
+        t0 = time.monotonic()
+        assert store.get_bytes("parts/00000-0123456789ab.bin") == data
+        assert time.monotonic() - t0 > 1.0 and proxy.slowed == 1  # longer than the limit, in one attempt
+    finally:
+        configure()
+        proxy.close()
+        s3fs.S3FileSystem.clear_instance_cache()
