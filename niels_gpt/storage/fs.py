@@ -8,6 +8,7 @@
 - `with_retries(fn, what)`: transient errors retried with exponential backoff (RETRIES, BACKOFF_S); a
   stall, an unresolved host or an error retrying cannot help is one StorageError naming the address.
 - `call(fs, what, method, ...)`: the two together, how every store call of the package is made.
+- `read_bytes(fs, path, what)`: an object's bytes, fetched as a file so that its limit sees the bytes moving.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import concurrent.futures
 import contextlib
 import errno
 import functools
+import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -286,6 +289,20 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
 def call(fs, what: str, method: str, *args, **kwargs):
     """`fs.<method>(*args, **kwargs)` bounded by its stalls and retried; errors name `what`."""
     return with_retries(lambda: bounded_call(fs, method, *args, **kwargs), what, bounded=True)
+
+
+def read_bytes(fs, path: str, what: str) -> bytes:
+    """The bytes of the object at `path` (FileNotFoundError when there is none), fetched as a file: the time
+    limit sees them moving, so a slow read of a large object is never cut (a `cat_file` would be, at the limit)."""
+    fd, tmp = tempfile.mkstemp(prefix="niels_gpt_read_", suffix=f".tmp-{os.getpid()}")
+    os.close(fd)
+    try:
+        call(fs, what, "get_file", path, tmp)
+        with open(tmp, "rb") as f:
+            return f.read()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def longest_wait_s() -> float:

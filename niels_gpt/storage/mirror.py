@@ -26,7 +26,7 @@ from niels_gpt.confine import confined, confined_all
 from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import CacheError, CacheMismatchError, ConfigError, IncompleteCacheError
 from niels_gpt.meta import record_problem, sha256_file
-from niels_gpt.storage.fs import call, filesystem, join, longest_wait_s
+from niels_gpt.storage.fs import call, filesystem, join, longest_wait_s, read_bytes
 from niels_gpt.storage.local_cache import (
     STAMPS,
     NoRoom,
@@ -98,7 +98,7 @@ class RemoteCache:
         claim(self.root)  # before any download: a directory that is not a download cache is refused at once
         remote = join(path, marker)
         try:
-            data = call(fs, f"reading {self.url}/{marker}", "cat_file", remote)
+            data = read_bytes(fs, remote, f"reading {self.url}/{marker}")
         except FileNotFoundError:
             raise IncompleteCacheError(f"no {marker} at {self.url}: the upload was interrupted or never ran "
                                        "(the marker is uploaded last); rebuild or re-upload the cache") from None

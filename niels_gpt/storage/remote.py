@@ -17,7 +17,7 @@ from niels_gpt.atomic import write_bytes_atomic
 from niels_gpt.confine import confined
 from niels_gpt.constants import MANIFEST_NAME, META_NAME
 from niels_gpt.errors import CacheError, ConfigError, IncompleteCacheError, NielsGPTError
-from niels_gpt.storage.fs import call, filesystem, join
+from niels_gpt.storage.fs import call, filesystem, join, read_bytes
 from niels_gpt.storage.local_cache import claim
 from niels_gpt.storage.mirror import RemoteCache
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir
@@ -151,7 +151,7 @@ def tokenizer_near(url: str, levels: int = 2) -> Path | None:
 def _mirror_tokenizer(url: str) -> Path | None:
     fs, path = filesystem(url)
     try:
-        data = call(fs, f"reading {url}/meta.json", "cat_file", join(path, META_NAME))
+        data = read_bytes(fs, join(path, META_NAME), f"reading {url}/meta.json")
         model = str(json.loads(data).get("model_file") or "")
     except (FileNotFoundError, ValueError, AttributeError):
         return None

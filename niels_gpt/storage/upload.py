@@ -25,7 +25,7 @@ from niels_gpt.atomic import pid_alive
 from niels_gpt.confine import confined_all
 from niels_gpt.constants import MANIFEST_NAME, MARKERS
 from niels_gpt.errors import ConfigError, first_few
-from niels_gpt.storage.fs import bounded_call, call, filesystem, join
+from niels_gpt.storage.fs import bounded_call, call, filesystem, join, read_bytes
 from niels_gpt.urls import is_url
 
 STAGING_ENV = "NIELS_GPT_STAGING"
@@ -97,7 +97,7 @@ def check_remote_output(url: str, fs, root: str) -> set[str] | None:
     for marker in MARKERS:
         if marker not in rels:
             continue
-        data = call(fs, f"reading {url}/{marker}", "cat_file", join(root, marker))
+        data = read_bytes(fs, join(root, marker), f"reading {url}/{marker}")
         try:
             files = json.loads(data).get("files")
         except (ValueError, AttributeError):

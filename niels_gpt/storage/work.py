@@ -21,7 +21,7 @@ from pathlib import Path
 
 from niels_gpt.constants import META_NAME
 from niels_gpt.errors import ConfigError, StorageError, first_few
-from niels_gpt.storage.fs import call, filesystem, join
+from niels_gpt.storage.fs import call, filesystem, join, read_bytes
 from niels_gpt.storage.local_cache import TOKENIZERS, claim, file_lock
 from niels_gpt.storage.settings import MIRRORS, local_cache_dir, network_timeout_s
 
@@ -67,17 +67,9 @@ class WorkStore:
                 and "/" not in k[len(sub) + 1:]}
 
     def get_bytes(self, rel: str) -> bytes:
-        """The object's bytes; FileNotFoundError when there is none. Fetched as a file, whose bytes the time
-        limit sees moving: a slow read of a large part is never cut (a `cat_file` would be, after the limit)."""
+        """The object's bytes; FileNotFoundError when there is none."""
         self._fresh(rel)
-        fd, tmp = tempfile.mkstemp(prefix="niels_gpt_read_", suffix=f".tmp-{os.getpid()}")
-        os.close(fd)
-        try:
-            call(self.fs, f"reading {self.where(rel)}", "get_file", join(self.root, rel), tmp)
-            return Path(tmp).read_bytes()
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        return read_bytes(self.fs, join(self.root, rel), f"reading {self.where(rel)}")
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         self._write(f"writing {self.where(rel)}", "pipe_file", join(self.root, rel), data)

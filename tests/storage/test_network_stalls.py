@@ -30,7 +30,7 @@ LIMIT_S = 0.5
 
 class Behaving:
     """An HTTP server over `directory` whose .bin responses do `mode`: "slow" (24 KiB at ~12 KiB/s, a piece every
-    0.1 s), "stall" (half, then nothing until the client hangs up), "die" (half, then the connection closes), or
+    0.1 s; "slow marker": meta.json alone, 64 bytes a piece), "stall" (half, then nothing until the client hangs up), "die" (half, then the connection closes), or
     "wrong" (the right size, one byte changed). `gets` counts .bin requests; `hung_up` is set when a stalled
     client closed its connection."""
 
@@ -42,16 +42,18 @@ class Behaving:
 
         class Handler(_QuietHandler):
             def do_GET(self):
-                if not self.path.endswith((".bin", ".parquet")):
+                marker = outer.mode == "slow marker" and self.path.endswith("/meta.json")
+                if not (marker or outer.mode != "slow marker" and self.path.endswith((".bin", ".parquet"))):
                     return super().do_GET()
                 outer.gets += 1
                 data = open(os.path.join(str(directory), self.path.lstrip("/")), "rb").read()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                if outer.mode == "slow":
-                    for i in range(0, len(data), 1200):
-                        self.wfile.write(data[i:i + 1200])
+                if outer.mode in ("slow", "slow marker"):
+                    piece = 64 if marker else 1200
+                    for i in range(0, len(data), piece):
+                        self.wfile.write(data[i:i + piece])
                         self.wfile.flush()
                         time.sleep(0.1)
                 elif outer.mode == "wrong":
@@ -94,6 +96,15 @@ def test_a_slow_but_steady_transfer_longer_than_the_limit_succeeds(serve):
     t0 = time.monotonic()
     assert RemoteCache(server.url).fetch(REL).read_bytes() == (cache / REL).read_bytes()
     assert time.monotonic() - t0 > 3 * LIMIT_S and server.gets == 1  # longer than the limit, one attempt
+
+
+def test_a_slow_but_steady_marker_longer_than_the_limit_is_read(serve):
+    make, cache = serve
+    server = make("slow marker")
+    assert (cache / "meta.json").stat().st_size > 6 * 64  # more than the limit's worth of pieces
+    t0 = time.monotonic()
+    assert RemoteCache(server.url).fetch(REL).read_bytes() == (cache / REL).read_bytes()
+    assert time.monotonic() - t0 > 2 * LIMIT_S and server.gets == 1  # meta.json, in one attempt
 
 
 def test_a_transfer_that_stalls_ends_in_one_line_and_closes_its_connection(serve, download_cache):
