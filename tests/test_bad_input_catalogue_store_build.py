@@ -7,6 +7,7 @@ mid-commit (a proxy in front of moto that never answers a read of a part)."""
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import threading
@@ -88,7 +89,7 @@ class StallingProxy:
     def __init__(self, target: str):
         host, port = target.rsplit("/", 1)[-1].split(":")
         self.stall, self.stalled, self.done = False, 0, threading.Event()
-        self.slow, self.slowed = False, 0
+        self.slow, self.slowed, self.methods = False, 0, collections.Counter()  # requests by HTTP method
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -98,6 +99,7 @@ class StallingProxy:
                 pass
 
             def _pass(self):
+                outer.methods[self.command] += 1
                 part = self.command == "GET" and "/parts/" in self.path and self.path.split("?")[0].endswith(".bin")
                 if part and outer.stall:
                     outer.stalled += 1

@@ -97,3 +97,26 @@ def test_a_slow_read_of_a_part_that_keeps_moving_is_never_cut(s3, s3_endpoint, m
         configure()
         proxy.close()
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_the_cleanup_of_thousands_of_parts_in_a_store_deletes_in_bulk(s3, s3_endpoint, monkeypatch):
+    import fsspec
+    import s3fs
+
+    from ..test_bad_input_catalogue_store_build import StallingProxy
+
+    fs, bucket = s3
+    ours = {f"parts/{k:05d}-0123456789ab{suffix}": b"x" for k in range(600) for suffix in (".bin", ".json")}
+    fs.pipe({f"{bucket[5:]}/w/{rel}": data for rel, data in {**ours, "plan.json": b"{}", "notes.txt": b"mine"}.items()})
+    proxy = StallingProxy(s3_endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {**fsspec.config.conf["s3"], "endpoint_url": proxy.url})
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        remove_work_url(WorkStore(f"{bucket}/w"))
+        # 1,201 objects: receipts (600), then parts (600), then the plan: a bulk request each, none one by one
+        assert proxy.methods["DELETE"] == 0 and proxy.methods["POST"] <= 3
+    finally:
+        proxy.close()
+        s3fs.S3FileSystem.clear_instance_cache()
+    fs.invalidate_cache()
+    assert [k.rsplit("/", 1)[-1] for k in fs.find(f"{bucket[5:]}/w")] == ["notes.txt"]
