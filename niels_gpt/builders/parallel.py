@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from niels_gpt.atomic import TMP_SUFFIX, write_bytes_atomic
@@ -39,6 +40,8 @@ from niels_gpt.storage.fs import scheme_of
 from niels_gpt.storage.upload import sweep_dead
 from niels_gpt.storage.work import OURS, TASK_DIRS, WorkStore, check_work_url, upload_tokenizer
 from niels_gpt.tokenizer.find import recorded_path
+
+RECEIPT_READERS = 16  # threads reading a work URL's receipts when a build resumes
 
 
 class Progress:
@@ -159,7 +162,10 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         if Path(ref).exists():  # a file of the driver's: the tasks fetch it from the store by its sha256
             ref = upload_tokenizer(store, ref, tok.sha256, found)
         listing = store.sizes("parts")
-    reused = {t.index: r for t in plan.tasks if (r := load_receipt(work, t, listing)) is not None}
+    # a work URL: its receipts read on RECEIPT_READERS threads (one request each; a store answers in ~20-50 ms)
+    with ThreadPoolExecutor(1 if listing is None else RECEIPT_READERS, thread_name_prefix="receipts") as pool:
+        found = pool.map(lambda t: load_receipt(work, t, listing), plan.tasks)
+        reused = {t.index: r for t, r in zip(plan.tasks, found, strict=True) if r is not None}
     args = ({"rules": plan.rules._asdict(), "chat": plan.chat}, ref, tok.sha256, str(work), plan.tokenizer_options)
     # before a pool forks: its workers inherit the tokenizer and its checked fast encoder (meta.json records it)
     keep_tokenizer(ref, tok, plan.tokenizer_options, plan)
