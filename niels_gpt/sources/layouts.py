@@ -1,6 +1,6 @@
 """The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext, dolly and alpaca
 (docs/sources.md, "Normalisation"; oasst's are sources/oasst_trees.py). One wikitext article in memory at
-a time; a Gutenberg file or a dolly record that breaks its rule is an error naming the line or record.
+a time; a Gutenberg file that breaks its rule is an error naming the line, a dolly or alpaca record a bad record.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from niels_gpt.errors import SourceError
+from niels_gpt.sources.text_io import BadRecord
 
 GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF\b.*$", re.MULTILINE | re.IGNORECASE)
 GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF\b", re.MULTILINE | re.IGNORECASE)
@@ -94,16 +95,27 @@ def _emit(lines: list[str], skipped) -> Iterator[str]:
     yield "\n".join(lines)
 
 
-def dolly_conversation(row: dict, record: str) -> list[dict] | str:
-    """The two-turn conversation of one dolly record, or the reason it is skipped."""
+INSTRUCTION_LAYOUTS = {  # layout -> its fields (instruction, the extra one, the response), whether the extra may be absent
+    "dolly": (DOLLY_FIELDS, False, CONTEXT_TEMPLATE),
+    "alpaca": (("instruction", "input", "output"), True, "{instruction}\n\n{input}"),
+}
+
+
+def instruction_conversation(row: dict, where, layout: str) -> list[dict] | str:
+    """The two turns of one dolly or alpaca record, or the reason it is skipped; a BadRecord when a field is
+    missing (alpaca's input may be) or not text."""
+    fields, optional, template = INSTRUCTION_LAYOUTS[layout]
     values = {}
-    for field in DOLLY_FIELDS:
+    for field in fields:
         v = row.get(field)
-        if field not in row or not (v is None or isinstance(v, str)):
-            raise SourceError(f"{record}: field {field!r} is missing or not text (fields: "
-                              f"{sorted(row)}); dolly records need {DOLLY_FIELDS}")
+        if (field not in row and not (optional and field == fields[1])) or not (v is None or isinstance(v, str)):
+            absent = field not in row
+            raise BadRecord("missing_field" if absent else "not_text",
+                            f"{where}: field {field!r} is {'missing' if absent else type(v).__name__} (fields: "
+                            f"{sorted(row)}); {layout} records hold {', '.join(fields)} as text"
+                            + (f" ({fields[1]} optional)" if optional else ""))
         values[field] = (v or "").strip()
-    return instruction_turns(values, "context", "response", CONTEXT_TEMPLATE)
+    return instruction_turns(values, fields[1], fields[2], template)
 
 
 def instruction_turns(values: dict, extra: str, response: str, template: str) -> list[dict] | str:
