@@ -87,6 +87,16 @@ def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
         raise TokenRangeError(f"{where}: token id {bad} does not fit {np.dtype(dtype).name} (max {info.max}); {fix}")
 
 
+def check_ids(dtype: np.dtype, **ids: int | None) -> None:
+    """Refuse a given framing id (eot_id=..., bos_id=...: --eot-id, --bos-id) that no token of `dtype` can hold: it
+    would match no token, and every document boundary would be lost without a word."""
+    top = np.iinfo(dtype).max
+    for name, v in ids.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top):
+            raise ConfigError(f"--{name.replace('_', '-')} {v!r}: not a token id of these {np.dtype(dtype).name} "
+                              f"tokens (0..{top}); give the id of the token that frames every document")
+
+
 def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:
     """The concatenated payloads of `files`, in blocks of at most `block` tokens: views of each opened payload,
     not copies (a copy would double the cost of a scan)."""

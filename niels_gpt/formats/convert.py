@@ -32,6 +32,7 @@ from niels_gpt.formats.base import (
     DocStream,
     Framer,
     RollingWriter,
+    check_ids,
     dtype_name,
     iter_blocks,
     parse_dtype,
@@ -278,6 +279,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     dst = check_output(dst, kind=kind, flag="DST", inputs=[src])  # before any work
     refuse_packed_bins(src, "convert")
     info = detect_format(src, src_dtype)
+    check_ids(info.dtype, eot_id=eot_id, bos_id=bos_id)
     if asked == "nanogpt-train-bin" and (parse_dtype(dtype) if dtype is not None else info.dtype) != np.uint16:
         raise FormatError(f"{src}: {info.dtype.name} tokens, but nanoGPT's train.py reads train.bin/val.bin as "
                           "uint16: pass --dtype uint16 (refused if an id does not fit), or use --to raw for a reader "
