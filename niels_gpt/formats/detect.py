@@ -156,15 +156,12 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
             kinds.add("raw")
     if len(kinds) > 1:
         raise FormatError(f"{where}: mixes formats {sorted(kinds)}; keep one format per directory")
-    kind = kinds.pop()
+    kind, extra = kinds.pop(), {}
     if kind == "megatron":
         idxs = [megatron.read_index(p) for p in sorted({megatron.prefix_of(f) for f in files})]
         tfs = [i.token_file() for i in idxs]
-        _one_dtype(tfs, where)
-        info = FormatInfo(kind, idxs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where),
-                          tfs, documents=sum(len(i.doc_indices) - 1 for i in idxs), megatron=idxs)
-        return _tatm(files[0].parent, info)
-    if kind == "kempner-npy":
+        extra = {"documents": sum(len(i.doc_indices) - 1 for i in idxs), "megatron": idxs}
+    elif kind == "kempner-npy":
         tfs = [open_npy(f) for f in files]
     elif kind == "nanogpt":
         tfs = [nanogpt.open_nanogpt(f) for f in files]
@@ -181,7 +178,7 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
                               "Python). Sizes divisible by 4 are NOT proof of uint32")
         tfs = [open_raw(f, declared) for f in files]
     _one_dtype(tfs, where)
-    info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs)
+    info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs, **extra)
     if dtype is not None and kind != "raw" and parse_dtype(dtype) != info.dtype:
         info.warnings.append(f"--dtype {dtype} ignored: the files record {info.dtype.name}")
     return _tatm(files[0].parent, info)

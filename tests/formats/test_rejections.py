@@ -200,3 +200,14 @@ def test_a_folder_of_megatron_pairs_of_two_dtypes_is_refused(tmp_path):
     (tmp_path / "b.bin").unlink()
     (tmp_path / "b.idx").unlink()
     assert detect_format(tmp_path).num_tokens == 3
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "nanogpt"])
+def test_a_dtype_given_for_files_that_record_theirs_is_said_to_be_ignored(tmp_path, fmt):
+    # a format that records its dtype ignores --dtype with a warning, Megatron pairs too (they ignored it silently)
+    if fmt == "megatron":
+        _megatron_pair(tmp_path)
+    else:
+        _nanogpt(tmp_path / "a.bin")
+    info = detect_format(tmp_path, "uint32")
+    assert info.warnings == ["--dtype uint32 ignored: the files record " + info.dtype.name]
