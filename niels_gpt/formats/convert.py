@@ -285,7 +285,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                           "uint16: pass --dtype uint16 (refused if an id does not fit), or use --to raw for a reader "
                           "that is told the dtype")
     leaves = info.splits or {split: info}
-    summary: dict = {"source": info.format, "to": to, "splits": {}, "notes": []}
+    summary: dict = {"source": info.format, "to": to, "splits": {}, "notes": list(info.warnings)}
     with build_aside(dst, kind=kind, flag="DST") as tmp:
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)

@@ -180,7 +180,7 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
     _one_dtype(tfs, where)
     info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs, **extra)
     if dtype is not None and kind != "raw" and parse_dtype(dtype) != info.dtype:
-        info.warnings.append(f"--dtype {dtype} ignored: the files record {info.dtype.name}")
+        info.warnings.append(f"{where}: the dtype given ({dtype}) is ignored: the files record {info.dtype.name}")
     return _tatm(files[0].parent, info)
 
 
