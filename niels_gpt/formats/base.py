@@ -88,13 +88,12 @@ def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
 
 
 def check_ids(dtype: np.dtype, **ids: int | None) -> None:
-    """Refuse a given framing id (eot_id=..., bos_id=...: --eot-id, --bos-id) that no token of `dtype` can hold: it
-    would match no token, and every document boundary would be lost without a word."""
-    top = np.iinfo(dtype).max
-    for name, v in ids.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top):
+    """Refuse a framing id given (eot_id=, bos_id=: --eot-id, --bos-id) that no token of `dtype` holds: it would
+    match no token, and every document boundary would be lost without a word."""
+    for name, v in ((k, v) for k, v in ids.items() if v is not None):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= np.iinfo(dtype).max:
             raise ConfigError(f"--{name.replace('_', '-')} {v!r}: not a token id of these {np.dtype(dtype).name} "
-                              f"tokens (0..{top}); give the id of the token that frames every document")
+                              f"tokens (0..{np.iinfo(dtype).max}); give the id of the token that frames every document")
 
 
 def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:

@@ -334,9 +334,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                 write_bytes_atomic(side / "origins.npy", rows)
                 write_bytes_atomic(side / "origins.json", table)
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
-        for s in summary["splits"].values():
-            s.pop("leaf")
     for s in summary["splits"].values():
+        del s["leaf"]
         for r in s["records"]:
             for key in ("path", "bos_index", "idx"):
                 if key in r:

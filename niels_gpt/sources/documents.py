@@ -37,6 +37,7 @@ LAYOUTS = TEXT_LAYOUTS + CHAT_LAYOUTS
 SHAREGPT_FIELD = "conversations"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "system": "system"}  # ShareGPT's "from" -> our role
+TEXT_FILE_IN_CHAT = "{}: a text file is one document, not a conversation; build it without --chat"
 WHOLE_INPUT = ("oasst-rows", "wikitext")  # layouts whose records group across the whole input: one task reads it all
 
 
@@ -85,7 +86,7 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
         return "text"  # the text layout reads it as a bad record (on_bad_record decides)
     if isinstance(record, FileText):
         if chat:
-            raise not_a_conversation(where)
+            raise SourceError(TEXT_FILE_IN_CHAT.format(where))
         first = next((line for line in record.text.lstrip("\ufeff").splitlines() if line.strip()), "")
         if "project gutenberg" in first.lower() and GUTENBERG_START.search(record.text):
             return "gutenberg"  # opens with the licence header's title line, and has its START marker
@@ -116,10 +117,6 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
     raise SourceError(f"{where}: no {rules.messages_field!r} field and no known chat layout (fields: "
                       f"{sorted(keys)}); pass --messages-field NAME, --chat-columns USER_COL,ASSISTANT_COL, or "
                       f"--format one of {', '.join(CHAT_LAYOUTS)}")
-
-
-def not_a_conversation(where) -> SourceError:
-    return SourceError(f"{where}: a text file is one document, not a conversation; build it without --chat")
 
 
 def _sharegpt_turns(value: Any) -> bool:
@@ -207,7 +204,7 @@ def _checked(records: Iterable[tuple[Any, Any]], rules: Rules, chat: bool) -> It
     in a chat layout (`--format dolly` over a .txt) refused."""
     for where, record in records:
         if chat and isinstance(record, FileText):
-            raise not_a_conversation(where)
+            raise SourceError(TEXT_FILE_IN_CHAT.format(where))
         yield where, _bad(record, rules) if isinstance(record, BadRecord) else record
 
 

@@ -21,8 +21,6 @@ TAIL_CHARS = 400
 READ_AS_TEXT = ("To read it anyway as plain text, licence included, pass --format text (`build FILE --format text`), "
                 "or add the missing line")
 WIKITEXT_MARKERS = {" @-@ ": "-", " @,@ ": ",", " @.@ ": "."}
-CONTEXT_TEMPLATE = "{instruction}\n\nContext:\n{context}"
-DOLLY_FIELDS = ("instruction", "context", "response")
 
 
 def gutenberg_books(text: str, path: Path | str = "<text>") -> list[str]:
@@ -95,35 +93,29 @@ def _emit(lines: list[str], skipped) -> Iterator[str]:
     yield "\n".join(lines)
 
 
-INSTRUCTION_LAYOUTS = {  # layout -> its fields (instruction, the extra one, the response), whether the extra may be absent
-    "dolly": (DOLLY_FIELDS, False, CONTEXT_TEMPLATE),
-    "alpaca": (("instruction", "input", "output"), True, "{instruction}\n\n{input}"),
-}
+# layout -> its fields (instruction, the extra one, the response), whether the extra may be absent, the user turn
+INSTRUCTION_LAYOUTS = {"dolly": (("instruction", "context", "response"), False, "{instruction}\n\nContext:\n{context}"),
+                       "alpaca": (("instruction", "input", "output"), True, "{instruction}\n\n{input}")}
 
 
 def instruction_conversation(row: dict, where, layout: str) -> list[dict] | str:
-    """The two turns of one dolly or alpaca record, or the reason it is skipped; a BadRecord when a field is
-    missing (alpaca's input may be) or not text."""
-    fields, optional, template = INSTRUCTION_LAYOUTS[layout]
+    """The two turns of one dolly or alpaca record (its fields stripped: the instruction, with the layout's template
+    when the extra field is not empty, then the response), or the reason it is skipped; a BadRecord when a field
+    is missing (alpaca's input may be) or not text."""
+    (instruction, extra, response), optional, template = INSTRUCTION_LAYOUTS[layout]
     values = {}
-    for field in fields:
+    for field in (instruction, extra, response):
         v = row.get(field)
-        if (field not in row and not (optional and field == fields[1])) or not (v is None or isinstance(v, str)):
+        if (field not in row and not (optional and field == extra)) or not (v is None or isinstance(v, str)):
             absent = field not in row
             raise BadRecord("missing_field" if absent else "not_text",
                             f"{where}: field {field!r} is {'missing' if absent else type(v).__name__} (fields: "
-                            f"{sorted(row)}); {layout} records hold {', '.join(fields)} as text"
-                            + (f" ({fields[1]} optional)" if optional else ""))
+                            f"{sorted(row)}); {layout} records hold {instruction}, {extra} and {response} as text"
+                            + (f" ({extra} optional)" if optional else ""))
         values[field] = (v or "").strip()
-    return instruction_turns(values, fields[1], fields[2], template)
-
-
-def instruction_turns(values: dict, extra: str, response: str, template: str) -> list[dict] | str:
-    """The two turns of an instruction record (dolly, alpaca) from its stripped `values`: the instruction, with
-    `template` when the `extra` field is not empty, then the `response` field; or the reason it is skipped."""
     if not values[response]:
         return "no_assistant_turn"
-    if not values["instruction"]:
+    if not values[instruction]:
         return "empty_user_turn"
-    prompt = template.format(**values) if values[extra] else values["instruction"]
+    prompt = template.format(**values) if values[extra] else values[instruction]
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": values[response]}]
