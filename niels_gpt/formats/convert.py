@@ -58,13 +58,10 @@ def open_stream(info: FormatInfo, *, eot_id: int | None = None, bos_id: int | No
     """A leaf FormatInfo as a document stream; `eot_id`/`bos_id` override what the files record."""
     eot = eot_id if eot_id is not None else info.eot_id
     bos = bos_id if bos_id is not None else info.bos_id
-    framing = "eos"
-    if info.format.startswith("nanogpt"):
-        if bos is None and info.token_files:  # a sidecar names its BOS id
-            tf = info.token_files[0]
-            found = load_bos_index(tf.path, tf.open(), None)
-            bos = found[1] if found else None
-        framing = "bos" if bos is not None else "eos"
+    if info.format.startswith("nanogpt") and bos is None and info.token_files:  # a sidecar names its BOS id
+        found = load_bos_index(info.token_files[0].path, info.token_files[0].open(), None)
+        bos = found[1] if found else None
+    framing = "bos" if info.format.startswith("nanogpt") and bos is not None else "eos"
     open_tail = bool((info.meta or {}).get("last_document_open")) if info.format != "niels" else False
     if info.format == "megatron":
         pieces = _megatron_pieces(info, eot, open_tail)

@@ -121,14 +121,10 @@ def _niels(path: Path, meta_root: Path, only: list[Path] | None = None) -> Forma
 
 
 def _tatm(directory: Path, info: FormatInfo) -> FormatInfo:
-    md = kempner.read_metadata(directory)
-    if md:
-        info.meta = md
-        info.vocab_size = md.get("vocab_size")
-        info.eot_id = md.get("eos_token_id")
-        info.bos_id = md.get("bos_token_id")
-        sha = md.get("tokenizer_sha256")
-        info.tokenizer_sha256 = str(sha) if sha is not None else None
+    if md := kempner.read_metadata(directory):
+        info.meta, info.vocab_size, info.eot_id, info.bos_id = md, md.get("vocab_size"), md.get("eos_token_id"), \
+            md.get("bos_token_id")
+        info.tokenizer_sha256 = None if md.get("tokenizer_sha256") is None else str(md["tokenizer_sha256"])
     return info
 
 
