@@ -1,6 +1,7 @@
 """Bad-input catalogue, holdout data: the refusals and flags added for data no earlier test had seen (oasst
 exports with lone surrogates, no usable conversation or mixed shapes; Gutenberg files with misplaced markers;
-.bos.idx sidecars that disagree with their shard; prepare-data's --tokenizer; convert's nanogpt-train-bin)."""
+.bos.idx sidecars that disagree with their shard; prepare-data's --tokenizer; convert's nanogpt-train-bin; metadata.yaml ids that are no numbers, and
+--eot-id/--bos-id that no token can hold)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,23 @@ def convert_uint32_to_nanogpt_train_bin(w, tmp):
     return ["convert", str(src), str(tmp / "out"), "--to", "nanogpt-train-bin", "--src-dtype", "uint32"]
 
 
+def convert_metadata_yaml_id_not_a_number(w, tmp):
+    # a hand-edited metadata.yaml: with an EOS id that is no number every document boundary was lost unnoticed
+    src = tmp / "kf"
+    src.mkdir()
+    np.save(src / "shard_00000.npy", np.asarray([1, 2, 0, 3, 0], dtype="<u2"))
+    (src / "metadata.yaml").write_text("tokenized_info:\n  dtype: uint16\n  eos_token_id: \"zero\"\n")
+    return ["convert", str(src), str(tmp / "out"), "--to", "megatron"]
+
+
+def convert_negative_eot_id(w, tmp):
+    return ["convert", str(w.pretrain), str(tmp / "out"), "--to", "megatron", "--eot-id", "-1"]
+
+
+def prepare_data_bos_id_beyond_the_dtype(w, tmp):
+    return ["prepare-data", str(w.pretrain), "--bos-id", "70000"]
+
+
 def _bump_val_tokens(cache):
     """meta.json with `totals.val_tokens` one higher: a field no reader uses, written as the writer would."""
     meta = json.loads((cache / "meta.json").read_text())
@@ -124,6 +142,11 @@ CASES = [
     Case("prepare-data --tokenizer: no such tokenizer", prepare_data_tokenizer_missing, ("no-such-tokenizer",)),
     Case("convert --to nanogpt-train-bin: uint32 tokens", convert_uint32_to_nanogpt_train_bin,
          ("wide", "uint32", "reads train.bin/val.bin as uint16", "--dtype uint16"), out="out"),
+    Case("convert: an EOS id in metadata.yaml that is no number", convert_metadata_yaml_id_not_a_number,
+         ("metadata.yaml", "eos_token_id", "'zero'", "--eot-id"), out="out"),
+    Case("convert --eot-id -1", convert_negative_eot_id, ("--eot-id -1", "not a token id", "uint16"), out="out"),
+    Case("prepare-data --bos-id beyond uint16", prepare_data_bos_id_beyond_the_dtype,
+         ("--bos-id 70000", "not a token id", "0..65535")),
     Case("inspect: a field no reader uses edited in meta.json", inspect_edited_unread_field,
          ("meta.json", "record_sha256", "rebuild"), reads=("pretrain",)),
     Case("verify: a field no reader uses edited in meta.json", verify_edited_unread_field,

@@ -1,6 +1,6 @@
 """Bad-input catalogue: the named layouts refuse records that are not theirs in one line naming the file, the line
 and what was found: `--format oasst` over records of another shape, `--format gutenberg` over a text file
-without its licence markers, `--format dolly` over rows without a response."""
+without its licence markers, `--format dolly` over rows without a response, a chat layout over a text file."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def dolly_without_response(w, tmp):
     return _build(w, tmp, f, "--chat", "--format", "dolly")
 
 
+def alpaca_over_a_text_file(w, tmp):
+    f = tmp / "notes.txt"
+    f.write_text("Some prose, not instruction records.\n")
+    return _build(w, tmp, f, "--chat", "--format", "alpaca")
+
+
 CASES = [
     Case("build --format oasst: a record that is no oasst tree", oasst_over_other_records,
          ("chats.jsonl, line 1", "not an oasst1 tree", "'conversation', 'id'"), out="out"),
@@ -41,6 +47,8 @@ CASES = [
          ("book.txt", "no '*** start of", "licence header"), out="out"),
     Case("build --format dolly: no response field", dolly_without_response,
          ("dolly.jsonl, line 1", "'response' is missing"), out="out"),
+    Case("build --chat --format alpaca: a text file", alpaca_over_a_text_file,
+         ("notes.txt", "a text file is one document, not a conversation"), out="out"),
 ]
 
 

@@ -87,6 +87,15 @@ def check_fits(ids: np.ndarray, dtype: np.dtype, where: str,
         raise TokenRangeError(f"{where}: token id {bad} does not fit {np.dtype(dtype).name} (max {info.max}); {fix}")
 
 
+def check_ids(dtype: np.dtype, **ids: int | None) -> None:
+    """Refuse a framing id given (eot_id=, bos_id=: --eot-id, --bos-id) that no token of `dtype` holds: it would
+    match no token, and every document boundary would be lost without a word."""
+    for name, v in ((k, v) for k, v in ids.items() if v is not None):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= np.iinfo(dtype).max:
+            raise ConfigError(f"--{name.replace('_', '-')} {v!r}: not a token id of these {np.dtype(dtype).name} "
+                              f"tokens (0..{np.iinfo(dtype).max}); give the id of the token that frames every document")
+
+
 def iter_blocks(files: Iterable[TokenFile], block: int = BLOCK_TOKENS) -> Iterator[np.ndarray]:
     """The concatenated payloads of `files`, in blocks of at most `block` tokens: views of each opened payload,
     not copies (a copy would double the cost of a scan)."""

@@ -32,6 +32,7 @@ from niels_gpt.formats.base import (
     DocStream,
     Framer,
     RollingWriter,
+    check_ids,
     dtype_name,
     iter_blocks,
     parse_dtype,
@@ -57,13 +58,10 @@ def open_stream(info: FormatInfo, *, eot_id: int | None = None, bos_id: int | No
     """A leaf FormatInfo as a document stream; `eot_id`/`bos_id` override what the files record."""
     eot = eot_id if eot_id is not None else info.eot_id
     bos = bos_id if bos_id is not None else info.bos_id
-    framing = "eos"
-    if info.format.startswith("nanogpt"):
-        if bos is None and info.token_files:  # a sidecar names its BOS id
-            tf = info.token_files[0]
-            found = load_bos_index(tf.path, tf.open(), None)
-            bos = found[1] if found else None
-        framing = "bos" if bos is not None else "eos"
+    if info.format.startswith("nanogpt") and bos is None and info.token_files:  # a sidecar names its BOS id
+        found = load_bos_index(info.token_files[0].path, info.token_files[0].open(), None)
+        bos = found[1] if found else None
+    framing = "bos" if info.format.startswith("nanogpt") and bos is not None else "eos"
     open_tail = bool((info.meta or {}).get("last_document_open")) if info.format != "niels" else False
     if info.format == "megatron":
         pieces = _megatron_pieces(info, eot, open_tail)
@@ -278,12 +276,13 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
     dst = check_output(dst, kind=kind, flag="DST", inputs=[src])  # before any work
     refuse_packed_bins(src, "convert")
     info = detect_format(src, src_dtype)
-    if asked == "nanogpt-train-bin" and (dtype or info.dtype.name) != "uint16":
+    check_ids(info.dtype, eot_id=eot_id, bos_id=bos_id)
+    if asked == "nanogpt-train-bin" and (parse_dtype(dtype) if dtype is not None else info.dtype) != np.uint16:
         raise FormatError(f"{src}: {info.dtype.name} tokens, but nanoGPT's train.py reads train.bin/val.bin as "
                           "uint16: pass --dtype uint16 (refused if an id does not fit), or use --to raw for a reader "
                           "that is told the dtype")
     leaves = info.splits or {split: info}
-    summary: dict = {"source": info.format, "to": to, "splits": {}, "notes": []}
+    summary: dict = {"source": info.format, "to": to, "splits": {}, "notes": list(info.warnings)}
     with build_aside(dst, kind=kind, flag="DST") as tmp:
         for name, leaf in leaves.items():
             stream = open_stream(leaf, eot_id=eot_id, bos_id=bos_id)
@@ -332,9 +331,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, bos_inde
                 write_bytes_atomic(side / "origins.npy", rows)
                 write_bytes_atomic(side / "origins.json", table)
             write_receipt(tmp, to, tokenizer_sha256=info.tokenizer_sha256)  # last: the sha256 of every file, metadata.yaml included
-        for s in summary["splits"].values():
-            s.pop("leaf")
     for s in summary["splits"].values():
+        del s["leaf"]
         for r in s["records"]:
             for key in ("path", "bos_index", "idx"):
                 if key in r:

@@ -121,14 +121,10 @@ def _niels(path: Path, meta_root: Path, only: list[Path] | None = None) -> Forma
 
 
 def _tatm(directory: Path, info: FormatInfo) -> FormatInfo:
-    md = kempner.read_metadata(directory)
-    if md:
-        info.meta = md
-        info.vocab_size = md.get("vocab_size")
-        info.eot_id = md.get("eos_token_id")
-        info.bos_id = md.get("bos_token_id")
-        sha = md.get("tokenizer_sha256")
-        info.tokenizer_sha256 = str(sha) if sha is not None else None
+    if md := kempner.read_metadata(directory):
+        info.meta, info.vocab_size, info.eot_id, info.bos_id = md, md.get("vocab_size"), md.get("eos_token_id"), \
+            md.get("bos_token_id")
+        info.tokenizer_sha256 = None if md.get("tokenizer_sha256") is None else str(md["tokenizer_sha256"])
     return info
 
 
@@ -156,15 +152,12 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
             kinds.add("raw")
     if len(kinds) > 1:
         raise FormatError(f"{where}: mixes formats {sorted(kinds)}; keep one format per directory")
-    kind = kinds.pop()
+    kind, extra = kinds.pop(), {}
     if kind == "megatron":
         idxs = [megatron.read_index(p) for p in sorted({megatron.prefix_of(f) for f in files})]
         tfs = [i.token_file() for i in idxs]
-        _one_dtype(tfs, where)
-        info = FormatInfo(kind, idxs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where),
-                          tfs, documents=sum(len(i.doc_indices) - 1 for i in idxs), megatron=idxs)
-        return _tatm(files[0].parent, info)
-    if kind == "kempner-npy":
+        extra = {"documents": sum(len(i.doc_indices) - 1 for i in idxs), "megatron": idxs}
+    elif kind == "kempner-npy":
         tfs = [open_npy(f) for f in files]
     elif kind == "nanogpt":
         tfs = [nanogpt.open_nanogpt(f) for f in files]
@@ -181,9 +174,9 @@ def _foreign_files(files: list[Path], where: Path, dtype) -> FormatInfo:
                               "Python). Sizes divisible by 4 are NOT proof of uint32")
         tfs = [open_raw(f, declared) for f in files]
     _one_dtype(tfs, where)
-    info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs)
+    info = FormatInfo(kind, tfs[0].dtype, sum(t.count for t in tfs), [t.path for t in tfs], str(where), tfs, **extra)
     if dtype is not None and kind != "raw" and parse_dtype(dtype) != info.dtype:
-        info.warnings.append(f"--dtype {dtype} ignored: the files record {info.dtype.name}")
+        info.warnings.append(f"{where}: the dtype given ({dtype}) is ignored: the files record {info.dtype.name}")
     return _tatm(files[0].parent, info)
 
 

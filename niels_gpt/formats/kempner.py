@@ -50,6 +50,11 @@ def read_metadata(directory: str | os.PathLike) -> dict | None:
     info = doc.get("tokenized_info") if isinstance(doc, dict) else None
     if not isinstance(info, dict):
         raise FormatError(f"{path}: no 'tokenized_info' mapping; this is not a tatm metadata file")
+    for key in ("vocab_size", "eos_token_id", "bos_token_id"):  # they steer every reader: never a guess
+        v = info.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise FormatError(f"{path}: tokenized_info.{key} is {v!r}, not a whole number >= 0 (or null); fix it, or "
+                              "set it to null and give the ids to the command (--eot-id, --bos-id)")
     check_against_receipt(path)
     return info
 

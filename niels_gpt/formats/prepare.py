@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import FormatError
-from niels_gpt.formats.base import dtype_name, iter_blocks
+from niels_gpt.formats.base import check_ids, dtype_name, iter_blocks
 from niels_gpt.formats.bos_index import load_bos_index
 from niels_gpt.formats.detect import FormatInfo, detect_format
 from niels_gpt.formats.kempner_dataset import MemoryMappedDataset
@@ -132,6 +132,7 @@ def report(path: str, *, seq_len: int, dtype=None, eot_id=None, bos_id=None, do_
            tokenizer: str | None = None) -> dict:
     refuse_packed_bins(path, "prepare-data")
     info = detect_format(path, dtype)
+    check_ids(info.dtype, eot_id=eot_id, bos_id=bos_id)
     known_bos = None if tokenizer is None else tokenizer_bos(tokenizer)
     out = {"path": str(path), "format": info.format, "dtype": dtype_name(info.dtype) if info.dtype.kind == "u"
            else str(info.dtype), "vocab_size": info.vocab_size, "splits": {}, "warnings": list(info.warnings)}

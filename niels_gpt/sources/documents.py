@@ -15,15 +15,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any, NamedTuple
 
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.inputs import val_pieces
 from niels_gpt.sources.layouts import (
     GUTENBERG_START,
-    dolly_conversation,
     gutenberg_books,
-    instruction_turns,
+    instruction_conversation,
     is_article_heading,
     rebuild_articles,
 )
@@ -37,7 +37,7 @@ LAYOUTS = TEXT_LAYOUTS + CHAT_LAYOUTS
 SHAREGPT_FIELD = "conversations"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "system": "system"}  # ShareGPT's "from" -> our role
-ALPACA_PROMPT = "{instruction}\n\n{input}"  # the user turn when `input` is not empty
+TEXT_FILE_IN_CHAT = "{}: a text file is one document, not a conversation; build it without --chat"
 WHOLE_INPUT = ("oasst-rows", "wikitext")  # layouts whose records group across the whole input: one task reads it all
 
 
@@ -86,7 +86,7 @@ def detect(where, record: Any, *, chat: bool, rules: Rules) -> str:
         return "text"  # the text layout reads it as a bad record (on_bad_record decides)
     if isinstance(record, FileText):
         if chat:
-            raise SourceError(f"{where}: a text file is one document, not a conversation; build it without --chat")
+            raise SourceError(TEXT_FILE_IN_CHAT.format(where))
         first = next((line for line in record.text.lstrip("\ufeff").splitlines() if line.strip()), "")
         if "project gutenberg" in first.lower() and GUTENBERG_START.search(record.text):
             return "gutenberg"  # opens with the licence header's title line, and has its START marker
@@ -140,7 +140,8 @@ def check_layout(layout: str, chat: bool) -> None:
 def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iterator[Any]:
     """Documents (str) or conversations (list of messages), and a Skipped per record that is none; then the
     --map hook and the --min-chars filter, where given."""
-    out = _text(records, rules) if layout == "text" else _LAYOUTS[layout](_checked(records, rules), rules)
+    out = _text(records, rules) if layout == "text" else \
+        _LAYOUTS[layout](_checked(records, rules, chat=layout not in TEXT_LAYOUTS), rules)
     if rules.map is None and not rules.min_chars and not rules.val_per_input:
         yield from out
         return
@@ -198,9 +199,12 @@ def chars(item) -> int:
     return sum(len(m.get("content") or "") for m in item if isinstance(m, dict))
 
 
-def _checked(records: Iterable[tuple[Any, Any]], rules: Rules) -> Iterator[tuple[Any, Any]]:
-    """Records with bad ones raised (on_bad_record="error") or turned into Skipped (on "skip")."""
+def _checked(records: Iterable[tuple[Any, Any]], rules: Rules, chat: bool) -> Iterator[tuple[Any, Any]]:
+    """Records with bad ones raised (on_bad_record="error") or turned into Skipped (on "skip"); a whole text file
+    in a chat layout (`--format dolly` over a .txt) refused."""
     for where, record in records:
+        if chat and isinstance(record, FileText):
+            raise SourceError(TEXT_FILE_IN_CHAT.format(where))
         yield where, _bad(record, rules) if isinstance(record, BadRecord) else record
 
 
@@ -212,13 +216,13 @@ def _bad(exc: BadRecord, rules: Rules) -> Skipped:
 
 def _guard(fn):
     """Run a per-record layout so that a BadRecord it raises follows on_bad_record."""
-    def run(records, rules):
+    def run(records, rules, **kw):
         for where, record in records:
             if isinstance(record, Skipped):
                 yield record
                 continue
             try:
-                yield from fn(where, record, rules)
+                yield from fn(where, record, rules, **kw)
             except BadRecord as exc:
                 yield _bad(exc, rules)
     return run
@@ -316,16 +320,8 @@ def _sharegpt(where, record, rules: Rules):
 
 
 @_guard
-def _alpaca(where, record, rules: Rules):
-    values = {}
-    for field in ("instruction", "input", "output"):
-        v = record.get(field)
-        if (field != "input" and field not in record) or not (v is None or isinstance(v, str)):
-            raise BadRecord("missing_field" if field not in record else "not_text",
-                            f"{where}: field {field!r} is {'missing' if field not in record else type(v).__name__}; "
-                            "alpaca records hold instruction, output and optionally input, as text")
-        values[field] = (v or "").strip()
-    conv = instruction_turns(values, "input", "output", ALPACA_PROMPT)
+def _instruction(where, record, rules: Rules, layout: str):
+    conv = instruction_conversation(record, where, layout)
     yield Skipped(conv) if isinstance(conv, str) else conv
 
 
@@ -340,12 +336,6 @@ def _columns(where, record, rules: Rules):
                             "not text; pass --chat-columns USER_COL,ASSISTANT_COL")
         out.append({"role": role, "content": value})
     yield out
-
-
-def _dolly(records, rules: Rules):
-    for where, record in records:
-        conv = record if isinstance(record, Skipped) else dolly_conversation(record, str(where))
-        yield Skipped(conv) if isinstance(conv, str) else conv
 
 
 def _oasst_trees(records, rules: Rules):
@@ -392,5 +382,5 @@ def _oasst_rows(records, rules: Rules):
 
 
 _LAYOUTS = {"text": _text, "gutenberg": _gutenberg, "wikitext": _wikitext, "messages": _messages,
-            "columns": _columns, "dolly": _dolly, "oasst": _oasst_trees, "oasst-rows": _oasst_rows,
-            "sharegpt": _sharegpt, "alpaca": _alpaca}
+            "columns": _columns, "oasst": _oasst_trees, "oasst-rows": _oasst_rows, "sharegpt": _sharegpt,
+            **{name: partial(_instruction, layout=name) for name in ("dolly", "alpaca")}}

@@ -1,6 +1,6 @@
 """The rules of the layouts that rebuild a document or a conversation: gutenberg, wikitext, dolly and alpaca
 (docs/sources.md, "Normalisation"; oasst's are sources/oasst_trees.py). One wikitext article in memory at
-a time; a Gutenberg file or a dolly record that breaks its rule is an error naming the line or record.
+a time; a Gutenberg file that breaks its rule is an error naming the line, a dolly or alpaca record a bad record.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from niels_gpt.errors import SourceError
+from niels_gpt.sources.text_io import BadRecord
 
 GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF\b.*$", re.MULTILINE | re.IGNORECASE)
 GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF\b", re.MULTILINE | re.IGNORECASE)
@@ -20,8 +21,6 @@ TAIL_CHARS = 400
 READ_AS_TEXT = ("To read it anyway as plain text, licence included, pass --format text (`build FILE --format text`), "
                 "or add the missing line")
 WIKITEXT_MARKERS = {" @-@ ": "-", " @,@ ": ",", " @.@ ": "."}
-CONTEXT_TEMPLATE = "{instruction}\n\nContext:\n{context}"
-DOLLY_FIELDS = ("instruction", "context", "response")
 
 
 def gutenberg_books(text: str, path: Path | str = "<text>") -> list[str]:
@@ -94,24 +93,29 @@ def _emit(lines: list[str], skipped) -> Iterator[str]:
     yield "\n".join(lines)
 
 
-def dolly_conversation(row: dict, record: str) -> list[dict] | str:
-    """The two-turn conversation of one dolly record, or the reason it is skipped."""
+# layout -> its fields (instruction, the extra one, the response), whether the extra may be absent, the user turn
+INSTRUCTION_LAYOUTS = {"dolly": (("instruction", "context", "response"), False, "{instruction}\n\nContext:\n{context}"),
+                       "alpaca": (("instruction", "input", "output"), True, "{instruction}\n\n{input}")}
+
+
+def instruction_conversation(row: dict, where, layout: str) -> list[dict] | str:
+    """The two turns of one dolly or alpaca record (its fields stripped: the instruction, with the layout's template
+    when the extra field is not empty, then the response), or the reason it is skipped; a BadRecord when a field
+    is missing (alpaca's input may be) or not text."""
+    (instruction, extra, response), optional, template = INSTRUCTION_LAYOUTS[layout]
     values = {}
-    for field in DOLLY_FIELDS:
+    for field in (instruction, extra, response):
         v = row.get(field)
-        if field not in row or not (v is None or isinstance(v, str)):
-            raise SourceError(f"{record}: field {field!r} is missing or not text (fields: "
-                              f"{sorted(row)}); dolly records need {DOLLY_FIELDS}")
+        if (field not in row and not (optional and field == extra)) or not (v is None or isinstance(v, str)):
+            absent = field not in row
+            raise BadRecord("missing_field" if absent else "not_text",
+                            f"{where}: field {field!r} is {'missing' if absent else type(v).__name__} (fields: "
+                            f"{sorted(row)}); {layout} records hold {instruction}, {extra} and {response} as text"
+                            + (f" ({extra} optional)" if optional else ""))
         values[field] = (v or "").strip()
-    return instruction_turns(values, "context", "response", CONTEXT_TEMPLATE)
-
-
-def instruction_turns(values: dict, extra: str, response: str, template: str) -> list[dict] | str:
-    """The two turns of an instruction record (dolly, alpaca) from its stripped `values`: the instruction, with
-    `template` when the `extra` field is not empty, then the `response` field; or the reason it is skipped."""
     if not values[response]:
         return "no_assistant_turn"
-    if not values["instruction"]:
+    if not values[instruction]:
         return "empty_user_turn"
-    prompt = template.format(**values) if values[extra] else values["instruction"]
+    prompt = template.format(**values) if values[extra] else values[instruction]
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": values[response]}]

@@ -246,9 +246,10 @@ class _Where:
 
 
 def opens_a_document(first_line: bytes) -> bool:
-    """Whether a `.json` file's first non-blank line opens one JSON document (`[...`, or `{` alone on its line)."""
+    """Whether a `.json` file's first non-blank line opens one JSON document: `[...`, or a `{` left open at the
+    line's end (`{`, `{"data": [`, `{"version": 2,`), where a record of JSON Lines closes its `}`."""
     first = first_line.removeprefix(BOM).strip()
-    return first.startswith(b"[") or first == b"{"
+    return first.startswith(b"[") or first.startswith(b"{") and first.endswith((b"{", b"[", b",", b":"))
 
 
 def document_records(item: str, data: bytes) -> Iterator[tuple[str, Any]]:

@@ -60,6 +60,7 @@ from niels_gpt.storage.remote import MIRRORS, local_cache_dir
 from niels_gpt.storage.settings import network_timeout_s
 
 ARROW_ROWS = 128  # rows a Parquet file is read in
+CSV_FIELD_CHARS = 2**31 - 1  # a CSV field may hold a document of any length, as a JSON Lines field does
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +345,7 @@ def _read_text(piece: Piece) -> str:
 def _csv_rows(piece: Piece) -> Iterator[tuple[str, Any]]:
     import csv
 
+    csv.field_size_limit(CSV_FIELD_CHARS)  # (the default, 131,072 characters, refused a long document)
     with io.TextIOWrapper(_open_binary(piece), encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         try:

@@ -173,6 +173,11 @@ class Tokenizer(ABC):
     @abstractmethod
     def id_to_piece(self, token_id: int) -> str: ...
 
+    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids of a chat rendered by the chat template, special tokens written as text parsed as their ids, and
+        each id's start offset in `text` (characters): `encode_rendered_batch` (a backend with templates) of one."""
+        return self.encode_rendered_batch([text])[0]
+
     def token_byte_lengths(self) -> np.ndarray:
         """int32[len(self)]: UTF-8 bytes each id stands for in decoded text; special tokens count 0."""
         if "_byte_lengths" not in self.__dict__:  # counted once per tokenizer

@@ -133,11 +133,6 @@ class HFTokenizer(Tokenizer):
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
-        """Ids of a rendered chat, special tokens written as text parsed as special ids, and each id's
-        start offset in `text` (characters)."""
-        return self.encode_rendered_batch([text])[0]
-
     def encode_rendered_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         """encode_rendered of each text in one call (the Rust side encodes them in parallel, GIL released)."""
         import copy

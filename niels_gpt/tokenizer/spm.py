@@ -108,14 +108,10 @@ class SentencePieceTokenizer(Tokenizer):
     def chat_template(self) -> str | None:
         return self._template
 
-    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
-        """Ids of a rendered chat, the model's control pieces written as text (`<s>`, `[INST]`) parsed as their
-        ids, and each id's start offset in `text` (characters)."""
-        return self.encode_rendered_batch([text], threads=1)[0]
-
     def encode_rendered_batch(self, texts: Sequence[str], threads: int | None = None) -> list[tuple]:
-        """encode_rendered of each text, their plain parts in one call on `threads` threads (default: every
-        core; sentencepiece releases the GIL)."""
+        """encode_rendered of each text (the model's control pieces written as text, `<s>`, `[INST]`, parsed as
+        their ids), their plain parts in one call on `threads` threads (default: every core, one for one text;
+        sentencepiece releases the GIL)."""
         if "_controls" not in self.__dict__:  # the control pieces, longest first, as one pattern: once
             # (a scan of the vocabulary: 16,000 calls for a 16k model)
             controls = sorted((self._sp.id_to_piece(i) for i in range(len(self))
@@ -123,7 +119,7 @@ class SentencePieceTokenizer(Tokenizer):
             self._controls = re.compile(f"({'|'.join(map(re.escape, controls))})") if controls else None
         split = [self._controls.split(text) if self._controls is not None else [text] for text in texts]
         plain = [part for parts in split for k, part in enumerate(parts) if not k % 2 and part]
-        threads = threads or os.cpu_count() or 1
+        threads = threads or (os.cpu_count() or 1 if len(texts) > 1 else 1)
         try:  # sentencepiece 0.2.1+ (a list: on `threads` threads); before it, the immutable proto
             protos = iter(self._sp.encode(plain, return_type="proto", num_threads=threads) if threads > 1 else
                           [self._sp.encode(part, return_type="proto") for part in plain])

@@ -114,3 +114,13 @@ def test_real_tokens_get_no_such_warning(tmp_path, capsys, tokenizer):
     assert main(["prepare-data", str(out)]) == 0
     out_text, err = capsys.readouterr()
     assert "do not look like tokens" not in out_text + err
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint16-le", "<u2", np.uint16, np.dtype("<u2")])
+def test_nanogpt_train_bin_takes_uint16_by_any_name_the_dtype_parser_takes(dtype, small_cache, tmp_path):
+    # a uint32 cache narrowed to uint16 for nanoGPT's train.py: every spelling of uint16 that --dtype's parser
+    # takes is uint16 (only the string "uint16" was)
+    src = tmp_path / "wide"
+    convert(small_cache, src, to="niels", dtype="uint32")
+    out = convert(src, tmp_path / "n", to="nanogpt-train-bin", dtype=dtype)
+    assert {s["dtype"] for s in out["splits"].values()} == {"uint16"}

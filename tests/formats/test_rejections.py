@@ -11,6 +11,7 @@ from niels_gpt.cache.formats import detect_format
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.formats import megatron, nanogpt
 from niels_gpt.formats.bos_index import read_sidecar
+from niels_gpt.formats.convert import convert
 from niels_gpt.formats.npy import open_npy
 from niels_gpt.formats.raw import open_raw, write_raw
 
@@ -200,3 +201,18 @@ def test_a_folder_of_megatron_pairs_of_two_dtypes_is_refused(tmp_path):
     (tmp_path / "b.bin").unlink()
     (tmp_path / "b.idx").unlink()
     assert detect_format(tmp_path).num_tokens == 3
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "nanogpt"])
+def test_a_dtype_given_for_files_that_record_theirs_is_said_to_be_ignored(tmp_path, fmt):
+    # a format that records its dtype ignores a dtype given with a warning, Megatron pairs too (they said nothing)
+    src = tmp_path / "src"
+    src.mkdir()
+    if fmt == "megatron":
+        _megatron_pair(src)
+    else:
+        _nanogpt(src / "a.bin")
+    info = detect_format(src, "uint32")
+    assert info.warnings == [f"{src}: the dtype given (uint32) is ignored: the files record {info.dtype.name}"]
+    # convert --src-dtype says so too (it said nothing)
+    assert convert(src, tmp_path / "out", to="raw", src_dtype="uint32", eot_id=6)["notes"][0] == info.warnings[0]

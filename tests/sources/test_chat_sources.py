@@ -74,8 +74,22 @@ def test_dolly_hub_path(monkeypatch, tmp_path):
 
 def test_dolly_rejects_record_without_response_field(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "q", "context": "", "answer": "x"}])
-    with pytest.raises(SourceError, match=r"d.jsonl, line 1: field 'response' is missing or not text"):
+    with pytest.raises(SourceError, match=r"d.jsonl, line 1: field 'response' is missing.*--on-bad-record skip"):
         list(dolly15k(f).iter_conversations())
+
+
+@pytest.mark.parametrize("layout, good, broken", [
+    ("dolly", DOLLY[1], [{"instruction": "q", "context": "", "answer": "x"},
+                         {"instruction": "q", "context": "", "response": 7}]),
+    ("alpaca", {"instruction": "q", "output": "a"}, [{"instruction": "q", "answer": "x"},
+                                                     {"instruction": "q", "output": 7}]),
+])
+def test_instruction_layouts_skip_and_count_bad_records_alike(tmp_path, write_jsonl, layout, good, broken):
+    # a record missing a field, or with a number where text belongs, is skipped and counted under
+    # --on-bad-record skip in every instruction layout (dolly stopped the build on it)
+    src = corpus([write_jsonl(tmp_path / "d.jsonl", [*broken, good])], layout=layout, chat=True, on_bad_record="skip")
+    assert len(list(src.iter_conversations())) == 1
+    assert src.skipped == {"missing_field": 1, "not_text": 1}
 
 
 # --- oasst1 ------------------------------------------------------------------------------------

@@ -81,3 +81,17 @@ def test_a_document_is_planned_as_one_task_of_the_files_size(tmp_path):
     path.write_text(json.dumps(ROWS, indent=2))
     plan = make_plan([path], tokenizer=None, task_bytes=64)
     assert [t.bytes for t in plan.tasks] == [path.stat().st_size]
+
+
+@pytest.mark.parametrize("opening", ['{"rows": [', '{"version": 2,', '{"meta": {"v": 2},', '{"rows":'])
+@pytest.mark.parametrize("name", ["export.json", "export.json.gz"])
+def test_an_object_opening_its_array_on_its_first_line_is_read_as_its_records(tmp_path, opening, name):
+    # `{"rows": [` then one record a line: a JSON document however its first line is wrapped, not lines
+    from niels_gpt.sources.corpus import corpus
+
+    head = {'{"rows": [': '{"rows": [\n', '{"version": 2,': '{"version": 2,\n"rows": [\n',
+            '{"meta": {"v": 2},': '{"meta": {"v": 2},\n"rows": [\n', '{"rows":': '{"rows":\n[\n'}[opening]
+    text = head + ",\n".join(json.dumps(r) for r in ROWS) + "\n]}\n"
+    json.loads(text)
+    (tmp_path / name).write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    assert list(corpus([tmp_path / name]).iter_texts()) == [r["text"] for r in ROWS]

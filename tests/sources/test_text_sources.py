@@ -101,6 +101,17 @@ def test_plain_text_reads_through_the_one_input_layer(tmp_path, write_jsonl, wri
     assert list(src.iter_texts()) == ["p0", "p1", "first file\n", "j0", "j1"] and src.skipped == {"null_text": 1}
 
 
+def test_a_csv_field_of_any_length_is_read_as_json_lines_reads_it(tmp_path, write_jsonl):
+    # a web page of 200,000 characters: Python's csv module refuses fields over 131,072 characters by default
+    import csv
+
+    long = "word " * 40_000 + "end"
+    with open(tmp_path / "pages.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["id", "text"], ["1", long], ["2", "short"]])
+    j = write_jsonl(tmp_path / "pages.jsonl", [{"text": long}, {"text": "short"}])
+    assert list(corpus([tmp_path / "pages.csv"]).iter_texts()) == list(corpus([j]).iter_texts()) == [long, "short"]
+
+
 @pytest.mark.parametrize("content, message", [
     (b'{"text": "a"}\n{oops\n', r"mal.jsonl, line 2: not valid JSON"),
     (b'{"text": "a"}\n["text"]\n', r"mal.jsonl, line 2: a JSON list, not an object"),
