@@ -98,17 +98,16 @@ class _Phases:
 
 def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | None = None, chat: bool = False,
                      layout: str | None = None, config: str | None = None, split: str = "train",
-                     progress: bool | None = None, flag: str = "--out", read_as: dict[str, str] | None = None,
+                     progress: bool | None = None, read_as: dict[str, str] | None = None,
                      trainer: str = "sentencepiece"):
-    """Train the library's tokenizer on `sources` into the directory `out`; returns it. `flag`: how a refusal of
-    `out` names it."""
+    """Train the library's tokenizer on `sources` into the directory `out` (--out); returns it."""
     if trainer == "rustbpe":
         check_rustbpe_settings(settings)
     else:
         check_train_settings(settings)
     if local_path_of(out) is None:
         raise ConfigError(f"--out {out}: a tokenizer is written to a local directory; upload it afterwards if needed")
-    out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources, flag=flag)
+    out = check_output(Path(local_path_of(out)), kind="tokenizer", inputs=sources)
     plan = make_plan(sources, tokenizer=None, rules=rules, chat=chat, layout=layout, config=config, split=split,
                      read_as=read_as)
     trained_on = {**plan.describe(), "rule": "every document (every message with --chat), in order, up to "
@@ -116,7 +115,7 @@ def train_on_sources(sources, out, *, settings: TrainSettings, rules: Rules | No
     total = sum(sig[0] for sig in plan.signatures.values()) if len(plan.signatures) == len(plan.inputs) else None
     phases = _Phases(settings, total, progress, trainer)
     try:
-        with build_aside(out, kind="tokenizer", flag=flag) as stage:
+        with build_aside(out, kind="tokenizer", flag="--out") as stage:
             train_tokenizer(phases.texts(texts_of(plan_items(plan, check_at_end=False))), stage, settings=settings,
                             trained_on=trained_on, trainer=trainer)
             check_unchanged(plan)
