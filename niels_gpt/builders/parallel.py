@@ -243,7 +243,8 @@ def remove_work(work: Path, *, created: bool) -> None:
 def remove_work_url(store: WorkStore) -> None:
     """Delete the objects the build wrote under a work URL: receipts first (a removal cut short leaves no
     receipt without its parts), plan.json last."""
-    found = [k for k in store.list() if OURS.match(k) or (k.startswith("parts/") and ".tmp-" in k)]
-    for rel in sorted(found, key=lambda k: (2 if k == PLAN_NAME else 0 if k.startswith("parts/") and
-                                            k.endswith(".json") else 1, k)):
-        store.remove(rel)
+    found = sorted(k for k in store.list() if OURS.match(k) or (k.startswith("parts/") and ".tmp-" in k))
+    receipts = [k for k in found if k.startswith("parts/") and k.endswith(".json")]
+    store.remove(*receipts)
+    store.remove(*sorted(set(found) - set(receipts) - {PLAN_NAME}))
+    store.remove(*[k for k in found if k == PLAN_NAME])
