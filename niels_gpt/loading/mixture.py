@@ -45,6 +45,7 @@ from niels_gpt.resume import (
 MIXTURE_KIND = "mixture_sampler"
 MIXTURE_CODE = 1  # the draws' code version: bumped whenever the same settings give other draws
 TEMPERATURE = 1.0
+FILE_KEYS = ("datasets", "weights", "phases", "temperature", "seed", "split")  # what a mixture file may hold
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,15 @@ class MixtureSampler:
         self.step, self.seed, self.drawn, self.carry = step, seed, drawn, carry
 
 
+def _setting(value, kind: type, where: str, name: str):
+    """`value` of a mixture file as `kind`: int (an integral number) or float (any finite number)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or (kind is int and value != int(value)):
+        raise ConfigError(f"{where}: {name} = {value!r} is not {'an integer' if kind is int else 'a number'}: write "
+                          f"a plain number, without quotes (e.g. {name} = {kind(1)})")
+    return kind(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MixtureConfig:
     """What a mixture file holds: datasets (name -> cache dir), phases, temperature, seed."""
@@ -254,18 +264,30 @@ class MixtureConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping, where: str = "<dict>") -> MixtureConfig:
+        """The settings of a mixture file (`where` names it in errors): every key known, every value its type."""
+        unknown = ", ".join(sorted(map(str, set(raw) - set(FILE_KEYS)))) if isinstance(raw, Mapping) else None
+        if unknown != "":
+            raise ConfigError(f"{where}: {f'unknown setting(s) {unknown}' if unknown else 'not a table'}; a mixture "
+                              f"file is a table of {', '.join(FILE_KEYS)}")
         if not isinstance(raw.get("datasets"), Mapping) or not raw["datasets"]:
             raise ConfigError(f"{where}: 'datasets' must be a table of name -> cache directory")
         if ("weights" in raw) == ("phases" in raw):
             raise ConfigError(f"{where}: give exactly one of 'weights' (a table) or 'phases' (a list)")
-        try:
-            phases = ([Phase(0, dict(raw["weights"]))] if "weights" in raw else
-                      [Phase(int(p["start_step"]), dict(p["weights"])) for p in raw["phases"]])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: each phase needs start_step (int) and weights (table): {exc}") from exc
-        return cls(datasets={str(k): str(v) for k, v in raw["datasets"].items()}, phases=phases,
-                   temperature=float(raw.get("temperature", TEMPERATURE)), seed=int(raw.get("seed", 0)),
-                   split=str(raw.get("split", "train")))
+        phases = raw["phases"] if "phases" in raw else [{"start_step": 0, "weights": raw["weights"]}]
+        if not isinstance(phases, list) or not all(isinstance(p, Mapping) for p in phases):
+            raise ConfigError(f"{where}: 'phases' must be a list of tables, each with start_step and weights")
+        for k, p in enumerate(phases):
+            name = "" if "weights" in raw else f"phases[{k}]."
+            if sorted(p) != ["start_step", "weights"] or not isinstance(p["weights"], Mapping):
+                raise ConfigError(f"{where}: phases[{k}] has keys {sorted(p)}; each phase needs start_step (int) "
+                                  "and weights (table), nothing else")
+            _setting(p["start_step"], int, where, f"{name}start_step")
+            for d, w in p["weights"].items():
+                _setting(w, float, where, f"{name}weights.{d}")
+        return cls(datasets={str(k): str(v) for k, v in raw["datasets"].items()},
+                   phases=[Phase(int(p["start_step"]), dict(p["weights"])) for p in phases],
+                   temperature=_setting(raw.get("temperature", TEMPERATURE), float, where, "temperature"),
+                   seed=_setting(raw.get("seed", 0), int, where, "seed"), split=str(raw.get("split", "train")))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> MixtureConfig:

@@ -216,3 +216,21 @@ def test_resumable_loader_refuses_a_sampler_without_state():
 
     with pytest.raises(ConfigError, match="GlobalBatchSampler or a MixtureSampler"):
         ResumableDataLoader(mixture(), [[0, 1]])
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"temprature": 2.0}, "mix.json: unknown setting.s. temprature; a mixture file is a table of datasets"),
+    ({"temperature": "hot"}, r"mix.json: temperature = 'hot' is not a number"),
+    ({"seed": 1.7}, r"mix.json: seed = 1.7 is not an integer"),
+    ({"weights": {"a": "lots"}}, r"mix.json: weights.a = 'lots' is not a number"),
+    ({"weights": None, "phases": [{"start_step": 1.5, "weights": {"a": 1}}]}, r"phases\[0\].start_step = 1.5"),
+    ({"weights": None, "phases": [{"start": 0, "weights": {"a": 1}}]}, r"phases\[0\] has keys \['start', 'weights'\]"),
+])
+def test_a_mixture_file_with_an_unknown_setting_or_a_value_of_the_wrong_type_is_refused_naming_it(tmp_path, change,
+                                                                                                   match):
+    """A misspelt setting was ignored (the run went on with the default), a fractional seed or step was cut to an
+    integer, and a word where a number belongs raised a bare ValueError naming no file."""
+    raw = {"seed": 0, "datasets": {"a": "a"}, "weights": {"a": 1.0}, **change}
+    (tmp_path / "mix.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+    with pytest.raises(ConfigError, match=match):
+        MixtureConfig.from_file(tmp_path / "mix.json")
