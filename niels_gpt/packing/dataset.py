@@ -7,7 +7,8 @@
   shape of Megatron-Bridge's packed dataset items.
 - `collate_packed(items)`: `input_ids`, `labels` (-100 where the loss mask is 0), `loss_mask`, `position_ids`
   restarting in every sequence, `cu_seqlens` (int32, over the flattened [B*T] tokens, a row's padding its own
-  segment) and `max_seqlen`. The mask is 0 at every sequence's last position, so no label crosses a boundary.
+  segment) and `max_seqlen`. The mask is 0 at every sequence's last position (collate sets it so where a
+  foreign bin has 1 there), so no label crosses a boundary.
 """
 
 from __future__ import annotations
@@ -160,10 +161,10 @@ def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int 
         n = lengths[r]
         bounds = np.asarray(it["seq_boundaries"], dtype=np.int64)
         ids[r, :n] = it["input_ids"]
-        m = np.asarray(it["loss_mask"][:n], dtype=bool)
+        m = np.array(it["loss_mask"][:n], dtype=bool)
+        m[bounds[1:] - 1] = False  # a sequence's last position predicts nothing (a foreign bin may say it does)
         mask[r, :n] = m
-        # labels[j] = input_ids[j+1] where the mask says so; m is 0 at every sequence's end.
-        target = np.flatnonzero(m[:n - 1])
+        target = np.flatnonzero(m)  # labels[j] = input_ids[j+1] where the mask says so
         labels[r, target] = ids[r, target + 1]
         seg = np.diff(bounds)
         pos[r, :n] = np.arange(n) - np.repeat(bounds[:-1], seg)

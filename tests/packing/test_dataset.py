@@ -115,3 +115,15 @@ def test_collate_rejects_a_bin_longer_than_pad_to():
     item = {"input_ids": np.arange(5), "loss_mask": np.zeros(5), "seq_boundaries": np.array([0, 5])}
     with pytest.raises(FormatError, match="a bin of 5 tokens does not fit pad_to=4"):
         collate_packed([item], pad_to=4)
+
+
+def test_collate_never_labels_across_a_boundary_even_where_a_foreign_bin_masks_a_sequence_end():
+    """Packed Parquet and legacy bins are read as written: a loss mask of 1 at a sequence's last position (an
+    unshifted mask) made that position's label the next sequence's first token. Collate clears the mask there, so
+    labels and loss_mask agree and no label crosses a boundary."""
+    item = {"input_ids": np.array([10, 11, 12, 20, 21], np.int32),
+            "loss_mask": np.array([0, 1, 1, 0, 1], np.uint8), "seq_boundaries": np.array([0, 3, 5])}
+    b = collate_packed([item])
+    assert b["labels"].tolist() == [[-100, 12, -100, -100, -100]]
+    assert b["loss_mask"].tolist() == [[False, True, False, False, False]]
+    assert item["loss_mask"].tolist() == [0, 1, 1, 0, 1]  # the item itself is left as it was
