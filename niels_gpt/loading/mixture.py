@@ -25,6 +25,7 @@ import torch
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import EpochOrder, epoch_order, mix_seed
+from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.resume import (
     ORDER_PEEK,
@@ -118,9 +119,7 @@ class MixtureSampler:
                  weights: Mapping[str, float] | None = None, temperature: float = TEMPERATURE, seed: int,
                  rank: int | None = None, world_size: int | None = None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        if global_batch_size < 1 or global_batch_size % self.world_size:
-            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                              f"world_size {self.world_size}")
+        global_batch_size = BatchSchedule.of(global_batch_size, None, self.world_size, "MixtureSampler").steps[0][1]
         if (phases is None) == (weights is None):
             raise ConfigError("give exactly one of weights= (one phase) or phases= (a schedule)")
         self.mixture = mixture

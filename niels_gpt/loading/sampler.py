@@ -55,7 +55,7 @@ class GlobalBatchSampler:
                  world_size: int | None = None, prefetch: bool | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size)
+        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size, type(self).__name__)
         largest = max(g for _, g in self.schedule.steps)
         if n < largest:
             raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {largest}; lower "

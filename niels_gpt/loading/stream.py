@@ -40,7 +40,7 @@ class RankBatchStream:
     def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
                  world_size: int | None = None, draw_rows: int | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size)
+        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size, "RankBatchStream")
         self.dataset = dataset
         per = math.gcd(*(g // self.world_size for _, g in self.schedule.steps))
         self.draw_rows = per if draw_rows is None else int(draw_rows)
