@@ -24,6 +24,7 @@ from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
 from niels_gpt.loading.prefetch import local_world_size
 from niels_gpt.long_documents import encode_whole
+from niels_gpt.readers.checks import count
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
 
 TEXT_COLUMN = "text"
@@ -186,8 +187,8 @@ class ParquetTokenLoader:
                  prefetch: int = PREFETCH, prefetch_mode: str = "auto"):
         if packing not in PACKINGS:
             raise ConfigError(f"packing {packing!r}: expected one of {PACKINGS}")
-        if B < 1 or T < 1 or buffer_size < 1:
-            raise ConfigError(f"B={B}, T={T}, buffer_size={buffer_size}: all must be >= 1")
+        B, T = count("ParquetTokenLoader", "B", B, what="a batch size"), count("ParquetTokenLoader", "T", T, what="a window length")
+        buffer_size = count("ParquetTokenLoader", "buffer_size", buffer_size, what="a buffer size")
         if prefetch < 0:
             raise ConfigError(f"prefetch {prefetch}: batches to prepare ahead must be >= 0 (0: none)")
         self.rank, self.world_size = resolve_rank(rank, world_size)
