@@ -77,11 +77,10 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     ends = np.append(starts[1:], n_tokens)
     special = meta["special_token_ids"]
     mask = None
-    if special.get("asst") is None:
-        # a chat template's rendering: the trained tokens are stored, one uint8 per token (build_cache)
-        if mask_name not in meta["files"]:
-            raise CacheError(f"{cache_dir}/meta.json: no assistant sentinel id and no {mask_name}; nothing says "
-                             "which tokens are trained: rebuild the SFT cache")
+    if special.get("asst") is None and mask_name not in meta["files"]:
+        raise CacheError(f"{cache_dir}/meta.json: no assistant sentinel id and no {mask_name}; nothing says "
+                         "which tokens are trained: rebuild the SFT cache")
+    if mask_name in meta["files"]:  # the trained tokens as stored (a chat template's rendering), as readers take them
         mask_path = cache_dir / mask_name
         if mask_path.stat().st_size != n_tokens:
             raise CacheError(f"{mask_path}: {mask_path.stat().st_size} bytes but {tok_name} holds {n_tokens} "
