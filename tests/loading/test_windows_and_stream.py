@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -156,3 +157,15 @@ def test_a_batch_over_many_shards_is_one_gather_equal_to_its_items(tmp_path, mon
         ds.__getitems__([0, len(ds)])
     with pytest.raises(IndexError, match="window -1 out of range"):
         ds.__getitems__(np.array([-1, 0]))
+
+
+@pytest.mark.parametrize("bad", [1.5, "1", True, np.float64(2.0)])
+def test_a_window_index_that_is_not_an_integer_is_refused_not_cut(two_shards, bad):
+    """ds[1.5] read window 1 and ds.__getitems__(["1"]) parsed the string; an index of another type is a TypeError,
+    alone or in a batch, as SFTExampleDataset's is."""
+    ds = IndexedWindowDataset(two_shards, T=3)
+    with pytest.raises(TypeError, match=f"IndexedWindowDataset indices are integers, got {re.escape(repr(bad))}"):
+        ds[bad]
+    with pytest.raises(TypeError, match="IndexedWindowDataset indices are integers"):
+        ds.__getitems__([bad, 0] if not isinstance(bad, bool) else [bad])
+    assert ds.__getitems__([np.int64(4), 0]).x.tolist() == [[103, 104, 105], [0, 1, 2]]
