@@ -169,3 +169,12 @@ def test_a_window_index_that_is_not_an_integer_is_refused_not_cut(two_shards, ba
     with pytest.raises(TypeError, match="IndexedWindowDataset indices are integers"):
         ds.__getitems__([bad, 0] if not isinstance(bad, bool) else [bad])
     assert ds.__getitems__([np.int64(4), 0]).x.tolist() == [[103, 104, 105], [0, 1, 2]]
+
+
+def test_draw_rows_that_is_not_a_positive_int_is_refused_not_cut(two_shards):
+    """draw_rows=2.5 ran as 2 (int()): the stream's draws, and so its batches, were another setting's."""
+    ds = PretrainTokenStreamDataset(str(two_shards / "train"), T=3, device="cpu")
+    with pytest.raises(ConfigError, match=r"RankBatchStream: draw_rows=2.5 \(float\) is not a row count"):
+        RankBatchStream(ds, 4, seed=0, rank=0, world_size=1, draw_rows=2.5)
+    with pytest.raises(ConfigError, match="draw_rows 3 must divide the per-rank batch 4"):
+        RankBatchStream(ds, 4, seed=0, rank=0, world_size=1, draw_rows=3)
