@@ -62,23 +62,21 @@ class SFTExampleDataset(SFTExamples, Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Example i as (x, y, y_masked), each (T,) int64 on the CPU: what one row of `collate` holds."""
-        n = len(self.offsets)
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"SFTExampleDataset indices are integers, got {type(i).__name__}")
-        if not -n <= i < n:
-            raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
-        out = self._rows_tensor(np.array([int(i) % n]))
-        return out[0, 0], out[1, 0], out[2, 0]
+        return tuple(self._batch([i])[0])
 
     def __getitems__(self, indices) -> SFTBatch:
         """[ds[i] for i in indices] in one gather, which default_collate passes through without stacking."""
-        idx = np.asarray(indices)
-        n = len(self.offsets)
+        return self._batch(indices)
+
+    def _batch(self, indices) -> SFTBatch:
+        idx, n = np.asarray(indices), len(self.offsets)
         if len(idx) and (idx.dtype.kind not in "iu" or idx.min() < -n or idx.max() >= n):
-            bad = next(i for i in indices if isinstance(i, bool) or not isinstance(i, (int, np.integer))
-                       or not -n <= i < n)
-            self[bad]  # raises what ds[bad] raises
-        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n if len(idx) else idx.astype(np.int64)))
+            for i in indices:  # the first bad one
+                if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                    raise TypeError(f"SFTExampleDataset indices are integers, got {type(i).__name__}")
+                if not -n <= i < n:
+                    raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
+        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n))
 
     def get_batch(self, *, B: int, generator: "torch.Generator"
                   ) -> tuple["torch.LongTensor", "torch.LongTensor", "torch.LongTensor"]:
