@@ -273,13 +273,12 @@ class MixtureConfig:
         if ("weights" in raw) == ("phases" in raw):
             raise ConfigError(f"{where}: give exactly one of 'weights' (a table) or 'phases' (a list)")
         phases = raw["phases"] if "phases" in raw else [{"start_step": 0, "weights": raw["weights"]}]
-        if not isinstance(phases, list) or not all(isinstance(p, Mapping) for p in phases):
-            raise ConfigError(f"{where}: 'phases' must be a list of tables, each with start_step and weights")
-        for k, p in enumerate(phases):
+        for k, p in enumerate(phases if isinstance(phases, list) else [phases]):
             name = "" if "weights" in raw else f"phases[{k}]."
-            if sorted(p) != ["start_step", "weights"] or not isinstance(p["weights"], Mapping):
-                raise ConfigError(f"{where}: phases[{k}] has keys {sorted(p)}; each phase needs start_step (int) "
-                                  "and weights (table), nothing else")
+            if not (isinstance(p, Mapping) and sorted(p) == ["start_step", "weights"] and isinstance(p["weights"],
+                                                                                             Mapping)):
+                raise ConfigError(f"{where}: {name.rstrip('.') or 'weights'} is {raw.get('weights', p)!r}; 'weights' is a "
+                                  "table, 'phases' a list of tables of start_step (int) and weights, nothing else")
             _setting(p["start_step"], int, where, f"{name}start_step")
             for d, w in p["weights"].items():
                 _setting(w, float, where, f"{name}weights.{d}")
