@@ -52,8 +52,7 @@ class LegacyPackedDataset:
         where = f"{self.path} row {idx}"
         if not isinstance(row, dict) or any(k not in row for k in COLUMNS):
             raise FormatError(f"{where}: expected a dict with keys {', '.join(COLUMNS)}")
-        return packed_item(np.asarray(row["input_ids"], dtype=np.int64), np.asarray(row["loss_mask"]).astype(np.int64),
-                           np.asarray(row["seq_start_id"], dtype=np.int64), where)
+        return packed_item(*(np.asarray(row[k]) for k in COLUMNS), where)
 
     def fingerprint(self) -> str:
         """The identity of these bins in resume states: the .npy file's sha256 (it is read whole anyway)."""

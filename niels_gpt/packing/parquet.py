@@ -129,7 +129,7 @@ class PackedParquetDataset:
         gi = int(np.searchsorted(self._group_offsets[fi], row, side="right")) - 1
         r = row - int(self._group_offsets[fi][gi])
         ids, mask, starts = (values[offsets[r]:offsets[r + 1]] for offsets, values in self._group(fi, gi).values())
-        return packed_item(ids, mask, starts.astype(np.int64), f"{self.files[fi]} row {row}")
+        return packed_item(ids, mask, starts, f"{self.files[fi]} row {row}")
 
     def fingerprint(self) -> str:
         """The identity of these rows in resume states: each file's name and sha256 (read once, when asked)."""
