@@ -56,12 +56,7 @@ class PackedMemmapDataset:
 
     def _check_index(self) -> None:
         a = self._open()
-        off, plen, where = a["seq_offsets"], a["packed_len"], self.shard_dir
-        if self.num_bins == 0:
-            if int(off[0]) != 0:
-                raise FormatError(f"{where}/seq_offsets.npy: must be [0] for an empty shard")
-        else:
-            self._check_bins(a, off, plen, where)
+        self._check_bins(a, a["seq_offsets"], a["packed_len"], self.shard_dir)
         # NOTE: the index arrays are read whole here anyway, so their checksums cost little (a start moved inside
         # its bin keeps every structural rule); the token and mask arrays are `validate`'s to hash.
         for name in INDEX_ARRAYS:
@@ -77,7 +72,7 @@ class PackedMemmapDataset:
         if int(off[0]) != 0 or int(off[-1]) != self.manifest["num_sequences"] or np.any(np.diff(off.astype(np.int64)) < 1):
             raise FormatError(f"{where}/seq_offsets.npy: must start at 0, increase by >= 1 per bin and end at "
                               f"num_sequences={self.manifest['num_sequences']}; re-run `pack-sft`")
-        if int(plen.min()) < 1 or int(plen.max()) > self.pack_size:
+        if int(plen.min(initial=1)) < 1 or int(plen.max(initial=0)) > self.pack_size:  # an empty shard has none
             raise FormatError(f"{where}/packed_len.npy: values must be in 1..{self.pack_size}, found "
                               f"{int(plen.min())}..{int(plen.max())}; re-run `pack-sft`")
         # seq_starts, vectorised: each bin's starts begin at 0, increase and stay below its packed length
