@@ -87,7 +87,8 @@ class RankDocuments:
             raise ConfigError(f"tokenizer {tokenizer.model_path} has no BOS token; pass bos_id=")
         if threads is not None and threads < 1:
             raise ConfigError(f"tokenizer_threads={threads}: must be >= 1 (or None: the rank's share of the cores)")
-        self.batch_size, self.threads = batch_size, rank_threads() if threads is None else threads
+        self.batch_size = count("ParquetTokenLoader", "tokenizer_batch_size", batch_size, what="a batch size")
+        self.threads = rank_threads() if threads is None else threads
         self.tokens_encoded = 0  # every token tokenized, including look-ahead and re-reads on resume
         self._pf: OrderedDict[int, object] = OrderedDict()  # the files open now, least recently read first
         groups = []

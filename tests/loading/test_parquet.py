@@ -268,10 +268,12 @@ def test_an_epoch_over_2000_files_reads_under_the_default_descriptor_limit(tmp_p
 @pytest.mark.parametrize("packing", ["contiguous", "bestfit"])
 @pytest.mark.parametrize("sizes, said", [({"B": 2.0}, "B=2.0 (float) is not a batch size"),
                                          ({"T": "8"}, "T='8' (str) is not a window length"),
-                                         ({"buffer_size": 0}, "buffer_size=0 is not a buffer size")])
+                                         ({"buffer_size": 0}, "buffer_size=0 is not a buffer size"),
+                                         ({"tokenizer_batch_size": 0}, "tokenizer_batch_size=0 is not a batch size")])
 def test_sizes_that_are_not_positive_ints_are_refused_by_name(parquet_dir, tokenizer, packing, sizes, said):
     """B=2.0 made a loader whose first batch failed inside numpy (a float shape); T='8' failed comparing a str
-    with an int. Each is refused on construction, naming the argument, as the cache readers do."""
+    with an int; tokenizer_batch_size=0 failed in range(). Each is refused on construction, naming the argument,
+    as the cache readers do."""
     kwargs = {"B": 1, "T": 8, **sizes}
     with pytest.raises(ConfigError, match=r"ParquetTokenLoader: " + re.escape(said)):
         next(ParquetTokenLoader(list_parquet_files(parquet_dir), tokenizer, packing=packing, prefetch=0, **kwargs))
