@@ -68,7 +68,8 @@ class SFTExampleDataset(SFTExamples, Dataset):
         """[ds[i] for i in indices] in one gather, which default_collate passes through without stacking."""
         return self._batch(indices)
 
-    def _batch(self, indices) -> SFTBatch:
+    def _batch(self, indices, pin: bool = False) -> SFTBatch:
+        """The rows of `indices`, each checked as ds[i] checks i (the first bad one raises)."""
         idx, n = np.asarray(indices), len(self.offsets)
         if len(idx) and (idx.dtype.kind not in "iu" or idx.min() < -n or idx.max() >= n):
             for i in indices:  # the first bad one
@@ -76,7 +77,7 @@ class SFTExampleDataset(SFTExamples, Dataset):
                     raise TypeError(f"SFTExampleDataset indices are integers, got {type(i).__name__}")
                 if not -n <= i < n:
                     raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
-        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n))
+        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n, pin))
 
     def get_batch(self, *, B: int, generator: "torch.Generator"
                   ) -> tuple["torch.LongTensor", "torch.LongTensor", "torch.LongTensor"]:
@@ -84,13 +85,15 @@ class SFTExampleDataset(SFTExamples, Dataset):
         if type(B) is not int or B < 1:
             B = count("get_batch", "B", B, what="a batch size")
         indices = torch.randint(len(self.offsets), (B,), generator=generator).numpy()
-        return self.collate(indices)
+        return self._on_device(self._rows_tensor(indices, pin=self.device.type == "cuda"))
 
-    def collate(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cuda = self.device.type == "cuda"
-        out = self._rows_tensor(np.asarray(indices), pin=cuda)
+    def collate(self, indices) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x, y, y_masked (B, T) int64 on the device, of the examples `indices` (checked as ds[i] checks i)."""
+        return self._on_device(self._batch(indices, pin=self.device.type == "cuda").out)
+
+    def _on_device(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.device.type != "cpu":
-            out = out.to(self.device, non_blocking=cuda)
+            out = out.to(self.device, non_blocking=self.device.type == "cuda")
         return out[0], out[1], out[2]
 
     def _rows_tensor(self, indices: np.ndarray, pin: bool = False) -> torch.Tensor:

@@ -94,3 +94,15 @@ def test_a_stored_mask_batch_equals_its_items(tmp_path):
         y = batch[1][row, :k].numpy()
         assert batch[2][row, :k].tolist() == np.where(own, y, -100).tolist()
         assert (batch[2][row, k:] == -100).all()
+
+
+def test_collate_refuses_a_bad_index_as_an_item_would_be(ds):
+    """collate(indices) indexed the offsets with whatever it was given: 23 of 23 examples failed inside numpy naming no
+    file, 1.5 failed as a non-integer array index. It checks them as ds[i] does, and reads what ds[i] reads."""
+    with pytest.raises(IndexError, match="example 23 is out of range for 23 examples in .*train_idx.npy"):
+        ds.collate([0, 23])
+    with pytest.raises(TypeError, match="indices are integers"):
+        ds.collate(np.array([0.0, 1.5]))
+    x, y, y_masked = ds.collate(np.array([3, -1]))
+    for row, i in enumerate([3, 22]):
+        assert all(torch.equal(a[row], b) for a, b in zip((x, y, y_masked), ds[i], strict=True))
