@@ -202,7 +202,7 @@ class ParquetTokenLoader:
         self._restart(next_doc=0, offset=0, buffer=[])
         self._ahead = None
         self._delivered = self.state_now()
-        self._stats = {}
+        self._stats, self._closed = {}, False
         if prefetch:
             mode = resolve_mode(prefetch_mode, tokenizer)
             # a worker process builds its own loader from these (the tokenizer pickles as its path)
@@ -278,6 +278,8 @@ class ParquetTokenLoader:
             yield (self.host_batch(tokens), stats), self.state_now()
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._closed:
+            self.load_state_dict(self.state_dict())
         if self._ahead is None:
             tokens, self._stats = self.produce()
             x, y = self.host_batch(tokens)
@@ -300,9 +302,11 @@ class ParquetTokenLoader:
         return {"batches": self.batches, **(self._stats or self._own_stats())}
 
     def close(self) -> None:
-        """Stop the background producer, if any (a prefetching loader also stops when collected)."""
+        """Stop the background producer, if any (a prefetching loader also stops when collected); a next() after
+        it goes on after the last batch delivered."""
         if self._ahead is not None:
             self._ahead.stop()
+            self._closed = True  # the batches made ahead are dropped: the next one starts from the delivered state
         self.docs.close()
 
     def state_now(self) -> dict:
@@ -339,6 +343,6 @@ class ParquetTokenLoader:
         if self._ahead is not None:
             self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
         self._restart(next_doc=next_doc, offset=offset, buffer=buffer)
-        self._delivered = self.state_now()
+        self._delivered, self._closed = self.state_now(), False
         if self._ahead is not None:
             self._ahead.restart_at(self._delivered)

@@ -277,3 +277,19 @@ def test_sizes_that_are_not_positive_ints_are_refused_by_name(parquet_dir, token
     kwargs = {"B": 1, "T": 8, **sizes}
     with pytest.raises(ConfigError, match=r"ParquetTokenLoader: " + re.escape(said)):
         next(ParquetTokenLoader(list_parquet_files(parquet_dir), tokenizer, packing=packing, prefetch=0, **kwargs))
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_closed_prefetching_loader_goes_on_after_the_last_batch_it_delivered(parquet_dir, tokenizer, mode):
+    """close() dropped the batches made ahead, and a next() after it started the producer again where it stood: a
+    thread skipped the dropped batches, a process started over from the first batch. It goes on after the last
+    batch delivered, as ResumableDataLoader does after close()."""
+    files = list_parquet_files(parquet_dir)
+    straight = ParquetTokenLoader(files, tokenizer, B=2, T=16, rank=0, world_size=1, prefetch=0)
+    want = [next(straight)[0] for _ in range(6)]
+    loader = ParquetTokenLoader(files, tokenizer, B=2, T=16, rank=0, world_size=1, prefetch=3, prefetch_mode=mode)
+    got = [next(loader)[0] for _ in range(3)]
+    loader.close()
+    got += [next(loader)[0] for _ in range(3)]
+    loader.close()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
