@@ -150,12 +150,8 @@ class MixtureSampler:
         return out
 
     def probabilities(self, step: int) -> list[float]:
-        """Normalised weights in force at `step`."""
-        probs = self.phases[0][1]
-        for start, p in self.phases:
-            if start <= step:
-                probs = p
-        return probs
+        """Normalised weights in force at `step`: the last phase started by then (the first starts at 0)."""
+        return next(p for start, p in reversed(self.phases) if start <= step)
 
     def _sample(self, d: int, k: int) -> int:
         n = len(self.mixture.datasets[d])

@@ -53,12 +53,8 @@ class BatchSchedule:
         return schedule
 
     def at(self, total: int) -> int:
-        g = self.steps[0][1]
-        for start, batch in self.steps:
-            if start > total:
-                break
-            g = batch
-        return g
+        """The global batch after `total` samples: the last step started by then (the first starts at 0)."""
+        return next(g for start, g in reversed(self.steps) if start <= total)
 
     @property
     def constant(self) -> bool:
