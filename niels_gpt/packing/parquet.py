@@ -89,13 +89,10 @@ class PackedParquetDataset:
             except (OSError, pa.ArrowException) as exc:
                 raise FormatError(f"{f}: not a readable Parquet file ({exc})") from exc
             _check_schema(pa, schema, f)
-            groups = [0]
-            for g in range(md.num_row_groups):
-                groups.append(groups[-1] + md.row_group(g).num_rows)
-            self._group_offsets.append(np.asarray(groups, dtype=np.int64))
+            self._group_offsets.append(np.cumsum([0, *(md.row_group(g).num_rows for g in range(md.num_row_groups))],
+                                                 dtype=np.int64))
             rows.append(md.num_rows)
-        self.file_offsets = np.zeros(len(self.files) + 1, dtype=np.int64)
-        np.cumsum(rows, out=self.file_offsets[1:])
+        self.file_offsets = np.cumsum([0, *rows], dtype=np.int64)
         self._handles: dict = {}
         self._cached = None  # ((file, group), decoded columns)
 
