@@ -167,8 +167,7 @@ def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int 
         if width > n:
             pos[r, n:] = np.arange(width - n)
             seqlens.append(width - n)
-    cu = np.zeros(len(seqlens) + 1, dtype=np.int32)
-    np.cumsum(seqlens, out=cu[1:])
+    cu = np.cumsum([0, *seqlens], dtype=np.int32)
     return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
             "loss_mask": torch.from_numpy(mask), "position_ids": torch.from_numpy(pos),
             "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(max(seqlens))}

@@ -53,8 +53,7 @@ def write_packed_parquet(dataset, path, *, row_group_size: int = ROW_GROUP_SIZE)
 
 
 def _list_array(pa, parts: list[np.ndarray], value_type):
-    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    offsets = np.cumsum([0, *(len(p) for p in parts)], dtype=np.int32)
     values = np.concatenate(parts) if parts else np.zeros(0)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))
 
