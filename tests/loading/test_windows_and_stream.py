@@ -178,3 +178,14 @@ def test_draw_rows_that_is_not_a_positive_int_is_refused_not_cut(two_shards):
         RankBatchStream(ds, 4, seed=0, rank=0, world_size=1, draw_rows=2.5)
     with pytest.raises(ConfigError, match="draw_rows 3 must divide the per-rank batch 4"):
         RankBatchStream(ds, 4, seed=0, rank=0, world_size=1, draw_rows=3)
+
+
+def test_a_cache_given_for_a_split_or_a_split_for_a_cache_is_named_as_such(two_shards):
+    """PretrainTokenStreamDataset takes <cache>/<split>, IndexedWindowDataset the cache: given the other, each said
+    "no meta.json ...: the build was interrupted or never ran; re-run build-all", about a cache that is complete."""
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(two_shards))}: a cache \(it holds meta.json\), not one of its "
+                                          rf"splits: pass a split directory, e.g. {re.escape(str(two_shards / 'train'))}"):
+        PretrainTokenStreamDataset(str(two_shards), T=3, device="cpu")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(two_shards / 'val'))}: a split directory of the cache "
+                                          rf"{re.escape(str(two_shards))}: pass the cache, .* \(with split='val'\)"):
+        IndexedWindowDataset(two_shards / "val", T=3)
