@@ -8,6 +8,7 @@ per epoch), read through the random-window reader's core (readers/windows_core.p
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 from collections.abc import Sequence
 
@@ -78,9 +79,9 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return self.core.files(self.core.locate(np.asarray(indices, dtype=np.int64))[0])
 
     def __getitem__(self, index: int) -> dict:
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):  # not cut to an int: 1.5, "1"
+        if isinstance(index, bool) or not hasattr(index, "__index__"):  # an int, numpy or 0-d torch one; not 1.5, "1"
             raise TypeError(f"IndexedWindowDataset indices are integers, got {index!r} ({type(index).__name__})")
-        shard, local = self.locate(int(index))
+        shard, local = self.locate(operator.index(index))
         window = torch.from_numpy(self.core.gather(np.array([shard]), np.array([local]))[0].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 

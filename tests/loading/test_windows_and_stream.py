@@ -169,6 +169,7 @@ def test_a_window_index_that_is_not_an_integer_is_refused_not_cut(two_shards, ba
     with pytest.raises(TypeError, match="IndexedWindowDataset indices are integers"):
         ds.__getitems__([bad, 0] if not isinstance(bad, bool) else [bad])
     assert ds.__getitems__([np.int64(4), 0]).x.tolist() == [[103, 104, 105], [0, 1, 2]]
+    assert ds[torch.tensor(4)]["input_ids"].tolist() == [103, 104, 105]  # `for i in torch.randperm(n): ds[i]`
 
 
 def test_draw_rows_that_is_not_a_positive_int_is_refused_not_cut(two_shards):
