@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 from pathlib import Path
 
@@ -199,8 +200,10 @@ def check_starts(starts: np.ndarray, length: int, where: str) -> None:
 
 
 def bin_index(idx, n: int, where: str) -> int:
-    """`idx` (negative counts from the end) checked against `n` bins."""
-    idx = int(idx) + (n if int(idx) < 0 else 0)
+    """`idx` (an integer of any kind; negative counts from the end) checked against `n` bins."""
+    if isinstance(idx, bool) or not hasattr(idx, "__index__"):  # not cut to an int: 1.5, "1"
+        raise TypeError(f"{where}: bin indices are integers, got {idx!r} ({type(idx).__name__})")
+    idx = operator.index(idx) + (n if operator.index(idx) < 0 else 0)
     if not 0 <= idx < n:
         raise IndexError(f"{where}: index {idx} out of range for {n} bins")
     return idx

@@ -127,3 +127,21 @@ def test_collate_never_labels_across_a_boundary_even_where_a_foreign_bin_masks_a
     assert b["labels"].tolist() == [[-100, 12, -100, -100, -100]]
     assert b["loss_mask"].tolist() == [[False, True, False, False, False]]
     assert item["loss_mask"].tolist() == [0, 1, 1, 0, 1]  # the item itself is left as it was
+
+
+@pytest.mark.parametrize("bad", [1.5, "1", True])
+def test_a_bin_index_that_is_not_an_integer_is_refused_not_cut(tmp_path, bad):
+    """ds[1.5] and ds["1"] read bin 1 (int() cut and parsed them); every packed dataset refuses them, as the window and
+    SFT datasets do, and takes any integer (numpy, a 0-d tensor)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from niels_gpt.packing import PackedParquetDataset
+
+    shard = _numbered_shard(tmp_path / "s", num_bins=3)
+    pq.write_table(pa.table({"input_ids": [[1, 2]] * 3, "loss_mask": [[1, 0]] * 3, "seq_start_id": [[0]] * 3}),
+                   tmp_path / "p.parquet")
+    for ds in (PackedMemmapDataset(shard), PackedMultiShardDataset([shard]), PackedParquetDataset(tmp_path / "p.parquet")):
+        with pytest.raises(TypeError, match="bin indices are integers, got"):
+            ds[bad]
+        assert ds[np.int64(1)]["input_ids"].tolist() == ds[torch.tensor(1)]["input_ids"].tolist() == ds[1]["input_ids"].tolist()
