@@ -34,8 +34,7 @@ class SFTExamples:
         """`tokens_path`: `<cache>/<split>_tokens.bin`, `idx_path`: its int64 offsets (`<split>_idx.npy`)."""
         T = count("SFTExampleDataset", "T", T, what="a window length")
         self.remote = None
-        (tok_dir, tok_name), (idx_dir, idx_name) = (split_url(p) if is_url(p) else (os.path.dirname(os.path.abspath(p)),
-                                                                                     Path(p).name)
+        (tok_dir, tok_name), (idx_dir, idx_name) = (split_url(p) if is_url(p) else os.path.split(os.path.abspath(p))
                                                     for p in (tokens_path, idx_path))
         split = tok_name.removesuffix("_tokens.bin")
         if tok_dir != idx_dir or idx_name != f"{split}_idx.npy":  # another split's offsets read the wrong examples
