@@ -42,6 +42,7 @@ from niels_gpt.resume import (
     state_int,
     state_ints,
 )
+from niels_gpt.urls import is_url
 
 MIXTURE_KIND = "mixture_sampler"
 MIXTURE_CODE = 1  # the draws' code version: bumped whenever the same settings give other draws
@@ -285,14 +286,14 @@ class MixtureConfig:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> MixtureConfig:
-        """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder."""
+        """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder (URLs stay)."""
         p = Path(path)
         try:
             raw = tomllib.loads(p.read_text("utf-8")) if p.suffix == ".toml" else json.loads(p.read_text("utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{p}: cannot read mixture config ({exc}); expected JSON or TOML") from exc
         cfg = cls.from_dict(raw, str(p))
-        return replace(cfg, datasets={n: str(p.parent / d) for n, d in cfg.datasets.items()})
+        return replace(cfg, datasets={n: d if is_url(d) else str(p.parent / d) for n, d in cfg.datasets.items()})
 
     def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
               world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:
