@@ -22,6 +22,7 @@ from niels_gpt.meta import (
     read_meta,
     sha256_file,
 )
+from niels_gpt.urls import is_url
 
 
 @dataclass
@@ -54,6 +55,8 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     """Open one split of an SFT cache, checking meta.json, file sizes and the offsets."""
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if is_url(cache_dir):  # as a path it reads "s3:/b/c": a missing meta.json, and advice to rebuild
+        raise ConfigError(f"{cache_dir}: pack-sft reads a local SFT cache, not a URL: copy the cache here first")
     cache_dir = Path(cache_dir)
     meta = read_meta(str(cache_dir))
     if meta["kind"] != "sft":
