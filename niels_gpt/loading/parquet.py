@@ -26,6 +26,7 @@ from niels_gpt.loading.prefetch import local_world_size
 from niels_gpt.long_documents import encode_whole
 from niels_gpt.readers.checks import count
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
+from niels_gpt.urls import is_url
 
 TEXT_COLUMN = "text"
 TOKENIZER_BATCH_SIZE = 128
@@ -78,9 +79,9 @@ class RankDocuments:
 
     def __init__(self, files, tokenizer, *, rank: int, world_size: int, text_column: str = TEXT_COLUMN,
                  bos_id: int | None = None, batch_size: int = TOKENIZER_BATCH_SIZE, threads: int | None = None):
+        if not files or any(is_url(f) for f in files):
+            raise ConfigError(f"Parquet files {list(files)[:3]}: expected local files (`download` fetches shards from a URL)")
         self.files = [Path(f) for f in files]
-        if not self.files:
-            raise ConfigError("no Parquet files given")
         self.tokenizer, self.text_column = tokenizer, text_column
         self.bos = tokenizer.bos_id if bos_id is None else bos_id
         if self.bos is None:

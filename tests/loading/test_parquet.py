@@ -293,3 +293,11 @@ def test_a_closed_prefetching_loader_goes_on_after_the_last_batch_it_delivered(p
     got += [next(loader)[0] for _ in range(3)]
     loader.close()
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_parquet_files_given_by_url_are_refused_as_urls(tokenizer):
+    """A URL in `files` was read as the local path "s3:/b/..." and refused as a broken file to re-download; the loader
+    reads local shards (`download` fetches them), and says so. No file at all is refused too."""
+    for files in (["s3://bucket/fineweb/shard_00000.parquet"], []):
+        with pytest.raises(ConfigError, match=r"expected local files \(`download` fetches shards from a URL\)"):
+            ParquetTokenLoader(files, tokenizer, B=1, T=8, rank=0, world_size=1, prefetch=0)
