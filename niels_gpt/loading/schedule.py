@@ -40,7 +40,8 @@ class BatchSchedule:
                                   f"{world_size} (every rank takes an equal share)")
 
     @classmethod
-    def of(cls, global_batch_size: int | None, batch_schedule, world_size: int, where: str) -> BatchSchedule:
+    def of(cls, global_batch_size: int | None, batch_schedule, world_size: int,
+           where: str = "BatchSchedule") -> BatchSchedule:
         """A sampler's schedule (`where`: its name, for errors): `batch_schedule`, else the constant
         `global_batch_size`; given both, the size must be the schedule's last batch."""
         if batch_schedule is None:
