@@ -174,8 +174,7 @@ class RankDocuments:
         out = {}
         for pos, wanted in by_group.items():
             texts = self.texts(pos)
-            for (d, _), tokens in zip(wanted, self.encode([texts[row] for _, row in wanted]), strict=True):
-                out[d] = tokens
+            out.update(zip([d for d, _ in wanted], self.encode([texts[row] for _, row in wanted]), strict=True))
         return out
 
 
