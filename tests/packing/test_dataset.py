@@ -145,3 +145,20 @@ def test_a_bin_index_that_is_not_an_integer_is_refused_not_cut(tmp_path, bad):
         with pytest.raises(TypeError, match="bin indices are integers, got"):
             ds[bad]
         assert ds[np.int64(1)]["input_ids"].tolist() == ds[torch.tensor(1)]["input_ids"].tolist() == ds[1]["input_ids"].tolist()
+
+
+def test_a_shard_replaced_after_the_dataset_was_opened_is_refused_not_read(tmp_path):
+    """The arrays are mapped again in each process that reads (DataLoader workers: every epoch without persistent
+    ones). A shard packed again into the same directory after the dataset was opened was read with the old
+    manifest's bin count: other bins, silently. The files must be the ones checked on open."""
+    from niels_gpt.errors import CacheMismatchError
+
+    write_sft_cache(tmp_path / "c", chats(40, seed=2))
+    pack_sft(tmp_path / "c", tmp_path / "p", pack_size=96, warn=False)
+    ds = PackedMemmapDataset(tmp_path / "p")
+    copy = pickle.loads(pickle.dumps(ds))  # what a worker process gets
+    pack_sft(tmp_path / "c", tmp_path / "p", pack_size=192, warn=False)  # packed again, in place
+    for d in (ds, copy):
+        with pytest.raises(CacheMismatchError, match=r"p: its arrays were replaced since the dataset was opened \(packed again\?\)"):
+            d[0]
+    assert len(PackedMemmapDataset(tmp_path / "p")[0]["input_ids"]) > 96  # opened again: the new bins
