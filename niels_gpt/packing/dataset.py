@@ -45,7 +45,7 @@ class PackedMemmapDataset:
         self.shard_dir = str(shard_dir)
         self.manifest = read_manifest(shard_dir)
         self._paths = {k: str(v) for k, v in check_headers(shard_dir, self.manifest).items()}
-        self._files = {name: _identity(path) for name, path in self._paths.items()}  # what each process maps
+        self._files = {name: file_identity(path) for name, path in self._paths.items()}  # what each process maps
         self.num_bins = self.manifest["num_bins"]
         self.pack_size = self.manifest["pack_size"]
         self._arrays: dict[str, np.ndarray] | None = None
@@ -54,7 +54,7 @@ class PackedMemmapDataset:
 
     def _open(self) -> dict[str, np.ndarray]:
         if self._arrays is None:
-            if any(_identity(path) != self._files[name] for name, path in self._paths.items()):  # mapped per process
+            if any(file_identity(path) != self._files[name] for name, path in self._paths.items()):  # mapped per process
                 raise CacheMismatchError(f"{self.shard_dir}: its arrays were replaced since the dataset was opened "
                                          "(packed again?): open the dataset again")
             self._arrays = {name: _load(self._paths[name]) for name in ARRAYS}
@@ -179,7 +179,7 @@ def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int 
             "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(max(seqlens))}
 
 
-def _identity(path: str) -> tuple | None:
+def file_identity(path: str) -> tuple | None:
     """What tells the file at `path` from one written in its place (None: no file there)."""
     st = os.stat(path) if os.path.exists(path) else None
     return st and (st.st_ino, st.st_size, st.st_mtime_ns)

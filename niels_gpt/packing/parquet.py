@@ -22,8 +22,9 @@ import numpy as np
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.constants import PARQUET_SUFFIXES
-from niels_gpt.errors import FormatError
+from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import sha256_file
+from niels_gpt.packing.dataset import file_identity
 from niels_gpt.packing.memmap_format import COLUMNS, bin_index, packed_item
 from niels_gpt.resume import fingerprint
 
@@ -93,6 +94,7 @@ class PackedParquetDataset:
             rows.append(md.num_rows)
         self.file_offsets = np.cumsum([0, *rows], dtype=np.int64)
         self._handles: dict = {}
+        self._ids = [file_identity(f) for f in self.files]  # a file replaced since is refused, not read
         self._cached = None  # ((file, group), decoded columns)
 
     def __getstate__(self):
@@ -109,6 +111,8 @@ class PackedParquetDataset:
         import pyarrow.parquet as pq
 
         if fi not in self._handles:
+            if file_identity(self.files[fi]) != self._ids[fi]:
+                raise CacheMismatchError(f"{self.files[fi]}: replaced since the dataset was opened: open it again")
             self._handles[fi] = pq.ParquetFile(self.files[fi])
         table = self._handles[fi].read_row_group(gi, columns=list(COLUMNS))
         cols = {}

@@ -198,3 +198,21 @@ def test_a_null_or_fractional_value_in_a_foreign_bin_is_refused_not_cast(tmp_pat
         legacy = LegacyPackedDataset(path, allow_pickle=True)
     with pytest.raises(FormatError, match=r"f.npy row 0: input_ids holds a null or a value that is not an integer"):
         legacy[0]
+
+
+def test_a_parquet_file_replaced_after_the_dataset_was_opened_is_refused_not_read(tmp_path):
+    """Row counts are read on open and the files in each process that reads: a file written again in between (fewer
+    or other rows) was read by the old counts. It is refused until the dataset is opened again."""
+    import pickle
+
+    from niels_gpt.errors import CacheMismatchError
+
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({k: [r[k] for r in ROWS] for k in ROWS[0]}), path)
+    ds = PackedParquetDataset(path)
+    copy = pickle.loads(pickle.dumps(ds))  # what a worker process gets
+    pq.write_table(pa.table({k: [r[k] for r in ROWS[1:]] for k in ROWS[0]}), path)
+    for d in (ds, copy):
+        with pytest.raises(CacheMismatchError, match=r"a.parquet: replaced since the dataset was opened"):
+            d[0]
+    assert PackedParquetDataset(path)[0]["input_ids"].tolist() == ROWS[1]["input_ids"]
