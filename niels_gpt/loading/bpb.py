@@ -59,7 +59,7 @@ def evaluate_bpb(model: Callable[[torch.Tensor], torch.Tensor], batches: Iterabl
         safe = torch.where(valid, y, torch.zeros_like(y))
         nbytes = torch.where(valid, token_bytes[safe], torch.zeros_like(safe))
         loss = F.cross_entropy(logits.reshape(y.numel(), -1).float(), safe, reduction="none")
-        total_nats += (loss.double() * (nbytes > 0)).sum()
+        total_nats += torch.where(nbytes > 0, loss.double(), 0.0).sum()  # not loss * mask: inf * 0 is NaN
         total_bytes += nbytes.sum()
     import torch.distributed as dist
 

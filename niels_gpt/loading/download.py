@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from niels_gpt.atomic import tmp_name
 from niels_gpt.errors import ConfigError, StorageError
+from niels_gpt.readers.checks import count
 from niels_gpt.storage.fs import allow_transfers, bounded_call, filesystem, stop_transfers, with_retries
 from niels_gpt.storage.settings import network_timeout_s
 from niels_gpt.urls import refuse_url
@@ -88,6 +89,7 @@ def download_shard(base_url: str, out_dir: str | os.PathLike, index: int, *, max
                    filename: str = FILENAME) -> ShardResult:
     """Download one shard unless it is already complete; never raises for a failed transfer. `timeout_s`:
     the network time limit (None: `--network-timeout`)."""
+    max_attempts = count("download", "max_attempts", max_attempts, what="a number of tries")  # 0: no try at all
     name = filename.format(index=index)
     final = Path(out_dir) / name
     if final.is_file():
@@ -132,6 +134,7 @@ def download_shards(base_url: str, out_dir: str | os.PathLike, indices, *, num_w
     from tqdm import tqdm
 
     refuse_url(out_dir, "--out-dir")
+    count("download", "max_attempts", max_attempts, what="a number of tries")  # before the folder is made
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out-dir {out}: a file, not a directory; choose a directory for the shards")

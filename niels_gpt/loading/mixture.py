@@ -25,6 +25,7 @@ import torch
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import EpochOrder, epoch_order, mix_seed
+from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.loading.windows import IndexedWindowDataset
 from niels_gpt.resume import (
     ORDER_PEEK,
@@ -41,10 +42,12 @@ from niels_gpt.resume import (
     state_int,
     state_ints,
 )
+from niels_gpt.urls import is_url
 
 MIXTURE_KIND = "mixture_sampler"
 MIXTURE_CODE = 1  # the draws' code version: bumped whenever the same settings give other draws
 TEMPERATURE = 1.0
+FILE_KEYS = ("datasets", "weights", "phases", "temperature", "seed", "split")  # what a mixture file may hold
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,7 @@ class MixtureSampler:
                  weights: Mapping[str, float] | None = None, temperature: float = TEMPERATURE, seed: int,
                  rank: int | None = None, world_size: int | None = None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        if global_batch_size < 1 or global_batch_size % self.world_size:
-            raise ConfigError(f"global_batch_size {global_batch_size} must be a positive multiple of "
-                              f"world_size {self.world_size}")
+        global_batch_size = BatchSchedule.of(global_batch_size, None, self.world_size, "MixtureSampler").steps[0][1]
         if (phases is None) == (weights is None):
             raise ConfigError("give exactly one of weights= (one phase) or phases= (a schedule)")
         self.mixture = mixture
@@ -150,12 +151,8 @@ class MixtureSampler:
         return out
 
     def probabilities(self, step: int) -> list[float]:
-        """Normalised weights in force at `step`."""
-        probs = self.phases[0][1]
-        for start, p in self.phases:
-            if start <= step:
-                probs = p
-        return probs
+        """Normalised weights in force at `step`: the last phase started by then (the first starts at 0)."""
+        return next(p for start, p in reversed(self.phases) if start <= step)
 
     def _sample(self, d: int, k: int) -> int:
         n = len(self.mixture.datasets[d])
@@ -242,6 +239,15 @@ class MixtureSampler:
         self.step, self.seed, self.drawn, self.carry = step, seed, drawn, carry
 
 
+def _setting(value, kind: type, where: str, name: str):
+    """`value` of a mixture file as `kind`: int (an integral number) or float (any finite number)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or (kind is int and value != int(value)):
+        raise ConfigError(f"{where}: {name} = {value!r} is not {'an integer' if kind is int else 'a number'}: write "
+                          f"a plain number, without quotes (e.g. {name} = {kind(1)})")
+    return kind(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MixtureConfig:
     """What a mixture file holds: datasets (name -> cache dir), phases, temperature, seed."""
@@ -254,29 +260,40 @@ class MixtureConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping, where: str = "<dict>") -> MixtureConfig:
+        """The settings of a mixture file (`where` names it in errors): every key known, every value its type."""
+        unknown = ", ".join(sorted(map(str, set(raw) - set(FILE_KEYS)))) if isinstance(raw, Mapping) else None
+        if unknown != "":
+            raise ConfigError(f"{where}: {f'unknown setting(s) {unknown}' if unknown else 'not a table'}; a mixture "
+                              f"file is a table of {', '.join(FILE_KEYS)}")
         if not isinstance(raw.get("datasets"), Mapping) or not raw["datasets"]:
             raise ConfigError(f"{where}: 'datasets' must be a table of name -> cache directory")
         if ("weights" in raw) == ("phases" in raw):
             raise ConfigError(f"{where}: give exactly one of 'weights' (a table) or 'phases' (a list)")
-        try:
-            phases = ([Phase(0, dict(raw["weights"]))] if "weights" in raw else
-                      [Phase(int(p["start_step"]), dict(p["weights"])) for p in raw["phases"]])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: each phase needs start_step (int) and weights (table): {exc}") from exc
-        return cls(datasets={str(k): str(v) for k, v in raw["datasets"].items()}, phases=phases,
-                   temperature=float(raw.get("temperature", TEMPERATURE)), seed=int(raw.get("seed", 0)),
-                   split=str(raw.get("split", "train")))
+        phases = raw["phases"] if "phases" in raw else [{"start_step": 0, "weights": raw["weights"]}]
+        for k, p in enumerate(phases if isinstance(phases, list) else [phases]):
+            name = "" if "weights" in raw else f"phases[{k}]."
+            if not (isinstance(p, Mapping) and sorted(p) == ["start_step", "weights"] and isinstance(p["weights"],
+                                                                                             Mapping)):
+                raise ConfigError(f"{where}: {name.rstrip('.') or 'weights'} is {raw.get('weights', p)!r}; 'weights' is a "
+                                  "table, 'phases' a list of tables of start_step (int) and weights, nothing else")
+            _setting(p["start_step"], int, where, f"{name}start_step")
+            for d, w in p["weights"].items():
+                _setting(w, float, where, f"{name}weights.{d}")
+        return cls(datasets={str(k): str(v) for k, v in raw["datasets"].items()},
+                   phases=[Phase(int(p["start_step"]), dict(p["weights"])) for p in phases],
+                   temperature=_setting(raw.get("temperature", TEMPERATURE), float, where, "temperature"),
+                   seed=_setting(raw.get("seed", 0), int, where, "seed"), split=str(raw.get("split", "train")))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> MixtureConfig:
-        """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder."""
+        """Read a .json or .toml mixture file; relative cache paths resolve against the file's folder (URLs stay)."""
         p = Path(path)
         try:
             raw = tomllib.loads(p.read_text("utf-8")) if p.suffix == ".toml" else json.loads(p.read_text("utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{p}: cannot read mixture config ({exc}); expected JSON or TOML") from exc
         cfg = cls.from_dict(raw, str(p))
-        return replace(cfg, datasets={n: str(p.parent / d) for n, d in cfg.datasets.items()})
+        return replace(cfg, datasets={n: d if is_url(d) else str(p.parent / d) for n, d in cfg.datasets.items()})
 
     def build(self, T: int, global_batch_size: int, *, rank: int | None = None,
               world_size: int | None = None) -> tuple[MixtureDataset, MixtureSampler]:

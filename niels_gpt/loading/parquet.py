@@ -24,7 +24,9 @@ from niels_gpt.loading.ahead import Prefetcher, resolve_mode
 from niels_gpt.loading.bestfit import BUFFER_SIZE, BestFitPacker
 from niels_gpt.loading.prefetch import local_world_size
 from niels_gpt.long_documents import encode_whole
+from niels_gpt.readers.checks import count
 from niels_gpt.resume import STATE_VERSION, check_state, fingerprint, resolve_rank, state_int, state_ints
+from niels_gpt.urls import is_url
 
 TEXT_COLUMN = "text"
 TOKENIZER_BATCH_SIZE = 128
@@ -77,16 +79,17 @@ class RankDocuments:
 
     def __init__(self, files, tokenizer, *, rank: int, world_size: int, text_column: str = TEXT_COLUMN,
                  bos_id: int | None = None, batch_size: int = TOKENIZER_BATCH_SIZE, threads: int | None = None):
+        if not files or any(is_url(f) for f in files):
+            raise ConfigError(f"Parquet files {list(files)[:3]}: expected local files (`download` fetches shards from a URL)")
         self.files = [Path(f) for f in files]
-        if not self.files:
-            raise ConfigError("no Parquet files given")
         self.tokenizer, self.text_column = tokenizer, text_column
         self.bos = tokenizer.bos_id if bos_id is None else bos_id
         if self.bos is None:
             raise ConfigError(f"tokenizer {tokenizer.model_path} has no BOS token; pass bos_id=")
         if threads is not None and threads < 1:
             raise ConfigError(f"tokenizer_threads={threads}: must be >= 1 (or None: the rank's share of the cores)")
-        self.batch_size, self.threads = batch_size, rank_threads() if threads is None else threads
+        self.batch_size = count("ParquetTokenLoader", "tokenizer_batch_size", batch_size, what="a batch size")
+        self.threads = rank_threads() if threads is None else threads
         self.tokens_encoded = 0  # every token tokenized, including look-ahead and re-reads on resume
         self._pf: OrderedDict[int, object] = OrderedDict()  # the files open now, least recently read first
         groups = []
@@ -171,8 +174,7 @@ class RankDocuments:
         out = {}
         for pos, wanted in by_group.items():
             texts = self.texts(pos)
-            for (d, _), tokens in zip(wanted, self.encode([texts[row] for _, row in wanted]), strict=True):
-                out[d] = tokens
+            out.update(zip([d for d, _ in wanted], self.encode([texts[row] for _, row in wanted]), strict=True))
         return out
 
 
@@ -186,8 +188,8 @@ class ParquetTokenLoader:
                  prefetch: int = PREFETCH, prefetch_mode: str = "auto"):
         if packing not in PACKINGS:
             raise ConfigError(f"packing {packing!r}: expected one of {PACKINGS}")
-        if B < 1 or T < 1 or buffer_size < 1:
-            raise ConfigError(f"B={B}, T={T}, buffer_size={buffer_size}: all must be >= 1")
+        B, T = count("ParquetTokenLoader", "B", B, what="a batch size"), count("ParquetTokenLoader", "T", T, what="a window length")
+        buffer_size = count("ParquetTokenLoader", "buffer_size", buffer_size, what="a buffer size")
         if prefetch < 0:
             raise ConfigError(f"prefetch {prefetch}: batches to prepare ahead must be >= 0 (0: none)")
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -200,7 +202,7 @@ class ParquetTokenLoader:
         self._restart(next_doc=0, offset=0, buffer=[])
         self._ahead = None
         self._delivered = self.state_now()
-        self._stats = {}
+        self._stats, self._closed = {}, False
         if prefetch:
             mode = resolve_mode(prefetch_mode, tokenizer)
             # a worker process builds its own loader from these (the tokenizer pickles as its path)
@@ -276,6 +278,8 @@ class ParquetTokenLoader:
             yield (self.host_batch(tokens), stats), self.state_now()
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._closed:
+            self.load_state_dict(self.state_dict())
         if self._ahead is None:
             tokens, self._stats = self.produce()
             x, y = self.host_batch(tokens)
@@ -298,9 +302,11 @@ class ParquetTokenLoader:
         return {"batches": self.batches, **(self._stats or self._own_stats())}
 
     def close(self) -> None:
-        """Stop the background producer, if any (a prefetching loader also stops when collected)."""
+        """Stop the background producer, if any (a prefetching loader also stops when collected); a next() after
+        it goes on after the last batch delivered."""
         if self._ahead is not None:
             self._ahead.stop()
+            self._closed = True  # the batches made ahead are dropped: the next one starts from the delivered state
         self.docs.close()
 
     def state_now(self) -> dict:
@@ -337,6 +343,6 @@ class ParquetTokenLoader:
         if self._ahead is not None:
             self._ahead.stop()  # NOTE: before the producer's loader is touched: the thread runs on it
         self._restart(next_doc=next_doc, offset=offset, buffer=buffer)
-        self._delivered = self.state_now()
+        self._delivered, self._closed = self.state_now(), False
         if self._ahead is not None:
             self._ahead.restart_at(self._delivered)

@@ -55,7 +55,7 @@ class GlobalBatchSampler:
                  world_size: int | None = None, prefetch: bool | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         n = len(dataset)
-        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size)
+        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size, type(self).__name__)
         largest = max(g for _, g in self.schedule.steps)
         if n < largest:
             raise ConfigError(f"dataset has {n} samples, fewer than one global batch of {largest}; lower "
@@ -318,21 +318,16 @@ class ResumableDataLoader(DataLoader):
 
     def state_dict(self) -> dict:
         sampler = self.batch_sampler
-        if not isinstance(sampler, GlobalBatchSampler):
-            if self._delivered is None:
-                return sampler.state_dict()
-            with_order = getattr(sampler, "state_with_order", None)
-            return with_order(self._delivered) if with_order is not None else dict(self._delivered)
-        if self._position is None:
+        if self._position is not None:  # a GlobalBatchSampler's last delivered batch
+            return sampler.state_at(*self._position)
+        if self._delivered is None:  # nothing delivered since the sampler's state was set
             return sampler.state_dict()
-        return sampler.state_at(*self._position)
+        with_order = getattr(sampler, "state_with_order", None)
+        return with_order(self._delivered) if with_order is not None else dict(self._delivered)
 
     def load_state_dict(self, state: dict, *, allow_new_order: bool = False) -> None:
         """Go on after the last delivered batch of `state`; allow_new_order: see GlobalBatchSampler.load_state_dict."""
         self.close()
-        if allow_new_order:
-            self.batch_sampler.load_state_dict(state, allow_new_order=True)
-        else:
-            self.batch_sampler.load_state_dict(state)
+        self.batch_sampler.load_state_dict(state, **({"allow_new_order": True} if allow_new_order else {}))
         self._position = None
         self._delivered = None

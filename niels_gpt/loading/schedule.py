@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Sequence
 
 from niels_gpt.errors import ConfigError
+from niels_gpt.readers.checks import count
 
 
 class BatchSchedule:
@@ -39,11 +40,13 @@ class BatchSchedule:
                                   f"{world_size} (every rank takes an equal share)")
 
     @classmethod
-    def of(cls, global_batch_size: int | None, batch_schedule, world_size: int) -> BatchSchedule:
-        """A sampler's schedule: `batch_schedule`, else the constant `global_batch_size`; given both, the size must
-        be the schedule's last batch."""
+    def of(cls, global_batch_size: int | None, batch_schedule, world_size: int,
+           where: str = "BatchSchedule") -> BatchSchedule:
+        """A sampler's schedule (`where`: its name, for errors): `batch_schedule`, else the constant
+        `global_batch_size`; given both, the size must be the schedule's last batch."""
         if batch_schedule is None:
-            return cls(global_batch_size, world_size=world_size)
+            return cls(count(where, "global_batch_size", global_batch_size, what="a global batch size"),
+                       world_size=world_size)
         schedule = cls(batch_schedule, world_size=world_size)
         if global_batch_size is not None and global_batch_size != schedule.steps[-1][1]:
             raise ConfigError(f"global_batch_size {global_batch_size} with a batch schedule ending at "
@@ -51,12 +54,8 @@ class BatchSchedule:
         return schedule
 
     def at(self, total: int) -> int:
-        g = self.steps[0][1]
-        for start, batch in self.steps:
-            if start > total:
-                break
-            g = batch
-        return g
+        """The global batch after `total` samples: the last step started by then (the first starts at 0)."""
+        return next(g for start, g in reversed(self.steps) if start <= total)
 
     @property
     def constant(self) -> bool:

@@ -17,6 +17,7 @@ from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import mix_seed
 from niels_gpt.loading.prefetch import RollingPlan, ShardPrefetcher
 from niels_gpt.loading.schedule import BatchSchedule
+from niels_gpt.readers.checks import count
 from niels_gpt.resume import (
     ORDER_PEEK,
     STATE_VERSION,
@@ -40,11 +41,11 @@ class RankBatchStream:
     def __init__(self, dataset, global_batch_size: int | None, *, seed: int, rank: int | None = None,
                  world_size: int | None = None, draw_rows: int | None = None, batch_schedule=None):
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size)
+        self.schedule = BatchSchedule.of(global_batch_size, batch_schedule, self.world_size, "RankBatchStream")
         self.dataset = dataset
         per = math.gcd(*(g // self.world_size for _, g in self.schedule.steps))
-        self.draw_rows = per if draw_rows is None else int(draw_rows)
-        if self.draw_rows < 1 or per % self.draw_rows:
+        self.draw_rows = per if draw_rows is None else count("RankBatchStream", "draw_rows", draw_rows, what="a row count")
+        if per % self.draw_rows:
             raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {per}")
         self.seed = int(seed)
         self.step = 0

@@ -8,6 +8,7 @@ per epoch), read through the random-window reader's core (readers/windows_core.p
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 from collections.abc import Sequence
 
@@ -78,14 +79,17 @@ class IndexedWindowDataset(torch.utils.data.Dataset):
         return self.core.files(self.core.locate(np.asarray(indices, dtype=np.int64))[0])
 
     def __getitem__(self, index: int) -> dict:
-        shard, local = self.locate(int(index))
+        if isinstance(index, bool) or not hasattr(index, "__index__"):  # an int, numpy or 0-d torch one; not 1.5, "1"
+            raise TypeError(f"IndexedWindowDataset indices are integers, got {index!r} ({type(index).__name__})")
+        shard, local = self.locate(operator.index(index))
         window = torch.from_numpy(self.core.gather(np.array([shard]), np.array([local]))[0].astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __getitems__(self, indices) -> WindowBatch:
         """[ds[i] for i in indices] in one gather; `collate_windows` makes it the batch without a copy."""
-        i = torch.from_numpy(np.array(indices, dtype=np.int64))  # a copy: the core overwrites it with rows
-        if len(i) and (int(i.min()) < 0 or int(i.max()) >= len(self)):
-            bad = next(j for j in i.tolist() if not 0 <= j < len(self))
-            raise IndexError(f"window {bad} out of range [0, {len(self)})")
+        i = np.array(indices)  # a copy: the core overwrites it with rows
+        if len(i) and (i.dtype.kind not in "iu" or i.min() < 0 or i.max() >= len(self)):
+            for j in indices:
+                self[j]  # raises what ds[j] raises for the first bad one
+        i = torch.from_numpy(i.astype(np.int64, copy=False))
         return WindowBatch(*self.core.batch(i, _CPU))

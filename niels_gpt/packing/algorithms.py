@@ -89,8 +89,7 @@ def pack_lengths(lengths, pack_size: int = DEFAULT_PACK_SIZE, algorithm: str = D
     by_bin = np.argsort(bin_of, kind="stable")
     items = visit[by_bin]
     counts = np.bincount(bin_of, minlength=int(bin_of.max()) + 1 if bin_of.size else 0)
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return BinAssignment(offsets, items.astype(np.int64), lengths, int(pack_size), algorithm)
 
 

@@ -7,15 +7,18 @@
   shape of Megatron-Bridge's packed dataset items.
 - `collate_packed(items)`: `input_ids`, `labels` (-100 where the loss mask is 0), `loss_mask`, `position_ids`
   restarting in every sequence, `cu_seqlens` (int32, over the flattened [B*T] tokens, a row's padding its own
-  segment) and `max_seqlen`. The mask is 0 at every sequence's last position, so no label crosses a boundary.
+  segment) and `max_seqlen`. The mask is 0 at every sequence's last position (collate sets it so where a
+  foreign bin has 1 there), so no label crosses a boundary.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from niels_gpt.constants import IGNORE_INDEX, MANIFEST_NAME
-from niels_gpt.errors import FormatError
+from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import sha256_file
 from niels_gpt.packing.memmap_format import ARRAYS, bin_index, check_headers, read_manifest
 from niels_gpt.resume import fingerprint
@@ -42,6 +45,7 @@ class PackedMemmapDataset:
         self.shard_dir = str(shard_dir)
         self.manifest = read_manifest(shard_dir)
         self._paths = {k: str(v) for k, v in check_headers(shard_dir, self.manifest).items()}
+        self._files = {name: file_identity(path) for name, path in self._paths.items()}  # what each process maps
         self.num_bins = self.manifest["num_bins"]
         self.pack_size = self.manifest["pack_size"]
         self._arrays: dict[str, np.ndarray] | None = None
@@ -50,17 +54,15 @@ class PackedMemmapDataset:
 
     def _open(self) -> dict[str, np.ndarray]:
         if self._arrays is None:
+            if any(file_identity(path) != self._files[name] for name, path in self._paths.items()):  # mapped per process
+                raise CacheMismatchError(f"{self.shard_dir}: its arrays were replaced since the dataset was opened "
+                                         "(packed again?): open the dataset again")
             self._arrays = {name: _load(self._paths[name]) for name in ARRAYS}
         return self._arrays
 
     def _check_index(self) -> None:
         a = self._open()
-        off, plen, where = a["seq_offsets"], a["packed_len"], self.shard_dir
-        if self.num_bins == 0:
-            if int(off[0]) != 0:
-                raise FormatError(f"{where}/seq_offsets.npy: must be [0] for an empty shard")
-        else:
-            self._check_bins(a, off, plen, where)
+        self._check_bins(a, a["seq_offsets"], a["packed_len"], self.shard_dir)
         # NOTE: the index arrays are read whole here anyway, so their checksums cost little (a start moved inside
         # its bin keeps every structural rule); the token and mask arrays are `validate`'s to hash.
         for name in INDEX_ARRAYS:
@@ -76,7 +78,7 @@ class PackedMemmapDataset:
         if int(off[0]) != 0 or int(off[-1]) != self.manifest["num_sequences"] or np.any(np.diff(off.astype(np.int64)) < 1):
             raise FormatError(f"{where}/seq_offsets.npy: must start at 0, increase by >= 1 per bin and end at "
                               f"num_sequences={self.manifest['num_sequences']}; re-run `pack-sft`")
-        if int(plen.min()) < 1 or int(plen.max()) > self.pack_size:
+        if int(plen.min(initial=1)) < 1 or int(plen.max(initial=0)) > self.pack_size:  # an empty shard has none
             raise FormatError(f"{where}/packed_len.npy: values must be in 1..{self.pack_size}, found "
                               f"{int(plen.min())}..{int(plen.max())}; re-run `pack-sft`")
         # seq_starts, vectorised: each bin's starts begin at 0, increase and stay below its packed length
@@ -160,10 +162,10 @@ def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int 
         n = lengths[r]
         bounds = np.asarray(it["seq_boundaries"], dtype=np.int64)
         ids[r, :n] = it["input_ids"]
-        m = np.asarray(it["loss_mask"][:n], dtype=bool)
+        m = np.array(it["loss_mask"][:n], dtype=bool)
+        m[bounds[1:] - 1] = False  # a sequence's last position predicts nothing (a foreign bin may say it does)
         mask[r, :n] = m
-        # labels[j] = input_ids[j+1] where the mask says so; m is 0 at every sequence's end.
-        target = np.flatnonzero(m[:n - 1])
+        target = np.flatnonzero(m)  # labels[j] = input_ids[j+1] where the mask says so
         labels[r, target] = ids[r, target + 1]
         seg = np.diff(bounds)
         pos[r, :n] = np.arange(n) - np.repeat(bounds[:-1], seg)
@@ -171,11 +173,16 @@ def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int 
         if width > n:
             pos[r, n:] = np.arange(width - n)
             seqlens.append(width - n)
-    cu = np.zeros(len(seqlens) + 1, dtype=np.int32)
-    np.cumsum(seqlens, out=cu[1:])
+    cu = np.cumsum([0, *seqlens], dtype=np.int32)
     return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
             "loss_mask": torch.from_numpy(mask), "position_ids": torch.from_numpy(pos),
             "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(max(seqlens))}
+
+
+def file_identity(path: str) -> tuple | None:
+    """What tells the file at `path` from one written in its place (None: no file there)."""
+    st = os.stat(path) if os.path.exists(path) else None
+    return st and (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _load(path: str) -> np.ndarray:

@@ -48,8 +48,7 @@ class PackedMultiShardDataset:
 
     def __init__(self, shards):
         self.shards = [open_packed(s) if isinstance(s, (str, os.PathLike, list, tuple)) else s for s in shards]
-        self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in self.shards], out=self.offsets[1:])
+        self.offsets = np.cumsum([0, *(len(s) for s in self.shards)], dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])

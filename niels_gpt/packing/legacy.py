@@ -15,7 +15,7 @@ import numpy as np
 
 from niels_gpt.errors import ConfigError, FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.memmap_format import COLUMNS, MemmapShardWriter, packed_item
+from niels_gpt.packing.memmap_format import COLUMNS, MemmapShardWriter, bin_index, packed_item
 from niels_gpt.staging import build_aside
 
 
@@ -48,12 +48,11 @@ class LegacyPackedDataset:
         return len(self._rows)
 
     def __getitem__(self, idx: int) -> dict:
-        row = self._rows[idx]
-        where = f"{self.path} row {idx}"
+        idx = bin_index(idx, len(self), self.path)
+        row, where = self._rows[idx], f"{self.path} row {idx}"
         if not isinstance(row, dict) or any(k not in row for k in COLUMNS):
             raise FormatError(f"{where}: expected a dict with keys {', '.join(COLUMNS)}")
-        return packed_item(np.asarray(row["input_ids"], dtype=np.int64), np.asarray(row["loss_mask"]).astype(np.int64),
-                           np.asarray(row["seq_start_id"], dtype=np.int64), where)
+        return packed_item(*(np.asarray(row[k]) for k in COLUMNS), where)
 
     def fingerprint(self) -> str:
         """The identity of these bins in resume states: the .npy file's sha256 (it is read whole anyway)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 from pathlib import Path
 
@@ -199,8 +200,10 @@ def check_starts(starts: np.ndarray, length: int, where: str) -> None:
 
 
 def bin_index(idx, n: int, where: str) -> int:
-    """`idx` (negative counts from the end) checked against `n` bins."""
-    idx = int(idx) + (n if int(idx) < 0 else 0)
+    """`idx` (an integer of any kind; negative counts from the end) checked against `n` bins."""
+    if isinstance(idx, bool) or not hasattr(idx, "__index__"):  # not cut to an int: 1.5, "1"
+        raise TypeError(f"{where}: bin indices are integers, got {idx!r} ({type(idx).__name__})")
+    idx = operator.index(idx) + (n if operator.index(idx) < 0 else 0)
     if not 0 <= idx < n:
         raise IndexError(f"{where}: index {idx} out of range for {n} bins")
     return idx
@@ -210,8 +213,14 @@ def packed_item(ids: np.ndarray, mask: np.ndarray, starts: np.ndarray, where: st
     """One bin of a foreign packed format (Parquet, legacy .npy) as the datasets return it, checked."""
     if len(mask) != len(ids):
         raise FormatError(f"{where}: loss_mask has {len(mask)} values for {len(ids)} input_ids")
-    if len(mask) and (mask.min() < 0 or mask.max() > 1):
+    if not ((mask == 0) | (mask == 1)).all():  # a null (NaN from Parquet, None from a pickle) is neither
         raise FormatError(f"{where}: loss_mask values must be 0 or 1")
+    for name, a in (("input_ids", ids), ("seq_start_id", starts)):
+        # NOTE: a row group with a null reads as floats: exact integers pass; a null (NaN) or 1.5 is not cast
+        if len(a) and not (a.dtype.kind in "iu" or a.dtype.kind == "f" and np.all(np.isfinite(a) & (a % 1 == 0))):
+            raise FormatError(f"{where}: {name} holds a null or a value that is not an integer ({a.dtype}); "
+                              "every value must be an integer: fix or drop this bin")
+    starts = starts.astype(np.int64)
     check_starts(starts, len(ids), where)
     if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
         raise FormatError(f"{where}: input_ids outside the int32 range")

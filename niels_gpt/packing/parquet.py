@@ -22,8 +22,9 @@ import numpy as np
 
 from niels_gpt.atomic import atomic_path
 from niels_gpt.constants import PARQUET_SUFFIXES
-from niels_gpt.errors import FormatError
+from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import sha256_file
+from niels_gpt.packing.dataset import file_identity
 from niels_gpt.packing.memmap_format import COLUMNS, bin_index, packed_item
 from niels_gpt.resume import fingerprint
 
@@ -53,8 +54,7 @@ def write_packed_parquet(dataset, path, *, row_group_size: int = ROW_GROUP_SIZE)
 
 
 def _list_array(pa, parts: list[np.ndarray], value_type):
-    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    offsets = np.cumsum([0, *(len(p) for p in parts)], dtype=np.int32)
     values = np.concatenate(parts) if parts else np.zeros(0)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))
 
@@ -89,14 +89,12 @@ class PackedParquetDataset:
             except (OSError, pa.ArrowException) as exc:
                 raise FormatError(f"{f}: not a readable Parquet file ({exc})") from exc
             _check_schema(pa, schema, f)
-            groups = [0]
-            for g in range(md.num_row_groups):
-                groups.append(groups[-1] + md.row_group(g).num_rows)
-            self._group_offsets.append(np.asarray(groups, dtype=np.int64))
+            self._group_offsets.append(np.cumsum([0, *(md.row_group(g).num_rows for g in range(md.num_row_groups))],
+                                                 dtype=np.int64))
             rows.append(md.num_rows)
-        self.file_offsets = np.zeros(len(self.files) + 1, dtype=np.int64)
-        np.cumsum(rows, out=self.file_offsets[1:])
+        self.file_offsets = np.cumsum([0, *rows], dtype=np.int64)
         self._handles: dict = {}
+        self._ids = [file_identity(f) for f in self.files]  # a file replaced since is refused, not read
         self._cached = None  # ((file, group), decoded columns)
 
     def __getstate__(self):
@@ -113,6 +111,8 @@ class PackedParquetDataset:
         import pyarrow.parquet as pq
 
         if fi not in self._handles:
+            if file_identity(self.files[fi]) != self._ids[fi]:
+                raise CacheMismatchError(f"{self.files[fi]}: replaced since the dataset was opened: open it again")
             self._handles[fi] = pq.ParquetFile(self.files[fi])
         table = self._handles[fi].read_row_group(gi, columns=list(COLUMNS))
         cols = {}
@@ -129,7 +129,7 @@ class PackedParquetDataset:
         gi = int(np.searchsorted(self._group_offsets[fi], row, side="right")) - 1
         r = row - int(self._group_offsets[fi][gi])
         ids, mask, starts = (values[offsets[r]:offsets[r + 1]] for offsets, values in self._group(fi, gi).values())
-        return packed_item(ids, mask, starts.astype(np.int64), f"{self.files[fi]} row {row}")
+        return packed_item(ids, mask, starts, f"{self.files[fi]} row {row}")
 
     def fingerprint(self) -> str:
         """The identity of these rows in resume states: each file's name and sha256 (read once, when asked)."""

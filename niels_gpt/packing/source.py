@@ -22,6 +22,7 @@ from niels_gpt.meta import (
     read_meta,
     sha256_file,
 )
+from niels_gpt.urls import is_url
 
 
 @dataclass
@@ -54,6 +55,8 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     """Open one split of an SFT cache, checking meta.json, file sizes and the offsets."""
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if is_url(cache_dir):  # as a path it reads "s3:/b/c": a missing meta.json, and advice to rebuild
+        raise ConfigError(f"{cache_dir}: pack-sft reads a local SFT cache, not a URL: copy the cache here first")
     cache_dir = Path(cache_dir)
     meta = read_meta(str(cache_dir))
     if meta["kind"] != "sft":
@@ -77,11 +80,10 @@ def open_sft_split(cache_dir, split: str = "train") -> SFTSplit:
     ends = np.append(starts[1:], n_tokens)
     special = meta["special_token_ids"]
     mask = None
-    if special.get("asst") is None:
-        # a chat template's rendering: the trained tokens are stored, one uint8 per token (build_cache)
-        if mask_name not in meta["files"]:
-            raise CacheError(f"{cache_dir}/meta.json: no assistant sentinel id and no {mask_name}; nothing says "
-                             "which tokens are trained: rebuild the SFT cache")
+    if special.get("asst") is None and mask_name not in meta["files"]:
+        raise CacheError(f"{cache_dir}/meta.json: no assistant sentinel id and no {mask_name}; nothing says "
+                         "which tokens are trained: rebuild the SFT cache")
+    if mask_name in meta["files"]:  # the trained tokens as stored (a chat template's rendering), as readers take them
         mask_path = cache_dir / mask_name
         if mask_path.stat().st_size != n_tokens:
             raise CacheError(f"{mask_path}: {mask_path.stat().st_size} bytes but {tok_name} holds {n_tokens} "

@@ -62,23 +62,22 @@ class SFTExampleDataset(SFTExamples, Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Example i as (x, y, y_masked), each (T,) int64 on the CPU: what one row of `collate` holds."""
-        n = len(self.offsets)
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"SFTExampleDataset indices are integers, got {type(i).__name__}")
-        if not -n <= i < n:
-            raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
-        out = self._rows_tensor(np.array([int(i) % n]))
-        return out[0, 0], out[1, 0], out[2, 0]
+        return tuple(self._batch([i])[0])
 
     def __getitems__(self, indices) -> SFTBatch:
         """[ds[i] for i in indices] in one gather, which default_collate passes through without stacking."""
-        idx = np.asarray(indices)
-        n = len(self.offsets)
+        return self._batch(indices)
+
+    def _batch(self, indices, pin: bool = False) -> SFTBatch:
+        """The rows of `indices`, each checked as ds[i] checks i (the first bad one raises)."""
+        idx, n = np.asarray(indices), len(self.offsets)
         if len(idx) and (idx.dtype.kind not in "iu" or idx.min() < -n or idx.max() >= n):
-            bad = next(i for i in indices if isinstance(i, bool) or not isinstance(i, (int, np.integer))
-                       or not -n <= i < n)
-            self[bad]  # raises what ds[bad] raises
-        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n if len(idx) else idx.astype(np.int64)))
+            for i in indices:  # the first bad one
+                if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                    raise TypeError(f"SFTExampleDataset indices are integers, got {type(i).__name__}")
+                if not -n <= i < n:
+                    raise IndexError(f"example {i} is out of range for {n} examples in {self.idx_path}")
+        return SFTBatch(self._rows_tensor(idx.astype(np.int64) % n, pin))
 
     def get_batch(self, *, B: int, generator: "torch.Generator"
                   ) -> tuple["torch.LongTensor", "torch.LongTensor", "torch.LongTensor"]:
@@ -86,13 +85,15 @@ class SFTExampleDataset(SFTExamples, Dataset):
         if type(B) is not int or B < 1:
             B = count("get_batch", "B", B, what="a batch size")
         indices = torch.randint(len(self.offsets), (B,), generator=generator).numpy()
-        return self.collate(indices)
+        return self._on_device(self._rows_tensor(indices, pin=self.device.type == "cuda"))
 
-    def collate(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cuda = self.device.type == "cuda"
-        out = self._rows_tensor(np.asarray(indices), pin=cuda)
+    def collate(self, indices) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x, y, y_masked (B, T) int64 on the device, of the examples `indices` (checked as ds[i] checks i)."""
+        return self._on_device(self._batch(indices, pin=self.device.type == "cuda").out)
+
+    def _on_device(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.device.type != "cpu":
-            out = out.to(self.device, non_blocking=cuda)
+            out = out.to(self.device, non_blocking=self.device.type == "cuda")
         return out[0], out[1], out[2]
 
     def _rows_tensor(self, indices: np.ndarray, pin: bool = False) -> torch.Tensor:

@@ -5,6 +5,7 @@ gives example i's ids (`example(i)`) and trained targets (`trained(i)`: the stor
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +34,14 @@ class SFTExamples:
         """`tokens_path`: `<cache>/<split>_tokens.bin`, `idx_path`: its int64 offsets (`<split>_idx.npy`)."""
         T = count("SFTExampleDataset", "T", T, what="a window length")
         self.remote = None
-        if is_url(tokens_path) or is_url(idx_path):
-            (tok_dir, tok_name), (idx_dir, idx_name) = split_url(tokens_path), split_url(idx_path)
-            if tok_dir != idx_dir:
-                raise ConfigError(f"{tokens_path} and {idx_path}: the tokens and offsets of one split live in "
-                                  "one cache directory; give both from the same one")
+        (tok_dir, tok_name), (idx_dir, idx_name) = (split_url(p) if is_url(p) else os.path.split(os.path.abspath(p))
+                                                    for p in (tokens_path, idx_path))
+        split = tok_name.removesuffix("_tokens.bin")
+        if tok_dir != idx_dir or idx_name != f"{split}_idx.npy":  # another split's offsets read the wrong examples
+            want = f"{split}_idx.npy" if tok_name != split else "<split>_idx.npy with <split>_tokens.bin"
+            raise ConfigError(f"{tokens_path} and {idx_path}: not the tokens and offsets of one split of one cache; "
+                              f"pass the tokens file first, then {want} from its directory")
+        if is_url(tokens_path):
             local, self.remote = open_location(tok_dir)
             tokens_path, idx_path = local / tok_name, local / idx_name
         self.tokens_path, self.idx_path = Path(tokens_path), Path(idx_path)

@@ -44,6 +44,13 @@ def open_split(cache_dir: Path, split: str, T: int, stride: int, *, remote=None,
     local mirror, with `remote`), refused when the split is empty or holds no window of T+1 tokens."""
     if remote is None and not cache_dir.is_dir():
         raise CacheError(unfinished_build(cache_dir) or f"{cache_dir / split}: no such shard directory")
+    if remote is None and not (cache_dir / META_NAME).is_file():  # a cache given for a split, or the reverse
+        if (cache_dir / split / META_NAME).is_file():
+            raise ConfigError(f"{cache_dir / split}: a cache (it holds {META_NAME}), not one of its splits: pass a split "
+                              f"directory, e.g. {cache_dir / split / 'train'}")
+        if (cache_dir.parent / META_NAME).is_file():
+            raise ConfigError(f"{cache_dir}: a split directory of the cache {cache_dir.parent}: pass the cache, "
+                              f"{cache_dir.parent} (with split={cache_dir.name!r})")
     meta = read_meta(str(cache_dir))
     if meta.get("kind") != "pretrain" or not meta.get("built", True):
         raise CacheError(f"{cache_dir}: not a built pretraining cache (kind={meta.get('kind')!r}, "

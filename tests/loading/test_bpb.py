@@ -54,3 +54,17 @@ def test_all_targets_ignored_is_rejected():
 def test_target_outside_token_bytes_is_rejected():
     with pytest.raises(ConfigError, match="target id 5 >= vocabulary 2"):
         evaluate_bpb(torch.nn.Embedding(6, 6), [(torch.tensor([[0]]), torch.tensor([[5]]))], torch.tensor([1, 1]))
+
+
+def test_an_infinite_loss_at_an_uncounted_target_leaves_bpb_finite():
+    """A model that never predicts a special token (its logit -inf) has an infinite loss where the target is that
+    token or ignored (-100 reads as id 0): those targets do not count, and the figure stays the counted ones'."""
+    tb = torch.tensor([0, 1, 1, 1])  # id 0 is a special token: 0 bytes
+
+    def model(x):
+        logits = torch.zeros(*x.shape, 4)
+        logits[..., 0] = float("-inf")
+        return logits
+
+    x, y = torch.tensor([[1, 2, 3, 1]]), torch.tensor([[2, -100, 0, 3]])
+    assert evaluate_bpb(model, [(x, y)], tb) == pytest.approx(math.log(3) / math.log(2))

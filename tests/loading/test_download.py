@@ -134,3 +134,12 @@ def test_hub_urls_are_fetched_through_huggingface_hub(tmp_path, monkeypatch):
     assert [(r.status, r.attempts) for r in results] == [("downloaded", 1)]
     assert asked == ["datasets/karpathy/fineweb-edu-100b-shuffle@main/shard_00003.parquet"]
     assert (tmp_path / "local" / "shard_00003.parquet").stat().st_size == 108
+
+
+def test_max_attempts_of_zero_is_refused_before_anything_is_made(server, tmp_path, capsys):
+    """--max-attempts 0 made no try at all and ended in an AssertionError's traceback; it is refused in one line, and
+    no output folder is made."""
+    url, _ = server
+    assert main(["download", "--base-url", url, "--out-dir", str(tmp_path / "o"), "-n", "1", "--max-attempts", "0"]) != 0
+    assert "max_attempts=0 is not a number of tries: it must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from itertools import islice
 
 import numpy as np
@@ -216,3 +217,36 @@ def test_resumable_loader_refuses_a_sampler_without_state():
 
     with pytest.raises(ConfigError, match="GlobalBatchSampler or a MixtureSampler"):
         ResumableDataLoader(mixture(), [[0, 1]])
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"temprature": 2.0}, "mix.json: unknown setting.s. temprature; a mixture file is a table of datasets"),
+    ({"temperature": "hot"}, r"mix.json: temperature = 'hot' is not a number"),
+    ({"seed": 1.7}, r"mix.json: seed = 1.7 is not an integer"),
+    ({"weights": {"a": "lots"}}, r"mix.json: weights.a = 'lots' is not a number"),
+    ({"weights": None, "phases": [{"start_step": 1.5, "weights": {"a": 1}}]}, r"phases\[0\].start_step = 1.5"),
+    ({"weights": None, "phases": [{"start": 0, "weights": {"a": 1}}]}, r"phases\[0\] is \{'start': 0"),
+])
+def test_a_mixture_file_with_an_unknown_setting_or_a_value_of_the_wrong_type_is_refused_naming_it(tmp_path, change,
+                                                                                                   match):
+    """A misspelt setting was ignored (the run went on with the default), a fractional seed or step was cut to an
+    integer, and a word where a number belongs raised a bare ValueError naming no file."""
+    raw = {"seed": 0, "datasets": {"a": "a"}, "weights": {"a": 1.0}, **change}
+    (tmp_path / "mix.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+    with pytest.raises(ConfigError, match=match):
+        MixtureConfig.from_file(tmp_path / "mix.json")
+
+
+def test_a_mixture_file_naming_caches_by_url_keeps_the_urls(tmp_path):
+    """Relative cache paths resolve against the file's folder; a URL was joined to it too ("s3://b/c" became
+    "<folder>/s3:/b/c", a local path that does not exist). URLs are kept as written."""
+    write_pretrain_cache(tmp_path / "a", {"train": [np.arange(50)]})
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "mix.json").write_text(json.dumps({"datasets": {"a": f"file://{tmp_path / 'a'}",
+                                                                      "s3": "s3://bucket/caches/web", "rel": "../a"},
+                                                         "weights": {"a": 1.0}}))
+    cfg = MixtureConfig.from_file(tmp_path / "m" / "mix.json")
+    assert cfg.datasets == {"a": f"file://{tmp_path / 'a'}", "s3": "s3://bucket/caches/web",
+                            "rel": str(tmp_path / "m" / "../a")}
+    mix, _ = replace(cfg, datasets={"a": cfg.datasets["a"]}).build(T=4, global_batch_size=4, rank=0, world_size=1)
+    assert mix[(0, 0)]["input_ids"].tolist() == [0, 1, 2, 3]

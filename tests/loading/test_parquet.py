@@ -1,6 +1,7 @@
 """Streaming Parquet loader: rank striding, both packings, best-fit rules, exact resumption."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -262,3 +263,41 @@ def test_an_epoch_over_2000_files_reads_under_the_default_descriptor_limit(tmp_p
     bos = tokenizer.bos_id
     docs = [tokenizer.decode(d) for d in np.split(np.array(seen), np.flatnonzero(np.array(seen) == bos))[1:]]
     assert docs[:n - 1] == [f"doc {i}" for i in range(n - 1)]
+
+
+@pytest.mark.parametrize("packing", ["contiguous", "bestfit"])
+@pytest.mark.parametrize("sizes, said", [({"B": 2.0}, "B=2.0 (float) is not a batch size"),
+                                         ({"T": "8"}, "T='8' (str) is not a window length"),
+                                         ({"buffer_size": 0}, "buffer_size=0 is not a buffer size"),
+                                         ({"tokenizer_batch_size": 0}, "tokenizer_batch_size=0 is not a batch size")])
+def test_sizes_that_are_not_positive_ints_are_refused_by_name(parquet_dir, tokenizer, packing, sizes, said):
+    """B=2.0 made a loader whose first batch failed inside numpy (a float shape); T='8' failed comparing a str
+    with an int; tokenizer_batch_size=0 failed in range(). Each is refused on construction, naming the argument,
+    as the cache readers do."""
+    kwargs = {"B": 1, "T": 8, **sizes}
+    with pytest.raises(ConfigError, match=r"ParquetTokenLoader: " + re.escape(said)):
+        next(ParquetTokenLoader(list_parquet_files(parquet_dir), tokenizer, packing=packing, prefetch=0, **kwargs))
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_closed_prefetching_loader_goes_on_after_the_last_batch_it_delivered(parquet_dir, tokenizer, mode):
+    """close() dropped the batches made ahead, and a next() after it started the producer again where it stood: a
+    thread skipped the dropped batches, a process started over from the first batch. It goes on after the last
+    batch delivered, as ResumableDataLoader does after close()."""
+    files = list_parquet_files(parquet_dir)
+    straight = ParquetTokenLoader(files, tokenizer, B=2, T=16, rank=0, world_size=1, prefetch=0)
+    want = [next(straight)[0] for _ in range(6)]
+    loader = ParquetTokenLoader(files, tokenizer, B=2, T=16, rank=0, world_size=1, prefetch=3, prefetch_mode=mode)
+    got = [next(loader)[0] for _ in range(3)]
+    loader.close()
+    got += [next(loader)[0] for _ in range(3)]
+    loader.close()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_parquet_files_given_by_url_are_refused_as_urls(tokenizer):
+    """A URL in `files` was read as the local path "s3:/b/..." and refused as a broken file to re-download; the loader
+    reads local shards (`download` fetches them), and says so. No file at all is refused too."""
+    for files in (["s3://bucket/fineweb/shard_00000.parquet"], []):
+        with pytest.raises(ConfigError, match=r"expected local files \(`download` fetches shards from a URL\)"):
+            ParquetTokenLoader(files, tokenizer, B=1, T=8, rank=0, world_size=1, prefetch=0)

@@ -176,3 +176,19 @@ def test_a_stream_refuses_a_batch_size_the_schedule_does_not_end_at():
     with pytest.raises(ConfigError, match=r"global_batch_size 4 with a batch schedule ending at 16"):
         RankBatchStream(Draws(), 4, seed=3, rank=0, world_size=1, draw_rows=1, batch_schedule=RAMP)
     assert RankBatchStream(Draws(), 16, seed=3, rank=0, world_size=1, draw_rows=1, batch_schedule=RAMP).schedule.steps == RAMP
+
+
+@pytest.mark.parametrize("size, said", [(8.0, "global_batch_size=8.0 (float) is not a global batch size"),
+                                        (True, "global_batch_size=True (bool)"),
+                                        (0, "global_batch_size=0 is not a global batch size: it must be at least 1")])
+def test_every_sampler_refuses_a_global_batch_size_that_is_not_a_positive_int_in_the_same_words(size, said):
+    """MixtureSampler took 8.0 or True and failed inside torch on its first batch; GlobalBatchSampler called a plain
+    size of 0 a 'batch schedule [(0, 0)]'. Each names its own argument now, as the readers do."""
+    from niels_gpt.loading import RankBatchStream
+
+    for make in (lambda g: GlobalBatchSampler(range(100), g, seed=0, rank=0, world_size=1),
+                 lambda g: RankBatchStream(range(100), g, seed=0, rank=0, world_size=1),
+                 lambda g: MixtureSampler(MixtureDataset({"a": range(50)}), g, weights={"a": 1}, seed=0, rank=0,
+                                          world_size=1)):
+        with pytest.raises(ConfigError, match=r"^\w+: " + said.replace("(", r"\(").replace(")", r"\)")):
+            make(size)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from niels_gpt.errors import ConfigError
 from niels_gpt.meta import file_record, write_meta
 from niels_gpt.readers.sft import SFTExampleDataset
 
@@ -94,3 +95,29 @@ def test_a_stored_mask_batch_equals_its_items(tmp_path):
         y = batch[1][row, :k].numpy()
         assert batch[2][row, :k].tolist() == np.where(own, y, -100).tolist()
         assert (batch[2][row, k:] == -100).all()
+
+
+def test_collate_refuses_a_bad_index_as_an_item_would_be(ds):
+    """collate(indices) indexed the offsets with whatever it was given: 23 of 23 examples failed inside numpy naming no
+    file, 1.5 failed as a non-integer array index. It checks them as ds[i] does, and reads what ds[i] reads."""
+    with pytest.raises(IndexError, match="example 23 is out of range for 23 examples in .*train_idx.npy"):
+        ds.collate([0, 23])
+    with pytest.raises(TypeError, match="indices are integers"):
+        ds.collate(np.array([0.0, 1.5]))
+    x, y, y_masked = ds.collate(np.array([3, -1]))
+    for row, i in enumerate([3, 22]):
+        assert all(torch.equal(a[row], b) for a, b in zip((x, y, y_masked), ds[i], strict=True))
+
+
+def test_the_offsets_of_another_split_or_cache_are_refused(tmp_path):
+    """train_tokens.bin with val_idx.npy opened, and read train tokens at val's offsets: other examples, silently. The
+    offsets must be the tokens' own split's, from the same directory; a missing one is named, not a FileNotFoundError."""
+    cache = write_sft_cache(tmp_path / "c", EXAMPLES, EXAMPLES[:3])
+    for tokens, idx in ((cache / "train_tokens.bin", cache / "val_idx.npy"),
+                        (cache / "train_tokens.bin", tmp_path / "train_idx.npy"),
+                        (cache / "train_idx.npy", cache / "train_tokens.bin")):
+        with pytest.raises(ConfigError, match="not the tokens and offsets of one split of one cache; pass the tokens"):
+            SFTExampleDataset(str(tokens), str(idx), T=8, device="cpu", eot_id=6)
+    ds = SFTExampleDataset(str(cache / "val_tokens.bin"), str(tmp_path / "c" / "." / "val_idx.npy"), T=8, device="cpu",
+                           eot_id=6)
+    assert len(ds) == 3

@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -156,3 +157,36 @@ def test_a_batch_over_many_shards_is_one_gather_equal_to_its_items(tmp_path, mon
         ds.__getitems__([0, len(ds)])
     with pytest.raises(IndexError, match="window -1 out of range"):
         ds.__getitems__(np.array([-1, 0]))
+
+
+@pytest.mark.parametrize("bad", [1.5, "1", True, np.float64(2.0)])
+def test_a_window_index_that_is_not_an_integer_is_refused_not_cut(two_shards, bad):
+    """ds[1.5] read window 1 and ds.__getitems__(["1"]) parsed the string; an index of another type is a TypeError,
+    alone or in a batch, as SFTExampleDataset's is."""
+    ds = IndexedWindowDataset(two_shards, T=3)
+    with pytest.raises(TypeError, match=f"IndexedWindowDataset indices are integers, got {re.escape(repr(bad))}"):
+        ds[bad]
+    with pytest.raises(TypeError, match="IndexedWindowDataset indices are integers"):
+        ds.__getitems__([bad, 0] if not isinstance(bad, bool) else [bad])
+    assert ds.__getitems__([np.int64(4), 0]).x.tolist() == [[103, 104, 105], [0, 1, 2]]
+    assert ds[torch.tensor(4)]["input_ids"].tolist() == [103, 104, 105]  # `for i in torch.randperm(n): ds[i]`
+
+
+def test_draw_rows_that_is_not_a_positive_int_is_refused_not_cut(two_shards):
+    """draw_rows=2.5 ran as 2 (int()): the stream's draws, and so its batches, were another setting's."""
+    ds = PretrainTokenStreamDataset(str(two_shards / "train"), T=3, device="cpu")
+    with pytest.raises(ConfigError, match=r"RankBatchStream: draw_rows=2.5 \(float\) is not a row count"):
+        RankBatchStream(ds, 4, seed=0, rank=0, world_size=1, draw_rows=2.5)
+    with pytest.raises(ConfigError, match="draw_rows 3 must divide the per-rank batch 4"):
+        RankBatchStream(ds, 4, seed=0, rank=0, world_size=1, draw_rows=3)
+
+
+def test_a_cache_given_for_a_split_or_a_split_for_a_cache_is_named_as_such(two_shards):
+    """PretrainTokenStreamDataset takes <cache>/<split>, IndexedWindowDataset the cache: given the other, each said
+    "no meta.json ...: the build was interrupted or never ran; re-run build-all", about a cache that is complete."""
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(two_shards))}: a cache \(it holds meta.json\), not one of its "
+                                          rf"splits: pass a split directory, e.g. {re.escape(str(two_shards / 'train'))}"):
+        PretrainTokenStreamDataset(str(two_shards), T=3, device="cpu")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(two_shards / 'val'))}: a split directory of the cache "
+                                          rf"{re.escape(str(two_shards))}: pass the cache, .* \(with split='val'\)"):
+        IndexedWindowDataset(two_shards / "val", T=3)

@@ -115,3 +115,50 @@ def test_collate_rejects_a_bin_longer_than_pad_to():
     item = {"input_ids": np.arange(5), "loss_mask": np.zeros(5), "seq_boundaries": np.array([0, 5])}
     with pytest.raises(FormatError, match="a bin of 5 tokens does not fit pad_to=4"):
         collate_packed([item], pad_to=4)
+
+
+def test_collate_never_labels_across_a_boundary_even_where_a_foreign_bin_masks_a_sequence_end():
+    """Packed Parquet and legacy bins are read as written: a loss mask of 1 at a sequence's last position (an
+    unshifted mask) made that position's label the next sequence's first token. Collate clears the mask there, so
+    labels and loss_mask agree and no label crosses a boundary."""
+    item = {"input_ids": np.array([10, 11, 12, 20, 21], np.int32),
+            "loss_mask": np.array([0, 1, 1, 0, 1], np.uint8), "seq_boundaries": np.array([0, 3, 5])}
+    b = collate_packed([item])
+    assert b["labels"].tolist() == [[-100, 12, -100, -100, -100]]
+    assert b["loss_mask"].tolist() == [[False, True, False, False, False]]
+    assert item["loss_mask"].tolist() == [0, 1, 1, 0, 1]  # the item itself is left as it was
+
+
+@pytest.mark.parametrize("bad", [1.5, "1", True])
+def test_a_bin_index_that_is_not_an_integer_is_refused_not_cut(tmp_path, bad):
+    """ds[1.5] and ds["1"] read bin 1 (int() cut and parsed them); every packed dataset refuses them, as the window and
+    SFT datasets do, and takes any integer (numpy, a 0-d tensor)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from niels_gpt.packing import PackedParquetDataset
+
+    shard = _numbered_shard(tmp_path / "s", num_bins=3)
+    pq.write_table(pa.table({"input_ids": [[1, 2]] * 3, "loss_mask": [[1, 0]] * 3, "seq_start_id": [[0]] * 3}),
+                   tmp_path / "p.parquet")
+    for ds in (PackedMemmapDataset(shard), PackedMultiShardDataset([shard]), PackedParquetDataset(tmp_path / "p.parquet")):
+        with pytest.raises(TypeError, match="bin indices are integers, got"):
+            ds[bad]
+        assert ds[np.int64(1)]["input_ids"].tolist() == ds[torch.tensor(1)]["input_ids"].tolist() == ds[1]["input_ids"].tolist()
+
+
+def test_a_shard_replaced_after_the_dataset_was_opened_is_refused_not_read(tmp_path):
+    """The arrays are mapped again in each process that reads (DataLoader workers: every epoch without persistent
+    ones). A shard packed again into the same directory after the dataset was opened was read with the old
+    manifest's bin count: other bins, silently. The files must be the ones checked on open."""
+    from niels_gpt.errors import CacheMismatchError
+
+    write_sft_cache(tmp_path / "c", chats(40, seed=2))
+    pack_sft(tmp_path / "c", tmp_path / "p", pack_size=96, warn=False)
+    ds = PackedMemmapDataset(tmp_path / "p")
+    copy = pickle.loads(pickle.dumps(ds))  # what a worker process gets
+    pack_sft(tmp_path / "c", tmp_path / "p", pack_size=192, warn=False)  # packed again, in place
+    for d in (ds, copy):
+        with pytest.raises(CacheMismatchError, match=r"p: its arrays were replaced since the dataset was opened \(packed again\?\)"):
+            d[0]
+    assert len(PackedMemmapDataset(tmp_path / "p")[0]["input_ids"]) > 96  # opened again: the new bins

@@ -177,3 +177,42 @@ def test_factory_rejects_unknown_paths(tmp_path):
     np.save(tmp_path / "half" / "input_ids.npy", np.zeros(4, np.int32))
     with pytest.raises(IncompleteCacheError, match="half: token files but no meta.json"):
         open_packed(tmp_path / "half")
+
+
+def test_a_null_or_fractional_value_in_a_foreign_bin_is_refused_not_cast(tmp_path):
+    """A null token in a packed Parquet list<int32> reads as NaN: it became token -2**31 (and a null mask value 0);
+    a legacy bin's 1.5 became token 1. Each is refused, naming the file and row."""
+    ids = pa.array([[1, None, 3], [4, 5]], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": [[0, 1, 0], [1, 0]], "seq_start_id": [[0], [0]]}),
+                   tmp_path / "a.parquet")
+    ds = PackedParquetDataset(tmp_path / "a.parquet")
+    with pytest.raises(FormatError, match=r"a.parquet row 0: input_ids holds a null or a value that is not an integer"):
+        ds[0]
+    assert ds[1]["input_ids"].tolist() == [4, 5]
+    mask = pa.array([[0, None]], pa.list_(pa.uint8()))
+    pq.write_table(pa.table({"input_ids": [[1, 2]], "loss_mask": mask, "seq_start_id": [[0]]}), tmp_path / "m.parquet")
+    with pytest.raises(FormatError, match="m.parquet row 0: loss_mask values must be 0 or 1"):
+        PackedParquetDataset(tmp_path / "m.parquet")[0]
+    path = _legacy(tmp_path / "f.npy", [{"input_ids": [1.5, 2], "loss_mask": [0, 0], "seq_start_id": [0]}])
+    with pytest.warns(LegacyPickleWarning):
+        legacy = LegacyPackedDataset(path, allow_pickle=True)
+    with pytest.raises(FormatError, match=r"f.npy row 0: input_ids holds a null or a value that is not an integer"):
+        legacy[0]
+
+
+def test_a_parquet_file_replaced_after_the_dataset_was_opened_is_refused_not_read(tmp_path):
+    """Row counts are read on open and the files in each process that reads: a file written again in between (fewer
+    or other rows) was read by the old counts. It is refused until the dataset is opened again."""
+    import pickle
+
+    from niels_gpt.errors import CacheMismatchError
+
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({k: [r[k] for r in ROWS] for k in ROWS[0]}), path)
+    ds = PackedParquetDataset(path)
+    copy = pickle.loads(pickle.dumps(ds))  # what a worker process gets
+    pq.write_table(pa.table({k: [r[k] for r in ROWS[1:]] for k in ROWS[0]}), path)
+    for d in (ds, copy):
+        with pytest.raises(CacheMismatchError, match=r"a.parquet: replaced since the dataset was opened"):
+            d[0]
+    assert PackedParquetDataset(path)[0]["input_ids"].tolist() == ROWS[1]["input_ids"]

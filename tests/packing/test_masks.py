@@ -67,3 +67,40 @@ def test_shift_leaves_padding_zero():
     out = np.full(6, 7, dtype=np.uint8)
     shift_within_sequences(m, [0], length=4, out=out)
     assert out.tolist() == [1, 1, 1, 0, 0, 0]
+
+
+def test_pack_sft_trains_the_stored_mask_wherever_the_sft_reader_does(tmp_path):
+    """A cache with a stored mask ({split}_mask.bin) and an assistant sentinel id (a tokenizer with some of the
+    library's chat tokens but not all): the SFT reader trains the stored mask, pack-sft trained the span rule
+    instead, so the same cache trained other tokens packed. Both train the stored mask now."""
+    import json
+
+    from niels_gpt.cache.sft_dataset import SFTExampleDataset
+    from niels_gpt.meta import file_record, write_meta
+    from niels_gpt.packing import open_packed, pack_sft
+
+    from ..conftest import write_sft_cache
+
+    examples = [chat(i, 3 + i, 4 + i) for i in range(6)]
+    cache = write_sft_cache(tmp_path / "c", examples)
+    meta = json.loads((cache / "meta.json").read_text())
+    n = sum(map(len, examples))
+    stored = np.random.default_rng(1).integers(0, 2, n).astype(np.uint8)  # unlike the span rule
+    stored.tofile(cache / "train_mask.bin")
+    meta["files"]["train_mask.bin"] = file_record(cache / "train_mask.bin", None)
+    meta["special_token_ids"]["sys"] = None
+    write_meta(str(cache), meta)
+    pack_sft(cache, tmp_path / "p", pack_size=64, warn=False)
+    packed = open_packed(tmp_path / "p")
+    ds = SFTExampleDataset(str(cache / "train_tokens.bin"), str(cache / "train_idx.npy"), T=63, device="cpu",
+                           eot_id=EOT)
+    examples_of = np.load(tmp_path / "p" / "examples.npy")
+    got, want, k = 0, 0, 0
+    for b in range(len(packed)):
+        item = packed[b]
+        for s, e in zip(item["seq_boundaries"][:-1], item["seq_boundaries"][1:], strict=True):
+            ex = int(examples_of[k])
+            k += 1
+            assert item["loss_mask"][s:e - 1].tolist() == ds.trained(ex)[1:].astype(int).tolist()
+            got, want = got + int(item["loss_mask"][s:e].sum()), want + int(ds.trained(ex)[1:].sum())
+    assert got == want and k == len(examples)

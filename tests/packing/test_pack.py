@@ -160,3 +160,11 @@ def test_pack_sft_imports_no_torch(tmp_path, algorithm):
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "False"
     assert (tmp_path / "p" / "manifest.json").exists()
+
+
+def test_a_cache_given_by_url_is_refused_as_a_url(tmp_path):
+    """pack-sft CACHE_DIR reads a local cache; a URL was read as the path "s3:/b/..." and refused as an unfinished
+    build ("no meta.json ...; re-run build-all"). It is refused as a URL, and nothing is written."""
+    with pytest.raises(ConfigError, match="s3://bucket/sft/dolly: pack-sft reads a local SFT cache, not a URL"):
+        pack_sft("s3://bucket/sft/dolly", tmp_path / "p", pack_size=64)
+    assert not (tmp_path / "p").exists()
