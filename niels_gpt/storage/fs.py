@@ -254,7 +254,7 @@ def with_retries(fn, what: str, *, retries: int | None = None, backoff_s: float 
     Unbounded: fn runs under `with_deadline`, and no attempt starts once `timeout_s` (default
     `network_timeout_s()`) has passed since `started` (default: now). `bounded`: fn is a `bounded_call`
     on this thread; its TimeoutError ends at once, other transient errors are retried `retries` times."""
-    retries = RETRIES if retries is None else retries
+    retries = RETRIES if retries is None else max(1, retries)  # at least the one attempt
     backoff_s = BACKOFF_S if backoff_s is None else backoff_s
     limit = network_timeout_s() if timeout_s is None else timeout_s
     t0 = time.monotonic() if started is None else started

@@ -186,3 +186,12 @@ def test_ctrl_c_ends_every_download_at_once_and_leaves_no_temporary(serve, tmp_p
     assert proc.returncode == 130 and time.monotonic() - t0 < 10  # not the 60 s a stall would take
     assert server.hung_up.wait(3)  # its connection was closed
     assert not list(out.iterdir())
+
+
+def test_no_retries_still_makes_the_one_attempt():
+    calls = []
+    assert storage_fs.with_retries(lambda: calls.append(1) or "ok", "reading x", retries=0, bounded=True) == "ok"
+    with pytest.raises(StorageError, match=r"reading x: failed 1 time in .* last with ConnectionError: reset"):
+        storage_fs.with_retries(lambda: (_ for _ in ()).throw(ConnectionError("reset")), "reading x", retries=0,
+                                bounded=True)
+    assert calls == [1]
