@@ -163,6 +163,16 @@ def sample_system_prompt_without_chat(w, tmp):
     return _sample(w, "--system", "Be brief.")
 
 
+def resume_past_the_steps(w, tmp):
+    _run_copy(w, tmp)  # at step 2
+    return ["train", str(w.pretrain), "--out-dir", str(tmp / "run"), "--tokenizer", str(w.tokenizer), "--steps", "1",
+            *BASE_FLAGS, "--resume", "latest"]
+
+
+def stop_at_zero(w, tmp):
+    return _train(w, tmp, "--stop-at", "0")
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -201,6 +211,9 @@ CASES = [
     Case("train: --eval-steps -1", eval_steps_negative, ("--eval-steps -1", "must be >= 0", "0 skips val bpb")),
     Case("sample: --system without --chat", sample_system_prompt_without_chat,
          ("--system", "opens a conversation", "sample with --chat")),
+    Case("train: --resume of a run past --steps", resume_past_the_steps,
+         ("--resume", "ckpt_000002.pt", "at step 2, past --steps 1", "nothing to train", "give --steps above 2")),
+    Case("train: --stop-at 0", stop_at_zero, ("--stop-at 0", "must be >= 1")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

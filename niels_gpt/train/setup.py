@@ -253,6 +253,6 @@ def check_config(cfg) -> None:
                           "val bpb)")
     if cfg.prefetch < 0:
         raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
-    for name in ("sequence_len", "device_batch_size"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 1")
+    for name in ("sequence_len", "device_batch_size", "stop_at"):  # --stop-at 0 would train nothing
+        if (value := getattr(cfg, name)) is not None and value < 1:
+            raise ConfigError(f"{flag_of(name)} {value}: must be >= 1")

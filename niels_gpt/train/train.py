@@ -165,8 +165,13 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     accum = total // tokens_per_micro
 
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
+    last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     if ckpt is not None:
         check_resume(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from, getattr(data, "kind", ""))
+        if last < ckpt["step"]:  # the loop would run no step, and the run would say nothing of it
+            flag = "--steps" if last == cfg.steps else "--stop-at"
+            raise ConfigError(f"--resume {resume_from}: the run is at step {ckpt['step']}, past {flag} {last}: nothing "
+                              f"to train; give {flag} above {ckpt['step']}")
     vocab = data.vocab_size
     caches = summary(getattr(data, "origins", ()))
     mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
@@ -265,7 +270,6 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             say(f"step {step:05d} | checkpoint {path}" + (f" (--keep-last {cfg.keep_last}: removed "
                                                            f"{', '.join(p.name for p in pruned)})" if pruned else ""))
 
-    last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     getattr(data, "end_after", lambda n: None)((cfg.steps - start) * accum)  # no prefetch past the last step
     t_wait = time.perf_counter()
     batch = next(data)
