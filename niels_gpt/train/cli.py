@@ -103,16 +103,19 @@ def run(args) -> int:
     import torch.distributed as dist
 
     # lazy: these import torch (the model torch._dynamo, ~1.5 s), which `train --help` does not need
-    from niels_gpt.train.checkpoint import latest_checkpoint
+    from niels_gpt.train.checkpoint import checkpoints, latest_checkpoint
     from niels_gpt.train.interrupt import resume_command
     from niels_gpt.train.train import train  # lazy: as above
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     world = int(os.environ.get("WORLD_SIZE", 1))
+    # --overwrite: the checkpoints there are the replaced run's, not this one's, until this one saves
+    theirs = {p: p.stat().st_mtime_ns for p in checkpoints(cfg.out_dir)} if cfg.overwrite and not cfg.resume else {}
     try:
         result = train(cfg)
     except KeyboardInterrupt:  # a Ctrl-C before the first step, or a second one inside a step
         last = latest_checkpoint(cfg.out_dir)
+        last = None if last in theirs and theirs[last] == last.stat().st_mtime_ns else last
         where = (f"the last checkpoint is {last}; continue with: {resume_command(cfg, str(last), world)}"
                  if last else "no checkpoint of this run was written")
         print(f"error: train interrupted before its step ended; {where}", file=sys.stderr)
