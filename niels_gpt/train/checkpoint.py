@@ -230,15 +230,16 @@ def _remove_if_empty(made: list[Path]) -> None:
             d.rmdir()
 
 
-def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
-    """Remove the checkpoints run.json records but the newest `keep` (the module docstring); returns them."""
+def prune_checkpoints(out_dir: str | os.PathLike, keep: int, saved: Path | None = None) -> list[Path]:
+    """Remove the checkpoints run.json records but the newest `keep` (the module docstring) and the one just
+    `saved` (a run resumed from an earlier checkpoint saves below the newest step); returns them."""
     out = Path(out_dir)
     record = read_run(out)
     if record is None or keep < 1:
         return []
     listed = record.get("checkpoints", {})
     ours = [p for p in checkpoints(out) if p.name in listed]
-    kept = {latest_checkpoint(out).resolve(), *_started_from(out)}
+    kept = {latest_checkpoint(out).resolve(), *_started_from(out), *([Path(saved).resolve()] if saved else [])}
     gone = [p for p in ours[:-keep] if p.resolve() not in kept]
     remove_files(gone)
     kept = {name: v for name, v in listed.items() if (out / name).is_file()}

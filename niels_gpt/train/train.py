@@ -266,7 +266,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)
             result.checkpoint = str(path)
-            pruned = prune_checkpoints(out, cfg.keep_last) if cfg.keep_last else []
+            pruned = prune_checkpoints(out, cfg.keep_last, path) if cfg.keep_last else []
             say(f"step {step:05d} | checkpoint {path}" + (f" (--keep-last {cfg.keep_last}: removed "
                                                            f"{', '.join(p.name for p in pruned)})" if pruned else ""))
 

@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+from pathlib import Path
 
 import torch
 
@@ -56,6 +57,15 @@ def test_keep_last_removes_the_runs_older_checkpoints_and_keeps_the_newest(tmp_p
     assert [p.name for p in checkpoints(out)] == ["ckpt_000001.pt", "ckpt_000007.pt"]
     assert latest_checkpoint(out).name == "ckpt_000007.pt"
     assert list(json.loads((out / "run.json").read_text())["checkpoints"]) == ["ckpt_000007.pt"]
+
+
+def test_keep_last_never_removes_the_checkpoint_it_just_saved(tmp_path, pretrain_cache):
+    """Resumed from an earlier checkpoint, below a later one: the pruning kept the highest step and removed the
+    checkpoint the run had just written (its result and log named a file that was gone)."""
+    out = tmp_path / "run"
+    run(pretrain_cache, out, steps=6, save_every=2)
+    result = run(pretrain_cache, out, steps=6, keep_last=1, stop_at=3, resume=str(out / "ckpt_000002.pt"))
+    assert result.checkpoint.endswith("ckpt_000003.pt") and Path(result.checkpoint).is_file()
 
 
 def test_keep_last_keeps_the_checkpoint_a_run_beside_it_started_from(tmp_path, pretrain_cache):
