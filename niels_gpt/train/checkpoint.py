@@ -41,8 +41,7 @@ def checkpoints(out_dir: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    found = checkpoints(out_dir)
-    return found[-1] if found else None
+    return (checkpoints(out_dir) or [None])[-1]
 
 
 def payload_digest(obj) -> str:

@@ -72,11 +72,9 @@ def register(sub) -> None:
             continue
         flag = flag_of(f.name)
         default = None if f.default is MISSING else f.default
-        if f.name == "compile":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=HELP[f.name])
-            continue
-        if f.type in ("bool", bool):
-            p.add_argument(flag, action="store_true", help=HELP[f.name])
+        if f.name == "compile" or f.type in ("bool", bool):  # --compile/--no-compile: None leaves it to the device
+            p.add_argument(flag, action=argparse.BooleanOptionalAction if f.name == "compile" else "store_true",
+                           default=default, help=HELP[f.name])
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
         action = p.add_argument(flag, dest=f.name, type=kind, default=default, choices=CHOICES.get(f.name),

@@ -71,10 +71,8 @@ def find_tokenizer(data_path: str | os.PathLike):
         near = tokenizer_near(str(data_path))
         return load_tokenizer(near) if near is not None else None
     p = Path(data_path)
-    if recorded_sha(meta_of(p)) is not None or recorded_sha(meta_of(p.parent)) is not None:
-        tok = tokenizer_of(p)
-        if tok is not None:
-            return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
+    if (recorded_sha(meta_of(p)) or recorded_sha(meta_of(p.parent))) and (tok := tokenizer_of(p)) is not None:
+        return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
     for parent in [p.resolve(), *p.resolve().parents][:LEVELS + 1]:
         cand = parent / "tokenizer"
         if (cand / MODEL_NAME).is_file() or (cand / "tokenizer.json").is_file():
