@@ -173,6 +173,19 @@ def stop_at_zero(w, tmp):
     return _train(w, tmp, "--stop-at", "0")
 
 
+def core_bundle_missing(w, tmp):
+    return _train(w, tmp, "--core", str(tmp / "no-bundle"))
+
+
+def core_without_a_tokenizer(w, tmp):
+    cache = write_pretrain_cache(tmp / "hand", {"train": [np.arange(3000) % 90 + 5], "val": [np.arange(300) % 90 + 5]})
+    return _train(w, tmp, "--core", "bundled", data=cache)  # records no tokenizer, and none is above it
+
+
+def core_max_items_negative(w, tmp):
+    return _train(w, tmp, "--core", "bundled", "--core-max-items", "-1")
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -214,6 +227,11 @@ CASES = [
     Case("train: --resume of a run past --steps", resume_past_the_steps,
          ("--resume", "ckpt_000002.pt", "at step 2, past --steps 1", "nothing to train", "give --steps above 2")),
     Case("train: --stop-at 0", stop_at_zero, ("--stop-at 0", "must be >= 1")),
+    Case("train: --core of a directory without a bundle", core_bundle_missing,
+         ("--core", "no-bundle", "no core.yaml there", "or 'bundled'")),
+    Case("train: --core without a tokenizer", core_without_a_tokenizer,
+         ("--core needs the tokenizer", "none was found", "pass --tokenizer")),
+    Case("train: --core-max-items -1", core_max_items_negative, ("--core-max-items -1", "must be >= 1")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

@@ -249,6 +249,13 @@ def check_config(cfg) -> None:
     if cfg.eval_steps < 0:
         raise ConfigError(f"--eval-steps {cfg.eval_steps}: must be >= 0 (val batches per bpb evaluation; 0 skips "
                           "val bpb)")
+    if cfg.core_max_items is not None and cfg.core_max_items < 1:  # data[:-1] would drop one item silently
+        raise ConfigError(f"--core-max-items {cfg.core_max_items}: must be >= 1 (leave it out to score every item)")
+    bundle = Path(str(cfg.core))  # CORE runs after the last step: a bundle that is not there fails now, not then
+    if cfg.core not in (None, "bundled") and not str(cfg.core).startswith(("http://", "https://")) and not any(
+            (d / "core.yaml").is_file() for d in (bundle, bundle / "eval_bundle")):
+        raise ConfigError(f"--core {cfg.core}: no core.yaml there (nor in its eval_bundle/); give a CORE bundle "
+                          "directory, the bundle zip's http(s) URL, or 'bundled'")
     if cfg.prefetch < 0:
         raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
     for name in ("sequence_len", "device_batch_size", "stop_at"):  # --stop-at 0 would train nothing

@@ -150,6 +150,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
+    if cfg.core and tok is None:  # CORE runs after the last step: refused before the first
+        raise ConfigError("--core needs the tokenizer the data was built with, and none was found: pass --tokenizer")
     data_sha = tok.sha256 if tok is not None else recorded  # a tokenizer kept above is the recorded one
     base_sha = base.get("tokenizer_sha256") if base is not None else None
     if base_sha and data_sha and base_sha != data_sha:
@@ -355,8 +357,6 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     if result.interrupted is None:
         bpb(result.step)
     if cfg.core and result.step == cfg.steps:
-        if tok is None:
-            raise ConfigError("CORE needs the tokenizer: pass --tokenizer")
         model.eval()
         with autocast():
             result.core = run_core(model, tok, cfg.core, device=device, max_items=cfg.core_max_items, log=say)
