@@ -186,6 +186,18 @@ def core_max_items_negative(w, tmp):
     return _train(w, tmp, "--core", "bundled", "--core-max-items", "-1")
 
 
+def save_every_negative(w, tmp):
+    return _train(w, tmp, "--save-every", "-1")  # saved every step
+
+
+def workers_negative(w, tmp):
+    return _train(w, tmp, "--workers", "-1")
+
+
+def total_batch_size_negative(w, tmp):
+    return _train(w, tmp, "--total-batch-size", "-32")  # -1 micro-batches: a nan loss, "lower the learning rates"
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -228,10 +240,13 @@ CASES = [
          ("--resume", "ckpt_000002.pt", "at step 2, past --steps 1", "nothing to train", "give --steps above 2")),
     Case("train: --stop-at 0", stop_at_zero, ("--stop-at 0", "must be >= 1")),
     Case("train: --core of a directory without a bundle", core_bundle_missing,
-         ("--core", "no-bundle", "no core.yaml there", "or 'bundled'")),
+         ("--core", "no-bundle", "no core.yaml", "or 'bundled'")),
     Case("train: --core without a tokenizer", core_without_a_tokenizer,
          ("--core needs the tokenizer", "none was found", "pass --tokenizer")),
     Case("train: --core-max-items -1", core_max_items_negative, ("--core-max-items -1", "must be >= 1")),
+    Case("train: --save-every -1", save_every_negative, ("--save-every -1", "must be >= 0", "only the last step")),
+    Case("train: --workers -1", workers_negative, ("--workers -1", "must be >= 0", "0: load in the training process")),
+    Case("train: --total-batch-size -32", total_batch_size_negative, ("--total-batch-size -32", "must be >= 1")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

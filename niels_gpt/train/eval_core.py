@@ -150,8 +150,10 @@ def load_bundle(root: str | os.PathLike) -> list[dict]:
     if (root / "eval_bundle").is_dir():
         root = root / "eval_bundle"
     cfg_path = root / "core.yaml"
-    if not cfg_path.is_file():
-        raise SourceError(f"{root}: no core.yaml; a CORE bundle holds core.yaml, eval_data/ and eval_meta_data.csv")
+    for name in ("core.yaml", "eval_meta_data.csv"):
+        if not (root / name).is_file():
+            raise SourceError(f"{root}: no {name}; a CORE bundle (--core) holds core.yaml, eval_data/ and "
+                              "eval_meta_data.csv: give its directory, the bundle zip's http(s) URL, or 'bundled'")
     baselines = {}
     with open(root / "eval_meta_data.csv", encoding="utf-8") as f:
         for row in csv.DictReader(f):

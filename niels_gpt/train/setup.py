@@ -23,6 +23,7 @@ from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 from niels_gpt.tokenizer.find import LEVELS, tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.config import flag_of
+from niels_gpt.train.eval_core import load_bundle
 from niels_gpt.train.model import GPTConfig
 from niels_gpt.train.pin import meta_of, recorded_sha, what_differs
 from niels_gpt.urls import is_url, refuse_url
@@ -232,32 +233,26 @@ def parse_batch_ramp(cfg, world: int):
     return batch_ramp(first, last // world * world, samples, multiple=world)
 
 
+# the least value of each number a run takes (None: not given), and what it means where the error should say
+FLOORS = {"steps": (1, ""), "sequence_len": (1, ""), "device_batch_size": (1, ""), "total_batch_size": (1, ""),
+          "stop_at": (1, ""), "keep_last": (1, "the newest checkpoints kept; leave it out to keep every checkpoint"),
+          "eval_steps": (0, "val batches per bpb evaluation; 0 skips val bpb"), "eval_every": (0, "0: only at the end"),
+          "prefetch": (0, "0: tokenize in the training loop"), "save_every": (0, "0: only the last step"),
+          "core_max_items": (1, "leave it out to score every item"), "log_every": (0, "0: no step lines"),
+          "num_workers": (0, "0: load in the training process")}
+
+
 def check_config(cfg) -> None:
     refuse_url(cfg.out_dir, "--out-dir")
     allocator.setting()  # a value of no known kind is refused before any work
     check_seed(cfg.seed)
-    if cfg.steps < 1:
-        raise ConfigError(f"steps {cfg.steps}: must be >= 1")
+    for name, (least, why) in FLOORS.items():
+        if (value := getattr(cfg, name)) is not None and value < least:
+            raise ConfigError(f"{flag_of(name)} {value}: must be >= {least}" + (f" ({why})" if why else ""))
     if cfg.resume and cfg.init_from:
         raise ConfigError("--resume and --init-from both given: --resume continues a run (its weights, optimizer "
                           "and data position), --init-from starts a new one from another run's weights; pick one")
     if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
         raise ConfigError(f"--peak-tflops {cfg.peak_tflops}: must be > 0 (the device's dense bf16 TFLOP/s)")
-    if cfg.keep_last is not None and cfg.keep_last < 1:
-        raise ConfigError(f"--keep-last {cfg.keep_last}: must be >= 1 (the newest checkpoints kept; leave it out to "
-                          "keep every checkpoint)")
-    if cfg.eval_steps < 0:
-        raise ConfigError(f"--eval-steps {cfg.eval_steps}: must be >= 0 (val batches per bpb evaluation; 0 skips "
-                          "val bpb)")
-    if cfg.core_max_items is not None and cfg.core_max_items < 1:  # data[:-1] would drop one item silently
-        raise ConfigError(f"--core-max-items {cfg.core_max_items}: must be >= 1 (leave it out to score every item)")
-    bundle = Path(str(cfg.core))  # CORE runs after the last step: a bundle that is not there fails now, not then
-    if cfg.core not in (None, "bundled") and not str(cfg.core).startswith(("http://", "https://")) and not any(
-            (d / "core.yaml").is_file() for d in (bundle, bundle / "eval_bundle")):
-        raise ConfigError(f"--core {cfg.core}: no core.yaml there (nor in its eval_bundle/); give a CORE bundle "
-                          "directory, the bundle zip's http(s) URL, or 'bundled'")
-    if cfg.prefetch < 0:
-        raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
-    for name in ("sequence_len", "device_batch_size", "stop_at"):  # --stop-at 0 would train nothing
-        if (value := getattr(cfg, name)) is not None and value < 1:
-            raise ConfigError(f"{flag_of(name)} {value}: must be >= 1")
+    if cfg.core not in (None, "bundled") and not str(cfg.core).startswith(("http://", "https://")):
+        load_bundle(cfg.core)  # CORE runs after the last step: a bundle it cannot read fails now, not then
