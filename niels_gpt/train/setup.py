@@ -106,19 +106,25 @@ def require_recorded_tokenizer(tok, data_path) -> None:
             check_tokenizer_matches(tok, recorded_sha(meta_of(where)), where)
 
 
-def model_config(cfg, vocab_size: int) -> GPTConfig:
-    """The model of a fresh run: nanochat's sizing from --depth, unless width or heads are given."""
-    depth = DEFAULT_DEPTH if cfg.depth is None else cfg.depth
+SHAPE = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}  # flag: field
+
+
+def model_config(cfg, vocab_size: int, resumed: dict | None = None) -> GPTConfig:
+    """The model of a fresh run: nanochat's sizing from --depth, unless width or heads are given; of a run
+    `resumed` from a checkpoint's model: its shape where no model flag is given (an --init-from run's shape
+    came from its base, by no flag)."""
+    shape = {f: resumed[k] if resumed and getattr(cfg, f) is None else getattr(cfg, f) for f, k in SHAPE.items()}
+    depth = DEFAULT_DEPTH if shape["depth"] is None else shape["depth"]
     base = GPTConfig.from_depth(depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
-    n_head = cfg.n_head or base.n_head
+    n_head = shape["n_head"] or base.n_head
     return GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                     n_kv_head=n_head if cfg.n_kv_head is None else cfg.n_kv_head, n_embd=cfg.n_embd or base.n_embd)
+                     n_kv_head=n_head if shape["n_kv_head"] is None else shape["n_kv_head"],
+                     n_embd=shape["n_embd"] or base.n_embd)
 
 
 def init_config(cfg, recorded: dict, vocab_size: int, source: str) -> GPTConfig:
     """The model of a run started from a checkpoint's weights: its shape (model flags must agree), this T."""
-    flags = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}
-    for flag, key in flags.items():
+    for flag, key in SHAPE.items():
         given = getattr(cfg, flag)
         if given is not None and given != recorded[key]:
             raise ConfigError(f"{flag_of(flag)} {given}: the --init-from checkpoint {source} has "

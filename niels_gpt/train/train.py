@@ -176,7 +176,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                               f"to train; give {flag} above {ckpt['step']}")
     vocab = data.vocab_size
     caches = summary(getattr(data, "origins", ()))
-    mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
+    mcfg = (init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else
+            model_config(cfg, vocab, ckpt["model_config"] if ckpt else None))
     torch.manual_seed(cfg.seed)
     model = GPT(mcfg).to(device)
     model.attention = cfg.attention
