@@ -42,7 +42,7 @@ from niels_gpt.train.checkpoint import (
 )
 from niels_gpt.train.clock import RunClock, mfu, peak_tflops
 from niels_gpt.train.config import TrainConfig
-from niels_gpt.train.data import TrainData
+from niels_gpt.train.data import open_data
 from niels_gpt.train.eval_core import run_core
 from niels_gpt.train.interrupt import StopRequests
 from niels_gpt.train.model import GPT
@@ -55,7 +55,6 @@ from niels_gpt.train.setup import (
     find_tokenizer,
     init_config,
     model_config,
-    parse_batch_ramp,
     require_recorded_tokenizer,
     resolve_resume,
     resume_loader,
@@ -123,12 +122,8 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         elif token_bytes is None:
             tok = find_tokenizer(cfg.data)
         if data is None:
-            ramp = parse_batch_ramp(cfg, world)
-            data = TrainData(cfg.data, T=cfg.sequence_len, seed=cfg.seed, batch_schedule=ramp,
-                             batch_size=ramp.steps[-1][1] // world if ramp else cfg.device_batch_size,
-                             device=device, rank=rank, world_size=world, kind=cfg.data_kind,
-                             sampling=cfg.sampling, num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing,
-                             vocab_size=cfg.vocab_size, prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
+            data = open_data(asdict(cfg), cfg.data, rank=rank, world=world, device=device, tokenizer=tok,
+                             vocab_size=cfg.vocab_size, num_workers=cfg.num_workers, prefetch=cfg.prefetch)
         held.callback(getattr(data, "close", lambda: None))
         # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
         check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
