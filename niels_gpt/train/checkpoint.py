@@ -259,5 +259,4 @@ def _started_from(out: Path) -> set[Path]:
 def remove_files(files: list[Path]) -> None:
     """Delete `files` where they still are: an earlier run's (those check_out_dir listed), or pruned checkpoints."""
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
-            f.unlink()
+        f.unlink(missing_ok=True)

@@ -290,9 +290,7 @@ class TrainData:
     def end_after(self, batches: int) -> None:
         """The run takes `batches` more batches: a remote cache's prefetching stops at the last one."""
         source = getattr(self.source, "loader", self.source)
-        target = getattr(source, "batch_sampler", source)
-        if hasattr(target, "end_after"):
-            target.end_after(batches)
+        getattr(getattr(source, "batch_sampler", source), "end_after", lambda n: None)(batches)
 
     def close(self) -> None:
         """Stop a loader's background work (the Parquet loader's prefetching, a DataLoader's workers or thread)."""

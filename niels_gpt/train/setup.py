@@ -140,8 +140,7 @@ def resolve_resume(cfg) -> Path | None:
     if cfg.resume is None:
         return None
     if cfg.resume == "latest":
-        found = latest_checkpoint(cfg.out_dir)
-        if found is None:
+        if (found := latest_checkpoint(cfg.out_dir)) is None:
             raise StateError(f"--resume latest: no ckpt_*.pt in {cfg.out_dir}; start without --resume")
         return found
     return checkpoint_file(cfg.resume)
