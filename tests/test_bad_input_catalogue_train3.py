@@ -198,6 +198,16 @@ def total_batch_size_negative(w, tmp):
     return _train(w, tmp, "--total-batch-size", "-32")  # -1 micro-batches: a nan loss, "lower the learning rates"
 
 
+def val_split_shorter_than_a_row(w, tmp):
+    import json
+
+    meta = json.loads((w.pretrain / "meta.json").read_text())
+    short = write_pretrain_cache(tmp / "short-val", {"train": [np.arange(3000) % 90 + 5], "val": [np.arange(12) % 90 + 5]},
+                                 vocab_size=meta["vocab_size"])
+    _rewrite_meta(short, tokenizer_sha256=meta["tokenizer_sha256"])
+    return _train(w, tmp, "--tokenizer", str(w.tokenizer), data=short)  # val bpb ran after the last step, saved
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -247,6 +257,8 @@ CASES = [
     Case("train: --save-every -1", save_every_negative, ("--save-every -1", "must be >= 0", "only the last step")),
     Case("train: --workers -1", workers_negative, ("--workers -1", "must be >= 0", "0: load in the training process")),
     Case("train: --total-batch-size -32", total_batch_size_negative, ("--total-batch-size -32", "must be >= 1")),
+    Case("train: a val split shorter than one row", val_split_shorter_than_a_row,
+         ("short-val/val", "largest has 12 tokens", "--eval-steps 0")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

@@ -229,6 +229,11 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         hint = {"packed": f" (pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself: pack "
                           "them again without --no-val)"}
         say(f"{cfg.data}: no val split in this data: val bpb is skipped{hint.get(data.kind, '')}")
+    else:  # a val split no row fits fails now, not at the first evaluation (with the steps since a save)
+        try:
+            data.val_batches(1)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; or pass --eval-steps 0 to train without val bpb") from None
     result = TrainResult(step=start)
     out = Path(cfg.out_dir)
 
