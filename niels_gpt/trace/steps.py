@@ -104,10 +104,7 @@ class Run:
         recorded = self.data_override or str(config["data"])
         if is_url(recorded) or Path(recorded).exists() or self.data_override:
             return recorded
-        for base in self.dir.resolve().parents:
-            if (base / recorded).exists():
-                return str(base / recorded)
-        return recorded
+        return next((str(b / recorded) for b in self.dir.resolve().parents if (b / recorded).exists()), recorded)
 
 
 def _window(cache: str, split: str, shard: int, offset: int, T: int, **extra) -> dict:

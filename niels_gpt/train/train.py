@@ -251,9 +251,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         say(f"step {step:05d} | val bpb {value:.4f}")
 
     def checkpoint(step: int) -> None:
-        states = [loader_state]
+        states = [loader_state] if world == 1 else [None] * world
         if world > 1:
-            states = [None] * world
             dist.all_gather_object(states, loader_state)
         if master:
             if old_run:  # --overwrite: the run that was here goes now that this one has something to keep
