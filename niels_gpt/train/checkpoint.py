@@ -77,11 +77,12 @@ def save_checkpoint(path: Path, payload: dict) -> str:
     digest = payload_digest(payload)
     with atomic_path(path) as tmp:
         torch.save({**payload, "version": CHECKPOINT_VERSION, "sha256": digest}, tmp)
-    cfg = payload["train_config"]
-    saved = {**(read_run(path.parent) or {}).get("checkpoints", {}),
-             path.name: {"step": payload["step"], "sha256": digest}}
+    cfg, before = payload["train_config"], read_run(path.parent) or {}
+    saved = {**before.get("checkpoints", {}), path.name: {"step": payload["step"], "sha256": digest}}
+    # a resumed run names no --init-from: the run it continues still started from that checkpoint
     write_run(path.parent, {"data": cfg["data"], "model": payload["model_config"], "seed": cfg["seed"],
-                            "steps": cfg["steps"], "init_from": cfg.get("init_from"), "checkpoints": saved,
+                            "steps": cfg["steps"], "init_from": cfg.get("init_from") or before.get("init_from"),
+                            "checkpoints": saved,
                             "order_changes": payload.get("order_changes", [])})
     return digest
 

@@ -76,6 +76,18 @@ def test_keep_last_keeps_the_checkpoint_a_run_beside_it_started_from(tmp_path, p
     assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]  # 1 and 3 went
 
 
+def test_keep_last_keeps_the_base_checkpoint_of_a_run_beside_it_after_that_run_resumed(tmp_path, pretrain_cache):
+    """The resumed SFT run (no --init-from on its command) wrote init_from null into its run.json, so the base
+    run's --keep-last no longer saw the checkpoint it started from, and removed it."""
+    base, sft = tmp_path / "runs" / "base", tmp_path / "runs" / "sft"
+    run(pretrain_cache, base, steps=4, save_every=1, stop_at=2)
+    run(pretrain_cache, sft, steps=2, stop_at=1, init_from=str(base / "ckpt_000002.pt"))
+    run(pretrain_cache, sft, steps=2, resume="latest")
+    assert json.loads((sft / "run.json").read_text())["init_from"] == str(base / "ckpt_000002.pt")
+    run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
+    assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]
+
+
 def test_a_cpu_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):
     lines: list[str] = []
     run(pretrain_cache, tmp_path / "run", log=lines.append, steps=1)
