@@ -208,6 +208,21 @@ def val_split_shorter_than_a_row(w, tmp):
     return _train(w, tmp, "--tokenizer", str(w.tokenizer), data=short)  # val bpb ran after the last step, saved
 
 
+def mixture_with_another_tokenizer(w, tmp):
+    import json
+
+    (tmp / "mix.json").write_text(json.dumps({"datasets": {"web": str(w.pretrain)}, "weights": {"web": 1}}))
+    return _train(w, tmp, "--tokenizer", str(w.other_tokenizer), data=tmp / "mix.json")  # bpb by its byte lengths
+
+
+def packed_bins_with_another_tokenizer(w, tmp):
+    from niels_gpt.packing import pack_sft
+
+    pack_sft(w.sft, tmp / "bins", pack_size=32, algorithm="ffd", on_overflow="truncate", warn=False)
+    return ["train", str(tmp / "bins"), "--out-dir", str(tmp / "run"), "--steps", "1", "--depth", "1", "--n-embd",
+            "32", "--sequence-len", "32", "--device-batch-size", "2", "--tokenizer", str(w.other_tokenizer)]
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -259,6 +274,10 @@ CASES = [
     Case("train: --total-batch-size -32", total_batch_size_negative, ("--total-batch-size -32", "must be >= 1")),
     Case("train: a val split shorter than one row", val_split_shorter_than_a_row,
          ("short-val/val", "largest has 12 tokens", "--eval-steps 0")),
+    Case("train: a mixture with another --tokenizer", mixture_with_another_tokenizer,
+         ("sha256", "docs", "was built with the tokenizer", "pass the tokenizer that built it")),
+    Case("train: packed bins with another --tokenizer", packed_bins_with_another_tokenizer,
+         ("sha256", "bins", "was built with the tokenizer", "pass the tokenizer that built it")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

@@ -19,7 +19,7 @@ from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
 from niels_gpt.storage.remote import open_location, tokenizer_near
-from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.find import LEVELS, tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.config import flag_of
@@ -96,14 +96,6 @@ def check_data_url(url: str) -> None:
             raise exc from None
     raise ConfigError(f"{url}: the {split} split of the cache {head}: train on the cache's URL ({head}); it takes "
                       "the train split and scores the val split")
-
-
-def require_recorded_tokenizer(tok, data_path) -> None:
-    """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
-    for path in str(data_path).split(","):
-        where = open_location(path.strip())[0]  # a URL: its mirror, where meta.json is
-        if where.is_dir():
-            check_tokenizer_matches(tok, recorded_sha(meta_of(where)), where)
 
 
 SHAPE = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}  # flag: field

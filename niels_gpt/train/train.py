@@ -28,7 +28,7 @@ from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.output_guard import check_overlap
 from niels_gpt.storage.settings import apply_cache_args
-from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 from niels_gpt.train.attention import resolve as resolve_attention
 from niels_gpt.train.checkpoint import (
     check_out_dir,
@@ -55,7 +55,6 @@ from niels_gpt.train.setup import (
     find_tokenizer,
     init_config,
     model_config,
-    require_recorded_tokenizer,
     resolve_resume,
     resume_loader,
     setup_distributed,
@@ -118,7 +117,6 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         tok = None
         if cfg.tokenizer:
             tok = load_tokenizer(cfg.tokenizer)
-            require_recorded_tokenizer(tok, cfg.data)
         elif token_bytes is None:
             tok = find_tokenizer(cfg.data)
         if data is None:
@@ -137,7 +135,12 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     # the tokenizer the data records: packed bins' manifest (their SFT cache may be gone), else meta.json
     recorded = getattr(data, "tokenizer_sha256", None) or \
         recorded_sha(meta_of(getattr(data, "origins", [Path(cfg.data)])[-1]))
-    if tok is not None and not cfg.tokenizer:
+    if cfg.tokenizer:  # bpb is scored with its byte lengths: it must be the one each cache (a mixture's, the SFT
+        # cache of packed bins; a URL's mirror) and packed bins' manifest record
+        check_tokenizer_matches(tok, getattr(data, "tokenizer_sha256", None), cfg.data)
+        for where in getattr(data, "origins", ()):
+            check_tokenizer_matches(tok, recorded_sha(meta_of(where)), where)
+    elif tok is not None:
         # a tokenizer found by looking around must be the one the cache records, or bpb would be wrong
         if recorded and recorded != tok.sha256:
             say(f"{tok.model_path}: not the tokenizer {cfg.data} was built with (sha256 {recorded[:12]}...); "
