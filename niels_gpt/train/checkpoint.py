@@ -79,9 +79,10 @@ def save_checkpoint(path: Path, payload: dict) -> str:
         torch.save({**payload, "version": CHECKPOINT_VERSION, "sha256": digest}, tmp)
     cfg, before = payload["train_config"], read_run(path.parent) or {}
     saved = {**before.get("checkpoints", {}), path.name: {"step": payload["step"], "sha256": digest}}
-    # a resumed run names no --init-from: the run it continues still started from that checkpoint
+    # absolute (a run pruning from another directory finds it); a resume names none: its run still started there
+    source = str(Path(cfg["init_from"]).resolve()) if cfg.get("init_from") else before.get("init_from")
     write_run(path.parent, {"data": cfg["data"], "model": payload["model_config"], "seed": cfg["seed"],
-                            "steps": cfg["steps"], "init_from": cfg.get("init_from") or before.get("init_from"),
+                            "steps": cfg["steps"], "init_from": source,
                             "checkpoints": saved,
                             "order_changes": payload.get("order_changes", [])})
     return digest

@@ -88,6 +88,19 @@ def test_keep_last_keeps_the_base_checkpoint_of_a_run_beside_it_after_that_run_r
     assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]
 
 
+def test_keep_last_keeps_a_base_checkpoint_named_by_a_relative_path_from_another_directory(tmp_path, pretrain_cache,
+                                                                                          monkeypatch):
+    """run.json recorded --init-from as typed (relative to where that run was started): pruning from another
+    directory resolved it elsewhere and removed the checkpoint."""
+    base, sft = tmp_path / "runs" / "base", tmp_path / "runs" / "sft"
+    run(pretrain_cache, base, steps=4, save_every=1, stop_at=2)
+    monkeypatch.chdir(tmp_path / "runs")
+    run(pretrain_cache, sft, steps=1, init_from="base/ckpt_000002.pt")
+    monkeypatch.chdir(tmp_path)
+    run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
+    assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]
+
+
 def test_a_cpu_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):
     lines: list[str] = []
     run(pretrain_cache, tmp_path / "run", log=lines.append, steps=1)
