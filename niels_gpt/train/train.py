@@ -351,7 +351,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             saved = step + 1 == last or (cfg.save_every and (step + 1) % cfg.save_every == 0)
             if saved:
                 checkpoint(step + 1)
-            if step + 1 != last and stop.requested(device):
+            if stop.requested(device):  # in the last step too: no val bpb nor CORE after it
                 if not saved:
                     checkpoint(step + 1)
                 result.interrupted = stop.signal
@@ -359,7 +359,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                 break
     if result.interrupted is None:
         bpb(result.step)
-    if cfg.core and result.step == cfg.steps:
+    if cfg.core and result.step == cfg.steps and result.interrupted is None:
         model.eval()
         with autocast():
             result.core = run_core(model, tok, cfg.core, device=device, max_items=cfg.core_max_items, log=say)

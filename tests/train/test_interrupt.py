@@ -64,6 +64,18 @@ def test_sigterm_mid_run_saves_that_step_and_the_resumed_run_matches_a_straight_
     assert first.losses + second.losses == straight.losses
 
 
+def test_a_signal_in_the_last_step_stops_the_run_there_without_the_final_evaluations(tmp_path, pretrain_cache):
+    """It was noticed only between steps, so in the last step it was dropped: val bpb and CORE (minutes, a
+    download) ran on, and the run ended as if nothing had been asked."""
+    data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=TrainConfig.seed, device="cpu"),
+                    {4: [signal.SIGINT]})  # call 4: the second micro-batch of step 2, the last
+    cfg = TrainConfig(data=str(pretrain_cache), out_dir=str(tmp_path / "run"), steps=2, total_batch_size=2 * 4 * 16,
+                      **TINY)
+    result = train(cfg, token_bytes=TOKEN_BYTES, log=lambda *a: None, data=data)
+    assert (result.interrupted, result.step, result.val_bpb) == ("SIGINT", 2, [])
+    assert result.checkpoint.endswith("ckpt_000002.pt")
+
+
 def test_the_resume_command_repeats_every_flag_that_differs_from_its_default():
     cfg = TrainConfig(data="c d/x", out_dir="runs/a", depth=2, compile=False, overwrite=True, init_from="b.pt")
     cmd = shlex.split(resume_command(cfg, "runs/a/ckpt_000007.pt", 1))
