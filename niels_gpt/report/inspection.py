@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.constants import MANIFEST_NAME, SPLITS
+from niels_gpt.errors import ConfigError
 from niels_gpt.formats.receipt import read_receipt, receipt_path
 from niels_gpt.locate import locate
 from niels_gpt.markers import Found
@@ -67,6 +68,8 @@ def inspect_json(path: str) -> str:
 
 
 def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -> str:
+    if window < 1:  # a pretraining window was shown at 2 tokens, an SFT example failed naming no flag
+        raise ConfigError(f"--window {window}: must be >= 1 (the tokens to decode)")
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
     if not caches:
