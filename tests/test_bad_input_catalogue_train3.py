@@ -223,6 +223,14 @@ def packed_bins_with_another_tokenizer(w, tmp):
             "32", "--sequence-len", "32", "--device-batch-size", "2", "--tokenizer", str(w.other_tokenizer)]
 
 
+def n_embd_zero(w, tmp):
+    return _train(w, tmp, "--n-embd", "0")  # the default width, silently
+
+
+def n_head_zero(w, tmp):
+    return _train(w, tmp, "--n-head", "0")  # the default heads, silently
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -278,6 +286,8 @@ CASES = [
          ("sha256", "docs", "was built with the tokenizer", "pass the tokenizer that built it")),
     Case("train: packed bins with another --tokenizer", packed_bins_with_another_tokenizer,
          ("sha256", "bins", "was built with the tokenizer", "pass the tokenizer that built it")),
+    Case("train: --n-embd 0", n_embd_zero, ("--n-embd 0", "must be >= 1")),
+    Case("train: --n-head 0", n_head_zero, ("--n-head 0", "must be >= 1")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

@@ -236,7 +236,8 @@ FLOORS = {"steps": (1, ""), "sequence_len": (1, ""), "device_batch_size": (1, ""
           "eval_steps": (0, "val batches per bpb evaluation; 0 skips val bpb"), "eval_every": (0, "0: only at the end"),
           "prefetch": (0, "0: tokenize in the training loop"), "save_every": (0, "0: only the last step"),
           "core_max_items": (1, "leave it out to score every item"), "log_every": (0, "0: no step lines"),
-          "num_workers": (0, "0: load in the training process")}
+          "num_workers": (0, "0: load in the training process"), "depth": (1, ""), "n_embd": (1, ""), "n_head": (1, ""),
+          "n_kv_head": (1, "")}
 
 
 def check_config(cfg) -> None:
