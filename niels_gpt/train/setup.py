@@ -43,7 +43,7 @@ def resolve_device(device: str) -> torch.device:
         raise ConfigError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         why = ("this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible")
-        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__}); train with --device cpu (or "
+        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__}); run with --device cpu (or "
                           "auto), or install a CUDA build of torch")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
