@@ -36,6 +36,28 @@ def stats_sft_cache_without_meta(w, tmp):
     return ["stats", str(c)]
 
 
+def _mixture(w, tmp, phases) -> list[str]:
+    (tmp / "mix.json").write_text(json.dumps({"datasets": {"web": str(w.pretrain), "wiki": str(w.pretrain)},
+                                              "phases": phases}))
+    return ["stats", str(tmp / "mix.json"), "--steps", "5"]
+
+
+def stats_mixture_whose_first_phase_starts_late(w, tmp):
+    return _mixture(w, tmp, [{"start_step": 3, "weights": {"web": 1}}])  # an IndexError at step 0
+
+
+def stats_mixture_weighing_an_unknown_dataset(w, tmp):
+    return _mixture(w, tmp, [{"start_step": 0, "weights": {"web": 1, "books": 1}}])  # books was left out silently
+
+
+def inspect_window_zero(w, tmp):
+    return ["inspect", str(w.pretrain), "--window", "0"]  # decoded 2 tokens
+
+
+def inspect_window_negative_of_an_sft_cache(w, tmp):
+    return ["inspect", str(w.sft), "--window", "-5"]  # "SFTExampleDataset: T=-5 is not a window length"
+
+
 def pack_sft_over_an_empty_lock(w, tmp):
     tmp.joinpath("p.lock").write_bytes(b"")  # what an older version left when killed as it took the lock
     return ["pack-sft", str(w.sft), str(tmp / "p"), "--pack-size", "128"]
@@ -90,6 +112,12 @@ CASES = [
          ("/c/train:", "no meta.json", "unfinished build")),
     Case("stats: an SFT cache whose meta.json is gone", stats_sft_cache_without_meta,
          ("/s:", "no meta.json", "unfinished build")),
+    Case("stats: a mixture whose first phase starts after step 0", stats_mixture_whose_first_phase_starts_late,
+         ("mix.json", "phase start steps [3]", "the first must be 0")),
+    Case("stats: a mixture weighing a dataset it does not have", stats_mixture_weighing_an_unknown_dataset,
+         ("mix.json", "unknown dataset(s) ['books']", "the mixture has")),
+    Case("inspect: --window 0", inspect_window_zero, ("--window 0", "must be >= 1")),
+    Case("inspect: --window -5 of an SFT cache", inspect_window_negative_of_an_sft_cache, ("--window -5", "must be >= 1")),
     Case("pack-sft: an empty lock beside OUT", pack_sft_over_an_empty_lock,
          ("p.lock", "names no build", "remove the lock file"), out="p", reads=("sft",)),
     Case("verify: a compressed cache's compression entry removed and resealed",

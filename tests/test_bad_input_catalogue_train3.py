@@ -163,6 +163,74 @@ def sample_system_prompt_without_chat(w, tmp):
     return _sample(w, "--system", "Be brief.")
 
 
+def resume_past_the_steps(w, tmp):
+    _run_copy(w, tmp)  # at step 2
+    return ["train", str(w.pretrain), "--out-dir", str(tmp / "run"), "--tokenizer", str(w.tokenizer), "--steps", "1",
+            *BASE_FLAGS, "--resume", "latest"]
+
+
+def stop_at_zero(w, tmp):
+    return _train(w, tmp, "--stop-at", "0")
+
+
+def core_bundle_missing(w, tmp):
+    return _train(w, tmp, "--core", str(tmp / "no-bundle"))
+
+
+def core_without_a_tokenizer(w, tmp):
+    cache = write_pretrain_cache(tmp / "hand", {"train": [np.arange(3000) % 90 + 5], "val": [np.arange(300) % 90 + 5]})
+    return _train(w, tmp, "--core", "bundled", data=cache)  # records no tokenizer, and none is above it
+
+
+def core_max_items_negative(w, tmp):
+    return _train(w, tmp, "--core", "bundled", "--core-max-items", "-1")
+
+
+def save_every_negative(w, tmp):
+    return _train(w, tmp, "--save-every", "-1")  # saved every step
+
+
+def workers_negative(w, tmp):
+    return _train(w, tmp, "--workers", "-1")
+
+
+def total_batch_size_negative(w, tmp):
+    return _train(w, tmp, "--total-batch-size", "-32")  # -1 micro-batches: a nan loss, "lower the learning rates"
+
+
+def val_split_shorter_than_a_row(w, tmp):
+    import json
+
+    meta = json.loads((w.pretrain / "meta.json").read_text())
+    short = write_pretrain_cache(tmp / "short-val", {"train": [np.arange(3000) % 90 + 5], "val": [np.arange(12) % 90 + 5]},
+                                 vocab_size=meta["vocab_size"])
+    _rewrite_meta(short, tokenizer_sha256=meta["tokenizer_sha256"])
+    return _train(w, tmp, "--tokenizer", str(w.tokenizer), data=short)  # val bpb ran after the last step, saved
+
+
+def mixture_with_another_tokenizer(w, tmp):
+    import json
+
+    (tmp / "mix.json").write_text(json.dumps({"datasets": {"web": str(w.pretrain)}, "weights": {"web": 1}}))
+    return _train(w, tmp, "--tokenizer", str(w.other_tokenizer), data=tmp / "mix.json")  # bpb by its byte lengths
+
+
+def packed_bins_with_another_tokenizer(w, tmp):
+    from niels_gpt.packing import pack_sft
+
+    pack_sft(w.sft, tmp / "bins", pack_size=32, algorithm="ffd", on_overflow="truncate", warn=False)
+    return ["train", str(tmp / "bins"), "--out-dir", str(tmp / "run"), "--steps", "1", "--depth", "1", "--n-embd",
+            "32", "--sequence-len", "32", "--device-batch-size", "2", "--tokenizer", str(w.other_tokenizer)]
+
+
+def n_embd_zero(w, tmp):
+    return _train(w, tmp, "--n-embd", "0")  # the default width, silently
+
+
+def n_head_zero(w, tmp):
+    return _train(w, tmp, "--n-head", "0")  # the default heads, silently
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -201,6 +269,25 @@ CASES = [
     Case("train: --eval-steps -1", eval_steps_negative, ("--eval-steps -1", "must be >= 0", "0 skips val bpb")),
     Case("sample: --system without --chat", sample_system_prompt_without_chat,
          ("--system", "opens a conversation", "sample with --chat")),
+    Case("train: --resume of a run past --steps", resume_past_the_steps,
+         ("--resume", "ckpt_000002.pt", "at step 2, past --steps 1", "nothing to train", "give --steps above 2")),
+    Case("train: --stop-at 0", stop_at_zero, ("--stop-at 0", "must be >= 1")),
+    Case("train: --core of a directory without a bundle", core_bundle_missing,
+         ("--core", "no-bundle", "no core.yaml", "or 'bundled'")),
+    Case("train: --core without a tokenizer", core_without_a_tokenizer,
+         ("--core needs the tokenizer", "none was found", "pass --tokenizer")),
+    Case("train: --core-max-items -1", core_max_items_negative, ("--core-max-items -1", "must be >= 1")),
+    Case("train: --save-every -1", save_every_negative, ("--save-every -1", "must be >= 0", "only the last step")),
+    Case("train: --workers -1", workers_negative, ("--workers -1", "must be >= 0", "0: load in the training process")),
+    Case("train: --total-batch-size -32", total_batch_size_negative, ("--total-batch-size -32", "must be >= 1")),
+    Case("train: a val split shorter than one row", val_split_shorter_than_a_row,
+         ("short-val/val", "largest has 12 tokens", "--eval-steps 0")),
+    Case("train: a mixture with another --tokenizer", mixture_with_another_tokenizer,
+         ("sha256", "docs", "was built with the tokenizer", "pass the tokenizer that built it")),
+    Case("train: packed bins with another --tokenizer", packed_bins_with_another_tokenizer,
+         ("sha256", "bins", "was built with the tokenizer", "pass the tokenizer that built it")),
+    Case("train: --n-embd 0", n_embd_zero, ("--n-embd 0", "must be >= 1")),
+    Case("train: --n-head 0", n_head_zero, ("--n-head 0", "must be >= 1")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

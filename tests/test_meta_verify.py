@@ -100,6 +100,16 @@ def test_inspect_shows_decoded_text_and_trained_span(caches, capsys):
     assert "<|usr|>" in out and "<|asst|>⟦" in out and "⟦<|eot|>⟧" in out
 
 
+def test_inspect_of_a_cache_shorter_than_the_window_and_without_val_decodes_its_train_split(caches, real_docs,
+                                                                                        tokenizer, capsys):
+    """Train held no more tokens than the window, so inspect looked for a val split; with none it crashed in
+    max() on no shards."""
+    build_pretrain_cache(real_docs, str(caches / "pretrain" / "tiny"), tokenizer=tokenizer, max_train_tokens=40,
+                         max_val_tokens=0, shard_bytes=4000, seed=0, shuffle_buffer=None)
+    assert main(["inspect", str(caches / "pretrain" / "tiny")]) == 0
+    assert "first 40 tokens of train/shard_00000.bin:" in capsys.readouterr().out
+
+
 def test_cli_failure_is_one_line_and_nonzero(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()

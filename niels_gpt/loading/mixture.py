@@ -113,6 +113,22 @@ def quota_step(probs: Sequence[float], carry: Sequence[float], n: int) -> tuple[
     return counts, [q - c for q, c in zip(quota, counts, strict=True)]
 
 
+def check_phases(phases: list[Phase], names: list[str], temperature: float) -> list[tuple[int, list[float]]]:
+    """[(start step, probabilities over `names`)]; ConfigError for an unknown dataset or an order of starts
+    that is not 0, then strictly increasing (the sampler's, and `stats` of a mixture file's)."""
+    out = []
+    for k, ph in enumerate(phases):
+        unknown = sorted(set(ph.weights) - set(names))
+        if unknown:
+            raise ConfigError(f"phase {k} (start_step {ph.start_step}): unknown dataset(s) {unknown}; "
+                              f"the mixture has {names}")
+        out.append((int(ph.start_step), normalised([float(ph.weights.get(n, 0.0)) for n in names], temperature)))
+    starts = [s for s, _ in out]
+    if not out or starts[0] != 0 or starts != sorted(set(starts)):
+        raise ConfigError(f"phase start steps {starts}: the first must be 0 and they must strictly increase")
+    return out
+
+
 class MixtureSampler:
     """Batch sampler over a MixtureDataset: infinite, yields this rank's [(d, i), ...] per step."""
 
@@ -127,28 +143,14 @@ class MixtureSampler:
         self.global_batch_size = global_batch_size
         self.batch_size = global_batch_size // self.world_size
         self.temperature = float(temperature)
-        self.phases = self._check_phases(list(phases) if phases is not None else [Phase(0, weights)])
+        self.phases = check_phases(list(phases) if phases is not None else [Phase(0, weights)], mixture.names,
+                                   self.temperature)
         self.seed = int(seed)
         self.fingerprint = mixture.fingerprint()
         self.step = 0
         self.drawn = [0] * len(mixture.names)
         self.carry = [0.0] * len(mixture.names)
         self._perms: dict[int, tuple[int, EpochOrder]] = {}
-
-    def _check_phases(self, phases: list[Phase]) -> list[tuple[int, list[float]]]:
-        names = self.mixture.names
-        out = []
-        for k, ph in enumerate(phases):
-            unknown = sorted(set(ph.weights) - set(names))
-            if unknown:
-                raise ConfigError(f"phase {k} (start_step {ph.start_step}): unknown dataset(s) {unknown}; "
-                                  f"the mixture has {names}")
-            out.append((int(ph.start_step), normalised([float(ph.weights.get(n, 0.0)) for n in names],
-                                                       self.temperature)))
-        starts = [s for s, _ in out]
-        if not out or starts[0] != 0 or starts != sorted(set(starts)):
-            raise ConfigError(f"phase start steps {starts}: the first must be 0 and they must strictly increase")
-        return out
 
     def probabilities(self, step: int) -> list[float]:
         """Normalised weights in force at `step`: the last phase started by then (the first starts at 0)."""

@@ -27,11 +27,8 @@ from niels_gpt.spans import assistant_token_mask
 
 
 def _bos_id(meta: dict) -> int | None:
-    tok = meta.get("tokenizer") or {}
-    for value in (tok.get("bos_id"), (meta.get("special_token_ids") or {}).get("bos")):
-        if isinstance(value, int) and value >= 0:
-            return value
-    return None
+    found = ((meta.get("tokenizer") or {}).get("bos_id"), (meta.get("special_token_ids") or {}).get("bos"))
+    return next((v for v in found if isinstance(v, int) and v >= 0), None)
 
 
 def _pretrain(cache: Path, meta: dict, splits: list[str], progress) -> Stats:

@@ -48,8 +48,7 @@ def interrupted_builds(path: Path) -> list[str]:
 
 def find_tokenizer(cache: Path, meta: dict, explicit: str | None = None):
     """The cache's tokenizer by the one rule (niels_gpt/tokenizer/find.py), or an error saying what to pass."""
-    tok = tokenizer_of(cache, explicit)
-    if tok is None:
+    if (tok := tokenizer_of(cache, explicit)) is None:
         raise TokenizerError(f"no tokenizer with sha256 {str(meta.get('tokenizer_sha256'))[:16]}… found: not at the "
                              f"path {cache / META_NAME} records, nor in a tokenizer/ directory above {cache}: pass "
                              "--tokenizer PATH")

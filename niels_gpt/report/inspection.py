@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.constants import MANIFEST_NAME, SPLITS
+from niels_gpt.errors import ConfigError
 from niels_gpt.formats.receipt import read_receipt, receipt_path
 from niels_gpt.locate import locate
 from niels_gpt.markers import Found
@@ -67,6 +68,8 @@ def inspect_json(path: str) -> str:
 
 
 def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -> str:
+    if window < 1:  # a pretraining window was shown at 2 tokens, an SFT example failed naming no flag
+        raise ConfigError(f"--window {window}: must be >= 1 (the tokens to decode)")
     root = Path(path)
     caches = find_caches(root) if root.exists() else []
     if not caches:
@@ -108,9 +111,13 @@ def inspect_path(path: str, *, tokenizer: str | None = None, window: int = 64) -
     lines.append(f"  files: {len(meta['files'])}, {sum(r['bytes'] for r in meta['files'].values()):,} bytes")
     tok = find_tokenizer(root, meta, tokenizer)
     if meta["kind"] == "pretrain":
-        split = "train" if meta["totals"]["train_tokens"] > window else "val"
-        longest = max(r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{split}/"))
-        T = max(1, min(window - 1, longest - 1))
+        longest = {s: max((r["tokens"] for rel, r in meta["files"].items() if rel.startswith(f"{s}/")), default=0)
+                   for s in SPLITS}
+        order = SPLITS if meta["totals"]["train_tokens"] > window else SPLITS[::-1]
+        split = next((s for s in order if longest[s] > 1), None)  # a window holds two tokens at least
+        if split is None:
+            return "\n".join(lines + ["", "no shard holds two tokens: no window to decode"])
+        T = max(1, min(window - 1, longest[split] - 1))
         _, core = open_split(root, split, T, 1)  # the windows training reads (readers/windows_core.py)
         ids = core.gather(np.array([0]), np.array([0]))[0]
         lines += ["", f"first {len(ids)} tokens of {split}/{core.names[0]}:", show_tokens(tok, ids)]
@@ -131,9 +138,8 @@ def _inspect_foreign(root: Path, info, tokenizer: str | None, window: int) -> st
     for name, leaf in (info.splits.items() if info.splits else [("", info)]):
         label = f"  {name}: " if name else "  "
         lines.append(f"{label}{len(leaf.files)} file(s), {leaf.num_tokens:,} tokens")
-    for key in ("eot_id", "bos_id", "vocab_size", "documents", "tokenizer_sha256"):
-        if getattr(info, key) is not None:
-            lines.append(f"  {key}: {getattr(info, key)}")
+    lines += [f"  {k}: {getattr(info, k)}" for k in ("eot_id", "bos_id", "vocab_size", "documents", "tokenizer_sha256")
+              if getattr(info, k) is not None]
     leaf = info.leaf() if info.splits else info
     first = next((t for t in leaf.token_files if t.count), None)
     if first is None:
@@ -152,9 +158,8 @@ def _inspect_packed(found: Found, tokenizer: str | None, window: int) -> str:
     lines = [f"packed SFT bins {root} ({type(ds).__name__})", f"  bins: {len(ds):,}"]
     manifest = read_manifest(root) if found.layout == "memmap" else {}
     if found.layout == "memmap":
-        for key in ("pack_size", "num_sequences", "algorithm", "packing_efficiency", "loss_mask_convention"):
-            if key in manifest:
-                lines.append(f"  {key}: {manifest[key]}")
+        lines += [f"  {k}: {manifest[k]}" for k in ("pack_size", "num_sequences", "algorithm", "packing_efficiency",
+                                                     "loss_mask_convention") if k in manifest]
         if (root / "val" / MANIFEST_NAME).is_file():  # pack-sft's packed val split
             held_out = read_manifest(root / "val")
             lines.append(f"  val: {held_out['num_bins']:,} bins, {held_out['num_sequences']:,} sequences in {root / 'val'}")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from niels_gpt.errors import ConfigError
-from niels_gpt.loading.mixture import MixtureConfig, normalised, quota_step
+from niels_gpt.loading.mixture import MixtureConfig, check_phases, quota_step
 from niels_gpt.report.figures import Stats, StreamStats
 
 
@@ -21,8 +21,10 @@ def mixture_stats(path: str | Path, *, steps: int = 1000, global_batch_size: int
             raise ConfigError(f"{path}: {name} must be a positive integer, got {v!r}")
     cfg = MixtureConfig.from_file(path)
     names = list(cfg.datasets)
-    phases = sorted((int(ph.start_step), normalised([float(ph.weights.get(n, 0.0)) for n in names], cfg.temperature))
-                    for ph in cfg.phases)
+    try:  # the sampler's checks: a first phase after step 0 left no weights for the first steps
+        phases = check_phases(list(cfg.phases), names, cfg.temperature)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     counts = np.zeros((steps, len(names)), dtype=np.int64)
     carry = [0.0] * len(names)
     for step in range(steps):

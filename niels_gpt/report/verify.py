@@ -77,8 +77,7 @@ def _check_tokenizer(directory: Path, meta: dict) -> list[str]:
 
 def verify_path(path: str) -> tuple[list[str], int]:
     """(problems, outputs checked) for a cache, a root of caches, a packed directory or a converted output."""
-    problems, checked, _ = verify_outputs(path)
-    return problems, checked
+    return verify_outputs(path)[:2]
 
 
 def verify_outputs(path: str) -> tuple[list[str], int, list[str]]:

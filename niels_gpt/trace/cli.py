@@ -45,8 +45,8 @@ def _decoder(trace: dict, run_dir: str, explicit: str | None):
 
     if explicit:
         return load_tokenizer(explicit).decode
-    last = checkpoint.latest_checkpoint(run_dir)
-    recorded = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("tokenizer")
+    recorded = torch.load(checkpoint.latest_checkpoint(run_dir), map_location="cpu", weights_only=True,
+                          mmap=True).get("tokenizer")
     if recorded and Path(recorded).exists():
         return load_tokenizer(recorded).decode
     first = trace["sequences"][0]["documents"][0] if trace["sequences"] and trace["sequences"][0]["documents"] else {}

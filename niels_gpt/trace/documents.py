@@ -201,8 +201,7 @@ def record_where(entry: dict, record: int) -> str:
 
 def line_of(path: str, offset: int) -> int | None:
     """The 1-based line starting at byte `offset` of a local, uncompressed file; None otherwise."""
-    found = local_input(path)
-    if found is None:
+    if (found := local_input(path)) is None:
         return None
     try:
         with open(found, "rb") as f:
@@ -213,8 +212,7 @@ def line_of(path: str, offset: int) -> int | None:
 
 def line_offset(path: str, line: int) -> int | None:
     """The byte offset of 1-based `line` of a local, uncompressed file; None where it cannot be read."""
-    found = local_input(path)
-    if found is None or line < 1:
+    if (found := local_input(path)) is None or line < 1:
         return None
     try:
         with open(found, "rb") as f:

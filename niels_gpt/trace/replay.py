@@ -15,15 +15,13 @@ cost grows with the distance from the checkpoint (every document in between is t
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import torch
 
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.tokenizer import load_tokenizer
-from niels_gpt.train.data import TrainData
-from niels_gpt.train.setup import WORLD_FREE, parse_batch_ramp
+from niels_gpt.train.data import open_data
+from niels_gpt.train.setup import WORLD_FREE
 
 
 def advance(schedule: BatchSchedule, n: int, position: tuple[int, int, int], k: int) -> tuple[int, int, int]:
@@ -53,17 +51,10 @@ class Replay:
     def __init__(self, data: str, config: dict, world_size: int, vocab_size: int | None):
         self.world_size = world_size
         self.T = int(config["sequence_len"])
-        ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=config.get("batch_ramp"),
-                                                total_batch_size=config.get("total_batch_size")), world_size)
         # Parquet text shards are tokenized with the run's tokenizer
         tokenizer = load_tokenizer(config["tokenizer"]) if config.get("tokenizer") else None
-        self.opened = [TrainData(data, T=self.T, seed=int(config["seed"]), device="cpu", rank=r,
-                                 world_size=world_size, kind=config.get("data_kind", "auto"),
-                                 sampling=config.get("sampling", "indexed"), batch_schedule=ramp,
-                                 batch_size=ramp.steps[-1][1] // world_size if ramp else int(config["device_batch_size"]),
-                                 shards_at_once=int(config.get("shards_at_once", 8)), vocab_size=vocab_size or 1 << 30,
-                                 tokenizer=tokenizer, packing=config.get("packing", "bestfit"))
-                       for r in range(world_size)]
+        self.opened = [open_data(config, data, rank=r, world=world_size, device="cpu", tokenizer=tokenizer,
+                                 vocab_size=vocab_size or 1 << 30) for r in range(world_size)]
         self.kind = self.opened[0].kind
         self.data = data
         self._perms: dict[int, object] = {}

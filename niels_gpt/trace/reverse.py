@@ -132,11 +132,9 @@ def trace_document(run_dir, document: str, *, data: str | None = None) -> dict:
         base = 0 if before is None else before.step
         if replay.kind == "parquet":
             rank, doc_id = target
-            count = (last_step - base) * ckpt.accum
-            skip = (first_step - 1 - base) * ckpt.accum
-            for k, row in parquet_hits(replay, None if before is None else before.states, count, rank, doc_id):
-                if k >= skip:
-                    hits.append((base + k // ckpt.accum + 1, rank, k % ckpt.accum, row, doc_id))
+            count, skip = (last_step - base) * ckpt.accum, (first_step - 1 - base) * ckpt.accum
+            hits += [(base + k // ckpt.accum + 1, rank, k % ckpt.accum, row, doc_id) for k, row in
+                     parquet_hits(replay, None if before is None else before.states, count, rank, doc_id) if k >= skip]
             continue
         state = replay.start(None if before is None else before.states[0])
         if replay.kind in ("indexed", "shards", "packed"):

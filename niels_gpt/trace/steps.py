@@ -58,8 +58,7 @@ def _load(path: str, mtime: float) -> Checkpoint:
     except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle raises many kinds; each is this one condition
         raise ConfigError(f"{path}: not a readable checkpoint of this trainer ({type(exc).__name__}); "
                           "trace reads the run's checkpoints: move the damaged file out of the run directory") from None
-    vocab = (ckpt.get("model_config") or {}).get("vocab_size")
-    return Checkpoint(step, Path(path), config, states, vocab)
+    return Checkpoint(step, Path(path), config, states, (ckpt.get("model_config") or {}).get("vocab_size"))
 
 
 class Run:
@@ -72,12 +71,11 @@ class Run:
             what = "a file" if self.dir.exists() else "no such directory"
             raise ConfigError(f"{self.dir}: {what}; give a run directory (the --out-dir of `train`, holding "
                               f"{RUN_NAME} and ckpt_<step>.pt files)")
-        paths = checkpoints(self.dir)
-        if read_run(self.dir) is None or not paths:
+        self.paths = checkpoints(self.dir)
+        if read_run(self.dir) is None or not self.paths:
             raise ConfigError(f"{self.dir}: not a training run ({'no ' + RUN_NAME if read_run(self.dir) is None else 'no checkpoint'}); "
                               "give the --out-dir of a `train` run that saved a checkpoint")
-        self.paths = paths
-        self.steps = [int(CKPT_PATTERN.match(p.name).group(1)) for p in paths]
+        self.steps = [int(CKPT_PATTERN.match(p.name).group(1)) for p in self.paths]
         self.data_override = data
 
     def checkpoint(self, i: int) -> Checkpoint:
@@ -106,10 +104,7 @@ class Run:
         recorded = self.data_override or str(config["data"])
         if is_url(recorded) or Path(recorded).exists() or self.data_override:
             return recorded
-        for base in self.dir.resolve().parents:
-            if (base / recorded).exists():
-                return str(base / recorded)
-        return recorded
+        return next((str(b / recorded) for b in self.dir.resolve().parents if (b / recorded).exists()), recorded)
 
 
 def _window(cache: str, split: str, shard: int, offset: int, T: int, **extra) -> dict:

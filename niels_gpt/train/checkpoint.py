@@ -41,8 +41,7 @@ def checkpoints(out_dir: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    found = checkpoints(out_dir)
-    return found[-1] if found else None
+    return (checkpoints(out_dir) or [None])[-1]
 
 
 def payload_digest(obj) -> str:
@@ -78,11 +77,13 @@ def save_checkpoint(path: Path, payload: dict) -> str:
     digest = payload_digest(payload)
     with atomic_path(path) as tmp:
         torch.save({**payload, "version": CHECKPOINT_VERSION, "sha256": digest}, tmp)
-    cfg = payload["train_config"]
-    saved = {**(read_run(path.parent) or {}).get("checkpoints", {}),
-             path.name: {"step": payload["step"], "sha256": digest}}
+    cfg, before = payload["train_config"], read_run(path.parent) or {}
+    saved = {**before.get("checkpoints", {}), path.name: {"step": payload["step"], "sha256": digest}}
+    # absolute (a run pruning from another directory finds it); a resume names none: its run still started there
+    source = str(Path(cfg["init_from"]).resolve()) if cfg.get("init_from") else before.get("init_from")
     write_run(path.parent, {"data": cfg["data"], "model": payload["model_config"], "seed": cfg["seed"],
-                            "steps": cfg["steps"], "init_from": cfg.get("init_from"), "checkpoints": saved,
+                            "steps": cfg["steps"], "init_from": source,
+                            "checkpoints": saved,
                             "order_changes": payload.get("order_changes", [])})
     return digest
 
@@ -230,15 +231,16 @@ def _remove_if_empty(made: list[Path]) -> None:
             d.rmdir()
 
 
-def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
-    """Remove the checkpoints run.json records but the newest `keep` (the module docstring); returns them."""
+def prune_checkpoints(out_dir: str | os.PathLike, keep: int, saved: Path | None = None) -> list[Path]:
+    """Remove the checkpoints run.json records but the newest `keep` (the module docstring) and the one just
+    `saved` (a run resumed from an earlier checkpoint saves below the newest step); returns them."""
     out = Path(out_dir)
     record = read_run(out)
     if record is None or keep < 1:
         return []
     listed = record.get("checkpoints", {})
     ours = [p for p in checkpoints(out) if p.name in listed]
-    kept = {latest_checkpoint(out).resolve(), *_started_from(out)}
+    kept = {latest_checkpoint(out).resolve(), *_started_from(out), *([Path(saved).resolve()] if saved else [])}
     gone = [p for p in ours[:-keep] if p.resolve() not in kept]
     remove_files(gone)
     kept = {name: v for name, v in listed.items() if (out / name).is_file()}
@@ -259,5 +261,4 @@ def _started_from(out: Path) -> set[Path]:
 def remove_files(files: list[Path]) -> None:
     """Delete `files` where they still are: an earlier run's (those check_out_dir listed), or pruned checkpoints."""
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
-            f.unlink()
+        f.unlink(missing_ok=True)

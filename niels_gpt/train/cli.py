@@ -72,11 +72,9 @@ def register(sub) -> None:
             continue
         flag = flag_of(f.name)
         default = None if f.default is MISSING else f.default
-        if f.name == "compile":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=HELP[f.name])
-            continue
-        if f.type in ("bool", bool):
-            p.add_argument(flag, action="store_true", help=HELP[f.name])
+        if f.name == "compile" or f.type in ("bool", bool):  # --compile/--no-compile: None leaves it to the device
+            p.add_argument(flag, action=argparse.BooleanOptionalAction if f.name == "compile" else "store_true",
+                           default=default, help=HELP[f.name])
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
         action = p.add_argument(flag, dest=f.name, type=kind, default=default, choices=CHOICES.get(f.name),
@@ -103,16 +101,19 @@ def run(args) -> int:
     import torch.distributed as dist
 
     # lazy: these import torch (the model torch._dynamo, ~1.5 s), which `train --help` does not need
-    from niels_gpt.train.checkpoint import latest_checkpoint
+    from niels_gpt.train.checkpoint import checkpoints, latest_checkpoint
     from niels_gpt.train.interrupt import resume_command
     from niels_gpt.train.train import train  # lazy: as above
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     world = int(os.environ.get("WORLD_SIZE", 1))
+    # --overwrite: the checkpoints there are the replaced run's, not this one's, until this one saves
+    theirs = {p: p.stat().st_mtime_ns for p in checkpoints(cfg.out_dir)} if cfg.overwrite and not cfg.resume else {}
     try:
         result = train(cfg)
     except KeyboardInterrupt:  # a Ctrl-C before the first step, or a second one inside a step
         last = latest_checkpoint(cfg.out_dir)
+        last = None if last in theirs and theirs[last] == last.stat().st_mtime_ns else last
         where = (f"the last checkpoint is {last}; continue with: {resume_command(cfg, str(last), world)}"
                  if last else "no checkpoint of this run was written")
         print(f"error: train interrupted before its step ended; {where}", file=sys.stderr)

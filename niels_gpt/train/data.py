@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -42,6 +43,7 @@ from niels_gpt.readers.sft import SFTExampleDataset
 from niels_gpt.storage.remote import open_location
 from niels_gpt.train.config import CHOICES, KINDS
 from niels_gpt.train.pin import check_pins, pin, recorded_sha
+from niels_gpt.train.setup import parse_batch_ramp
 from niels_gpt.train.val import LAYOUT_KEYS, find_val_pack, val_batches
 from niels_gpt.urls import is_url
 
@@ -124,6 +126,17 @@ class EpochLoop:
         """End the iteration in progress (its workers, its assembling thread); the state stays the delivered one."""
         self._it = None
         self.loader.close()
+
+
+def open_data(cfg: dict, data, *, rank: int, world: int, device, **given) -> TrainData:
+    """The loader of `data` for `rank` of `world` as a run with settings `cfg` (a TrainConfig's dict, or a
+    checkpoint's train_config) opens it: train, and trace replaying it."""
+    ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=cfg.get("batch_ramp"),
+                                            total_batch_size=cfg.get("total_batch_size")), world)
+    return TrainData(data, T=int(cfg["sequence_len"]), seed=int(cfg["seed"]), device=device, rank=rank, world_size=world,
+                     batch_size=ramp.steps[-1][1] // world if ramp else int(cfg["device_batch_size"]),
+                     batch_schedule=ramp, kind=cfg.get("data_kind", "auto"), sampling=cfg.get("sampling", "indexed"),
+                     packing=cfg.get("packing", "bestfit"), shards_at_once=int(cfg.get("shards_at_once", 8)), **given)
 
 
 class TrainData:
@@ -277,9 +290,7 @@ class TrainData:
     def end_after(self, batches: int) -> None:
         """The run takes `batches` more batches: a remote cache's prefetching stops at the last one."""
         source = getattr(self.source, "loader", self.source)
-        target = getattr(source, "batch_sampler", source)
-        if hasattr(target, "end_after"):
-            target.end_after(batches)
+        getattr(getattr(source, "batch_sampler", source), "end_after", lambda n: None)(batches)
 
     def close(self) -> None:
         """Stop a loader's background work (the Parquet loader's prefetching, a DataLoader's workers or thread)."""

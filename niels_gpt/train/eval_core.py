@@ -150,12 +150,12 @@ def load_bundle(root: str | os.PathLike) -> list[dict]:
     if (root / "eval_bundle").is_dir():
         root = root / "eval_bundle"
     cfg_path = root / "core.yaml"
-    if not cfg_path.is_file():
-        raise SourceError(f"{root}: no core.yaml; a CORE bundle holds core.yaml, eval_data/ and eval_meta_data.csv")
-    baselines = {}
+    for name in ("core.yaml", "eval_meta_data.csv"):
+        if not (root / name).is_file():
+            raise SourceError(f"{root}: no {name}; a CORE bundle (--core) holds core.yaml, eval_data/ and "
+                              "eval_meta_data.csv: give its directory, the bundle zip's http(s) URL, or 'bundled'")
     with open(root / "eval_meta_data.csv", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            baselines[row["Eval Task"]] = float(row["Random baseline"])
+        baselines = {row["Eval Task"]: float(row["Random baseline"]) for row in csv.DictReader(f)}
     tasks = []
     for t in yaml.safe_load(cfg_path.read_text("utf-8"))["icl_tasks"]:
         label, task_type = t["label"], t["icl_task_type"]

@@ -40,7 +40,6 @@ class StopRequests:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        return False
 
     def _handle(self, signum, frame):
         if self.signal is not None and signum == signal.SIGINT:
@@ -69,10 +68,7 @@ def resume_command(cfg, checkpoint: str, world: int) -> str:
         if value == default:
             continue
         flag = flag_of(f.name)
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + f.name.replace("_", "-"))
-        else:
-            args += [flag, str(value)]
+        args += [flag if value else "--no-" + f.name.replace("_", "-")] if isinstance(value, bool) else [flag, str(value)]
     args += ["--resume", checkpoint]
     launcher = ["torchrun", f"--nproc_per_node={world}", "-m", "niels_gpt.cli"] if world > 1 else \
         [sys.executable, "-m", "niels_gpt.cli"]

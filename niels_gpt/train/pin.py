@@ -41,8 +41,7 @@ def pin(caches) -> dict[Path, str]:
 def check_pins(pins: dict[Path, str]) -> None:
     """CacheError naming the first pinned cache whose content is no longer what the run opened."""
     for cache, pinned in pins.items():
-        now = content_id(cache)
-        if now != pinned:
+        if (now := content_id(cache)) != pinned:
             what = "is gone" if now is None else "was replaced (rebuilt with other data or another tokenizer)"
             raise CacheError(f"{cache}: {what} while this run trained on it; its val split is no longer the data "
                              "this run opened, so val bpb is not scored: rerun on the cache as it is now (a cache "

@@ -42,8 +42,7 @@ def checkpoint_tokenizer(ckpt: dict, path: str, given: str | None):
     if tok is None:
         raise ConfigError(f"sample {path}: the tokenizer of this run is not where it was ({recorded or data}); "
                           "pass --tokenizer")
-    sha = ckpt.get("tokenizer_sha256")
-    if sha and sha != tok.sha256:
+    if (sha := ckpt.get("tokenizer_sha256")) and sha != tok.sha256:
         what = f"--tokenizer {given}" if given else f"the tokenizer found for it ({tok.model_path})"
         raise ConfigError(f"sample {path}: {what} is not the tokenizer its model was trained with (sha256 "
                           f"{tok.sha256[:12]}..., the checkpoint records {sha[:12]}... of {recorded or 'its run'}): "
@@ -116,8 +115,7 @@ def sample(path: str, prompt: str, *, chat: bool = False, max_tokens: int = 64, 
     if top_k is not None and top_k < 0:
         raise ConfigError(f"--top-k {top_k}: must be >= 0 (0: no cut)")
     check_seed(seed, "--seed")
-    dev = resolve_device(device)
-    model, ckpt = load_model(path, dev)
+    model, ckpt = load_model(path, resolve_device(device))
     tok = checkpoint_tokenizer(ckpt, path, tokenizer)
     if len(tok) > model.config.vocab_size:
         raise ConfigError(f"--tokenizer {tok.model_path}: {len(tok)} ids, but the model of {path} has "

@@ -19,10 +19,11 @@ from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading.schedule import batch_ramp
 from niels_gpt.seeds import check_seed
 from niels_gpt.storage.remote import open_location, tokenizer_near
-from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
+from niels_gpt.tokenizer import load_tokenizer
 from niels_gpt.tokenizer.find import LEVELS, tokenizer_of
 from niels_gpt.train.checkpoint import checkpoint_file, latest_checkpoint
 from niels_gpt.train.config import flag_of
+from niels_gpt.train.eval_core import load_bundle
 from niels_gpt.train.model import GPTConfig
 from niels_gpt.train.pin import meta_of, recorded_sha, what_differs
 from niels_gpt.urls import is_url, refuse_url
@@ -42,7 +43,7 @@ def resolve_device(device: str) -> torch.device:
         raise ConfigError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         why = ("this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible")
-        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__}); train with --device cpu (or "
+        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__}); run with --device cpu (or "
                           "auto), or install a CUDA build of torch")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
@@ -71,10 +72,8 @@ def find_tokenizer(data_path: str | os.PathLike):
         near = tokenizer_near(str(data_path))
         return load_tokenizer(near) if near is not None else None
     p = Path(data_path)
-    if recorded_sha(meta_of(p)) is not None or recorded_sha(meta_of(p.parent)) is not None:
-        tok = tokenizer_of(p)
-        if tok is not None:
-            return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
+    if (recorded_sha(meta_of(p)) or recorded_sha(meta_of(p.parent))) and (tok := tokenizer_of(p)) is not None:
+        return tok  # else a tokenizer/ found below is named as not the one recorded, and ignored
     for parent in [p.resolve(), *p.resolve().parents][:LEVELS + 1]:
         cand = parent / "tokenizer"
         if (cand / MODEL_NAME).is_file() or (cand / "tokenizer.json").is_file():
@@ -99,27 +98,25 @@ def check_data_url(url: str) -> None:
                       "the train split and scores the val split")
 
 
-def require_recorded_tokenizer(tok, data_path) -> None:
-    """An explicit --tokenizer must be the one the data records: bits per byte is scored with its byte lengths."""
-    for path in str(data_path).split(","):
-        where = open_location(path.strip())[0]  # a URL: its mirror, where meta.json is
-        if where.is_dir():
-            check_tokenizer_matches(tok, recorded_sha(meta_of(where)), where)
+SHAPE = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}  # flag: field
 
 
-def model_config(cfg, vocab_size: int) -> GPTConfig:
-    """The model of a fresh run: nanochat's sizing from --depth, unless width or heads are given."""
-    depth = DEFAULT_DEPTH if cfg.depth is None else cfg.depth
+def model_config(cfg, vocab_size: int, resumed: dict | None = None) -> GPTConfig:
+    """The model of a fresh run: nanochat's sizing from --depth, unless width or heads are given; of a run
+    `resumed` from a checkpoint's model: its shape where no model flag is given (an --init-from run's shape
+    came from its base, by no flag)."""
+    shape = {f: resumed[k] if resumed and getattr(cfg, f) is None else getattr(cfg, f) for f, k in SHAPE.items()}
+    depth = DEFAULT_DEPTH if shape["depth"] is None else shape["depth"]
     base = GPTConfig.from_depth(depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len)
-    n_head = cfg.n_head or base.n_head
+    n_head = shape["n_head"] or base.n_head
     return GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                     n_kv_head=n_head if cfg.n_kv_head is None else cfg.n_kv_head, n_embd=cfg.n_embd or base.n_embd)
+                     n_kv_head=n_head if shape["n_kv_head"] is None else shape["n_kv_head"],
+                     n_embd=shape["n_embd"] or base.n_embd)
 
 
 def init_config(cfg, recorded: dict, vocab_size: int, source: str) -> GPTConfig:
     """The model of a run started from a checkpoint's weights: its shape (model flags must agree), this T."""
-    flags = {"depth": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "n_kv_head": "n_kv_head"}
-    for flag, key in flags.items():
+    for flag, key in SHAPE.items():
         given = getattr(cfg, flag)
         if given is not None and given != recorded[key]:
             raise ConfigError(f"{flag_of(flag)} {given}: the --init-from checkpoint {source} has "
@@ -135,8 +132,7 @@ def resolve_resume(cfg) -> Path | None:
     if cfg.resume is None:
         return None
     if cfg.resume == "latest":
-        found = latest_checkpoint(cfg.out_dir)
-        if found is None:
+        if (found := latest_checkpoint(cfg.out_dir)) is None:
             raise StateError(f"--resume latest: no ckpt_*.pt in {cfg.out_dir}; start without --resume")
         return found
     return checkpoint_file(cfg.resume)
@@ -234,25 +230,27 @@ def parse_batch_ramp(cfg, world: int):
     return batch_ramp(first, last // world * world, samples, multiple=world)
 
 
+# the least value of each number a run takes (None: not given), and what it means where the error should say
+FLOORS = {"steps": (1, ""), "sequence_len": (1, ""), "device_batch_size": (1, ""), "total_batch_size": (1, ""),
+          "stop_at": (1, ""), "keep_last": (1, "the newest checkpoints kept; leave it out to keep every checkpoint"),
+          "eval_steps": (0, "val batches per bpb evaluation; 0 skips val bpb"), "eval_every": (0, "0: only at the end"),
+          "prefetch": (0, "0: tokenize in the training loop"), "save_every": (0, "0: only the last step"),
+          "core_max_items": (1, "leave it out to score every item"), "log_every": (0, "0: no step lines"),
+          "num_workers": (0, "0: load in the training process"), "depth": (1, ""), "n_embd": (1, ""), "n_head": (1, ""),
+          "n_kv_head": (1, "")}
+
+
 def check_config(cfg) -> None:
     refuse_url(cfg.out_dir, "--out-dir")
     allocator.setting()  # a value of no known kind is refused before any work
     check_seed(cfg.seed)
-    if cfg.steps < 1:
-        raise ConfigError(f"steps {cfg.steps}: must be >= 1")
+    for name, (least, why) in FLOORS.items():
+        if (value := getattr(cfg, name)) is not None and value < least:
+            raise ConfigError(f"{flag_of(name)} {value}: must be >= {least}" + (f" ({why})" if why else ""))
     if cfg.resume and cfg.init_from:
         raise ConfigError("--resume and --init-from both given: --resume continues a run (its weights, optimizer "
                           "and data position), --init-from starts a new one from another run's weights; pick one")
     if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
         raise ConfigError(f"--peak-tflops {cfg.peak_tflops}: must be > 0 (the device's dense bf16 TFLOP/s)")
-    if cfg.keep_last is not None and cfg.keep_last < 1:
-        raise ConfigError(f"--keep-last {cfg.keep_last}: must be >= 1 (the newest checkpoints kept; leave it out to "
-                          "keep every checkpoint)")
-    if cfg.eval_steps < 0:
-        raise ConfigError(f"--eval-steps {cfg.eval_steps}: must be >= 0 (val batches per bpb evaluation; 0 skips "
-                          "val bpb)")
-    if cfg.prefetch < 0:
-        raise ConfigError(f"--prefetch {cfg.prefetch}: must be >= 0 (0: tokenize in the training loop)")
-    for name in ("sequence_len", "device_batch_size"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 1")
+    if cfg.core not in (None, "bundled") and not str(cfg.core).startswith(("http://", "https://")):
+        load_bundle(cfg.core)  # CORE runs after the last step: a bundle it cannot read fails now, not then

@@ -28,7 +28,7 @@ from niels_gpt.errors import ConfigError, NielsGPTError, StateError
 from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.output_guard import check_overlap
 from niels_gpt.storage.settings import apply_cache_args
-from niels_gpt.tokenizer import load_tokenizer
+from niels_gpt.tokenizer import check_tokenizer_matches, load_tokenizer
 from niels_gpt.train.attention import resolve as resolve_attention
 from niels_gpt.train.checkpoint import (
     check_out_dir,
@@ -42,7 +42,7 @@ from niels_gpt.train.checkpoint import (
 )
 from niels_gpt.train.clock import RunClock, mfu, peak_tflops
 from niels_gpt.train.config import TrainConfig
-from niels_gpt.train.data import TrainData
+from niels_gpt.train.data import open_data
 from niels_gpt.train.eval_core import run_core
 from niels_gpt.train.interrupt import StopRequests
 from niels_gpt.train.model import GPT
@@ -55,8 +55,6 @@ from niels_gpt.train.setup import (
     find_tokenizer,
     init_config,
     model_config,
-    parse_batch_ramp,
-    require_recorded_tokenizer,
     resolve_resume,
     resume_loader,
     setup_distributed,
@@ -119,16 +117,11 @@ def train(cfg: TrainConfig, *, token_bytes: torch.Tensor | None = None, log=prin
         tok = None
         if cfg.tokenizer:
             tok = load_tokenizer(cfg.tokenizer)
-            require_recorded_tokenizer(tok, cfg.data)
         elif token_bytes is None:
             tok = find_tokenizer(cfg.data)
         if data is None:
-            ramp = parse_batch_ramp(cfg, world)
-            data = TrainData(cfg.data, T=cfg.sequence_len, seed=cfg.seed, batch_schedule=ramp,
-                             batch_size=ramp.steps[-1][1] // world if ramp else cfg.device_batch_size,
-                             device=device, rank=rank, world_size=world, kind=cfg.data_kind,
-                             sampling=cfg.sampling, num_workers=cfg.num_workers, tokenizer=tok, packing=cfg.packing,
-                             vocab_size=cfg.vocab_size, prefetch=cfg.prefetch, shards_at_once=cfg.shards_at_once)
+            data = open_data(asdict(cfg), cfg.data, rank=rank, world=world, device=device, tokenizer=tok,
+                             vocab_size=cfg.vocab_size, num_workers=cfg.num_workers, prefetch=cfg.prefetch)
         held.callback(getattr(data, "close", lambda: None))
         # a mixture's caches (or the SFT cache packed bins came from) are inputs too, known once data is open
         check_overlap(Path(cfg.out_dir).resolve(), getattr(data, "origins", ()), "--out-dir", what="data")
@@ -142,7 +135,12 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     # the tokenizer the data records: packed bins' manifest (their SFT cache may be gone), else meta.json
     recorded = getattr(data, "tokenizer_sha256", None) or \
         recorded_sha(meta_of(getattr(data, "origins", [Path(cfg.data)])[-1]))
-    if tok is not None and not cfg.tokenizer:
+    if cfg.tokenizer:  # bpb is scored with its byte lengths: it must be the one each cache (a mixture's, the SFT
+        # cache of packed bins; a URL's mirror) and packed bins' manifest record
+        check_tokenizer_matches(tok, getattr(data, "tokenizer_sha256", None), cfg.data)
+        for where in getattr(data, "origins", ()):
+            check_tokenizer_matches(tok, recorded_sha(meta_of(where)), where)
+    elif tok is not None:
         # a tokenizer found by looking around must be the one the cache records, or bpb would be wrong
         if recorded and recorded != tok.sha256:
             say(f"{tok.model_path}: not the tokenizer {cfg.data} was built with (sha256 {recorded[:12]}...); "
@@ -150,6 +148,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             tok = None
     if token_bytes is None and tok is not None:
         token_bytes = tokenizer_bytes(tok)
+    if cfg.core and tok is None:  # CORE runs after the last step: refused before the first
+        raise ConfigError("--core needs the tokenizer the data was built with, and none was found: pass --tokenizer")
     data_sha = tok.sha256 if tok is not None else recorded  # a tokenizer kept above is the recorded one
     base_sha = base.get("tokenizer_sha256") if base is not None else None
     if base_sha and data_sha and base_sha != data_sha:
@@ -165,11 +165,17 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
     accum = total // tokens_per_micro
 
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
+    last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     if ckpt is not None:
         check_resume(cfg, ckpt["train_config"], world, len(ckpt["loader"]), resume_from, getattr(data, "kind", ""))
+        if last < ckpt["step"]:  # the loop would run no step, and the run would say nothing of it
+            flag = "--steps" if last == cfg.steps else "--stop-at"
+            raise ConfigError(f"--resume {resume_from}: the run is at step {ckpt['step']}, past {flag} {last}: nothing "
+                              f"to train; give {flag} above {ckpt['step']}")
     vocab = data.vocab_size
     caches = summary(getattr(data, "origins", ()))
-    mcfg = init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else model_config(cfg, vocab)
+    mcfg = (init_config(cfg, base["model_config"], vocab, cfg.init_from) if base else
+            model_config(cfg, vocab, ckpt["model_config"] if ckpt else None))
     torch.manual_seed(cfg.seed)
     model = GPT(mcfg).to(device)
     model.attention = cfg.attention
@@ -226,6 +232,11 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         hint = {"packed": f" (pack-sft packs the SFT cache's val split into {Path(cfg.data) / 'val'} itself: pack "
                           "them again without --no-val)"}
         say(f"{cfg.data}: no val split in this data: val bpb is skipped{hint.get(data.kind, '')}")
+    else:  # a val split no row fits fails now, not at the first evaluation (with the steps since a save)
+        try:
+            data.val_batches(1)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; or pass --eval-steps 0 to train without val bpb") from None
     result = TrainResult(step=start)
     out = Path(cfg.out_dir)
 
@@ -243,9 +254,8 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         say(f"step {step:05d} | val bpb {value:.4f}")
 
     def checkpoint(step: int) -> None:
-        states = [loader_state]
+        states = [loader_state] if world == 1 else [None] * world
         if world > 1:
-            states = [None] * world
             dist.all_gather_object(states, loader_state)
         if master:
             if old_run:  # --overwrite: the run that was here goes now that this one has something to keep
@@ -261,11 +271,10 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
             save_checkpoint(path, payload)
             result.checkpoint = str(path)
-            pruned = prune_checkpoints(out, cfg.keep_last) if cfg.keep_last else []
+            pruned = prune_checkpoints(out, cfg.keep_last, path) if cfg.keep_last else []
             say(f"step {step:05d} | checkpoint {path}" + (f" (--keep-last {cfg.keep_last}: removed "
                                                            f"{', '.join(p.name for p in pruned)})" if pruned else ""))
 
-    last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     getattr(data, "end_after", lambda n: None)((cfg.steps - start) * accum)  # no prefetch past the last step
     t_wait = time.perf_counter()
     batch = next(data)
@@ -342,7 +351,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
             saved = step + 1 == last or (cfg.save_every and (step + 1) % cfg.save_every == 0)
             if saved:
                 checkpoint(step + 1)
-            if step + 1 != last and stop.requested(device):
+            if stop.requested(device):  # in the last step too: no val bpb nor CORE after it
                 if not saved:
                     checkpoint(step + 1)
                 result.interrupted = stop.signal
@@ -350,9 +359,7 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
                 break
     if result.interrupted is None:
         bpb(result.step)
-    if cfg.core and result.step == cfg.steps:
-        if tok is None:
-            raise ConfigError("CORE needs the tokenizer: pass --tokenizer")
+    if cfg.core and result.step == cfg.steps and result.interrupted is None:
         model.eval()
         with autocast():
             result.core = run_core(model, tok, cfg.core, device=device, max_items=cfg.core_max_items, log=say)

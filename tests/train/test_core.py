@@ -125,6 +125,7 @@ def copy_bundle(dst):
 
 @pytest.mark.parametrize("edit,match", [
     (lambda d: (d / "core.yaml").unlink(), "no core.yaml"),
+    (lambda d: (d / "eval_meta_data.csv").unlink(), "no eval_meta_data.csv"),
     (lambda d: (d / "eval_meta_data.csv").write_text("Eval Task,Random baseline\nwho_is_meant,50\n"), "no random baseline"),
     (lambda d: (d / "core.yaml").write_text((d / "core.yaml").read_text().replace("icl_task_type: schema", "icl_task_type: ranking")), "icl_task_type 'ranking'"),
     (lambda d: (d / "eval_data" / "who_is_meant.jsonl").write_text('{"gold": 0}\n{oops\n'), r"who_is_meant.jsonl:2: not a JSON"),

@@ -5,6 +5,8 @@ builder's message."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -62,6 +64,18 @@ def test_sigterm_mid_run_saves_that_step_and_the_resumed_run_matches_a_straight_
     assert first.losses + second.losses == straight.losses
 
 
+def test_a_signal_in_the_last_step_stops_the_run_there_without_the_final_evaluations(tmp_path, pretrain_cache):
+    """It was noticed only between steps, so in the last step it was dropped: val bpb and CORE (minutes, a
+    download) ran on, and the run ended as if nothing had been asked."""
+    data = SignalAt(TrainData(pretrain_cache, T=16, batch_size=4, seed=TrainConfig.seed, device="cpu"),
+                    {4: [signal.SIGINT]})  # call 4: the second micro-batch of step 2, the last
+    cfg = TrainConfig(data=str(pretrain_cache), out_dir=str(tmp_path / "run"), steps=2, total_batch_size=2 * 4 * 16,
+                      **TINY)
+    result = train(cfg, token_bytes=TOKEN_BYTES, log=lambda *a: None, data=data)
+    assert (result.interrupted, result.step, result.val_bpb) == ("SIGINT", 2, [])
+    assert result.checkpoint.endswith("ckpt_000002.pt")
+
+
 def test_the_resume_command_repeats_every_flag_that_differs_from_its_default():
     cfg = TrainConfig(data="c d/x", out_dir="runs/a", depth=2, compile=False, overwrite=True, init_from="b.pt")
     cmd = shlex.split(resume_command(cfg, "runs/a/ckpt_000007.pt", 1))
@@ -114,6 +128,35 @@ def test_ctrl_c_before_the_first_step_gets_trains_own_message(tmp_path, pretrain
     assert len(lines) == 1 and lines[0].startswith("error: ") and "interrupted" in lines[0], err
     assert "caches are intact" not in err  # the cache builder's message, which train used to print
     assert not list((tmp_path / "run").glob("*.tmp-*"))
+
+
+class InterruptAt(io.StringIO):
+    """stdout that raises KeyboardInterrupt, as a Ctrl-C would, when the run prints a line starting `prefix`."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def write(self, s: str) -> int:
+        if s.startswith(self.prefix):
+            raise KeyboardInterrupt
+        return super().write(s)
+
+
+def test_ctrl_c_before_an_overwriting_run_saved_never_offers_the_replaced_runs_checkpoint(tmp_path, pretrain_cache,
+                                                                                        capsys):
+    """It printed "the last checkpoint is .../ckpt_000002.pt; continue with: ... --resume" of the run being
+    replaced, with this run's flags."""
+    from niels_gpt.cli import main
+
+    args = ["train", str(pretrain_cache), "--out-dir", str(tmp_path / "run"), "--depth", "1", "--n-embd", "32",
+            "--seq-len", "16", "--device-batch-size", "4", "--steps", "2", "--eval-steps", "0", "--log-every", "0"]
+    assert main(args) == 0
+    with contextlib.redirect_stdout(InterruptAt("data: ")):  # set up, before its first step
+        assert main([*args, "--seed", "7", "--overwrite"]) == 130
+    err = capsys.readouterr().err
+    assert "no checkpoint of this run was written" in err and "--resume" not in err, err
+    assert (tmp_path / "run" / "ckpt_000002.pt").is_file()  # the replaced run is whole
 
 
 def test_a_second_ctrl_c_stops_inside_the_step_and_writes_nothing(tmp_path, pretrain_cache):

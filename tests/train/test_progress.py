@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+from pathlib import Path
 
 import torch
 
@@ -58,12 +59,46 @@ def test_keep_last_removes_the_runs_older_checkpoints_and_keeps_the_newest(tmp_p
     assert list(json.loads((out / "run.json").read_text())["checkpoints"]) == ["ckpt_000007.pt"]
 
 
+def test_keep_last_never_removes_the_checkpoint_it_just_saved(tmp_path, pretrain_cache):
+    """Resumed from an earlier checkpoint, below a later one: the pruning kept the highest step and removed the
+    checkpoint the run had just written (its result and log named a file that was gone)."""
+    out = tmp_path / "run"
+    run(pretrain_cache, out, steps=6, save_every=2)
+    result = run(pretrain_cache, out, steps=6, keep_last=1, stop_at=3, resume=str(out / "ckpt_000002.pt"))
+    assert result.checkpoint.endswith("ckpt_000003.pt") and Path(result.checkpoint).is_file()
+
+
 def test_keep_last_keeps_the_checkpoint_a_run_beside_it_started_from(tmp_path, pretrain_cache):
     base, sft = tmp_path / "runs" / "base", tmp_path / "runs" / "sft"
     run(pretrain_cache, base, steps=4, save_every=1, stop_at=2)
     run(pretrain_cache, sft, steps=1, init_from=str(base / "ckpt_000002.pt"))
     run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
     assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]  # 1 and 3 went
+
+
+def test_keep_last_keeps_the_base_checkpoint_of_a_run_beside_it_after_that_run_resumed(tmp_path, pretrain_cache):
+    """The resumed SFT run (no --init-from on its command) wrote init_from null into its run.json, so the base
+    run's --keep-last no longer saw the checkpoint it started from, and removed it."""
+    base, sft = tmp_path / "runs" / "base", tmp_path / "runs" / "sft"
+    run(pretrain_cache, base, steps=4, save_every=1, stop_at=2)
+    run(pretrain_cache, sft, steps=2, stop_at=1, init_from=str(base / "ckpt_000002.pt"))
+    run(pretrain_cache, sft, steps=2, resume="latest")
+    assert json.loads((sft / "run.json").read_text())["init_from"] == str(base / "ckpt_000002.pt")
+    run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
+    assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]
+
+
+def test_keep_last_keeps_a_base_checkpoint_named_by_a_relative_path_from_another_directory(tmp_path, pretrain_cache,
+                                                                                          monkeypatch):
+    """run.json recorded --init-from as typed (relative to where that run was started): pruning from another
+    directory resolved it elsewhere and removed the checkpoint."""
+    base, sft = tmp_path / "runs" / "base", tmp_path / "runs" / "sft"
+    run(pretrain_cache, base, steps=4, save_every=1, stop_at=2)
+    monkeypatch.chdir(tmp_path / "runs")
+    run(pretrain_cache, sft, steps=1, init_from="base/ckpt_000002.pt")
+    monkeypatch.chdir(tmp_path)
+    run(pretrain_cache, base, steps=4, save_every=1, keep_last=1, resume="latest")
+    assert [p.name for p in checkpoints(base)] == ["ckpt_000002.pt", "ckpt_000004.pt"]
 
 
 def test_a_cpu_run_says_so_in_its_log(tmp_path, pretrain_cache, monkeypatch):

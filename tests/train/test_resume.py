@@ -72,6 +72,17 @@ def test_resume_of_parquet_shards_tokenized_on_the_fly(tmp_path, tokenizer, pack
     assert straight.val_bpb and straight.val_bpb[-1][1] > 0
 
 
+def test_a_run_started_with_init_from_resumes_without_it_as_its_resume_command_does(tmp_path, pretrain_cache):
+    """Its model's shape came from the base checkpoint, by no flag; resumed without --init-from (the printed resume
+    command leaves it out) it was built at the default size and refused: "resume with the same model flags"."""
+    base = run(pretrain_cache, tmp_path / "base", stop_at=2)
+    unsized = {"depth": None, "n_embd": None, "n_head": None}  # TINY's shape: the base's, given by no flag
+    straight = run(pretrain_cache, tmp_path / "straight", init_from=base.checkpoint, **unsized)
+    first = run(pretrain_cache, tmp_path / "split", init_from=base.checkpoint, stop_at=STEPS // 2, **unsized)
+    second = run(pretrain_cache, tmp_path / "split", resume="latest", **unsized)
+    assert first.losses + second.losses == straight.losses
+
+
 def test_checkpoint_holds_model_optimizers_step_rng_and_loader(tmp_path, pretrain_cache):
     run(pretrain_cache, tmp_path, stop_at=2, sampling="random")
     ckpt = load_checkpoint(latest_checkpoint(tmp_path))

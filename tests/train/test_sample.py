@@ -37,6 +37,14 @@ def test_greedy_sampling_is_the_argmax_of_the_models_own_forward(trained, tokeni
     assert drawn[0] == drawn[1]  # seeded: the same draw every time
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is there: --device cuda runs")
+def test_sample_on_cuda_without_it_says_how_to_sample_not_how_to_train(trained, capsys):
+    """The device error was the trainer's: 'train with --device cpu'."""
+    assert cli(["sample", trained, "--prompt", "The house", "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "--device cuda:" in err and "run with --device cpu" in err and "train with" not in err, err
+
+
 def test_a_chat_prompt_is_the_user_turn_then_the_assistant_sentinel(tokenizer):
     ids, stop = prompt_ids(tokenizer, "hi there", chat=True)
     assert ids == [*tokenizer.render_chat([{"role": "user", "content": "hi there"}]).ids, tokenizer.asst_id]
