@@ -231,6 +231,14 @@ def n_head_zero(w, tmp):
     return _train(w, tmp, "--n-head", "0")  # the default heads, silently
 
 
+def final_lr_frac_negative(w, tmp):
+    return _train(w, tmp, "--final-lr-frac", "-0.5")  # the last steps' rate below zero: gradient ascent
+
+
+def warmup_and_warmdown_over_all_steps(w, tmp):
+    return _train(w, tmp, "--warmup-ratio", "0.7", "--warmdown-ratio", "0.5")
+
+
 def malloc_setting_misspelt(w, tmp):
     os.environ["NIELS_GPT_MALLOC"] = "sytem"  # restored by _environment_back
     return _train(w, tmp)
@@ -288,6 +296,9 @@ CASES = [
          ("sha256", "bins", "was built with the tokenizer", "pass the tokenizer that built it")),
     Case("train: --n-embd 0", n_embd_zero, ("--n-embd 0", "must be >= 1")),
     Case("train: --n-head 0", n_head_zero, ("--n-head 0", "must be >= 1")),
+    Case("train: --final-lr-frac below 0", final_lr_frac_negative, ("--final-lr-frac -0.5", "must be in [0, 1]")),
+    Case("train: --warmup-ratio and --warmdown-ratio over all the steps", warmup_and_warmdown_over_all_steps,
+         ("--warmup-ratio 0.7", "--warmdown-ratio 0.5", "sum must be at most 1")),
     Case("train: NIELS_GPT_MALLOC of no known value", malloc_setting_misspelt,
          ("NIELS_GPT_MALLOC='sytem'", "expected 'system'", "'keep'", "unset it")),
 ]

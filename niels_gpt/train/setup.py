@@ -247,6 +247,12 @@ def check_config(cfg) -> None:
     for name, (least, why) in FLOORS.items():
         if (value := getattr(cfg, name)) is not None and value < least:
             raise ConfigError(f"{flag_of(name)} {value}: must be >= {least}" + (f" ({why})" if why else ""))
+    for name in ("warmup_ratio", "warmdown_ratio", "final_lr_frac"):  # shares: a negative final LR would ascend
+        if not 0.0 <= (value := getattr(cfg, name)) <= 1.0:
+            raise ConfigError(f"{flag_of(name)} {value}: must be in [0, 1] (a share of the steps, or of the peak rate)")
+    if cfg.warmup_ratio + cfg.warmdown_ratio > 1.0:
+        raise ConfigError(f"--warmup-ratio {cfg.warmup_ratio} and --warmdown-ratio {cfg.warmdown_ratio}: together "
+                          "more than all the steps; their sum must be at most 1")
     if cfg.resume and cfg.init_from:
         raise ConfigError("--resume and --init-from both given: --resume continues a run (its weights, optimizer "
                           "and data position), --init-from starts a new one from another run's weights; pick one")
