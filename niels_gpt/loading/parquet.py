@@ -295,7 +295,10 @@ class ParquetTokenLoader:
         return x, y
 
     def _own_stats(self) -> dict:
-        return {"packing": self.packing, "tokens_encoded": self.docs.tokens_encoded, **self.packer.stats()}
+        # contiguous rows are the stream cut in order: every slot filled, nothing cropped (no packer runs)
+        own = self.packer.stats() if self.packing != "contiguous" else {
+            "tokens_cropped": 0, "crop_fraction": 0.0, "utilisation": 1.0}
+        return {"packing": self.packing, "tokens_encoded": self.docs.tokens_encoded, **own}
 
     def stats(self) -> dict:
         """Packing figures up to the last batch delivered (or made, without prefetching)."""

@@ -38,6 +38,8 @@ def test_contiguous_batches_are_the_document_stream_with_bos(parquet_dir, tokeni
         assert torch.equal(x.flatten()[1:], y.flatten()[:-1])
         got += x.flatten().tolist()
     assert got == stream[:600]  # the last target of a batch is the first input of the next
+    stats = loader.stats()  # full rows, nothing cropped (it said utilisation 0.0: the unused best-fit packer's)
+    assert (stats["packing"], stats["utilisation"], stats["crop_fraction"]) == ("contiguous", 1.0, 0.0)
 
 
 def reference_bestfit(docs: list[list[int]], rows: int, capacity: int, buffer_size: int):
