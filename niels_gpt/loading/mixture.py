@@ -272,7 +272,9 @@ class MixtureConfig:
         if ("weights" in raw) == ("phases" in raw):
             raise ConfigError(f"{where}: give exactly one of 'weights' (a table) or 'phases' (a list)")
         phases = raw["phases"] if "phases" in raw else [{"start_step": 0, "weights": raw["weights"]}]
-        for k, p in enumerate(phases if isinstance(phases, list) else [phases]):
+        if not isinstance(phases, list):  # (a table's keys would be read as its phases)
+            raise ConfigError(f"{where}: phases is {phases!r}; 'phases' is a list of tables of start_step and weights")
+        for k, p in enumerate(phases):
             name = "" if "weights" in raw else f"phases[{k}]."
             if not (isinstance(p, Mapping) and sorted(p) == ["start_step", "weights"] and isinstance(p["weights"],
                                                                                              Mapping)):

@@ -226,6 +226,7 @@ def test_resumable_loader_refuses_a_sampler_without_state():
     ({"weights": {"a": "lots"}}, r"mix.json: weights.a = 'lots' is not a number"),
     ({"weights": None, "phases": [{"start_step": 1.5, "weights": {"a": 1}}]}, r"phases\[0\].start_step = 1.5"),
     ({"weights": None, "phases": [{"start": 0, "weights": {"a": 1}}]}, r"phases\[0\] is \{'start': 0"),
+    ({"weights": None, "phases": {"start_step": 0, "weights": {"a": 1}}}, r"phases is \{'start_step': 0.*a list"),
 ])
 def test_a_mixture_file_with_an_unknown_setting_or_a_value_of_the_wrong_type_is_refused_naming_it(tmp_path, change,
                                                                                                    match):
