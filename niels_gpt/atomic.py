@@ -14,6 +14,15 @@ from pathlib import Path
 TMP_SUFFIX = re.compile(r"\.tmp-(\d+)$")
 
 
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """What tells the file at `path` from one written in its place (None: no file there): inode, size, mtime."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def tmp_name(final: str | os.PathLike) -> Path:
     final = Path(final)
     return final.with_name(f"{final.name}.tmp-{os.getpid()}")

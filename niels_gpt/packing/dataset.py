@@ -13,10 +13,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from niels_gpt.atomic import file_identity
 from niels_gpt.constants import IGNORE_INDEX, MANIFEST_NAME
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import sha256_file
@@ -177,12 +176,6 @@ def collate_packed(items: list[dict], *, pad_to: int | None = None, pad_id: int 
     return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
             "loss_mask": torch.from_numpy(mask), "position_ids": torch.from_numpy(pos),
             "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(max(seqlens))}
-
-
-def file_identity(path: str) -> tuple | None:
-    """What tells the file at `path` from one written in its place (None: no file there)."""
-    st = os.stat(path) if os.path.exists(path) else None
-    return st and (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _load(path: str) -> np.ndarray:

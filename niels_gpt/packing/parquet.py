@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from niels_gpt.atomic import atomic_path
+from niels_gpt.atomic import atomic_path, file_identity
 from niels_gpt.constants import PARQUET_SUFFIXES
 from niels_gpt.errors import CacheMismatchError, FormatError
 from niels_gpt.meta import sha256_file
-from niels_gpt.packing.dataset import file_identity
 from niels_gpt.packing.memmap_format import COLUMNS, bin_index, packed_item
 from niels_gpt.resume import fingerprint
 

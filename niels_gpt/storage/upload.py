@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from niels_gpt.atomic import pid_alive
+from niels_gpt.atomic import file_identity, pid_alive
 from niels_gpt.confine import confined_all
 from niels_gpt.constants import MANIFEST_NAME, MARKERS
 from niels_gpt.errors import ConfigError, first_few
@@ -146,23 +146,15 @@ def staged_output(url, *, prefetch: tuple[str, ...] = (), guard: bool = False) -
             remote = join(root, sub)
             if call(fs, f"{url}/{sub}", "exists", join(remote, MARKERS[0])):
                 _download_tree(fs, remote, stage / sub, f"{url}/{sub}")
-                unchanged.update({rel: _signature(stage / rel) for rel in _files(stage) if rel.startswith(sub + "/")})
+                unchanged.update({rel: file_identity(stage / rel) for rel in _files(stage) if rel.startswith(sub + "/")})
         yield stage
-        same = frozenset(rel for rel, before in unchanged.items() if _signature(stage / rel) == before)
+        same = frozenset(rel for rel, before in unchanged.items() if file_identity(stage / rel) == before)
         upload_tree(stage, str(url), fs=fs, skip=same)
         for rel in sorted((old or set()) - set(_files(stage))):  # the replaced output's files it no longer has
             with contextlib.suppress(FileNotFoundError):
                 call(fs, f"removing {url}/{rel}", "rm_file", join(root, rel))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    """What tells a prefetched file the build left alone from one it rewrote; None: it is gone."""
-    with contextlib.suppress(OSError):
-        st = path.stat()
-        return st.st_size, st.st_mtime_ns, st.st_ino
-    return None
 
 
 def _download_tree(fs, remote: str, local: Path, url: str) -> None:
