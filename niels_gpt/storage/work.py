@@ -90,13 +90,15 @@ class WorkStore:
     def remove(self, *rels: str) -> None:
         """Delete these objects (missing ones are no error): one request per thousand on a store that deletes in
         bulk (s3, gs), not one each (2,000 parts: 0.19 s against 10.9 s on a local S3 server)."""
+        if not rels:
+            return
         more = f" and {len(rels) - 1:,} more" if len(rels) > 1 else ""
         try:
-            if rels:
-                call(self.fs, f"removing {self.where(rels[0])}{more}", "rm", [join(self.root, r) for r in rels])
-        except FileNotFoundError:  # one of them is gone already (a store without bulk deletes stops there)
-            for rel in rels if len(rels) > 1 else ():
-                self.remove(rel)
+            call(self.fs, f"removing {self.where(rels[0])}{more}", "rm", [join(self.root, r) for r in rels])
+        except FileNotFoundError:  # one of them is gone already: a store without bulk deletes stopped there
+            if len(rels) > 1:
+                for rel in rels:
+                    self.remove(rel)
 
 
 def check_work_url(store: WorkStore, out: str, flag: str = "--work-dir") -> tuple[bool, dict[str, int]]:
