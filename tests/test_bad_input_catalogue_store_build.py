@@ -84,12 +84,14 @@ def store_stalls_mid_commit(w, tmp):
 class StallingProxy:
     """An HTTP proxy in front of the S3 server that passes every request through, except, once `stall` is set,
     a GET of a part (`/parts/<id>.bin`, what only the commit reads): that one is accepted and never answered.
-    Once `slow` is set, such a GET is answered at about 12 KB/s (1,200 bytes every 0.1 s; counted in `slowed`)."""
+    Once `slow` is set, such a GET is answered at about 12 KB/s (1,200 bytes every 0.1 s; counted in `slowed`).
+    `delay`: seconds every such GET waits before it is passed on; `busiest`: the most of them under way at once."""
 
     def __init__(self, target: str):
         host, port = target.rsplit("/", 1)[-1].split(":")
         self.stall, self.stalled, self.done = False, 0, threading.Event()
         self.slow, self.slowed, self.methods = False, 0, collections.Counter()  # requests by HTTP method
+        self.delay, self.busiest, self._parts, self._lock = 0.0, 0, 0, threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,6 +108,20 @@ class StallingProxy:
                     outer.done.wait(60)
                     self.close_connection = True
                     return
+                if part:
+                    with outer._lock:
+                        outer._parts += 1
+                        outer.busiest = max(outer.busiest, outer._parts)
+                    try:
+                        time.sleep(outer.delay)
+                        self._forward(part)
+                    finally:
+                        with outer._lock:
+                            outer._parts -= 1
+                else:
+                    self._forward(part)
+
+            def _forward(self, part: bool):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
                 conn.request(self.command, self.path, body=body, headers=dict(self.headers))

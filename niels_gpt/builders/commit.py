@@ -20,6 +20,7 @@ import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,8 @@ from niels_gpt.meta import RECEIPT_HASH, receipt_hash, write_meta
 from niels_gpt.sources.origins import OriginLog
 from niels_gpt.urls import is_url
 
+PART_READERS = 8  # threads reading a work URL's part files ahead of the commit
+PARTS_AHEAD = 8  # receipts whose parts are read ahead (memory: their part files)
 WRITTEN_NOW = "written_now"  # a receipt key the driver adds (never on disk): its parts were written by this run here
 
 
@@ -51,9 +54,10 @@ class _Doc:
         return self.n - 1
 
 
-def load_part(work_dir, receipt: dict, names: tuple[str, ...]) -> list[np.ndarray]:
+def load_part(work_dir, receipt: dict, names: tuple[str, ...], fetched: dict[str, Future] | None = None,
+              ) -> list[np.ndarray]:
     """The task's part files (`names` of bin, mask, lens) as arrays, each file's sha256 checked against the
-    receipt."""
+    receipt. `fetched`: a work URL's part files being read ahead (`PartsAhead`), by name."""
     remote = is_url(work_dir)
     parts = parts_dir(work_dir)
     out = []
@@ -62,7 +66,7 @@ def load_part(work_dir, receipt: dict, names: tuple[str, ...]) -> list[np.ndarra
         if remote:  # a work URL (storage/work.py): every read bounded, a stalled store named
             path = work_store(work_dir).where(rel)
             try:
-                data = work_store(work_dir).get_bytes(rel)
+                data = fetched[name].result() if fetched else work_store(work_dir).get_bytes(rel)
             except FileNotFoundError:
                 work_store(work_dir).remove(f"parts/{receipt['id']}.json")
                 raise CacheError(f"{path}: missing, though its receipt is there; the receipt is removed: run the "
@@ -85,16 +89,58 @@ def load_part(work_dir, receipt: dict, names: tuple[str, ...]) -> list[np.ndarra
     return out
 
 
-def _documents(work_dir, receipts: Iterable[dict], between: Callable[[], None] | None = None,
+class PartsAhead:
+    """A work URL's part files read on PART_READERS threads, for the receipt being committed and the next
+    PARTS_AHEAD that `ready(n)` knows (builders/parallel.py OrderedReceipts): one part at a time, the commit
+    waited a store's answer and transfer per file. Only known receipts are read: none is waited for here."""
+
+    def __init__(self, work_dir, names: tuple[str, ...], ready: Callable[[int], list[dict]] | None):
+        self.store, self.names, self.ready = work_store(work_dir), names, ready or (lambda n: [])
+        self.pool = ThreadPoolExecutor(PART_READERS, thread_name_prefix="parts")
+        self.reading: dict[str, dict[str, Future]] = {}  # receipt id -> its files' reads, by name
+
+    def _read(self, receipt: dict) -> dict[str, Future]:
+        if receipt["id"] not in self.reading:
+            self.reading[receipt["id"]] = {n: self.pool.submit(self.store.get_bytes, f"parts/{receipt['id']}"
+                                                               f"{PART_SUFFIX[n]}") for n in self.names}
+        return self.reading[receipt["id"]]
+
+    def take(self, receipt: dict) -> dict[str, Future]:
+        """The reads of `receipt`'s files (started now if not yet), after starting those of the next ones known."""
+        mine = self._read(receipt)
+        del self.reading[receipt["id"]]
+        for nxt in self.ready(PARTS_AHEAD):
+            self._read(nxt)
+        return mine
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)  # a read under way ends within the store's limits
+
+
+def _documents(work_dir, receipts: Iterable[dict], encoders: Counter, between: Callable[[], None] | None = None,
                index: InputIndex | None = None, mask: bool = False) -> Iterator[_Doc | str]:
     """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
-    after each part, before the next receipt is asked for (which may wait for its task). `index`: each _Doc
-    carries its origin (builders/origins.py). `mask`: each _Doc carries its part's mask file."""
+    after each part, before the next receipt is asked for (which may wait for its task). `encoders`: counts the
+    tasks by the encoder each ran (meta.json's record). `index`: each _Doc carries its origin
+    (builders/origins.py). `mask`: each _Doc carries its part's mask file. A work URL's
+    parts are read ahead (`PartsAhead`) for receipts whose `ready` says which come next."""
+    names = ("bin", "mask", "lens") if mask else ("bin", "lens")
+    names += ("origins",) if index is not None else ()
+    ahead = PartsAhead(work_dir, names, getattr(receipts, "ready", None)) if is_url(work_dir) else None
+    try:
+        yield from _walk(work_dir, receipts, encoders, between, index, mask, names, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _walk(work_dir, receipts, encoders: Counter, between, index, mask: bool, names: tuple[str, ...],
+          ahead: PartsAhead | None) -> Iterator[_Doc | str]:
     for k, receipt in enumerate(receipts):
         if k and between is not None:
             between()
-        names = ("bin", "mask", "lens") if mask else ("bin", "lens")
-        arrays = load_part(work_dir, receipt, names + (("origins",) if index is not None else ()))
+        encoders[receipt["encoder"]] += 1
+        arrays = load_part(work_dir, receipt, names, ahead.take(receipt) if ahead is not None else None)
         rows = None
         if index is not None:
             rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()])
@@ -162,7 +208,7 @@ def commit(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, max_train_
 
         index = InputIndex(plan.inputs) if plan is not None else None
         encoders: Counter = Counter()  # the tasks committed, by the encoder each ran (meta.json's record)
-        docs = _documents(work_dir, _counted(receipts, encoders), between, index)
+        docs = _documents(work_dir, receipts, encoders, between, index)
         while batch := list(itertools.islice(docs, ENCODE_BATCH_DOCS)):
             reasons = Counter(d for d in batch if isinstance(d, str))
             skipped["empty_document"] += reasons.pop("empty_document", 0)  # the key is there, as the builder's
@@ -215,7 +261,7 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
     writer = SFTWriter(out, dtype, stored_mask=stored_mask, val_frac=val_frac, seed=seed, origins=plan is not None)
     index = InputIndex(plan.inputs) if plan is not None else None
     try:
-        for d in _documents(work_dir, _counted(receipts, encoders), index=index, mask=stored_mask):
+        for d in _documents(work_dir, receipts, encoders, index=index, mask=stored_mask):
             if isinstance(d, str):
                 skipped[d] += 1
                 continue
@@ -233,8 +279,3 @@ def commit_sft(work_dir, receipts: Iterable[dict], out_dir, *, tokenizer, val_fr
     write_meta(str(out), meta)
     return meta
 
-
-def _counted(receipts: Iterable[dict], encoders: Counter) -> Iterator[dict]:
-    for receipt in receipts:
-        encoders[receipt["encoder"]] += 1
-        yield receipt

@@ -62,50 +62,78 @@ class Progress:
         self.bar.close()
 
 
-def ordered_receipts(plan: Plan, reused: dict[int, dict], executor, args: tuple, progress: Progress,
-                     counters: dict) -> Iterator[dict]:
-    """Receipts in plan order, running the missing tasks `window` at a time on the executor."""
-    todo = [t for t in plan.tasks if t.index not in reused]
-    window = max(1, executor.window)
-    results: dict[int, tuple] = {}
-    inflight = 0
-    nxt = 0
-    for t in plan.tasks:
-        if t.index in reused:
+class OrderedReceipts:
+    """Receipts in plan order (iterate once), running the missing tasks `window` at a time on the executor.
+    `ready(n)`: the receipts of the next n tasks not yet given that are known without waiting (reused, or of
+    tasks already finished), so the commit can fetch their parts ahead."""
+
+    def __init__(self, plan: Plan, reused: dict[int, dict], executor, args: tuple, progress: Progress,
+                 counters: dict):
+        self.plan, self.reused, self.executor, self.args = plan, reused, executor, args
+        self.progress, self.counters = progress, counters
+        self.results: dict[int, tuple] = {}  # task index -> (receipt, error) of a finished task not yet given
+        self.given = 0  # tasks of the plan given so far
+
+    def ready(self, n: int) -> list[dict]:
+        out = []
+        for t in self.plan.tasks[self.given:self.given + n]:
+            receipt, error = (self.reused[t.index], None) if t.index in self.reused else self.results.get(t.index, (None, 1))
+            if error is not None:
+                break
+            out.append(receipt)
+        return out
+
+    def __iter__(self) -> Iterator[dict]:
+        plan, reused, executor, args, counters = self.plan, self.reused, self.executor, self.args, self.counters
+        todo = [t for t in plan.tasks if t.index not in reused]
+        window = max(1, executor.window)
+        results = self.results
+        inflight = 0
+        nxt = 0
+        for t in plan.tasks:
+            self.given += 1
+            if t.index in reused:
+                counters["read"] += [p["item"] for p in t.pieces]
+                yield reused[t.index]
+                continue
+            while t.index not in results:
+                while nxt < len(todo) and inflight < window:
+                    task = todo[nxt]
+                    spec = dict(args[0], signatures={p["item"]: plan.signatures[p["item"]] for p in task.pieces
+                                                     if p["item"] in plan.signatures})
+                    executor.submit(task.index, run_task, task.to_json(), spec, *args[1:])
+                    nxt += 1
+                    inflight += 1
+                for key, receipt, error in executor.wait():
+                    inflight -= 1
+                    results[key] = (receipt, error)
+                    if error is None:
+                        counters["ran"] += 1
+                        counters["task_seconds"] += receipt["seconds"]
+                        counters["tokenized"] += receipt["tokens"]
+                        self.progress.task_done(receipt)
+            receipt, error = results.pop(t.index)
+            if error is not None:
+                raise task_error(t, error, counters["ran"] + len(reused), len(plan.tasks))
             counters["read"] += [p["item"] for p in t.pieces]
-            yield reused[t.index]
-            continue
-        while t.index not in results:
-            while nxt < len(todo) and inflight < window:
-                task = todo[nxt]
-                spec = dict(args[0], signatures={p["item"]: plan.signatures[p["item"]] for p in task.pieces
-                                                 if p["item"] in plan.signatures})
-                executor.submit(task.index, run_task, task.to_json(), spec, *args[1:])
-                nxt += 1
-                inflight += 1
-            for key, receipt, error in executor.wait():
-                inflight -= 1
-                results[key] = (receipt, error)
-                if error is None:
-                    counters["ran"] += 1
-                    counters["task_seconds"] += receipt["seconds"]
-                    counters["tokenized"] += receipt["tokens"]
-                    progress.task_done(receipt)
-        receipt, error = results.pop(t.index)
-        if error is not None:
-            done = counters["ran"] + len(reused)
-            hint = (f"; {done} of {len(plan.tasks)} tasks are finished and kept: fix the input and run the same "
-                    "command again to resume")
-            if isinstance(error, WorkerDied):
-                raise CacheError(f"task {t.id} ({t.where()}): {error}{hint}") from error
-            if isinstance(error, OSError) and error.errno in SPACE_ERRNOS:
-                raise disk_full(error, t, hint) from None
-            if isinstance(error, NielsGPTError):
-                raise type(error)(f"task {t.id} ({t.where()}): {error}{hint}") from error
-            raise CacheError(f"task {t.id} ({t.where()}) failed: {type(error).__name__}: {error}{hint}") from error
-        counters["read"] += [p["item"] for p in t.pieces]
-        # parts this run's workers on this host just wrote and hashed: the commit does not hash them again
-        yield {**receipt, WRITTEN_NOW: receipt.get("host") == socket.gethostname()}
+            # parts this run's workers on this host just wrote and hashed: the commit does not hash them again
+            yield {**receipt, WRITTEN_NOW: receipt.get("host") == socket.gethostname()}
+
+
+def task_error(t, error: BaseException, done: int, total: int) -> Exception:
+    """The one error a failed task fails the build with: the task, its input range, and how to resume."""
+    hint = (f"; {done} of {total} tasks are finished and kept: fix the input and run the same command again to "
+            "resume")
+    if isinstance(error, WorkerDied):
+        out = CacheError(f"task {t.id} ({t.where()}): {error}{hint}")
+    elif isinstance(error, OSError) and error.errno in SPACE_ERRNOS:
+        return disk_full(error, t, hint)
+    elif isinstance(error, NielsGPTError):
+        out = type(error)(f"task {t.id} ({t.where()}): {error}{hint}")
+    else:
+        out = CacheError(f"task {t.id} ({t.where()}) failed: {type(error).__name__}: {error}{hint}")
+    out.__cause__ = error
+    return out
 
 
 def disk_full(error: OSError, t, hint: str) -> OutOfSpaceError:
@@ -181,7 +209,7 @@ def run_parallel(spec, plan: Plan, tok, out: Path, *, executor: str, log, work: 
         check_unchanged(plan, sorted(set(counters["read"]) & set(plan.signatures)))
         return plan.describe()
 
-    receipts = ordered_receipts(plan, reused, ex, args, bar, counters)
+    receipts = OrderedReceipts(plan, reused, ex, args, bar, counters)
     # meta.json's sha256 of each local input, hashed while the workers run instead of after the last task
     stop = threading.Event()  # set when the build ends: a failed one does not wait for the rest to be hashed
     local = [name for name, kind in zip(plan.inputs, plan.kinds or [""] * len(plan.inputs), strict=True)

@@ -120,3 +120,36 @@ def test_the_cleanup_of_thousands_of_parts_in_a_store_deletes_in_bulk(s3, s3_end
         s3fs.S3FileSystem.clear_instance_cache()
     fs.invalidate_cache()
     assert [k.rsplit("/", 1)[-1] for k in fs.find(f"{bucket[5:]}/w")] == ["notes.txt"]
+
+
+def test_a_resumed_commit_reads_the_parts_in_a_store_ahead_and_builds_the_same_cache(s3, s3_endpoint, monkeypatch,
+                                                                                      tmp_path, tokenizer):
+    import shutil
+
+    import fsspec
+    import s3fs
+
+    from niels_gpt.cli import main
+
+    from ..test_bad_input_catalogue_store_build import StallingProxy, _corpus
+
+    _, bucket = s3
+    proxy = StallingProxy(s3_endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {**fsspec.config.conf["s3"], "endpoint_url": proxy.url})
+    s3fs.S3FileSystem.clear_instance_cache()
+    out = tmp_path / "out"
+    argv = ["build", str(_corpus(tmp_path)), "--out", str(out), "--tokenizer", tokenizer.model_path,
+            "--executor", "processes", "--workers", "1", "--task-bytes", "20KB", "--work-dir", f"{bucket}/work", "--keep-parts",
+            "--no-progress"]
+    try:
+        assert main(argv) == 0
+        first = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        shutil.rmtree(out)  # the rerun reuses every receipt: the commit alone reads the parts
+        proxy.busiest, proxy.delay = 0, 0.2  # each read of a part answered 0.2 s late
+        assert main(argv) == 0
+        # one part at a time, the commit waited each answer in turn; now several are read at once
+        assert proxy.busiest >= 4, proxy.busiest
+        assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == first
+    finally:
+        proxy.close()
+        s3fs.S3FileSystem.clear_instance_cache()
