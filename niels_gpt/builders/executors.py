@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from niels_gpt.builders.encode_pool import worker_init
-from niels_gpt.errors import ConfigError
+from niels_gpt.errors import CacheError, ConfigError
 from niels_gpt.storage.fs import with_deadline
 
 EXECUTORS = ("inline", "processes", "ray")  # and "inprocess": the task path without a pool (tests)
 RAY_ADDRESS = "auto"
 RETRIES = 2
 CANCEL_WAIT_S = 60  # how long a failed or finished build waits for its cancelled Ray tasks to end
-CONNECT_TIMEOUT_S = 30.0  # joining a Ray cluster (--connect-timeout)
+CONNECT_TIMEOUT_S = 30.0  # joining a Ray cluster, and its answer to each probe while tasks run (--connect-timeout)
+PROBE_S = 5.0  # while Ray tasks run and none ends: how often the cluster is asked whether it still answers
 
 
 class WorkerDied(Exception):
@@ -128,8 +130,10 @@ class Ray(Executor):
             raise ConfigError("--executor ray needs Ray: pip install 'niels_gpt[ray]' (or `pip install ray`) "
                               "on every node") from e
         self.ray = ray
-        self.started = False
-        timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+        self.started = self.lost = False
+        self.timeout = timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+        self.address = "this build's local Ray cluster" if address == "local" else f"the Ray cluster at {address}"
+        self._no_node_since: float | None = None
         fix = ("start one with `ray start --head`, pass its HOST:PORT with --ray-address, or use --ray-address local "
                "for a one-machine cluster")
         if not ray.is_initialized():
@@ -176,7 +180,8 @@ class Ray(Executor):
 
     def wait(self):
         ray = self.ray
-        ready, _ = ray.wait(list(self.refs), num_returns=1)
+        while not (ready := ray.wait(list(self.refs), num_returns=1, timeout=PROBE_S)[0]):
+            self._probe()
         out = []
         for ref in ready:
             key = self.refs.pop(ref)
@@ -189,7 +194,29 @@ class Ray(Executor):
                 out.append((key, None, WorkerDied(f"{type(e).__name__}: {str(e).splitlines()[0]}")))
         return out
 
+    def _probe(self) -> None:
+        """No task ended for PROBE_S: the cluster must answer within the limit and have a live node with a CPU
+        (within the limit too), else the build ends in one line naming it (its finished tasks are kept)."""
+        t = self.timeout
+        hint = (f"while {len(self.refs)} task(s) ran; the finished tasks are kept: run the same command again to "
+                "resume once it is back (--connect-timeout sets this limit)")
+
+        def gone(why: str) -> CacheError:
+            self.lost = True  # nothing more is asked of it: cancelling or shutting down would wait on it too
+            return CacheError(f"lost {self.address}: {why} {hint}")
+
+        nodes = with_deadline(self.ray.nodes, t, expired=lambda: gone(f"no answer within {t:g} s"))
+        if any(n.get("Alive") and (n.get("Resources") or {}).get("CPU") for n in nodes):
+            self._no_node_since = None
+            return
+        self._no_node_since = self._no_node_since or time.monotonic()
+        if time.monotonic() - self._no_node_since > t:
+            raise gone(f"no live node with a CPU for {t:g} s")
+
     def cancel(self):
+        if self.lost:
+            self.refs.clear()
+            return
         refs = list(self.refs)
         for ref in refs:
             try:
@@ -201,7 +228,7 @@ class Ray(Executor):
         self.refs.clear()
 
     def close(self):
-        if self.started:
+        if self.started and not self.lost:
             self.ray.shutdown()
 
     def describe(self) -> str:
