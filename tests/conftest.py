@@ -257,13 +257,13 @@ def gcs(gcs_endpoint, monkeypatch):
 @pytest.fixture
 def download_cache(tmp_path, monkeypatch):
     """A local download cache directory of this test's own (tests/storage uses one in every test)."""
-    from niels_gpt.storage import configure
+    from niels_gpt.storage import reset
 
     d = tmp_path / "download-cache"
     monkeypatch.setenv("NIELS_GPT_CACHE", str(d))
-    configure()
+    reset()
     yield d
-    configure()
+    reset()
 
 
 @contextlib.contextmanager

@@ -112,9 +112,9 @@ def _servers_end():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_network_input_gets_one_clear_line_and_nothing_lost(case, world, tmp_path, capsys):  # noqa: F811
-    from niels_gpt.storage import configure
+    from niels_gpt.storage import reset
 
     try:
         check_case(case, world, tmp_path, capsys)
     finally:
-        configure()  # the --network-timeout a case set stays in this process otherwise
+        reset()  # the --network-timeout a case set stays in this process otherwise

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from niels_gpt.storage import configure, upload_tree
+from niels_gpt.storage import reset, upload_tree
 from niels_gpt.storage.local_cache import OWN_MARK
 
 from .test_bad_input_catalogue import Case, check_case, world  # noqa: F401  (world: a fixture)
@@ -96,7 +96,7 @@ def test_bad_input_is_one_clear_line(case, world, tmp_path, capsys):  # noqa: F8
     try:
         check_case(case, world, tmp_path, capsys)
     finally:
-        configure()  # --local-cache and --network-timeout set this process's settings: back to the defaults
+        reset()  # --local-cache and --network-timeout set this process's settings: back to the defaults
     if case.make is train_local_cache_with_someone_elses_files:
         assert sorted(os.listdir(tmp_path / "mine" / "remote" / "photos")) == ["p0.jpg", "p1.jpg", "p2.jpg"]
         assert sorted(os.listdir(tmp_path / "mine")) == ["remote"]
@@ -116,4 +116,4 @@ def test_network_timeout_is_accepted_after_the_command(world, capsys, monkeypatc
         assert main(["verify", str(world.pretrain), "--network-timeout", "7.5"]) == 0
         assert seen == [7.5]
     finally:
-        configure()
+        reset()

@@ -8,8 +8,8 @@ mirror: mirror.py, local_cache.py, remote.py), every call limited and retried (f
 from niels_gpt.storage.fs import SCHEMES, filesystem
 from niels_gpt.storage.mirror import RemoteCache
 from niels_gpt.storage.remote import open_location, split_url
-from niels_gpt.storage.settings import configure, local_cache_dir, max_cache_bytes, parse_size
+from niels_gpt.storage.settings import configure, local_cache_dir, max_cache_bytes, parse_size, reset
 from niels_gpt.storage.upload import staged_output, upload_tree, writes_to_url
 
 __all__ = ["SCHEMES", "RemoteCache", "configure", "filesystem", "local_cache_dir", "max_cache_bytes",
-           "open_location", "parse_size", "split_url", "staged_output", "upload_tree", "writes_to_url"]
+           "open_location", "parse_size", "reset", "split_url", "staged_output", "upload_tree", "writes_to_url"]

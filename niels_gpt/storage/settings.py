@@ -7,8 +7,9 @@
 | its size bound | `NIELS_GPT_CACHE_MAX_BYTES` | `--cache-limit 20GB` | `configure(max_bytes=...)` | 50 GiB |
 | time limit of a network wait (to connect; without a byte) | `NIELS_GPT_NETWORK_TIMEOUT_S` | `--network-timeout S` (every command) | `configure(timeout_s=...)` | 30 s |
 
-`configure` (what the flags call) wins over the environment, which wins over the default. Sizes are
-bytes or a size such as `20GB` (`niels_gpt.args.int_arg`).
+`configure` (what the flags call) wins over the environment, which wins over the default; it changes only the
+settings it is given, and `reset()` gives all three back to the environment and defaults. Sizes are bytes or a
+size such as `20GB` (`niels_gpt.args.int_arg`).
 """
 
 from __future__ import annotations
@@ -50,15 +51,24 @@ def parse_size(text, what: str) -> int:
 
 def configure(*, cache_dir: str | os.PathLike | None = None, max_bytes: int | str | None = None,
               timeout_s: float | None = None) -> None:
-    """Set the download cache's directory, its size bound and the network time limit for this process
-    (each overrides its environment variable; None leaves the environment or the default in charge)."""
+    """Set the download cache's directory, its size bound or the network time limit for this process (each
+    overrides its environment variable); a setting not given (None) keeps its value: `reset()` hands it back."""
     if max_bytes is not None:
         max_bytes = parse_size(max_bytes, "max_bytes")
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not (math.isfinite(timeout_s) and timeout_s > 0)):
         raise ConfigError(f"timeout_s must be a positive, finite number of seconds, got {timeout_s!r}")
-    _settings.update(cache_dir=None if cache_dir is None else os.fspath(cache_dir), max_bytes=max_bytes,
-                     timeout_s=None if timeout_s is None else float(timeout_s))
+    if cache_dir is not None:
+        _settings["cache_dir"] = os.fspath(cache_dir)
+    if max_bytes is not None:
+        _settings["max_bytes"] = max_bytes
+    if timeout_s is not None:
+        _settings["timeout_s"] = float(timeout_s)
+
+
+def reset() -> None:
+    """Every setting back to its environment variable, or its default."""
+    _settings.update(cache_dir=None, max_bytes=None, timeout_s=None)
 
 
 def snapshot() -> dict:
@@ -104,8 +114,5 @@ def network_timeout_s() -> float:
 
 
 def apply_cache_args(local_cache, cache_limit) -> None:
-    """configure() from --local-cache / --cache-limit when either was given; --network-timeout's value stays."""
-    if local_cache is not None or cache_limit is not None:
-        configure(cache_dir=local_cache,
-                  max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"),
-                  timeout_s=_settings["timeout_s"])
+    """configure() from --local-cache / --cache-limit, each where given."""
+    configure(cache_dir=local_cache, max_bytes=None if cache_limit is None else parse_size(cache_limit, "--cache-limit"))

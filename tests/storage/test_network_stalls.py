@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from niels_gpt.errors import CacheMismatchError, StorageError
-from niels_gpt.storage import RemoteCache, configure
+from niels_gpt.storage import RemoteCache, configure, reset
 from niels_gpt.storage import fs as storage_fs
 
 from ..conftest import REPO, _QuietHandler, write_pretrain_cache
@@ -84,7 +84,7 @@ def serve(tmp_path, monkeypatch):
         return made[-1]
 
     yield make, cache
-    configure()
+    reset()
     for s in made:
         s.server.shutdown()
         s.server.server_close()

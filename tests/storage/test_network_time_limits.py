@@ -101,10 +101,10 @@ def test_a_flag_given_to_main_in_a_python_process_ends_with_it(tmp_path, monkeyp
     """main() run inside Python (a notebook, a test) leaves the process's settings as it found them: a
     --network-timeout or --local-cache of one call does not bound the next call's downloads."""
     from niels_gpt.cli import main
-    from niels_gpt.storage.settings import configure, local_cache_dir, network_timeout_s
+    from niels_gpt.storage.settings import local_cache_dir, network_timeout_s, reset
 
     monkeypatch.delenv("NIELS_GPT_NETWORK_TIMEOUT_S", raising=False)
-    configure()
+    reset()
     before_timeout, before_cache = network_timeout_s(), local_cache_dir()
     missing = tmp_path / "no-such-cache"
     assert main(["--network-timeout", "5", "verify", str(missing)]) == 1
@@ -112,3 +112,22 @@ def test_a_flag_given_to_main_in_a_python_process_ends_with_it(tmp_path, monkeyp
     assert network_timeout_s() == before_timeout == 30.0
     assert local_cache_dir() == before_cache
     assert "no-such-cache" in capsys.readouterr().out
+
+
+def test_configure_changes_only_the_settings_it_is_given_and_reset_gives_them_back(tmp_path, monkeypatch):
+    from niels_gpt.storage import configure, local_cache_dir, max_cache_bytes, reset
+    from niels_gpt.storage.settings import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, network_timeout_s
+
+    for name in ("NIELS_GPT_CACHE", "NIELS_GPT_CACHE_MAX_BYTES", "NIELS_GPT_NETWORK_TIMEOUT_S"):
+        monkeypatch.delenv(name, raising=False)
+    reset()
+    try:
+        configure(timeout_s=120)
+        configure(cache_dir=tmp_path / "downloads")
+        configure(max_bytes="2GB")  # the two set before stay
+        assert (network_timeout_s(), local_cache_dir(), max_cache_bytes()) == (120.0, tmp_path / "downloads", 2 << 30)
+        reset()
+        assert network_timeout_s() == DEFAULT_TIMEOUT_S and max_cache_bytes() == DEFAULT_MAX_BYTES
+        assert local_cache_dir() != tmp_path / "downloads"
+    finally:
+        reset()

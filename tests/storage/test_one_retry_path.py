@@ -19,7 +19,7 @@ import pytest
 from niels_gpt.errors import StorageError
 from niels_gpt.loading.download import download_shards, hub_path
 from niels_gpt.sources.records import Piece, records
-from niels_gpt.storage import configure
+from niels_gpt.storage import configure, reset
 from niels_gpt.storage import fs as storage_fs
 
 from ..conftest import _QuietHandler
@@ -80,7 +80,7 @@ def serve(tmp_path, monkeypatch, download_cache, real_docs):
         return made[-1]
 
     yield make, root
-    configure()
+    reset()
     for s in made:
         s.server.shutdown()
         s.server.server_close()

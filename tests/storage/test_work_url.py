@@ -11,7 +11,7 @@ import pytest
 
 from niels_gpt.builders.parallel import remove_work_url
 from niels_gpt.errors import ConfigError
-from niels_gpt.storage import configure
+from niels_gpt.storage import configure, reset
 from niels_gpt.storage.work import WorkStore, check_work_url, fetch_tokenizer, upload_tokenizer
 from niels_gpt.tokenizer import load_tokenizer
 
@@ -94,7 +94,7 @@ def test_a_slow_read_of_a_part_that_keeps_moving_is_never_cut(s3, s3_endpoint, m
         assert store.get_bytes("parts/00000-0123456789ab.bin") == data
         assert time.monotonic() - t0 > 1.0 and proxy.slowed == 1  # longer than the limit, in one attempt
     finally:
-        configure()
+        reset()
         proxy.close()
         s3fs.S3FileSystem.clear_instance_cache()
 
