@@ -21,7 +21,8 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from types import SimpleNamespace
+from typing import Any
 
 from niels_gpt.errors import SourceError
 from niels_gpt.meta import receipt_digest, sha256_file
@@ -323,12 +324,8 @@ def decompressed(piece, open_binary) -> bytes:
 
 def first_line(path) -> bytes:
     """The first non-blank line of a local JSON Lines file, compressed (`.gz`, `.zst`) or not; b"" when none."""
-    with contextlib.closing(_lines_of(_Local(str(path)), lambda piece: open(piece.item, "rb"))) as lines:
+    with contextlib.closing(_lines_of(SimpleNamespace(item=str(path)), lambda p: open(p.item, "rb"))) as lines:
         return next((line for line in lines if line.strip()), b"")
-
-
-class _Local(NamedTuple):
-    item: str
 
 
 @contextlib.contextmanager
