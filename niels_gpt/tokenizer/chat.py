@@ -3,11 +3,11 @@
 The template is rendered as `transformers`' `apply_chat_template` renders it (sandboxed jinja2, trim_blocks,
 lstrip_blocks, `raise_exception`, `strftime_now`, a non-ASCII `tojson`, `messages`, `bos_token`, `eos_token`,
 `add_generation_prompt`), then encoded whole with special tokens parsed, so the ids are the model's own
-tooling's; but `strftime_now(format)` formats base.TEMPLATE_DATE, not today, so the same inputs give the same
-cache on any day. NOTE: as there, a special token's text typed in a message becomes that special id (templates may
-transform contents, so they are not escaped). Tool turns (OpenAI's `tool_calls`, `tool_call_id`, `name`) reach
-the template; a `tool` message is never trained. A token is trained when its first character lies in the span
-of an assistant message k, the text that message adds:
+tooling's; but `strftime_now(format)` formats base.TEMPLATE_DATE, not today: the same inputs give the same
+cache on any day. NOTE: as there, a special token's text typed in a message becomes that special id (templates
+may transform contents, so they are not escaped). Tool turns (OpenAI's `tool_calls`, `tool_call_id`, `name`)
+reach the template; a `tool` message is never trained. A token is trained when its first character lies in the
+span of an assistant message k, the text that message adds:
 
     start = len(render(messages[:k], add_generation_prompt=True))   # the prompt up to its header
     end   = len(render(messages[:k + 1]))                           # its content and end-of-turn text
