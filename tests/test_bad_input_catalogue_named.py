@@ -7,6 +7,9 @@ file, flag or record, no complete-looking output, every input unchanged).
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
 from .test_bad_input_catalogue import Case, check_case, world  # noqa: F401  (the shared fixture)
@@ -38,6 +41,16 @@ def oasst_files_of_both_kinds(w, tmp):
                       "--oasst-trees-jsonl", str(tmp / "rows.jsonl"))
 
 
+def oasst_compressed_trees_among_flat_rows(w, tmp):
+    tree = {"message_id": "t", "role": "prompter", "text": "q", "replies": [
+        {"message_id": "a", "role": "assistant", "text": "an answer", "replies": []}]}
+    (tmp / "trees.jsonl.gz").write_bytes(gzip.compress((json.dumps(tree) + "\n").encode()))
+    (tmp / "rows.jsonl").write_text('{"message_id": "m", "parent_id": null, "message_tree_id": "m", "role": '
+                                    '"prompter", "text": "q"}\n')
+    return _build_all(w, tmp, "--only", "oasst1", "--oasst-data-files", str(tmp / "trees.jsonl.gz"),
+                      str(tmp / "rows.jsonl"))
+
+
 CASES = [
     Case("build-all: --wikitext-val-file without --wikitext-train-file", wikitext_val_file_without_train_file,
          ("--wikitext-val-file", "--wikitext-train-file"), out="out/pretrain"),
@@ -46,6 +59,9 @@ CASES = [
     Case("build-all: --roam-val-frac 1", roam_val_frac_one, ("--roam-val-frac 1", "[0, 1)"), out="out/pretrain"),
     Case("build-all: oasst1 flat rows and nested trees at once", oasst_files_of_both_kinds,
          ("--oasst-data-files", "--oasst-trees-jsonl", "not both"), out="out/sft"),
+    Case("build-all: oasst1 data files mixing a compressed nested export and flat rows",
+         oasst_compressed_trees_among_flat_rows, ("trees.jsonl.gz", "rows.jsonl", "mix nested trees",
+                                                  "--oasst-trees-jsonl"), out="out/sft"),
 ]
 
 

@@ -62,7 +62,9 @@ class LegacyPackedDataset:
 def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manifest_extra) -> dict:
     """Write any packed dataset as a memmap_padded_v1 shard, built aside and swapped in whole.
 
-    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data.
+    Two passes over the items: sizes first (pack_size defaults to the longest bin), then the data. A mask
+    that is 1 at a sequence's last position (a foreign bin may say so; nothing follows it in its sequence) is
+    written 0 there, as `collate_packed` reads it; the manifest's `loss_mask_ends_cleared` counts them.
     """
     n = len(dataset)
     longest, nseq = 0, 0
@@ -75,10 +77,14 @@ def convert_to_memmap(dataset, out_dir, *, pack_size: int | None = None, **manif
         raise ConfigError(f"convert_to_memmap: a bin holds {longest} tokens, more than pack_size={pack_size}")
     with build_aside(out_dir, kind="packed", flag="out_dir") as stage, \
             MemmapShardWriter(stage, n, max(pack_size, 1), nseq) as writer:
+        cleared = 0
         for i in range(n):
             it = dataset[i]
-            writer.write_bin(it["input_ids"], it["loss_mask"], it["seq_boundaries"][:-1])
-        return writer.finalize(**manifest_extra)
+            mask, ends = np.array(it["loss_mask"], dtype=np.uint8), np.asarray(it["seq_boundaries"][1:]) - 1
+            cleared += int(mask[ends].sum())
+            mask[ends] = 0
+            writer.write_bin(it["input_ids"], mask, it["seq_boundaries"][:-1])
+        return writer.finalize(**manifest_extra, loss_mask_ends_cleared=cleared)
 
 
 def convert_legacy_to_memmap(legacy_path, out_dir, *, allow_pickle: bool = False,

@@ -1,8 +1,9 @@
 """From records to documents and conversations: the one set of text rules, and the layouts the library knows.
 
 - The text rules (docs/own-data.md, "What a document is"): a record's text field (a text file: the file),
-  BOM dropped and CRLF/CR -> LF; null text is `null_text`, blank is `empty_document`; a missing or non-text
-  field is a bad record (an error naming it, or with on_bad_record="skip" skipped and counted).
+  BOM dropped and CRLF/CR -> LF (a conversation: each message's content, in every chat layout); null text is
+  `null_text`, blank is `empty_document`; a missing or non-text field is a bad record (an error naming it, or
+  with on_bad_record="skip" skipped and counted).
 - The layouts (`--format NAME`, else `detect`ed from each input's first record): docs/own-data.md, "Layouts
   the library knows"; their rules are sources/layouts.py, sources/oasst_trees.py and sources/messages.py.
 - --map runs a user's function (`record_hook`) on every document or conversation; --min-chars drops short ones.
@@ -69,6 +70,16 @@ def text_rule(value: Any, field: str, where) -> str | Skipped:
     if value.startswith("\ufeff") or "\r" in value:
         value = normalise_text(value)
     return value if value and not value.isspace() else Skipped("empty_document")
+
+
+def chat_rule(item):
+    """The text rules for a conversation: each message's content BOM and CRLF normalised (as a document's text)."""
+    if isinstance(item, list):
+        for m in item:
+            content = m.get("content")
+            if isinstance(content, str) and (content.startswith("\ufeff") or "\r" in content):
+                m["content"] = normalise_text(content)
+    return item
 
 
 def _field(record: dict, field: str, where, fix: str) -> Any:
@@ -142,6 +153,8 @@ def items(records: Iterable[tuple[Any, Any]], layout: str, rules: Rules) -> Iter
     --map hook and the --min-chars filter, where given."""
     out = _text(records, rules) if layout == "text" else \
         _LAYOUTS[layout](_checked(records, rules, chat=layout not in TEXT_LAYOUTS), rules)
+    if layout not in TEXT_LAYOUTS:
+        out = map(chat_rule, out)
     if rules.map is None and not rules.min_chars and not rules.val_per_input:
         yield from out
         return

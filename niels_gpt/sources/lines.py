@@ -21,6 +21,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from niels_gpt.errors import SourceError
@@ -319,6 +320,12 @@ def decompressed(piece, open_binary) -> bytes:
     """The whole decompressed contents of a `.gz` / `.zst` file (a compressed text file), errors as json_lines'."""
     with _decompressing(piece.item, "plain text"):
         return b"".join(_lines_of(piece, open_binary))
+
+
+def first_line(path) -> bytes:
+    """The first non-blank line of a local JSON Lines file, compressed (`.gz`, `.zst`) or not; b"" when none."""
+    with contextlib.closing(_lines_of(SimpleNamespace(item=str(path)), lambda p: open(p.item, "rb"))) as lines:
+        return next((line for line in lines if line.strip()), b"")
 
 
 @contextlib.contextmanager

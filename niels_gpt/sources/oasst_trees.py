@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt.errors import SourceError
+from niels_gpt.sources.inputs import LINES, kind_of
+from niels_gpt.sources.lines import first_line
 from niels_gpt.tokenizer.base import Message
 
 ROLE_MAP = {"prompter": "user", "assistant": "assistant"}
@@ -198,13 +200,12 @@ def flatten_tree(tree: dict, record: str) -> list[dict]:
 
 
 def holds_nested_trees(path: Path) -> bool:
-    """Whether a .jsonl/.json file's first record is a nested oasst1 tree, not a flat message row."""
-    if path.suffix.lower() not in (".jsonl", ".json"):
+    """Whether a JSON Lines file's (`inputs.LINES`: .jsonl, .json, compressed or not) first record is a nested
+    oasst1 tree, not a flat message row."""
+    if kind_of(path) not in LINES:
         return False
     try:
-        with open(path, "rb") as f:
-            first = next((line for line in f if line.strip()), b"")
-        record = json.loads(first)
-    except (OSError, ValueError):
+        record = json.loads(first_line(path))
+    except (SourceError, OSError, EOFError, ValueError):
         return False  # the flat reader names the unreadable file or line
     return isinstance(record, dict) and ("replies" in record or isinstance(record.get("prompt"), dict))

@@ -21,6 +21,10 @@ from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.spans import assistant_token_mask
 from niels_gpt.tokenizer.special import ROLE_TO_SPECIAL, ROLES, SPECIAL_TOKENS
 
+# the day a chat template's strftime_now() formats: fixed, so a cache does not depend on the day it was built
+# (the date Llama 3.x templates write when strftime_now is not given, so their renderings stay as they were)
+TEMPLATE_DATE = "2024-07-26"
+
 
 class Message(TypedDict):
     role: Literal["system", "user", "assistant"]
@@ -245,6 +249,8 @@ class Tokenizer(ABC):
             out["options"] = dict(self._options)
             out["chat"] = ("template" if self.chat_template is not None
                            else "niels_gpt sentinels" if self.library_conventions else None)
+        if "strftime_now" in (self.chat_template or ""):
+            out["chat_template_date"] = TEMPLATE_DATE  # what its strftime_now() formats
         return out
 
 

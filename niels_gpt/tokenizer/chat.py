@@ -1,12 +1,13 @@
 """Chat rendering with a tokenizer's own jinja2 chat template, and the assistant mask from its spans.
 
 The template is rendered as `transformers`' `apply_chat_template` renders it (sandboxed jinja2, trim_blocks,
-lstrip_blocks, `raise_exception`, a non-ASCII `tojson`, `messages`, `bos_token`, `eos_token`,
+lstrip_blocks, `raise_exception`, `strftime_now`, a non-ASCII `tojson`, `messages`, `bos_token`, `eos_token`,
 `add_generation_prompt`), then encoded whole with special tokens parsed, so the ids are the model's own
-tooling's. NOTE: as there, a special token's text typed in a message becomes that special id (templates may
-transform contents, so they are not escaped). Tool turns (OpenAI's `tool_calls`, `tool_call_id`, `name`) reach
-the template; a `tool` message is never trained. A token is trained when its first character lies in the span
-of an assistant message k, the text that message adds:
+tooling's; but `strftime_now(format)` formats base.TEMPLATE_DATE, not today: the same inputs give the same
+cache on any day. NOTE: as there, a special token's text typed in a message becomes that special id (templates
+may transform contents, so they are not escaped). Tool turns (OpenAI's `tool_calls`, `tool_call_id`, `name`)
+reach the template; a `tool` message is never trained. A token is trained when its first character lies in the
+span of an assistant message k, the text that message adds:
 
     start = len(render(messages[:k], add_generation_prompt=True))   # the prompt up to its header
     end   = len(render(messages[:k + 1]))                           # its content and end-of-turn text
@@ -19,6 +20,7 @@ templates), in the text each such block renders, in one render.
 from __future__ import annotations
 
 import contextvars
+import datetime
 import functools
 import json
 import re
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from niels_gpt.errors import ConfigError, TokenizerError
-from niels_gpt.tokenizer.base import Message, RenderedChat, check_message
+from niels_gpt.tokenizer.base import TEMPLATE_DATE, Message, RenderedChat, check_message
 
 TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
 PASSED_KEYS = ("tool_calls", "tool_call_id", "name")  # what a template that knows tools reads beside the content
@@ -70,10 +72,14 @@ def _compile(template: str):
     def raise_exception(message):
         raise TemplateError(message)
 
+    def strftime_now(fmt: str) -> str:
+        return datetime.datetime.fromisoformat(TEMPLATE_DATE).strftime(fmt)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols", _generation_extension()])
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     return env.from_string(template)
 
 

@@ -78,3 +78,60 @@ def test_the_python_builder_says_the_same(tmp_path, tokenizer):
 
     with pytest.raises(ConfigError, match=r"every record was skipped \(by reason: none\)"):
         build_sft_cache([], str(tmp_path / "s"), tokenizer=tokenizer, val_frac=0.0, seed=0)
+
+
+def _written_on_windows(value):
+    """`value` with every line break of its strings written as CRLF (an editor or export on Windows)."""
+    if isinstance(value, str):
+        return value.replace("\n", "\r\n")
+    if isinstance(value, list):
+        return [_written_on_windows(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _written_on_windows(v) for k, v in value.items()}
+    return value
+
+
+def _oasst_row(mid, parent, role, text):
+    return {"message_id": mid, "parent_id": parent, "message_tree_id": "t", "role": role, "text": text}
+
+
+# one record per chat layout, its message texts holding line breaks
+CHAT_RECORDS = [
+    ("messages", [{"messages": [{"role": "system", "content": "Be brief.\nAnswer plainly."},
+                                {"role": "user", "content": [{"type": "text", "text": "Line one\nline two"},
+                                                             {"type": "text", "text": "part two"}]},
+                                {"role": "assistant", "content": "First.\nSecond.\n"}]}]),
+    ("sharegpt", [{"conversations": [{"from": "human", "value": "Two\nlines"}, {"from": "gpt", "value": "A\nB"}]}]),
+    ("columns", [{"q": "Two\nlines", "a": "A\nB"}]),
+    ("dolly", [{"instruction": "Sum up\nthis.", "context": "One.\nTwo.", "response": "Both\nsaid."}]),
+    ("alpaca", [{"instruction": "Sum up\nthis.", "input": "", "output": "Both\nsaid."}]),
+    ("oasst", [{"message_tree_id": "t", "prompt": {"message_id": "p", "role": "prompter", "text": "Two\nlines",
+                                                   "replies": [{"message_id": "r", "role": "assistant",
+                                                                "text": "A\nB", "replies": []}]}}]),
+    ("oasst-rows", [_oasst_row("p", None, "prompter", "Two\nlines"), _oasst_row("r", "p", "assistant", "A\nB")]),
+]
+
+
+@pytest.mark.parametrize(("layout", "rows"), CHAT_RECORDS, ids=[c[0] for c in CHAT_RECORDS])
+def test_message_contents_follow_the_text_rules_in_every_chat_layout(layout, rows):
+    """A conversation written on Windows (CRLF, a BOM) reads as the same conversation written with LF."""
+    rules = Rules(chat_columns=("q", "a") if layout == "columns" else None)
+    plain = list(items([(f"r{i}", r) for i, r in enumerate(rows)], layout, rules))
+    windows = _written_on_windows(rows)
+    first = windows[0].get("messages", [None])[0]
+    if layout == "messages":  # a BOM and a lone CR too
+        first["content"] = "\ufeff" + first["content"].replace("\r\n", "\r")
+    read = list(items([(f"r{i}", r) for i, r in enumerate(windows)], layout, rules))
+    assert read == plain
+    assert len(plain) == 1 and any("\n" in m["content"] for m in plain[0])
+
+
+def test_a_chat_file_written_on_windows_builds_the_same_tokens(tmp_path, hf_dir):
+    rows = [{"messages": [{"role": "user", "content": f"Question {i}:\nwhat is {i}+{i}?"},
+                          {"role": "assistant", "content": f"It is\n{2 * i}."}]} for i in range(4)]
+    for name, data in (("unix", rows), ("windows", _written_on_windows(rows))):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+        assert main(["build", str(tmp_path / f"{name}.jsonl"), "--chat", "--out", str(tmp_path / name),
+                     "--tokenizer", str(hf_dir), "--val-frac", "0", "--no-progress"]) == 0
+    assert "\\r\\n" in (tmp_path / "windows.jsonl").read_text()
+    assert (tmp_path / "windows" / "train_tokens.bin").read_bytes() == (tmp_path / "unix" / "train_tokens.bin").read_bytes()

@@ -5,11 +5,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from niels_gpt.cache.cli import main
 from niels_gpt.errors import ConfigError, FormatError, IncompleteCacheError
 from niels_gpt.packing import (
     LegacyPackedDataset,
     PackedMemmapDataset,
     PackedParquetDataset,
+    collate_packed,
     convert_legacy_to_memmap,
     convert_to_memmap,
     open_packed,
@@ -17,6 +19,7 @@ from niels_gpt.packing import (
     write_packed_parquet,
 )
 from niels_gpt.packing.legacy import LegacyPickleWarning
+from niels_gpt.report import verify_outputs
 
 from ..conftest import write_sft_cache
 from .helpers import chats
@@ -143,8 +146,25 @@ def test_legacy_converter_round_trip(tmp_path):
     ds = PackedMemmapDataset(tmp_path / "m")
     for i, row in enumerate(ROWS):
         assert ds[i]["input_ids"].tolist() == row["input_ids"]
-        assert ds[i]["loss_mask"].tolist() == row["loss_mask"]
+        assert ds[i]["loss_mask"].tolist() == ([0, 0, 0, 0] if i == 0 else row["loss_mask"])  # ends: 0
         assert ds[i]["seq_boundaries"].tolist() == row["seq_start_id"] + [len(row["input_ids"])]
+
+
+def test_a_foreign_mask_with_ones_at_sequence_ends_converts_to_a_shard_verify_accepts(tmp_path):
+    """Bin 0 of ROWS trains both its sequences' last positions (1 at positions 1 and 3), which predict nothing in
+    their sequence: collate_packed reads them as 0, and the converter writes them so, counting them."""
+    pq.write_table(pa.table({k: [r[k] for r in ROWS] for k in ROWS[0]}), tmp_path / "foreign.parquet")
+    foreign = PackedParquetDataset(tmp_path / "foreign.parquet")
+    manifest = convert_to_memmap(foreign, tmp_path / "m", algorithm="converted")
+    problems, checked, _ = verify_outputs(str(tmp_path / "m"))
+    assert problems == [] and checked == 1
+    assert main(["verify", str(tmp_path / "m")]) == 0
+    assert manifest["loss_mask_ends_cleared"] == 2
+    converted = PackedMemmapDataset(tmp_path / "m")
+    converted.validate()
+    given, read = (collate_packed([ds[i] for i in range(len(ds))], pad_to=4) for ds in (foreign, converted))
+    for key in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+        assert given[key].tolist() == read[key].tolist(), key
 
 
 def test_legacy_rejects_bad_rows(tmp_path):

@@ -4,6 +4,7 @@ a lone surrogate names its record, and the nested export given as flat data file
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from niels_gpt.builders.run import BuildSpec, build
 from niels_gpt.errors import ConfigError, SourceError
 from niels_gpt.sources.named import inputs
-from niels_gpt.sources.oasst_trees import SKIP_REASONS
+from niels_gpt.sources.oasst_trees import SKIP_REASONS, holds_nested_trees
 
 from .test_chat_sources import TREE1, TREE2, TREE3, TREE4, flat, nested, oasst1
 
@@ -80,6 +81,29 @@ def test_the_nested_export_given_as_data_files_is_read_as_trees(tmp_path, write_
     with pytest.raises(ConfigError, match=r"roots.jsonl', .*flat.jsonl'\] mix nested trees .* and flat message "
                                           r"rows; pass the nested ones as --oasst-trees-jsonl"):
         inputs("oasst1", {"oasst_data_files": [str(tmp_path / "roots.jsonl"), str(flat_file)]}, seed=42)
+
+
+def _compressed(path, rows: list[dict]):
+    """JSON Lines of `rows`, gzip- or zstd-compressed by the name's suffix."""
+    import zstandard
+
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path.write_bytes(zstandard.ZstdCompressor().compress(data) if path.name.endswith(".zst") else gzip.compress(data))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst"])
+def test_a_compressed_nested_export_is_told_from_flat_rows_as_the_plain_file_is(tmp_path, write_jsonl, suffix):
+    trees = _compressed(tmp_path / f"trees{suffix}", nested([TREE1, TREE4]))
+    rows = _compressed(tmp_path / f"rows{suffix}", flat([TREE4]))
+    assert holds_nested_trees(trees) and not holds_nested_trees(rows)
+    spec = inputs("oasst1", {"oasst_data_files": [str(trees)]}, seed=42)
+    plain = write_jsonl(tmp_path / "trees.jsonl", nested([TREE1, TREE4]))
+    assert list(oasst1(*spec["sources"], layout=spec["layout"]).iter_conversations()) == \
+        list(oasst1(plain).iter_conversations())
+    flat_file = write_jsonl(tmp_path / "flat.jsonl", flat([TREE4]))
+    with pytest.raises(ConfigError, match=rf"trees{suffix}', .*flat.jsonl'\] mix nested trees .* and flat message rows"):
+        inputs("oasst1", {"oasst_data_files": [str(trees), str(flat_file)]}, seed=42)
 
 
 def test_a_row_holding_a_lone_surrogate_names_the_record_and_message():

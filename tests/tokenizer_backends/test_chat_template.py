@@ -14,6 +14,8 @@ from niels_gpt.cache.sft_dataset import SFTExampleDataset
 from niels_gpt.errors import ConfigError, TokenizerError
 from niels_gpt.tokenizer import load_tokenizer
 
+from .conftest import CHATML
+
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
@@ -215,3 +217,39 @@ def test_a_chat_template_jinja_that_is_not_utf8_is_refused(tmp_path, bpe_json):
     (tmp_path / "chat_template.jinja").write_bytes(b"{{ messages }}\xff\xfe")
     with pytest.raises(TokenizerError, match=r"chat_template.jinja: not UTF-8 .*save the template as UTF-8"):
         load_tokenizer(tmp_path)
+
+
+
+# Granite 3.x's system turn when none is given (its tokens as ChatML), and Llama 3.2's date with its fallback
+GRANITE = ("{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+           "{%- set loop_messages = messages[1:] %}{%- else %}{%- set system_message = \"Knowledge Cutoff Date: "
+           "April 2024.\\nToday's Date: \" + strftime_now('%B %d, %Y') + \".\\nYou are Granite, developed by IBM.\" %}"
+           "{%- set loop_messages = messages %}{%- endif %}<|im_start|>system\n{{ system_message }}<|im_end|>\n"
+           "{% for m in loop_messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA_DATE = ("{%- if not date_string is defined %}\n    {%- if strftime_now is defined %}\n        {%- set date_string "
+              "= strftime_now(\"%d %b %Y\") %}\n    {%- else %}\n        {%- set date_string = \"26 Jul 2024\" %}\n"
+              "    {%- endif %}\n{%- endif %}\n<|im_start|>system\nToday Date: {{ date_string }}<|im_end|>\n")
+
+
+def _with_template(d, bpe_json, template: str):
+    d.mkdir(exist_ok=True)
+    (d / "tokenizer.json").write_bytes(bpe_json.read_bytes())
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": template}))
+    return load_tokenizer(d)
+
+
+def test_a_template_that_writes_todays_date_renders_a_fixed_one_recorded_in_meta(tmp_path, bpe_json, hf_dir):
+    """strftime_now, as transformers gives it, but of a fixed date: the cache is the same on any day."""
+    tok = _with_template(tmp_path / "granite", bpe_json, GRANITE)
+    chat = tok.render_chat(CONV[1:3])
+    assert tok.decode(chat.ids, skip_special_tokens=False).startswith(
+        "<|im_start|>system\nKnowledge Cutoff Date: April 2024.\nToday's Date: July 26, 2024.\nYou are Granite")
+    assert trained_text(tok, chat) == ["Blue.<|im_end|>\n"]
+    build_sft_cache([CONV[1:3]], str(tmp_path / "sft"), tokenizer=tok, val_frac=0.0, seed=0)
+    assert read_meta(str(tmp_path / "sft"))["tokenizer"]["chat_template_date"] == "2024-07-26"
+    assert "chat_template_date" not in load_tokenizer(hf_dir).describe()  # its template writes no date
+    # the date a Llama 3.x template falls back to without strftime_now: its renderings are as they were
+    llama = _with_template(tmp_path / "llama", bpe_json, LLAMA_DATE + CHATML)
+    assert llama.decode(llama.render_chat(CONV[1:3]).ids, skip_special_tokens=False).startswith(
+        "<|im_start|>system\nToday Date: 26 Jul 2024<|im_end|>\n<|im_start|>user\nName a colour.")
