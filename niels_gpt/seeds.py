@@ -9,6 +9,7 @@ inside a build; here it is one line naming the flag.
 from __future__ import annotations
 
 import argparse
+import numbers
 
 import numpy as np
 
@@ -19,8 +20,8 @@ TORCH_PERMUTATION = 1 << 21  # from here torch.randperm itself: its C loop and t
 
 
 def check_seed(seed, what: str = "seed") -> int:
-    """`seed` as an int, or a ConfigError naming `what` and the accepted range."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+    """`seed` as an int (a numpy integer too; not a bool, nor a float), or a ConfigError naming `what`."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"{what} {seed!r}: must be an integer from 0 to 2**63 - 1 ({SEED_MAX}), the range torch "
                           "generators and the tokenizer trainer accept; pick another seed")
     return int(seed)

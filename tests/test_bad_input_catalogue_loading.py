@@ -1,8 +1,10 @@
-"""Bad-input catalogue: loader and sampler resume states (a checkpoint's loader state edited by hand).
+"""Bad-input catalogue: loader and sampler resume states (a checkpoint's loader state edited by hand), and
+the arguments they are made with (a seed, the batches a run takes).
 
-Each case takes a good state_dict() from a fresh loader, breaks one field, and loads it: the refusal is a
-NielsGPTError whose message is one line naming the field and the bad value, and the loader's own state is
-unchanged (nothing half-applied), so it goes on from where it was.
+Each state case takes a good state_dict() from a fresh loader, breaks one field, and loads it: the refusal is
+a NielsGPTError whose message is one line naming the field and the bad value, and the loader's own state is
+unchanged (nothing half-applied), so it goes on from where it was. Each argument case makes the call with one
+bad argument: one line naming the parameter and the value.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -25,7 +28,9 @@ from niels_gpt.loading import (
     ShardWindowSampler,
 )
 from niels_gpt.resume import fingerprint
+from niels_gpt.train.data import TrainData
 
+from .conftest import write_pretrain_cache
 from .loading.conftest import write_parquet
 
 
@@ -135,3 +140,35 @@ def test_bad_loader_state_is_refused_in_one_line(case, tmp_path, request):
     loader.load_state_dict(good)  # the untouched state still loads
     if hasattr(loader, "close"):
         loader.close()
+
+
+def _train_data(tmp, **kw):
+    cache = write_pretrain_cache(tmp / "cache", {"train": [np.arange(600) % 90 + 5]}, vocab_size=100)
+    return TrainData(cache, T=16, batch_size=2, device="cpu", **{"seed": 0, **kw})
+
+
+ARGUMENTS = [  # (name, the call refused, phrases of its one line)
+    ("sampler_seed_a_float", lambda tmp: GlobalBatchSampler(Ids(), 8, seed=2.5, rank=0, world_size=1),
+     ("GlobalBatchSampler: seed 2.5", "must be an integer")),
+    ("shard_sampler_seed_a_bool", lambda tmp: ShardWindowSampler(Ids(), 8, seed=True, rank=0, world_size=1),
+     ("ShardWindowSampler: seed True", "must be an integer")),
+    ("stream_seed_a_float", lambda tmp: RankBatchStream(Draws(), 4, seed=0.5, rank=0, world_size=1),
+     ("RankBatchStream: seed 0.5", "must be an integer")),
+    ("train_data_seed_a_float", lambda tmp: _train_data(tmp, seed=2.5), ("seed 2.5", "must be an integer")),
+    ("sampler_end_after_a_float", lambda tmp: _sampler(tmp).end_after(2.5),
+     ("end_after: 2.5 batches (float)", "expected 0 or more, an integer")),
+    ("stream_end_after_a_bool", lambda tmp: _stream(tmp).end_after(True),
+     ("end_after: True batches (bool)", "expected 0 or more, an integer")),
+    ("train_data_end_after_a_float", lambda tmp: _train_data(tmp).end_after(2.5),
+     ("end_after: 2.5 batches (float)", "expected 0 or more, an integer")),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "expect"), ARGUMENTS, ids=[a[0] for a in ARGUMENTS])
+def test_a_bad_loader_argument_is_refused_in_one_line(name, call, expect, tmp_path):
+    with pytest.raises(NielsGPTError) as info:
+        call(tmp_path)
+    message = str(info.value)
+    assert "\n" not in message, message
+    for phrase in expect:
+        assert phrase.lower() in message.lower(), message

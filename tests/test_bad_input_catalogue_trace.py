@@ -1,5 +1,6 @@
 """Bad-input catalogue: `trace` (a directory that is not a run, a step or rank the run did not have, a document
-the cache does not hold, a cache that moved or changed since the run).
+the cache does not hold, a cache that moved or changed since the run, a checkpoint whose data order is not the
+one its settings give).
 
 Each case goes through check_case: exit status 1, one `error: ...` line with the case's key phrases, and the
 inputs it read unchanged.
@@ -19,6 +20,7 @@ from niels_gpt.meta import write_meta
 from niels_gpt.train.train import TrainConfig, train
 
 from .test_bad_input_catalogue import Case, check_case, world  # noqa: F401
+from .train.test_new_order import other_order, rewrite_loader_state
 
 TINY = dict(depth=1, n_embd=32, n_head=2, sequence_len=16, device_batch_size=2, steps=2, eval_steps=1, log_every=0)
 
@@ -73,6 +75,12 @@ def cache_moved_since_the_run(w, tmp):
     return ["trace", str(run), "--step", "1"]
 
 
+def order_not_the_replayed_one(w, tmp):
+    run, _ = _run(w, tmp)
+    rewrite_loader_state(run / "ckpt_000002.pt", other_order)
+    return ["trace", str(run), "--step", "1"]
+
+
 CASES = [
     Case("trace: a cache directory instead of a run", not_a_run, ("not a training run", "no run.json", "--out-dir"),
          reads=("pretrain",)),
@@ -88,6 +96,8 @@ CASES = [
          ("not the data the run", "fingerprint", "rebuilt or changed", "--data")),
     Case("trace: the cache moved since the run", cache_moved_since_the_run,
          ("cannot be opened as the run read it", "pass --data")),
+    Case("trace: a checkpoint whose data order is not the replayed one", order_not_the_replayed_one,
+         ("ckpt_000002.pt", "data order", "digest 000000000000", "release that trained it")),
 ]
 
 

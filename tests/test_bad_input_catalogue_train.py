@@ -83,6 +83,17 @@ def resume_another_runs_checkpoint_into_a_run(w, tmp):
     return _train(w, tmp, "--steps", "3", "--resume", str(other / "ckpt_000001.pt"))
 
 
+def resume_an_earlier_checkpoint_of_the_run(w, tmp):
+    run = _run_copy(w, tmp)
+    return _train(w, tmp, "--steps", "3", "--resume", str(run / "ckpt_000001.pt"))
+
+
+def overwrite_later_checkpoints_not_the_runs(w, tmp):
+    run = _run_copy(w, tmp)
+    shutil.copy(run / "ckpt_000002.pt", run / "ckpt_000003.pt")
+    return _train(w, tmp, "--steps", "3", "--resume", str(run / "ckpt_000001.pt"), "--overwrite")
+
+
 # -- train: checkpoints (defect 11) -----------------------------------------------------------------------
 
 def resume_a_changed_weight(w, tmp):
@@ -277,6 +288,10 @@ CASES = [
     Case("train: --out-dir is a file", out_dir_is_a_file, ("--out-dir", "a file, not a directory")),
     Case("train: --resume of another run into a run", resume_another_runs_checkpoint_into_a_run,
          ("another run's checkpoint", "mix two runs")),
+    Case("train: --resume a checkpoint before the run's newest", resume_an_earlier_checkpoint_of_the_run,
+         ("--resume", "ckpt_000001.pt", "later checkpoints (ckpt_000002.pt)", "--overwrite", "new --out-dir")),
+    Case("train: --resume --overwrite with later checkpoints run.json does not record",
+         overwrite_later_checkpoints_not_the_runs, ("--overwrite", "ckpt_000003.pt", "does not record", "move them out")),
     Case("train: --resume a checkpoint with a changed weight", resume_a_changed_weight,
          ("ckpt_000002.pt", "checksum mismatch", "ckpt_000001.pt")),
     Case("train: --resume a truncated checkpoint", resume_a_truncated_checkpoint,

@@ -13,6 +13,7 @@ Cost: one randperm per epoch (33 ms per million samples on 2 cores); figures in 
 from __future__ import annotations
 
 import contextlib
+import numbers
 import weakref
 
 from torch.utils.data import DataLoader
@@ -35,6 +36,7 @@ from niels_gpt.resume import (
     saved_order,
     state_int,
 )
+from niels_gpt.seeds import check_seed
 
 SAMPLER_KIND = "global_batch_sampler"
 STATE_FIELDS = ("epoch", "samples_consumed", "seed", "fingerprint")
@@ -62,7 +64,7 @@ class GlobalBatchSampler:
                               "global_batch_size or use more data")
         self.num_samples = n
         self.total = 0  # samples delivered in the run, across epochs (where a batch schedule stands)
-        self.seed = int(seed)
+        self.seed = check_seed(seed, f"{type(self).__name__}: seed")
         self.fingerprint = dataset_fingerprint(dataset)
         self.epoch = 0
         self.samples_consumed = 0
@@ -76,17 +78,16 @@ class GlobalBatchSampler:
     def end_after(self, batches: int) -> None:
         """The run takes `batches` more global batches: a remote cache's prefetch plan reaches no further
         (without it the plan fetches the next epoch's first shards). The batches are the same either way."""
-        if batches < 0:
-            raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
+        batches = batch_count(batches)
         if not self.schedule.constant:
             position = self.schedule.position(self.num_samples, self.epoch, self.samples_consumed, self.total)
-            for _ in range(int(batches)):
+            for _ in range(batches):
                 position = self.schedule.after(self.num_samples, position)
             self.plan_end = position[:2]
             return
         epoch, consumed = self.next_position()
         per_epoch = self.usable // self.global_batch_size
-        k = consumed // self.global_batch_size + int(batches)
+        k = consumed // self.global_batch_size + batches
         self.plan_end = (epoch + k // per_epoch, k % per_epoch * self.global_batch_size)
 
     @property
@@ -226,6 +227,13 @@ class GlobalBatchSampler:
             if saved is not None:
                 check_order_digest(self.kind, saved, self.order_at(epoch, consumed, total))
         self.epoch, self.samples_consumed, self.total = epoch, consumed, total
+
+
+def batch_count(batches) -> int:
+    """end_after's `batches` as an int, or a ConfigError naming the value (a bool, a float or below 0)."""
+    if isinstance(batches, bool) or not isinstance(batches, numbers.Integral) or batches < 0:
+        raise ConfigError(f"end_after: {batches!r} batches ({type(batches).__name__}); expected 0 or more, an integer")
+    return int(batches)
 
 
 class ResumableDataLoader(DataLoader):

@@ -16,6 +16,7 @@ import torch
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.loading.order import mix_seed
 from niels_gpt.loading.prefetch import RollingPlan, ShardPrefetcher
+from niels_gpt.loading.sampler import batch_count
 from niels_gpt.loading.schedule import BatchSchedule
 from niels_gpt.readers.checks import count
 from niels_gpt.resume import (
@@ -30,6 +31,7 @@ from niels_gpt.resume import (
     saved_order,
     state_int,
 )
+from niels_gpt.seeds import check_seed
 
 STREAM_KIND = "rank_batch_stream"
 STREAM_CODE = 1  # the stream's code version: bumped whenever the same settings give other draws
@@ -47,7 +49,7 @@ class RankBatchStream:
         self.draw_rows = per if draw_rows is None else count("RankBatchStream", "draw_rows", draw_rows, what="a row count")
         if per % self.draw_rows:
             raise ConfigError(f"draw_rows {self.draw_rows} must divide the per-rank batch {per}")
-        self.seed = int(seed)
+        self.seed = check_seed(seed, "RankBatchStream: seed")
         self.step = 0
         self.plan_end: int | None = None  # the step after the run's last one: nothing past it is fetched
         self.fingerprint = dataset_fingerprint(dataset)
@@ -61,9 +63,7 @@ class RankBatchStream:
 
     def end_after(self, batches: int) -> None:
         """The run takes `batches` more batches: a remote cache's prefetch plan reaches no further."""
-        if batches < 0:
-            raise ConfigError(f"end_after: {batches} batches; expected 0 or more")
-        self.plan_end = self.step + int(batches)
+        self.plan_end = self.step + batch_count(batches)
 
     def batch_at(self, step: int) -> int:
         """The global batch of `step`."""

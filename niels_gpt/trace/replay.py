@@ -89,6 +89,16 @@ class Replay:
             self.sampler.seed = int(loader["seed"])
         return 0 if loader is None else int(loader["step"])
 
+    def order_at(self, state: dict) -> dict | None:
+        """The order record (loaders' `order_at`) this replay gives at a checkpoint's rank `state`; None for
+        Parquet shards, whose states record none."""
+        if self.kind == "parquet":
+            return None
+        start = self.start(state)
+        if self.kind in ("indexed", "shards", "packed"):
+            return self.sampler.order_at(*start)
+        return self.sampler.order_at(start[1] if self.kind == "mixture" else start)
+
     def _order(self, epoch: int):
         if epoch not in self._perms:
             if len(self._perms) > 2:

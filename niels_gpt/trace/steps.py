@@ -197,6 +197,15 @@ def replay_of(run: Run, ckpt: Checkpoint) -> Replay:
         raise ConfigError(f"{data}: not the data the run {run.dir} trained on (its fingerprint {now} "
                           f"is not {saved}, recorded in {ckpt.path.name}): the cache was rebuilt or changed since; "
                           "trace the run on the data it read (--data PATH to where it is now)")
+    saved = (ckpt.states[0].get("loader") or {}).get("order")
+    now = replay.order_at(ckpt.states[0]) if isinstance(saved, dict) else None  # none: an older checkpoint
+    if now is not None and saved.get("digest") != now["digest"]:
+        differs = "; ".join(f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items() if k != "digest" and saved.get(k) != v)
+        raise ConfigError(f"{run.dir}: {ckpt.path.name} records the data order of its run, and its settings replayed "
+                          f"here give another ({differs or 'the same settings'}; the next samples' digest "
+                          f"{str(saved.get('digest'))[:12]}... -> {now['digest'][:12]}...): the order's code changed "
+                          "since the run, or its loader state was edited, and trace would name documents the run did "
+                          "not read; trace the run with the niels_gpt release that trained it")
     return replay
 
 
@@ -236,6 +245,8 @@ def trace_step(run_dir, step: int, *, rank: int | None = None, data: str | None 
         raise ConfigError(f"--rank {rank}: step {step} of {run.dir} ran on {world} rank(s) (as {ckpt.path.name} "
                           f"records); give a rank from 0 to {world - 1}")
     replay = replay_of(run, ckpt)
+    if before is not None and "order" in (before.states[0].get("loader") or {}):
+        replay_of(run, before)  # the replay starts at its state: checked against the order of its own segment
     first = 0 if before is None else before.step
     accum = ckpt.accum
     micro = [(step - 1 - first) * accum + m for m in range(accum)]

@@ -1,11 +1,12 @@
 """Checkpoints (`ckpt_<step>.pt`, a sha256 of the payload checked on load) and the run directory they go in.
 
-An --out-dir this run may write: a new or empty directory, this run's own directory (--resume), or another
-run's with --overwrite (its files go when this run saves its first checkpoint). Refused: a directory with
-files this trainer did not write, one overlapping the data or the --init-from checkpoint, and one another
-train holds (`run_lock`: `<out-dir>.lock`, the lock `build` takes, niels_gpt/staging.py). run.json records the
-run and its checkpoints; `--keep-last N` prunes the older ones it records, never the newest nor one a run
-beside it started from (--init-from).
+An --out-dir this run may write: a new or empty directory, this run's own directory (--resume; from a
+checkpoint before the newest only with --overwrite, the later ones going), or another run's with --overwrite
+(--overwrite's files go when this run saves its first checkpoint). Refused: a directory with files this
+trainer did not write, one overlapping the data or the --init-from checkpoint, and one another train holds
+(`run_lock`: `<out-dir>.lock`, the lock `build` takes, niels_gpt/staging.py). run.json records the run and
+its checkpoints; `--keep-last N` prunes the older ones it records, never the newest nor one a run beside it
+started from (--init-from).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def save_checkpoint(path: Path, payload: dict) -> str:
     with atomic_path(path) as tmp:
         torch.save({**payload, "version": CHECKPOINT_VERSION, "sha256": digest}, tmp)
     cfg, before = payload["train_config"], read_run(path.parent) or {}
-    saved = {**before.get("checkpoints", {}), path.name: {"step": payload["step"], "sha256": digest}}
+    listed = {name: v for name, v in before.get("checkpoints", {}).items() if (path.parent / name).is_file()}
+    saved = {**listed, path.name: {"step": payload["step"], "sha256": digest}}
     # absolute (a run pruning from another directory finds it); a resume names none: its run still started there
     source = str(Path(cfg["init_from"]).resolve()) if cfg.get("init_from") else before.get("init_from")
     write_run(path.parent, {"data": cfg["data"], "model": payload["model_config"], "seed": cfg["seed"],
@@ -170,7 +172,8 @@ def write_run(out: Path, record: dict) -> None:
 
 def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | None, resume: Path | None,
                   overwrite: bool) -> list[Path]:
-    """Refuse an --out-dir this run may not write; returns the earlier run's files --overwrite replaces."""
+    """Refuse an --out-dir this run may not write; returns the files --overwrite removes: an earlier run's, or
+    the checkpoints after the one a run resumes from."""
     out = Path(out_dir)
     real = out.resolve()
     check_overlap(real, data, "--out-dir", what="data")
@@ -190,8 +193,20 @@ def check_out_dir(out_dir: str | os.PathLike, *, data: list, init_from: str | No
     ours = [out / e for e in entries if not TMP_SUFFIX.search(e)]
     if not ours:
         return []
-    if resume is not None and resume.resolve().parent == real:
-        return []  # the run continues where it is
+    if resume is not None and resume.resolve().parent == real:  # the run continues where it is
+        at = CKPT_PATTERN.match(resume.name)
+        later = [p for p in checkpoints(out) if at and int(CKPT_PATTERN.match(p.name).group(1)) > int(at.group(1))]
+        if later and not overwrite:
+            raise OutputRefused(f"--resume {resume}: {out} holds the run's later checkpoints "
+                                f"({first_few([p.name for p in later])}); resumed from an earlier one, the run would "
+                                "write a second history beside them, and --resume latest and trace would mix the two: "
+                                "pass --overwrite to remove them when this run saves its first checkpoint, or resume "
+                                "into a new --out-dir to keep them")
+        if theirs := [p.name for p in later if p.name not in (read_run(out) or {}).get("checkpoints", {})]:
+            raise OutputRefused(f"--resume {resume} --overwrite: {out} holds later checkpoints its {RUN_NAME} does not "
+                                f"record as the run's ({first_few(theirs)}): they are not this run's to remove; move "
+                                "them out of the run directory")
+        return later
     if overwrite:
         return ours
     how = (f"--resume {resume} is another run's checkpoint: resuming it here would mix two runs; " if resume

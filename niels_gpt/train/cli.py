@@ -40,7 +40,8 @@ HELP = {
     "stop_at": "stop after this step (checkpointed), as an interrupted run would (default: run all --steps)",
     "resume": "'latest' (newest checkpoint in --out-dir) or a checkpoint path (default: start fresh)",
     "init_from": "start a new run from this checkpoint's weights, e.g. SFT after pretraining (default: none)",
-    "overwrite": "--out-dir holds another run: replace it (its files go at this run's first checkpoint)",
+    "overwrite": "--out-dir holds another run: replace it; with --resume of a checkpoint before the run's newest: "
+                 "remove the later ones (either at this run's first checkpoint)",
     "n_embd": "model width (default: 64 x depth)",
     "n_head": "attention heads (default: width / 128, at least 1)",
     "n_kv_head": "key/value heads for grouped-query attention (default: as many as --n-head)",

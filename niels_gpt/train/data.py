@@ -34,12 +34,14 @@ from niels_gpt.loading import (
     ResumableDataLoader,
     split_files,
 )
+from niels_gpt.loading.sampler import batch_count
 from niels_gpt.loading.shard_windows import ShardWindowSampler
 from niels_gpt.locate import locate
 from niels_gpt.meta import read_meta
 from niels_gpt.packing import collate_packed, open_packed
 from niels_gpt.readers.pretrain import PretrainTokenStreamDataset
 from niels_gpt.readers.sft import SFTExampleDataset
+from niels_gpt.seeds import check_seed
 from niels_gpt.storage.remote import open_location
 from niels_gpt.train.config import CHOICES, KINDS
 from niels_gpt.train.pin import check_pins, pin, recorded_sha
@@ -133,7 +135,7 @@ def open_data(cfg: dict, data, *, rank: int, world: int, device, **given) -> Tra
     checkpoint's train_config) opens it: train, and trace replaying it."""
     ramp = parse_batch_ramp(SimpleNamespace(batch_ramp=cfg.get("batch_ramp"),
                                             total_batch_size=cfg.get("total_batch_size")), world)
-    return TrainData(data, T=int(cfg["sequence_len"]), seed=int(cfg["seed"]), device=device, rank=rank, world_size=world,
+    return TrainData(data, T=int(cfg["sequence_len"]), seed=cfg["seed"], device=device, rank=rank, world_size=world,
                      batch_size=ramp.steps[-1][1] // world if ramp else int(cfg["device_batch_size"]),
                      batch_schedule=ramp, kind=cfg.get("data_kind", "auto"), sampling=cfg.get("sampling", "indexed"),
                      packing=cfg.get("packing", "bestfit"), shards_at_once=int(cfg.get("shards_at_once", 8)), **given)
@@ -156,7 +158,7 @@ class TrainData:
         self.shards_at_once = shards_at_once
         if self.kind not in KINDS:
             raise ConfigError(f"data kind {kind!r}: expected auto or one of {', '.join(KINDS)}")
-        self.T, self.B, self.seed = int(T), int(batch_size), int(seed)
+        self.T, self.B, self.seed = int(T), int(batch_size), check_seed(seed)
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.tokenizer, self.packing = num_workers, tokenizer, packing
         self.vocab_size, self.prefetch = None, prefetch  # the open fills in what the data records
@@ -290,7 +292,7 @@ class TrainData:
     def end_after(self, batches: int) -> None:
         """The run takes `batches` more batches: a remote cache's prefetching stops at the last one."""
         source = getattr(self.source, "loader", self.source)
-        getattr(getattr(source, "batch_sampler", source), "end_after", lambda n: None)(batches)
+        getattr(getattr(source, "batch_sampler", source), "end_after", lambda n: None)(batch_count(batches))
 
     def close(self) -> None:
         """Stop a loader's background work (the Parquet loader's prefetching, a DataLoader's workers or thread)."""

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from niels_gpt import allocator
-from niels_gpt.errors import ConfigError, NielsGPTError, StateError
+from niels_gpt.errors import ConfigError, NielsGPTError, StateError, first_few
 from niels_gpt.loading import token_bytes as tokenizer_bytes
 from niels_gpt.output_guard import check_overlap
 from niels_gpt.storage.settings import apply_cache_args
@@ -258,8 +258,9 @@ def _run(cfg, data, tok, token_bytes, base, resume_from, old_run, rank, world, d
         if world > 1:
             dist.all_gather_object(states, loader_state)
         if master:
-            if old_run:  # --overwrite: the run that was here goes now that this one has something to keep
-                remove_files(old_run)
+            if old_run:  # --overwrite: the run that was here (or its later checkpoints) goes now that this one
+                remove_files(old_run)  # has something to keep
+                say(f"--overwrite: removed {first_few([p.name for p in old_run])} from {out}")
                 old_run.clear()
             path = out / checkpoint_name(step)
             payload = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],

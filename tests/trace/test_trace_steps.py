@@ -4,6 +4,7 @@ range; the reverse lookup finds every step the forward trace lists for a documen
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from niels_gpt.trace.documents import cache_documents
 from niels_gpt.train.train import TrainConfig, train
 
 from ..train import test_world_size as world_runs
+from ..train.test_new_order import other_order, rewrite_loader_state
 
 ONES = torch.ones(2004, dtype=torch.int64)
 TINY = dict(depth=1, n_embd=32, n_head=2, sequence_len=16, device_batch_size=4, eval_steps=1, log_every=0)
@@ -224,3 +226,21 @@ def test_a_moved_cache_is_traced_with_data_and_the_cli_prints_each_document(tmp_
     assert out[0].startswith(f"step 2 of {run}: indexed data {moved}, 1 rank(s) x 1 micro-batch(es)")
     assert out[2].startswith(f"  [{a}:{b}) train:{first['document']} (tokens {first['cache_tokens'][0]}..")
     assert sum(line.startswith("rank 0 micro-batch 0 row") for line in out) == 4
+
+
+@pytest.mark.parametrize("data", ["pretrain_cache", "mixture_file", "sft_cache"])  # a sampler's, a mixture's, a stream's
+def test_a_checkpoint_whose_order_is_not_the_replayed_one_is_refused(tmp_path, request, data):
+    """A resume compares a loader state's order digest with the order this code gives; trace did not, so a
+    changed order (or an edited state) named documents the run never read."""
+    run, _ = _run(tmp_path, request.getfixturevalue(data), 4, 2)
+    trace_step(run, 3)
+    rewrite_loader_state(run / "ckpt_000002.pt", other_order)  # the state the replay of step 3 starts from
+    refused = (rf"{re.escape(str(run))}: ckpt_000002.pt records the data order of its run, and its settings "
+               r"replayed here give another \(the same settings; the next samples' digest 000000000000\.\.\. -> "
+               r"[0-9a-f]{12}\.\.\.\): .* trace the run with the niels_gpt release that trained it")
+    with pytest.raises(ConfigError, match=refused):
+        trace_step(run, 3)
+    with pytest.raises(ConfigError, match=refused):
+        trace_step(run, 1)  # the segment it ends
+    with pytest.raises(ConfigError, match=refused):
+        trace_document(run, "train:0" if data != "mixture_file" else "web:train:0")

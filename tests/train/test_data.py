@@ -11,6 +11,7 @@ import torch
 
 from niels_gpt.cache.cli import main as cli
 from niels_gpt.errors import ConfigError
+from niels_gpt.loading import GlobalBatchSampler, RankBatchStream
 from niels_gpt.seals import sealed_bytes
 from niels_gpt.train.data import TrainData, detect_kind, to_model_batch
 
@@ -132,6 +133,26 @@ def test_the_loader_hears_where_the_run_ends(pretrain_cache):
     next(windows)
     windows.end_after(7)
     assert windows.source.plan_end == 1 + 7
+
+
+def test_a_seed_or_a_batch_count_that_is_not_an_integer_is_refused_not_cut(pretrain_cache, mixture_file):
+    """A seed of 2.5 read seed 2's order, and end_after(2.5) planned 2 batches: each is refused by name."""
+    for seed in (2.5, True, "3"):
+        with pytest.raises(ConfigError, match=rf"^seed {seed!r}: must be an integer"):
+            TrainData(pretrain_cache, T=16, batch_size=4, seed=seed, device="cpu")
+    with pytest.raises(ConfigError, match=r"GlobalBatchSampler: seed 2.5: must be an integer"):
+        GlobalBatchSampler(range(64), 8, seed=2.5, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match=r"RankBatchStream: seed 1.0: must be an integer"):
+        RankBatchStream(None, 8, seed=1.0, rank=0, world_size=1)
+    assert GlobalBatchSampler(range(64), 8, seed=np.int64(3), rank=0, world_size=1).seed == 3  # numpy's ints are
+    for kw in ({"sampling": "indexed"}, {"sampling": "random"}, {}):  # a sampler's, a stream's, a mixture's
+        data = TrainData(mixture_file if not kw else pretrain_cache, T=16, batch_size=4, seed=0, device="cpu", **kw)
+        for bad in (2.5, True, -1):
+            with pytest.raises(ConfigError, match=rf"end_after: {bad!r} batches \({type(bad).__name__}\); expected 0 or "
+                                                  "more, an integer"):
+                data.end_after(bad)
+        data.end_after(np.int64(2))
+        data.close()
 
 
 def test_a_mixture_resumes_at_the_batch_delivered_whatever_was_made_ahead(mixture_file):

@@ -61,10 +61,12 @@ def test_keep_last_removes_the_runs_older_checkpoints_and_keeps_the_newest(tmp_p
 
 def test_keep_last_never_removes_the_checkpoint_it_just_saved(tmp_path, pretrain_cache):
     """Resumed from an earlier checkpoint, below a later one: the pruning kept the highest step and removed the
-    checkpoint the run had just written (its result and log named a file that was gone)."""
+    checkpoint the run had just written (its result and log named a file that was gone). The later ones now go
+    first (--overwrite)."""
     out = tmp_path / "run"
     run(pretrain_cache, out, steps=6, save_every=2)
-    result = run(pretrain_cache, out, steps=6, keep_last=1, stop_at=3, resume=str(out / "ckpt_000002.pt"))
+    result = run(pretrain_cache, out, steps=6, keep_last=1, stop_at=3, resume=str(out / "ckpt_000002.pt"),
+                 overwrite=True)
     assert result.checkpoint.endswith("ckpt_000003.pt") and Path(result.checkpoint).is_file()
 
 

@@ -5,12 +5,16 @@ checkpoint with 4 KiB overwritten inside a weight resumed, trained on NaN and sa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from niels_gpt.errors import ConfigError, StateError
 from niels_gpt.output_guard import OutputRefused
+from niels_gpt.trace import trace_step
 from niels_gpt.train.checkpoint import (
+    checkpoints,
     latest_checkpoint,
     load_checkpoint,
     payload_digest,
@@ -51,6 +55,38 @@ def test_another_runs_directory_is_refused_and_named_unless_resumed_or_overwritt
     replaced = run(pretrain_cache, out, seed=1, steps=1, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["ckpt_000001.pt", "run.json"]
     assert read_run(out)["seed"] == 1 and replaced.checkpoint.endswith("ckpt_000001.pt")
+
+
+def test_a_resume_from_an_earlier_checkpoint_keeps_one_history_in_the_run_directory(tmp_path, pretrain_cache):
+    """Resumed from ckpt 2 of 2, 4, 6, a run saved 3 beside the old 4 and 6: --resume latest went on from the old
+    6 and trace replayed step 4 from the new 3. Refused unless --overwrite, which removes 4 and 6 at the first save."""
+    out = tmp_path / "run"
+    run(pretrain_cache, out, steps=6, save_every=2)
+    before = snapshot(out)
+    with pytest.raises(OutputRefused, match=r"--resume .*ckpt_000002.pt: .*run holds the run's later checkpoints "
+                                            r"\(ckpt_000004.pt, ckpt_000006.pt\); .* --resume latest and trace would "
+                                            r"mix the two: pass --overwrite .*, or resume into a new --out-dir"):
+        run(pretrain_cache, out, steps=6, stop_at=3, resume=str(out / "ckpt_000002.pt"))
+    assert snapshot(out) == before
+    branch = run(pretrain_cache, tmp_path / "branch", steps=6, stop_at=3, resume=str(out / "ckpt_000002.pt"))
+    assert branch.step == 3 and snapshot(out) == before  # the old history stays whole beside the new one
+    (out / "ckpt_000005.pt").write_bytes(before["ckpt_000004.pt"])  # a copy of the user's: not the run's to remove
+    with pytest.raises(OutputRefused, match=r"--overwrite: .* holds later checkpoints its run.json does not record "
+                                            r"as the run's \(ckpt_000005.pt\): .* move them out"):
+        run(pretrain_cache, out, steps=6, stop_at=3, resume=str(out / "ckpt_000002.pt"), overwrite=True)
+    (out / "ckpt_000005.pt").unlink()
+    assert snapshot(out) == before
+    lines: list[str] = []
+    cfg = TrainConfig(data=str(pretrain_cache), out_dir=str(out), **{**TINY, "steps": 6, "save_every": 2,
+                                                                     "stop_at": 3, "overwrite": True,
+                                                                     "resume": str(out / "ckpt_000002.pt")})
+    rewound = train(cfg, token_bytes=TOKEN_BYTES, log=lines.append)
+    assert [p.name for p in checkpoints(out)] == ["ckpt_000002.pt", "ckpt_000003.pt"]
+    assert sorted(read_run(out)["checkpoints"]) == ["ckpt_000002.pt", "ckpt_000003.pt"]
+    assert "--overwrite: removed ckpt_000004.pt, ckpt_000006.pt from " + str(out) in lines
+    assert latest_checkpoint(out).name == "ckpt_000003.pt" == Path(rewound.checkpoint).name
+    assert trace_step(out, 3)["replayed_from"] == "ckpt_000002.pt"
+    assert run(pretrain_cache, out, steps=4, resume="latest").step == 4
 
 
 @pytest.mark.parametrize("where", ["user files", "file", "inside the data", "above the data", "a mixture's cache"])
