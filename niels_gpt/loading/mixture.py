@@ -42,6 +42,7 @@ from niels_gpt.resume import (
     state_int,
     state_ints,
 )
+from niels_gpt.seeds import check_seed
 from niels_gpt.urls import is_url
 
 MIXTURE_KIND = "mixture_sampler"
@@ -145,7 +146,7 @@ class MixtureSampler:
         self.temperature = float(temperature)
         self.phases = check_phases(list(phases) if phases is not None else [Phase(0, weights)], mixture.names,
                                    self.temperature)
-        self.seed = int(seed)
+        self.seed = check_seed(seed, "MixtureSampler: seed")
         self.fingerprint = mixture.fingerprint()
         self.step = 0
         self.drawn = [0] * len(mixture.names)
