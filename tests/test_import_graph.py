@@ -213,7 +213,7 @@ def test_no_module_is_over_four_hundred_lines():
 # replaces something, or raises this number in the same commit and says why in CHANGELOG.md (25,000 -> 25,100:
 # SFT rendering with the fast encoder and the split draws without torch; -> 25,150: `pack-sft` and `trace --help`
 # without torch).
-MAX_PACKAGE_LINES = 25_256
+MAX_PACKAGE_LINES = 25_251
 
 
 def test_the_package_does_not_grow_back():

@@ -54,8 +54,8 @@ class _Doc:
         return self.n - 1
 
 
-def load_part(work_dir, receipt: dict, names: tuple[str, ...], fetched: dict[str, Future] | None = None,
-              ) -> list[np.ndarray]:
+def load_part(work_dir, receipt: dict, names: tuple[str, ...],
+              fetched: dict[str, Future] | None = None) -> list[np.ndarray]:
     """The task's part files (`names` of bin, mask, lens) as arrays, each file's sha256 checked against the
     receipt. `fetched`: a work URL's part files being read ahead (`PartsAhead`), by name."""
     remote = is_url(work_dir)
@@ -122,37 +122,32 @@ def _documents(work_dir, receipts: Iterable[dict], encoders: Counter, between: C
     """Every item of the plan in order: a _Doc, or the skip reason of a record that is none. `between` runs
     after each part, before the next receipt is asked for (which may wait for its task). `encoders`: counts the
     tasks by the encoder each ran (meta.json's record). `index`: each _Doc carries its origin
-    (builders/origins.py). `mask`: each _Doc carries its part's mask file. A work URL's
-    parts are read ahead (`PartsAhead`) for receipts whose `ready` says which come next."""
+    (builders/origins.py). `mask`: each _Doc carries its part's mask file. A work URL's parts are read ahead
+    (`PartsAhead`) for the receipts whose `ready` says come next."""
     names = ("bin", "mask", "lens") if mask else ("bin", "lens")
     names += ("origins",) if index is not None else ()
     ahead = PartsAhead(work_dir, names, getattr(receipts, "ready", None)) if is_url(work_dir) else None
     try:
-        yield from _walk(work_dir, receipts, encoders, between, index, mask, names, ahead)
+        for k, receipt in enumerate(receipts):
+            if k and between is not None:
+                between()
+            encoders[receipt["encoder"]] += 1
+            arrays = load_part(work_dir, receipt, names, ahead.take(receipt) if ahead is not None else None)
+            rows = None
+            if index is not None:
+                rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()])
+            tokens, lens = arrays[0], arrays[-1]
+            masks = arrays[1] if mask else None
+            start = 0
+            for n in lens.tolist():
+                if n <= 0:  # a skipped record, for the reason skip_reasons[-n] (tasks.py: 0 is an empty document)
+                    yield receipt["skip_reasons"][-n]
+                else:
+                    yield _Doc(tokens, start, n, None if rows is None else next(rows), masks)
+                    start += n
     finally:
         if ahead is not None:
             ahead.close()
-
-
-def _walk(work_dir, receipts, encoders: Counter, between, index, mask: bool, names: tuple[str, ...],
-          ahead: PartsAhead | None) -> Iterator[_Doc | str]:
-    for k, receipt in enumerate(receipts):
-        if k and between is not None:
-            between()
-        encoders[receipt["encoder"]] += 1
-        arrays = load_part(work_dir, receipt, names, ahead.take(receipt) if ahead is not None else None)
-        rows = None
-        if index is not None:
-            rows = iter([index.row(receipt["task"]["pieces"], o) for o in arrays.pop().tolist()])
-        tokens, lens = arrays[0], arrays[-1]
-        masks = arrays[1] if mask else None
-        start = 0
-        for n in lens.tolist():
-            if n <= 0:  # a skipped record, for the reason skip_reasons[-n] (tasks.py: 0 is an empty document)
-                yield receipt["skip_reasons"][-n]
-            else:
-                yield _Doc(tokens, start, n, None if rows is None else next(rows), masks)
-                start += n
 
 
 def _write(job: list, eot: int, dtype: np.dtype, before: bool) -> None:
